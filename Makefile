@@ -1,0 +1,38 @@
+# Kairos developer entry points. `make install && make test` is all a fresh clone needs.
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+# The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
+CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
+
+.PHONY: install lint test run conformance bench-core bench fmt
+
+install:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -e '.[dev]'
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest
+
+run:
+	$(BIN)/kairos demo
+
+conformance:
+	$(BIN)/kairos conformance check $(CONFORMANCE_CASES)
+
+bench-core:
+	$(BIN)/python -m benchmarks.core
+
+bench: bench-core
+
+fmt:
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .

@@ -1,0 +1,1 @@
+"""Kairos performance benchmarks (run as `python -m benchmarks.<name>`)."""

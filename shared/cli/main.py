@@ -1,0 +1,174 @@
+"""The ``kairos`` command: argument parsing and the subcommands' thin shells.
+
+Console-script entry point ``kairos = shared.cli.main:main``; tests call :func:`main` in-process
+with an argv list. Subcommands::
+
+    kairos conformance run CASE.yaml [--json] [--via-bus]   run one case, print result + verdict
+    kairos conformance check PATH...                        run and judge every case under PATH
+    kairos demo                                             the scripted demo
+
+Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
+failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing
+path) is one ``kairos: <message>`` line on stderr, never a traceback; any other exception is a
+bug and propagates with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared.conformance.case import Case, iter_case_files, load_case
+from shared.conformance.judge import judge
+from shared.conformance.result import CaseResult, encode_result
+from shared.errors import InvalidObject, KairosError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kairos`` command with ``argv`` (default ``sys.argv[1:]``); return its exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        # argparse has printed usage (or help); hand back its code instead of exiting, so
+        # in-process callers always get an int.
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KairosError as exc:
+        _error(str(exc))
+        return EXIT_BAD_INPUT
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kairos", description="Kairos GPU scheduler tools.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    conformance = commands.add_parser("conformance", help="run KAI conformance cases")
+    actions = conformance.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    run = actions.add_parser("run", help="run one case and print its result")
+    run.add_argument("case", type=Path, metavar="CASE.yaml")
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument("--via-bus", action="store_true", help="run the rounds through the services")
+    run.set_defaults(handler=_cmd_run)
+
+    check = actions.add_parser("check", help="run and judge every case under the paths")
+    check.add_argument("paths", type=Path, nargs="+", metavar="PATH")
+    check.set_defaults(handler=_cmd_check)
+
+    demo = commands.add_parser("demo", help="run the scripted demo")
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def _error(message: str) -> None:
+    # One line, whatever the message holds: scripts read the first stderr line.
+    sys.stderr.write("kairos: " + " ".join(message.splitlines()) + "\n")
+
+
+def _runner() -> Callable[[Case], CaseResult]:
+    # Imported on use: the runner pulls in the whole scheduling core, which `kairos demo` and
+    # argument errors do not need.
+    module = importlib.import_module("shared.conformance.runner")
+    run_case: Callable[[Case], CaseResult] = module.run_case
+    return run_case
+
+
+def _load(path: Path) -> Case:
+    try:
+        return load_case(path)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidObject("case", str(path), "", f"cannot read: {reason}") from exc
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    case = _load(args.case)
+    if args.via_bus:
+        _error("--via-bus needs the NATS services (not built yet)")
+        return EXIT_BAD_INPUT
+    result = _runner()(case)
+    if args.json:
+        sys.stdout.write(encode_result(result).decode() + "\n")
+        return EXIT_OK
+    mismatches = judge(case, result)
+    totals = [sum(getattr(r, key) for r in result.rounds) for key in ("binds", "evictions", "pipelined")]
+    rounds = (
+        f"rounds: {len(result.rounds)} ({case.rounds_until_match} until match, "
+        f"{case.rounds_after_match} after); binds {totals[0]}, evictions {totals[1]}, "
+        f"pipelined {totals[2]} in all"
+    )
+    out = [f"{case.name} ({args.case})", rounds]
+    if mismatches:
+        out.append(f"FAIL: {len(mismatches)} mismatch{'es' if len(mismatches) > 1 else ''}")
+        out += [f"  {line}" for line in mismatches]
+    else:
+        out.append("PASS")
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK
+
+
+def _case_files(paths: Sequence[Path]) -> list[tuple[str, Path]]:
+    """(shown name, file) for every case under ``paths``; a folder's files show relative to it."""
+    seen: set[Path] = set()
+    found: list[tuple[str, Path]] = []
+    for entry in paths:
+        try:
+            files = iter_case_files([entry])
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise InvalidObject("path", str(entry), "", f"cannot read: {reason}") from exc
+        for file in files:
+            if file not in seen:
+                seen.add(file)
+                found.append((str(file.relative_to(entry)) if entry.is_dir() else str(file), file))
+    return found
+
+
+def _check_one(path: Path) -> list[str]:
+    """Run and judge one case; an invalid case gives one line naming the problem."""
+    try:
+        case = _load(path)
+        result = _runner()(case)
+    except InvalidObject as exc:
+        return [f"invalid case: {exc.field}: {exc.problem}" if exc.field else f"invalid case: {exc.problem}"]
+    return judge(case, result)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    passed = failed = 0
+    for shown, path in _case_files(args.paths):
+        mismatches = _check_one(path)
+        if not mismatches:
+            passed += 1
+            continue
+        failed += 1
+        more = f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
+        sys.stdout.write(f"FAIL {shown}: {mismatches[0]}{more}\n")
+        sys.stdout.flush()
+    sys.stdout.write(f"{passed} passed, {failed} failed\n")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _cmd_demo(_args: argparse.Namespace) -> int:
+    demo = importlib.import_module("shared.conformance.demo")
+    code = demo.main()
+    return code if isinstance(code, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Allocate: place pending jobs on free (or soon free) resources, queue by queue, whole gangs only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.core.actions.common import all_nodes, allocate_job
+from shared.core.ordering import JobsByQueue
+
+if TYPE_CHECKING:
+    from shared.core.session import Session
+    from shared.core.tasks import JobState
+
+
+def pending_jobs(ssn: Session) -> list[JobState]:
+    """Jobs with pods waiting to be placed and enough live pods to form their gangs."""
+    return [j for j in ssn.jobs.values() if j.has_tasks_to_allocate(real=True) and j.is_ready_for_scheduling()]
+
+
+def run(ssn: Session) -> None:
+    order = JobsByQueue(ssn)
+    order.extend(pending_jobs(ssn))
+    while order:
+        job = order.pop()
+        if job is None:
+            break
+        stmt = ssn.statement()
+        already_running = job.num_allocated() > 0
+        if not allocate_job(ssn, stmt, all_nodes(ssn), job, pipeline_only=False):
+            stmt.discard()
+            continue
+        pipelined = False
+        if job.should_pipeline():
+            stmt.convert_allocated_to_pipelined(job.key)
+            pipelined = True
+        stmt.commit()
+        if not pipelined and not already_running:
+            job.last_start_time = ssn.now
+        if job.has_tasks_to_allocate(real=True):
+            order.push(job)

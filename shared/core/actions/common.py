@@ -1,0 +1,197 @@
+"""Placing a job's pods: the gang-aware allocation shared by every action (KAI `common.AllocateJob`).
+
+Walks the job's sub-group tree, asks the topology plugin for candidate node sets, and places each pod
+set's pods in task order on the best-scoring node that passes the filters; a pod that fits only on
+resources still being released is pipelined. Records why a job could not be placed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.core import gpu_sharing, topology
+from shared.core.scoring import iter_nodes_in_order
+from shared.core.tasks import DEFAULT_POD_SET, JobState, TaskState
+
+if TYPE_CHECKING:
+    from shared.core.session import Session
+    from shared.core.statement import Statement
+    from shared.model import SubGroupSet
+
+POD_SCHEDULING_ERRORS = "PodSchedulingErrors"
+
+
+def all_nodes(ssn: Session) -> npt.NDArray[np.bool_]:
+    return np.ones(len(ssn.cluster.order), dtype=bool)
+
+
+def allocate_job(
+    ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], job: JobState, pipeline_only: bool
+) -> bool:
+    tasks = job.tasks_to_allocate(real=not pipeline_only)
+    capacity = ssn.job_capacity(job, tasks)
+    if not capacity.ok:
+        if not pipeline_only:
+            job.add_fit_error(capacity.reason, [capacity.message])
+        return False
+    return _allocate_set(ssn, stmt, nodes, job, job.root, tasks, pipeline_only)
+
+
+def _pod_sets_of(group: SubGroupSet) -> set[str]:
+    return {ps.name for ps in group.all_pod_sets()}
+
+
+def _tasks_for(names: set[str], tasks: list[TaskState]) -> list[TaskState]:
+    return [t for t in tasks if (t.pod.sub_group or DEFAULT_POD_SET) in names]
+
+
+def _allocate_set(
+    ssn: Session,
+    stmt: Statement,
+    nodes: npt.NDArray[np.bool_],
+    job: JobState,
+    group: SubGroupSet,
+    tasks: list[TaskState],
+    pipeline_only: bool,
+) -> bool:
+    for node_set in topology.subset_nodes(ssn, job, group.topology_constraint, tasks, nodes, group.name):
+        cp = stmt.checkpoint()
+        if _allocate_set_on(ssn, stmt, node_set, job, group, tasks, pipeline_only):
+            return True
+        stmt.rollback(cp)
+    return False
+
+
+def _allocate_set_on(
+    ssn: Session,
+    stmt: Statement,
+    nodes: npt.NDArray[np.bool_],
+    job: JobState,
+    group: SubGroupSet,
+    tasks: list[TaskState],
+    pipeline_only: bool,
+) -> bool:
+    for child in sorted(group.children, key=lambda c: c.name):
+        if not _allocate_set(ssn, stmt, nodes, job, child, _tasks_for(_pod_sets_of(child), tasks), pipeline_only):
+            return False
+    own = [job.pod_sets[ps.name] for ps in group.pod_sets if ps.name in job.pod_sets]
+    if group is job.root and DEFAULT_POD_SET in job.pod_sets and DEFAULT_POD_SET not in _pod_sets_of(group):
+        own.append(job.pod_sets[DEFAULT_POD_SET])
+    from shared.core.tasks import _pod_set_order_key
+
+    for ps in sorted(own, key=_pod_set_order_key):
+        ps_tasks = _tasks_for({ps.name}, tasks)
+        ok = False
+        for node_set in topology.subset_nodes(ssn, job, ps.topology_constraint, ps_tasks, nodes, ps.name):
+            cp = stmt.checkpoint()
+            if _allocate_tasks(ssn, stmt, node_set, job, ps_tasks, pipeline_only):
+                ok = True
+                break
+            stmt.rollback(cp)
+        if not ok:
+            return False
+    return True
+
+
+def _allocate_tasks(
+    ssn: Session,
+    stmt: Statement,
+    nodes: npt.NDArray[np.bool_],
+    job: JobState,
+    tasks: list[TaskState],
+    pipeline_only: bool,
+) -> bool:
+    for index, task in enumerate(tasks):
+        if not allocate_task(ssn, stmt, nodes, task, pipeline_only):
+            _record_failed_task(job, task, index)
+            return False
+    return True
+
+
+def allocate_task(
+    ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], task: TaskState, pipeline_only: bool
+) -> bool:
+    reasons: Counter[str] = Counter()
+    for node in iter_nodes_in_order(ssn, task, nodes, topology.preferred_scores(ssn, task)):
+        reason = ssn.fit_failure(task, node)
+        if reason is not None:
+            reasons[reason] += 1
+            continue
+        if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
+            return True
+    if not pipeline_only:
+        _record_node_errors(ssn, task, nodes, reasons)
+    return False
+
+
+def _allocate_on_node(ssn: Session, stmt: Statement, task: TaskState, node: object, pipeline_only: bool) -> bool:
+    from shared.core.cluster import NodeState
+
+    assert isinstance(node, NodeState)
+    if task.is_shared:
+        return gpu_sharing.allocate_shared(ssn, stmt, task, node, pipeline_only)
+    if not pipeline_only and node.fits(task, with_releasing=False):
+        stmt.allocate(task, node.name)
+        return True
+    stmt.pipeline(task, node.name, update_if_on_node=not pipeline_only)
+    return True
+
+
+def _record_node_errors(
+    ssn: Session, task: TaskState, nodes: npt.NDArray[np.bool_], reasons: Counter[str]
+) -> None:
+    fit = ssn.resource_fit_mask(task, with_releasing=True)
+    short = int((nodes & ~fit).sum())
+    if short:
+        reasons[_insufficient_reason(ssn, task)] += short
+    task.job.task_fit_errors[task.key] = {k: [str(v)] for k, v in reasons.items()}
+
+
+def _insufficient_reason(ssn: Session, task: TaskState) -> str:
+    if task.kind == "mig":
+        return "Insufficient " + ", ".join(sorted(task.gpu.mig))
+    if task.requested_gpus > 0 or task.is_shared:
+        return "Insufficient nvidia.com/gpu"
+    return "Insufficient cpu or memory"
+
+
+def task_error_text(job: JobState, task: TaskState) -> str:
+    reasons = job.task_fit_errors.get(task.key, {})
+    if not reasons:
+        return "no nodes were found to fit the pod"
+    total = sum(int(v[0]) for v in reasons.values())
+    parts = ", ".join(f"{v[0]} {k}" for k, v in sorted(reasons.items()))
+    return f"0/{total} nodes are available: {parts}"
+
+
+def _record_failed_task(job: JobState, task: TaskState, index: int) -> None:
+    error = task_error_text(job, task)
+    gang = any(ps.min_available > 1 for ps in job.pod_sets.values())
+    ps = task.pod_set
+    if ps is None or not gang or ps.active_used >= ps.min_available:
+        job.add_fit_error(
+            POD_SCHEDULING_ERRORS,
+            [f"Resources were not found for pod {job.namespace}/{task.name} due to: {error}"],
+        )
+        return
+    if len(job.pod_sets) == 1 and ps.name == DEFAULT_POD_SET:
+        job.add_fit_error(
+            POD_SCHEDULING_ERRORS,
+            [
+                f"Resources were found for {index} pods while {ps.min_available} are required for gang "
+                f"scheduling. Additional pods cannot be scheduled due to: {error}"
+            ],
+        )
+        return
+    job.add_fit_error(
+        POD_SCHEDULING_ERRORS,
+        [
+            f"Resources were found for {index} pods from all sub-groups while sub-group {ps.name} requires "
+            f"{ps.min_available} pods for gang scheduling. Additional pods cannot be scheduled in this "
+            f"sub-group due to: {error}"
+        ],
+    )

@@ -1,0 +1,30 @@
+"""Stale-gang eviction: a gang that has fallen below its min member for longer than the grace period is
+evicted whole, so its remaining pods stop holding resources the gang cannot use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.model.status import ACTIVE_ALLOCATED
+
+if TYPE_CHECKING:
+    from shared.core.session import Session
+
+STALE_MESSAGE = "Podgroup {name} is below its minimum member count and was evicted as stale"
+
+
+def run(ssn: Session) -> None:
+    grace = ssn.policy.staleness_grace_period
+    for job in ssn.jobs.values():
+        if not job.is_stale():
+            job.stale_since = None
+            continue
+        if job.stale_since is None:
+            job.stale_since = ssn.now
+        if ssn.now - job.stale_since < grace:
+            continue
+        stmt = ssn.statement()
+        for task in sorted(job.tasks.values(), key=lambda t: t.key):
+            if task.status in ACTIVE_ALLOCATED and task.node is not None:
+                stmt.evict(task, STALE_MESSAGE.format(name=job.name))
+        stmt.commit()

@@ -1,0 +1,351 @@
+"""Session-time node accounting: idle, used and releasing resources, shared GPU groups and MIG.
+
+Per-resource NumPy arrays over all nodes (CPU, memory, whole GPUs, pod slots) make the resource-fit
+filter one vector expression; shared (fractional) GPUs are tracked per node and per GPU group the way
+KAI does it, so that idle/releasing whole-GPU counts come out identical. Only `Statement` and the
+session builder call the mutating methods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.core.tasks import CPU, GPU, MEM, N_BASE, PODS, TaskState
+from shared.model import Node
+from shared.model.status import ACTIVE_USED, PodStatus
+
+EPS = 1e-9
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(eq=False)
+class SharedGroup:
+    """One shared GPU device on a node, known by its group id (KAI `GpuSharingNodeInfo` per group)."""
+
+    used: int = 0
+    releasing: int = 0
+    allocated: int = 0
+    marked_releasing: bool = False
+    # KAI tells a device that only pipelined pods use by its absence from the allocated map.
+    has_allocated: bool = False
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """What the node recorded when it added a task, so removal undoes exactly that."""
+
+    status: PodStatus
+    groups: tuple[str, ...]
+    vector: tuple[float, float, float, float]
+    scalars: tuple[tuple[str, float], ...]
+    shared: bool
+    gpu_memory: int
+    task: TaskState
+
+
+class ClusterState:
+    """All nodes of a session: per-resource arrays plus a `NodeState` per node."""
+
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        n = len(nodes)
+        self.names: list[str] = [nd.name for nd in nodes]
+        self.alloc: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
+        self.idle: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
+        self.used: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
+        self.releasing: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
+        self.nodes: dict[str, NodeState] = {}
+        self.order: list[NodeState] = []
+        for i, nd in enumerate(nodes):
+            gpus = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
+            for r, v in ((CPU, nd.cpu_millis), (MEM, nd.memory_bytes), (GPU, gpus), (PODS, nd.max_pods)):
+                self.alloc[r][i] = v
+                self.idle[r][i] = v
+            state = NodeState(self, i, nd)
+            self.nodes[nd.name] = state
+            self.order.append(state)
+        # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
+        self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object))) if n else np.zeros(0)
+
+
+class NodeState:
+    """One node's resources and the tasks placed on it, with KAI's accounting rules."""
+
+    def __init__(self, cluster: ClusterState, idx: int, node: Node) -> None:
+        self.cluster = cluster
+        self.idx = idx
+        self.node = node
+        self.name = node.name
+        self.labels = node.labels
+        self.gpu_memory = node.gpu_memory_mib
+        self.gpu_count = node.gpus
+        self.tasks: dict[str, _Entry] = {}
+        self.groups: dict[str, SharedGroup] = {}
+        self.alloc_scalars: dict[str, float] = dict(node.scalars)
+        self.idle_scalars: dict[str, float] = dict(node.scalars)
+        self.used_scalars: dict[str, float] = {}
+        self.releasing_scalars: dict[str, float] = {}
+        self.legacy_mig_tasks: set[str] = set()
+
+    # --- array views ---------------------------------------------------------------------------------
+    def idle(self, r: int) -> float:
+        return float(self.cluster.idle[r][self.idx])
+
+    def releasing(self, r: int) -> float:
+        return float(self.cluster.releasing[r][self.idx])
+
+    def used(self, r: int) -> float:
+        return float(self.cluster.used[r][self.idx])
+
+    def alloc(self, r: int) -> float:
+        return float(self.cluster.alloc[r][self.idx])
+
+    def _add(self, arrs: list[FloatArray], r: int, v: float) -> None:
+        arrs[r][self.idx] += v
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.node.mig_enabled
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return not self.node.mig_enabled and self.alloc(GPU) <= 0
+
+    # --- tracked vector of a task ---------------------------------------------------------------------
+    def _vector(self, task: TaskState) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
+        gpu = 0.0 if task.is_shared else task.whole_gpus
+        vec = [task.cpu, task.mem, gpu, 1.0]
+        for r in range(N_BASE):
+            if self.alloc(r) == 0:
+                vec[r] = 0.0
+        scalars = tuple(
+            (name, float(cnt)) for name, cnt in task.gpu.mig.items() if self.alloc_scalars.get(name, 0) > 0
+        )
+        return (vec[0], vec[1], vec[2], vec[3]), scalars
+
+    # --- add / remove (KAI addTask / RemoveTask) -------------------------------------------------------
+    def add_task(self, task: TaskState) -> None:
+        if task.key in self.tasks:
+            raise ValueError(f"task {task.name} already on node {self.name}")
+        vec, scalars = self._vector(task)
+        entry = _Entry(
+            status=task.status,
+            groups=tuple(task.gpu_groups),
+            vector=vec,
+            scalars=scalars,
+            shared=task.is_shared,
+            gpu_memory=task.gpu_memory_on(self.gpu_memory),
+            task=task,
+        )
+        self.tasks[task.key] = entry
+        if task.pod.legacy_mig:
+            self.legacy_mig_tasks.add(task.key)
+        c = self.cluster
+        for r in range(N_BASE):
+            v = vec[r]
+            if v == 0:
+                continue
+            self._add(c.used, r, v)
+            if entry.status == PodStatus.RELEASING:
+                self._add(c.releasing, r, v)
+                self._add(c.idle, r, -v)
+            elif entry.status == PodStatus.PIPELINED:
+                self._add(c.releasing, r, -v)
+            else:
+                self._add(c.idle, r, -v)
+        for name, v in scalars:
+            self.used_scalars[name] = self.used_scalars.get(name, 0.0) + v
+            if entry.status == PodStatus.RELEASING:
+                self.releasing_scalars[name] = self.releasing_scalars.get(name, 0.0) + v
+                self.idle_scalars[name] = self.idle_scalars.get(name, 0.0) - v
+            elif entry.status == PodStatus.PIPELINED:
+                self.releasing_scalars[name] = self.releasing_scalars.get(name, 0.0) - v
+            else:
+                self.idle_scalars[name] = self.idle_scalars.get(name, 0.0) - v
+        if entry.shared:
+            for g in entry.groups:
+                self._add_shared(entry, g)
+
+    def remove_task(self, task: TaskState) -> None:
+        entry = self.tasks.pop(task.key)
+        self.legacy_mig_tasks.discard(task.key)
+        c = self.cluster
+        for r in range(N_BASE):
+            v = entry.vector[r]
+            if v == 0:
+                continue
+            self._add(c.used, r, -v)
+            if entry.status == PodStatus.RELEASING:
+                self._add(c.releasing, r, -v)
+                self._add(c.idle, r, v)
+            elif entry.status == PodStatus.PIPELINED:
+                self._add(c.releasing, r, v)
+            else:
+                self._add(c.idle, r, v)
+        for name, v in entry.scalars:
+            self.used_scalars[name] -= v
+            if entry.status == PodStatus.RELEASING:
+                self.releasing_scalars[name] -= v
+                self.idle_scalars[name] += v
+            elif entry.status == PodStatus.PIPELINED:
+                self.releasing_scalars[name] += v
+            else:
+                self.idle_scalars[name] += v
+        if entry.shared:
+            for g in entry.groups:
+                self._remove_shared(entry, g)
+
+    def update_task(self, task: TaskState) -> None:
+        self.remove_task(task)
+        self.add_task(task)
+
+    # --- shared GPU groups -----------------------------------------------------------------------------
+    def _used_gpu_count(self) -> int:
+        return int(self.used(GPU)) + sum(1 for g in self.groups.values() if g.used > 0)
+
+    def _idle_overflows(self) -> bool:
+        return self.gpu_count < int(self.idle(GPU)) + self._used_gpu_count()
+
+    def _add_shared(self, e: _Entry, gid: str) -> None:
+        g = self.groups.setdefault(gid, SharedGroup())
+        m = e.gpu_memory
+        c = self.cluster
+        g.used += m
+        if e.status == PodStatus.RELEASING:
+            g.releasing += m
+            g.allocated += m
+            g.has_allocated = True
+            if g.used == g.releasing:
+                if not g.marked_releasing:
+                    self._add(c.releasing, GPU, 1)
+                    g.marked_releasing = True
+                if self._idle_overflows():
+                    self._add(c.idle, GPU, -1)
+        elif e.status == PodStatus.PIPELINED:
+            g.releasing -= m
+            if g.used - m == g.releasing + m:
+                self._add(c.releasing, GPU, -1)
+        else:
+            g.allocated += m
+            g.has_allocated = True
+            if g.used <= m and self._idle_overflows():
+                self._add(c.idle, GPU, -1)
+            if g.marked_releasing:
+                self._add(c.releasing, GPU, -1)
+                g.marked_releasing = False
+
+    def _remove_shared(self, e: _Entry, gid: str) -> None:
+        g = self.groups.setdefault(gid, SharedGroup())
+        m = e.gpu_memory
+        c = self.cluster
+        g.used -= m
+        if e.status == PodStatus.RELEASING:
+            g.releasing -= m
+            g.allocated -= m
+            g.has_allocated = True
+            if g.used <= 0:
+                if self.gpu_count >= int(self.idle(GPU)) + self._used_gpu_count():
+                    self._add(c.idle, GPU, 1)
+                if g.marked_releasing:
+                    self._add(c.releasing, GPU, -1)
+                    g.marked_releasing = False
+        elif e.status == PodStatus.PIPELINED:
+            g.releasing += m
+            used_before = g.used + m
+            releasing_before = g.releasing - m
+            if used_before == releasing_before or (g.used == 0 and g.releasing == 0):
+                self._add(c.releasing, GPU, 1)
+        else:
+            g.allocated -= m
+            g.has_allocated = True
+            if g.used <= 0 and self.gpu_count >= int(self.idle(GPU)) + self._used_gpu_count():
+                self._add(c.idle, GPU, 1)
+            if self._group_releasing_from_shared(g) and not g.marked_releasing:
+                self._add(c.releasing, GPU, 1)
+                g.marked_releasing = True
+
+    @staticmethod
+    def _group_releasing_from_shared(g: SharedGroup) -> bool:
+        return g.used != 0 and g.releasing == g.used
+
+    # --- fit (KAI NodeInfo) ----------------------------------------------------------------------------
+    def gpu_fraction_on_node(self, memory: int) -> float:
+        return math.ceil(memory / self.gpu_memory * 100) / 100 if self.gpu_memory else 0.0
+
+    def portion(self, task: TaskState) -> float:
+        if task.kind == "memory":
+            return self.gpu_fraction_on_node(task.gpu.memory_mib)
+        return task.gpu.fraction
+
+    def valid_portion(self, task: TaskState) -> bool:
+        if task.kind not in ("fraction", "memory"):
+            return True
+        p = self.portion(task)
+        return p <= 1 or p == int(p)
+
+    def task_fits_group(self, task: TaskState, gid: str) -> bool:
+        """KAI `IsTaskFitOnGpuGroup`: a used shared device with room (counting releasing) for the task."""
+        g = self.groups.get(gid)
+        if g is None or g.used == 0:
+            return False
+        mem = task.gpu_memory_on(self.gpu_memory)
+        enough = self.gpu_memory - g.allocated + g.releasing - mem >= 0
+        return enough and g.allocated != g.releasing
+
+    def enough_idle_on_group(self, task: TaskState, gid: str) -> bool:
+        g = self.groups.get(gid)
+        if g is None or not g.has_allocated:
+            return False
+        return self.gpu_memory - g.allocated - task.gpu_memory_on(self.gpu_memory) >= 0
+
+    def _fits_vector(self, task: TaskState, with_releasing: bool, exclude_gpu: bool) -> bool:
+        c = self.cluster
+        i = self.idx
+        req = (task.cpu, task.mem, task.whole_gpus, 1.0)
+        for r in range(N_BASE):
+            if exclude_gpu and r == GPU:
+                continue
+            avail = c.idle[r][i] + (c.releasing[r][i] if with_releasing else 0.0)
+            if req[r] > avail + EPS:
+                return False
+        for name, cnt in task.gpu.mig.items():
+            avail = self.idle_scalars.get(name, 0.0) + (
+                self.releasing_scalars.get(name, 0.0) if with_releasing else 0.0
+            )
+            if cnt > avail + EPS:
+                return False
+        return True
+
+    def fits(self, task: TaskState, with_releasing: bool) -> bool:
+        """KAI `IsTaskAllocatable` (idle only) / `IsTaskAllocatableOnReleasingOrIdle`."""
+        if task.is_best_effort and task.kind == "regular":
+            return True
+        if task.kind in ("regular", "mig"):
+            return self._fits_vector(task, with_releasing, exclude_gpu=False)
+        if not self._fits_vector(task, with_releasing, exclude_gpu=True):
+            return False
+        if not self.valid_portion(task):
+            return False
+        whole = math.floor(self.idle(GPU) + (self.releasing(GPU) if with_releasing else 0.0) + EPS)
+        matching = 0
+        for gid in self.groups:
+            if self.task_fits_group(task, gid):
+                matching += 1
+                if matching >= task.gpu.devices:
+                    break
+        return whole + matching >= task.gpu.devices
+
+    def non_allocated(self, r: int) -> float:
+        return self.idle(r) + self.releasing(r)
+
+    def active_tasks(self) -> list[TaskState]:
+        return [e.task for e in self.tasks.values() if e.task.status in ACTIVE_USED]
+
+    def __repr__(self) -> str:
+        return (
+            f"Node({self.name} idle cpu={self.idle(CPU)} gpu={self.idle(GPU)} "
+            f"releasing gpu={self.releasing(GPU)})"
+        )

@@ -1,0 +1,255 @@
+"""Which job an action handles next: queues ordered by fair share through the hierarchy, jobs by priority.
+
+`JobsByQueue` is KAI's `JobsOrderByQueues`: a tree of heaps, queue nodes ordered by the proportion
+comparison (using each subtree's best job) and jobs ordered by priority, gang state and age. Popping marks
+the path for re-ordering, so queue order follows allocations made during the action. With
+`victims=True` every order is reversed (the most over-served queue and the least important job first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from shared.core.proportion import compare_queues
+from shared.core.tasks import JobState
+
+if TYPE_CHECKING:
+    from shared.core.proportion import QueueState
+    from shared.core.session import Session
+
+T = TypeVar("T")
+
+
+class Heap(Generic[T]):
+    """A binary heap over a `less` function, with KAI's `Fix(0)` for a head whose key changed."""
+
+    def __init__(self, less: Callable[[T, T], bool]) -> None:
+        self.less = less
+        self.items: list[T] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, item: T) -> None:
+        self.items.append(item)
+        self._up(len(self.items) - 1)
+
+    def peek(self) -> T:
+        return self.items[0]
+
+    def pop(self) -> T:
+        items = self.items
+        last = items.pop()
+        if not items:
+            return last
+        head = items[0]
+        items[0] = last
+        self._down(0)
+        return head
+
+    def fix(self, i: int) -> None:
+        if not self._down(i):
+            self._up(i)
+
+    def _up(self, j: int) -> None:
+        items = self.items
+        while j > 0:
+            i = (j - 1) // 2
+            if i == j or not self.less(items[j], items[i]):
+                break
+            items[i], items[j] = items[j], items[i]
+            j = i
+
+    def _down(self, i0: int) -> bool:
+        items = self.items
+        n = len(items)
+        i = i0
+        while True:
+            j1 = 2 * i + 1
+            if j1 >= n:
+                break
+            j = j1
+            j2 = j1 + 1
+            if j2 < n and self.less(items[j2], items[j1]):
+                j = j2
+            if not self.less(items[j], items[i]):
+                break
+            items[i], items[j] = items[j], items[i]
+            i = j
+        return i > i0
+
+
+def job_less(a: JobState, b: JobState) -> bool:
+    """KAI job order: priority (higher first), gang state (short of min member first), age, UID."""
+    if a.priority != b.priority:
+        return a.priority > b.priority
+    ea = _min_available_state(a)
+    eb = _min_available_state(b)
+    if ea != eb:
+        return ea < eb
+    if a.creation_time != b.creation_time:
+        return a.creation_time < b.creation_time
+    return a.key < b.key
+
+
+def _min_available_state(job: JobState) -> int:
+    """0: below min member, 1: exactly at it, 2: above it (KAI elastic plugin)."""
+    exactly = True
+    for ps in job.pod_sets.values():
+        n = ps.active_allocated
+        if n < ps.min_available:
+            return 0
+        if n > ps.min_available:
+            exactly = False
+    return 1 if exactly else 2
+
+
+class _QueueNode:
+    __slots__ = ("children", "is_leaf", "needs_reorder", "parent", "queue")
+
+    def __init__(self, queue: QueueState, is_leaf: bool, children: Heap[object]) -> None:
+        self.queue = queue
+        self.is_leaf = is_leaf
+        self.children = children
+        self.needs_reorder = False
+        self.parent: _QueueNode | None = None
+
+
+class JobsByQueue:
+    """Pending jobs (or victim jobs) in the order an action should consider them."""
+
+    def __init__(self, ssn: Session, victims: bool = False) -> None:
+        self.ssn = ssn
+        self.victims = victims
+        self.roots: Heap[_QueueNode] = Heap(self._node_less)
+        self.nodes: dict[str, _QueueNode] = {}
+        self.popped: dict[str, list[JobState]] = {}
+
+    def extend(self, jobs: Iterable[JobState]) -> None:
+        for job in jobs:
+            self.push(job)
+
+    def __bool__(self) -> bool:
+        return len(self.roots) > 0
+
+    def push(self, job: JobState) -> None:
+        queue = self.ssn.queues.get(job.queue)
+        if queue is None or not queue.is_leaf:
+            return
+        leaf = self.nodes.get(queue.name)
+        new = leaf is None
+        if leaf is None:
+            leaf = _QueueNode(queue, True, Heap(self._job_less))
+            self.nodes[queue.name] = leaf
+        leaf.children.push(job)
+        if new:
+            self._link(leaf)
+        self._mark(leaf)
+
+    def _job_less(self, a: object, b: object) -> bool:
+        assert isinstance(a, JobState) and isinstance(b, JobState)
+        return not job_less(a, b) if self.victims else job_less(a, b)
+
+    def _link(self, node: _QueueNode) -> None:
+        parent_name = node.queue.parent
+        if parent_name is None or parent_name not in self.ssn.queues:
+            if node.parent is None:
+                self.roots.push(node)
+            return
+        parent = self.nodes.get(parent_name)
+        new_parent = parent is None
+        if parent is None:
+            parent = _QueueNode(self.ssn.queues[parent_name], False, Heap(self._node_less_obj))
+            self.nodes[parent_name] = parent
+        if node.parent is None:
+            node.parent = parent
+            parent.children.push(node)
+        if new_parent:
+            self._link(parent)
+
+    def _mark(self, node: _QueueNode | None) -> None:
+        while node is not None:
+            node.needs_reorder = True
+            node = node.parent
+
+    def _node_less_obj(self, a: object, b: object) -> bool:
+        assert isinstance(a, _QueueNode) and isinstance(b, _QueueNode)
+        return self._node_less(a, b)
+
+    def _node_less(self, a: _QueueNode, b: _QueueNode) -> bool:
+        if len(a.children) == 0:
+            return not self.victims
+        if len(b.children) == 0:
+            return self.victims
+        a_job, a_vict = self._best(a)
+        b_job, b_vict = self._best(b)
+        ssn = self.ssn
+        a_req = ssn.job_init_request(a_job) if a_job is not None else None
+        b_req = ssn.job_init_request(b_job) if b_job is not None else None
+        a_v = self._victims_alloc(a_vict)
+        b_v = self._victims_alloc(b_vict)
+        result = compare_queues(a.queue, b.queue, a_req, b_req, a_v, b_v, ssn.total) < 0
+        return not result if self.victims else result
+
+    def _victims_alloc(self, victims: list[JobState] | None) -> list[float] | None:
+        if victims is None:
+            return None
+        total = [0.0, 0.0, 0.0]
+        for job in victims:
+            for t in job.tasks.values():
+                if t.status.value in ("Allocated", "Bound", "Binding", "Running"):
+                    v = self.ssn.accepted_quota(t)
+                    for r in range(3):
+                        total[r] += v[r]
+        return total
+
+    def _best(self, node: _QueueNode) -> tuple[JobState | None, list[JobState] | None]:
+        while not node.is_leaf:
+            child = node.children.peek()
+            assert isinstance(child, _QueueNode)
+            node = child
+        head = node.children.peek()
+        assert isinstance(head, JobState)
+        if self.victims:
+            return None, [*self.popped.get(node.queue.name, []), head]
+        return head, None
+
+    def pop(self) -> JobState | None:
+        leaf = self._descend(self.roots)
+        if leaf is None:
+            return None
+        job = leaf.children.pop()
+        assert isinstance(job, JobState)
+        if self.victims:
+            self.popped.setdefault(leaf.queue.name, []).append(job)
+        self._after_pop(leaf)
+        return job
+
+    def _descend(self, heap: Heap[_QueueNode] | Heap[object]) -> _QueueNode | None:
+        while True:
+            if len(heap) == 0:
+                return None
+            node = heap.peek()
+            assert isinstance(node, _QueueNode)
+            if node.needs_reorder:
+                heap.fix(0)
+                node.needs_reorder = False
+                continue
+            if len(node.children) == 0:
+                return None
+            if node.is_leaf:
+                return node
+            heap = node.children
+
+    def _after_pop(self, node: _QueueNode) -> None:
+        if len(node.children) == 0:
+            if node.parent is not None:
+                node.parent.children.pop()
+            else:
+                self.roots.pop()
+            del self.nodes[node.queue.name]
+            if node.parent is not None:
+                self._after_pop(node.parent)
+            return
+        self._mark(node)

@@ -1,0 +1,49 @@
+"""Scheduling policy: the knobs of one scheduling cycle, as a typed msgspec Struct.
+
+Defaults are KAI's production defaults unless noted; the conformance runner overrides a few to match
+KAI's test harness (predicates off for cases without mocks, zero staleness grace, unlimited
+consolidation preemptees). Decoding a policy with `msgspec.convert` names the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Placement = Literal["binpack", "spread"]
+ReclaimStrategy = Literal["maintain-fair-share", "guarantee-deserved-quota"]
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    actions: tuple[str, ...] = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+    """Actions run in this order each cycle (KAI's default order)."""
+    predicates: bool = True
+    """Node filters beyond resource fit (affinity, taints, MIG type, queue capacity on the node)."""
+    gpu_placement: Placement = "binpack"
+    cpu_placement: Placement = "binpack"
+    gpu_device_placement: Placement = "binpack"
+    """Which shared device a fractional pod lands on: the fullest fitting one (binpack) or the emptiest."""
+    reclaim_strategy: ReclaimStrategy = "maintain-fair-share"
+    reclaimer_utilization_multiplier: float = 1.0
+    """A reclaimer may take resources only while its saturation times this stays below the victim's; >= 1."""
+    allow_consolidating_reclaim: bool = True
+    max_consolidation_preemptees: int = 16
+    """Most pods one consolidation may move; -1 = unlimited (KAI's test harness)."""
+    staleness_grace_period: float = 60.0
+    """Seconds a gang may stay below its min member before stale-gang eviction."""
+    preempt_min_runtime: float = 0.0
+    reclaim_min_runtime: float = 0.0
+    min_node_gpu_memory_mib: int = 100
+    """GPU memory per device used to turn gpu-memory requests into GPU quota."""
+    k_value: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.reclaimer_utilization_multiplier < 1.0:
+            raise ValueError("policy: field 'reclaimer_utilization_multiplier' must be >= 1")
+        unknown = [a for a in self.actions if a not in KNOWN_ACTIONS]
+        if unknown:
+            raise ValueError(f"policy: field 'actions': unknown action {unknown[0]!r}")
+
+
+KNOWN_ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")

@@ -1,0 +1,202 @@
+"""Node filters beyond resource fit: KAI's predicates plugin, each returning a reason or None.
+
+Order matters only for which reason a pending pod reports: queue capacity on the node, GPU resource type
+(MIG/fraction compatibility), GPU memory synced, pod slots (with a reservation pod for a new shared
+device), then the Kubernetes filters (node selector and affinity, taints, pod affinity and anti-affinity).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.core.tasks import PODS, TaskState
+from shared.model import NodeSelectorRequirement
+from shared.model.status import ACTIVE_USED, PodStatus
+
+if TYPE_CHECKING:
+    from shared.core.cluster import NodeState
+    from shared.core.session import Session
+
+NODE_POD_NUMBER_EXCEEDED = "node(s) pod number exceeded"
+NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+TAINTS = "node(s) had untolerated taint"
+POD_AFFINITY = "node(s) didn't match pod affinity rules"
+POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
+
+
+def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    capacity = ssn.task_capacity_on_node(task, node)
+    if not capacity.ok:
+        return f"node does not have enough capacity. Reason: {capacity.reason}, Details: {capacity.message}"
+    reason = resource_type(task, node)
+    if reason:
+        return reason
+    if task.kind == "memory" and not node.node.gpu_memory_synced:
+        return (
+            "node is not a gpu node or the gpu memory count on the node was not synced yet, "
+            f"task: <{task.job.namespace}/{task.name}>, node: <{node.name}>"
+        )
+    reason = max_pods(ssn, task, node)
+    if reason:
+        return reason
+    if not node_affinity_matches(task, node):
+        return NODE_AFFINITY
+    if not tolerates(task, node):
+        return TAINTS
+    return pod_affinity(ssn, task, node)
+
+
+def resource_type(task: TaskState, node: NodeState) -> str | None:
+    """KAI `PredicateByNodeResourcesType`."""
+    if task.pod.legacy_mig:
+        return f"Legacy MIG jobs cannot be scheduled on node {node.name}"
+    if task.is_cpu_only:
+        return None
+    mig_node = node.mig_enabled
+    if not mig_node and task.kind == "mig":
+        return "MIG job cannot be scheduled on non-MIG node"
+    if mig_node:
+        if task.kind == "mig" and node.legacy_mig_tasks:
+            return f"MIG job cannot be scheduled on node with legacy MIG jobs: <{sorted(node.legacy_mig_tasks)}>"
+        strategy = node.node.mig_strategy
+        if strategy == "single" and task.kind != "regular":
+            return "only whole gpu jobs can run on a node with MigStrategy='single'"
+        if strategy == "mixed" and task.kind != "mig":
+            return "non MIG jobs cant run on a node with MigStrategy='mixed'"
+    return None
+
+
+def max_pods(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    available = node.idle(PODS) + node.releasing(PODS)
+    if not task.is_shared:
+        return None if available > 0 else NODE_POD_NUMBER_EXCEEDED
+    if not _needs_new_gpu_group(ssn, task, node):
+        return None
+    return None if available >= 2 else NODE_POD_NUMBER_EXCEEDED
+
+
+def _needs_new_gpu_group(ssn: Session, task: TaskState, node: NodeState) -> bool:
+    from shared.core.gpu_sharing import preferable_gpus
+
+    immediate = preferable_gpus(ssn, node, task, pipeline_only=False)
+    if immediate is not None and not immediate.releasing:
+        return any(g.startswith("new-") for g in immediate.groups)
+    pipelined = preferable_gpus(ssn, node, task, pipeline_only=True)
+    if pipelined is not None:
+        return any(g.startswith("new-") for g in pipelined.groups)
+    return True
+
+
+def _requirement_matches(req: NodeSelectorRequirement, labels: dict[str, str]) -> bool:
+    value = labels.get(req.key)
+    match req.operator:
+        case "In":
+            return value is not None and value in req.values
+        case "NotIn":
+            return value is None or value not in req.values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+        case "Gt" | "Lt":
+            try:
+                v = int(value) if value is not None else None
+                bound = int(req.values[0])
+            except (ValueError, IndexError):
+                return False
+            if v is None:
+                return False
+            return v > bound if req.operator == "Gt" else v < bound
+    return False
+
+
+def node_affinity_matches(task: TaskState, node: NodeState) -> bool:
+    labels = node.labels
+    for key, value in task.pod.node_selector.items():
+        if labels.get(key) != value:
+            return False
+    terms = task.pod.node_affinity
+    if not terms:
+        return True
+    return any(all(_requirement_matches(r, labels) for r in term.requirements) for term in terms)
+
+
+def tolerates(task: TaskState, node: NodeState) -> bool:
+    for taint in node.node.taints:
+        if taint.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        ok = False
+        for tol in task.pod.tolerations:
+            if tol.effect and tol.effect != taint.effect:
+                continue
+            if tol.operator == "Exists" and (not tol.key or tol.key == taint.key):
+                ok = True
+                break
+            if tol.key == taint.key and tol.value == taint.value:
+                ok = True
+                break
+        if not ok:
+            return False
+    return True
+
+
+def _labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _domain_pods(ssn: Session, node: NodeState, key: str) -> list[TaskState]:
+    """Pods counted for inter-pod affinity in the node's domain of `key` (this session's own evictions
+    excluded: their resources are already treated as free)."""
+    value = node.labels.get(key)
+    if value is None:
+        return []
+    out: list[TaskState] = []
+    for other in ssn.cluster.order:
+        if other.labels.get(key) != value:
+            continue
+        for entry in other.tasks.values():
+            t = entry.task
+            if t.status not in ACTIVE_USED:
+                continue
+            if t.status == PodStatus.RELEASING and t.is_virtual:
+                continue
+            out.append(t)
+    return out
+
+
+def pod_affinity(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    pod = task.pod
+    for term in pod.pod_affinity:
+        matches = [t for t in _domain_pods(ssn, node, term.topology_key) if t is not task]
+        if any(_labels_match(term.match_labels, t.pod.labels) for t in matches):
+            continue
+        # The first pod of a group may land anywhere its own labels satisfy the term.
+        anywhere = any(
+            _labels_match(term.match_labels, e.task.pod.labels)
+            for n in ssn.cluster.order
+            for e in n.tasks.values()
+            if e.task is not task and e.task.status in ACTIVE_USED
+        )
+        if anywhere or not _labels_match(term.match_labels, pod.labels) or term.topology_key not in node.labels:
+            return POD_AFFINITY
+    for term in pod.pod_anti_affinity:
+        for t in _domain_pods(ssn, node, term.topology_key):
+            if t is not task and _labels_match(term.match_labels, t.pod.labels):
+                return POD_ANTI_AFFINITY
+    # Existing pods' anti-affinity against the incoming pod is symmetric.
+    for other in ssn.cluster.order:
+        for entry in other.tasks.values():
+            t = entry.task
+            if t is task or t.status not in ACTIVE_USED or not t.pod.pod_anti_affinity:
+                continue
+            if t.status == PodStatus.RELEASING and t.is_virtual:
+                continue
+            for term in t.pod.pod_anti_affinity:
+                key = term.topology_key
+                if (
+                    _labels_match(term.match_labels, pod.labels)
+                    and key in node.labels
+                    and other.labels.get(key) == node.labels.get(key)
+                ):
+                    return POD_ANTI_AFFINITY
+    return None

@@ -1,0 +1,254 @@
+"""Queue accounting during a session: deserved, fair share, allocated; queue order and capacity checks.
+
+This is KAI's `proportion` plugin as pure functions over `QueueState`s: the session builds the queue
+states (requests and allocations from the snapshot, fair share from `shared.core.fair_share`), statements
+move `allocated` as pods are placed or evicted, and the actions ask `queue_order_key`-style comparisons
+and the capacity checks (limit; non-preemptible work only inside quota).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.core.fair_share import QueueSpec, ResourceSpec, compute_fair_shares
+from shared.model import Queue
+from shared.model.objects import UNLIMITED
+
+# Resource order of every 3-vector in this module: GPU devices, CPU millicores, memory bytes.
+R_GPU, R_CPU, R_MEM = 0, 1, 2
+RESOURCE_NAMES = ("GPU", "CPU", "Memory")
+NO_FAIR_SHARE_DRF_MULTIPLIER = 1000.0
+
+Vec = list[float]
+
+
+def vec() -> Vec:
+    return [0.0, 0.0, 0.0]
+
+
+@dataclass(eq=False)
+class QueueState:
+    """One queue's attributes for a session (KAI `QueueAttributes`)."""
+
+    name: str
+    parent: str | None
+    priority: int
+    creation_index: int
+    deserved: Vec
+    limit: Vec
+    weight: Vec
+    children: list[str] = field(default_factory=list)
+    fair_share: Vec = field(default_factory=vec)
+    allocated: Vec = field(default_factory=vec)
+    allocated_non_preemptible: Vec = field(default_factory=vec)
+    requested: Vec = field(default_factory=vec)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def allocatable_share(self, r: int) -> float:
+        """KAI `GetAllocatableShare`: max(deserved, fair share), capped by the limit."""
+        if self.deserved[r] == UNLIMITED:
+            return self.limit[r]
+        allocatable = max(self.deserved[r], self.fair_share[r])
+        if self.limit[r] != UNLIMITED:
+            allocatable = min(self.limit[r], allocatable)
+        return allocatable
+
+    def dominant_share(self, total: Vec, allocated: Vec | None = None) -> float:
+        """KAI `GetDominantResourceShare`: the largest allocated / allocatable over the resources."""
+        alloc = self.allocated if allocated is None else allocated
+        best = 0.0
+        for r in range(3):
+            share = self.allocatable_share(r)
+            if share == UNLIMITED:
+                share = total[r]
+            value = alloc[r] * NO_FAIR_SHARE_DRF_MULTIPLIER if share == 0 else alloc[r] / share
+            best = max(best, value)
+        return best
+
+
+def queue_states_from_model(queues: Sequence[Queue]) -> dict[str, QueueState]:
+    states: dict[str, QueueState] = {}
+    for q in queues:
+        states[q.name] = QueueState(
+            name=q.name,
+            parent=q.parent,
+            priority=q.priority,
+            creation_index=q.creation_index,
+            deserved=[q.gpu.quota, q.cpu.quota, q.memory.quota],
+            limit=[q.gpu.limit, q.cpu.limit, q.memory.limit],
+            weight=[q.gpu.over_quota_weight, q.cpu.over_quota_weight, q.memory.over_quota_weight],
+        )
+    for q in queues:
+        if q.parent is not None and q.parent in states:
+            states[q.parent].children.append(q.name)
+    return states
+
+
+def ancestors_and_self(states: dict[str, QueueState], name: str) -> list[QueueState]:
+    out: list[QueueState] = []
+    seen: set[str] = set()
+    cur = states.get(name)
+    while cur is not None and cur.name not in seen:
+        out.append(cur)
+        seen.add(cur.name)
+        cur = states.get(cur.parent) if cur.parent is not None else None
+    return out
+
+
+def set_fair_shares(states: dict[str, QueueState], total: Vec) -> None:
+    specs = [
+        QueueSpec(
+            name=s.name,
+            parent=s.parent if s.parent in states else None,
+            priority=s.priority,
+            creation_index=s.creation_index,
+            gpu=ResourceSpec(s.deserved[R_GPU], s.weight[R_GPU], s.limit[R_GPU]),
+            cpu=ResourceSpec(s.deserved[R_CPU], s.weight[R_CPU], s.limit[R_CPU]),
+            memory=ResourceSpec(s.deserved[R_MEM], s.weight[R_MEM], s.limit[R_MEM]),
+        )
+        for s in states.values()
+    ]
+    leaf_requests = {
+        s.name: (s.requested[R_GPU], s.requested[R_CPU], s.requested[R_MEM]) for s in states.values() if s.is_leaf
+    }
+    shares = compute_fair_shares(specs, leaf_requests, (total[R_GPU], total[R_CPU], total[R_MEM]))
+    for name, share in shares.items():
+        states[name].fair_share = list(share.fair_share)
+
+
+# --- comparisons of 3-vectors (KAI ResourceQuantities) ---------------------------------------------------
+def _cmp_unlimited(a: float, b: float) -> int:
+    if a == UNLIMITED:
+        return 0 if b == UNLIMITED else 1
+    if b == UNLIMITED:
+        return -1
+    return (a > b) - (a < b)
+
+
+def less_equal(a: Vec, b: Vec) -> bool:
+    return all(_cmp_unlimited(a[r], b[r]) <= 0 for r in range(3))
+
+
+def strictly_less(a: Vec, b: Vec) -> bool:
+    return all(a[r] < b[r] for r in range(3))
+
+
+# --- queue order (KAI queue_order.GetQueueOrderResult) -----------------------------------------------------
+def compare_queues(
+    lq: QueueState,
+    rq: QueueState,
+    l_job_req: Vec | None,
+    r_job_req: Vec | None,
+    l_victims_alloc: Vec | None,
+    r_victims_alloc: Vec | None,
+    total: Vec,
+) -> int:
+    """Negative when `lq` goes first. Job requirements are of each queue's head job (pending ordering);
+    victims' allocations are used when ordering victim queues."""
+    # Under-utilised queues (fair share not strictly below allocation everywhere) first.
+    l_over = strictly_less(lq.fair_share, lq.allocated)
+    r_over = strictly_less(rq.fair_share, rq.allocated)
+    if l_over != r_over:
+        return 1 if l_over else -1
+    l_with = _plus(lq.allocated, l_job_req)
+    r_with = _plus(rq.allocated, r_job_req)
+    # Queues that stay within deserved quota with their job first.
+    l_starved = less_equal(l_with, lq.deserved)
+    r_starved = less_equal(r_with, rq.deserved)
+    if l_starved != r_starved:
+        return -1 if l_starved else 1
+    if lq.priority != rq.priority:
+        return -1 if lq.priority > rq.priority else 1
+    # Penalise using a resource the queue has no allocatable share of.
+    l_viol = any(lq.allocatable_share(r) == 0 and l_with[r] > 0 for r in range(3))
+    r_viol = any(rq.allocatable_share(r) == 0 and r_with[r] > 0 for r in range(3))
+    if l_viol != r_viol:
+        return 1 if l_viol else -1
+    l_share = lq.dominant_share(total, _minus(l_with, l_victims_alloc))
+    r_share = rq.dominant_share(total, _minus(r_with, r_victims_alloc))
+    if l_share != r_share:
+        return -1 if l_share < r_share else 1
+    l_plain = lq.dominant_share(total)
+    r_plain = rq.dominant_share(total)
+    if l_plain != r_plain:
+        return -1 if l_plain < r_plain else 1
+    la = [lq.allocatable_share(r) for r in range(3)]
+    ra = [rq.allocatable_share(r) for r in range(3)]
+    if not less_equal(ra, la) and less_equal(la, ra):
+        return -1
+    if not less_equal(la, ra) and less_equal(ra, la):
+        return 1
+    return -1 if lq.creation_index < rq.creation_index else 1
+
+
+def _plus(a: Vec, b: Vec | None) -> Vec:
+    if b is None:
+        return list(a)
+    return [a[0] + b[0], a[1] + b[1], a[2] + b[2]]
+
+
+def _minus(a: Vec, b: Vec | None) -> Vec:
+    if b is None:
+        return a
+    return [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+
+
+# --- capacity policy -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CapacityResult:
+    ok: bool
+    reason: str = ""
+    message: str = ""
+
+
+OK = CapacityResult(True)
+
+
+def check_over_limit(chain: list[QueueState], requested: Vec) -> CapacityResult:
+    for q in chain:
+        for r in range(3):
+            if q.limit[r] == UNLIMITED or requested[r] == 0:
+                continue
+            if q.limit[r] < q.allocated[r] + requested[r]:
+                return CapacityResult(
+                    False,
+                    "OverLimit",
+                    f"{_resource_noun(r)} quota has reached the allowable limit of {_fmt(r, q.limit[r])}. "
+                    f"Limit is {_fmt(r, q.limit[r])}, currently {_fmt(r, q.allocated[r])} allocated and "
+                    f"workload requested {_fmt(r, requested[r])}",
+                )
+    return OK
+
+
+def check_non_preemptible_over_quota(chain: list[QueueState], requested: Vec, preemptible: bool) -> CapacityResult:
+    if preemptible:
+        return OK
+    for q in chain:
+        for r in range(3):
+            if q.deserved[r] == UNLIMITED or requested[r] == 0:
+                continue
+            if q.deserved[r] < q.allocated_non_preemptible[r] + requested[r]:
+                return CapacityResult(
+                    False,
+                    "NonPreemptibleOverQuota",
+                    f"Non-preemptible workload is over quota. Workload requested {_fmt(r, requested[r])} "
+                    f"{_resource_noun(r)}, queue {q.name} deserves {_fmt(r, q.deserved[r])} and currently "
+                    f"has {_fmt(r, q.allocated_non_preemptible[r])} allocated to non-preemptible workloads",
+                )
+    return OK
+
+
+def _resource_noun(r: int) -> str:
+    return ("GPU", "CPU", "memory")[r]
+
+
+def _fmt(r: int, v: float) -> str:
+    if r == R_GPU:
+        return f"{v:g} GPUs"
+    if r == R_CPU:
+        return f"{v / 1000:g} cores"
+    return f"{v / 1e9:g} GB"

@@ -1,0 +1,225 @@
+"""The scheduling session: mutable state built from a snapshot, and the shared questions actions ask.
+
+`Session(snapshot, now, policy)` copies the snapshot into task, job, node and queue states, computes fair
+shares, and answers: which nodes fit a task (resource fit plus the predicate filters), how nodes score,
+which job comes next, is a job within its queue's capacity. Actions change the state only through
+`Statement`s; the session records what committed statements decided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shared.core import predicates, scoring
+from shared.core.cluster import EPS, ClusterState, NodeState
+from shared.core.policy import Policy
+from shared.core.proportion import (
+    OK,
+    CapacityResult,
+    QueueState,
+    Vec,
+    ancestors_and_self,
+    check_non_preemptible_over_quota,
+    check_over_limit,
+    queue_states_from_model,
+    set_fair_shares,
+)
+from shared.core.statement import Decisions, Statement
+from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, TaskState
+from shared.model import Snapshot, Topology
+from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
+
+
+@dataclass
+class SessionLog:
+    """Everything committed in this session, in order."""
+
+    binds: list[tuple[TaskState, str]] = field(default_factory=list)
+    pipelines: list[tuple[TaskState, str]] = field(default_factory=list)
+    evictions: list[tuple[TaskState, str, str]] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, snapshot: Snapshot, now: float, policy: Policy) -> None:
+        self.now = now
+        self.policy = policy
+        self.cluster = ClusterState(snapshot.nodes)
+        self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
+        self.jobs: dict[str, JobState] = {}
+        self.tasks: dict[str, TaskState] = {}
+        self.log = SessionLog()
+        for pg in snapshot.podgroups:
+            self.jobs[pg.key] = JobState(pg)
+        for pod in snapshot.pods:
+            job = self.jobs.get(pod.podgroup)
+            if job is None:
+                continue
+            task = TaskState(pod, job)
+            job.add_task(task)
+            self.tasks[task.key] = task
+        # Nodes take their pods in pod-key order (KAI adds them sorted by UID).
+        for key in sorted(self.tasks):
+            task = self.tasks[key]
+            if task.status in ACTIVE_USED and task.node in self.cluster.nodes:
+                self.cluster.nodes[task.node].add_task(task)
+        self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
+        self.total: Vec = [
+            float(self.cluster.alloc[GPU].sum()) + self._mig_total_gpus(),
+            float(self.cluster.alloc[CPU].sum()),
+            float(self.cluster.alloc[MEM].sum()),
+        ]
+        self._init_queue_usage()
+        set_fair_shares(self.queues, self.total)
+
+    def _mig_total_gpus(self) -> float:
+        total = 0.0
+        for node in self.cluster.order:
+            for name, count in node.alloc_scalars.items():
+                if "mig-" in name:
+                    total += count * _mig_slices(name)
+        return total
+
+    # --- queue accounting (proportion) ------------------------------------------------------------------
+    def _init_queue_usage(self) -> None:
+        for job in self.jobs.values():
+            chain = ancestors_and_self(self.queues, job.queue)
+            for task in job.tasks.values():
+                if task.status in ALLOCATED:
+                    v = self.accepted_quota(task)
+                    for q in chain:
+                        for r in range(3):
+                            q.allocated[r] += v[r]
+                            q.requested[r] += v[r]
+                            if not job.preemptible:
+                                q.allocated_non_preemptible[r] += v[r]
+                elif task.status == PodStatus.PENDING:
+                    v = self.request_quota(task)
+                    for q in chain:
+                        for r in range(3):
+                            q.requested[r] += v[r]
+
+    def request_quota(self, task: TaskState) -> Vec:
+        """What a pending task asks of its queue: (GPU, CPU, memory), gpu-memory as a share of a device."""
+        return [task.quota_gpus(self.policy.min_node_gpu_memory_mib), task.cpu, task.mem]
+
+    def accepted_quota(self, task: TaskState) -> Vec:
+        """What a placed task holds in its queue (KAI AcceptedResource): fractions as placed on its node."""
+        gpus = task.requested_gpus
+        if task.kind == "memory" and task.node in self.cluster.nodes:
+            node = self.cluster.nodes[task.node]
+            gpus = task.gpu.devices * node.gpu_fraction_on_node(task.gpu.memory_mib)
+        elif task.kind == "mig":
+            gpus = task.quota_gpus(self.policy.min_node_gpu_memory_mib)
+        return [gpus, task.cpu, task.mem]
+
+    def node_init_quota(self, task: TaskState, node: NodeState) -> Vec:
+        """KAI `GetRequiredInitQuota`: the quota a task would take on this particular node."""
+        if task.kind == "mig":
+            return [task.quota_gpus(self.policy.min_node_gpu_memory_mib), task.cpu, task.mem]
+        if task.kind == "regular":
+            return [float(task.gpu.devices) if node.gpu_memory else 0.0, task.cpu, task.mem]
+        portion = node.gpu_fraction_on_node(task.gpu_memory_on(node.gpu_memory))
+        return [task.gpu.devices * portion, task.cpu, task.mem]
+
+    def on_allocate(self, task: TaskState) -> None:
+        self._move_queue(task, +1.0)
+
+    def on_deallocate(self, task: TaskState) -> None:
+        self._move_queue(task, -1.0)
+
+    def _move_queue(self, task: TaskState, sign: float) -> None:
+        v = self.accepted_quota(task)
+        np_ = not task.job.preemptible
+        for q in ancestors_and_self(self.queues, task.job.queue):
+            for r in range(3):
+                q.allocated[r] += sign * v[r]
+                if np_:
+                    q.allocated_non_preemptible[r] += sign * v[r]
+
+    def job_capacity(self, job: JobState, tasks: list[TaskState]) -> CapacityResult:
+        """KAI `IsJobOverQueueCapacity`: the queue limit, and non-preemptible work only inside quota."""
+        if job.queue not in self.queues:
+            return CapacityResult(False, "QueueDoesNotExist", f"queue {job.queue} does not exist")
+        req = [0.0, 0.0, 0.0]
+        for t in tasks:
+            v = [t.quota_gpus(0) if t.kind != "memory" else 0.0, t.cpu, t.mem]
+            if t.kind == "mig":
+                v[0] = t.quota_gpus(self.policy.min_node_gpu_memory_mib)
+            for r in range(3):
+                req[r] += v[r]
+        chain = ancestors_and_self(self.queues, job.queue)
+        result = check_over_limit(chain, req)
+        if not result.ok:
+            return result
+        return check_non_preemptible_over_quota(chain, req, job.preemptible)
+
+    def task_capacity_on_node(self, task: TaskState, node: NodeState) -> CapacityResult:
+        chain = ancestors_and_self(self.queues, task.job.queue)
+        req = self.node_init_quota(task, node)
+        result = check_over_limit(chain, req)
+        if not result.ok:
+            return result
+        return check_non_preemptible_over_quota(chain, req, task.job.preemptible)
+
+    def job_init_request(self, job: JobState) -> Vec:
+        """KAI `GetTasksToAllocateInitResource` (simulation flavour), as a queue quantity."""
+        total = [0.0, 0.0, 0.0]
+        for t in job.tasks_to_allocate(real=False):
+            gpus = t.requested_gpus
+            if t.kind == "memory":
+                gpus += t.gpu.devices * (t.gpu.memory_mib / self.policy.min_node_gpu_memory_mib)
+            elif t.kind == "mig":
+                gpus = t.quota_gpus(self.policy.min_node_gpu_memory_mib)
+            total[0] += gpus
+            total[1] += t.cpu
+            total[2] += t.mem
+        return total
+
+    # --- status -----------------------------------------------------------------------------------------
+    def set_status(self, task: TaskState, status: PodStatus) -> None:
+        task.status = status
+
+    def statement(self) -> Statement:
+        return Statement(self)
+
+    def record(self, decisions: Decisions) -> None:
+        self.log.binds.extend(decisions.binds)
+        self.log.pipelines.extend(decisions.pipelines)
+        self.log.evictions.extend(decisions.evictions)
+
+    # --- node filtering and ordering -------------------------------------------------------------------
+    def resource_fit_mask(self, task: TaskState, with_releasing: bool) -> np.ndarray:
+        """Nodes whose idle (or idle + releasing) resources fit the task, as a boolean mask."""
+        c = self.cluster
+        n = len(c.order)
+        if task.kind == "regular" and not task.gpu.mig:
+            if task.is_best_effort:
+                return np.ones(n, dtype=bool)
+            mask = np.ones(n, dtype=bool)
+            for r, need in ((CPU, task.cpu), (MEM, task.mem), (GPU, task.whole_gpus), (PODS, 1.0)):
+                if need <= 0:
+                    continue
+                avail = c.idle[r] + c.releasing[r] if with_releasing else c.idle[r]
+                mask &= avail + EPS >= need
+            return mask
+        return np.array([node.fits(task, with_releasing) for node in c.order], dtype=bool)
+
+    def fit_failure(self, task: TaskState, node: NodeState) -> str | None:
+        """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can."""
+        if not self.policy.predicates:
+            return None
+        return predicates.check(self, task, node)
+
+    def ordered_candidates(self, task: TaskState, nodes: list[NodeState]) -> list[NodeState]:
+        """Nodes in KAI's order for this task: score descending, then name; only those that fit."""
+        return scoring.order_nodes(self, task, nodes)
+
+
+def _mig_slices(resource: str) -> int:
+    profile = resource.rsplit("mig-", 1)[-1]
+    try:
+        return int(profile.split("g.", 1)[0])
+    except ValueError:
+        return 1

@@ -1,0 +1,41 @@
+"""The domain model: the cluster as the scheduling core sees it.
+
+Immutable msgspec Structs (nodes, pods, podgroups, queues, topologies) gathered in a `Snapshot`.
+Built by the conformance case builder today and by the state service later; read by `shared.core`.
+"""
+
+from shared.model.objects import (
+    GpuRequest,
+    LabelSelectorTerm,
+    Node,
+    NodeSelectorRequirement,
+    Pod,
+    PodAffinityTerm,
+    PodGroup,
+    PodSet,
+    Queue,
+    QueueResource,
+    Snapshot,
+    SubGroupSet,
+    Topology,
+    TopologyConstraint,
+)
+from shared.model.status import PodStatus
+
+__all__ = [
+    "GpuRequest",
+    "LabelSelectorTerm",
+    "Node",
+    "NodeSelectorRequirement",
+    "Pod",
+    "PodAffinityTerm",
+    "PodGroup",
+    "PodSet",
+    "PodStatus",
+    "Queue",
+    "QueueResource",
+    "Snapshot",
+    "SubGroupSet",
+    "Topology",
+    "TopologyConstraint",
+]

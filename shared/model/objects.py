@@ -1,0 +1,227 @@
+"""The cluster objects of a scheduling snapshot, as immutable msgspec Structs.
+
+Units throughout: CPU in millicores, memory in bytes, GPUs in devices (fractions allowed where said),
+GPU memory in MiB, times in seconds on the caller's clock. A `Snapshot` is everything one scheduling
+cycle reads; the core never mutates it (it copies what it changes into its own session state).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.model.status import PodStatus
+
+UNLIMITED = -1.0
+"""Quota or limit value meaning "no bound" (KAI's -1)."""
+
+
+class GpuRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a pod asks of GPUs: whole devices, a fraction or memory share per device, or MIG instances.
+
+    Exactly one kind applies: `mig` non-empty (MIG instances), else `fraction > 0` (a share of `devices`
+    devices), else `memory_mib > 0` (that much memory on each of `devices` devices), else `devices` whole
+    GPUs (0 for a CPU-only pod).
+    """
+
+    devices: int = 0
+    fraction: float = 0.0
+    memory_mib: int = 0
+    mig: dict[str, int] = msgspec.field(default_factory=dict)
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.mig)
+
+    @property
+    def is_fraction(self) -> bool:
+        return not self.mig and self.fraction > 0
+
+    @property
+    def is_memory(self) -> bool:
+        return not self.mig and self.fraction <= 0 and self.memory_mib > 0
+
+    @property
+    def is_shared(self) -> bool:
+        """A fraction or a GPU-memory request: the pod shares devices with others."""
+        return self.is_fraction or self.is_memory
+
+    @property
+    def is_whole(self) -> bool:
+        return not self.mig and not self.is_shared
+
+    @property
+    def gpus(self) -> float:
+        """KAI's `GPUs()`: whole devices, or the fraction (to 2 decimals) times devices; 0 for memory/MIG."""
+        if self.mig or self.is_memory:
+            return 0.0
+        if self.is_fraction:
+            return round(self.fraction, 2) * self.devices
+        return float(self.devices)
+
+
+class NodeSelectorRequirement(msgspec.Struct, frozen=True):
+    """One `matchExpressions` entry of a node selector term."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
+    values: tuple[str, ...] = ()
+
+
+class LabelSelectorTerm(msgspec.Struct, frozen=True):
+    """A required node-affinity term: every requirement must hold (terms are ORed)."""
+
+    requirements: tuple[NodeSelectorRequirement, ...] = ()
+
+
+class PodAffinityTerm(msgspec.Struct, frozen=True):
+    """A required pod (anti-)affinity term: pods whose labels match `match_labels`, over `topology_key`."""
+
+    match_labels: dict[str, str]
+    topology_key: str
+
+
+class Toleration(msgspec.Struct, frozen=True):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+class Taint(msgspec.Struct, frozen=True):
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+class Pod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod (KAI: task) of a podgroup, with its requests, status and placement."""
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    podgroup: str
+    status: PodStatus = PodStatus.PENDING
+    node: str | None = None
+    gpu_groups: tuple[str, ...] = ()
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpu: GpuRequest = GpuRequest()
+    sub_group: str | None = None
+    task_priority: int | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)
+    node_affinity: tuple[LabelSelectorTerm, ...] = ()
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    legacy_mig: bool = False
+    creation_time: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return self.uid or f"{self.namespace}/{self.name}"
+
+
+class TopologyConstraint(msgspec.Struct, frozen=True):
+    topology: str
+    required_level: str | None = None
+    preferred_level: str | None = None
+
+
+class PodSet(msgspec.Struct, frozen=True):
+    """A gang inside a podgroup: at least `min_available` of its pods run together or none."""
+
+    name: str
+    min_available: int
+    topology_constraint: TopologyConstraint | None = None
+
+
+class SubGroupSet(msgspec.Struct, frozen=True):
+    """A node of a podgroup's sub-group tree: pod sets and child sets, with an optional topology."""
+
+    name: str
+    pod_sets: tuple[PodSet, ...] = ()
+    children: tuple[SubGroupSet, ...] = ()
+    topology_constraint: TopologyConstraint | None = None
+
+    def all_pod_sets(self) -> list[PodSet]:
+        out = list(self.pod_sets)
+        for child in self.children:
+            out.extend(child.all_pod_sets())
+        return out
+
+
+class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """A gang-scheduled workload (KAI PodGroup): its queue, priority, preemptibility and pod sets."""
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    queue: str
+    priority: int = 0
+    preemptible: bool = True
+    creation_time: float = 0.0
+    last_start_time: float | None = None
+    stale_since: float | None = None
+    staleness_grace_period: float | None = None
+    root: SubGroupSet = SubGroupSet(name="root")
+
+    @property
+    def key(self) -> str:
+        return self.uid or self.name
+
+
+class QueueResource(msgspec.Struct, frozen=True):
+    """One resource of a queue: deserved quota (-1 unlimited), over-quota weight, limit (-1 none)."""
+
+    quota: float = 0.0
+    over_quota_weight: float = 1.0
+    limit: float = UNLIMITED
+
+
+class Queue(msgspec.Struct, frozen=True, kw_only=True):
+    """A queue of the n-level hierarchy; departments are top-level queues."""
+
+    name: str
+    parent: str | None = None
+    priority: int = 100
+    creation_index: int = 0
+    gpu: QueueResource = QueueResource()
+    cpu: QueueResource = QueueResource()
+    memory: QueueResource = QueueResource()
+    preempt_min_runtime: float | None = None
+    reclaim_min_runtime: float | None = None
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's allocatable resources, GPU layout and labels."""
+
+    name: str
+    cpu_millis: float
+    memory_bytes: float
+    gpus: int = 0
+    gpu_memory_mib: int = 100
+    gpu_memory_synced: bool = True
+    max_pods: int = 110
+    scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    mig_enabled: bool = False
+    mig_strategy: str | None = None
+
+
+class Topology(msgspec.Struct, frozen=True):
+    """Topology levels as node label keys, coarsest first."""
+
+    name: str
+    levels: tuple[str, ...]
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one scheduling cycle reads."""
+
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    podgroups: tuple[PodGroup, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    topologies: tuple[Topology, ...] = ()
