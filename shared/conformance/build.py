@@ -147,7 +147,9 @@ def _constraint(tc: c.TopologyConstraint | None) -> TopologyConstraint | None:
 def _sub_group_set(sg: c.SubGroupSet) -> SubGroupSet:
     return SubGroupSet(
         name=sg.name,
-        pod_sets=tuple(PodSet(p.name, p.min_available, _constraint(p.topology_constraint)) for p in sg.pod_sets),
+        pod_sets=tuple(
+            PodSet(p.name, p.min_available, _constraint(p.topology_constraint)) for p in sg.pod_sets
+        ),
         children=tuple(_sub_group_set(child) for child in sg.sub_groups),
         topology_constraint=_constraint(sg.topology_constraint),
     )
@@ -211,7 +213,11 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
             statuses.append(status)
             gpu = gpu_request(job, t)
             groups = list(desc.gpu_groups)
-            if not groups and gpu.is_shared and status in ALLOCATED | {PodStatus.PIPELINED, PodStatus.RELEASING}:
+            if (
+                not groups
+                and gpu.is_shared
+                and status in ALLOCATED | {PodStatus.PIPELINED, PodStatus.RELEASING}
+            ):
                 count = job.per_task.gpu_devices or 1
                 groups = [f"uuid-{t.pod_name}-{k}" for k in range(count)]
                 desc.gpu_groups = groups
@@ -225,7 +231,9 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
             node_affinity: tuple[LabelSelectorTerm, ...] = ()
             if t.node_affinity:
                 node_affinity = (
-                    LabelSelectorTerm((NodeSelectorRequirement(NODE_TYPE_LABEL, "In", tuple(t.node_affinity)),)),
+                    LabelSelectorTerm(
+                        (NodeSelectorRequirement(NODE_TYPE_LABEL, "In", tuple(t.node_affinity)),)
+                    ),
                 )
             best_effort = job.best_effort
             pods.append(
@@ -239,10 +247,12 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
                     gpu_groups=tuple(groups),
                     cpu_millis=0.0
                     if best_effort
-                    else (job.per_task.cpu_millis if job.per_task.cpu_millis else DEFAULT_TASK_CPU_MILLIS),
+                    else (job.per_task.cpu_millis or DEFAULT_TASK_CPU_MILLIS),
                     memory_bytes=0.0
                     if best_effort
-                    else (job.per_task.memory_bytes if job.per_task.memory_bytes else DEFAULT_TASK_MEMORY_BYTES),
+                    else (
+                        job.per_task.memory_bytes or DEFAULT_TASK_MEMORY_BYTES
+                    ),
                     gpu=gpu,
                     sub_group=t.sub_group,
                     task_priority=t.priority,

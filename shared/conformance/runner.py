@@ -83,7 +83,8 @@ def _observe(ssn: Session, now: float) -> Checkpoint:
             tasks=tasks,
         )
     nodes = {
-        n.name: ObservedNode(idle_gpus=n.idle(GPU), releasing_gpus=n.releasing(GPU)) for n in ssn.cluster.order
+        n.name: ObservedNode(idle_gpus=n.idle(GPU), releasing_gpus=n.releasing(GPU))
+        for n in ssn.cluster.order
     }
     return Checkpoint(jobs=jobs, nodes=nodes)
 

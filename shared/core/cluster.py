@@ -59,6 +59,10 @@ class ClusterState:
         self.releasing: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
         self.nodes: dict[str, NodeState] = {}
         self.order: list[NodeState] = []
+        # Nodes that have (or had) a shared GPU group: the only ones the GPU-sharing score looks at.
+        self.sharing_nodes: set[int] = set()
+        # Set once any node has releasing resources; until then idle-only and idle+releasing fits agree.
+        self.has_releasing = False
         for i, nd in enumerate(nodes):
             gpus = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
             for r, v in ((CPU, nd.cpu_millis), (MEM, nd.memory_bytes), (GPU, gpus), (PODS, nd.max_pods)):
@@ -115,7 +119,9 @@ class NodeState:
         return not self.node.mig_enabled and self.alloc(GPU) <= 0
 
     # --- tracked vector of a task ---------------------------------------------------------------------
-    def _vector(self, task: TaskState) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
+    def _vector(
+        self, task: TaskState
+    ) -> tuple[tuple[float, float, float, float], tuple[tuple[str, float], ...]]:
         gpu = 0.0 if task.is_shared else task.whole_gpus
         vec = [task.cpu, task.mem, gpu, 1.0]
         for r in range(N_BASE):
@@ -152,8 +158,10 @@ class NodeState:
             if entry.status == PodStatus.RELEASING:
                 self._add(c.releasing, r, v)
                 self._add(c.idle, r, -v)
+                c.has_releasing = True
             elif entry.status == PodStatus.PIPELINED:
                 self._add(c.releasing, r, -v)
+                c.has_releasing = True
             else:
                 self._add(c.idle, r, -v)
         for name, v in scalars:
@@ -211,6 +219,8 @@ class NodeState:
 
     def _add_shared(self, e: _Entry, gid: str) -> None:
         g = self.groups.setdefault(gid, SharedGroup())
+        self.cluster.sharing_nodes.add(self.idx)
+        self.cluster.has_releasing = True
         m = e.gpu_memory
         c = self.cluster
         g.used += m

@@ -52,7 +52,9 @@ def preferable_gpus(ssn: Session, node: NodeState, task: TaskState, pipeline_onl
             groups.append(_new_group_id(node, groups))
         else:
             releasing = (
-                releasing or not node.enough_idle_on_group(task, gid) or not node.fits(task, with_releasing=False)
+                releasing
+                or not node.enough_idle_on_group(task, gid)
+                or not node.fits(task, with_releasing=False)
             )
             groups.append(gid)
         if len(groups) == devices:
@@ -60,7 +62,9 @@ def preferable_gpus(ssn: Session, node: NodeState, task: TaskState, pipeline_onl
     return None
 
 
-def allocate_shared(ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool) -> bool:
+def allocate_shared(
+    ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool
+) -> bool:
     choice = preferable_gpus(ssn, node, task, pipeline_only)
     if choice is None:
         return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from shared.core.proportion import compare_queues
+from shared.core.proportion import QueueView, compare_views, queue_view
 from shared.core.tasks import JobState
 
 if TYPE_CHECKING:
@@ -82,19 +82,21 @@ class Heap(Generic[T]):
 
 def job_less(a: JobState, b: JobState) -> bool:
     """KAI job order: priority (higher first), gang state (short of min member first), age, UID."""
-    if a.priority != b.priority:
-        return a.priority > b.priority
-    ea = _min_available_state(a)
-    eb = _min_available_state(b)
-    if ea != eb:
-        return ea < eb
-    if a.creation_time != b.creation_time:
-        return a.creation_time < b.creation_time
-    return a.key < b.key
+    return job_order_key(a) < job_order_key(b)
+
+
+def job_order_key(job: JobState) -> tuple[int, int, float, str]:
+    return job.cached(
+        "order_key", lambda: (-job.priority, _compute_min_available_state(job), job.creation_time, job.key)
+    )
 
 
 def _min_available_state(job: JobState) -> int:
     """0: below min member, 1: exactly at it, 2: above it (KAI elastic plugin)."""
+    return job.cached("min_available_state", lambda: _compute_min_available_state(job))
+
+
+def _compute_min_available_state(job: JobState) -> int:
     exactly = True
     for ps in job.pod_sets.values():
         n = ps.active_allocated
@@ -125,6 +127,7 @@ class JobsByQueue:
         self.roots: Heap[_QueueNode] = Heap(self._node_less)
         self.nodes: dict[str, _QueueNode] = {}
         self.popped: dict[str, list[JobState]] = {}
+        self._views: dict[int, tuple[object, QueueView]] = {}
 
     def extend(self, jobs: Iterable[JobState]) -> None:
         for job in jobs:
@@ -148,7 +151,8 @@ class JobsByQueue:
         self._mark(leaf)
 
     def _job_less(self, a: object, b: object) -> bool:
-        assert isinstance(a, JobState) and isinstance(b, JobState)
+        assert isinstance(a, JobState)
+        assert isinstance(b, JobState)
         return not job_less(a, b) if self.victims else job_less(a, b)
 
     def _link(self, node: _QueueNode) -> None:
@@ -174,7 +178,8 @@ class JobsByQueue:
             node = node.parent
 
     def _node_less_obj(self, a: object, b: object) -> bool:
-        assert isinstance(a, _QueueNode) and isinstance(b, _QueueNode)
+        assert isinstance(a, _QueueNode)
+        assert isinstance(b, _QueueNode)
         return self._node_less(a, b)
 
     def _node_less(self, a: _QueueNode, b: _QueueNode) -> bool:
@@ -182,15 +187,26 @@ class JobsByQueue:
             return not self.victims
         if len(b.children) == 0:
             return self.victims
-        a_job, a_vict = self._best(a)
-        b_job, b_vict = self._best(b)
-        ssn = self.ssn
-        a_req = ssn.job_init_request(a_job) if a_job is not None else None
-        b_req = ssn.job_init_request(b_job) if b_job is not None else None
-        a_v = self._victims_alloc(a_vict)
-        b_v = self._victims_alloc(b_vict)
-        result = compare_queues(a.queue, b.queue, a_req, b_req, a_v, b_v, ssn.total) < 0
+        result = compare_views(self._view(a), self._view(b)) < 0
         return not result if self.victims else result
+
+    def _view(self, node: _QueueNode) -> QueueView:
+        """The queue's comparison view, cached until an allocation or its head job changes."""
+        job, victims = self._best(node)
+        ssn = self.ssn
+        key = (
+            node.queue.version,
+            id(job),
+            job.version if job is not None else -1,
+            tuple((id(v), v.version) for v in victims) if victims is not None else (),
+        )
+        cached = self._views.get(id(node))
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        req = ssn.job_init_request(job) if job is not None else None
+        view = queue_view(node.queue, req, self._victims_alloc(victims), ssn.total)
+        self._views[id(node)] = (key, view)
+        return view
 
     def _victims_alloc(self, victims: list[JobState] | None) -> list[float] | None:
         if victims is None:

@@ -57,7 +57,9 @@ def resource_type(task: TaskState, node: NodeState) -> str | None:
         return "MIG job cannot be scheduled on non-MIG node"
     if mig_node:
         if task.kind == "mig" and node.legacy_mig_tasks:
-            return f"MIG job cannot be scheduled on node with legacy MIG jobs: <{sorted(node.legacy_mig_tasks)}>"
+            return (
+                f"MIG job cannot be scheduled on node with legacy MIG jobs: <{sorted(node.legacy_mig_tasks)}>"
+            )
         strategy = node.node.mig_strategy
         if strategy == "single" and task.kind != "regular":
             return "only whole gpu jobs can run on a node with MigStrategy='single'"
@@ -177,12 +179,18 @@ def pod_affinity(ssn: Session, task: TaskState, node: NodeState) -> str | None:
             for e in n.tasks.values()
             if e.task is not task and e.task.status in ACTIVE_USED
         )
-        if anywhere or not _labels_match(term.match_labels, pod.labels) or term.topology_key not in node.labels:
+        if (
+            anywhere
+            or not _labels_match(term.match_labels, pod.labels)
+            or term.topology_key not in node.labels
+        ):
             return POD_AFFINITY
     for term in pod.pod_anti_affinity:
         for t in _domain_pods(ssn, node, term.topology_key):
             if t is not task and _labels_match(term.match_labels, t.pod.labels):
                 return POD_ANTI_AFFINITY
+    if not ssn.any_anti_affinity:
+        return None
     # Existing pods' anti-affinity against the incoming pod is symmetric.
     for other in ssn.cluster.order:
         for entry in other.tasks.values():

@@ -43,6 +43,9 @@ class QueueState:
     allocated: Vec = field(default_factory=vec)
     allocated_non_preemptible: Vec = field(default_factory=vec)
     requested: Vec = field(default_factory=vec)
+    # Bumped when `allocated` moves; keys cached queue-order views.
+    version: int = 0
+    _allocatable: Vec | None = None
 
     @property
     def is_leaf(self) -> bool:
@@ -50,6 +53,15 @@ class QueueState:
 
     def allocatable_share(self, r: int) -> float:
         """KAI `GetAllocatableShare`: max(deserved, fair share), capped by the limit."""
+        if self._allocatable is not None:
+            return self._allocatable[r]
+        return self._compute_allocatable(r)
+
+    def freeze_shares(self) -> None:
+        """Fair shares are final for the session: remember the allocatable shares they imply."""
+        self._allocatable = [self._compute_allocatable(r) for r in range(3)]
+
+    def _compute_allocatable(self, r: int) -> float:
         if self.deserved[r] == UNLIMITED:
             return self.limit[r]
         allocatable = max(self.deserved[r], self.fair_share[r])
@@ -113,11 +125,15 @@ def set_fair_shares(states: dict[str, QueueState], total: Vec) -> None:
         for s in states.values()
     ]
     leaf_requests = {
-        s.name: (s.requested[R_GPU], s.requested[R_CPU], s.requested[R_MEM]) for s in states.values() if s.is_leaf
+        s.name: (s.requested[R_GPU], s.requested[R_CPU], s.requested[R_MEM])
+        for s in states.values()
+        if s.is_leaf
     }
     shares = compute_fair_shares(specs, leaf_requests, (total[R_GPU], total[R_CPU], total[R_MEM]))
     for name, share in shares.items():
         states[name].fair_share = list(share.fair_share)
+    for state in states.values():
+        state.freeze_shares()
 
 
 # --- comparisons of 3-vectors (KAI ResourceQuantities) ---------------------------------------------------
@@ -138,6 +154,62 @@ def strictly_less(a: Vec, b: Vec) -> bool:
 
 
 # --- queue order (KAI queue_order.GetQueueOrderResult) -----------------------------------------------------
+@dataclass(frozen=True)
+class QueueView:
+    """The per-queue quantities the queue order compares, for one candidate job (or victim set)."""
+
+    over_utilised: bool
+    within_deserved: bool
+    priority: int
+    zero_share_violation: bool
+    share_with_job: float
+    share: float
+    allocatable: tuple[float, float, float]
+    creation_index: int
+
+
+def queue_view(q: QueueState, job_req: Vec | None, victims_alloc: Vec | None, total: Vec) -> QueueView:
+    """Everything `compare_views` needs about one queue; job requirements are of the queue's head job
+    (pending ordering), victims' allocations are used when ordering victim queues."""
+    with_job = _plus(q.allocated, job_req)
+    allocatable = (q.allocatable_share(0), q.allocatable_share(1), q.allocatable_share(2))
+    return QueueView(
+        over_utilised=strictly_less(q.fair_share, q.allocated),
+        within_deserved=less_equal(with_job, q.deserved),
+        priority=q.priority,
+        zero_share_violation=any(allocatable[r] == 0 and with_job[r] > 0 for r in range(3)),
+        share_with_job=q.dominant_share(total, _minus(with_job, victims_alloc)),
+        share=q.dominant_share(total),
+        allocatable=allocatable,
+        creation_index=q.creation_index,
+    )
+
+
+def compare_views(lv: QueueView, rv: QueueView) -> int:
+    """Negative when the left queue goes first (KAI's criteria, in KAI's order)."""
+    # Under-utilised queues (fair share not strictly below allocation everywhere) first.
+    if lv.over_utilised != rv.over_utilised:
+        return 1 if lv.over_utilised else -1
+    # Queues that stay within deserved quota with their job first.
+    if lv.within_deserved != rv.within_deserved:
+        return -1 if lv.within_deserved else 1
+    if lv.priority != rv.priority:
+        return -1 if lv.priority > rv.priority else 1
+    # Penalise using a resource the queue has no allocatable share of.
+    if lv.zero_share_violation != rv.zero_share_violation:
+        return 1 if lv.zero_share_violation else -1
+    if lv.share_with_job != rv.share_with_job:
+        return -1 if lv.share_with_job < rv.share_with_job else 1
+    if lv.share != rv.share:
+        return -1 if lv.share < rv.share else 1
+    la, ra = list(lv.allocatable), list(rv.allocatable)
+    if not less_equal(ra, la) and less_equal(la, ra):
+        return -1
+    if not less_equal(la, ra) and less_equal(ra, la):
+        return 1
+    return -1 if lv.creation_index < rv.creation_index else 1
+
+
 def compare_queues(
     lq: QueueState,
     rq: QueueState,
@@ -147,42 +219,10 @@ def compare_queues(
     r_victims_alloc: Vec | None,
     total: Vec,
 ) -> int:
-    """Negative when `lq` goes first. Job requirements are of each queue's head job (pending ordering);
-    victims' allocations are used when ordering victim queues."""
-    # Under-utilised queues (fair share not strictly below allocation everywhere) first.
-    l_over = strictly_less(lq.fair_share, lq.allocated)
-    r_over = strictly_less(rq.fair_share, rq.allocated)
-    if l_over != r_over:
-        return 1 if l_over else -1
-    l_with = _plus(lq.allocated, l_job_req)
-    r_with = _plus(rq.allocated, r_job_req)
-    # Queues that stay within deserved quota with their job first.
-    l_starved = less_equal(l_with, lq.deserved)
-    r_starved = less_equal(r_with, rq.deserved)
-    if l_starved != r_starved:
-        return -1 if l_starved else 1
-    if lq.priority != rq.priority:
-        return -1 if lq.priority > rq.priority else 1
-    # Penalise using a resource the queue has no allocatable share of.
-    l_viol = any(lq.allocatable_share(r) == 0 and l_with[r] > 0 for r in range(3))
-    r_viol = any(rq.allocatable_share(r) == 0 and r_with[r] > 0 for r in range(3))
-    if l_viol != r_viol:
-        return 1 if l_viol else -1
-    l_share = lq.dominant_share(total, _minus(l_with, l_victims_alloc))
-    r_share = rq.dominant_share(total, _minus(r_with, r_victims_alloc))
-    if l_share != r_share:
-        return -1 if l_share < r_share else 1
-    l_plain = lq.dominant_share(total)
-    r_plain = rq.dominant_share(total)
-    if l_plain != r_plain:
-        return -1 if l_plain < r_plain else 1
-    la = [lq.allocatable_share(r) for r in range(3)]
-    ra = [rq.allocatable_share(r) for r in range(3)]
-    if not less_equal(ra, la) and less_equal(la, ra):
-        return -1
-    if not less_equal(la, ra) and less_equal(ra, la):
-        return 1
-    return -1 if lq.creation_index < rq.creation_index else 1
+    """Negative when `lq` goes first."""
+    return compare_views(
+        queue_view(lq, l_job_req, l_victims_alloc, total), queue_view(rq, r_job_req, r_victims_alloc, total)
+    )
 
 
 def _plus(a: Vec, b: Vec | None) -> Vec:
@@ -224,7 +264,9 @@ def check_over_limit(chain: list[QueueState], requested: Vec) -> CapacityResult:
     return OK
 
 
-def check_non_preemptible_over_quota(chain: list[QueueState], requested: Vec, preemptible: bool) -> CapacityResult:
+def check_non_preemptible_over_quota(
+    chain: list[QueueState], requested: Vec, preemptible: bool
+) -> CapacityResult:
     if preemptible:
         return OK
     for q in chain:

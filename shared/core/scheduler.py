@@ -108,9 +108,7 @@ def result_of(ssn: Session) -> CycleResult:
         by_group.setdefault(task.job.key, []).append(
             PodBinding(task.name, task.job.namespace, node, tuple(task.gpu_groups))
         )
-    binds = tuple(
-        BindProposal(key, ssn.jobs[key].queue, tuple(items)) for key, items in by_group.items()
-    )
+    binds = tuple(BindProposal(key, ssn.jobs[key].queue, tuple(items)) for key, items in by_group.items())
     evictions = tuple(
         Eviction(t.name, t.job.namespace, t.job.key, node, msg) for t, node, msg in ssn.log.evictions
     )

@@ -30,8 +30,11 @@ TOPOLOGY = 100000.0
 WHOLE_GPU = "-2"
 
 
-def node_scores(ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
-    """The summed plugin score of every node for this task (nodes outside `node_set` included)."""
+def node_scores(
+    ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """The summed plugin score of every node for this task (nodes outside `node_set` included);
+    `idle_fit` marks the nodes whose idle resources fit the task."""
     c = ssn.cluster
     cpu_only = task.is_cpu_only
     r = CPU if cpu_only else GPU
@@ -53,19 +56,17 @@ def node_scores(ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_]) 
             score = MAX_HIGH_DENSITY * (1 - (non_alloc - lo) / (hi - lo))
         score = np.where(alloc == 0, 0.0, score)
     else:
-        count = (
-            np.array([float(n.gpu_count) for n in c.order]) if r == GPU else alloc
-        )
+        count = np.array([float(n.gpu_count) for n in c.order]) if r == GPU else alloc
         with np.errstate(divide="ignore", invalid="ignore"):
             score = np.where(count == 0, 0.0, non_alloc / np.where(count == 0, 1, count))
     if cpu_only:
         cpu_only_nodes = (c.alloc[GPU] <= 0) & ~_mig_enabled(ssn)
         score = score + np.where(cpu_only_nodes, RESOURCE_TYPE, 0.0)
-    idle_fit = ssn.resource_fit_mask(task, with_releasing=False)
     score = score + np.where(idle_fit, AVAILABILITY, 0.0)
-    for node in c.order:
-        if node.groups and any(node.task_fits_group(task, g) for g in node.groups):
-            score[node.idx] += GPU_SHARING
+    for idx in c.sharing_nodes:
+        node = c.order[idx]
+        if any(node.task_fits_group(task, g) for g in node.groups):
+            score[idx] += GPU_SHARING
     return score
 
 
@@ -85,10 +86,12 @@ def iter_nodes_in_order(
 ) -> Iterator[NodeState]:
     """Nodes of `node_set` that fit on releasing-or-idle resources, best score first, ties by name."""
     c = ssn.cluster
-    scores = node_scores(ssn, task, node_set)
+    idle_fit = ssn.resource_fit_mask(task, with_releasing=False)
+    scores = node_scores(ssn, task, node_set, idle_fit)
     if extra_score is not None:
         scores = scores + extra_score
-    candidates = node_set & ssn.resource_fit_mask(task, with_releasing=True)
+    fit = ssn.resource_fit_mask(task, with_releasing=True) if c.has_releasing else idle_fit
+    candidates = node_set & fit
     rank = c.name_rank
     while candidates.any():
         masked = np.where(candidates, scores, -np.inf)

@@ -16,7 +16,6 @@ from shared.core import predicates, scoring
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.policy import Policy
 from shared.core.proportion import (
-    OK,
     CapacityResult,
     QueueState,
     Vec,
@@ -50,6 +49,8 @@ class Session:
         self.jobs: dict[str, JobState] = {}
         self.tasks: dict[str, TaskState] = {}
         self.log = SessionLog()
+        # Bumped whenever a queue's allocation moves; keys cached queue-order views.
+        self.alloc_version = 0
         for pg in snapshot.podgroups:
             self.jobs[pg.key] = JobState(pg)
         for pod in snapshot.pods:
@@ -64,6 +65,8 @@ class Session:
             task = self.tasks[key]
             if task.status in ACTIVE_USED and task.node in self.cluster.nodes:
                 self.cluster.nodes[task.node].add_task(task)
+        # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
+        self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
         self.total: Vec = [
             float(self.cluster.alloc[GPU].sum()) + self._mig_total_gpus(),
@@ -130,9 +133,11 @@ class Session:
         self._move_queue(task, -1.0)
 
     def _move_queue(self, task: TaskState, sign: float) -> None:
+        self.alloc_version += 1
         v = self.accepted_quota(task)
         np_ = not task.job.preemptible
         for q in ancestors_and_self(self.queues, task.job.queue):
+            q.version += 1
             for r in range(3):
                 q.allocated[r] += sign * v[r]
                 if np_:
@@ -165,6 +170,9 @@ class Session:
 
     def job_init_request(self, job: JobState) -> Vec:
         """KAI `GetTasksToAllocateInitResource` (simulation flavour), as a queue quantity."""
+        return job.cached("init_request", lambda: self._job_init_request(job))
+
+    def _job_init_request(self, job: JobState) -> Vec:
         total = [0.0, 0.0, 0.0]
         for t in job.tasks_to_allocate(real=False):
             gpus = t.requested_gpus
@@ -180,6 +188,7 @@ class Session:
     # --- status -----------------------------------------------------------------------------------------
     def set_status(self, task: TaskState, status: PodStatus) -> None:
         task.status = status
+        task.job.version += 1
 
     def statement(self) -> Statement:
         return Statement(self)
@@ -194,6 +203,8 @@ class Session:
         """Nodes whose idle (or idle + releasing) resources fit the task, as a boolean mask."""
         c = self.cluster
         n = len(c.order)
+        if with_releasing and not c.has_releasing:
+            with_releasing = False
         if task.kind == "regular" and not task.gpu.mig:
             if task.is_best_effort:
                 return np.ones(n, dtype=bool)

@@ -8,12 +8,15 @@ Built by `shared.core.session.Session` from a snapshot; changed only through a `
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from shared.model import GpuRequest, Pod, PodGroup, PodSet, SubGroupSet, TopologyConstraint
+from shared.model import GpuRequest, Pod, PodGroup, SubGroupSet, TopologyConstraint
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, ALIVE, ALLOCATED, PodStatus
 
 DEFAULT_POD_SET = "default"
+_T = TypeVar("_T")
 
 # Indices of the tracked resource vector (see `shared.core.cluster`).
 CPU, MEM, GPU, PODS = 0, 1, 2, 3
@@ -169,6 +172,9 @@ class JobState:
         }
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
+        # Bumped on every status change of one of its tasks; keys the caches below.
+        self.version = 0
+        self._cache: dict[object, tuple[int, object]] = {}
         self.fit_errors: list[tuple[str, list[str]]] = []
         self.task_fit_errors: dict[str, dict[str, list[str]]] = {}
 
@@ -227,8 +233,20 @@ class JobState:
                 return True
         return False
 
+    def cached(self, key: object, compute: Callable[[], _T]) -> _T:
+        """A value derived from the tasks' statuses, recomputed only after a status changed."""
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]  # type: ignore[return-value]
+        value = compute()
+        self._cache[key] = (self.version, value)
+        return value
+
     def tasks_to_allocate(self, real: bool) -> list[TaskState]:
         """KAI `GetTasksToAllocate`: the gang-completing pods first, then one more per round for elastic."""
+        return self.cached(("tasks_to_allocate", real), lambda: self._tasks_to_allocate(real))
+
+    def _tasks_to_allocate(self, real: bool) -> list[TaskState]:
         sets = sorted(self.pod_sets.values(), key=_pod_set_order_key)
         unsatisfied = sum(1 for ps in sets if ps.active_allocated < ps.min_available)
         max_sets = unsatisfied if unsatisfied > 0 else 1
@@ -241,10 +259,7 @@ class JobState:
             if not candidates:
                 continue
             allocated = ps.active_allocated
-            if allocated >= ps.min_available:
-                n = min(len(candidates), 1)
-            else:
-                n = ps.min_available - allocated
+            n = min(len(candidates), 1) if allocated >= ps.min_available else ps.min_available - allocated
             out.extend(candidates[:n])
             taken += 1
         return out

@@ -76,7 +76,9 @@ def _allocate_set_on(
     pipeline_only: bool,
 ) -> bool:
     for child in sorted(group.children, key=lambda c: c.name):
-        if not _allocate_set(ssn, stmt, nodes, job, child, _tasks_for(_pod_sets_of(child), tasks), pipeline_only):
+        if not _allocate_set(
+            ssn, stmt, nodes, job, child, _tasks_for(_pod_sets_of(child), tasks), pipeline_only
+        ):
             return False
     own = [job.pod_sets[ps.name] for ps in group.pod_sets if ps.name in job.pod_sets]
     if group is job.root and DEFAULT_POD_SET in job.pod_sets and DEFAULT_POD_SET not in _pod_sets_of(group):
@@ -128,7 +130,9 @@ def allocate_task(
     return False
 
 
-def _allocate_on_node(ssn: Session, stmt: Statement, task: TaskState, node: object, pipeline_only: bool) -> bool:
+def _allocate_on_node(
+    ssn: Session, stmt: Statement, task: TaskState, node: object, pipeline_only: bool
+) -> bool:
     from shared.core.cluster import NodeState
 
     assert isinstance(node, NodeState)
@@ -147,11 +151,11 @@ def _record_node_errors(
     fit = ssn.resource_fit_mask(task, with_releasing=True)
     short = int((nodes & ~fit).sum())
     if short:
-        reasons[_insufficient_reason(ssn, task)] += short
+        reasons[_insufficient_reason(task)] += short
     task.job.task_fit_errors[task.key] = {k: [str(v)] for k, v in reasons.items()}
 
 
-def _insufficient_reason(ssn: Session, task: TaskState) -> str:
+def _insufficient_reason(task: TaskState) -> str:
     if task.kind == "mig":
         return "Insufficient " + ", ".join(sorted(task.gpu.mig))
     if task.requested_gpus > 0 or task.is_shared:
@@ -182,16 +186,20 @@ def _record_failed_task(job: JobState, task: TaskState, index: int) -> None:
         job.add_fit_error(
             POD_SCHEDULING_ERRORS,
             [
-                f"Resources were found for {index} pods while {ps.min_available} are required for gang "
-                f"scheduling. Additional pods cannot be scheduled due to: {error}"
+                (
+                    f"Resources were found for {index} pods while {ps.min_available} are required for gang "
+                    f"scheduling. Additional pods cannot be scheduled due to: {error}"
+                )
             ],
         )
         return
     job.add_fit_error(
         POD_SCHEDULING_ERRORS,
         [
-            f"Resources were found for {index} pods from all sub-groups while sub-group {ps.name} requires "
-            f"{ps.min_available} pods for gang scheduling. Additional pods cannot be scheduled in this "
-            f"sub-group due to: {error}"
+            (
+                f"Resources were found for {index} pods from all sub-groups while sub-group {ps.name} requires "
+                f"{ps.min_available} pods for gang scheduling. Additional pods cannot be scheduled in this "
+                f"sub-group due to: {error}"
+            )
         ],
     )

@@ -1,0 +1,111 @@
+"""Builders for synthetic clusters and workloads as model snapshots.
+
+Deterministic for a given seed. Called by the benchmarks, the demo and tests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, SubGroupSet
+
+GIB = 1024**3
+
+
+def gpu_nodes(count: int, gpus: int = 8, prefix: str = "node", labels: dict[str, str] | None = None) -> list[Node]:
+    """`count` identical GPU nodes (64 cores, 512 GiB, 80 GB devices)."""
+    return [
+        Node(
+            name=f"{prefix}-{i:05d}",
+            cpu_millis=64_000.0,
+            memory_bytes=512.0 * GIB,
+            gpus=gpus,
+            gpu_memory_mib=81_920,
+            max_pods=250,
+            labels={"kubernetes.io/hostname": f"{prefix}-{i:05d}", **(labels or {})},
+        )
+        for i in range(count)
+    ]
+
+
+def flat_queues(names: Iterable[str], gpu_quota: float = 0.0, weight: float = 1.0) -> list[Queue]:
+    dept = Queue(name="dept", parent=None, gpu=QueueResource(quota=-1, over_quota_weight=1, limit=-1))
+    out = [dept]
+    for i, name in enumerate(names):
+        out.append(
+            Queue(
+                name=name,
+                parent="dept",
+                creation_index=i,
+                gpu=QueueResource(quota=gpu_quota, over_quota_weight=weight, limit=-1),
+                cpu=QueueResource(quota=-1, over_quota_weight=1, limit=-1),
+                memory=QueueResource(quota=-1, over_quota_weight=1, limit=-1),
+            )
+        )
+    return out
+
+
+def gang(
+    name: str,
+    queue: str,
+    size: int,
+    gpus: float = 1.0,
+    *,
+    priority: int = 50,
+    created: float = 0.0,
+    status: PodStatus = PodStatus.PENDING,
+    nodes: list[str] | None = None,
+    cpu_millis: float = 1000.0,
+    memory_bytes: float = 4.0 * GIB,
+    min_available: int | None = None,
+) -> tuple[PodGroup, list[Pod]]:
+    """A podgroup of `size` identical pods (whole GPUs, or a fraction when `gpus` < 1)."""
+    req = GpuRequest(devices=int(gpus)) if float(gpus).is_integer() else GpuRequest(devices=1, fraction=gpus)
+    pg = PodGroup(
+        name=name,
+        uid=name,
+        queue=queue,
+        priority=priority,
+        preemptible=priority < 100,
+        creation_time=created,
+        last_start_time=created if status == PodStatus.RUNNING else None,
+        root=SubGroupSet(name="root", pod_sets=(PodSet("default", min_available or size),)),
+    )
+    pods = [
+        Pod(
+            name=f"{name}-{i}",
+            uid=f"{name}-{i}",
+            podgroup=name,
+            status=status,
+            node=nodes[i] if nodes else None,
+            gpu_groups=(f"{i}",) if req.is_fraction and nodes else (),
+            cpu_millis=cpu_millis,
+            memory_bytes=memory_bytes,
+            gpu=req,
+            creation_time=created,
+        )
+        for i in range(size)
+    ]
+    return pg, pods
+
+
+def random_workload(
+    rng: random.Random, queues: list[str], jobs: int, max_gang: int = 4
+) -> tuple[list[PodGroup], list[Pod]]:
+    groups: list[PodGroup] = []
+    pods: list[Pod] = []
+    for j in range(jobs):
+        size = rng.randint(1, max_gang)
+        gpus = rng.choice([0.25, 0.5, 1.0, 1.0, 2.0])
+        pg, ps = gang(
+            f"job-{j:05d}",
+            rng.choice(queues),
+            size,
+            gpus,
+            priority=rng.choice([50, 50, 75, 100]),
+            created=float(j),
+        )
+        groups.append(pg)
+        pods.extend(ps)
+    return groups, pods
