@@ -1,0 +1,171 @@
+"""Invariants of the scheduling core on random clusters (hypothesis).
+
+Whatever the workload: no node holds more than it has, no shared GPU is filled past one device, a gang
+runs whole or not at all, a queue never exceeds its limit, and a statement that is discarded leaves the
+session exactly as it found it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.core.policy import Policy
+from shared.core.session import Session
+from shared.core.tasks import N_BASE
+from shared.model import Node, PodStatus, Queue, QueueResource
+from shared.sim.scenarios import gang
+from shared.sim.simulator import Simulator
+
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+
+
+def _cluster(rng: random.Random, n_nodes: int) -> list[Node]:
+    return [
+        Node(
+            name=f"n{i}",
+            cpu_millis=float(rng.choice([8000, 16000, 64000])),
+            memory_bytes=float(rng.choice([32, 64, 256])) * 2**30,
+            gpus=rng.choice([0, 2, 4, 8]),
+            gpu_memory_mib=40_000,
+            max_pods=rng.choice([4, 16, 110]),
+        )
+        for i in range(n_nodes)
+    ]
+
+
+def _queues(rng: random.Random, n: int) -> list[Queue]:
+    out = [Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)]
+    for i in range(n):
+        limit = rng.choice([-1.0, -1.0, 4.0, 8.0])
+        out.append(
+            Queue(
+                name=f"q{i}",
+                parent="root",
+                creation_index=i,
+                priority=rng.choice([100, 100, 200]),
+                gpu=QueueResource(quota=float(rng.choice([0, 2, 4, 8])), over_quota_weight=1.0, limit=limit),
+                cpu=UNBOUNDED,
+                memory=UNBOUNDED,
+            )
+        )
+    return out
+
+
+def _simulator(seed: int, n_nodes: int, n_jobs: int) -> Simulator:
+    rng = random.Random(seed)
+    queues = _queues(rng, rng.randint(1, 3))
+    sim = Simulator(_cluster(rng, n_nodes), queues, Policy(staleness_grace_period=0.0))
+    for j in range(n_jobs):
+        size = rng.randint(1, 4)
+        gpus = rng.choice([0.0, 0.25, 0.5, 1.0, 2.0])
+        pg, pods = gang(
+            f"j{j}",
+            rng.choice(queues[1:]).name,
+            size,
+            gpus,
+            priority=rng.choice([50, 75, 100, 125]),
+            created=float(j),
+            cpu_millis=float(rng.choice([500, 2000, 8000])),
+            memory_bytes=float(rng.choice([1, 4, 16])) * 2**30,
+            min_available=rng.randint(1, size),
+        )
+        sim.submit(pg, pods, run_time=rng.choice([None, 120.0]))
+    return sim
+
+
+def _check_invariants(sim: Simulator) -> None:
+    nodes = {n.name: n for n in sim.nodes}
+    used: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    shared: dict[tuple[str, str], float] = defaultdict(float)
+    running_by_group: dict[str, int] = defaultdict(int)
+    queue_gpus: dict[str, float] = defaultdict(float)
+    for pod in sim.pods.values():
+        if pod.status != PodStatus.RUNNING:
+            continue
+        assert pod.node is not None
+        u = used[pod.node]
+        u[0] += pod.cpu_millis
+        u[1] += pod.memory_bytes
+        u[3] += 1
+        if pod.gpu.is_shared:
+            for g in pod.gpu_groups:
+                shared[(pod.node, g)] += pod.gpu.fraction
+        else:
+            u[2] += pod.gpu.devices
+        running_by_group[pod.podgroup] += 1
+        queue_gpus[sim.podgroups[pod.podgroup].queue] += pod.gpu.gpus
+    for name, u in used.items():
+        node = nodes[name]
+        devices = u[2] + len({g for (n, g) in shared if n == name})
+        assert u[0] <= node.cpu_millis + 1e-6, f"{name} over CPU"
+        assert u[1] <= node.memory_bytes + 1e-6, f"{name} over memory"
+        assert devices <= node.gpus + 1e-9, f"{name} over GPUs: {devices} > {node.gpus}"
+        assert u[3] <= node.max_pods, f"{name} over pod slots"
+    for (node, group), fraction in shared.items():
+        assert fraction <= 1.0 + 1e-9, f"shared GPU {group} on {node} at {fraction}"
+    for key, pg in sim.podgroups.items():
+        n = running_by_group.get(key, 0)
+        min_member = sum(ps.min_available for ps in pg.root.all_pod_sets())
+        assert n == 0 or n >= min_member, f"gang {key} runs {n} of min {min_member}"
+    for q in sim.queues:
+        if q.gpu.limit >= 0 and q.parent is not None:
+            assert queue_gpus[q.name] <= q.gpu.limit + 1e-9, f"queue {q.name} over its GPU limit"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), n_nodes=st.integers(1, 6), n_jobs=st.integers(1, 14))
+def test_cycles_keep_every_invariant(seed: int, n_nodes: int, n_jobs: int) -> None:
+    sim = _simulator(seed, n_nodes, n_jobs)
+    for cycle in range(4):
+        sim.step(cycle * 60.0)
+        _check_invariants(sim)
+
+
+def _state(ssn: Session) -> tuple[object, ...]:
+    c = ssn.cluster
+    arrays = tuple(np.concatenate([c.idle[r], c.used[r], c.releasing[r]]).tobytes() for r in range(N_BASE))
+    tasks = tuple(
+        (k, t.status, t.node, tuple(t.gpu_groups), t.is_virtual) for k, t in sorted(ssn.tasks.items())
+    )
+    groups = tuple(
+        (n.name, tuple(sorted((g, s.used, s.releasing, s.allocated, s.marked_releasing) for g, s in n.groups.items())))
+        for n in c.order
+    )
+    queues = tuple((q.name, tuple(q.allocated), tuple(q.allocated_non_preemptible)) for q in ssn.queues.values())
+    return arrays, tasks, groups, queues
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n_ops=st.integers(1, 12))
+def test_discard_restores_the_session_exactly(seed: int, n_ops: int) -> None:
+    rng = random.Random(seed)
+    sim = _simulator(seed, 4, 8)
+    sim.step(0.0)
+    ssn = Session(sim.snapshot(), 60.0, sim.policy)
+    before = _state(ssn)
+    stmt = ssn.statement()
+    for _ in range(n_ops):
+        pending = [t for t in ssn.tasks.values() if t.status == PodStatus.PENDING and not t.is_shared]
+        running = [t for t in ssn.tasks.values() if t.status == PodStatus.RUNNING]
+        op = rng.choice(["allocate", "pipeline", "evict"])
+        if op == "evict" and running:
+            stmt.evict(rng.choice(running), "test")
+        elif pending:
+            task = rng.choice(pending)
+            node = rng.choice(ssn.cluster.order)
+            if op == "allocate":
+                stmt.allocate(task, node.name)
+            else:
+                stmt.pipeline(task, node.name, update_if_on_node=True)
+        if rng.random() < 0.3:
+            cp = stmt.checkpoint()
+            if running:
+                stmt.evict(rng.choice([t for t in running if t.status == PodStatus.RUNNING] or running), "x")
+            stmt.rollback(cp)
+    stmt.discard()
+    assert _state(ssn) == before
