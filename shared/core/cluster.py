@@ -47,6 +47,21 @@ class _Entry:
     task: TaskState
 
 
+@dataclass(frozen=True)
+class NodeMemento:
+    """Everything about one node a statement operation may change, to restore it exactly."""
+
+    node: NodeState
+    arrays: tuple[tuple[float, float, float], ...]
+    tasks: dict[str, _Entry]
+    groups: dict[str, SharedGroup]
+    sharing: bool
+    idle_scalars: dict[str, float]
+    used_scalars: dict[str, float]
+    releasing_scalars: dict[str, float]
+    legacy_mig_tasks: frozenset[str]
+
+
 class ClusterState:
     """All nodes of a session: per-resource arrays plus a `NodeState` per node."""
 
@@ -209,6 +224,48 @@ class NodeState:
     def update_task(self, task: TaskState) -> None:
         self.remove_task(task)
         self.add_task(task)
+
+    # --- exact undo --------------------------------------------------------------------------------------
+    def save(self) -> NodeMemento:
+        c = self.cluster
+        i = self.idx
+        return NodeMemento(
+            node=self,
+            arrays=tuple(
+                (float(c.idle[r][i]), float(c.used[r][i]), float(c.releasing[r][i])) for r in range(N_BASE)
+            ),
+            tasks=dict(self.tasks),
+            groups={
+                g: SharedGroup(s.used, s.releasing, s.allocated, s.marked_releasing, s.has_allocated)
+                for g, s in self.groups.items()
+            },
+            sharing=self.idx in c.sharing_nodes,
+            idle_scalars=dict(self.idle_scalars),
+            used_scalars=dict(self.used_scalars),
+            releasing_scalars=dict(self.releasing_scalars),
+            legacy_mig_tasks=frozenset(self.legacy_mig_tasks),
+        )
+
+    def restore(self, m: NodeMemento) -> None:
+        """Put the node back exactly as saved. KAI's incremental shared-GPU rules are not always their own
+        inverse (a guard depends on the order of operations), so undo restores instead of recomputing."""
+        c = self.cluster
+        i = self.idx
+        for r, (idle, used, releasing) in enumerate(m.arrays):
+            c.idle[r][i] = idle
+            c.used[r][i] = used
+            c.releasing[r][i] = releasing
+        self.tasks = dict(m.tasks)
+        self.groups = {
+            g: SharedGroup(s.used, s.releasing, s.allocated, s.marked_releasing, s.has_allocated)
+            for g, s in m.groups.items()
+        }
+        if not m.sharing:
+            c.sharing_nodes.discard(i)
+        self.idle_scalars = dict(m.idle_scalars)
+        self.used_scalars = dict(m.used_scalars)
+        self.releasing_scalars = dict(m.releasing_scalars)
+        self.legacy_mig_tasks = set(m.legacy_mig_tasks)
 
     # --- shared GPU groups -----------------------------------------------------------------------------
     def _used_gpu_count(self) -> int:

@@ -10,15 +10,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.core.proportion import ancestors_and_self
 from shared.model.status import PodStatus
 
 if TYPE_CHECKING:
+    from shared.core.cluster import NodeMemento
+    from shared.core.proportion import QueueState
     from shared.core.session import Session
     from shared.core.tasks import TaskState
 
 
 @dataclass(frozen=True)
+class Memento:
+    """The state one operation changes: the task, the node(s) it touched, its queue chain."""
+
+    task: TaskState
+    status: PodStatus
+    node: str | None
+    groups: tuple[str, ...]
+    virtual: bool
+    nodes: tuple[NodeMemento, ...]
+    queues: tuple[tuple[QueueState, tuple[float, ...], tuple[float, ...]], ...]
+
+
+@dataclass(frozen=True)
 class AllocateOp:
+    memento: Memento
     task: TaskState
     node: str
     prev_status: PodStatus
@@ -29,6 +46,7 @@ class AllocateOp:
 
 @dataclass(frozen=True)
 class PipelineOp:
+    memento: Memento
     task: TaskState
     node: str
     prev_status: PodStatus
@@ -43,6 +61,7 @@ class PipelineOp:
 
 @dataclass(frozen=True)
 class EvictOp:
+    memento: Memento
     task: TaskState
     node: str
     prev_status: PodStatus
@@ -53,6 +72,7 @@ class EvictOp:
 
 @dataclass(frozen=True)
 class UnevictOp:
+    memento: Memento
     task: TaskState
     node: str
     evict: EvictOp
@@ -89,8 +109,25 @@ class Statement:
         self.rollback(0)
 
     # --- operations -------------------------------------------------------------------------------------
+    def _memento(self, task: TaskState, *node_names: str | None) -> Memento:
+        nodes = self.ssn.cluster.nodes
+        touched = tuple(nodes[n].save() for n in dict.fromkeys(node_names) if n is not None and n in nodes)
+        chain = tuple(
+            (q, tuple(q.allocated), tuple(q.allocated_non_preemptible))
+            for q in ancestors_and_self(self.ssn.queues, task.job.queue)
+        )
+        return Memento(task, task.status, task.node, tuple(task.gpu_groups), task.is_virtual, touched, chain)
+
     def allocate(self, task: TaskState, node_name: str) -> None:
-        op = AllocateOp(task, node_name, task.status, task.node, tuple(task.gpu_groups), task.is_virtual)
+        op = AllocateOp(
+            self._memento(task, node_name),
+            task,
+            node_name,
+            task.status,
+            task.node,
+            tuple(task.gpu_groups),
+            task.is_virtual,
+        )
         self.ssn.set_status(task, PodStatus.ALLOCATED)
         task.node = node_name
         self.ssn.cluster.nodes[node_name].add_task(task)
@@ -114,6 +151,7 @@ class Statement:
             self._unevict(task, node_name)
             return
         op = PipelineOp(
+            self._memento(task, node_name),
             task,
             node_name,
             task.status,
@@ -137,7 +175,15 @@ class Statement:
         node_name = task.node
         if node_name is None or node_name not in self.ssn.cluster.nodes:
             raise ValueError(f"cannot evict {task.name}: not on a known node")
-        op = EvictOp(task, node_name, task.status, tuple(task.gpu_groups), task.is_virtual, message)
+        op = EvictOp(
+            self._memento(task, node_name),
+            task,
+            node_name,
+            task.status,
+            tuple(task.gpu_groups),
+            task.is_virtual,
+            message,
+        )
         self.ssn.set_status(task, PodStatus.RELEASING)
         task.is_virtual = True
         self.ssn.cluster.nodes[node_name].update_task(task)
@@ -148,8 +194,9 @@ class Statement:
         for i in range(len(self.ops) - 1, -1, -1):
             op = self.ops[i]
             if isinstance(op, EvictOp) and op.task is task:
+                memento = self._memento(task, op.node, node_name)
                 self._restore_evicted(op)
-                self.ops.append(UnevictOp(task, node_name, op))
+                self.ops.append(UnevictOp(memento, task, node_name, op))
                 return
         raise ValueError(f"cannot unevict {task.name}: no eviction of it in this statement")
 
@@ -178,6 +225,7 @@ class Statement:
                 node.add_task(task)
                 self.ssn.on_allocate(task)
                 self.ops[i] = PipelineOp(
+                    op.memento,
                     task,
                     op.node,
                     op.prev_status,
@@ -191,37 +239,21 @@ class Statement:
 
     # --- undo --------------------------------------------------------------------------------------------
     def _undo(self, op: Operation) -> None:
-        ssn = self.ssn
-        match op:
-            case AllocateOp(task=task, node=node_name):
-                ssn.cluster.nodes[node_name].remove_task(task)
-                ssn.on_deallocate(task)
-                ssn.set_status(task, op.prev_status)
-                task.node = op.prev_node
-                task.gpu_groups = list(op.prev_groups)
-                task.is_virtual = op.prev_virtual
-            case PipelineOp(task=task, node=node_name):
-                node = ssn.cluster.nodes[node_name]
-                node.remove_task(task)
-                ssn.on_deallocate(task)
-                ssn.set_status(task, op.prev_status)
-                task.node = op.prev_node
-                task.is_virtual = op.prev_virtual
-                if op.was_on_node:
-                    task.gpu_groups = list(op.prev_entry_groups)
-                    node.add_task(task)
-                task.gpu_groups = list(op.prev_groups)
-            case EvictOp(task=task, node=node_name):
-                ssn.set_status(task, op.prev_status)
-                task.gpu_groups = list(op.prev_groups)
-                task.is_virtual = op.prev_virtual
-                ssn.cluster.nodes[node_name].update_task(task)
-                ssn.on_allocate(task)
-            case UnevictOp(task=task, evict=ev):
-                ssn.set_status(task, PodStatus.RELEASING)
-                task.is_virtual = True
-                ssn.cluster.nodes[ev.node].update_task(task)
-                ssn.on_deallocate(task)
+        """Restore exactly what the operation found (later operations are already undone)."""
+        m = op.memento
+        task = m.task
+        task.status = m.status
+        task.node = m.node
+        task.gpu_groups = list(m.groups)
+        task.is_virtual = m.virtual
+        task.job.version += 1
+        for node_memento in m.nodes:
+            node_memento.node.restore(node_memento)
+        for q, allocated, non_preemptible in m.queues:
+            q.allocated = list(allocated)
+            q.allocated_non_preemptible = list(non_preemptible)
+            q.version += 1
+        self.ssn.alloc_version += 1
 
     # --- commit ------------------------------------------------------------------------------------------
     def commit(self) -> Decisions:

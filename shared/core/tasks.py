@@ -208,9 +208,10 @@ class JobState:
         return any(ps.is_elastic() for ps in self.pod_sets.values())
 
     def is_ready_for_scheduling(self) -> bool:
-        """Enough live pods exist for every gang (pods not yet created cannot be scheduled)."""
+        """Enough live, ungated pods exist for every gang (pods not yet created cannot be scheduled)."""
         return all(
-            sum(1 for t in ps.tasks if t.status in ALIVE) >= ps.min_available for ps in self.pod_sets.values()
+            sum(1 for t in ps.tasks if t.status in ALIVE and t.status != PodStatus.GATED) >= ps.min_available
+            for ps in self.pod_sets.values()
         )
 
     def has_tasks_to_allocate(self, real: bool = True) -> bool:

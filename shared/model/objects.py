@@ -7,9 +7,22 @@ cycle reads; the core never mutates it (it copies what it changes into its own s
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
+from shared.errors import InvalidObject
 from shared.model.status import PodStatus
+
+
+def _non_negative(kind: str, name: str, field: str, value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise InvalidObject(kind, name, field, f"must be a finite number >= 0, got {value!r}")
+
+
+def _at_least_unlimited(kind: str, name: str, field: str, value: float) -> None:
+    if not math.isfinite(value) or (value < 0 and value != UNLIMITED):
+        raise InvalidObject(kind, name, field, f"must be >= 0 or -1 (unlimited), got {value!r}")
 
 UNLIMITED = -1.0
 """Quota or limit value meaning "no bound" (KAI's -1)."""
@@ -27,6 +40,17 @@ class GpuRequest(msgspec.Struct, frozen=True, kw_only=True):
     fraction: float = 0.0
     memory_mib: int = 0
     mig: dict[str, int] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.devices < 0:
+            raise InvalidObject("gpu request", "", "devices", f"must be >= 0, got {self.devices}")
+        if self.fraction != 0 and not (0 < self.fraction <= 1):
+            raise InvalidObject("gpu request", "", "fraction", f"gpu fraction {self.fraction} outside (0, 1]")
+        if self.memory_mib < 0:
+            raise InvalidObject("gpu request", "", "memory_mib", f"must be >= 0, got {self.memory_mib}")
+        for name, count in self.mig.items():
+            if count < 0:
+                raise InvalidObject("gpu request", "", f"mig[{name}]", f"must be >= 0, got {count}")
 
     @property
     def is_mig(self) -> bool:
@@ -117,6 +141,10 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     legacy_mig: bool = False
     creation_time: float = 0.0
 
+    def __post_init__(self) -> None:
+        _non_negative("pod", self.name, "cpu_millis", self.cpu_millis)
+        _non_negative("pod", self.name, "memory_bytes", self.memory_bytes)
+
     @property
     def key(self) -> str:
         return self.uid or f"{self.namespace}/{self.name}"
@@ -134,6 +162,10 @@ class PodSet(msgspec.Struct, frozen=True):
     name: str
     min_available: int
     topology_constraint: TopologyConstraint | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_available < 0:
+            raise InvalidObject("pod set", self.name, "min_available", f"must be >= 0, got {self.min_available}")
 
 
 class SubGroupSet(msgspec.Struct, frozen=True):
@@ -178,6 +210,11 @@ class QueueResource(msgspec.Struct, frozen=True):
     over_quota_weight: float = 1.0
     limit: float = UNLIMITED
 
+    def __post_init__(self) -> None:
+        _at_least_unlimited("queue resource", "", "quota", self.quota)
+        _non_negative("queue resource", "", "over_quota_weight", self.over_quota_weight)
+        _at_least_unlimited("queue resource", "", "limit", self.limit)
+
 
 class Queue(msgspec.Struct, frozen=True, kw_only=True):
     """A queue of the n-level hierarchy; departments are top-level queues."""
@@ -208,6 +245,16 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     taints: tuple[Taint, ...] = ()
     mig_enabled: bool = False
     mig_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative("node", self.name, "cpu_millis", self.cpu_millis)
+        _non_negative("node", self.name, "memory_bytes", self.memory_bytes)
+        _non_negative("node", self.name, "gpus", self.gpus)
+        _non_negative("node", self.name, "max_pods", self.max_pods)
+        if self.gpus and self.gpu_memory_mib <= 0:
+            raise InvalidObject("node", self.name, "gpu_memory_mib", "must be > 0 on a node with GPUs")
+        for res, value in self.scalars.items():
+            _non_negative("node", self.name, f"scalars[{res}]", value)
 
 
 class Topology(msgspec.Struct, frozen=True):
