@@ -81,7 +81,11 @@ def run_session(snapshot: Snapshot, now: float, policy: Policy) -> Session:
     """Run the policy's actions on a fresh session and return it (for callers that inspect state)."""
     ssn = Session(snapshot, now, policy)
     actions = _registry()
+    # Moving pods to pack nodes contradicts a spread placement, so KAI drops consolidation then.
+    spread = "spread" in (policy.gpu_placement, policy.cpu_placement)
     for name in policy.actions:
+        if name == "consolidation" and spread:
+            continue
         actions[name](ssn)
     return ssn
 

@@ -1,0 +1,125 @@
+"""Allocate, as specifications: small clusters, one decision each."""
+
+from __future__ import annotations
+
+from shared.core.policy import Policy
+from shared.core.scheduler import run_session, schedule
+from shared.model import GpuRequest, Node, Pod, PodStatus, Queue, QueueResource, Snapshot
+from shared.sim.scenarios import gang
+
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+ALLOCATE = Policy(actions=("allocate",))
+
+
+def node(name: str, gpus: int = 8) -> Node:
+    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=80_000)
+
+
+def queues(gpu_quota: float = 8, limit: float = -1) -> tuple[Queue, ...]:
+    return (
+        Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
+        Queue(
+            name="team",
+            parent="root",
+            gpu=QueueResource(quota=gpu_quota, over_quota_weight=1, limit=limit),
+            cpu=UNBOUNDED,
+            memory=UNBOUNDED,
+        ),
+    )
+
+
+def snapshot(
+    nodes: list[Node], *workloads: tuple[object, list[Pod]], qs: tuple[Queue, ...] | None = None
+) -> Snapshot:
+    groups = tuple(w[0] for w in workloads)
+    pods = tuple(p for w in workloads for p in w[1])
+    return Snapshot(nodes=tuple(nodes), pods=pods, podgroups=groups, queues=qs or queues())  # type: ignore[arg-type]
+
+
+def test_a_gang_that_cannot_fit_whole_binds_nothing_and_says_why() -> None:
+    snap = snapshot([node("a", 2), node("b", 1)], gang("big", "team", 4, 1.0))
+    result = schedule(snap, 0.0, ALLOCATE)
+    assert result.binds == ()
+    (pending,) = result.pending
+    assert "Resources were found for 3 pods while 4 are required for gang scheduling" in pending.message
+    assert "Insufficient nvidia.com/gpu" in pending.message
+
+
+def test_a_gang_that_fits_is_bound_in_one_proposal() -> None:
+    snap = snapshot([node("a", 4), node("b", 4)], gang("job", "team", 6, 1.0))
+    (proposal,) = schedule(snap, 0.0, ALLOCATE).binds
+    assert len(proposal.bindings) == 6
+
+
+def test_binpack_fills_the_busier_node_first() -> None:
+    busy = gang("busy", "team", 1, 4.0, status=PodStatus.RUNNING, nodes=["a"])
+    snap = snapshot([node("a"), node("b")], busy, gang("new", "team", 1, 1.0))
+    (proposal,) = schedule(snap, 0.0, ALLOCATE).binds
+    assert proposal.bindings[0].node == "a"
+
+
+def test_spread_prefers_the_emptier_node() -> None:
+    busy = gang("busy", "team", 1, 4.0, status=PodStatus.RUNNING, nodes=["a"])
+    snap = snapshot([node("a"), node("b")], busy, gang("new", "team", 1, 1.0))
+    policy = Policy(actions=("allocate",), gpu_placement="spread")
+    (proposal,) = schedule(snap, 0.0, policy).binds
+    assert proposal.bindings[0].node == "b"
+
+
+def test_fractions_share_one_device() -> None:
+    snap = snapshot([node("a", 1)], gang("f1", "team", 1, 0.5), gang("f2", "team", 1, 0.5))
+    result = schedule(snap, 0.0, ALLOCATE)
+    groups = {b.gpu_groups for p in result.binds for b in p.bindings}
+    assert len(result.binds) == 2
+    assert len(groups) == 1
+
+
+def test_a_third_half_gpu_does_not_overfill_the_device() -> None:
+    snap = snapshot([node("a", 1)], *(gang(f"f{i}", "team", 1, 0.5, created=i) for i in range(3)))
+    result = schedule(snap, 0.0, ALLOCATE)
+    assert len(result.binds) == 2
+
+
+def test_non_preemptible_work_only_within_quota() -> None:
+    snap = snapshot([node("a")], gang("build", "team", 3, 1.0, priority=100), qs=queues(gpu_quota=2))
+    result = schedule(snap, 0.0, ALLOCATE)
+    assert result.binds == ()
+    assert "Non-preemptible workload is over quota" in result.pending[0].message
+
+
+def test_preemptible_work_may_go_over_quota() -> None:
+    snap = snapshot([node("a")], gang("train", "team", 3, 1.0, priority=50), qs=queues(gpu_quota=2))
+    assert len(schedule(snap, 0.0, ALLOCATE).binds) == 1
+
+
+def test_queue_limit_is_never_exceeded() -> None:
+    snap = snapshot([node("a")], gang("train", "team", 3, 1.0), qs=queues(gpu_quota=2, limit=2))
+    result = schedule(snap, 0.0, ALLOCATE)
+    assert result.binds == ()
+    assert result.pending[0].message.startswith("\nOverLimit.")
+    assert "limit of 2 GPUs" in result.pending[0].message
+
+
+def test_pod_pipelined_onto_resources_being_released() -> None:
+    leaving = gang("leaving", "team", 1, 8.0, status=PodStatus.RELEASING, nodes=["a"])
+    snap = snapshot([node("a")], leaving, gang("next", "team", 1, 8.0))
+    ssn = run_session(snap, 0.0, ALLOCATE)
+    assert [(t.name, n) for t, n in ssn.log.pipelines] == [("next-0", "a")]
+    assert ssn.log.binds == []
+
+
+def test_gpu_memory_request_lands_on_a_shared_device() -> None:
+    pg, pods = gang("mem", "team", 1, 1.0)
+    pods = [
+        Pod(
+            name=p.name,
+            uid=p.uid,
+            podgroup=p.podgroup,
+            cpu_millis=100,
+            gpu=GpuRequest(devices=1, memory_mib=20_000),
+        )
+        for p in pods
+    ]
+    snap = snapshot([node("a", 1)], (pg, pods))
+    (proposal,) = schedule(snap, 0.0, ALLOCATE).binds
+    assert proposal.bindings[0].gpu_groups
