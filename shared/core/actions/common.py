@@ -32,6 +32,7 @@ def all_nodes(ssn: Session) -> npt.NDArray[np.bool_]:
 def allocate_job(
     ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], job: JobState, pipeline_only: bool
 ) -> bool:
+    topology.pre_job_allocation(ssn, job)
     tasks = job.tasks_to_allocate(real=not pipeline_only)
     capacity = ssn.job_capacity(job, tasks)
     if not capacity.ok:
@@ -58,7 +59,13 @@ def _allocate_set(
     tasks: list[TaskState],
     pipeline_only: bool,
 ) -> bool:
-    for node_set in topology.subset_nodes(ssn, job, group.topology_constraint, tasks, nodes, group.name):
+    pod_sets = [job.pod_sets[n] for n in sorted(_pod_sets_of(group)) if n in job.pod_sets]
+    if group is job.root and DEFAULT_POD_SET in job.pod_sets and DEFAULT_POD_SET not in _pod_sets_of(group):
+        pod_sets.append(job.pod_sets[DEFAULT_POD_SET])
+    node_sets = topology.subset_nodes(
+        ssn, job, group.topology_constraint, tasks, nodes, group.name, pod_sets=pod_sets
+    )
+    for node_set in node_sets:
         cp = stmt.checkpoint()
         if _allocate_set_on(ssn, stmt, node_set, job, group, tasks, pipeline_only):
             return True
@@ -88,7 +95,10 @@ def _allocate_set_on(
     for ps in sorted(own, key=_pod_set_order_key):
         ps_tasks = _tasks_for({ps.name}, tasks)
         ok = False
-        for node_set in topology.subset_nodes(ssn, job, ps.topology_constraint, ps_tasks, nodes, ps.name):
+        node_sets = topology.subset_nodes(
+            ssn, job, ps.topology_constraint, ps_tasks, nodes, ps.name, pod_sets=[ps]
+        )
+        for node_set in node_sets:
             cp = stmt.checkpoint()
             if _allocate_tasks(ssn, stmt, node_set, job, ps_tasks, pipeline_only):
                 ok = True
