@@ -117,6 +117,5 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-
 if __name__ == "__main__":
     raise SystemExit(main())

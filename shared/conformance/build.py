@@ -245,14 +245,10 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
                     status=status,
                     node=desc.node or None,
                     gpu_groups=tuple(groups),
-                    cpu_millis=0.0
-                    if best_effort
-                    else (job.per_task.cpu_millis or DEFAULT_TASK_CPU_MILLIS),
+                    cpu_millis=0.0 if best_effort else (job.per_task.cpu_millis or DEFAULT_TASK_CPU_MILLIS),
                     memory_bytes=0.0
                     if best_effort
-                    else (
-                        job.per_task.memory_bytes or DEFAULT_TASK_MEMORY_BYTES
-                    ),
+                    else (job.per_task.memory_bytes or DEFAULT_TASK_MEMORY_BYTES),
                     gpu=gpu,
                     sub_group=t.sub_group,
                     task_priority=t.priority,

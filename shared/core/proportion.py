@@ -43,6 +43,9 @@ class QueueState:
     allocated: Vec = field(default_factory=vec)
     allocated_non_preemptible: Vec = field(default_factory=vec)
     requested: Vec = field(default_factory=vec)
+    # Per-queue min-runtime overrides in seconds (None: inherit), read by `shared.core.minruntime`.
+    preempt_min_runtime: float | None = None
+    reclaim_min_runtime: float | None = None
     # Bumped when `allocated` moves; keys cached queue-order views.
     version: int = 0
     _allocatable: Vec | None = None
@@ -93,6 +96,8 @@ def queue_states_from_model(queues: Sequence[Queue]) -> dict[str, QueueState]:
             deserved=[q.gpu.quota, q.cpu.quota, q.memory.quota],
             limit=[q.gpu.limit, q.cpu.limit, q.memory.limit],
             weight=[q.gpu.over_quota_weight, q.cpu.over_quota_weight, q.memory.over_quota_weight],
+            preempt_min_runtime=q.preempt_min_runtime,
+            reclaim_min_runtime=q.reclaim_min_runtime,
         )
     for q in queues:
         if q.parent is not None and q.parent in states:

@@ -24,6 +24,7 @@ def _at_least_unlimited(kind: str, name: str, field: str, value: float) -> None:
     if not math.isfinite(value) or (value < 0 and value != UNLIMITED):
         raise InvalidObject(kind, name, field, f"must be >= 0 or -1 (unlimited), got {value!r}")
 
+
 UNLIMITED = -1.0
 """Quota or limit value meaning "no bound" (KAI's -1)."""
 
@@ -165,7 +166,9 @@ class PodSet(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         if self.min_available < 0:
-            raise InvalidObject("pod set", self.name, "min_available", f"must be >= 0, got {self.min_available}")
+            raise InvalidObject(
+                "pod set", self.name, "min_available", f"must be >= 0, got {self.min_available}"
+            )
 
 
 class SubGroupSet(msgspec.Struct, frozen=True):

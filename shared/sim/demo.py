@@ -14,7 +14,6 @@ from shared.model import Queue, QueueResource
 from shared.sim.scenarios import gang, gpu_nodes
 from shared.sim.simulator import Simulator
 
-
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
@@ -23,7 +22,11 @@ def _queues() -> list[Queue]:
         gpu = QueueResource(quota=16, over_quota_weight=1)
         return Queue(name=name, parent="org", creation_index=index, gpu=gpu, cpu=UNBOUNDED, memory=UNBOUNDED)
 
-    return [Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED), team("research", 0), team("product", 1)]
+    return [
+        Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
+        team("research", 0),
+        team("product", 1),
+    ]
 
 
 def main() -> int:

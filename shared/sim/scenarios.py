@@ -13,7 +13,9 @@ from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Que
 GIB = 1024**3
 
 
-def gpu_nodes(count: int, gpus: int = 8, prefix: str = "node", labels: dict[str, str] | None = None) -> list[Node]:
+def gpu_nodes(
+    count: int, gpus: int = 8, prefix: str = "node", labels: dict[str, str] | None = None
+) -> list[Node]:
     """`count` identical GPU nodes (64 cores, 512 GiB, 80 GB devices)."""
     return [
         Node(

@@ -133,10 +133,17 @@ def _state(ssn: Session) -> tuple[object, ...]:
         (k, t.status, t.node, tuple(t.gpu_groups), t.is_virtual) for k, t in sorted(ssn.tasks.items())
     )
     groups = tuple(
-        (n.name, tuple(sorted((g, s.used, s.releasing, s.allocated, s.marked_releasing) for g, s in n.groups.items())))
+        (
+            n.name,
+            tuple(
+                sorted((g, s.used, s.releasing, s.allocated, s.marked_releasing) for g, s in n.groups.items())
+            ),
+        )
         for n in c.order
     )
-    queues = tuple((q.name, tuple(q.allocated), tuple(q.allocated_non_preemptible)) for q in ssn.queues.values())
+    queues = tuple(
+        (q.name, tuple(q.allocated), tuple(q.allocated_non_preemptible)) for q in ssn.queues.values()
+    )
     return arrays, tasks, groups, queues
 
 

@@ -57,7 +57,9 @@ def test_min_member_larger_than_pods() -> None:
         podgroups=(_pg("g", "a", min_member=3),),
         pods=(Pod(name="g-0", podgroup="g"), Pod(name="g-1", podgroup="g")),
     )
-    with pytest.raises(InvalidObject, match=r"podgroup 'g': min_member: min member 3 is larger than its 2 pods"):
+    with pytest.raises(
+        InvalidObject, match=r"podgroup 'g': min_member: min member 3 is larger than its 2 pods"
+    ):
         validate_snapshot(snap)
 
 
