@@ -42,7 +42,9 @@ def test_a_gang_that_cannot_fit_whole_binds_nothing_and_says_why() -> None:
     assert result.binds == ()
     (pending,) = result.pending
     assert "Resources were found for 3 pods while 4 are required for gang scheduling" in pending.message
-    assert "Insufficient nvidia.com/gpu" in pending.message
+    assert pending.message.endswith(
+        "due to: no nodes with enough resources were found: 2 node(s) didn't have enough resources: GPUs.."
+    )
 
 
 def test_a_gang_that_fits_is_bound_in_one_proposal() -> None:

@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.core import gpu_sharing, topology
+from shared.core.cluster import EPS, NodeState
 from shared.core.scoring import iter_nodes_in_order
-from shared.core.tasks import DEFAULT_POD_SET, JobState, TaskState
+from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState
 
 if TYPE_CHECKING:
     from shared.core.session import Session
@@ -127,25 +128,20 @@ def _allocate_tasks(
 def allocate_task(
     ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], task: TaskState, pipeline_only: bool
 ) -> bool:
-    reasons: Counter[str] = Counter()
+    node_errors: dict[str, list[str]] = {}
     for node in iter_nodes_in_order(ssn, task, nodes, topology.preferred_scores(ssn, task)):
         reason = ssn.fit_failure(task, node)
         if reason is not None:
-            reasons[reason] += 1
+            node_errors[node.name] = [reason]
             continue
         if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
             return True
     if not pipeline_only:
-        _record_node_errors(ssn, task, nodes, reasons)
+        _record_node_errors(ssn, task, nodes, node_errors)
     return False
 
 
-def _allocate_on_node(
-    ssn: Session, stmt: Statement, task: TaskState, node: object, pipeline_only: bool
-) -> bool:
-    from shared.core.cluster import NodeState
-
-    assert isinstance(node, NodeState)
+def _allocate_on_node(ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool) -> bool:
     if task.is_shared:
         return gpu_sharing.allocate_shared(ssn, stmt, task, node, pipeline_only)
     if not pipeline_only and node.fits(task, with_releasing=False):
@@ -156,30 +152,58 @@ def _allocate_on_node(
 
 
 def _record_node_errors(
-    ssn: Session, task: TaskState, nodes: npt.NDArray[np.bool_], reasons: Counter[str]
+    ssn: Session, task: TaskState, nodes: npt.NDArray[np.bool_], node_errors: dict[str, list[str]]
 ) -> None:
+    """Why each node of the set refused the task, merged into what earlier attempts found (KAI keeps the
+    latest reason per node)."""
     fit = ssn.resource_fit_mask(task, with_releasing=True)
-    short = int((nodes & ~fit).sum())
-    if short:
-        reasons[_insufficient_reason(task)] += short
-    task.job.task_fit_errors[task.key] = {k: [str(v)] for k, v in reasons.items()}
+    for idx in np.flatnonzero(nodes & ~fit):
+        node = ssn.cluster.order[int(idx)]
+        if not node.fits(task, with_releasing=False):
+            node_errors[node.name] = insufficient_resources(task, node)
+    task.job.task_fit_errors.setdefault(task.key, {}).update(node_errors)
 
 
-def _insufficient_reason(task: TaskState) -> str:
+def insufficient_resources(task: TaskState, node: NodeState) -> list[str]:
+    """KAI's short reasons for a node without room for the task (capacity minus everything placed)."""
+    reasons: list[str] = []
     if task.kind == "mig":
-        return "Insufficient " + ", ".join(sorted(task.gpu.mig))
-    if task.requested_gpus > 0 or task.is_shared:
-        return "Insufficient nvidia.com/gpu"
-    return "Insufficient cpu or memory"
+        for profile, count in task.gpu.mig.items():
+            available = node.alloc_scalars.get(profile, 0.0) - node.used_scalars.get(profile, 0.0)
+            if available < count:
+                reasons.append(f"node(s) didn't have enough of mig profile: {profile}")
+    else:
+        used_gpus = node.used(GPU) + sum(1 for g in node.groups.values() if g.used > 0)
+        requested = task.requested_gpus
+        if task.kind == "memory":
+            requested = task.gpu.devices * node.gpu_fraction_on_node(task.gpu.memory_mib)
+        if requested > node.alloc(GPU) - used_gpus + EPS:
+            reasons.append("node(s) didn't have enough resources: GPUs")
+        if task.kind == "memory" and task.gpu.memory_mib > node.gpu_memory:
+            reasons.append("node(s) didn't have enough resources: GPU memory")
+    if int(task.cpu) > int(node.alloc(CPU) - node.used(CPU)):
+        reasons.append("node(s) didn't have enough resources: CPU cores")
+    if task.mem > node.alloc(MEM) - node.used(MEM) + EPS:
+        reasons.append("node(s) didn't have enough resources: memory")
+    if node.alloc(PODS) - node.used(PODS) < 1:
+        reasons.append("node(s) didn't have enough resources: pods")
+    return reasons
+
+
+NO_NODES_FOUND = "no nodes with enough resources were found"
+DEFAULT_POD_ERROR = "Unable to schedule pod"
 
 
 def task_error_text(job: JobState, task: TaskState) -> str:
-    reasons = job.task_fit_errors.get(task.key, {})
-    if not reasons:
-        return "no nodes were found to fit the pod"
-    total = sum(int(v[0]) for v in reasons.values())
-    parts = ", ".join(f"{v[0]} {k}" for k, v in sorted(reasons.items()))
-    return f"0/{total} nodes are available: {parts}"
+    """KAI's task fit message: the count of nodes per reason, sorted."""
+    per_node = job.task_fit_errors.get(task.key)
+    if per_node is None:
+        return DEFAULT_POD_ERROR
+    counts: Counter[str] = Counter(r for reasons in per_node.values() for r in reasons)
+    if not counts:
+        return NO_NODES_FOUND
+    histogram = sorted(f"{n} {reason}" for reason, n in counts.items())
+    return f"{NO_NODES_FOUND}: " + ". \n".join(histogram) + "."
 
 
 def _record_failed_task(job: JobState, task: TaskState, index: int) -> None:
