@@ -25,15 +25,22 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     gpu_device_placement: Placement = "binpack"
     """Which shared device a fractional pod lands on: the fullest fitting one (binpack) or the emptiest."""
     reclaim_strategy: ReclaimStrategy = "maintain-fair-share"
+    """KAI's default: a victim queue may lose resources while it stays above its allocatable share (the
+    larger of deserved quota and fair share), and always when that gives a queue below its deserved
+    quota what it deserves. "guarantee-deserved-quota" keeps only the second rule (queues reclaim only
+    up to their deserved quota)."""
     reclaimer_utilization_multiplier: float = 1.0
     """A reclaimer may take resources only while its saturation times this stays below the victim's; >= 1."""
     allow_consolidating_reclaim: bool = True
     max_consolidation_preemptees: int = 16
-    """Most pods one consolidation may move; -1 = unlimited (KAI's test harness)."""
+    """How many running jobs one consolidation attempt may consider moving (KAI admits one more than
+    this); -1 = unlimited (KAI's test harness), 0 turns consolidation off."""
     staleness_grace_period: float = 60.0
     """Seconds a gang may stay below its min member before stale-gang eviction."""
     preempt_min_runtime: float = 0.0
     reclaim_min_runtime: float = 0.0
+    """Seconds after its last start during which a job may not be preempted / reclaimed; queues may
+    override them (`Queue.preempt_min_runtime`, `Queue.reclaim_min_runtime`)."""
     min_node_gpu_memory_mib: int = 100
     """GPU memory per device used to turn gpu-memory requests into GPU quota."""
     k_value: float = 1.0

@@ -261,11 +261,15 @@ class Statement:
         binds: list[tuple[TaskState, str]] = []
         pipelines: list[tuple[TaskState, str]] = []
         evictions: list[tuple[TaskState, str, str]] = []
+        # An eviction stands unless the pod was put back on its node; a pod evicted and then pipelined to
+        # another node (consolidation) must still leave its old one.
+        unevicted = {id(op.evict) for op in self.ops if isinstance(op, UnevictOp)}
         for op in self.ops:
             match op:
                 case EvictOp(task=task, node=node_name, message=msg):
-                    if task.status == PodStatus.RELEASING:
+                    if id(op) not in unevicted:
                         evictions.append((task, node_name, msg))
+                    if task.status == PodStatus.RELEASING:
                         task.is_virtual = False
                 case PipelineOp(task=task, node=node_name):
                     if task.status == PodStatus.PIPELINED and task.node == node_name:

@@ -141,7 +141,9 @@ def allocate_task(
     return False
 
 
-def _allocate_on_node(ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool) -> bool:
+def _allocate_on_node(
+    ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool
+) -> bool:
     if task.is_shared:
         return gpu_sharing.allocate_shared(ssn, stmt, task, node, pipeline_only)
     if not pipeline_only and node.fits(task, with_releasing=False):

@@ -1,0 +1,130 @@
+"""Minimum runtime protection of victims (KAI `minruntime` plugin).
+
+A job that started less than its min-runtime ago may not be preempted or reclaimed. The preempt
+min-runtime is the victim queue's own (or its nearest ancestor's) override, else the policy's default; the
+reclaim min-runtime is taken where the reclaimer's and the victim's queue paths part (one level below the
+lowest common ancestor, on the victim's side, walking up from there to the first override; queues in
+different top-level trees use the victim's top-level queue), else the policy's default. Time is the
+session's `now`; the job's start is `last_start_time`.
+
+Non-elastic victims are filtered out of the victims queue up front; elastic ones are judged per scenario
+(they may still lose the pods above their gang size). Called by the reclaim and preempt actions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.core.proportion import ancestors_and_self
+from shared.core.tasks import DEFAULT_POD_SET
+from shared.model.status import ACTIVE_USED
+
+if TYPE_CHECKING:
+    from shared.core.proportion import QueueState
+    from shared.core.session import Session
+    from shared.core.solver.scenario import ByNodeScenario, VictimInfo
+    from shared.core.tasks import JobState
+
+
+def preempt_enabled(ssn: Session) -> bool:
+    """Whether any preempt min-runtime is set (else the filters let everything through)."""
+    return ssn.policy.preempt_min_runtime > 0 or any(
+        q.preempt_min_runtime is not None and q.preempt_min_runtime > 0 for q in ssn.queues.values()
+    )
+
+
+def reclaim_enabled(ssn: Session) -> bool:
+    return ssn.policy.reclaim_min_runtime > 0 or any(
+        q.reclaim_min_runtime is not None and q.reclaim_min_runtime > 0 for q in ssn.queues.values()
+    )
+
+
+def preempt_min_runtime(ssn: Session, victim_queue: str) -> float:
+    for q in ancestors_and_self(ssn.queues, victim_queue):
+        if q.preempt_min_runtime is not None:
+            return q.preempt_min_runtime
+    return ssn.policy.preempt_min_runtime
+
+
+def reclaim_min_runtime(ssn: Session, reclaimer_queue: str, victim_queue: str) -> float:
+    default = ssn.policy.reclaim_min_runtime
+    mine = list(reversed(ancestors_and_self(ssn.queues, reclaimer_queue)))
+    theirs = list(reversed(ancestors_and_self(ssn.queues, victim_queue)))
+    if not mine or not theirs:
+        return default
+    if mine[0].name != theirs[0].name:
+        top = theirs[0].reclaim_min_runtime
+        return default if top is None else top
+    lca = 0
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a.name != b.name:
+            break
+        lca = i
+    if lca + 1 < len(theirs):
+        lca += 1
+    path: list[QueueState] = theirs[: lca + 1]
+    for q in reversed(path):
+        if q.reclaim_min_runtime is not None:
+            return q.reclaim_min_runtime
+    return default
+
+
+def _protected(ssn: Session, victim: JobState, min_runtime: float) -> bool:
+    start = victim.last_start_time
+    # No min-runtime means no protection, even for a start stamped after `now` (clock skew), where KAI's
+    # strict comparison would protect the job.
+    if start is None or min_runtime <= 0:
+        return False
+    return ssn.now < start + min_runtime
+
+
+def preempt_protected(ssn: Session, victim: JobState) -> bool:
+    return _protected(ssn, victim, preempt_min_runtime(ssn, victim.queue))
+
+
+def reclaim_protected(ssn: Session, reclaimer: JobState, victim: JobState) -> bool:
+    return _protected(ssn, victim, reclaim_min_runtime(ssn, reclaimer.queue, victim.queue))
+
+
+def preempt_victim_filter(ssn: Session, victim: JobState) -> bool:
+    return victim.is_elastic() or not preempt_protected(ssn, victim)
+
+
+def reclaim_victim_filter(ssn: Session, reclaimer: JobState, victim: JobState) -> bool:
+    return victim.is_elastic() or not reclaim_protected(ssn, reclaimer, victim)
+
+
+def keeps_min_available(victim: VictimInfo) -> bool:
+    """The victim keeps its gangs: per pod set, its active pods minus the scenario's victims of it stay at
+    or above the gang size (KAI counts every victim pod of the scenario, evicted or not)."""
+    counts: dict[str, int] = {}
+    for task in victim.tasks:
+        name = task.pod.sub_group or DEFAULT_POD_SET
+        counts[name] = counts.get(name, 0) + 1
+    for name, count in counts.items():
+        ps = victim.job.pod_sets.get(name)
+        if ps is None:
+            continue
+        running = sum(1 for t in ps.tasks if t.status in ACTIVE_USED)
+        if ps.min_available > running - count:
+            return False
+    return True
+
+
+def preempt_validator(ssn: Session, scenario: ByNodeScenario) -> bool:
+    for info in scenario.victims.values():
+        if info.job.is_elastic() and preempt_protected(ssn, info.job) and not keeps_min_available(info):
+            return False
+    return True
+
+
+def reclaim_validator(ssn: Session, scenario: ByNodeScenario) -> bool:
+    reclaimer = scenario.preemptor
+    for info in scenario.victims.values():
+        if (
+            info.job.is_elastic()
+            and reclaim_protected(ssn, reclaimer, info.job)
+            and not keeps_min_available(info)
+        ):
+            return False
+    return True

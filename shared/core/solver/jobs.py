@@ -1,0 +1,279 @@
+"""Job and node views the victim solver works with: job representatives, eviction order, GPU capacity.
+
+A *representative* is a `JobState` that holds only some of a job's pods (KAI `CloneWithTasks`): the
+partial preemptor (the first k pods to place, with a gang of k) and the not-yet-tried remainder of an
+elastic victim. It shares the session's `TaskState`s, so statuses are always the live ones, but has its own
+pod sets so gang counts only see its pods. Also here: which pods of a victim go first (KAI
+`GetTasksToEvict`), KAI's idle/releasing GPU sums per node (shared devices counted by their free share),
+the nodes worth trying for a job, and the cluster-wide GPU check consolidation starts with.
+Used by `shared.core.solver` and the reclaim, preempt and consolidation actions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.core.ordering import JobsByQueue, job_order_key
+from shared.core.tasks import (
+    DEFAULT_POD_SET,
+    GPU,
+    JobState,
+    PodSetState,
+    TaskState,
+    _mig_gpu_portion,
+    _pod_set_order_key,
+    task_order_key,
+)
+from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
+
+if TYPE_CHECKING:
+    from shared.core.cluster import NodeState
+    from shared.core.session import Session
+    from shared.core.statement import Decisions
+
+
+def clone_job(
+    job: JobState, tasks: Iterable[TaskState], min_available: dict[str, int] | None = None
+) -> JobState:
+    """A representative of `job` holding only `tasks` (pod sets keep their gang sizes unless overridden).
+
+    Built fresh, so it has its own caches: status changes bump only the session job's version, and the
+    representative keeps what it derived while its pods were untouched, as KAI's clones do.
+    """
+    clone = JobState(job.podgroup)
+    for attr in ("queue", "priority", "preemptible", "creation_time", "last_start_time", "stale_since"):
+        setattr(clone, attr, getattr(job, attr))
+    for name, ps in job.pod_sets.items():
+        target = clone.pod_sets.get(name)
+        if target is None:
+            target = clone.pod_sets[name] = PodSetState(ps.name, ps.min_available, ps.topology_constraint)
+        target.min_available = ps.min_available
+    for task in tasks:
+        clone.tasks[task.key] = task
+        pod_set = clone.pod_sets.get(task.pod.sub_group or DEFAULT_POD_SET)
+        if pod_set is not None:
+            pod_set.tasks.append(task)
+    if min_available:
+        for name, count in min_available.items():
+            if name in clone.pod_sets:
+                clone.pod_sets[name].min_available = count
+    return clone
+
+
+def partial_job(job: JobState, pending: list[TaskState]) -> JobState:
+    """KAI `getPartialJobRepresentative`: the first pods to place, as a gang of exactly their number."""
+    counts: dict[str, int] = {}
+    for task in pending:
+        name = task.pod.sub_group if task.pod.sub_group in job.pod_sets else DEFAULT_POD_SET
+        assert name is not None
+        counts[name] = counts.get(name, 0) + 1
+    return clone_job(job, pending, counts)
+
+
+def tasks_to_evict(job: JobState) -> tuple[list[TaskState], bool]:
+    """KAI `GetTasksToEvict`: the pods to take from a victim next, and whether it keeps running pods.
+
+    A job with a pod set above its gang size gives up one pod (the least important one of the least
+    important such set); otherwise whole pod sets go, least important first.
+    """
+    sets = sorted(job.pod_sets.values(), key=_pod_set_order_key, reverse=True)
+    elastic = any(ps.active_allocated > ps.min_available for ps in sets)
+    max_sets = 1 if elastic else len(sets)
+    out: list[TaskState] = []
+    for ps in sets[:max_sets]:
+        active = sorted(
+            (t for t in ps.tasks if t.status in ACTIVE_ALLOCATED), key=task_order_key, reverse=True
+        )
+        limit = 1 if len(active) > ps.min_available else len(active)
+        out.extend(active[:limit])
+    remaining = sum(1 for t in job.tasks.values() if t.status in ACTIVE_ALLOCATED)
+    return out, len(out) < remaining
+
+
+# --- node GPU capacity (KAI NodeInfo.GetSumOfIdleGPUs / GetSumOfReleasingGPUs) ------------------------------
+def _mig_memory_gb(resource: str) -> int:
+    """The memory part of a MIG profile name (nvidia.com/mig-1g.10gb -> 10), as KAI parses it."""
+    tail = resource.rsplit("g.", 1)[-1]
+    digits = tail.removesuffix("gb")
+    try:
+        return int(digits)
+    except ValueError:
+        return 0
+
+
+def idle_gpus(node: NodeState) -> tuple[float, float]:
+    """Free GPUs on the node (whole devices, MIG slices, and the free share of used shared devices) and
+    the GPU memory that represents, in MiB."""
+    shared = 0.0
+    shared_mem = 0.0
+    for g in node.groups.values():
+        if g.allocated > 0:
+            shared += 1 - node.gpu_fraction_on_node(g.allocated)
+            shared_mem += node.gpu_memory - g.allocated
+    whole = node.idle(GPU)
+    for name, qty in node.idle_scalars.items():
+        if "mig-" in name:
+            whole += _mig_gpu_portion(name) * int(qty)
+    return shared + whole, shared_mem + int(whole) * node.gpu_memory
+
+
+def releasing_gpus(node: NodeState) -> tuple[float, float]:
+    """GPUs being released on the node, counted like `idle_gpus` (a shared device released by all of its
+    pods already counts as a whole releasing device)."""
+    shared = 0.0
+    shared_mem = 0.0
+    for g in node.groups.values():
+        if g.releasing > 0 and not (g.used != 0 and g.releasing == g.used):
+            shared += node.gpu_fraction_on_node(g.releasing)
+            shared_mem += g.releasing
+    whole = node.releasing(GPU)
+    for name, qty in node.releasing_scalars.items():
+        if "mig-" in name:
+            whole += _mig_gpu_portion(name) * int(qty)
+    return shared + whole, shared_mem + int(whole) * node.gpu_memory
+
+
+def idle_or_releasing_gpus(node: NodeState) -> float:
+    return idle_gpus(node)[0] + releasing_gpus(node)[0]
+
+
+def gpu_capacity(ssn: Session) -> list[float]:
+    """`idle_or_releasing_gpus` of every node, in node order (vectorised for the plain nodes)."""
+    c = ssn.cluster
+    out: list[float] = (c.idle[GPU] + c.releasing[GPU]).tolist()
+    for node in c.order:
+        if node.groups or node.idle_scalars or node.releasing_scalars:
+            out[node.idx] = idle_or_releasing_gpus(node)
+    return out
+
+
+def feasible_nodes(ssn: Session, job: JobState) -> npt.NDArray[np.bool_]:
+    """KAI `FeasibleNodesForJob`: every node for a job with a pod that needs no GPU, else the nodes that
+    have some GPU idle or being released."""
+    c = ssn.cluster
+    if any(t.is_cpu_only for t in job.tasks.values()):
+        return np.ones(len(c.order), dtype=bool)
+    mask = (c.idle[GPU] > 0) | (c.releasing[GPU] > 0)
+    for node in c.order:
+        if not mask[node.idx] and (node.groups or node.idle_scalars or node.releasing_scalars):
+            mask[node.idx] = idle_or_releasing_gpus(node) > 0
+    return mask
+
+
+def accepted_gpus(ssn: Session, task: TaskState) -> float:
+    """KAI `AcceptedResource.GPUs()`: what a placed pod holds in GPU devices (MIG instances count as 0)."""
+    if task.kind == "mig":
+        return 0.0
+    return ssn.accepted_quota(task)[0]
+
+
+def enough_gpus_allocatable(ssn: Session, job: JobState) -> bool:
+    """KAI `IsEnoughGPUsAllocatableForJob`: the cluster's free and releasing GPUs (and GPU memory) cover
+    what the job's next pods ask for."""
+    total = 0.0
+    total_mem = 0.0
+    for node in ssn.cluster.order:
+        idle, idle_mem = idle_gpus(node)
+        rel, rel_mem = releasing_gpus(node)
+        total += idle + rel
+        total_mem += idle_mem + rel_mem
+    need = 0.0
+    need_mem = 0.0
+    for task in job.tasks_to_allocate(real=False):
+        need += task.requested_gpus
+        if task.kind == "memory":
+            need_mem += task.gpu.memory_mib
+        for name, qty in task.gpu.mig.items():
+            need += _mig_gpu_portion(name) * qty
+            need_mem += _mig_memory_gb(name) * qty
+    return total >= need and total_mem >= need_mem
+
+
+# --- victims and pending jobs in action order ----------------------------------------------------------------
+def has_alive_pod(ssn: Session, job: JobState) -> bool:
+    """KAI `GetVictimsQueue`'s entry test: some pod not finished, on a known node or on none."""
+    for task in job.tasks.values():
+        if task.status not in ALIVE:
+            continue
+        if task.node and task.node not in ssn.cluster.nodes:
+            continue
+        return True
+    return False
+
+
+def victims_queue(ssn: Session, jobs: Iterable[JobState]) -> JobsByQueue:
+    """Victim jobs, the most over-served queue and the least important job first."""
+    order = JobsByQueue(ssn, victims=True)
+    order.extend(jobs)
+    return order
+
+
+def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]:
+    """Jobs an action tries to place: a pod is pending and the gangs can form (KAI's input filters)."""
+    return [
+        job
+        for job in ssn.jobs.values()
+        if any(t.status == PodStatus.PENDING for t in job.tasks.values())
+        and job.is_ready_for_scheduling()
+        and (job.preemptible or not preemptible_only)
+    ]
+
+
+class JobIndex:
+    """What the victim actions would otherwise rescan for every scenario, kept for one action run:
+    the jobs with a pending pod, and the victim candidates of each leaf queue in job order. After a
+    commit, `refresh` re-files only the jobs whose pods the statement touched."""
+
+    def __init__(self, ssn: Session, candidate: Callable[[JobState], bool]) -> None:
+        self.ssn = ssn
+        self.candidate = candidate
+        self.pending: dict[str, JobState] = {}
+        # Per leaf queue, ascending in job order (the most important job first).
+        self.by_queue: dict[str, list[JobState]] = {}
+        for job in ssn.jobs.values():
+            self.by_queue.setdefault(job.queue, [])
+            self._file(job)
+        for jobs in self.by_queue.values():
+            jobs.sort(key=job_order_key)
+
+    def _file(self, job: JobState) -> None:
+        if any(t.status == PodStatus.PENDING for t in job.tasks.values()):
+            self.pending[job.key] = job
+        else:
+            self.pending.pop(job.key, None)
+        if self.candidate(job):
+            self.by_queue[job.queue].append(job)
+
+    def refresh(self, jobs: Iterable[JobState]) -> None:
+        for job in {j.key: j for j in jobs}.values():
+            listed = self.by_queue.setdefault(job.queue, [])
+            if job in listed:
+                listed.remove(job)
+            self.pending.pop(job.key, None)
+            if any(t.status == PodStatus.PENDING for t in job.tasks.values()):
+                self.pending[job.key] = job
+            if self.candidate(job):
+                bisect.insort(listed, job, key=job_order_key)
+
+    def refresh_after(self, decisions: Decisions) -> None:
+        touched = [t.job for t, _ in decisions.binds]
+        touched += [t.job for t, _ in decisions.pipelines]
+        touched += [t.job for t, _, _ in decisions.evictions]
+        self.refresh(touched)
+
+    def victims(
+        self, keep: Callable[[JobState], bool] | None = None, queues: Iterable[str] | None = None
+    ) -> JobsByQueue:
+        """A victims queue over the candidates of `queues` (all by default) that pass `keep`."""
+        order = JobsByQueue(self.ssn, victims=True)
+        names = self.by_queue if queues is None else queues
+        for name in names:
+            jobs = self.by_queue.get(name, [])
+            chosen = [j for j in reversed(jobs) if keep(j)] if keep is not None else jobs[::-1]
+            order.extend_presorted(chosen)
+        return order
