@@ -8,7 +8,7 @@ the path for re-ordering, so queue order follows allocations made during the act
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from shared.core.proportion import QueueView, compare_views, queue_view
@@ -248,6 +248,11 @@ class JobsByQueue:
         if self.victims:
             return None, [*self.popped.get(node.queue.name, []), head]
         return head, None
+
+    def drain(self) -> Iterator[JobState]:
+        """Pop jobs in order until none is left; jobs pushed back meanwhile come out again."""
+        while (job := self.pop()) is not None:
+            yield job
 
     def pop(self) -> JobState | None:
         leaf = self._descend(self.roots)

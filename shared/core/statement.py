@@ -38,10 +38,6 @@ class AllocateOp:
     memento: Memento
     task: TaskState
     node: str
-    prev_status: PodStatus
-    prev_node: str | None
-    prev_groups: tuple[str, ...]
-    prev_virtual: bool
 
 
 @dataclass(frozen=True)
@@ -49,14 +45,6 @@ class PipelineOp:
     memento: Memento
     task: TaskState
     node: str
-    prev_status: PodStatus
-    prev_node: str | None
-    prev_groups: tuple[str, ...]
-    prev_virtual: bool
-    # When the task was still recorded on the target node (evicted earlier in this session).
-    was_on_node: bool
-    prev_entry_groups: tuple[str, ...]
-    prev_entry_status: PodStatus | None
 
 
 @dataclass(frozen=True)
@@ -64,9 +52,6 @@ class EvictOp:
     memento: Memento
     task: TaskState
     node: str
-    prev_status: PodStatus
-    prev_groups: tuple[str, ...]
-    prev_virtual: bool
     message: str
 
 
@@ -119,15 +104,7 @@ class Statement:
         return Memento(task, task.status, task.node, tuple(task.gpu_groups), task.is_virtual, touched, chain)
 
     def allocate(self, task: TaskState, node_name: str) -> None:
-        op = AllocateOp(
-            self._memento(task, node_name),
-            task,
-            node_name,
-            task.status,
-            task.node,
-            tuple(task.gpu_groups),
-            task.is_virtual,
-        )
+        op = AllocateOp(self._memento(task, node_name), task, node_name)
         self.ssn.set_status(task, PodStatus.ALLOCATED)
         task.node = node_name
         self.ssn.cluster.nodes[node_name].add_task(task)
@@ -150,18 +127,7 @@ class Statement:
             task.gpu_groups = list(entry.groups)
             self._unevict(task, node_name)
             return
-        op = PipelineOp(
-            self._memento(task, node_name),
-            task,
-            node_name,
-            task.status,
-            task.node,
-            tuple(task.gpu_groups),
-            task.is_virtual,
-            was_on_node=entry is not None,
-            prev_entry_groups=entry.groups if entry is not None else (),
-            prev_entry_status=entry.status if entry is not None else None,
-        )
+        op = PipelineOp(self._memento(task, node_name), task, node_name)
         self.ssn.set_status(task, PodStatus.PIPELINED)
         task.node = node_name
         if entry is not None:
@@ -175,15 +141,7 @@ class Statement:
         node_name = task.node
         if node_name is None or node_name not in self.ssn.cluster.nodes:
             raise ValueError(f"cannot evict {task.name}: not on a known node")
-        op = EvictOp(
-            self._memento(task, node_name),
-            task,
-            node_name,
-            task.status,
-            tuple(task.gpu_groups),
-            task.is_virtual,
-            message,
-        )
+        op = EvictOp(self._memento(task, node_name), task, node_name, message)
         self.ssn.set_status(task, PodStatus.RELEASING)
         task.is_virtual = True
         self.ssn.cluster.nodes[node_name].update_task(task)
@@ -202,9 +160,9 @@ class Statement:
 
     def _restore_evicted(self, op: EvictOp) -> None:
         task = op.task
-        self.ssn.set_status(task, op.prev_status)
-        task.gpu_groups = list(op.prev_groups)
-        task.is_virtual = op.prev_virtual
+        self.ssn.set_status(task, op.memento.status)
+        task.gpu_groups = list(op.memento.groups)
+        task.is_virtual = op.memento.virtual
         task.node = op.node
         node = self.ssn.cluster.nodes[op.node]
         if task.key in node.tasks:
@@ -224,18 +182,8 @@ class Statement:
                 self.ssn.set_status(task, PodStatus.PIPELINED)
                 node.add_task(task)
                 self.ssn.on_allocate(task)
-                self.ops[i] = PipelineOp(
-                    op.memento,
-                    task,
-                    op.node,
-                    op.prev_status,
-                    op.prev_node,
-                    op.prev_groups,
-                    op.prev_virtual,
-                    was_on_node=False,
-                    prev_entry_groups=(),
-                    prev_entry_status=None,
-                )
+                # The original memento still describes the state before this pod was placed.
+                self.ops[i] = PipelineOp(op.memento, task, op.node)
 
     # --- undo --------------------------------------------------------------------------------------------
     def _undo(self, op: Operation) -> None:

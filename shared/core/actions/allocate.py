@@ -22,10 +22,7 @@ def pending_jobs(ssn: Session) -> list[JobState]:
 def run(ssn: Session) -> None:
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
-    while order:
-        job = order.pop()
-        if job is None:
-            break
+    for job in order.drain():
         stmt = ssn.statement()
         already_running = job.num_allocated() > 0
         if not allocate_job(ssn, stmt, all_nodes(ssn), job, pipeline_only=False):

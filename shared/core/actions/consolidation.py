@@ -32,10 +32,7 @@ def run(ssn: Session) -> None:
     index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn, preemptible_only=True))
-    while order:
-        job = order.pop()
-        if job is None:
-            break
+    for job in order.drain():
         if not enough_gpus_allocatable(ssn, job):
             continue
         solution = attempt(ssn, job, index)

@@ -28,10 +28,7 @@ def run(ssn: Session) -> None:
     index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
-    while order:
-        job = order.pop()
-        if job is None:
-            break
+    for job in order.drain():
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())

@@ -35,10 +35,7 @@ def run(ssn: Session) -> None:
     index = JobIndex(ssn, is_candidate)
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
-    while order:
-        job = order.pop()
-        if job is None:
-            break
+    for job in order.drain():
         if not can_reclaim_resources(ssn, reclaimer_info(ssn, job)):
             continue
         solution = attempt(ssn, job, index)
