@@ -29,9 +29,9 @@ Division of an amount among one sibling group, per resource:
 Iteration order inside a group is (creation_index, name), KAI's age order; KAI itself walks Go maps,
 which can only change the last bits of floating-point sums.
 
-The module also holds KAI's queue-order comparison (`compare_queues`) and the ratios that ordering and
-reclaim use (`allocatable_share`, `dominant_resource_share`, `saturation_ratio`). Pure functions: no
-I/O, no clock.
+The module also holds the share primitives that queue ordering (`shared.core.proportion`) and reclaim
+(`shared.core.reclaimable`) compare with (`allocatable_share`, `dominant_resource_share`,
+`saturation_ratio`, `less_equal`). Pure functions: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = [
     "FLOAT_TOLERANCE",
     "RESOURCES",
     "UNLIMITED",
-    "QueueOrderView",
     "QueueShare",
     "QueueSpec",
     "ResourceSpec",
@@ -53,7 +52,6 @@ __all__ = [
     "allocatable_share",
     "allocatable_shares",
     "compare_quantities",
-    "compare_queues",
     "compute_fair_shares",
     "dominant_resource_share",
     "fair_share_less_than_allocated",
@@ -485,117 +483,3 @@ def fair_share_less_than_allocated(fair_share: Vector3, allocated: Vector3) -> b
     resources is not over-utilized.
     """
     return all(f < a for f, a in zip(fair_share, allocated, strict=True))
-
-
-class QueueOrderView(msgspec.Struct, frozen=True, kw_only=True):
-    """What KAI's queue ordering looks at for one queue of a comparison.
-
-    `job` is the candidate job's resources to allocate (KAI `GetTasksToAllocateInitResourceVector`, zero
-    when the queue has no candidate job) and `victims` the allocated resources of the jobs the comparison
-    assumes evicted (zero outside reclaim scenarios).
-    """
-
-    name: str
-    priority: int
-    creation_index: int
-    share: QueueShare
-    allocated: Vector3
-    job: Vector3 = _ZERO
-    victims: Vector3 = _ZERO
-
-
-def _in_quota_with_job(q: QueueOrderView) -> bool:
-    """KAI `AllocatedPlusResourcesLessEqualDeserved`: allocated plus the job within the deserved quota."""
-    return less_equal((a + j for a, j in zip(q.allocated, q.job, strict=True)), q.share.deserved)
-
-
-def _zero_share_violation(q: QueueOrderView) -> bool:
-    """KAI `penalizeZeroShareWithJob`, one side: uses a resource whose allocatable share is 0."""
-    allocatable = allocatable_shares(q.share)
-    return any(able == 0 and a + j > 0 for able, a, j in zip(allocatable, q.allocated, q.job, strict=True))
-
-
-def _first(left_wins: bool, right_wins: bool) -> int:
-    if left_wins and not right_wins:
-        return -1
-    if right_wins and not left_wins:
-        return 1
-    return 0
-
-
-def compare_queues(
-    left: QueueOrderView,
-    right: QueueOrderView,
-    total: Vector3,
-    *,
-    queue_priority_in_quota_reclaim: bool = False,
-) -> int:
-    """KAI `GetQueueOrderResult`: -1 when `left` goes first, 1 when `right` does; never 0.
-
-    The first rule that tells the two queues apart decides:
-
-    0. with `queue_priority_in_quota_reclaim`, when both stay within deserved quota with their job: the
-       higher priority;
-    1. not over-utilized (`fair_share_less_than_allocated` false) before over-utilized;
-    2. within deserved quota with its job before over it;
-    3. higher priority;
-    4. no allocation (with its job) in a resource whose allocatable share is 0, before such a queue;
-    5. smaller `dominant_resource_share` of allocated + job - victims;
-    6. smaller `dominant_resource_share` of allocated alone;
-    7. smaller allocatable share (<= in every resource and < in one);
-    8. older (smaller `creation_index`), then, where KAI lets the right-hand queue win a tie of
-       creation times, smaller name, so that the order is total.
-
-    Use with `functools.cmp_to_key` to sort.
-    """
-    if queue_priority_in_quota_reclaim and _in_quota_with_job(left) and _in_quota_with_job(right):
-        result = _first(left.priority > right.priority, right.priority > left.priority)
-        if result:
-            return result
-
-    result = _first(
-        not fair_share_less_than_allocated(left.share.fair_share, left.allocated),
-        not fair_share_less_than_allocated(right.share.fair_share, right.allocated),
-    )
-    if result:
-        return result
-
-    result = _first(_in_quota_with_job(left), _in_quota_with_job(right))
-    if result:
-        return result
-
-    result = _first(left.priority > right.priority, right.priority > left.priority)
-    if result:
-        return result
-
-    result = _first(not _zero_share_violation(left), not _zero_share_violation(right))
-    if result:
-        return result
-
-    def drs(q: QueueOrderView, with_job: bool) -> float:
-        allocated = q.allocated
-        if with_job:
-            allocated = (
-                allocated[0] + q.job[0] - q.victims[0],
-                allocated[1] + q.job[1] - q.victims[1],
-                allocated[2] + q.job[2] - q.victims[2],
-            )
-        return dominant_resource_share(allocated, allocatable_shares(q.share), total)
-
-    for with_job in (True, False):
-        left_drs, right_drs = drs(left, with_job), drs(right, with_job)
-        result = _first(left_drs < right_drs, right_drs < left_drs)
-        if result:
-            return result
-
-    left_able, right_able = allocatable_shares(left.share), allocatable_shares(right.share)
-    result = _first(
-        less_equal(left_able, right_able) and not less_equal(right_able, left_able),
-        less_equal(right_able, left_able) and not less_equal(left_able, right_able),
-    )
-    if result:
-        return result
-
-    if left.creation_index != right.creation_index:
-        return -1 if left.creation_index < right.creation_index else 1
-    return -1 if left.name < right.name else 1

@@ -11,14 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.core.fair_share import QueueSpec, ResourceSpec, compute_fair_shares
+from shared.core.fair_share import (
+    QueueSpec,
+    ResourceSpec,
+    allocatable_share,
+    compute_fair_shares,
+    dominant_resource_share,
+    fair_share_less_than_allocated,
+    less_equal,
+)
 from shared.model import Queue
 from shared.model.objects import UNLIMITED
 
 # Resource order of every 3-vector in this module: GPU devices, CPU millicores, memory bytes.
 R_GPU, R_CPU, R_MEM = 0, 1, 2
 RESOURCE_NAMES = ("GPU", "CPU", "Memory")
-NO_FAIR_SHARE_DRF_MULTIPLIER = 1000.0
 
 Vec = list[float]
 
@@ -65,24 +72,13 @@ class QueueState:
         self._allocatable = [self._compute_allocatable(r) for r in range(3)]
 
     def _compute_allocatable(self, r: int) -> float:
-        if self.deserved[r] == UNLIMITED:
-            return self.limit[r]
-        allocatable = max(self.deserved[r], self.fair_share[r])
-        if self.limit[r] != UNLIMITED:
-            allocatable = min(self.limit[r], allocatable)
-        return allocatable
+        return allocatable_share(self.deserved[r], self.fair_share[r], self.limit[r])
 
     def dominant_share(self, total: Vec, allocated: Vec | None = None) -> float:
         """KAI `GetDominantResourceShare`: the largest allocated / allocatable over the resources."""
         alloc = self.allocated if allocated is None else allocated
-        best = 0.0
-        for r in range(3):
-            share = self.allocatable_share(r)
-            if share == UNLIMITED:
-                share = total[r]
-            value = alloc[r] * NO_FAIR_SHARE_DRF_MULTIPLIER if share == 0 else alloc[r] / share
-            best = max(best, value)
-        return best
+        able = (self.allocatable_share(0), self.allocatable_share(1), self.allocatable_share(2))
+        return dominant_resource_share((alloc[0], alloc[1], alloc[2]), able, (total[0], total[1], total[2]))
 
 
 def queue_states_from_model(queues: Sequence[Queue]) -> dict[str, QueueState]:
@@ -141,23 +137,6 @@ def set_fair_shares(states: dict[str, QueueState], total: Vec) -> None:
         state.freeze_shares()
 
 
-# --- comparisons of 3-vectors (KAI ResourceQuantities) ---------------------------------------------------
-def _cmp_unlimited(a: float, b: float) -> int:
-    if a == UNLIMITED:
-        return 0 if b == UNLIMITED else 1
-    if b == UNLIMITED:
-        return -1
-    return (a > b) - (a < b)
-
-
-def less_equal(a: Vec, b: Vec) -> bool:
-    return all(_cmp_unlimited(a[r], b[r]) <= 0 for r in range(3))
-
-
-def strictly_less(a: Vec, b: Vec) -> bool:
-    return all(a[r] < b[r] for r in range(3))
-
-
 # --- queue order (KAI queue_order.GetQueueOrderResult) -----------------------------------------------------
 @dataclass(frozen=True)
 class QueueView:
@@ -179,7 +158,7 @@ def queue_view(q: QueueState, job_req: Vec | None, victims_alloc: Vec | None, to
     with_job = _plus(q.allocated, job_req)
     allocatable = (q.allocatable_share(0), q.allocatable_share(1), q.allocatable_share(2))
     return QueueView(
-        over_utilised=strictly_less(q.fair_share, q.allocated),
+        over_utilised=fair_share_less_than_allocated(_v3(q.fair_share), _v3(q.allocated)),
         within_deserved=less_equal(with_job, q.deserved),
         priority=q.priority,
         zero_share_violation=any(allocatable[r] == 0 and with_job[r] > 0 for r in range(3)),
@@ -228,6 +207,10 @@ def compare_queues(
     return compare_views(
         queue_view(lq, l_job_req, l_victims_alloc, total), queue_view(rq, r_job_req, r_victims_alloc, total)
     )
+
+
+def _v3(v: Vec) -> tuple[float, float, float]:
+    return (v[0], v[1], v[2])
 
 
 def _plus(a: Vec, b: Vec | None) -> Vec:

@@ -19,11 +19,11 @@ Called by the reclaim action and, through the validator, by `shared.core.solver`
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.core.proportion import Vec, ancestors_and_self, less_equal
+from shared.core.fair_share import less_equal, saturation_ratio
+from shared.core.proportion import Vec, ancestors_and_self
 from shared.core.tasks import DEFAULT_POD_SET
 from shared.model.objects import UNLIMITED
 from shared.model.status import ACTIVE_ALLOCATED
@@ -143,14 +143,6 @@ def _involved(resources: list[Vec]) -> set[int]:
     return {r for v in resources for r in range(3) if v[r] > 0}
 
 
-def _saturation(allocated: float, fair_share: float) -> float:
-    if fair_share == 0:
-        return math.inf if allocated > 0 else 0.0
-    if fair_share == UNLIMITED:
-        return 0.0
-    return allocated / fair_share
-
-
 class Reclaimable:
     """The reclaim scenario validator of one job's solution (state captured at solution start)."""
 
@@ -241,8 +233,8 @@ class Reclaimable:
         for r in resources:
             if my_fair[r] == UNLIMITED and their_fair[r] == UNLIMITED:
                 continue
-            ratio = _saturation(mine[r], my_fair[r])
-            other = _saturation(theirs[r], their_fair[r])
+            ratio = saturation_ratio(mine[r], my_fair[r])
+            other = saturation_ratio(theirs[r], their_fair[r])
             if ratio > 1 and their_fair[r] > 0 and ratio * self.multiplier >= other:
                 return False
         return True

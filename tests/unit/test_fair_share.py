@@ -8,7 +8,6 @@ the test's docstring or comments.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import re
@@ -20,7 +19,6 @@ from hypothesis import strategies as st
 from shared.core.fair_share import (
     RESOURCES,
     UNLIMITED,
-    QueueOrderView,
     QueueShare,
     QueueSpec,
     ResourceSpec,
@@ -28,7 +26,6 @@ from shared.core.fair_share import (
     allocatable_share,
     allocatable_shares,
     compare_quantities,
-    compare_queues,
     compute_fair_shares,
     dominant_resource_share,
     fair_share_less_than_allocated,
@@ -739,62 +736,6 @@ def test_quantity_comparisons() -> None:
     # Over-utilized only when over the fair share in every resource.
     assert fair_share_less_than_allocated((1, 1, 1), (2, 2, 2))
     assert not fair_share_less_than_allocated((1, 1, 1), (2, 2, 1))
-
-
-def _view(
-    name: str,
-    *,
-    fair: Vector3,
-    allocated: Vector3,
-    deserved: Vector3 = (0.0, 0.0, 0.0),
-    priority: int = 100,
-    age: int = 0,
-    job: Vector3 = (0.0, 0.0, 0.0),
-) -> QueueOrderView:
-    share = QueueShare(deserved, fair, (0.0, 0.0, 0.0), (UNLIMITED,) * 3, (1.0, 1.0, 1.0))
-    return QueueOrderView(
-        name=name, priority=priority, creation_index=age, share=share, allocated=allocated, job=job
-    )
-
-
-TOTAL: Vector3 = (10.0, 10000.0, 1e10)
-
-
-def test_queue_order_under_utilized_before_over_utilized() -> None:
-    over = _view("over", fair=(1, 1, 1), allocated=(2, 2, 2), priority=999)
-    under = _view("under", fair=(4, 4, 4), allocated=(1, 1, 1))
-    assert compare_queues(under, over, TOTAL) == -1
-    assert compare_queues(over, under, TOTAL) == 1
-
-
-def test_queue_order_in_quota_with_job_before_priority() -> None:
-    starved = _view("starved", fair=(4, 0, 0), allocated=(1, 0, 0), deserved=(2, 0, 0), job=(1, 0, 0))
-    rich = _view("rich", fair=(4, 0, 0), allocated=(2, 0, 0), deserved=(2, 0, 0), job=(1, 0, 0), priority=200)
-    assert compare_queues(starved, rich, TOTAL) == -1
-    # With queuePriorityInQuotaReclaim, two in-quota queues are ordered by priority first.
-    rich_in_quota = _view("rich", fair=(4, 0, 0), allocated=(0, 0, 0), deserved=(2, 0, 0), priority=200)
-    assert compare_queues(starved, rich_in_quota, TOTAL, queue_priority_in_quota_reclaim=True) == 1
-
-
-def test_queue_order_priority_then_dominant_share_then_age() -> None:
-    # Both over their (zero) quota and under their fair share: the higher priority goes first.
-    lo = _view("lo", fair=(4, 4, 4), allocated=(1, 1, 1), priority=50)
-    hi = _view("hi", fair=(4, 4, 4), allocated=(1, 1, 1), priority=100)
-    assert compare_queues(lo, hi, TOTAL) == 1
-    # An in-quota queue (with its job) goes before an over-quota one of higher priority.
-    idle = _view("idle", fair=(4, 4, 4), allocated=(0, 0, 0), priority=50)
-    assert compare_queues(idle, hi, TOTAL) == -1
-    light = _view("light", fair=(4, 4, 4), allocated=(1, 0, 0), age=5)
-    heavy = _view("heavy", fair=(4, 4, 4), allocated=(3, 0, 0), age=1)
-    assert compare_queues(light, heavy, TOTAL) == -1
-    twin_old = _view("b", fair=(4, 4, 4), allocated=(1, 0, 0), age=1)
-    twin_new = _view("a", fair=(4, 4, 4), allocated=(1, 0, 0), age=2)
-
-    def order(left: QueueOrderView, right: QueueOrderView) -> int:
-        return compare_queues(left, right, TOTAL)
-
-    ordered = sorted([twin_new, heavy, twin_old, light], key=functools.cmp_to_key(order))
-    assert [q.name for q in ordered] == ["b", "a", "light", "heavy"]
 
 
 # ---------------------------------------------------------------------------------------------------------
