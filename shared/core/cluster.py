@@ -86,6 +86,11 @@ class ClusterState:
             state = NodeState(self, i, nd)
             self.nodes[nd.name] = state
             self.order.append(state)
+        # Static per-node facts the scores read on every pod.
+        self.has_resource = [self.alloc[r] != 0 for r in range(N_BASE)]
+        self.gpu_count = np.array([float(nd.gpus) for nd in nodes])
+        mig = np.array([nd.mig_enabled for nd in nodes], dtype=bool)
+        self.cpu_only_nodes = (self.alloc[GPU] <= 0) & ~mig
         # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
         self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object))) if n else np.zeros(0)
 

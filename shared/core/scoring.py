@@ -39,43 +39,33 @@ def node_scores(
     cpu_only = task.is_cpu_only
     r = CPU if cpu_only else GPU
     strategy = ssn.policy.cpu_placement if cpu_only else ssn.policy.gpu_placement
-    non_alloc = c.idle[r] + c.releasing[r]
-    alloc = c.alloc[r]
+    non_alloc = c.idle[r] + c.releasing[r] if c.has_releasing else c.idle[r]
+    has_resource = c.has_resource[r]
     if strategy == "binpack":
-        has = (alloc != 0) & node_set
+        has = has_resource & node_set
         if has.any():
-            lo = float(non_alloc[has].min())
-            hi = float(non_alloc[has].max())
+            values = non_alloc[has]
+            lo, hi = float(values.min()), float(values.max())
         else:
             lo, hi = np.inf, 0.0
         if hi == 0:
-            score = np.zeros(len(alloc))
+            score = np.zeros(len(non_alloc))
         elif lo == hi:
-            score = np.full(len(alloc), MAX_HIGH_DENSITY)
+            score = has_resource * MAX_HIGH_DENSITY
         else:
-            score = MAX_HIGH_DENSITY * (1 - (non_alloc - lo) / (hi - lo))
-        score = np.where(alloc == 0, 0.0, score)
+            score = has_resource * (MAX_HIGH_DENSITY * (1 - (non_alloc - lo) / (hi - lo)))
     else:
-        count = np.array([float(n.gpu_count) for n in c.order]) if r == GPU else alloc
+        count = c.gpu_count if r == GPU else c.alloc[r]
         with np.errstate(divide="ignore", invalid="ignore"):
             score = np.where(count == 0, 0.0, non_alloc / np.where(count == 0, 1, count))
     if cpu_only:
-        cpu_only_nodes = (c.alloc[GPU] <= 0) & ~_mig_enabled(ssn)
-        score = score + np.where(cpu_only_nodes, RESOURCE_TYPE, 0.0)
-    score = score + np.where(idle_fit, AVAILABILITY, 0.0)
+        score = score + c.cpu_only_nodes * RESOURCE_TYPE
+    score = score + idle_fit * AVAILABILITY
     for idx in c.sharing_nodes:
         node = c.order[idx]
         if any(node.task_fits_group(task, g) for g in node.groups):
             score[idx] += GPU_SHARING
     return score
-
-
-def _mig_enabled(ssn: Session) -> npt.NDArray[np.bool_]:
-    cached = getattr(ssn.cluster, "_mig_mask", None)
-    if cached is None:
-        cached = np.array([n.mig_enabled for n in ssn.cluster.order], dtype=bool)
-        ssn.cluster._mig_mask = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def iter_nodes_in_order(
