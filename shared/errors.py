@@ -12,11 +12,22 @@ the boundary, so callers never see them.
     +-- InvalidObject            an input object is malformed: names kind, name, field, problem
     +-- ConfigError              a configuration value is missing or unusable
     +-- ConflictError            a node's ledger revision moved under a compare-and-set (binder)
+    +-- MalformedMessage         a payload does not decode as its subject's message: names subject, problem
+    +-- TemporaryError           worth retrying later (the bus shell naks with `delay`)
+    +-- FencedError              work from a queue leader whose lease term was superseded
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ConflictError", "InvalidObject", "KairosError"]
+__all__ = [
+    "ConfigError",
+    "ConflictError",
+    "FencedError",
+    "InvalidObject",
+    "KairosError",
+    "MalformedMessage",
+    "TemporaryError",
+]
 
 
 class KairosError(Exception):
@@ -54,3 +65,30 @@ class ConflictError(KairosError):
         super().__init__(
             f"node {node!r}: ledger revision {actual_revision}, expected {expected_revision}",
         )
+
+
+class MalformedMessage(KairosError):  # noqa: N818 -- the tree's agreed name; it is an error by context
+    """A payload that does not decode as its subject's message type (or has an unknown version)."""
+
+    def __init__(self, subject: str, problem: str) -> None:
+        self.subject = subject
+        self.problem = problem
+        super().__init__(f"malformed message on {subject!r}: {problem}")
+
+
+class TemporaryError(KairosError):
+    """Something that may work later (a dependency not ready, a timeout); retry after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        self.delay = delay
+        super().__init__(message)
+
+
+class FencedError(KairosError):
+    """Work stamped with a lease term older than the shard's current one: its leader was superseded."""
+
+    def __init__(self, shard: str, term: int, current: int) -> None:
+        self.shard = shard
+        self.term = term
+        self.current = current
+        super().__init__(f"shard {shard!r}: lease term {term} superseded by {current}")

@@ -1,0 +1,83 @@
+"""One bus middleware: decode with the subject's codec, run the handler, map the result to a message fate.
+
+`fate_of(exc)` is the single place where an exception becomes ack, nak (with a delay) or term. Malformed
+payloads are logged with their subject, counted and terminated (never redelivered), and the service keeps
+running. Used by every service for JetStream messages and core subscriptions alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from nats.aio.msg import Msg
+
+from shared.contracts.messages import Codec
+from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
+
+T = TypeVar("T")
+log = logging.getLogger("kairos.bus")
+
+
+class Fate(enum.Enum):
+    ACK = "ack"
+    NAK = "nak"
+    TERM = "term"
+
+
+def fate_of(exc: BaseException | None) -> tuple[Fate, float]:
+    """What to do with a message whose handler ended with `exc` (None: success)."""
+    match exc:
+        case None | ConflictError() | FencedError():
+            # A conflict or a fenced proposal is a decision the handler already reported.
+            return Fate.ACK, 0.0
+        case MalformedMessage() | InvalidObject():
+            return Fate.TERM, 0.0
+        case TemporaryError(delay=delay):
+            return Fate.NAK, delay
+        case _:
+            return Fate.NAK, 2.0
+
+
+class Counters(Counter[str]):
+    """Per-service counters (messages handled, malformed dropped, conflicts...), shown in heartbeats."""
+
+
+async def handle(
+    msg: Msg,
+    codec: Codec[T],
+    handler: Callable[[T, Msg], Awaitable[Any]],
+    counters: Counters,
+    *,
+    jetstream: bool,
+) -> None:
+    """Decode `msg`, run `handler`, then ack/nak/term it (JetStream) according to `fate_of`."""
+    error: BaseException | None = None
+    try:
+        message = codec.decode(msg.subject, msg.data)
+    except MalformedMessage as exc:
+        counters["malformed"] += 1
+        log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+        error = exc
+    else:
+        try:
+            await handler(message, msg)
+            counters["handled"] += 1
+        except (ConflictError, FencedError) as exc:
+            error = exc
+        except Exception as exc:
+            counters["errors"] += 1
+            log.exception("handler failed for message on %s", msg.subject)
+            error = exc
+    if not jetstream:
+        return
+    fate, delay = fate_of(error)
+    if fate is Fate.ACK:
+        await msg.ack()
+    elif fate is Fate.TERM:
+        await msg.term()
+    else:
+        await msg.nak(delay=delay)

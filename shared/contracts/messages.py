@@ -1,0 +1,321 @@
+"""Every message Kairos puts on NATS, as versioned msgspec Structs, with one decoder per subject family.
+
+Internal messages are msgpack; public events (`events.py`) are JSON. Rules for changing them (schema
+evolution): a new field gets a default; a field never changes type or meaning; a tag never changes. Every
+struct carries `v` (the contract version): a reader drops a message whose `v` it does not know, and a
+decode error or unknown tag is a malformed message (`decode` raises `MalformedMessage`, which the bus
+middleware logs with its subject, counts and drops).
+
+Who sends what:
+- state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object).
+- binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod; state removes what left.
+- queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
+  binder -> `outcomes.<shard>`: `Outcome`.
+- anyone -> `cluster.<op>` (state answers): `ClusterRequest` -> `ClusterReply`.
+- anyone -> `state.snapshot` (state answers): `SnapshotRequest` -> `SnapshotReply`.
+- operator -> `admin.<shard>.cycle` (queue leader answers): `CycleRequest` -> `CycleReply`.
+- every replica -> `health.<service>.<replica>`: `Heartbeat`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from shared.errors import KairosError, MalformedMessage
+from shared.model import Node, Pod, PodGroup, Queue, Topology
+
+VERSION = 1
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    v: int = VERSION
+
+
+# --- state KV records ------------------------------------------------------------------------------------
+class NodeRecord(_Msg, frozen=True, kw_only=True, tag="node"):
+    node: Node
+
+
+class PodRecord(_Msg, frozen=True, kw_only=True, tag="pod"):
+    pod: Pod
+
+
+class PodGroupRecord(_Msg, frozen=True, kw_only=True, tag="podgroup"):
+    podgroup: PodGroup
+
+
+class QueueRecord(_Msg, frozen=True, kw_only=True, tag="queue"):
+    queue: Queue
+
+
+class TopologyRecord(_Msg, frozen=True, kw_only=True, tag="topology"):
+    topology: Topology
+
+
+StateRecord = NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord
+
+
+# --- ledger KV records --------------------------------------------------------------------------------------
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod's hold on a node: what it takes, so a reader can account for it before the pod shows bound."""
+
+    pod: str
+    podgroup: str
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: float = 0.0
+    gpu_groups: tuple[str, ...] = ()
+    proposal: str = ""
+
+
+class NodeLedger(_Msg, frozen=True, kw_only=True, tag="node-ledger"):
+    node: str
+    pods: dict[str, Reservation] = msgspec.field(default_factory=dict)
+
+
+class PodClaim(_Msg, frozen=True, kw_only=True, tag="pod-claim"):
+    """A pod is bound by exactly one proposal: its claim key is created once (KV create)."""
+
+    pod: str
+    node: str
+    proposal: str
+
+
+LedgerRecord = NodeLedger | PodClaim
+
+
+class Lease(_Msg, frozen=True, kw_only=True, tag="lease"):
+    """The shard's active dispatcher. `term` grows by one each time another holder takes the lease and is
+    the fencing token every work item and proposal carries."""
+
+    shard: str
+    holder: str
+    term: int
+
+
+# --- scheduling work ----------------------------------------------------------------------------------------
+class WorkItem(_Msg, frozen=True, kw_only=True, tag="work"):
+    """Run the core for `podgroups` (empty: every pending podgroup) on state at least `state_revision`."""
+
+    id: str
+    shard: str
+    term: int
+    leader: str
+    now: float
+    state_revision: int
+    ledger_revision: int = 0
+    podgroups: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+    want_view: bool = False
+    """Ask placement to attach the session's final view (for `conformance run --via-bus` and explain)."""
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    pod: str
+    """The pod's key (uid, or namespace/name)."""
+    namespace: str
+    name: str
+    podgroup: str
+    node: str
+    gpu_groups: tuple[str, ...] = ()
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: float = 0.0
+
+
+class EvictionOrder(msgspec.Struct, frozen=True, kw_only=True):
+    pod: str
+    namespace: str
+    name: str
+    podgroup: str
+    node: str
+    message: str
+
+
+class PipelinedPod(msgspec.Struct, frozen=True, kw_only=True):
+    pod: str
+    podgroup: str
+    node: str
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    podgroup: str
+    message: str
+
+
+class TaskView(msgspec.Struct, frozen=True, kw_only=True):
+    pod: str
+    name: str
+    podgroup: str
+    status: str
+    node: str | None
+    gpu_groups: tuple[str, ...]
+    gpus_accepted: float
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    podgroup: str
+    fit_error: str | None
+    last_start_time: float | None
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    idle_gpus: float
+    releasing_gpus: float
+
+
+class SessionView(msgspec.Struct, frozen=True, kw_only=True):
+    """The session's state right after its actions (what an observer of one cycle sees)."""
+
+    tasks: tuple[TaskView, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+    nodes: tuple[NodeView, ...] = ()
+
+
+class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
+    """What placement decided for a work item, stamped with the ledger revision of every node it relied on
+    (0: the node had no ledger entry). Binds of one podgroup are committed together or not at all."""
+
+    id: str
+    work: str
+    shard: str
+    term: int
+    leader: str
+    state_revision: int
+    binds: tuple[Binding, ...] = ()
+    evictions: tuple[EvictionOrder, ...] = ()
+    pipelined: tuple[PipelinedPod, ...] = ()
+    pending: tuple[Explanation, ...] = ()
+    node_revisions: dict[str, int] = msgspec.field(default_factory=dict)
+    stale_since: dict[str, float] = msgspec.field(default_factory=dict)
+    last_start: dict[str, float] = msgspec.field(default_factory=dict)
+    view: SessionView | None = None
+
+
+class Outcome(_Msg, frozen=True, kw_only=True, tag="outcome"):
+    """What a binder did with a proposal: `committed`, `conflict` (a node or pod moved: retry later),
+    `fenced` (from a superseded leader) or `failed` (the cluster refused)."""
+
+    proposal: str
+    work: str
+    shard: str
+    status: str
+    reason: str = ""
+    bound: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    conflicts: int = 0
+    view: SessionView | None = None
+    pipelined: tuple[PipelinedPod, ...] = ()
+
+
+# --- requests ------------------------------------------------------------------------------------------------
+class BindRequest(_Msg, frozen=True, kw_only=True, tag="bind"):
+    binding: Binding
+
+
+class EvictRequest(_Msg, frozen=True, kw_only=True, tag="evict"):
+    eviction: EvictionOrder
+
+
+class ApplyRequest(_Msg, frozen=True, kw_only=True, tag="apply"):
+    """Add or replace objects in the cluster source (what `kairos submit` sends)."""
+
+    nodes: tuple[Node, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    podgroups: tuple[PodGroup, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    topologies: tuple[Topology, ...] = ()
+    replace: bool = False
+    """Drop every object not in this request first (the conformance runner loads a round this way)."""
+
+
+ClusterRequest = BindRequest | EvictRequest | ApplyRequest
+
+
+class ClusterReply(_Msg, frozen=True, kw_only=True, tag="cluster-reply"):
+    ok: bool
+    error: str = ""
+    state_revision: int = 0
+
+
+class SnapshotRequest(_Msg, frozen=True, kw_only=True, tag="snapshot-request"):
+    min_revision: int = 0
+
+
+class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
+    revision: int
+    ledger_revision: int
+    nodes: tuple[Node, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    podgroups: tuple[PodGroup, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    topologies: tuple[Topology, ...] = ()
+    ledger: tuple[NodeLedger, ...] = ()
+
+
+class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):
+    """Run one scheduling cycle now (all pending podgroups, one work item) and answer when it is done."""
+
+    now: float | None = None
+    want_view: bool = False
+
+
+class CycleReply(_Msg, frozen=True, kw_only=True, tag="cycle-reply"):
+    ok: bool
+    error: str = ""
+    outcome: Outcome | None = None
+
+
+class Heartbeat(_Msg, frozen=True, kw_only=True, tag="heartbeat"):
+    service: str
+    replica: str
+    ready: bool
+    detail: str = ""
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+# --- codecs ---------------------------------------------------------------------------------------------------
+T = TypeVar("T")
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode(message: Any) -> bytes:
+    return _ENCODER.encode(message)
+
+
+class Codec(Generic[T]):
+    """The decoder of one subject family: msgpack into `type_`, version checked."""
+
+    def __init__(self, type_: Any) -> None:
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_)
+
+    def decode(self, subject: str, data: bytes) -> T:
+        try:
+            message = self._decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise MalformedMessage(subject, str(exc)) from exc
+        except KairosError as exc:  # model validation inside the payload
+            raise MalformedMessage(subject, str(exc)) from exc
+        version = getattr(message, "v", VERSION)
+        if version != VERSION:
+            raise MalformedMessage(subject, f"unknown contract version {version}")
+        return message
+
+
+STATE_RECORDS: Codec[StateRecord] = Codec(StateRecord)
+LEDGER_RECORDS: Codec[LedgerRecord] = Codec(LedgerRecord)
+LEASES: Codec[Lease] = Codec(Lease)
+WORK: Codec[WorkItem] = Codec(WorkItem)
+PROPOSALS: Codec[Proposal] = Codec(Proposal)
+OUTCOMES: Codec[Outcome] = Codec(Outcome)
+CLUSTER_REQUESTS: Codec[ClusterRequest] = Codec(ClusterRequest)
+CLUSTER_REPLIES: Codec[ClusterReply] = Codec(ClusterReply)
+SNAPSHOT_REQUESTS: Codec[SnapshotRequest] = Codec(SnapshotRequest)
+SNAPSHOT_REPLIES: Codec[SnapshotReply] = Codec(SnapshotReply)
+CYCLE_REQUESTS: Codec[CycleRequest] = Codec(CycleRequest)
+CYCLE_REPLIES: Codec[CycleReply] = Codec(CycleReply)
+HEARTBEATS: Codec[Heartbeat] = Codec(Heartbeat)

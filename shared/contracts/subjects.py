@@ -1,0 +1,129 @@
+"""Every NATS subject, JetStream stream and KV bucket Kairos uses, as constants and builders.
+
+Services never spell a subject themselves: they call these builders, and each builder has its wildcard
+form beside it (a test checks that every builder's output matches its wildcard). A *shard* is a node
+pool scheduled independently (`default` unless configured); tokens are sanitised so that names with
+dots or odd characters cannot change a subject's shape.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "kairos"
+DEFAULT_SHARD = "default"
+
+# --- KV buckets ---------------------------------------------------------------------------------------------
+STATE_BUCKET = "kairos_state"
+"""The materialised cluster: one key per node, pod, podgroup, queue and topology (written by `state`)."""
+LEDGER_BUCKET = "kairos_ledger"
+"""Placements the binders committed: per-node reservations and per-pod claims, changed only by
+compare-and-set (written by `binder`, cleaned by `state` when pods leave their node)."""
+LEASE_BUCKET = "kairos_leases"
+"""One lease per shard for the active queue dispatcher; entries expire after `LEASE_TTL_S`."""
+LEASE_TTL_S = 3.0
+
+# --- JetStream streams ----------------------------------------------------------------------------------
+WORK_STREAM = "KAIROS_WORK"
+WORK_WILDCARD = f"{PREFIX}.work.>"
+PROPOSAL_STREAM = "KAIROS_PROPOSALS"
+PROPOSAL_WILDCARD = f"{PREFIX}.proposals.>"
+EVENTS_STREAM = "KAIROS_EVENTS"
+EVENTS_WILDCARD = f"{PREFIX}.events.>"
+"""The public events users subscribe to (`nats sub 'kairos.events.>'`), JSON, documented in docs/events.md."""
+
+PLACEMENT_CONSUMER = "placement"
+BINDER_CONSUMER = "binder"
+
+# --- core subjects -------------------------------------------------------------------------------------------
+OUTCOMES_WILDCARD = f"{PREFIX}.outcomes.*"
+CLUSTER_WILDCARD = f"{PREFIX}.cluster.*"
+STATE_SNAPSHOT = f"{PREFIX}.state.snapshot"
+"""Request: any state replica answers with a `SnapshotReply` at its current revision."""
+ADMIN_WILDCARD = f"{PREFIX}.admin.*.*"
+HEALTH_WILDCARD = f"{PREFIX}.health.*.*"
+
+_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(value: str) -> str:
+    """One subject token: characters NATS treats specially (`.`, `*`, `>`, spaces) become `_`; empty is `_`."""
+    return _TOKEN.sub("_", value) or "_"
+
+
+def work(shard: str) -> str:
+    """Work items from the shard's queue leader to the placement workers (stream `WORK_STREAM`)."""
+    return f"{PREFIX}.work.{token(shard)}"
+
+
+def proposals(shard: str) -> str:
+    """Proposals from placement workers to the binders (stream `PROPOSAL_STREAM`)."""
+    return f"{PREFIX}.proposals.{token(shard)}"
+
+
+def outcomes(shard: str) -> str:
+    """What the binders did with each proposal, for the queue leader (core NATS)."""
+    return f"{PREFIX}.outcomes.{token(shard)}"
+
+
+def cluster(operation: str) -> str:
+    """Requests to the cluster source owned by the state service: `bind`, `evict`, `apply`, `delete`."""
+    return f"{PREFIX}.cluster.{token(operation)}"
+
+
+def admin(shard: str, command: str) -> str:
+    """Operator requests to a shard's queue leader, e.g. `cycle` (run one scheduling cycle now)."""
+    return f"{PREFIX}.admin.{token(shard)}.{token(command)}"
+
+
+def health(service: str, replica: str) -> str:
+    """Heartbeats a replica publishes (and answers as requests) with its readiness."""
+    return f"{PREFIX}.health.{token(service)}.{token(replica)}"
+
+
+def event(kind: str, name: str) -> str:
+    """A public event subject: `kairos.events.<kind>.<name>`, kinds in `EVENT_KINDS`."""
+    return f"{PREFIX}.events.{token(kind)}.{token(name)}"
+
+
+EVENT_KINDS = ("pod-bound", "pod-evicted", "pod-unschedulable", "podgroup-state", "queue-fair-share")
+
+# --- KV keys --------------------------------------------------------------------------------------------------
+_KEY = re.compile(r"[^A-Za-z0-9_=/-]")
+
+
+def key_token(value: str) -> str:
+    """A KV key segment: only characters JetStream KV accepts; `.` separates segments, so it is replaced."""
+    return _KEY.sub("_", value) or "_"
+
+
+def node_key(name: str) -> str:
+    return f"node.{key_token(name)}"
+
+
+def queue_key(name: str) -> str:
+    return f"queue.{key_token(name)}"
+
+
+def podgroup_key(namespace: str, name: str) -> str:
+    return f"podgroup.{key_token(namespace)}.{key_token(name)}"
+
+
+def pod_key(namespace: str, name: str) -> str:
+    return f"pod.{key_token(namespace)}.{key_token(name)}"
+
+
+def topology_key(name: str) -> str:
+    return f"topology.{key_token(name)}"
+
+
+def ledger_node_key(node: str) -> str:
+    return f"node.{key_token(node)}"
+
+
+def ledger_claim_key(pod_key_: str) -> str:
+    return f"claim.{key_token(pod_key_)}"
+
+
+def lease_key(shard: str) -> str:
+    return f"queue.{key_token(shard)}"
