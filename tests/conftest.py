@@ -6,7 +6,7 @@ pytest-asyncio's runner silently cancels whatever is left when it closes the loo
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import pytest_asyncio
@@ -63,3 +63,17 @@ def _no_leaked_tasks(request: pytest.FixtureRequest) -> None:
         # Requested here, first of the test's fixtures, so that its teardown check runs last: after the
         # test's other function-scoped fixtures have stopped what they started.
         request.getfixturevalue(f"_task_leak_guard_{loop_scope}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_default_event_loop() -> Iterator[None]:
+    """Own the thread's default event loop for the whole session and close it at the end.
+
+    pytest-asyncio asks for the current loop between tests; with none set, Python 3.11 creates one that
+    nobody closes, and its garbage collection fails whichever test happens to be running then.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
