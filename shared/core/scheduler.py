@@ -77,9 +77,12 @@ class CycleResult(msgspec.Struct, frozen=True):
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
 
 
-def run_session(snapshot: Snapshot, now: float, policy: Policy) -> Session:
-    """Run the policy's actions on a fresh session and return it (for callers that inspect state)."""
-    ssn = Session(snapshot, now, policy)
+def run_session(
+    snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
+) -> Session:
+    """Run the policy's actions on a fresh session and return it (for callers that inspect state).
+    With `focus`, only those podgroups are placed (the stale-gang action still covers all)."""
+    ssn = Session(snapshot, now, policy, focus)
     actions = _registry()
     # Moving pods to pack nodes contradicts a spread placement, so KAI drops consolidation then.
     spread = "spread" in (policy.gpu_placement, policy.cpu_placement)
@@ -90,8 +93,10 @@ def run_session(snapshot: Snapshot, now: float, policy: Policy) -> Session:
     return ssn
 
 
-def schedule(snapshot: Snapshot, now: float, policy: Policy) -> CycleResult:
-    ssn = run_session(snapshot, now, policy)
+def schedule(
+    snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
+) -> CycleResult:
+    ssn = run_session(snapshot, now, policy, focus)
     return result_of(ssn)
 
 

@@ -41,9 +41,12 @@ class SessionLog:
 
 
 class Session:
-    def __init__(self, snapshot: Snapshot, now: float, policy: Policy) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
+    ) -> None:
         self.now = now
         self.policy = policy
+        self.focus = focus
         self.cluster = ClusterState(snapshot.nodes)
         self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
         self.jobs: dict[str, JobState] = {}
@@ -184,6 +187,11 @@ class Session:
             total[1] += t.cpu
             total[2] += t.mem
         return total
+
+    def in_focus(self, job: JobState) -> bool:
+        """Whether actions should try to place this job: all jobs, or the ones a placement worker was
+        given (the rest of the cluster is still seen, as victims and as load)."""
+        return self.focus is None or job.key in self.focus
 
     # --- status -----------------------------------------------------------------------------------------
     def set_status(self, task: TaskState, status: PodStatus) -> None:

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 def pending_jobs(ssn: Session) -> list[JobState]:
     """Jobs with pods waiting to be placed and enough live pods to form their gangs."""
     return [
-        j for j in ssn.jobs.values() if j.has_tasks_to_allocate(real=True) and j.is_ready_for_scheduling()
+        j
+        for j in ssn.jobs.values()
+        if ssn.in_focus(j) and j.has_tasks_to_allocate(real=True) and j.is_ready_for_scheduling()
     ]
 
 

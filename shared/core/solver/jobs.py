@@ -218,7 +218,8 @@ def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]
     return [
         job
         for job in ssn.jobs.values()
-        if any(t.status == PodStatus.PENDING for t in job.tasks.values())
+        if ssn.in_focus(job)
+        and any(t.status == PodStatus.PENDING for t in job.tasks.values())
         and job.is_ready_for_scheduling()
         and (job.preemptible or not preemptible_only)
     ]
