@@ -6,6 +6,9 @@ with an argv list. Subcommands::
     kairos conformance run CASE.yaml [--json] [--via-bus]   run one case, print result + verdict
     kairos conformance check PATH...                        run and judge every case under PATH
     kairos demo                                             the scripted demo
+    kairos up [--state-dir DIR] [--replicas S=N,...] [--detach]   the local stack; `ready` when up
+    kairos down [--state-dir DIR]                           stop a detached stack
+    kairos serve SERVICE [flags]                            run one service
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
 failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing
@@ -72,6 +75,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
+
+    from shared.cli import up
+
+    up.add_commands(commands)
     return parser
 
 
@@ -99,9 +106,11 @@ def _load(path: Path) -> Case:
 def _cmd_run(args: argparse.Namespace) -> int:
     case = _load(args.case)
     if args.via_bus:
-        _error("--via-bus needs the NATS services (not built yet)")
-        return EXIT_BAD_INPUT
-    result = _runner()(case)
+        from shared.conformance.bus_runner import run_case_via_bus
+
+        result = run_case_via_bus(case)
+    else:
+        result = _runner()(case)
     if args.json:
         sys.stdout.write(encode_result(result).decode() + "\n")
         return EXIT_OK

@@ -18,11 +18,13 @@ from shared.conformance.result import (
     ObservedTask,
     RoundCounts,
 )
+from shared.contracts.messages import SessionView
+from shared.contracts.views import session_view
 from shared.core.policy import Policy
-from shared.core.scheduler import fit_error_message, run_session
+from shared.core.scheduler import run_session
 from shared.core.session import Session
-from shared.core.tasks import GPU
-from shared.model.status import ACTIVE_USED, PodStatus
+from shared.model import Snapshot
+from shared.model.status import PodStatus
 
 NOW = 1_000_000.0
 DEFAULT_ROUNDS_UNTIL_MATCH = 2
@@ -58,34 +60,35 @@ def _write_back(state: CaseState, ssn: Session) -> None:
                 desc.state, desc.node, desc.gpu_groups = status.value, task.node, list(task.gpu_groups)
 
 
-def _observe(ssn: Session, now: float) -> Checkpoint:
-    jobs: dict[str, ObservedJob] = {}
-    for job in ssn.jobs.values():
-        tasks: dict[str, ObservedTask] = {}
-        for task in job.tasks.values():
-            accepted = 0.0
-            if task.status in ACTIVE_USED:
-                accepted = ssn.accepted_quota(task)[0] if task.kind != "mig" else 0.0
-            tasks[task.name] = ObservedTask(
-                status=task.status.value,
-                node=task.node,
-                gpu_groups=list(task.gpu_groups),
-                gpus_requested=task.requested_gpus,
-                gpus_accepted=accepted,
-                milli_cpu=task.cpu,
-                memory_bytes=task.mem,
-            )
-        last = job.last_start_time
-        jobs[job.name] = ObservedJob(
-            fit_error_message=fit_error_message(job.fit_errors),
-            last_start_set=last is not None,
-            last_start_age_seconds=(now - last) if last is not None else None,
-            tasks=tasks,
+def observe(ssn: Session, now: float) -> Checkpoint:
+    """The checkpoint of a session, read through the same view placement sends over the bus."""
+    return checkpoint_of(ssn.snapshot, session_view(ssn), now)
+
+
+def checkpoint_of(snapshot: Snapshot, view: SessionView, now: float) -> Checkpoint:
+    pods = {p.key: p for p in snapshot.pods}
+    tasks: dict[str, dict[str, ObservedTask]] = {}
+    for t in view.tasks:
+        pod = pods[t.pod]
+        tasks.setdefault(t.podgroup, {})[t.name] = ObservedTask(
+            status=t.status,
+            node=t.node,
+            gpu_groups=list(t.gpu_groups),
+            gpus_requested=pod.gpu.gpus,
+            gpus_accepted=t.gpus_accepted,
+            milli_cpu=pod.cpu_millis,
+            memory_bytes=pod.memory_bytes,
         )
-    nodes = {
-        n.name: ObservedNode(idle_gpus=n.idle(GPU), releasing_gpus=n.releasing(GPU))
-        for n in ssn.cluster.order
+    jobs = {
+        j.podgroup: ObservedJob(
+            fit_error_message=j.fit_error,
+            last_start_set=j.last_start_time is not None,
+            last_start_age_seconds=(now - j.last_start_time) if j.last_start_time is not None else None,
+            tasks=tasks.get(j.podgroup, {}),
+        )
+        for j in view.jobs
     }
+    nodes = {n.node: ObservedNode(idle_gpus=n.idle_gpus, releasing_gpus=n.releasing_gpus) for n in view.nodes}
     return Checkpoint(jobs=jobs, nodes=nodes)
 
 
@@ -113,10 +116,10 @@ def run_case(case: c.Case) -> CaseResult:
             previous = last.jobs.get(key)
             if previous is not None:
                 job.fit_errors = list(previous.fit_errors)
-    checkpoints.append(_observe(match, NOW))
+    checkpoints.append(observe(match, NOW))
     for _ in range(after):
         ssn = run_session(build_snapshot(state, NOW), NOW, policy)
         rounds.append(_counts(ssn))
-        checkpoints.append(_observe(ssn, NOW))
+        checkpoints.append(observe(ssn, NOW))
         _write_back(state, ssn)
     return CaseResult(name=case.name, rounds=rounds, checkpoints=checkpoints)

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from shared.core.policy import Policy
 from shared.errors import KairosError, MalformedMessage
 from shared.model import Node, Pod, PodGroup, Queue, Topology
 
@@ -110,6 +111,8 @@ class WorkItem(_Msg, frozen=True, kw_only=True, tag="work"):
     actions: tuple[str, ...] = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
     want_view: bool = False
     """Ask placement to attach the session's final view (for `conformance run --via-bus` and explain)."""
+    policy: Policy = msgspec.field(default_factory=Policy)
+    """The scheduling policy to run with (the queue's configured one, or a cycle request's)."""
 
 
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
@@ -261,6 +264,8 @@ class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):
 
     now: float | None = None
     want_view: bool = False
+    policy: Policy | None = None
+    """Run this cycle with this policy instead of the queue's (the conformance harness's knobs)."""
 
 
 class CycleReply(_Msg, frozen=True, kw_only=True, tag="cycle-reply"):

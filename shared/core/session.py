@@ -44,6 +44,7 @@ class Session:
     def __init__(
         self, snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
     ) -> None:
+        self.snapshot = snapshot
         self.now = now
         self.policy = policy
         self.focus = focus
