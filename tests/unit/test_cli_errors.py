@@ -61,13 +61,6 @@ def test_run_directory_instead_of_file(tmp_path: Path, capsys: pytest.CaptureFix
     _one_error_line(capsys.readouterr().err)
 
 
-def test_via_bus_is_not_available_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["conformance", "run", str(VALID_CASE), "--json", "--via-bus"]) == 2
-    captured = capsys.readouterr()
-    assert _one_error_line(captured.err) == "kairos: --via-bus needs the NATS services (not built yet)"
-    assert captured.out == ""
-
-
 def test_check_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conformance", "check", str(tmp_path / "nowhere")]) == 2
     _one_error_line(capsys.readouterr().err)
