@@ -121,8 +121,12 @@ def parse_cluster(text: str, where: str = "<cluster>") -> ClusterObjects:
 
 
 def dump_cluster(objects: ClusterObjects) -> str:
-    """The objects as cluster YAML (every field written out; `load_cluster` reads it back unchanged)."""
-    data = {name: msgspec.to_builtins(getattr(objects, name)) for name in _ITEM_KIND}
+    """The objects as cluster YAML, fields at their default left out; `parse_cluster` reads it back equal."""
+    data = {
+        name: [_compact(msgspec.to_builtins(o), mi.type_info(type(o))) for o in getattr(objects, name)]
+        for name in _ITEM_KIND
+        if getattr(objects, name)
+    }
     dumped: str = yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=False, default_flow_style=False)
     return dumped
 
@@ -141,6 +145,30 @@ def run_seconds(pod: Pod) -> float | None:
             "pod", pod.key, f"labels[{RUN_SECONDS_LABEL}]", f"must be a number of seconds >= 0, got {value!r}"
         )
     return seconds
+
+
+def _compact(value: Any, info: mi.Type) -> Any:
+    """`value` (builtins of a struct of type `info`) without the fields that equal their default."""
+    if not isinstance(info, mi.StructType) or not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for field in info.fields:
+        if field.encode_name not in value:
+            continue
+        item = value[field.encode_name]
+        if not field.required:
+            default = field.default_factory() if field.default is mi.NODEFAULT else field.default
+            if item == msgspec.to_builtins(default):
+                continue
+        inner = field.type
+        if isinstance(inner, mi.UnionType):
+            structs = [t for t in inner.types if isinstance(t, mi.StructType)]
+            inner = structs[0] if len(structs) == 1 else inner
+        if isinstance(inner, mi.VarTupleType | mi.ListType) and isinstance(item, list):
+            out[field.encode_name] = [_compact(i, inner.item_type) for i in item]
+        else:
+            out[field.encode_name] = _compact(item, inner)
+    return out
 
 
 # --- error locating -----------------------------------------------------------------------------------------
