@@ -72,7 +72,13 @@ _YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDump
 # msgspec errors read "<problem> - at `$.pods[2].gpu`" (no suffix when at the root).
 _MSGSPEC_AT = re.compile(r"^(?P<problem>.*?)(?: - at `(?P<at>[^`]*)`)?$", re.DOTALL)
 _ITEM = re.compile(r"^(?P<list>nodes|queues|podgroups|pods|topologies)\[(?P<index>\d+)\]")
-_ITEM_KIND = {"nodes": "node", "queues": "queue", "podgroups": "podgroup", "pods": "pod", "topologies": "topology"}
+_ITEM_KIND = {
+    "nodes": "node",
+    "queues": "queue",
+    "podgroups": "podgroup",
+    "pods": "pod",
+    "topologies": "topology",
+}
 _INFO = mi.type_info(ClusterObjects)
 
 
@@ -116,7 +122,9 @@ def parse_cluster(text: str, where: str = "<cluster>") -> ClusterObjects:
         try:
             run_seconds(pod)
         except InvalidObject as exc:
-            raise InvalidObject(KIND, where, f"pods[{i}].{exc.field}", f"{exc.problem} (pod {pod.name!r})") from exc
+            raise InvalidObject(
+                KIND, where, f"pods[{i}].{exc.field}", f"{exc.problem} (pod {pod.name!r})"
+            ) from exc
     return objects
 
 
@@ -147,27 +155,30 @@ def run_seconds(pod: Pod) -> float | None:
     return seconds
 
 
-def _compact(value: Any, info: mi.Type) -> Any:
-    """`value` (builtins of a struct of type `info`) without the fields that equal their default."""
-    if not isinstance(info, mi.StructType) or not isinstance(value, dict):
+def _compact(value: Any, info: mi.Type | None) -> Any:
+    """`value` (the builtins of something of type `info`) as plain YAML data: struct fields equal to
+    their default left out, tuples as lists."""
+    if isinstance(info, mi.UnionType):
+        structs = [t for t in info.types if isinstance(t, mi.StructType)]
+        info = structs[0] if len(structs) == 1 else None
+    if isinstance(value, tuple | list):
+        item = info.item_type if isinstance(info, mi.VarTupleType | mi.ListType) else None
+        return [_compact(v, item) for v in value]
+    if not isinstance(value, dict):
         return value
+    if not isinstance(info, mi.StructType):
+        inner = info.value_type if isinstance(info, mi.DictType) else None
+        return {k: _compact(v, inner) for k, v in value.items()}
     out: dict[str, Any] = {}
     for field in info.fields:
         if field.encode_name not in value:
             continue
         item = value[field.encode_name]
         if not field.required:
-            default = field.default_factory() if field.default is mi.NODEFAULT else field.default
-            if item == msgspec.to_builtins(default):
+            default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+            if _compact(item, None) == _compact(msgspec.to_builtins(default), None):
                 continue
-        inner = field.type
-        if isinstance(inner, mi.UnionType):
-            structs = [t for t in inner.types if isinstance(t, mi.StructType)]
-            inner = structs[0] if len(structs) == 1 else inner
-        if isinstance(inner, mi.VarTupleType | mi.ListType) and isinstance(item, list):
-            out[field.encode_name] = [_compact(i, inner.item_type) for i in item]
-        else:
-            out[field.encode_name] = _compact(item, inner)
+        out[field.encode_name] = _compact(item, field.type)
     return out
 
 

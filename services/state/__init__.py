@@ -1,4 +1,9 @@
-"""The state service, built in issue 3: it will own the cluster snapshot (nodes, queues, pod groups, pods),
-apply the changes it receives, and publish consistent snapshots over NATS for the other services. Nothing
-is implemented here yet.
+"""The state service: owns the cluster source and materialises it into JetStream KV `kairos_state`.
+
+One replica (`--set source=sim`, the default) owns the simulated cluster, answers `cluster.apply`,
+`cluster.bind` and `cluster.evict`, writes every change to KV and keeps the binders' ledger in
+`kairos_ledger` true to the cluster; any number of read replicas (`--set source=none`) answer
+`state.snapshot` from their own `StateReplica`. Modules: `source` (the simulated cluster, no I/O),
+`writer` (KV writes and ledger clean-up), `service` (the NATS shell: options, requests, timers, shutdown),
+`__main__` (`python -m services.state`, what `kairos up` and `kairos serve state` run).
 """

@@ -113,7 +113,7 @@ def run_case_via_bus(case: c.Case, state_dir: Path | None = None) -> CaseResult:
             state_dir or Path(tmp),
             options={
                 "state": {"source": "sim"},
-                "queue": {"batch": "all", "period": "3600"},
+                "queue": {"batch": "all", "cycles": "admin"},
             },
         )
         try:

@@ -69,11 +69,13 @@ def render() -> str:
         "nats sub 'kairos.events.>'",
         "```",
         "",
-        f"Subjects are `kairos.events.<type>.<name>`; types: {', '.join(f'`{k}`' for k in s.EVENT_KINDS)}. "
-        f"Events are also kept for a day in the JetStream stream `{s.EVENTS_STREAM}`, so a consumer can replay "
-        "them. Every event has `type`, `v` (the contract version, 1) and `time` (seconds since the epoch). "
-        "Compatibility: new fields only ever get defaults and no field changes meaning, so ignore fields you "
-        "do not know.",
+        (
+            f"Subjects are `kairos.events.<type>.<name>`; types: {', '.join(f'`{k}`' for k in s.EVENT_KINDS)}. "
+            f"Events are also kept for a day in the JetStream stream `{s.EVENTS_STREAM}`, so a consumer can "
+            "replay them. Every event has `type`, `v` (the contract version, 1) and `time` (seconds since the "
+            "epoch). Compatibility: new fields only ever get defaults and no field changes meaning, so ignore "
+            "fields you do not know."
+        ),
         "",
         "This page is generated from `shared/contracts/events.py` by `python -m shared.contracts.schema`.",
         "",

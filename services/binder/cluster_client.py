@@ -1,0 +1,115 @@
+"""How the binder reaches the cluster: the `ClusterClient` protocol (bind one pod, evict one pod) and its
+NATS implementation, which asks the state service on `cluster.bind` / `cluster.evict`.
+
+Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan. Issue 4
+adds a Kubernetes implementation of the same protocol; nothing else in the binder changes then.
+
+Contract of an implementation: return normally when the cluster accepted (binding a pod that is already
+bound to the same node counts as accepted: the operation must be idempotent, because a redelivered
+proposal or the recovery scan re-issues it); raise `ClusterRefused` when the cluster answered no and
+asking again will not help; raise `TemporaryError` when it could not get an answer after its retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.bus.connection import Bus
+from shared.bus.middleware import Counters
+from shared.contracts import subjects as s
+from shared.contracts.messages import (
+    CLUSTER_REPLIES,
+    Binding,
+    BindRequest,
+    ClusterReply,
+    EvictionOrder,
+    EvictRequest,
+    encode,
+)
+from shared.errors import KairosError, MalformedMessage, TemporaryError
+
+log = logging.getLogger("kairos.binder.cluster")
+
+
+class ClusterRefused(KairosError):  # noqa: N818 -- named like the tree's MalformedMessage: the cluster's answer
+    """The cluster answered and refused (pod already bound elsewhere, pod gone, node gone): permanent."""
+
+    def __init__(self, operation: str, pod: str, reason: str) -> None:
+        self.operation = operation
+        self.pod = pod
+        self.reason = reason
+        super().__init__(f"{operation} {pod}: {reason}")
+
+
+class ClusterClient(Protocol):
+    async def bind(self, binding: Binding) -> None:
+        """Bind `binding.pod` to `binding.node` (idempotent); `ClusterRefused` or `TemporaryError`."""
+        ...
+
+    async def evict(self, eviction: EvictionOrder) -> None:
+        """Evict `eviction.pod` from its node (idempotent); `ClusterRefused` or `TemporaryError`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits `min(cap, base * 2**n)` scaled by a random factor
+    in [1 - jitter, 1], so that binders retrying against a restarting state service spread out."""
+
+    attempts: int = 5
+    base: float = 0.1
+    cap: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        ceiling = min(self.cap, self.base * 2.0**attempt)
+        return ceiling * (1.0 - self.jitter * rng.random())
+
+
+@dataclass
+class NatsClusterClient:
+    """`ClusterClient` over NATS request/reply to the state service (which owns the cluster source)."""
+
+    bus: Bus
+    counters: Counters = field(default_factory=Counters)
+    timeout: float = 2.0
+    """Seconds to wait for one reply."""
+    backoff: Backoff = field(default_factory=Backoff)
+    rng: random.Random = field(default_factory=random.Random)
+
+    async def bind(self, binding: Binding) -> None:
+        await self._call("bind", binding.pod, encode(BindRequest(binding=binding)))
+
+    async def evict(self, eviction: EvictionOrder) -> None:
+        await self._call("evict", eviction.pod, encode(EvictRequest(eviction=eviction)))
+
+    async def _call(self, operation: str, pod: str, payload: bytes) -> None:
+        subject = s.cluster(operation)
+        problem = ""
+        for attempt in range(self.backoff.attempts):
+            if attempt:
+                self.counters[f"{operation}_retries"] += 1
+                await asyncio.sleep(self.backoff.delay(attempt - 1, self.rng))
+            try:
+                msg = await self.bus.nc.request(subject, payload, timeout=self.timeout)
+                reply: ClusterReply = CLUSTER_REPLIES.decode(subject, msg.data)
+            except MalformedMessage as exc:
+                # A reply we cannot read says nothing about whether the operation happened; the operation is
+                # idempotent, so asking again is safe.
+                problem = str(exc)
+            except Exception as exc:  # noqa: BLE001 -- nats-py raises TimeoutError, NoRespondersError or a
+                # connection error (reconnecting, draining): each means "no answer", and all are retried.
+                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if reply.ok:
+                    return
+                raise ClusterRefused(operation, pod, reply.error or "refused")
+            log.debug("%s %s: attempt %d got no answer (%s)", operation, pod, attempt + 1, problem)
+        raise TemporaryError(
+            f"{operation} {pod}: no answer from {subject} after {self.backoff.attempts} attempts ({problem})",
+            delay=self.backoff.cap,
+        )

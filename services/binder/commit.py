@@ -1,0 +1,658 @@
+"""The binder's commit protocol: one placement `Proposal` becomes ledger entries, cluster calls, an
+`Outcome` and public events, the whole proposal or nothing.
+
+Called by `services.binder.service` (one call per proposal it pulls, plus the periodic recovery scan) and
+by the tests directly against a real nats-server. The steps, for one proposal:
+
+1. **Fencing.** The shard's `Lease` must exist with `term == proposal.term`; otherwise the outcome is
+   `fenced` and nothing is written.
+2. **Claims.** For every bind, in pod-key order, KV-create `claim.<pod>` = `PodClaim(pod, node, proposal)`.
+   Create fails when any other proposal claimed the pod, so a pod is never bound twice.
+3. **Reservations.** For every node the binds touch, in name order, compare-and-set the node's
+   `NodeLedger` adding one `Reservation` per pod, on the revision the proposal was stamped with
+   (`node_revisions[node]`; 0: the key must not exist). Evictions write nothing: the victim's reservation
+   stays until the state service sees the pod leave its node.
+   Any conflict in 2 or 3 rolls back what this proposal wrote (node values restored byte for byte by CAS on
+   the revision we wrote, claims deleted) and the outcome is `conflict`, counting the conflicting keys.
+   Then the lease is read again, and a term that moved meanwhile rolls the commit back as `fenced`: this
+   does not close the window (nothing can, short of a transaction), it narrows it to the cluster calls.
+4. **Cluster.** Evictions first, then binds, through a `ClusterClient`. A refused bind releases that
+   pod's claim and reservation and is named in `reason` (status `failed`); a bind without an answer keeps
+   them, and the recovery scan below binds the pod later. An eviction without an answer raises
+   `TemporaryError` before any bind, so the proposal is redelivered and step 2-3 find their own entries.
+5. **Report.** Public events on the `KAIROS_EVENTS` stream (PodBound, PodEvicted, PodGroupState), then the
+   `Outcome` on `outcomes.<shard>`.
+
+Redelivery is safe: a claim or node entry that already holds this proposal's own records (written by an
+earlier delivery that crashed or was not acknowledged) counts as written, so the second delivery finishes
+the first one's work instead of conflicting with it.
+
+Recovery (`Committer.recover`, run at start-up and every few seconds): once the ledger commit is complete
+the binder owes the binds. A claim whose pod the state still shows `Pending` after a grace period means a
+binder died (or lost the cluster) between commit and bind. Claims are grouped by proposal: a proposal
+whose every claim has its reservation, or one of whose pods already left `Pending`, completed its commit,
+and its pending pods are bound again (idempotent in the cluster); any other proposal died half-way through
+step 2-3 and its claims and reservations are removed, so a gang is never half bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from services.binder.cluster_client import ClusterClient, ClusterRefused
+from shared.bus.connection import Bus
+from shared.bus.kv import KvStore
+from shared.bus.middleware import Counters
+from shared.contracts import subjects as s
+from shared.contracts.events import (
+    EVENT_ENCODER,
+    Event,
+    PodBound,
+    PodEvicted,
+    PodGroupState,
+)
+from shared.contracts.messages import (
+    LEASES,
+    LEDGER_RECORDS,
+    Binding,
+    EvictionOrder,
+    NodeLedger,
+    Outcome,
+    PodClaim,
+    Proposal,
+    Reservation,
+    encode,
+)
+from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
+from shared.model import Pod, PodGroup, PodStatus
+
+log = logging.getLogger("kairos.binder")
+
+T = TypeVar("T")
+
+Lookup = Callable[[str], PodGroup | None]
+"""A podgroup by key (for the queue and name the public events carry); None when unknown."""
+
+_CONCURRENCY = 32
+"""Cluster calls in flight at once for one proposal: a large gang binds in parallel, within reason."""
+_STRIP_ATTEMPTS = 8
+_COUNTER_OF_STATUS = {
+    "committed": "committed",
+    "conflict": "conflicts",
+    "fenced": "fenced",
+    "failed": "failed",
+}
+
+
+class LedgerConflict(ConflictError):  # noqa: N818 -- a ConflictError, named for where it happened
+    """The proposal lost a compare-and-set; everything it wrote was rolled back."""
+
+    def __init__(self, first: ConflictError, conflicts: int) -> None:
+        super().__init__(first.node, first.expected_revision, first.actual_revision)
+        self.conflicts = conflicts
+
+
+# --- step 1: fencing ------------------------------------------------------------------------------------
+async def check_term(leases: KvStore, shard: str, term: int) -> None:
+    """Raise `FencedError` unless the shard's lease exists with exactly `term`."""
+    key = s.lease_key(shard)
+    entry = await leases.get(key)
+    if entry is None or not entry.value:
+        raise FencedError(shard, term, 0)
+    try:
+        lease = LEASES.decode(key, entry.value)
+    except MalformedMessage as exc:
+        # An unreadable lease proves no leadership; acting on it could serve a superseded leader.
+        log.warning("unreadable lease %s: %s", key, exc.problem)
+        raise FencedError(shard, term, -1) from exc
+    if lease.term != term:
+        raise FencedError(shard, term, lease.term)
+
+
+# --- steps 2-3: the ledger ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeWrite:
+    node: str
+    pods: tuple[str, ...]
+    revision: int
+    """The key's revision after our write (or as we found it, when inherited)."""
+    previous: bytes | None
+    """The value before our write, restored on rollback; None: the key did not exist."""
+    inherited: bool = False
+    """Written by an earlier delivery of the same proposal: rollback strips our pods instead."""
+
+
+@dataclass
+class LedgerWrite:
+    """What one proposal holds in the ledger, and how to take it back."""
+
+    proposal: str
+    claims: dict[str, int] = field(default_factory=dict)
+    """Pod key -> revision of this proposal's claim on it."""
+    nodes: list[NodeWrite] = field(default_factory=list)
+
+
+def reservation_of(binding: Binding, proposal: str) -> Reservation:
+    return Reservation(
+        pod=binding.pod,
+        podgroup=binding.podgroup,
+        cpu_millis=binding.cpu_millis,
+        memory_bytes=binding.memory_bytes,
+        gpus=binding.gpus,
+        gpu_groups=binding.gpu_groups,
+        proposal=proposal,
+    )
+
+
+def _node_ledger(key: str, value: bytes | None) -> NodeLedger | None:
+    try:
+        record = LEDGER_RECORDS.decode(key, value or b"")
+    except MalformedMessage as exc:
+        problem = exc.problem
+    else:
+        if isinstance(record, NodeLedger):
+            return record
+        problem = f"a {type(record).__name__} under a node key"
+    log.error("unreadable node ledger %s: %s", key, problem)
+    return None
+
+
+def _claim_of(key: str, value: bytes | None) -> PodClaim | None:
+    try:
+        record = LEDGER_RECORDS.decode(key, value or b"")
+    except MalformedMessage:
+        return None
+    return record if isinstance(record, PodClaim) else None
+
+
+def _holds(ledger: NodeLedger | None, pods: Iterable[str], proposal: str) -> bool:
+    if ledger is None:
+        return False
+    return all((r := ledger.pods.get(pod)) is not None and r.proposal == proposal for pod in pods)
+
+
+async def _claim(ledger: KvStore, binding: Binding, proposal: str) -> int:
+    key = s.ledger_claim_key(binding.pod)
+    claim = PodClaim(pod=binding.pod, node=binding.node, proposal=proposal)
+    try:
+        return await ledger.create(key, encode(claim))
+    except ConflictError:
+        entry = await ledger.get(key)
+    held = _claim_of(key, entry.value) if entry is not None else None
+    if entry is not None and held == claim:
+        return entry.revision  # an earlier delivery of this proposal created it
+    raise ConflictError(key, 0, entry.revision if entry is not None else -1)
+
+
+async def _reserve(ledger: KvStore, node: str, binds: list[Binding], proposal: Proposal) -> NodeWrite:
+    key = s.ledger_node_key(node)
+    ours = {b.pod: reservation_of(b, proposal.id) for b in binds}
+    pods = tuple(ours)
+    stamp = proposal.node_revisions.get(node, 0)
+    entry = await ledger.get(key)
+    found = entry.revision if entry is not None else 0
+    current = _node_ledger(key, entry.value) if entry is not None else None
+    if found != stamp:
+        if entry is not None and _holds(current, pods, proposal.id):
+            return NodeWrite(node, pods, entry.revision, None, inherited=True)
+        raise ConflictError(key, stamp, found)
+    if entry is None:
+        revision = await ledger.create(key, encode(NodeLedger(node=node, pods=ours)))
+        return NodeWrite(node, pods, revision, None)
+    if current is None:
+        # Never overwrite a value we cannot read: that would drop other proposals' reservations.
+        raise ConflictError(key, stamp, found)
+    merged = NodeLedger(node=current.node, pods={**current.pods, **ours})
+    revision = await ledger.update(key, encode(merged), last=stamp)
+    return NodeWrite(node, pods, revision, entry.value)
+
+
+def binds_by_node(proposal: Proposal) -> dict[str, list[Binding]]:
+    out: dict[str, list[Binding]] = defaultdict(list)
+    for b in sorted(proposal.binds, key=lambda b: b.pod):
+        out[b.node].append(b)
+    return dict(sorted(out.items()))
+
+
+async def _would_conflict(
+    ledger: KvStore, proposal: Proposal, claims: Iterable[Binding], nodes: Iterable[str]
+) -> int:
+    """How many of these keys a commit would conflict on now (read only; for the outcome's count)."""
+    by_node = binds_by_node(proposal)
+    count = 0
+    for b in claims:
+        key = s.ledger_claim_key(b.pod)
+        entry = await ledger.get(key)
+        if entry is not None and _claim_of(key, entry.value) != PodClaim(
+            pod=b.pod, node=b.node, proposal=proposal.id
+        ):
+            count += 1
+    for node in nodes:
+        key = s.ledger_node_key(node)
+        entry = await ledger.get(key)
+        found = entry.revision if entry is not None else 0
+        if found != proposal.node_revisions.get(node, 0) and not (
+            entry is not None
+            and _holds(_node_ledger(key, entry.value), (b.pod for b in by_node[node]), proposal.id)
+        ):
+            count += 1
+    return count
+
+
+async def commit_ledger(ledger: KvStore, proposal: Proposal) -> LedgerWrite:
+    """Steps 2-3: claim every pod, then reserve on every node, all or nothing (`LedgerConflict`)."""
+    write = LedgerWrite(proposal.id)
+    binds = sorted(proposal.binds, key=lambda b: b.pod)
+    by_node = binds_by_node(proposal)
+    claimed = 0
+    reserved = 0
+    try:
+        for b in binds:
+            write.claims[b.pod] = await _claim(ledger, b, proposal.id)
+            claimed += 1
+        for node, node_binds in by_node.items():
+            write.nodes.append(await _reserve(ledger, node, node_binds, proposal))
+            reserved += 1
+    except ConflictError as exc:
+        # Counted before the rollback: restoring a node moves its revision, which would read as a conflict.
+        if claimed < len(binds):  # lost a claim: no node was written yet, so every node is still a question
+            rest = await _would_conflict(ledger, proposal, binds[claimed + 1 :], list(by_node))
+        else:
+            rest = await _would_conflict(ledger, proposal, (), list(by_node)[reserved + 1 :])
+        await rollback(ledger, write)
+        raise LedgerConflict(exc, 1 + rest) from exc
+    return write
+
+
+async def strip_reservations(ledger: KvStore, node: str, pods: Collection[str], proposal: str) -> bool:
+    """Remove `proposal`'s reservations of `pods` from a node's ledger (CAS, re-read on conflict)."""
+    key = s.ledger_node_key(node)
+    for _ in range(_STRIP_ATTEMPTS):
+        entry = await ledger.get(key)
+        if entry is None:
+            return True
+        current = _node_ledger(key, entry.value)
+        if current is None:
+            return False
+        keep = {p: r for p, r in current.pods.items() if not (p in pods and r.proposal == proposal)}
+        if len(keep) == len(current.pods):
+            return True
+        try:
+            await ledger.update(key, encode(NodeLedger(node=current.node, pods=keep)), last=entry.revision)
+        except ConflictError:
+            continue
+        return True
+    log.error("could not remove reservations of %s from %s: the node keeps changing", proposal, node)
+    return False
+
+
+async def _drop_claim(ledger: KvStore, pod: str, revision: int) -> None:
+    try:
+        await ledger.delete(s.ledger_claim_key(pod), last=revision)
+    except ConflictError:
+        # Someone else (the state service cleaning up) changed the claim since: it is no longer ours.
+        log.info("claim on %s moved before we could release it; left as is", pod)
+
+
+async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
+    """Undo `write`: node values first (so no reservation is left without its claim), then claims."""
+    for w in reversed(write.nodes):
+        key = s.ledger_node_key(w.node)
+        if not w.inherited:
+            try:
+                if w.previous is None:
+                    await ledger.delete(key, last=w.revision)
+                else:
+                    await ledger.update(key, w.previous, last=w.revision)
+                continue
+            except ConflictError:
+                pass  # another proposal wrote on top of ours: take out only our pods
+        await strip_reservations(ledger, w.node, w.pods, write.proposal)
+    for pod, revision in sorted(write.claims.items()):
+        await _drop_claim(ledger, pod, revision)
+    write.nodes.clear()
+    write.claims.clear()
+
+
+async def release(ledger: KvStore, binding: Binding, proposal: str, claim_revision: int) -> None:
+    """Give back one pod's reservation and claim (its bind was refused)."""
+    await strip_reservations(ledger, binding.node, (binding.pod,), proposal)
+    await _drop_claim(ledger, binding.pod, claim_revision)
+
+
+# --- step 4: the cluster ----------------------------------------------------------------------------------
+async def _each(items: list[T], call: Callable[[T], Awaitable[None]]) -> list[BaseException | None]:
+    gate = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(item: T) -> None:
+        async with gate:
+            await call(item)
+
+    results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, Exception):
+            raise r  # cancellation and the like are not a cluster's answer
+        if isinstance(r, Exception) and not isinstance(r, ClusterRefused | TemporaryError):
+            raise r
+    return [r if isinstance(r, BaseException) else None for r in results]
+
+
+@dataclass
+class Carried:
+    bound: list[Binding] = field(default_factory=list)
+    evicted: list[EvictionOrder] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    deferred: list[Binding] = field(default_factory=list)
+
+
+# --- the whole protocol ---------------------------------------------------------------------------------
+def _problem(proposal: Proposal) -> str:
+    seen: set[str] = set()
+    for b in proposal.binds:
+        if b.pod in seen:
+            return f"pod {b.pod} is bound twice in one proposal"
+        if not b.node:
+            return f"pod {b.pod} has no node"
+        seen.add(b.pod)
+    return ""
+
+
+def _no_lookup(_: str) -> PodGroup | None:
+    return None
+
+
+@dataclass
+class Committer:
+    """The protocol with its dependencies; one per binder replica."""
+
+    bus: Bus
+    client: ClusterClient
+    counters: Counters = field(default_factory=Counters)
+    lookup: Lookup = _no_lookup
+    clock: Callable[[], float] = time.time
+    in_flight: set[str] = field(default_factory=set)
+    """Proposals this replica is committing now (the recovery scan leaves their claims alone)."""
+    pending_since: dict[str, float] = field(default_factory=dict)
+    """Claim key -> when the recovery scan first saw its pod pending (this replica's monotonic clock)."""
+
+    async def process(self, proposal: Proposal) -> Outcome:
+        """Run steps 1-5 for one proposal and return the published outcome. Raises `TemporaryError` (the
+        caller redelivers) only when an eviction got no answer."""
+        self.in_flight.add(proposal.id)
+        try:
+            outcome, events = await self._decide(proposal)
+        finally:
+            self.in_flight.discard(proposal.id)
+        self.counters[_COUNTER_OF_STATUS[outcome.status]] += 1
+        await self._publish_events(events)
+        try:
+            await self.bus.nc.publish(s.outcomes(proposal.shard), encode(outcome))
+        except Exception:
+            log.exception("could not publish the outcome of %s", proposal.id)
+            self.counters["outcome_errors"] += 1
+        return outcome
+
+    def _outcome(
+        self,
+        proposal: Proposal,
+        status: str,
+        reason: str = "",
+        *,
+        bound: tuple[str, ...] = (),
+        evicted: tuple[str, ...] = (),
+        conflicts: int = 0,
+    ) -> Outcome:
+        return Outcome(
+            proposal=proposal.id,
+            work=proposal.work,
+            shard=proposal.shard,
+            status=status,
+            reason=reason,
+            bound=bound,
+            evicted=evicted,
+            conflicts=conflicts,
+            view=proposal.view,
+            pipelined=proposal.pipelined,
+        )
+
+    async def _decide(self, proposal: Proposal) -> tuple[Outcome, list[tuple[str, Event]]]:
+        problem = _problem(proposal)
+        if problem:
+            log.warning("proposal %s rejected: %s", proposal.id, problem)
+            return self._outcome(proposal, "failed", reason=f"invalid proposal: {problem}"), []
+        try:
+            await check_term(self.bus.leases, proposal.shard, proposal.term)
+        except FencedError as exc:
+            return self._outcome(proposal, "fenced", reason=str(exc)), []
+        try:
+            write = await commit_ledger(self.bus.ledger, proposal)
+        except LedgerConflict as exc:
+            reason = f"{exc.conflicts} ledger key(s) moved; first: {exc}"
+            return self._outcome(proposal, "conflict", reason, conflicts=exc.conflicts), []
+        if proposal.binds or proposal.evictions:
+            try:
+                await check_term(self.bus.leases, proposal.shard, proposal.term)
+            except FencedError as exc:
+                await rollback(self.bus.ledger, write)
+                return self._outcome(proposal, "fenced", reason=str(exc)), []
+        carried = await self._carry_out(proposal, write)
+        reasons = list(carried.refused)
+        if carried.deferred:
+            pods = ", ".join(b.pod for b in carried.deferred)
+            reasons.append(f"bind deferred (no answer from the cluster; recovery retries): {pods}")
+        outcome = self._outcome(
+            proposal,
+            "failed" if carried.refused else "committed",
+            reason="; ".join(reasons),
+            bound=tuple(b.pod for b in carried.bound),
+            evicted=tuple(e.pod for e in carried.evicted),
+        )
+        return outcome, self._events(proposal, carried)
+
+    async def _carry_out(self, proposal: Proposal, write: LedgerWrite) -> Carried:
+        carried = Carried()
+        evictions = sorted(proposal.evictions, key=lambda e: e.pod)
+        unanswered: list[str] = []
+        for eviction, result in zip(evictions, await _each(evictions, self.client.evict), strict=True):
+            if result is None:
+                carried.evicted.append(eviction)
+            elif isinstance(result, ClusterRefused):
+                carried.refused.append(str(result))
+            else:
+                unanswered.append(eviction.pod)
+        if unanswered:
+            # Nothing is bound yet and the ledger holds our entries: a redelivery finds them as its own and
+            # re-issues every eviction (idempotent), then binds.
+            raise TemporaryError(f"proposal {proposal.id}: evictions unanswered: {', '.join(unanswered)}")
+        binds = sorted(proposal.binds, key=lambda b: b.pod)
+        for binding, result in zip(binds, await _each(binds, self.client.bind), strict=True):
+            if result is None:
+                carried.bound.append(binding)
+            elif isinstance(result, ClusterRefused):
+                carried.refused.append(str(result))
+                await release(self.bus.ledger, binding, proposal.id, write.claims[binding.pod])
+                self.counters["released"] += 1
+            else:
+                carried.deferred.append(binding)
+        return carried
+
+    # --- step 5: events -----------------------------------------------------------------------------------
+    def _bound_event(self, binding: Binding, now: float) -> tuple[str, Event]:
+        group = self.lookup(binding.podgroup)
+        return s.event("pod-bound", binding.pod), PodBound(
+            time=now,
+            namespace=binding.namespace,
+            pod=binding.name,
+            podgroup=group.name if group is not None else binding.podgroup,
+            queue=group.queue if group is not None else "",
+            node=binding.node,
+            gpu_groups=list(binding.gpu_groups),
+        )
+
+    def _group_event(
+        self, key: str, namespace: str, phase: str, running: int, pending: int, now: float
+    ) -> tuple[str, Event]:
+        group = self.lookup(key)
+        return s.event("podgroup-state", key), PodGroupState(
+            time=now,
+            namespace=group.namespace if group is not None else namespace,
+            podgroup=group.name if group is not None else key,
+            queue=group.queue if group is not None else "",
+            phase=phase,
+            running=running,
+            pending=pending,
+        )
+
+    def _events(self, proposal: Proposal, carried: Carried) -> list[tuple[str, Event]]:
+        now = self.clock()
+        events = [self._bound_event(b, now) for b in carried.bound]
+        events.extend(
+            (
+                s.event("pod-evicted", e.pod),
+                PodEvicted(
+                    time=now,
+                    namespace=e.namespace,
+                    pod=e.name,
+                    podgroup=(g.name if (g := self.lookup(e.podgroup)) is not None else e.podgroup),
+                    node=e.node,
+                    reason=e.message,
+                ),
+            )
+            for e in carried.evicted
+        )
+        # Running: the podgroup's pods this proposal bound; pending: those it meant to bind but did not.
+        running = Counter(b.podgroup for b in carried.bound)
+        intended = Counter(b.podgroup for b in proposal.binds)
+        namespaces = {b.podgroup: b.namespace for b in proposal.binds}
+        events.extend(
+            self._group_event(
+                key, namespaces[key], "Running", running[key], intended[key] - running[key], now
+            )
+            for key in sorted(running)
+        )
+        pipelined = Counter(p.podgroup for p in proposal.pipelined)
+        events.extend(
+            self._group_event(key, "", "Pipelined", 0, pipelined[key], now) for key in sorted(pipelined)
+        )
+        return events
+
+    async def _publish_events(self, events: list[tuple[str, Event]]) -> None:
+        async def one(item: tuple[str, Event]) -> None:
+            subject, event = item
+            await self.bus.js.publish(subject, EVENT_ENCODER.encode(event), stream=s.EVENTS_STREAM)
+
+        gate = asyncio.Semaphore(_CONCURRENCY)
+
+        async def gated(item: tuple[str, Event]) -> None:
+            async with gate:
+                await one(item)
+
+        results = await asyncio.gather(*(gated(e) for e in events), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            # Events inform users; the binds already happened, so a lost event must not undo or redo them.
+            self.counters["event_errors"] += len(failed)
+            log.warning("could not publish %d of %d events: %s", len(failed), len(events), failed[0])
+
+    # --- recovery ---------------------------------------------------------------------------------------------
+    async def recover(
+        self,
+        claims: Mapping[str, PodClaim],
+        revisions: Mapping[str, int],
+        nodes: Mapping[str, NodeLedger],
+        pods: Mapping[str, Pod],
+        now: float,
+        grace: float,
+    ) -> list[str]:
+        """One recovery scan over a view of the ledger (`claims` and `nodes` by ledger key, `revisions` of
+        ledger keys) and the cluster's pods by pod key; `now` on a monotonic clock. Returns the pods bound."""
+        by_proposal: dict[str, list[tuple[str, PodClaim]]] = defaultdict(list)
+        for key, claim in sorted(claims.items()):
+            by_proposal[claim.proposal].append((key, claim))
+        waiting: set[str] = set()
+        recovered: list[str] = []
+        for proposal, members in by_proposal.items():
+            if proposal in self.in_flight:
+                continue
+            statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
+            pending = [(k, c) for k, c in members if statuses[c.pod] == PodStatus.PENDING]
+            for key, _ in pending:
+                waiting.add(key)
+                self.pending_since.setdefault(key, now)
+            if not pending or any(now - self.pending_since[k] < grace for k, _ in pending):
+                continue
+            reservations = {
+                c.pod: r
+                for _, c in members
+                if (ledger := nodes.get(s.ledger_node_key(c.node))) is not None
+                and (r := ledger.pods.get(c.pod)) is not None
+                and r.proposal == proposal
+            }
+            started = any(st is not None and st != PodStatus.PENDING for st in statuses.values())
+            if not started and len(reservations) < len(members):
+                # Died half-way through the ledger commit: nothing of it was bound, take it all back.
+                log.warning("removing the incomplete ledger commit of proposal %s", proposal)
+                write = LedgerWrite(proposal, claims={c.pod: revisions.get(k, 0) for k, c in members})
+                for node in sorted({c.node for _, c in members}):
+                    pods_here = tuple(c.pod for _, c in members if c.node == node)
+                    write.nodes.append(NodeWrite(node, pods_here, 0, None, inherited=True))
+                await rollback(self.bus.ledger, write)
+                self.counters["recovery_rollbacks"] += 1
+                continue
+            recovered.extend(await self._rebind(proposal, pending, reservations, pods, revisions))
+        for key in set(self.pending_since) - waiting:
+            del self.pending_since[key]
+        return recovered
+
+    async def _rebind(
+        self,
+        proposal: str,
+        pending: list[tuple[str, PodClaim]],
+        reservations: Mapping[str, Reservation],
+        pods: Mapping[str, Pod],
+        revisions: Mapping[str, int],
+    ) -> list[str]:
+        binds: list[Binding] = []
+        for key, claim in pending:
+            r = reservations.get(claim.pod)
+            if r is None:
+                # A claim without its reservation in a completed commit: nothing holds the node for it.
+                await _drop_claim(self.bus.ledger, claim.pod, revisions.get(key, 0))
+                continue
+            pod = pods[claim.pod]
+            binds.append(
+                Binding(
+                    pod=claim.pod,
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    podgroup=r.podgroup,
+                    node=claim.node,
+                    gpu_groups=r.gpu_groups,
+                    cpu_millis=r.cpu_millis,
+                    memory_bytes=r.memory_bytes,
+                    gpus=r.gpus,
+                )
+            )
+        bound: list[Binding] = []
+        for binding, result in zip(binds, await _each(binds, self.client.bind), strict=True):
+            if result is None:
+                bound.append(binding)
+            elif isinstance(result, ClusterRefused):
+                log.warning("recovery: %s", result)
+                await release(
+                    self.bus.ledger, binding, proposal, revisions.get(s.ledger_claim_key(binding.pod), 0)
+                )
+                self.counters["released"] += 1
+            # No answer: the claim stays, and the next scan tries again.
+        if bound:
+            log.info("recovery bound %d pod(s) of proposal %s", len(bound), proposal)
+            self.counters["recovered"] += len(bound)
+            now = self.clock()
+            await self._publish_events([self._bound_event(b, now) for b in bound])
+        return [b.pod for b in bound]

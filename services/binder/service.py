@@ -1,0 +1,169 @@
+"""The binder service shell: pull proposals for one shard, commit each through `commit.Committer`, and run
+the recovery scan in the background.
+
+Run by `python -m services.binder` (and `kairos serve binder`) through `shared.bus.service.main`. Every
+binder replica of a shard pulls from the same durable consumer on `KAIROS_PROPOSALS`, so each proposal
+goes to one binder; `shared.bus.middleware.handle` decodes it and acks, naks or terminates it (a payload
+that does not decode is counted as `malformed`, terminated, and the loop goes on with the next one).
+
+Options (`--set key=value`): `batch` (proposals per fetch, 16), `fetch_timeout` (s, 1),
+`cluster_timeout` (s per cluster request, 2), `cluster_attempts` (5), `recovery_grace` (s a claimed pod
+may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Protocol
+
+import msgspec
+
+from services.binder.cluster_client import Backoff, ClusterClient, NatsClusterClient
+from services.binder.commit import Committer
+from shared.bus.middleware import handle
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.messages import PROPOSALS, PodGroupRecord, PodRecord, Proposal
+from shared.errors import ConfigError
+from shared.model import Pod, PodGroup
+
+log = logging.getLogger("kairos.binder")
+
+SERVICE = "binder"
+
+
+class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    batch: int = 16
+    fetch_timeout: float = 1.0
+    cluster_timeout: float = 2.0
+    cluster_attempts: int = 5
+    recovery_grace: float = 10.0
+    recovery_interval: float = 2.0
+    keepalive: float = 10.0
+    """Seconds between in-progress acks while one proposal is handled (the consumer's ack wait is 30 s)."""
+
+
+def parse_options(options: dict[str, str]) -> BinderOptions:
+    try:
+        return msgspec.convert(options, BinderOptions, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"service {SERVICE}: option {exc}") from exc
+
+
+def durable_name(shard: str) -> str:
+    """The consumer every binder of `shard` shares (one per shard: a durable has one filter subject)."""
+    return s.BINDER_CONSUMER if shard == s.DEFAULT_SHARD else f"{s.BINDER_CONSUMER}_{s.token(shard)}"
+
+
+class _PodGroups:
+    """Podgroups by key from the replica (for the events' queue and name), re-indexed when it moves."""
+
+    def __init__(self, replica: StateReplica) -> None:
+        self._replica = replica
+        self._revision = -1
+        self._index: dict[str, PodGroup] = {}
+
+    def __call__(self, key: str) -> PodGroup | None:
+        if self._revision != self._replica.revision:
+            self._revision = self._replica.revision
+            self._index = {
+                r.podgroup.key: r.podgroup
+                for r in self._replica.records.values()
+                if isinstance(r, PodGroupRecord)
+            }
+        return self._index.get(key)
+
+
+class _InProgress(Protocol):
+    async def in_progress(self) -> None: ...
+
+
+async def _keep_alive(msg: _InProgress, every: float) -> None:
+    # A large gang against a slow cluster can outlast the ack wait; a redelivery to another binder while we
+    # still work would race us on our own ledger entries.
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(Exception):
+            await msg.in_progress()
+
+
+async def _recover_forever(
+    ctx: ServiceContext, committer: Committer, replica: StateReplica, options: BinderOptions
+) -> None:
+    while not ctx.stopping.is_set():
+        try:
+            pods: dict[str, Pod] = {
+                r.pod.key: r.pod for r in list(replica.records.values()) if isinstance(r, PodRecord)
+            }
+            # Copies: the replica's watchers keep applying changes while the scan awaits the ledger.
+            await committer.recover(
+                dict(replica.claims),
+                dict(replica.key_revisions),
+                dict(replica.ledger),
+                pods,
+                time.monotonic(),
+                options.recovery_grace,
+            )
+        except Exception:
+            log.exception("recovery scan failed; next scan in %.1f s", options.recovery_interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.stopping.wait(), options.recovery_interval)
+
+
+async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
+    """The service body: until `ctx.stopping`, fetch proposals and commit them one at a time."""
+    options = parse_options(ctx.config.options)
+    shard = ctx.config.shard
+    replica = StateReplica(ctx.bus)
+    await replica.start()
+    try:
+        if client is None:
+            client = NatsClusterClient(
+                ctx.bus,
+                ctx.counters,
+                timeout=options.cluster_timeout,
+                backoff=Backoff(attempts=options.cluster_attempts),
+            )
+        committer = Committer(ctx.bus, client, ctx.counters, lookup=_PodGroups(replica))
+        sub = await ctx.bus.js.pull_subscribe(
+            s.proposals(shard), durable=durable_name(shard), stream=s.PROPOSAL_STREAM
+        )
+
+        async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
+            keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
+            try:
+                await committer.process(proposal)
+            finally:
+                keepalive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keepalive
+
+        recovery = asyncio.create_task(_recover_forever(ctx, committer, replica, options))
+        ctx.ready = True
+        ctx.detail = f"shard {shard}"
+        try:
+            while not ctx.stopping.is_set():
+                try:
+                    msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
+                except TimeoutError:
+                    continue
+                except Exception:
+                    # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
+                    log.exception("fetching proposals failed; retrying")
+                    await asyncio.sleep(options.fetch_timeout)
+                    continue
+                for msg in msgs:
+                    await handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True)
+        finally:
+            ctx.ready = False
+            recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recovery
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+    finally:
+        await replica.stop()

@@ -1,0 +1,444 @@
+"""The queue leader's dispatcher: fair shares out as events, pending podgroups out as work items.
+
+Called by `services.queue.service`: `Dispatcher.run()` is the leader's cycle loop, `on_outcome()` is fed
+the binders' outcomes, `admin_cycle()` answers `admin.<shard>.cycle`. The decisions are pure functions
+(`plan_cycle`, `batches`) over a replica snapshot, so they are tested without NATS.
+
+A cycle: snapshot the replica, build the core's `Session` (fair shares, queue order), publish a
+`QueueFairShare` event for every queue whose numbers changed, then dispatch work. With `batch=all` (the
+default) that is one work item without a podgroup filter: the placement worker runs the whole cycle, as
+KAI runs one session per cycle, and decides exactly what the in-process core decides. With `batch=N` the
+pending podgroups, in the core's queue order, go out N per work item so that several placement replicas
+work in parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
+
+A podgroup is never in two work items at once: every work item stays *in flight* until its outcome comes
+back (or `work_timeout` passes), and podgroups in flight are held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from services.queue.lease import LeaseKeeper
+from shared.bus.connection import Bus
+from shared.bus.middleware import Counters
+from shared.bus.replica import StateReplica
+from shared.contracts import subjects as s
+from shared.contracts.events import EVENT_ENCODER, QueueFairShare
+from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
+from shared.core.actions.allocate import pending_jobs
+from shared.core.ordering import JobsByQueue
+from shared.core.policy import KNOWN_ACTIONS, Policy
+from shared.core.proportion import Vec
+from shared.core.session import Session
+from shared.errors import ConfigError
+from shared.model import Snapshot
+
+log = logging.getLogger("kairos.queue.dispatcher")
+
+STALE_ACTION = "stalegangeviction"
+ALL_ACTIONS: tuple[str, ...] = KNOWN_ACTIONS
+PLACE_ACTIONS: tuple[str, ...] = tuple(a for a in KNOWN_ACTIONS if a != STALE_ACTION)
+"""The actions of every focused work item but one: stale-gang eviction looks at every gang whatever the
+focus, so only one item in flight carries it (two would evict the same gang twice)."""
+RESOURCES = ("gpu", "cpu", "memory")
+"""Keys of the resource dicts in `QueueFairShare`, in the core's vector order (GPU, CPU, memory)."""
+
+
+# --- settings -------------------------------------------------------------------------------------------------
+class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The queue service's `--set key=value` options."""
+
+    batch: int | None = None
+    """`all` (None): one whole-cycle work item per cycle, KAI's one session per cycle. `N`: pending
+    podgroups N per work item, for parallel placement replicas."""
+    period: float = 1.0
+    """Seconds between cycles when nothing changes (KAI's schedule period)."""
+    debounce: float = 0.075
+    """A change starts a cycle once the replica has been quiet this long (a burst of writes: one cycle)."""
+    work_timeout: float = 10.0
+    """Seconds a work item stays in flight without an outcome before its podgroups may be dispatched again."""
+    admin_timeout: float = 60.0
+    """Seconds an admin cycle waits for earlier work to finish and for its own outcome."""
+    max_inflight: int = 64
+    """At most this many work items in flight (batch=N); the rest wait for outcomes."""
+    cycles: str = "auto"
+    """`auto`: cycles on changes and every period. `admin`: only on `admin.<shard>.cycle` requests (the
+    conformance runner and step-by-step demos drive the cycles); fair shares are still published."""
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> QueueSettings:
+        raw: dict[str, object] = dict(options)
+        batch = options.get("batch", "all")
+        if batch == "all":
+            raw["batch"] = None
+        else:
+            try:
+                raw["batch"] = int(batch)
+            except ValueError:
+                raise ConfigError(
+                    f"queue: option 'batch': expected 'all' or a number, got {batch!r}"
+                ) from None
+        try:
+            settings = msgspec.convert(raw, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"queue: options: {exc}") from exc
+        if settings.batch is not None and settings.batch < 1:
+            raise ConfigError(f"queue: option 'batch': must be >= 1, got {settings.batch}")
+        if settings.cycles not in ("auto", "admin"):
+            raise ConfigError(f"queue: option 'cycles': expected 'auto' or 'admin', got {settings.cycles!r}")
+        for name in ("period", "debounce", "work_timeout", "admin_timeout"):
+            if getattr(settings, name) <= 0:
+                raise ConfigError(f"queue: option {name!r}: must be > 0")
+        if settings.max_inflight < 1:
+            raise ConfigError("queue: option 'max_inflight': must be >= 1")
+        return settings
+
+
+# --- pure decisions --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What one cycle found in a snapshot."""
+
+    fair_shares: tuple[QueueFairShare, ...]
+    pending: tuple[str, ...]
+    """Podgroups with pods to place, in the order the core's allocate action takes them."""
+    stale: bool
+    """Some gang is below its min member (or still marked stale): stale-gang eviction has something to do."""
+
+
+def _resources(v: Vec) -> dict[str, float]:
+    return {name: float(v[r]) for r, name in enumerate(RESOURCES)}
+
+
+def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
+    """Fair shares and the pending podgroups of `snapshot`, exactly as a session of the core sees them."""
+    ssn = Session(snapshot, now, Policy())
+    shares = tuple(
+        QueueFairShare(
+            time=now,
+            queue=q.name,
+            parent=q.parent,
+            fair_share=_resources(q.fair_share),
+            allocated=_resources(q.allocated),
+            requested=_resources(q.requested),
+            deserved=_resources(q.deserved),
+        )
+        for q in sorted(ssn.queues.values(), key=lambda q: q.name)
+    )
+    # Without allocations in between, draining the job order gives the order allocate would start with.
+    order = JobsByQueue(ssn)
+    order.extend(pending_jobs(ssn))
+    pending = tuple(job.key for job in order.drain())
+    stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
+    return Plan(shares, pending, stale)
+
+
+@dataclass(frozen=True)
+class Batch:
+    podgroups: tuple[str, ...]
+    """Empty: the whole cycle (no focus)."""
+    actions: tuple[str, ...]
+
+
+def batches(
+    plan: Plan,
+    batch: int | None,
+    *,
+    busy: frozenset[str],
+    whole_busy: bool,
+    stale_busy: bool,
+    room: int,
+) -> tuple[list[Batch], bool]:
+    """The work items to send now, and whether work was held back by work in flight (then an outcome
+    should start the next cycle early).
+
+    `busy`: podgroups in flight; `whole_busy`: a whole-cycle item is in flight; `stale_busy`: an item in
+    flight carries the stale-gang action; `room`: how many more items may be in flight."""
+    has_work = bool(plan.pending) or plan.stale
+    if batch is None:
+        if whole_busy or busy or stale_busy:
+            return [], has_work
+        return ([Batch((), ALL_ACTIONS)] if has_work else []), False
+    if whole_busy:
+        return [], has_work
+    free = [pg for pg in plan.pending if pg not in busy]
+    held = len(free) < len(plan.pending)
+    out: list[Batch] = []
+    for start in range(0, len(free), batch):
+        if len(out) >= room:
+            held = True
+            break
+        out.append(Batch(tuple(free[start : start + batch]), PLACE_ACTIONS))
+    if plan.stale:
+        if stale_busy:
+            held = True
+        elif out:
+            out[0] = Batch(out[0].podgroups, ALL_ACTIONS)
+        elif room > 0:
+            # Nothing to place, but a gang to evict or un-mark: a cycle of the stale-gang action alone.
+            out.append(Batch((), (STALE_ACTION,)))
+    return out, held
+
+
+# --- the leader's loop ------------------------------------------------------------------------------------
+@dataclass
+class InFlight:
+    item: WorkItem
+    deadline: float
+    whole: bool
+    stale: bool
+    waiter: asyncio.Future[Outcome] | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        bus: Bus,
+        replica: StateReplica,
+        lease: LeaseKeeper,
+        settings: QueueSettings,
+        counters: Counters,
+        clock: Callable[[], float],
+    ) -> None:
+        self.bus = bus
+        self.replica = replica
+        self.lease = lease
+        self.settings = settings
+        self.counters = counters
+        self.clock = clock
+        self.shard = lease.shard
+        # Loop time mapped once to wall time: work items carry `now` on the wall clock (min-runtime and
+        # stale-gang grace compare it with podgroup timestamps), without reading the wall clock twice.
+        self._wall_offset = time.time() - clock()
+        self.inflight: dict[str, InFlight] = {}
+        self._published: dict[str, tuple[object, ...]] = {}
+        self._seen: tuple[int, int] = (-1, -1)
+        self._changed_at = -1e18
+        self._last_cycle = -1e18
+        self._dirty = True
+        self._held = False
+        self._freed = False
+        self._admin_waiting = 0
+        self._kick = asyncio.Event()
+
+    def now(self) -> float:
+        return self.clock() + self._wall_offset
+
+    # --- leadership -------------------------------------------------------------------------------------
+    def on_leadership(self, leading: bool) -> None:
+        """Leadership changed: start afresh (what a previous leader had in flight is fenced by its term)."""
+        for entry in self.inflight.values():
+            if entry.waiter is not None and not entry.waiter.done():
+                entry.waiter.set_exception(_NotLeaderError())
+        self.inflight.clear()
+        self._published.clear()
+        self._dirty = True
+        self._held = False
+        self._kick.set()
+        log.info("queue %s: %s", self.shard, self.lease.describe() if leading else "standby")
+
+    # --- outcomes ---------------------------------------------------------------------------------------
+    async def on_outcome(self, outcome: Outcome, _msg: object = None) -> None:
+        entry = self.inflight.pop(outcome.work, None)
+        if entry is None:
+            return  # another leader's work, or one that already timed out
+        self.counters["outcomes"] += 1
+        if entry.waiter is not None and not entry.waiter.done():
+            entry.waiter.set_result(outcome)
+        self._freed = True
+        if self._held:
+            self._kick.set()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for work_id in [w for w, e in self.inflight.items() if e.deadline <= now]:
+            entry = self.inflight.pop(work_id)
+            self.counters["work_timeouts"] += 1
+            log.warning("work %s got no outcome in time; its podgroups may be dispatched again", work_id)
+            if entry.waiter is not None and not entry.waiter.done():
+                entry.waiter.set_exception(TimeoutError(f"no outcome for work {work_id}"))
+            self._freed = True
+
+    # --- the loop -----------------------------------------------------------------------------------------
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Cycle while leader: on a change (debounced), every period, and when an outcome frees held work."""
+        tick = min(self.settings.debounce, 0.05)
+        while not stopping.is_set():
+            if self.lease.valid():
+                self._expire()
+                if self._due():
+                    try:
+                        await self.cycle()
+                    except Exception:
+                        self.counters["cycle_errors"] += 1
+                        log.exception("cycle failed")
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), tick)
+
+    def _due(self) -> bool:
+        now = self.clock()
+        revisions = (self.replica.revision, self.replica.ledger_revision)
+        if revisions != self._seen:
+            self._seen = revisions
+            self._changed_at = now
+            self._dirty = True
+        if self._admin_waiting:
+            return False
+        if self._dirty and now - self._changed_at >= self.settings.debounce:
+            return True
+        if self._held and self._freed:
+            return True
+        return now - self._last_cycle >= self.settings.period
+
+    async def cycle(self) -> list[WorkItem]:
+        """One cycle: publish changed fair shares, dispatch what is pending and not in flight."""
+        self._last_cycle = self.clock()
+        self._dirty = False
+        self.counters["cycles"] += 1
+        state_revision, ledger_revision = self.replica.revision, self.replica.ledger_revision
+        snapshot = self.replica.snapshot()
+        now = self.now()
+        # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
+        plan = await asyncio.to_thread(plan_cycle, snapshot, now)
+        await self._publish_fair_shares(plan)
+        if self.settings.cycles != "auto":
+            return []
+        self._freed = False
+        busy: set[str] = set()
+        whole_busy = stale_busy = False
+        for entry in self.inflight.values():
+            busy.update(entry.item.podgroups)
+            whole_busy |= entry.whole
+            stale_busy |= entry.stale
+        room = self.settings.max_inflight - len(self.inflight)
+        out, self._held = batches(
+            plan,
+            self.settings.batch,
+            busy=frozenset(busy),
+            whole_busy=whole_busy,
+            stale_busy=stale_busy,
+            room=room,
+        )
+        sent: list[WorkItem] = []
+        for b in out:
+            item = self._item(now, state_revision, ledger_revision, b.podgroups, b.actions, want_view=False)
+            if await self._send(item, self.settings.work_timeout) is not None:
+                sent.append(item)
+        return sent
+
+    async def _publish_fair_shares(self, plan: Plan) -> None:
+        for event in plan.fair_shares:
+            key = (event.parent, event.fair_share, event.allocated, event.requested, event.deserved)
+            if self._published.get(event.queue) == key:
+                continue
+            if not self.lease.valid():
+                return
+            await self.bus.js.publish(s.event("queue-fair-share", event.queue), EVENT_ENCODER.encode(event))
+            self._published[event.queue] = key
+            self.counters["fair_share_events"] += 1
+
+    def _item(
+        self,
+        now: float,
+        state_revision: int,
+        ledger_revision: int,
+        podgroups: tuple[str, ...],
+        actions: tuple[str, ...],
+        want_view: bool,
+    ) -> WorkItem:
+        return WorkItem(
+            id=uuid.uuid4().hex,
+            shard=self.shard,
+            term=self.lease.term,
+            leader=self.lease.holder,
+            now=now,
+            state_revision=state_revision,
+            ledger_revision=ledger_revision,
+            podgroups=podgroups,
+            actions=actions,
+            want_view=want_view,
+        )
+
+    async def _send(self, item: WorkItem, timeout: float, wait: bool = False) -> InFlight | None:
+        """Publish `item` as in flight (registered first, so no other cycle dispatches its podgroups)."""
+        if not self.lease.valid():
+            return None
+        entry = InFlight(
+            item,
+            self.clock() + timeout,
+            whole=not item.podgroups and "allocate" in item.actions,
+            stale=STALE_ACTION in item.actions,
+            waiter=asyncio.get_running_loop().create_future() if wait else None,
+        )
+        self.inflight[item.id] = entry
+        try:
+            await self.bus.js.publish(s.work(self.shard), encode(item))
+        except Exception:
+            self.inflight.pop(item.id, None)
+            self.counters["publish_errors"] += 1
+            log.exception("could not publish work %s", item.id)
+            if entry.waiter is not None:
+                entry.waiter.cancel()
+            return None
+        self.counters["work_items"] += 1
+        return entry
+
+    # --- admin ------------------------------------------------------------------------------------------------
+    async def admin_cycle(self, request: CycleRequest) -> CycleReply:
+        """Run one whole cycle now (after the work in flight has finished) and wait for its outcome."""
+        if not self.lease.valid():
+            return CycleReply(ok=False, error="not leader")
+        self.counters["admin_cycles"] += 1
+        deadline = self.clock() + self.settings.admin_timeout
+        self._admin_waiting += 1
+        try:
+            # The cycle must see the decisions in flight committed, and must not place them twice.
+            while self.inflight:
+                if self.clock() >= deadline:
+                    return CycleReply(ok=False, error="work in flight did not finish in time")
+                self._expire()
+                await asyncio.sleep(0.01)
+            state_revision, ledger_revision = await self._latest_revisions()
+            now = request.now if request.now is not None else self.now()
+            item = self._item(
+                now, state_revision, ledger_revision, (), ALL_ACTIONS, want_view=request.want_view
+            )
+            entry = await self._send(item, max(deadline - self.clock(), 0.0), wait=True)
+        finally:
+            self._admin_waiting -= 1
+        if entry is None or entry.waiter is None:
+            return CycleReply(ok=False, error="not leader" if not self.lease.valid() else "publish failed")
+        try:
+            outcome = await asyncio.wait_for(entry.waiter, max(deadline - self.clock(), 0.0) + 0.5)
+        except TimeoutError:
+            self.inflight.pop(item.id, None)
+            return CycleReply(ok=False, error=f"no outcome within {self.settings.admin_timeout:g} s")
+        except _NotLeaderError:
+            return CycleReply(ok=False, error="lost leadership during the cycle")
+        return CycleReply(ok=True, outcome=outcome)
+
+    async def _latest_revisions(self) -> tuple[int, int]:
+        """The buckets' last sequences: everything written before the request, even if the local replica
+        has not seen it yet (the operator applied state and then asked for a cycle)."""
+        state, ledger = self.replica.revision, self.replica.ledger_revision
+        with contextlib.suppress(Exception):
+            info = await self.bus.js.stream_info(f"KV_{s.STATE_BUCKET}")
+            state = max(state, int(info.state.last_seq))
+        with contextlib.suppress(Exception):
+            info = await self.bus.js.stream_info(f"KV_{s.LEDGER_BUCKET}")
+            ledger = max(ledger, int(info.state.last_seq))
+        return state, ledger
+
+
+class _NotLeaderError(Exception):
+    """An admin cycle's leader stepped down before its outcome came back."""

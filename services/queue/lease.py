@@ -1,0 +1,191 @@
+"""The shard lease: which queue replica is the active dispatcher, and under which term.
+
+One `LeaseKeeper` per queue replica, driven by `services.queue.service` (one `step()` every
+`interval()` seconds) and asked by `services.queue.dispatcher` whether it may still dispatch (`valid()`).
+
+The lease is one key (`lease_key(shard)`) in the `kairos_leases` bucket, whose entries expire
+`LEASE_TTL_S` seconds after their last write. A standby acquires it with a KV *create* (which succeeds for
+exactly one contender once the key is absent), writing the last term it saw plus one; the leader renews it
+with a compare-and-set on its own revision, keeping its term. Losing a compare-and-set, or not managing to
+renew for nearly a TTL, means stepping down at once. The term is the fencing token: work items and
+proposals carry it and the binder refuses any whose term is not the lease's current one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from shared.contracts import subjects as s
+from shared.contracts.messages import LEASES, Lease, encode
+from shared.errors import ConflictError, MalformedMessage
+
+log = logging.getLogger("kairos.queue.lease")
+
+RENEW_INTERVAL_S = 1.0
+"""A leader rewrites the lease this often: three chances per TTL."""
+RETRY_INTERVAL_S = 0.5
+"""A standby looks for an absent lease this often, so it takes over within TTL + 0.5 s of a death."""
+SAFETY_MARGIN_S = 0.5
+"""A leader stops dispatching this long before its last successful write could have expired, so that its
+idea of "still leader" never outlives the key (clocks tick at the same rate; write latency counts against
+us because the renewal time is taken before the write is sent)."""
+
+
+class LeaseStore(Protocol):
+    """What the keeper needs of a KV bucket (`shared.bus.kv.KvStore`; tests pass an in-memory fake)."""
+
+    async def get(self, key: str) -> _EntryLike | None: ...
+
+    async def create(self, key: str, value: bytes) -> int: ...
+
+    async def update(self, key: str, value: bytes, last: int) -> int: ...
+
+    async def delete(self, key: str, last: int | None = None) -> None: ...
+
+
+class _EntryLike(Protocol):
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def revision(self) -> int: ...
+
+
+class LeaseKeeper:
+    """The lease state machine of one replica: standby -> leader (create) -> leader (renew) -> standby."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        shard: str,
+        holder: str,
+        clock: Callable[[], float],
+        ttl: float = s.LEASE_TTL_S,
+    ) -> None:
+        self.store = store
+        self.shard = shard
+        self.holder = holder
+        self.key = s.lease_key(shard)
+        self.clock = clock
+        self.ttl = ttl
+        self.leading = False
+        self.term = 0
+        """The term this replica leads under (meaningful while `leading`)."""
+        self.last_term = 0
+        """The highest term seen in the lease, held or not: the next acquisition writes this plus one."""
+        self.revision = 0
+        """The lease key's revision after our last write (the compare-and-set base of the next renewal)."""
+        self.current_holder: str | None = None
+        """Who held the lease at the last look (None: nobody, or unreadable)."""
+        self._renewed_at = -math.inf
+
+    # --- what the dispatcher asks -------------------------------------------------------------------
+    def valid(self) -> bool:
+        """Leading, and the last successful write is recent enough that the key cannot have expired yet."""
+        return self.leading and self.clock() - self._renewed_at < self.ttl - SAFETY_MARGIN_S
+
+    def interval(self) -> float:
+        return RENEW_INTERVAL_S if self.leading else RETRY_INTERVAL_S
+
+    def describe(self) -> str:
+        return f"leader term {self.term}" if self.leading else "standby"
+
+    # --- the state machine ----------------------------------------------------------------------------
+    async def step(self) -> bool:
+        """One renewal (leader) or acquisition attempt (standby); returns whether this replica leads now.
+
+        Transient errors (a timeout, a reconnecting client) are logged and retried at the next step; a
+        leader that has not renewed for nearly a TTL steps down, since a standby may already have taken
+        over."""
+        try:
+            if self.leading:
+                await self._renew()
+            else:
+                await self._acquire()
+        except Exception as exc:  # noqa: BLE001 -- any bus failure is "try again next step"
+            log.warning("lease %s: %s: %s", self.key, type(exc).__name__, exc)
+        if self.leading and not self.valid():
+            self._step_down("could not renew in time")
+        return self.leading
+
+    async def release(self) -> None:
+        """Give the lease up (graceful shutdown) so a standby takes over without waiting for the TTL."""
+        if not self.leading:
+            return
+        revision = self.revision
+        self.leading = False
+        try:
+            await self.store.delete(self.key, last=revision)
+        except ConflictError:
+            return  # someone else holds it already
+        except Exception as exc:  # noqa: BLE001 -- it expires by itself anyway
+            log.warning("lease %s: release failed: %s", self.key, exc)
+            return
+        log.info("lease %s: released term %d", self.key, self.term)
+
+    def abandon(self) -> None:
+        """Stop leading without touching the key (the process is going away; the lease expires)."""
+        self.leading = False
+
+    async def _acquire(self) -> None:
+        started = self.clock()
+        entry = await self.store.get(self.key)
+        if entry is not None:
+            current = self._read(entry.value)
+            if current is None:
+                self.current_holder = None
+                return  # unreadable: wait for it to expire
+            self.last_term = max(self.last_term, current.term)
+            self.current_holder = current.holder
+            if current.holder != self.holder:
+                return
+            # Our own lease from an earlier life (a restart under the same replica id, or a renewal we
+            # gave up on): take it back under a new term, so that anything sent under the old one is fenced.
+            term = self.last_term + 1
+            revision = await self._write(term, last=entry.revision)
+        else:
+            term = self.last_term + 1
+            revision = await self._write(term, last=0)
+        if revision is None:
+            return
+        self.leading = True
+        self.term = self.last_term = term
+        self.revision = revision
+        self.current_holder = self.holder
+        self._renewed_at = started
+        log.info("lease %s: leading under term %d", self.key, term)
+
+    async def _renew(self) -> None:
+        started = self.clock()
+        revision = await self._write(self.term, last=self.revision)
+        if revision is None:
+            self._step_down("the lease moved (another holder, or it expired)")
+            return
+        self.revision = revision
+        self._renewed_at = started
+
+    async def _write(self, term: int, last: int) -> int | None:
+        """Create (last=0) or compare-and-set the lease; None when another write got there first."""
+        value = encode(Lease(shard=self.shard, holder=self.holder, term=term))
+        try:
+            if last == 0:
+                return await self.store.create(self.key, value)
+            return await self.store.update(self.key, value, last=last)
+        except ConflictError:
+            return None
+
+    def _read(self, value: bytes | None) -> Lease | None:
+        try:
+            return LEASES.decode(self.key, value or b"")
+        except MalformedMessage as exc:
+            log.warning("lease %s: unreadable: %s", self.key, exc.problem)
+            return None
+
+    def _step_down(self, why: str) -> None:
+        if self.leading:
+            log.warning("lease %s: stepping down from term %d: %s", self.key, self.term, why)
+        self.leading = False
+        self.current_holder = None

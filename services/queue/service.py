@@ -1,0 +1,106 @@
+"""The queue service's body: one replica of the shard's dispatcher, active only while it holds the lease.
+
+Run by `python -m services.queue` (and `kairos serve queue`) through `shared.bus.service.main`. Every
+replica keeps a state replica (so a standby takes over with warm state) and competes for the shard lease;
+the holder runs the `Dispatcher` loop and answers `admin.<shard>.cycle`, the others only wait. Ready once
+the replica has synced, leader or standby; the heartbeat says which (`leader term N` / `standby`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from services.queue.dispatcher import Dispatcher, QueueSettings
+from services.queue.lease import LeaseKeeper
+from shared.bus.middleware import handle
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.messages import CYCLE_REQUESTS, OUTCOMES, CycleRequest, encode
+
+if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+SERVICE = "queue"
+
+
+async def body(ctx: ServiceContext) -> None:
+    settings = QueueSettings.from_options(ctx.config.options)
+    loop = asyncio.get_running_loop()
+    replica = StateReplica(ctx.bus)
+    await replica.start(timeout=30.0)
+    lease = LeaseKeeper(ctx.bus.leases, ctx.config.shard, ctx.config.replica, loop.time)
+    dispatcher = Dispatcher(ctx.bus, replica, lease, settings, ctx.counters, loop.time)
+    ctx.ready = True
+    ctx.detail = lease.describe()
+    admin: Subscription | None = None
+
+    async def on_outcome(msg: Msg) -> None:
+        await handle(msg, OUTCOMES, dispatcher.on_outcome, ctx.counters, jetstream=False)
+
+    async def answer(request: CycleRequest, msg: Msg) -> None:
+        reply = await dispatcher.admin_cycle(request)
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+    async def on_admin(msg: Msg) -> None:
+        await handle(msg, CYCLE_REQUESTS, answer, ctx.counters, jetstream=False)
+
+    outcomes = await ctx.bus.nc.subscribe(s.outcomes(ctx.config.shard), cb=on_outcome)
+
+    async def follow(leading: bool) -> None:
+        nonlocal admin
+        dispatcher.on_leadership(leading)
+        if leading:
+            # Only the leader listens: a standby answering "not leader" could win the reply race.
+            admin = await ctx.bus.nc.subscribe(s.admin(ctx.config.shard, "cycle"), cb=on_admin)
+        elif admin is not None:
+            await _unsubscribe(admin)
+            admin = None
+
+    async def keep_lease() -> None:
+        while not ctx.stopping.is_set():
+            was = lease.leading
+            try:
+                # A KV call stuck longer than this would outlive the lease anyway; `step` then steps down.
+                await asyncio.wait_for(lease.step(), timeout=2.0)
+                if lease.leading != was:
+                    await follow(lease.leading)
+            except Exception:
+                ctx.counters["lease_errors"] += 1
+                ctx.log.exception("lease step failed")
+            ctx.detail = lease.describe()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stopping.wait(), lease.interval())
+
+    keeper = asyncio.create_task(keep_lease())
+    graceful = False
+    try:
+        await dispatcher.run(ctx.stopping)
+        graceful = True
+    finally:
+        if graceful:
+            # The keeper sees `stopping` and finishes its step, so the release below knows the last revision.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(keeper), 3.0)
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        if admin is not None:
+            await _unsubscribe(admin)
+        await _unsubscribe(outcomes)
+        if graceful:
+            # SIGTERM: hand over now rather than after the TTL. Cancelled (a crash stand-in): let it expire.
+            await lease.release()
+        else:
+            lease.abandon()
+        ctx.ready = False
+        await replica.stop()
+
+
+async def _unsubscribe(sub: Subscription) -> None:
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()

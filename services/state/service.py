@@ -1,0 +1,431 @@
+"""The state service's body: own the cluster source, materialise it into KV, answer snapshot requests.
+
+Run by `python -m services.state` / `kairos serve state` through `shared.bus.service.main`. Options
+(`--set key=value`, or env `KAIROS_<KEY>`):
+
+- `source=sim` (default): this replica owns the simulated cluster (`services.state.source`). It loads
+  `cluster=FILE` (a cluster YAML, `shared.clusterfile`) or, with `demo=true`, the built-in demo cluster,
+  replacing whatever KV holds; with neither it adopts the cluster already in KV (a restarted owner carries
+  on). It answers `cluster.apply`, `cluster.bind` and `cluster.evict` (queue group `state`) and writes
+  every change through `services.state.writer`, which also keeps the binders' ledger clean.
+- `source=none`: a read replica. It only answers `state.snapshot`; `cluster` and `demo` are ignored.
+  The simulated cluster lives in one process's memory, so exactly one replica may own it: run one
+  `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
+- `run_delay=SECONDS` (default 0): a bound pod starts Running this long after its bind (0: at once).
+- `snapshot_wait=SECONDS` (default 5): how long a snapshot request may wait for its `min_revision`.
+
+Every replica, owner included, keeps a `StateReplica` and answers `state.snapshot` (queue group `state`)
+from it once it has reached the request's `min_revision`; if it does not get there in `snapshot_wait` the
+reply carries the lower revision it has, and the caller decides. The reply holds the cluster's objects as
+KV holds them, without the ledger overlay (a pending pod the ledger reserves is still Pending there), and
+the node ledgers beside them, so a caller can apply the overlay itself (`StateReplica.snapshot` does).
+
+A `ClusterReply`'s `state_revision` is the state bucket's revision after the request's writes: wait for
+it (`state.snapshot` with `min_revision`, or a replica's `wait_for`) to see the change. Malformed,
+unknown-version and mismatched requests are logged with their subject, counted (`malformed`) and answered
+`ok=False`; the service keeps running. The replica is ready (heartbeat) once the source is loaded and
+written and its own replica has caught up; on SIGTERM it stops taking requests, finishes the ones in
+flight and the writes they started, and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
+from services.state.writer import StateWriter
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.clusterfile import ClusterObjects, load_cluster
+from shared.contracts import subjects as s
+from shared.contracts.messages import (
+    CLUSTER_REQUESTS,
+    SNAPSHOT_REQUESTS,
+    ApplyRequest,
+    BindRequest,
+    ClusterReply,
+    ClusterRequest,
+    EvictRequest,
+    NodeLedger,
+    NodeRecord,
+    PodGroupRecord,
+    PodRecord,
+    QueueRecord,
+    SnapshotReply,
+    TopologyRecord,
+    encode,
+)
+from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
+from shared.model import Node, Pod, PodGroup, Queue, Topology
+
+QUEUE_GROUP = "state"
+OPERATIONS: dict[str, type[ClusterRequest]] = {
+    "apply": ApplyRequest,
+    "bind": BindRequest,
+    "evict": EvictRequest,
+}
+RETRY_AFTER_FAILED_WRITE = 0.5
+"""Seconds the timer loop waits after a failed write before trying again (NATS may be reconnecting)."""
+
+
+@dataclass(frozen=True)
+class StateOptions:
+    source: str = "sim"
+    cluster: str | None = None
+    demo: bool = False
+    run_delay: float = 0.0
+    snapshot_wait: float = 5.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StateOptions:
+        """The service's options from `--set` (then env `KAIROS_<KEY>`); errors name the option."""
+
+        def get(key: str) -> str | None:
+            return options.get(key, os.environ.get(f"KAIROS_{key.upper()}"))
+
+        source = get("source") or "sim"
+        if source not in ("sim", "none"):
+            raise ConfigError(f"service state: option 'source': expected sim or none, got {source!r}")
+        demo_text = (get("demo") or "false").strip().lower()
+        if demo_text not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
+            raise ConfigError(f"service state: option 'demo': expected true or false, got {demo_text!r}")
+        demo = demo_text in ("true", "1", "yes", "on")
+        cluster = get("cluster") or None
+        if source == "sim" and demo and cluster:
+            raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
+        return cls(
+            source=source,
+            cluster=cluster,
+            demo=demo,
+            run_delay=_seconds("run_delay", get("run_delay"), 0.0),
+            snapshot_wait=_seconds("snapshot_wait", get("snapshot_wait"), 5.0),
+        )
+
+
+def _seconds(key: str, text: str | None, default: float) -> float:
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"service state: option {key!r}: expected seconds >= 0, got {text!r}")
+    return value
+
+
+async def body(ctx: ServiceContext) -> None:
+    options = StateOptions.parse(ctx.config.options)
+    initial: ClusterObjects | None = None
+    if options.source == "sim":
+        # Read the file before writing anything: a bad file stops the service with one line naming it.
+        initial = (
+            load_cluster(options.cluster) if options.cluster else demo_cluster() if options.demo else None
+        )
+    replica = StateReplica(ctx.bus)
+    try:
+        await replica.start()
+    except TimeoutError as exc:
+        await replica.stop()
+        raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
+    owner: SourceOwner | None = None
+    reader = SnapshotServer(ctx, replica, options.snapshot_wait)
+    subs: list[Subscription] = []
+    try:
+        revision = 0
+        if options.source == "sim":
+            owner = SourceOwner(ctx, SimulatedCluster(options.run_delay), replica)
+            try:
+                revision = await owner.start(initial)
+            except InvalidObject as exc:  # objects that are fine alone but not together (an unknown queue)
+                raise ConfigError(f"cluster {options.cluster or 'demo'}: {exc}") from exc
+            subs.append(
+                await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
+            )
+        subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
+        await replica.wait_for(revision)
+        ctx.detail = f"source={options.source}"
+        ctx.ready = True
+        ctx.log.info("ready: source=%s, state revision %d", options.source, replica.revision)
+        await ctx.stopping.wait()
+    finally:
+        ctx.ready = False
+        for sub in subs:
+            # Drain: stop receiving, let the callback finish what it holds (an in-flight bind and its writes).
+            with contextlib.suppress(Exception):
+                await sub.drain()  # type: ignore[no-untyped-call]
+        await reader.stop()
+        if owner is not None:
+            await owner.stop()
+        await replica.stop()
+        ctx.log.info("stopped")
+
+
+async def _reply(ctx: ServiceContext, msg: Msg, reply: object) -> None:
+    if not msg.reply:
+        return
+    try:
+        await ctx.bus.nc.publish(msg.reply, encode(reply))
+    except Exception:
+        ctx.counters["reply_errors"] += 1
+        ctx.log.exception("could not reply on %s", msg.subject)
+
+
+def _malformed(ctx: ServiceContext, subject: str, problem: str) -> None:
+    ctx.counters["malformed"] += 1
+    ctx.log.warning("dropped malformed message on %s: %s", subject, problem)
+
+
+class SourceOwner:
+    """The replica that owns the simulated cluster: requests and timers change it, the writer stores it.
+
+    One lock orders everything that changes the source, so KV sees changes in the order they were made.
+    A failed write restores the source to what it was before the operation and marks KV for a full
+    resync (puts, deletes and a ledger reconcile) before the next change, so the source, KV and the
+    reply the caller got agree again.
+    """
+
+    def __init__(self, ctx: ServiceContext, cluster: SimulatedCluster, replica: StateReplica) -> None:
+        self.ctx = ctx
+        self.cluster = cluster
+        self.replica = replica
+        self.writer = StateWriter(ctx.bus, ctx.counters)
+        self.lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._resync = False
+        self._timer_task: asyncio.Task[None] | None = None
+
+    async def start(self, initial: ClusterObjects | None) -> int:
+        """Load (or adopt) the cluster and write it; returns the state revision it is at."""
+        loop = asyncio.get_running_loop()
+        self.writer.seed(
+            {key: encode(record) for key, record in self.replica.records.items()}, self.replica.revision
+        )
+        async with self.lock:
+            if initial is None:
+                self.cluster.adopt(self.replica.records.values(), loop.time())
+                self.ctx.log.info("adopted the cluster in KV: %d objects", len(self.cluster.objects))
+            else:
+                self.cluster.apply(
+                    ApplyRequest(
+                        nodes=initial.nodes,
+                        queues=initial.queues,
+                        podgroups=initial.podgroups,
+                        pods=initial.pods,
+                        topologies=initial.topologies,
+                        replace=True,
+                    ),
+                    loop.time(),
+                )
+                self.ctx.log.info("loaded the cluster: %s", initial.counts())
+            await self._full_sync()
+        self._timer_task = asyncio.create_task(self._timers())
+        return self.writer.revision
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._timer_task is not None:
+            await self._timer_task
+
+    async def _full_sync(self) -> None:
+        self._resync = True
+        await self.writer.sync(self.cluster.objects, await self.ctx.bus.state.keys())
+        await self.writer.reconcile(self.cluster.pods())
+        self._resync = False
+
+    # --- requests ----------------------------------------------------------------------------------------
+    async def on_request(self, msg: Msg) -> None:
+        operation = msg.subject.rsplit(".", 1)[-1]
+        try:
+            request = CLUSTER_REQUESTS.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            _malformed(self.ctx, msg.subject, exc.problem)
+            await _reply(self.ctx, msg, self._refusal(str(exc)))
+            return
+        expected = OPERATIONS.get(operation)
+        if expected is None or not isinstance(request, expected):
+            problem = (
+                f"unknown operation {operation!r} (expected one of {', '.join(OPERATIONS)})"
+                if expected is None
+                else f"a {type(request).__name__} sent to {operation!r}"
+            )
+            _malformed(self.ctx, msg.subject, problem)
+            await _reply(self.ctx, msg, self._refusal(f"malformed message on {msg.subject!r}: {problem}"))
+            return
+        await _reply(self.ctx, msg, await self.handle(request))
+
+    async def handle(self, request: ClusterRequest) -> ClusterReply:
+        """Carry out one request under the lock; the reply says whether it happened."""
+        async with self.lock:
+            now = asyncio.get_running_loop().time()
+            saved = self.cluster.checkpoint()
+            try:
+                if self._resync:
+                    await self._full_sync()
+                changes = self._carry_out(request, now)
+            except (Refused, InvalidObject) as exc:
+                self.ctx.counters["refused"] += 1
+                self.ctx.log.info("refused %s: %s", type(request).__name__, exc)
+                return self._refusal(str(exc))
+            except Exception as exc:
+                self.ctx.counters["errors"] += 1
+                self.ctx.log.exception("resync before %s failed", type(request).__name__)
+                return self._refusal(f"state store unavailable: {exc}")
+            if not await self._write(changes, saved):
+                return self._refusal("state write failed; the change was not made")
+            self.ctx.counters["handled"] += 1
+        if changes:
+            self._wake.set()  # a bind or apply may have set a timer
+        return ClusterReply(ok=True, state_revision=self.writer.revision)
+
+    def _carry_out(self, request: ClusterRequest, now: float) -> list[Change]:
+        match request:
+            case ApplyRequest():
+                return self.cluster.apply(request, now)
+            case BindRequest(binding=binding):
+                return self.cluster.bind(binding, now)
+            case EvictRequest(eviction=eviction):
+                return self.cluster.evict(eviction, now)
+
+    def _refusal(self, error: str) -> ClusterReply:
+        return ClusterReply(ok=False, error=error, state_revision=self.writer.revision)
+
+    async def _write(self, changes: list[Change], saved: Checkpoint) -> bool:
+        """Write the changes (under the lock); on failure undo them in the source and mark a resync."""
+        if not changes:
+            return True
+        try:
+            await self.writer.write(changes)
+        except Exception:
+            self.ctx.counters["write_errors"] += 1
+            self.ctx.log.exception("writing %d changes failed; restoring the source", len(changes))
+            self.cluster.restore(saved)
+            self._resync = True
+            return False
+        return True
+
+    # --- timers ------------------------------------------------------------------------------------------
+    async def _timers(self) -> None:
+        """Fire the source's timers (bound -> Running, Running -> Succeeded) when they fall due."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            self._wake.clear()
+            due = self.cluster.next_due()
+            delay = None if due is None else max(0.0, due - loop.time())
+            if delay is None or delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            async with self.lock:
+                saved = self.cluster.checkpoint()
+                ok = True
+                try:
+                    if self._resync:
+                        await self._full_sync()
+                    changes = self.cluster.fire(loop.time())
+                except Exception:
+                    self.ctx.counters["errors"] += 1
+                    self.ctx.log.exception("timer step failed")
+                    ok = False
+                else:
+                    ok = await self._write(changes, saved)
+            if not ok:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), RETRY_AFTER_FAILED_WRITE)
+
+
+class SnapshotServer:
+    """Answers `state.snapshot` from this replica's `StateReplica`, each request in its own task so that
+    one waiting for a later revision does not hold up the others."""
+
+    def __init__(self, ctx: ServiceContext, replica: StateReplica, wait: float) -> None:
+        self.ctx = ctx
+        self.replica = replica
+        self.wait = wait
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def on_request(self, msg: Msg) -> None:
+        task = asyncio.create_task(self._answer(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Let answers in flight finish (up to `grace` seconds), then cancel what is still waiting."""
+        if not self._tasks:
+            return
+        _, waiting = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            request = SNAPSHOT_REQUESTS.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            _malformed(self.ctx, msg.subject, exc.problem)
+            await _reply(
+                self.ctx, msg, ClusterReply(ok=False, error=str(exc), state_revision=self.replica.revision)
+            )
+            return
+        try:
+            await self.replica.wait_for(request.min_revision, timeout=self.wait)
+        except TimeoutError:
+            self.ctx.counters["snapshot_behind"] += 1
+        data = encode(snapshot_reply(self.replica))
+        limit = self.ctx.bus.nc.max_payload
+        if len(data) > limit:
+            self.ctx.counters["errors"] += 1
+            self.ctx.log.error("snapshot of %d bytes exceeds the server's max payload %d", len(data), limit)
+            error = f"snapshot of {len(data)} bytes exceeds the NATS max payload of {limit} bytes"
+            await _reply(
+                self.ctx, msg, ClusterReply(ok=False, error=error, state_revision=self.replica.revision)
+            )
+            return
+        self.ctx.counters["snapshots"] += 1
+        if msg.reply:
+            try:
+                await self.ctx.bus.nc.publish(msg.reply, data)
+            except Exception:
+                self.ctx.counters["reply_errors"] += 1
+                self.ctx.log.exception("could not reply on %s", msg.subject)
+
+
+def snapshot_reply(replica: StateReplica) -> SnapshotReply:
+    """The replica's objects as KV holds them (no ledger overlay), sorted like `Snapshot`s, and its ledger."""
+    nodes: list[Node] = []
+    queues: list[Queue] = []
+    podgroups: list[PodGroup] = []
+    pods: list[Pod] = []
+    topologies: list[Topology] = []
+    for record in replica.records.values():
+        match record:
+            case NodeRecord(node=node):
+                nodes.append(node)
+            case QueueRecord(queue=queue):
+                queues.append(queue)
+            case PodGroupRecord(podgroup=podgroup):
+                podgroups.append(podgroup)
+            case PodRecord(pod=pod):
+                pods.append(pod)
+            case TopologyRecord(topology=topology):
+                topologies.append(topology)
+    ledger: list[NodeLedger] = sorted(replica.ledger.values(), key=lambda entry: entry.node)
+    return SnapshotReply(
+        revision=replica.revision,
+        ledger_revision=replica.ledger_revision,
+        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+        queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
+        podgroups=tuple(sorted(podgroups, key=lambda g: g.key)),
+        pods=tuple(sorted(pods, key=lambda p: p.key)),
+        topologies=tuple(sorted(topologies, key=lambda t: t.name)),
+        ledger=tuple(ledger),
+    )

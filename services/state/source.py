@@ -1,0 +1,337 @@
+"""The simulated cluster: the state service's source of truth when no Kubernetes cluster is attached.
+
+Exactly one state replica owns it (`--set source=sim`, the default); it lives in that replica's memory and
+every change to it goes through the owner's request handlers (`cluster.apply`, `cluster.bind`,
+`cluster.evict`) or its timers. Called only by `services.state.service`, always under one lock, in order.
+
+It holds nodes, queues, podgroups, pods and topologies keyed by their KV key (`shared.contracts.subjects`),
+and behaves like KAI's test harness cluster: a bound pod starts Running `run_delay` seconds later (at once
+when 0); a running pod with the `kairos.io/run-seconds` label succeeds that long after it started; an
+evicted pod is back to Pending at once, its node and GPU groups cleared (the harness recreates it pending).
+
+No I/O and no clock of its own: every operation takes `now` (the event loop's time) and returns the
+`Change`s it made, which `services.state.writer` turns into KV writes. Timers are due times the service
+polls with `next_due()` and fires with `fire(now)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
+from shared.contracts import subjects as s
+from shared.contracts.messages import (
+    ApplyRequest,
+    Binding,
+    EvictionOrder,
+    NodeRecord,
+    PodGroupRecord,
+    PodRecord,
+    QueueRecord,
+    StateRecord,
+    TopologyRecord,
+)
+from shared.errors import KairosError
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
+from shared.model.status import ACTIVE_USED
+from shared.model.validate import validate_snapshot
+from shared.sim.scenarios import gang, gpu_nodes
+
+Obj = Node | Pod | PodGroup | Queue | Topology
+
+HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
+"""Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
+FINISHED = frozenset({PodStatus.SUCCEEDED, PodStatus.FAILED, PodStatus.DELETED})
+
+RUN = "run"
+FINISH = "finish"
+
+
+class Refused(KairosError):  # noqa: N818 -- the cluster's answer, named like the tree's MalformedMessage
+    """A well-formed request the cluster will not carry out (no such pod, bound elsewhere...)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One object changed: `before` None means created, `after` None means removed."""
+
+    key: str
+    before: Obj | None
+    after: Obj | None
+
+
+def key_of(obj: Obj) -> str:
+    """The object's key in `STATE_BUCKET`."""
+    match obj:
+        case Node(name=name):
+            return s.node_key(name)
+        case Pod(namespace=namespace, name=name):
+            return s.pod_key(namespace, name)
+        case PodGroup(namespace=namespace, name=name):
+            return s.podgroup_key(namespace, name)
+        case Queue(name=name):
+            return s.queue_key(name)
+        case Topology(name=name):
+            return s.topology_key(name)
+
+
+def record_of(obj: Obj) -> StateRecord:
+    """The object wrapped as the `StateRecord` stored under its key."""
+    match obj:
+        case Node():
+            return NodeRecord(node=obj)
+        case Pod():
+            return PodRecord(pod=obj)
+        case PodGroup():
+            return PodGroupRecord(podgroup=obj)
+        case Queue():
+            return QueueRecord(queue=obj)
+        case Topology():
+            return TopologyRecord(topology=obj)
+
+
+def object_of(record: StateRecord) -> Obj:
+    match record:
+        case NodeRecord(node=node):
+            return node
+        case PodRecord(pod=pod):
+            return pod
+        case PodGroupRecord(podgroup=podgroup):
+            return podgroup
+        case QueueRecord(queue=queue):
+            return queue
+        case TopologyRecord(topology=topology):
+            return topology
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The cluster as it was, to restore when its changes could not be written."""
+
+    objects: dict[str, Obj]
+    timers: dict[str, tuple[float, str]]
+
+
+class SimulatedCluster:
+    def __init__(self, run_delay: float = 0.0) -> None:
+        self.run_delay = run_delay
+        self.objects: dict[str, Obj] = {}
+        self._pod_keys: dict[str, str] = {}
+        """Pod key (uid or namespace/name, what bindings name) -> KV key."""
+        self._timers: dict[str, tuple[float, str]] = {}
+        """KV key of a pod -> (due time, RUN or FINISH)."""
+
+    # --- reading ---------------------------------------------------------------------------------------
+    def pods(self) -> list[Pod]:
+        return [o for o in self.objects.values() if isinstance(o, Pod)]
+
+    def snapshot(self) -> Snapshot:
+        return _snapshot(self.objects.values())
+
+    def next_due(self) -> float | None:
+        return min((due for due, _ in self._timers.values()), default=None)
+
+    def checkpoint(self) -> Checkpoint:
+        # Shallow copies suffice: objects are immutable and every operation replaces the dicts' entries.
+        return Checkpoint(dict(self.objects), dict(self._timers))
+
+    def restore(self, saved: Checkpoint) -> None:
+        self.objects = dict(saved.objects)
+        self._timers = dict(saved.timers)
+        self._reindex()
+
+    # --- operations --------------------------------------------------------------------------------------
+    def adopt(self, records: Iterable[StateRecord], now: float) -> None:
+        """Take over a cluster already in KV (a restarted owner continues where the last one stopped).
+
+        Nothing changes, so nothing is returned; timers restart from `now` (the original start times are
+        not kept in KV).
+        """
+        self.objects = {key_of(o): o for o in map(object_of, records)}
+        self._reindex()
+        self._timers.clear()
+        for key, obj in self.objects.items():
+            if isinstance(obj, Pod):
+                self._retime(key, None, obj, now)
+
+    def apply(self, request: ApplyRequest, now: float) -> list[Change]:
+        """Add or replace the request's objects (with `replace`, drop every other object first).
+
+        Without `replace` an existing pod keeps its placement (status, node, GPU groups): as with
+        `kubectl apply`, the cluster owns a pod's status; bind and evict change it. The cluster that
+        results must validate (`validate_snapshot`: known queues, parents and podgroups, no cycles), or
+        the whole request is refused and nothing changes.
+        """
+        new: dict[str, Obj] = {} if request.replace else dict(self.objects)
+        incoming: list[Obj] = [
+            *request.nodes,
+            *request.queues,
+            *request.podgroups,
+            *request.pods,
+            *request.topologies,
+        ]
+        for given in incoming:
+            key = key_of(given)
+            old = self.objects.get(key)
+            obj = given
+            if isinstance(given, Pod):
+                run_seconds(given)  # raises InvalidObject on a malformed label
+                if not request.replace and isinstance(old, Pod):
+                    obj = msgspec.structs.replace(
+                        given, status=old.status, node=old.node, gpu_groups=old.gpu_groups
+                    )
+            new[key] = obj
+        validate_snapshot(_snapshot(new.values()))
+        return self._commit(new, now)
+
+    def bind(self, binding: Binding, now: float) -> list[Change]:
+        """Bind a pod to a node. Idempotent: a pod already bound to that node changes nothing."""
+        key, pod = self._find(binding.pod, binding.namespace, binding.name)
+        if pod.status in HOLDING and pod.node is not None:
+            if pod.node == binding.node:
+                return []
+            raise Refused(f"pod {pod.key!r} is already bound to {pod.node!r}")
+        if pod.status in FINISHED:
+            raise Refused(f"pod {pod.key!r} has finished ({pod.status})")
+        if s.node_key(binding.node) not in self.objects:
+            raise Refused(f"no node {binding.node!r}")
+        status = PodStatus.RUNNING if self.run_delay <= 0 else PodStatus.BOUND
+        bound = msgspec.structs.replace(pod, status=status, node=binding.node, gpu_groups=binding.gpu_groups)
+        return self._commit({**self.objects, key: bound}, now)
+
+    def evict(self, order: EvictionOrder, now: float) -> list[Change]:
+        """Evict a pod from its node: it is Pending again at once. A pod on no node changes nothing."""
+        key, pod = self._find(order.pod, order.namespace, order.name)
+        if pod.status not in HOLDING or pod.node is None:
+            return []
+        if order.node and pod.node != order.node:
+            raise Refused(f"pod {pod.key!r} is on {pod.node!r}, not {order.node!r}")
+        pending = msgspec.structs.replace(pod, status=PodStatus.PENDING, node=None, gpu_groups=())
+        return self._commit({**self.objects, key: pending}, now)
+
+    def delete(self, keys: Iterable[str], now: float) -> list[Change]:
+        """Remove objects by KV key (unknown keys are ignored)."""
+        gone = set(keys)
+        return self._commit({k: o for k, o in self.objects.items() if k not in gone}, now)
+
+    def fire(self, now: float) -> list[Change]:
+        """Carry out the timers due by `now`: bound pods start running, finished ones succeed."""
+        new = dict(self.objects)
+        for key, (due, what) in list(self._timers.items()):
+            if due > now:
+                continue
+            pod = new.get(key)
+            if not isinstance(pod, Pod):
+                del self._timers[key]
+                continue
+            if what == RUN and pod.status == PodStatus.BOUND:
+                new[key] = msgspec.structs.replace(pod, status=PodStatus.RUNNING)
+            elif what == FINISH and pod.status == PodStatus.RUNNING:
+                new[key] = msgspec.structs.replace(pod, status=PodStatus.SUCCEEDED)
+            else:
+                del self._timers[key]
+        return self._commit(new, now)
+
+    # --- internals ----------------------------------------------------------------------------------------
+    def _find(self, pod_key: str, namespace: str, name: str) -> tuple[str, Pod]:
+        key = self._pod_keys.get(pod_key) or s.pod_key(namespace, name)
+        pod = self.objects.get(key)
+        if not isinstance(pod, Pod):
+            raise Refused(f"no pod {pod_key or f'{namespace}/{name}'!r}")
+        return key, pod
+
+    def _commit(self, new: dict[str, Obj], now: float) -> list[Change]:
+        changes = [
+            Change(key, self.objects.get(key), new.get(key))
+            for key in sorted(self.objects.keys() | new.keys())
+            if self.objects.get(key) != new.get(key)
+        ]
+        self.objects = new
+        if any(isinstance(c.before, Pod) or isinstance(c.after, Pod) for c in changes):
+            self._reindex()
+        for change in changes:
+            if isinstance(change.after, Pod) or isinstance(change.before, Pod):
+                after = change.after if isinstance(change.after, Pod) else None
+                before = change.before if isinstance(change.before, Pod) else None
+                self._retime(change.key, before, after, now)
+        return changes
+
+    def _reindex(self) -> None:
+        self._pod_keys = {o.key: k for k, o in self.objects.items() if isinstance(o, Pod)}
+
+    def _retime(self, key: str, before: Pod | None, after: Pod | None, now: float) -> None:
+        """Set or clear the pod's timer for the status it moved into."""
+        if after is None or after.status not in (PodStatus.BOUND, PodStatus.RUNNING):
+            self._timers.pop(key, None)
+            return
+        moved = before is None or before.status != after.status or before.node != after.node
+        if not moved and key in self._timers:
+            return
+        if after.status == PodStatus.BOUND:
+            self._timers[key] = (now + self.run_delay, RUN)
+            return
+        seconds = run_seconds(after)
+        if seconds is None:
+            self._timers.pop(key, None)
+        else:
+            self._timers[key] = (now + seconds, FINISH)
+
+
+def _snapshot(objects: Iterable[Obj]) -> Snapshot:
+    nodes: list[Node] = []
+    pods: list[Pod] = []
+    groups: list[PodGroup] = []
+    queues: list[Queue] = []
+    topologies: list[Topology] = []
+    for obj in objects:
+        match obj:
+            case Node():
+                nodes.append(obj)
+            case Pod():
+                pods.append(obj)
+            case PodGroup():
+                groups.append(obj)
+            case Queue():
+                queues.append(obj)
+            case Topology():
+                topologies.append(obj)
+    return Snapshot(
+        nodes=tuple(nodes),
+        pods=tuple(pods),
+        podgroups=tuple(groups),
+        queues=tuple(queues),
+        topologies=tuple(topologies),
+    )
+
+
+def demo_cluster() -> ClusterObjects:
+    """`--set demo=true`: the `kairos demo` cluster (4 nodes of 8 GPUs; queues `org` > `research`, `product`
+    with 16 deserved GPUs each) with a pending 4x2-GPU training gang and 6 half-GPU inference pods."""
+    unbounded = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+    queues = [
+        Queue(name="org", gpu=unbounded, cpu=unbounded, memory=unbounded),
+        *(
+            Queue(
+                name=name,
+                parent="org",
+                creation_index=i,
+                gpu=QueueResource(quota=16, over_quota_weight=1),
+                cpu=unbounded,
+                memory=unbounded,
+            )
+            for i, name in enumerate(("research", "product"))
+        ),
+    ]
+    train, train_pods = gang("train-0", "research", 4, 2.0, priority=50)
+    infer, infer_pods = gang("infer-0", "product", 6, 0.5, priority=125)
+    pods = [
+        msgspec.structs.replace(p, labels={**p.labels, RUN_SECONDS_LABEL: seconds})
+        for group, seconds in ((train_pods, "600"), (infer_pods, "900"))
+        for p in group
+    ]
+    return ClusterObjects(
+        nodes=tuple(gpu_nodes(4, gpus=8)), queues=tuple(queues), podgroups=(train, infer), pods=tuple(pods)
+    )

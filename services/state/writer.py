@@ -1,0 +1,279 @@
+"""Writes the simulated cluster's changes to KV and keeps the binders' ledger true to the cluster.
+
+Called by `services.state.service` (the source-owning replica only), under its lock, with the `Change`s
+each source operation returned. Two buckets:
+
+- `STATE_BUCKET`: every changed object is put under its key as a `StateRecord`, removed objects are
+  deleted. Puts identical to what the bucket already holds are skipped.
+- `LEDGER_BUCKET`: the binders reserve a node for a pod before they bind it (`NodeLedger`, `PodClaim`);
+  the state service removes what a pod no longer holds. When a pod leaves its node (evicted back to
+  Pending, succeeded, failed, deleted) its `Reservation` is dropped from that node's ledger and its
+  `PodClaim` deleted; when a pod is seen holding a node without a reservation there, one is added (the
+  cluster is the truth). A pending pod's reservation is left alone: it is a binder's bind in flight.
+  Every ledger change is a compare-and-set retried on conflict, since binders write the same keys.
+
+The ledger is written before the state: once a caller has seen the state revision a reply names, the
+ledger already agrees with it. A node ledger that ends up empty is kept (written with no pods) rather than
+deleted, so that its revision only ever grows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from services.state.source import FINISHED, HOLDING, Change, Obj, record_of
+from shared.bus.connection import Bus
+from shared.bus.kv import Entry
+from shared.bus.middleware import Counters
+from shared.contracts import subjects as s
+from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, PodClaim, Reservation, encode
+from shared.errors import ConflictError, MalformedMessage, TemporaryError
+from shared.model import Pod
+
+log = logging.getLogger("kairos.state.writer")
+
+CAS_ATTEMPTS = 50
+"""Conflicts on one ledger key before a write gives up (binders commit whole gangs, so bursts happen)."""
+PARALLEL_PUTS = 256
+"""KV requests in flight at once: the bucket takes them in any order, each key is written once a batch."""
+
+
+def holds(pod: Pod | None) -> str | None:
+    """The node the pod holds, or None."""
+    if pod is not None and pod.status in HOLDING and pod.node is not None:
+        return pod.node
+    return None
+
+
+def reservation_of(pod: Pod) -> Reservation:
+    return Reservation(
+        pod=pod.key,
+        podgroup=pod.podgroup,
+        cpu_millis=pod.cpu_millis,
+        memory_bytes=pod.memory_bytes,
+        gpus=pod.gpu.gpus,
+        gpu_groups=pod.gpu_groups,
+    )
+
+
+@dataclass
+class _NodeEdit:
+    """What one batch changes in one node's ledger."""
+
+    release: set[str] = field(default_factory=set)
+    ensure: dict[str, Pod] = field(default_factory=dict)
+
+
+class StateWriter:
+    def __init__(self, bus: Bus, counters: Counters) -> None:
+        self.bus = bus
+        self.counters = counters
+        self.revision = 0
+        """The state bucket's revision after this writer's last write (what replies carry)."""
+        self._stored: dict[str, bytes] = {}
+        """What the state bucket holds under each key, as far as this writer knows."""
+
+    def seed(self, stored: Mapping[str, bytes], revision: int) -> None:
+        """Start from what the bucket holds (read by the replica), so unchanged objects are not rewritten."""
+        self._stored = dict(stored)
+        self.revision = max(self.revision, revision)
+
+    # --- state --------------------------------------------------------------------------------------------
+    async def write(self, changes: Sequence[Change]) -> int:
+        """Write a batch of changes: ledger effects first, then the objects. Returns the state revision."""
+        try:
+            await self._ledger_effects(changes)
+            await self._put_and_delete(
+                {c.key: c.after for c in changes if c.after is not None},
+                [c.key for c in changes if c.after is None],
+            )
+        except BaseException:
+            # A write that failed may still have landed (a timed-out put): forget what these keys hold,
+            # so the resync that follows rewrites them whatever they are.
+            for c in changes:
+                self._stored.pop(c.key, None)
+            raise
+        return self.revision
+
+    async def sync(self, objects: Mapping[str, Obj], extra_keys: Iterable[str] = ()) -> int:
+        """Make the bucket hold exactly `objects`: put what differs, delete every other key (including
+        `extra_keys`, keys the bucket holds that no record decoded from)."""
+        stale = (self._stored.keys() | set(extra_keys)) - objects.keys()
+        await self._put_and_delete(objects, sorted(stale))
+        return self.revision
+
+    async def _put_and_delete(self, puts: Mapping[str, Obj], deletes: Sequence[str]) -> None:
+        pending = [(k, encode(record_of(o))) for k, o in puts.items()]
+        pending = [(k, data) for k, data in pending if self._stored.get(k) != data]
+        for start in range(0, len(pending), PARALLEL_PUTS):
+            chunk = pending[start : start + PARALLEL_PUTS]
+            revisions = await asyncio.gather(*(self.bus.state.put(k, data) for k, data in chunk))
+            for (k, data), revision in zip(chunk, revisions, strict=True):
+                self._stored[k] = data
+                self.revision = max(self.revision, revision)
+        for k in deletes:
+            await self.bus.state.delete(k)
+            self._stored.pop(k, None)
+        if deletes:
+            # A delete does not report its sequence; the stream's last one is at least it.
+            status = await self.bus.state.raw.status()
+            self.revision = max(self.revision, int(status.stream_info.state.last_seq))
+        self.counters["state_writes"] += len(pending) + len(deletes)
+
+    # --- ledger ------------------------------------------------------------------------------------------
+    async def _ledger_effects(self, changes: Sequence[Change]) -> None:
+        edits: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
+        claims: list[tuple[str, str]] = []
+        for change in changes:
+            before = change.before if isinstance(change.before, Pod) else None
+            after = change.after if isinstance(change.after, Pod) else None
+            if before is None and after is None:
+                continue
+            old, new = holds(before), holds(after)
+            if old is not None and old != new and before is not None:
+                edits[old].release.add(before.key)
+                claims.append((before.key, old))
+            if new is not None and after is not None:
+                edits[new].ensure[after.key] = after
+        for node, edit in sorted(edits.items()):
+            await self._edit_node(node, partial(_apply_edit, edit=edit))
+        for pod_key, node in claims:
+            await self._delete_claim(pod_key, partial(_claims_node, node=node))
+
+    async def reconcile(self, pods: Iterable[Pod]) -> None:
+        """Make the whole ledger agree with the cluster (at start-up, and after a failed write).
+
+        A reservation is dropped when its pod is gone, finished, or holds another node; a claim when its
+        pod is gone, finished, or holds another node than the claim names. Every pod holding a node gets
+        a reservation there. Pending pods' reservations and claims stay (binds in flight).
+        """
+        by_key = {p.key: p for p in pods}
+        keys = await self.bus.ledger.keys()
+        ensure: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
+        for pod in by_key.values():
+            node = holds(pod)
+            if node is not None:
+                ensure[node].ensure[pod.key] = pod
+
+        def stale_here(node: str) -> Callable[[str], bool]:
+            def stale(pod_key: str) -> bool:
+                pod = by_key.get(pod_key)
+                return pod is None or pod.status in FINISHED or holds(pod) not in (None, node)
+
+            return stale
+
+        def stale_claim(claim: PodClaim) -> bool:
+            pod = by_key.get(claim.pod)
+            return pod is None or pod.status in FINISHED or holds(pod) not in (None, claim.node)
+
+        entries = await self._get_all(keys)
+        for key in sorted(k for k in keys if k.startswith("node.")):
+            entry = entries.get(key)
+            ledger = _decode_node_ledger(key, entry.value if entry else None)
+            if ledger is None:
+                continue
+            stale = stale_here(ledger.node)
+            edit = ensure.pop(ledger.node, _NodeEdit())
+            edit.release.update(p for p in ledger.pods if stale(p))
+            await self._edit_node(ledger.node, partial(_apply_edit, edit=edit))
+        for node, edit in sorted(ensure.items()):
+            await self._edit_node(node, partial(_apply_edit, edit=edit))
+        for key in sorted(k for k in keys if k.startswith("claim.")):
+            entry = entries.get(key)
+            claim = _decode_claim(key, entry.value if entry else None)
+            if claim is not None and stale_claim(claim):
+                await self._delete_claim(claim.pod, stale_claim)
+
+    async def _get_all(self, keys: Sequence[str]) -> dict[str, Entry]:
+        """The ledger entries under `keys`, read many at a time (a start-up reconcile reads them all)."""
+        found: dict[str, Entry] = {}
+        for start in range(0, len(keys), PARALLEL_PUTS):
+            chunk = keys[start : start + PARALLEL_PUTS]
+            entries = await asyncio.gather(*map(self.bus.ledger.get, chunk))
+            found.update({k: e for k, e in zip(chunk, entries, strict=True) if e is not None})
+        return found
+
+    async def _edit_node(self, node: str, edit: Callable[[dict[str, Reservation]], bool]) -> None:
+        """Compare-and-set loop on one node's ledger: `edit` changes the reservations in place and says
+        whether it changed anything."""
+        key = s.ledger_node_key(node)
+        for attempt in range(CAS_ATTEMPTS):
+            entry = await self.bus.ledger.get(key)
+            current = _decode_node_ledger(key, entry.value if entry else None)
+            pods = dict(current.pods) if current is not None else {}
+            if not edit(pods):
+                return
+            try:
+                await self.bus.ledger.update(
+                    key, encode(NodeLedger(node=node, pods=pods)), last=entry.revision if entry else 0
+                )
+            except ConflictError:
+                self.counters["ledger_conflicts"] += 1
+                await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # jitter: spread retries apart
+                continue
+            self.counters["ledger_writes"] += 1
+            return
+        raise TemporaryError(f"ledger {key}: still conflicting after {CAS_ATTEMPTS} attempts")
+
+    async def _delete_claim(self, pod_key: str, should: Callable[[PodClaim], bool]) -> None:
+        key = s.ledger_claim_key(pod_key)
+        for _ in range(CAS_ATTEMPTS):
+            entry = await self.bus.ledger.get(key)
+            if entry is None:
+                return
+            claim = _decode_claim(key, entry.value)
+            if claim is not None and not should(claim):
+                return
+            try:
+                await self.bus.ledger.delete(key, last=entry.revision)
+            except ConflictError:
+                self.counters["ledger_conflicts"] += 1
+                continue
+            self.counters["ledger_writes"] += 1
+            return
+        raise TemporaryError(f"ledger {key}: still conflicting after {CAS_ATTEMPTS} attempts")
+
+
+def _claims_node(claim: PodClaim, node: str) -> bool:
+    return claim.node == node
+
+
+def _apply_edit(pods: dict[str, Reservation], edit: _NodeEdit) -> bool:
+    changed = False
+    for pod_key in edit.release:
+        if pods.pop(pod_key, None) is not None:
+            changed = True
+    for pod_key, pod in edit.ensure.items():
+        if pod_key not in pods:
+            pods[pod_key] = reservation_of(pod)
+            changed = True
+    return changed
+
+
+def _decode_node_ledger(key: str, value: bytes | None) -> NodeLedger | None:
+    """The node ledger under `key`; a malformed one is logged and read as empty (it gets rewritten)."""
+    if not value:
+        return None
+    try:
+        record = LEDGER_RECORDS.decode(key, value)
+    except MalformedMessage as exc:
+        log.warning("rewriting malformed ledger record %s: %s", key, exc.problem)
+        return None
+    return record if isinstance(record, NodeLedger) else None
+
+
+def _decode_claim(key: str, value: bytes | None) -> PodClaim | None:
+    if not value:
+        return None
+    try:
+        record = LEDGER_RECORDS.decode(key, value)
+    except MalformedMessage as exc:
+        log.warning("ignoring malformed ledger record %s: %s", key, exc.problem)
+        return None
+    return record if isinstance(record, PodClaim) else None

@@ -1,0 +1,365 @@
+"""`kairos submit` and `kairos status`: talk to a running stack's state service.
+
+Registered by `shared.cli.main` (`add_commands`); the handlers import NATS and the scheduling core only
+when they run, so `kairos --help` stays fast. Both find the stack by `--nats-url URL`, or by the
+`nats.url` file `kairos up` writes into its state directory (`--state-dir`, default `.kairos`)::
+
+    kairos submit FILE.yaml    apply a cluster file's objects (added or replaced, nothing else removed)
+    kairos status              queues (with fair share), podgroups and pods, as tables
+
+Exit codes: 0 done; 1 the stack did not answer (not running, unreachable); 2 bad input (an invalid or
+unreadable cluster file, a missing state directory, objects the state service refused), as one
+`kairos: ...` line naming the file, object and field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from shared.cli.up import DEFAULT_STATE_DIR
+from shared.errors import ConfigError, InvalidObject, TemporaryError
+
+if TYPE_CHECKING:
+    from shared.bus.client import BusClient
+    from shared.clusterfile import ClusterObjects
+    from shared.contracts.messages import ClusterReply, SnapshotReply
+    from shared.model import Pod, Snapshot
+
+__all__ = ["add_commands", "cmd_status", "cmd_submit", "nats_url", "status_tables"]
+
+T = TypeVar("T")
+
+REQUEST_TIMEOUT = 10.0
+EXIT_OK = 0
+EXIT_NO_ANSWER = 1
+DEFAULT_MAX_PODS = 100
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    submit = commands.add_parser("submit", help="apply a cluster file's objects to the running stack")
+    submit.add_argument("file", type=Path, metavar="FILE.yaml")
+    _stack_arguments(submit)
+    submit.set_defaults(handler=cmd_submit)
+    status = commands.add_parser("status", help="show queues, podgroups and pods of the running stack")
+    _stack_arguments(status)
+    status.add_argument(
+        "--all", action="store_true", help=f"list every pod (default: the first {DEFAULT_MAX_PODS})"
+    )
+    status.set_defaults(handler=cmd_status)
+
+
+def _stack_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--nats-url", help="NATS of the stack (default: read from the state directory)")
+    where.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="where kairos up keeps its state"
+    )
+
+
+def nats_url(args: argparse.Namespace) -> str:
+    """The stack's NATS URL: `--nats-url`, else the `nats.url` file under `--state-dir`."""
+    if args.nats_url:
+        url: str = args.nats_url
+        return url
+    state_dir: Path = args.state_dir
+    path = state_dir / "nats.url"
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"no stack under {state_dir}: cannot read {path} ({reason}); start one with `kairos up` "
+            "or pass --nats-url"
+        ) from exc
+    if not url:
+        raise ConfigError(f"no stack under {state_dir}: {path} is empty")
+    return url
+
+
+# --- submit ----------------------------------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace) -> int:
+    from shared.clusterfile import load_cluster
+
+    objects = load_cluster(args.file)
+    if not any(objects.counts().values()):
+        raise InvalidObject("cluster file", str(args.file), "", "no objects to submit")
+    url = nats_url(args)
+    try:
+        reply = _run(_submit(url, objects))
+    except TemporaryError as exc:
+        return _no_answer(str(exc))
+    if not reply.ok:
+        raise InvalidObject(
+            "cluster file", str(args.file), "", f"the state service refused it: {reply.error}"
+        )
+    out = [f"applied {args.file} (state revision {reply.state_revision}):"]
+    for kind, names in _names(objects).items():
+        if names:
+            shown = ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+            out.append(f"  {kind} ({len(names)}): {shown}")
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK
+
+
+async def _submit(url: str, objects: ClusterObjects) -> ClusterReply:
+    from shared.contracts.messages import ApplyRequest
+
+    request = ApplyRequest(
+        nodes=objects.nodes,
+        queues=objects.queues,
+        podgroups=objects.podgroups,
+        pods=objects.pods,
+        topologies=objects.topologies,
+    )
+    client = await _connect(url)
+    try:
+        return await client.apply(request, timeout=REQUEST_TIMEOUT)
+    finally:
+        await client.close()
+
+
+def _names(objects: ClusterObjects) -> dict[str, list[str]]:
+    return {
+        "nodes": [n.name for n in objects.nodes],
+        "queues": [q.name for q in objects.queues],
+        "podgroups": [g.key for g in objects.podgroups],
+        "pods": [_pod_name(p) for p in objects.pods],
+        "topologies": [t.name for t in objects.topologies],
+    }
+
+
+# --- status ----------------------------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    url = nats_url(args)
+    try:
+        reply = _run(_snapshot(url))
+    except TemporaryError as exc:
+        return _no_answer(str(exc))
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    for table in status_tables(reply, max_pods=None if args.all else DEFAULT_MAX_PODS):
+        console.print(table)
+    return EXIT_OK
+
+
+async def _snapshot(url: str) -> SnapshotReply:
+    from shared.contracts import subjects as s
+    from shared.contracts.messages import CLUSTER_REPLIES, SNAPSHOT_REPLIES, SnapshotRequest, encode
+    from shared.errors import MalformedMessage
+
+    client = await _connect(url)
+    try:
+        # Asked directly rather than through `BusClient.snapshot`: a replica that cannot answer (a snapshot
+        # over the NATS payload limit) replies with a `ClusterReply` saying why, which is worth showing.
+        try:
+            msg = await client.nc.request(
+                s.STATE_SNAPSHOT, encode(SnapshotRequest()), timeout=REQUEST_TIMEOUT
+            )
+        except Exception as exc:  # nats-py's timeout, no-responders and connection errors: no answer
+            raise TemporaryError(
+                f"no answer on {s.STATE_SNAPSHOT}: {str(exc) or type(exc).__name__}"
+            ) from exc
+        try:
+            return SNAPSHOT_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
+        except MalformedMessage:
+            refusal = CLUSTER_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
+            raise TemporaryError(f"the state service could not answer: {refusal.error}") from None
+    finally:
+        await client.close()
+
+
+def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS) -> list[object]:
+    """The snapshot as rich tables: queues (with GPU fair share), podgroups, pods."""
+    import time
+
+    from rich.table import Table
+
+    from shared.core.policy import Policy
+    from shared.core.proportion import R_GPU
+    from shared.core.session import Session
+    from shared.model import Snapshot
+    from shared.model.validate import validate_snapshot
+
+    reserved = {pod: entry.node for entry in reply.ledger for pod in entry.pods}
+    snapshot = _with_reservations(
+        Snapshot(
+            nodes=reply.nodes,
+            pods=reply.pods,
+            podgroups=reply.podgroups,
+            queues=reply.queues,
+            topologies=reply.topologies,
+        ),
+        reserved,
+    )
+    shares: dict[str, tuple[float, float]] = {}
+    note = ""
+    try:
+        validate_snapshot(snapshot)
+        session = Session(snapshot, time.time(), Policy())
+        shares = {name: (q.fair_share[R_GPU], q.allocated[R_GPU]) for name, q in session.queues.items()}
+    except InvalidObject as exc:
+        note = f" (no fair share: {exc})"
+
+    queues = Table(title=f"queues at state revision {reply.revision}{note}")
+    for column in (
+        "queue",
+        "parent",
+        "priority",
+        "GPU quota",
+        "GPU limit",
+        "GPU weight",
+        "GPU fair share",
+        "GPU allocated",
+    ):
+        queues.add_column(column, justify="left" if column in ("queue", "parent") else "right")
+    for q in reply.queues:
+        share = shares.get(q.name)
+        queues.add_row(
+            q.name,
+            q.parent or "",
+            str(q.priority),
+            _bound(q.gpu.quota),
+            _bound(q.gpu.limit),
+            _number(q.gpu.over_quota_weight),
+            _number(share[0]) if share else "-",
+            _number(share[1]) if share else "-",
+        )
+
+    by_group: dict[str, list[Pod]] = {}
+    for pod in reply.pods:
+        by_group.setdefault(pod.podgroup, []).append(pod)
+    groups = Table(title=f"podgroups ({len(reply.podgroups)})")
+    for column in ("podgroup", "queue", "phase", "running", "pending"):
+        groups.add_column(column, justify="right" if column in ("running", "pending") else "left")
+    for g in reply.podgroups:
+        pods = by_group.get(g.key, [])
+        min_member = sum(ps.min_available for ps in g.root.all_pod_sets())
+        running, pending = _counts(pods)
+        groups.add_row(g.key, g.queue, _phase(pods, min_member), str(running), str(pending))
+
+    shown = reply.pods if max_pods is None else reply.pods[:max_pods]
+    more = len(reply.pods) - len(shown)
+    title = f"pods ({len(reply.pods)}{f', first {len(shown)}; --all for every one' if more else ''})"
+    pods_table = Table(title=title)
+    for column in ("pod", "podgroup", "status", "node", "GPU request"):
+        pods_table.add_column(column)
+    for pod in shown:
+        status, node = pod.status.value, pod.node or ""
+        if pod.key in reserved and not node:
+            status, node = f"{status} (reserved)", reserved[pod.key]
+        pods_table.add_row(_pod_name(pod), pod.podgroup, status, node, _gpu_request(pod))
+    return [queues, groups, pods_table]
+
+
+def _with_reservations(snapshot: Snapshot, reserved: dict[str, str]) -> Snapshot:
+    """Pending pods a binder has reserved count as bound there, as every replica counts them."""
+    import msgspec
+
+    from shared.model import PodStatus
+
+    if not reserved:
+        return snapshot
+    pods = tuple(
+        msgspec.structs.replace(p, status=PodStatus.BOUND, node=reserved[p.key])
+        if p.status == PodStatus.PENDING and p.key in reserved
+        else p
+        for p in snapshot.pods
+    )
+    return msgspec.structs.replace(snapshot, pods=pods)
+
+
+def _pod_name(pod: Pod) -> str:
+    return f"{pod.namespace}/{pod.name}" if pod.namespace else pod.name
+
+
+def _counts(pods: list[Pod]) -> tuple[int, int]:
+    from shared.model import PodStatus
+
+    running = sum(p.status == PodStatus.RUNNING for p in pods)
+    pending = sum(p.status in (PodStatus.PENDING, PodStatus.PIPELINED, PodStatus.GATED) for p in pods)
+    return running, pending
+
+
+def _phase(pods: list[Pod], min_member: int) -> str:
+    """A podgroup's phase as its pods show it: Succeeded, Failed, Running (at least min member placed),
+    Starting (some placed), Pending, or Empty (no pods yet)."""
+    from shared.model import PodStatus
+    from shared.model.status import ACTIVE_ALLOCATED
+
+    if not pods:
+        return "Empty"
+    statuses = [p.status for p in pods]
+    if all(st == PodStatus.SUCCEEDED for st in statuses):
+        return "Succeeded"
+    if any(st == PodStatus.FAILED for st in statuses):
+        return "Failed"
+    placed = sum(st in ACTIVE_ALLOCATED and st != PodStatus.PIPELINED for st in statuses)
+    if placed and placed >= max(min_member, 1):
+        return "Running"
+    return "Starting" if placed else "Pending"
+
+
+def _gpu_request(pod: Pod) -> str:
+    gpu = pod.gpu
+    if gpu.is_mig:
+        return "mig " + ",".join(f"{name}x{count}" for name, count in sorted(gpu.mig.items()))
+    if gpu.is_fraction:
+        return f"{_number(gpu.fraction)}" if gpu.devices <= 1 else f"{gpu.devices}x{_number(gpu.fraction)}"
+    if gpu.is_memory:
+        return f"{max(gpu.devices, 1)}x{gpu.memory_mib}MiB"
+    return str(gpu.devices) if gpu.devices else "-"
+
+
+def _bound(value: float) -> str:
+    return "unlimited" if value < 0 else _number(value)
+
+
+def _number(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+
+
+# --- plumbing --------------------------------------------------------------------------------------------
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    import asyncio
+
+    return asyncio.run(coroutine)
+
+
+async def _connect(url: str) -> BusClient:
+    import asyncio
+
+    from shared.bus.client import BusClient
+
+    # nats-py logs every failed connection attempt with a traceback and keeps retrying for minutes; the
+    # CLI checks the address first and reports one line instead.
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
+    _reachable(url)
+    try:
+        return await asyncio.wait_for(BusClient.connect(url), REQUEST_TIMEOUT)
+    except Exception as exc:
+        raise TemporaryError(f"cannot connect to NATS at {url}: {str(exc) or type(exc).__name__}") from exc
+
+
+def _reachable(url: str) -> None:
+    import socket
+
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise TemporaryError(f"cannot reach NATS at {url} ({reason}); is the stack up (kairos up)?") from exc
+
+
+def _no_answer(message: str) -> int:
+    sys.stderr.write("kairos: " + " ".join(message.splitlines()) + "\n")
+    return EXIT_NO_ANSWER
