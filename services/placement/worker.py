@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
@@ -40,7 +42,6 @@ from shared.contracts.messages import (
     WorkItem,
     encode,
 )
-from shared.core.policy import Policy
 from shared.core.proportion import R_GPU
 from shared.core.scheduler import CycleResult, fit_error_message, result_of, run_session
 from shared.core.session import Session
@@ -210,7 +211,7 @@ def place(item: WorkItem, snapshot: Snapshot, state_revision: int, key_revisions
     """Run the core for `item` on a snapshot taken at `state_revision`, whose ledger keys were at
     `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves)."""
     try:
-        policy = Policy(actions=item.actions)
+        policy = msgspec.structs.replace(item.policy, actions=item.actions)
     except ValueError as exc:  # an unknown action name: the item can never be run
         raise MalformedMessage(s.work(item.shard), str(exc)) from exc
     focus = frozenset(item.podgroups) or None

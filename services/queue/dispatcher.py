@@ -355,6 +355,7 @@ class Dispatcher:
         podgroups: tuple[str, ...],
         actions: tuple[str, ...],
         want_view: bool,
+        policy: Policy | None = None,
     ) -> WorkItem:
         return WorkItem(
             id=uuid.uuid4().hex,
@@ -367,6 +368,7 @@ class Dispatcher:
             podgroups=podgroups,
             actions=actions,
             want_view=want_view,
+            policy=policy or Policy(actions=actions),
         )
 
     async def _send(self, item: WorkItem, timeout: float, wait: bool = False) -> InFlight | None:
@@ -411,7 +413,13 @@ class Dispatcher:
             state_revision, ledger_revision = await self._latest_revisions()
             now = request.now if request.now is not None else self.now()
             item = self._item(
-                now, state_revision, ledger_revision, (), ALL_ACTIONS, want_view=request.want_view
+                now,
+                state_revision,
+                ledger_revision,
+                (),
+                ALL_ACTIONS,
+                want_view=request.want_view,
+                policy=request.policy,
             )
             entry = await self._send(item, max(deadline - self.clock(), 0.0), wait=True)
         finally:

@@ -7,6 +7,7 @@ idempotent, so every service declares what it uses at start-up and the first one
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 import nats
@@ -18,6 +19,8 @@ from nats.js.errors import BadRequestError
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
 from shared.errors import TemporaryError
+
+log = logging.getLogger("kairos.bus")
 
 
 @dataclass
@@ -80,6 +83,11 @@ async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KvStore:
         return KvStore(await js.create_key_value(config))
 
 
+async def _log_error(exc: Exception) -> None:
+    # nats-py's default callback prints a traceback per failed attempt; one line is enough.
+    log.warning("nats: %s", exc)
+
+
 async def connect(url: str, name: str, credentials: str | None = None, timeout: float = 10.0) -> Bus:
     """Connect (retrying until `timeout`), declare streams and buckets, open the KV stores."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -87,14 +95,22 @@ async def connect(url: str, name: str, credentials: str | None = None, timeout: 
     nc: Client | None = None
     while nc is None and asyncio.get_running_loop().time() < deadline:
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                user_credentials=credentials,
-                connect_timeout=2,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+            # The first connection must fail fast (this loop retries until `timeout`); once connected,
+            # the client reconnects forever on its own.
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    user_credentials=credentials,
+                    connect_timeout=2,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=False,
+                    error_cb=_log_error,
+                ),
+                3.0,
             )
+            nc.options["allow_reconnect"] = True
         except Exception as exc:  # noqa: BLE001 -- translated below
             last = exc
             await asyncio.sleep(0.2)

@@ -66,9 +66,10 @@ def observe(ssn: Session, now: float) -> Checkpoint:
 
 
 def checkpoint_of(snapshot: Snapshot, view: SessionView, now: float) -> Checkpoint:
+    # Sorted by name: the bus replica and the in-process session list objects in different orders.
     pods = {p.key: p for p in snapshot.pods}
     tasks: dict[str, dict[str, ObservedTask]] = {}
-    for t in view.tasks:
+    for t in sorted(view.tasks, key=lambda t: t.name):
         pod = pods[t.pod]
         tasks.setdefault(t.podgroup, {})[t.name] = ObservedTask(
             status=t.status,
@@ -86,9 +87,12 @@ def checkpoint_of(snapshot: Snapshot, view: SessionView, now: float) -> Checkpoi
             last_start_age_seconds=(now - j.last_start_time) if j.last_start_time is not None else None,
             tasks=tasks.get(j.podgroup, {}),
         )
-        for j in view.jobs
+        for j in sorted(view.jobs, key=lambda j: j.podgroup)
     }
-    nodes = {n.node: ObservedNode(idle_gpus=n.idle_gpus, releasing_gpus=n.releasing_gpus) for n in view.nodes}
+    nodes = {
+        n.node: ObservedNode(idle_gpus=n.idle_gpus, releasing_gpus=n.releasing_gpus)
+        for n in sorted(view.nodes, key=lambda n: n.node)
+    }
     return Checkpoint(jobs=jobs, nodes=nodes)
 
 
