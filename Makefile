@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
 CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
 
-.PHONY: install lint test run conformance bench-core bench fmt
+.PHONY: install lint test test-bus run demo conformance bench-core bench fmt
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,13 @@ lint:
 test: lint
 	$(BIN)/pytest
 
+test-bus:
+	KAIROS_BUS_CORPUS=all $(BIN)/pytest tests/e2e/test_conformance_bus.py
+
 run:
+	$(BIN)/kairos up
+
+demo:
 	$(BIN)/kairos demo
 
 conformance:

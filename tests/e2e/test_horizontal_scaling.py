@@ -1,0 +1,135 @@
+"""Horizontal scaling, proven: 3 placement and 2 binder replicas schedule 5,000 pods concurrently.
+
+Placement workers take batches of podgroups in parallel, each on its own replica of the state, so they
+propose overlapping placements; the binders' compare-and-set lets exactly one of two overlapping proposals
+commit and the queue re-dispatches the loser. Afterwards no GPU is over-committed, every pod is bound
+exactly once (one claim, on the node it runs on), and the number of conflicts is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from shared.bus.client import BusClient
+from shared.bus.connection import connect
+from shared.bus.replica import StateReplica
+from shared.cli.stack import start_stack
+from shared.contracts import subjects as s
+from shared.contracts.messages import HEARTBEATS, ApplyRequest
+from shared.errors import MalformedMessage
+from shared.model import PodStatus, Queue, QueueResource
+from shared.sim.scenarios import gang, gpu_nodes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PODS = 5000
+NODES = 700
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+
+
+async def _load(url: str) -> None:
+    client = await BusClient.connect(url)
+    try:
+        queues = (
+            Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
+            *(
+                Queue(
+                    name=f"team-{i}",
+                    parent="org",
+                    creation_index=i,
+                    gpu=QueueResource(quota=1000),
+                    cpu=UNBOUNDED,
+                    memory=UNBOUNDED,
+                )
+                for i in range(4)
+            ),
+        )
+        reply = await client.apply(ApplyRequest(nodes=tuple(gpu_nodes(NODES)), queues=queues))
+        assert reply.ok, reply.error
+        # Chunks keep each request well under NATS's default 1 MB payload limit.
+        for start in range(0, PODS, 250):
+            groups, pods = [], []
+            for j in range(start, min(start + 250, PODS)):
+                pg, ps = gang(f"job-{j:05d}", f"team-{j % 4}", 1, 1.0, created=float(j))
+                groups.append(pg)
+                pods.extend(ps)
+            reply = await client.apply(ApplyRequest(podgroups=tuple(groups), pods=tuple(pods)))
+            assert reply.ok, reply.error
+    finally:
+        await client.close()
+
+
+async def _wait_and_check(url: str, timeout: float) -> dict[str, int]:
+    bus = await connect(url, "scaling-test")
+    replica = StateReplica(bus)
+    await replica.start()
+    counters: dict[str, dict[str, int]] = {}
+
+    async def on_beat(msg: object) -> None:
+        try:
+            beat = HEARTBEATS.decode(getattr(msg, "subject", ""), getattr(msg, "data", b""))
+        except MalformedMessage:
+            return
+        counters[beat.replica] = beat.counters
+
+    sub = await bus.nc.subscribe(s.HEALTH_WILDCARD, cb=on_beat)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = replica.snapshot().pods
+            running = sum(1 for p in pods if p.status == PodStatus.RUNNING)
+            if running == PODS or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1.0)
+        snap = replica.snapshot()
+        raw_pods = [r.pod for r in replica.records.values() if hasattr(r, "pod")]
+        assert sum(1 for p in raw_pods if p.status == PodStatus.RUNNING) == PODS, "not every pod was bound"
+        gpus_per_node: Counter[str] = Counter()
+        for p in raw_pods:
+            assert p.node is not None
+            gpus_per_node[p.node] += p.gpu.devices
+        capacity = {n.name: n.gpus for n in snap.nodes}
+        over = {n: used for n, used in gpus_per_node.items() if used > capacity[n]}
+        assert not over, f"over-committed nodes: {over}"
+        claims = replica.claims
+        assert len(claims) == PODS, f"{len(claims)} claims for {PODS} pods"
+        on_node = {p.key: p.node for p in raw_pods}
+        assert all(c.node == on_node[c.pod] for c in claims.values()), (
+            "a claim names another node than the pod's"
+        )
+        await asyncio.sleep(1.5)  # one more heartbeat round, so the counters are final
+        totals: Counter[str] = Counter()
+        for name, values in counters.items():
+            if name.startswith("binder"):
+                totals.update(values)
+        return dict(totals)
+    finally:
+        await sub.unsubscribe()
+        await replica.stop()
+        await bus.close()
+
+
+@pytest.mark.timeout(900)
+def test_three_placements_and_two_binders_bind_5000_pods_once(tmp_path: Path) -> None:
+    stack = start_stack(
+        tmp_path / "stack",
+        replicas={"state": 1, "queue": 1, "placement": 3, "binder": 2},
+        options={"state": {"source": "sim"}, "queue": {"batch": "100", "period": "0.5"}},
+    )
+    try:
+        started = time.monotonic()
+        asyncio.run(_load(stack.url))
+        totals = asyncio.run(_wait_and_check(stack.url, timeout=600))
+        elapsed = time.monotonic() - started
+    finally:
+        stack.stop()
+    print(
+        f"\n5,000 pods bound by 3 placement + 2 binder replicas in {elapsed:.1f} s; "
+        f"binder commits {totals.get('committed', 0)}, conflicts {totals.get('conflicts', 0)}"
+    )
+    assert totals.get("committed", 0) > 0
