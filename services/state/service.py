@@ -53,17 +53,10 @@ from shared.contracts.messages import (
     ClusterReply,
     ClusterRequest,
     EvictRequest,
-    NodeLedger,
-    NodeRecord,
-    PodGroupRecord,
-    PodRecord,
-    QueueRecord,
     SnapshotReply,
-    TopologyRecord,
     encode,
 )
 from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
-from shared.model import Node, Pod, PodGroup, Queue, Topology
 
 QUEUE_GROUP = "state"
 OPERATIONS: dict[str, type[ClusterRequest]] = {
@@ -401,31 +394,14 @@ class SnapshotServer:
 
 def snapshot_reply(replica: StateReplica) -> SnapshotReply:
     """The replica's objects as KV holds them (no ledger overlay), sorted like `Snapshot`s, and its ledger."""
-    nodes: list[Node] = []
-    queues: list[Queue] = []
-    podgroups: list[PodGroup] = []
-    pods: list[Pod] = []
-    topologies: list[Topology] = []
-    for record in replica.records.values():
-        match record:
-            case NodeRecord(node=node):
-                nodes.append(node)
-            case QueueRecord(queue=queue):
-                queues.append(queue)
-            case PodGroupRecord(podgroup=podgroup):
-                podgroups.append(podgroup)
-            case PodRecord(pod=pod):
-                pods.append(pod)
-            case TopologyRecord(topology=topology):
-                topologies.append(topology)
-    ledger: list[NodeLedger] = sorted(replica.ledger.values(), key=lambda entry: entry.node)
+    objects = replica.objects()
     return SnapshotReply(
         revision=replica.revision,
         ledger_revision=replica.ledger_revision,
-        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
-        queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
-        podgroups=tuple(sorted(podgroups, key=lambda g: g.key)),
-        pods=tuple(sorted(pods, key=lambda p: p.key)),
-        topologies=tuple(sorted(topologies, key=lambda t: t.name)),
-        ledger=tuple(ledger),
+        nodes=objects.nodes,
+        queues=objects.queues,
+        podgroups=objects.podgroups,
+        pods=objects.pods,
+        topologies=objects.topologies,
+        ledger=tuple(sorted(replica.ledger.values(), key=lambda entry: entry.node)),
     )

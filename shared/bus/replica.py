@@ -126,7 +126,8 @@ class StateReplica:
         key = ledger_node_key(node)
         return self.ledger.get(key), self.key_revisions.get(key, 0)
 
-    def snapshot(self) -> Snapshot:
+    def objects(self) -> Snapshot:
+        """The cluster exactly as the state bucket holds it (no ledger overlay), in a stable order."""
         nodes: list[Node] = []
         pods: list[Pod] = []
         groups: list[PodGroup] = []
@@ -144,29 +145,34 @@ class StateReplica:
                     queues.append(q)
                 case TopologyRecord(topology=t):
                     topologies.append(t)
+        # A stable order makes sessions (and snapshot replies) deterministic.
+        return Snapshot(
+            nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+            pods=tuple(sorted(pods, key=lambda p: p.key)),
+            podgroups=tuple(sorted(groups, key=lambda g: g.key)),
+            queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
+            topologies=tuple(sorted(topologies, key=lambda t: t.name)),
+        )
+
+    def snapshot(self) -> Snapshot:
+        """`objects()` with pods the ledger reserves but the cluster still shows pending counted as bound."""
+        base = self.objects()
         reserved: dict[str, tuple[str, Reservation]] = {}
         for entry in self.ledger.values():
             for pod_key, reservation in entry.pods.items():
                 reserved[pod_key] = (entry.node, reservation)
-        if reserved:
-            overlaid = []
-            for pod in pods:
-                hit = reserved.get(pod.key)
-                if hit is not None and pod.status == PodStatus.PENDING:
-                    node_name, reservation = hit
-                    overlaid.append(
-                        msgspec.structs.replace(
-                            pod, status=PodStatus.BOUND, node=node_name, gpu_groups=reservation.gpu_groups
-                        )
+        if not reserved:
+            return base
+        pods = []
+        for pod in base.pods:
+            hit = reserved.get(pod.key)
+            if hit is not None and pod.status == PodStatus.PENDING:
+                node_name, reservation = hit
+                pods.append(
+                    msgspec.structs.replace(
+                        pod, status=PodStatus.BOUND, node=node_name, gpu_groups=reservation.gpu_groups
                     )
-                else:
-                    overlaid.append(pod)
-            pods = overlaid
-        key = lambda o: o.name  # noqa: E731 -- a stable order makes sessions deterministic
-        return Snapshot(
-            nodes=tuple(sorted(nodes, key=key)),
-            pods=tuple(sorted(pods, key=lambda p: p.key)),
-            podgroups=tuple(sorted(groups, key=lambda g: g.key)),
-            queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
-            topologies=tuple(sorted(topologies, key=key)),
-        )
+                )
+            else:
+                pods.append(pod)
+        return msgspec.structs.replace(base, pods=tuple(pods))

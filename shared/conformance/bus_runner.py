@@ -16,39 +16,12 @@ from pathlib import Path
 from shared.bus.client import BusClient
 from shared.cli.stack import start_stack
 from shared.conformance import case as c
-from shared.conformance.build import CaseState, build_snapshot
-from shared.conformance.result import CaseResult, Checkpoint, RoundCounts
-from shared.conformance.runner import (
-    DEFAULT_ROUNDS_AFTER_MATCH,
-    DEFAULT_ROUNDS_UNTIL_MATCH,
-    NOW,
-    checkpoint_of,
-    harness_policy,
-    observe,
-)
+from shared.conformance.result import CaseResult, RoundCounts
+from shared.conformance.runner import NOW, run_rounds
 from shared.contracts.messages import ApplyRequest, CycleRequest, SessionView
 from shared.core.policy import Policy
-from shared.core.session import Session
 from shared.errors import TemporaryError
-from shared.model import PodStatus, Snapshot
-
-
-def _write_back(state: CaseState, view: SessionView) -> None:
-    """The harness's write-back (SEMANTICS §1) from the view the services returned."""
-    delete_in_test = {j.name for j in state.case.jobs if j.delete_in_test}
-    for t in view.tasks:
-        desc = state.tasks.get(t.name)
-        if desc is None:
-            continue
-        status = PodStatus(t.status)
-        if status == PodStatus.RELEASING and t.podgroup in delete_in_test:
-            desc.state, desc.node, desc.gpu_groups = "Releasing", t.node, list(t.gpu_groups)
-        elif status in (PodStatus.RELEASING, PodStatus.PIPELINED):
-            desc.state, desc.node = "Pending", None
-        elif status == PodStatus.BINDING:
-            desc.state, desc.node, desc.gpu_groups = "Running", t.node, list(t.gpu_groups)
-        else:
-            desc.state, desc.node, desc.gpu_groups = status.value, t.node, list(t.gpu_groups)
+from shared.model import Snapshot
 
 
 async def _round(client: BusClient, snapshot: Snapshot, policy: Policy) -> tuple[RoundCounts, SessionView]:
@@ -75,36 +48,16 @@ async def _round(client: BusClient, snapshot: Snapshot, policy: Policy) -> tuple
     return counts, view
 
 
-async def _run(case: c.Case, url: str) -> CaseResult:
-    client = await BusClient.connect(url)
+def _run(case: c.Case, url: str) -> CaseResult:
+    loop = asyncio.new_event_loop()
+    client = loop.run_until_complete(BusClient.connect(url))
     try:
-        state = CaseState.start(case)
-        policy = harness_policy(case)
-        until = case.rounds_until_match or DEFAULT_ROUNDS_UNTIL_MATCH
-        after = case.rounds_after_match or DEFAULT_ROUNDS_AFTER_MATCH
-        rounds: list[RoundCounts] = []
-        checkpoints: list[Checkpoint] = []
-        last_view: SessionView | None = None
-        for _ in range(until):
-            counts, last_view = await _round(client, build_snapshot(state, NOW), policy)
-            rounds.append(counts)
-            _write_back(state, last_view)
-        match = Session(build_snapshot(state, NOW), NOW, policy)
-        observed = observe(match, NOW)
-        if last_view is not None:
-            errors = {j.podgroup: j.fit_error for j in last_view.jobs}
-            for name, job in observed.jobs.items():
-                job.fit_error_message = errors.get(name)
-        checkpoints.append(observed)
-        for _ in range(after):
-            snapshot = build_snapshot(state, NOW)
-            counts, view = await _round(client, snapshot, policy)
-            rounds.append(counts)
-            checkpoints.append(checkpoint_of(snapshot, view, NOW))
-            _write_back(state, view)
-        return CaseResult(name=case.name, rounds=rounds, checkpoints=checkpoints)
+        return run_rounds(
+            case, lambda snapshot, policy: loop.run_until_complete(_round(client, snapshot, policy))
+        )
     finally:
-        await client.close()
+        loop.run_until_complete(client.close())
+        loop.close()
 
 
 def run_case_via_bus(case: c.Case, state_dir: Path | None = None) -> CaseResult:
@@ -117,6 +70,6 @@ def run_case_via_bus(case: c.Case, state_dir: Path | None = None) -> CaseResult:
             },
         )
         try:
-            return asyncio.run(_run(case, stack.url))
+            return _run(case, stack.url)
         finally:
             stack.stop()

@@ -8,6 +8,10 @@ reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import msgspec
+
 from shared.conformance import case as c
 from shared.conformance.build import CaseState, build_snapshot
 from shared.conformance.result import (
@@ -42,22 +46,23 @@ def harness_policy(case: c.Case) -> Policy:
     )
 
 
-def _write_back(state: CaseState, ssn: Session) -> None:
-    for job in state.case.jobs:
-        for t in job.tasks:
-            task = ssn.tasks.get(t.pod_name)
-            if task is None:
-                continue
-            desc = state.tasks[t.pod_name]
-            status = task.status
-            if status == PodStatus.RELEASING and job.delete_in_test:
-                desc.state, desc.node, desc.gpu_groups = "Releasing", task.node, list(task.gpu_groups)
-            elif status in (PodStatus.RELEASING, PodStatus.PIPELINED):
-                desc.state, desc.node = "Pending", None
-            elif status == PodStatus.BINDING:
-                desc.state, desc.node, desc.gpu_groups = "Running", task.node, list(task.gpu_groups)
-            else:
-                desc.state, desc.node, desc.gpu_groups = status.value, task.node, list(task.gpu_groups)
+def write_back(state: CaseState, view: SessionView) -> None:
+    """The harness's write-back between rounds (SEMANTICS §1): evictions complete at once, pipelined pods
+    go back to pending, binds succeed; stale GPU groups stay on pods returned to pending."""
+    delete_in_test = {j.name for j in state.case.jobs if j.delete_in_test}
+    for t in view.tasks:
+        desc = state.tasks.get(t.name)
+        if desc is None:
+            continue
+        status = PodStatus(t.status)
+        if status == PodStatus.RELEASING and t.podgroup in delete_in_test:
+            desc.state, desc.node, desc.gpu_groups = "Releasing", t.node, list(t.gpu_groups)
+        elif status in (PodStatus.RELEASING, PodStatus.PIPELINED):
+            desc.state, desc.node = "Pending", None
+        elif status == PodStatus.BINDING:
+            desc.state, desc.node, desc.gpu_groups = "Running", t.node, list(t.gpu_groups)
+        else:
+            desc.state, desc.node, desc.gpu_groups = status.value, t.node, list(t.gpu_groups)
 
 
 def observe(ssn: Session, now: float) -> Checkpoint:
@@ -96,34 +101,50 @@ def checkpoint_of(snapshot: Snapshot, view: SessionView, now: float) -> Checkpoi
     return Checkpoint(jobs=jobs, nodes=nodes)
 
 
-def _counts(ssn: Session) -> RoundCounts:
-    return RoundCounts(
+RoundFn = Callable[[Snapshot, Policy], tuple[RoundCounts, SessionView]]
+
+
+def in_process_round(snapshot: Snapshot, policy: Policy) -> tuple[RoundCounts, SessionView]:
+    """One round on the core in this process: a session, the five actions, its view."""
+    ssn = run_session(snapshot, NOW, policy)
+    counts = RoundCounts(
         binds=len(ssn.log.binds), evictions=len(ssn.log.evictions), pipelined=len(ssn.log.pipelines)
     )
+    return counts, session_view(ssn)
 
 
-def run_case(case: c.Case) -> CaseResult:
+def run_rounds(case: c.Case, run_round: RoundFn) -> CaseResult:
+    """SEMANTICS §1 with `run_round` doing each round (in-process or through the services)."""
     state = CaseState.start(case)
     policy = harness_policy(case)
     until = case.rounds_until_match or DEFAULT_ROUNDS_UNTIL_MATCH
     after = case.rounds_after_match or DEFAULT_ROUNDS_AFTER_MATCH
     rounds: list[RoundCounts] = []
     checkpoints: list[Checkpoint] = []
-    last: Session | None = None
+    last: SessionView | None = None
     for _ in range(until):
-        last = run_session(build_snapshot(state, NOW), NOW, policy)
-        rounds.append(_counts(last))
-        _write_back(state, last)
+        counts, last = run_round(build_snapshot(state, NOW), policy)
+        rounds.append(counts)
+        write_back(state, last)
+    # The match is on a session rebuilt from the description, no action run, fit errors carried over.
     match = Session(build_snapshot(state, NOW), NOW, policy)
     if last is not None:
-        for key, job in match.jobs.items():
-            previous = last.jobs.get(key)
-            if previous is not None:
-                job.fit_errors = list(previous.fit_errors)
-    checkpoints.append(observe(match, NOW))
+        errors = {j.podgroup: j.fit_error for j in last.jobs}
+        view = session_view(match)
+        view = msgspec.structs.replace(
+            view, jobs=tuple(msgspec.structs.replace(j, fit_error=errors.get(j.podgroup)) for j in view.jobs)
+        )
+        checkpoints.append(checkpoint_of(match.snapshot, view, NOW))
+    else:
+        checkpoints.append(observe(match, NOW))
     for _ in range(after):
-        ssn = run_session(build_snapshot(state, NOW), NOW, policy)
-        rounds.append(_counts(ssn))
-        checkpoints.append(observe(ssn, NOW))
-        _write_back(state, ssn)
+        snapshot = build_snapshot(state, NOW)
+        counts, view = run_round(snapshot, policy)
+        rounds.append(counts)
+        checkpoints.append(checkpoint_of(snapshot, view, NOW))
+        write_back(state, view)
     return CaseResult(name=case.name, rounds=rounds, checkpoints=checkpoints)
+
+
+def run_case(case: c.Case) -> CaseResult:
+    return run_rounds(case, in_process_round)
