@@ -92,13 +92,6 @@ def iter_nodes_in_order(
         yield c.order[idx]
 
 
-def order_nodes(ssn: Session, task: TaskState, nodes: list[NodeState]) -> list[NodeState]:
-    mask = np.zeros(len(ssn.cluster.order), dtype=bool)
-    for n in nodes:
-        mask[n.idx] = True
-    return list(iter_nodes_in_order(ssn, task, mask))
-
-
 def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
     """KAI `FittingGPUs`: shared devices with room, plus one `WHOLE_GPU` marker per idle or releasing
     whole device, best first (binpack: fullest shared device first; spread: whole devices first)."""

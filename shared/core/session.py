@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.core import predicates, scoring
+from shared.core import predicates
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.policy import Policy
 from shared.core.proportion import (
@@ -26,7 +26,7 @@ from shared.core.proportion import (
     set_fair_shares,
 )
 from shared.core.statement import Decisions, Statement
-from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, TaskState
+from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, TaskState, mig_gpu_portion
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
 
@@ -85,7 +85,7 @@ class Session:
         for node in self.cluster.order:
             for name, count in node.alloc_scalars.items():
                 if "mig-" in name:
-                    total += count * _mig_slices(name)
+                    total += count * mig_gpu_portion(name)
         return total
 
     # --- queue accounting (proportion) ------------------------------------------------------------------
@@ -231,15 +231,3 @@ class Session:
         if not self.policy.predicates:
             return None
         return predicates.check(self, task, node)
-
-    def ordered_candidates(self, task: TaskState, nodes: list[NodeState]) -> list[NodeState]:
-        """Nodes in KAI's order for this task: score descending, then name; only those that fit."""
-        return scoring.order_nodes(self, task, nodes)
-
-
-def _mig_slices(resource: str) -> int:
-    profile = resource.rsplit("mig-", 1)[-1]
-    try:
-        return int(profile.split("g.", 1)[0])
-    except ValueError:
-        return 1

@@ -106,14 +106,14 @@ class TaskState:
         if self.kind == "memory":
             return self.gpu.devices * (self.gpu.memory_mib / min_node_gpu_memory)
         if self.kind == "mig":
-            return float(sum(_mig_gpu_portion(name) * n for name, n in self.gpu.mig.items()))
+            return float(sum(mig_gpu_portion(name) * n for name, n in self.gpu.mig.items()))
         return self.gpu.gpus
 
     def __repr__(self) -> str:
         return f"Task({self.name} {self.status} on {self.node})"
 
 
-def _mig_gpu_portion(resource: str) -> int:
+def mig_gpu_portion(resource: str) -> int:
     """The number of compute slices in a MIG profile name such as nvidia.com/mig-2g.10gb."""
     profile = resource.rsplit("mig-", 1)[-1]
     head = profile.split("g.", 1)[0]

@@ -25,8 +25,8 @@ from shared.core.tasks import (
     JobState,
     PodSetState,
     TaskState,
-    _mig_gpu_portion,
     _pod_set_order_key,
+    mig_gpu_portion,
     task_order_key,
 )
 from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
@@ -118,7 +118,7 @@ def idle_gpus(node: NodeState) -> tuple[float, float]:
     whole = node.idle(GPU)
     for name, qty in node.idle_scalars.items():
         if "mig-" in name:
-            whole += _mig_gpu_portion(name) * int(qty)
+            whole += mig_gpu_portion(name) * int(qty)
     return shared + whole, shared_mem + int(whole) * node.gpu_memory
 
 
@@ -134,7 +134,7 @@ def releasing_gpus(node: NodeState) -> tuple[float, float]:
     whole = node.releasing(GPU)
     for name, qty in node.releasing_scalars.items():
         if "mig-" in name:
-            whole += _mig_gpu_portion(name) * int(qty)
+            whole += mig_gpu_portion(name) * int(qty)
     return shared + whole, shared_mem + int(whole) * node.gpu_memory
 
 
@@ -189,7 +189,7 @@ def enough_gpus_allocatable(ssn: Session, job: JobState) -> bool:
         if task.kind == "memory":
             need_mem += task.gpu.memory_mib
         for name, qty in task.gpu.mig.items():
-            need += _mig_gpu_portion(name) * qty
+            need += mig_gpu_portion(name) * qty
             need_mem += _mig_memory_gb(name) * qty
     return total >= need and total_mem >= need_mem
 
