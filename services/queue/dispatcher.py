@@ -37,10 +37,12 @@ from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkIte
 from shared.core.actions.allocate import pending_jobs
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import KNOWN_ACTIONS, Policy
-from shared.core.proportion import Vec
+from shared.core.proportion import Vec, ancestors_and_self
 from shared.core.session import Session
+from shared.core.tasks import JobState
 from shared.errors import ConfigError
 from shared.model import Snapshot
+from shared.model.objects import UNLIMITED
 
 log = logging.getLogger("kairos.queue.dispatcher")
 
@@ -113,6 +115,10 @@ class Plan:
     """Podgroups with pods to place, in the order the core's allocate action takes them."""
     stale: bool
     """Some gang is below its min member (or still marked stale): stale-gang eviction has something to do."""
+    guarded: frozenset[str] = frozenset()
+    """Pending podgroups whose placement is bounded by a queue total (a limit, or quota for non-preemptible
+    work) somewhere up their queue chain. Placement checks such totals on its own replica and the binder's
+    per-node compare-and-set cannot see them, so two of these must never be placed concurrently."""
 
 
 def _resources(v: Vec) -> dict[str, float]:
@@ -139,7 +145,17 @@ def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
     order.extend(pending_jobs(ssn))
     pending = tuple(job.key for job in order.drain())
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
-    return Plan(shares, pending, stale)
+    guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
+    return Plan(shares, pending, stale, guarded)
+
+
+def _bounded_by_queue_totals(ssn: Session, job: JobState) -> bool:
+    for q in ancestors_and_self(ssn.queues, job.queue):
+        if any(limit != UNLIMITED for limit in q.limit):
+            return True
+        if not job.preemptible and any(quota != UNLIMITED for quota in q.deserved):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -157,12 +173,14 @@ def batches(
     whole_busy: bool,
     stale_busy: bool,
     room: int,
+    guarded_busy: bool = False,
 ) -> tuple[list[Batch], bool]:
     """The work items to send now, and whether work was held back by work in flight (then an outcome
     should start the next cycle early).
 
     `busy`: podgroups in flight; `whole_busy`: a whole-cycle item is in flight; `stale_busy`: an item in
-    flight carries the stale-gang action; `room`: how many more items may be in flight."""
+    flight carries the stale-gang action; `room`: how many more items may be in flight; `guarded_busy`: an
+    item with podgroups bounded by queue totals is in flight (those go one item at a time)."""
     has_work = bool(plan.pending) or plan.stale
     if batch is None:
         if whole_busy or busy or stale_busy:
@@ -173,6 +191,14 @@ def batches(
     free = [pg for pg in plan.pending if pg not in busy]
     held = len(free) < len(plan.pending)
     out: list[Batch] = []
+    guarded = [pg for pg in free if pg in plan.guarded]
+    if guarded:
+        free = [pg for pg in free if pg not in plan.guarded]
+        if guarded_busy or room < 1:
+            held = True
+        else:
+            out.append(Batch(tuple(guarded[:batch]), PLACE_ACTIONS))
+            held = held or len(guarded) > batch
     for start in range(0, len(free), batch):
         if len(out) >= room:
             held = True
@@ -197,6 +223,7 @@ class InFlight:
     whole: bool
     stale: bool
     waiter: asyncio.Future[Outcome] | None = None
+    guarded: bool = False
 
 
 class Dispatcher:
@@ -315,11 +342,12 @@ class Dispatcher:
             return []
         self._freed = False
         busy: set[str] = set()
-        whole_busy = stale_busy = False
+        whole_busy = stale_busy = guarded_busy = False
         for entry in self.inflight.values():
             busy.update(entry.item.podgroups)
             whole_busy |= entry.whole
             stale_busy |= entry.stale
+            guarded_busy |= entry.guarded
         room = self.settings.max_inflight - len(self.inflight)
         out, self._held = batches(
             plan,
@@ -328,11 +356,14 @@ class Dispatcher:
             whole_busy=whole_busy,
             stale_busy=stale_busy,
             room=room,
+            guarded_busy=guarded_busy,
         )
         sent: list[WorkItem] = []
         for b in out:
             item = self._item(now, state_revision, ledger_revision, b.podgroups, b.actions, want_view=False)
-            if await self._send(item, self.settings.work_timeout) is not None:
+            sent_entry = await self._send(item, self.settings.work_timeout)
+            if sent_entry is not None:
+                sent_entry.guarded = any(pg in plan.guarded for pg in b.podgroups)
                 sent.append(item)
         return sent
 

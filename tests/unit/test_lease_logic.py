@@ -334,3 +334,15 @@ def test_settings_parse_options_and_name_the_bad_one() -> None:
     ):
         with pytest.raises(ConfigError, match=name):
             QueueSettings.from_options(bad)
+
+
+def test_podgroups_bounded_by_queue_totals_go_one_item_at_a_time() -> None:
+    plan = Plan((), ("p1", "g1", "p2", "g2", "g3"), False, frozenset({"g1", "g2", "g3"}))
+    out, held = batches(plan, 2, busy=frozenset(), whole_busy=False, stale_busy=False, room=10)
+    assert [b.podgroups for b in out] == [("g1", "g2"), ("p1", "p2")]
+    assert held  # g3 waits for the guarded item in flight
+    out, held = batches(
+        plan, 2, busy=frozenset(), whole_busy=False, stale_busy=False, room=10, guarded_busy=True
+    )
+    assert [b.podgroups for b in out] == [("p1", "p2")]
+    assert held
