@@ -190,7 +190,71 @@ async def _claim(ledger: KvStore, binding: Binding, proposal: str) -> int:
     raise ConflictError(key, 0, entry.revision if entry is not None else -1)
 
 
-async def _reserve(ledger: KvStore, node: str, binds: list[Binding], proposal: Proposal) -> NodeWrite:
+@dataclass(frozen=True)
+class Capacity:
+    """A node's allocatable resources, for the resource-fit conflict check."""
+
+    cpu_millis: float
+    memory_bytes: float
+    gpus: float
+    pods: float
+
+
+CapacityLookup = Callable[[str], "Capacity | None"]
+
+
+def still_fits(current: NodeLedger | None, ours: dict[str, Reservation], capacity: Capacity) -> bool:
+    """Whether the node holds everything already reserved on it plus `ours`.
+
+    The node's ledger lists every pod on the node (binders add what they bind, the state service adds
+    what it observes and removes what leaves), so its sum bounds the node's use. Shared-GPU requests are
+    never re-checked (which device they share was decided on the old state): they conflict as before."""
+    if any(r.gpu_groups for r in ours.values()):
+        return False
+    held = list(current.pods.values()) if current is not None else []
+    everything = [*held, *ours.values()]
+    cpu = sum(r.cpu_millis for r in everything)
+    memory = sum(r.memory_bytes for r in everything)
+    whole = sum(r.gpus for r in everything if not r.gpu_groups)
+    shared = len({g for r in everything for g in r.gpu_groups})
+    eps = 1e-9
+    return (
+        cpu <= capacity.cpu_millis + eps
+        and memory <= capacity.memory_bytes + eps
+        and whole + shared <= capacity.gpus + eps
+        and len(everything) <= capacity.pods
+    )
+
+
+async def _reserve(
+    ledger: KvStore,
+    node: str,
+    binds: list[Binding],
+    proposal: Proposal,
+    capacity: CapacityLookup | None = None,
+) -> NodeWrite:
+    # Without a capacity lookup one attempt: any move is a conflict. With one, a write that lost a race
+    # re-reads the node and re-checks the room, a few times.
+    attempts = 1 if capacity is None else _FIT_ATTEMPTS
+    for attempt in range(attempts):
+        try:
+            return await _reserve_once(ledger, node, binds, proposal, capacity)
+        except ConflictError:
+            if attempt + 1 == attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_FIT_ATTEMPTS = 4
+
+
+async def _reserve_once(
+    ledger: KvStore,
+    node: str,
+    binds: list[Binding],
+    proposal: Proposal,
+    capacity: CapacityLookup | None,
+) -> NodeWrite:
     key = s.ledger_node_key(node)
     ours = {b.pod: reservation_of(b, proposal.id) for b in binds}
     pods = tuple(ours)
@@ -201,7 +265,11 @@ async def _reserve(ledger: KvStore, node: str, binds: list[Binding], proposal: P
     if found != stamp:
         if entry is not None and _holds(current, pods, proposal.id):
             return NodeWrite(node, pods, entry.revision, None, inherited=True)
-        raise ConflictError(key, stamp, found)
+        cap = capacity(node) if capacity is not None else None
+        if cap is None or entry is None or current is None or not still_fits(current, ours, cap):
+            raise ConflictError(key, stamp, found)
+        # Resource-fit mode: the node moved but still has room for these pods; commit on what is there now.
+        stamp = found
     if entry is None:
         revision = await ledger.create(key, encode(NodeLedger(node=node, pods=ours)))
         return NodeWrite(node, pods, revision, None)
@@ -245,8 +313,11 @@ async def _would_conflict(
     return count
 
 
-async def commit_ledger(ledger: KvStore, proposal: Proposal) -> LedgerWrite:
-    """Steps 2-3: claim every pod, then reserve on every node, all or nothing (`LedgerConflict`)."""
+async def commit_ledger(
+    ledger: KvStore, proposal: Proposal, capacity: CapacityLookup | None = None
+) -> LedgerWrite:
+    """Steps 2-3: claim every pod, then reserve on every node, all or nothing (`LedgerConflict`).
+    With `capacity`, a node whose revision moved is re-checked for room instead of conflicting."""
     write = LedgerWrite(proposal.id)
     binds = sorted(proposal.binds, key=lambda b: b.pod)
     by_node = binds_by_node(proposal)
@@ -257,7 +328,7 @@ async def commit_ledger(ledger: KvStore, proposal: Proposal) -> LedgerWrite:
             write.claims[b.pod] = await _claim(ledger, b, proposal.id)
             claimed += 1
         for node, node_binds in by_node.items():
-            write.nodes.append(await _reserve(ledger, node, node_binds, proposal))
+            write.nodes.append(await _reserve(ledger, node, node_binds, proposal, capacity))
             reserved += 1
     except ConflictError as exc:
         # Counted before the rollback: restoring a node moves its revision, which would read as a conflict.
@@ -378,6 +449,8 @@ class Committer:
     clock: Callable[[], float] = time.time
     in_flight: set[str] = field(default_factory=set)
     """Proposals this replica is committing now (the recovery scan leaves their claims alone)."""
+    capacity: CapacityLookup | None = None
+    """Set for the resource-fit conflict mode (binder option `conflicts=fit`)."""
     pending_since: dict[str, float] = field(default_factory=dict)
     """Claim key -> when the recovery scan first saw its pod pending (this replica's monotonic clock)."""
 
@@ -431,7 +504,7 @@ class Committer:
         except FencedError as exc:
             return self._outcome(proposal, "fenced", reason=str(exc)), []
         try:
-            write = await commit_ledger(self.bus.ledger, proposal)
+            write = await commit_ledger(self.bus.ledger, proposal, self.capacity)
         except LedgerConflict as exc:
             reason = f"{exc.conflicts} ledger key(s) moved; first: {exc}"
             return self._outcome(proposal, "conflict", reason, conflicts=exc.conflicts), []

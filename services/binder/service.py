@@ -22,12 +22,12 @@ from typing import Protocol
 import msgspec
 
 from services.binder.cluster_client import Backoff, ClusterClient, NatsClusterClient
-from services.binder.commit import Committer
+from services.binder.commit import Capacity, Committer
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.messages import PROPOSALS, PodGroupRecord, PodRecord, Proposal
+from shared.contracts.messages import PROPOSALS, NodeRecord, PodGroupRecord, PodRecord, Proposal
 from shared.errors import ConfigError
 from shared.model import Pod, PodGroup
 
@@ -45,13 +45,37 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     recovery_interval: float = 2.0
     keepalive: float = 10.0
     """Seconds between in-progress acks while one proposal is handled (the consumer's ack wait is 30 s)."""
+    conflicts: str = "revision"
+    """`revision`: any change to a node's ledger key since placement read it rejects the proposal.
+    `fit`: a moved node is re-checked and the proposal commits if the node still has room."""
 
 
 def parse_options(options: dict[str, str]) -> BinderOptions:
     try:
-        return msgspec.convert(options, BinderOptions, strict=False)
+        parsed = msgspec.convert(options, BinderOptions, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"service {SERVICE}: option {exc}") from exc
+    if parsed.conflicts not in ("revision", "fit"):
+        raise ConfigError(
+            f"service {SERVICE}: option 'conflicts': expected revision or fit, got {parsed.conflicts!r}"
+        )
+    return parsed
+
+
+class _Capacities:
+    """Node capacities from the replica, for the resource-fit conflict mode (MIG nodes are never re-checked)."""
+
+    def __init__(self, replica: StateReplica) -> None:
+        self._replica = replica
+
+    def __call__(self, node: str) -> Capacity | None:
+        record = self._replica.records.get(s.node_key(node))
+        if not isinstance(record, NodeRecord) or record.node.mig_enabled:
+            return None
+        n = record.node
+        return Capacity(
+            cpu_millis=n.cpu_millis, memory_bytes=n.memory_bytes, gpus=float(n.gpus), pods=float(n.max_pods)
+        )
 
 
 def durable_name(shard: str) -> str:
@@ -128,7 +152,13 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                 timeout=options.cluster_timeout,
                 backoff=Backoff(attempts=options.cluster_attempts),
             )
-        committer = Committer(ctx.bus, client, ctx.counters, lookup=_PodGroups(replica))
+        committer = Committer(
+            ctx.bus,
+            client,
+            ctx.counters,
+            lookup=_PodGroups(replica),
+            capacity=_Capacities(replica) if options.conflicts == "fit" else None,
+        )
         sub = await ctx.bus.js.pull_subscribe(
             s.proposals(shard), durable=durable_name(shard), stream=s.PROPOSAL_STREAM
         )

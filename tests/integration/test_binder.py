@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from services.binder.cluster_client import Backoff, ClusterRefused, NatsClusterClient
-from services.binder.commit import Committer, commit_ledger
+from services.binder.commit import Capacity, Committer, commit_ledger
 from services.binder.service import run
 from shared.bus.connection import Bus, connect
 from shared.bus.kv import KvStore
@@ -207,6 +207,33 @@ async def test_two_proposals_racing_for_one_node_commit_exactly_once(bus: Bus) -
     }
     loser_cluster = clusters[0] if loser is o1 else clusters[1]
     assert loser_cluster.calls == []
+
+
+def _capacity(gpus: float) -> Callable[[str], Capacity | None]:
+    return lambda _node: Capacity(cpu_millis=1e9, memory_bytes=1e15, gpus=gpus, pods=110)
+
+
+async def test_resource_fit_mode_commits_both_racers_when_the_node_has_room(bus: Bus) -> None:
+    rev = await seed_node(bus, "n1", "ns/old")
+    p1 = proposal("p1", (bind("ns/a", "n1"),), {"n1": rev})
+    p2 = proposal("p2", (bind("ns/b", "n1"),), {"n1": rev})
+    binders = [Committer(bus, FakeCluster(), capacity=_capacity(8)) for _ in range(2)]
+    await lease(bus)
+    o1, o2 = await asyncio.gather(binders[0].process(p1), binders[1].process(p2))
+    assert (o1.status, o2.status) == ("committed", "committed")
+    assert set(await node_pods(bus, "n1")) == {"ns/old", "ns/a", "ns/b"}
+
+
+async def test_resource_fit_mode_still_conflicts_when_the_node_is_full(bus: Bus) -> None:
+    rev = await seed_node(bus, "n1", "ns/old")
+    p1 = proposal("p1", (bind("ns/a", "n1"),), {"n1": rev})
+    p2 = proposal("p2", (bind("ns/b", "n1"),), {"n1": rev})
+    # Room for the seeded pod and one more GPU only.
+    binders = [Committer(bus, FakeCluster(), capacity=_capacity(2)) for _ in range(2)]
+    await lease(bus)
+    o1, o2 = await asyncio.gather(binders[0].process(p1), binders[1].process(p2))
+    assert sorted((o1.status, o2.status)) == ["committed", "conflict"]
+    assert len(await node_pods(bus, "n1")) == 2
 
 
 async def test_the_same_pod_in_two_proposals_on_different_nodes_is_bound_once(bus: Bus) -> None:
