@@ -1,8 +1,8 @@
 """Horizontal scaling, proven: 3 placement and 2 binder replicas schedule 5,000 pods concurrently.
 
 Placement workers take batches of podgroups in parallel, each on its own replica of the state, so they
-propose overlapping placements; the binders' compare-and-set lets exactly one of two overlapping proposals
-commit and the queue re-dispatches the loser. Afterwards no GPU is over-committed, every pod is bound
+propose overlapping placements; the binders (in resource-fit mode: a moved node is re-checked for room)
+commit a proposal only if every node it uses still has room, and the queue re-dispatches the losers. Afterwards no GPU is over-committed, every pod is bound
 exactly once (one claim, on the node it runs on), and the number of conflicts is reported.
 """
 
@@ -119,7 +119,11 @@ def test_three_placements_and_two_binders_bind_5000_pods_once(tmp_path: Path) ->
     stack = start_stack(
         tmp_path / "stack",
         replicas={"state": 1, "queue": 1, "placement": 3, "binder": 2},
-        options={"state": {"source": "sim"}, "queue": {"batch": "100", "period": "0.5"}},
+        options={
+            "state": {"source": "sim"},
+            "queue": {"batch": "100", "period": "0.5"},
+            "binder": {"conflicts": "fit"},
+        },
     )
     try:
         started = time.monotonic()
