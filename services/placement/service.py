@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import zlib
 
 import msgspec
 
@@ -62,7 +63,12 @@ async def body(ctx: ServiceContext) -> None:
             s.work(shard), durable=consumer_name(shard), stream=s.WORK_STREAM
         )
         worker = Worker(
-            ctx.bus, replica, ctx.counters, wait_timeout=settings.wait_timeout, fence=settings.fence
+            ctx.bus,
+            replica,
+            ctx.counters,
+            wait_timeout=settings.wait_timeout,
+            fence=settings.fence,
+            tie_break_seed=zlib.crc32(ctx.config.replica.encode()),
         )
         ctx.ready = True
         ctx.detail = f"shard {shard}"

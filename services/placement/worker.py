@@ -207,11 +207,21 @@ class Placed:
     unschedulable: list[tuple[str, PodUnschedulable]]
 
 
-def place(item: WorkItem, snapshot: Snapshot, state_revision: int, key_revisions: dict[str, int]) -> Placed:
+def place(
+    item: WorkItem,
+    snapshot: Snapshot,
+    state_revision: int,
+    key_revisions: dict[str, int],
+    tie_break_seed: int | None = None,
+) -> Placed:
     """Run the core for `item` on a snapshot taken at `state_revision`, whose ledger keys were at
     `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves)."""
     try:
         policy = msgspec.structs.replace(item.policy, actions=item.actions)
+        if item.podgroups and tie_break_seed is not None:
+            # A batch among several workers: spread equal-score choices per worker (a whole cycle keeps
+            # KAI's by-name order, so its decisions stay exactly KAI's).
+            policy = msgspec.structs.replace(policy, tie_break_seed=tie_break_seed)
     except ValueError as exc:  # an unknown action name: the item can never be run
         raise MalformedMessage(s.work(item.shard), str(exc)) from exc
     focus = frozenset(item.podgroups) or None
@@ -240,8 +250,10 @@ class Worker:
         *,
         wait_timeout: float = 5.0,
         fence: bool = True,
+        tie_break_seed: int | None = None,
     ) -> None:
         self.bus = bus
+        self.tie_break_seed = tie_break_seed
         self.replica = replica
         self.counters = counters
         self.wait_timeout = wait_timeout
@@ -269,7 +281,7 @@ class Worker:
         key_revisions = dict(self.replica.key_revisions)
         try:
             placed = await _with_progress(
-                asyncio.to_thread(place, item, snapshot, revision, key_revisions), msg
+                asyncio.to_thread(place, item, snapshot, revision, key_revisions, self.tie_break_seed), msg
             )
         except MalformedMessage:
             self.counters["malformed"] += 1

@@ -65,7 +65,7 @@ class NodeMemento:
 class ClusterState:
     """All nodes of a session: per-resource arrays plus a `NodeState` per node."""
 
-    def __init__(self, nodes: tuple[Node, ...]) -> None:
+    def __init__(self, nodes: tuple[Node, ...], tie_break_seed: int | None = None) -> None:
         n = len(nodes)
         self.names: list[str] = [nd.name for nd in nodes]
         self.alloc: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
@@ -93,6 +93,8 @@ class ClusterState:
         self.cpu_only_nodes = (self.alloc[GPU] <= 0) & ~mig
         # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
         self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object))) if n else np.zeros(0)
+        if tie_break_seed is not None and n:
+            self.name_rank = np.random.default_rng(tie_break_seed).permutation(n)
 
 
 class NodeState:

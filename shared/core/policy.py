@@ -44,6 +44,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     min_node_gpu_memory_mib: int = 100
     """GPU memory per device used to turn gpu-memory requests into GPU quota."""
     k_value: float = 1.0
+    tie_break_seed: int | None = None
+    """Nodes with equal scores are tried by name (KAI's order) when None; otherwise in an order shuffled by
+    this seed. Parallel placement workers pass different seeds so that, on a cluster of equal nodes, they
+    start filling different nodes instead of all proposing the same ones."""
 
     def __post_init__(self) -> None:
         if self.reclaimer_utilization_multiplier < 1.0:

@@ -48,7 +48,7 @@ class Session:
         self.now = now
         self.policy = policy
         self.focus = focus
-        self.cluster = ClusterState(snapshot.nodes)
+        self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
         self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
         self.jobs: dict[str, JobState] = {}
         self.tasks: dict[str, TaskState] = {}

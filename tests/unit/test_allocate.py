@@ -125,3 +125,19 @@ def test_gpu_memory_request_lands_on_a_shared_device() -> None:
     snap = snapshot([node("a", 1)], (pg, pods))
     (proposal,) = schedule(snap, 0.0, ALLOCATE).binds
     assert proposal.bindings[0].gpu_groups
+
+
+def test_equal_nodes_are_tried_by_name_unless_a_tie_break_seed_spreads_them() -> None:
+    snap = snapshot([node(f"n{i}") for i in range(8)], gang("one", "team", 1, 1.0))
+    by_name = schedule(snap, 0.0, ALLOCATE).binds[0].bindings[0].node
+    assert by_name == "n0"
+    chosen = {
+        schedule(snap, 0.0, Policy(actions=("allocate",), tie_break_seed=seed)).binds[0].bindings[0].node
+        for seed in range(6)
+    }
+    assert len(chosen) > 1  # different workers start on different nodes
+    again = schedule(snap, 0.0, Policy(actions=("allocate",), tie_break_seed=3)).binds[0].bindings[0].node
+    assert (
+        again
+        == schedule(snap, 0.0, Policy(actions=("allocate",), tie_break_seed=3)).binds[0].bindings[0].node
+    )
