@@ -8,6 +8,7 @@ the path for re-ordering, so queue order follows allocations made during the act
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -107,10 +108,34 @@ def _compute_min_available_state(job: JobState) -> int:
     return 1 if exactly else 2
 
 
+class _KeyedJobHeap:
+    """The jobs of a leaf queue in job order, each keyed once when pushed.
+
+    A job's order key only changes when its own pods change, which happens after it was popped (an
+    action works on one job at a time), so keys taken at push time stay true while the job waits; plain
+    tuple comparisons then replace a call into the order functions per comparison."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[tuple[int, int, float, str], JobState]] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, job: object) -> None:
+        assert isinstance(job, JobState)
+        heapq.heappush(self.items, (job_order_key(job), job))
+
+    def peek(self) -> JobState:
+        return self.items[0][1]
+
+    def pop(self) -> JobState:
+        return heapq.heappop(self.items)[1]
+
+
 class _QueueNode:
     __slots__ = ("children", "is_leaf", "needs_reorder", "parent", "queue")
 
-    def __init__(self, queue: QueueState, is_leaf: bool, children: Heap[object]) -> None:
+    def __init__(self, queue: QueueState, is_leaf: bool, children: Heap[object] | _KeyedJobHeap) -> None:
         self.queue = queue
         self.is_leaf = is_leaf
         self.children = children
@@ -142,11 +167,12 @@ class JobsByQueue:
         if not jobs:
             return
         queue = self.ssn.queues.get(jobs[0].queue)
-        if queue is None or not queue.is_leaf or queue.name in self.nodes:
+        if queue is None or not queue.is_leaf or queue.name in self.nodes or not self.victims:
             self.extend(jobs)
             return
-        leaf = _QueueNode(queue, True, Heap(self._job_less))
-        leaf.children.items = list(jobs)
+        presorted: Heap[object] = Heap(self._job_less)
+        presorted.items = list(jobs)
+        leaf = _QueueNode(queue, True, presorted)
         self.nodes[queue.name] = leaf
         self._link(leaf)
         self._mark(leaf)
@@ -161,7 +187,8 @@ class JobsByQueue:
         leaf = self.nodes.get(queue.name)
         new = leaf is None
         if leaf is None:
-            leaf = _QueueNode(queue, True, Heap(self._job_less))
+            jobs: Heap[object] | _KeyedJobHeap = Heap(self._job_less) if self.victims else _KeyedJobHeap()
+            leaf = _QueueNode(queue, True, jobs)
             self.nodes[queue.name] = leaf
         leaf.children.push(job)
         if new:
@@ -279,6 +306,7 @@ class JobsByQueue:
                 return None
             if node.is_leaf:
                 return node
+            assert isinstance(node.children, Heap)
             heap = node.children
 
     def _after_pop(self, node: _QueueNode) -> None:
