@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TypeVar
 
 from services.state.source import FINISHED, HOLDING, Change, Obj, record_of
 from shared.bus.connection import Bus
@@ -36,6 +37,7 @@ from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, PodClaim, Rese
 from shared.errors import ConflictError, MalformedMessage, TemporaryError
 from shared.model import Pod
 
+_L = TypeVar("_L", NodeLedger, PodClaim)
 log = logging.getLogger("kairos.state.writer")
 
 CAS_ATTEMPTS = 50
@@ -256,24 +258,23 @@ def _apply_edit(pods: dict[str, Reservation], edit: _NodeEdit) -> bool:
     return changed
 
 
-def _decode_node_ledger(key: str, value: bytes | None) -> NodeLedger | None:
-    """The node ledger under `key`; a malformed one is logged and read as empty (it gets rewritten)."""
+def _decode_ledger(key: str, value: bytes | None, kind: type[_L], fate: str) -> _L | None:
+    """The ledger record of `kind` under `key`; a malformed one is logged (`fate`: what happens to it) and
+    read as absent."""
     if not value:
         return None
     try:
         record = LEDGER_RECORDS.decode(key, value)
     except MalformedMessage as exc:
-        log.warning("rewriting malformed ledger record %s: %s", key, exc.problem)
+        log.warning("%s malformed ledger record %s: %s", fate, key, exc.problem)
         return None
-    return record if isinstance(record, NodeLedger) else None
+    return record if isinstance(record, kind) else None
+
+
+def _decode_node_ledger(key: str, value: bytes | None) -> NodeLedger | None:
+    # A malformed node ledger is rewritten by the next change.
+    return _decode_ledger(key, value, NodeLedger, "rewriting")
 
 
 def _decode_claim(key: str, value: bytes | None) -> PodClaim | None:
-    if not value:
-        return None
-    try:
-        record = LEDGER_RECORDS.decode(key, value)
-    except MalformedMessage as exc:
-        log.warning("ignoring malformed ledger record %s: %s", key, exc.problem)
-        return None
-    return record if isinstance(record, PodClaim) else None
+    return _decode_ledger(key, value, PodClaim, "ignoring")
