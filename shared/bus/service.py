@@ -3,7 +3,9 @@
 `main(service, argv, body)` parses flags and environment into a `ServiceConfig` (errors name the field),
 connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and answers health requests),
 and runs `body(ctx)` until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work
-and returns, and the connection is drained. Each service's `service.py` is a thin `body`.
+and returns, and the connection is drained. Each service's `service.py` is a thin `body`. With
+`--health-port` (env KAIROS_HEALTH_PORT) it also serves `/healthz` and `/readyz` over HTTP for Kubernetes
+probes (`shared.bus.health_http`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import msgspec
 
 from shared.bus.connection import Bus, connect
+from shared.bus.health_http import ServiceProbes, start_health_server
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
@@ -39,6 +43,12 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The node pool this replica serves (env KAIROS_SHARD)."""
     health_interval: float = 1.0
     """Seconds between heartbeats."""
+    health_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
+    """Serve `/healthz` and `/readyz` over HTTP on this port (env KAIROS_HEALTH_PORT; 0: any free port);
+    none by default, since the local stack reads heartbeats instead."""
+    health_host: str = "0.0.0.0"
+    """The address the health endpoints listen on (env KAIROS_HEALTH_HOST): every interface, so the
+    kubelet's probes reach them."""
     options: dict[str, str] = msgspec.field(default_factory=dict)
     """Service-specific settings (`--set key=value`, env KAIROS_<KEY>)."""
 
@@ -54,6 +64,10 @@ def parse_config(service: str, argv: Sequence[str] | None = None) -> ServiceConf
     parser.add_argument(
         "--health-interval", type=float, default=float(os.environ.get("KAIROS_HEALTH_INTERVAL", "1.0"))
     )
+    parser.add_argument(
+        "--health-port", default=os.environ.get("KAIROS_HEALTH_PORT") or None, help="HTTP /healthz, /readyz"
+    )
+    parser.add_argument("--health-host", default=os.environ.get("KAIROS_HEALTH_HOST", "0.0.0.0"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="service option")
     args = parser.parse_args(argv)
     options: dict[str, str] = {}
@@ -71,9 +85,12 @@ def parse_config(service: str, argv: Sequence[str] | None = None) -> ServiceConf
                 "replica": replica,
                 "shard": args.shard,
                 "health_interval": args.health_interval,
+                "health_port": args.health_port,
+                "health_host": args.health_host,
                 "options": options,
             },
             ServiceConfig,
+            strict=False,
         )
     except msgspec.ValidationError as exc:
         raise ConfigError(f"service {service}: {exc}") from exc
@@ -116,8 +133,21 @@ async def _heartbeats(ctx: ServiceContext) -> None:
 
 
 async def serve(service: str, config: ServiceConfig, body: Body) -> None:
+    probes = ServiceProbes()
+    health = None
+    if config.health_port is not None:
+        health = await start_health_server(probes, host=config.health_host, port=config.health_port)
+    try:
+        await _serve(service, config, body, probes)
+    finally:
+        if health is not None:
+            await health.stop()
+
+
+async def _serve(service: str, config: ServiceConfig, body: Body, probes: ServiceProbes) -> None:
     bus = await connect(config.nats_url, f"kairos-{service}-{config.replica}", config.credentials)
     ctx = ServiceContext(service, config, bus)
+    probes.target = ctx
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -9,6 +9,7 @@ line `ready` when every replica reports healthy, and stops everything on Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -120,5 +121,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     # Services are separate packages the shared library must not import: run the module as a program.
+    # Exec, not a child process: as a container's PID 1 the service itself must get SIGTERM to drain (a
+    # parent PID 1 without a handler would ignore the signal and the pod would be killed mid-work).
     argv = [sys.executable, "-m", f"services.{args.service}", *args.args]
-    return subprocess.run(argv, check=False).returncode
+    os.execv(sys.executable, argv)
