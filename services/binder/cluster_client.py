@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
@@ -53,21 +54,6 @@ class ClusterClient(Protocol):
     async def evict(self, eviction: EvictionOrder) -> None:
         """Evict `eviction.pod` from its node (idempotent); `ClusterRefused` or `TemporaryError`."""
         ...
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: attempt n waits `min(cap, base * 2**n)` scaled by a random factor
-    in [1 - jitter, 1], so that binders retrying against a restarting state service spread out."""
-
-    attempts: int = 5
-    base: float = 0.1
-    cap: float = 2.0
-    jitter: float = 0.5
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        ceiling = min(self.cap, self.base * 2.0**attempt)
-        return ceiling * (1.0 - self.jitter * rng.random())
 
 
 @dataclass

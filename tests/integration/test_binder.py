@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
-from services.binder.cluster_client import Backoff, ClusterRefused, NatsClusterClient
+from services.binder.cluster_client import ClusterRefused, NatsClusterClient
 from services.binder.commit import Capacity, Committer, commit_ledger
 from services.binder.service import run
+from shared.backoff import Backoff
 from shared.bus.connection import Bus, connect
 from shared.bus.kv import KvStore
 from shared.bus.middleware import Counters

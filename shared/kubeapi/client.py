@@ -1,0 +1,170 @@
+"""One Kubernetes API connection through kubernetes-asyncio, and the one place its errors are translated.
+
+Used by the state service (informers, the pod-grouper, write-back) and the binder (bindings, evictions).
+`connect(kubeconfig)` loads a kubeconfig file (the simulated API server's, or a real cluster's) or, given
+none inside a pod, the in-cluster service account. Calls go through kubernetes-asyncio's generated API
+methods with `_preload_content=False`: the raw body is decoded by `shared.kube.wire` (msgspec, much faster
+than the generated models) and a non-2xx answer does not raise inside the library (stack-notes: the
+binding call raises ValueError *after* the server bound the pod when it tries to read the Status as a
+V1Binding).
+
+`call` turns every outcome into bytes or an `ApiError` that names the object and says whether asking again
+may help (`temporary`: no answer, 429, 5xx); `call_with_retries` retries the temporary ones with backoff
+and raises `TemporaryError` when they run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+
+from shared.backoff import Backoff
+from shared.errors import ConfigError, KairosError, TemporaryError
+
+log = logging.getLogger("kairos.kubeapi")
+
+REQUEST_TIMEOUT = 30.0
+"""Seconds one ordinary API call may take before it counts as no answer."""
+TEMPORARY_STATUSES = frozenset({429, 500, 502, 503, 504})
+NO_ANSWER = 0
+"""The `status` of an ApiError raised when the server could not be reached or did not answer."""
+
+
+class ApiError(KairosError):
+    """The API server refused a call (status >= 300) or could not be reached (`status` 0).
+
+    `what` names the object ("pods default/train-0"), `reason` is the Status reason (Conflict, NotFound,
+    AlreadyExists, Expired, TooManyRequests...) when the server sent one.
+    """
+
+    def __init__(self, what: str, status: int, reason: str, message: str) -> None:
+        self.what = what
+        self.status = status
+        self.reason = reason
+        self.message = message
+        answer = f"{status} {reason}".strip() if status else "no answer"
+        super().__init__(f"{what}: {answer}: {message}" if message else f"{what}: {answer}")
+
+    @property
+    def temporary(self) -> bool:
+        """Whether asking again later may succeed."""
+        return self.status == NO_ANSWER or self.status in TEMPORARY_STATUSES
+
+
+class _Status(msgspec.Struct):
+    """The part of a metav1 Status the error needs."""
+
+    reason: str = ""
+    message: str = ""
+
+
+_STATUS = msgspec.json.Decoder(_Status)
+
+
+def api_error(what: str, status: int, body: bytes) -> ApiError:
+    """The ApiError for a non-2xx answer, with the Status's reason and message when the body is one."""
+    try:
+        parsed = _STATUS.decode(body)
+    except msgspec.DecodeError:
+        parsed = _Status(message=body[:200].decode(errors="replace").strip())
+    return ApiError(what, status, parsed.reason, parsed.message)
+
+
+@dataclass
+class Kube:
+    """A connected API client plus the typed API groups Kairos calls."""
+
+    api: k8s.ApiClient
+    server: str
+    core: k8s.CoreV1Api = field(init=False)
+    custom: k8s.CustomObjectsApi = field(init=False)
+    scheduling: k8s.SchedulingV1Api = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = k8s.CoreV1Api(self.api)
+        self.custom = k8s.CustomObjectsApi(self.api)
+        self.scheduling = k8s.SchedulingV1Api(self.api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def call(
+        self,
+        what: str,
+        method: Callable[..., Awaitable[Any]],
+        *args: Any,
+        timeout: float = REQUEST_TIMEOUT,
+        **kwargs: Any,
+    ) -> bytes:
+        """Call a generated API method raw; the body on 2xx, else `ApiError` (translated here, once)."""
+        try:
+            response = await method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+            async with response:
+                body: bytes = await response.read()
+                status = int(response.status)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
+        except k8s.ApiException as exc:  # raised for a few client-side problems even without preloading
+            raise ApiError(what, int(exc.status or NO_ANSWER), str(exc.reason or ""), str(exc.body or "")) from exc
+        if status >= 300:
+            raise api_error(what, status, body)
+        return body
+
+    async def call_with_retries(
+        self,
+        what: str,
+        method: Callable[..., Awaitable[Any]],
+        *args: Any,
+        backoff: Backoff,
+        rng: random.Random | None = None,
+        **kwargs: Any,
+    ) -> bytes:
+        """`call`, retrying temporary errors with `backoff`; `TemporaryError` when the attempts run out."""
+        rng = rng or random.Random()
+        last: ApiError | None = None
+        for attempt in range(max(1, backoff.attempts)):
+            if attempt:
+                await asyncio.sleep(backoff.delay(attempt - 1, rng))
+            try:
+                return await self.call(what, method, *args, **kwargs)
+            except ApiError as exc:
+                if not exc.temporary:
+                    raise
+                last = exc
+                log.debug("%s: attempt %d: %s", what, attempt + 1, exc)
+        raise TemporaryError(f"{last} (after {backoff.attempts} attempts)", delay=backoff.cap) from last
+
+
+async def connect(kubeconfig: str | None) -> Kube:
+    """A client for the cluster in `kubeconfig`, or the in-cluster service account when it is None.
+
+    A missing or unreadable kubeconfig, or no kubeconfig outside a pod, is a ConfigError naming it.
+    """
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig:
+            if not os.path.isfile(kubeconfig):  # noqa: ASYNC240 -- once, at start-up
+                raise ConfigError(f"kubeconfig {kubeconfig!r}: no such file")
+            await load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration, persist_config=False
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            raise ConfigError(
+                "no kubeconfig given and not running in a pod: pass --set kubeconfig=FILE (or KUBECONFIG)"
+            )
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        where = f"kubeconfig {kubeconfig!r}" if kubeconfig else "in-cluster config"
+        raise ConfigError(f"{where}: {exc}") from exc
+    return Kube(k8s.ApiClient(configuration), str(configuration.host))
