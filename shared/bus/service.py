@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -53,7 +53,11 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Service-specific settings (`--set key=value`, env KAIROS_<KEY>)."""
 
 
-def parse_config(service: str, argv: Sequence[str] | None = None) -> ServiceConfig:
+def parse_config(
+    service: str, argv: Sequence[str] | None = None, switches: Mapping[str, str] | None = None
+) -> ServiceConfig:
+    """`switches` maps a service's own on/off flags to options: `{"--allow-no-gpu": "allow_no_gpu"}` makes
+    `--allow-no-gpu` the same as `--set allow_no_gpu=true`."""
     parser = argparse.ArgumentParser(
         prog=f"kairos serve {service}", description=f"Run the Kairos {service} service"
     )
@@ -69,6 +73,10 @@ def parse_config(service: str, argv: Sequence[str] | None = None) -> ServiceConf
     )
     parser.add_argument("--health-host", default=os.environ.get("KAIROS_HEALTH_HOST", "0.0.0.0"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="service option")
+    for flag, option in (switches or {}).items():
+        parser.add_argument(
+            flag, dest="set", action="append_const", const=f"{option}=true", help=f"--set {option}=true"
+        )
     args = parser.parse_args(argv)
     options: dict[str, str] = {}
     for item in args.set:
@@ -176,10 +184,12 @@ def setup_logging(service: str, replica: str) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
 
 
-def main(service: str, body: Body, argv: Sequence[str] | None = None) -> int:
+def main(
+    service: str, body: Body, argv: Sequence[str] | None = None, switches: Mapping[str, str] | None = None
+) -> int:
     """Entry point of `python -m services.<service>` and `kairos serve <service>`."""
     try:
-        config = parse_config(service, argv)
+        config = parse_config(service, argv, switches)
     except KairosError as exc:
         print(f"kairos: {exc}", file=sys.stderr)
         return 2

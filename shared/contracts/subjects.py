@@ -127,3 +127,18 @@ def ledger_claim_key(pod_key_: str) -> str:
 
 def lease_key(shard: str) -> str:
     return f"queue.{key_token(shard)}"
+
+
+# --- GPU node agents ------------------------------------------------------------------------------------------
+GPU_INVENTORY_WILDCARD = f"{PREFIX}.gpu.inventory.*"
+GPU_INVENTORY_REQUEST_WILDCARD = f"{PREFIX}.gpu.refresh.*"
+
+
+def gpu_inventory(node: str) -> str:
+    """A node's `GpuInventory` from its GPU agent (`shared.contracts.inventory`), core NATS."""
+    return f"{PREFIX}.gpu.inventory.{token(node)}"
+
+
+def gpu_inventory_request(node: str) -> str:
+    """Request: the node's GPU agent reads its devices now, publishes and replies with the `GpuInventory`."""
+    return f"{PREFIX}.gpu.refresh.{token(node)}"
