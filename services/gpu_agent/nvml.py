@@ -1,0 +1,290 @@
+"""Reads a node's GPUs through NVML (module `pynvml` of the nvidia-ml-py package) into a `GpuInventory`.
+
+Called by `services.gpu_agent.service`, always from a worker thread: every NVML call is a blocking C call.
+The NVML module is passed in (tests pass a fake with pynvml's shape, since NVML needs a GPU); by default it
+is the real `pynvml`. Every call goes through `NvmlReader._call`, the one place where whatever NVML raises
+becomes an `NvmlError` naming the call and NVML's error, so nothing NVML does can crash the agent: a device
+whose queries fail is reported unhealthy with the error and the other devices are still read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pynvml
+
+from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
+from shared.errors import KairosError
+
+__all__ = ["NvmlError", "NvmlReader", "NvmlUnavailable", "cuda_version", "mig_profile_name"]
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+NvmlModule = Any
+"""The `pynvml` module, or anything with the same functions, exception classes and constants."""
+
+_PROFILE_IN_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
+
+
+class NvmlError(KairosError):
+    """An NVML call failed; `code` is NVML's return code when NVML itself refused (None otherwise)."""
+
+    def __init__(self, call: str, error: str, code: int | None = None) -> None:
+        self.call = call
+        self.error = error
+        self.code = code
+        super().__init__(f"{call}: {error}")
+
+
+class NvmlUnavailable(NvmlError):  # noqa: N818 -- it names a state of the machine, like the tree's names
+    """NVML cannot be used on this machine at all: no driver, no library, or the driver refuses to start."""
+
+    def __str__(self) -> str:
+        return f"no usable NVIDIA driver/NVML on this machine: {self.call} failed with {self.error}"
+
+
+def cuda_version(encoded: int) -> str:
+    """NVML's CUDA driver version (1000 * major + 10 * minor, e.g. 12040) as `major.minor` (`12.4`)."""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}"
+
+
+def mig_profile_name(gpu_slices: int, compute_slices: int, memory_mb: int, parent_memory_bytes: int) -> str:
+    """The device plugin's name for a MIG device: `<g>g.<m>gb`, or `<c>c.<g>g.<m>gb` for a compute instance
+    smaller than its GPU instance.
+
+    The memory figure is not the instance's own size in GB: it is the instance's share of the parent GPU's
+    memory rounded up to eighths, times the parent's memory in whole GB (rounded up), rounded to the nearest
+    integer. That is what makes a 4,864 MiB instance of a 40 GB A100 a `1g.5gb`.
+    """
+    share = memory_mb * MIB / parent_memory_bytes
+    share = math.ceil(share * 8) / 8
+    parent_gb = -(-parent_memory_bytes // GIB)
+    memory_gb = math.floor(share * parent_gb + 0.5)
+    head = f"{gpu_slices}g" if compute_slices == gpu_slices else f"{compute_slices}c.{gpu_slices}g"
+    return f"{head}.{memory_gb}gb"
+
+
+def _text(value: object) -> str:
+    # pynvml returned bytes before it learned to decode its strings.
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+class NvmlReader:
+    """NVML for one agent: `open()` once, `read()` every period, `close()` at the end. Not thread-safe: the
+    caller serialises `read()` calls."""
+
+    def __init__(self, nvml: NvmlModule | None = None) -> None:
+        self._nvml: NvmlModule = pynvml if nvml is None else nvml
+        self._nvml_error: type[BaseException] = self._nvml.NVMLError
+        # Return codes that mean "NVML has no such counter for this device", not "the device is failing".
+        self._absent = {self._nvml.NVML_ERROR_NOT_SUPPORTED, self._nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+        self._no_permission = self._nvml.NVML_ERROR_NO_PERMISSION
+        self._not_found = self._nvml.NVML_ERROR_NOT_FOUND
+        self.is_open = False
+
+    # --- the one door to NVML ------------------------------------------------------------------------
+    def _call(self, name: str, *args: Any) -> Any:
+        function = getattr(self._nvml, name, None)
+        if function is None:
+            raise NvmlError(name, "not provided by this pynvml", self._nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        try:
+            return function(*args)
+        except self._nvml_error as exc:
+            raise NvmlError(name, f"{type(exc).__name__} ({exc})", getattr(exc, "value", None)) from exc
+        except Exception as exc:
+            # A C binding may raise anything (ctypes, decoding); it becomes the device's error, not a crash.
+            raise NvmlError(name, f"{type(exc).__name__}: {exc}") from exc
+
+    def _optional(self, warnings: list[str], name: str, *args: Any) -> Any:
+        """A call whose absence is normal on some GPUs: None when NVML does not have it (or may not tell);
+        any other failure is the device's."""
+        try:
+            return self._call(name, *args)
+        except NvmlError as exc:
+            if exc.code in self._absent:
+                return None
+            if exc.code == self._no_permission:
+                warnings.append(str(exc))
+                return None
+            raise
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Initialise NVML; raises `NvmlUnavailable` naming NVML's error when it cannot be used."""
+        if self.is_open:
+            return
+        try:
+            self._call("nvmlInit")
+        except NvmlError as exc:
+            raise NvmlUnavailable(exc.call, exc.error, exc.code) from exc
+        self.is_open = True
+
+    def close(self) -> None:
+        if not self.is_open:
+            return
+        self.is_open = False
+        try:
+            self._call("nvmlShutdown")
+        except NvmlError:
+            # Shutting down at exit: the process ends anyway, and there is nobody left to tell.
+            return
+
+    # --- reading -------------------------------------------------------------------------------------
+    def read(self, node: str, time: float, period: float) -> GpuInventory:
+        """The inventory now; with NVML unusable, an inventory without devices whose `error` says why
+        (NVML is tried again on the next read, e.g. once the driver container has started)."""
+        try:
+            self.open()
+            count = int(self._call("nvmlDeviceGetCount"))
+        except NvmlError as exc:
+            return GpuInventory(node=node, time=time, period=period, error=str(exc))
+        driver = self._version("nvmlSystemGetDriverVersion")
+        cuda = self._version("nvmlSystemGetCudaDriverVersion")
+        return GpuInventory(
+            node=node,
+            time=time,
+            period=period,
+            devices=tuple(self._device(index) for index in range(count)),
+            driver_version=driver,
+            cuda_driver_version=cuda_version(int(cuda)) if cuda else "",
+        )
+
+    def _version(self, name: str) -> Any:
+        try:
+            value = self._call(name)
+        except NvmlError:
+            return ""  # a missing version string does not make the devices any less usable
+        return _text(value) if isinstance(value, (bytes, str)) else value
+
+    def _device(self, index: int) -> GpuDevice:
+        uuid = name = ""
+        memory_mib = 0
+        mig_enabled = mig_pending = False
+        warnings: list[str] = []
+        try:
+            handle = self._call("nvmlDeviceGetHandleByIndex", index)
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+            name = _text(self._call("nvmlDeviceGetName", handle))
+            memory_bytes = int(self._call("nvmlDeviceGetMemoryInfo", handle).total)
+            memory_mib = memory_bytes // MIB
+            mode = self._optional(warnings, "nvmlDeviceGetMigMode", handle)
+            if mode is not None:
+                enable = self._nvml.NVML_DEVICE_MIG_ENABLE
+                mig_enabled, mig_pending = mode[0] == enable, mode[1] == enable
+            migs = self._mig_devices(handle, memory_bytes) if mig_enabled else ()
+            ecc = self._optional(
+                warnings,
+                "nvmlDeviceGetTotalEccErrors",
+                handle,
+                self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                self._nvml.NVML_VOLATILE_ECC,
+            )
+            retired = self._optional(warnings, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+            remapped = self._optional(warnings, "nvmlDeviceGetRemappedRows", handle)
+        except NvmlError as exc:
+            return GpuDevice(
+                index=index,
+                uuid=uuid,
+                name=name,
+                memory_mib=memory_mib,
+                mig_enabled=mig_enabled,
+                mig_pending=mig_pending,
+                healthy=False,
+                error=str(exc),
+                warnings=tuple(warnings),
+            )
+        retired_pending = None if retired is None else int(retired) == self._nvml.NVML_FEATURE_ENABLED
+        rows_pending = None if remapped is None else bool(remapped[2])
+        rows_failed = None if remapped is None else bool(remapped[3])
+        if retired_pending:
+            warnings.append("retired pages pending: they are retired at the next GPU reset")
+        if rows_pending:
+            warnings.append("row remapping pending: rows are remapped at the next GPU reset")
+        problems = []
+        if ecc:
+            problems.append(f"{int(ecc)} uncorrected ECC errors since the driver loaded")
+        if rows_failed:
+            problems.append("row remapping failed")
+        return GpuDevice(
+            index=index,
+            uuid=uuid,
+            name=name,
+            memory_mib=memory_mib,
+            mig_enabled=mig_enabled,
+            mig_pending=mig_pending,
+            mig_devices=migs,
+            healthy=not problems,
+            error="; ".join(problems),
+            warnings=tuple(warnings),
+            ecc_uncorrected_volatile=None if ecc is None else int(ecc),
+            retired_pages_pending=retired_pending,
+            remapped_rows_pending=rows_pending,
+            remapped_rows_failed=rows_failed,
+        )
+
+    def _mig_devices(self, handle: Any, parent_memory_bytes: int) -> tuple[MigDevice, ...]:
+        """The MIG devices of a MIG-enabled GPU; slots without a device are skipped."""
+        found = []
+        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            except NvmlError as exc:
+                if exc.code == self._not_found:
+                    continue
+                found.append(MigDevice(index=slot, healthy=False, error=str(exc)))
+                continue
+            found.append(self._mig_device(slot, mig, parent_memory_bytes))
+        return tuple(found)
+
+    def _mig_device(self, slot: int, handle: Any, parent_memory_bytes: int) -> MigDevice:
+        uuid = ""
+        try:
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+            memory_mib = int(self._call("nvmlDeviceGetMemoryInfo", handle).total) // MIB
+            notes: list[str] = []
+            gpu_instance = self._optional(notes, "nvmlDeviceGetGpuInstanceId", handle)
+            compute_instance = self._optional(notes, "nvmlDeviceGetComputeInstanceId", handle)
+            attributes = self._optional(notes, "nvmlDeviceGetAttributes", handle)
+            name = self._optional(notes, "nvmlDeviceGetName", handle)
+        except NvmlError as exc:
+            return MigDevice(index=slot, uuid=uuid, healthy=False, error=str(exc))
+        match = _PROFILE_IN_NAME.search(_text(name)) if name is not None else None
+        named = match.group(1) if match else ""
+        gpu_slices = compute_slices = 0
+        if attributes is not None:
+            gpu_slices = int(attributes.gpuInstanceSliceCount)
+            compute_slices = int(attributes.computeInstanceSliceCount)
+        if gpu_slices > 0 and compute_slices > 0 and attributes.memorySizeMB > 0 and parent_memory_bytes > 0:
+            profile = mig_profile_name(
+                gpu_slices, compute_slices, int(attributes.memorySizeMB), parent_memory_bytes
+            )
+            # The name carries attributes the slice counts cannot show (`+me`: the media extensions).
+            if named.split("+", 1)[0] == profile:
+                profile = named
+            elif named:
+                notes.append(f"NVML names it {named!r}; the slice counts and memory make it {profile!r}")
+        elif named:
+            profile = named
+            notes.append("profile taken from NVML's device name: NVML reported no slice counts")
+        else:
+            profile = ""
+            notes.append(
+                f"NVML reported neither slice counts nor a profile name: {memory_mib} MiB, "
+                f"{gpu_slices} GPU slices, {compute_slices} compute slices"
+            )
+        return MigDevice(
+            index=slot,
+            uuid=uuid,
+            profile=profile,
+            memory_mib=memory_mib,
+            gpu_slices=gpu_slices,
+            compute_slices=compute_slices,
+            gpu_instance=None if gpu_instance is None else int(gpu_instance),
+            compute_instance=None if compute_instance is None else int(compute_instance),
+            note="; ".join(notes),
+        )

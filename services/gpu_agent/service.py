@@ -1,0 +1,156 @@
+"""The GPU agent's shell: settings, the NVML check before anything else, and the publishing loop.
+
+Run by `python -m services.gpu_agent` (one replica per GPU node, as a DaemonSet) through `run()`, which
+checks NVML before it connects to NATS: without a usable NVIDIA driver it prints one line naming NVML's
+error and exits 1, unless `--allow-no-gpu` (or `--set allow_no_gpu=true`) lets it run and report zero
+devices with the reason. Then `shared.bus.service.main` runs `Agent.run`: the inventory goes to
+`subjects.gpu_inventory(node)` at start, every `period` seconds and on each request to
+`subjects.gpu_inventory_request(node)` (the reply is the same inventory). NVML is read in a worker thread
+and one read at a time. Ready after the first publication. Counters: `inventories`, `requests`,
+`publish_failures`, `unhealthy_devices` (the latest inventory's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from services.gpu_agent.nvml import NvmlModule, NvmlReader, NvmlUnavailable
+from shared.bus.service import ServiceContext, main, parse_config
+from shared.contracts import subjects as s
+from shared.contracts.inventory import GpuInventory
+from shared.contracts.messages import encode
+from shared.errors import ConfigError, KairosError
+
+SERVICE = "gpu_agent"
+SWITCHES = {"--allow-no-gpu": "allow_no_gpu"}
+"""Flags of this service beyond the runner's: each is the same as `--set <option>=true`."""
+
+
+class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The GPU agent's `--set key=value` options."""
+
+    node: str = ""
+    """The node this agent runs on (default: env NODE_NAME, which a DaemonSet sets from `spec.nodeName`)."""
+    period: float = 30.0
+    """Seconds between publications."""
+    allow_no_gpu: bool = False
+    """Run without NVML, publishing inventories with no devices and the reason."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], environ: Mapping[str, str]) -> AgentSettings:
+        values = {"node": environ.get("NODE_NAME", ""), **options}
+        try:
+            settings = msgspec.convert(values, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{SERVICE}: options: {exc}") from exc
+        if not settings.node:
+            raise ConfigError(
+                f"{SERVICE}: option 'node': missing; pass --set node=NAME or set NODE_NAME "
+                "(a DaemonSet sets it from spec.nodeName through the downward API)"
+            )
+        if not (math.isfinite(settings.period) and settings.period > 0):
+            raise ConfigError(f"{SERVICE}: option 'period': must be seconds > 0, got {settings.period!r}")
+        return settings
+
+
+class Agent:
+    """Reads the inventory (one read at a time, off the event loop) and publishes it."""
+
+    def __init__(
+        self, reader: NvmlReader, settings: AgentSettings, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.reader = reader
+        self.settings = settings
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._unhealthy: dict[int, str] | None = None
+
+    async def read(self) -> GpuInventory:
+        async with self._lock:
+            return await asyncio.to_thread(
+                self.reader.read, self.settings.node, self._clock(), self.settings.period
+            )
+
+    async def publish(self, ctx: ServiceContext, reply: str = "") -> GpuInventory:
+        """Read and publish the inventory (and answer `reply`); a NATS failure is logged and counted."""
+        inventory = await self.read()
+        data = encode(inventory)
+        try:
+            await ctx.bus.nc.publish(s.gpu_inventory(self.settings.node), data)
+            if reply:
+                await ctx.bus.nc.publish(reply, data)
+        except Exception as exc:  # noqa: BLE001 -- a reconnecting client: the next period tries again
+            ctx.counters["publish_failures"] += 1
+            ctx.log.warning("publishing the inventory failed: %s", exc)
+            return inventory
+        ctx.counters["inventories"] += 1
+        self._note(ctx, inventory)
+        return inventory
+
+    def _note(self, ctx: ServiceContext, inventory: GpuInventory) -> None:
+        unhealthy = {d.index: d.error for d in inventory.devices if not d.healthy}
+        ctx.counters["unhealthy_devices"] = len(unhealthy)
+        if inventory.error:
+            ctx.detail = f"node {inventory.node}: {inventory.error}"
+        else:
+            ctx.detail = (
+                f"node {inventory.node}: {len(inventory.devices)} GPUs, "
+                f"{len(inventory.devices) - len(unhealthy)} healthy, driver {inventory.driver_version}"
+            )
+        if unhealthy != self._unhealthy:
+            # Logged on change only: a device that stays broken would otherwise fill the log every period.
+            for index, error in sorted(unhealthy.items()):
+                ctx.log.warning("GPU %d unhealthy: %s", index, error)
+            if self._unhealthy is None or not unhealthy:
+                ctx.log.info("%s", ctx.detail)
+            self._unhealthy = unhealthy
+
+    async def run(self, ctx: ServiceContext) -> None:
+        """The service body: publish at start, every period and on request, until `ctx.stopping`."""
+
+        async def answer(msg: object) -> None:
+            ctx.counters["requests"] += 1
+            await self.publish(ctx, reply=getattr(msg, "reply", ""))
+
+        sub = await ctx.bus.nc.subscribe(s.gpu_inventory_request(self.settings.node), cb=answer)
+        try:
+            while not ctx.stopping.is_set():
+                await self.publish(ctx)
+                ctx.ready = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ctx.stopping.wait(), self.settings.period)
+        finally:
+            ctx.ready = False
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            async with self._lock:
+                await asyncio.to_thread(self.reader.close)
+
+
+def run(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
+    """`python -m services.gpu_agent`: exit 2 on bad settings, 1 without NVML (unless allowed), else serve."""
+    try:
+        config = parse_config(SERVICE, argv, SWITCHES)
+        settings = AgentSettings.from_options(config.options, os.environ)
+    except KairosError as exc:
+        print(f"kairos: {exc}", file=sys.stderr)
+        return 2
+    reader = NvmlReader(nvml)
+    try:
+        reader.open()
+    except NvmlUnavailable as exc:
+        if not settings.allow_no_gpu:
+            print(f"kairos {SERVICE}: {exc} (--allow-no-gpu runs without it)", file=sys.stderr)
+            return 1
+    try:
+        return main(SERVICE, Agent(reader, settings).run, argv, SWITCHES)
+    finally:
+        reader.close()
