@@ -1,0 +1,153 @@
+"""Kubernetes resource quantities and Go durations, parsed exactly, and quantities formatted back; pure.
+
+Called by `shared.kube.translate` (pod requests, node allocatable, queue min runtimes, staleness periods,
+status write-back). Kubernetes-asyncio has its own ``parse_quantity``, but `shared.kube` is pure and may not
+import kubernetes_asyncio, so the small grammar is parsed here, into `fractions.Fraction` so that "100m",
+"0.1" and "1e-1" are the same number and nothing is lost to binary floating point.
+
+Grammar (``k8s.io/apimachinery/pkg/api/resource``): ``[+-]number[suffix]``, the number ``123``, ``1.5``,
+``1.`` or ``.5``, the suffix a binary one (``Ki Mi Gi Ti Pi Ei``), a decimal one (``n u m k M G T P E``) or
+a decimal exponent (``e3``, ``E-2``). Durations are Go's ``time.ParseDuration``: ``300ms``, ``1h30m``, ``-5s``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+__all__ = [
+    "DurationError",
+    "QuantityError",
+    "ceil_int",
+    "format_quantity",
+    "milli_value",
+    "parse_duration",
+    "parse_quantity",
+    "value",
+]
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+# The exponent alternative comes before the bare "E" (exa) so that "1E3" is 1000, as in Kubernetes.
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+# Kubernetes itself caps quantities far below this; the bound keeps "1e999999999" from eating memory.
+_MAX_EXPONENT = 100
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+class DurationError(ValueError):
+    """A string that is not a Go duration."""
+
+
+def parse_quantity(text: str | int | float) -> Fraction:
+    """The exact value of a quantity in its base unit (cores, bytes, devices): "100m" -> 1/10.
+
+    Integers and finite floats (hand-written objects decoded from YAML) are accepted as plain numbers.
+    """
+    if isinstance(text, bool):
+        raise QuantityError(f"{text!r} is not a quantity")
+    if isinstance(text, int):
+        return Fraction(text)
+    if isinstance(text, float):
+        if not math.isfinite(text):
+            raise QuantityError(f"{text!r} is not a quantity")
+        return Fraction(repr(text))
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise QuantityError(f"{text!r} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
+    number = Fraction(match["number"] + ("0" if match["number"].endswith(".") else ""))
+    if match["sign"] == "-":
+        number = -number
+    if match["exp"] is not None:
+        exponent = int(match["exp"][1:])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise QuantityError(f"{text!r}: exponent out of range")
+        return number * Fraction(10) ** exponent
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    return number * _DECIMAL[suffix]
+
+
+def ceil_int(value: Fraction) -> int:
+    """The smallest integer >= `value` (Kubernetes rounds quantities up)."""
+    return math.ceil(value)
+
+
+def value(text: str | int | float) -> int:
+    """Kubernetes ``Quantity.Value()``: the quantity rounded up to an integer (bytes, devices, pods)."""
+    return ceil_int(parse_quantity(text))
+
+
+def milli_value(text: str | int | float) -> int:
+    """Kubernetes ``Quantity.MilliValue()``: thousandths rounded up (CPU millicores)."""
+    return ceil_int(parse_quantity(text) * 1000)
+
+
+def format_quantity(amount: Fraction | int) -> str:
+    """A canonical quantity string for an exact amount: "2", "1500m", "250u", "3n".
+
+    Amounts finer than a nano-unit are rounded up to the next nano-unit, as Kubernetes does.
+    """
+    amount = Fraction(amount)
+    if amount.denominator == 1:
+        return str(amount.numerator)
+    for suffix, scale in (("m", 1000), ("u", 10**6)):
+        scaled = amount * scale
+        if scaled.denominator == 1:
+            return f"{scaled.numerator}{suffix}"
+    return f"{math.ceil(amount * 10**9)}n"
+
+
+_DURATION_UNITS = {
+    "ns": Fraction(1, 10**9),
+    "us": Fraction(1, 10**6),
+    "µs": Fraction(1, 10**6),  # Go accepts both micro signs
+    "μs": Fraction(1, 10**6),
+    "ms": Fraction(1, 1000),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a Go duration string ("90s", "1h30m", "1.5h", "-5m"); "0" is zero."""
+    rest = text
+    negative = False
+    if rest[:1] in ("+", "-"):
+        negative = rest[0] == "-"
+        rest = rest[1:]
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise DurationError(f"{text!r} is not a duration (expected e.g. 90s, 5m, 1h30m)")
+    total = Fraction(0)
+    pos = 0
+    while pos < len(rest):
+        match = _DURATION_PART.match(rest, pos)
+        if match is None:
+            raise DurationError(f"{text!r} is not a duration (expected e.g. 90s, 5m, 1h30m)")
+        number = match[1] + ("0" if match[1].endswith(".") else "")
+        total += Fraction(number) * _DURATION_UNITS[match[2]]
+        pos = match.end()
+    return float(-total if negative else total)

@@ -1,0 +1,935 @@
+"""Kubernetes objects to Kairos's model, and the JSON Kairos writes back; pure and deterministic.
+
+Called by the state service's mirror (`node_of`, `pod_of`, `podgroup_of`, `queue_of`, `topology_of`,
+`pod_requests`) and by the write-back paths of the state service and the binder (`event`,
+`podgroup_status_patch`, `podgroup_annotations_patch`, `queue_status_patch`, `gpu_groups_patch`). Input is
+`shared.kube.wire`; output is `shared.model` objects or JSON-ready dicts. Every function raises
+`InvalidObject(kind, "namespace/name", field, problem)` for input it cannot translate faithfully, never
+another exception.
+
+The rules are KAI's (``pkg/scheduler/api/{pod_info,node_info,podgroup_info,queue_info}``, the proportion
+plugin, the status updater), with these deliberate choices:
+
+- Units: CPU millicores (``MilliValue``, rounded up), memory bytes (rounded up), GPUs devices; queue memory
+  quota and limit are megabytes (10^6 bytes) in the Queue and bytes in the model; -1 stays -1.
+- Model keys: a podgroup's model ``uid`` is ``"namespace/name"`` (`podgroup_key`), because a pod names
+  its podgroup by name in its own namespace (annotation ``pod-group-name``); a pod's is its API uid.
+- Input KAI would silently ignore is an error here: an unparsable or out-of-range ``gpu-fraction``, a
+  negative ``gpu-memory``, a fraction together with whole GPUs, a negative quota, a malformed timestamp.
+- Nodes that must not get work are tainted the way Kubernetes' node controller taints them (so a pod's
+  tolerations decide, as with KAI): ``spec.unschedulable`` adds ``node.kubernetes.io/unschedulable``; a
+  ``Ready`` condition of ``False`` adds ``node.kubernetes.io/not-ready`` and ``Unknown`` adds
+  ``node.kubernetes.io/unreachable`` (both NoSchedule). A node with no Ready condition is taken as ready.
+- A pod without ``status.phase`` is Pending: the API server sets that phase on create, only a bare
+  simulated object can lack it.
+- A container that sets a limit but no request for a resource requests the limit (the API server's
+  defaulting, again applied for objects that did not go through it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any, Literal
+
+import msgspec
+
+from shared.errors import InvalidObject
+from shared.kube import keys, wire
+from shared.kube.quantity import (
+    DurationError,
+    QuantityError,
+    ceil_int,
+    format_quantity,
+    parse_duration,
+    parse_quantity,
+)
+from shared.model import (
+    GpuRequest,
+    LabelSelectorTerm,
+    Node,
+    NodeSelectorRequirement,
+    Pod,
+    PodAffinityTerm,
+    PodGroup,
+    PodSet,
+    PodStatus,
+    Queue,
+    QueueResource,
+    SubGroupSet,
+    Topology,
+    TopologyConstraint,
+)
+from shared.model.objects import UNLIMITED, Taint, Toleration
+
+__all__ = [
+    "DEFAULT_POD_SET",
+    "MEGABYTE",
+    "PodRequests",
+    "default_priority",
+    "event",
+    "gpu_groups_patch",
+    "involved_object",
+    "node_of",
+    "parse_time",
+    "pod_of",
+    "pod_requests",
+    "pod_status_of",
+    "podgroup_annotations_patch",
+    "podgroup_key",
+    "podgroup_name_of",
+    "podgroup_of",
+    "podgroup_status_patch",
+    "queue_of",
+    "queue_status_patch",
+    "rfc3339",
+    "topology_of",
+]
+
+MEGABYTE = 1_000_000
+"""KAI's queue memory unit (the proportion plugin's ``mebibytes`` constant is 1000 * 1000)."""
+DEFAULT_POD_SET = "default"
+"""The pod set of a podgroup without sub-groups (KAI's ``DefaultSubGroup``); pods without a sub-group."""
+MAX_EVENT_MESSAGE = 1024
+"""Kubernetes' event recorder truncates messages to this many bytes."""
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+class _Where(msgspec.Struct, frozen=True):
+    """The object being translated, so every error names it."""
+
+    kind: str
+    name: str
+
+    def error(self, field: str, problem: str) -> InvalidObject:
+        return InvalidObject(self.kind, self.name, field, problem)
+
+
+def _where(obj: wire.Pod | wire.Node | wire.Queue | wire.PodGroup | wire.Topology) -> _Where:
+    return _Where(obj.KIND, wire.object_name(obj.metadata.namespace, obj.metadata.name))
+
+
+# --- time ------------------------------------------------------------------------------------------------
+def rfc3339(epoch: float) -> str:
+    """A timestamp as Kubernetes writes it: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
+    return datetime.fromtimestamp(math.floor(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp ("...Z" or with an offset, fractions allowed).
+
+    Raises ValueError for anything else (a date alone, a time without a zone).
+    """
+    if _RFC3339.fullmatch(text) is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp (e.g. 2026-01-02T03:04:05Z)")
+    return datetime.fromisoformat(text.upper()).timestamp()
+
+
+def _time(where: _Where, field: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise where.error(field, str(exc)) from None
+
+
+def _duration(where: _Where, field: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise where.error(field, str(exc)) from None
+
+
+# --- quantities ------------------------------------------------------------------------------------------
+def _quantity(where: _Where, field: str, raw: str | int | float) -> Fraction:
+    try:
+        amount = parse_quantity(raw)
+    except QuantityError as exc:
+        raise where.error(field, str(exc)) from None
+    if amount < 0:
+        raise where.error(field, f"must not be negative, got {raw!r}")
+    return amount
+
+
+def _whole(where: _Where, field: str, raw: str | int | float) -> int:
+    amount = _quantity(where, field, raw)
+    if amount.denominator != 1:
+        raise where.error(field, f"must be a whole number, got {raw!r}")
+    return amount.numerator
+
+
+def _is_mig(resource: str) -> bool:
+    return resource.startswith(keys.MIG_PREFIX)
+
+
+def _is_extended(resource: str) -> bool:
+    """Kubernetes' extended resources: a domain-qualified name outside kubernetes.io (GPUs apart)."""
+    if "/" not in resource or resource in keys.GPU_RESOURCES or _is_mig(resource):
+        return False
+    domain = resource.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+# --- nodes -----------------------------------------------------------------------------------------------
+def node_of(node: wire.Node) -> Node:
+    """The model node: allocatable resources, GPU memory and MIG layout from the GFD labels, taints."""
+    where = _where(node)
+    labels = node.metadata.labels
+    alloc = node.status.allocatable
+    cpu = Fraction(0)
+    memory = Fraction(0)
+    gpus = 0
+    pods = 0
+    scalars: dict[str, float] = {}
+    has_mig = False
+    for resource, raw in sorted(alloc.items()):
+        field = f"status.allocatable[{resource}]"
+        if resource == keys.CPU:
+            cpu = _quantity(where, field, raw)
+        elif resource == keys.MEMORY:
+            memory = _quantity(where, field, raw)
+        elif resource == keys.PODS:
+            pods = ceil_int(_quantity(where, field, raw))
+        elif resource in keys.GPU_RESOURCES:
+            gpus += _whole(where, field, raw)
+        elif _is_mig(resource):
+            scalars[resource] = float(_whole(where, field, raw))
+            has_mig = True
+        elif _is_extended(resource):
+            scalars[resource] = float(ceil_int(_quantity(where, field, raw)))
+    gpu_memory, synced = _node_gpu_memory(where, labels.get(keys.GPU_MEMORY_LABEL), gpus)
+    mig_enabled = _mig_enabled(labels.get(keys.MIG_ENABLED_LABEL), has_mig)
+    strategy = labels.get(keys.MIG_STRATEGY_LABEL) if mig_enabled else None
+    return Node(
+        name=node.metadata.name,
+        cpu_millis=float(ceil_int(cpu * 1000)),
+        memory_bytes=float(ceil_int(memory)),
+        gpus=gpus,
+        gpu_memory_mib=gpu_memory,
+        gpu_memory_synced=synced,
+        max_pods=pods,
+        scalars=scalars,
+        labels={**labels, keys.NODE_NAME_LABEL: node.metadata.name},
+        taints=_node_taints(node),
+        mig_enabled=mig_enabled,
+        mig_strategy=strategy if strategy in ("single", "mixed") else None,
+    )
+
+
+def _node_gpu_memory(where: _Where, label: str | None, gpus: int) -> tuple[int, bool]:
+    """KAI ``getNodeGpuMemory``: MiB per GPU from GFD, floored to 100; values >= 1 TiB in MiB are bytes."""
+    if label is None or _INT.fullmatch(label) is None:
+        return 100, False
+    mib = int(label)
+    if mib >= 1024 * 1024:
+        mib //= 1024 * 1024
+    mib -= mib % 100
+    if gpus and mib <= 0:
+        field = f"metadata.labels[{keys.GPU_MEMORY_LABEL}]"
+        raise where.error(field, f"GPU memory of at least 100 MiB expected on a GPU node, got {label!r}")
+    return mib, True
+
+
+def _mig_enabled(label: str | None, has_mig_resources: bool) -> bool:
+    """KAI ``IsMIGEnabled``: the mig-enabled role label when present, else any MIG resource."""
+    if label is not None:
+        return label in _GO_TRUE
+    return has_mig_resources
+
+
+def _node_taints(node: wire.Node) -> tuple[Taint, ...]:
+    taints = [Taint(t.key, t.value, t.effect) for t in node.spec.taints]
+    present = {(t.key, t.effect) for t in taints}
+
+    def add(key: str) -> None:
+        if (key, "NoSchedule") not in present:
+            taints.append(Taint(key, "", "NoSchedule"))
+            present.add((key, "NoSchedule"))
+
+    if node.spec.unschedulable:
+        add(keys.UNSCHEDULABLE_TAINT)
+    ready = next((c for c in node.status.conditions if c.type == "Ready"), None)
+    if ready is not None and ready.status == "False":
+        add(keys.NOT_READY_TAINT)
+    elif ready is not None and ready.status != "True":
+        add(keys.UNREACHABLE_TAINT)
+    return tuple(taints)
+
+
+# --- pods ------------------------------------------------------------------------------------------------
+def podgroup_key(namespace: str, name: str) -> str:
+    """The model key (``PodGroup.uid``, ``Pod.podgroup``) of the podgroup `name` in `namespace`."""
+    return f"{namespace}/{name}"
+
+
+def podgroup_name_of(pod: wire.Pod) -> str | None:
+    """The podgroup the pod names in its ``pod-group-name`` annotation (None when absent or empty)."""
+    return pod.metadata.annotations.get(keys.PODGROUP_ANNOTATION) or None
+
+
+class PodRequests(msgspec.Struct, frozen=True, kw_only=True):
+    """What a pod's containers ask of a node, KAI's way: max(sum of containers, each init container)
+    plus the pod overhead. GPU-sharing annotations are not included (see `pod_of`)."""
+
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: int = 0
+    mig: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def _container_requests(c: wire.Container) -> wire.ResourceList:
+    return {**c.resources.limits, **c.resources.requests}
+
+
+def pod_requests(pod: wire.Pod) -> PodRequests:
+    """The pod's resource requests (KAI ``getPodResourceRequest``), exact up to the final rounding."""
+    where = _where(pod)
+    total: dict[str, Fraction] = {}
+    for i, c in enumerate(pod.spec.containers):
+        for resource, raw in _container_requests(c).items():
+            field = f"spec.containers[{i}].resources.requests[{resource}]"
+            total[resource] = total.get(resource, Fraction(0)) + _quantity(where, field, raw)
+    summed = _rounded(where, "spec.containers", total)
+    for i, c in enumerate(pod.spec.init_containers):
+        init: dict[str, Fraction] = {}
+        for resource, raw in _container_requests(c).items():
+            field = f"spec.initContainers[{i}].resources.requests[{resource}]"
+            init[resource] = _quantity(where, field, raw)
+        for resource, amount in _rounded(where, f"spec.initContainers[{i}]", init).items():
+            summed[resource] = max(summed.get(resource, 0), amount)
+    overhead = {
+        resource: _quantity(where, f"spec.overhead[{resource}]", raw)
+        for resource, raw in pod.spec.overhead.items()
+    }
+    # KAI adds the overhead to CPU, memory and scalars only, never to GPUs.
+    for resource, amount in _rounded(where, "spec.overhead", overhead).items():
+        if resource not in keys.GPU_RESOURCES and not _is_mig(resource):
+            summed[resource] = summed.get(resource, 0) + amount
+    return PodRequests(
+        cpu_millis=float(summed.get(keys.CPU, 0)),
+        memory_bytes=float(summed.get(keys.MEMORY, 0)),
+        gpus=sum(summed.get(r, 0) for r in keys.GPU_RESOURCES),
+        mig={r: n for r, n in sorted(summed.items()) if _is_mig(r) and n > 0},
+    )
+
+
+def _rounded(where: _Where, at: str, amounts: Mapping[str, Fraction]) -> dict[str, int]:
+    """Quantities as KAI reads them: CPU in rounded-up millicores, the rest rounded up to integers;
+    GPU and MIG counts must be whole (Kubernetes rejects fractional extended resources)."""
+    out: dict[str, int] = {}
+    for resource, amount in amounts.items():
+        if resource == keys.CPU:
+            out[resource] = ceil_int(amount * 1000)
+        elif resource in keys.GPU_RESOURCES or _is_mig(resource):
+            if amount.denominator != 1:
+                raise where.error(f"{at}[{resource}]", f"must be a whole number of devices, got {amount}")
+            out[resource] = amount.numerator
+        else:
+            out[resource] = ceil_int(amount)
+    return out
+
+
+def pod_status_of(pod: wire.Pod) -> PodStatus:
+    """KAI ``getTaskStatus`` (without bind requests: Kairos's binder binds directly)."""
+    deleting = pod.metadata.deletion_timestamp is not None
+    match pod.status.phase:
+        case "Running":
+            return PodStatus.RELEASING if deleting else PodStatus.RUNNING
+        case "Pending" | "":
+            if deleting:
+                return PodStatus.RELEASING
+            if pod.spec.node_name:
+                return PodStatus.BOUND
+            if pod.spec.scheduling_gates:
+                return PodStatus.GATED
+            return PodStatus.PENDING
+        case "Succeeded":
+            return PodStatus.SUCCEEDED
+        case "Failed":
+            return PodStatus.FAILED
+        case _:
+            return PodStatus.UNKNOWN
+
+
+def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
+    """The model pod (KAI's PodInfo): requests, GPU request, status, placement constraints.
+
+    `podgroup` is the model key of its podgroup; by default the one its ``pod-group-name`` annotation
+    names, in the pod's namespace.
+    """
+    where = _where(pod)
+    meta = pod.metadata
+    if podgroup is None:
+        name = podgroup_name_of(pod)
+        if name is None:
+            raise where.error(
+                f"metadata.annotations[{keys.PODGROUP_ANNOTATION}]", "missing: the pod is in no podgroup"
+            )
+        podgroup = podgroup_key(meta.namespace, name)
+    requests = pod_requests(pod)
+    gpu, legacy_mig = _gpu_request(where, meta.annotations, requests)
+    return Pod(
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        podgroup=podgroup,
+        status=pod_status_of(pod),
+        node=pod.spec.node_name or None,
+        gpu_groups=_gpu_groups(meta),
+        cpu_millis=requests.cpu_millis,
+        memory_bytes=requests.memory_bytes,
+        gpu=gpu,
+        sub_group=meta.labels.get(keys.SUBGROUP_LABEL) or None,
+        task_priority=_task_priority(where, meta.labels.get(keys.TASK_PRIORITY_LABEL)),
+        labels=dict(meta.labels),
+        node_selector=dict(pod.spec.node_selector),
+        node_affinity=_node_affinity(where, pod.spec.affinity),
+        pod_affinity=_pod_affinity(where, pod.spec.affinity, anti=False),
+        pod_anti_affinity=_pod_affinity(where, pod.spec.affinity, anti=True),
+        tolerations=tuple(
+            Toleration(t.key, t.operator or "Equal", t.value, t.effect) for t in pod.spec.tolerations
+        ),
+        legacy_mig=legacy_mig,
+        creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
+    )
+
+
+def _annotation_field(key: str) -> str:
+    return f"metadata.annotations[{key}]"
+
+
+def _gpu_request(
+    where: _Where, annotations: Mapping[str, str], requests: PodRequests
+) -> tuple[GpuRequest, bool]:
+    """KAI's GPU request kinds from resources and annotations (``updatePodAdditionalFields``)."""
+    fraction = 0.0
+    raw_fraction = annotations.get(keys.GPU_FRACTION)
+    if raw_fraction is not None:
+        field = _annotation_field(keys.GPU_FRACTION)
+        if _FLOAT.fullmatch(raw_fraction) is None:
+            raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
+        fraction = float(raw_fraction)
+        if not 0 < fraction <= 1:
+            raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
+    memory = 0
+    raw_memory = annotations.get(keys.GPU_MEMORY)
+    if raw_memory is not None:
+        field = _annotation_field(keys.GPU_MEMORY)
+        if _INT.fullmatch(raw_memory) is None or int(raw_memory) < 0:
+            raise where.error(field, f"must be a whole number of MiB >= 0, got {raw_memory!r}")
+        memory = int(raw_memory)
+    if fraction and memory:
+        raise where.error(
+            _annotation_field(keys.GPU_FRACTION), f"set together with {keys.GPU_MEMORY}: ask for one of them"
+        )
+    shared = fraction > 0 or memory > 0
+    if shared and requests.gpus:
+        field = _annotation_field(keys.GPU_FRACTION if fraction else keys.GPU_MEMORY)
+        raise where.error(field, f"set together with a {keys.NVIDIA_GPU} request: ask for one of them")
+    devices = 1
+    raw_devices = annotations.get(keys.GPU_FRACTION_NUM_DEVICES)
+    if shared and raw_devices is not None:
+        field = _annotation_field(keys.GPU_FRACTION_NUM_DEVICES)
+        if _INT.fullmatch(raw_devices) is None or int(raw_devices) < 1:
+            raise where.error(field, f"must be a whole number of devices >= 1, got {raw_devices!r}")
+        devices = int(raw_devices)
+    legacy = {key: _legacy_mig_count(where, key, value) for key, value in annotations.items() if _is_mig(key)}
+    mig = dict(sorted(legacy.items())) if legacy else dict(requests.mig)
+    if mig and (shared or requests.gpus):
+        raise where.error(
+            "spec.containers", "MIG instances requested together with whole or shared GPUs: ask for one kind"
+        )
+    if mig:
+        return GpuRequest(mig=mig), bool(legacy)
+    if fraction:
+        return GpuRequest(devices=devices, fraction=fraction), False
+    if memory:
+        return GpuRequest(devices=devices, memory_mib=memory), False
+    return GpuRequest(devices=requests.gpus), False
+
+
+def _legacy_mig_count(where: _Where, key: str, value: str) -> int:
+    if _INT.fullmatch(value) is None or int(value) < 0:
+        raise where.error(_annotation_field(key), f"must be a whole number of MIG instances, got {value!r}")
+    return int(value)
+
+
+def _gpu_groups(meta: wire.ObjectMeta) -> tuple[str, ...]:
+    """Kairos's annotation when present, else KAI's labels (``runai-gpu-group`` and its per-device ones)."""
+    raw = meta.annotations.get(keys.GPU_GROUPS_ANNOTATION)
+    if raw is not None:
+        return tuple(g.strip() for g in raw.split(",") if g.strip())
+    first = meta.labels.get(keys.KAI_GPU_GROUP_LABEL)
+    if first is None:
+        return ()
+    groups = [first]
+    for key in sorted(meta.labels):
+        value = meta.labels[key]
+        if key.startswith(keys.KAI_MULTI_GPU_GROUP_PREFIX) and value not in groups:
+            groups.append(value)
+    return tuple(groups)
+
+
+def _task_priority(where: _Where, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if _INT.fullmatch(raw) is None:
+        raise where.error(f"metadata.labels[{keys.TASK_PRIORITY_LABEL}]", f"must be an integer, got {raw!r}")
+    return int(raw)
+
+
+_NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
+"""A requirement no node meets (an empty In list)."""
+
+
+def _node_affinity(where: _Where, affinity: wire.Affinity | None) -> tuple[LabelSelectorTerm, ...]:
+    """Required node affinity. Terms are ORed; Kubernetes' empty term matches no node, so it is dropped,
+    and a selector of only empty terms becomes a term no node meets."""
+    if affinity is None or affinity.node_affinity is None:
+        return ()
+    selector = affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    if selector is None:
+        return ()
+    at = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    terms: list[LabelSelectorTerm] = []
+    for i, term in enumerate(selector.node_selector_terms):
+        requirements = [
+            NodeSelectorRequirement(r.key, r.operator, tuple(r.values)) for r in term.match_expressions
+        ]
+        for j, f in enumerate(term.match_fields):
+            if f.key != "metadata.name":
+                raise where.error(
+                    f"{at}[{i}].matchFields[{j}].key", f"only metadata.name is supported, got {f.key!r}"
+                )
+            requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
+        if requirements:
+            terms.append(LabelSelectorTerm(tuple(requirements)))
+    if not terms:
+        return (LabelSelectorTerm((_NEVER,)),)
+    return tuple(terms)
+
+
+def _pod_affinity(
+    where: _Where, affinity: wire.Affinity | None, *, anti: bool
+) -> tuple[PodAffinityTerm, ...]:
+    """Required pod (anti-)affinity as match-labels terms. ``matchExpressions`` are supported where they
+    say the same as a label match (``In`` with one value); anything else is an error rather than a
+    constraint silently dropped. An anti-affinity term without a selector selects nothing and is dropped."""
+    if affinity is None:
+        return ()
+    spec = affinity.pod_anti_affinity if anti else affinity.pod_affinity
+    if spec is None:
+        return ()
+    name = "podAntiAffinity" if anti else "podAffinity"
+    at = f"spec.affinity.{name}.requiredDuringSchedulingIgnoredDuringExecution"
+    out: list[PodAffinityTerm] = []
+    for i, term in enumerate(spec.required_during_scheduling_ignored_during_execution):
+        selector = term.label_selector
+        if selector is None:
+            if anti:
+                continue
+            raise where.error(f"{at}[{i}].labelSelector", "missing: a pod affinity term must select pods")
+        if not term.topology_key:
+            raise where.error(f"{at}[{i}].topologyKey", "missing")
+        labels = dict(selector.match_labels)
+        for j, expr in enumerate(selector.match_expressions):
+            if expr.operator != "In" or len(expr.values) != 1:
+                raise where.error(
+                    f"{at}[{i}].labelSelector.matchExpressions[{j}]",
+                    f"only 'In' with one value is supported, got {expr.operator!r} {expr.values!r}",
+                )
+            if labels.get(expr.key, expr.values[0]) != expr.values[0]:
+                raise where.error(
+                    f"{at}[{i}].labelSelector.matchExpressions[{j}]",
+                    f"contradicts matchLabels[{expr.key}]",
+                )
+            labels[expr.key] = expr.values[0]
+        out.append(PodAffinityTerm(labels, term.topology_key))
+    return tuple(out)
+
+
+# --- priority classes ------------------------------------------------------------------------------------
+def default_priority(classes: Iterable[wire.PriorityClass]) -> int:
+    """KAI ``getDefaultPriority``: the globalDefault PriorityClass's value, else 50."""
+    for pc in classes:
+        if pc.global_default:
+            return pc.value
+    return keys.DEFAULT_PODGROUP_PRIORITY
+
+
+# --- queues ----------------------------------------------------------------------------------------------
+def queue_of(queue: wire.Queue, *, creation_index: int) -> Queue:
+    """The model queue. Quotas and limits keep KAI's units except memory (MB -> bytes); an unset
+    ``spec.resources`` or field is 0, as in KAI: a limit of 0 admits nothing, -1 is unlimited."""
+    where = _where(queue)
+    spec = queue.spec
+    resources = spec.resources or wire.QueueResources()
+    return Queue(
+        name=queue.metadata.name,
+        parent=spec.parent_queue or None,
+        priority=keys.DEFAULT_QUEUE_PRIORITY if spec.priority is None else spec.priority,
+        creation_index=creation_index,
+        gpu=_queue_resource(where, "gpu", resources.gpu, 1),
+        cpu=_queue_resource(where, "cpu", resources.cpu, 1),
+        memory=_queue_resource(where, "memory", resources.memory, MEGABYTE),
+        preempt_min_runtime=_duration(where, "spec.preemptMinRuntime", spec.preempt_min_runtime),
+        reclaim_min_runtime=_duration(where, "spec.reclaimMinRuntime", spec.reclaim_min_runtime),
+    )
+
+
+def _queue_resource(where: _Where, name: str, r: wire.QueueResource, unit: int) -> QueueResource:
+    at = f"spec.resources.{name}"
+
+    def bound(field: str, amount: float, meaning: str) -> float:
+        if not math.isfinite(amount) or (amount < 0 and amount != UNLIMITED):
+            raise where.error(f"{at}.{field}", f"must be >= 0 or -1 ({meaning}), got {amount!r}")
+        return amount if amount == UNLIMITED else amount * unit
+
+    if not math.isfinite(r.over_quota_weight) or r.over_quota_weight < 0:
+        raise where.error(f"{at}.overQuotaWeight", f"must be >= 0, got {r.over_quota_weight!r}")
+    return QueueResource(
+        quota=bound("quota", r.quota, "unlimited"),
+        over_quota_weight=r.over_quota_weight,
+        limit=bound("limit", r.limit, "no limit"),
+    )
+
+
+# --- podgroups -------------------------------------------------------------------------------------------
+def podgroup_of(
+    pg: wire.PodGroup,
+    *,
+    priority_classes: Mapping[str, int],
+    default_priority: int = keys.DEFAULT_PODGROUP_PRIORITY,
+    creation_time: float | None = None,
+) -> PodGroup:
+    """The model podgroup (KAI's PodGroupInfo): queue, priority, preemptibility, the sub-group tree.
+
+    `priority_classes` maps PriorityClass names to values; an unknown or empty ``priorityClassName`` gets
+    `default_priority` (see `default_priority()`). Preemptibility is the explicit one, else priority < 100.
+    `creation_time` overrides ``metadata.creationTimestamp``.
+    """
+    where = _where(pg)
+    meta = pg.metadata
+    spec = pg.spec
+    priority = priority_classes.get(spec.priority_class_name, default_priority)
+    if spec.preemptibility:
+        preemptible = spec.preemptibility == "preemptible"
+    else:
+        preemptible = priority < keys.NON_PREEMPTIBLE_PRIORITY
+    if creation_time is None:
+        creation_time = _time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0
+    grace = _duration(where, "spec.stalenessGracePeriod", spec.staleness_grace_period)
+    if grace is None:
+        key = keys.STALENESS_GRACE_PERIOD_ANNOTATION
+        grace = _duration(where, _annotation_field(key), meta.annotations.get(key))
+    return PodGroup(
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=podgroup_key(meta.namespace, meta.name),
+        queue=spec.queue,
+        priority=priority,
+        preemptible=preemptible,
+        creation_time=creation_time,
+        last_start_time=_annotation_time(where, meta, keys.LAST_START_ANNOTATION),
+        stale_since=_annotation_time(where, meta, keys.STALE_SINCE_ANNOTATION),
+        staleness_grace_period=grace,
+        root=_root(where, spec),
+    )
+
+
+def _annotation_time(where: _Where, meta: wire.ObjectMeta, key: str) -> float | None:
+    raw = meta.annotations.get(key)
+    return _time(where, _annotation_field(key), raw) if raw else None
+
+
+def _constraint(tc: wire.TopologyConstraint | None) -> TopologyConstraint | None:
+    if tc is None or not tc.topology:
+        return None
+    return TopologyConstraint(
+        tc.topology, tc.required_topology_level or None, tc.preferred_topology_level or None
+    )
+
+
+def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
+    """KAI ``subgroup_info.FromPodGroup``: sub-groups with children are sets, the others pod sets (at
+    least 1 member each); parents are named case-insensitively; no sub-groups means one default pod set."""
+    root_constraint = _constraint(spec.topology_constraint)
+    if spec.min_member is not None and spec.min_member < 0:
+        raise where.error("spec.minMember", f"must be >= 0, got {spec.min_member}")
+    if not spec.sub_groups:
+        members = max(spec.min_member or 0, 1)
+        return SubGroupSet(
+            "root", pod_sets=(PodSet(DEFAULT_POD_SET, members),), topology_constraint=root_constraint
+        )
+    by_name: dict[str, int] = {}
+    children: dict[str | None, list[int]] = {}
+    for i, sg in enumerate(spec.sub_groups):
+        if not sg.name:
+            raise where.error(f"spec.subGroups[{i}].name", "missing")
+        if sg.name in by_name:
+            raise where.error(f"spec.subGroups[{i}].name", f"duplicate sub-group {sg.name!r}")
+        if sg.min_member is not None and sg.min_member < 0:
+            raise where.error(f"spec.subGroups[{i}].minMember", f"must be >= 0, got {sg.min_member}")
+        by_name[sg.name] = i
+        children.setdefault(sg.parent.lower() if sg.parent else None, []).append(i)
+    for parent in children:
+        if parent is not None and parent not in by_name:
+            i = children[parent][0]
+            raise where.error(f"spec.subGroups[{i}].parent", f"no sub-group named {parent!r}")
+    placed: set[int] = set()
+
+    def build(name: str, constraint: TopologyConstraint | None, below: list[int]) -> SubGroupSet:
+        sets: list[PodSet] = []
+        groups: list[SubGroupSet] = []
+        for i in below:
+            placed.add(i)
+            sg = spec.sub_groups[i]
+            tc = _constraint(sg.topology_constraint)
+            if sg.name in children:
+                groups.append(build(sg.name, tc, children[sg.name]))
+            else:
+                sets.append(PodSet(sg.name, max(sg.min_member or 0, 1), tc))
+        return SubGroupSet(name, pod_sets=tuple(sets), children=tuple(groups), topology_constraint=constraint)
+
+    root = build("root", root_constraint, children.get(None, []))
+    orphans = sorted(set(range(len(spec.sub_groups))) - placed)
+    if orphans:
+        i = orphans[0]
+        raise where.error(
+            f"spec.subGroups[{i}].parent", "the parents form a cycle that never reaches the root"
+        )
+    return root
+
+
+# --- topologies ------------------------------------------------------------------------------------------
+def topology_of(topology: wire.Topology) -> Topology:
+    """The model topology: its levels' node labels, coarsest first."""
+    where = _where(topology)
+    levels: list[str] = []
+    for i, level in enumerate(topology.spec.levels):
+        if not level.node_label:
+            raise where.error(f"spec.levels[{i}].nodeLabel", "missing")
+        if level.node_label in levels:
+            raise where.error(f"spec.levels[{i}].nodeLabel", f"duplicate level {level.node_label!r}")
+        levels.append(level.node_label)
+    return Topology(topology.metadata.name, tuple(levels))
+
+
+# --- write-back ------------------------------------------------------------------------------------------
+class InvolvedObject(msgspec.Struct, frozen=True, kw_only=True):
+    """What an event is about (core/v1 ObjectReference)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+
+
+def involved_object(obj: wire.Pod | wire.Node | wire.Queue | wire.PodGroup | wire.Owner) -> InvolvedObject:
+    """The reference an event about `obj` carries."""
+    meta = obj.metadata
+    return InvolvedObject(
+        api_version=obj.api_version,
+        kind=obj.kind,
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        resource_version=meta.resource_version,
+    )
+
+
+def event(
+    about: InvolvedObject,
+    *,
+    reason: str,
+    message: str,
+    now: float,
+    type: Literal["Normal", "Warning"] = "Normal",
+    component: str = "kairos",
+    count: int = 1,
+    first_seen: float | None = None,
+) -> dict[str, Any]:
+    """A core/v1 Event about `about`, named as Kubernetes' recorder names them (``<name>.<nanos hex>``)."""
+    if len(message) > MAX_EVENT_MESSAGE:
+        message = message[: MAX_EVENT_MESSAGE - 3] + "..."
+    reference: dict[str, Any] = {"apiVersion": about.api_version, "kind": about.kind, "name": about.name}
+    optional = {"namespace": about.namespace, "uid": about.uid, "resourceVersion": about.resource_version}
+    reference.update({key: value for key, value in optional.items() if value})
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{about.name}.{math.floor(now * 1e9):x}",
+            "namespace": about.namespace or "default",
+        },
+        "involvedObject": reference,
+        "reason": reason,
+        "message": message,
+        "type": type,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "count": count,
+        "firstTimestamp": rfc3339(now if first_seen is None else first_seen),
+        "lastTimestamp": rfc3339(now),
+    }
+
+
+UNSCHEDULABLE_ON_NODE_POOL = "UnschedulableOnNodePool"
+UNSCHEDULABLE = "Unschedulable"
+
+
+def podgroup_status_patch(
+    pg: wire.PodGroup,
+    *,
+    now: float,
+    running: int | None = None,
+    pending: int | None = None,
+    succeeded: int | None = None,
+    failed: int | None = None,
+    phase: str | None = None,
+    unschedulable: str | None = None,
+    reasons: Sequence[tuple[str, str]] = (),
+    node_pool: str = keys.DEFAULT_NODE_POOL,
+    clear_unschedulable: bool = False,
+) -> dict[str, Any] | None:
+    """A JSON merge patch of the podgroup's status, or None when nothing would change.
+
+    Counts and phase are set when given. `unschedulable` (the message) records KAI's scheduling
+    condition ``UnschedulableOnNodePool`` for `node_pool` with `reasons` as (reason, message) pairs:
+    conditions of that node pool are squashed into one, appended last, with the next transition ID; a
+    condition equal to the latest is not rewritten. `clear_unschedulable` removes every condition.
+    """
+    current = pg.status
+    wanted: dict[str, Any] = {
+        "running": (running, current.running),
+        "pending": (pending, current.pending),
+        "succeeded": (succeeded, current.succeeded),
+        "failed": (failed, current.failed),
+        "phase": (phase, current.phase),
+    }
+    status: dict[str, Any] = {
+        key: new for key, (new, old) in wanted.items() if new is not None and new != old
+    }
+    conditions = current.scheduling_conditions
+    if unschedulable is not None:
+        new = _scheduling_conditions(conditions, node_pool, unschedulable, reasons, now)
+        if new is not None:
+            status["schedulingConditions"] = new
+    elif clear_unschedulable and conditions:
+        status["schedulingConditions"] = None
+    return {"status": status} if status else None
+
+
+def _scheduling_conditions(
+    conditions: Sequence[wire.SchedulingCondition],
+    node_pool: str,
+    message: str,
+    reasons: Sequence[tuple[str, str]],
+    now: float,
+) -> list[dict[str, Any]] | None:
+    """KAI ``setPodGroupSchedulingCondition``: the whole new list, or None when it would not change."""
+    last: wire.SchedulingCondition | None = None
+    for c in conditions:
+        if last is None or _transition(c) > _transition(last):
+            last = c
+    same_as_last = (
+        last is not None
+        and last.type == UNSCHEDULABLE_ON_NODE_POOL
+        and last.node_pool == node_pool
+        and last.reason == UNSCHEDULABLE
+        and last.message == message
+        and last.status == "True"
+    )
+    if same_as_last and conditions[-1].node_pool == node_pool:
+        return None
+    kept = [msgspec.to_builtins(c) for c in conditions if c.node_pool != node_pool]
+    kept.append(
+        {
+            "type": UNSCHEDULABLE_ON_NODE_POOL,
+            "nodePool": node_pool,
+            "reason": UNSCHEDULABLE,
+            "message": message,
+            "reasons": [{"reason": r, "message": m} for r, m in reasons],
+            "lastTransitionTime": rfc3339(now),
+            "status": "True",
+            "transitionID": str(max(_transition(last), 0) + 1 if last is not None else 1),
+        }
+    )
+    return kept
+
+
+def _transition(c: wire.SchedulingCondition | None) -> int:
+    if c is None or _INT.fullmatch(c.transition_id) is None:
+        return -1
+    return int(c.transition_id)
+
+
+def podgroup_annotations_patch(
+    pg: wire.PodGroup, *, last_start_time: float | None, stale_since: float | None
+) -> dict[str, Any] | None:
+    """A merge patch setting (or, for None, removing) the last-start and stale timestamps, as KAI's
+    status updater keeps them on the podgroup; None when they are already so."""
+    annotations: dict[str, str | None] = {}
+    for key, value in (
+        (keys.LAST_START_ANNOTATION, last_start_time),
+        (keys.STALE_SINCE_ANNOTATION, stale_since),
+    ):
+        old = pg.metadata.annotations.get(key)
+        new = None if value is None else rfc3339(value)
+        if new != old:
+            annotations[key] = new
+    return {"metadata": {"annotations": annotations}} if annotations else None
+
+
+ResourceVector = tuple[float, float, float]
+"""(GPUs, CPU millicores, memory bytes): the core's queue resource order."""
+
+
+def _resource_list(vector: ResourceVector) -> dict[str, str]:
+    gpus, cpu_millis, memory_bytes = vector
+    # GPUs to the thousandth, as KAI's ToResourceList writes fractions.
+    return {
+        keys.NVIDIA_GPU: format_quantity(Fraction(math.floor(gpus * 1000 + 1e-9), 1000)),
+        keys.CPU: format_quantity(Fraction(math.ceil(cpu_millis - 1e-9), 1000)),
+        keys.MEMORY: format_quantity(math.ceil(memory_bytes - 1e-6)),
+    }
+
+
+def queue_status_patch(
+    *,
+    allocated: ResourceVector,
+    allocated_non_preemptible: ResourceVector,
+    requested: ResourceVector,
+    fair_share: ResourceVector | None = None,
+) -> dict[str, Any]:
+    """A merge patch of a queue's status: KAI's ``allocated``, ``allocatedNonPreemptible`` and
+    ``requested`` resource lists, plus ``fairShare`` (a Kairos addition: KAI publishes fair share only
+    as a metric; the Queue CRD's status keeps unknown fields)."""
+    status: dict[str, Any] = {
+        "allocated": _resource_list(allocated),
+        "allocatedNonPreemptible": _resource_list(allocated_non_preemptible),
+        "requested": _resource_list(requested),
+    }
+    if fair_share is not None:
+        status["fairShare"] = _resource_list(fair_share)
+    return {"status": status}
+
+
+def gpu_groups_patch(groups: Sequence[str]) -> dict[str, Any]:
+    """A merge patch recording a pod's shared GPU groups (the binder writes it before binding);
+    an empty sequence removes the annotation."""
+    value = ",".join(groups) if groups else None
+    return {"metadata": {"annotations": {keys.GPU_GROUPS_ANNOTATION: value}}}

@@ -1,0 +1,509 @@
+"""The subset of Kubernetes JSON that Kairos reads, as msgspec Structs, and its decoders.
+
+Objects come from the API server (lists, watch events, GETs) through `shared.kubeapi` as raw JSON bytes and
+are decoded here; `shared.kube.translate` turns them into the model and `shared.kube.podgrouper` groups pods.
+Field names are Kubernetes' camelCase (snake_case here); fields Kairos does not read are ignored, so newer
+API servers and CRD versions decode. Quantities and timestamps stay strings: `translate` parses them and
+names the field when one is malformed. A document that does not match raises `InvalidObject` naming the
+kind, the object ("namespace/name") and the field path (``spec.containers[0].resources``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, TypeVar, overload
+
+import msgspec
+
+from shared.errors import InvalidObject
+
+__all__ = [
+    "Affinity",
+    "Container",
+    "Node",
+    "ObjectMeta",
+    "Owner",
+    "OwnerReference",
+    "Pod",
+    "PodGroup",
+    "PriorityClass",
+    "Queue",
+    "ResourceList",
+    "Topology",
+    "convert",
+    "decode",
+    "decode_node",
+    "decode_owner",
+    "decode_pod",
+    "decode_podgroup",
+    "decode_priority_class",
+    "decode_queue",
+    "decode_topology",
+    "object_name",
+]
+
+ResourceList = dict[str, str | int | float]
+"""Resource name -> quantity ("500m", "2Gi"); numbers are accepted for hand-written objects."""
+
+
+class _Wire(msgspec.Struct, rename="camel", frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every wire struct: camelCase names, keyword construction, immutable."""
+
+
+# --- metadata --------------------------------------------------------------------------------------------
+class OwnerReference(_Wire, frozen=True, kw_only=True):
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
+class ObjectMeta(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+    owner_references: list[OwnerReference] = msgspec.field(default_factory=list)
+
+
+# --- pods ------------------------------------------------------------------------------------------------
+class ResourceRequirements(_Wire, frozen=True, kw_only=True):
+    requests: ResourceList = msgspec.field(default_factory=dict)
+    limits: ResourceList = msgspec.field(default_factory=dict)
+
+
+class Container(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    restart_policy: str | None = None
+
+
+class NodeSelectorRequirement(_Wire, frozen=True, kw_only=True):
+    key: str
+    operator: str
+    values: list[str] = msgspec.field(default_factory=list)
+
+
+class NodeSelectorTerm(_Wire, frozen=True, kw_only=True):
+    match_expressions: list[NodeSelectorRequirement] = msgspec.field(default_factory=list)
+    match_fields: list[NodeSelectorRequirement] = msgspec.field(default_factory=list)
+
+
+class NodeSelector(_Wire, frozen=True, kw_only=True):
+    node_selector_terms: list[NodeSelectorTerm] = msgspec.field(default_factory=list)
+
+
+class NodeAffinity(_Wire, frozen=True, kw_only=True):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+
+
+class LabelSelectorRequirement(_Wire, frozen=True, kw_only=True):
+    key: str
+    operator: str
+    values: list[str] = msgspec.field(default_factory=list)
+
+
+class LabelSelector(_Wire, frozen=True, kw_only=True):
+    match_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = msgspec.field(default_factory=list)
+
+
+class PodAffinityTerm(_Wire, frozen=True, kw_only=True):
+    label_selector: LabelSelector | None = None
+    topology_key: str = ""
+    namespaces: list[str] = msgspec.field(default_factory=list)
+
+
+class PodAffinity(_Wire, frozen=True, kw_only=True):
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = msgspec.field(
+        default_factory=list
+    )
+
+
+class Affinity(_Wire, frozen=True, kw_only=True):
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class Toleration(_Wire, frozen=True, kw_only=True):
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
+class PodSchedulingGate(_Wire, frozen=True, kw_only=True):
+    name: str
+
+
+class PodSpec(_Wire, frozen=True, kw_only=True):
+    containers: list[Container] = msgspec.field(default_factory=list)
+    init_containers: list[Container] = msgspec.field(default_factory=list)
+    overhead: ResourceList = msgspec.field(default_factory=dict)
+    node_name: str = ""
+    scheduler_name: str = ""
+    node_selector: dict[str, str] = msgspec.field(default_factory=dict)
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] = msgspec.field(default_factory=list)
+    priority_class_name: str = ""
+    priority: int | None = None
+    scheduling_gates: list[PodSchedulingGate] = msgspec.field(default_factory=list)
+
+
+class Condition(_Wire, frozen=True, kw_only=True):
+    type: str
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+
+class ContainerStatus(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    ready: bool = False
+    restart_count: int = 0
+
+
+class PodStatus(_Wire, frozen=True, kw_only=True):
+    phase: str = ""
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+    container_statuses: list[ContainerStatus] = msgspec.field(default_factory=list)
+
+
+class Pod(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "Pod"
+    api_version: str = "v1"
+    kind: str = "Pod"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+# --- nodes -----------------------------------------------------------------------------------------------
+class Taint(_Wire, frozen=True, kw_only=True):
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+class NodeSpec(_Wire, frozen=True, kw_only=True):
+    unschedulable: bool = False
+    taints: list[Taint] = msgspec.field(default_factory=list)
+
+
+class NodeStatus(_Wire, frozen=True, kw_only=True):
+    allocatable: ResourceList = msgspec.field(default_factory=dict)
+    capacity: ResourceList = msgspec.field(default_factory=dict)
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
+class Node(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "Node"
+    api_version: str = "v1"
+    kind: str = "Node"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+
+# --- priority classes ------------------------------------------------------------------------------------
+class PriorityClass(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "PriorityClass"
+    api_version: str = "scheduling.k8s.io/v1"
+    kind: str = "PriorityClass"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    value: int = 0
+    global_default: bool = False
+    preemption_policy: str = ""
+
+
+# --- queues (scheduling.run.ai/v2) -------------------------------------------------------------------------
+class QueueResource(_Wire, frozen=True, kw_only=True):
+    """Go's zero values are the defaults: an unset limit is 0, not unlimited (KAI reads it the same way)."""
+
+    quota: float = 0.0
+    over_quota_weight: float = 0.0
+    limit: float = 0.0
+
+
+class QueueResources(_Wire, frozen=True, kw_only=True):
+    gpu: QueueResource = msgspec.field(default_factory=QueueResource)
+    cpu: QueueResource = msgspec.field(default_factory=QueueResource)
+    memory: QueueResource = msgspec.field(default_factory=QueueResource)
+
+
+class QueueSpec(_Wire, frozen=True, kw_only=True):
+    display_name: str = ""
+    parent_queue: str = ""
+    resources: QueueResources | None = None
+    priority: int | None = None
+    preempt_min_runtime: str | None = None
+    reclaim_min_runtime: str | None = None
+
+
+class QueueStatus(_Wire, frozen=True, kw_only=True):
+    allocated: ResourceList = msgspec.field(default_factory=dict)
+    allocated_non_preemptible: ResourceList = msgspec.field(default_factory=dict)
+    requested: ResourceList = msgspec.field(default_factory=dict)
+    child_queues: list[str] = msgspec.field(default_factory=list)
+
+
+class Queue(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "Queue"
+    api_version: str = "scheduling.run.ai/v2"
+    kind: str = "Queue"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: QueueSpec = msgspec.field(default_factory=QueueSpec)
+    status: QueueStatus = msgspec.field(default_factory=QueueStatus)
+
+
+# --- podgroups (scheduling.run.ai/v2alpha2) ----------------------------------------------------------------
+class TopologyConstraint(_Wire, frozen=True, kw_only=True):
+    topology: str = ""
+    required_topology_level: str = ""
+    preferred_topology_level: str = ""
+
+
+class SubGroup(_Wire, frozen=True, kw_only=True):
+    name: str
+    min_member: int | None = None
+    min_sub_group: int | None = None
+    parent: str | None = None
+    topology_constraint: TopologyConstraint | None = None
+
+
+class PodGroupSpec(_Wire, frozen=True, kw_only=True):
+    min_member: int | None = None
+    min_sub_group: int | None = None
+    queue: str = ""
+    priority_class_name: str = ""
+    preemptibility: Literal["", "preemptible", "non-preemptible"] = ""
+    topology_constraint: TopologyConstraint | None = None
+    sub_groups: list[SubGroup] = msgspec.field(default_factory=list)
+    mark_unschedulable: bool | None = None
+    scheduling_backoff: int | None = None
+    staleness_grace_period: str | None = None
+
+
+class UnschedulableExplanation(_Wire, frozen=True, kw_only=True):
+    reason: str = ""
+    message: str = ""
+    details: dict[str, Any] | None = None
+
+
+class SchedulingCondition(_Wire, frozen=True, kw_only=True):
+    type: str = ""
+    node_pool: str = ""
+    reason: str = ""
+    message: str = ""
+    reasons: list[UnschedulableExplanation] = msgspec.field(default_factory=list)
+    last_transition_time: str | None = None
+    status: str = ""
+    transition_id: str = msgspec.field(default="", name="transitionID")
+
+
+class PodGroupCondition(_Wire, frozen=True, kw_only=True):
+    type: str = ""
+    status: str = ""
+    transition_id: str = msgspec.field(default="", name="transitionID")
+    last_transition_time: str | None = None
+    reason: str = ""
+    message: str = ""
+
+
+class PodGroupResourcesStatus(_Wire, frozen=True, kw_only=True):
+    allocated: ResourceList = msgspec.field(default_factory=dict)
+    allocated_non_preemptible: ResourceList = msgspec.field(default_factory=dict)
+    requested: ResourceList = msgspec.field(default_factory=dict)
+
+
+class PodGroupStatus(_Wire, frozen=True, kw_only=True):
+    phase: str = ""
+    conditions: list[PodGroupCondition] = msgspec.field(default_factory=list)
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    pending: int = 0
+    scheduling_conditions: list[SchedulingCondition] = msgspec.field(default_factory=list)
+    resources_status: PodGroupResourcesStatus = msgspec.field(default_factory=PodGroupResourcesStatus)
+
+
+class PodGroup(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "PodGroup"
+    api_version: str = "scheduling.run.ai/v2alpha2"
+    kind: str = "PodGroup"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)
+    status: PodGroupStatus = msgspec.field(default_factory=PodGroupStatus)
+
+
+# --- topologies (kai.scheduler/v1alpha1) -------------------------------------------------------------------
+class TopologyLevel(_Wire, frozen=True, kw_only=True):
+    node_label: str
+
+
+class TopologySpec(_Wire, frozen=True, kw_only=True):
+    levels: list[TopologyLevel] = msgspec.field(default_factory=list)
+
+
+class Topology(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "Topology"
+    api_version: str = "kai.scheduler/v1alpha1"
+    kind: str = "Topology"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: TopologySpec = msgspec.field(default_factory=TopologySpec)
+
+
+# --- workload owners (any kind) ----------------------------------------------------------------------------
+class Owner(_Wire, frozen=True, kw_only=True):
+    """A pod's owner of any kind (Job, Deployment, PyTorchJob, ...): what the pod-grouper reads of it."""
+
+    KIND: ClassVar[str] = "owner"
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+    status: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+# --- decoding --------------------------------------------------------------------------------------------
+_Obj = Pod | Node | PriorityClass | Queue | PodGroup | Topology | Owner
+T = TypeVar("T", Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner)
+
+_TYPES: tuple[type[_Obj], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner)
+_BY_NAME: dict[str, type[_Obj]] = {}
+for _cls in _TYPES:
+    _BY_NAME[_cls.KIND] = _cls
+    _BY_NAME[_cls.KIND.lower()] = _cls
+_BY_NAME.update(
+    {
+        "pods": Pod,
+        "nodes": Node,
+        "priorityclasses": PriorityClass,
+        "queues": Queue,
+        "podgroups": PodGroup,
+        "topologies": Topology,
+        "owners": Owner,
+    }
+)
+_DECODERS: dict[type[_Obj], msgspec.json.Decoder[Any]] = {cls: msgspec.json.Decoder(cls) for cls in _TYPES}
+
+
+class _NameMeta(msgspec.Struct):
+    name: object = ""
+    namespace: object = ""
+
+
+class _Named(msgspec.Struct):
+    metadata: _NameMeta | None = None
+
+
+_NAME_DECODER = msgspec.json.Decoder(_Named)
+_PATH = re.compile(r"^(?P<problem>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+
+
+def _type_of(kind: str | type[Any]) -> type[_Obj]:
+    if isinstance(kind, type) and kind in _DECODERS:
+        return kind
+    if isinstance(kind, type):
+        raise InvalidObject("kind", kind.__name__, "", "not a wire type")
+    cls = _BY_NAME.get(kind)
+    if cls is None:
+        raise InvalidObject("kind", kind, "", f"not a kind Kairos decodes (one of {sorted(_BY_NAME)})")
+    return cls
+
+
+def object_name(namespace: object, name: object) -> str:
+    """How errors and logs name an object: "namespace/name", or just the name when cluster-scoped."""
+    ns = namespace if isinstance(namespace, str) else ""
+    nm = name if isinstance(name, str) else ""
+    return f"{ns}/{nm}" if ns else nm
+
+
+def _name_in_bytes(data: bytes | str) -> str:
+    try:
+        named = _NAME_DECODER.decode(data)
+    except msgspec.MsgspecError:
+        return ""
+    meta = named.metadata
+    return object_name(meta.namespace, meta.name) if meta is not None else ""
+
+
+def _name_in_mapping(obj: object) -> str:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return ""
+    return object_name(meta.get("namespace"), meta.get("name"))
+
+
+def _invalid(cls: type[_Obj], name: str, exc: msgspec.MsgspecError) -> InvalidObject:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        match = _PATH.match(text)
+        if match is not None:
+            return InvalidObject(cls.KIND, name, match["path"].lstrip("."), match["problem"])
+        return InvalidObject(cls.KIND, name, "", text)
+    return InvalidObject(cls.KIND, name, "", f"not a valid JSON document: {text}")
+
+
+@overload
+def decode(kind: type[T], data: bytes | str) -> T: ...
+@overload
+def decode(kind: str, data: bytes | str) -> Any: ...
+def decode(kind: str | type[Any], data: bytes | str) -> Any:
+    """Decode one object's JSON. `kind` is a wire type or a name: "Pod", "pod" or "pods" (and so on)."""
+    cls = _type_of(kind)
+    try:
+        return _DECODERS[cls].decode(data)
+    except msgspec.MsgspecError as exc:
+        raise _invalid(cls, _name_in_bytes(data), exc) from exc
+
+
+@overload
+def convert(kind: type[T], obj: Mapping[str, Any]) -> T: ...
+@overload
+def convert(kind: str, obj: Mapping[str, Any]) -> Any: ...
+def convert(kind: str | type[Any], obj: Mapping[str, Any]) -> Any:
+    """Convert an already-parsed object (a dict from YAML or a JSON library) like `decode`."""
+    cls = _type_of(kind)
+    try:
+        return msgspec.convert(obj, type=cls)
+    except msgspec.MsgspecError as exc:
+        raise _invalid(cls, _name_in_mapping(obj), exc) from exc
+
+
+def decode_pod(data: bytes | str) -> Pod:
+    return decode(Pod, data)
+
+
+def decode_node(data: bytes | str) -> Node:
+    return decode(Node, data)
+
+
+def decode_priority_class(data: bytes | str) -> PriorityClass:
+    return decode(PriorityClass, data)
+
+
+def decode_queue(data: bytes | str) -> Queue:
+    return decode(Queue, data)
+
+
+def decode_podgroup(data: bytes | str) -> PodGroup:
+    return decode(PodGroup, data)
+
+
+def decode_topology(data: bytes | str) -> Topology:
+    return decode(Topology, data)
+
+
+def decode_owner(data: bytes | str) -> Owner:
+    return decode(Owner, data)
