@@ -6,7 +6,7 @@ error and exits 1, unless `--allow-no-gpu` (or `--set allow_no_gpu=true`) lets i
 devices with the reason. Then `shared.bus.service.main` runs `Agent.run`: the inventory goes to
 `subjects.gpu_inventory(node)` at start, every `period` seconds and on each request to
 `subjects.gpu_inventory_request(node)` (the reply is the same inventory). NVML is read in a worker thread
-and one read at a time. Ready after the first publication. Counters: `inventories`, `requests`,
+and one read at a time. Ready once the first inventory is read. Counters: `inventories`, `requests`,
 `publish_failures`, `unhealthy_devices` (the latest inventory's).
 """
 
@@ -71,7 +71,7 @@ class Agent:
         self.settings = settings
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._unhealthy: dict[int, str] | None = None
+        self._last: tuple[str, dict[int, str]] | None = None
 
     async def read(self) -> GpuInventory:
         async with self._lock:
@@ -82,6 +82,7 @@ class Agent:
     async def publish(self, ctx: ServiceContext, reply: str = "") -> GpuInventory:
         """Read and publish the inventory (and answer `reply`); a NATS failure is logged and counted."""
         inventory = await self.read()
+        self._note(ctx, inventory)
         data = encode(inventory)
         try:
             await ctx.bus.nc.publish(s.gpu_inventory(self.settings.node), data)
@@ -92,10 +93,11 @@ class Agent:
             ctx.log.warning("publishing the inventory failed: %s", exc)
             return inventory
         ctx.counters["inventories"] += 1
-        self._note(ctx, inventory)
         return inventory
 
     def _note(self, ctx: ServiceContext, inventory: GpuInventory) -> None:
+        """The latest reading in the heartbeat (readiness, detail, counter) and, when it changed, the log."""
+        ctx.ready = True
         unhealthy = {d.index: d.error for d in inventory.devices if not d.healthy}
         ctx.counters["unhealthy_devices"] = len(unhealthy)
         if inventory.error:
@@ -105,18 +107,20 @@ class Agent:
                 f"node {inventory.node}: {len(inventory.devices)} GPUs, "
                 f"{len(inventory.devices) - len(unhealthy)} healthy, driver {inventory.driver_version}"
             )
-        if unhealthy != self._unhealthy:
+        state = (inventory.error, unhealthy)
+        if state != self._last:
             # Logged on change only: a device that stays broken would otherwise fill the log every period.
+            ctx.log.info("%s", ctx.detail)
             for index, error in sorted(unhealthy.items()):
                 ctx.log.warning("GPU %d unhealthy: %s", index, error)
-            if self._unhealthy is None or not unhealthy:
-                ctx.log.info("%s", ctx.detail)
-            self._unhealthy = unhealthy
+            self._last = state
 
     async def run(self, ctx: ServiceContext) -> None:
         """The service body: publish at start, every period and on request, until `ctx.stopping`."""
 
         async def answer(msg: object) -> None:
+            if ctx.stopping.is_set():
+                return  # NVML is being shut down; a read now would open it again
             ctx.counters["requests"] += 1
             await self.publish(ctx, reply=getattr(msg, "reply", ""))
 
@@ -124,7 +128,6 @@ class Agent:
         try:
             while not ctx.stopping.is_set():
                 await self.publish(ctx)
-                ctx.ready = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.stopping.wait(), self.settings.period)
         finally:

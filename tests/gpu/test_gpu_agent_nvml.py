@@ -1,0 +1,158 @@
+"""The GPU agent on a real NVIDIA GPU: the same reader the agent runs, through the real pynvml, reports the
+devices NVML and nvidia-smi see (count, UUIDs, memory, driver), and the agent process publishes them.
+
+Marked `gpu`; skipped unless NVML initialises on this machine. Run with `pytest -m gpu tests/gpu`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pynvml
+import pytest
+
+from services.gpu_agent.nvml import NvmlReader
+from shared.bus.connection import connect
+from shared.bus.nats_server import NatsServer
+from shared.contracts import subjects as s
+from shared.contracts.inventory import INVENTORIES, GpuInventory
+
+
+def real_nvml_works() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not real_nvml_works(), reason="NVML does not initialise here: no NVIDIA GPU or driver"
+    ),
+]
+
+
+@pytest.fixture
+def inventory() -> GpuInventory:
+    reader = NvmlReader()
+    reader.open()
+    try:
+        return reader.read("gpu-test", time.time(), 30.0)
+    finally:
+        reader.close()
+
+
+def nvml_count() -> int:
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvidia_smi() -> list[dict[str, str]]:
+    """One row per GPU as nvidia-smi reports it (skips the test when nvidia-smi is not installed)."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is not installed")
+    fields = ["index", "uuid", "name", "memory.total", "driver_version"]
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return [
+        dict(zip(fields, (cell.strip() for cell in row), strict=True)) for row in csv.reader(out.splitlines())
+    ]
+
+
+def test_nvml_reads_without_error_and_reports_the_versions(inventory: GpuInventory) -> None:
+    assert inventory.error == ""
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)?", inventory.driver_version), inventory.driver_version
+    assert re.fullmatch(r"\d+\.\d+", inventory.cuda_driver_version), inventory.cuda_driver_version
+
+
+def test_every_device_nvml_counts_is_reported_once_in_index_order(inventory: GpuInventory) -> None:
+    count = nvml_count()
+    assert count >= 1
+    assert [d.index for d in inventory.devices] == list(range(count))
+
+
+def test_every_device_has_a_unique_gpu_uuid_a_name_and_plausible_memory(inventory: GpuInventory) -> None:
+    uuids = [d.uuid for d in inventory.devices]
+    assert len(set(uuids)) == len(uuids)
+    for device in inventory.devices:
+        assert device.uuid.startswith("GPU-"), device
+        assert device.name, device
+        assert 1024 <= device.memory_mib <= 1024 * 1024, device
+
+
+def test_every_device_is_healthy_or_says_why(inventory: GpuInventory) -> None:
+    for device in inventory.devices:
+        assert device.healthy or device.error, device
+
+
+def test_mig_devices_of_mig_enabled_gpus_have_uuids_profiles_and_memory(inventory: GpuInventory) -> None:
+    for device in inventory.devices:
+        for mig in device.mig_devices:
+            assert device.mig_enabled
+            if mig.healthy:
+                assert mig.uuid.startswith("MIG-"), mig
+                assert re.fullmatch(r"(\d+c\.)?\d+g\.\d+gb(\+\w+)*", mig.profile), mig
+                assert 0 < mig.memory_mib <= device.memory_mib, mig
+
+
+def test_the_devices_are_the_ones_nvidia_smi_reports(inventory: GpuInventory) -> None:
+    rows = nvidia_smi()
+    assert [row["uuid"] for row in rows] == [d.uuid for d in inventory.devices]
+    assert [row["name"] for row in rows] == [d.name for d in inventory.devices]
+    assert {row["driver_version"] for row in rows} == {inventory.driver_version}
+    for row, device in zip(rows, inventory.devices, strict=True):
+        assert abs(int(row["memory.total"]) - device.memory_mib) <= 0.01 * device.memory_mib, (row, device)
+
+
+async def test_the_agent_process_publishes_the_real_devices(
+    nats_server: NatsServer, inventory: GpuInventory
+) -> None:
+    bus = await connect(nats_server.url, "gpu-test")
+    sub = await bus.nc.subscribe(s.gpu_inventory("gpu-test"))
+    env = {**os.environ, "KAIROS_LOG_LEVEL": "WARNING"}
+    process = await asyncio.create_subprocess_exec(
+        *(
+            sys.executable,
+            "-m",
+            "services.gpu_agent",
+            "--nats-url",
+            nats_server.url,
+            "--set",
+            "node=gpu-test",
+        ),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        msg = await sub.next_msg(timeout=30)
+        published = INVENTORIES.decode(msg.subject, msg.data)
+        assert published.error == ""
+        assert [d.uuid for d in published.devices] == [d.uuid for d in inventory.devices]
+        process.terminate()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0, err.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await sub.unsubscribe()
+        await bus.close()

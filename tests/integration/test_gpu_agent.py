@@ -1,0 +1,180 @@
+"""The GPU agent against a real nats-server.
+
+In this process over the fake pynvml: the agent publishes its inventory at start, every period and on
+request, counts unhealthy devices, and shuts NVML down when it stops. As a subprocess with the real pynvml
+(this machine has no NVIDIA driver): `--allow-no-gpu` publishes zero devices with NVML's error and stops on
+SIGTERM; without the flag the agent exits 1 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pynvml
+import pytest
+
+from services.gpu_agent.nvml import NvmlReader
+from services.gpu_agent.service import Agent, AgentSettings
+from shared.bus.connection import Bus
+from shared.bus.nats_server import NatsServer
+from shared.bus.service import ServiceConfig, ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.inventory import INVENTORIES, GpuInventory
+from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 20.0
+
+
+def real_nvml_works() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+needs_no_driver = pytest.mark.skipif(real_nvml_works(), reason="this machine has a working NVIDIA driver")
+
+
+@asynccontextmanager
+async def agent_running(
+    bus: Bus, fake: FakeNvml, period: float
+) -> AsyncIterator[tuple[ServiceContext, Agent]]:
+    ctx = ServiceContext("gpu_agent", ServiceConfig(replica="gpu-n1"), bus)
+    agent = Agent(NvmlReader(fake), AgentSettings(node="n1", period=period))
+    task = asyncio.create_task(agent.run(ctx))
+    try:
+        yield ctx, agent
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(task, TIMEOUT)
+
+
+async def next_inventory(sub: object) -> GpuInventory:
+    msg = await sub.next_msg(timeout=TIMEOUT)  # type: ignore[attr-defined]
+    return INVENTORIES.decode(msg.subject, msg.data)
+
+
+# --- in this process, fake NVML ---------------------------------------------------------------------------
+async def test_the_agent_publishes_its_inventory_at_start_and_is_then_ready(bus: Bus) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    fake = FakeNvml([FakeGpu(uuid="GPU-0"), FakeGpu(uuid="GPU-1")])
+    async with agent_running(bus, fake, period=3600) as (ctx, _):
+        inventory = await next_inventory(sub)
+        assert inventory.node == "n1"
+        assert [d.uuid for d in inventory.devices] == ["GPU-0", "GPU-1"]
+        assert ctx.ready
+        assert ctx.detail == "node n1: 2 GPUs, 2 healthy, driver 550.54.15"
+    await sub.unsubscribe()
+
+
+async def test_the_agent_publishes_again_every_period(bus: Bus) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    async with agent_running(bus, FakeNvml([FakeGpu(uuid="GPU-0")]), period=0.2):
+        first = await next_inventory(sub)
+        second = await next_inventory(sub)
+        third = await next_inventory(sub)
+    assert first.time < second.time < third.time
+    assert third.period == 0.2
+    await sub.unsubscribe()
+
+
+async def test_a_request_gets_a_fresh_inventory_also_published_for_everyone(bus: Bus) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    fake = FakeNvml([FakeGpu(uuid="GPU-0")])
+    async with agent_running(bus, fake, period=3600) as (ctx, _):
+        await next_inventory(sub)
+        fake.gpus[0].ecc_uncorrected = 1  # the device broke since the last period
+        reply = await bus.nc.request(s.gpu_inventory_request("n1"), b"", timeout=TIMEOUT)
+        answered = INVENTORIES.decode(reply.subject, reply.data)
+        published = await next_inventory(sub)
+        assert answered == published
+        assert not answered.devices[0].healthy
+        assert (ctx.counters["requests"], ctx.counters["unhealthy_devices"]) == (1, 1)
+    await sub.unsubscribe()
+
+
+async def test_a_broken_device_is_logged_when_it_breaks_not_every_period(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    fake = FakeNvml([FakeGpu(uuid="GPU-0", ecc_uncorrected=3), FakeGpu(uuid="GPU-1")])
+    with caplog.at_level(logging.INFO, logger="kairos.gpu_agent"):
+        async with agent_running(bus, fake, period=0.1):
+            for _ in range(3):
+                await next_inventory(sub)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["GPU 0 unhealthy: 3 uncorrected ECC errors since the driver loaded"]
+    await sub.unsubscribe()
+
+
+async def test_stopping_the_agent_shuts_nvml_down(bus: Bus) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    fake = FakeNvml([FakeGpu(uuid="GPU-0")])
+    async with agent_running(bus, fake, period=3600) as (ctx, _):
+        await next_inventory(sub)
+    assert (fake.initialised, fake.shutdowns) == (1, 1)
+    assert not ctx.ready
+    await sub.unsubscribe()
+
+
+# --- as a subprocess, real pynvml on a machine without a driver -------------------------------------------
+async def start_agent(nats_server: NatsServer, *flags: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "KAIROS_LOG_LEVEL": "WARNING", "NODE_NAME": "n1"}
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.gpu_agent", "--nats-url", nats_server.url, *flags),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@needs_no_driver
+async def test_with_allow_no_gpu_the_agent_runs_and_publishes_zero_devices_with_the_reason(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    sub = await bus.nc.subscribe(s.gpu_inventory("n1"))
+    started = time.time()
+    process = await start_agent(nats_server, "--allow-no-gpu")
+    try:
+        inventory = await next_inventory(sub)
+        assert (inventory.node, inventory.devices, inventory.period) == ("n1", (), 30.0)
+        assert "NVMLError_LibraryNotFound" in inventory.error
+        assert started <= inventory.time <= time.time()
+
+        reply = await bus.nc.request(s.gpu_inventory_request("n1"), b"", timeout=TIMEOUT)
+        assert INVENTORIES.decode(reply.subject, reply.data).time >= inventory.time
+
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        assert process.returncode == 0, err.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await sub.unsubscribe()
+
+
+@needs_no_driver
+async def test_without_nvml_and_without_the_flag_the_agent_exits_1_with_one_line(
+    nats_server: NatsServer,
+) -> None:
+    process = await start_agent(nats_server)
+    _, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 1
+    line = err.decode()
+    assert line.count("\n") == 1, line
+    assert line.startswith(
+        "kairos gpu_agent: no usable NVIDIA driver/NVML on this machine: nvmlInit failed with "
+    )
+    assert "NVMLError_LibraryNotFound" in line
