@@ -8,7 +8,8 @@ that does not decode is counted as `malformed`, terminated, and the loop goes on
 
 Options (`--set key=value`): `batch` (proposals per fetch, 16), `fetch_timeout` (s, 1),
 `cluster_timeout` (s per cluster request, 2), `cluster_attempts` (5), `recovery_grace` (s a claimed pod
-may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2).
+may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2), `cluster`
+(`nats`: ask the state service's simulated cluster; `kube`: the Kubernetes API through `kubeconfig`).
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Protocol
 
 import msgspec
 
-from services.binder.cluster_client import Backoff, ClusterClient, NatsClusterClient
+from services.binder.cluster_client import ClusterClient, NatsClusterClient
 from services.binder.commit import Capacity, Committer
+from services.binder.kube_client import KubeClusterClient
+from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import PROPOSALS, NodeRecord, PodGroupRecord, PodRecord, Proposal
 from shared.errors import ConfigError
+from shared.kubeapi.client import Kube, connect
 from shared.model import Pod, PodGroup
 
 log = logging.getLogger("kairos.binder")
@@ -48,6 +53,11 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     conflicts: str = "revision"
     """`revision`: any change to a node's ledger key since placement read it rejects the proposal.
     `fit`: a moved node is re-checked and the proposal commits if the node still has room."""
+    cluster: str = "nats"
+    """`nats`: bind and evict by asking the state service (the simulated in-memory cluster).
+    `kube`: call the Kubernetes API (pods/binding, the Eviction API) with `kubeconfig`."""
+    kubeconfig: str = ""
+    """The kubeconfig file for `cluster=kube` (default: env KUBECONFIG, else the in-cluster account)."""
 
 
 def parse_options(options: dict[str, str]) -> BinderOptions:
@@ -55,6 +65,10 @@ def parse_options(options: dict[str, str]) -> BinderOptions:
         parsed = msgspec.convert(options, BinderOptions, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"service {SERVICE}: option {exc}") from exc
+    if parsed.cluster not in ("nats", "kube"):
+        raise ConfigError(
+            f"service {SERVICE}: option 'cluster': expected nats or kube, got {parsed.cluster!r}"
+        )
     if parsed.conflicts not in ("revision", "fit"):
         raise ConfigError(
             f"service {SERVICE}: option 'conflicts': expected revision or fit, got {parsed.conflicts!r}"
@@ -142,6 +156,10 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
     """The service body: until `ctx.stopping`, fetch proposals and commit them one at a time."""
     options = parse_options(ctx.config.options)
     shard = ctx.config.shard
+    kube: Kube | None = None
+    if client is None and options.cluster == "kube":
+        kube = await connect(options.kubeconfig or os.environ.get("KUBECONFIG") or None)
+        client = KubeClusterClient(kube, ctx.counters, backoff=Backoff(attempts=options.cluster_attempts))
     replica = StateReplica(ctx.bus)
     await replica.start()
     try:
@@ -197,3 +215,5 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                 await sub.unsubscribe()
     finally:
         await replica.stop()
+        if kube is not None:
+            await kube.close()

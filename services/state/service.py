@@ -8,6 +8,11 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   replacing whatever KV holds; with neither it adopts the cluster already in KV (a restarted owner carries
   on). It answers `cluster.apply`, `cluster.bind` and `cluster.evict` (queue group `state`) and writes
   every change through `services.state.writer`, which also keeps the binders' ledger clean.
+- `source=kube`: this replica mirrors a Kubernetes API server (`services.state.kube_source`): nodes,
+  pods, KAI's Queue and PodGroup resources, priority classes and topologies, read through informers with
+  `kubeconfig=FILE` (default env KUBECONFIG, else the in-cluster service account); pods are Kairos's
+  when their `schedulerName` is `scheduler_name` (default kai-scheduler). Binds and evictions then go
+  to the API server from the binder (`--set cluster=kube`), not through this service.
 - `source=none`: a read replica. It only answers `state.snapshot`; `cluster` and `demo` are ignored.
   The simulated cluster lives in one process's memory, so exactly one replica may own it: run one
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.state.kube_source import KubeOwner, KubeSourceOptions
 from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
 from services.state.writer import StateWriter
 from shared.bus.replica import StateReplica
@@ -59,6 +65,7 @@ from shared.contracts.messages import (
 from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
 
 QUEUE_GROUP = "state"
+SOURCES = ("sim", "kube", "none")
 OPERATIONS: dict[str, type[ClusterRequest]] = {
     "apply": ApplyRequest,
     "bind": BindRequest,
@@ -75,6 +82,8 @@ class StateOptions:
     demo: bool = False
     run_delay: float = 0.0
     snapshot_wait: float = 5.0
+    kubeconfig: str | None = None
+    scheduler_name: str = "kai-scheduler"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -84,8 +93,10 @@ class StateOptions:
             return options.get(key, os.environ.get(f"KAIROS_{key.upper()}"))
 
         source = get("source") or "sim"
-        if source not in ("sim", "none"):
-            raise ConfigError(f"service state: option 'source': expected sim or none, got {source!r}")
+        if source not in SOURCES:
+            raise ConfigError(
+                f"service state: option 'source': expected one of {', '.join(SOURCES)}, got {source!r}"
+            )
         demo_text = (get("demo") or "false").strip().lower()
         if demo_text not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
             raise ConfigError(f"service state: option 'demo': expected true or false, got {demo_text!r}")
@@ -99,6 +110,8 @@ class StateOptions:
             demo=demo,
             run_delay=_seconds("run_delay", get("run_delay"), 0.0),
             snapshot_wait=_seconds("snapshot_wait", get("snapshot_wait"), 5.0),
+            kubeconfig=get("kubeconfig") or os.environ.get("KUBECONFIG") or None,
+            scheduler_name=get("scheduler_name") or "kai-scheduler",
         )
 
 
@@ -129,6 +142,7 @@ async def body(ctx: ServiceContext) -> None:
         await replica.stop()
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
     owner: SourceOwner | None = None
+    kube_owner: KubeOwner | None = None
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
     subs: list[Subscription] = []
     try:
@@ -142,6 +156,11 @@ async def body(ctx: ServiceContext) -> None:
             subs.append(
                 await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
             )
+        elif options.source == "kube":
+            kube_owner = KubeOwner(
+                ctx, replica, options.kubeconfig, KubeSourceOptions(scheduler_name=options.scheduler_name)
+            )
+            revision = await kube_owner.start()
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"
@@ -157,6 +176,8 @@ async def body(ctx: ServiceContext) -> None:
         await reader.stop()
         if owner is not None:
             await owner.stop()
+        if kube_owner is not None:
+            await kube_owner.stop()
         await replica.stop()
         ctx.log.info("stopped")
 

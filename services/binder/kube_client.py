@@ -1,0 +1,114 @@
+"""The binder's `ClusterClient` against a Kubernetes API server (`--set cluster=kube`).
+
+Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
+the NATS client it replaces. A bind is, in this order: the pod's GPU device assignment recorded as an
+annotation (fractional and multi-device pods, so the device plugin side can hand the container that GPU),
+then a `pods/binding` POST. An eviction is a `pods/eviction` POST (the Eviction API, so that disruption
+budgets are honoured). Both are idempotent as the protocol requires:
+
+- a 409 on a binding means the pod already has a node: if it is ours, the earlier attempt (or another
+  binder) succeeded and we are done; if it is another node, the pod is refused — never bound twice;
+- a 404 on an eviction means the pod is already gone, which is what was asked.
+
+429 and 5xx answers and no answer at all are retried with backoff; when the attempts run out the call
+raises `TemporaryError` and the proposal is retried later. Other refusals raise `ClusterRefused`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.binder.cluster_client import ClusterRefused
+from shared.backoff import Backoff
+from shared.bus.middleware import Counters
+from shared.contracts.messages import Binding, EvictionOrder
+from shared.kube import wire
+from shared.kube.translate import gpu_groups_patch
+from shared.kubeapi.client import ApiError, Kube
+
+CONFLICT = 409
+NOT_FOUND = 404
+
+
+@dataclass
+class KubeClusterClient:
+    kube: Kube
+    counters: Counters = field(default_factory=Counters)
+    backoff: Backoff = field(default_factory=Backoff)
+    rng: random.Random = field(default_factory=random.Random)
+
+    async def bind(self, binding: Binding) -> None:
+        what = f"pod {binding.namespace}/{binding.name}"
+        try:
+            if binding.gpu_groups:
+                await self._retrying(
+                    f"annotate {what}",
+                    self.kube.core.patch_namespaced_pod,
+                    binding.name,
+                    binding.namespace,
+                    gpu_groups_patch(binding.gpu_groups),
+                    _content_type="application/merge-patch+json",
+                )
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": binding.name, "namespace": binding.namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": binding.node},
+            }
+            await self._retrying(
+                f"bind {what}",
+                self.kube.core.create_namespaced_pod_binding,
+                binding.name,
+                binding.namespace,
+                body,
+            )
+        except ApiError as exc:
+            if exc.status == CONFLICT:
+                await self._confirm_bound(binding, what, exc)
+                return
+            raise ClusterRefused("bind", binding.pod, str(exc)) from exc
+        self.counters["kube_binds"] += 1
+
+    async def evict(self, eviction: EvictionOrder) -> None:
+        what = f"pod {eviction.namespace}/{eviction.name}"
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": eviction.name, "namespace": eviction.namespace},
+        }
+        try:
+            await self._retrying(
+                f"evict {what}",
+                self.kube.core.create_namespaced_pod_eviction,
+                eviction.name,
+                eviction.namespace,
+                body,
+            )
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                self.counters["kube_evictions_gone"] += 1
+                return
+            raise ClusterRefused("evict", eviction.pod, str(exc)) from exc
+        self.counters["kube_evictions"] += 1
+
+    async def _confirm_bound(self, binding: Binding, what: str, conflict: ApiError) -> None:
+        """After a 409: accepted if the pod is on our node already, refused if it is anywhere else."""
+        try:
+            raw = await self._retrying(
+                f"get {what}", self.kube.core.read_namespaced_pod, binding.name, binding.namespace
+            )
+        except ApiError as exc:
+            raise ClusterRefused("bind", binding.pod, f"{conflict}; then {exc}") from exc
+        pod = wire.decode_pod(raw)
+        if pod.spec.node_name == binding.node:
+            self.counters["kube_binds_already_done"] += 1
+            return
+        where = pod.spec.node_name or "no node"
+        raise ClusterRefused("bind", binding.pod, f"already bound to {where}, not {binding.node}")
+
+    async def _retrying(self, what: str, method: Any, *args: Any, **kwargs: Any) -> bytes:
+        return await self.kube.call_with_retries(
+            what, method, *args, backoff=self.backoff, rng=self.rng, **kwargs
+        )

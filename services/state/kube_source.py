@@ -1,0 +1,254 @@
+"""The state service's Kubernetes source (`--set source=kube`): informers in, KV out.
+
+Run by `services.state.service` in the one replica that owns the source. Six informers
+(`shared.kubeapi.informer`) list and watch nodes, pods, podgroups, queues, priority classes and topologies
+through kubernetes-asyncio and feed the `Mirror`; a flusher turns what changed into model objects and
+writes them through `StateWriter` (which also keeps the binders' ledger true to the cluster: a pod that
+left its node frees its reservation). Events that arrive together are written together: the flusher waits
+`debounce` seconds after the first one, so a Job's 100 pods cost one batch, not 100.
+
+Node agents' GPU inventories (`kairos.gpu.inventory.<node>`) are merged into their nodes while fresh; an
+agent heard from last more than three periods ago no longer counts (checked every `STALENESS_CHECK`).
+Inventories are plain NATS messages: a restarted state replica knows a node's GPUs from Kubernetes alone
+until its agent's next report (30 s by default).
+
+After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
+podgroup yet. A failed write marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before
+the next one, as the simulated source does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
+from services.state.source import object_of
+from services.state.writer import StateWriter
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.inventory import INVENTORIES
+from shared.contracts.messages import encode
+from shared.errors import MalformedMessage, TemporaryError
+from shared.kubeapi.client import Kube, connect
+from shared.kubeapi.informer import Informer
+from shared.model import Pod
+
+log = logging.getLogger("kairos.state.kube")
+
+RETRY_AFTER_FAILED_WRITE = 0.5
+STALENESS_CHECK = 10.0
+"""Seconds between re-examinations of nodes whose GPU agent may have stopped reporting."""
+
+# (kind, API group, version, plural) of the custom resources Kairos reads, KAI's own.
+CUSTOM = (
+    (PODGROUPS, "scheduling.run.ai", "v2alpha2", "podgroups"),
+    (QUEUES, "scheduling.run.ai", "v2", "queues"),
+    (TOPOLOGIES, "kai.scheduler", "v1alpha1", "topologies"),
+)
+
+
+@dataclass(frozen=True)
+class KubeSourceOptions:
+    scheduler_name: str = "kai-scheduler"
+    debounce: float = 0.05
+    """Seconds the flusher waits after the first change, to write what arrives meanwhile in one batch."""
+    sync_timeout: float = 60.0
+    """Seconds start-up waits for every informer's first list."""
+    resync_period: float = 600.0
+
+
+class KubeSource:
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        kube: Kube,
+        replica: StateReplica,
+        options: KubeSourceOptions,
+        on_flushed: Callable[[Mirror], Awaitable[None]] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.kube = kube
+        self.replica = replica
+        self.options = options
+        self.mirror = Mirror(scheduler_name=options.scheduler_name)
+        self.writer = StateWriter(ctx.bus, ctx.counters)
+        self.on_flushed = on_flushed
+        self.informers = self._informers()
+        self._wake = asyncio.Event()
+        self._resync = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inventory_sub: Subscription | None = None
+
+    def _informers(self) -> list[Informer]:
+        kube = self.kube
+
+        def feed(kind: str) -> tuple[Any, Any]:
+            async def on_relist(items: list[msgspec.Raw]) -> None:
+                self.mirror.relist(kind, (bytes(item) for item in items))
+                self._wake.set()
+
+            async def on_change(event: str, obj: msgspec.Raw) -> None:
+                self.mirror.change(kind, event, bytes(obj))
+                self._wake.set()
+
+            return on_relist, on_change
+
+        period = self.options.resync_period
+        informers = [
+            Informer(kube, NODES, kube.core.list_node, *feed(NODES), resync_period=period),
+            # Every pod, not only ours: pods of other schedulers hold node resources too.
+            Informer(kube, PODS, kube.core.list_pod_for_all_namespaces, *feed(PODS), resync_period=period),
+            Informer(
+                kube,
+                PRIORITY_CLASSES,
+                kube.scheduling.list_priority_class,
+                *feed(PRIORITY_CLASSES),
+                resync_period=period,
+            ),
+        ]
+        for kind, group, version, plural in CUSTOM:
+            informers.append(
+                Informer(
+                    kube,
+                    kind,
+                    kube.custom.list_cluster_custom_object,
+                    *feed(kind),
+                    args=(group, version, plural),
+                    resync_period=period,
+                    missing_ok=kind == TOPOLOGIES,
+                )
+            )
+        return informers
+
+    async def start(self) -> int:
+        """Start the informers, wait for their first lists, write the cluster; returns the state revision."""
+        stored = {key: encode(record) for key, record in self.replica.records.items()}
+        self.writer.seed(stored, self.replica.revision)
+        self.mirror.adopt({key: object_of(record) for key, record in self.replica.records.items()})
+        self._tasks = [asyncio.create_task(informer.run()) for informer in self.informers]
+        waiting = {informer.what: asyncio.create_task(informer.synced.wait()) for informer in self.informers}
+        _, pending = await asyncio.wait(waiting.values(), timeout=self.options.sync_timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            missing = sorted(what for what, task in waiting.items() if task in pending)
+            await self.stop()
+            raise TemporaryError(
+                f"Kubernetes API at {self.kube.server}: no first list of {', '.join(missing)} "
+                f"within {self.options.sync_timeout:.0f} s"
+            )
+        await self._full_sync()
+        self._inventory_sub = await self.ctx.bus.nc.subscribe(s.GPU_INVENTORY_WILDCARD, cb=self._on_inventory)
+        self._tasks.append(asyncio.create_task(self._flusher()))
+        self._tasks.append(asyncio.create_task(self._staleness()))
+        log.info("Kubernetes source synced: %d objects from %s", len(self.mirror.current), self.kube.server)
+        return self.writer.revision
+
+    async def stop(self) -> None:
+        if self._inventory_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._inventory_sub.unsubscribe()
+            self._inventory_sub = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _full_sync(self) -> None:
+        self._resync = True
+        self.mirror.touch_nodes()
+        self.mirror.flush(time.time())
+        await self.writer.sync(self.mirror.current, await self.ctx.bus.state.keys())
+        await self.writer.reconcile(o for o in self.mirror.current.values() if isinstance(o, Pod))
+        self._resync = False
+        await self._flushed()
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.options.debounce)
+            self._wake.clear()
+            try:
+                if self._resync:
+                    await self._full_sync()
+                    continue
+                changes = self.mirror.flush(time.time())
+                if changes:
+                    await self.writer.write(changes)
+                    self.ctx.counters["kube_changes"] += len(changes)
+            except Exception:
+                self.ctx.counters["write_errors"] += 1
+                log.exception("writing the Kubernetes source's changes failed; resyncing KV")
+                self._resync = True
+                self._wake.set()
+                await asyncio.sleep(RETRY_AFTER_FAILED_WRITE)
+                continue
+            await self._flushed()
+
+    async def _on_inventory(self, msg: Msg) -> None:
+        try:
+            inventory = INVENTORIES.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            self.ctx.counters["malformed"] += 1
+            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+            return
+        self.mirror.inventory(inventory)
+        self.ctx.counters["gpu_inventories"] += 1
+        self._wake.set()
+
+    async def _staleness(self) -> None:
+        """Look at every node again now and then: an agent that stopped reporting makes its inventory stale."""
+        while True:
+            await asyncio.sleep(STALENESS_CHECK)
+            if self.mirror.inventories:
+                self.mirror.touch_nodes()
+                self._wake.set()
+
+    async def _flushed(self) -> None:
+        if self.on_flushed is not None:
+            try:
+                await self.on_flushed(self.mirror)
+            except Exception:
+                log.exception("after-flush hook failed")
+
+
+class KubeOwner:
+    """The replica that owns the Kubernetes source: the API connection, the source and its helpers."""
+
+    def __init__(
+        self, ctx: ServiceContext, replica: StateReplica, kubeconfig: str | None, options: KubeSourceOptions
+    ) -> None:
+        self.ctx = ctx
+        self.replica = replica
+        self.kubeconfig = kubeconfig
+        self.options = options
+        self.kube: Kube | None = None
+        self.source: KubeSource | None = None
+
+    async def start(self) -> int:
+        self.kube = await connect(self.kubeconfig)
+        self.source = KubeSource(self.ctx, self.kube, self.replica, self.options)
+        try:
+            return await self.source.start()
+        except BaseException:
+            await self.kube.close()
+            raise
+
+    async def stop(self) -> None:
+        if self.source is not None:
+            await self.source.stop()
+        if self.kube is not None:
+            await self.kube.close()

@@ -1,0 +1,371 @@
+"""The Kubernetes objects the state service mirrors, and the model objects they become in KV.
+
+Fed by `services.state.kube_source` (one `relist` per informer list, one `change` per watch event) and
+drained by its flusher (`flush`), which writes the returned `Change`s through `services.state.writer`.
+Pure: no I/O, no clock; decoding and translation are `shared.kube`'s.
+
+What KV gets must always be a consistent cluster for the core, so objects whose references do not resolve
+are held back, each with the reason (`problems`), until they do:
+
+- a queue whose parent is unknown or which sits on a cycle of parents, with every podgroup in it;
+- a podgroup whose queue is not (yet) a valid queue, with every pod in it;
+- a pod of this scheduler without a podgroup yet (the pod-grouper's work: `ungrouped`), or whose podgroup
+  is held back or not yet seen.
+
+A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is
+fresh (`shared.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured).
+
+Resources held on a node by pods Kairos does not schedule — another scheduler's pods, or a pod of ours
+whose podgroup is gone — are taken off that node's capacity, so they are never handed out twice.
+
+An object that does not translate (a bad annotation, a negative quota) keeps its last good translation
+when it had one (a running pod must stay counted on its node) and is otherwise held back; either way the
+problem is recorded under the object's name, for the write-back to report.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from services.state.source import Change, Obj, key_of
+from shared.contracts.inventory import GpuInventory
+from shared.errors import InvalidObject
+from shared.gpu_inventory import is_stale, merge_inventory
+from shared.kube import translate, wire
+from shared.model import Pod, PodGroup, Queue
+
+NODES = "nodes"
+PODS = "pods"
+PODGROUPS = "podgroups"
+QUEUES = "queues"
+PRIORITY_CLASSES = "priorityclasses"
+TOPOLOGIES = "topologies"
+KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES)
+
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass
+class _Usage:
+    """What foreign pods hold on one node."""
+
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: int = 0
+    pods: int = 0
+
+
+@dataclass
+class Mirror:
+    """Raw objects by kind and name, their translations, and what KV holds."""
+
+    scheduler_name: str = "kai-scheduler"
+    raw: dict[str, dict[str, Any]] = field(default_factory=lambda: {kind: {} for kind in KINDS})
+    current: dict[str, Obj] = field(default_factory=dict)
+    """What this mirror last told KV (by KV key)."""
+    problems: dict[str, str] = field(default_factory=dict)
+    """Object ("pod ns/name", "queue q") -> what is wrong with it (it did not decode or translate)."""
+    held: dict[str, str] = field(default_factory=dict)
+    """Object -> why it is held back from KV although it translates (recomputed by every `desired`)."""
+    _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
+    inventories: dict[str, GpuInventory] = field(default_factory=dict)
+    """Node name -> the GPU agent's latest inventory."""
+    _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
+    _cache: dict[str, tuple[object, Any]] = field(default_factory=dict)
+    """Object label -> (what it was translated from, its last good translation)."""
+
+    # --- input ------------------------------------------------------------------------------------------
+    def relist(self, kind: str, objects: Iterable[bytes]) -> None:
+        """Replace everything held of `kind` by a fresh list."""
+        fresh: dict[str, Any] = {}
+        for data in objects:
+            obj = self._decode(kind, data)
+            if obj is not None:
+                fresh[_name_of(obj)] = obj
+        old = self.raw[kind]
+        for gone in old.keys() - fresh.keys():
+            self._forget(kind, gone)
+        self._dirty[kind].update(old.keys() | fresh.keys())
+        self.raw[kind] = fresh
+        if kind == PODS:
+            self._members.clear()
+            for name, pod in fresh.items():
+                self._index(name, None, pod)
+
+    def change(self, kind: str, event: str, data: bytes) -> None:
+        """One watch event: ADDED, MODIFIED or DELETED."""
+        obj = self._decode(kind, data)
+        if obj is None:
+            return
+        name = _name_of(obj)
+        before = self.raw[kind].get(name)
+        if event == "DELETED":
+            self.raw[kind].pop(name, None)
+            self._forget(kind, name)
+        else:
+            self.raw[kind][name] = obj
+        if kind == PODS:
+            self._index(name, before, None if event == "DELETED" else obj)
+        self._dirty[kind].add(name)
+
+    def _index(self, name: str, before: Any, after: Any) -> None:
+        old = _group_of(before)
+        new = _group_of(after)
+        if old == new:
+            return
+        if old is not None:
+            self._members[old].discard(name)
+            if not self._members[old]:
+                del self._members[old]
+        if new is not None:
+            self._members[new].add(name)
+
+    def members(self, namespace: str, podgroup: str) -> list[Any]:
+        """The pods (raw) that belong to a podgroup, by name."""
+        names = self._members.get(f"{namespace}/{podgroup}", ())
+        return [self.raw[PODS][n] for n in sorted(names) if n in self.raw[PODS]]
+
+    def node_count(self) -> int:
+        return len(self.raw[NODES])
+
+    def inventory(self, inventory: GpuInventory) -> None:
+        """A node agent's inventory arrived."""
+        self.inventories[inventory.node] = inventory
+        self._dirty[NODES].add(inventory.node)
+
+    def touch_nodes(self) -> None:
+        """Re-examine every node at the next flush (an inventory may have gone stale meanwhile)."""
+        self._dirty[NODES].update(self.raw[NODES])
+
+    def _decode(self, kind: str, data: bytes) -> Any:
+        try:
+            return wire.decode(kind, data)
+        except InvalidObject as exc:
+            self.problems[f"{exc.kind} {exc.name}"] = str(exc)
+            return None
+
+    # --- output -----------------------------------------------------------------------------------------
+    def ungrouped(self) -> list[Any]:
+        """Pods of this scheduler, alive and without a podgroup: the pod-grouper's work."""
+        return [
+            pod
+            for pod in self.raw[PODS].values()
+            if pod.spec.scheduler_name == self.scheduler_name
+            and translate.podgroup_name_of(pod) is None
+            and pod.status.phase not in _FINISHED_PHASES
+            and pod.metadata.deletion_timestamp is None
+        ]
+
+    def desired(self, now: float) -> dict[str, Obj]:
+        """Every model object KV should hold now, by KV key (recomputed from the raw objects); `now` (epoch
+        seconds, the agents' clock) decides which GPU inventories are stale."""
+        out: dict[str, Obj] = {}
+        self.held = {}
+        priorities = {name: int(pc.value) for name, pc in self.raw[PRIORITY_CLASSES].items()}
+        fallback = translate.default_priority(self.raw[PRIORITY_CLASSES].values())
+        for topology in self.raw[TOPOLOGIES].values():
+            translated = self._translate(
+                "topology", _name_of(topology), topology, lambda t=topology: translate.topology_of(t)
+            )
+            if translated is not None:
+                out[key_of(translated)] = translated
+        queues = self._valid_queues()
+        for queue in queues.values():
+            out[key_of(queue)] = queue
+        groups: dict[str, PodGroup] = {}
+        for name, raw_group in self.raw[PODGROUPS].items():
+            group = self._translate(
+                "podgroup",
+                name,
+                (raw_group, priorities, fallback),
+                lambda g=raw_group: translate.podgroup_of(
+                    g, priority_classes=priorities, default_priority=fallback
+                ),
+            )
+            if group is None:
+                continue
+            if group.queue not in queues:
+                self.held[f"podgroup {name}"] = f"podgroup {name}: queue {group.queue!r} does not exist"
+                continue
+            groups[name] = group
+            out[key_of(group)] = group
+        foreign: dict[str, _Usage] = defaultdict(_Usage)
+        for name, raw_pod in self.raw[PODS].items():
+            pod = self._pod(name, raw_pod, groups)
+            if isinstance(pod, Pod):
+                out[key_of(pod)] = pod
+            elif pod is not None:
+                node, usage = pod
+                held = foreign[node]
+                held.cpu_millis += usage.cpu_millis
+                held.memory_bytes += usage.memory_bytes
+                held.gpus += usage.gpus
+                held.pods += usage.pods
+        for name, raw_node in self.raw[NODES].items():
+            inventory = self.inventories.get(name)
+            if inventory is not None and is_stale(inventory, now):
+                inventory = None
+            node = self._translate(
+                "node",
+                name,
+                (raw_node, inventory),
+                lambda n=raw_node, i=inventory: merge_inventory(translate.node_of(n), i),
+            )
+            if node is None:
+                continue
+            used = foreign.get(name)
+            if used is not None:
+                node = msgspec.structs.replace(
+                    node,
+                    cpu_millis=max(0.0, node.cpu_millis - used.cpu_millis),
+                    memory_bytes=max(0.0, node.memory_bytes - used.memory_bytes),
+                    gpus=max(0, node.gpus - used.gpus),
+                    max_pods=max(0, node.max_pods - used.pods),
+                )
+            out[key_of(node)] = node
+        return out
+
+    def flush(self, now: float) -> list[Change]:
+        """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
+        if not any(self._dirty.values()):
+            return []
+        for dirty in self._dirty.values():
+            dirty.clear()
+        want = self.desired(now)
+        changes = [
+            Change(key, self.current.get(key), obj)
+            for key, obj in want.items()
+            if self.current.get(key) != obj
+        ]
+        changes += [Change(key, obj, None) for key, obj in self.current.items() if key not in want]
+        self.current = want
+        return changes
+
+    def adopt(self, objects: Mapping[str, Obj]) -> None:
+        """Start from what KV holds (a restarted owner): the first flush then writes only differences."""
+        self.current = dict(objects)
+
+    # --- helpers ----------------------------------------------------------------------------------------
+    def _valid_queues(self) -> dict[str, Queue]:
+        ordered = sorted(
+            self.raw[QUEUES].items(), key=lambda item: (item[1].metadata.creation_timestamp or "", item[0])
+        )
+        translated: dict[str, Queue] = {}
+        for index, (name, raw_queue) in enumerate(ordered):
+            queue = self._translate(
+                "queue",
+                name,
+                (raw_queue, index),
+                lambda q=raw_queue, i=index: translate.queue_of(q, creation_index=i),
+            )
+            if queue is not None:
+                translated[name] = queue
+        valid: dict[str, Queue] = {}
+        for name, queue in translated.items():
+            chain = [name]
+            current: Queue | None = queue
+            problem = ""
+            while current is not None and current.parent is not None:
+                if current.parent in chain:
+                    problem = "cycle of parent queues " + " -> ".join(
+                        [*chain[chain.index(current.parent) :], current.parent]
+                    )
+                    break
+                parent = translated.get(current.parent)
+                if parent is None:
+                    problem = f"parent queue {current.parent!r} does not exist"
+                    break
+                chain.append(current.parent)
+                current = parent
+            if problem:
+                self.held[f"queue {name}"] = f"queue {name}: {problem}"
+            else:
+                valid[name] = queue
+        return valid
+
+    def _pod(
+        self, name: str, raw_pod: Any, groups: Mapping[str, PodGroup]
+    ) -> Pod | tuple[str, _Usage] | None:
+        """A pod of ours in a known podgroup, or the node usage of a pod we do not schedule, or nothing."""
+        ours = raw_pod.spec.scheduler_name == self.scheduler_name
+        group_name = translate.podgroup_name_of(raw_pod) if ours else None
+        group_key = f"{raw_pod.metadata.namespace}/{group_name}" if group_name else None
+        if ours and group_key is not None and group_key in groups:
+            pod = self._translate(
+                "pod", name, (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
+            )
+            if isinstance(pod, Pod):
+                return pod
+        if ours and group_key is None:
+            self.held[f"pod {name}"] = f"pod {name}: waiting for its podgroup (pod-grouper)"
+        elif ours and group_key not in groups:
+            self.held[f"pod {name}"] = f"pod {name}: podgroup {group_key} is not known or not valid"
+        node = raw_pod.spec.node_name
+        if not node or raw_pod.status.phase in _FINISHED_PHASES:
+            return None
+        try:
+            usage = translate.pod_requests(raw_pod)
+        except InvalidObject:
+            return None
+        return node, _Usage(usage.cpu_millis, usage.memory_bytes, int(usage.gpus), 1)
+
+    def _translate(self, kind: str, name: str, source: object, make: Any) -> Any:
+        """`make()`, unless the cached translation came from the same `source`: the raw object itself
+        (watch events replace it, so identity says unchanged) or a tuple of it and the other values the
+        translation reads (compared by value). A failure keeps the last good translation."""
+        label = f"{kind} {name}"
+        cached = self._cache.get(label)
+        if cached is not None and _same(cached[0], source):
+            return cached[1]
+        try:
+            obj = make()
+        except InvalidObject as exc:
+            self.problems[label] = str(exc)
+            return cached[1] if cached is not None else None
+        self.problems.pop(label, None)
+        self._cache[label] = (source, obj)
+        return obj
+
+    def _forget(self, kind: str, name: str) -> None:
+        """Drop what is remembered of an object that is gone."""
+        label = f"{_SINGULAR[kind]} {name}"
+        self._cache.pop(label, None)
+        self.problems.pop(label, None)
+
+
+_SINGULAR = {
+    NODES: "node",
+    PODS: "pod",
+    PODGROUPS: "podgroup",
+    QUEUES: "queue",
+    PRIORITY_CLASSES: "priorityclass",
+    TOPOLOGIES: "topology",
+}
+
+
+def _same(cached: object, source: object) -> bool:
+    if isinstance(cached, tuple) and isinstance(source, tuple):
+        return (
+            len(cached) == len(source)
+            and cached[0] is source[0]
+            and all(a == b for a, b in zip(cached[1:], source[1:], strict=True))
+        )
+    return cached is source
+
+
+def _group_of(pod: Any) -> str | None:
+    if pod is None:
+        return None
+    name = translate.podgroup_name_of(pod)
+    return f"{pod.metadata.namespace}/{name}" if name else None
+
+
+def _name_of(obj: Any) -> str:
+    meta = obj.metadata
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else str(meta.name)

@@ -1,0 +1,64 @@
+"""Create the objects a fresh cluster needs before Kairos schedules on it (KAI's default queues).
+
+Called by `kairos up` (`shared.cli.stack`) once the cluster's API answers, as KAI's installer does on a
+real cluster. Objects that already exist are left as they are: a user's edits to the default queues
+survive a restart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.backoff import Backoff
+from shared.errors import ConfigError
+from shared.kubeapi.client import ApiError, connect
+from shared.kubeapi.paths import collection_path, raw_call
+
+ALREADY_EXISTS = 409
+
+
+def load_manifests(path: Path) -> list[dict[str, Any]]:
+    """The objects of a multi-document YAML file; a document that is not an object names the file."""
+    try:
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    for index, doc in enumerate(docs):
+        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+            raise ConfigError(f"{path}: document {index + 1} is not a Kubernetes object")
+    return docs
+
+
+async def ensure_objects(kubeconfig: str, path: Path) -> list[str]:
+    """Create each object of the file unless it exists; returns the names of those created."""
+    manifests = load_manifests(path)
+    kube = await connect(kubeconfig)
+    created: list[str] = []
+    try:
+        for manifest in manifests:
+            meta = manifest.get("metadata") or {}
+            where = f"{manifest['kind']} {meta.get('name')}"
+            target = collection_path(
+                str(manifest["apiVersion"]), str(manifest["kind"]), meta.get("namespace")
+            )
+            try:
+                await kube.call_with_retries(
+                    f"create {where}",
+                    raw_call,
+                    kube,
+                    "POST",
+                    target,
+                    manifest,
+                    backoff=Backoff(attempts=20, base=0.05, cap=1.0),
+                )
+            except ApiError as exc:
+                if exc.status != ALREADY_EXISTS:
+                    raise ConfigError(f"{path}: {exc}") from exc
+            else:
+                created.append(where)
+    finally:
+        await kube.close()
+    return created

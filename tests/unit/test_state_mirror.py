@@ -1,0 +1,263 @@
+"""The state service's mirror of Kubernetes: what reaches KV is always a cluster the core can use.
+
+Objects go in as the JSON an API server sends (list items and watch events); what comes out are the
+`Change`s the state writer stores.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.source import Change
+from shared.contracts import subjects as s
+from shared.contracts.inventory import GpuDevice, GpuInventory
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue
+
+NOW = 1_800_000_000.0
+
+
+def js(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def node(name: str, gpus: int = 8) -> bytes:
+    return js(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1"},
+            "status": {
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+
+
+def queue(name: str, parent: str | None = None, created: str = "2026-01-01T00:00:00Z") -> bytes:
+    spec: dict[str, Any] = {"resources": {"gpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}}
+    if parent:
+        spec["parentQueue"] = parent
+    return js(
+        {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": name, "creationTimestamp": created},
+            "spec": spec,
+        }
+    )
+
+
+def podgroup(name: str, queue_name: str, priority_class: str = "", namespace: str = "team") -> bytes:
+    spec: dict[str, Any] = {"minMember": 1, "queue": queue_name}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return js(
+        {
+            "apiVersion": "scheduling.run.ai/v2alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec,
+        }
+    )
+
+
+def pod(
+    name: str,
+    group: str | None = "train",
+    *,
+    gpus: int = 1,
+    node_name: str = "",
+    phase: str = "Pending",
+    scheduler: str = "kai-scheduler",
+    annotations: dict[str, str] | None = None,
+    namespace: str = "team",
+) -> bytes:
+    notes = dict(annotations or {})
+    if group:
+        notes["pod-group-name"] = group
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "1"}}}],
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return js(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "annotations": notes,
+                "creationTimestamp": "2026-01-01T00:00:01Z",
+            },
+            "spec": spec,
+            "status": {"phase": phase},
+        }
+    )
+
+
+def cluster() -> Mirror:
+    """Two nodes, a parent and a leaf queue, podgroup team/train in the leaf, one pending pod in it."""
+    m = Mirror()
+    m.relist(NODES, [node("n1"), node("n2")])
+    m.relist(QUEUES, [queue("org"), queue("research", "org")])
+    m.relist(PODGROUPS, [podgroup("train", "research")])
+    m.relist(PODS, [pod("train-0")])
+    m.relist(PRIORITY_CLASSES, [])
+    return m
+
+
+def by_key(changes: list[Change]) -> dict[str, Any]:
+    return {c.key: c.after for c in changes}
+
+
+def test_a_consistent_cluster_is_written_whole() -> None:
+    written = by_key(cluster().flush(NOW))
+    assert isinstance(written[s.node_key("n1")], Node)
+    assert isinstance(written[s.queue_key("research")], Queue)
+    group = written[s.podgroup_key("team", "train")]
+    assert isinstance(group, PodGroup)
+    assert group.key == "team/train"
+    p = written[s.pod_key("team", "train-0")]
+    assert isinstance(p, Pod)
+    assert p.podgroup == group.key
+    assert p.gpu.devices == 1
+    assert p.status == PodStatus.PENDING
+
+
+def test_nothing_changed_writes_nothing() -> None:
+    m = cluster()
+    m.flush(NOW)
+    assert m.flush(NOW) == []
+    m.change(PODS, "MODIFIED", pod("train-0"))
+    assert m.flush(NOW) == []
+
+
+def test_a_pod_waits_for_its_podgroup_and_appears_with_it() -> None:
+    m = cluster()
+    m.change(PODS, "ADDED", pod("eval-0", "eval"))
+    assert s.pod_key("team", "eval-0") not in by_key(m.flush(NOW))
+    assert "not known" in m.held["pod team/eval-0"]
+    m.change(PODGROUPS, "ADDED", podgroup("eval", "research"))
+    written = by_key(m.flush(NOW))
+    assert isinstance(written[s.pod_key("team", "eval-0")], Pod)
+    assert isinstance(written[s.podgroup_key("team", "eval")], PodGroup)
+    assert "pod team/eval-0" not in m.held
+
+
+def test_pods_without_a_podgroup_are_the_pod_groupers_work() -> None:
+    m = cluster()
+    m.change(PODS, "ADDED", pod("lonely", group=None))
+    m.change(PODS, "ADDED", pod("other", group=None, scheduler="default-scheduler"))
+    assert [p.metadata.name for p in m.ungrouped()] == ["lonely"]
+    assert s.pod_key("team", "lonely") not in by_key(m.flush(NOW))
+    assert "pod-grouper" in m.held["pod team/lonely"]
+
+
+def test_a_queue_with_an_unknown_parent_is_held_back_with_its_work() -> None:
+    m = cluster()
+    m.change(QUEUES, "ADDED", queue("orphan", "nowhere"))
+    m.change(PODGROUPS, "ADDED", podgroup("lost", "orphan"))
+    m.change(PODS, "ADDED", pod("lost-0", "lost"))
+    written = by_key(m.flush(NOW))
+    assert s.queue_key("orphan") not in written
+    assert s.podgroup_key("team", "lost") not in written
+    assert s.pod_key("team", "lost-0") not in written
+    assert "parent queue 'nowhere' does not exist" in m.held["queue orphan"]
+    assert "queue 'orphan' does not exist" in m.held["podgroup team/lost"]
+
+
+def test_a_cycle_of_parent_queues_is_refused_naming_the_cycle() -> None:
+    m = cluster()
+    m.change(QUEUES, "ADDED", queue("a", "b"))
+    m.change(QUEUES, "ADDED", queue("b", "a"))
+    written = by_key(m.flush(NOW))
+    assert s.queue_key("a") not in written
+    assert s.queue_key("b") not in written
+    assert "cycle of parent queues a -> b -> a" in m.held["queue a"]
+
+
+def test_a_pod_of_another_scheduler_takes_its_share_of_the_node() -> None:
+    m = cluster()
+    m.change(PODS, "ADDED", pod("web", group=None, scheduler="default-scheduler", node_name="n1", gpus=3))
+    n1 = by_key(m.flush(NOW))[s.node_key("n1")]
+    assert n1.gpus == 5
+    assert n1.max_pods == 109
+    m.change(PODS, "DELETED", pod("web", group=None, scheduler="default-scheduler", node_name="n1", gpus=3))
+    assert by_key(m.flush(NOW))[s.node_key("n1")].gpus == 8
+
+
+def test_a_bad_annotation_holds_a_new_pod_back_with_the_field_named() -> None:
+    m = cluster()
+    m.change(PODS, "ADDED", pod("bad", annotations={"gpu-fraction": "abc"}, gpus=0))
+    assert s.pod_key("team", "bad") not in by_key(m.flush(NOW))
+    assert "gpu-fraction" in m.problems["pod team/bad"]
+
+
+def test_a_running_pod_that_turns_invalid_stays_counted_on_its_node() -> None:
+    m = cluster()
+    m.change(PODS, "MODIFIED", pod("train-0", node_name="n1", phase="Running"))
+    assert by_key(m.flush(NOW))[s.pod_key("team", "train-0")].node == "n1"
+    m.change(
+        PODS,
+        "MODIFIED",
+        pod("train-0", node_name="n1", phase="Running", annotations={"gpu-fraction": "1.5"}, gpus=0),
+    )
+    assert m.flush(NOW) == []
+    assert m.current[s.pod_key("team", "train-0")].node == "n1"
+    assert "gpu-fraction" in m.problems["pod team/train-0"]
+
+
+def test_deletions_and_missed_deletions_leave_kv() -> None:
+    m = cluster()
+    m.flush(NOW)
+    m.change(PODS, "DELETED", pod("train-0"))
+    assert by_key(m.flush(NOW)) == {s.pod_key("team", "train-0"): None}
+    m.relist(NODES, [node("n1")])  # n2 was deleted while the watch was down
+    assert by_key(m.flush(NOW)) == {s.node_key("n2"): None}
+
+
+def test_a_priority_class_sets_the_podgroups_priority_and_preemptibility() -> None:
+    m = Mirror()
+    m.relist(QUEUES, [queue("org")])
+    m.relist(
+        PRIORITY_CLASSES,
+        [
+            js(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": "inference"},
+                    "value": 125,
+                }
+            )
+        ],
+    )
+    m.relist(PODGROUPS, [podgroup("serve", "org", priority_class="inference")])
+    group = by_key(m.flush(NOW))[s.podgroup_key("team", "serve")]
+    assert group.priority == 125
+    assert group.preemptible is False
+
+
+def test_the_gpu_agent_hides_an_unhealthy_device_while_its_report_is_fresh() -> None:
+    m = cluster()
+    devices = tuple(GpuDevice(index=i, memory_mib=81_920, healthy=i != 3) for i in range(8))
+    m.inventory(GpuInventory(node="n1", time=NOW, period=30.0, devices=devices))
+    n1 = by_key(m.flush(NOW))[s.node_key("n1")]
+    assert n1.gpus == 7
+    assert n1.gpu_memory_mib == 81_920
+    m.touch_nodes()
+    assert by_key(m.flush(NOW + 1000))[s.node_key("n1")].gpus == 8
+
+
+def test_members_of_a_podgroup_follow_the_pods_annotations() -> None:
+    m = cluster()
+    m.change(PODS, "ADDED", pod("train-1"))
+    assert [p.metadata.name for p in m.members("team", "train")] == ["train-0", "train-1"]
+    m.change(PODS, "DELETED", pod("train-0"))
+    assert [p.metadata.name for p in m.members("team", "train")] == ["train-1"]
