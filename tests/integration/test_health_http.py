@@ -225,3 +225,25 @@ async def test_readiness_walks_through_a_service_lifetime(nats_server: NatsServe
     }
     async with aiohttp.ClientSession() as http:
         assert await Probes(f"http://127.0.0.1:{port}", http).get("/healthz") is None
+
+
+async def test_kairos_serve_becomes_the_service_so_sigterm_drains_it(nats_server: NatsServer) -> None:
+    # What a container runs as PID 1: the signal must reach the service, not a parent that dies alone.
+    port = free_port()
+    kairos = Path(sys.executable).with_name("kairos")
+    process = await asyncio.create_subprocess_exec(
+        *(str(kairos), "serve", "placement", "--nats-url", nats_server.url),
+        *("--health-port", str(port), "--health-host", "127.0.0.1"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            probes = Probes(f"http://127.0.0.1:{port}", http)
+            await probes.until("/readyz", ok)
+            code, err = await stop(process)
+            assert code == 0, err
+            assert await probes.get("/healthz") is None
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
