@@ -41,12 +41,12 @@ class _Meta(msgspec.Struct):
 
 
 class _List(msgspec.Struct):
-    metadata: _Meta = _Meta()
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
     items: list[msgspec.Raw] | None = None
 
 
 class _ObjectMeta(msgspec.Struct):
-    metadata: _Meta = _Meta()
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
 
 
 class _ErrorStatus(msgspec.Struct):
