@@ -137,6 +137,7 @@ def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
             allocated=_resources(q.allocated),
             requested=_resources(q.requested),
             deserved=_resources(q.deserved),
+            allocated_non_preemptible=_resources(q.allocated_non_preemptible),
         )
         for q in sorted(ssn.queues.values(), key=lambda q: q.name)
     )

@@ -32,7 +32,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
+from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
+from services.state.writeback import WriteBack, WriteBackOptions
 from services.state.writer import StateWriter
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
@@ -40,6 +42,7 @@ from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import encode
 from shared.errors import MalformedMessage, TemporaryError
+from shared.kube.podgrouper import GrouperConfig
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Informer
 from shared.model import Pod
@@ -237,17 +240,39 @@ class KubeOwner:
         self.options = options
         self.kube: Kube | None = None
         self.source: KubeSource | None = None
+        self.writeback: WriteBack | None = None
+        self.grouper: PodGrouperLoop | None = None
 
     async def start(self) -> int:
         self.kube = await connect(self.kubeconfig)
-        self.source = KubeSource(self.ctx, self.kube, self.replica, self.options)
+        self.source = KubeSource(self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed)
+        self.grouper = PodGrouperLoop(
+            self.ctx, self.kube, self.source.mirror, GrouperConfig(scheduler_name=self.options.scheduler_name)
+        )
+        self.grouper.start()
         try:
-            return await self.source.start()
+            revision = await self.source.start()
+            self.writeback = WriteBack(
+                self.ctx,
+                self.kube,
+                self.source.mirror,
+                WriteBackOptions(component=self.options.scheduler_name),
+            )
+            await self.writeback.start()
         except BaseException:
-            await self.kube.close()
+            await self.stop()
             raise
+        return revision
+
+    async def _flushed(self, mirror: Mirror) -> None:
+        if self.grouper is not None and mirror.ungrouped():
+            self.grouper.wake()
 
     async def stop(self) -> None:
+        if self.grouper is not None:
+            await self.grouper.stop()
+        if self.writeback is not None:
+            await self.writeback.stop()
         if self.source is not None:
             await self.source.stop()
         if self.kube is not None:

@@ -11,15 +11,22 @@ import enum
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nats.aio.msg import Msg
 
-from shared.contracts.messages import Codec
 from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 log = logging.getLogger("kairos.bus")
+
+
+class Decoder(Protocol[T_co]):
+    """A subject family's decoder (`shared.contracts.messages.Codec`, `shared.contracts.events.EVENTS`):
+    raises `MalformedMessage` naming the subject for a payload it cannot read."""
+
+    def decode(self, subject: str, data: bytes) -> T_co: ...
 
 
 class Fate(enum.Enum):
@@ -48,7 +55,7 @@ class Counters(Counter[str]):
 
 async def handle(
     msg: Msg,
-    codec: Codec[T],
+    codec: Decoder[T],
     handler: Callable[[T, Msg], Awaitable[Any]],
     counters: Counters,
     *,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.errors import MalformedMessage
+
 EVENTS_VERSION = 1
 
 
@@ -69,9 +71,26 @@ class QueueFairShare(_Event, frozen=True, kw_only=True, tag="queue-fair-share"):
     allocated: dict[str, float]
     requested: dict[str, float]
     deserved: dict[str, float]
+    allocated_non_preemptible: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 Event = PodBound | PodEvicted | PodUnschedulable | PodGroupState | QueueFairShare
 
 EVENT_ENCODER = msgspec.json.Encoder()
 EVENT_DECODER = msgspec.json.Decoder(Event)
+
+
+class EventCodec:
+    """Decodes a public event for a subscriber inside Kairos (the state service's write-back)."""
+
+    def decode(self, subject: str, data: bytes) -> Event:
+        try:
+            event: Event = EVENT_DECODER.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise MalformedMessage(subject, str(exc)) from exc
+        if event.v != EVENTS_VERSION:
+            raise MalformedMessage(subject, f"unknown event version {event.v}")
+        return event
+
+
+EVENTS = EventCodec()

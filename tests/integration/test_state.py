@@ -328,7 +328,7 @@ async def test_a_snapshot_request_ahead_of_kv_gets_what_the_replica_has(
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
-        ({"source": "k8s"}, "option 'source': expected sim or none"),
+        ({"source": "k8s"}, "option 'source': expected one of sim, kube, none"),
         ({"run_delay": "soon"}, "option 'run_delay': expected seconds >= 0"),
         ({"run_delay": "-1"}, "option 'run_delay'"),
         ({"demo": "maybe"}, "option 'demo'"),

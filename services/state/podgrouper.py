@@ -1,0 +1,178 @@
+"""The pod-grouper loop: a PodGroup for every pod of ours that has none, as KAI's pod-grouper makes them.
+
+Run by the state service's Kubernetes owner, woken after each flush of the mirror. For each pod the mirror
+lists as ungrouped it walks the pod's owner chain through the API (a Job, a ReplicaSet and its
+Deployment, a JobSet, a PyTorchJob...: any kind, `shared.kubeapi.paths`), lets the pure
+`shared.kube.podgrouper.group_pod` decide, creates that PodGroup (or brings an existing one in line with
+`podgroup_update`), and then annotates the pod with `pod-group-name`: the pod's next watch event carries
+it into KV. Owners are fetched once per pass however many of their pods are waiting; an owner that cannot
+be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read.
+
+A pod the decision refuses (a malformed owner spec or label) is logged, counted and left alone until the
+pod changes; temporary API failures are retried at the next wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from services.state.mirror import PODGROUPS, PRIORITY_CLASSES, Mirror
+from shared.bus.service import ServiceContext
+from shared.errors import InvalidObject
+from shared.kube import wire
+from shared.kube.podgrouper import GrouperConfig, OwnerRef, group_pod, owner_refs_to_follow, podgroup_update
+from shared.kubeapi.client import ApiError, Kube
+from shared.kubeapi.paths import create_object, get_object
+
+log = logging.getLogger("kairos.state.podgrouper")
+
+MAX_OWNER_DEPTH = 8
+ALREADY_EXISTS = 409
+UNREADABLE_OWNER = frozenset({403, 404})
+
+
+class PodGrouperLoop:
+    def __init__(
+        self, ctx: ServiceContext, kube: Kube, mirror: Mirror, config: GrouperConfig, concurrency: int = 8
+    ) -> None:
+        self.ctx = ctx
+        self.kube = kube
+        self.mirror = mirror
+        self.config = config
+        self._limit = asyncio.Semaphore(concurrency)
+        self._wake = asyncio.Event()
+        self._busy: set[str] = set()
+        self._refused: dict[str, str] = {}
+        """Pod uid -> the resourceVersion the decision refused (retried only once the pod changes)."""
+        self._owners: dict[tuple[str, OwnerRef], asyncio.Task[wire.Owner | None]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            pods = [
+                p
+                for p in self.mirror.ungrouped()
+                if p.metadata.uid not in self._busy
+                and self._refused.get(p.metadata.uid) != p.metadata.resource_version
+            ]
+            if not pods:
+                continue
+            self._owners.clear()
+            for pod in pods:
+                self._busy.add(pod.metadata.uid)
+            await asyncio.gather(*(self._group(pod) for pod in pods))
+
+    async def _group(self, pod: wire.Pod) -> None:
+        meta = pod.metadata
+        try:
+            async with self._limit:
+                owners = await self._chain(pod)
+                grouping = group_pod(
+                    pod, owners, priority_classes=set(self.mirror.raw[PRIORITY_CLASSES]), config=self.config
+                )
+                if grouping is None:
+                    return
+                existing = self.mirror.raw[PODGROUPS].get(f"{grouping.namespace}/{grouping.name}")
+                if existing is None:
+                    await self._create(grouping.podgroup)
+                else:
+                    patch = podgroup_update(existing, grouping, config=self.config)
+                    if patch is not None:
+                        await self.kube.call(
+                            f"update podgroup {grouping.namespace}/{grouping.name}",
+                            self.kube.custom.patch_namespaced_custom_object,
+                            "scheduling.run.ai",
+                            "v2alpha2",
+                            grouping.namespace,
+                            "podgroups",
+                            grouping.name,
+                            patch,
+                            _content_type="application/merge-patch+json",
+                        )
+                await self.kube.call(
+                    f"annotate pod {meta.namespace}/{meta.name}",
+                    self.kube.core.patch_namespaced_pod,
+                    meta.name,
+                    meta.namespace,
+                    grouping.pod_patch,
+                    _content_type="application/merge-patch+json",
+                )
+                self.ctx.counters["pods_grouped"] += 1
+                log.debug(
+                    "pod %s/%s -> podgroup %s (%s)",
+                    meta.namespace,
+                    meta.name,
+                    grouping.name,
+                    grouping.grouper,
+                )
+        except InvalidObject as exc:
+            self._refused[meta.uid] = meta.resource_version
+            self.ctx.counters["podgrouper_refused"] += 1
+            log.warning("pod %s/%s cannot be grouped: %s", meta.namespace, meta.name, exc)
+        except ApiError as exc:
+            self.ctx.counters["podgrouper_api_errors"] += 1
+            log.warning("pod %s/%s: grouping failed, will retry: %s", meta.namespace, meta.name, exc)
+            if exc.temporary:
+                self._wake.set()
+        finally:
+            self._busy.discard(meta.uid)
+
+    async def _create(self, manifest: dict[str, Any]) -> None:
+        try:
+            await create_object(self.kube, manifest)
+        except ApiError as exc:
+            if exc.status != ALREADY_EXISTS:  # another pod of the same owner was quicker
+                raise
+
+    async def _chain(self, pod: wire.Pod) -> list[wire.Owner]:
+        """The owners from the pod's own up to the top, as far as they can be read."""
+        namespace = pod.metadata.namespace
+        owners: list[wire.Owner] = []
+        obj: wire.Pod | wire.Owner = pod
+        for _ in range(MAX_OWNER_DEPTH):
+            refs = owner_refs_to_follow(obj)
+            if not refs:
+                break
+            key = (namespace, refs[0])
+            task = self._owners.get(key)
+            if task is None:
+                task = asyncio.create_task(self._fetch(namespace, refs[0]))
+                self._owners[key] = task
+            owner = await task
+            if owner is None:
+                break
+            owners.append(owner)
+            obj = owner
+        return owners
+
+    async def _fetch(self, namespace: str, ref: OwnerRef) -> wire.Owner | None:
+        try:
+            raw = await get_object(self.kube, ref.api_version, ref.kind, namespace, ref.name)
+        except ApiError as exc:
+            if exc.status in UNREADABLE_OWNER:
+                log.info(
+                    "owner %s %s/%s unreadable (%s): grouping by what is below it",
+                    ref.kind,
+                    namespace,
+                    ref.name,
+                    exc.status,
+                )
+                return None
+            raise
+        return wire.decode(wire.Owner, raw)
