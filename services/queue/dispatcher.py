@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.queue.lease import LeaseKeeper
 from shared.bus.connection import Bus
+from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s

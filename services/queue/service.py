@@ -13,7 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from services.queue.dispatcher import Dispatcher, QueueSettings
-from services.queue.lease import LeaseKeeper
+from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext

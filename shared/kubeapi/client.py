@@ -115,7 +115,9 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
         except k8s.ApiException as exc:  # raised for a few client-side problems even without preloading
-            raise ApiError(what, int(exc.status or NO_ANSWER), str(exc.reason or ""), str(exc.body or "")) from exc
+            raise ApiError(
+                what, int(exc.status or NO_ANSWER), str(exc.reason or ""), str(exc.body or "")
+            ) from exc
         if status >= 300:
             raise api_error(what, status, body)
         return body

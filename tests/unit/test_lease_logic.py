@@ -17,7 +17,7 @@ from services.queue.dispatcher import (
     batches,
     plan_cycle,
 )
-from services.queue.lease import LeaseKeeper
+from shared.bus.lease import LeaseKeeper
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES
 from shared.errors import ConfigError, ConflictError

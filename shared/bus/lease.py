@@ -1,7 +1,8 @@
-"""The shard lease: which queue replica is the active dispatcher, and under which term.
+"""A lease in KV: which replica of a service is the active one, and under which term.
 
-One `LeaseKeeper` per queue replica, driven by `services.queue.service` (one `step()` every
-`interval()` seconds) and asked by `services.queue.dispatcher` whether it may still dispatch (`valid()`).
+One `LeaseKeeper` per replica. The queue service keeps one per shard (`services.queue.service` calls
+`step()` every `interval()` seconds and its dispatcher asks `valid()` before dispatching); the state
+service keeps one for its Kubernetes source, so that exactly one replica mirrors the cluster into KV.
 
 The lease is one key (`lease_key(shard)`) in the `kairos_leases` bucket, whose entries expire
 `LEASE_TTL_S` seconds after their last write. A standby acquires it with a KV *create* (which succeeds for
@@ -22,7 +23,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES, Lease, encode
 from shared.errors import ConflictError, MalformedMessage
 
-log = logging.getLogger("kairos.queue.lease")
+log = logging.getLogger("kairos.lease")
 
 RENEW_INTERVAL_S = 1.0
 """A leader rewrites the lease this often: three chances per TTL."""
