@@ -1,0 +1,627 @@
+"""The pod-grouper's decision: which PodGroup a pod belongs to, per owner kind, as KAI's pod-grouper decides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidObject
+from shared.kube import keys, wire
+from shared.kube.podgrouper import (
+    GrouperConfig,
+    Grouping,
+    OwnerRef,
+    group_pod,
+    owner_refs_to_follow,
+    podgroup_update,
+)
+
+CLASSES = frozenset({"train", "build", "inference", "high", "low"})
+
+
+# --- builders: objects as the API server returns them ------------------------------------------------------
+def ref(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def make_pod(
+    owner: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    name: str = "worker-0",
+    **spec: Any,
+) -> wire.Pod:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ml",
+        "uid": f"uid-{name}",
+        "labels": labels or {},
+        "annotations": annotations or {},
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    body = {"schedulerName": "kai-scheduler", "containers": [{"name": "main"}], **spec}
+    return wire.convert(
+        wire.Pod,
+        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body, "status": {"phase": "Pending"}},
+    )
+
+
+def make_owner(
+    api_version: str,
+    kind: str,
+    name: str,
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
+) -> wire.Owner:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ml",
+        "uid": f"uid-{name}",
+        "labels": labels or {},
+        "annotations": annotations or {},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    doc = {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spec or {}, "status": {}}
+    return wire.convert(wire.Owner, doc)
+
+
+def owned_by(owner: wire.Owner) -> dict[str, Any]:
+    return ref(owner.api_version, owner.kind, owner.metadata.name, owner.metadata.uid)
+
+
+def group(pod: wire.Pod, *owners: wire.Owner, **kwargs: Any) -> Grouping:
+    kwargs.setdefault("priority_classes", CLASSES)
+    result = group_pod(pod, list(owners), **kwargs)
+    assert result is not None
+    return result
+
+
+def spec_of(grouping: Grouping) -> dict[str, Any]:
+    spec: dict[str, Any] = grouping.podgroup["spec"]
+    return spec
+
+
+# --- bare pods and the default plugin ----------------------------------------------------------------------
+def test_a_bare_pod_is_its_own_top_owner_with_one_member_and_train_priority() -> None:
+    pod = make_pod(labels={keys.QUEUE_LABEL: "research"}, name="notebook")
+    g = group(pod)
+    assert g.name == "pg-notebook-uid-notebook"
+    assert g.namespace == "ml"
+    assert g.grouper == "pod"
+    assert g.podgroup["apiVersion"] == "scheduling.run.ai/v2alpha2"
+    assert g.podgroup["kind"] == "PodGroup"
+    assert g.podgroup["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "notebook", "uid": "uid-notebook"}
+    ]
+    assert spec_of(g) == {"minMember": 1, "queue": "research", "priorityClassName": "train"}
+    assert g.pod_patch == {"metadata": {"annotations": {"pod-group-name": "pg-notebook-uid-notebook"}}}
+
+
+def test_the_top_owner_is_recorded_in_kais_metadata_annotation() -> None:
+    g = group(make_pod(name="notebook"))
+    assert g.podgroup["metadata"]["annotations"][keys.TOP_OWNER_METADATA_ANNOTATION] == (
+        'name: notebook\nuid: uid-notebook\ngroup: ""\nversion: v1\nkind: Pod\n'
+    )
+
+
+def test_without_a_queue_label_the_pod_goes_to_kais_default_queue() -> None:
+    assert spec_of(group(make_pod()))["queue"] == "default-queue"
+
+
+def test_a_project_label_names_the_queue_suffixed_by_the_node_pool() -> None:
+    assert spec_of(group(make_pod(labels={"project": "vision"})))["queue"] == "vision"
+    labels = {"project": "vision", keys.NODE_POOL_LABEL: "h100"}
+    assert spec_of(group(make_pod(labels=labels)))["queue"] == "vision-h100"
+
+
+def test_the_queue_label_key_is_configurable() -> None:
+    pod = make_pod(labels={"runai/queue": "legacy"})
+    assert spec_of(group(pod, config=GrouperConfig(queue_label_key="runai/queue")))["queue"] == "legacy"
+
+
+def test_pods_of_other_schedulers_are_left_alone() -> None:
+    pod = make_pod(schedulerName="default-scheduler")
+    assert group_pod(pod, [], priority_classes=CLASSES) is None
+    assert group_pod(pod, [], priority_classes=CLASSES, config=GrouperConfig(scheduler_name=None)) is not None
+
+
+def test_a_pod_that_already_names_its_podgroup_is_left_alone() -> None:
+    pod = make_pod(annotations={keys.PODGROUP_ANNOTATION: "mine"})
+    assert group_pod(pod, [], priority_classes=CLASSES) is None
+
+
+def test_a_pod_that_asks_to_skip_the_grouper_is_left_alone() -> None:
+    pod = make_pod(annotations={keys.SKIP_PODGROUPER_ANNOTATION: "true"})
+    assert group_pod(pod, [], priority_classes=CLASSES) is None
+
+
+# --- priority class, preemptibility, topology, labels -------------------------------------------------------
+def job(**kwargs: Any) -> wire.Owner:
+    return make_owner("batch/v1", "Job", "train", spec={"parallelism": 4, "completions": 4}, **kwargs)
+
+
+def test_a_priority_class_label_on_the_top_owner_wins() -> None:
+    j = job(labels={keys.PRIORITY_CLASS_LABEL: "high"})
+    pod = make_pod(owned_by(j), labels={keys.PRIORITY_CLASS_LABEL: "low"}, priorityClassName="build")
+    assert spec_of(group(pod, j))["priorityClassName"] == "high"
+
+
+def test_the_pods_label_then_its_spec_name_the_priority_class_when_the_owner_does_not() -> None:
+    j = job()
+    labelled = make_pod(owned_by(j), labels={keys.PRIORITY_CLASS_LABEL: "low"}, priorityClassName="build")
+    assert spec_of(group(labelled, j))["priorityClassName"] == "low"
+    assert spec_of(group(make_pod(owned_by(j), priorityClassName="build"), j))["priorityClassName"] == "build"
+
+
+def test_a_priority_class_that_does_not_exist_falls_back_to_the_kinds_default() -> None:
+    j = job(labels={keys.PRIORITY_CLASS_LABEL: "platinum"})
+    assert spec_of(group(make_pod(owned_by(j)), j))["priorityClassName"] == "train"
+
+
+def test_a_preemptibility_label_on_the_owner_or_pod_is_copied() -> None:
+    j = job(labels={keys.PREEMPTIBILITY_LABEL: "non-preemptible"})
+    assert spec_of(group(make_pod(owned_by(j)), j))["preemptibility"] == "non-preemptible"
+    pod = make_pod(owned_by(job()), labels={keys.PREEMPTIBILITY_LABEL: "preemptible"})
+    assert spec_of(group(pod, job()))["preemptibility"] == "preemptible"
+    bogus = make_pod(owned_by(job()), labels={keys.PREEMPTIBILITY_LABEL: "sometimes"})
+    assert "preemptibility" not in spec_of(group(bogus, job()))
+
+
+def test_topology_annotations_on_the_top_owner_become_the_topology_constraint() -> None:
+    j = job(
+        annotations={
+            keys.TOPOLOGY_ANNOTATION: "dc",
+            keys.TOPOLOGY_REQUIRED_ANNOTATION: "zone",
+            keys.TOPOLOGY_PREFERRED_ANNOTATION: "rack",
+        }
+    )
+    assert spec_of(group(make_pod(owned_by(j)), j))["topologyConstraint"] == {
+        "topology": "dc",
+        "requiredTopologyLevel": "zone",
+        "preferredTopologyLevel": "rack",
+    }
+
+
+def test_the_podgroup_inherits_the_top_owners_labels_and_annotations() -> None:
+    j = job(labels={"team": "vision", keys.QUEUE_LABEL: "q"}, annotations={"note": "hello"})
+    pod = make_pod(
+        owned_by(j), labels={"user": "ada", keys.NODE_POOL_LABEL: "h100"}, annotations={"user": "ada"}
+    )
+    meta = group(pod, j).podgroup["metadata"]
+    assert meta["labels"] == {
+        "team": "vision",
+        keys.QUEUE_LABEL: "q",
+        "user": "ada",
+        keys.NODE_POOL_LABEL: "h100",
+    }
+    assert meta["annotations"]["note"] == "hello"
+    assert meta["annotations"]["user"] == "ada"
+
+
+# --- batch jobs, cron jobs, deployments, stateful sets ------------------------------------------------------
+def test_a_batch_job_is_one_podgroup_of_one_member_owned_by_the_job() -> None:
+    j = job()
+    g = group(make_pod(owned_by(j)), j)
+    assert (g.name, g.grouper) == ("pg-train-uid-train", "batch-job")
+    assert g.podgroup["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "uid-train"}
+    ]
+    assert spec_of(g)["minMember"] == 1
+    assert spec_of(g)["priorityClassName"] == "train"
+
+
+def test_a_batch_job_gang_size_comes_from_its_min_member_annotation() -> None:
+    j = job(annotations={keys.BATCH_MIN_MEMBER_ANNOTATION: "4"})
+    assert spec_of(group(make_pod(owned_by(j)), j))["minMember"] == 4
+
+
+def test_a_malformed_min_member_annotation_names_the_job_and_field() -> None:
+    j = job(annotations={keys.BATCH_MIN_MEMBER_ANNOTATION: "all"})
+    with pytest.raises(InvalidObject) as info:
+        group(make_pod(owned_by(j)), j)
+    assert (info.value.kind, info.value.name) == ("Job", "ml/train")
+    assert info.value.field == "metadata.annotations[kai.scheduler/batch-min-member]"
+
+
+def test_a_cron_jobs_pods_are_grouped_by_the_job_it_created() -> None:
+    cron = make_owner("batch/v1", "CronJob", "nightly", spec={"schedule": "@daily"})
+    j = make_owner("batch/v1", "Job", "nightly-2900", owner=owned_by(cron))
+    g = group(make_pod(owned_by(j)), j, cron)
+    assert (g.name, g.grouper) == ("pg-nightly-2900-uid-nightly-2900", "cron-job")
+    assert g.podgroup["metadata"]["ownerReferences"][0]["kind"] == "Job"
+
+
+def test_each_pod_of_a_deployment_is_its_own_inference_podgroup() -> None:
+    deployment = make_owner("apps/v1", "Deployment", "serve", spec={"replicas": 3})
+    rs = make_owner("apps/v1", "ReplicaSet", "serve-7d9", owner=owned_by(deployment))
+    pod = make_pod(owned_by(rs), name="serve-7d9-x1")
+    g = group(pod, rs, deployment)
+    assert (g.name, g.grouper) == ("pg-serve-7d9-x1-uid-serve-7d9-x1", "deployment")
+    assert g.podgroup["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "serve-7d9-x1", "uid": "uid-serve-7d9-x1"}
+    ]
+    assert spec_of(g)["priorityClassName"] == "inference"
+    assert "kind: Deployment" in g.podgroup["metadata"]["annotations"][keys.TOP_OWNER_METADATA_ANNOTATION]
+
+
+def test_a_deployment_pod_may_still_name_its_priority_class() -> None:
+    deployment = make_owner("apps/v1", "Deployment", "serve", labels={keys.PRIORITY_CLASS_LABEL: "low"})
+    rs = make_owner("apps/v1", "ReplicaSet", "serve-7d9", owner=owned_by(deployment))
+    assert spec_of(group(make_pod(owned_by(rs)), rs, deployment))["priorityClassName"] == "low"
+
+
+@pytest.mark.parametrize("kind", ["StatefulSet", "ReplicaSet"])
+def test_stateful_and_replica_sets_use_the_default_plugin(kind: str) -> None:
+    owner = make_owner("apps/v1", kind, "db", spec={"replicas": 3})
+    g = group(make_pod(owned_by(owner)), owner)
+    assert (g.name, g.grouper) == ("pg-db-uid-db", "default")
+    assert spec_of(g)["minMember"] == 1
+    assert spec_of(g)["priorityClassName"] == "train"
+
+
+def test_an_unknown_kind_uses_the_default_plugin() -> None:
+    owner = make_owner("example.com/v1", "Experiment", "exp")
+    g = group(make_pod(owned_by(owner)), owner)
+    assert (g.name, g.grouper, spec_of(g)["minMember"]) == ("pg-exp-uid-exp", "default", 1)
+
+
+def test_the_default_plugin_takes_the_priority_class_from_any_owner_in_the_chain() -> None:
+    top = make_owner("example.com/v1", "Experiment", "exp")
+    middle = make_owner(
+        "example.com/v1", "Trial", "trial", labels={keys.PRIORITY_CLASS_LABEL: "high"}, owner=owned_by(top)
+    )
+    assert spec_of(group(make_pod(owned_by(middle)), middle, top))["priorityClassName"] == "high"
+
+
+# --- Kubeflow ----------------------------------------------------------------------------------------------
+def pytorch_job(spec: dict[str, Any] | None = None, **kwargs: Any) -> wire.Owner:
+    body = spec or {
+        "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": {"spec": {}}},
+            "Worker": {"replicas": 3, "template": {"spec": {}}},
+        }
+    }
+    return make_owner("kubeflow.org/v1", "PyTorchJob", "ddp", spec=body, **kwargs)
+
+
+def pytorch_pod(owner: wire.Owner, role: str, index: int, **kwargs: Any) -> wire.Pod:
+    labels = {
+        "training.kubeflow.org/replica-type": role,
+        "training.kubeflow.org/replica-index": str(index),
+        "training.kubeflow.org/job-name": "ddp",
+    }
+    return make_pod(owned_by(owner), labels=labels, name=f"ddp-{role}-{index}", **kwargs)
+
+
+def test_a_pytorch_job_gangs_every_replica_in_master_and_worker_sub_groups() -> None:
+    owner = pytorch_job()
+    g = group(pytorch_pod(owner, "worker", 2), owner)
+    assert g.grouper == "pytorch"
+    assert spec_of(g)["minMember"] == 4
+    assert spec_of(g)["subGroups"] == [{"name": "master", "minMember": 1}, {"name": "worker", "minMember": 3}]
+    assert g.pod_patch["metadata"]["labels"] == {keys.SUBGROUP_LABEL: "worker"}
+
+
+def test_a_pytorch_master_pod_is_labelled_with_its_sub_group() -> None:
+    owner = pytorch_job()
+    assert group(pytorch_pod(owner, "master", 0), owner).pod_patch["metadata"]["labels"] == {
+        keys.SUBGROUP_LABEL: "master"
+    }
+
+
+def test_a_pytorch_scheduling_policy_min_available_sets_the_gang() -> None:
+    spec = {
+        "runPolicy": {"schedulingPolicy": {"minAvailable": 2}},
+        "pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 3}},
+    }
+    owner = pytorch_job(spec)
+    g = group(pytorch_pod(owner, "worker", 0), owner)
+    assert spec_of(g)["minMember"] == 2
+    assert spec_of(g)["subGroups"] == [{"name": "master", "minMember": 1}, {"name": "worker", "minMember": 1}]
+
+
+def test_an_elastic_pytorch_job_gangs_its_min_replicas() -> None:
+    spec = {
+        "elasticPolicy": {"minReplicas": 2, "maxReplicas": 8},
+        "pytorchReplicaSpecs": {"Worker": {"replicas": 4}},
+    }
+    owner = pytorch_job(spec)
+    g = group(pytorch_pod(owner, "worker", 0), owner)
+    assert spec_of(g)["minMember"] == 2
+    assert spec_of(g)["subGroups"] == [{"name": "worker", "minMember": 2}]
+
+
+def test_pytorch_workers_split_into_segments_on_request() -> None:
+    spec = {
+        "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1},
+            "Worker": {
+                "replicas": 5,
+                "template": {
+                    "metadata": {
+                        "annotations": {
+                            keys.SEGMENT_SIZE_ANNOTATION: "2",
+                            keys.TOPOLOGY_ANNOTATION: "dc",
+                            keys.SEGMENT_REQUIRED_ANNOTATION: "rack",
+                        }
+                    }
+                },
+            },
+        }
+    }
+    owner = pytorch_job(spec)
+    g = group(pytorch_pod(owner, "worker", 3), owner)
+    rack = {"topology": "dc", "requiredTopologyLevel": "rack"}
+    assert spec_of(g)["subGroups"] == [
+        {"name": "master", "minMember": 1},
+        {"name": "worker", "minMember": 5},
+        {"name": "worker-0", "minMember": 2, "parent": "worker", "topologyConstraint": rack},
+        {"name": "worker-1", "minMember": 2, "parent": "worker", "topologyConstraint": rack},
+        {"name": "worker-2", "minMember": 1, "parent": "worker", "topologyConstraint": rack},
+    ]
+    assert g.pod_patch["metadata"]["labels"] == {keys.SUBGROUP_LABEL: "worker-1"}
+
+
+def test_a_pytorch_replica_without_replicas_is_invalid() -> None:
+    owner = pytorch_job({"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {}}})
+    with pytest.raises(InvalidObject) as info:
+        group(pytorch_pod(owner, "worker", 0), owner)
+    assert (info.value.kind, info.value.name) == ("PyTorchJob", "ml/ddp")
+    assert info.value.field == "spec.pytorchReplicaSpecs.Worker.replicas"
+
+
+def mpi_job(policy: str | None = None) -> wire.Owner:
+    spec: dict[str, Any] = {"mpiReplicaSpecs": {"Launcher": {"replicas": 1}, "Worker": {"replicas": 2}}}
+    if policy is not None:
+        spec["launcherCreationPolicy"] = policy
+    return make_owner("kubeflow.org/v2beta1", "MPIJob", "allreduce", spec=spec)
+
+
+def test_an_mpi_job_gangs_launcher_and_workers() -> None:
+    owner = mpi_job()
+    g = group(make_pod(owned_by(owner)), owner)
+    assert (g.grouper, spec_of(g)["minMember"]) == ("mpi", 3)
+
+
+def test_an_mpi_job_waiting_for_workers_does_not_count_a_launcher_that_does_not_exist_yet() -> None:
+    owner = mpi_job("WaitForWorkersReady")
+    worker = make_pod(owned_by(owner), labels={"training.kubeflow.org/job-role": "worker"})
+    assert spec_of(group(worker, owner))["minMember"] == 2
+    assert spec_of(group(worker, owner, mpi_launcher_exists=True))["minMember"] == 3
+    launcher = make_pod(
+        owned_by(owner), labels={"training.kubeflow.org/job-role": "launcher"}, name="launcher"
+    )
+    assert spec_of(group(launcher, owner))["minMember"] == 3
+
+
+def test_an_mpi_job_without_a_launcher_spec_is_invalid() -> None:
+    owner = make_owner(
+        "kubeflow.org/v1", "MPIJob", "bad", spec={"mpiReplicaSpecs": {"Worker": {"replicas": 2}}}
+    )
+    with pytest.raises(InvalidObject) as info:
+        group(make_pod(owned_by(owner)), owner)
+    assert info.value.field == "spec.mpiReplicaSpecs.Launcher"
+
+
+# --- JobSet ----------------------------------------------------------------------------------------------
+def jobset(order: str | None = None) -> wire.Owner:
+    spec: dict[str, Any] = {
+        "replicatedJobs": [
+            {"name": "driver", "replicas": 1, "template": {"spec": {"parallelism": 1}}},
+            {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 4, "completions": 3}}},
+        ]
+    }
+    if order is not None:
+        spec["startupPolicy"] = {"startupPolicyOrder": order}
+    return make_owner("jobset.x-k8s.io/v1alpha2", "JobSet", "js", spec=spec)
+
+
+def jobset_pod(owner: wire.Owner, replicated_job: str) -> tuple[wire.Pod, wire.Owner]:
+    """A pod of the JobSet's replicated job, and the Job between them."""
+    j = make_owner("batch/v1", "Job", f"js-{replicated_job}-0", owner=owned_by(owner))
+    labels = {"jobset.sigs.k8s.io/replicatedjob-name": replicated_job, "jobset.sigs.k8s.io/jobset-name": "js"}
+    return make_pod(owned_by(j), labels=labels), j
+
+
+def test_a_jobset_in_order_is_one_podgroup_per_replicated_job() -> None:
+    owner = jobset()
+    pod, j = jobset_pod(owner, "workers")
+    g = group(pod, j, owner)
+    assert (g.name, g.grouper) == ("pg-js-uid-js-workers", "jobset")
+    assert spec_of(g)["minMember"] == 2 * 3
+
+
+def test_a_jobset_started_in_any_order_is_one_podgroup() -> None:
+    owner = jobset("AnyOrder")
+    pod, j = jobset_pod(owner, "driver")
+    g = group(pod, j, owner)
+    assert g.name == "pg-js-uid-js"
+    assert spec_of(g)["minMember"] == 1 + 6
+
+
+def test_a_jobset_pod_must_name_its_replicated_job() -> None:
+    owner = jobset()
+    j = make_owner("batch/v1", "Job", "js-driver-0", owner=owned_by(owner))
+    with pytest.raises(InvalidObject) as info:
+        group(make_pod(owned_by(j)), j, owner)
+    assert info.value.field == "metadata.labels[jobset.sigs.k8s.io/replicatedjob-name]"
+
+
+# --- Ray ---------------------------------------------------------------------------------------------------
+def ray_cluster(**kwargs: Any) -> wire.Owner:
+    spec = {
+        "headGroupSpec": {"template": {"spec": {}}},
+        "workerGroupSpecs": [
+            {"groupName": "gpu", "replicas": 4, "minReplicas": 2, "numOfHosts": 2, "template": {"spec": {}}},
+            {"groupName": "cpu", "replicas": 3, "template": {"spec": {}}},
+            {"groupName": "idle", "replicas": 0},
+            {"groupName": "paused", "replicas": 5, "suspended": True},
+            {
+                "replicas": 1,
+                "template": {
+                    "metadata": {
+                        "annotations": {
+                            keys.TOPOLOGY_ANNOTATION: "dc",
+                            keys.TOPOLOGY_PREFERRED_ANNOTATION: "rack",
+                        }
+                    }
+                },
+            },
+        ],
+    }
+    return make_owner("ray.io/v1", "RayCluster", "rc", spec=spec, **kwargs)
+
+
+def test_a_ray_cluster_gangs_the_head_and_each_worker_groups_minimum() -> None:
+    owner = ray_cluster()
+    pod = make_pod(owned_by(owner), labels={"ray.io/group": "gpu"})
+    g = group(pod, owner)
+    assert g.grouper == "ray-cluster"
+    assert spec_of(g)["minMember"] == 1 + 2 * 2 + 3 + 1
+    assert spec_of(g)["subGroups"] == [
+        {"name": "headgroup", "minMember": 1},
+        {"name": "gpu", "minMember": 4},
+        {"name": "cpu", "minMember": 3},
+        {
+            "name": "worker-group-4",
+            "minMember": 1,
+            "topologyConstraint": {"topology": "dc", "preferredTopologyLevel": "rack"},
+        },
+    ]
+    assert g.pod_patch["metadata"]["labels"] == {keys.SUBGROUP_LABEL: "gpu"}
+
+
+def test_a_ray_priority_class_label_wins() -> None:
+    owner = ray_cluster(labels={"ray.io/priority-class-name": "high"})
+    assert spec_of(group(make_pod(owned_by(owner)), owner))["priorityClassName"] == "high"
+
+
+def test_a_ray_worker_group_with_more_min_replicas_than_replicas_is_invalid() -> None:
+    spec = {"workerGroupSpecs": [{"groupName": "g", "replicas": 1, "minReplicas": 3}]}
+    owner = make_owner("ray.io/v1", "RayCluster", "rc", spec=spec)
+    with pytest.raises(InvalidObject) as info:
+        group(make_pod(owned_by(owner)), owner)
+    assert info.value.field == "spec.workerGroupSpecs[0].minReplicas"
+
+
+# --- skipped top owners ------------------------------------------------------------------------------------
+def test_an_argo_workflow_is_skipped_and_its_labels_reach_the_pods_podgroup() -> None:
+    workflow = make_owner("argoproj.io/v1alpha1", "Workflow", "wf", labels={keys.QUEUE_LABEL: "pipelines"})
+    pod = make_pod(owned_by(workflow), name="wf-step-1")
+    g = group(pod, workflow)
+    assert g.name == "pg-wf-step-1-uid-wf-step-1"
+    assert spec_of(g)["queue"] == "pipelines"
+
+
+def test_a_trainjob_is_skipped_for_the_jobset_it_created() -> None:
+    train = make_owner("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", labels={keys.QUEUE_LABEL: "llm"})
+    js = make_owner(
+        "jobset.x-k8s.io/v1alpha2",
+        "JobSet",
+        "tj",
+        spec={"replicatedJobs": [{"name": "node", "replicas": 2}]},
+        owner=owned_by(train),
+    )
+    j = make_owner("batch/v1", "Job", "tj-node-0", owner=owned_by(js))
+    pod = make_pod(owned_by(j), labels={"jobset.sigs.k8s.io/replicatedjob-name": "node"})
+    g = group(pod, j, js, train)
+    assert (g.name, g.grouper) == ("pg-tj-uid-tj-node", "jobset")
+    assert spec_of(g)["queue"] == "llm"
+    assert spec_of(g)["minMember"] == 2
+
+
+# --- the owner chain ---------------------------------------------------------------------------------------
+def test_the_chain_is_walked_through_a_pods_first_owner_and_each_owners_only_owner() -> None:
+    deployment = make_owner("apps/v1", "Deployment", "serve")
+    rs = make_owner("apps/v1", "ReplicaSet", "serve-7d9", owner=owned_by(deployment))
+    pod = make_pod(owned_by(rs))
+    assert owner_refs_to_follow(pod) == [OwnerRef("apps/v1", "ReplicaSet", "serve-7d9", "uid-serve-7d9")]
+    assert owner_refs_to_follow(rs) == [OwnerRef("apps/v1", "Deployment", "serve", "uid-serve")]
+    assert owner_refs_to_follow(deployment) == []
+
+
+def test_an_owner_with_several_owners_is_an_error() -> None:
+    doc = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "rs",
+            "namespace": "ml",
+            "ownerReferences": [
+                ref("apps/v1", "Deployment", "a", "1"),
+                ref("apps/v1", "Deployment", "b", "2"),
+            ],
+        },
+    }
+    with pytest.raises(InvalidObject, match="several owners"):
+        owner_refs_to_follow(wire.convert(wire.Owner, doc))
+
+
+def test_an_owner_replaced_under_the_same_name_breaks_the_chain() -> None:
+    j = job()
+    stale = make_pod(ref("batch/v1", "Job", "train", "uid-of-a-deleted-job"))
+    with pytest.raises(InvalidObject) as info:
+        group(stale, j)
+    assert (info.value.kind, info.value.field) == ("Job", "metadata.uid")
+
+
+def test_a_shortened_chain_is_grouped_by_its_last_owner() -> None:
+    deployment = make_owner("apps/v1", "Deployment", "serve")
+    rs = make_owner("apps/v1", "ReplicaSet", "serve-7d9", owner=owned_by(deployment))
+    g = group(make_pod(owned_by(rs)), rs)
+    assert (g.name, g.grouper) == ("pg-serve-7d9-uid-serve-7d9", "default")
+
+
+# --- updating an existing PodGroup --------------------------------------------------------------------------
+def existing(grouping: Grouping, **changes: Any) -> wire.PodGroup:
+    doc = {
+        **grouping.podgroup,
+        "metadata": {**grouping.podgroup["metadata"]},
+        "spec": {**grouping.podgroup["spec"]},
+    }
+    for path, value in changes.items():
+        section, key = path.split("__")
+        doc[section][key] = value
+    return wire.convert(wire.PodGroup, doc)
+
+
+def test_an_unchanged_podgroup_needs_no_update() -> None:
+    owner = pytorch_job()
+    g = group(pytorch_pod(owner, "worker", 0), owner)
+    assert podgroup_update(existing(g), g) is None
+
+
+def test_a_changed_gang_replaces_the_managed_spec_but_keeps_the_queue() -> None:
+    owner = pytorch_job()
+    g = group(pytorch_pod(owner, "worker", 0), owner)
+    old = existing(g, spec__minMember=2, spec__queue="moved-by-admin")
+    patch = podgroup_update(old, g)
+    assert patch == {
+        "spec": {
+            "minMember": 4,
+            "priorityClassName": "train",
+            "preemptibility": None,
+            "topologyConstraint": None,
+            "subGroups": [{"name": "master", "minMember": 1}, {"name": "worker", "minMember": 3}],
+        }
+    }
+
+
+def test_labels_are_added_but_an_existing_node_pool_label_is_kept() -> None:
+    j = job(labels={"team": "vision"})
+    g = group(make_pod(owned_by(j), labels={keys.NODE_POOL_LABEL: "h100"}), j)
+    old = existing(g, metadata__labels={keys.NODE_POOL_LABEL: "a100", "extra": "kept"})
+    assert podgroup_update(old, g) == {"metadata": {"labels": {"team": "vision"}}}
