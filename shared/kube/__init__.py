@@ -1,4 +1,12 @@
 """Kubernetes objects as Kairos reads and writes them, translated to and from the model; pure, no I/O.
 
+- `wire`: msgspec Structs for the JSON Kairos reads (pods, nodes, priority classes, queues, podgroups,
+  topologies, workload owners) and their decoders, whose errors name the object and the field.
+- `quantity`: resource quantities and Go durations, parsed exactly.
+- `translate`: wire objects to `shared.model` (KAI's rules and units), and the JSON written back (events,
+  podgroup and queue status patches, the GPU-group annotation).
+- `podgrouper`: KAI's pod-grouper decision (which PodGroup a pod belongs to) and PodGroup updates.
+- `keys`: the label, annotation and resource names involved.
+
 The I/O side (kubernetes-asyncio clients, informers, API calls) is `shared.kubeapi`.
 """
