@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodAffinityTerm, PodStatus
 from shared.model.objects import Taint, Toleration
 
+T = TypeVar("T")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
@@ -911,3 +915,37 @@ def test_the_gpu_groups_patch_round_trips_through_pod_of() -> None:
     doc = copy.deepcopy(pod_doc(annotations={"gpu-fraction": "0.5"}))
     doc["metadata"]["annotations"].update(translate.gpu_groups_patch(["g-1"])["metadata"]["annotations"])
     assert translate.pod_of(pod(doc)).gpu_groups == ("g-1",)
+
+
+# --- robustness: bad input is an InvalidObject, never a crash ------------------------------------------------
+def outcome(make: Callable[[], T]) -> T | InvalidObject:
+    """What `make()` returns, or the InvalidObject it raises (any other exception fails the test)."""
+    try:
+        return make()
+    except InvalidObject as exc:
+        return exc
+
+
+annotation_text = st.one_of(
+    st.text(max_size=12), st.from_regex(r"-?[0-9]{0,4}(\.[0-9]{0,3})?", fullmatch=True)
+)
+
+
+@settings(max_examples=200)
+@given(
+    fraction=st.none() | annotation_text,
+    memory=st.none() | annotation_text,
+    devices=st.none() | annotation_text,
+    cpu=st.one_of(st.text(max_size=8), st.from_regex(r"[0-9]{1,4}(m|Mi|k|e[0-9])?", fullmatch=True)),
+)
+def test_any_annotation_or_quantity_text_translates_or_is_an_invalid_object(
+    fraction: str | None, memory: str | None, devices: str | None, cpu: str
+) -> None:
+    values = {"gpu-fraction": fraction, "gpu-memory": memory, "gpu-fraction-num-devices": devices}
+    doc = pod_doc({"cpu": cpu}, annotations={k: v for k, v in values.items() if v is not None})
+    result = outcome(lambda: translate.pod_of(pod(doc)))
+    if isinstance(result, InvalidObject):
+        assert (result.kind, result.name) == ("Pod", "team-a/train-0")
+    else:
+        assert result.cpu_millis >= 0
+        assert 0 <= result.gpu.fraction <= 1

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.errors import InvalidObject
 from shared.kube import wire
@@ -210,3 +212,18 @@ def test_priority_class_reads_value_and_global_default() -> None:
     raw = b'{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "train"}, "value": 50, "globalDefault": true, "preemptionPolicy": "Never"}'
     pc = wire.decode_priority_class(raw)
     assert (pc.value, pc.global_default, pc.preemption_policy) == (50, True, "Never")
+
+
+@settings(max_examples=300)
+@given(
+    st.binary(max_size=64)
+    | st.from_regex(r'\{"metadata": \{"name": [0-9"a-z\[\]{}]{0,6}\}, "spec": .{0,12}\}', fullmatch=True)
+)
+def test_any_bytes_decode_or_raise_an_invalid_object(data: bytes | str) -> None:
+    for kind in (wire.Pod, wire.Node, wire.Queue, wire.PodGroup, wire.Topology, wire.Owner):
+        error: InvalidObject | None = None
+        try:
+            wire.decode(kind, data)
+        except InvalidObject as exc:
+            error = exc
+        assert error is None or error.kind == kind.KIND
