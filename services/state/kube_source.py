@@ -36,6 +36,7 @@ from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
 from services.state.writeback import WriteBack, WriteBackOptions
 from services.state.writer import StateWriter
+from shared.bus.lease import LeaseKeeper
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -277,3 +278,77 @@ class KubeOwner:
             await self.source.stop()
         if self.kube is not None:
             await self.kube.close()
+
+
+LEASE_NAME = "state-kube-source"
+"""The lease (in the leases bucket) whose holder owns the Kubernetes source."""
+RETRY_AFTER_FAILED_START = 5.0
+
+
+class KubeElection:
+    """Every `source=kube` replica competes for one lease; the holder runs the `KubeOwner`.
+
+    The lease is renewed on its own loop, never behind the owner's start-up (which waits for the first
+    lists), so a slow API server cannot make the lease lapse under a healthy owner. Losing the lease stops
+    the owner at once; an owner that fails to start gives the lease up so that another replica may try.
+    Standbys keep serving snapshots from their replicas.
+    """
+
+    def __init__(
+        self, ctx: ServiceContext, replica: StateReplica, kubeconfig: str | None, options: KubeSourceOptions
+    ) -> None:
+        self.ctx = ctx
+        self.replica = replica
+        self.kubeconfig = kubeconfig
+        self.options = options
+        loop = asyncio.get_running_loop()
+        self.lease = LeaseKeeper(ctx.bus.leases, LEASE_NAME, ctx.config.replica, loop.time)
+        self._owning: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._disown()
+        await self.lease.release()
+
+    async def _run(self) -> None:
+        while True:
+            leading = await self.lease.step()
+            if self._owning is not None and self._owning.done():
+                failure = self._owning.exception()
+                self._owning = None
+                log.error("the Kubernetes source stopped: %s; giving up the lease", failure)
+                self.ctx.counters["source_failures"] += 1
+                await self.lease.release()
+                self.ctx.detail = "source=kube (standby)"
+                await asyncio.sleep(RETRY_AFTER_FAILED_START)
+                continue
+            if leading and self._owning is None:
+                log.info("leading the Kubernetes source (term %d)", self.lease.term)
+                self._owning = asyncio.create_task(self._own())
+            elif not leading and self._owning is not None:
+                log.warning("lost the Kubernetes source's lease; stopping the source")
+                await self._disown()
+            await asyncio.sleep(self.lease.interval())
+
+    async def _own(self) -> None:
+        owner = KubeOwner(self.ctx, self.replica, self.kubeconfig, self.options)
+        try:
+            await owner.start()
+            self.ctx.detail = f"source=kube (leader, term {self.lease.term})"
+            await asyncio.Event().wait()
+        finally:
+            await owner.stop()
+
+    async def _disown(self) -> None:
+        if self._owning is not None:
+            self._owning.cancel()
+            await asyncio.gather(self._owning, return_exceptions=True)
+            self._owning = None
+            self.ctx.detail = "source=kube (standby)"

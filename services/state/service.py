@@ -12,7 +12,8 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   pods, KAI's Queue and PodGroup resources, priority classes and topologies, read through informers with
   `kubeconfig=FILE` (default env KUBECONFIG, else the in-cluster service account); pods are Kairos's
   when their `schedulerName` is `scheduler_name` (default kai-scheduler). Binds and evictions then go
-  to the API server from the binder (`--set cluster=kube`), not through this service.
+  to the API server from the binder (`--set cluster=kube`), not through this service. Any number of
+  replicas may run with `source=kube`: they hold a lease, and only its holder mirrors the cluster.
 - `source=none`: a read replica. It only answers `state.snapshot`; `cluster` and `demo` are ignored.
   The simulated cluster lives in one process's memory, so exactly one replica may own it: run one
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
 from services.state.writer import StateWriter
 from shared.bus.replica import StateReplica
@@ -142,7 +143,7 @@ async def body(ctx: ServiceContext) -> None:
         await replica.stop()
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
     owner: SourceOwner | None = None
-    kube_owner: KubeOwner | None = None
+    election: KubeElection | None = None
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
     subs: list[Subscription] = []
     try:
@@ -157,10 +158,10 @@ async def body(ctx: ServiceContext) -> None:
                 await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
             )
         elif options.source == "kube":
-            kube_owner = KubeOwner(
+            election = KubeElection(
                 ctx, replica, options.kubeconfig, KubeSourceOptions(scheduler_name=options.scheduler_name)
             )
-            revision = await kube_owner.start()
+            election.start()
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"
@@ -176,8 +177,8 @@ async def body(ctx: ServiceContext) -> None:
         await reader.stop()
         if owner is not None:
             await owner.stop()
-        if kube_owner is not None:
-            await kube_owner.stop()
+        if election is not None:
+            await election.stop()
         await replica.stop()
         ctx.log.info("stopped")
 

@@ -1,9 +1,14 @@
 """The local stack: nats-server plus the four services as separate processes, started and stopped together.
 
-Used by `kairos up` / `kairos down` (the embedded default of `make run`) and by the conformance runner's
-`--via-bus` mode. Readiness comes from the services' own heartbeats: `start_stack` returns once every
-expected replica has reported ready. Everything lives under a state directory: `nats.url`, `stack.json`
-(the pids), `logs/`, and JetStream's data.
+Used by `kairos up` / `kairos down` (the embedded default of `make run`), the conformance runner's
+`--via-bus` mode and the end-to-end tests. Readiness comes from the services' own heartbeats:
+`start_stack` returns once every expected replica has reported ready. Everything lives under a state
+directory: `nats.url`, `stack.json` (the pids), `logs/`, JetStream's data, and `kubeconfig`.
+
+Where the cluster lives is a `ClusterChoice`: the simulated Kubernetes API server (`services.kubesim`,
+started here, its kubeconfig written to `DIR/kubeconfig`; KAI's default queues are created in it), a
+real cluster's kubeconfig, or — with `ClusterChoice.memory()`, or no choice at all — the state
+service's in-memory cluster, which needs no Kubernetes API (the conformance runner uses it).
 """
 
 from __future__ import annotations
@@ -19,9 +24,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import shared
 from shared.bus.health import wait_ready
 from shared.bus.nats_server import NatsServer, pid_alive, start_nats_server
 from shared.errors import ConfigError
+
+REPO = Path(shared.__file__).resolve().parent.parent
+CRDS = REPO / "deploy" / "crds"
+DEFAULT_QUEUES = REPO / "examples" / "kai" / "queues.yaml"
+KUBESIM = "kubesim"
 
 SERVICES = ("state", "queue", "placement", "binder")
 DEFAULT_REPLICAS = {"state": 1, "queue": 1, "placement": 1, "binder": 1}
@@ -48,6 +59,24 @@ def parse_replicas(text: str | None) -> dict[str, int]:
     return counts
 
 
+@dataclass(frozen=True)
+class ClusterChoice:
+    """Where the stack's cluster lives (see the module docstring)."""
+
+    kind: str = "kubesim"
+    """`kubesim`, `kubeconfig` or `memory`."""
+    kubeconfig: Path | None = None
+    cluster_file: Path | None = None
+    """For kubesim: the nodes of this cluster file (default: `nodes` nodes of `gpus_per_node` GPUs)."""
+    nodes: int = 8
+    gpus_per_node: int = 8
+    run_delay: float = 0.5
+
+    @classmethod
+    def memory(cls) -> ClusterChoice:
+        return cls(kind="memory")
+
+
 @dataclass
 class Stack:
     state_dir: Path
@@ -57,6 +86,11 @@ class Stack:
     @property
     def url(self) -> str:
         return self.nats.url
+
+    @property
+    def kubeconfig(self) -> Path | None:
+        path = self.state_dir / "kubeconfig"
+        return path if path.exists() else None
 
     def first_exit(self) -> str | None:
         """A service that has exited (with where to read why), or None."""
@@ -96,21 +130,30 @@ def start_stack(
     options: dict[str, dict[str, str]] | None = None,
     timeout: float = 60.0,
     port: int = -1,
+    cluster: ClusterChoice | None = None,
 ) -> Stack:
-    """Start nats-server and the services; return once all replicas report ready (or raise)."""
+    """Start the cluster (when simulated), nats-server and the services; return once all replicas report
+    ready (or raise). Without `cluster` the state service keeps an in-memory cluster."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    cluster = cluster or ClusterChoice.memory()
     counts = replicas or dict(DEFAULT_REPLICAS)
-    server = start_nats_server(state_dir, port=port)
-    (state_dir / "nats.url").write_text(server.url + "\n")
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
+    (state_dir / "kubeconfig").unlink(missing_ok=True)
+    server = start_nats_server(state_dir, port=port)
+    (state_dir / "nats.url").write_text(server.url + "\n")
     stack = Stack(state_dir, server)
     env = {**os.environ, "KAIROS_NATS_URL": server.url}
+    options = {name: dict(opts) for name, opts in (options or {}).items()}
     try:
+        if cluster.kind != "memory":
+            kubeconfig = _start_cluster(stack, cluster, env, timeout)
+            options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
+            options.setdefault("binder", {}).update(cluster="kube", kubeconfig=str(kubeconfig))
         for service in SERVICES:
             for i in range(counts.get(service, 1)):
                 replica = f"{service}-{i}"
-                opts = dict((options or {}).get(service, {}))
+                opts = dict(options.get(service, {}))
                 if service == "state" and i > 0:
                     opts["source"] = "none"
                 with (logs / f"{replica}.log").open("ab") as log:
@@ -122,11 +165,44 @@ def start_stack(
                         start_new_session=True,
                     )
         _write_pids(stack)
-        asyncio.run(wait_ready(server.url, set(stack.processes), timeout, stack.first_exit))
+        services = {name for name in stack.processes if name != KUBESIM}
+        asyncio.run(wait_ready(server.url, services, timeout, stack.first_exit))
     except BaseException:
         stack.stop()
         raise
     return stack
+
+
+def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], timeout: float) -> Path:
+    """Start the simulated API server (unless a real cluster is given) and create KAI's default queues;
+    returns the kubeconfig the services use."""
+    if cluster.kind == "kubeconfig":
+        if cluster.kubeconfig is None or not cluster.kubeconfig.is_file():
+            raise ConfigError(f"--kubeconfig: no such file {cluster.kubeconfig}")
+        kubeconfig = cluster.kubeconfig.resolve()
+    else:
+        kubeconfig = stack.state_dir / "kubeconfig"
+        argv = [sys.executable, "-m", "services.kubesim", "--port", "0", "--kubeconfig-out", str(kubeconfig)]
+        argv += ["--crds", str(CRDS), "--run-delay", str(cluster.run_delay)]
+        if cluster.cluster_file is not None:
+            argv += ["--cluster", str(cluster.cluster_file.resolve())]
+        else:
+            argv += ["--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node)]
+        log_path = stack.state_dir / "logs" / f"{KUBESIM}.log"
+        with log_path.open("ab") as log:
+            stack.processes[KUBESIM] = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while not kubeconfig.exists():
+            if stack.processes[KUBESIM].poll() is not None or time.monotonic() > deadline:
+                raise ConfigError(f"the simulated API server did not start; see {log_path}")
+            time.sleep(0.05)
+    # Imported here: kubernetes-asyncio is slow to import and only the Kubernetes modes need it.
+    from shared.kubeapi.bootstrap import ensure_objects
+
+    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES))
+    return kubeconfig
 
 
 def _write_pids(stack: Stack) -> None:

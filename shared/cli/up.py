@@ -1,8 +1,12 @@
 """`kairos up`, `kairos down`, `kairos serve`: the local stack from the command line.
 
-`up` starts nats-server and the four services (a simulated GPU cluster in the state service), prints one
-line `ready` when every replica reports healthy, and stops everything on Ctrl-C or SIGTERM. With
-`--detach` it runs the same supervisor in the background and returns once it is ready; `down` stops it.
+`up` starts the cluster, nats-server and the four services, prints one line `ready` when every replica
+reports healthy, and stops everything on Ctrl-C or SIGTERM. The cluster is, by default, the simulated
+Kubernetes API server (`services.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
+`--gpus-per-node`), its kubeconfig written to `DIR/kubeconfig` so that kubectl works against it at once;
+`--kubeconfig FILE` uses a real cluster instead; `--memory` keeps the cluster inside the state service
+(no Kubernetes API; `kairos submit` feeds it). With `--detach` it runs the same supervisor in the
+background and returns once it is ready; `down` stops it.
 `serve NAME` runs one service in this process (what the stack starts, and what a Deployment runs).
 """
 
@@ -17,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared.cli.stack import parse_replicas, start_stack, stop_recorded
+from shared.cli.stack import ClusterChoice, parse_replicas, start_stack, stop_recorded
 from shared.errors import ConfigError
 
 DEFAULT_STATE_DIR = Path(".kairos")
@@ -27,7 +31,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     up = commands.add_parser("up", help="start nats-server and the services (the local stack)")
     up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     up.add_argument("--replicas", help="replica counts, e.g. placement=2,binder=2")
-    up.add_argument("--cluster", type=Path, help="cluster file for the simulated cluster (default: a demo)")
+    up.add_argument("--cluster", type=Path, help="cluster file: the simulated cluster's nodes")
+    up.add_argument(
+        "--kubeconfig", type=Path, help="run against this real cluster instead of a simulated one"
+    )
+    up.add_argument(
+        "--memory", action="store_true", help="keep the cluster in the state service (no Kubernetes API)"
+    )
+    up.add_argument("--nodes", type=int, default=8, help="simulated nodes when no --cluster (default 8)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    up.add_argument(
+        "--run-delay", type=float, default=0.5, help="seconds a bound pod takes to turn Running (default 0.5)"
+    )
     up.add_argument("--port", type=int, default=-1, help="NATS port (default: a free one)")
     up.add_argument("--detach", action="store_true", help="run in the background; stop with kairos down")
     up.add_argument("--batch", default="all", help="podgroups per work item: all (one per cycle) or N")
@@ -36,31 +51,54 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     down.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     down.set_defaults(handler=cmd_down)
     serve = commands.add_parser("serve", help="run one service in this process")
-    serve.add_argument("service", choices=("state", "queue", "placement", "binder"))
+    serve.add_argument("service", choices=("state", "queue", "placement", "binder", "gpu_agent"))
     serve.add_argument("args", nargs=argparse.REMAINDER, help="the service's own flags")
     serve.set_defaults(handler=cmd_serve)
 
 
 def _options(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    state: dict[str, str] = {"source": "sim"}
-    if args.cluster is not None:
-        if not args.cluster.is_file():
-            raise ConfigError(f"--cluster: no such file {args.cluster}")
-        state["cluster"] = str(args.cluster.resolve())
-    else:
-        state["demo"] = "true"
-    return {"state": state, "queue": {"batch": str(args.batch)}}
+    options: dict[str, dict[str, str]] = {"queue": {"batch": str(args.batch)}}
+    if args.cluster is not None and not args.cluster.is_file():
+        raise ConfigError(f"--cluster: no such file {args.cluster}")
+    if args.memory:
+        state = {"source": "sim"}
+        if args.cluster is not None:
+            state["cluster"] = str(args.cluster.resolve())
+        else:
+            state["demo"] = "true"
+        options["state"] = state
+    return options
+
+
+def _cluster(args: argparse.Namespace) -> ClusterChoice:
+    if args.memory and args.kubeconfig is not None:
+        raise ConfigError("--memory and --kubeconfig: give one, not both")
+    if args.memory:
+        return ClusterChoice.memory()
+    if args.kubeconfig is not None:
+        return ClusterChoice(kind="kubeconfig", kubeconfig=args.kubeconfig)
+    if args.nodes < 1 or args.gpus_per_node < 0:
+        raise ConfigError("--nodes must be >= 1 and --gpus-per-node >= 0")
+    return ClusterChoice(
+        kind="kubesim",
+        cluster_file=args.cluster,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        run_delay=args.run_delay,
+    )
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     replicas = parse_replicas(args.replicas)
     state_dir: Path = args.state_dir
+    _options(args), _cluster(args)  # flag errors now, before a detached supervisor hides them in its log
     if args.detach:
         return _detach(args, state_dir)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stack = start_stack(state_dir, replicas, _options(args), port=args.port)
+    options, cluster = _options(args), _cluster(args)
+    stack = start_stack(state_dir, replicas, options, port=args.port, cluster=cluster)
     (state_dir / "ready").write_text(stack.url + "\n")
     print("ready", flush=True)
     try:
@@ -93,7 +131,13 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     if args.replicas:
         argv += ["--replicas", args.replicas]
     if args.cluster is not None:
-        argv += ["--cluster", str(args.cluster)]
+        argv += ["--cluster", str(args.cluster.resolve())]
+    if args.kubeconfig is not None:
+        argv += ["--kubeconfig", str(args.kubeconfig.resolve())]
+    if args.memory:
+        argv.append("--memory")
+    argv += ["--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]
+    argv += ["--run-delay", str(args.run_delay)]
     with (state_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     (state_dir / "supervisor.pid").write_text(f"{proc.pid}\n")

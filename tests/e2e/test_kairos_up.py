@@ -41,7 +41,7 @@ def kairos(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 @pytest.mark.timeout(300)
 def test_up_submit_status_down(tmp_path: Path) -> None:
     state = tmp_path / "kairos"
-    up = kairos("up", "--detach", "--state-dir", str(state), "--replicas", "placement=2,binder=2")
+    up = kairos("up", "--detach", "--memory", "--state-dir", str(state), "--replicas", "placement=2,binder=2")
     assert up.returncode == 0, (
         up.stderr + (state / "up.log").read_text() if (state / "up.log").exists() else ""
     )
