@@ -1,0 +1,520 @@
+"""Minimal workload controllers, so that Jobs, Deployments and StatefulSets apply unchanged.
+
+- **Job** (batch/v1, non-indexed): keeps up to `parallelism` pods (named `<job>-<random5>`, labelled
+  `batch.kubernetes.io/job-name` and `controller-uid`, owned with controller=true and
+  blockOwnerDeletion=true) while fewer than `completions` have succeeded; a deleted or evicted pod is
+  replaced; status active/ready/succeeded/failed, and the Complete (with SuccessCriteriaMet) or Failed
+  (more failures than `backoffLimit`) condition. `suspend: true` removes the active pods.
+- **Deployment** (apps/v1): one ReplicaSet `<deployment>-<template hash>` per pod template, scaled to
+  `spec.replicas`; older ReplicaSets are scaled to 0 at once (no rolling surge).
+- **ReplicaSet**: keeps `spec.replicas` pods `<replicaset>-<random5>`, replacing deleted ones.
+- **StatefulSet**: pods `<statefulset>-0..N-1`, all created at once (as with podManagementPolicy
+  Parallel), recreated with the same name after deletion, highest ordinals removed on scale-down.
+- DaemonSets are stored only.
+
+Pods keep everything their template says (schedulerName, labels, annotations, priorityClassName, ...).
+Each controller reacts to changes of its objects and of the pods they own: storage listeners mark keys
+dirty, `run_once` reconciles them (called from `Cluster.settle`). Creating a pod the API refuses (for
+example an unknown priority class) records a FailedCreate event on the owner and does not retry until the
+owner changes. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from services.kubesim.errors import ApiError
+from services.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
+from services.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
+from services.kubesim.store import Change
+
+if TYPE_CHECKING:
+    from services.kubesim.cluster import Cluster
+
+__all__ = ["Controllers", "template_hash"]
+
+Obj = dict[str, Any]
+DirtyKey = tuple[str, str, str]
+"""(storage, namespace, name)"""
+
+_JOBS = "batch/jobs"
+_DEPLOYMENTS = "apps/deployments"
+_REPLICASETS = "apps/replicasets"
+_STATEFULSETS = "apps/statefulsets"
+_OWNER_STORAGE = {
+    ("batch/v1", "Job"): _JOBS,
+    ("apps/v1", "ReplicaSet"): _REPLICASETS,
+    ("apps/v1", "StatefulSet"): _STATEFULSETS,
+    ("apps/v1", "Deployment"): _DEPLOYMENTS,
+}
+_TERMINAL = ("Succeeded", "Failed")
+_COMPONENT = {
+    _JOBS: "job-controller",
+    _REPLICASETS: "replicaset-controller",
+    _STATEFULSETS: "statefulset-controller",
+    _DEPLOYMENTS: "deployment-controller",
+}
+
+
+def template_hash(template: Obj) -> str:
+    """A stable 10-character hash of a pod template (the `pod-template-hash` label value)."""
+    digest = hashlib.sha256(msgspec.json.encode(template, order="sorted")).digest()
+    return "".join(NAME_ALPHABET[b % len(NAME_ALPHABET)] for b in digest[:10])
+
+
+def _is_active(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") not in _TERMINAL and not pod["metadata"].get(
+        "deletionTimestamp"
+    )
+
+
+def _is_ready(pod: Obj) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+def _owner_ref(owner: Obj) -> Obj:
+    md = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": md["name"],
+        "uid": md["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+class Controllers:
+    """The Job, Deployment, ReplicaSet and StatefulSet controllers of one cluster."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.dirty: dict[DirtyKey, None] = {}
+        self.job_finished: dict[str, dict[str, set[str]]] = {}
+        """job uid -> {"succeeded": pod uids, "failed": pod uids}: pods counted once, even after deletion."""
+        store = cluster.store
+        for key in (_JOBS, _DEPLOYMENTS, _REPLICASETS, _STATEFULSETS):
+            store.storage(key).listeners.append(self._own_change(key))
+        store.storage("pods").listeners.append(self._pod_change)
+
+    def _own_change(self, storage: str) -> Any:
+        def listener(change: Change) -> None:
+            md = change.obj["metadata"]
+            if change.type == "DELETED" and storage == _JOBS:
+                self.job_finished.pop(md.get("uid", ""), None)
+                return
+            self.dirty[storage, md.get("namespace", ""), md["name"]] = None
+            if storage == _REPLICASETS:
+                self._mark_owner(change.obj)
+
+        return listener
+
+    def _pod_change(self, change: Change) -> None:
+        self._mark_owner(change.obj)
+
+    def _mark_owner(self, obj: Obj) -> None:
+        ref = controller_of(obj)
+        if ref is None:
+            return
+        storage = _OWNER_STORAGE.get((ref.get("apiVersion", ""), ref.get("kind", "")))
+        if storage is not None:
+            self.dirty[storage, obj["metadata"].get("namespace", ""), str(ref.get("name", ""))] = None
+
+    def run_once(self) -> bool:
+        """Reconcile every dirty object once; True when there was anything to do."""
+        if not self.dirty:
+            return False
+        batch = list(self.dirty)
+        self.dirty.clear()
+        for storage, ns, name in batch:
+            obj = self.cluster.store.storage(storage).get(ns, name)
+            if storage == _JOBS:
+                self._job(ns, name, obj)
+            elif obj is None:
+                continue
+            elif storage == _DEPLOYMENTS:
+                self._deployment(obj)
+            elif storage == _REPLICASETS:
+                self._replicaset(obj)
+            elif storage == _STATEFULSETS:
+                self._statefulset(obj)
+        return True
+
+    # --- shared -----------------------------------------------------------------------------------------------
+    def _owned(self, owner: Obj, storage: str = "pods") -> list[Obj]:
+        uid = owner["metadata"]["uid"]
+        out = []
+        store = self.cluster.store
+        for key, ns, name in store.dependents_of(uid):
+            if key != storage:
+                continue
+            obj = store.storage(key).get(ns, name)
+            ref = controller_of(obj) if obj is not None else None
+            if obj is not None and ref is not None and ref.get("uid") == uid:
+                out.append(obj)
+        return out
+
+    def _create_pod(
+        self, owner: Obj, storage: str, name: str, extra_labels: dict[str, str], spec_extra: Obj | None = None
+    ) -> bool:
+        template = clone((owner.get("spec") or {}).get("template") or {})
+        template_md = template.get("metadata") or {}
+        md: Obj = {
+            "name": name,
+            "namespace": owner["metadata"]["namespace"],
+            "labels": {**(template_md.get("labels") or {}), **extra_labels},
+            "ownerReferences": [_owner_ref(owner)],
+        }
+        if template_md.get("annotations"):
+            md["annotations"] = template_md["annotations"]
+        if template_md.get("finalizers"):
+            md["finalizers"] = template_md["finalizers"]
+        spec = template.get("spec") or {}
+        if spec_extra:
+            spec.update(spec_extra)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+        try:
+            self.cluster.create(self.cluster.type_of("pods"), md["namespace"], pod)
+        except ApiError as exc:
+            self.cluster.record_event(
+                owner, "Warning", "FailedCreate", f"Error creating: {exc.message}", _COMPONENT[storage]
+            )
+            return False
+        return True
+
+    def _delete_pod(self, pod: Obj) -> None:
+        md = pod["metadata"]
+        self.cluster._remove("pods", md["namespace"], md["name"], "Background")
+
+    def _write_status(self, storage: str, obj: Obj, status: Obj) -> None:
+        if obj.get("status") == status:
+            return
+        self.cluster.store.put(storage, {**obj, "metadata": dict(obj["metadata"]), "status": status})
+
+    def _unique_name(self, base: str, namespace: str) -> str:
+        pods = self.cluster.store.storage("pods")
+        while True:
+            name = f"{base}-{random_suffix(self.cluster.rng)}"
+            if pods.get(namespace, name) is None:
+                return name
+
+    # --- Job -------------------------------------------------------------------------------------------------
+    def _job(self, ns: str, name: str, job: Obj | None) -> None:
+        if job is None:
+            return
+        uid = job["metadata"]["uid"]
+        spec = job.get("spec") or {}
+        status = dict(job.get("status") or {})
+        now = rfc3339(self.cluster.now())
+        pods = self._owned(job)
+        counted = self.job_finished.setdefault(uid, {"succeeded": set(), "failed": set()})
+        for pod in pods:
+            phase = (pod.get("status") or {}).get("phase")
+            if phase == "Succeeded":
+                counted["succeeded"].add(pod["metadata"]["uid"])
+            elif phase == "Failed":
+                counted["failed"].add(pod["metadata"]["uid"])
+        succeeded = max(len(counted["succeeded"]), int(status.get("succeeded", 0)))
+        failed = max(len(counted["failed"]), int(status.get("failed", 0)))
+        active = [p for p in pods if _is_active(p)]
+        conditions = list(status.get("conditions") or ())
+        finished = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+        )
+        if not finished:
+            completions = spec.get("completions")
+            parallelism = int(spec.get("parallelism", 1))
+            if failed > int(spec.get("backoffLimit", 6)):
+                for pod in active:
+                    self._delete_pod(pod)
+                active = []
+                conditions += [
+                    _condition(
+                        "FailureTarget",
+                        "True",
+                        "BackoffLimitExceeded",
+                        "Job has reached the specified backoff limit",
+                        now,
+                    ),
+                    _condition(
+                        "Failed",
+                        "True",
+                        "BackoffLimitExceeded",
+                        "Job has reached the specified backoff limit",
+                        now,
+                    ),
+                ]
+            elif (succeeded >= completions) if completions is not None else (succeeded > 0 and not active):
+                for pod in active:
+                    self._delete_pod(pod)
+                active = []
+                conditions += [
+                    _condition(
+                        "SuccessCriteriaMet",
+                        "True",
+                        "CompletionsReached",
+                        "Reached expected number of succeeded pods",
+                        now,
+                    ),
+                    _condition(
+                        "Complete",
+                        "True",
+                        "CompletionsReached",
+                        "Reached expected number of succeeded pods",
+                        now,
+                    ),
+                ]
+                status["completionTime"] = now
+            elif spec.get("suspend"):
+                for pod in active:
+                    self._delete_pod(pod)
+                active = []
+            else:
+                want = parallelism if completions is None else min(parallelism, int(completions) - succeeded)
+                if completions is None and succeeded > 0:
+                    want = 0
+                labels = dict.fromkeys(JOB_CONTROLLER_UID_LABELS, uid) | dict.fromkeys(JOB_NAME_LABELS, name)
+                for _ in range(want - len(active)):
+                    if not self._create_pod(job, _JOBS, self._unique_name(name, ns), labels):
+                        break
+                if len(active) > want:
+                    for pod in sorted(
+                        active, key=lambda p: (bool(p["spec"].get("nodeName")), p["metadata"]["name"])
+                    )[: len(active) - want]:
+                        self._delete_pod(pod)
+                active = [p for p in self._owned(job) if _is_active(p)]
+                status.setdefault("startTime", now)
+        status["active"] = len(active)
+        status["ready"] = sum(1 for p in active if _is_ready(p))
+        status["terminating"] = 0
+        status["uncountedTerminatedPods"] = {}
+        for field, value in (("succeeded", succeeded), ("failed", failed)):
+            if value:
+                status[field] = value
+            else:
+                status.pop(field, None)
+        if conditions:
+            status["conditions"] = conditions
+        current = self.cluster.store.storage(_JOBS).get(ns, name)
+        if current is not None:
+            self._write_status(_JOBS, current, status)
+
+    # --- Deployment -------------------------------------------------------------------------------------------
+    def _deployment(self, d: Obj) -> None:
+        spec = d.get("spec") or {}
+        md = d["metadata"]
+        replicas = int(spec.get("replicas", 1))
+        template = spec.get("template") or {}
+        pod_hash = template_hash(template)
+        owned = self._owned(d, _REPLICASETS)
+        current = next(
+            (rs for rs in owned if (rs["metadata"].get("labels") or {}).get("pod-template-hash") == pod_hash),
+            None,
+        )
+        revisions = [
+            int((rs["metadata"].get("annotations") or {}).get("deployment.kubernetes.io/revision", "0") or 0)
+            for rs in owned
+        ]
+        rs_type = self.cluster.type_of(_REPLICASETS)
+        if current is None:
+            labels = {**((template.get("metadata") or {}).get("labels") or {}), "pod-template-hash": pod_hash}
+            rs_template = clone(template)
+            rs_template.setdefault("metadata", {})["labels"] = labels
+            selector = clone(spec.get("selector") or {})
+            selector.setdefault("matchLabels", {})["pod-template-hash"] = pod_hash
+            new_obj: Obj = {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": f"{md['name']}-{pod_hash}",
+                    "namespace": md["namespace"],
+                    "labels": labels,
+                    "annotations": {
+                        "deployment.kubernetes.io/revision": str(max(revisions, default=0) + 1),
+                        "deployment.kubernetes.io/desired-replicas": str(replicas),
+                    },
+                    "ownerReferences": [_owner_ref(d)],
+                },
+                "spec": {"replicas": replicas, "selector": selector, "template": rs_template},
+            }
+            try:
+                self.cluster.create(rs_type, md["namespace"], new_obj)
+            except ApiError as exc:
+                self.cluster.record_event(d, "Warning", "FailedCreate", exc.message, _COMPONENT[_DEPLOYMENTS])
+                return
+        else:
+            self._scale_rs(current, replicas)
+        for rs in owned:
+            if rs is not current and (rs.get("spec") or {}).get("replicas", 0) != 0:
+                self._scale_rs(rs, 0)
+        owned = self._owned(d, _REPLICASETS)
+        new_rs = next(
+            (rs for rs in owned if (rs["metadata"].get("labels") or {}).get("pod-template-hash") == pod_hash),
+            None,
+        )
+        total = sum(int((rs.get("status") or {}).get("replicas", 0)) for rs in owned)
+        ready = sum(int((rs.get("status") or {}).get("readyReplicas", 0)) for rs in owned)
+        available = sum(int((rs.get("status") or {}).get("availableReplicas", 0)) for rs in owned)
+        updated = int((new_rs.get("status") or {}).get("replicas", 0)) if new_rs else 0
+        now = rfc3339(self.cluster.now())
+        old_conditions = {c.get("type"): c for c in (d.get("status") or {}).get("conditions") or ()}
+        done = updated == replicas and available >= replicas and total == replicas
+
+        def keep(c: Obj) -> Obj:
+            prev = old_conditions.get(c["type"])
+            if prev is not None and prev.get("status") == c["status"] and prev.get("reason") == c["reason"]:
+                return dict(prev)
+            return c
+
+        status: Obj = {
+            "observedGeneration": md.get("generation", 1),
+            "replicas": total,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": available,
+            "conditions": [
+                keep(
+                    _condition(
+                        "Available",
+                        "True" if available >= replicas else "False",
+                        "MinimumReplicasAvailable" if available >= replicas else "MinimumReplicasUnavailable",
+                        "Deployment has minimum availability."
+                        if available >= replicas
+                        else "Deployment does not have minimum availability.",
+                        now,
+                    )
+                ),
+                keep(
+                    _condition(
+                        "Progressing",
+                        "True",
+                        "NewReplicaSetAvailable" if done else "ReplicaSetUpdated",
+                        f'ReplicaSet "{md["name"]}-{pod_hash}" has {"successfully progressed" if done else "is progressing"}.',
+                        now,
+                    )
+                ),
+            ],
+        }
+        if total - available > 0:
+            status["unavailableReplicas"] = total - available
+        for field in ("readyReplicas", "availableReplicas", "updatedReplicas", "replicas"):
+            if status[field] == 0 and field != "replicas":
+                del status[field]
+        self._write_status(_DEPLOYMENTS, d, status)
+
+    def _scale_rs(self, rs: Obj, replicas: int) -> None:
+        if (rs.get("spec") or {}).get("replicas") == replicas:
+            return
+        md = dict(rs["metadata"])
+        md["generation"] = int(md.get("generation", 1)) + 1
+        md["annotations"] = {
+            **(md.get("annotations") or {}),
+            "deployment.kubernetes.io/desired-replicas": str(replicas),
+        }
+        self.cluster.store.put(
+            _REPLICASETS, {**rs, "metadata": md, "spec": {**rs["spec"], "replicas": replicas}}
+        )
+
+    # --- ReplicaSet ---------------------------------------------------------------------------------------------
+    def _replicaset(self, rs: Obj) -> None:
+        spec = rs.get("spec") or {}
+        md = rs["metadata"]
+        want = int(spec.get("replicas", 1))
+        active = [p for p in self._owned(rs) if _is_active(p)]
+        labels = (spec.get("template", {}).get("metadata") or {}).get("labels") or {}
+        for _ in range(want - len(active)):
+            if not self._create_pod(rs, _REPLICASETS, self._unique_name(md["name"], md["namespace"]), {}):
+                break
+        if len(active) > want:
+            # Remove the least advanced pods first: unbound, then not ready, then the newest.
+            victims = sorted(
+                active,
+                key=lambda p: (
+                    bool(p["spec"].get("nodeName")),
+                    _is_ready(p),
+                    -int(p["metadata"]["resourceVersion"]),
+                ),
+            )[: len(active) - want]
+            for pod in victims:
+                self._delete_pod(pod)
+        del labels
+        active = [p for p in self._owned(rs) if _is_active(p)]
+        ready = sum(1 for p in active if _is_ready(p))
+        status: Obj = {
+            "replicas": len(active),
+            "fullyLabeledReplicas": len(active),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "observedGeneration": md.get("generation", 1),
+        }
+        for field in ("fullyLabeledReplicas", "readyReplicas", "availableReplicas"):
+            if status[field] == 0:
+                del status[field]
+        current = self.cluster.store.storage(_REPLICASETS).get(md["namespace"], md["name"])
+        if current is not None:
+            self._write_status(_REPLICASETS, current, status)
+
+    # --- StatefulSet --------------------------------------------------------------------------------------------
+    def _statefulset(self, sts: Obj) -> None:
+        spec = sts.get("spec") or {}
+        md = sts["metadata"]
+        want = int(spec.get("replicas", 1))
+        revision = f"{md['name']}-{template_hash(spec.get('template') or {})}"
+        pods = self.cluster.store.storage("pods")
+        owned = {p["metadata"]["name"]: p for p in self._owned(sts)}
+        for i in range(want):
+            pod_name = f"{md['name']}-{i}"
+            pod = owned.get(pod_name)
+            if pod is not None and (pod.get("status") or {}).get("phase") in _TERMINAL:
+                self._delete_pod(pod)
+                pod = None
+            if pod is None and pods.get(md["namespace"], pod_name) is None:
+                labels = {
+                    "statefulset.kubernetes.io/pod-name": pod_name,
+                    "apps.kubernetes.io/pod-index": str(i),
+                    "controller-revision-hash": revision,
+                }
+                extra: Obj = {"hostname": pod_name}
+                if spec.get("serviceName"):
+                    extra["subdomain"] = spec["serviceName"]
+                if not self._create_pod(sts, _STATEFULSETS, pod_name, labels, extra):
+                    break
+        for pod_name, pod in owned.items():
+            ordinal = pod_name.rsplit("-", 1)[-1]
+            if ordinal.isdigit() and int(ordinal) >= want:
+                self._delete_pod(pod)
+        active = [p for p in self._owned(sts) if _is_active(p)]
+        ready = sum(1 for p in active if _is_ready(p))
+        status: Obj = {
+            "observedGeneration": md.get("generation", 1),
+            "replicas": len(active),
+            "readyReplicas": ready,
+            "currentReplicas": len(active),
+            "updatedReplicas": len(active),
+            "availableReplicas": ready,
+            "currentRevision": revision,
+            "updateRevision": revision,
+            "collisionCount": 0,
+        }
+        if not ready:
+            del status["readyReplicas"]
+        current = self.cluster.store.storage(_STATEFULSETS).get(md["namespace"], md["name"])
+        if current is not None:
+            self._write_status(_STATEFULSETS, current, status)

@@ -1,0 +1,337 @@
+"""The node simulator (KWOK-like): what the kubelets of the simulated nodes would report.
+
+- A node without a kubelet status gets one (`complete_node`): Ready and the pressure conditions, an
+  InternalIP and Hostname address, nodeInfo with a kubelet version, capacity and allocatable (each from the
+  other, or KWOK's defaults of 32 cpu, 256Gi memory, 110 pods when both are missing). A node whose Ready
+  condition someone set stays as they set it.
+- A pod bound to a node (spec.nodeName set) turns Running `run_delay` seconds later: phase Running,
+  conditions PodReadyToStartContainers/Initialized/ContainersReady/Ready/PodScheduled True,
+  containerStatuses ready and running, podIP, hostIP, startTime.
+- A running pod with the label or annotation `kairos.io/run-seconds: "N"` turns Succeeded N seconds after it
+  started (containerStatuses terminated with exit code 0, reason Completed); without it, it runs until
+  deleted. Restart policies are not simulated: the pod of a Deployment succeeds too.
+
+Time is the cluster's clock; `run_once(now)` fires what is due and `next_deadline()` says when the next
+timer is due, so tests drive it without sleeping. Called from `Cluster.settle`. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
+
+from services.kubesim.nodes import KUBELET_VERSION
+from services.kubesim.objects import meta, parse_time, rfc3339
+from services.kubesim.store import Change, Key
+
+if TYPE_CHECKING:
+    from services.kubesim.cluster import Cluster
+
+__all__ = ["RUN_SECONDS", "NodeSimulator", "run_seconds_of"]
+
+Obj = dict[str, Any]
+
+RUN_SECONDS = "kairos.io/run-seconds"
+"""Pod label or annotation: seconds the pod runs before it succeeds (shared.clusterfile.RUN_SECONDS_LABEL)."""
+_KWOK_DEFAULT_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+
+
+def run_seconds_of(pod: Obj) -> float | None:
+    """The pod's simulated run time, None when it runs until deleted (or the value is not a number >= 0)."""
+    md = meta(pod)
+    value = (md.get("labels") or {}).get(RUN_SECONDS) or (md.get("annotations") or {}).get(RUN_SECONDS)
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _ip(base: int, n: int) -> str:
+    value = base + n
+    return ".".join(str((value >> shift) & 255) for shift in (24, 16, 8, 0))
+
+
+_POD_IP_BASE = 10 << 24  # 10.0.0.0/8
+_NODE_IP_BASE = (172 << 24) | (16 << 16)  # 172.16.0.0/12
+
+
+class NodeSimulator:
+    """Kubelet behaviour of every simulated node."""
+
+    def __init__(self, cluster: Cluster, *, run_delay: float) -> None:
+        self.cluster = cluster
+        self.run_delay = run_delay
+        self.timers: list[tuple[float, int, str, str, str, str]] = []
+        """Heap of (deadline, sequence, action "start" | "finish", namespace, name, pod uid)."""
+        self._seq = itertools.count()
+        self.scheduled: set[tuple[str, str]] = set()
+        """(pod uid, action) already on the heap."""
+        self.started_at: dict[str, float] = {}
+        self.dirty_pods: dict[Key, None] = {}
+        self.dirty_nodes: dict[str, None] = {}
+        self._pod_ips = itertools.count(1)
+        self._node_ips = itertools.count(1)
+        cluster.store.storage("pods").listeners.append(self._pod_change)
+        cluster.store.storage("nodes").listeners.append(self._node_change)
+
+    def _pod_change(self, change: Change) -> None:
+        md = change.obj["metadata"]
+        if change.type == "DELETED":
+            uid = md.get("uid", "")
+            self.started_at.pop(uid, None)
+            self.scheduled.discard((uid, "start"))
+            self.scheduled.discard((uid, "finish"))
+            return
+        if (change.obj.get("spec") or {}).get("nodeName"):
+            self.dirty_pods[md.get("namespace", ""), md["name"]] = None
+
+    def _node_change(self, change: Change) -> None:
+        if change.type != "DELETED":
+            self.dirty_nodes[change.obj["metadata"]["name"]] = None
+
+    def next_deadline(self) -> float | None:
+        return self.timers[0][0] if self.timers else None
+
+    # --- nodes --------------------------------------------------------------------------------------------------
+    def complete_node(self, node: Obj) -> bool:
+        """Fill in what a kubelet reports about its node (in place); True when anything was missing."""
+        status = node.setdefault("status", {})
+        changed = False
+        capacity = status.get("capacity")
+        allocatable = status.get("allocatable")
+        if not capacity or not allocatable:
+            resources = dict(capacity or allocatable or _KWOK_DEFAULT_RESOURCES)
+            status["capacity"] = dict(capacity or resources)
+            status["allocatable"] = dict(allocatable or resources)
+            changed = True
+        now = rfc3339(self.cluster.now())
+        if not any(c.get("type") == "Ready" for c in status.get("conditions") or ()):
+            conditions = list(status.get("conditions") or ())
+            for type_, state, reason, message in (
+                (
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                ),
+                ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ):
+                if not any(c.get("type") == type_ for c in conditions):
+                    conditions.append(
+                        {
+                            "type": type_,
+                            "status": state,
+                            "reason": reason,
+                            "message": message,
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    )
+            status["conditions"] = conditions
+            changed = True
+        if not status.get("addresses"):
+            status["addresses"] = [
+                {"type": "InternalIP", "address": _ip(_NODE_IP_BASE, next(self._node_ips))},
+                {"type": "Hostname", "address": meta(node).get("name", "")},
+            ]
+            changed = True
+        if not status.get("nodeInfo"):
+            status["nodeInfo"] = {
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": "6.1.0-kubesim",
+                "osImage": "kubesim (simulated node)",
+                "containerRuntimeVersion": "kubesim://1.0",
+                "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            }
+            status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": 10250}}
+            changed = True
+        return changed
+
+    def _adopt_nodes(self) -> bool:
+        if not self.dirty_nodes:
+            return False
+        storage = self.cluster.store.storage("nodes")
+        names = list(self.dirty_nodes)
+        self.dirty_nodes.clear()
+        wrote = False
+        for name in names:
+            node = storage.get("", name)
+            if node is None:
+                continue
+            candidate = {**node, "metadata": dict(node["metadata"]), "status": dict(node.get("status") or {})}
+            if self.complete_node(candidate):
+                self.cluster.store.put("nodes", candidate)
+                wrote = True
+        return wrote
+
+    # --- pods ---------------------------------------------------------------------------------------------------
+    def _push(self, at: float, action: str, pod: Obj) -> None:
+        md = pod["metadata"]
+        uid = md.get("uid", "")
+        if (uid, action) in self.scheduled:
+            return
+        self.scheduled.add((uid, action))
+        heapq.heappush(self.timers, (at, next(self._seq), action, md.get("namespace", ""), md["name"], uid))
+
+    def _plan(self, now: float) -> None:
+        storage = self.cluster.store.storage("pods")
+        keys = list(self.dirty_pods)
+        self.dirty_pods.clear()
+        for key in keys:
+            pod = storage.get(*key)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            phase = (pod.get("status") or {}).get("phase")
+            if phase == "Pending" and pod["spec"].get("nodeName"):
+                self._push(now + self.run_delay, "start", pod)
+            elif phase == "Running":
+                seconds = run_seconds_of(pod)
+                if seconds is not None:
+                    uid = pod["metadata"].get("uid", "")
+                    start = self.started_at.get(uid)
+                    if start is None:
+                        start = parse_time((pod.get("status") or {}).get("startTime")) or now
+                    self._push(start + seconds, "finish", pod)
+
+    def run_once(self, now: float) -> bool:
+        """Complete new nodes, plan timers for changed pods, fire the timers due at `now`."""
+        progressed = self._adopt_nodes()
+        if self.dirty_pods:
+            self._plan(now)
+        storage = self.cluster.store.storage("pods")
+        while self.timers and self.timers[0][0] <= now:
+            _, _, action, ns, name, uid = heapq.heappop(self.timers)
+            self.scheduled.discard((uid, action))
+            pod = storage.get(ns, name)
+            if pod is None or pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
+                continue
+            phase = (pod.get("status") or {}).get("phase")
+            if action == "start" and phase == "Pending" and pod["spec"].get("nodeName"):
+                self.cluster.store.put("pods", self._running(pod, now))
+                self.started_at[uid] = now
+                progressed = True
+            elif action == "finish" and phase == "Running":
+                self.cluster.store.put("pods", self._succeeded(pod, now))
+                self.started_at.pop(uid, None)
+                progressed = True
+        return progressed
+
+    def _host_ip(self, node_name: str) -> str:
+        node = self.cluster.store.storage("nodes").get("", node_name)
+        for address in ((node or {}).get("status") or {}).get("addresses") or ():
+            if address.get("type") == "InternalIP":
+                return str(address.get("address", ""))
+        return ""
+
+    def _running(self, pod: Obj, now: float) -> Obj:
+        ts = rfc3339(now)
+        spec = pod["spec"]
+        old = pod.get("status") or {}
+        scheduled = next(
+            (
+                c
+                for c in old.get("conditions") or ()
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": ts},
+        )
+        conditions = [
+            {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
+            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+        ] + [scheduled]
+        host_ip = self._host_ip(spec["nodeName"])
+        pod_ip = _ip(_POD_IP_BASE, next(self._pod_ips))
+        uid = pod["metadata"].get("uid", "")
+        status: Obj = {
+            **old,
+            "phase": "Running",
+            "conditions": conditions,
+            "hostIP": host_ip,
+            "hostIPs": [{"ip": host_ip}] if host_ip else [],
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "startTime": ts,
+            "containerStatuses": [
+                {
+                    "name": c.get("name", ""),
+                    "state": {"running": {"startedAt": ts}},
+                    "lastState": {},
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": c.get("image", ""),
+                    "imageID": f"kubesim://{c.get('image', '')}",
+                    "containerID": f"kubesim://{uid[:8]}-{c.get('name', '')}",
+                    "started": True,
+                }
+                for c in spec.get("containers") or ()
+            ],
+        }
+        if spec.get("initContainers"):
+            status["initContainerStatuses"] = [
+                {
+                    "name": c.get("name", ""),
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "startedAt": ts,
+                            "finishedAt": ts,
+                        }
+                    },
+                    "lastState": {},
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": c.get("image", ""),
+                    "imageID": f"kubesim://{c.get('image', '')}",
+                    "containerID": f"kubesim://{uid[:8]}-{c.get('name', '')}",
+                    "started": False,
+                }
+                for c in spec["initContainers"]
+            ]
+        return {**pod, "metadata": dict(pod["metadata"]), "status": status}
+
+    def _succeeded(self, pod: Obj, now: float) -> Obj:
+        ts = rfc3339(now)
+        old = pod.get("status") or {}
+        conditions = []
+        for cond in old.get("conditions") or ():
+            if cond.get("type") in ("Ready", "ContainersReady", "PodReadyToStartContainers"):
+                updated = {**cond, "status": "False", "lastTransitionTime": ts}
+                if cond["type"] != "PodReadyToStartContainers":
+                    updated["reason"] = "PodCompleted"
+                conditions.append(updated)
+            else:
+                conditions.append(cond)
+        statuses = []
+        for cs in old.get("containerStatuses") or ():
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt", ts)
+            statuses.append(
+                {
+                    **cs,
+                    "ready": False,
+                    "started": False,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "startedAt": started,
+                            "finishedAt": ts,
+                            "containerID": cs.get("containerID", ""),
+                        }
+                    },
+                }
+            )
+        status = {**old, "phase": "Succeeded", "conditions": conditions, "containerStatuses": statuses}
+        return {**pod, "metadata": dict(pod["metadata"]), "status": status}

@@ -1,0 +1,316 @@
+"""The resource types the simulated API server serves: the built-in kinds and those added by CRDs.
+
+A `ResourceType` is one group/version/plural as discovery announces it; several versions of one CRD share
+one storage (`ResourceType.storage`), and the two event APIs (core/v1 and events.k8s.io/v1) share the
+core events storage, the latter through a conversion (`view`). `Registry` is the mutable set of served
+types: `services.kubesim.cluster.Cluster` owns one, the discovery and OpenAPI documents
+(`services.kubesim.discovery`) read it, and creating or deleting a CRD adds or removes its types.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from services.kubesim.errors import ApiError
+
+__all__ = [
+    "ALL_VERBS",
+    "EVENTS_V1_VIEW",
+    "PrinterColumn",
+    "Registry",
+    "ResourceType",
+    "builtin_types",
+    "crd_types",
+]
+
+Obj = dict[str, Any]
+
+ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+EVENTS_V1_VIEW = "events.k8s.io/v1"
+"""The `view` of events.k8s.io/v1 events: stored as core/v1 events and converted on the way in and out."""
+
+
+class PrinterColumn(msgspec.Struct, frozen=True):
+    """One `additionalPrinterColumns` entry of a CRD version (the table column it adds)."""
+
+    name: str
+    type: str
+    json_path: str
+    description: str = ""
+    priority: int = 0
+    format: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceType:
+    """One served group/version/resource."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    singular: str = ""
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ALL_VERBS
+    subresources: tuple[str, ...] = ()
+    storage: str = ""
+    """Key of the storage shared by all versions of the resource (set by `__post_init__` when empty)."""
+    printer_columns: tuple[PrinterColumn, ...] = ()
+    crd: str = ""
+    """Name of the CRD that defines the type; empty for built-in types."""
+    view: str = ""
+    """A conversion applied between the stored form and this API version (`EVENTS_V1_VIEW`)."""
+
+    def __post_init__(self) -> None:
+        if not self.singular:
+            object.__setattr__(self, "singular", self.kind.lower())
+        if not self.storage:
+            object.__setattr__(self, "storage", f"{self.group}/{self.plural}" if self.group else self.plural)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_version(self) -> str:
+        return self.api_version
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def qualified(self) -> str:
+        """The resource as error messages name it: `pods`, `queues.scheduling.run.ai`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def has_status(self) -> bool:
+        return "status" in self.subresources
+
+    def path(self, namespace: str | None = None) -> str:
+        """The collection's URL path (in `namespace` for a namespaced type when given)."""
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            return f"{root}/namespaces/{namespace}/{self.plural}"
+        return f"{root}/{self.plural}"
+
+
+def _core(plural: str, kind: str, *, namespaced: bool = True, **kw: Any) -> ResourceType:
+    return ResourceType(group="", version="v1", plural=plural, kind=kind, namespaced=namespaced, **kw)
+
+
+def builtin_types() -> list[ResourceType]:
+    """The built-in kinds, in discovery order."""
+    return [
+        _core(
+            "namespaces",
+            "Namespace",
+            namespaced=False,
+            short_names=("ns",),
+            subresources=("status", "finalize"),
+        ),
+        _core("nodes", "Node", namespaced=False, short_names=("no",), subresources=("status",)),
+        _core(
+            "pods",
+            "Pod",
+            short_names=("po",),
+            categories=("all",),
+            subresources=("binding", "eviction", "status", "log"),
+        ),
+        _core("events", "Event", short_names=("ev",)),
+        _core("configmaps", "ConfigMap", short_names=("cm",)),
+        _core("secrets", "Secret"),
+        _core("serviceaccounts", "ServiceAccount", short_names=("sa",)),
+        _core("services", "Service", short_names=("svc",), categories=("all",), subresources=("status",)),
+        ResourceType(
+            group="scheduling.k8s.io",
+            version="v1",
+            plural="priorityclasses",
+            kind="PriorityClass",
+            namespaced=False,
+            short_names=("pc",),
+        ),
+        ResourceType(
+            group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
+        ),
+        ResourceType(
+            group="batch",
+            version="v1",
+            plural="jobs",
+            kind="Job",
+            namespaced=True,
+            categories=("all",),
+            subresources=("status",),
+        ),
+        ResourceType(
+            group="apps",
+            version="v1",
+            plural="deployments",
+            kind="Deployment",
+            namespaced=True,
+            short_names=("deploy",),
+            categories=("all",),
+            subresources=("status", "scale"),
+        ),
+        ResourceType(
+            group="apps",
+            version="v1",
+            plural="replicasets",
+            kind="ReplicaSet",
+            namespaced=True,
+            short_names=("rs",),
+            categories=("all",),
+            subresources=("status", "scale"),
+        ),
+        ResourceType(
+            group="apps",
+            version="v1",
+            plural="statefulsets",
+            kind="StatefulSet",
+            namespaced=True,
+            short_names=("sts",),
+            categories=("all",),
+            subresources=("status", "scale"),
+        ),
+        ResourceType(
+            group="apps",
+            version="v1",
+            plural="daemonsets",
+            kind="DaemonSet",
+            namespaced=True,
+            short_names=("ds",),
+            categories=("all",),
+            subresources=("status",),
+        ),
+        ResourceType(
+            group="events.k8s.io",
+            version="v1",
+            plural="events",
+            kind="Event",
+            namespaced=True,
+            short_names=("ev",),
+            storage="events",
+            view=EVENTS_V1_VIEW,
+        ),
+        ResourceType(
+            group="apiextensions.k8s.io",
+            version="v1",
+            plural="customresourcedefinitions",
+            kind="CustomResourceDefinition",
+            namespaced=False,
+            short_names=("crd", "crds"),
+            categories=("api-extensions",),
+            subresources=("status",),
+        ),
+    ]
+
+
+def crd_types(crd: Obj) -> list[ResourceType]:
+    """The served versions of a CRD (already validated by `services.kubesim.validation.check_crd`)."""
+    spec = crd["spec"]
+    names = spec["names"]
+    group = spec["group"]
+    out: list[ResourceType] = []
+    for version in spec["versions"]:
+        if not version.get("served", True):
+            continue
+        columns = tuple(
+            PrinterColumn(
+                name=str(col.get("name", "")),
+                type=str(col.get("type", "string")),
+                json_path=str(col.get("jsonPath", "")),
+                description=str(col.get("description", "")),
+                priority=int(col.get("priority", 0) or 0),
+                format=str(col.get("format", "")),
+            )
+            for col in version.get("additionalPrinterColumns") or ()
+            if isinstance(col, dict)
+        )
+        subresources = tuple(sorted((version.get("subresources") or {}).keys()))
+        out.append(
+            ResourceType(
+                group=group,
+                version=str(version["name"]),
+                plural=names["plural"],
+                kind=names["kind"],
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                singular=names.get("singular") or names["kind"].lower(),
+                short_names=tuple(names.get("shortNames") or ()),
+                categories=tuple(names.get("categories") or ()),
+                subresources=subresources,
+                storage=f"{group}/{names['plural']}",
+                printer_columns=columns,
+                crd=crd["metadata"]["name"],
+            )
+        )
+    return out
+
+
+class Registry:
+    """The served resource types, looked up by group/version/plural."""
+
+    def __init__(self, types: Iterable[ResourceType] = ()) -> None:
+        self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
+        for rt in types:
+            self.add(rt)
+
+    def add(self, rt: ResourceType) -> None:
+        self._by_gvr[rt.group, rt.version, rt.plural] = rt
+
+    def remove_crd(self, crd_name: str) -> list[ResourceType]:
+        """Forget every type the CRD `crd_name` defined; returns them."""
+        gone = [rt for rt in self._by_gvr.values() if rt.crd == crd_name]
+        for rt in gone:
+            del self._by_gvr[rt.group, rt.version, rt.plural]
+        return gone
+
+    def lookup(self, group: str, version: str, plural: str) -> ResourceType:
+        """The type served at /api(s)/group/version/plural; 404 NotFound when there is none."""
+        rt = self._by_gvr.get((group, version, plural))
+        if rt is None:
+            gv = f"{group}/{version}" if group else version
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({plural} in {gv})"
+            )
+        return rt
+
+    def find(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return self._by_gvr.get((group, version, plural))
+
+    def by_kind(self, api_version: str, kind: str) -> ResourceType | None:
+        """The type of objects with this apiVersion and kind (owner references name their owner so)."""
+        for rt in self._by_gvr.values():
+            if rt.kind == kind and rt.api_version == api_version and not rt.view:
+                return rt
+        return None
+
+    def __iter__(self) -> Iterator[ResourceType]:
+        return iter(self._by_gvr.values())
+
+    def group_versions(self) -> dict[str, list[str]]:
+        """Every served group (core as "") with its versions, in registration order."""
+        groups: dict[str, list[str]] = {}
+        for rt in self._by_gvr.values():
+            versions = groups.setdefault(rt.group, [])
+            if rt.version not in versions:
+                versions.append(rt.version)
+        return groups
+
+    def in_group_version(self, group: str, version: str) -> list[ResourceType]:
+        return [rt for rt in self._by_gvr.values() if rt.group == group and rt.version == version]
+
+    def storages(self) -> dict[str, ResourceType]:
+        """One type per storage (its first registered, non-view version)."""
+        out: dict[str, ResourceType] = {}
+        for rt in self._by_gvr.values():
+            if not rt.view:
+                out.setdefault(rt.storage, rt)
+        return out

@@ -1,0 +1,540 @@
+"""The HTTP shell of the simulated API server (aiohttp): routes requests to the pure `Cluster`.
+
+`KubeSim` is what tests and `python -m services.kubesim` run::
+
+    sim = KubeSim(SimOptions(run_delay=0))
+    sim.add_nodes(generated_nodes(4, 8))
+    sim.load_manifests("deploy/crds")
+    url = await sim.start()  # http://127.0.0.1:<port>
+    sim.write_kubeconfig(tmp_path / "kubeconfig")
+    ...
+    sim.cluster.get(sim.cluster.type_of("pods"), "default", "p")  # assertions on the store
+    await sim.stop()
+
+The shell parses a request (path, query, Accept, body), calls one `Cluster` method, encodes the answer with
+msgspec (a Table when kubectl asks for `as=Table`, aggregated discovery when asked for it), turns an
+`ApiError` into its Status, then lets the cluster settle and schedules the next timer (a bound pod
+starting, a pod finishing) on the event loop. Watches stream newline-delimited events until the client
+goes, `timeoutSeconds` passes or the server stops, with BOOKMARK events every `bookmark_seconds` when the
+client allows them. Requests are not authenticated (kubectl sends no credentials over plain HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+from aiohttp import web
+
+from services.kubesim import discovery
+from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream
+from services.kubesim.config import read_manifests
+from services.kubesim.errors import ApiError, bad_request
+from services.kubesim.nodes import node_object
+from services.kubesim.resources import ResourceType
+from services.kubesim.tables import table
+from shared.errors import ConfigError
+from shared.model import Node
+
+__all__ = ["KubeSim", "kubeconfig_text"]
+
+Obj = dict[str, Any]
+log = logging.getLogger("kubesim")
+
+_JSON = "application/json"
+_encoder = msgspec.json.Encoder()
+# A timer fires a hair after its deadline, so the cluster's clock has surely reached it.
+_TIMER_SLACK = 1e-3
+
+
+def kubeconfig_text(server: str) -> str:
+    """A kubeconfig for `server` (a dummy token: the simulated server accepts any request)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kubesim", "cluster": {"server": server}}],
+        "users": [{"name": "kubesim", "user": {"token": "kubesim-dummy-token"}}],
+        "contexts": [
+            {"name": "kubesim", "context": {"cluster": "kubesim", "user": "kubesim", "namespace": "default"}}
+        ],
+        "current-context": "kubesim",
+        "preferences": {},
+    }
+    dumped: str = yaml.safe_dump(config, sort_keys=False)
+    return dumped
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1", "yes")
+
+
+def _wants_table(accept: str) -> bool:
+    return any("as=Table" in part and "g=meta.k8s.io" in part for part in accept.split(","))
+
+
+def _wants_aggregated(accept: str) -> bool:
+    return any(
+        "as=APIGroupDiscoveryList" in part and "v=v2" in part and "v=v2beta1" not in part
+        for part in accept.split(",")
+    )
+
+
+def _respond(obj: Any, status: int = 200, content_type: str = _JSON) -> web.Response:
+    return web.Response(body=_encoder.encode(obj), status=status, headers={"Content-Type": content_type})
+
+
+def _error(exc: ApiError) -> web.Response:
+    return _respond(exc.status(), exc.code)
+
+
+class _Request:
+    """One resource request, parsed from its path."""
+
+    def __init__(self, rt: ResourceType, namespace: str | None, name: str | None, subresource: str) -> None:
+        self.rt = rt
+        self.namespace = namespace
+        self.name = name
+        self.subresource = subresource
+
+
+class KubeSim:
+    """The simulated API server: a `Cluster` served over HTTP on loopback."""
+
+    def __init__(self, options: SimOptions | None = None, *, bookmark_seconds: float = 10.0) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._offset = 0.0
+        self.cluster = Cluster(options, clock=self._now)
+        self.bookmark_seconds = bookmark_seconds
+        self._runner: web.AppRunner | None = None
+        self._url = ""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._watches: set[WatchStream] = set()
+        self._stopping = False
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self._loop is None:
+            return time.time()
+        return self._loop.time() + self._offset
+
+    @property
+    def url(self) -> str:
+        if not self._url:
+            raise RuntimeError("the simulated API server is not started")
+        return self._url
+
+    @property
+    def store(self) -> Any:
+        """The object store (`services.kubesim.store.Store`), for assertions."""
+        return self.cluster.store
+
+    def add_nodes(self, nodes: Iterable[Node]) -> None:
+        """Create simulated nodes for model nodes (before or after `start`)."""
+        for node in nodes:
+            self.cluster.add_node(node_object(node))
+        self._after_write()
+
+    def load_manifests(self, path: str | Path) -> int:
+        """Create (or replace) the manifests of a file or directory (CRDs first); returns how many.
+
+        Raises `InvalidObject` for an unreadable file and `ConfigError` for a manifest the server refuses.
+        """
+        docs = read_manifests(path)
+        docs.sort(key=lambda d: d.get("kind") != "CustomResourceDefinition")
+        for doc in docs:
+            try:
+                self.cluster.apply_manifest(doc)
+            except ApiError as exc:
+                name = (doc.get("metadata") or {}).get("name", "?")
+                raise ConfigError(f"{path}: {doc.get('kind', '?')} {name!r}: {exc.message}") from exc
+        self._after_write()
+        return len(docs)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on `host`:`port` (0: a free port); returns the base URL."""
+        loop = asyncio.get_running_loop()
+        # Timestamps must read as wall time while timers follow the loop's clock (which tests may fake).
+        wall = self._now()
+        self._loop = loop
+        self._offset = wall - loop.time()
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, shutdown_timeout=1.0)
+        await site.start()
+        sockets = self._runner.addresses
+        bound_port = sockets[0][1] if sockets else port
+        shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        if ":" in shown:
+            shown = f"[{shown}]"
+        self._url = f"http://{shown}:{bound_port}"
+        self._stopping = False
+        self._after_write()
+        return self._url
+
+    async def stop(self) -> None:
+        """End every watch, stop serving and cancel the timer."""
+        self._stopping = True
+        for stream in list(self._watches):
+            stream.on_close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def write_kubeconfig(self, path: str | Path, *, server: str | None = None) -> Path:
+        """Write a kubeconfig for this server (or for `server`, the URL clients should use)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(kubeconfig_text(server or self.url), encoding="utf-8")
+        return out
+
+    # --- timers ---------------------------------------------------------------------------------------------
+    def _after_write(self) -> None:
+        self.cluster.settle()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._loop is None or self._stopping:
+            return
+        deadline = self.cluster.next_deadline()
+        if deadline is None:
+            return
+        at = deadline - self._offset + _TIMER_SLACK
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        try:
+            self.cluster.settle()
+        except Exception:  # a bug in a controller must not stop the timers of the whole cluster
+            log.exception("kubesim: settling the cluster failed")
+        self._schedule()
+
+    # --- routing --------------------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            response = await self._route(request)
+        except ApiError as exc:
+            return _error(exc)
+        except Exception as exc:  # every request gets an answer; the server stays up
+            log.exception("kubesim: %s %s failed", request.method, request.path)
+            return _error(
+                ApiError(500, "InternalError", f"an error on the server ({type(exc).__name__}: {exc})")
+            )
+        if request.method not in ("GET", "HEAD"):
+            try:
+                self._after_write()
+            except Exception:
+                log.exception("kubesim: settling the cluster failed")
+        return response
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        accept = request.headers.get("Accept", "")
+        registry = self.cluster.registry
+        if not parts:
+            return _respond({"paths": ["/api", "/api/v1", "/apis", "/openapi/v3", "/version", "/healthz"]})
+        head = parts[0]
+        if head in ("healthz", "readyz", "livez") and len(parts) == 1:
+            return web.Response(text="ok", content_type="text/plain")
+        if head == "version" and len(parts) == 1:
+            return _respond(discovery.version_info())
+        if head == "openapi":
+            return self._openapi(parts)
+        if head == "api":
+            if len(parts) == 1:
+                if _wants_aggregated(accept):
+                    return _respond(
+                        discovery.aggregated(registry, legacy=True), content_type=discovery.AGGREGATED_V2
+                    )
+                return _respond(discovery.api_versions(request.host))
+            if len(parts) == 2:
+                doc = discovery.resource_list(registry, "", parts[1])
+                if doc is None:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return _respond(doc)
+            return await self._resource(request, "", parts[1], parts[2:])
+        if head == "apis":
+            if len(parts) == 1:
+                if _wants_aggregated(accept):
+                    return _respond(
+                        discovery.aggregated(registry, legacy=False), content_type=discovery.AGGREGATED_V2
+                    )
+                return _respond(discovery.group_list(registry))
+            if len(parts) == 2:
+                group = discovery.api_group(registry, parts[1])
+                if group is None:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return _respond(group)
+            if len(parts) == 3:
+                doc = discovery.resource_list(registry, parts[1], parts[2])
+                if doc is None:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return _respond(doc)
+            return await self._resource(request, parts[1], parts[2], parts[3:])
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _openapi(self, parts: list[str]) -> web.Response:
+        registry = self.cluster.registry
+        if parts[1:] == ["v3"]:
+            return _respond(discovery.openapi_v3_root(registry))
+        doc = None
+        if len(parts) == 4 and parts[1:3] == ["v3", "api"]:
+            doc = discovery.openapi_v3_document(registry, "", parts[3])
+        elif len(parts) == 5 and parts[1:3] == ["v3", "apis"]:
+            doc = discovery.openapi_v3_document(registry, parts[3], parts[4])
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return _respond(doc)
+
+    def _parse(self, group: str, version: str, rest: list[str]) -> _Request:
+        lookup = self.cluster.lookup
+        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+            namespace = rest[1]
+            rt = lookup(group, version, rest[2])
+            if not rt.namespaced:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            name = rest[3] if len(rest) > 3 else None
+            sub = rest[4] if len(rest) > 4 else ""
+            if len(rest) > 5:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return _Request(rt, namespace, name, sub)
+        rt = lookup(group, version, rest[0])
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else ""
+        if len(rest) > 3 or (rt.namespaced and name is not None):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub and sub not in rt.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return _Request(rt, None, name, sub)
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        content_type = request.headers.get("Content-Type", _JSON).split(";")[0].strip()
+        if "protobuf" in content_type:
+            raise ApiError(415, "UnsupportedMediaType", "the simulated API server speaks JSON only")
+        try:
+            if content_type in ("application/yaml", "application/x-yaml", "text/yaml"):
+                return yaml.safe_load(raw)
+            return msgspec.json.decode(raw)
+        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+            raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+    async def _resource(
+        self, request: web.Request, group: str, version: str, rest: list[str]
+    ) -> web.StreamResponse:
+        req = self._parse(group, version, rest)
+        rt, ns, name, sub = req.rt, req.namespace, req.name, req.subresource
+        cluster = self.cluster
+        query = request.query
+        method = request.method
+        dry_run = "All" in query.getall("dryRun", [])
+        accept = request.headers.get("Accept", "")
+        if method in ("GET", "HEAD"):
+            if name is None:
+                if _truthy(query.get("watch")):
+                    return await self._watch(request, rt, ns)
+                labels, fields = cluster.selectors(rt, query.get("labelSelector"), query.get("fieldSelector"))
+                limit = self._int(query.get("limit"), "limit")
+                result = cluster.list_objects(
+                    rt,
+                    ns,
+                    labels=labels,
+                    fields=fields,
+                    limit=limit,
+                    continue_token=query.get("continue", ""),
+                )
+                if _wants_table(accept):
+                    return _respond(
+                        table(
+                            rt,
+                            result.items,
+                            now=cluster.now(),
+                            include=query.get("includeObject", "Metadata"),
+                            resource_version=result.resource_version,
+                            continue_token=result.continue_token,
+                        )
+                    )
+                md: Obj = {"resourceVersion": result.resource_version}
+                if result.continue_token:
+                    md["continue"] = result.continue_token
+                return _respond(
+                    {
+                        "kind": rt.list_kind,
+                        "apiVersion": rt.api_version,
+                        "metadata": md,
+                        "items": result.items,
+                    }
+                )
+            if sub == "log":
+                raise bad_request(
+                    f'logs are not supported by the simulated cluster (kubesim): pod "{name}" runs no containers'
+                )
+            if sub == "scale":
+                return _respond(cluster.get_scale(rt, ns, name))
+            obj = cluster.get(rt, ns, name)
+            if _wants_table(accept) and not sub:
+                return _respond(
+                    table(rt, [obj], now=cluster.now(), include=query.get("includeObject", "Metadata"))
+                )
+            return _respond(obj)
+        if method == "POST":
+            body = await self._body(request)
+            if name is None:
+                return _respond(cluster.create(rt, ns, body, dry_run=dry_run), 200 if dry_run else 201)
+            if sub == "binding" and rt.storage == "pods":
+                return _respond(cluster.bind(ns or "", name, body), 201)
+            if sub == "eviction" and rt.storage == "pods":
+                return _respond(cluster.evict(ns or "", name, body), 201)
+            raise ApiError(405, "MethodNotAllowed", f"POST is not supported on {rt.plural}/{sub or name}")
+        if method == "PUT":
+            body = await self._body(request)
+            if name is None:
+                raise ApiError(405, "MethodNotAllowed", f"PUT is not supported on the {rt.plural} collection")
+            if sub == "scale":
+                spec = (body or {}).get("spec") or {}
+                rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
+                return _respond(cluster.set_scale(rt, ns, name, spec.get("replicas"), rv))
+            if sub == "finalize":
+                return _respond(cluster.get(rt, ns, name))
+            obj, created = cluster.replace(rt, ns, name, body, subresource=sub)
+            return _respond(obj, 201 if created else 200)
+        if method == "PATCH":
+            if name is None:
+                raise ApiError(
+                    405, "MethodNotAllowed", f"PATCH is not supported on the {rt.plural} collection"
+                )
+            data = await request.read()
+            content_type = request.headers.get("Content-Type", "")
+            if sub == "scale":
+                return _respond(cluster.patch_scale(rt, ns, name, content_type, data))
+            obj, created = cluster.patch(
+                rt, ns, name, content_type, data, subresource=sub, force=_truthy(query.get("force"))
+            )
+            return _respond(obj, 201 if created else 200)
+        if method == "DELETE":
+            body = await self._body(request)
+            options: Obj = dict(body) if isinstance(body, dict) else {}
+            if "propagationPolicy" in query:
+                options["propagationPolicy"] = query["propagationPolicy"]
+            if name is None:
+                labels, fields = cluster.selectors(rt, query.get("labelSelector"), query.get("fieldSelector"))
+                items = cluster.delete_collection(rt, ns, labels=labels, fields=fields, options=options)
+                return _respond(
+                    {
+                        "kind": rt.list_kind,
+                        "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(cluster.store.rv)},
+                        "items": items,
+                    }
+                )
+            return _respond(cluster.delete(rt, ns, name, options, dry_run=dry_run))
+        raise ApiError(405, "MethodNotAllowed", f"method {method} is not supported")
+
+    @staticmethod
+    def _int(value: str | None, what: str) -> int:
+        if value in (None, ""):
+            return 0
+        try:
+            out = int(str(value))
+        except ValueError as exc:
+            raise bad_request(f"{what} must be an integer, got {value!r}") from exc
+        if out < 0:
+            raise bad_request(f"{what} must be >= 0")
+        return out
+
+    # --- watch ------------------------------------------------------------------------------------------------
+    async def _watch(self, request: web.Request, rt: ResourceType, ns: str | None) -> web.StreamResponse:
+        cluster = self.cluster
+        query = request.query
+        labels, fields = cluster.selectors(rt, query.get("labelSelector"), query.get("fieldSelector"))
+        timeout = self._int(query.get("timeoutSeconds"), "timeoutSeconds")
+        bookmarks = _truthy(query.get("allowWatchBookmarks"))
+        as_table = _wants_table(request.headers.get("Accept", ""))
+        include = query.get("includeObject", "Metadata")
+        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
+        response.enable_chunked_encoding()
+        try:
+            stream = cluster.watch(
+                rt,
+                ns,
+                resource_version=query.get("resourceVersion"),
+                labels=labels,
+                fields=fields,
+                send_initial_events=_truthy(query.get("sendInitialEvents")),
+                bookmarks=bookmarks,
+            )
+        except ApiError as exc:
+            if exc.code != 410:
+                raise
+            await response.prepare(request)
+            await response.write(_encoder.encode({"type": "ERROR", "object": exc.status()}) + b"\n")
+            await response.write_eof()
+            return response
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        stream.wake = wake.set
+        self._watches.add(stream)
+        end_at = loop.time() + timeout if timeout else None
+        next_bookmark = loop.time() + self.bookmark_seconds
+        first_table = True
+        try:
+            while True:
+                if stream.pending:
+                    chunks = []
+                    while stream.pending:
+                        kind, obj = stream.pending.popleft()
+                        if as_table and kind != BOOKMARK:
+                            obj = table(
+                                rt, [obj], now=cluster.now(), include=include, with_columns=first_table
+                            )
+                            first_table = False
+                        chunks.append(_encoder.encode({"type": kind, "object": obj}))
+                    await response.write(b"\n".join(chunks) + b"\n")
+                    continue
+                if stream.ended or self._stopping:
+                    break
+                now = loop.time()
+                if end_at is not None and now >= end_at:
+                    break
+                if bookmarks and now >= next_bookmark:
+                    stream.pending.append((BOOKMARK, stream.bookmark()))
+                    next_bookmark = now + self.bookmark_seconds
+                    continue
+                wait = (next_bookmark - now) if bookmarks else None
+                if end_at is not None:
+                    wait = min(wait, end_at - now) if wait is not None else end_at - now
+                wake.clear()
+                try:
+                    async with asyncio.timeout(wait):
+                        await wake.wait()
+                except TimeoutError:
+                    pass
+        except ConnectionResetError:
+            return response
+        finally:
+            stream.close()
+            self._watches.discard(stream)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
