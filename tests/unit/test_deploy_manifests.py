@@ -45,6 +45,7 @@ HEALTH_PORT = 8080
 # The RBAC table of deploy/README.md: (namespace or "*" for cluster-wide, API group, resource, verb).
 OWNER_KINDS = [
     ("batch", "jobs"),
+    ("batch", "cronjobs"),
     ("apps", "replicasets"),
     ("apps", "deployments"),
     ("apps", "statefulsets"),
@@ -54,6 +55,8 @@ OWNER_KINDS = [
     ("kubeflow.org", "tfjobs"),
     ("ray.io", "rayclusters"),
     ("ray.io", "rayjobs"),
+    ("argoproj.io", "workflows"),
+    ("trainer.kubeflow.org", "trainjobs"),
 ]
 
 
@@ -63,25 +66,21 @@ def grants(scope: str, group: str, resource: str, *verbs: str) -> set[tuple[str,
 
 EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "kairos-state": (
-        grants("*", "", "nodes", "get", "list", "watch")
-        | grants("*", "", "pods", "get", "list", "watch", "patch")
-        | grants("*", "scheduling.run.ai", "podgroups", "get", "list", "watch", "create", "patch", "update")
-        | grants("*", "scheduling.run.ai", "podgroups/status", "get", "patch", "update")
-        | grants("*", "scheduling.run.ai", "queues", "get", "list", "watch")
-        | grants("*", "scheduling.run.ai", "queues/status", "get", "patch", "update")
-        | grants("*", "kai.scheduler", "topologies", "get", "list", "watch")
-        | grants("*", "scheduling.k8s.io", "priorityclasses", "get", "list", "watch")
-        | grants("*", "", "events", "create", "patch")
-        | grants("*", "events.k8s.io", "events", "create", "patch")
+        grants("*", "", "nodes", "list", "watch")
+        | grants("*", "", "pods", "list", "watch", "patch")
+        | grants("*", "scheduling.run.ai", "podgroups", "list", "watch", "create", "patch")
+        | grants("*", "scheduling.run.ai", "podgroups/status", "patch")
+        | grants("*", "scheduling.run.ai", "queues", "list", "watch")
+        | grants("*", "scheduling.run.ai", "queues/status", "patch")
+        | grants("*", "kai.scheduler", "topologies", "list", "watch")
+        | grants("*", "scheduling.k8s.io", "priorityclasses", "list", "watch")
+        | grants("*", "", "events", "create")
         | {("*", group, resource, "get") for group, resource in OWNER_KINDS}
-        | grants(NAMESPACE, "coordination.k8s.io", "leases", "get", "create", "update")
     ),
     "kairos-binder": (
         grants("*", "", "pods", "get", "patch")
         | grants("*", "", "pods/binding", "create")
         | grants("*", "", "pods/eviction", "create")
-        | grants("*", "", "events", "create", "patch")
-        | grants("*", "events.k8s.io", "events", "create", "patch")
     ),
     "kairos-queue": set(),
     "kairos-placement": set(),
@@ -444,16 +443,6 @@ def test_no_rule_uses_a_wildcard() -> None:
         for rule in role["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[field], f"{role['metadata']['name']}: {field}"
-
-
-def test_the_state_lease_is_a_namespaced_role() -> None:
-    role = find(base(), "Role", "kairos-state-leases")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert not any(
-        "leases" in rule["resources"]
-        for cluster_role in of_kind(base(), "ClusterRole")
-        for rule in cluster_role["rules"]
-    )
 
 
 @pytest.mark.parametrize("account", ["kairos-queue", "kairos-placement", "kairos-gpu-agent", "nats"])
