@@ -65,6 +65,7 @@ from shared.contracts.messages import (
     NodeLedger,
     Outcome,
     PodClaim,
+    PodGroupStamps,
     Proposal,
     Reservation,
     encode,
@@ -469,7 +470,33 @@ class Committer:
         except Exception:
             log.exception("could not publish the outcome of %s", proposal.id)
             self.counters["outcome_errors"] += 1
+        if outcome.status in ("committed", "conflict"):
+            await self._publish_stamps(proposal)
         return outcome
+
+    async def _publish_stamps(self, proposal: Proposal) -> None:
+        """Tell the state service which podgroup stamps the session changed (stale since, last start): the
+        next cycle's session must see them, or a stale gang is never old enough to evict. A lost message
+        costs one cycle: the next session states them again."""
+        stale: dict[str, float | None] = {}
+        for key in proposal.stamped:
+            group = self.lookup(key)
+            wanted = proposal.stale_since.get(key)
+            if group is not None and group.stale_since != wanted:
+                stale[key] = wanted
+        last = {
+            key: value
+            for key, value in proposal.last_start.items()
+            if (group := self.lookup(key)) is not None and group.last_start_time != value
+        }
+        if not stale and not last:
+            return
+        message = PodGroupStamps(shard=proposal.shard, stale_since=stale, last_start=last)
+        try:
+            await self.bus.nc.publish(s.stamps(proposal.shard), encode(message))
+            self.counters["stamps"] += 1
+        except Exception:
+            log.exception("could not publish the stamps of %s", proposal.id)
 
     def _outcome(
         self,

@@ -176,6 +176,7 @@ def build_proposal(
         stale_since=dict(result.stale_since),
         last_start=dict(result.last_start),
         view=session_view(ssn) if item.want_view else None,
+        stamped=tuple(sorted(item.podgroups)) if item.podgroups else tuple(sorted(ssn.jobs)),
     )
 
 

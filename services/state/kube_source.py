@@ -41,12 +41,13 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES
-from shared.contracts.messages import encode
+from shared.contracts.messages import STAMPS, encode
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kube.podgrouper import GrouperConfig
-from shared.kubeapi.client import Kube, connect
+from shared.kube.translate import podgroup_annotations_patch
+from shared.kubeapi.client import ApiError, Kube, connect
 from shared.kubeapi.informer import Informer
-from shared.model import Pod
+from shared.model import Pod, PodGroup
 
 log = logging.getLogger("kairos.state.kube")
 
@@ -243,6 +244,7 @@ class KubeOwner:
         self.source: KubeSource | None = None
         self.writeback: WriteBack | None = None
         self.grouper: PodGrouperLoop | None = None
+        self._stamps_sub: Subscription | None = None
 
     async def start(self) -> int:
         self.kube = await connect(self.kubeconfig)
@@ -260,16 +262,60 @@ class KubeOwner:
                 WriteBackOptions(component=self.options.scheduler_name),
             )
             await self.writeback.start()
+            self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
         except BaseException:
             await self.stop()
             raise
         return revision
+
+    async def _on_stamps(self, msg: Msg) -> None:
+        """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup."""
+        try:
+            stamps = STAMPS.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            self.ctx.counters["malformed"] += 1
+            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+            return
+        if self.source is None or self.kube is None:
+            return
+        mirror = self.source.mirror
+        for key in sorted(stamps.stale_since.keys() | stamps.last_start.keys()):
+            group = mirror.raw[PODGROUPS].get(key)
+            current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
+            if group is None or not isinstance(current, PodGroup):
+                continue
+            patch = podgroup_annotations_patch(
+                group,
+                last_start_time=stamps.last_start.get(key, current.last_start_time),
+                stale_since=stamps.stale_since.get(key, current.stale_since),
+            )
+            if patch is None:
+                continue
+            try:
+                await self.kube.call(
+                    f"stamp podgroup {key}",
+                    self.kube.custom.patch_namespaced_custom_object,
+                    "scheduling.run.ai",
+                    "v2alpha2",
+                    group.metadata.namespace,
+                    "podgroups",
+                    group.metadata.name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+                self.ctx.counters["podgroup_stamps"] += 1
+            except ApiError as exc:
+                log.warning("could not stamp podgroup %s: %s", key, exc)
 
     async def _flushed(self, mirror: Mirror) -> None:
         if self.grouper is not None and mirror.ungrouped():
             self.grouper.wake()
 
     async def stop(self) -> None:
+        if self._stamps_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._stamps_sub.unsubscribe()
+            self._stamps_sub = None
         if self.grouper is not None:
             await self.grouper.stop()
         if self.writeback is not None:

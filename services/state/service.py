@@ -55,6 +55,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import (
     CLUSTER_REQUESTS,
     SNAPSHOT_REQUESTS,
+    STAMPS,
     ApplyRequest,
     BindRequest,
     ClusterReply,
@@ -157,6 +158,7 @@ async def body(ctx: ServiceContext) -> None:
             subs.append(
                 await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
             )
+            subs.append(await ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=owner.on_stamps))
         elif options.source == "kube":
             election = KubeElection(
                 ctx, replica, options.kubeconfig, KubeSourceOptions(scheduler_name=options.scheduler_name)
@@ -301,6 +303,22 @@ class SourceOwner:
         if changes:
             self._wake.set()  # a bind or apply may have set a timer
         return ClusterReply(ok=True, state_revision=self.writer.revision)
+
+    async def on_stamps(self, msg: Msg) -> None:
+        """Podgroup stamps from a binder: stored like any other change (no reply is expected)."""
+        try:
+            stamps = STAMPS.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            _malformed(self.ctx, msg.subject, exc.problem)
+            return
+        async with self.lock:
+            saved = self.cluster.checkpoint()
+            try:
+                changes = self.cluster.stamp(stamps, asyncio.get_running_loop().time())
+            except InvalidObject as exc:
+                self.ctx.log.warning("stamps refused: %s", exc)
+                return
+            await self._write(changes, saved)
 
     def _carry_out(self, request: ClusterRequest, now: float) -> list[Change]:
         match request:

@@ -29,6 +29,7 @@ from shared.contracts.messages import (
     EvictionOrder,
     NodeRecord,
     PodGroupRecord,
+    PodGroupStamps,
     PodRecord,
     QueueRecord,
     StateRecord,
@@ -211,6 +212,20 @@ class SimulatedCluster:
             raise Refused(f"pod {pod.key!r} is on {pod.node!r}, not {order.node!r}")
         pending = msgspec.structs.replace(pod, status=PodStatus.PENDING, node=None, gpu_groups=())
         return self._commit({**self.objects, key: pending}, now)
+
+    def stamp(self, stamps: PodGroupStamps, now: float) -> list[Change]:
+        """Store the podgroup stamps a binder sent (unknown podgroups are ignored)."""
+        by_key = {o.key: k for k, o in self.objects.items() if isinstance(o, PodGroup)}
+        new = dict(self.objects)
+        for group_key, since in stamps.stale_since.items():
+            kv = by_key.get(group_key)
+            if kv is not None:
+                new[kv] = msgspec.structs.replace(new[kv], stale_since=since)
+        for group_key, started in stamps.last_start.items():
+            kv = by_key.get(group_key)
+            if kv is not None:
+                new[kv] = msgspec.structs.replace(new[kv], last_start_time=started)
+        return self._commit(new, now)
 
     def delete(self, keys: Iterable[str], now: float) -> list[Change]:
         """Remove objects by KV key (unknown keys are ignored)."""

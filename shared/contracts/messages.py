@@ -196,6 +196,19 @@ class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
     stale_since: dict[str, float] = msgspec.field(default_factory=dict)
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
     view: SessionView | None = None
+    stamped: tuple[str, ...] = ()
+    """The podgroups whose stamps the session decided (its focus, or all): for these, a key missing from
+    `stale_since` means "not stale (any more)"."""
+
+
+class PodGroupStamps(_Msg, frozen=True, kw_only=True, tag="podgroup-stamps"):
+    """Podgroup timestamps the scheduler keeps between cycles, sent by the binder to the state service
+    (which stores them: KAI keeps them as podgroup annotations). Only what changed is sent; None in
+    `stale_since` clears the stamp."""
+
+    shard: str
+    stale_since: dict[str, float | None] = msgspec.field(default_factory=dict)
+    last_start: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Outcome(_Msg, frozen=True, kw_only=True, tag="outcome"):
@@ -317,6 +330,7 @@ LEASES: Codec[Lease] = Codec(Lease)
 WORK: Codec[WorkItem] = Codec(WorkItem)
 PROPOSALS: Codec[Proposal] = Codec(Proposal)
 OUTCOMES: Codec[Outcome] = Codec(Outcome)
+STAMPS: Codec[PodGroupStamps] = Codec(PodGroupStamps)
 CLUSTER_REQUESTS: Codec[ClusterRequest] = Codec(ClusterRequest)
 CLUSTER_REPLIES: Codec[ClusterReply] = Codec(ClusterReply)
 SNAPSHOT_REQUESTS: Codec[SnapshotRequest] = Codec(SnapshotRequest)

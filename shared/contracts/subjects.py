@@ -37,6 +37,8 @@ BINDER_CONSUMER = "binder"
 
 # --- core subjects -------------------------------------------------------------------------------------------
 OUTCOMES_WILDCARD = f"{PREFIX}.outcomes.*"
+STAMPS_WILDCARD = f"{PREFIX}.stamps.*"
+"""Podgroup stamps (stale since, last start) from the binders to the state service's source owner."""
 CLUSTER_WILDCARD = f"{PREFIX}.cluster.*"
 STATE_SNAPSHOT = f"{PREFIX}.state.snapshot"
 """Request: any state replica answers with a `SnapshotReply` at its current revision."""
@@ -59,6 +61,11 @@ def work(shard: str) -> str:
 def proposals(shard: str) -> str:
     """Proposals from placement workers to the binders (stream `PROPOSAL_STREAM`)."""
     return f"{PREFIX}.proposals.{token(shard)}"
+
+
+def stamps(shard: str) -> str:
+    """Podgroup stamps decided by a shard's sessions, from the binders to the state service (core NATS)."""
+    return f"{PREFIX}.stamps.{token(shard)}"
 
 
 def outcomes(shard: str) -> str:

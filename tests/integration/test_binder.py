@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import pytest
@@ -31,6 +32,7 @@ from shared.contracts.messages import (
     CLUSTER_REQUESTS,
     LEDGER_RECORDS,
     OUTCOMES,
+    STAMPS,
     Binding,
     BindRequest,
     ClusterReply,
@@ -42,6 +44,7 @@ from shared.contracts.messages import (
     PipelinedPod,
     PodClaim,
     PodGroupRecord,
+    PodGroupStamps,
     PodRecord,
     Proposal,
     Reservation,
@@ -596,3 +599,33 @@ def test_binder_options_are_parsed_and_checked() -> None:
     assert durable_name(SHARD) == "binder"
     assert durable_name("gpu.pool") == "binder_gpu_pool"
     assert msgspec.json.encode(parse_options({})) is not None
+
+
+async def test_a_committed_proposal_sends_the_stamps_that_changed(bus: Bus) -> None:
+    """The next cycle must see when a gang went stale and when it last started (stale-gang eviction and
+    min-runtime count from them), so the binder forwards what the session changed to the state service."""
+    known = {
+        "stale": PodGroup(name="stale", queue="q"),
+        "healed": PodGroup(name="healed", queue="q", stale_since=5.0),
+        "same": PodGroup(name="same", queue="q", stale_since=7.0, last_start_time=1.0),
+    }
+    received: asyncio.Queue[PodGroupStamps] = asyncio.Queue()
+
+    async def on_stamps(msg: Any) -> None:
+        await received.put(STAMPS.decode(msg.subject, msg.data))
+
+    sub = await bus.nc.subscribe(s.stamps(SHARD), cb=on_stamps)
+    await lease(bus)
+    committer = Committer(bus, FakeCluster(), lookup=known.get)
+    stamped = msgspec.structs.replace(
+        proposal("p-stamps"),
+        stamped=("stale", "healed", "same"),
+        stale_since={"stale": 10.0, "same": 7.0},
+        last_start={"same": 1.0, "healed": 12.0},
+    )
+    outcome = await committer.process(stamped)
+    stamps = await asyncio.wait_for(received.get(), 5)
+    await sub.unsubscribe()
+    assert outcome.status == "committed"
+    assert stamps.stale_since == {"stale": 10.0, "healed": None}
+    assert stamps.last_start == {"healed": 12.0}

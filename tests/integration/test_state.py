@@ -43,6 +43,7 @@ from shared.contracts.messages import (
     NodeLedger,
     NodeRecord,
     PodClaim,
+    PodGroupStamps,
     PodRecord,
     Reservation,
     SnapshotReply,
@@ -224,6 +225,30 @@ async def test_apply_keeps_a_pods_placement_and_replace_drops_the_rest(
 
 
 # --- bind, run, evict ---------------------------------------------------------------------------------------
+async def test_stamps_from_a_binder_are_stored_on_the_podgroup(nats_server: NatsServer, bus: Bus) -> None:
+    async with state_service(nats_server.url):
+        assert (await ask(bus, "apply", cluster())).ok
+        stamps = PodGroupStamps(
+            shard="default", stale_since={"g": 42.0, "unknown": 1.0}, last_start={"g": 40.0}
+        )
+        await bus.nc.publish(s.stamps("default"), encode(stamps))
+
+        async def stamped() -> bool:
+            (group,) = (await snapshot(bus)).podgroups
+            return group.stale_since == 42.0 and group.last_start_time == 40.0
+
+        await eventually(stamped)
+        await bus.nc.publish(
+            s.stamps("default"), encode(PodGroupStamps(shard="default", stale_since={"g": None}))
+        )
+
+        async def cleared() -> bool:
+            (group,) = (await snapshot(bus)).podgroups
+            return group.stale_since is None and group.last_start_time == 40.0
+
+        await eventually(cleared)
+
+
 async def test_a_bound_pod_runs_after_run_delay_and_is_reserved(nats_server: NatsServer, bus: Bus) -> None:
     async with state_service(nats_server.url, run_delay=0.3):
         await ask(bus, "apply", cluster())
