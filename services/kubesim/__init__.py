@@ -1,2 +1,55 @@
 """The simulated Kubernetes API server (with a KWOK-like node simulator and minimal workload controllers):
-the default cluster of `kairos up` and of the integration and end-to-end tests."""
+the default cluster of `kairos up` and of the integration and end-to-end tests.
+
+Run it as a process (``python -m services.kubesim [--host H] [--port P] [--cluster FILE | --nodes N
+--gpus-per-node G] [--crds DIR]... [--kubeconfig-out FILE] [--kubeconfig-server URL] [--run-delay S]
+[--watch-history N] [--bookmark-seconds S] [--no-default-scheduler] [--seed N]``; it prints
+``kubesim ready <url>`` once serving and exits 0 on SIGTERM/SIGINT) or in-process
+(`services.kubesim.server.KubeSim`: ``await sim.start()`` returns the URL, ``sim.cluster`` is the store
+for assertions, ``await sim.stop()``).
+
+**What is simulated.** The REST API that kubectl 1.32 and kubernetes-asyncio use, over plain HTTP without
+authentication, JSON only:
+
+- discovery (``/version``, ``/api``, ``/apis``, per group/version lists, aggregated discovery v2) and
+  schema-less OpenAPI v3 documents, enough for ``kubectl apply``/``create`` with validation on (the server
+  is announced as validating fields; it does not actually reject unknown fields);
+- namespaces (default, kube-system, kube-public, kube-node-lease, kai-scheduler at start, each with a
+  ``default`` ServiceAccount; deleting one deletes its objects), nodes, pods (with the ``binding``,
+  ``eviction``, ``status`` subresources; ``log`` answers 400), events (core/v1 and events.k8s.io/v1, one
+  store), configmaps, secrets, serviceaccounts, services (stored only), priorityclasses (KAI's train 50,
+  build-preemptible 75, build 100, inference 125 and the two system classes exist at start), leases,
+  jobs, deployments, replicasets, statefulsets (with ``scale``), daemonsets (stored only) and
+  customresourcedefinitions: a CRD's served versions are served at once (scope, status subresource,
+  short names, categories, printer columns); deleting it deletes its objects;
+- get, list, watch, create, update, patch (JSON merge, JSON patch, an approximation of strategic merge,
+  server-side apply as strategic merge without field ownership), delete and deletecollection; uid,
+  one global resourceVersion, generation, creationTimestamp, generateName; 409 Conflict for a stale
+  resourceVersion, 409 AlreadyExists, 422 Invalid for obviously invalid objects, 404 NotFound, all as
+  metav1 Status objects; defaults and status resets on create as the real registry does (pod status
+  Pending, requests defaulted from limits, a pod's priority from its PriorityClass: an unknown class is
+  403 Forbidden);
+- label and field selectors, limit/continue pagination (in key order, over the current state), watches
+  from a resourceVersion within a bounded window per resource (older: an ERROR event with a 410 Expired
+  Status), bookmarks, ``sendInitialEvents``, ``timeoutSeconds``;
+- meta.k8s.io/v1 Tables for ``kubectl get`` (the usual columns per kind; custom resources show their
+  printer columns);
+- garbage collection through ownerReferences (Background and Foreground delete dependents, Orphan
+  releases them), finalizers delay deletion until they are removed;
+- the node simulator (`nodesim`): nodes from a cluster file or generated, with GPU and MIG resources and
+  GPU feature discovery labels; a bound pod runs ``--run-delay`` seconds later (podIP, hostIP,
+  container statuses), and succeeds after ``kairos.io/run-seconds`` (label or annotation) when set;
+- controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
+  scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
+  through pods/binding (Kairos's binder).
+
+**What is not.** Authentication and authorisation; protobuf and CBOR (so ``kubectl create namespace``
+and the other typed ``kubectl create <kind>`` generators fail: use ``kubectl create -f`` or ``apply``);
+admission webhooks, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
+validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
+(deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
+first; container restarts, probes, logs, exec and port-forward; kube-proxy, services' cluster IPs and
+endpoints; node heartbeats and leases; the queues, podgroups and pods of a cluster file (only its nodes
+are simulated: submit the rest through the API); rolling updates (a Deployment replaces all pods at once)
+and ordered StatefulSet start-up (all pods are created together).
+"""

@@ -624,6 +624,8 @@ class Cluster:
             new["status"] = existing["status"]
         kinds.validate(rt, new)
         if rt.storage == "pods":
+            if isinstance(new.get("spec"), dict):
+                kinds.default_pod_spec(new["spec"])
             kinds.check_pod_update(existing, new)
         if _spec_changed(existing, new):
             md["generation"] = int(old_md.get("generation", 1)) + 1

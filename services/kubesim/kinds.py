@@ -24,6 +24,7 @@ __all__ = [
     "check_crd",
     "check_name",
     "check_pod_update",
+    "default_pod_spec",
     "from_events_v1",
     "prepare_create",
     "to_events_v1",
@@ -172,26 +173,7 @@ def prepare_create(rt: ResourceType, obj: Obj, now: float) -> None:
     match rt.storage:
         case "pods":
             assert isinstance(spec, dict)
-            spec.setdefault("schedulerName", "default-scheduler")
-            spec.setdefault("restartPolicy", "Always")
-            spec.setdefault("terminationGracePeriodSeconds", 30)
-            spec.setdefault("dnsPolicy", "ClusterFirst")
-            spec.setdefault("securityContext", {})
-            spec.setdefault("enableServiceLinks", True)
-            spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-            for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-                if not isinstance(c, dict):
-                    continue
-                image = str(c.get("image", ""))
-                latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")
-                c.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
-                c.setdefault("terminationMessagePath", "/dev/termination-log")
-                c.setdefault("terminationMessagePolicy", "File")
-                resources = c.setdefault("resources", {})
-                limits = resources.get("limits") or {}
-                if limits:
-                    # A limit without a request is also the request (the API server's defaulting).
-                    resources["requests"] = {**limits, **(resources.get("requests") or {})}
+            default_pod_spec(spec)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
             if spec.get("nodeName"):
                 # Created already bound (a static or DaemonSet-style pod): the scheduler is bypassed.
@@ -269,6 +251,30 @@ def prepare_create(rt: ResourceType, obj: Obj, now: float) -> None:
                 obj.pop("status", None)
 
 
+def default_pod_spec(spec: Obj) -> None:
+    """The defaults the API server fills into every pod spec it decodes (create and update), in place."""
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        if not isinstance(c, dict):
+            continue
+        image = str(c.get("image", ""))
+        latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")
+        c.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
+        c.setdefault("terminationMessagePath", "/dev/termination-log")
+        c.setdefault("terminationMessagePolicy", "File")
+        resources = c.setdefault("resources", {})
+        limits = resources.get("limits") or {}
+        if limits:
+            # A limit without a request is also the request (the API server's defaulting).
+            resources["requests"] = {**limits, **(resources.get("requests") or {})}
+
+
 def _condition(type_: str, status: str, now: float, reason: str = "", message: str = "") -> Obj:
     out: Obj = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": rfc3339(now)}
     if reason:
@@ -338,6 +344,11 @@ def check_pod_update(old: Obj, new: Obj) -> None:
     """422 Invalid when an update changes a pod's spec beyond images, tolerations and scheduling gates."""
     old_spec = dict(old.get("spec") or {})
     new_spec = dict(new.get("spec") or {})
+    # Admission-computed fields a client may leave out of a full update.
+    for field in ("priority", "priorityClassName", "preemptionPolicy"):
+        if field not in new_spec and field in old_spec:
+            new["spec"][field] = old_spec[field]
+            new_spec[field] = old_spec[field]
     for field in _POD_MUTABLE:
         old_spec.pop(field, None)
         new_spec.pop(field, None)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -159,7 +161,8 @@ class KubeSim:
         return len(docs)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve on `host`:`port` (0: a free port); returns the base URL."""
+        """Serve on `host`:`port` (0: a free port); returns the base URL (with the machine's host name when
+        `host` is a wildcard address)."""
         loop = asyncio.get_running_loop()
         # Timestamps must read as wall time while timers follow the loop's clock (which tests may fake).
         wall = self._now()
@@ -169,11 +172,12 @@ class KubeSim:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, shutdown_timeout=1.0)
+        site = web.TCPSite(self._runner, host, port)
         await site.start()
         sockets = self._runner.addresses
         bound_port = sockets[0][1] if sockets else port
-        shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        # Listening on every interface (a container): others reach the server by the machine's name.
+        shown = socket.gethostname() if host in ("0.0.0.0", "", "::") else host
         if ":" in shown:
             shown = f"[{shown}]"
         self._url = f"http://{shown}:{bound_port}"
@@ -197,7 +201,10 @@ class KubeSim:
         """Write a kubeconfig for this server (or for `server`, the URL clients should use)."""
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(kubeconfig_text(server or self.url), encoding="utf-8")
+        # Written whole or not at all: starters poll for the file and read it as soon as it exists.
+        partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        partial.write_text(kubeconfig_text(server or self.url), encoding="utf-8")
+        partial.replace(out)
         return out
 
     # --- timers ---------------------------------------------------------------------------------------------
