@@ -41,7 +41,7 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES
-from shared.contracts.messages import STAMPS, encode
+from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kube.podgrouper import GrouperConfig
 from shared.kube.translate import podgroup_annotations_patch
@@ -245,6 +245,7 @@ class KubeOwner:
         self.writeback: WriteBack | None = None
         self.grouper: PodGrouperLoop | None = None
         self._stamps_sub: Subscription | None = None
+        self._why_sub: Subscription | None = None
 
     async def start(self) -> int:
         self.kube = await connect(self.kubeconfig)
@@ -263,6 +264,7 @@ class KubeOwner:
             )
             await self.writeback.start()
             self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
+            self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
         except BaseException:
             await self.stop()
             raise
@@ -311,11 +313,29 @@ class KubeOwner:
         if self.grouper is not None and mirror.ungrouped():
             self.grouper.wake()
 
-    async def stop(self) -> None:
-        if self._stamps_sub is not None:
+    async def _on_why(self, msg: Msg) -> None:
+        """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
+        try:
+            request = WHY_REQUESTS.decode(msg.subject, msg.data)
+        except MalformedMessage as exc:
+            self.ctx.counters["malformed"] += 1
+            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+            return
+        reason = ""
+        if self.source is not None:
+            label = f"{request.what} {request.name}"
+            mirror = self.source.mirror
+            reason = mirror.problems.get(label) or mirror.held.get(label) or ""
+        if msg.reply:
             with contextlib.suppress(Exception):
-                await self._stamps_sub.unsubscribe()
-            self._stamps_sub = None
+                await self.ctx.bus.nc.publish(msg.reply, encode(WhyReply(reason=reason)))
+
+    async def stop(self) -> None:
+        for sub in (self._stamps_sub, self._why_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._stamps_sub = self._why_sub = None
         if self.grouper is not None:
             await self.grouper.stop()
         if self.writeback is not None:

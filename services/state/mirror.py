@@ -305,7 +305,12 @@ class Mirror:
         if ours and group_key is None:
             self.held[f"pod {name}"] = f"pod {name}: waiting for its podgroup (pod-grouper)"
         elif ours and group_key not in groups:
-            self.held[f"pod {name}"] = f"pod {name}: podgroup {group_key} is not known or not valid"
+            why = self.held.get(f"podgroup {group_key}") or self.problems.get(f"podgroup {group_key}")
+            self.held[f"pod {name}"] = (
+                f"pod {name}: podgroup {group_key} is not scheduled: {why}"
+                if why
+                else f"pod {name}: podgroup {group_key} does not exist (yet)"
+            )
         node = raw_pod.spec.node_name
         if not node or raw_pod.status.phase in _FINISHED_PHASES:
             return None

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from shared.contracts.events import (
     QueueFairShare,
 )
 from shared.errors import TemporaryError
+from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import translate, wire
 from shared.kubeapi.client import ApiError, Kube
 
@@ -54,30 +54,6 @@ DURABLE = "state-writeback"
 NOT_FOUND = 404
 PODS_PER_REPORT = 64
 """A podgroup's pending pods that get a FailedScheduling event each (the podgroup itself always does)."""
-
-_NODE_DETAIL = re.compile(r"\d+ node\(s\)[^.\n]*")
-
-
-def failed_scheduling_message(kai_message: str, nodes: int) -> str:
-    """The message of a FailedScheduling event: kube-scheduler's form when the reason is about nodes."""
-    details = _NODE_DETAIL.findall(kai_message)
-    if details:
-        return f"0/{nodes} nodes are available: {', '.join(d.strip() for d in details)}."
-    return " ".join(line.strip() for line in kai_message.strip().splitlines() if line.strip())
-
-
-def eviction_reason(message: str) -> str:
-    """The Event reason for an eviction, from the core's eviction message."""
-    text = message.lower()
-    for word, reason in (
-        ("reclaimed", "Reclaimed"),
-        ("preempted", "Preempted"),
-        ("moved elsewhere", "Consolidated"),
-        ("stale", "StaleGang"),
-    ):
-        if word in text:
-            return reason
-    return "Evicted"
 
 
 @dataclass(frozen=True)

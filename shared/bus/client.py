@@ -1,7 +1,9 @@
-"""A small request client for the stack's request subjects: apply objects, snapshot, run a cycle.
+"""A small request client for the stack's request subjects: apply objects, snapshot, run a cycle; and a
+reader of the public events the stack keeps (the `KAIROS_EVENTS` stream).
 
-Used by the CLI (`kairos submit`, `kairos status`) and by the conformance runner's `--via-bus` mode.
-Replies are decoded with the contract's codecs; no answer within the timeout is a `TemporaryError`.
+Used by the CLI (`kairos submit`, `kairos status`, `kairos explain`) and by the conformance runner's
+`--via-bus` mode. Replies are decoded with the contract's codecs; no answer within the timeout is a
+`TemporaryError`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import nats
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from shared.contracts import subjects as s
+from shared.contracts.events import EVENTS, Event
 from shared.contracts.messages import (
     CLUSTER_REPLIES,
     CYCLE_REPLIES,
     SNAPSHOT_REPLIES,
+    WHY_REPLIES,
     ApplyRequest,
     ClusterReply,
     Codec,
@@ -25,6 +31,7 @@ from shared.contracts.messages import (
     CycleRequest,
     SnapshotReply,
     SnapshotRequest,
+    WhyRequest,
     encode,
 )
 from shared.errors import TemporaryError
@@ -62,3 +69,38 @@ class BusClient:
         self, request: CycleRequest, shard: str = s.DEFAULT_SHARD, timeout: float = 60.0
     ) -> CycleReply:
         return await self._request(s.admin(shard, "cycle"), request, CYCLE_REPLIES, timeout)
+
+    async def why(self, kind: str, name: str, timeout: float = 5.0) -> str:
+        """Why the state service holds an object back ("" when it does not, or nobody answers)."""
+        try:
+            reply = await self._request(s.STATE_WHY, WhyRequest(what=kind, name=name), WHY_REPLIES, timeout)
+        except TemporaryError:
+            return ""
+        return reply.reason
+
+    async def last_event(self, subject: str) -> Event | None:
+        """The newest public event on `subject` that the stream still holds, or None."""
+        try:
+            raw = await self.nc.jetstream().get_last_msg(s.EVENTS_STREAM, subject)
+        except NotFoundError:
+            return None
+        return EVENTS.decode(subject, raw.data or b"")
+
+    async def last_events(self, kind: str, timeout: float = 2.0) -> list[Event]:
+        """The newest event of every subject of one event kind (`pod-evicted`...), oldest first."""
+        js = self.nc.jetstream()
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        sub = await js.subscribe(f"{s.PREFIX}.events.{kind}.>", ordered_consumer=True, config=config)
+        found: list[Event] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=timeout)
+                except NatsTimeout:
+                    break
+                found.append(EVENTS.decode(msg.subject, msg.data))
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return found

@@ -201,6 +201,20 @@ class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
     `stale_since` means "not stale (any more)"."""
 
 
+class WhyRequest(_Msg, frozen=True, kw_only=True, tag="why-request"):
+    """Ask the state service why it holds an object back from scheduling (`what`: pod, podgroup or
+    queue; `name` is "namespace/name" for namespaced kinds)."""
+
+    what: str
+    name: str
+
+
+class WhyReply(_Msg, frozen=True, kw_only=True, tag="why-reply"):
+    """The reason, or "" when the object is not held back (or unknown)."""
+
+    reason: str = ""
+
+
 class PodGroupStamps(_Msg, frozen=True, kw_only=True, tag="podgroup-stamps"):
     """Podgroup timestamps the scheduler keeps between cycles, sent by the binder to the state service
     (which stores them: KAI keeps them as podgroup annotations). Only what changed is sent; None in
@@ -331,6 +345,8 @@ WORK: Codec[WorkItem] = Codec(WorkItem)
 PROPOSALS: Codec[Proposal] = Codec(Proposal)
 OUTCOMES: Codec[Outcome] = Codec(Outcome)
 STAMPS: Codec[PodGroupStamps] = Codec(PodGroupStamps)
+WHY_REQUESTS: Codec[WhyRequest] = Codec(WhyRequest)
+WHY_REPLIES: Codec[WhyReply] = Codec(WhyReply)
 CLUSTER_REQUESTS: Codec[ClusterRequest] = Codec(ClusterRequest)
 CLUSTER_REPLIES: Codec[ClusterReply] = Codec(ClusterReply)
 SNAPSHOT_REQUESTS: Codec[SnapshotRequest] = Codec(SnapshotRequest)

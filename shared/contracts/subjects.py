@@ -37,6 +37,8 @@ BINDER_CONSUMER = "binder"
 
 # --- core subjects -------------------------------------------------------------------------------------------
 OUTCOMES_WILDCARD = f"{PREFIX}.outcomes.*"
+STATE_WHY = f"{PREFIX}.state.why"
+"""Why the state service holds an object back (request/reply; answered by the source's owner)."""
 STAMPS_WILDCARD = f"{PREFIX}.stamps.*"
 """Podgroup stamps (stale since, last start) from the binders to the state service's source owner."""
 CLUSTER_WILDCARD = f"{PREFIX}.cluster.*"

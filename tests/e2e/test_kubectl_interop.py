@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,32 @@ def test_a_pod_that_cannot_fit_says_why(stack: Stack, applied: dict[str, Any]) -
     assert pods(stack)["too-big"]["spec"].get("nodeName") is None
     described = kubectl(stack, "describe", "pod", "too-big")
     assert "FailedScheduling" in described
+
+
+def kairos(stack: Stack, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli.main", *args, "--state-dir", str(stack.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_kairos_explain_says_where_a_pod_runs_and_why_one_waits(
+    stack: Stack, applied: dict[str, Any]
+) -> None:
+    kubectl(stack, "apply", "-f", "-", stdin=TOO_BIG)
+    node = applied["gpu-pod"]["spec"]["nodeName"]
+    assert f"Running on {node}" in kairos(stack, "explain", "gpu-pod")
+
+    def explained() -> str | None:
+        text = kairos(stack, "explain", "too-big")
+        return text if "nodes are available" in text else None
+
+    text = wait_for(stack, "an explanation for too-big", explained)
+    assert f"0/{NODES} nodes are available" in text
+    assert "Pending" in text.splitlines()[0]
+    assert "3 of 3 pods placed" in kairos(stack, "explain", "podgroup/gang")

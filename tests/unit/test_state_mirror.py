@@ -142,7 +142,7 @@ def test_a_pod_waits_for_its_podgroup_and_appears_with_it() -> None:
     m = cluster()
     m.change(PODS, "ADDED", pod("eval-0", "eval"))
     assert s.pod_key("team", "eval-0") not in by_key(m.flush(NOW))
-    assert "not known" in m.held["pod team/eval-0"]
+    assert "podgroup team/eval does not exist" in m.held["pod team/eval-0"]
     m.change(PODGROUPS, "ADDED", podgroup("eval", "research"))
     written = by_key(m.flush(NOW))
     assert isinstance(written[s.pod_key("team", "eval-0")], Pod)
@@ -170,6 +170,7 @@ def test_a_queue_with_an_unknown_parent_is_held_back_with_its_work() -> None:
     assert s.pod_key("team", "lost-0") not in written
     assert "parent queue 'nowhere' does not exist" in m.held["queue orphan"]
     assert "queue 'orphan' does not exist" in m.held["podgroup team/lost"]
+    assert "queue 'orphan' does not exist" in m.held["pod team/lost-0"]
 
 
 def test_a_cycle_of_parent_queues_is_refused_naming_the_cycle() -> None:

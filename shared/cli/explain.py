@@ -1,0 +1,137 @@
+"""`kairos explain POD|PODGROUP`: why it is pending, where it runs, or why it was evicted, in plain words.
+
+Registered by `shared.cli.main`. Gathers, from the running stack (found as `kairos status` finds it):
+the cluster as the state service holds it (a snapshot), the newest public events about the pod and its
+podgroup (pod-unschedulable, pod-evicted, pod-bound, podgroup-state, kept in the `KAIROS_EVENTS`
+stream), and the state service's reason for holding the object back when it does; then
+`shared.explain.explain` words the answer. The same words reach kubectl through the write-back's Events
+and PodGroup status.
+
+    kairos explain too-big                 a pod (or, failing that, a podgroup) in namespace default
+    kairos explain pod/train-0 -n team     kubectl-style kind prefixes: pod/, podgroup/ (or pg/)
+    kairos explain podgroup/train --json   the same answer as JSON
+
+Exit codes: 0 answered; 1 the stack did not answer; 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from shared.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, nats_url
+from shared.errors import ConfigError, TemporaryError
+
+if TYPE_CHECKING:
+    from shared.bus.client import BusClient
+    from shared.explain import Explanation, Facts
+
+KINDS = {
+    "pod": "pod",
+    "pods": "pod",
+    "po": "pod",
+    "podgroup": "podgroup",
+    "podgroups": "podgroup",
+    "pg": "podgroup",
+}
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    explain = commands.add_parser("explain", help="why a pod or podgroup is pending, running or evicted")
+    explain.add_argument("target", metavar="POD|PODGROUP", help="name, or pod/NAME, podgroup/NAME")
+    explain.add_argument("-n", "--namespace", default="default")
+    explain.add_argument("--json", action="store_true", help="print the answer as JSON")
+    _stack_arguments(explain)
+    explain.set_defaults(handler=cmd_explain)
+
+
+def parse_target(text: str) -> tuple[str | None, str]:
+    """("pod" | "podgroup" | None, name) from `pod/NAME`, `podgroup/NAME` or a bare NAME."""
+    kind, sep, name = text.partition("/")
+    if not sep:
+        return None, text
+    if kind.lower() not in KINDS or not name:
+        raise ConfigError(f"explain: {text!r}: expected NAME, pod/NAME or podgroup/NAME")
+    return KINDS[kind.lower()], name
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    kind, name = parse_target(args.target)
+    url = nats_url(args)
+    try:
+        answer = _run(_explain(url, kind, args.namespace, name))
+    except TemporaryError as exc:
+        return _no_answer(str(exc))
+    if args.json:
+        print(json.dumps({"subject": answer.subject, "status": answer.status, "reasons": answer.reasons}))
+    else:
+        print("\n".join(answer.lines()))
+    return 0
+
+
+async def _explain(url: str, kind: str | None, namespace: str, name: str) -> Explanation:
+    from shared.explain import explain
+
+    client = await _connect(url)
+    try:
+        return explain(await gather(client, kind, namespace, name))
+    finally:
+        await client.close()
+
+
+async def gather(client: BusClient, kind: str | None, namespace: str, name: str) -> Facts:
+    """Everything the stack knows about the pod or podgroup `namespace/name`."""
+    from shared.contracts import subjects as s
+    from shared.contracts.events import PodBound, PodEvicted, PodGroupState, PodUnschedulable
+    from shared.explain import Facts
+
+    snapshot = await client.snapshot()
+    pod = next((p for p in snapshot.pods if p.namespace == namespace and p.name == name), None)
+    if kind == "podgroup":
+        pod = None
+    groups = {g.key: g for g in snapshot.podgroups}
+    group = groups.get(pod.podgroup) if pod is not None else None
+    if pod is None and kind != "pod":
+        group = next((g for g in snapshot.podgroups if g.namespace == namespace and g.name == name), None)
+    queues = {q.name: q for q in snapshot.queues}
+    members = [p for p in snapshot.pods if group is not None and p.podgroup == group.key]
+
+    unschedulable = state = bound = evicted = None
+    if group is not None:
+        event = await client.last_event(s.event("pod-unschedulable", group.key))
+        unschedulable = event if isinstance(event, PodUnschedulable) else None
+        event = await client.last_event(s.event("podgroup-state", group.key))
+        state = event if isinstance(event, PodGroupState) else None
+    if pod is not None:
+        event = await client.last_event(s.event("pod-bound", pod.key))
+        bound = event if isinstance(event, PodBound) else None
+        event = await client.last_event(s.event("pod-evicted", pod.key))
+        evicted = event if isinstance(event, PodEvicted) else None
+    elif group is None and kind != "podgroup":
+        # A deleted pod (an evicted Job pod is replaced by a new one): find its eviction by name.
+        for event in reversed(await client.last_events("pod-evicted")):
+            if isinstance(event, PodEvicted) and event.namespace == namespace and event.pod == name:
+                evicted = event
+                break
+    held = ""
+    if pod is None and group is None:
+        held = await client.why(kind or "pod", f"{namespace}/{name}")
+        if not held and kind is None:
+            held = await client.why("podgroup", f"{namespace}/{name}")
+    elif pod is not None and group is not None and group.queue not in queues:
+        held = await client.why("podgroup", f"{group.namespace}/{group.name}")
+    return Facts(
+        namespace=namespace,
+        name=name,
+        pod=pod,
+        podgroup=group,
+        members=members,
+        queue=queues.get(group.queue) if group is not None else None,
+        nodes=len(snapshot.nodes),
+        unschedulable=unschedulable,
+        evicted=evicted,
+        bound=bound,
+        state=state,
+        held=held,
+    )
