@@ -214,18 +214,24 @@ class SimulatedCluster:
         return self._commit({**self.objects, key: pending}, now)
 
     def stamp(self, stamps: PodGroupStamps, now: float) -> list[Change]:
-        """Store the podgroup stamps a binder sent (unknown podgroups are ignored)."""
-        by_key = {o.key: k for k, o in self.objects.items() if isinstance(o, PodGroup)}
-        new = dict(self.objects)
-        for group_key, since in stamps.stale_since.items():
-            kv = by_key.get(group_key)
-            if kv is not None:
-                new[kv] = msgspec.structs.replace(new[kv], stale_since=since)
-        for group_key, started in stamps.last_start.items():
-            kv = by_key.get(group_key)
-            if kv is not None:
-                new[kv] = msgspec.structs.replace(new[kv], last_start_time=started)
-        return self._commit(new, now)
+        """Store the podgroup stamps a binder sent (unknown podgroups are ignored). Only the stamped
+        podgroups are compared: a binder sends stamps after most commits."""
+        del now  # stamps set no timers
+        wanted = stamps.stale_since.keys() | stamps.last_start.keys()
+        touched: dict[str, Obj] = {}
+        for kv, obj in self.objects.items():
+            if isinstance(obj, PodGroup) and obj.key in wanted:
+                updated = obj
+                if obj.key in stamps.stale_since:
+                    updated = msgspec.structs.replace(updated, stale_since=stamps.stale_since[obj.key])
+                if obj.key in stamps.last_start:
+                    updated = msgspec.structs.replace(updated, last_start_time=stamps.last_start[obj.key])
+                if updated != obj:
+                    touched[kv] = updated
+        changes = [Change(kv, self.objects[kv], after) for kv, after in sorted(touched.items())]
+        if touched:
+            self.objects = {**self.objects, **touched}
+        return changes
 
     def delete(self, keys: Iterable[str], now: float) -> list[Change]:
         """Remove objects by KV key (unknown keys are ignored)."""
