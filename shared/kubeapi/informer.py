@@ -66,8 +66,8 @@ _META = msgspec.json.Decoder(_ObjectMeta)
 _ERROR = msgspec.json.Decoder(_ErrorStatus)
 
 
-class _Expired(Exception):  # noqa: N818 -- internal signal, never leaves this module
-    """The server answered 410 Gone: the resourceVersion we hold is too old, list again."""
+class Expired(Exception):  # noqa: N818 -- the server's word (410 Expired)
+    """The server answered 410 Gone: the resourceVersion held is too old; `run` lists again."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Informer:
                     continue
                 await self._watch(min(self.watch_timeout, max(1, int(remaining))))
                 failures = 0
-            except _Expired:
+            except Expired:
                 log.info("%s: resourceVersion %s expired, listing again", self.what, self.resource_version)
                 need_list = True
             except ApiError as exc:
@@ -173,7 +173,7 @@ class Informer:
             raise ApiError(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
         async with response:
             if response.status == GONE:
-                raise _Expired
+                raise Expired
             if response.status >= 300:
                 raise api_error(what, int(response.status), await response.read())
             buffer = b""
@@ -202,7 +202,7 @@ class Informer:
             except msgspec.DecodeError:
                 status = _ErrorStatus()
             if status.code == GONE:
-                raise _Expired
+                raise Expired
             raise ApiError(f"watch {self.what}", status.code, status.reason, status.message)
         try:
             version = _META.decode(event.object).metadata.resourceVersion
