@@ -39,6 +39,14 @@ from shared.errors import TemporaryError
 T = TypeVar("T")
 
 
+class NoResponders(TemporaryError):  # noqa: N818 -- NATS's own word for it
+    """No service listens on the subject (as opposed to one that did not answer in time)."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        super().__init__(f"no service answers {subject}")
+
+
 class BusClient:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
@@ -53,7 +61,9 @@ class BusClient:
     async def _request(self, subject: str, payload: object, codec: Codec[T], timeout: float) -> T:
         try:
             msg = await self.nc.request(subject, encode(payload), timeout=timeout)
-        except (NatsTimeout, NoRespondersError) as exc:
+        except NoRespondersError as exc:
+            raise NoResponders(subject) from exc
+        except NatsTimeout as exc:
             raise TemporaryError(f"no answer on {subject} within {timeout} s") from exc
         return codec.decode(subject, msg.data)
 

@@ -90,8 +90,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not any(objects.counts().values()):
         raise InvalidObject("cluster file", str(args.file), "", "no objects to submit")
     url = nats_url(args)
+    from shared.bus.client import NoResponders
+
     try:
         reply = _run(_submit(url, objects))
+    except NoResponders:
+        raise ConfigError(
+            f"{args.file}: this stack's cluster is Kubernetes (no in-memory cluster takes cluster files); "
+            "apply Kubernetes manifests with kubectl, or start the stack with kairos up --memory"
+        ) from None
     except TemporaryError as exc:
         return _no_answer(str(exc))
     if not reply.ok:

@@ -207,3 +207,24 @@ def test_kairos_explain_says_where_a_pod_runs_and_why_one_waits(
     assert f"0/{NODES} nodes are available" in text
     assert "Pending" in text.splitlines()[0]
     assert "3 of 3 pods placed" in kairos(stack, "explain", "podgroup/gang")
+
+
+def test_a_cluster_file_submitted_to_a_kubernetes_stack_is_refused_with_what_to_do(stack: Stack) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli.main",
+            "submit",
+            "examples/work.yaml",
+            "--state-dir",
+            str(stack.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=EXAMPLES.parents[1],
+    )
+    assert done.returncode == 2
+    assert "apply Kubernetes manifests with kubectl" in done.stderr
