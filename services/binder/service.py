@@ -31,10 +31,20 @@ from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.messages import PROPOSALS, NodeRecord, PodGroupRecord, PodRecord, Proposal
+from shared.contracts.messages import (
+    PROPOSALS,
+    Binding,
+    EvictionOrder,
+    NodeRecord,
+    PodGroupRecord,
+    PodRecord,
+    Proposal,
+)
 from shared.errors import ConfigError
 from shared.kubeapi.client import Kube, connect
 from shared.model import Pod, PodGroup
+from shared.telemetry.metrics import BinderMetrics
+from shared.telemetry.metrics_kv import CountedKv
 
 log = logging.getLogger("kairos.binder")
 
@@ -116,6 +126,21 @@ class _PodGroups:
         return self._index.get(key)
 
 
+class _TimedBinds:
+    """The cluster client, telling the metrics when each bind is answered (KAI's task bind latency)."""
+
+    def __init__(self, inner: ClusterClient, metrics: BinderMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    async def bind(self, binding: Binding) -> None:
+        await self.inner.bind(binding)
+        self.metrics.bind_answered()
+
+    async def evict(self, eviction: EvictionOrder) -> None:
+        await self.inner.evict(eviction)
+
+
 class _InProgress(Protocol):
     async def in_progress(self) -> None: ...
 
@@ -160,6 +185,9 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
     if client is None and options.cluster == "kube":
         kube = await connect(options.kubeconfig or os.environ.get("KUBECONFIG") or None)
         client = KubeClusterClient(kube, ctx.counters, backoff=Backoff(attempts=options.cluster_attempts))
+    metrics = BinderMetrics(ctx.metrics)
+    # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
+    ctx.bus.ledger = CountedKv(ctx.bus.ledger, metrics.cas_attempt)
     replica = StateReplica(ctx.bus)
     await replica.start()
     try:
@@ -172,7 +200,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             )
         committer = Committer(
             ctx.bus,
-            client,
+            _TimedBinds(client, metrics),
             ctx.counters,
             lookup=_PodGroups(replica),
             capacity=_Capacities(replica) if options.conflicts == "fit" else None,
@@ -184,7 +212,8 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
         async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
             keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
             try:
-                await committer.process(proposal)
+                with metrics.proposal():
+                    await committer.process(proposal)
             finally:
                 keepalive.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -28,6 +28,7 @@ from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuInventory
 from shared.contracts.messages import encode
 from shared.errors import ConfigError, KairosError
+from shared.telemetry.metrics import GpuAgentMetrics
 
 SERVICE = "gpu_agent"
 SWITCHES = {"--allow-no-gpu": "allow_no_gpu"}
@@ -117,6 +118,7 @@ class Agent:
 
     async def run(self, ctx: ServiceContext) -> None:
         """The service body: publish at start, every period and on request, until `ctx.stopping`."""
+        GpuAgentMetrics(ctx.metrics)
 
         async def answer(msg: object) -> None:
             if ctx.stopping.is_set():

@@ -23,6 +23,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import WORK
 from shared.errors import ConfigError
+from shared.telemetry.metrics import PlacementMetrics
 
 SERVICE = "placement"
 FETCH_TIMEOUT_S = 0.5
@@ -69,6 +70,7 @@ async def body(ctx: ServiceContext) -> None:
             wait_timeout=settings.wait_timeout,
             fence=settings.fence,
             tie_break_seed=zlib.crc32(ctx.config.replica.encode()),
+            metrics=PlacementMetrics(ctx.metrics),
         )
         ctx.ready = True
         ctx.detail = f"shard {shard}"

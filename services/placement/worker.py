@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,12 +44,13 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.core.proportion import R_GPU
-from shared.core.scheduler import CycleResult, fit_error_message, result_of, run_session
+from shared.core.scheduler import ActionHook, CycleResult, fit_error_message, result_of, run_session
 from shared.core.session import Session
 from shared.core.tasks import GPU, TaskState
 from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
 from shared.model.status import ACTIVE_USED
+from shared.telemetry.metrics import PlacementMetrics
 
 if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
     from nats.aio.msg import Msg
@@ -214,9 +216,11 @@ def place(
     state_revision: int,
     key_revisions: dict[str, int],
     tie_break_seed: int | None = None,
+    around_action: ActionHook | None = None,
 ) -> Placed:
     """Run the core for `item` on a snapshot taken at `state_revision`, whose ledger keys were at
-    `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves)."""
+    `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves).
+    `around_action` wraps each of the core's actions (the per-action latency metric)."""
     try:
         policy = msgspec.structs.replace(item.policy, actions=item.actions)
         if item.podgroups and tie_break_seed is not None:
@@ -226,7 +230,7 @@ def place(
     except ValueError as exc:  # an unknown action name: the item can never be run
         raise MalformedMessage(s.work(item.shard), str(exc)) from exc
     focus = frozenset(item.podgroups) or None
-    ssn = run_session(snapshot, item.now, policy, focus=focus)
+    ssn = run_session(snapshot, item.now, policy, focus=focus, around_action=around_action)
     result = result_of(ssn)
     proposal = build_proposal(
         item,
@@ -252,8 +256,10 @@ class Worker:
         wait_timeout: float = 5.0,
         fence: bool = True,
         tie_break_seed: int | None = None,
+        metrics: PlacementMetrics | None = None,
     ) -> None:
         self.bus = bus
+        self.metrics = metrics
         self.tie_break_seed = tie_break_seed
         self.replica = replica
         self.counters = counters
@@ -263,6 +269,7 @@ class Worker:
         """Podgroup key -> the last explanation this worker published (events only when it changes)."""
 
     async def handle(self, item: WorkItem, msg: Msg) -> None:
+        started = time.perf_counter()
         self.counters["work_items"] += 1
         if self.fence and await self._superseded(item):
             # The leader that sent this was replaced: its proposal would be fenced by the binder anyway.
@@ -281,8 +288,10 @@ class Worker:
         snapshot, revision = self.replica.snapshot(), self.replica.revision
         key_revisions = dict(self.replica.key_revisions)
         try:
+            timer = self.metrics.action_timer if self.metrics is not None else None
             placed = await _with_progress(
-                asyncio.to_thread(place, item, snapshot, revision, key_revisions, self.tie_break_seed), msg
+                asyncio.to_thread(place, item, snapshot, revision, key_revisions, self.tie_break_seed, timer),
+                msg,
             )
         except MalformedMessage:
             self.counters["malformed"] += 1
@@ -290,6 +299,8 @@ class Worker:
         proposal = placed.proposal
         await self.bus.js.publish(s.proposals(item.shard), encode(proposal))
         self.counters["proposals"] += 1
+        if self.metrics is not None:
+            _observe(self.metrics, time.perf_counter() - started, snapshot, proposal)
         await self._explain(item, placed.unschedulable)
         log.debug(
             "work %s -> proposal %s: %d binds, %d evictions, %d pipelined",
@@ -331,6 +342,21 @@ class Worker:
         except MalformedMessage:
             return False
         return lease.term > item.term
+
+
+def _observe(metrics: PlacementMetrics, seconds: float, snapshot: Snapshot, proposal: Proposal) -> None:
+    """A published proposal in the metrics: KAI's e2e and task latencies, podgroups by outcome."""
+    created = {pod.key: pod.creation_time for pod in snapshot.pods}
+    now = time.time()
+    placed = {b.podgroup for b in proposal.binds}
+    metrics.observe_item(
+        seconds,
+        placed=len(placed),
+        pipelined=len({p.podgroup for p in proposal.pipelined} - placed),
+        pending=len(proposal.pending),
+        # KAI's task latency starts at the pod's creation; pods without a creation time are left out.
+        task_latencies=[now - created[b.pod] for b in proposal.binds if created.get(b.pod, 0.0) > 0],
+    )
 
 
 async def _with_progress(work: Awaitable[Placed], msg: Msg) -> Placed:

@@ -43,6 +43,7 @@ from shared.core.tasks import JobState
 from shared.errors import ConfigError
 from shared.model import Snapshot
 from shared.model.objects import UNLIMITED
+from shared.telemetry.metrics import QueueMetrics
 
 log = logging.getLogger("kairos.queue.dispatcher")
 
@@ -225,6 +226,8 @@ class InFlight:
     stale: bool
     waiter: asyncio.Future[Outcome] | None = None
     guarded: bool = False
+    sent: float = 0.0
+    """When it was published (the dispatcher's clock): the start of its round trip."""
 
 
 class Dispatcher:
@@ -236,8 +239,10 @@ class Dispatcher:
         settings: QueueSettings,
         counters: Counters,
         clock: Callable[[], float],
+        metrics: QueueMetrics | None = None,
     ) -> None:
         self.bus = bus
+        self.metrics = metrics
         self.replica = replica
         self.lease = lease
         self.settings = settings
@@ -280,6 +285,8 @@ class Dispatcher:
         if entry is None:
             return  # another leader's work, or one that already timed out
         self.counters["outcomes"] += 1
+        if self.metrics is not None:
+            self.metrics.work_round_trip(self.clock() - entry.sent)
         if entry.waiter is not None and not entry.waiter.done():
             entry.waiter.set_result(outcome)
         self._freed = True
@@ -338,6 +345,8 @@ class Dispatcher:
         now = self.now()
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
         plan = await asyncio.to_thread(plan_cycle, snapshot, now)
+        if self.metrics is not None and self.lease.valid():
+            self.metrics.observe_plan(plan.fair_shares, len(plan.pending))
         await self._publish_fair_shares(plan)
         if self.settings.cycles != "auto":
             return []
@@ -413,6 +422,7 @@ class Dispatcher:
             whole=not item.podgroups and "allocate" in item.actions,
             stale=STALE_ACTION in item.actions,
             waiter=asyncio.get_running_loop().create_future() if wait else None,
+            sent=self.clock(),
         )
         self.inflight[item.id] = entry
         try:

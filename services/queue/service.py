@@ -19,6 +19,7 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import CYCLE_REQUESTS, OUTCOMES, CycleRequest, encode
+from shared.telemetry.metrics import QueueMetrics
 
 if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
     from nats.aio.msg import Msg
@@ -33,7 +34,8 @@ async def body(ctx: ServiceContext) -> None:
     replica = StateReplica(ctx.bus)
     await replica.start(timeout=30.0)
     lease = LeaseKeeper(ctx.bus.leases, ctx.config.shard, ctx.config.replica, loop.time)
-    dispatcher = Dispatcher(ctx.bus, replica, lease, settings, ctx.counters, loop.time)
+    metrics = QueueMetrics(ctx.metrics)
+    dispatcher = Dispatcher(ctx.bus, replica, lease, settings, ctx.counters, loop.time, metrics)
     ctx.ready = True
     ctx.detail = lease.describe()
     admin: Subscription | None = None
@@ -54,6 +56,7 @@ async def body(ctx: ServiceContext) -> None:
     async def follow(leading: bool) -> None:
         nonlocal admin
         dispatcher.on_leadership(leading)
+        metrics.leadership(leading, lease.term)
         if leading:
             # Only the leader listens: a standby answering "not leader" could win the reply race.
             admin = await ctx.bus.nc.subscribe(s.admin(ctx.config.shard, "cycle"), cb=on_admin)

@@ -371,6 +371,12 @@ class KubeElection:
         self.lease = LeaseKeeper(ctx.bus.leases, LEASE_NAME, ctx.config.replica, loop.time)
         self._owning: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
+        self.owner: KubeOwner | None = None
+
+    def informers(self) -> list[Informer]:
+        """The running source's informers (none while this replica does not own it), for `/metrics`."""
+        owner = self.owner
+        return owner.source.informers if owner is not None and owner.source is not None else []
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -404,12 +410,13 @@ class KubeElection:
             await asyncio.sleep(self.lease.interval())
 
     async def _own(self) -> None:
-        owner = KubeOwner(self.ctx, self.replica, self.kubeconfig, self.options)
+        owner = self.owner = KubeOwner(self.ctx, self.replica, self.kubeconfig, self.options)
         try:
             await owner.start()
             self.ctx.detail = f"source=kube (leader, term {self.lease.term})"
             await asyncio.Event().wait()
         finally:
+            self.owner = None
             await owner.stop()
 
     async def _disown(self) -> None:

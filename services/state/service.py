@@ -65,6 +65,7 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
+from shared.telemetry.metrics import StateMetrics, count_kinds
 
 QUEUE_GROUP = "state"
 SOURCES = ("sim", "kube", "none")
@@ -145,6 +146,11 @@ async def body(ctx: ServiceContext) -> None:
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
     owner: SourceOwner | None = None
     election: KubeElection | None = None
+    metrics = StateMetrics(ctx.metrics)
+    metrics.watch(
+        objects=lambda: count_kinds(key.partition(".")[0] for key in replica.records),
+        revision=lambda: replica.revision,
+    )
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
     subs: list[Subscription] = []
     try:
@@ -163,6 +169,7 @@ async def body(ctx: ServiceContext) -> None:
             election = KubeElection(
                 ctx, replica, options.kubeconfig, KubeSourceOptions(scheduler_name=options.scheduler_name)
             )
+            metrics.watch(informers=election.informers)
             election.start()
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)

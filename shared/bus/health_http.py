@@ -13,8 +13,9 @@ still connecting, and it stops after the connection is drained.
   up; otherwise 503 with the reason (connecting, reconnecting, starting, stopping, or the service's own
   detail).
 
-Both answer `text/plain`: `ok: <detail>` or `<reason>`, one line. More endpoints (Prometheus `/metrics` in
-issue 5) are added with `HealthServer.add_get` before `start()`, on the same port.
+Both answer `text/plain`: `ok: <detail>` or `<reason>`, one line. More endpoints are added with
+`HealthServer.add_get` before `start()`, on the same port: the runner adds `GET /metrics`
+(`metrics_handler`), the process's Prometheus registry in the text exposition format.
 """
 
 from __future__ import annotations
@@ -151,6 +152,18 @@ class HealthServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def metrics_handler(expose: Callable[[], tuple[bytes, str]]) -> Handler:
+    """`GET /metrics`: `expose()` returns the exposition and its content type
+    (`shared.telemetry.metrics.ServiceMetrics.expose`). Rendering is quick and in memory, so it runs on
+    the event loop, like the probes."""
+
+    async def handler(_request: web.Request) -> web.StreamResponse:
+        body, content_type = expose()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    return handler
 
 
 async def start_health_server(

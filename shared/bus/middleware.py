@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 from nats.aio.msg import Msg
 
 from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
+from shared.telemetry.metrics import subject_family
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -50,7 +51,17 @@ def fate_of(exc: BaseException | None) -> tuple[Fate, float]:
 
 
 class Counters(Counter[str]):
-    """Per-service counters (messages handled, malformed dropped, conflicts...), shown in heartbeats."""
+    """Per-service counters (messages handled, malformed dropped, conflicts...), shown in heartbeats.
+    `by_subject` splits the middleware's outcomes by subject family, for `/metrics`."""
+
+    def __init__(self, *args: Any, **kwargs: int) -> None:
+        super().__init__(*args, **kwargs)
+        self.by_subject: Counter[tuple[str, str]] = Counter()
+
+    def message(self, outcome: str, subject: str) -> None:
+        """One message of `subject` ended as `outcome` (handled, malformed, errors)."""
+        self[outcome] += 1
+        self.by_subject[(outcome, subject_family(subject))] += 1
 
 
 async def handle(
@@ -66,17 +77,17 @@ async def handle(
     try:
         message = codec.decode(msg.subject, msg.data)
     except MalformedMessage as exc:
-        counters["malformed"] += 1
+        counters.message("malformed", msg.subject)
         log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
         error = exc
     else:
         try:
             await handler(message, msg)
-            counters["handled"] += 1
+            counters.message("handled", msg.subject)
         except (ConflictError, FencedError) as exc:
             error = exc
         except Exception as exc:
-            counters["errors"] += 1
+            counters.message("errors", msg.subject)
             log.exception("handler failed for message on %s", msg.subject)
             error = exc
     if not jetstream:

@@ -5,7 +5,8 @@ connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and a
 and runs `body(ctx)` until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work
 and returns, and the connection is drained. Each service's `service.py` is a thin `body`. With
 `--health-port` (env KAIROS_HEALTH_PORT) it also serves `/healthz` and `/readyz` over HTTP for Kubernetes
-probes (`shared.bus.health_http`).
+probes (`shared.bus.health_http`), and `/metrics` for Prometheus from the process's own registry
+(`ctx.metrics`, `shared.telemetry.metrics`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from typing import Annotated
 import msgspec
 
 from shared.bus.connection import Bus, connect
-from shared.bus.health_http import ServiceProbes, start_health_server
+from shared.bus.health_http import ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
+from shared.telemetry.metrics import ServiceMetrics
 
 
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -113,6 +115,13 @@ class ServiceContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     ready: bool = False
     detail: str = ""
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
+    """The process's Prometheus registry (`/metrics` on the health port); shells add their own series."""
+
+    def __post_init__(self) -> None:
+        self.metrics.attach(
+            self.service, self.config.replica, self.config.shard, self.counters, lambda: self.ready
+        )
 
     @property
     def log(self) -> logging.Logger:
@@ -142,19 +151,27 @@ async def _heartbeats(ctx: ServiceContext) -> None:
 
 async def serve(service: str, config: ServiceConfig, body: Body) -> None:
     probes = ServiceProbes()
+    metrics = ServiceMetrics()
     health = None
     if config.health_port is not None:
-        health = await start_health_server(probes, host=config.health_host, port=config.health_port)
+        health = await start_health_server(
+            probes,
+            host=config.health_host,
+            port=config.health_port,
+            routes={"/metrics": metrics_handler(metrics.expose)},
+        )
     try:
-        await _serve(service, config, body, probes)
+        await _serve(service, config, body, probes, metrics)
     finally:
         if health is not None:
             await health.stop()
 
 
-async def _serve(service: str, config: ServiceConfig, body: Body, probes: ServiceProbes) -> None:
+async def _serve(
+    service: str, config: ServiceConfig, body: Body, probes: ServiceProbes, metrics: ServiceMetrics
+) -> None:
     bus = await connect(config.nats_url, f"kairos-{service}-{config.replica}", config.credentials)
-    ctx = ServiceContext(service, config, bus)
+    ctx = ServiceContext(service, config, bus, metrics=metrics)
     probes.target = ctx
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,6 +8,7 @@ is still pending. Pure: no I/O, no clock (time comes in as `now`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import msgspec
 
@@ -18,6 +19,8 @@ from shared.model import Snapshot
 from shared.model.status import PodStatus
 
 ActionFn = Callable[[Session], None]
+ActionHook = Callable[[str], AbstractContextManager[object]]
+"""Wraps each action by name (a shell's timer or span); the core itself reads no clock."""
 
 
 def _registry() -> dict[str, ActionFn]:
@@ -78,10 +81,15 @@ class CycleResult(msgspec.Struct, frozen=True):
 
 
 def run_session(
-    snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
+    snapshot: Snapshot,
+    now: float,
+    policy: Policy,
+    focus: frozenset[str] | None = None,
+    around_action: ActionHook | None = None,
 ) -> Session:
     """Run the policy's actions on a fresh session and return it (for callers that inspect state).
-    With `focus`, only those podgroups are placed (the stale-gang action still covers all)."""
+    With `focus`, only those podgroups are placed (the stale-gang action still covers all). With
+    `around_action`, each action runs inside `around_action(name)` (per-action metrics, spans)."""
     ssn = Session(snapshot, now, policy, focus)
     actions = _registry()
     # Moving pods to pack nodes contradicts a spread placement, so KAI drops consolidation then.
@@ -89,7 +97,11 @@ def run_session(
     for name in policy.actions:
         if name == "consolidation" and spread:
             continue
-        actions[name](ssn)
+        if around_action is None:
+            actions[name](ssn)
+            continue
+        with around_action(name):
+            actions[name](ssn)
     return ssn
 
 
