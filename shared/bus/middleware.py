@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from nats.aio.msg import Msg
 
+from shared.bus.tracing import receiving
 from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
 from shared.telemetry.metrics import subject_family
 
@@ -82,7 +83,9 @@ async def handle(
         error = exc
     else:
         try:
-            await handler(message, msg)
+            # The message's trace context is current while its handler runs (spans it starts continue it).
+            with receiving(msg.headers):
+                await handler(message, msg)
             counters.message("handled", msg.subject)
         except (ConflictError, FencedError) as exc:
             error = exc

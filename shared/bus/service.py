@@ -21,7 +21,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -31,7 +31,9 @@ from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
+from shared.telemetry.logs import JsonFormatter, text_format
 from shared.telemetry.metrics import ServiceMetrics
+from shared.telemetry.tracing import setup_tracing
 
 
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -53,6 +55,8 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     kubelet's probes reach them."""
     options: dict[str, str] = msgspec.field(default_factory=dict)
     """Service-specific settings (`--set key=value`, env KAIROS_<KEY>)."""
+    log_format: Literal["text", "json"] = "text"
+    """`text` lines, or one JSON object per line with trace and span ids (env KAIROS_LOG_FORMAT)."""
 
 
 def parse_config(
@@ -75,6 +79,9 @@ def parse_config(
     )
     parser.add_argument("--health-host", default=os.environ.get("KAIROS_HEALTH_HOST", "0.0.0.0"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="service option")
+    parser.add_argument(
+        "--log-format", default=os.environ.get("KAIROS_LOG_FORMAT", "text"), help="text (default) or json"
+    )
     for flag, option in (switches or {}).items():
         parser.add_argument(
             flag, dest="set", action="append_const", const=f"{option}=true", help=f"--set {option}=true"
@@ -98,6 +105,7 @@ def parse_config(
                 "health_port": args.health_port,
                 "health_host": args.health_host,
                 "options": options,
+                "log_format": args.log_format.strip().lower() or "text",
             },
             ServiceConfig,
             strict=False,
@@ -195,10 +203,14 @@ async def _serve(
         await bus.close()
 
 
-def setup_logging(service: str, replica: str) -> None:
-    fmt = f"%(asctime)s {service}/{replica} %(levelname)s %(name)s: %(message)s"
+def setup_logging(service: str, replica: str, log_format: str = "text") -> None:
     level = os.environ.get("KAIROS_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter(service, replica))
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, format=text_format(service, replica), stream=sys.stderr)
 
 
 def main(
@@ -210,7 +222,12 @@ def main(
     except KairosError as exc:
         print(f"kairos: {exc}", file=sys.stderr)
         return 2
-    setup_logging(service, config.replica)
+    setup_logging(service, config.replica, config.log_format)
+    try:
+        tracing = setup_tracing(service, config.replica)
+    except KairosError as exc:
+        print(f"kairos: {exc}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(service, config, body))
     except KairosError as exc:
@@ -218,4 +235,7 @@ def main(
         return 1
     except KeyboardInterrupt:
         return 0
+    finally:
+        # After SIGTERM's drain: the spans the batch processor still holds go out before the process ends.
+        tracing.shutdown()
     return 0

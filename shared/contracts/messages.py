@@ -45,6 +45,9 @@ class PodRecord(_Msg, frozen=True, kw_only=True, tag="pod"):
 
 class PodGroupRecord(_Msg, frozen=True, kw_only=True, tag="podgroup"):
     podgroup: PodGroup
+    traceparent: str = ""
+    """The W3C trace context of the podgroup's open scheduling attempt (set by the state service while
+    tracing is on; empty otherwise): the queue continues that trace (docs/tracing.md)."""
 
 
 class QueueRecord(_Msg, frozen=True, kw_only=True, tag="queue"):
