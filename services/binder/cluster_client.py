@@ -32,6 +32,7 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.errors import KairosError, MalformedMessage, TemporaryError
+from shared.telemetry.spans import note_retry
 
 log = logging.getLogger("kairos.binder.cluster")
 
@@ -79,6 +80,7 @@ class NatsClusterClient:
         for attempt in range(self.backoff.attempts):
             if attempt:
                 self.counters[f"{operation}_retries"] += 1
+                note_retry()
                 await asyncio.sleep(self.backoff.delay(attempt - 1, self.rng))
             try:
                 msg = await self.bus.nc.request(subject, payload, timeout=self.timeout)

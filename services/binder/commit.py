@@ -72,6 +72,7 @@ from shared.contracts.messages import (
 )
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
+from shared.telemetry.spans import event_headers
 
 log = logging.getLogger("kairos.binder")
 
@@ -645,7 +646,9 @@ class Committer:
     async def _publish_events(self, events: list[tuple[str, Event]]) -> None:
         async def one(item: tuple[str, Event]) -> None:
             subject, event = item
-            await self.bus.js.publish(subject, EVENT_ENCODER.encode(event), stream=s.EVENTS_STREAM)
+            await self.bus.js.publish(
+                subject, EVENT_ENCODER.encode(event), stream=s.EVENTS_STREAM, headers=event_headers(event)
+            )
 
         gate = asyncio.Semaphore(_CONCURRENCY)
 

@@ -27,6 +27,7 @@ from shared.contracts.messages import Binding, EvictionOrder
 from shared.kube import wire
 from shared.kube.translate import gpu_groups_patch
 from shared.kubeapi.client import ApiError, Kube
+from shared.telemetry.spans import counting_retries
 
 CONFLICT = 409
 NOT_FOUND = 404
@@ -110,5 +111,5 @@ class KubeClusterClient:
 
     async def _retrying(self, what: str, method: Any, *args: Any, **kwargs: Any) -> bytes:
         return await self.kube.call_with_retries(
-            what, method, *args, backoff=self.backoff, rng=self.rng, **kwargs
+            what, counting_retries(method), *args, backoff=self.backoff, rng=self.rng, **kwargs
         )

@@ -45,6 +45,7 @@ from shared.kubeapi.client import Kube, connect
 from shared.model import Pod, PodGroup
 from shared.telemetry.metrics import BinderMetrics
 from shared.telemetry.metrics_kv import CountedKv
+from shared.telemetry.spans import TracedCluster, commit_trace, noting_cas
 
 log = logging.getLogger("kairos.binder")
 
@@ -187,7 +188,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
         client = KubeClusterClient(kube, ctx.counters, backoff=Backoff(attempts=options.cluster_attempts))
     metrics = BinderMetrics(ctx.metrics)
     # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
-    ctx.bus.ledger = CountedKv(ctx.bus.ledger, metrics.cas_attempt)
+    ctx.bus.ledger = CountedKv(ctx.bus.ledger, noting_cas(metrics.cas_attempt))
     replica = StateReplica(ctx.bus)
     await replica.start()
     try:
@@ -200,7 +201,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             )
         committer = Committer(
             ctx.bus,
-            _TimedBinds(client, metrics),
+            TracedCluster(_TimedBinds(client, metrics)),
             ctx.counters,
             lookup=_PodGroups(replica),
             capacity=_Capacities(replica) if options.conflicts == "fit" else None,
@@ -212,8 +213,8 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
         async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
             keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
             try:
-                with metrics.proposal():
-                    await committer.process(proposal)
+                with metrics.proposal(), commit_trace(proposal, committer.lookup) as traced:
+                    traced.finish(await committer.process(proposal))
             finally:
                 keepalive.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -18,8 +18,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -27,6 +27,7 @@ import msgspec
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
+from shared.bus.tracing import carried
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import (
@@ -51,6 +52,7 @@ from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
 from shared.model.status import ACTIVE_USED
 from shared.telemetry.metrics import PlacementMetrics
+from shared.telemetry.spans import ActionTimes, PlaceDetail, place_details, placement_spans
 
 if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
     from nats.aio.msg import Msg
@@ -208,6 +210,8 @@ def unschedulable(ssn: Session, result: CycleResult, now: float) -> list[tuple[s
 class Placed:
     proposal: Proposal
     unschedulable: list[tuple[str, PodUnschedulable]]
+    details: Mapping[str, PlaceDetail] = field(default_factory=dict)
+    """Per traced podgroup: what the session did with it (for its `placement.place` span)."""
 
 
 def place(
@@ -217,6 +221,7 @@ def place(
     key_revisions: dict[str, int],
     tie_break_seed: int | None = None,
     around_action: ActionHook | None = None,
+    traced: frozenset[str] = frozenset(),
 ) -> Placed:
     """Run the core for `item` on a snapshot taken at `state_revision`, whose ledger keys were at
     `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves).
@@ -240,7 +245,8 @@ def place(
         node_revision=lambda node: key_revisions.get(s.ledger_node_key(node), 0),
         proposal_id=uuid.uuid4().hex,
     )
-    return Placed(proposal, unschedulable(ssn, result, item.now))
+    details = place_details(ssn, result, traced) if traced else {}
+    return Placed(proposal, unschedulable(ssn, result, item.now), details)
 
 
 # --- the handler -------------------------------------------------------------------------------------------
@@ -289,15 +295,33 @@ class Worker:
         key_revisions = dict(self.replica.key_revisions)
         try:
             timer = self.metrics.action_timer if self.metrics is not None else None
+            received = carried()
+            times = ActionTimes(inner=timer) if received else None
+            started_ns = time.time_ns()
             placed = await _with_progress(
-                asyncio.to_thread(place, item, snapshot, revision, key_revisions, self.tie_break_seed, timer),
+                asyncio.to_thread(
+                    place,
+                    item,
+                    snapshot,
+                    revision,
+                    key_revisions,
+                    self.tie_break_seed,
+                    times or timer,
+                    frozenset(received.traceparents),
+                ),
                 msg,
             )
         except MalformedMessage:
             self.counters["malformed"] += 1
             raise
         proposal = placed.proposal
-        await self.bus.js.publish(s.proposals(item.shard), encode(proposal))
+        headers = None
+        if times is not None:
+            ended_ns = time.time_ns()
+            headers = placement_spans(
+                item, proposal, placed.details, received, started_ns, ended_ns, times.times
+            )
+        await self.bus.js.publish(s.proposals(item.shard), encode(proposal), headers=headers)
         self.counters["proposals"] += 1
         if self.metrics is not None:
             _observe(self.metrics, time.perf_counter() - started, snapshot, proposal)

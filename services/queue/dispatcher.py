@@ -13,6 +13,10 @@ work in parallel (the binder resolves their conflicts; losers are dispatched aga
 
 A podgroup is never in two work items at once: every work item stays *in flight* until its outcome comes
 back (or `work_timeout` passes), and podgroups in flight are held back.
+
+While tracing is on, each traced podgroup a work item carries gets a `queue.order` span (its queue's fair
+share and saturation, its place in the order) whose context travels in the item's headers
+(`shared.telemetry.spans.OrderTracer`, docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from shared.errors import ConfigError
 from shared.model import Snapshot
 from shared.model.objects import UNLIMITED
 from shared.telemetry.metrics import QueueMetrics
+from shared.telemetry.spans import OrderTracer
 
 log = logging.getLogger("kairos.queue.dispatcher")
 
@@ -253,6 +258,7 @@ class Dispatcher:
         # stale-gang grace compare it with podgroup timestamps), without reading the wall clock twice.
         self._wall_offset = time.time() - clock()
         self.inflight: dict[str, InFlight] = {}
+        self.traces = OrderTracer()
         self._published: dict[str, tuple[object, ...]] = {}
         self._seen: tuple[int, int] = (-1, -1)
         self._changed_at = -1e18
@@ -343,6 +349,7 @@ class Dispatcher:
         state_revision, ledger_revision = self.replica.revision, self.replica.ledger_revision
         snapshot = self.replica.snapshot()
         now = self.now()
+        started_ns = time.time_ns()
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
         plan = await asyncio.to_thread(plan_cycle, snapshot, now)
         if self.metrics is not None and self.lease.valid():
@@ -369,9 +376,11 @@ class Dispatcher:
             guarded_busy=guarded_busy,
         )
         sent: list[WorkItem] = []
+        traced = self.traces.cycle(plan.pending, snapshot, plan.fair_shares, self.replica.records, started_ns)
         for b in out:
             item = self._item(now, state_revision, ledger_revision, b.podgroups, b.actions, want_view=False)
-            sent_entry = await self._send(item, self.settings.work_timeout)
+            headers = traced.order(item, b.podgroups or plan.pending) if traced is not None else None
+            sent_entry = await self._send(item, self.settings.work_timeout, headers=headers)
             if sent_entry is not None:
                 sent_entry.guarded = any(pg in plan.guarded for pg in b.podgroups)
                 sent.append(item)
@@ -412,7 +421,9 @@ class Dispatcher:
             policy=policy or Policy(actions=actions),
         )
 
-    async def _send(self, item: WorkItem, timeout: float, wait: bool = False) -> InFlight | None:
+    async def _send(
+        self, item: WorkItem, timeout: float, wait: bool = False, headers: dict[str, str] | None = None
+    ) -> InFlight | None:
         """Publish `item` as in flight (registered first, so no other cycle dispatches its podgroups)."""
         if not self.lease.valid():
             return None
@@ -426,7 +437,7 @@ class Dispatcher:
         )
         self.inflight[item.id] = entry
         try:
-            await self.bus.js.publish(s.work(self.shard), encode(item))
+            await self.bus.js.publish(s.work(self.shard), encode(item), headers=headers)
         except Exception:
             self.inflight.pop(item.id, None)
             self.counters["publish_errors"] += 1

@@ -87,7 +87,7 @@ class KubeSource:
         self.replica = replica
         self.options = options
         self.mirror = Mirror(scheduler_name=options.scheduler_name)
-        self.writer = StateWriter(ctx.bus, ctx.counters)
+        self.writer = StateWriter(ctx.bus, ctx.counters, source="kube")
         self.on_flushed = on_flushed
         self.informers = self._informers()
         self._wake = asyncio.Event()

@@ -47,6 +47,7 @@ from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import translate, wire
 from shared.kubeapi.client import ApiError, Kube
+from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
 log = logging.getLogger("kairos.state.writeback")
 
@@ -96,6 +97,8 @@ class WriteBack:
             self._task = None
 
     async def _run(self, sub: Any) -> None:
+        # An event the binder published inside a podgroup's trace continues it (`state.writeback`).
+        on_event = traced_handler(STATE_WRITEBACK, self._on_event)
         try:
             while True:
                 try:
@@ -107,7 +110,7 @@ class WriteBack:
                     await asyncio.sleep(1.0)
                     continue
                 await asyncio.gather(
-                    *(handle(m, EVENTS, self._on_event, self.ctx.counters, jetstream=True) for m in msgs)
+                    *(handle(m, EVENTS, on_event, self.ctx.counters, jetstream=True) for m in msgs)
                 )
         finally:
             with contextlib.suppress(Exception):

@@ -12,6 +12,9 @@ each source operation returned. Two buckets:
   cluster is the truth). A pending pod's reservation is left alone: it is a binder's bind in flight.
   Every ledger change is a compare-and-set retried on conflict, since binders write the same keys.
 
+While tracing is on, a podgroup that gets pending pods while it had none begins a scheduling attempt: a
+new trace (`shared.telemetry.attempts`) whose context its `PodGroupRecord` carries until it has none.
+
 The ledger is written before the state: once a caller has seen the state revision a reply names, the
 ledger already agrees with it. A node ledger that ends up empty is kept (written with no pods) rather than
 deleted, so that its revision only ever grows.
@@ -33,9 +36,18 @@ from shared.bus.connection import Bus
 from shared.bus.kv import Entry
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, PodClaim, Reservation, encode
+from shared.contracts.messages import (
+    LEDGER_RECORDS,
+    NodeLedger,
+    PodClaim,
+    Reservation,
+    StateRecord,
+    encode,
+)
 from shared.errors import ConflictError, MalformedMessage, TemporaryError
-from shared.model import Pod
+from shared.model import Pod, PodGroup
+from shared.telemetry import tracing
+from shared.telemetry.attempts import AttemptTracker
 
 _L = TypeVar("_L", NodeLedger, PodClaim)
 log = logging.getLogger("kairos.state.writer")
@@ -73,9 +85,11 @@ class _NodeEdit:
 
 
 class StateWriter:
-    def __init__(self, bus: Bus, counters: Counters) -> None:
+    def __init__(self, bus: Bus, counters: Counters, source: str = "sim") -> None:
         self.bus = bus
         self.counters = counters
+        self.attempts = AttemptTracker(source) if tracing.enabled() else None
+        """Podgroups' scheduling attempts and their traces (only while tracing is on)."""
         self.revision = 0
         """The state bucket's revision after this writer's last write (what replies carry)."""
         self._stored: dict[str, bytes] = {}
@@ -85,16 +99,15 @@ class StateWriter:
         """Start from what the bucket holds (read by the replica), so unchanged objects are not rewritten."""
         self._stored = dict(stored)
         self.revision = max(self.revision, revision)
+        if self.attempts is not None:
+            self.attempts.seed_encoded(stored)
 
     # --- state --------------------------------------------------------------------------------------------
     async def write(self, changes: Sequence[Change]) -> int:
         """Write a batch of changes: ledger effects first, then the objects. Returns the state revision."""
         try:
             await self._ledger_effects(changes)
-            await self._put_and_delete(
-                {c.key: c.after for c in changes if c.after is not None},
-                [c.key for c in changes if c.after is None],
-            )
+            await self._put_and_delete(self._puts(changes), [c.key for c in changes if c.after is None])
         except BaseException:
             # A write that failed may still have landed (a timed-out put): forget what these keys hold,
             # so the resync that follows rewrites them whatever they are.
@@ -107,11 +120,26 @@ class StateWriter:
         """Make the bucket hold exactly `objects`: put what differs, delete every other key (including
         `extra_keys`, keys the bucket holds that no record decoded from)."""
         stale = (self._stored.keys() | set(extra_keys)) - objects.keys()
+        if self.attempts is not None:
+            self.attempts.observe([*objects.items(), *((key, None) for key in stale)])
         await self._put_and_delete(objects, sorted(stale))
         return self.revision
 
+    def _puts(self, changes: Sequence[Change]) -> dict[str, Obj]:
+        puts = {c.key: c.after for c in changes if c.after is not None}
+        if self.attempts is None:
+            return puts
+        # A podgroup whose attempt begins here is written again, carrying its trace context.
+        began: dict[str, Obj] = dict(self.attempts.observe((c.key, c.after) for c in changes))
+        return {**began, **puts}
+
+    def _record(self, obj: Obj) -> StateRecord:
+        if self.attempts is not None and isinstance(obj, PodGroup):
+            return self.attempts.record(obj)
+        return record_of(obj)
+
     async def _put_and_delete(self, puts: Mapping[str, Obj], deletes: Sequence[str]) -> None:
-        pending = [(k, encode(record_of(o))) for k, o in puts.items()]
+        pending = [(k, encode(self._record(o))) for k, o in puts.items()]
         pending = [(k, data) for k, data in pending if self._stored.get(k) != data]
         for start in range(0, len(pending), PARALLEL_PUTS):
             chunk = pending[start : start + PARALLEL_PUTS]
