@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,16 @@ class Stack:
             (self.state_dir / "stack.json").unlink()
 
 
+def otlp_env(url: str) -> dict[str, str]:
+    """The environment that makes every service export all its traces to the OTLP/HTTP collector at `url`
+    (`kairos up --otlp URL`); errors name the flag."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"--otlp: expected the collector's http(s) URL (e.g. http://localhost:4318), got {url!r}"
+        )
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": url.rstrip("/"), "OTEL_TRACES_SAMPLER": "always_on"}
+
+
 def _service_args(service: str, replica: str, options: dict[str, str]) -> list[str]:
     args = [sys.executable, "-m", f"services.{service}", "--replica", replica]
     for key, value in options.items():
@@ -131,9 +142,11 @@ def start_stack(
     timeout: float = 60.0,
     port: int = -1,
     cluster: ClusterChoice | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Stack:
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
-    ready (or raise). Without `cluster` the state service keeps an in-memory cluster."""
+    ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
+    every process's environment (`otlp_env`: export traces)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     cluster = cluster or ClusterChoice.memory()
     counts = replicas or dict(DEFAULT_REPLICAS)
@@ -143,7 +156,7 @@ def start_stack(
     server = start_nats_server(state_dir, port=port)
     (state_dir / "nats.url").write_text(server.url + "\n")
     stack = Stack(state_dir, server)
-    env = {**os.environ, "KAIROS_NATS_URL": server.url}
+    env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url}
     options = {name: dict(opts) for name, opts in (options or {}).items()}
     try:
         if cluster.kind != "memory":

@@ -5,7 +5,8 @@ reports healthy, and stops everything on Ctrl-C or SIGTERM. The cluster is, by d
 Kubernetes API server (`services.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
 `--gpus-per-node`), its kubeconfig written to `DIR/kubeconfig` so that kubectl works against it at once;
 `--kubeconfig FILE` uses a real cluster instead; `--memory` keeps the cluster inside the state service
-(no Kubernetes API; `kairos submit` feeds it). With `--detach` it runs the same supervisor in the
+(no Kubernetes API; `kairos submit` feeds it). `--otlp URL` sends every service's traces to an OTLP/HTTP
+collector (docs/tracing.md). With `--detach` it runs the same supervisor in the
 background and returns once it is ready; `down` stops it.
 `serve NAME` runs one service in this process (what the stack starts, and what a Deployment runs).
 """
@@ -21,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared.cli.stack import ClusterChoice, parse_replicas, start_stack, stop_recorded
+from shared.cli.stack import ClusterChoice, otlp_env, parse_replicas, start_stack, stop_recorded
 from shared.errors import ConfigError
 
 DEFAULT_STATE_DIR = Path(".kairos")
@@ -46,6 +47,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     up.add_argument("--port", type=int, default=-1, help="NATS port (default: a free one)")
     up.add_argument("--detach", action="store_true", help="run in the background; stop with kairos down")
     up.add_argument("--batch", default="all", help="podgroups per work item: all (one per cycle) or N")
+    up.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="export every service's traces to this OTLP/HTTP collector (Jaeger: :4318)",
+    )
     up.set_defaults(handler=cmd_up)
     down = commands.add_parser("down", help="stop a stack started with kairos up --detach")
     down.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
@@ -92,13 +98,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     replicas = parse_replicas(args.replicas)
     state_dir: Path = args.state_dir
     _options(args), _cluster(args)  # flag errors now, before a detached supervisor hides them in its log
+    if args.otlp:
+        otlp_env(args.otlp)
     if args.detach:
         return _detach(args, state_dir)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     options, cluster = _options(args), _cluster(args)
-    stack = start_stack(state_dir, replicas, options, port=args.port, cluster=cluster)
+    env = otlp_env(args.otlp) if args.otlp else None
+    stack = start_stack(state_dir, replicas, options, port=args.port, cluster=cluster, env=env)
     (state_dir / "ready").write_text(stack.url + "\n")
     print("ready", flush=True)
     try:
@@ -128,6 +137,8 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
         str(args.port),
     ]
     argv += ["--batch", str(args.batch)]
+    if args.otlp:
+        argv += ["--otlp", args.otlp]
     if args.replicas:
         argv += ["--replicas", args.replicas]
     if args.cluster is not None:
