@@ -1,0 +1,231 @@
+"""One podgroup's scheduling attempt is one trace across the four services, as an OTLP collector sees it.
+
+The stack runs as separate processes exporting over OTLP/HTTP to the receiver fixture (`otlp`, real
+protobuf decoding). For a gang applied with kubectl (Kubernetes source) and for a reclaim (in-memory
+source), one trace id holds spans of kairos-state, kairos-queue, kairos-placement and kairos-binder, linked
+parent to child: state.observe -> queue.order -> placement.place -> binder.commit -> binder.bind/evict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.bus.client import BusClient
+from shared.cli.stack import ClusterChoice, Stack, start_stack
+from shared.contracts.messages import ApplyRequest
+from shared.model import PodStatus, Queue, QueueResource
+from shared.sim.scenarios import gang, gpu_nodes
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kai"
+SERVICES = {"kairos-state", "kairos-queue", "kairos-placement", "kairos-binder"}
+SETTLE = 60.0
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+
+
+def by_id(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
+    return {span.span_id: span for span in spans}
+
+
+def chain(spans: list[ReceivedSpan], leaf: ReceivedSpan) -> list[ReceivedSpan]:
+    """`leaf` and its ancestors, root first (as far as they were received)."""
+    index = by_id(spans)
+    out = [leaf]
+    while out[-1].parent_span_id and out[-1].parent_span_id in index:
+        out.append(index[out[-1].parent_span_id])
+    return out[::-1]
+
+
+def commits(spans: list[ReceivedSpan], podgroup: str, **attributes: object) -> list[ReceivedSpan]:
+    return [
+        s
+        for s in spans
+        if s.name == "binder.commit"
+        and s.attributes.get("kairos.podgroup") == podgroup
+        and all(s.attributes.get(k) == v for k, v in attributes.items())
+    ]
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan, name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_span_id == parent.span_id and s.name == name]
+
+
+def complete_commit(podgroup: str, bound: int) -> object:
+    """A predicate: the binder.commit of `podgroup` that bound `bound` pods, once its whole chain and its
+    binder.bind spans have arrived."""
+
+    def check(spans: list[ReceivedSpan]) -> ReceivedSpan | None:
+        for commit in commits(spans, podgroup, **{"kairos.pods.bound": bound}):
+            names = [s.name for s in chain(spans, commit)]
+            if names[0] == "state.observe" and len(children(spans, commit, "binder.bind")) == bound:
+                return commit
+        return None
+
+    return check
+
+
+def assert_one_trace_through_four_services(spans: list[ReceivedSpan], commit: ReceivedSpan) -> None:
+    path = chain(spans, commit)
+    assert [s.name for s in path] == ["state.observe", "queue.order", "placement.place", "binder.commit"]
+    assert [s.service for s in path] == ["kairos-state", "kairos-queue", "kairos-placement", "kairos-binder"]
+    assert {s.trace_id for s in path} == {commit.trace_id}
+    assert path[0].parent_span_id == ""  # the attempt is the trace's root
+    in_trace = {s.service for s in spans if s.trace_id == commit.trace_id}
+    assert in_trace >= SERVICES
+    assert all(s.instance for s in path), "every span names its replica (service.instance.id)"
+
+
+# --- a gang through kubectl and the Kubernetes source --------------------------------------------------------
+@pytest.fixture
+def kube_stack(tmp_path: Path, otlp: OtlpReceiver) -> Iterator[Stack]:
+    stack = start_stack(
+        tmp_path / "kairos",
+        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=8, run_delay=0.1),
+        options={"queue": {"period": "0.5"}},
+        env=otlp.environment(),
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def kubectl(stack: Stack, *args: str) -> str:
+    assert stack.kubeconfig is not None
+    done = subprocess.run(
+        ["kubectl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "KUBECONFIG": str(stack.kubeconfig)},
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def test_a_gang_is_one_trace_from_observed_to_bound(kube_stack: Stack, otlp: OtlpReceiver) -> None:
+    kubectl(kube_stack, "apply", "-f", str(EXAMPLES / "gang.yaml"))
+
+    commit = otlp.wait_for(complete_commit("default/gang", bound=3), SETTLE)
+
+    spans = list(otlp.spans)
+    assert_one_trace_through_four_services(spans, commit)
+    observe, order, place, _ = chain(spans, commit)
+    assert observe.attributes["kairos.source"] == "kube"
+    assert observe.attributes["kairos.queue"] == "default-queue"
+    assert order.attributes["kairos.queue.position"] >= 1
+    assert "kairos.queue.saturation" in order.attributes
+    assert "kairos.queue.fair_share.gpu" in order.attributes
+    assert place.attributes["kairos.result"] == "bound"
+    assert place.attributes["kairos.nodes.considered"] == 2
+    assert len(place.attributes["kairos.nodes.chosen"]) >= 1
+    assert commit.attributes["kairos.status"] == "committed"
+    assert commit.attributes["kairos.cas.attempts"] >= 3  # a claim per pod, then the node keys
+    binds = children(spans, commit, "binder.bind")
+    assert sorted(b.attributes["kairos.pod"] for b in binds) == [
+        "default/gang-0",
+        "default/gang-1",
+        "default/gang-2",
+    ]
+    assert all(b.attributes["kairos.retries"] == 0 for b in binds)
+
+    # The state's write-back of the Scheduled events continues the trace under the commit that bound them.
+    writebacks = otlp.wait_for(lambda spans: children(spans, commit, "state.writeback"), SETTLE)
+    assert {s.service for s in writebacks} == {"kairos-state"}
+    assert {s.attributes["kairos.event"] for s in writebacks} <= {"pod-bound", "podgroup-state"}
+
+
+# --- a reclaim, in the in-memory cluster ------------------------------------------------------------------------
+async def _submit(url: str, request: ApplyRequest) -> None:
+    client = await BusClient.connect(url)
+    try:
+        reply = await client.apply(request)
+        assert reply.ok, reply.error
+    finally:
+        await client.close()
+
+
+async def _running(url: str, prefix: str) -> int:
+    client = await BusClient.connect(url)
+    try:
+        snapshot = await client.snapshot()
+    finally:
+        await client.close()
+    return sum(1 for p in snapshot.pods if p.name.startswith(prefix) and p.status == PodStatus.RUNNING)
+
+
+def test_a_reclaim_is_traced_from_the_reclaimer_to_its_evictions(tmp_path: Path, otlp: OtlpReceiver) -> None:
+    stack = start_stack(
+        tmp_path / "kairos",
+        options={"state": {"source": "sim"}, "queue": {"period": "0.5"}},
+        env=otlp.environment(),
+    )
+    try:
+        queues = (
+            Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
+            Queue(
+                name="team-a",
+                parent="org",
+                creation_index=1,
+                gpu=QueueResource(quota=2),
+                cpu=UNBOUNDED,
+                memory=UNBOUNDED,
+            ),
+            Queue(
+                name="team-b",
+                parent="org",
+                creation_index=2,
+                gpu=QueueResource(quota=2),
+                cpu=UNBOUNDED,
+                memory=UNBOUNDED,
+            ),
+        )
+        # team-a fills the node (4 GPUs) beyond its quota of 2, with four one-pod jobs.
+        borrowed = [gang(f"a-{i}", "team-a", 1, 1.0, created=float(i)) for i in range(4)]
+        asyncio.run(
+            _submit(
+                stack.url,
+                ApplyRequest(
+                    nodes=tuple(gpu_nodes(1, gpus=4)),
+                    queues=queues,
+                    podgroups=tuple(pg for pg, _ in borrowed),
+                    pods=tuple(p for _, pods in borrowed for p in pods),
+                ),
+            )
+        )
+        otlp.wait_for(lambda spans: len([s for s in spans if s.name == "binder.bind"]) >= 4, SETTLE)
+        assert asyncio.run(_running(stack.url, "a-")) == 4
+        # team-b, under its quota, asks for its 2 GPUs back.
+        group, pods = gang("b-job", "team-b", 2, 1.0, created=10.0)
+        asyncio.run(_submit(stack.url, ApplyRequest(podgroups=(group,), pods=tuple(pods))))
+
+        commit = otlp.wait_for(complete_commit("b-job", bound=2), SETTLE)
+        spans = list(otlp.spans)
+    finally:
+        stack.stop()
+
+    assert_one_trace_through_four_services(spans, commit)
+    trace = [s for s in spans if s.trace_id == commit.trace_id]
+    reclaiming = [
+        s for s in trace if s.name == "binder.commit" and s.attributes.get("kairos.evictions", 0) > 0
+    ]
+    assert reclaiming, "the reclaimer's trace holds the commit that evicted for it"
+    evicts = children(trace, reclaiming[0], "binder.evict")
+    assert len(evicts) == 2
+    assert all("reclaimed by podgroup b-job" in e.attributes["kairos.reason"] for e in evicts)
+    placed = [s for s in trace if s.name == "placement.place" and s.attributes.get("kairos.evictions", 0) > 0]
+    assert placed
+    assert placed[0].attributes["kairos.result"] == "pipelined"
+    assert len(placed[0].attributes["kairos.victims"]) == 2
+    observe = chain(trace, commit)[0]
+    assert observe.attributes["kairos.source"] == "sim"
+    assert observe.attributes["kairos.queue"] == "team-b"
