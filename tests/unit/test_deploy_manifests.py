@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -507,3 +508,107 @@ def test_nats_configuration_is_accepted_by_nats_server(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "is valid" in result.stderr + result.stdout
+
+
+# --- monitoring (deploy/monitoring, an optional component) --------------------------------------------------
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+
+
+@cache
+def with_monitoring(path: str) -> tuple[Obj, ...]:
+    """`deploy/<path>` plus the monitoring component, as a user's own overlay would combine them."""
+    with tempfile.TemporaryDirectory() as overlay:
+        # Kustomize takes only relative paths to other kustomizations.
+        resource = os.path.relpath(DEPLOY / path, overlay)
+        component = os.path.relpath(DEPLOY / "monitoring", overlay)
+        (Path(overlay) / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+            "kind: Kustomization\n"
+            f"resources: [{resource}]\n"
+            f"components: [{component}]\n"
+        )
+        result = subprocess.run(
+            [kubectl(), "kustomize", overlay], capture_output=True, text=True, check=False, timeout=60
+        )
+    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + monitoring) failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def service_monitors(objects: tuple[Obj, ...]) -> list[Obj]:
+    return [o for o in objects if (o["apiVersion"], o["kind"]) == SERVICE_MONITOR]
+
+
+def monitored(monitor: Obj, objects: tuple[Obj, ...]) -> list[Obj]:
+    """The Services a ServiceMonitor selects, as the Prometheus Operator finds them."""
+    spec = monitor["spec"]
+    namespaces = spec["namespaceSelector"]["matchNames"]
+    return [
+        svc
+        for svc in of_kind(objects, "Service")
+        if svc["metadata"]["namespace"] in namespaces
+        and spec["selector"]["matchLabels"].items() <= svc["metadata"].get("labels", {}).items()
+    ]
+
+
+def test_monitoring_is_a_component_and_the_base_alone_needs_no_prometheus_operator() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "monitoring" / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    for path in ("base", "overlays/dev"):
+        assert {o["apiVersion"].split("/")[0] for o in render(path)}.isdisjoint({"monitoring.coreos.com"})
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
+def test_monitoring_adds_valid_services_and_keeps_everything_else_as_it_was(path: str) -> None:
+    combined = with_monitoring(path)
+    added = [o for o in combined if o not in render(path)]
+    assert len(combined) - len(added) == len(render(path))
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in added) == sorted(
+        (kind, name) for _, name in KAIROS_WORKLOADS for kind in ("Service", "ServiceMonitor")
+    )
+    # Built-in kinds against Kubernetes's schemas; a ServiceMonitor has no schema bundled here: its
+    # selectors are checked against the Services below instead.
+    assert schema_errors(tuple(o for o in added if o["kind"] != "ServiceMonitor")) == []
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_each_workload_has_a_metrics_service_on_its_health_port(kind: str, name: str) -> None:
+    combined = with_monitoring("base")
+    workload = find(combined, kind, name)
+    pod_labels = workload["spec"]["template"]["metadata"]["labels"].items()
+    selecting = [
+        svc for svc in of_kind(combined, "Service") if svc["spec"].get("selector", {}).items() <= pod_labels
+    ]
+    assert [svc["metadata"]["name"] for svc in selecting] == [name]
+    service = selecting[0]
+    assert service["metadata"]["namespace"] == workload["metadata"]["namespace"] == NAMESPACE
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"metrics"}
+    container_ports = {p["name"]: p["containerPort"] for p in container(workload)["ports"]}
+    assert container_ports[ports["metrics"]["targetPort"]] == HEALTH_PORT
+    # It selects no other workload's pods.
+    for other_kind, other in WORKLOADS:
+        if other != name:
+            labels = find(combined, other_kind, other)["spec"]["template"]["metadata"]["labels"].items()
+            assert not service["spec"]["selector"].items() <= labels, other
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_each_service_monitor_scrapes_exactly_its_service_on_the_metrics_port(kind: str, name: str) -> None:
+    combined = with_monitoring("base")
+    monitor = next(m for m in service_monitors(combined) if m["metadata"]["name"] == name)
+    spec = monitor["spec"]
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    services = monitored(monitor, combined)
+    assert [svc["metadata"]["name"] for svc in services] == [name]
+    port_names = {p["name"] for p in services[0]["spec"]["ports"]}
+    assert [(e["port"], e["path"]) for e in spec["endpoints"]] == [("metrics", "/metrics")]
+    assert spec["endpoints"][0]["port"] in port_names
+
+
+def test_the_selector_check_catches_a_monitor_that_selects_no_service() -> None:
+    combined = with_monitoring("base")
+    monitor = copy.deepcopy(
+        next(m for m in service_monitors(combined) if m["metadata"]["name"] == "kairos-queue")
+    )
+    monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "queues"
+    assert monitored(monitor, combined) == []
