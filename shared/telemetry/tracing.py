@@ -14,8 +14,9 @@ Variables read (all standard): `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full UR
 `OTEL_EXPORTER_OTLP_ENDPOINT` (`/v1/traces` appended), `OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL` (only
 `http/protobuf`), `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (default `parentbased_always_on`),
 `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` (defaults: `service.name=kairos-<service>`,
-`service.instance.id=<replica>`, `service.namespace=kairos`), `OTEL_BSP_*` (the batch processor's
-delays and sizes, read by the SDK). A value Kairos cannot honour is a `ConfigError` naming the variable.
+`service.instance.id=<replica>`, `service.namespace=kairos`), `OTEL_BSP_SCHEDULE_DELAY`,
+`OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_BSP_EXPORT_TIMEOUT` (the batch
+processor). A value Kairos cannot honour is a `ConfigError` naming the variable.
 """
 
 from __future__ import annotations
@@ -109,6 +110,31 @@ def settings_from_env(env: Mapping[str, str]) -> TracingSettings | None:
         if not 0.0 <= ratio <= 1.0:
             raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG: expected a ratio in [0, 1], got {arg!r}")
     return TracingSettings(endpoint=endpoint, sampler=sampler, ratio=ratio)
+
+
+_BATCH_VARIABLES = {
+    "OTEL_BSP_SCHEDULE_DELAY": "schedule_delay_millis",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "max_queue_size",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "max_export_batch_size",
+    "OTEL_BSP_EXPORT_TIMEOUT": "export_timeout_millis",
+}
+
+
+def batch_options(env: Mapping[str, str]) -> dict[str, int]:
+    """The batch span processor's settings from `OTEL_BSP_*` (milliseconds and counts, positive)."""
+    options: dict[str, int] = {}
+    for variable, option in _BATCH_VARIABLES.items():
+        text = env.get(variable, "").strip()
+        if not text:
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise ConfigError(f"{variable}: expected a positive whole number, got {text!r}")
+        options[option] = value
+    return options
 
 
 def sampler_of(settings: TracingSettings) -> Sampler:
@@ -225,6 +251,7 @@ def setup_tracing(
     settings = settings_from_env(env)
     if settings is None:
         return Tracing()
+    batching = batch_options(env)
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -232,7 +259,7 @@ def setup_tracing(
     provider = TracerProvider(
         sampler=sampler_of(settings), resource=resource_of(service, replica, env), shutdown_on_exit=False
     )
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(BatchSpanProcessor(exporter, **batching))
     _active = _Active(provider.get_tracer(INSTRUMENTATION), enabled=True)
     log.info("tracing to %s (sampler %s)", settings.endpoint, settings.sampler)
     return Tracing(settings, provider)
