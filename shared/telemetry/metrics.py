@@ -217,7 +217,7 @@ class ServiceMetrics:
         yield gauges
         messages = CounterMetricFamily(
             "kairos_messages_total",
-            "Messages through the bus middleware by subject family and outcome (handled, malformed, error)",
+            "Messages through the bus middleware by subject family and outcome (handled, malformed, errors)",
             labels=["subject", "outcome"],
         )
         for (outcome, family), count in sorted(
@@ -256,18 +256,18 @@ class PlacementMetrics:
         r = metrics.registry
         self.e2e = Gauge(
             f"{KAI}_e2e_scheduling_latency_milliseconds",
-            "E2e scheduling latency in milliseconds of the last work item: from taking it to its proposal published",
+            "Milliseconds the last work item took, from taking it off the stream to publishing its proposal",
             registry=r,
         )
         self.action = Gauge(
             f"{KAI}_action_scheduling_latency_milliseconds",
-            "Action scheduling latency in milliseconds, of the last session that ran the action",
+            "Milliseconds the action took in the last session that ran it",
             ["action"],
             registry=r,
         )
         self.task = Histogram(
             f"{KAI}_task_scheduling_latency_milliseconds",
-            "Task scheduling latency in milliseconds: from the pod's creation to its bind proposed",
+            "Milliseconds from a pod's creation to the proposal that binds it",
             buckets=KAI_LATENCY_BUCKETS_MS,
             registry=r,
         )
@@ -357,7 +357,7 @@ class BinderMetrics:
         r = metrics.registry
         self.bind = Histogram(
             f"{KAI}_task_bind_latency_milliseconds",
-            "Task bind latency in milliseconds: from the binder taking the proposal to the pod's bind answered",
+            "Milliseconds from the binder taking a proposal to the cluster answering one of its binds",
             buckets=KAI_LATENCY_BUCKETS_MS,
             registry=r,
         )
@@ -432,25 +432,32 @@ class QueueMetrics:
             return Gauge(name, help_, ["queue_name"], registry=r)
 
         self.fair_share = {
-            "cpu": queue_gauge(
-                f"{KAI}_queue_fair_share_cpu_cores", "CPU Fair share of queue, as a gauge. Value is in Cores"
-            ),
+            "cpu": queue_gauge(f"{KAI}_queue_fair_share_cpu_cores", "A queue's fair share of CPU, in cores"),
             "memory": queue_gauge(
-                f"{KAI}_queue_fair_share_memory_gb", "Memory Fair share of queue, as a gauge. Value is in GB"
+                f"{KAI}_queue_fair_share_memory_gb",
+                "A queue's fair share of memory, in gigabytes (10^9 bytes)",
             ),
-            "gpu": queue_gauge(
-                f"{KAI}_queue_fair_share_gpu", "GPU Fair share of queue, as a gauge. Values in GPU devices"
-            ),
+            "gpu": queue_gauge(f"{KAI}_queue_fair_share_gpu", "A queue's fair share of GPUs, in devices"),
         }
         self.allocated = {
-            "cpu": queue_gauge(f"{KAI}_queue_allocated_cpu_cores", "Queue allocated CPUs"),
-            "memory": queue_gauge(f"{KAI}_queue_allocated_memory_bytes", "Queue allocated memory"),
-            "gpu": queue_gauge(f"{KAI}_queue_allocated_gpus", "Queue allocated GPUs"),
+            "cpu": queue_gauge(
+                f"{KAI}_queue_allocated_cpu_cores", "CPU held by a queue's allocated pods, in cores"
+            ),
+            "memory": queue_gauge(
+                f"{KAI}_queue_allocated_memory_bytes", "Memory held by a queue's allocated pods, in bytes"
+            ),
+            "gpu": queue_gauge(f"{KAI}_queue_allocated_gpus", "GPUs held by a queue's allocated pods"),
         }
         self.quota = {
-            "cpu": queue_gauge(f"{KAI}_queue_quota_cpu_cores", "Queue quota CPU (-1: unlimited)"),
-            "memory": queue_gauge(f"{KAI}_queue_quota_memory_bytes", "Queue quota memory (-1: unlimited)"),
-            "gpu": queue_gauge(f"{KAI}_queue_deserved_gpus", "Queue deserved GPUs"),
+            "cpu": queue_gauge(
+                f"{KAI}_queue_quota_cpu_cores", "A queue's CPU quota, in cores (-1: unlimited)"
+            ),
+            "memory": queue_gauge(
+                f"{KAI}_queue_quota_memory_bytes", "A queue's memory quota, in bytes (-1: unlimited)"
+            ),
+            "gpu": queue_gauge(
+                f"{KAI}_queue_deserved_gpus", "A queue's GPU quota (its deserved GPUs; -1: unlimited)"
+            ),
         }
         self.requested = {
             "cpu": queue_gauge(
@@ -461,7 +468,7 @@ class QueueMetrics:
             ),
             "gpu": queue_gauge("kairos_queue_requested_gpus", "GPUs requested by the queue's pods"),
         }
-        self.info = queue_gauge(f"{KAI}_queue_info", "Queues info")
+        self.info = queue_gauge(f"{KAI}_queue_info", "1 for every queue the leader knows")
         self.pending = Gauge(
             "kairos_queue_pending_podgroups", "Podgroups with pods to place at the last cycle", registry=r
         )
