@@ -458,10 +458,10 @@ class Cluster:
             return self.view(rt, body)
         if rt.storage == _CRD_STORAGE:
             self._register_crd(body)
-        self.store.put(rt.storage, body)
+        stored = self.store.put(rt.storage, body)
         if rt.storage == "namespaces":
             self._namespace_defaults(name)
-        return self.view(rt, body)
+        return self.view(rt, stored)
 
     def _admit_pod_priority(self, pod: Obj) -> None:
         spec = pod["spec"]

@@ -75,6 +75,7 @@ class NodeSimulator:
         self.dirty_pods: dict[Key, None] = {}
         self.dirty_nodes: dict[str, None] = {}
         self._pod_ips = itertools.count(1)
+        self._conditions: dict[tuple[str, str], list[Obj]] = {}
         self._node_ips = itertools.count(1)
         cluster.store.storage("pods").listeners.append(self._pod_change)
         cluster.store.storage("nodes").listeners.append(self._node_change)
@@ -235,6 +236,23 @@ class NodeSimulator:
                 return str(address.get("address", ""))
         return ""
 
+    def _running_conditions(self, ts: str, scheduled: Obj) -> list[Obj]:
+        """The conditions of a pod that started at `ts`: one shared list per (start, scheduled) second, as
+        pods start in bursts (a whole gang at once)."""
+        key = (ts, str(scheduled.get("lastTransitionTime", "")))
+        cached = self._conditions.get(key)
+        if cached is None:
+            if len(self._conditions) > 16:
+                self._conditions.clear()
+            fresh = [
+                {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
+                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+            ] + [scheduled]
+            sharer = self.cluster.store.sharer
+            cached = sharer.part(fresh) if sharer is not None else fresh
+            self._conditions[key] = cached
+        return cached
+
     def _running(self, pod: Obj, now: float) -> Obj:
         ts = rfc3339(now)
         spec = pod["spec"]
@@ -247,10 +265,7 @@ class NodeSimulator:
             ),
             {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": ts},
         )
-        conditions = [
-            {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
-            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
-        ] + [scheduled]
+        conditions = self._running_conditions(ts, scheduled)
         host_ip = self._host_ip(spec["nodeName"])
         pod_ip = _ip(_POD_IP_BASE, next(self._pod_ips))
         uid = pod["metadata"].get("uid", "")

@@ -8,6 +8,7 @@ default scheduler and the node converter). Pure: no I/O.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 import re
 import uuid
@@ -57,9 +58,15 @@ def labels_of(obj: Obj) -> dict[str, str]:
     return labels if isinstance(labels, dict) else {}
 
 
+@functools.lru_cache(maxsize=64)
+def _rfc3339_second(second: int) -> str:
+    return dt.datetime.fromtimestamp(second, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def rfc3339(epoch: float) -> str:
-    """`epoch` seconds as Kubernetes writes timestamps: UTC, second precision, `Z`."""
-    return dt.datetime.fromtimestamp(int(epoch), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """`epoch` seconds as Kubernetes writes timestamps: UTC, second precision, `Z` (one string per second,
+    shared by every object written in it)."""
+    return _rfc3339_second(int(epoch))
 
 
 def rfc3339_micro(epoch: float) -> str:

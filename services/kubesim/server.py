@@ -52,6 +52,8 @@ log = logging.getLogger("kubesim")
 
 _JSON = "application/json"
 _encoder = msgspec.json.Encoder()
+_CHUNK = 1000
+"""Objects per write of a long list or of a watch's backlog (bounds the memory of one response)."""
 # A timer fires a hair after its deadline, so the cluster's clock has surely reached it.
 _TIMER_SLACK = 1e-3
 
@@ -90,6 +92,23 @@ def _wants_aggregated(accept: str) -> bool:
 
 def _respond(obj: Any, status: int = 200, content_type: str = _JSON) -> web.Response:
     return web.Response(body=_encoder.encode(obj), status=status, headers={"Content-Type": content_type})
+
+
+async def _respond_list(request: web.Request, head: Obj, items: list[Obj]) -> web.StreamResponse:
+    """A list object; a long one is streamed in chunks, so the whole encoding never sits in memory."""
+    if len(items) <= _CHUNK:
+        return _respond({**head, "items": items})
+    response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    # '{...head...,"items":[' then the items, comma-separated, then ']}'.
+    await response.write(_encoder.encode(head)[:-1] + b',"items":[')
+    for start in range(0, len(items), _CHUNK):
+        part = _encoder.encode(items[start : start + _CHUNK])[1:-1]
+        await response.write(part + (b"," if start + _CHUNK < len(items) else b""))
+    await response.write(b"]}")
+    await response.write_eof()
+    return response
 
 
 def _error(exc: ApiError) -> web.Response:
@@ -384,14 +403,8 @@ class KubeSim:
                 md: Obj = {"resourceVersion": result.resource_version}
                 if result.continue_token:
                     md["continue"] = result.continue_token
-                return _respond(
-                    {
-                        "kind": rt.list_kind,
-                        "apiVersion": rt.api_version,
-                        "metadata": md,
-                        "items": result.items,
-                    }
-                )
+                head = {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": md}
+                return await _respond_list(request, head, result.items)
             if sub == "log":
                 raise bad_request(
                     f'logs are not supported by the simulated cluster (kubesim): pod "{name}" runs no containers'
@@ -508,8 +521,8 @@ class KubeSim:
         try:
             while True:
                 if stream.pending:
-                    chunks = []
-                    while stream.pending:
+                    chunks: list[bytes] = []
+                    while stream.pending and len(chunks) < _CHUNK:
                         kind, obj = stream.pending.popleft()
                         if as_table and kind != BOOKMARK:
                             obj = table(

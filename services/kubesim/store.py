@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
+from services.kubesim.compact import Sharer
 from services.kubesim.errors import gone
 
 __all__ = ["Change", "EventType", "Key", "Storage", "Store"]
@@ -170,8 +171,9 @@ def _owner_uids(obj: Obj | None) -> set[str]:
 class Store:
     """Every storage, the global resourceVersion and the owner index."""
 
-    def __init__(self, *, history: int = 5000) -> None:
+    def __init__(self, *, history: int = 5000, share: bool = True) -> None:
         self.rv = 0
+        self.sharer = Sharer() if share else None
         self.history = history
         self.storages: dict[str, Storage] = {}
         self.dependents: dict[str, set[tuple[str, str, str]]] = {}
@@ -199,7 +201,8 @@ class Store:
 
     def put(self, key: str, obj: Obj) -> Obj:
         """Store `obj` (created or replacing the object of the same namespace/name) at the next
-        resourceVersion, which is written into `obj["metadata"]`. The store owns `obj` afterwards."""
+        resourceVersion, which is written into `obj["metadata"]`; returns the stored object (equal to
+        `obj`, its parts shared with equal parts of other objects). Neither may be mutated afterwards."""
         storage = self.storages[key]
         md = obj["metadata"]
         ns = md.get("namespace", "") if storage.namespaced else ""
@@ -208,6 +211,8 @@ class Store:
         old = bucket.get(name)
         rv = self.next_rv()
         md["resourceVersion"] = str(rv)
+        if self.sharer is not None:
+            obj = self.sharer.share(obj)
         bucket[name] = obj
         if old is None:
             storage.count += 1
