@@ -200,6 +200,7 @@ def builtin_types() -> list[ResourceType]:
             storage="events",
             view=EVENTS_V1_VIEW,
         ),
+        *_stored_only(),
         ResourceType(
             group="apiextensions.k8s.io",
             version="v1",
@@ -208,6 +209,99 @@ def builtin_types() -> list[ResourceType]:
             namespaced=False,
             short_names=("crd", "crds"),
             categories=("api-extensions",),
+            subresources=("status",),
+        ),
+    ]
+
+
+def _stored_only() -> list[ResourceType]:
+    """Kinds a deployment applies but nothing in the simulated cluster acts on (RBAC, budgets, volumes, ...):
+    served so that whole manifests apply unchanged."""
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        _core(
+            "persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",), subresources=("status",)
+        ),
+        _core(
+            "persistentvolumes",
+            "PersistentVolume",
+            namespaced=False,
+            short_names=("pv",),
+            subresources=("status",),
+        ),
+        _core("endpoints", "Endpoints", short_names=("ep",)),
+        _core("resourcequotas", "ResourceQuota", short_names=("quota",), subresources=("status",)),
+        _core("limitranges", "LimitRange", short_names=("limits",)),
+        _core("podtemplates", "PodTemplate"),
+        ResourceType(group=rbac, version="v1", plural="roles", kind="Role", namespaced=True),
+        ResourceType(group=rbac, version="v1", plural="rolebindings", kind="RoleBinding", namespaced=True),
+        ResourceType(group=rbac, version="v1", plural="clusterroles", kind="ClusterRole", namespaced=False),
+        ResourceType(
+            group=rbac,
+            version="v1",
+            plural="clusterrolebindings",
+            kind="ClusterRoleBinding",
+            namespaced=False,
+        ),
+        ResourceType(
+            group="policy",
+            version="v1",
+            plural="poddisruptionbudgets",
+            kind="PodDisruptionBudget",
+            namespaced=True,
+            short_names=("pdb",),
+            subresources=("status",),
+        ),
+        ResourceType(
+            group="batch",
+            version="v1",
+            plural="cronjobs",
+            kind="CronJob",
+            namespaced=True,
+            short_names=("cj",),
+            categories=("all",),
+            subresources=("status",),
+        ),
+        ResourceType(
+            group="apps",
+            version="v1",
+            plural="controllerrevisions",
+            kind="ControllerRevision",
+            namespaced=True,
+        ),
+        ResourceType(
+            group="storage.k8s.io",
+            version="v1",
+            plural="storageclasses",
+            kind="StorageClass",
+            namespaced=False,
+            short_names=("sc",),
+        ),
+        ResourceType(
+            group="networking.k8s.io",
+            version="v1",
+            plural="networkpolicies",
+            kind="NetworkPolicy",
+            namespaced=True,
+            short_names=("netpol",),
+        ),
+        ResourceType(
+            group="networking.k8s.io",
+            version="v1",
+            plural="ingresses",
+            kind="Ingress",
+            namespaced=True,
+            short_names=("ing",),
+            subresources=("status",),
+        ),
+        ResourceType(
+            group="autoscaling",
+            version="v2",
+            plural="horizontalpodautoscalers",
+            kind="HorizontalPodAutoscaler",
+            namespaced=True,
+            short_names=("hpa",),
+            categories=("all",),
             subresources=("status",),
         ),
     ]
