@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -25,6 +26,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.binder import service as binder
+from services.kubesim.cluster import SimOptions
+from services.kubesim.server import KubeSim
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
@@ -39,6 +42,8 @@ from shared.model.objects import PodSet, SubGroupSet
 from shared.telemetry.metrics_kv import CountedKv
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 Families = dict[str, Metric]
 DEADLINE_S = 20.0
@@ -329,6 +334,34 @@ async def test_a_malformed_work_item_is_counted_under_its_subject_family(
     messages = ("kairos_messages", "kairos_messages_total")
     assert value(f, *messages, subject="kairos.work", outcome="malformed") == 1
     assert value(f, "kairos_service_counter", "kairos_service_counter_total", name="malformed") == 1
+
+
+async def test_the_kubernetes_source_exports_its_informers_and_mirrored_objects(
+    stack: Stack, scraper: Scraper, tmp_path: Path
+) -> None:
+    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
+    sim.load_manifests(REPO / "deploy" / "crds")
+    sim.add_nodes(Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=8) for i in range(3))
+    await sim.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    sim.write_kubeconfig(kubeconfig)
+    try:
+        await stack.start("state", state.body, "s-kube", source="kube", kubeconfig=str(kubeconfig))
+        relists = ("kairos_state_informer_relists", "kairos_state_informer_relists_total")
+        f = await scraper.until(
+            stack.ports["s-kube"],
+            lambda f: (
+                value(f, *relists, resource="nodes") == 1
+                and value(f, "kairos_state_objects", kind="node") == 3
+            ),
+        )
+        listed = {x.labels["resource"] for x in f["kairos_state_informer_relists"].samples}
+        assert {"nodes", "pods", "queues", "podgroups", "priorityclasses", "topologies"} <= listed
+        errors = ("kairos_state_informer_errors", "kairos_state_informer_errors_total")
+        assert value(f, *errors, resource="nodes") == 0
+        await stack.stop()
+    finally:
+        await sim.stop()
 
 
 # --- the binder's counted ledger ---------------------------------------------------------------------------
