@@ -11,6 +11,7 @@ for assertions, ``await sim.stop()``).
 **What is simulated.** The REST API that kubectl 1.32 and kubernetes-asyncio use, over plain HTTP without
 authentication, JSON only:
 
+- kubectl's typed ``create <kind>`` generators, which send protobuf (`protobuf` decodes those kinds);
 - discovery (``/version``, ``/api``, ``/apis``, per group/version lists, aggregated discovery v2) and
   schema-less OpenAPI v3 documents, enough for ``kubectl apply``/``create`` with validation on (the server
   is announced as validating fields; it does not actually reject unknown fields);
@@ -43,9 +44,9 @@ authentication, JSON only:
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
   through pods/binding (Kairos's binder).
 
-**What is not.** Authentication and authorisation; protobuf and CBOR (so ``kubectl create namespace``
-and the other typed ``kubectl create <kind>`` generators fail: use ``kubectl create -f`` or ``apply``);
-admission webhooks, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
+**What is not.** Authentication and authorisation; protobuf beyond what kubectl's ``create <kind>``
+generators send (namespace, configmap, secret, serviceaccount, priorityclass, deployment, job, cronjob,
+service, poddisruptionbudget, quota, role(binding), clusterrole(binding)) and CBOR; admission webhooks, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
 validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
 (deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
 first; container restarts, probes, logs, exec and port-forward; kube-proxy, services' cluster IPs and

@@ -35,7 +35,7 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from services.kubesim import discovery
+from services.kubesim import discovery, protobuf
 from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream
 from services.kubesim.config import read_manifests
 from services.kubesim.errors import ApiError, bad_request
@@ -356,8 +356,8 @@ class KubeSim:
         if not raw:
             return None
         content_type = request.headers.get("Content-Type", _JSON).split(";")[0].strip()
-        if "protobuf" in content_type:
-            raise ApiError(415, "UnsupportedMediaType", "the simulated API server speaks JSON only")
+        if content_type == "application/vnd.kubernetes.protobuf":
+            return protobuf.decode_object(raw)
         try:
             if content_type in ("application/yaml", "application/x-yaml", "text/yaml"):
                 return yaml.safe_load(raw)

@@ -199,3 +199,14 @@ async def test_kubectl_logs_says_the_simulated_cluster_has_none(kubeconfig: Path
     code, _, err = await kubectl(kubeconfig, "logs", "gpu-pod")
     assert code == 1
     assert "logs are not supported by the simulated cluster" in err
+
+
+async def test_kubectl_create_generators_work_although_they_send_protobuf(kubeconfig: Path) -> None:
+    await ok(kubeconfig, "create", "namespace", "team")
+    await ok(kubeconfig, "-n", "team", "create", "configmap", "settings", "--from-literal=mode=fast")
+    await ok(kubeconfig, "-n", "team", "create", "deployment", "web", "--image=nginx:1.27", "--replicas=2")
+    await ok(kubeconfig, "-n", "team", "rollout", "status", "deployment/web", "--timeout=30s")
+    settings = json.loads(await ok(kubeconfig, "-n", "team", "get", "configmap", "settings", "-o", "json"))
+    assert settings["data"] == {"mode": "fast"}
+    pods = json.loads(await ok(kubeconfig, "-n", "team", "get", "pods", "-o", "json"))["items"]
+    assert [p["spec"]["containers"][0]["image"] for p in pods] == ["nginx:1.27", "nginx:1.27"]
