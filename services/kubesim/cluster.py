@@ -422,6 +422,7 @@ class Cluster:
             ns = namespace or body_ns
             if not ns:
                 raise bad_request(f"a namespace is required to create {rt.plural}")
+            kinds.check_namespace_name(rt.kind, md.get("name") or md.get("generateName") or "", ns)
             if self.store.storage("namespaces").get("", ns) is None:
                 raise not_found("namespaces", ns)
             md["namespace"] = ns
@@ -889,6 +890,22 @@ class Cluster:
             (patched.get("spec") or {}).get("replicas"),
             (patched.get("metadata") or {}).get("resourceVersion"),
         )
+
+    def review(self, rt: ResourceType, body: Any) -> Obj:
+        """Answer an access review (everything is allowed: there is no authorisation) or an identity review."""
+        question = kinds.require_dict(body, f"a {rt.kind}")
+        answer: Obj = {**question, "apiVersion": rt.api_version, "kind": rt.kind}
+        answer.setdefault("metadata", {})["creationTimestamp"] = rfc3339(self.now())
+        if rt.kind == "SelfSubjectReview":
+            answer["status"] = {
+                "userInfo": {
+                    "username": "kubesim-admin",
+                    "groups": ["system:masters", "system:authenticated"],
+                }
+            }
+        else:
+            answer["status"] = {"allowed": True, "reason": "the simulated API server allows every request"}
+        return answer
 
     # --- events ---------------------------------------------------------------------------------------------
     def record_event(self, about: Obj, type_: str, reason: str, message: str, component: str) -> None:

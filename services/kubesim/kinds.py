@@ -62,11 +62,10 @@ def check_name(rt: ResourceType, name: Any, *, kind: str = "") -> None:
         raise invalid(kind, name, "metadata.name", f"must be {rule}", value=name)
 
 
-def check_namespace_name(name: str) -> None:
-    if len(name) > 63 or _DNS_LABEL.match(name) is None:
-        raise invalid(
-            "Namespace", name, "metadata.namespace", "must be a lowercase RFC 1123 label", value=name
-        )
+def check_namespace_name(kind: str, name: str, namespace: Any) -> None:
+    """422 Invalid unless `namespace` could name a namespace (a DNS label)."""
+    if not isinstance(namespace, str) or len(namespace) > 63 or _DNS_LABEL.match(namespace) is None:
+        raise invalid(kind, name, "metadata.namespace", "must be a lowercase RFC 1123 label", value=namespace)
 
 
 def validate(rt: ResourceType, obj: Obj) -> None:

@@ -3,8 +3,8 @@
 kubectl's typed generators (`kubectl create namespace|configmap|secret|serviceaccount|priorityclass|
 deployment|job|cronjob|service|poddisruptionbudget|quota|role|rolebinding|clusterrole|clusterrolebinding`)
 POST their object as `application/vnd.kubernetes.protobuf`: the magic bytes `k8s\\0`, then a
-runtime.Unknown message (type meta, raw object bytes). `decode_object(body)` turns such a body into the
-JSON-like object the rest of the server handles, using field tables for those kinds only (the field
+runtime.Unknown message (type meta, raw object bytes). `kubectl auth can-i` and `kubectl auth whoami` send their
+reviews so too. `decode_object(body)` turns such a body into the JSON-like object the rest of the server handles, using field tables for those kinds only (the field
 numbers are those of the Kubernetes API's protobuf definitions). Empty singular values are dropped, as
 JSON's `omitempty` would; a field the tables do not know that carries a value is refused with 415, so
 nothing is lost silently. Called by the HTTP shell (`services.kubesim.server`). Pure: no I/O.
@@ -217,6 +217,11 @@ _KINDS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
 }
 
+_REVIEWS = {
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"),
+    ("authentication.k8s.io/v1", "SelfSubjectReview"),
+}
+
 
 def _unsupported(problem: str) -> ApiError:
     return ApiError(
@@ -380,6 +385,9 @@ def decode_object(body: bytes) -> Obj:
     envelope = _message("Unknown", body[len(MAGIC) :])
     type_meta = envelope.get("typeMeta") or {}
     api_version, kind = type_meta.get("apiVersion", ""), type_meta.get("kind", "")
+    if (api_version, kind) in _REVIEWS:
+        # The answer does not depend on the question (everything is allowed), so it is not read.
+        return {"apiVersion": api_version, "kind": kind}
     if (api_version, kind) not in _KINDS:
         raise _unsupported(f"{api_version} {kind} is not one of them")
     raw = base64.b64decode(envelope.get("raw", ""))

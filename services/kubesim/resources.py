@@ -67,6 +67,8 @@ class ResourceType:
     """Name of the CRD that defines the type; empty for built-in types."""
     view: str = ""
     """A conversion applied between the stored form and this API version (`EVENTS_V1_VIEW`)."""
+    review: bool = False
+    """A create-only question (access and identity reviews): answered, never stored."""
 
     def __post_init__(self) -> None:
         if not self.singular:
@@ -201,6 +203,24 @@ def builtin_types() -> list[ResourceType]:
             view=EVENTS_V1_VIEW,
         ),
         *_stored_only(),
+        ResourceType(
+            group="authorization.k8s.io",
+            version="v1",
+            plural="selfsubjectaccessreviews",
+            kind="SelfSubjectAccessReview",
+            namespaced=False,
+            verbs=("create",),
+            review=True,
+        ),
+        ResourceType(
+            group="authentication.k8s.io",
+            version="v1",
+            plural="selfsubjectreviews",
+            kind="SelfSubjectReview",
+            namespaced=False,
+            verbs=("create",),
+            review=True,
+        ),
         ResourceType(
             group="apiextensions.k8s.io",
             version="v1",
@@ -405,6 +425,6 @@ class Registry:
         """One type per storage (its first registered, non-view version)."""
         out: dict[str, ResourceType] = {}
         for rt in self._by_gvr.values():
-            if not rt.view:
+            if not rt.view and not rt.review:
                 out.setdefault(rt.storage, rt)
         return out

@@ -375,6 +375,8 @@ class KubeSim:
         method = request.method
         dry_run = "All" in query.getall("dryRun", [])
         accept = request.headers.get("Accept", "")
+        if rt.review and (method != "POST" or name is not None):
+            raise ApiError(405, "MethodNotAllowed", f"{rt.plural} can only be created")
         if method in ("GET", "HEAD"):
             if name is None:
                 if _truthy(query.get("watch")):
@@ -419,6 +421,8 @@ class KubeSim:
             return _respond(obj)
         if method == "POST":
             body = await self._body(request)
+            if name is None and rt.review:
+                return _respond(cluster.review(rt, body), 201)
             if name is None:
                 return _respond(cluster.create(rt, ns, body, dry_run=dry_run), 200 if dry_run else 201)
             if sub == "binding" and rt.storage == "pods":

@@ -210,3 +210,8 @@ async def test_kubectl_create_generators_work_although_they_send_protobuf(kubeco
     assert settings["data"] == {"mode": "fast"}
     pods = json.loads(await ok(kubeconfig, "-n", "team", "get", "pods", "-o", "json"))["items"]
     assert [p["spec"]["containers"][0]["image"] for p in pods] == ["nginx:1.27", "nginx:1.27"]
+
+
+async def test_kubectl_auth_says_everything_is_allowed(kubeconfig: Path) -> None:
+    assert (await ok(kubeconfig, "auth", "can-i", "delete", "nodes")).strip() == "yes"
+    assert "kubesim-admin" in await ok(kubeconfig, "auth", "whoami")

@@ -200,6 +200,11 @@ def test_creating_in_a_missing_namespace_is_404(cluster: Cluster) -> None:
     assert error.message == 'namespaces "nowhere" not found'
 
 
+def test_a_malformed_namespace_is_422(cluster: Cluster) -> None:
+    error = expect_error(422, "Invalid", cluster.create, pods(cluster), "Bad_Namespace", pod_body("p"))
+    assert "metadata.namespace" in error.message
+
+
 def test_a_namespace_in_the_body_must_match_the_request(cluster: Cluster) -> None:
     expect_error(
         400, "BadRequest", cluster.create, pods(cluster), "default", pod_body("p", namespace="kube-system")
