@@ -373,17 +373,20 @@ class Registry:
 
     def __init__(self, types: Iterable[ResourceType] = ()) -> None:
         self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
+        self._storages: dict[str, ResourceType] | None = None
         for rt in types:
             self.add(rt)
 
     def add(self, rt: ResourceType) -> None:
         self._by_gvr[rt.group, rt.version, rt.plural] = rt
+        self._storages = None
 
     def remove_crd(self, crd_name: str) -> list[ResourceType]:
         """Forget every type the CRD `crd_name` defined; returns them."""
         gone = [rt for rt in self._by_gvr.values() if rt.crd == crd_name]
         for rt in gone:
             del self._by_gvr[rt.group, rt.version, rt.plural]
+        self._storages = None
         return gone
 
     def lookup(self, group: str, version: str, plural: str) -> ResourceType:
@@ -422,9 +425,11 @@ class Registry:
         return [rt for rt in self._by_gvr.values() if rt.group == group and rt.version == version]
 
     def storages(self) -> dict[str, ResourceType]:
-        """One type per storage (its first registered, non-view version)."""
-        out: dict[str, ResourceType] = {}
-        for rt in self._by_gvr.values():
-            if not rt.view and not rt.review:
-                out.setdefault(rt.storage, rt)
-        return out
+        """One type per storage (its first registered, non-view version); cached until types change."""
+        if self._storages is None:
+            out: dict[str, ResourceType] = {}
+            for rt in self._by_gvr.values():
+                if not rt.view and not rt.review:
+                    out.setdefault(rt.storage, rt)
+            self._storages = out
+        return self._storages

@@ -119,7 +119,8 @@ class DefaultScheduler:
         if not self.todo:
             return False
         pods = self.cluster.store.storage("pods")
-        nodes = sorted(self.cluster.store.storage("nodes").iter(), key=lambda n: n["metadata"]["name"])
+        node_storage = self.cluster.store.storage("nodes")
+        nodes = [n for _, name in node_storage.keys_sorted() if (n := node_storage.get("", name)) is not None]
         used: dict[str, dict[str, Decimal]] = {}
         batch = list(self.todo)
         self.todo.clear()
