@@ -52,6 +52,8 @@ log = logging.getLogger("kubesim")
 
 _JSON = "application/json"
 _encoder = msgspec.json.Encoder()
+_MAX_BODY = 64 * 2**20
+"""Large enough for any CRD (the biggest upstream ones are a few megabytes)."""
 _CHUNK = 1000
 """Objects per write of a long list or of a watch's backlog (bounds the memory of one response)."""
 # A timer fires a hair after its deadline, so the cluster's clock has surely reached it.
@@ -94,7 +96,7 @@ def _respond(obj: Any, status: int = 200, content_type: str = _JSON) -> web.Resp
     return web.Response(body=_encoder.encode(obj), status=status, headers={"Content-Type": content_type})
 
 
-async def _respond_list(request: web.Request, head: Obj, items: list[Obj]) -> web.StreamResponse:
+async def _respond_list(request: web.BaseRequest, head: Obj, items: list[Obj]) -> web.StreamResponse:
     """A list object; a long one is streamed in chunks, so the whole encoding never sits in memory."""
     if len(items) <= _CHUNK:
         return _respond({**head, "items": items})
@@ -133,7 +135,7 @@ class KubeSim:
         self._offset = 0.0
         self.cluster = Cluster(options, clock=self._now)
         self.bookmark_seconds = bookmark_seconds
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._url = ""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -187,9 +189,10 @@ class KubeSim:
         wall = self._now()
         self._loop = loop
         self._offset = wall - loop.time()
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handle_signals=False)
+        # A bare server with one handler: the request path is routed here, so aiohttp's router and
+        # application machinery would only cost time on every request.
+        server = web.Server(self._handle, request_factory=self._request, access_log=None)
+        self._runner = web.ServerRunner(server, shutdown_timeout=1.0, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -226,6 +229,12 @@ class KubeSim:
         partial.replace(out)
         return out
 
+    def _request(self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        assert self._loop is not None
+        return web.BaseRequest(
+            message, payload, protocol, writer, task, self._loop, client_max_size=_MAX_BODY
+        )
+
     # --- timers ---------------------------------------------------------------------------------------------
     def _after_write(self) -> None:
         self.cluster.settle()
@@ -254,7 +263,7 @@ class KubeSim:
         self._schedule()
 
     # --- routing --------------------------------------------------------------------------------------------
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
             response = await self._route(request)
         except ApiError as exc:
@@ -271,7 +280,7 @@ class KubeSim:
                 log.exception("kubesim: settling the cluster failed")
         return response
 
-    async def _route(self, request: web.Request) -> web.StreamResponse:
+    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         accept = request.headers.get("Accept", "")
         registry = self.cluster.registry
@@ -351,7 +360,7 @@ class KubeSim:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return _Request(rt, None, name, sub)
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: web.BaseRequest) -> Any:
         raw = await request.read()
         if not raw:
             return None
@@ -366,7 +375,7 @@ class KubeSim:
             raise bad_request(f"the request body is not valid JSON: {exc}") from exc
 
     async def _resource(
-        self, request: web.Request, group: str, version: str, rest: list[str]
+        self, request: web.BaseRequest, group: str, version: str, rest: list[str]
     ) -> web.StreamResponse:
         req = self._parse(group, version, rest)
         rt, ns, name, sub = req.rt, req.namespace, req.name, req.subresource
@@ -487,7 +496,7 @@ class KubeSim:
         return out
 
     # --- watch ------------------------------------------------------------------------------------------------
-    async def _watch(self, request: web.Request, rt: ResourceType, ns: str | None) -> web.StreamResponse:
+    async def _watch(self, request: web.BaseRequest, rt: ResourceType, ns: str | None) -> web.StreamResponse:
         cluster = self.cluster
         query = request.query
         labels, fields = cluster.selectors(rt, query.get("labelSelector"), query.get("fieldSelector"))
