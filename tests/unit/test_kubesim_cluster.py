@@ -454,3 +454,47 @@ def test_events_written_as_core_v1_read_as_events_k8s_io_v1(cluster: Cluster) ->
     assert (event["apiVersion"], event["regarding"]["name"], event["note"]) == ("events.k8s.io/v1", "p", "hi")
     labels, fields = cluster.selectors(v1, None, "regarding.name=p")
     assert len(cluster.list_objects(v1, "default", labels=labels, fields=fields).items) == 1
+
+
+def test_deletecollection_deletes_what_the_selectors_pick(cluster: Cluster) -> None:
+    cluster.create(pods(cluster), "default", pod_body("a", labels={"tier": "batch"}))
+    cluster.create(pods(cluster), "default", pod_body("b", labels={"tier": "batch"}))
+    cluster.create(pods(cluster), "default", pod_body("c", labels={"tier": "web"}))
+    labels, fields = cluster.selectors(pods(cluster), "tier=batch", None)
+    deleted = cluster.delete_collection(pods(cluster), "default", labels=labels, fields=fields)
+    assert sorted(p["metadata"]["name"] for p in deleted) == ["a", "b"]
+    assert [p["metadata"]["name"] for p in cluster.list_objects(pods(cluster), "default").items] == ["c"]
+
+
+def test_server_side_apply_creates_then_merges(cluster: Cluster) -> None:
+    configmaps = cluster.type_of("configmaps")
+    applied = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: '1'}\n"
+    _, created = cluster.patch(configmaps, "default", "c", "application/apply-patch+yaml", applied)
+    assert created
+    again = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {b: '2'}\n"
+    merged, created = cluster.patch(configmaps, "default", "c", "application/apply-patch+yaml", again)
+    assert not created
+    assert merged["data"] == {"a": "1", "b": "2"}
+
+
+def test_a_dry_run_create_stores_nothing(cluster: Cluster) -> None:
+    before = cluster.store.rv
+    answer = cluster.create(pods(cluster), "default", pod_body("p"), dry_run=True)
+    assert answer["metadata"]["name"] == "p"
+    assert cluster.store.rv == before
+    expect_error(404, "NotFound", cluster.get, pods(cluster), "default", "p")
+
+
+def test_the_scale_subresource_reads_and_sets_replicas(cluster: Cluster) -> None:
+    deployments = cluster.type_of("apps/deployments")
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    cluster.create(
+        deployments, "default", {"metadata": {"name": "w"}, "spec": {"replicas": 1, "template": template}}
+    )
+    assert cluster.get_scale(deployments, "default", "w")["spec"] == {"replicas": 1}
+    scaled = cluster.patch_scale(
+        deployments, "default", "w", "application/merge-patch+json", b'{"spec":{"replicas":3}}'
+    )
+    assert scaled["spec"] == {"replicas": 3}
+    assert cluster.get(deployments, "default", "w")["spec"]["replicas"] == 3
+    assert scaled["status"]["selector"] == "app=w"

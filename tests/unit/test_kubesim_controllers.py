@@ -256,3 +256,16 @@ def test_the_default_scheduler_can_be_turned_off(clock: Clock) -> None:
     )
     quiet.settle()
     assert not quiet.get(quiet.type_of("pods"), "default", "p")["spec"].get("nodeName")
+
+
+def test_changing_a_deployment_s_template_replaces_its_replicaset(cluster: Cluster) -> None:
+    create_deployment(cluster, 2)
+    deployments = cluster.type_of("apps/deployments")
+    patch = b'{"spec":{"template":{"metadata":{"annotations":{"restartedAt":"now"}}}}}'
+    cluster.patch(deployments, "default", "web", "application/strategic-merge-patch+json", patch)
+    cluster.settle()
+    replicasets = cluster.list_objects(cluster.type_of("apps/replicasets"), "default").items
+    assert sorted(rs["spec"]["replicas"] for rs in replicasets) == [0, 2]
+    pods = pods_of(cluster, app="web")
+    assert len(pods) == 2
+    assert all(p["metadata"]["annotations"].get("restartedAt") == "now" for p in pods)
