@@ -40,8 +40,9 @@ class KubeSimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """0 picks a free port; the ready line and the kubeconfig say which."""
     cluster: str | None = None
     """A cluster YAML (shared.clusterfile) whose nodes become the simulated nodes."""
-    nodes: int = 0
-    """Generated nodes when no cluster file is given."""
+    nodes: int = 4
+    """Generated nodes when no cluster file is given: a few, so that a bare start has somewhere to run
+    pods (`--nodes 0` for none)."""
     gpus_per_node: int = 8
     crds: tuple[str, ...] = ()
     """Files or directories of CustomResourceDefinitions (or other manifests) created at start."""
@@ -64,8 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--cluster", metavar="FILE", help="cluster YAML whose nodes are simulated")
-    source.add_argument("--nodes", type=int, default=0, metavar="N", help="generate N nodes")
-    p.add_argument("--gpus-per-node", type=int, default=8, metavar="G", help="GPUs of each generated node")
+    source.add_argument("--nodes", type=int, default=4, metavar="N", help="generate N nodes (default 4)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=8, metavar="G", help="GPUs of each generated node (default 8)"
+    )
     p.add_argument(
         "--crds",
         action="append",
