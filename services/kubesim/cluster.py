@@ -891,9 +891,12 @@ class Cluster:
             (patched.get("metadata") or {}).get("resourceVersion"),
         )
 
-    def review(self, rt: ResourceType, body: Any) -> Obj:
-        """Answer an access review (everything is allowed: there is no authorisation) or an identity review."""
+    def review(self, rt: ResourceType, namespace: str | None, body: Any) -> Obj:
+        """Answer an access review (everything is allowed: there is no authorisation) or an identity review;
+        a POST to the legacy `bindings` collection binds the pod its body names."""
         question = kinds.require_dict(body, f"a {rt.kind}")
+        if rt.kind == "Binding":
+            return self.bind(namespace or "", str((question.get("metadata") or {}).get("name", "")), question)
         answer: Obj = {**question, "apiVersion": rt.api_version, "kind": rt.kind}
         answer.setdefault("metadata", {})["creationTimestamp"] = rfc3339(self.now())
         if rt.kind == "SelfSubjectReview":

@@ -68,7 +68,8 @@ class ResourceType:
     view: str = ""
     """A conversion applied between the stored form and this API version (`EVENTS_V1_VIEW`)."""
     review: bool = False
-    """A create-only question (access and identity reviews): answered, never stored."""
+    """Create-only and never stored: access and identity reviews (answered) and the legacy `bindings`
+    resource (a pod binding named by the body)."""
 
     def __post_init__(self) -> None:
         if not self.singular:
@@ -203,6 +204,7 @@ def builtin_types() -> list[ResourceType]:
             view=EVENTS_V1_VIEW,
         ),
         *_stored_only(),
+        _core("bindings", "Binding", verbs=("create",), review=True),
         ResourceType(
             group="authorization.k8s.io",
             version="v1",

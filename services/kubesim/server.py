@@ -431,7 +431,7 @@ class KubeSim:
         if method == "POST":
             body = await self._body(request)
             if name is None and rt.review:
-                return _respond(cluster.review(rt, body), 201)
+                return _respond(cluster.review(rt, ns, body), 201)
             if name is None:
                 return _respond(cluster.create(rt, ns, body, dry_run=dry_run), 200 if dry_run else 201)
             if sub == "binding" and rt.storage == "pods":

@@ -262,3 +262,11 @@ async def test_openapi_v3_announces_field_validation_for_every_group_version(sim
 async def test_an_unknown_resource_is_a_404_status(sim: KubeSim) -> None:
     status, _, body = await get_json(f"{sim.url}/apis/example.com/v1/widgets")
     assert (status, body["kind"], body["reason"]) == (404, "Status", "NotFound")
+
+
+async def test_the_legacy_bindings_collection_binds_the_pod_its_body_names(api: client.ApiClient) -> None:
+    v1 = client.CoreV1Api(api)
+    await v1.create_namespaced_pod("default", pod("p1"))
+    answer = await v1.create_namespaced_binding("default", binding("p1", "node-1"), _preload_content=False)
+    assert answer.status == 201
+    assert (await v1.read_namespaced_pod("p1", "default")).spec.node_name == "node-1"
