@@ -56,6 +56,7 @@ from services.kubesim.selectors import (
     parse_labels,
 )
 from services.kubesim.store import Change, Store
+from shared.errors import ConfigError
 
 __all__ = [
     "BOOKMARK",
@@ -114,9 +115,9 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def __post_init__(self) -> None:
         if self.run_delay < 0:
-            raise ValueError("run_delay must be >= 0")
+            raise ConfigError(f"kubesim option run_delay: must be >= 0, got {self.run_delay}")
         if self.watch_history < 1:
-            raise ValueError("watch_history must be >= 1")
+            raise ConfigError(f"kubesim option watch_history: must be >= 1, got {self.watch_history}")
 
 
 class ListResult(msgspec.Struct, frozen=True):

@@ -99,17 +99,12 @@ def parse_args(argv: list[str]) -> KubeSimConfig:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.bookmark_seconds <= 0:
         raise ConfigError("--bookmark-seconds must be > 0")
-    try:
-        options = SimOptions(
-            run_delay=args.run_delay,
-            watch_history=args.watch_history,
-            default_scheduler=not args.no_default_scheduler,
-            seed=args.seed,
-        )
-    except ValueError as exc:
-        raise ConfigError(
-            str(exc).replace("run_delay", "--run-delay").replace("watch_history", "--watch-history")
-        ) from exc
+    options = SimOptions(
+        run_delay=args.run_delay,
+        watch_history=args.watch_history,
+        default_scheduler=not args.no_default_scheduler,
+        seed=args.seed,
+    )
     return KubeSimConfig(
         host=args.host,
         port=args.port,
