@@ -135,6 +135,10 @@ class KubeSim:
         self._offset = 0.0
         self.cluster = Cluster(options, clock=self._now)
         self.bookmark_seconds = bookmark_seconds
+        self.liveness_seconds = 5.0
+        """How long an idle watch waits before checking that its client is still connected."""
+        self.watch_ended = asyncio.Event()
+        """Set whenever a watch stream ends (for tests to await)."""
         self._runner: web.ServerRunner | None = None
         self._url = ""
         self._timer: asyncio.TimerHandle | None = None
@@ -545,7 +549,8 @@ class KubeSim:
                         chunks.append(_encoder.encode({"type": kind, "object": obj}))
                     await response.write(b"\n".join(chunks) + b"\n")
                     continue
-                if stream.ended or self._stopping:
+                transport = request.transport
+                if stream.ended or self._stopping or transport is None or transport.is_closing():
                     break
                 now = loop.time()
                 if end_at is not None and now >= end_at:
@@ -554,9 +559,10 @@ class KubeSim:
                     stream.pending.append((BOOKMARK, stream.bookmark()))
                     next_bookmark = now + self.bookmark_seconds
                     continue
-                wait = (next_bookmark - now) if bookmarks else None
+                # Wake up now and then even when idle, to notice a client that went away.
+                wait = min(next_bookmark - now if bookmarks else self.liveness_seconds, self.liveness_seconds)
                 if end_at is not None:
-                    wait = min(wait, end_at - now) if wait is not None else end_at - now
+                    wait = min(wait, end_at - now)
                 wake.clear()
                 try:
                     async with asyncio.timeout(wait):
@@ -568,6 +574,7 @@ class KubeSim:
         finally:
             stream.close()
             self._watches.discard(stream)
+            self.watch_ended.set()
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response

@@ -270,3 +270,14 @@ async def test_the_legacy_bindings_collection_binds_the_pod_its_body_names(api: 
     answer = await v1.create_namespaced_binding("default", binding("p1", "node-1"), _preload_content=False)
     assert answer.status == 201
     assert (await v1.read_namespaced_pod("p1", "default")).spec.node_name == "node-1"
+
+
+async def test_a_watch_whose_client_went_away_is_dropped(sim: KubeSim) -> None:
+    sim.liveness_seconds = 0.05
+    listeners = len(sim.store.storage("pods").listeners)
+    async with aiohttp.ClientSession() as session, session.get(f"{sim.url}/api/v1/pods?watch=1") as response:
+        assert response.status == 200
+        assert len(sim.store.storage("pods").listeners) == listeners + 1
+        sim.watch_ended.clear()
+    await asyncio.wait_for(sim.watch_ended.wait(), 10)
+    assert len(sim.store.storage("pods").listeners) == listeners
