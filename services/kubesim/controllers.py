@@ -438,7 +438,6 @@ class Controllers:
         md = rs["metadata"]
         want = int(spec.get("replicas", 1))
         active = [p for p in self._owned(rs) if _is_active(p)]
-        labels = (spec.get("template", {}).get("metadata") or {}).get("labels") or {}
         for _ in range(want - len(active)):
             if not self._create_pod(rs, _REPLICASETS, self._unique_name(md["name"], md["namespace"]), {}):
                 break
@@ -454,7 +453,6 @@ class Controllers:
             )[: len(active) - want]
             for pod in victims:
                 self._delete_pod(pod)
-        del labels
         active = [p for p in self._owned(rs) if _is_active(p)]
         ready = sum(1 for p in active if _is_ready(p))
         status: Obj = {
