@@ -75,7 +75,9 @@ class Storage:
         self.listeners: list[Listener] = []
         self.closers: list[Callable[[], None]] = []
         """Called when the storage goes away (its CRD was deleted), so open watches can end."""
-        self._sorted: list[Key] | None = None
+        self._sorted: list[Key] = []
+        self._added: dict[Key, None] = {}
+        self._removed: set[Key] = set()
         self.indexes: dict[str, dict[str, set[Key]]] = {f: {} for f in index_fields}
         self._index_paths = {f: tuple(f.split(".")) for f in index_fields}
 
@@ -92,10 +94,30 @@ class Storage:
             yield from self.objects.get(namespace, {}).values()
 
     def keys_sorted(self) -> list[Key]:
-        """Every key in (namespace, name) order; cached until the next creation or deletion."""
-        if self._sorted is None:
-            self._sorted = sorted((ns, name) for ns, bucket in self.objects.items() for name in bucket)
+        """Every key in (namespace, name) order. The order is kept across writes and brought up to date
+        here: the keys created since are appended and the list re-sorted, which Python's sort does in
+        linear time for a sorted list with a short unsorted tail (paging while objects are created)."""
+        if self._removed:
+            gone = self._removed
+            self._sorted = [k for k in self._sorted if k not in gone]
+            self._removed = set()
+        if self._added:
+            self._sorted.extend(self._added)
+            self._sorted.sort()
+            self._added = {}
         return self._sorted
+
+    def _key_added(self, key: Key) -> None:
+        if key in self._removed:
+            self._removed.discard(key)  # deleted and created again: the sorted list still holds it
+        else:
+            self._added[key] = None
+
+    def _key_removed(self, key: Key) -> None:
+        if key in self._added:
+            del self._added[key]
+        else:
+            self._removed.add(key)
 
     def page(self, namespace: str | None, after: Key | None) -> Iterator[Obj]:
         """Objects in key order, in `namespace` when given, strictly after the key `after`."""
@@ -216,7 +238,7 @@ class Store:
         bucket[name] = obj
         if old is None:
             storage.count += 1
-            storage._sorted = None
+            storage._key_added((ns, name))
         storage._index((ns, name), old, obj)
         self._index_owners(key, ns, name, old, obj)
         storage._record(Change("ADDED" if old is None else "MODIFIED", obj, old, rv))
@@ -233,7 +255,7 @@ class Store:
         if not bucket:
             del storage.objects[ns]
         storage.count -= 1
-        storage._sorted = None
+        storage._key_removed((ns, name))
         rv = self.next_rv()
         gone_obj = {**old, "metadata": {**old["metadata"], "resourceVersion": str(rv)}}
         storage._index((ns, name), old, None)

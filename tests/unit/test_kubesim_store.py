@@ -100,3 +100,17 @@ def test_pages_walk_the_keys_in_order_from_after_a_key_within_a_namespace(store:
     assert [p["metadata"]["name"] for p in pods.page(None, None)] == ["y", "z", "x", "w"]
     assert [p["metadata"]["name"] for p in pods.page(None, ("a", "z"))] == ["x", "w"]
     assert [p["metadata"]["name"] for p in pods.page("a", ("a", "y"))] == ["z"]
+
+
+def test_the_key_order_survives_creations_and_deletions_between_pages(store: Store) -> None:
+    pods = store.storage("pods")
+    for name in ("b", "d"):
+        store.put("pods", pod(name))
+    assert [k[1] for k in pods.keys_sorted()] == ["b", "d"]
+    store.put("pods", pod("c"))
+    store.remove("pods", "default", "b")
+    store.put("pods", pod("a"))
+    store.put("pods", pod("e"))
+    store.remove("pods", "default", "e")
+    store.put("pods", pod("b"))
+    assert [k[1] for k in pods.keys_sorted()] == ["a", "b", "c", "d"]
