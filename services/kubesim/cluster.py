@@ -198,11 +198,12 @@ def _encode_continue(rv: int, key: tuple[str, str]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_continue(token: str) -> tuple[str, str]:
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    """(the first page's resourceVersion, the last key served) of a continue token."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = msgspec.json.decode(raw)
-        return str(data["ns"]), str(data["name"])
+        return int(data["rv"]), (str(data["ns"]), str(data["name"]))
     except (binascii.Error, msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
         raise bad_request(f"continue key is not valid: {exc}") from exc
 
@@ -329,12 +330,19 @@ class Cluster:
         limit: int = 0,
         continue_token: str = "",
     ) -> ListResult:
-        """Objects of `rt` (in `namespace` when given) in key order, filtered, paginated by `limit`."""
+        """Objects of `rt` (in `namespace` when given) in key order, filtered, paginated by `limit`.
+
+        Every page reports the resourceVersion of the first: pages come from the current state, and a watch
+        from that version replays whatever changed while the pages were read, as after a snapshot list.
+        """
         fields = fields or FieldSelector()
         storage = self.store.storage(rt.storage)
         ns = namespace if (rt.namespaced and namespace) else None
-        rv = str(self.store.rv)
-        after = _decode_continue(continue_token) if continue_token else None
+        first_rv = self.store.rv
+        after: tuple[str, str] | None = None
+        if continue_token:
+            first_rv, after = _decode_continue(continue_token)
+        rv = str(first_rv)
         candidates: Iterable[Obj]
         pinned_name = fields.exact("metadata.name")
         pinned_node = fields.exact("spec.nodeName") if rt.storage == "pods" else None
@@ -367,7 +375,7 @@ class Cluster:
             if limit and len(items) >= limit:
                 if next(iterator, None) is not None:
                     md = obj["metadata"]
-                    token = _encode_continue(self.store.rv, (md.get("namespace", ""), md["name"]))
+                    token = _encode_continue(first_rv, (md.get("namespace", ""), md["name"]))
                 break
         return ListResult(items, rv, token)
 

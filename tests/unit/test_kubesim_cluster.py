@@ -498,3 +498,17 @@ def test_the_scale_subresource_reads_and_sets_replicas(cluster: Cluster) -> None
     assert scaled["spec"] == {"replicas": 3}
     assert cluster.get(deployments, "default", "w")["spec"]["replicas"] == 3
     assert scaled["status"]["selector"] == "app=w"
+
+
+def test_every_page_of_a_list_reports_the_first_page_s_resource_version(cluster: Cluster) -> None:
+    for i in range(4):
+        cluster.create(pods(cluster), "default", pod_body(f"p{i}"))
+    first = cluster.list_objects(pods(cluster), "default", limit=2)
+    cluster.patch(
+        pods(cluster), "default", "p0", "application/merge-patch+json", b'{"metadata":{"labels":{"a":"1"}}}'
+    )
+    second = cluster.list_objects(pods(cluster), "default", limit=2, continue_token=first.continue_token)
+    assert second.resource_version == first.resource_version
+    stream = cluster.watch(pods(cluster), "default", resource_version=second.resource_version)
+    assert [(t, o["metadata"]["name"]) for t, o in stream.pending] == [("MODIFIED", "p0")]
+    stream.close()
