@@ -512,3 +512,13 @@ def test_every_page_of_a_list_reports_the_first_page_s_resource_version(cluster:
     stream = cluster.watch(pods(cluster), "default", resource_version=second.resource_version)
     assert [(t, o["metadata"]["name"]) for t, o in stream.pending] == [("MODIFIED", "p0")]
     stream.close()
+
+
+def test_tests_can_look_objects_up_by_storage_key(cluster: Cluster) -> None:
+    cluster.create(pods(cluster), "default", pod_body("p"))
+    found = cluster.find("pods", "default", "p")
+    assert found is not None
+    assert found["metadata"]["name"] == "p"
+    assert cluster.find("pods", "default", "q") is None
+    assert [n["metadata"]["name"] for n in cluster.objects("nodes")] == ["node-0", "node-1"]
+    assert cluster.objects("example.com/nothing") == []
