@@ -313,6 +313,19 @@ class Cluster:
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         return self.view(rt, self.get_stored(rt, namespace, name))
 
+    def find(self, storage_key: str, namespace: str | None, name: str) -> Obj | None:
+        """The stored object, None when absent: for assertions (`find("pods", "default", "p")`,
+        `find("scheduling.run.ai/queues", None, "q")`). The result must not be mutated."""
+        storage = self.store.storages.get(storage_key)
+        if storage is None:
+            return None
+        return storage.get((namespace or "") if storage.namespaced else "", name)
+
+    def objects(self, storage_key: str, namespace: str | None = None) -> list[Obj]:
+        """Every stored object of a resource (in `namespace` when given), in key order: for assertions."""
+        storage = self.store.storages.get(storage_key)
+        return [] if storage is None else list(storage.page(namespace if storage.namespaced else None, None))
+
     def selectors(
         self, rt: ResourceType, label: str | None, field: str | None
     ) -> tuple[LabelSelector, FieldSelector]:
