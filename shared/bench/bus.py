@@ -1,0 +1,426 @@
+"""A workload end to end: the whole stack over NATS, the binder binding through the simulated Kubernetes API.
+
+`run_bus(workload, options)` starts the simulated API server with the workload's nodes (a cluster file),
+nats-server and the four services (`shared.cli.stack.start_stack`), then talks to them only as a user
+would: it creates the workload's Topologies and Queues, then its running pods (created with their
+`spec.nodeName`, as already placed) and their PodGroups, and waits until Kairos's state holds them
+(a `StateReplica` of its own). The measured phase then creates the measured objects through the API,
+each podgroup's pods first and its PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper
+costs no API round trip per pod; scheduler_perf creates its pods directly too), and watches the pods with
+a kubernetes-asyncio informer: a pod's end-to-end latency runs from just before its create request to the
+moment its `spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the
+unschedulable verdict from the `pod-unschedulable` public event, the reclaim decision from the victims'
+deletion on the watch. CPU and peak RSS are read from /proc per process for the measured phase.
+
+Called by `shared.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from shared.bench.manifests import (
+    NAMESPACE,
+    cluster_file_text,
+    pod_manifest,
+    podgroup_manifest,
+    queue_manifest,
+    topology_manifest,
+)
+from shared.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
+from shared.bench.procstats import Usage
+from shared.bench.report import Record
+from shared.bench.workloads import Group, Workload
+from shared.bus.connection import Bus, connect
+from shared.bus.replica import StateReplica
+from shared.cli.stack import ClusterChoice, Stack, start_stack
+from shared.contracts import subjects as s
+from shared.contracts.messages import OUTCOMES, PodRecord, QueueRecord
+from shared.errors import MalformedMessage, TemporaryError
+from shared.kubeapi.client import Kube, api_error
+from shared.kubeapi.client import connect as kube_connect
+from shared.kubeapi.informer import Informer
+from shared.kubeapi.paths import collection_path
+from shared.model import PodStatus
+
+__all__ = ["BusOptions", "run_bus"]
+
+log = logging.getLogger("kairos.bench.bus")
+
+INFRASTRUCTURE = ("kubesim", "nats")
+"""Processes of the stack that are not Kairos (reported, not summed into `cpu_s`)."""
+ALREADY_EXISTS = 409
+
+
+class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the stack runs a workload."""
+
+    placement: int = 1
+    binder: int = 1
+    batch: str = "all"
+    """The queue's `batch` option: `all` (one session per cycle, KAI's) or N podgroups per work item."""
+    conflicts: str = "revision"
+    """The binder's conflict rule (`fit` lets parallel placements commit when the node still has room)."""
+    period: float = 1.0
+    run_delay: float = 0.0
+    """Seconds the simulated kubelet takes from binding to Running."""
+    concurrency: int = 32
+    """Create requests in flight at once."""
+    timeout: float = 600.0
+    """Seconds the measured phase may take before the run gives up on pods still pending."""
+    settle_timeout: float = 300.0
+    """Seconds Kairos's state may take to show the workload's running pods."""
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return {"state": 1, "queue": 1, "placement": self.placement, "binder": self.binder}
+
+
+def run_bus(workload: Workload, options: BusOptions | None = None, keep: Path | None = None) -> Record:
+    """Start a stack for `workload`, run it, stop the stack; the record of the measured phase. With `keep`,
+    the stack's state directory (logs) goes there instead of being removed."""
+    options = options or BusOptions()
+    state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-bench-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cluster_file = state_dir / "bench-nodes.yaml"
+    cluster_file.write_text(cluster_file_text(workload.nodes))
+    started = time.monotonic()
+    stack = start_stack(
+        state_dir,
+        replicas=options.replicas,
+        options={
+            "queue": {"batch": options.batch, "period": str(options.period)},
+            "binder": {"conflicts": options.conflicts},
+        },
+        timeout=120.0,
+        cluster=ClusterChoice(kind="kubesim", cluster_file=cluster_file, run_delay=options.run_delay),
+    )
+    log.info("%s: stack up in %.1f s", workload.name, time.monotonic() - started)
+    try:
+        return asyncio.run(_Run(stack, workload, options).run())
+    finally:
+        stopping = time.monotonic()
+        stack.stop()
+        log.info("%s: stack stopped in %.1f s", workload.name, time.monotonic() - stopping)
+        if keep is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class _PodMeta(msgspec.Struct):
+    name: str = ""
+
+
+class _PodSpec(msgspec.Struct):
+    nodeName: str = ""  # noqa: N815 -- the Kubernetes field name
+
+
+class _Pod(msgspec.Struct):
+    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
+    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+
+
+class _Unschedulable(msgspec.Struct):
+    podgroup: str = ""
+    namespace: str = ""
+
+
+_POD = msgspec.json.Decoder(_Pod)
+_UNSCHEDULABLE = msgspec.json.Decoder(_Unschedulable)
+
+
+class _Run:
+    """One measured run against a started stack."""
+
+    def __init__(self, stack: Stack, workload: Workload, options: BusOptions) -> None:
+        self.stack = stack
+        self.workload = workload
+        self.options = options
+        self.counted = {p.name for p in workload.counted}
+        self.initial = {p.name for g in workload.initial for p in g.pods}
+        self.created: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.deleted: dict[str, float] = {}
+        self.verdict_pg_created: float | None = None
+        self.verdict_at: float | None = None
+        self.proposals = 0
+        self.conflicts = 0
+        self.progress = asyncio.Event()
+        self.measuring = False
+
+    async def run(self) -> Record:
+        kubeconfig = self.stack.kubeconfig
+        if kubeconfig is None:
+            raise TemporaryError("the stack wrote no kubeconfig")
+        kube = await kube_connect(str(kubeconfig))
+        bus = await connect(self.stack.url, "kairos-bench")
+        http = aiohttp.ClientSession(base_url=kube.server.rstrip("/"))
+        replica = StateReplica(bus)
+        informer_task: asyncio.Task[None] | None = None
+        subs: list[Any] = []
+        try:
+            await replica.start(timeout=60.0)
+            began = time.monotonic()
+            await self._setup(http, replica)
+            await replica.stop()
+            informer = self._informer(kube)
+            informer_task = asyncio.create_task(informer.run())
+            await asyncio.wait_for(informer.synced.wait(), 60.0)
+            subs = await self._subscribe(bus)
+            log.info("%s: set up in %.1f s", self.workload.name, time.monotonic() - began)
+            began = time.monotonic()
+            record = await self._measure(http)
+            log.info("%s: measured in %.1f s", self.workload.name, time.monotonic() - began)
+            return record
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            if informer_task is not None:
+                informer_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await informer_task
+            await replica.stop()
+            await http.close()
+            await bus.close()
+            await kube.close()
+
+    # --- set-up -------------------------------------------------------------------------------------------
+    async def _setup(self, http: aiohttp.ClientSession, replica: StateReplica) -> None:
+        """Topologies, queues and the running pods, created and seen in Kairos's state."""
+        w = self.workload
+        sem = asyncio.Semaphore(self.options.concurrency)
+        await asyncio.gather(*(self._post(http, sem, topology_manifest(t)) for t in w.topologies))
+        await asyncio.gather(*(self._post(http, sem, queue_manifest(q)) for q in w.queues))
+        await self._create_groups(http, sem, w.initial, record=False)
+        deadline = time.monotonic() + self.options.settle_timeout
+        while True:
+            queues, running = self._state_counts(replica)
+            if queues >= len(w.queues) and running >= len(self.initial):
+                break
+            if time.monotonic() > deadline:
+                raise TemporaryError(
+                    f"{w.name}: Kairos's state shows {queues}/{len(w.queues)} queues and "
+                    f"{running}/{len(self.initial)} running pods after {self.options.settle_timeout:.0f} s"
+                )
+            await asyncio.sleep(0.2)
+        # A moment of quiet: the services' reaction to the set-up must not count in the measurement.
+        await asyncio.sleep(1.0)
+
+    def _state_counts(self, replica: StateReplica) -> tuple[int, int]:
+        queues = running = 0
+        for record in replica.records.values():
+            if isinstance(record, QueueRecord):
+                queues += 1
+            elif (
+                isinstance(record, PodRecord)
+                and record.pod.status == PodStatus.RUNNING
+                and record.pod.name in self.initial
+            ):
+                running += 1
+        return queues, running
+
+    # --- observing ------------------------------------------------------------------------------------------
+    def _informer(self, kube: Kube) -> Informer:
+        async def on_relist(items: list[msgspec.Raw]) -> None:
+            for raw in items:
+                await on_change("ADDED", raw)
+
+        async def on_change(kind: str, raw: msgspec.Raw) -> None:
+            now = time.time()
+            try:
+                pod = _POD.decode(raw)
+            except msgspec.DecodeError:
+                return
+            name = pod.metadata.name
+            if kind == "DELETED":
+                if self.measuring:
+                    self.deleted.setdefault(name, now)
+                    self.progress.set()
+                return
+            if pod.spec.nodeName and name in self.counted and name not in self.bound:
+                self.bound[name] = now
+                self.progress.set()
+
+        return Informer(
+            kube,
+            "pods",
+            kube.core.list_namespaced_pod,
+            on_relist,
+            on_change,
+            args=(NAMESPACE,),
+            page_size=5000,
+        )
+
+    async def _subscribe(self, bus: Bus) -> list[Any]:
+        async def on_outcome(msg: Any) -> None:
+            try:
+                outcome = OUTCOMES.decode(msg.subject, msg.data)
+            except MalformedMessage:
+                return
+            if not self.measuring:
+                return
+            self.proposals += 1
+            if outcome.status == "conflict":
+                self.conflicts += 1
+
+        async def on_unschedulable(msg: Any) -> None:
+            try:
+                event = _UNSCHEDULABLE.decode(msg.data)
+            except msgspec.DecodeError:
+                return
+            name = event.podgroup.rpartition("/")[2]
+            if (
+                name == self.workload.verdict_for
+                and self.verdict_pg_created is not None
+                and self.verdict_at is None
+            ):
+                self.verdict_at = time.time()
+                self.progress.set()
+
+        return [
+            await bus.nc.subscribe(s.OUTCOMES_WILDCARD, cb=on_outcome),
+            await bus.nc.subscribe(f"{s.PREFIX}.events.pod-unschedulable.>", cb=on_unschedulable),
+        ]
+
+    # --- the measured phase -----------------------------------------------------------------------------------
+    async def _measure(self, http: aiohttp.ClientSession) -> Record:
+        w = self.workload
+        pids = {name: proc.pid for name, proc in self.stack.processes.items()}
+        pids["nats"] = self.stack.nats.process.pid
+        usage = Usage(pids)
+        usage.start()
+        self.measuring = True
+        sem = asyncio.Semaphore(self.options.concurrency)
+        creating = asyncio.create_task(self._create_groups(http, sem, w.measured, record=True))
+        deadline = time.monotonic() + self.options.timeout
+        timed_out = False
+        while not self._done():
+            if creating.done() and creating.exception() is not None:
+                raise creating.exception()  # type: ignore[misc]
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            self.progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.progress.wait(), 0.5)
+        create_s = await creating if creating.done() else None
+        if create_s is None:
+            creating.cancel()
+            with contextlib.suppress(BaseException):
+                await creating
+        usage.stop()
+        self.measuring = False
+        return self._record(usage, create_s, timed_out)
+
+    def _done(self) -> bool:
+        w = self.workload
+        if len(self.bound) < len(self.counted):
+            return False
+        return w.verdict_for is None or self.verdict_at is not None
+
+    async def _create_groups(
+        self, http: aiohttp.ClientSession, sem: asyncio.Semaphore, groups: Iterable[Group], *, record: bool
+    ) -> float:
+        """Create each group's pods, then its PodGroup, `concurrency` groups at a time; seconds taken."""
+        started = time.time()
+        pending = iter(groups)
+
+        async def one(group: Group) -> None:
+            stamp: Callable[[str], None] | None = None
+            if record:
+
+                def stamp(name: str) -> None:
+                    self.created[name] = time.time()
+
+            await asyncio.gather(
+                *(self._post(http, sem, pod_manifest(p, group.podgroup), stamp, p.name) for p in group.pods)
+            )
+            if record and group.podgroup.name == self.workload.verdict_for:
+                self.verdict_pg_created = time.time()
+            await self._post(http, sem, podgroup_manifest(group.podgroup))
+
+        async def worker() -> None:
+            for group in pending:
+                await one(group)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, self.options.concurrency))))
+        return time.time() - started
+
+    async def _post(
+        self,
+        http: aiohttp.ClientSession,
+        sem: asyncio.Semaphore,
+        manifest: dict[str, Any],
+        stamp: Callable[[str], None] | None = None,
+        name: str = "",
+    ) -> None:
+        meta = manifest["metadata"]
+        path = collection_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
+        body = json.dumps(manifest).encode()
+        async with sem:
+            if stamp is not None:
+                stamp(name)
+            async with http.post(path, data=body, headers={"Content-Type": "application/json"}) as resp:
+                if resp.status < 300 or resp.status == ALREADY_EXISTS:
+                    await resp.read()
+                    return
+                raise api_error(
+                    f"create {manifest['kind']} {meta.get('name')}", resp.status, await resp.read()
+                )
+
+    # --- the record --------------------------------------------------------------------------------------
+    def _record(self, usage: Usage, create_s: float | None, timed_out: bool) -> Record:
+        w = self.workload
+        created = [self.created[n] for n in self.counted if n in self.created]
+        bound = list(self.bound.values())
+        start = min(created, default=time.time())
+        lat = latencies_ms(self.created, self.bound)
+        decision = None
+        victims = [t for n, t in self.deleted.items() if n in self.initial]
+        if w.reclaim and victims:
+            decision = max(victims) - start
+        verdict = None
+        if self.verdict_at is not None and self.verdict_pg_created is not None:
+            verdict = self.verdict_at - self.verdict_pg_created
+        notes = []
+        if timed_out:
+            notes.append(
+                f"gave up after {self.options.timeout:.0f} s: {len(self.counted) - len(bound)} pods unbound"
+            )
+        cpu = dict(usage.cpu_s)
+        return Record(
+            workload=w.name,
+            mode="bus",
+            nodes=len(w.nodes),
+            pods=len(self.counted),
+            bound=len(bound),
+            throughput_pods_s=round(overall_throughput(created, bound), 1),
+            p50_ms=round(percentile(lat, 50), 2),
+            p99_ms=round(percentile(lat, 99), 2),
+            cpu_s=round(sum(v for k, v in cpu.items() if k not in INFRASTRUCTURE), 3),
+            peak_rss_mib=dict(usage.peak_mib),
+            conflicts=self.conflicts,
+            duration_s=round(max(bound, default=start) - start, 4),
+            verdict_s=None if verdict is None else round(verdict, 4),
+            decision_s=None if decision is None else round(decision, 4),
+            scheduling_throughput=sampled_throughput(start, bound),
+            cpu_s_by_process=cpu,
+            proposals=self.proposals,
+            conflict_rate=round(self.conflicts / self.proposals, 4) if self.proposals else 0.0,
+            replicas=self.options.replicas,
+            create_s=None if create_s is None else round(create_s, 3),
+            timeline=timeline(start, bound),
+            note="; ".join(notes),
+        )

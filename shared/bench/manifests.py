@@ -1,0 +1,146 @@
+"""Kubernetes manifests for a benchmark workload: what the bus runner creates through the API server.
+
+Pure functions from the model objects of `shared.bench.workloads` to the JSON KAI users write: Queues
+(`scheduling.run.ai/v2`), PodGroups (`scheduling.run.ai/v2alpha2`, the podgroup a pod names in its
+`pod-group-name` annotation, so the pod-grouper has nothing to do: scheduler_perf creates its pods directly
+too), Topologies (`kai.scheduler/v1alpha1`) and pods of `kai-scheduler` (whole GPUs as `nvidia.com/gpu`
+limits, fractions as the `gpu-fraction` annotation; a pod placed by the workload is created with its
+`spec.nodeName`, as already running). The nodes go to the simulated API server as a cluster file
+(`cluster_file_text`). Translating these manifests back (`shared.kube.translate`) gives the same model
+objects the in-process runner schedules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.clusterfile import ClusterObjects, dump_cluster
+from shared.kube import keys
+from shared.model import Node, Pod, PodGroup, Queue, QueueResource, Topology
+from shared.model.objects import UNLIMITED
+
+__all__ = [
+    "NAMESPACE",
+    "cluster_file_text",
+    "pod_manifest",
+    "podgroup_manifest",
+    "queue_manifest",
+    "topology_manifest",
+]
+
+Obj = dict[str, Any]
+
+NAMESPACE = "default"
+MEGABYTE = 1_000_000
+"""KAI's unit of a Queue's memory quota and limit."""
+PRIORITY_CLASSES = {50: "train", 75: "build-preemptible", 100: "build", 125: "inference"}
+"""KAI's priority classes (the simulated API server creates them at start) by value."""
+
+
+def cluster_file_text(nodes: tuple[Node, ...] | list[Node]) -> str:
+    """The nodes as a cluster file (`python -m services.kubesim --cluster FILE` simulates them)."""
+    return dump_cluster(ClusterObjects(nodes=tuple(nodes)))
+
+
+def _quantity(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def _queue_resource(r: QueueResource, unit: float = 1.0) -> Obj:
+    def scaled(amount: float) -> float | int:
+        return _quantity(amount if amount == UNLIMITED else amount / unit)
+
+    return {
+        "quota": scaled(r.quota),
+        "limit": scaled(r.limit),
+        "overQuotaWeight": _quantity(r.over_quota_weight),
+    }
+
+
+def queue_manifest(queue: Queue) -> Obj:
+    spec: Obj = {
+        "priority": queue.priority,
+        "resources": {
+            "gpu": _queue_resource(queue.gpu),
+            "cpu": _queue_resource(queue.cpu),
+            "memory": _queue_resource(queue.memory, MEGABYTE),
+        },
+    }
+    if queue.parent:
+        spec["parentQueue"] = queue.parent
+    return {
+        "apiVersion": "scheduling.run.ai/v2",
+        "kind": "Queue",
+        "metadata": {"name": queue.name},
+        "spec": spec,
+    }
+
+
+def topology_manifest(topology: Topology) -> Obj:
+    return {
+        "apiVersion": "kai.scheduler/v1alpha1",
+        "kind": "Topology",
+        "metadata": {"name": topology.name},
+        "spec": {"levels": [{"nodeLabel": level} for level in topology.levels]},
+    }
+
+
+def podgroup_manifest(podgroup: PodGroup, namespace: str = NAMESPACE) -> Obj:
+    """A PodGroup with one pod set (the root's), its queue, priority class and topology constraint."""
+    sets = podgroup.root.all_pod_sets()
+    spec: Obj = {
+        "minMember": sum(s.min_available for s in sets),
+        "queue": podgroup.queue,
+        "priorityClassName": PRIORITY_CLASSES.get(podgroup.priority, "train"),
+    }
+    constraint = podgroup.root.topology_constraint
+    if constraint is not None:
+        tc: Obj = {"topology": constraint.topology}
+        if constraint.required_level:
+            tc["requiredTopologyLevel"] = constraint.required_level
+        if constraint.preferred_level:
+            tc["preferredTopologyLevel"] = constraint.preferred_level
+        spec["topologyConstraint"] = tc
+    return {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": podgroup.name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def _cpu(millis: float) -> str:
+    return f"{int(millis) // 1000}" if millis % 1000 == 0 else f"{int(millis)}m"
+
+
+def _memory(amount: float) -> str:
+    gib = 1024**3
+    return f"{int(amount) // gib}Gi" if amount % gib == 0 else str(int(amount))
+
+
+def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Obj:
+    """A pod of `kai-scheduler` in `podgroup` (by annotation), with its requests; a pod the workload
+    placed already carries its `spec.nodeName`."""
+    annotations = {keys.PODGROUP_ANNOTATION: podgroup.name}
+    resources: Obj = {"requests": {"cpu": _cpu(pod.cpu_millis), "memory": _memory(pod.memory_bytes)}}
+    if pod.gpu.is_fraction:
+        annotations[keys.GPU_FRACTION] = str(pod.gpu.fraction)
+    elif pod.gpu.devices:
+        resources["limits"] = {keys.NVIDIA_GPU: str(pod.gpu.devices)}
+    spec: Obj = {
+        "schedulerName": keys.SCHEDULER_NAME,
+        "containers": [{"name": "main", "image": "bench", "resources": resources}],
+    }
+    if pod.node is not None:
+        spec["nodeName"] = pod.node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": namespace,
+            "labels": {keys.QUEUE_LABEL: podgroup.queue},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,239 @@
+"""The benchmark report: one record per workload and mode, the scaling curves, the memory target, the
+targets' verdicts; written as JSON and drawn as one PNG.
+
+`Record` is issue 6's record (`workload`, `mode`, `nodes`, `pods`, `throughput_pods_s`, `p50_ms`, `p99_ms`,
+`cpu_s`, `peak_rss_mib` per process, `conflicts`) with the extra figures a workload has as extra keys
+(`verdict_s`, `decision_s`, scheduler_perf's sampled `scheduling_throughput`, ...). `Report` gathers them;
+`encode` gives the JSON; `targets(report)` judges issue 6's targets; `plot(report, path)` draws throughput
+over time per workload (bus against in-process) and the two scaling curves. matplotlib is imported inside
+`plot` only (Agg backend), so importing this module stays light. Built by `shared.bench.suite`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+
+from shared.bench.measure import Sampled
+
+__all__ = ["MODES", "MemoryResult", "Record", "Report", "ScalingPoint", "Target", "encode", "plot", "targets"]
+
+MODES = ("inprocess", "bus")
+"""The two ways a workload runs: on the core in this process, and through the services over NATS."""
+
+
+class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One workload in one mode."""
+
+    workload: str
+    mode: str
+    """`inprocess` or `bus`."""
+    nodes: int
+    pods: int
+    """Measured pods (bound ones count towards the throughput)."""
+    throughput_pods_s: float
+    """Measured pods bound / (last binding - first creation)."""
+    p50_ms: float
+    p99_ms: float
+    cpu_s: float
+    """CPU seconds of the scheduler during the measured phase: this process in-process; the four Kairos
+    services summed on the bus (the simulated API server and nats-server are in `cpu_s_by_process`)."""
+    peak_rss_mib: dict[str, float]
+    conflicts: int
+    """Proposals the binders rejected because a node moved (always 0 in-process)."""
+    bound: int = 0
+    duration_s: float = 0.0
+    """First creation to last binding."""
+    verdict_s: float | None = None
+    decision_s: float | None = None
+    scheduling_throughput: Sampled | None = None
+    cpu_s_by_process: dict[str, float] = msgspec.field(default_factory=dict)
+    proposals: int | None = None
+    conflict_rate: float | None = None
+    cycles: int | None = None
+    replicas: dict[str, int] | None = None
+    create_s: float | None = None
+    """Bus: seconds the benchmark took to create the measured objects through the API."""
+    timeline: list[tuple[float, float]] = msgspec.field(default_factory=list)
+    """(seconds since the first creation, pods/s) per bin."""
+    note: str = ""
+
+
+class ScalingPoint(msgspec.Struct, kw_only=True):
+    nodes: int
+    placement_replicas: int
+    pods: int
+    throughput_pods_s: float
+    p50_ms: float
+    p99_ms: float
+    conflicts: int
+    note: str = ""
+
+
+class MemoryResult(msgspec.Struct, kw_only=True):
+    """RSS of one StateReplica process holding `nodes` nodes and `pods` pods it read through KV."""
+
+    nodes: int
+    pods: int
+    rss_mib: float
+    baseline_rss_mib: float
+    peak_rss_mib: float
+    load_s: float
+    note: str = ""
+
+
+class Target(msgspec.Struct, kw_only=True):
+    target: str
+    goal: str
+    measured: str
+    met: bool | None
+    """None when the run did not measure it (a workload left out, or a reduced size)."""
+
+
+class Report(msgspec.Struct, kw_only=True):
+    version: int = 1
+    quick: bool = False
+    machine: dict[str, str | int | float] = msgspec.field(default_factory=dict)
+    records: list[Record] = msgspec.field(default_factory=list)
+    scaling_nodes: list[ScalingPoint] = msgspec.field(default_factory=list)
+    scaling_replicas: list[ScalingPoint] = msgspec.field(default_factory=list)
+    memory: MemoryResult | None = None
+    targets: list[Target] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    def record(self, workload: str, mode: str) -> Record | None:
+        for r in self.records:
+            if r.workload == workload and r.mode == mode:
+                return r
+        return None
+
+
+def encode(report: Report) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
+
+
+def _at(nodes: int, full: int) -> str:
+    return "" if nodes == full else f" (measured at {nodes:,} nodes, not {full:,})"
+
+
+def targets(report: Report) -> list[Target]:
+    """Issue 6's targets, judged on what this report measured (a reduced size is said, never scaled)."""
+    out: list[Target] = []
+    for mode, goal in (("bus", 1000.0), ("inprocess", 5000.0)):
+        r = report.record("SchedulingBasic", mode)
+        out.append(
+            Target(
+                target=f"SchedulingBasic at 5k nodes, {mode}",
+                goal=f">= {goal:,.0f} pods/s",
+                measured="not run" if r is None else f"{r.throughput_pods_s:,.0f} pods/s{_at(r.nodes, 5000)}",
+                met=None if r is None or r.nodes != 5000 else r.throughput_pods_s >= goal,
+            )
+        )
+    for name in ("SchedulingBasic", "Gang", "FractionalGPU", "Topology", "FairShare"):
+        bus, inproc = report.record(name, "bus"), report.record(name, "inprocess")
+        if bus is None or inproc is None or inproc.throughput_pods_s <= 0:
+            continue
+        ratio = bus.throughput_pods_s / inproc.throughput_pods_s
+        out.append(
+            Target(
+                target=f"{name}: end to end >= 50 % of in-process",
+                goal=">= 50 %",
+                measured=f"{ratio * 100:.0f} %{_at(bus.nodes, bus.nodes)}",
+                met=ratio >= 0.5,
+            )
+        )
+    for mode in ("inprocess", "bus"):
+        r = report.record("UnschedulableGang", mode)
+        out.append(
+            Target(
+                target=f"UnschedulableGang verdict, {mode}",
+                goal="< 1 s",
+                measured="not run"
+                if r is None or r.verdict_s is None
+                else f"{r.verdict_s:.3f} s{_at(r.nodes, 1000)}",
+                met=None if r is None or r.verdict_s is None else r.verdict_s < 1.0,
+            )
+        )
+        r = report.record("Reclaim", mode)
+        out.append(
+            Target(
+                target=f"Reclaim decision at 1,000 nodes, {mode}",
+                goal="< 2 s",
+                measured="not run"
+                if r is None or r.decision_s is None
+                else f"{r.decision_s:.3f} s (all reclaimers bound: {r.duration_s:.3f} s){_at(r.nodes, 1000)}",
+                met=None if r is None or r.decision_s is None or r.nodes != 1000 else r.decision_s < 2.0,
+            )
+        )
+    m = report.memory
+    out.append(
+        Target(
+            target="state replica holding 10k nodes and 100k pods",
+            goal="< 1,024 MiB RSS",
+            measured="not run"
+            if m is None
+            else f"{m.rss_mib:,.0f} MiB at {m.nodes:,} nodes and {m.pods:,} pods",
+            met=None if m is None or m.nodes < 10_000 or m.pods < 100_000 else m.rss_mib < 1024,
+        )
+    )
+    return out
+
+
+def _cumulative(bins: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Pods bound so far at each bin's end, from (bin centre, pods/s) pairs of equal width."""
+    width = 2 * bins[0][0]
+    xs, ys, total = [0.0], [0.0], 0.0
+    for centre, rate in bins:
+        total += rate * width
+        xs.append(centre + width / 2)
+        ys.append(total)
+    return xs, ys
+
+
+def plot(report: Report, path: Path) -> None:
+    """One PNG: a panel per workload (pods bound over time, bus and in-process: the slope is the throughput,
+    the legend gives it) and the two scaling curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.workload for r in report.records))
+    panels = len(names) + 2
+    cols = 3
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, name in zip(flat, names, strict=False):
+        for mode, style in (("bus", "-"), ("inprocess", "--")):
+            r = report.record(name, mode)
+            if r is None or not r.timeline:
+                continue
+            xs, ys = _cumulative(r.timeline)
+            ax.plot(xs, ys, style, label=f"{mode}: {r.throughput_pods_s:,.0f} pods/s")
+        ax.set_title(f"{name}", fontsize=10)
+        ax.set_xlabel("s since the first measured pod's creation")
+        ax.set_ylabel("pods bound")
+        ax.legend(fontsize=8)
+    scaling = flat[len(names)]
+    if report.scaling_nodes:
+        pts = sorted(report.scaling_nodes, key=lambda p: p.nodes)
+        scaling.plot([p.nodes for p in pts], [p.throughput_pods_s for p in pts], "o-")
+    scaling.set_title("bus throughput vs nodes", fontsize=10)
+    scaling.set_xlabel("nodes")
+    scaling.set_ylabel("pods/s")
+    replicas = flat[len(names) + 1]
+    if report.scaling_replicas:
+        pts = sorted(report.scaling_replicas, key=lambda p: p.placement_replicas)
+        replicas.plot([p.placement_replicas for p in pts], [p.throughput_pods_s for p in pts], "o-")
+    replicas.set_title("bus throughput vs placement replicas", fontsize=10)
+    replicas.set_xlabel("placement replicas")
+    replicas.set_ylabel("pods/s")
+    for ax in flat[panels:]:
+        ax.axis("off")
+    fig.suptitle("kairos bench" + (" --quick" if report.quick else ""), fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,263 @@
+"""The benchmark workloads as data: nodes, queues, topologies, the podgroups running before the measurement
+and the podgroups created during it, as model objects built by pure functions.
+
+Both modes run exactly these objects: the in-process runner (`shared.bench.inprocess`) feeds them to the
+core, the bus runner (`shared.bench.bus`) turns them into Kubernetes manifests (`shared.bench.manifests`)
+for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
+(issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare.
+`build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
+curves. Deterministic: no randomness, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Topology, TopologyConstraint
+from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+
+__all__ = [
+    "NAMES",
+    "Group",
+    "Workload",
+    "build",
+    "scheduling_basic",
+]
+
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+TOPOLOGY = "bench-topology"
+BLOCK_LABEL = "kairos.io/bench-block"
+RACK_LABEL = "kairos.io/bench-rack"
+
+
+class Group(msgspec.Struct, frozen=True):
+    """One podgroup and its pods."""
+
+    podgroup: PodGroup
+    pods: tuple[Pod, ...]
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True):
+    """What one benchmark runs. `initial` groups run (placed on the nodes they name) before the
+    measurement starts; `measured` groups are created when it starts, in this order."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    queues: tuple[Queue, ...]
+    topologies: tuple[Topology, ...] = ()
+    initial: tuple[Group, ...] = ()
+    measured: tuple[Group, ...] = ()
+    verdict_for: str | None = None
+    """A measured podgroup that cannot fit: the time until it is reported unschedulable is `verdict_s`;
+    its pods are not counted in the throughput."""
+    reclaim: bool = False
+    """The measured pods fit only by reclaiming: `decision_s` is the time until the last victim is gone."""
+
+    @property
+    def counted(self) -> tuple[Pod, ...]:
+        """The measured pods whose binding the throughput and latencies count."""
+        return tuple(p for g in self.measured if g.podgroup.name != self.verdict_for for p in g.pods)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.nodes[0].gpus if self.nodes else 0
+
+
+def _group(
+    name: str,
+    queue: str,
+    size: int,
+    gpus: float,
+    *,
+    created: float,
+    nodes: list[str] | None = None,
+    topology_level: str | None = None,
+) -> Group:
+    status = PodStatus.RUNNING if nodes else PodStatus.PENDING
+    pg, pods = gang(name, queue, size, gpus, created=created, status=status, nodes=nodes)
+    if topology_level is not None:
+        constraint = TopologyConstraint(TOPOLOGY, required_level=topology_level)
+        pg = msgspec.structs.replace(
+            pg, root=msgspec.structs.replace(pg.root, topology_constraint=constraint)
+        )
+    return Group(pg, tuple(pods))
+
+
+def _names(count: int, prefix: str = "q") -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+# --- the workloads ------------------------------------------------------------------------------------------
+def scheduling_basic(nodes: int, initial: int, measured: int, queues: int = 10) -> Workload:
+    """scheduler_perf's SchedulingBasic with GPUs: `initial` one-GPU pods already running, one per node
+    spread evenly, then `measured` one-GPU single-pod podgroups over `queues` flat queues."""
+    names = _names(queues)
+    node_list = gpu_nodes(nodes)
+    stride = max(1, nodes // max(initial, 1))
+    first = [
+        _group(
+            f"init-{j:06d}",
+            names[j % queues],
+            1,
+            1.0,
+            created=float(j),
+            nodes=[node_list[(j * stride) % nodes].name],
+        )
+        for j in range(initial)
+    ]
+    later = [
+        _group(f"pod-{j:06d}", names[j % queues], 1, 1.0, created=float(initial + j)) for j in range(measured)
+    ]
+    return Workload(
+        name="SchedulingBasic",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(names)),
+        initial=tuple(first),
+        measured=tuple(later),
+    )
+
+
+def gang_workload(gangs: int, size: int = 8) -> Workload:
+    """`gangs` gangs of `size` one-GPU pods on exactly enough 8-GPU nodes to hold them all."""
+    names = _names(4)
+    nodes = max(1, gangs * size // 8)
+    groups = [_group(f"gang-{j:05d}", names[j % 4], size, 1.0, created=float(j)) for j in range(gangs)]
+    return Workload(
+        name="Gang", nodes=tuple(gpu_nodes(nodes)), queues=tuple(flat_queues(names)), measured=tuple(groups)
+    )
+
+
+def fractional_gpu(nodes: int, pods: int) -> Workload:
+    """Single-pod podgroups asking 0.25, 0.5 and 1 GPU in turn (fractions share devices)."""
+    names = _names(4)
+    sizes = (0.25, 0.5, 1.0)
+    groups = [_group(f"frac-{j:06d}", names[j % 4], 1, sizes[j % 3], created=float(j)) for j in range(pods)]
+    return Workload(
+        name="FractionalGPU",
+        nodes=tuple(gpu_nodes(nodes)),
+        queues=tuple(flat_queues(names)),
+        measured=tuple(groups),
+    )
+
+
+def reclaim(nodes: int, pending: int, per_node: int = 4) -> Workload:
+    """Queue `busy` fills every GPU with `per_node` jobs per node; queue `starved`, with the same quota
+    (half the cluster) and nothing running, gets `pending` jobs of the same size: they fit only by
+    reclaiming from `busy` (KAI's fair-share reclaim)."""
+    node_list = gpu_nodes(nodes)
+    gpus = 8 // per_node
+    running = [
+        _group(
+            f"run-{j:05d}", "busy", 1, float(gpus), created=float(j), nodes=[node_list[j // per_node].name]
+        )
+        for j in range(nodes * per_node)
+    ]
+    waiting = [
+        _group(f"wait-{j:05d}", "starved", 1, float(gpus), created=float(len(running) + j))
+        for j in range(pending)
+    ]
+    return Workload(
+        name="Reclaim",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(["busy", "starved"], gpu_quota=nodes * 4.0)),
+        initial=tuple(running),
+        measured=tuple(waiting),
+        reclaim=True,
+    )
+
+
+def unschedulable_gang(nodes: int, fillers: int) -> Workload:
+    """A gang of one whole-node pod more than there are nodes (it can never fit), created first, then
+    `fillers` one-GPU pods that must be placed regardless."""
+    names = _names(2)
+    big = _group("too-big", names[0], nodes + 1, 8.0, created=0.0)
+    rest = [_group(f"fill-{j:06d}", names[j % 2], 1, 1.0, created=float(1 + j)) for j in range(fillers)]
+    return Workload(
+        name="UnschedulableGang",
+        nodes=tuple(gpu_nodes(nodes)),
+        queues=tuple(flat_queues(names)),
+        measured=(big, *rest),
+        verdict_for=big.podgroup.name,
+    )
+
+
+def topology(racks: int, gangs: int, nodes_per_rack: int = 8, racks_per_block: int = 8) -> Workload:
+    """Nodes in racks and blocks (two topology levels); gangs of 8 four-GPU pods that must share a rack."""
+    node_list: list[Node] = []
+    for r in range(racks):
+        labels = {BLOCK_LABEL: f"block-{r // racks_per_block}", RACK_LABEL: f"rack-{r}"}
+        node_list.extend(gpu_nodes(nodes_per_rack, prefix=f"r{r:03d}-node", labels=labels))
+    names = _names(4)
+    groups = [
+        _group(f"topo-{j:05d}", names[j % 4], 8, 4.0, created=float(j), topology_level=RACK_LABEL)
+        for j in range(gangs)
+    ]
+    return Workload(
+        name="Topology",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(names)),
+        topologies=(Topology(TOPOLOGY, (BLOCK_LABEL, RACK_LABEL)),),
+        measured=tuple(groups),
+    )
+
+
+def fair_share(nodes: int, pods_per_leaf: int, fanout: int = 10, leaf_quota: float = 4.0) -> Workload:
+    """`fanout`^3 leaf queues under `fanout`^2 sub-departments under `fanout` departments (1,110 queues at
+    10), each leaf with a GPU quota, and `pods_per_leaf` one-GPU pods in every leaf."""
+    queues: list[Queue] = []
+    leaves: list[str] = []
+
+    def add(name: str, parent: str | None, quota: float) -> None:
+        gpu = QueueResource(quota=quota, over_quota_weight=1, limit=-1)
+        queues.append(
+            Queue(
+                name=name, parent=parent, creation_index=len(queues), gpu=gpu, cpu=UNBOUNDED, memory=UNBOUNDED
+            )
+        )
+
+    for d in range(fanout):
+        dept = f"dept-{d}"
+        add(dept, None, leaf_quota * fanout * fanout)
+        for s in range(fanout):
+            sub = f"{dept}-sub-{s}"
+            add(sub, dept, leaf_quota * fanout)
+            for leaf in range(fanout):
+                name = f"{sub}-leaf-{leaf}"
+                add(name, sub, leaf_quota)
+                leaves.append(name)
+    groups = [
+        _group(f"fs-{j:06d}", leaves[j % len(leaves)], 1, 1.0, created=float(j))
+        for j in range(len(leaves) * pods_per_leaf)
+    ]
+    return Workload(
+        name="FairShare", nodes=tuple(gpu_nodes(nodes)), queues=tuple(queues), measured=tuple(groups)
+    )
+
+
+# --- sizes ------------------------------------------------------------------------------------------------
+_FULL: dict[str, Callable[[], Workload]] = {
+    "SchedulingBasic": lambda: scheduling_basic(5000, 1000, 10_000),
+    "Gang": lambda: gang_workload(1000),
+    "FractionalGPU": lambda: fractional_gpu(1000, 6000),
+    "Reclaim": lambda: reclaim(1000, 100),
+    "UnschedulableGang": lambda: unschedulable_gang(1000, 1000),
+    "Topology": lambda: topology(128, 200),
+    "FairShare": lambda: fair_share(1000, 4),
+}
+_QUICK: dict[str, Callable[[], Workload]] = {
+    "SchedulingBasic": lambda: scheduling_basic(500, 100, 1000),
+    "Gang": lambda: gang_workload(100),
+    "FractionalGPU": lambda: fractional_gpu(100, 600),
+    "Reclaim": lambda: reclaim(200, 20),
+    "UnschedulableGang": lambda: unschedulable_gang(100, 200),
+    "Topology": lambda: topology(16, 25),
+    "FairShare": lambda: fair_share(200, 1),
+}
+NAMES: tuple[str, ...] = tuple(_FULL)
+
+
+def build(name: str, quick: bool = False) -> Workload:
+    """The workload `name` (one of `NAMES`) at its full or quick size; an unknown name raises KeyError."""
+    return (_QUICK if quick else _FULL)[name]()

@@ -1,0 +1,69 @@
+"""`kairos bench`: the benchmark suite (`make bench`, `make bench-quick`), in-process and end to end over NATS.
+
+Registered by `shared.cli.main`; the measurements live in `shared.bench` (imported when the command runs).
+
+    kairos bench                           every workload in both modes, scaling curves, memory target
+    kairos bench --quick                   the same at reduced sizes (under 3 minutes here): the CI smoke test
+    kairos bench --json OUT --plot OUT.png write the report as JSON and draw it
+    kairos bench --workload Gang --mode inprocess       one workload, one mode (repeat either flag)
+    kairos bench --no-scaling --no-memory               skip the scaling curves or the memory target
+
+Prints one line per measurement as it finishes, then the targets. Exit codes: 0 measured (a missed target
+is reported, not an error); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from shared.bench.report import MODES
+    from shared.bench.workloads import NAMES
+
+    bench = commands.add_parser("bench", help="run the benchmark suite (in-process and over NATS)")
+    bench.add_argument("--quick", action="store_true", help="reduced sizes (the CI smoke test)")
+    bench.add_argument("--json", type=Path, metavar="OUT", help="write the report as JSON to OUT")
+    bench.add_argument("--plot", type=Path, metavar="OUT.png", help="draw the report into a PNG")
+    bench.add_argument(
+        "--workload", action="append", choices=NAMES, metavar="NAME", help=f"only these ({', '.join(NAMES)})"
+    )
+    bench.add_argument("--mode", action="append", choices=MODES, help="only this mode (inprocess or bus)")
+    bench.add_argument("--no-scaling", action="store_true", help="skip the scaling curves")
+    bench.add_argument("--no-memory", action="store_true", help="skip the state replica's memory target")
+    bench.set_defaults(handler=cmd_bench)
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from shared.bench import suite, workloads
+    from shared.bench.report import encode, plot
+
+    plan = suite.Plan(
+        quick=args.quick,
+        workloads=tuple(args.workload or workloads.NAMES),
+        modes=tuple(args.mode or suite.MODES),
+        scaling=not args.no_scaling,
+        memory=not args.no_memory,
+    )
+    report = suite.run(plan, _say)
+    _say("")
+    _say("targets:")
+    for t in report.targets:
+        verdict = {True: "met", False: "MISSED", None: "not judged"}[t.met]
+        _say(f"  {t.target}: {t.measured} (goal {t.goal}): {verdict}")
+    for note in report.notes:
+        _say(f"note: {note}")
+    if args.json:
+        args.json.write_bytes(encode(report))
+        _say(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        _say(f"wrote {args.plot}")
+    return 0
