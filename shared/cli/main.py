@@ -12,6 +12,7 @@ with an argv list. Subcommands::
     kairos submit FILE.yaml [--nats-url URL | --state-dir DIR]   apply a cluster file to the stack
     kairos status [--nats-url URL | --state-dir DIR] [--all]     queues, podgroups, pods as tables
     kairos explain POD|PODGROUP [-n NS] [--json]                  why it is pending, running or evicted
+    kairos bench [--quick] [--json OUT] [--plot OUT.png]          the benchmark suite (shared.bench)
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
 failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing
@@ -79,11 +80,12 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
 
-    from shared.cli import cluster_cmds, explain, up
+    from shared.cli import bench, cluster_cmds, explain, up
 
     up.add_commands(commands)
     cluster_cmds.add_commands(commands)
     explain.add_commands(commands)
+    bench.add_commands(commands)
     return parser
 
 
