@@ -101,18 +101,22 @@ class Stack:
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM every service (they drain and finish in-flight work), then the server; nothing left."""
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """SIGTERM every service (they drain and finish in-flight work), then the simulated API server (the
+        services' in-flight calls need it), then the server; nothing left."""
         deadline = time.monotonic() + timeout
-        for proc in self.processes.values():
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                proc.wait(remaining)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        services = [p for name, p in self.processes.items() if name != KUBESIM]
+        cluster = [p for name, p in self.processes.items() if name == KUBESIM]
+        for group in (services, cluster):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in group:
+                remaining = max(0.1, deadline - time.monotonic())
+                try:
+                    proc.wait(remaining)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         self.nats.stop()
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / "stack.json").unlink()
