@@ -376,7 +376,11 @@ class Dispatcher:
             guarded_busy=guarded_busy,
         )
         sent: list[WorkItem] = []
-        traced = self.traces.cycle(plan.pending, snapshot, plan.fair_shares, self.replica.records, started_ns)
+        traced = (
+            self.traces.cycle(plan.pending, snapshot, plan.fair_shares, self.replica.records, started_ns)
+            if out
+            else None
+        )
         for b in out:
             item = self._item(now, state_revision, ledger_revision, b.podgroups, b.actions, want_view=False)
             headers = traced.order(item, b.podgroups or plan.pending) if traced is not None else None

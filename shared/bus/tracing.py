@@ -38,12 +38,19 @@ log = logging.getLogger("kairos.bus.tracing")
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACES = "kairos-traces"
-MAX_TRACES_BYTES = 64 * 1024
-"""At most this much `kairos-traces` per message (about 700 podgroups): a whole-cycle work item with more
-pending podgroups carries the contexts of the first ones in queue order, the rest go untraced this cycle
-(NATS's default max payload is 1 MiB, headers included)."""
+MAX_TRACES_BYTES = 48 * 1024
+"""At most this much `kairos-traces` per message, about 650 podgroups: JetStream refuses a message whose
+headers exceed 64 KiB, so a whole-cycle work item with more pending podgroups carries the contexts of the
+first ones in queue order and the rest go untraced on that dispatch (`entry_bytes` sizes one)."""
+TRACEPARENT_BYTES = 55
+"""A version-00 `traceparent` is always this long."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def entry_bytes(podgroup: str) -> int:
+    """What one podgroup's entry adds to `kairos-traces` (`"key":"traceparent",`)."""
+    return len(json.dumps(podgroup)) + TRACEPARENT_BYTES + 4
 
 
 def headers_for(contexts: Mapping[str, SpanContext]) -> dict[str, str] | None:
@@ -56,7 +63,7 @@ def headers_for(contexts: Mapping[str, SpanContext]) -> dict[str, str] | None:
         if not ctx.is_valid:
             continue
         value = traceparent(ctx)
-        size += len(podgroup) + len(value) + 6
+        size += entry_bytes(podgroup)
         if size > MAX_TRACES_BYTES:
             break
         entries[podgroup] = value

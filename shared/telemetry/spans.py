@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from shared.bus.tracing import Carried, carried, headers_for
+from shared.bus.tracing import MAX_TRACES_BYTES, Carried, carried, entry_bytes, headers_for
 from shared.contracts.events import Event, PodBound, PodEvicted, PodGroupState, QueueFairShare
 from shared.contracts.messages import (
     Binding,
@@ -134,8 +134,8 @@ def _ms(start_ns: int, end_ns: int) -> float:
 
 # --- queue --------------------------------------------------------------------------------------------------
 def queue_attributes(share: QueueFairShare | None) -> dict[str, float]:
-    """A queue's numbers as attributes: fair share, allocated, requested, deserved per resource, and its
-    saturation (allocated / fair share, the highest over resources with a fair share)."""
+    """A queue's numbers as attributes: fair share, allocated, requested per resource, and its saturation
+    (allocated / fair share, the highest over resources with a fair share)."""
     if share is None:
         return {}
     out: dict[str, float] = {}
@@ -146,7 +146,6 @@ def queue_attributes(share: QueueFairShare | None) -> dict[str, float]:
         out[f"kairos.queue.fair_share.{resource}"] = fair
         out[f"kairos.queue.allocated.{resource}"] = allocated
         out[f"kairos.queue.requested.{resource}"] = share.requested.get(resource, 0.0)
-        out[f"kairos.queue.deserved.{resource}"] = share.deserved.get(resource, 0.0)
         if fair > 0:
             saturation = max(saturation, allocated / fair)
     out[SATURATION] = round(saturation, 6)
@@ -163,26 +162,30 @@ class CycleTrace:
     groups: Mapping[str, PodGroup]
     shares: Mapping[str, QueueFairShare]
     traceparents: Mapping[str, str]
+    _position: dict[str, int] | None = None
 
     def order(self, item: WorkItem, podgroups: Sequence[str]) -> dict[str, str] | None:
         """A `queue.order` span per traced podgroup of `item` (`podgroups`: the item's, or every pending
         one for a whole-cycle item); the headers the work item carries."""
-        position = {key: i for i, key in enumerate(self.pending, start=1)}
+        if self._position is None:
+            self._position = {key: i for i, key in enumerate(self.pending, start=1)}
         contexts: dict[str, SpanContext] = {}
         now = time.time_ns()
+        room = MAX_TRACES_BYTES - 2
         for key in podgroups:
             parent = self.traceparents.get(key, "")
-            parent_ctx = context_of(parent)
+            tries = self.tracer.tries.get(parent, 0) + 1
+            parent_ctx = context_of(parent) if tries <= MAX_TRIES else None
             if parent_ctx is None:
                 continue
-            tries = self.tracer.tries.get(parent, 0) + 1
+            room -= entry_bytes(key)
+            if room < 0:
+                break  # the headers are full: the rest of this item goes untraced (no span, no try counted)
             self.tracer.tries[parent] = tries
-            if tries > MAX_TRIES:
-                continue
             group = self.groups.get(key)
             attributes: dict[str, Any] = {
                 PODGROUP_KEY: key,
-                POSITION: position.get(key, 0),
+                POSITION: self._position.get(key, 0),
                 PENDING_PODGROUPS: len(self.pending),
                 WORK_ITEM: item.id,
                 TERM: item.term,
@@ -430,6 +433,7 @@ class CommitTrace:
         """Evicted pod key -> the traced podgroup its eviction made room for."""
         self.cas_attempts = 0
         self.cas_lost = 0
+        self._binds: dict[str, list[Binding]] = {}
         if not received or not tracing.enabled():
             return
         groups = {key: lookup(key) for key in received.traceparents}
@@ -448,12 +452,16 @@ class CommitTrace:
             (only,) = names
             self.evicts_for = {e.pod: only for e in proposal.evictions}
             involved.add(only)
+        for b in proposal.binds:
+            self._binds.setdefault(b.podgroup, []).append(b)
+        pipelined = Counter(p.podgroup for p in proposal.pipelined)
+        evictions = Counter(self.evicts_for.values())
         for key in sorted(involved & names.keys()):
             parent = received.parent_of(key)
             if parent is None:
                 continue
             group = groups[key]
-            binds = [b for b in proposal.binds if b.podgroup == key]
+            binds = self._binds.get(key, [])
             attributes: dict[str, Any] = {
                 PODGROUP: names[key],
                 PODGROUP_KEY: key,
@@ -461,8 +469,8 @@ class CommitTrace:
                 WORK_ITEM: proposal.work,
                 TERM: proposal.term,
                 BINDS: len(binds),
-                PODS_PIPELINED: sum(1 for p in proposal.pipelined if p.podgroup == key),
-                EVICTIONS: sum(1 for k in self.evicts_for.values() if k == key),
+                PODS_PIPELINED: pipelined[key],
+                EVICTIONS: evictions[key],
                 NODES_CHOSEN: sorted({b.node for b in binds}),
             }
             if group is not None:
@@ -502,9 +510,7 @@ class CommitTrace:
             span.set_attribute(CAS_CONFLICTS, outcome.conflicts)
             span.set_attribute(CAS_ATTEMPTS, self.cas_attempts)
             span.set_attribute(CAS_LOST, self.cas_lost)
-            span.set_attribute(
-                PODS_BOUND, sum(1 for b in self.proposal.binds if b.podgroup == key and b.pod in bound)
-            )
+            span.set_attribute(PODS_BOUND, sum(1 for b in self._binds.get(key, ()) if b.pod in bound))
             if outcome.reason:
                 span.set_attribute(REASON, outcome.reason)
             if outcome.status == "failed":

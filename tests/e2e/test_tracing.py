@@ -154,13 +154,19 @@ async def _submit(url: str, request: ApplyRequest) -> None:
         await client.close()
 
 
-async def _running(url: str, prefix: str) -> int:
+async def _wait_running(url: str, prefix: str, count: int) -> None:
+    """Until `count` pods named `prefix...` run, as the state service's snapshot shows them."""
     client = await BusClient.connect(url)
     try:
-        snapshot = await client.snapshot()
+        async with asyncio.timeout(SETTLE):
+            while True:
+                reply = await client.snapshot()
+                pods = [p for p in reply.pods if p.name.startswith(prefix) and p.status == PodStatus.RUNNING]
+                if len(pods) >= count:
+                    return
+                await asyncio.sleep(0.2)
     finally:
         await client.close()
-    return sum(1 for p in snapshot.pods if p.name.startswith(prefix) and p.status == PodStatus.RUNNING)
 
 
 def test_a_reclaim_is_traced_from_the_reclaimer_to_its_evictions(tmp_path: Path, otlp: OtlpReceiver) -> None:
@@ -202,8 +208,7 @@ def test_a_reclaim_is_traced_from_the_reclaimer_to_its_evictions(tmp_path: Path,
                 ),
             )
         )
-        otlp.wait_for(lambda spans: len([s for s in spans if s.name == "binder.bind"]) >= 4, SETTLE)
-        assert asyncio.run(_running(stack.url, "a-")) == 4
+        asyncio.run(_wait_running(stack.url, "a-", 4))
         # team-b, under its quota, asks for its 2 GPUs back.
         group, pods = gang("b-job", "team-b", 2, 1.0, created=10.0)
         asyncio.run(_submit(stack.url, ApplyRequest(podgroups=(group,), pods=tuple(pods))))

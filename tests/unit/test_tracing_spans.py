@@ -222,6 +222,23 @@ def test_a_podgroup_retried_every_cycle_is_traced_only_for_its_first_tries(
     assert len(named(exported, spans.QUEUE_ORDER)) == spans.MAX_TRIES
 
 
+def test_a_whole_cycle_item_traces_what_its_headers_can_carry(exported: InMemorySpanExporter) -> None:
+    names = [f"a-podgroup-with-a-long-name-{i:05d}" for i in range(2000)]
+    tracker = AttemptTracker("sim")
+    tracker.observe([change for name in names for change in pod_changes(name, 1)])
+    snapshot, records = _queue_view(tracker, names)
+    cycle = spans.OrderTracer().cycle(names, snapshot, [], records, 0)
+    assert cycle is not None
+    headers = cycle.order(_item(), names)
+    assert headers is not None
+    # JetStream refuses a message whose headers pass 64 KiB: the work item must still go out.
+    assert sum(len(k) + len(v) + 4 for k, v in headers.items()) < 64 * 1024
+    traced = carried_by(headers).traceparents
+    orders = named(exported, spans.QUEUE_ORDER)
+    assert 0 < len(traced) == len(orders) < len(names)
+    assert list(traced) == names[: len(traced)]  # the first in queue order
+
+
 def test_the_queue_does_no_span_work_while_tracing_is_off() -> None:
     assert spans.OrderTracer().cycle(["a"], Snapshot(), [], {}, 0) is None
 
