@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
 CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
 
-.PHONY: install lint test test-bus run demo conformance bench-core bench fmt
+.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench fmt
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,7 +37,10 @@ conformance:
 bench-core:
 	$(BIN)/python -m benchmarks.core
 
-bench: bench-core
+bench-tracing:
+	$(BIN)/python -m benchmarks.tracing
+
+bench: bench-core bench-tracing
 
 fmt:
 	$(BIN)/ruff format .
