@@ -78,6 +78,9 @@ class ClusterState:
         self.sharing_nodes: set[int] = set()
         # Set once any node has releasing resources; until then idle-only and idle+releasing fits agree.
         self.has_releasing = False
+        # Bumped whenever a node's accounting changes (a task added or removed, a restore), so per-node
+        # answers computed in Python can be cached until their node changes (`Session.resource_fit_mask`).
+        self.versions = np.zeros(n, dtype=np.int64)
         for i, nd in enumerate(nodes):
             gpus = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
             for r, v in ((CPU, nd.cpu_millis), (MEM, nd.memory_bytes), (GPU, gpus), (PODS, nd.max_pods)):
@@ -158,6 +161,7 @@ class NodeState:
     def add_task(self, task: TaskState) -> None:
         if task.key in self.tasks:
             raise ValueError(f"task {task.name} already on node {self.name}")
+        self.cluster.versions[self.idx] += 1
         vec, scalars = self._vector(task)
         entry = _Entry(
             status=task.status,
@@ -201,6 +205,7 @@ class NodeState:
 
     def remove_task(self, task: TaskState) -> None:
         entry = self.tasks.pop(task.key)
+        self.cluster.versions[self.idx] += 1
         self.legacy_mig_tasks.discard(task.key)
         c = self.cluster
         for r in range(N_BASE):
@@ -258,6 +263,7 @@ class NodeState:
         inverse (a guard depends on the order of operations), so undo restores instead of recomputing."""
         c = self.cluster
         i = self.idx
+        c.versions[i] += 1
         for r, (idle, used, releasing) in enumerate(m.arrays):
             c.idle[r][i] = idle
             c.used[r][i] = used

@@ -61,10 +61,8 @@ def node_scores(
     if cpu_only:
         score = score + c.cpu_only_nodes * RESOURCE_TYPE
     score = score + idle_fit * AVAILABILITY
-    for idx in c.sharing_nodes:
-        node = c.order[idx]
-        if any(node.task_fits_group(task, g) for g in node.groups):
-            score[idx] += GPU_SHARING
+    if c.sharing_nodes:
+        score = score + ssn.shared_group_fit(task) * GPU_SHARING
     return score
 
 

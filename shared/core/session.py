@@ -49,6 +49,8 @@ class Session:
         self.policy = policy
         self.focus = focus
         self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
+        self._fit_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        """Task shape -> (node versions, fit answers) of `_cached_fit_mask`."""
         self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
         self.jobs: dict[str, JobState] = {}
         self.tasks: dict[str, TaskState] = {}
@@ -224,7 +226,53 @@ class Session:
                 avail = c.idle[r] + c.releasing[r] if with_releasing else c.idle[r]
                 mask &= avail + EPS >= need
             return mask
-        return np.array([node.fits(task, with_releasing) for node in c.order], dtype=bool)
+        return self._cached_fit_mask(task, with_releasing)
+
+    def _cached_fit_mask(self, task: TaskState, with_releasing: bool) -> np.ndarray:
+        """`NodeState.fits` on every node for shared-GPU and MIG tasks, which need each node's device
+        groups: answers are kept per task shape and recomputed only on nodes that changed since (a
+        session of fractional pods otherwise asks every node again for every pod)."""
+        c = self.cluster
+        gpu = task.gpu
+        shape = (
+            task.kind,
+            task.cpu,
+            task.mem,
+            task.whole_gpus,
+            gpu.devices,
+            gpu.fraction,
+            gpu.memory_mib,
+            tuple(sorted(gpu.mig.items())),
+            with_releasing,
+        )
+        cached = self._fit_cache.get(shape)
+        if cached is None:
+            result = np.array([node.fits(task, with_releasing) for node in c.order], dtype=bool)
+            self._fit_cache[shape] = (c.versions.copy(), result)
+            return result.copy()
+        versions, result = cached
+        for i in np.flatnonzero(versions != c.versions).tolist():
+            result[i] = c.order[i].fits(task, with_releasing)
+            versions[i] = c.versions[i]
+        return result.copy()
+
+    def shared_group_fit(self, task: TaskState) -> np.ndarray:
+        """Nodes with a shared GPU device the task fits on (KAI's GPU-sharing score), as a boolean mask;
+        kept per request shape and recomputed only on nodes that changed since."""
+        c = self.cluster
+        shape = ("groups", task.kind, task.gpu.fraction, task.gpu.memory_mib)
+        cached = self._fit_cache.get(shape)
+        if cached is None:
+            versions = np.full(len(c.order), -1, dtype=np.int64)
+            cached = (versions, np.zeros(len(c.order), dtype=bool))
+            self._fit_cache[shape] = cached
+        versions, result = cached
+        for i in c.sharing_nodes:
+            if versions[i] != c.versions[i]:
+                node = c.order[i]
+                result[i] = any(node.task_fits_group(task, g) for g in node.groups)
+                versions[i] = c.versions[i]
+        return result
 
     def fit_failure(self, task: TaskState, node: NodeState) -> str | None:
         """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can."""
