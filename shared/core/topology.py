@@ -177,13 +177,36 @@ def _node_free(ssn: Session, idx: int) -> _Res:
     )
 
 
-def _calc_free(ssn: Session, dom: _Domain) -> _Res:
+class _Free:
+    """Every node's idle-or-releasing resources, read from the arrays once per placement: summing them per
+    domain then costs a list lookup per node instead of a `_node_free` (the same values, added in the same
+    order, so the sums are identical)."""
+
+    def __init__(self, ssn: Session) -> None:
+        c = ssn.cluster
+        self.cpu: list[float] = (c.idle[CPU] + c.releasing[CPU]).tolist()
+        self.mem: list[float] = (c.idle[MEM] + c.releasing[MEM]).tolist()
+        self.gpus: list[float] = (c.idle[GPU] + c.releasing[GPU]).tolist()
+        self.pods: list[float] = (c.idle[PODS] + c.releasing[PODS]).tolist()
+
+
+def _calc_free(ssn: Session, dom: _Domain, free: _Free) -> _Res:
     if not dom.children:
+        total = dom.free
+        order = ssn.cluster.order
         for idx in dom.nodes:
-            dom.free.add(_node_free(ssn, idx))
-        return dom.free
+            total.cpu += free.cpu[idx]
+            total.mem += free.mem[idx]
+            total.gpus += free.gpus[idx]
+            total.scalars[PODS_RESOURCE] = total.scalars.get(PODS_RESOURCE, 0.0) + free.pods[idx]
+            node = order[idx]
+            if node.idle_scalars or node.releasing_scalars:
+                for name in set(node.idle_scalars) | set(node.releasing_scalars):
+                    v = node.idle_scalars.get(name, 0.0) + node.releasing_scalars.get(name, 0.0)
+                    total.scalars[name] = total.scalars.get(name, 0.0) + v
+        return total
     for child in dom.children:
-        dom.free.add(_calc_free(ssn, child))
+        dom.free.add(_calc_free(ssn, child, free))
     return dom.free
 
 
@@ -250,16 +273,30 @@ def _node_accommodation(ssn: Session, rep: _MaxPod, sample: TaskState | None, id
     return max(0, math.floor(min(bounds)))
 
 
-def _calc_allocatable(
-    ssn: Session, rep: _MaxPod, sample: TaskState | None, dom: _Domain, n_tasks: int
-) -> int:
+def _accommodations(ssn: Session, rep: _MaxPod, sample: TaskState | None, n_tasks: int) -> list[int]:
+    """`_node_accommodation` of every node; one vector expression when only CPU, memory, whole GPUs and
+    pod slots bound it (the same operations per node, so the same answers)."""
+    c = ssn.cluster
+    if rep.mig or (rep.shared and rep.shared_devices > 0 and sample is not None):
+        return [_node_accommodation(ssn, rep, sample, idx, n_tasks) for idx in range(len(c.order))]
+    if rep.cpu <= 0 and rep.mem <= 0 and rep.whole <= 0 and rep.shared_devices <= 0:
+        return [n_tasks] * len(c.order)
+    bound = c.idle[PODS] + c.releasing[PODS]
+    for r, need in ((CPU, rep.cpu), (MEM, rep.mem), (GPU, rep.whole)):
+        if need > 0:
+            bound = np.minimum(bound, (c.idle[r] + c.releasing[r] + EPS) / need)
+    counts: list[int] = np.maximum(0, np.floor(bound)).astype(np.int64).tolist()
+    return counts
+
+
+def _calc_allocatable(dom: _Domain, accommodation: list[int]) -> int:
     dom.allocatable = 0
     if not dom.children:
         for idx in dom.nodes:
-            dom.allocatable += _node_accommodation(ssn, rep, sample, idx, n_tasks)
+            dom.allocatable += accommodation[idx]
         return dom.allocatable
     for child in dom.children:
-        dom.allocatable += _calc_allocatable(ssn, rep, sample, child, n_tasks)
+        dom.allocatable += _calc_allocatable(child, accommodation)
     return dom.allocatable
 
 
@@ -496,10 +533,10 @@ def subset_nodes(
         for d in level_domains.values():
             d.allocatable = -1
             d.free = _Res()
-    _calc_free(ssn, domain)
+    _calc_free(ssn, domain, _Free(ssn))
     if _alike(tasks):
         sample = next((t for t in tasks if t.is_shared), None)
-        _calc_allocatable(ssn, _max_pod(tasks), sample, domain, len(tasks))
+        _calc_allocatable(domain, _accommodations(ssn, _max_pod(tasks), sample, len(tasks)))
 
     req = _Res()
     for t in tasks:
