@@ -16,6 +16,7 @@ and raises `TemporaryError` when they run out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -25,8 +26,10 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+from yarl import URL
 
 from shared.backoff import Backoff
 from shared.errors import ConfigError, KairosError, TemporaryError
@@ -169,4 +172,12 @@ async def connect(kubeconfig: str | None) -> Kube:
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
         where = f"kubeconfig {kubeconfig!r}" if kubeconfig else "in-cluster config"
         raise ConfigError(f"{where}: {exc}") from exc
-    return Kube(k8s.ApiClient(configuration), str(configuration.host))
+    if configuration.proxy is None:
+        with contextlib.suppress(LookupError, ValueError):
+            configuration.proxy = str(get_env_proxy_for_url(URL(str(configuration.host)))[0])
+    api = k8s.ApiClient(configuration)
+    # Trusting the environment, aiohttp reads ~/.netrc and the proxy variables in a worker thread on every
+    # request (a fifth of the binder's CPU while it binds); the proxy was read once just above, and
+    # credentials come from the kubeconfig, never from netrc.
+    api.rest_client.pool_manager._trust_env = False
+    return Kube(api, str(configuration.host))
