@@ -345,6 +345,17 @@ class Dispatcher:
         """One cycle: publish changed fair shares, dispatch what is pending and not in flight."""
         self._last_cycle = self.clock()
         self._dirty = False
+        if (
+            self.settings.batch is None
+            and self.settings.cycles == "auto"
+            and any(e.whole for e in self.inflight.values())
+        ):
+            # Nothing can be dispatched while the cycle in flight runs, and its binds change the state all
+            # the time: planning now would only burn CPU the services need. Its outcome starts the next
+            # cycle (fair shares are published then).
+            self._held = True
+            self.counters["cycles_skipped"] += 1
+            return []
         self.counters["cycles"] += 1
         state_revision, ledger_revision = self.replica.revision, self.replica.ledger_revision
         snapshot = self.replica.snapshot()
