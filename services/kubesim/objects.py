@@ -10,12 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import random
-import re
 import uuid
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 import msgspec
+
+from shared.kube.quantity import QuantityError, parse_quantity
 
 __all__ = [
     "NAME_ALPHABET",
@@ -100,39 +101,13 @@ def controller_of(obj: Obj) -> Obj | None:
     return None
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
-_SUFFIX = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-
-
-def quantity(value: Any) -> Decimal | None:
-    """A resource quantity ("100m", "2", "1.5Gi", "1e3") as a number, None when it does not parse."""
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    if not isinstance(value, str):
-        return None
-    m = _QUANTITY.match(value.strip())
-    if m is None or m.group(2) not in _SUFFIX:
+def quantity(value: Any) -> Fraction | None:
+    """A resource quantity ("100m", "2", "1.5Gi", "1e3") as an exact number, None when it does not parse."""
+    if not isinstance(value, str | int | float):
         return None
     try:
-        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
-    except InvalidOperation:
+        return parse_quantity(value)
+    except QuantityError:
         return None
 
 

@@ -12,7 +12,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from services.kubesim.objects import quantity, rfc3339
@@ -27,32 +27,32 @@ Obj = dict[str, Any]
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
-def pod_requests(pod: Obj) -> dict[str, Decimal]:
+def pod_requests(pod: Obj) -> dict[str, Fraction]:
     """The pod's effective requests: the sum over containers, at least the largest init container's,
     plus overhead (limits stand in for missing requests, as the API server defaults them)."""
     spec = pod.get("spec") or {}
 
-    def of(container: Obj) -> dict[str, Decimal]:
+    def of(container: Obj) -> dict[str, Fraction]:
         res = container.get("resources") or {}
         merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        out: dict[str, Decimal] = {}
+        out: dict[str, Fraction] = {}
         for name, value in merged.items():
             q = quantity(value)
             if q is not None:
                 out[name] = q
         return out
 
-    total: dict[str, Decimal] = {}
+    total: dict[str, Fraction] = {}
     for c in spec.get("containers") or ():
         for name, q in of(c).items():
-            total[name] = total.get(name, Decimal(0)) + q
+            total[name] = total.get(name, Fraction(0)) + q
     for c in spec.get("initContainers") or ():
         for name, q in of(c).items():
-            total[name] = max(total.get(name, Decimal(0)), q)
+            total[name] = max(total.get(name, Fraction(0)), q)
     for name, value in (spec.get("overhead") or {}).items():
         extra = quantity(value)
         if extra is not None:
-            total[name] = total.get(name, Decimal(0)) + extra
+            total[name] = total.get(name, Fraction(0)) + extra
     return total
 
 
@@ -121,7 +121,7 @@ class DefaultScheduler:
         pods = self.cluster.store.storage("pods")
         node_storage = self.cluster.store.storage("nodes")
         nodes = [n for _, name in node_storage.keys_sorted() if (n := node_storage.get("", name)) is not None]
-        used: dict[str, dict[str, Decimal]] = {}
+        used: dict[str, dict[str, Fraction]] = {}
         batch = list(self.todo)
         self.todo.clear()
         for key in batch:
@@ -141,25 +141,25 @@ class DefaultScheduler:
             name = target["metadata"]["name"]
             node_used = used[name]
             for res, q in want.items():
-                node_used[res] = node_used.get(res, Decimal(0)) + q
-            node_used["pods"] = node_used.get("pods", Decimal(0)) + 1
+                node_used[res] = node_used.get(res, Fraction(0)) + q
+            node_used["pods"] = node_used.get("pods", Fraction(0)) + 1
             self.cluster.assign(pod, name)
         return True
 
-    def _used(self, node_name: str, used: dict[str, dict[str, Decimal]]) -> dict[str, Decimal]:
+    def _used(self, node_name: str, used: dict[str, dict[str, Fraction]]) -> dict[str, Fraction]:
         if node_name not in used:
-            total: dict[str, Decimal] = {"pods": Decimal(0)}
+            total: dict[str, Fraction] = {"pods": Fraction(0)}
             for pod in self.cluster.store.storage("pods").indexed("spec.nodeName", node_name):
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
                 total["pods"] += 1
                 for res, q in pod_requests(pod).items():
-                    total[res] = total.get(res, Decimal(0)) + q
+                    total[res] = total.get(res, Fraction(0)) + q
             used[node_name] = total
         return used[node_name]
 
     def _fits(
-        self, pod: Obj, want: dict[str, Decimal], node: Obj, used: dict[str, dict[str, Decimal]]
+        self, pod: Obj, want: dict[str, Fraction], node: Obj, used: dict[str, dict[str, Fraction]]
     ) -> bool:
         spec = node.get("spec") or {}
         if spec.get("unschedulable") or not _node_ready(node):
@@ -173,14 +173,14 @@ class DefaultScheduler:
                 return False
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         node_used = self._used(node["metadata"]["name"], used)
-        pods_cap = quantity(allocatable.get("pods", "110")) or Decimal(0)
-        if node_used.get("pods", Decimal(0)) + 1 > pods_cap:
+        pods_cap = quantity(allocatable.get("pods", "110")) or Fraction(0)
+        if node_used.get("pods", Fraction(0)) + 1 > pods_cap:
             return False
         for res, q in want.items():
             if q <= 0:
                 continue
             cap = quantity(allocatable.get(res))
-            if cap is None or node_used.get(res, Decimal(0)) + q > cap:
+            if cap is None or node_used.get(res, Fraction(0)) + q > cap:
                 return False
         return True
 

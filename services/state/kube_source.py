@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
@@ -37,6 +37,7 @@ from services.state.source import object_of
 from services.state.writeback import WriteBack, WriteBackOptions
 from services.state.writer import StateWriter
 from shared.bus.lease import LeaseKeeper
+from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -50,6 +51,7 @@ from shared.kubeapi.informer import Informer
 from shared.model import Pod, PodGroup
 
 log = logging.getLogger("kairos.state.kube")
+T = TypeVar("T")
 
 RETRY_AFTER_FAILED_WRITE = 0.5
 STALENESS_CHECK = 10.0
@@ -71,6 +73,16 @@ class KubeSourceOptions:
     sync_timeout: float = 60.0
     """Seconds start-up waits for every informer's first list."""
     resync_period: float = 600.0
+
+
+def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
+    """The message, or None after counting and logging a malformed one (core NATS: nothing to nak)."""
+    try:
+        return codec.decode(msg.subject, msg.data)
+    except MalformedMessage as exc:
+        ctx.counters["malformed"] += 1
+        log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+        return None
 
 
 class KubeSource:
@@ -204,11 +216,8 @@ class KubeSource:
             await self._flushed()
 
     async def _on_inventory(self, msg: Msg) -> None:
-        try:
-            inventory = INVENTORIES.decode(msg.subject, msg.data)
-        except MalformedMessage as exc:
-            self.ctx.counters["malformed"] += 1
-            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+        inventory = decoded(self.ctx, INVENTORIES, msg)
+        if inventory is None:
             return
         self.mirror.inventory(inventory)
         self.ctx.counters["gpu_inventories"] += 1
@@ -272,11 +281,8 @@ class KubeOwner:
 
     async def _on_stamps(self, msg: Msg) -> None:
         """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup."""
-        try:
-            stamps = STAMPS.decode(msg.subject, msg.data)
-        except MalformedMessage as exc:
-            self.ctx.counters["malformed"] += 1
-            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+        stamps = decoded(self.ctx, STAMPS, msg)
+        if stamps is None:
             return
         if self.source is None or self.kube is None:
             return
@@ -315,11 +321,8 @@ class KubeOwner:
 
     async def _on_why(self, msg: Msg) -> None:
         """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
-        try:
-            request = WHY_REQUESTS.decode(msg.subject, msg.data)
-        except MalformedMessage as exc:
-            self.ctx.counters["malformed"] += 1
-            log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
+        request = decoded(self.ctx, WHY_REQUESTS, msg)
+        if request is None:
             return
         reason = ""
         if self.source is not None:

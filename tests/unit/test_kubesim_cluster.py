@@ -10,19 +10,9 @@ import pytest
 
 from services.kubesim.cluster import Cluster, SimOptions
 from services.kubesim.errors import ApiError
-from services.kubesim.nodes import generated_nodes, node_object
 from services.kubesim.objects import parse_time
 from services.kubesim.resources import ResourceType
-
-START = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.kubesim_support import START, Clock, two_node_cluster
 
 
 @pytest.fixture
@@ -32,11 +22,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
-    c = Cluster(SimOptions(run_delay=1.0, watch_history=50, seed=3), clock=clock)
-    for node in generated_nodes(2, 8):
-        c.add_node(node_object(node))
-    c.settle()
-    return c
+    return two_node_cluster(clock, SimOptions(run_delay=1.0, watch_history=50, seed=3))
 
 
 def pods(c: Cluster) -> ResourceType:

@@ -8,16 +8,7 @@ import pytest
 
 from services.kubesim.cluster import Cluster, SimOptions
 from services.kubesim.nodes import generated_nodes, node_object
-
-START = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.kubesim_support import Clock, two_node_cluster
 
 
 @pytest.fixture
@@ -27,11 +18,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
-    c = Cluster(SimOptions(run_delay=1.0, seed=5), clock=clock)
-    for node in generated_nodes(2, 8):
-        c.add_node(node_object(node))
-    c.settle()
-    return c
+    return two_node_cluster(clock, SimOptions(run_delay=1.0, seed=5))
 
 
 def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:

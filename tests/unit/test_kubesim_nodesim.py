@@ -10,16 +10,7 @@ from services.kubesim.cluster import Cluster, SimOptions
 from services.kubesim.nodes import generated_nodes, node_object
 from shared.model import Node
 from shared.model.objects import Taint
-
-START = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.kubesim_support import START, Clock, two_node_cluster
 
 
 @pytest.fixture
@@ -29,11 +20,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
-    c = Cluster(SimOptions(run_delay=0.5, seed=9), clock=clock)
-    for node in generated_nodes(2, 8):
-        c.add_node(node_object(node))
-    c.settle()
-    return c
+    return two_node_cluster(clock, SimOptions(run_delay=0.5, seed=9))
 
 
 def bound_pod(cluster: Cluster, name: str, **labels: str) -> dict[str, Any]:

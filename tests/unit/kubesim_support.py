@@ -1,0 +1,27 @@
+"""What the simulated cluster's unit tests share: a clock they move by hand and a two-node cluster."""
+
+from __future__ import annotations
+
+from services.kubesim.cluster import Cluster, SimOptions
+from services.kubesim.nodes import generated_nodes, node_object
+
+START = 1_800_000_000.0
+
+
+class Clock:
+    """The cluster's clock; tests set `now` to fire timers."""
+
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def two_node_cluster(clock: Clock, options: SimOptions) -> Cluster:
+    """Two generated 8-GPU nodes, settled."""
+    c = Cluster(options, clock=clock)
+    for node in generated_nodes(2, 8):
+        c.add_node(node_object(node))
+    c.settle()
+    return c
