@@ -37,7 +37,7 @@ from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, merge_inventory
 from shared.kube import translate, wire
-from shared.model import Pod, PodGroup, Queue
+from shared.model import Node, Pod, PodGroup, Queue
 
 NODES = "nodes"
 PODS = "pods"
@@ -79,6 +79,22 @@ class Mirror:
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
     _cache: dict[str, tuple[object, Any]] = field(default_factory=dict)
     """Object label -> (what it was translated from, its last good translation)."""
+    _full: bool = True
+    """The next flush recomputes everything (`desired`): at start, after a relist, and when a queue, priority
+    class or topology changed (they reach every podgroup). Otherwise a flush recomputes only the podgroups,
+    pods and nodes that changed, and what depends on them."""
+    _queues: dict[str, Queue] = field(default_factory=dict)
+    """The valid queues as of the last flush."""
+    _groups: dict[str, PodGroup] = field(default_factory=dict)
+    """The podgroups in KV as of the last flush, by "ns/name"."""
+    _keys: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(kind, name) -> the KV key its object is under, for podgroups and nodes in KV."""
+    _pod_out: dict[str, str | tuple[str, _Usage]] = field(default_factory=dict)
+    """Pod name -> what it adds: its KV key, or (node, usage) when it holds a node for another scheduler."""
+    _foreign: dict[str, _Usage] = field(default_factory=dict)
+    """Node -> what pods Kairos does not schedule hold on it."""
+    _ungrouped: dict[str, None] = field(default_factory=dict)
+    """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
 
     # --- input ------------------------------------------------------------------------------------------
     def relist(self, kind: str, objects: Iterable[bytes]) -> None:
@@ -93,10 +109,13 @@ class Mirror:
             self._forget(kind, gone)
         self._dirty[kind].update(old.keys() | fresh.keys())
         self.raw[kind] = fresh
+        self._full = True
         if kind == PODS:
             self._members.clear()
+            self._ungrouped.clear()
             for name, pod in fresh.items():
                 self._index(name, None, pod)
+                self._track_ungrouped(name, pod)
 
     def change(self, kind: str, event: str, data: bytes) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
@@ -112,7 +131,22 @@ class Mirror:
             self.raw[kind][name] = obj
         if kind == PODS:
             self._index(name, before, None if event == "DELETED" else obj)
+            self._track_ungrouped(name, None if event == "DELETED" else obj)
+        elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES):
+            self._full = True
         self._dirty[kind].add(name)
+
+    def _track_ungrouped(self, name: str, pod: Any) -> None:
+        if (
+            pod is not None
+            and pod.spec.scheduler_name == self.scheduler_name
+            and translate.podgroup_name_of(pod) is None
+            and pod.status.phase not in _FINISHED_PHASES
+            and pod.metadata.deletion_timestamp is None
+        ):
+            self._ungrouped[name] = None
+        else:
+            self._ungrouped.pop(name, None)
 
     def _index(self, name: str, before: Any, after: Any) -> None:
         old = _group_of(before)
@@ -153,20 +187,16 @@ class Mirror:
     # --- output -----------------------------------------------------------------------------------------
     def ungrouped(self) -> list[Any]:
         """Pods of this scheduler, alive and without a podgroup: the pod-grouper's work."""
-        return [
-            pod
-            for pod in self.raw[PODS].values()
-            if pod.spec.scheduler_name == self.scheduler_name
-            and translate.podgroup_name_of(pod) is None
-            and pod.status.phase not in _FINISHED_PHASES
-            and pod.metadata.deletion_timestamp is None
-        ]
+        pods = self.raw[PODS]
+        return [pods[name] for name in self._ungrouped if name in pods]
 
     def desired(self, now: float) -> dict[str, Obj]:
         """Every model object KV should hold now, by KV key (recomputed from the raw objects); `now` (epoch
         seconds, the agents' clock) decides which GPU inventories are stale."""
         out: dict[str, Obj] = {}
         self.held = {}
+        self._keys = {}
+        self._pod_out = {}
         priorities = {name: int(pc.value) for name, pc in self.raw[PRIORITY_CLASSES].items()}
         fallback = translate.default_priority(self.raw[PRIORITY_CLASSES].values())
         for topology in self.raw[TOPOLOGIES].values():
@@ -194,62 +224,156 @@ class Mirror:
                 self.held[f"podgroup {name}"] = f"podgroup {name}: queue {group.queue!r} does not exist"
                 continue
             groups[name] = group
+            self._keys[("podgroup", name)] = key_of(group)
             out[key_of(group)] = group
         foreign: dict[str, _Usage] = defaultdict(_Usage)
         for name, raw_pod in self.raw[PODS].items():
             pod = self._pod(name, raw_pod, groups)
             if isinstance(pod, Pod):
+                self._pod_out[name] = key_of(pod)
                 out[key_of(pod)] = pod
             elif pod is not None:
-                node, usage = pod
-                held = foreign[node]
-                held.cpu_millis += usage.cpu_millis
-                held.memory_bytes += usage.memory_bytes
-                held.gpus += usage.gpus
-                held.pods += usage.pods
-        for name, raw_node in self.raw[NODES].items():
-            inventory = self.inventories.get(name)
-            if inventory is not None and is_stale(inventory, now):
-                inventory = None
-            node = self._translate(
-                "node",
-                name,
-                (raw_node, inventory),
-                lambda n=raw_node, i=inventory: merge_inventory(translate.node_of(n), i),
-            )
-            if node is None:
+                self._pod_out[name] = pod
+                _accumulate(foreign[pod[0]], pod[1], 1)
+        for name in self.raw[NODES]:
+            node = self._node(name, foreign.get(name), now)
+            if node is not None:
+                self._keys[("node", name)] = key_of(node)
+                out[key_of(node)] = node
+        self._queues = queues
+        self._groups = groups
+        self._foreign = dict(foreign)
+        return out
+
+    def _node(self, name: str, used: _Usage | None, now: float) -> Node | None:
+        """The node as KV should hold it: translated, corrected by a fresh inventory, less foreign usage."""
+        raw_node = self.raw[NODES][name]
+        inventory = self.inventories.get(name)
+        if inventory is not None and is_stale(inventory, now):
+            inventory = None
+        node: Node | None = self._translate(
+            "node",
+            name,
+            (raw_node, inventory),
+            lambda n=raw_node, i=inventory: merge_inventory(translate.node_of(n), i),
+        )
+        if node is None or used is None:
+            return node
+        return msgspec.structs.replace(
+            node,
+            cpu_millis=max(0.0, node.cpu_millis - used.cpu_millis),
+            memory_bytes=max(0.0, node.memory_bytes - used.memory_bytes),
+            gpus=max(0, node.gpus - used.gpus),
+            max_pods=max(0, node.max_pods - used.pods),
+        )
+
+    def _changed(self, now: float) -> dict[str, Obj | None]:
+        """What KV should hold under the keys the dirty podgroups, pods and nodes touch (None: nothing),
+        with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
+        out: dict[str, Obj | None] = {}
+        priorities = {name: int(pc.value) for name, pc in self.raw[PRIORITY_CLASSES].items()}
+        fallback = translate.default_priority(self.raw[PRIORITY_CLASSES].values())
+        pods = set(self._dirty[PODS])
+        nodes = set(self._dirty[NODES])
+        for name in self._dirty[PODGROUPS]:
+            pods.update(self._members.get(name, ()))
+            self._groups.pop(name, None)
+            self.held.pop(f"podgroup {name}", None)
+            old_key = self._keys.pop(("podgroup", name), None)
+            if old_key is not None:
+                out[old_key] = None
+            raw_group = self.raw[PODGROUPS].get(name)
+            if raw_group is None:
                 continue
-            used = foreign.get(name)
-            if used is not None:
-                node = msgspec.structs.replace(
-                    node,
-                    cpu_millis=max(0.0, node.cpu_millis - used.cpu_millis),
-                    memory_bytes=max(0.0, node.memory_bytes - used.memory_bytes),
-                    gpus=max(0, node.gpus - used.gpus),
-                    max_pods=max(0, node.max_pods - used.pods),
-                )
-            out[key_of(node)] = node
+            group = self._translate(
+                "podgroup",
+                name,
+                (raw_group, priorities, fallback),
+                lambda g=raw_group: translate.podgroup_of(
+                    g, priority_classes=priorities, default_priority=fallback
+                ),
+            )
+            if group is None:
+                continue
+            if group.queue not in self._queues:
+                self.held[f"podgroup {name}"] = f"podgroup {name}: queue {group.queue!r} does not exist"
+                continue
+            self._groups[name] = group
+            self._keys[("podgroup", name)] = key_of(group)
+            out[key_of(group)] = group
+        for name in pods:
+            before = self._pod_out.pop(name, None)
+            if isinstance(before, str):
+                out.setdefault(before, None)
+            elif before is not None:
+                _accumulate(self._foreign[before[0]], before[1], -1)
+                nodes.add(before[0])
+            self.held.pop(f"pod {name}", None)
+            raw_pod = self.raw[PODS].get(name)
+            if raw_pod is None:
+                continue
+            pod = self._pod(name, raw_pod, self._groups)
+            if isinstance(pod, Pod):
+                self._pod_out[name] = key_of(pod)
+                out[key_of(pod)] = pod
+            elif pod is not None:
+                self._pod_out[name] = pod
+                _accumulate(self._foreign.setdefault(pod[0], _Usage()), pod[1], 1)
+                nodes.add(pod[0])
+        for name in nodes:
+            old_key = self._keys.pop(("node", name), None)
+            if old_key is not None:
+                out.setdefault(old_key, None)
+            used = self._foreign.get(name)
+            if used is not None and used.pods == 0:
+                del self._foreign[name]
+                used = None
+            if name not in self.raw[NODES]:
+                continue
+            node = self._node(name, used, now)
+            if node is not None:
+                self._keys[("node", name)] = key_of(node)
+                out[key_of(node)] = node
         return out
 
     def flush(self, now: float) -> list[Change]:
         """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
         if not any(self._dirty.values()):
             return []
+        if self._full:
+            for dirty in self._dirty.values():
+                dirty.clear()
+            self._full = False
+            want = self.desired(now)
+            changes = [
+                Change(key, self.current.get(key), obj)
+                for key, obj in want.items()
+                if self.current.get(key) != obj
+            ]
+            changes += [Change(key, obj, None) for key, obj in self.current.items() if key not in want]
+            self.current = want
+            return changes
+        # Only podgroups, pods and nodes changed: recompute those (and the pods of changed podgroups, the
+        # nodes whose foreign usage moved), not the whole cluster on every flush.
+        touched = self._changed(now)
         for dirty in self._dirty.values():
             dirty.clear()
-        want = self.desired(now)
-        changes = [
-            Change(key, self.current.get(key), obj)
-            for key, obj in want.items()
-            if self.current.get(key) != obj
-        ]
-        changes += [Change(key, obj, None) for key, obj in self.current.items() if key not in want]
-        self.current = want
+        changes = []
+        for key, obj in touched.items():
+            before = self.current.get(key)
+            if obj is None:
+                if before is not None:
+                    del self.current[key]
+                    changes.append(Change(key, before, None))
+            elif before != obj:
+                self.current[key] = obj
+                changes.append(Change(key, before, obj))
         return changes
 
     def adopt(self, objects: Mapping[str, Obj]) -> None:
         """Start from what KV holds (a restarted owner): the first flush then writes only differences."""
         self.current = dict(objects)
+        self._full = True
 
     # --- helpers ----------------------------------------------------------------------------------------
     def _valid_queues(self) -> dict[str, Queue]:
@@ -352,6 +476,13 @@ _SINGULAR = {
     PRIORITY_CLASSES: "priorityclass",
     TOPOLOGIES: "topology",
 }
+
+
+def _accumulate(total: _Usage, usage: _Usage, sign: int) -> None:
+    total.cpu_millis += sign * usage.cpu_millis
+    total.memory_bytes += sign * usage.memory_bytes
+    total.gpus += sign * usage.gpus
+    total.pods += sign * usage.pods
 
 
 def _same(cached: object, source: object) -> bool:
