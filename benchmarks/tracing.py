@@ -133,24 +133,26 @@ async def _submit_and_wait(url: str, nodes: int, pods: int, timeout: float) -> f
         await client.close()
 
 
-def bus_run(nodes: int, pods: int, env: dict[str, str], timeout: float) -> float:
+def bus_run(nodes: int, pods: int, env: dict[str, str], timeout: float, batch: str = "all") -> float:
     with tempfile.TemporaryDirectory(prefix="kairos-bench-") as state:
-        stack = start_stack(Path(state), options={"state": {"source": "sim"}}, env=env)
+        options = {"state": {"source": "sim"}, "queue": {"batch": batch}}
+        stack = start_stack(Path(state), options=options, env=env)
         try:
             return asyncio.run(_submit_and_wait(stack.url, nodes, pods, timeout))
         finally:
             stack.stop()
 
 
-def bench_bus(nodes: int, pods: int, rounds: int, timeout: float) -> dict[str, float]:
+def bench_bus(nodes: int, pods: int, rounds: int, timeout: float, batch: str = "all") -> dict[str, Any]:
     off: list[float] = []
     on: list[float] = []
     with discarding_collector() as url:
         traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_TRACES_SAMPLER": "always_on"}
         for _ in range(rounds):
-            off.append(bus_run(nodes, pods, {}, timeout))
-            on.append(bus_run(nodes, pods, traced, timeout))
+            off.append(bus_run(nodes, pods, {}, timeout, batch))
+            on.append(bus_run(nodes, pods, traced, timeout, batch))
     return {
+        "batch": batch,
         "nodes": nodes,
         "pods": pods,
         "rounds": rounds,
@@ -273,12 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=250)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--batch",
+        default="all",
+        help="the queue's batch: all (whole cycles; default) or N podgroups per item",
+    )
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--skip-bus", action="store_true", help="only the in-process figures")
     args = parser.parse_args(argv)
     # Stopped from outside (timeout, kill): unwind, so the stack's processes are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    results: dict[str, dict[str, float]] = {
+    results: dict[str, dict[str, Any]] = {
         "message": bench_message(),
         "podgroup": bench_podgroup(),
     }
@@ -288,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"spans per podgroup, observed to bound: {results['podgroup']['us_per_podgroup']:.0f} us")
     if not args.skip_bus:
-        bus = results["bus"] = bench_bus(args.nodes, args.pods, args.rounds, args.timeout)
+        bus = results["bus"] = bench_bus(args.nodes, args.pods, args.rounds, args.timeout, args.batch)
         print(
-            f"over the bus, {args.pods} pods on {args.nodes} nodes: {bus['off_pods_per_s']:.0f} pods/s "
+            f"over the bus, {args.pods} pods on {args.nodes} nodes, batch={args.batch}: "
+            f"{bus['off_pods_per_s']:.0f} pods/s "
             f"tracing off, {bus['on_pods_per_s']:.0f} pods/s on (always_on): ratio {bus['on_off_ratio']:.2f}"
         )
     if args.json:

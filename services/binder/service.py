@@ -5,6 +5,8 @@ Run by `python -m services.binder` (and `kairos serve binder`) through `shared.b
 binder replica of a shard pulls from the same durable consumer on `KAIROS_PROPOSALS`, so each proposal
 goes to one binder; `shared.bus.middleware.handle` decodes it and acks, naks or terminates it (a payload
 that does not decode is counted as `malformed`, terminated, and the loop goes on with the next one).
+A proposal carrying podgroups' trace contexts is committed inside their `binder.commit` spans, each cluster
+call a `binder.bind`/`binder.evict` child (`shared.telemetry.spans`, docs/tracing.md).
 
 Options (`--set key=value`): `batch` (proposals per fetch, 16), `fetch_timeout` (s, 1),
 `cluster_timeout` (s per cluster request, 2), `cluster_attempts` (5), `recovery_grace` (s a claimed pod

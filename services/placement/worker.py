@@ -9,6 +9,9 @@ runs `run_session` with the item's actions and focus, and publishes a `Proposal`
 requests, evictions, pipelined pods, pending explanations, the stale and last-start stamps, the ledger
 revision of every node it binds onto (the binder's compare-and-set base) and, when asked, the session's
 final view. A proposal with nothing in it is still published: the queue waits for every item's outcome.
+While tracing is on, an item that carries podgroups' trace contexts gets `placement.session` and one
+`placement.place` per podgroup, read from the finished session, and the proposal carries their contexts
+(`shared.telemetry.spans`, docs/tracing.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `fate_of(exc)` is the single place where an exception becomes ack, nak (with a delay) or term. Malformed
 payloads are logged with their subject, counted and terminated (never redelivered), and the service keeps
-running. Used by every service for JetStream messages and core subscriptions alike.
+running. Used by every service for JetStream messages and core subscriptions alike. A message's W3C trace
+context (`shared.bus.tracing`: NATS headers) is current while its handler runs.
 """
 
 from __future__ import annotations
