@@ -125,17 +125,23 @@ def carried() -> Carried:
     return _carried.get()
 
 
-@contextlib.contextmanager
-def receiving(headers: Mapping[str, str] | None) -> Iterator[Carried]:
+def receiving(headers: Mapping[str, str] | None) -> contextlib.AbstractContextManager[Carried]:
     """Around a handler: make the message's trace context current (spans the handler starts become its
-    children) and `carried()` return what it carries. Does nothing while tracing is off."""
+    children) and `carried()` return what it carries. A shared no-op while tracing is off or the message
+    carries no context, so an untraced message costs one check."""
     if not headers or not tracing.enabled():
-        yield NOTHING
-        return
+        return _UNTRACED
     found = carried_by(headers)
     if not found:
-        yield NOTHING
-        return
+        return _UNTRACED
+    return _attached(found)
+
+
+_UNTRACED = contextlib.nullcontext(NOTHING)
+
+
+@contextlib.contextmanager
+def _attached(found: Carried) -> Iterator[Carried]:
     token = _carried.set(found)
     attached = otel_context.attach(found.context) if found.context is not None else None
     try:
