@@ -49,12 +49,12 @@ FULL = Scale(
 )
 QUICK = Scale(
     curve_nodes=(1000, 5000, 10_000),
-    curve_pods=300,
+    curve_pods=200,
     replicas=(1, 2, 4),
     replicas_nodes=500,
     replicas_batch=50,
-    memory_nodes=2000,
-    memory_pods=20_000,
+    memory_nodes=1000,
+    memory_pods=10_000,
 )
 
 

@@ -16,13 +16,14 @@ from collections.abc import Callable
 import msgspec
 
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Topology, TopologyConstraint
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+from shared.sim.scenarios import flat_queues, gang
 
 __all__ = [
     "NAMES",
     "Group",
     "Workload",
     "build",
+    "plain_nodes",
     "scheduling_basic",
 ]
 
@@ -54,6 +55,9 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     its pods are not counted in the throughput."""
     reclaim: bool = False
     """The measured pods fit only by reclaiming: `decision_s` is the time until the last victim is gone."""
+    generated: bool = True
+    """The nodes are exactly `plain_nodes(len(nodes), gpus_per_node)`, which the simulated API server
+    generates itself (`--nodes N --gpus-per-node G`); otherwise they go to it as a cluster file."""
 
     @property
     def counted(self) -> tuple[Pod, ...]:
@@ -63,6 +67,24 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def gpus_per_node(self) -> int:
         return self.nodes[0].gpus if self.nodes else 0
+
+
+def plain_nodes(count: int, gpus: int = 8) -> list[Node]:
+    """`count` identical GPU nodes exactly as the simulated API server generates them (`--nodes`): names
+    `node-<i>` zero-padded to the widest index, 8 cores and 64 GiB per GPU, 80 GiB devices, 110 pods. A
+    cluster file of 10,000 nodes takes the server half a minute to read; generated ones cost nothing."""
+    width = max(1, len(str(max(count - 1, 0))))
+    per = max(gpus, 1)
+    return [
+        Node(
+            name=f"node-{i:0{width}d}",
+            cpu_millis=8000.0 * per,
+            memory_bytes=float(64 * 2**30 * per),
+            gpus=gpus,
+            gpu_memory_mib=81920,
+        )
+        for i in range(count)
+    ]
 
 
 def _group(
@@ -94,7 +116,7 @@ def scheduling_basic(nodes: int, initial: int, measured: int, queues: int = 10) 
     """scheduler_perf's SchedulingBasic with GPUs: `initial` one-GPU pods already running, one per node
     spread evenly, then `measured` one-GPU single-pod podgroups over `queues` flat queues."""
     names = _names(queues)
-    node_list = gpu_nodes(nodes)
+    node_list = plain_nodes(nodes)
     stride = max(1, nodes // max(initial, 1))
     first = [
         _group(
@@ -125,7 +147,7 @@ def gang_workload(gangs: int, size: int = 8) -> Workload:
     nodes = max(1, gangs * size // 8)
     groups = [_group(f"gang-{j:05d}", names[j % 4], size, 1.0, created=float(j)) for j in range(gangs)]
     return Workload(
-        name="Gang", nodes=tuple(gpu_nodes(nodes)), queues=tuple(flat_queues(names)), measured=tuple(groups)
+        name="Gang", nodes=tuple(plain_nodes(nodes)), queues=tuple(flat_queues(names)), measured=tuple(groups)
     )
 
 
@@ -136,7 +158,7 @@ def fractional_gpu(nodes: int, pods: int) -> Workload:
     groups = [_group(f"frac-{j:06d}", names[j % 4], 1, sizes[j % 3], created=float(j)) for j in range(pods)]
     return Workload(
         name="FractionalGPU",
-        nodes=tuple(gpu_nodes(nodes)),
+        nodes=tuple(plain_nodes(nodes)),
         queues=tuple(flat_queues(names)),
         measured=tuple(groups),
     )
@@ -146,7 +168,7 @@ def reclaim(nodes: int, pending: int, per_node: int = 4) -> Workload:
     """Queue `busy` fills every GPU with `per_node` jobs per node; queue `starved`, with the same quota
     (half the cluster) and nothing running, gets `pending` jobs of the same size: they fit only by
     reclaiming from `busy` (KAI's fair-share reclaim)."""
-    node_list = gpu_nodes(nodes)
+    node_list = plain_nodes(nodes)
     gpus = 8 // per_node
     running = [
         _group(
@@ -176,7 +198,7 @@ def unschedulable_gang(nodes: int, fillers: int) -> Workload:
     rest = [_group(f"fill-{j:06d}", names[j % 2], 1, 1.0, created=float(1 + j)) for j in range(fillers)]
     return Workload(
         name="UnschedulableGang",
-        nodes=tuple(gpu_nodes(nodes)),
+        nodes=tuple(plain_nodes(nodes)),
         queues=tuple(flat_queues(names)),
         measured=(big, *rest),
         verdict_for=big.podgroup.name,
@@ -188,7 +210,10 @@ def topology(racks: int, gangs: int, nodes_per_rack: int = 8, racks_per_block: i
     node_list: list[Node] = []
     for r in range(racks):
         labels = {BLOCK_LABEL: f"block-{r // racks_per_block}", RACK_LABEL: f"rack-{r}"}
-        node_list.extend(gpu_nodes(nodes_per_rack, prefix=f"r{r:03d}-node", labels=labels))
+        node_list.extend(
+            msgspec.structs.replace(n, name=f"r{r:03d}-{n.name}", labels=labels)
+            for n in plain_nodes(nodes_per_rack)
+        )
     names = _names(4)
     groups = [
         _group(f"topo-{j:05d}", names[j % 4], 8, 4.0, created=float(j), topology_level=RACK_LABEL)
@@ -200,6 +225,7 @@ def topology(racks: int, gangs: int, nodes_per_rack: int = 8, racks_per_block: i
         queues=tuple(flat_queues(names)),
         topologies=(Topology(TOPOLOGY, (BLOCK_LABEL, RACK_LABEL)),),
         measured=tuple(groups),
+        generated=False,
     )
 
 
@@ -232,7 +258,7 @@ def fair_share(nodes: int, pods_per_leaf: int, fanout: int = 10, leaf_quota: flo
         for j in range(len(leaves) * pods_per_leaf)
     ]
     return Workload(
-        name="FairShare", nodes=tuple(gpu_nodes(nodes)), queues=tuple(queues), measured=tuple(groups)
+        name="FairShare", nodes=tuple(plain_nodes(nodes)), queues=tuple(queues), measured=tuple(groups)
     )
 
 
@@ -247,13 +273,13 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "FairShare": lambda: fair_share(1000, 4),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
-    "SchedulingBasic": lambda: scheduling_basic(500, 100, 1000),
-    "Gang": lambda: gang_workload(100),
-    "FractionalGPU": lambda: fractional_gpu(100, 600),
-    "Reclaim": lambda: reclaim(200, 20),
-    "UnschedulableGang": lambda: unschedulable_gang(100, 200),
-    "Topology": lambda: topology(16, 25),
-    "FairShare": lambda: fair_share(200, 1),
+    "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
+    "Gang": lambda: gang_workload(40),
+    "FractionalGPU": lambda: fractional_gpu(100, 300),
+    "Reclaim": lambda: reclaim(100, 10),
+    "UnschedulableGang": lambda: unschedulable_gang(100, 100),
+    "Topology": lambda: topology(8, 12),
+    "FairShare": lambda: fair_share(100, 1, fanout=6),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 

@@ -1,0 +1,47 @@
+"""The benchmark never rots: `kairos bench --quick` runs every workload in both modes, end to end over NATS
+against the simulated API server included, and writes a report with a throughput for each.
+
+No speed is asserted (this machine is shared); the numbers are the benchmark's business, not the test's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.bench.workloads import NAMES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BUDGET = 600
+"""A guard against a hung run, not a speed assertion: the quick run takes about three minutes on this machine
+when it is quiet, longer when other work shares its two cores."""
+
+
+@pytest.mark.timeout(BUDGET + 60)
+def test_the_quick_benchmark_measures_every_workload_in_both_modes(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "shared.cli.main", "bench", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=BUDGET,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    measured = {(r["workload"], r["mode"]): r for r in report["records"]}
+    missing = [(w, m) for w in NAMES for m in ("inprocess", "bus") if (w, m) not in measured]
+    assert not missing, f"not measured: {missing}; notes: {report['notes']}"
+    for (workload, mode), record in measured.items():
+        assert record["throughput_pods_s"] > 0, f"{workload} {mode}: {record}"
+        assert record["bound"] == record["pods"], f"{workload} {mode}: {record.get('note')}"
+    assert measured[("UnschedulableGang", "bus")]["verdict_s"] is not None
+    assert measured[("Reclaim", "bus")]["decision_s"] is not None
+    assert {p["nodes"] for p in report["scaling_nodes"]} == {1000, 5000, 10_000}
+    assert {p["placement_replicas"] for p in report["scaling_replicas"]} == {1, 2, 4}
+    assert report["memory"]["rss_mib"] > 0

@@ -1,0 +1,331 @@
+"""The benchmark suite's pieces: the workloads as data, their Kubernetes manifests, scheduler_perf's figures,
+the in-process runner, the report and its targets, the process statistics, and `kairos bench` itself.
+
+The end-to-end run over NATS is tests/e2e/test_bench_quick.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from services.kubesim.nodes import generated_nodes
+from shared.bench import measure, procstats, workloads
+from shared.bench.inprocess import run_inprocess
+from shared.bench.manifests import (
+    cluster_file_text,
+    pod_manifest,
+    podgroup_manifest,
+    queue_manifest,
+    topology_manifest,
+)
+from shared.bench.report import MemoryResult, Record, Report, encode, plot, targets
+from shared.cli.main import main
+from shared.clusterfile import parse_cluster
+from shared.kube import translate, wire
+from shared.model import PodStatus
+
+ISSUE_KEYS = {
+    "workload",
+    "mode",
+    "nodes",
+    "pods",
+    "throughput_pods_s",
+    "p50_ms",
+    "p99_ms",
+    "cpu_s",
+    "peak_rss_mib",
+    "conflicts",
+}
+
+
+# --- scheduler_perf's figures --------------------------------------------------------------------------------
+def test_overall_throughput_is_bound_pods_over_first_creation_to_last_binding() -> None:
+    assert measure.overall_throughput([10.0, 10.5], [11.0, 12.0, 14.0]) == pytest.approx(3 / 4.0)
+
+
+def test_nothing_bound_is_zero_throughput() -> None:
+    assert measure.overall_throughput([1.0], []) == 0.0
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert measure.percentile(values, 50) == 50.0
+    assert measure.percentile(values, 99) == 99.0
+    assert measure.percentile([7.0], 99) == 7.0
+    assert measure.percentile([], 50) == 0.0
+
+
+def test_sampled_throughput_skips_the_first_sample_as_scheduler_perf_does() -> None:
+    # 100 pods bound in each of the first four seconds: the first tick only starts the sampling.
+    bound = [s + i / 100 for s in range(4) for i in range(1, 101)]
+    sampled = measure.sampled_throughput(0.0, bound)
+    assert sampled is not None
+    assert sampled.samples == 3
+    assert sampled.average == pytest.approx(100.0)
+    assert sampled.perc99 == pytest.approx(100.0)
+
+
+def test_an_interval_without_bindings_is_merged_into_the_next_and_counted_for_both() -> None:
+    # Bindings in second 1, none in second 2, 200 in second 3: that rate covers two intervals.
+    bound = [0.5, *[2.0 + i / 200 for i in range(1, 201)], 3.5]
+    sampled = measure.sampled_throughput(0.0, bound)
+    assert sampled is not None
+    assert sampled.samples == 2
+    assert sampled.perc50 == pytest.approx(100.0)
+
+
+def test_a_run_shorter_than_two_intervals_has_no_samples() -> None:
+    assert measure.sampled_throughput(0.0, [0.2, 0.4, 1.5]) is None
+
+
+def test_the_timeline_accounts_for_every_binding() -> None:
+    bound = [0.1 * i for i in range(1, 51)]
+    bins = measure.timeline(0.0, bound, bins=10)
+    width = 2 * bins[0][0]
+    assert len(bins) == 10
+    assert sum(rate * width for _, rate in bins) == pytest.approx(50)
+
+
+# --- workloads -----------------------------------------------------------------------------------------------
+def test_the_full_sizes_are_the_issues() -> None:
+    basic = workloads.build("SchedulingBasic")
+    assert (len(basic.nodes), len(tuple(p for g in basic.initial for p in g.pods)), len(basic.counted)) == (
+        5000,
+        1000,
+        10_000,
+    )
+    gang = workloads.build("Gang")
+    assert len(gang.measured) == 1000
+    assert {len(g.pods) for g in gang.measured} == {8}
+    assert {p.gpu.devices for g in gang.measured for p in g.pods} == {1}
+    assert gang.gpus_per_node == 8
+    reclaim = workloads.build("Reclaim")
+    assert len(reclaim.nodes) == 1000
+    assert len(reclaim.measured) == 100
+    fair = workloads.build("FairShare")
+    parents = {q.name: q.parent for q in fair.queues}
+
+    def depth(name: str) -> int:
+        parent = parents[name]
+        return 0 if parent is None else 1 + depth(parent)
+
+    levels = [sum(1 for q in parents if depth(q) == d) for d in range(4)]
+    assert levels == [10, 100, 1000, 0]
+
+
+def test_the_fractional_workload_mixes_quarter_half_and_whole_gpus() -> None:
+    w = workloads.build("FractionalGPU", quick=True)
+    assert {p.gpu.gpus for p in w.counted} == {0.25, 0.5, 1.0}
+
+
+def test_the_unschedulable_gang_is_not_counted_and_cannot_fit() -> None:
+    w = workloads.build("UnschedulableGang", quick=True)
+    big = next(g for g in w.measured if g.podgroup.name == w.verdict_for)
+    assert len(big.pods) > len(w.nodes)
+    assert all(p.gpu.devices == w.gpus_per_node for p in big.pods)
+    assert not {p.name for p in big.pods} & {p.name for p in w.counted}
+
+
+def test_the_reclaim_cluster_is_full_before_the_measurement() -> None:
+    w = workloads.build("Reclaim", quick=True)
+    used = sum(p.gpu.gpus for g in w.initial for p in g.pods)
+    assert used == sum(n.gpus for n in w.nodes)
+    assert all(p.status == PodStatus.RUNNING and p.node for g in w.initial for p in g.pods)
+
+
+def test_plain_nodes_are_the_ones_the_simulated_api_server_generates() -> None:
+    for count, gpus in ((1, 8), (10, 8), (1000, 4)):
+        assert workloads.plain_nodes(count, gpus) == generated_nodes(count, gpus)
+
+
+@pytest.mark.parametrize("name", workloads.NAMES)
+def test_every_workload_builds_at_both_sizes(name: str) -> None:
+    quick, full = workloads.build(name, quick=True), workloads.build(name)
+    assert quick.counted
+    assert len(quick.counted) <= len(full.counted)
+    assert quick.name == full.name == name
+
+
+# --- manifests ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["SchedulingBasic", "FractionalGPU", "Topology", "Reclaim"])
+def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
+    w = workloads.build(name, quick=True)
+    for group in (*w.initial, *w.measured)[:20]:
+        pg = translate.podgroup_of(
+            wire.decode("podgroups", json.dumps(podgroup_manifest(group.podgroup))),
+            priority_classes={"train": 50},
+        )
+        assert pg.queue == group.podgroup.queue
+        assert pg.priority == group.podgroup.priority
+        assert pg.root.all_pod_sets()[0].min_available == group.podgroup.root.all_pod_sets()[0].min_available
+        assert pg.root.topology_constraint == group.podgroup.root.topology_constraint
+        for pod in group.pods:
+            back = translate.pod_of(wire.decode("pods", json.dumps(pod_manifest(pod, group.podgroup))))
+            assert (back.cpu_millis, back.memory_bytes, back.gpu) == (
+                pod.cpu_millis,
+                pod.memory_bytes,
+                pod.gpu,
+            )
+            assert back.node == pod.node
+            assert back.podgroup == f"default/{group.podgroup.name}"
+
+
+def test_queue_manifests_keep_quotas_and_parents() -> None:
+    for queue in workloads.build("FairShare", quick=True).queues[:30]:
+        back = translate.queue_of(wire.decode("queues", json.dumps(queue_manifest(queue))), creation_index=0)
+        assert (back.parent, back.gpu, back.cpu, back.memory) == (
+            queue.parent,
+            queue.gpu,
+            queue.cpu,
+            queue.memory,
+        )
+
+
+def test_topology_nodes_travel_as_a_cluster_file_and_the_topology_as_a_manifest() -> None:
+    w = workloads.build("Topology", quick=True)
+    assert parse_cluster(cluster_file_text(w.nodes)).nodes == w.nodes
+    back = translate.topology_of(wire.decode("topologies", json.dumps(topology_manifest(w.topologies[0]))))
+    assert back == w.topologies[0]
+
+
+# --- the in-process runner --------------------------------------------------------------------------------
+def test_in_process_binds_every_measured_pod_and_reports_the_issues_figures() -> None:
+    record = run_inprocess(workloads.scheduling_basic(50, 10, 100))
+    assert (record.workload, record.mode, record.nodes, record.pods, record.bound) == (
+        "SchedulingBasic",
+        "inprocess",
+        50,
+        100,
+        100,
+    )
+    assert record.throughput_pods_s > 0
+    assert 0 < record.p50_ms <= record.p99_ms
+    assert record.cpu_s > 0
+    assert record.peak_rss_mib["inprocess"] > 0
+    assert record.conflicts == 0
+    assert set(msgspec.to_builtins(record)) >= ISSUE_KEYS
+
+
+def test_in_process_times_the_unschedulable_verdict() -> None:
+    record = run_inprocess(workloads.unschedulable_gang(8, 8))
+    assert record.verdict_s is not None
+    assert record.verdict_s > 0
+    assert record.bound == 8
+
+
+def test_in_process_times_the_reclaim_decision_and_binds_the_reclaimers() -> None:
+    record = run_inprocess(workloads.reclaim(10, 4))
+    assert record.decision_s is not None
+    assert record.bound == 4
+    assert record.cycles is not None
+    assert record.cycles >= 2
+
+
+# --- process statistics ------------------------------------------------------------------------------------
+def test_process_statistics_read_this_process() -> None:
+    pid = os.getpid()
+    assert procstats.cpu_seconds(pid) > 0
+    assert procstats.peak_rss_mib(pid) >= procstats.rss_mib(pid) > 0
+
+
+def test_a_process_that_is_gone_reads_as_nothing() -> None:
+    assert procstats.cpu_seconds(2**22 + 7) == 0.0
+    assert procstats.peak_rss_mib(2**22 + 7) == 0.0
+
+
+# --- the report -------------------------------------------------------------------------------------------
+def _record(workload: str, mode: str, nodes: int, throughput: float, **extra: float) -> Record:
+    return Record(
+        workload=workload,
+        mode=mode,
+        nodes=nodes,
+        pods=100,
+        throughput_pods_s=throughput,
+        p50_ms=1.0,
+        p99_ms=2.0,
+        cpu_s=1.0,
+        peak_rss_mib={"x": 1.0},
+        conflicts=0,
+        timeline=[(0.5, 100.0), (1.5, 0.0)],
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_targets_judge_only_what_was_measured_at_full_size() -> None:
+    report = Report(
+        records=[
+            _record("SchedulingBasic", "bus", 5000, 2500.0),
+            _record("SchedulingBasic", "inprocess", 5000, 4000.0),
+            _record("Reclaim", "bus", 200, 5.0, decision_s=0.5),
+            _record("UnschedulableGang", "inprocess", 100, 5.0, verdict_s=0.2),
+        ],
+        memory=MemoryResult(
+            nodes=10_000, pods=100_000, rss_mib=300.0, baseline_rss_mib=40.0, peak_rss_mib=310.0, load_s=5.0
+        ),
+    )
+    verdicts = {t.target: t.met for t in targets(report)}
+    assert verdicts["SchedulingBasic at 5k nodes, bus"] is True
+    assert verdicts["SchedulingBasic at 5k nodes, inprocess"] is False
+    assert verdicts["SchedulingBasic: end to end >= 50 % of in-process"] is True
+    assert verdicts["Reclaim decision at 1,000 nodes, bus"] is None
+    assert verdicts["Reclaim decision at 1,000 nodes, inprocess"] is None
+    assert verdicts["UnschedulableGang verdict, inprocess"] is True
+    assert verdicts["state replica holding 10k nodes and 100k pods"] is True
+
+
+def test_the_json_holds_one_record_per_workload_and_mode_with_the_issues_keys() -> None:
+    report = Report(records=[_record("Gang", "bus", 10, 5.0), _record("Gang", "inprocess", 10, 50.0)])
+    data = json.loads(encode(report))
+    assert [(r["workload"], r["mode"]) for r in data["records"]] == [("Gang", "bus"), ("Gang", "inprocess")]
+    assert all(set(r) >= ISSUE_KEYS for r in data["records"])
+    assert "verdict_s" not in data["records"][0]
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    report = Report(records=[_record("Gang", "bus", 10, 5.0), _record("Gang", "inprocess", 10, 50.0)])
+    out = tmp_path / "bench.png"
+    plot(report, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+def test_kairos_bench_in_process_writes_the_report_and_the_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = main(
+        [
+            "bench",
+            "--quick",
+            "--mode",
+            "inprocess",
+            "--workload",
+            "Gang",
+            "--workload",
+            "Topology",
+            "--no-scaling",
+            "--no-memory",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert [(r["workload"], r["mode"]) for r in data["records"]] == [
+        ("Gang", "inprocess"),
+        ("Topology", "inprocess"),
+    ]
+    assert png.exists()
+    assert "targets:" in capsys.readouterr().out
+
+
+def test_kairos_bench_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--workload", "Nope"]) == 2
+    assert "Nope" in capsys.readouterr().err
