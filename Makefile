@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
 CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
 
-.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench fmt
+.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick fmt
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,7 +40,12 @@ bench-core:
 bench-tracing:
 	$(BIN)/python -m benchmarks.tracing
 
+# The benchmark suite (issue 6): every workload in-process and over NATS, scaling curves, memory target.
 bench: bench-core bench-tracing
+	$(BIN)/kairos bench --json bench-full.json --plot bench-full.png
+
+bench-quick:
+	$(BIN)/kairos bench --quick --json bench-quick.json --plot bench-quick.png
 
 fmt:
 	$(BIN)/ruff format .
