@@ -84,10 +84,20 @@ def start_nats_server(state_dir: Path, port: int = -1, timeout: float = 10.0) ->
     raise ConfigError(f"nats-server did not report its port within {timeout} s")
 
 
+MAX_PAYLOAD = 8 * 1024 * 1024
+"""Bytes one message may hold (NATS's default is 1 MiB). A whole-cycle proposal binds every pending pod: at
+about 6,000 pods it passed 1 MiB, the publish failed, and placement recomputed the same cycle forever."""
+
+
 def _spawn(port: int, ports_dir: Path, data: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    # max_payload has no command-line flag; the other settings stay flags.
+    config = data.parent / "nats-server.conf"
+    config.write_text(f"max_payload: {MAX_PAYLOAD}\n")
     return subprocess.Popen(
         [
             server_binary(),
+            "-c",
+            str(config),
             "-js",
             "-a",
             "127.0.0.1",
