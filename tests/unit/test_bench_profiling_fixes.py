@@ -5,6 +5,7 @@
 - The core caches fractional-GPU fit masks and GPU-sharing scores per task shape until a node changes; a
   session decides exactly what it decides without the cache.
 - Topology placement sums domain resources from arrays read once per placement; decisions are unchanged.
+- Why a pod fits on no node is worked out for all nodes at once; the explanations are unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
 from shared.bench import workloads
+from shared.core.actions import common
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.session import Session
@@ -192,3 +194,32 @@ def test_topology_gangs_land_whole_in_one_rack() -> None:
     assert len(result.binds) == 7
     for proposal in result.binds:
         assert len({rack_of[b.node] for b in proposal.bindings}) == 1
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [workloads.reclaim(12, 6), workloads.unschedulable_gang(6, 10), workloads.scheduling_basic(4, 2, 40)],
+    ids=["reclaim", "unschedulable", "overfull"],
+)
+def test_vectorised_fit_errors_explain_pending_jobs_as_the_per_node_check_does(
+    workload: workloads.Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot = Snapshot(
+        nodes=workload.nodes,
+        pods=tuple(p for g in (*workload.initial, *workload.measured) for p in g.pods),
+        podgroups=tuple(g.podgroup for g in (*workload.initial, *workload.measured)),
+        queues=workload.queues,
+    )
+    vectorised = schedule(snapshot, 0.0, Policy())
+    monkeypatch.setattr(common, "_insufficient_regular", _per_node_insufficient)
+    assert schedule(snapshot, 0.0, Policy()) == vectorised
+    assert vectorised.pending or vectorised.evictions
+
+
+def _per_node_insufficient(ssn: Session, task: Any, candidates: Any) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for idx in candidates:
+        node = ssn.cluster.order[int(idx)]
+        if not node.fits(task, with_releasing=False):
+            out[node.name] = common.insufficient_resources(task, node)
+    return out

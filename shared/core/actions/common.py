@@ -159,11 +159,54 @@ def _record_node_errors(
     """Why each node of the set refused the task, merged into what earlier attempts found (KAI keeps the
     latest reason per node)."""
     fit = ssn.resource_fit_mask(task, with_releasing=True)
-    for idx in np.flatnonzero(nodes & ~fit):
-        node = ssn.cluster.order[int(idx)]
-        if not node.fits(task, with_releasing=False):
-            node_errors[node.name] = insufficient_resources(task, node)
+    candidates = np.flatnonzero(nodes & ~fit)
+    if task.kind == "regular" and not task.gpu.mig:
+        node_errors.update(_insufficient_regular(ssn, task, candidates))
+    else:
+        for idx in candidates:
+            node = ssn.cluster.order[int(idx)]
+            if not node.fits(task, with_releasing=False):
+                node_errors[node.name] = insufficient_resources(task, node)
     task.job.task_fit_errors.setdefault(task.key, {}).update(node_errors)
+
+
+def _insufficient_regular(
+    ssn: Session, task: TaskState, candidates: npt.NDArray[np.intp]
+) -> dict[str, list[str]]:
+    """`insufficient_resources` for every candidate node that the task does not fit on idle resources,
+    as vector expressions (a job that fits nowhere asks every node of a large cluster, task after task)."""
+    if task.is_best_effort or not len(candidates):
+        return {}
+    c = ssn.cluster
+    request = (task.cpu, task.mem, task.whole_gpus, 1.0)
+    fits = np.ones(len(candidates), dtype=bool)
+    for r in range(len(request)):
+        fits &= ~(request[r] > c.idle[r][candidates] + EPS)
+    failing = candidates[~fits]
+    if not len(failing):
+        return {}
+    used_gpus = c.used[GPU][failing].copy()
+    for j, i in enumerate(failing.tolist()):
+        if i in c.sharing_nodes:
+            used_gpus[j] += sum(1 for g in c.order[i].groups.values() if g.used > 0)
+    gpus = task.requested_gpus > c.alloc[GPU][failing] - used_gpus + EPS
+    cpu = int(task.cpu) > np.trunc(c.alloc[CPU][failing] - c.used[CPU][failing])
+    mem = task.mem > c.alloc[MEM][failing] - c.used[MEM][failing] + EPS
+    pods = c.alloc[PODS][failing] - c.used[PODS][failing] < 1
+    out: dict[str, list[str]] = {}
+    rows = zip(failing.tolist(), gpus.tolist(), cpu.tolist(), mem.tolist(), pods.tolist(), strict=True)
+    for i, no_gpu, no_cpu, no_mem, no_pods in rows:
+        reasons = []
+        if no_gpu:
+            reasons.append("node(s) didn't have enough resources: GPUs")
+        if no_cpu:
+            reasons.append("node(s) didn't have enough resources: CPU cores")
+        if no_mem:
+            reasons.append("node(s) didn't have enough resources: memory")
+        if no_pods:
+            reasons.append("node(s) didn't have enough resources: pods")
+        out[c.names[i]] = reasons
+    return out
 
 
 def insufficient_resources(task: TaskState, node: NodeState) -> list[str]:
