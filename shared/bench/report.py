@@ -118,6 +118,10 @@ def _at(nodes: int, full: int) -> str:
     return "" if nodes == full else f" (measured at {nodes:,} nodes, not {full:,})"
 
 
+def _partial(r: Record) -> str:
+    return "" if r.bound >= r.pods else f" (only {r.bound:,} of {r.pods:,} pods bound)"
+
+
 def targets(report: Report) -> list[Target]:
     """Issue 6's targets, judged on what this report measured (a reduced size is said, never scaled)."""
     out: list[Target] = []
@@ -127,8 +131,12 @@ def targets(report: Report) -> list[Target]:
             Target(
                 target=f"SchedulingBasic at 5k nodes, {mode}",
                 goal=f">= {goal:,.0f} pods/s",
-                measured="not run" if r is None else f"{r.throughput_pods_s:,.0f} pods/s{_at(r.nodes, 5000)}",
-                met=None if r is None or r.nodes != 5000 else r.throughput_pods_s >= goal,
+                measured="not run"
+                if r is None
+                else f"{r.throughput_pods_s:,.0f} pods/s{_at(r.nodes, 5000)}{_partial(r)}",
+                met=None
+                if r is None or r.nodes != 5000
+                else r.throughput_pods_s >= goal and r.bound >= r.pods,
             )
         )
     for name in ("SchedulingBasic", "Gang", "FractionalGPU", "Topology", "FairShare"):
@@ -140,8 +148,9 @@ def targets(report: Report) -> list[Target]:
             Target(
                 target=f"{name}: end to end >= 50 % of in-process",
                 goal=">= 50 %",
-                measured=f"{ratio * 100:.0f} %{_at(bus.nodes, bus.nodes)}",
-                met=ratio >= 0.5,
+                measured=f"{ratio * 100:.0f} % ({bus.throughput_pods_s:,.0f} against {inproc.throughput_pods_s:,.0f} "
+                f"pods/s at {bus.nodes:,} nodes){_partial(bus)}",
+                met=ratio >= 0.5 and bus.bound >= bus.pods,
             )
         )
     for mode in ("inprocess", "bus"):
@@ -153,7 +162,7 @@ def targets(report: Report) -> list[Target]:
                 measured="not run"
                 if r is None or r.verdict_s is None
                 else f"{r.verdict_s:.3f} s{_at(r.nodes, 1000)}",
-                met=None if r is None or r.verdict_s is None else r.verdict_s < 1.0,
+                met=None if r is None or r.verdict_s is None or r.nodes != 1000 else r.verdict_s < 1.0,
             )
         )
         r = report.record("Reclaim", mode)

@@ -245,6 +245,7 @@ def _record(workload: str, mode: str, nodes: int, throughput: float, **extra: fl
         mode=mode,
         nodes=nodes,
         pods=100,
+        bound=100,
         throughput_pods_s=throughput,
         p50_ms=1.0,
         p99_ms=2.0,
@@ -262,7 +263,8 @@ def test_targets_judge_only_what_was_measured_at_full_size() -> None:
             _record("SchedulingBasic", "bus", 5000, 2500.0),
             _record("SchedulingBasic", "inprocess", 5000, 4000.0),
             _record("Reclaim", "bus", 200, 5.0, decision_s=0.5),
-            _record("UnschedulableGang", "inprocess", 100, 5.0, verdict_s=0.2),
+            _record("UnschedulableGang", "inprocess", 1000, 5.0, verdict_s=0.2),
+            _record("UnschedulableGang", "bus", 100, 5.0, verdict_s=0.2),
         ],
         memory=MemoryResult(
             nodes=10_000, pods=100_000, rss_mib=300.0, baseline_rss_mib=40.0, peak_rss_mib=310.0, load_s=5.0
@@ -275,7 +277,17 @@ def test_targets_judge_only_what_was_measured_at_full_size() -> None:
     assert verdicts["Reclaim decision at 1,000 nodes, bus"] is None
     assert verdicts["Reclaim decision at 1,000 nodes, inprocess"] is None
     assert verdicts["UnschedulableGang verdict, inprocess"] is True
+    assert verdicts["UnschedulableGang verdict, bus"] is None
     assert verdicts["state replica holding 10k nodes and 100k pods"] is True
+
+
+def test_a_run_that_gave_up_on_pods_meets_no_throughput_target() -> None:
+    fast_but_partial = msgspec.structs.replace(_record("SchedulingBasic", "bus", 5000, 3000.0), bound=40)
+    report = Report(records=[fast_but_partial, _record("SchedulingBasic", "inprocess", 5000, 4000.0)])
+    verdicts = {t.target: t for t in targets(report)}
+    assert verdicts["SchedulingBasic at 5k nodes, bus"].met is False
+    assert "only 40 of 100 pods bound" in verdicts["SchedulingBasic at 5k nodes, bus"].measured
+    assert verdicts["SchedulingBasic: end to end >= 50 % of in-process"].met is False
 
 
 def test_the_json_holds_one_record_per_workload_and_mode_with_the_issues_keys() -> None:
