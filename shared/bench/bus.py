@@ -108,16 +108,21 @@ def run_bus(workload: Workload, options: BusOptions | None = None, keep: Path | 
         cluster_file.write_text(cluster_file_text(workload.nodes))
         cluster = ClusterChoice(kind="kubesim", cluster_file=cluster_file, run_delay=options.run_delay)
     started = time.monotonic()
-    stack = start_stack(
-        state_dir,
-        replicas=options.replicas,
-        options={
-            "queue": {"batch": options.batch, "period": str(options.period)},
-            "binder": {"conflicts": options.conflicts},
-        },
-        timeout=120.0,
-        cluster=cluster,
-    )
+    try:
+        stack = start_stack(
+            state_dir,
+            replicas=options.replicas,
+            options={
+                "queue": {"batch": options.batch, "period": str(options.period)},
+                "binder": {"conflicts": options.conflicts},
+            },
+            timeout=120.0,
+            cluster=cluster,
+        )
+    except BaseException:
+        if keep is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        raise
     log.info("%s: stack up in %.1f s", workload.name, time.monotonic() - started)
     try:
         return asyncio.run(_Run(stack, workload, options).run())
@@ -320,8 +325,9 @@ class _Run:
         deadline = time.monotonic() + self.options.timeout
         timed_out = False
         while not self._done():
-            if creating.done() and creating.exception() is not None:
-                raise creating.exception()  # type: ignore[misc]
+            failure = creating.exception() if creating.done() else None
+            if failure is not None:
+                raise failure
             if time.monotonic() > deadline:
                 timed_out = True
                 break

@@ -230,6 +230,7 @@ def plot(report: Report, path: Path) -> None:
     if report.scaling_nodes:
         pts = sorted(report.scaling_nodes, key=lambda p: p.nodes)
         scaling.plot([p.nodes for p in pts], [p.throughput_pods_s for p in pts], "o-")
+    scaling.set_ylim(bottom=0)
     scaling.set_title("bus throughput vs nodes", fontsize=10)
     scaling.set_xlabel("nodes")
     scaling.set_ylabel("pods/s")
@@ -237,6 +238,7 @@ def plot(report: Report, path: Path) -> None:
     if report.scaling_replicas:
         pts = sorted(report.scaling_replicas, key=lambda p: p.placement_replicas)
         replicas.plot([p.placement_replicas for p in pts], [p.throughput_pods_s for p in pts], "o-")
+    replicas.set_ylim(bottom=0)
     replicas.set_title("bus throughput vs placement replicas", fontsize=10)
     replicas.set_xlabel("placement replicas")
     replicas.set_ylabel("pods/s")
