@@ -70,6 +70,7 @@ from shared.contracts.messages import (
     Reservation,
     encode,
 )
+from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
 from shared.telemetry.spans import event_headers
@@ -472,24 +473,34 @@ class Committer:
             log.exception("could not publish the outcome of %s", proposal.id)
             self.counters["outcome_errors"] += 1
         if outcome.status in ("committed", "conflict"):
-            await self._publish_stamps(proposal)
+            await self._publish_stamps(proposal, outcome)
         return outcome
 
-    async def _publish_stamps(self, proposal: Proposal) -> None:
+    async def _publish_stamps(self, proposal: Proposal, outcome: Outcome) -> None:
         """Tell the state service which podgroup stamps the session changed (stale since, last start): the
         next cycle's session must see them, or a stale gang is never old enough to evict. A lost message
-        costs one cycle: the next session states them again."""
+        costs one cycle: the next session states them again. A last start is only true of a podgroup whose
+        pods this outcome bound (a session that lost its race started nothing), and only stamps that would
+        change what is stored are sent (`merged_stamps`, the rule the state service applies)."""
+        started = {b.podgroup for b in proposal.binds if b.pod in set(outcome.bound)}
         stale: dict[str, float | None] = {}
-        for key in proposal.stamped:
+        last: dict[str, float] = {}
+        for key in sorted(set(proposal.stamped) | started):
             group = self.lookup(key)
-            wanted = proposal.stale_since.get(key)
-            if group is not None and group.stale_since != wanted:
-                stale[key] = wanted
-        last = {
-            key: value
-            for key, value in proposal.last_start.items()
-            if (group := self.lookup(key)) is not None and group.last_start_time != value
-        }
+            if group is None:
+                continue
+            wanted_stale = proposal.stale_since.get(key) if key in proposal.stamped else KEEP
+            wanted_last = proposal.last_start.get(key) if key in started else None
+            new_stale, new_last = merged_stamps(
+                group.stale_since,
+                group.last_start_time,
+                new_stale_since=wanted_stale,
+                new_last_start=wanted_last,
+            )
+            if new_stale != group.stale_since:
+                stale[key] = new_stale
+            if new_last != group.last_start_time and new_last is not None:
+                last[key] = new_last
         if not stale and not last:
             return
         message = PodGroupStamps(shard=proposal.shard, stale_since=stale, last_start=last)

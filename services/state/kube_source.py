@@ -43,6 +43,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
+from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kube.podgrouper import GrouperConfig
 from shared.kube.translate import podgroup_annotations_patch
@@ -292,11 +293,13 @@ class KubeOwner:
             current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
             if group is None or not isinstance(current, PodGroup):
                 continue
-            patch = podgroup_annotations_patch(
-                group,
-                last_start_time=stamps.last_start.get(key, current.last_start_time),
-                stale_since=stamps.stale_since.get(key, current.stale_since),
+            stale, last = merged_stamps(
+                current.stale_since,
+                current.last_start_time,
+                new_stale_since=stamps.stale_since.get(key, KEEP),
+                new_last_start=stamps.last_start.get(key),
             )
+            patch = podgroup_annotations_patch(group, last_start_time=last, stale_since=stale)
             if patch is None:
                 continue
             try:

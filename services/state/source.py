@@ -35,6 +35,7 @@ from shared.contracts.messages import (
     StateRecord,
     TopologyRecord,
 )
+from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import KairosError
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.status import ACTIVE_USED
@@ -221,13 +222,14 @@ class SimulatedCluster:
         touched: dict[str, Obj] = {}
         for kv, obj in self.objects.items():
             if isinstance(obj, PodGroup) and obj.key in wanted:
-                updated = obj
-                if obj.key in stamps.stale_since:
-                    updated = msgspec.structs.replace(updated, stale_since=stamps.stale_since[obj.key])
-                if obj.key in stamps.last_start:
-                    updated = msgspec.structs.replace(updated, last_start_time=stamps.last_start[obj.key])
-                if updated != obj:
-                    touched[kv] = updated
+                stale, last = merged_stamps(
+                    obj.stale_since,
+                    obj.last_start_time,
+                    new_stale_since=stamps.stale_since.get(obj.key, KEEP),
+                    new_last_start=stamps.last_start.get(obj.key),
+                )
+                if (stale, last) != (obj.stale_since, obj.last_start_time):
+                    touched[kv] = msgspec.structs.replace(obj, stale_since=stale, last_start_time=last)
         changes = [Change(kv, self.objects[kv], after) for kv, after in sorted(touched.items())]
         if touched:
             self.objects = {**self.objects, **touched}

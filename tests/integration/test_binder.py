@@ -603,11 +603,15 @@ def test_binder_options_are_parsed_and_checked() -> None:
 
 async def test_a_committed_proposal_sends_the_stamps_that_changed(bus: Bus) -> None:
     """The next cycle must see when a gang went stale and when it last started (stale-gang eviction and
-    min-runtime count from them), so the binder forwards what the session changed to the state service."""
+    min-runtime count from them), so the binder forwards what the session changed to the state service:
+    a last start only for a podgroup this commit bound pods of, a stale-since only where it is earlier
+    than the stored one (or clears it)."""
     known = {
         "stale": PodGroup(name="stale", queue="q"),
         "healed": PodGroup(name="healed", queue="q", stale_since=5.0),
         "same": PodGroup(name="same", queue="q", stale_since=7.0, last_start_time=1.0),
+        "later": PodGroup(name="later", queue="q", stale_since=3.0),
+        "unbound": PodGroup(name="unbound", queue="q"),
     }
     received: asyncio.Queue[PodGroupStamps] = asyncio.Queue()
 
@@ -618,10 +622,10 @@ async def test_a_committed_proposal_sends_the_stamps_that_changed(bus: Bus) -> N
     await lease(bus)
     committer = Committer(bus, FakeCluster(), lookup=known.get)
     stamped = msgspec.structs.replace(
-        proposal("p-stamps"),
-        stamped=("stale", "healed", "same"),
-        stale_since={"stale": 10.0, "same": 7.0},
-        last_start={"same": 1.0, "healed": 12.0},
+        proposal("p-stamps", binds=(bind("h-0", "n1", podgroup="healed"),)),
+        stamped=("stale", "healed", "same", "later", "unbound"),
+        stale_since={"stale": 10.0, "same": 7.0, "later": 9.0},
+        last_start={"same": 1.0, "healed": 12.0, "unbound": 12.0},
     )
     outcome = await committer.process(stamped)
     stamps = await asyncio.wait_for(received.get(), 5)
