@@ -78,6 +78,11 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Seconds an admin cycle waits for earlier work to finish and for its own outcome."""
     max_inflight: int = 64
     """At most this many work items in flight (batch=N); the rest wait for outcomes."""
+    window: int = 4
+    """Work items in flight at first (batch=N). The window then adapts to how fast outcomes come back, up
+    to `max_inflight`: one more per window of outcomes that return within half the work timeout, one less
+    per window of slower ones, half after a timeout. Items the placement and binder replicas cannot get to
+    only wait in their streams, and a timeout there would dispatch their podgroups twice."""
     cycles: str = "auto"
     """`auto`: cycles on changes and every period. `admin`: only on `admin.<shard>.cycle` requests (the
     conformance runner and step-by-step demos drive the cycles); fair shares are still published."""
@@ -108,6 +113,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 raise ConfigError(f"queue: option {name!r}: must be > 0")
         if settings.max_inflight < 1:
             raise ConfigError("queue: option 'max_inflight': must be >= 1")
+        if settings.window < 1:
+            raise ConfigError("queue: option 'window': must be >= 1")
         return settings
 
 
@@ -258,11 +265,14 @@ class Dispatcher:
         # stale-gang grace compare it with podgroup timestamps), without reading the wall clock twice.
         self._wall_offset = time.time() - clock()
         self.inflight: dict[str, InFlight] = {}
+        self.window = float(min(settings.window, settings.max_inflight))
+        """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
         self.traces = OrderTracer()
         self._published: dict[str, tuple[object, ...]] = {}
         self._seen: tuple[int, int] = (-1, -1)
         self._changed_at = -1e18
         self._last_cycle = -1e18
+        self._last_planned = -1e18
         self._dirty = True
         self._held = False
         self._freed = False
@@ -291,19 +301,29 @@ class Dispatcher:
         if entry is None:
             return  # another leader's work, or one that already timed out
         self.counters["outcomes"] += 1
+        round_trip = self.clock() - entry.sent
         if self.metrics is not None:
-            self.metrics.work_round_trip(self.clock() - entry.sent)
+            self.metrics.work_round_trip(round_trip)
+        self._adapt(round_trip)
         if entry.waiter is not None and not entry.waiter.done():
             entry.waiter.set_result(outcome)
         self._freed = True
         if self._held:
             self._kick.set()
 
+    def _adapt(self, round_trip: float) -> None:
+        """Additive increase, multiplicative decrease of the window, steered by the round trip."""
+        if round_trip <= self.settings.work_timeout / 2:
+            self.window = min(float(self.settings.max_inflight), self.window + 1.0 / self.window)
+        else:
+            self.window = max(1.0, self.window - 1.0 / self.window)
+
     def _expire(self) -> None:
         now = self.clock()
         for work_id in [w for w, e in self.inflight.items() if e.deadline <= now]:
             entry = self.inflight.pop(work_id)
             self.counters["work_timeouts"] += 1
+            self.window = max(1.0, self.window / 2)
             log.warning("work %s got no outcome in time; its podgroups may be dispatched again", work_id)
             if entry.waiter is not None and not entry.waiter.done():
                 entry.waiter.set_exception(TimeoutError(f"no outcome for work {work_id}"))
@@ -356,6 +376,19 @@ class Dispatcher:
             self._held = True
             self.counters["cycles_skipped"] += 1
             return []
+        if (
+            self.settings.batch is not None
+            and self.settings.cycles == "auto"
+            and len(self.inflight) >= int(self.window)
+            and self.clock() - self._last_planned < self.settings.period * 5
+        ):
+            # The window is full: nothing could be dispatched, an outcome starts the next cycle. Fair
+            # shares still go out every few periods.
+            self._held = True
+            self._freed = False
+            self.counters["cycles_skipped"] += 1
+            return []
+        self._last_planned = self.clock()
         self.counters["cycles"] += 1
         state_revision, ledger_revision = self.replica.revision, self.replica.ledger_revision
         snapshot = self.replica.snapshot()
@@ -376,7 +409,7 @@ class Dispatcher:
             whole_busy |= entry.whole
             stale_busy |= entry.stale
             guarded_busy |= entry.guarded
-        room = self.settings.max_inflight - len(self.inflight)
+        room = int(self.window) - len(self.inflight)
         out, self._held = batches(
             plan,
             self.settings.batch,

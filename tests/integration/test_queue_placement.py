@@ -332,6 +332,28 @@ async def test_work_stays_in_flight_until_its_outcome_or_timeout(bus: Bus, start
     assert beat.counters["work_timeouts"] >= 1
 
 
+async def test_work_in_flight_is_bounded_by_a_window_that_halves_on_a_timeout(bus: Bus, start: Any) -> None:
+    """Items the workers cannot get to would only wait in the stream until they time out and their
+    podgroups went out twice: the leader keeps a window of items in flight that grows while outcomes come
+    back quickly and halves when one never does."""
+    await write(bus, cluster(*(gang(f"g{i}", "qa", 1, 1) for i in range(6))))
+    await start("queue", queue.body, "q1", batch="1", period="0.2", work_timeout="2", window="2")
+    first = await pull_work(bus, 2)
+    await no_more_work(bus, within=0.8)
+    for item in first:
+        outcome = Outcome(proposal=f"p-{item.id}", work=item.id, shard=SHARD, status="conflict")
+        await bus.nc.publish(s.outcomes(SHARD), encode(outcome))
+    # Two quick outcomes: the window grew by less than one item, so two are in flight again.
+    second = await pull_work(bus, 2)
+    await no_more_work(bus, within=0.8)
+    # Neither gets an outcome: both time out and the window is down to one item.
+    (third,) = await pull_work(bus, 1, timeout=5)
+    await no_more_work(bus, within=1.0)
+    assert not {third.id} & {item.id for item in (*first, *second)}
+    beat = await heartbeat(bus, "queue", "q1")
+    assert beat.counters["work_timeouts"] == 2
+
+
 async def test_fair_shares_are_published_when_they_change(bus: Bus, start: Any) -> None:
     events = Inbox(lambda _subject, data: EVENT_DECODER.decode(data))
     await bus.nc.subscribe(events_of("queue-fair-share"), cb=events.cb)

@@ -331,6 +331,7 @@ def test_settings_parse_options_and_name_the_bad_one() -> None:
         ({"period": "-1"}, "period"),
         ({"cycles": "never"}, "cycles"),
         ({"colour": "red"}, "colour"),
+        ({"window": "0"}, "window"),
     ):
         with pytest.raises(ConfigError, match=name):
             QueueSettings.from_options(bad)
