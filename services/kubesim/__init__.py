@@ -3,7 +3,7 @@ the default cluster of `kairos up` and of the integration and end-to-end tests.
 
 Run it as a process (``python -m services.kubesim [--host H] [--port P] [--cluster FILE | --nodes N
 --gpus-per-node G] [--crds DIR]... [--kubeconfig-out FILE] [--kubeconfig-server URL] [--run-delay S]
-[--watch-history N] [--bookmark-seconds S] [--no-default-scheduler] [--seed N]``; it prints
+[--watch-history N] [--bookmark-seconds S] [--no-default-scheduler] [--seed N] [--faults FILE]``; it prints
 ``kubesim ready <url>`` once serving and exits 0 on SIGTERM/SIGINT) or in-process
 (`services.kubesim.server.KubeSim`: ``await sim.start()`` returns the URL, ``sim.cluster`` is the store
 for assertions, ``await sim.stop()``).
@@ -43,6 +43,11 @@ authentication, JSON only:
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
   through pods/binding (Kairos's binder).
+
+**Fault injection** (`faults`, for the chaos suite): a plan of rules makes a fraction of the requests of a
+verb and resource answer 5xx or 429 (with Retry-After), answer late, or answer a watch resume 410 Gone;
+``POST /kubesim/faults/drop-watches`` closes the open watches. ``/kubesim/faults`` reads and replaces the
+plan at run time, ``/kubesim/bindings`` lists every accepted (and refused) pods/binding call per pod.
 
 **What is not.** Authentication and authorisation; protobuf beyond what kubectl's ``create <kind>``
 generators send (namespace, configmap, secret, serviceaccount, priorityclass, deployment, job, cronjob,

@@ -14,13 +14,15 @@ import signal
 import sys
 
 from services.kubesim.config import KubeSimConfig, initial_nodes, parse_args
+from services.kubesim.faults import read_plan_file
 from services.kubesim.server import KubeSim
 from shared.errors import KairosError
 
 
 async def serve(config: KubeSimConfig) -> None:
     """Build the cluster the configuration describes, serve it, and return after SIGTERM/SIGINT."""
-    sim = KubeSim(config.options, bookmark_seconds=config.bookmark_seconds)
+    plan = read_plan_file(config.faults) if config.faults else None
+    sim = KubeSim(config.options, bookmark_seconds=config.bookmark_seconds, faults=plan)
     sim.add_nodes(initial_nodes(config))
     for path in config.crds:
         sim.load_manifests(path)

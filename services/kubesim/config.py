@@ -54,6 +54,8 @@ class KubeSimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Interval of BOOKMARK events on watches that allow them; frequent enough for informers to resume
     close to the present, rare enough to be noise-free."""
     options: SimOptions = SimOptions()
+    faults: str | None = None
+    """A fault plan file (`services.kubesim.faults.FaultPlan`, JSON or YAML) in force from the start."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-default-scheduler", action="store_true", help="leave default-scheduler pods pending")
     p.add_argument("--seed", type=int, default=None, help="seed for generated names and uids")
+    p.add_argument("--faults", metavar="FILE", help="fault plan in force from the start (JSON or YAML)")
     return p
 
 
@@ -116,6 +119,7 @@ def parse_args(argv: list[str]) -> KubeSimConfig:
         kubeconfig_server=args.kubeconfig_server,
         bookmark_seconds=args.bookmark_seconds,
         options=options,
+        faults=args.faults,
     )
 
 

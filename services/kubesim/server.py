@@ -39,6 +39,7 @@ from services.kubesim import discovery, protobuf
 from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream
 from services.kubesim.config import read_manifests
 from services.kubesim.errors import ApiError, bad_request
+from services.kubesim.faults import Fault, FaultPlan, Faults, read_plan, verb_of
 from services.kubesim.nodes import node_object
 from services.kubesim.resources import ResourceType
 from services.kubesim.tables import table
@@ -130,7 +131,13 @@ class _Request:
 class KubeSim:
     """The simulated API server: a `Cluster` served over HTTP on loopback."""
 
-    def __init__(self, options: SimOptions | None = None, *, bookmark_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        options: SimOptions | None = None,
+        *,
+        bookmark_seconds: float = 10.0,
+        faults: FaultPlan | None = None,
+    ) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._offset = 0.0
         self.cluster = Cluster(options, clock=self._now)
@@ -145,6 +152,13 @@ class KubeSim:
         self._timer_at = 0.0
         self._watches: set[WatchStream] = set()
         self._stopping = False
+        self.faults = Faults(faults)
+        """The fault plan in force (`services.kubesim.faults`), changed through `POST /kubesim/faults`."""
+        self.bindings: dict[str, list[str]] = {}
+        """Every accepted pods/binding call, per pod (`namespace/name`): the nodes, in order. A pod bound
+        twice would show two; the chaos checker reads it through `GET /kubesim/bindings`."""
+        self.binding_refusals: dict[str, int] = {}
+        """pods/binding calls refused (409: the pod already had a node), per pod."""
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -297,6 +311,8 @@ class KubeSim:
             return _respond(discovery.version_info())
         if head == "openapi":
             return self._openapi(parts)
+        if head == "kubesim":
+            return await self._admin(request, parts[1:])
         if head == "api":
             if len(parts) == 1:
                 if _wants_aggregated(accept):
@@ -386,6 +402,16 @@ class KubeSim:
         cluster = self.cluster
         query = request.query
         method = request.method
+        watching = name is None and _truthy(query.get("watch"))
+        fault = self.faults.pick(
+            verb_of(method, name, watching),
+            f"{rt.plural}/{sub}" if sub else rt.plural,
+            resume=watching and query.get("resourceVersion") not in (None, "", "0"),
+        )
+        if fault is not None:
+            answer = await self._inject(request, fault)
+            if answer is not None:
+                return answer
         dry_run = "All" in query.getall("dryRun", [])
         accept = request.headers.get("Accept", "")
         if rt.review and (method != "POST" or name is not None):
@@ -439,7 +465,16 @@ class KubeSim:
             if name is None:
                 return _respond(cluster.create(rt, ns, body, dry_run=dry_run), 200 if dry_run else 201)
             if sub == "binding" and rt.storage == "pods":
-                return _respond(cluster.bind(ns or "", name, body), 201)
+                key = f"{ns}/{name}"
+                try:
+                    bound = cluster.bind(ns or "", name, body)
+                except ApiError as exc:
+                    if exc.code == 409:
+                        self.binding_refusals[key] = self.binding_refusals.get(key, 0) + 1
+                    raise
+                node = cluster.get_stored(rt, ns, name)["spec"]["nodeName"]
+                self.bindings.setdefault(key, []).append(node)
+                return _respond(bound, 201)
             if sub == "eviction" and rt.storage == "pods":
                 return _respond(cluster.evict(ns or "", name, body), 201)
             raise ApiError(405, "MethodNotAllowed", f"POST is not supported on {rt.plural}/{sub or name}")
@@ -498,6 +533,64 @@ class KubeSim:
         if out < 0:
             raise bad_request(f"{what} must be >= 0")
         return out
+
+    # --- faults and the admin endpoints -------------------------------------------------------------------------
+    async def _inject(self, request: web.BaseRequest, fault: Fault) -> web.StreamResponse | None:
+        """Apply `fault` to a request: wait, then an error answer (None: serve the request normally)."""
+        if fault.delay > 0:
+            await asyncio.sleep(fault.delay)
+        if fault.status == 0:
+            return None
+        if fault.status == 410:
+            gone = ApiError(410, "Expired", "too old resource version (fault injected by kubesim)")
+            response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
+            await response.prepare(request)
+            await response.write(_encoder.encode({"type": "ERROR", "object": gone.status()}) + b"\n")
+            await response.write_eof()
+            return response
+        if fault.status == 429:
+            error = ApiError(429, "TooManyRequests", "too many requests (fault injected by kubesim)")
+            answer = _error(error)
+            answer.headers["Retry-After"] = str(fault.retry_after)
+            return answer
+        reason = "InternalError" if fault.status == 500 else "ServiceUnavailable"
+        return _error(ApiError(fault.status, reason, f"fault injected by kubesim ({fault.status})"))
+
+    def drop_watches(self, resource: str = "*") -> int:
+        """Close every open watch (of one resource plural, or all): the stream ends as when a server or a
+        proxy drops the connection; clients resume from their last resourceVersion. Returns how many."""
+        dropped = 0
+        for stream in list(self._watches):
+            if resource in ("*", stream.rt.plural) and not stream.ended:
+                # Events not yet written are lost with the connection, as on a real drop: the client must
+                # resume from the last resourceVersion it saw.
+                stream.pending.clear()
+                stream.on_close()
+                dropped += 1
+        self.faults.count("dropped-watch", dropped)
+        return dropped
+
+    async def _admin(self, request: web.BaseRequest, parts: list[str]) -> web.StreamResponse:
+        """`/kubesim/faults` (GET: plan and counts; POST: replace the plan), `/kubesim/faults/drop-watches`
+        (POST, `?resource=pods`), `/kubesim/bindings` (GET: accepted and refused pods/binding calls)."""
+        method = request.method
+        if parts == ["faults"] and method == "GET":
+            return _respond(self.faults.report())
+        if parts == ["faults"] and method == "POST":
+            try:
+                plan = read_plan(await request.read(), "POST /kubesim/faults")
+            except ConfigError as exc:
+                raise bad_request(str(exc)) from exc
+            self.faults.set_plan(plan)
+            log.warning("kubesim: fault plan set: %d rules", len(plan.rules))
+            return _respond(self.faults.report())
+        if parts == ["faults", "drop-watches"] and method == "POST":
+            dropped = self.drop_watches(request.query.get("resource", "*"))
+            log.warning("kubesim: dropped %d watches", dropped)
+            return _respond({"dropped": dropped})
+        if parts == ["bindings"] and method == "GET":
+            return _respond({"bindings": self.bindings, "refused": self.binding_refusals})
+        raise ApiError(404, "NotFound", f"no admin endpoint {method} /kubesim/{'/'.join(parts)}")
 
     # --- watch ------------------------------------------------------------------------------------------------
     async def _watch(self, request: web.BaseRequest, rt: ResourceType, ns: str | None) -> web.StreamResponse:
