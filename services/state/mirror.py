@@ -36,7 +36,8 @@ from services.state.source import Change, Obj, key_of
 from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, merge_inventory
-from shared.kube import translate, wire
+from shared.kube import translate, validity, wire
+from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
 
 NODES = "nodes"
@@ -179,10 +180,13 @@ class Mirror:
 
     def _decode(self, kind: str, data: bytes) -> Any:
         try:
-            return wire.decode(kind, data)
+            obj = wire.decode(kind, data)
         except InvalidObject as exc:
-            self.problems[f"{exc.kind} {exc.name}"] = str(exc)
+            self.problems[f"{_SINGULAR[kind]} {exc.name}"] = str(exc)
             return None
+        # Decoding again clears a decoding problem; translation (next flush) records its own.
+        self.problems.pop(f"{_SINGULAR[kind]} {_name_of(obj)}", None)
+        return obj
 
     # --- output -----------------------------------------------------------------------------------------
     def ungrouped(self) -> list[Any]:
@@ -221,7 +225,11 @@ class Mirror:
             if group is None:
                 continue
             if group.queue not in queues:
-                self.held[f"podgroup {name}"] = f"podgroup {name}: queue {group.queue!r} does not exist"
+                self.held[f"podgroup {name}"] = _unknown_queue(
+                    name,
+                    group.queue,
+                    self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
+                )
                 continue
             groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
@@ -296,7 +304,11 @@ class Mirror:
             if group is None:
                 continue
             if group.queue not in self._queues:
-                self.held[f"podgroup {name}"] = f"podgroup {name}: queue {group.queue!r} does not exist"
+                self.held[f"podgroup {name}"] = _unknown_queue(
+                    name,
+                    group.queue,
+                    self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
+                )
                 continue
             self._groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
@@ -375,6 +387,50 @@ class Mirror:
         self.current = dict(objects)
         self._full = True
 
+    def reportable(self) -> dict[str, Problem]:
+        """Queues, PodGroups and pods of ours held back for a fault of their own (not translating, an
+        unknown or cyclic parent, an unknown queue), and gangs with fewer pods than their min member, by
+        label: what the write-back shows as Events and conditions. A pod held only because its podgroup is
+        is left out (the podgroup carries the problem)."""
+        found: dict[str, Problem] = {}
+        kinds: dict[str, validity.ProblemKind] = {"queue": "Queue", "podgroup": "PodGroup", "pod": "Pod"}
+        for label, message in (*self.problems.items(), *self.held.items()):
+            singular, _, name = label.partition(" ")
+            kind = kinds.get(singular)
+            if kind is None or label in found:
+                continue
+            if kind == "Pod":
+                raw_pod = self.raw[PODS].get(name)
+                if (
+                    label in self.held
+                    or raw_pod is None
+                    or raw_pod.spec.scheduler_name != self.scheduler_name
+                ):
+                    continue
+            namespace, _, short = name.rpartition("/")
+            found[label] = Problem(
+                kind=kind,
+                namespace=namespace,
+                name=short,
+                reason=validity.INVALID_REASONS[kind],
+                message=message,
+            )
+        for name, group in self._groups.items():
+            need = sum(ps.min_available for ps in group.root.all_pod_sets())
+            alive = sum(1 for pod in self.members(group.namespace, group.name) if _alive(pod))
+            if 0 < alive < need:
+                found[f"podgroup {name}"] = Problem(
+                    kind="PodGroup",
+                    namespace=group.namespace,
+                    name=group.name,
+                    reason=validity.WAITING_FOR_MIN_MEMBER,
+                    message=(
+                        f"PodGroup {name!r}: spec.minMember: waiting for min member: {alive} of {need} pods "
+                        "exist; the gang is placed whole or not at all"
+                    ),
+                )
+        return found
+
     # --- helpers ----------------------------------------------------------------------------------------
     def _valid_queues(self) -> dict[str, Queue]:
         ordered = sorted(
@@ -404,11 +460,16 @@ class Mirror:
                 parent = translated.get(current.parent)
                 if parent is None:
                     problem = f"parent queue {current.parent!r} does not exist"
+                    if f"queue {current.parent}" in self.problems:
+                        problem = f"parent queue {current.parent!r} is not valid"
                     break
                 chain.append(current.parent)
                 current = parent
+            if problem and len(chain) > 1 and not problem.startswith("cycle"):
+                # The fault is further up: say which parent is held back, and why.
+                problem = f"parent queue {queue.parent!r} is held back ({problem})"
             if problem:
-                self.held[f"queue {name}"] = f"queue {name}: {problem}"
+                self.held[f"queue {name}"] = f"Queue {name!r}: spec.parentQueue: {problem}"
             else:
                 valid[name] = queue
         return valid
@@ -493,6 +554,16 @@ def _same(cached: object, source: object) -> bool:
             and all(a == b for a, b in zip(cached[1:], source[1:], strict=True))
         )
     return cached is source
+
+
+def _alive(pod: Any) -> bool:
+    return pod.status.phase not in _FINISHED_PHASES and pod.metadata.deletion_timestamp is None
+
+
+def _unknown_queue(name: str, queue: str, why: str | None) -> str:
+    if why:
+        return f"PodGroup {name!r}: spec.queue: queue {queue!r} is held back ({why})"
+    return f"PodGroup {name!r}: spec.queue: queue {queue!r} does not exist"
 
 
 def _group_of(pod: Any) -> str | None:

@@ -420,7 +420,13 @@ def _gpu_request(
         if _FLOAT.fullmatch(raw_fraction) is None:
             raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
         fraction = float(raw_fraction)
-        if not 0 < fraction <= 1:
+        if fraction > 1:
+            raise where.error(
+                field,
+                f"must be a number in (0, 1], got {raw_fraction!r}: a share of one device; for more than one "
+                f"device set {keys.GPU_FRACTION_NUM_DEVICES} as well",
+            )
+        if not 0 < fraction:
             raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
     memory = 0
     raw_memory = annotations.get(keys.GPU_MEMORY)

@@ -255,6 +255,8 @@ class QueueStatus(_Wire, frozen=True, kw_only=True):
     allocated_non_preemptible: ResourceList = msgspec.field(default_factory=dict)
     requested: ResourceList = msgspec.field(default_factory=dict)
     child_queues: list[str] = msgspec.field(default_factory=list)
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+    """Kairos's ``Accepted`` condition (`shared.kube.validity`); the CRD's status keeps unknown fields."""
 
 
 class Queue(_Wire, frozen=True, kw_only=True):

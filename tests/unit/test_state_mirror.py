@@ -169,8 +169,8 @@ def test_a_queue_with_an_unknown_parent_is_held_back_with_its_work() -> None:
     assert s.podgroup_key("team", "lost") not in written
     assert s.pod_key("team", "lost-0") not in written
     assert "parent queue 'nowhere' does not exist" in m.held["queue orphan"]
-    assert "queue 'orphan' does not exist" in m.held["podgroup team/lost"]
-    assert "queue 'orphan' does not exist" in m.held["pod team/lost-0"]
+    assert "spec.queue: queue 'orphan' is held back" in m.held["podgroup team/lost"]
+    assert "queue 'orphan' is held back" in m.held["pod team/lost-0"]
 
 
 def test_a_cycle_of_parent_queues_is_refused_naming_the_cycle() -> None:
