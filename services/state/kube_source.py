@@ -34,7 +34,7 @@ from nats.aio.subscription import Subscription
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
-from services.state.writeback import WriteBack, WriteBackOptions
+from services.state.writeback import ProblemReport, ProblemReportOptions, WriteBack, WriteBackOptions
 from services.state.writer import StateWriter
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder
@@ -74,6 +74,8 @@ class KubeSourceOptions:
     sync_timeout: float = 60.0
     """Seconds start-up waits for every informer's first list."""
     resync_period: float = 600.0
+    problem_settle: float = 5.0
+    """Seconds a gang must stay short of its min member before it gets an Event (`ProblemReportOptions`)."""
 
 
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
@@ -253,6 +255,7 @@ class KubeOwner:
         self.kube: Kube | None = None
         self.source: KubeSource | None = None
         self.writeback: WriteBack | None = None
+        self.problems: ProblemReport | None = None
         self.grouper: PodGrouperLoop | None = None
         self._stamps_sub: Subscription | None = None
         self._why_sub: Subscription | None = None
@@ -264,6 +267,13 @@ class KubeOwner:
             self.ctx, self.kube, self.source.mirror, GrouperConfig(scheduler_name=self.options.scheduler_name)
         )
         self.grouper.start()
+        self.problems = ProblemReport(
+            self.ctx,
+            self.kube,
+            self.source.mirror,
+            ProblemReportOptions(component=self.options.scheduler_name, settle=self.options.problem_settle),
+        )
+        self.problems.start()
         try:
             revision = await self.source.start()
             self.writeback = WriteBack(
@@ -319,6 +329,8 @@ class KubeOwner:
                 log.warning("could not stamp podgroup %s: %s", key, exc)
 
     async def _flushed(self, mirror: Mirror) -> None:
+        if self.problems is not None:
+            self.problems.wake()
         if self.grouper is not None and mirror.ungrouped():
             self.grouper.wake()
 
@@ -344,6 +356,8 @@ class KubeOwner:
         self._stamps_sub = self._why_sub = None
         if self.grouper is not None:
             await self.grouper.stop()
+        if self.problems is not None:
+            await self.problems.stop()
         if self.writeback is not None:
             await self.writeback.stop()
         if self.source is not None:

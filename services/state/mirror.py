@@ -95,6 +95,8 @@ class Mirror:
     _foreign: dict[str, _Usage] = field(default_factory=dict)
     """Node -> what pods Kairos does not schedule hold on it."""
     _ungrouped: dict[str, None] = field(default_factory=dict)
+    _undecodable: set[str] = field(default_factory=set)
+    """Labels whose problem is that the object did not decode."""
     """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
 
     # --- input ------------------------------------------------------------------------------------------
@@ -182,10 +184,16 @@ class Mirror:
         try:
             obj = wire.decode(kind, data)
         except InvalidObject as exc:
-            self.problems[f"{_SINGULAR[kind]} {exc.name}"] = str(exc)
+            label = f"{_SINGULAR[kind]} {exc.name}"
+            self.problems[label] = str(exc)
+            self._undecodable.add(label)
             return None
-        # Decoding again clears a decoding problem; translation (next flush) records its own.
-        self.problems.pop(f"{_SINGULAR[kind]} {_name_of(obj)}", None)
+        # Decoding again clears a decoding problem (only that: a translation problem stays until the next
+        # flush translates the object again, or the write-back would see it come and go).
+        label = f"{_SINGULAR[kind]} {_name_of(obj)}"
+        if label in self._undecodable:
+            self._undecodable.discard(label)
+            self.problems.pop(label, None)
         return obj
 
     # --- output -----------------------------------------------------------------------------------------
@@ -527,6 +535,7 @@ class Mirror:
         label = f"{_SINGULAR[kind]} {name}"
         self._cache.pop(label, None)
         self.problems.pop(label, None)
+        self._undecodable.discard(label)
 
 
 _SINGULAR = {

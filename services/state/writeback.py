@@ -14,6 +14,11 @@ and, for each event:
 - podgroup-state: the PodGroup's status phase and counts (the condition is cleared once it runs);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
 
+Objects the mirror holds back for a fault of their own (`ProblemReport`): a Warning Event `InvalidQueue`,
+`InvalidPodGroup` or `InvalidPod` naming the object and the field, and a condition (Queue/PodGroup
+`Accepted=False`, pod `PodScheduled=False`), set back when the object is fixed; a gang short of its min
+member gets `WaitingForMinMember` once the shortage has lasted `settle` seconds.
+
 Repeats are not rewritten: the same unschedulable message for the same podgroup is reported again only
 after `repeat_after` seconds, a status is patched only when it changes. An object that no longer exists
 (404) is skipped; a temporary API failure naks the event so JetStream redelivers it later.
@@ -25,12 +30,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.state.mirror import PODGROUPS, QUEUES, Mirror
+from services.state.mirror import PODGROUPS, PODS, QUEUES, Mirror
 from shared.bus.middleware import handle
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -45,7 +51,8 @@ from shared.contracts.events import (
 )
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
-from shared.kube import translate, wire
+from shared.kube import translate, validity, wire
+from shared.kube.validity import Problem
 from shared.kubeapi.client import ApiError, Kube
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
@@ -254,3 +261,178 @@ class WriteBack:
 def event_time() -> float:
     """Wall-clock seconds for the timestamps Kubernetes shows (the loop clock is not an epoch)."""
     return time.time()
+
+
+# --- objects held back ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProblemReportOptions:
+    component: str = "kai-scheduler"
+    settle: float = 5.0
+    """Seconds a gang must stay short of its min member before it is reported: a Job's pods arrive one by
+    one, and each count on the way is not worth an Event."""
+
+
+class ProblemReport:
+    """Shows the mirror's problems (`Mirror.reportable`) in Kubernetes: one Warning Event per distinct
+    problem and the object's condition (`shared.kube.validity`), set back once the object is fixed.
+
+    Woken after every flush (`wake`) and every `settle` seconds; the API calls run on its own task, so a
+    slow API server never delays KV. What was reported is remembered by (reason, message): the same problem
+    is written once, a changed one again. An object whose condition already shows the problem (a restarted
+    owner) gets no second Event. A temporary API failure leaves the problem for the next round.
+    """
+
+    def __init__(
+        self, ctx: ServiceContext, kube: Kube, mirror: Mirror, options: ProblemReportOptions
+    ) -> None:
+        self.ctx = ctx
+        self.kube = kube
+        self.mirror = mirror
+        self.options = options
+        self._reported: dict[str, Problem] = {}
+        self._since: dict[str, float] = {}
+        """Label -> loop time its min-member shortage was first seen."""
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.options.settle)
+            self._wake.clear()
+            try:
+                await self.report(loop.time())
+            except Exception:
+                log.exception("reporting held-back objects failed; trying again next round")
+
+    async def report(self, now: float) -> None:
+        """One round: write what is new or changed, set back what was fixed."""
+        found = self.mirror.reportable()
+        self._since = {label: self._since.get(label, now) for label in found}
+        for label, problem in sorted(found.items()):
+            if (
+                problem.reason == validity.WAITING_FOR_MIN_MEMBER
+                and now - self._since[label] < self.options.settle
+            ):
+                continue
+            if self._reported.get(label) == problem:
+                continue
+            if await self._attempt(self._show, problem):
+                self._reported[label] = problem
+        for label, problem in sorted(self._reported.items()):
+            if label not in found and await self._attempt(self._clear, problem):
+                del self._reported[label]
+
+    async def _attempt(self, call: Callable[[Problem], Awaitable[None]], problem: Problem) -> bool:
+        """`call(problem)`; False (try again later) on a temporary API failure, True otherwise."""
+        try:
+            await call(problem)
+        except ApiError as exc:
+            if exc.temporary:
+                return False
+            if exc.status != NOT_FOUND:
+                self.ctx.counters["writeback_refused"] += 1
+                log.warning("could not report %s: %s", problem.label, exc)
+        return True
+
+    def _raw(self, problem: Problem) -> Any:
+        kind = {"Queue": QUEUES, "PodGroup": PODGROUPS, "Pod": PODS}[problem.kind]
+        return self.mirror.raw[kind].get(wire.object_name(problem.namespace, problem.name))
+
+    async def _show(self, problem: Problem) -> None:
+        raw = self._raw(problem)
+        conditions = raw.status.conditions if raw is not None else []
+        if validity.shows(conditions, problem):
+            return
+        log.warning("%s held back: %s", problem.label, problem.message)
+        about = (
+            translate.involved_object(raw)
+            if raw is not None
+            else translate.InvolvedObject(
+                api_version=validity.API_VERSIONS[problem.kind],
+                kind=problem.kind,
+                name=problem.name,
+                namespace=problem.namespace,
+            )
+        )
+        body = translate.event(
+            about,
+            reason=problem.reason,
+            message=problem.message,
+            now=event_time(),
+            type="Warning",
+            component=self.options.component,
+        )
+        await self.kube.call(
+            f"create event on {problem.label}",
+            self.kube.core.create_namespaced_event,
+            about.namespace or "default",
+            body,
+        )
+        self.ctx.counters["kube_events"] += 1
+        self.ctx.counters["problems_reported"] += 1
+        await self._condition(problem, conditions, problem)
+
+    async def _clear(self, problem: Problem) -> None:
+        raw = self._raw(problem)
+        if raw is not None:
+            log.info("%s no longer held back", problem.label)
+            await self._condition(problem, raw.status.conditions, None)
+
+    async def _condition(self, about: Problem, conditions: Any, problem: Problem | None) -> None:
+        now = event_time()
+        what = f"patch {about.label} status"
+        if about.kind == "Pod":
+            patch = validity.pod_scheduled_patch(conditions, problem, now)
+            if patch is not None:
+                await self.kube.call(
+                    what,
+                    self.kube.core.patch_namespaced_pod_status,
+                    about.name,
+                    about.namespace,
+                    patch,
+                    _content_type="application/strategic-merge-patch+json",
+                )
+        else:
+            patch = validity.accepted_patch(conditions, problem, now)
+            if patch is None:
+                return
+            if about.kind == "Queue":
+                await self.kube.call(
+                    what,
+                    self.kube.custom.patch_cluster_custom_object_status,
+                    "scheduling.run.ai",
+                    "v2",
+                    "queues",
+                    about.name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+            else:
+                await self.kube.call(
+                    what,
+                    self.kube.custom.patch_namespaced_custom_object_status,
+                    "scheduling.run.ai",
+                    "v2alpha2",
+                    about.namespace,
+                    "podgroups",
+                    about.name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+        if patch is not None:
+            self.ctx.counters["kube_status_patches"] += 1

@@ -426,7 +426,7 @@ def _gpu_request(
                 f"must be a number in (0, 1], got {raw_fraction!r}: a share of one device; for more than one "
                 f"device set {keys.GPU_FRACTION_NUM_DEVICES} as well",
             )
-        if not 0 < fraction:
+        if fraction <= 0:
             raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
     memory = 0
     raw_memory = annotations.get(keys.GPU_MEMORY)
