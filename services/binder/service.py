@@ -10,7 +10,9 @@ call a `binder.bind`/`binder.evict` child (`shared.telemetry.spans`, docs/tracin
 
 Options (`--set key=value`): `batch` (proposals per fetch, 16), `fetch_timeout` (s, 1),
 `cluster_timeout` (s per cluster request, 2), `cluster_attempts` (5), `recovery_grace` (s a claimed pod
-may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2), `cluster`
+may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2), `stop_grace`
+(s a proposal in progress may still take after SIGTERM, 3; the fetched ones not started go back at
+once), `cluster`
 (`nats`: ask the state service's simulated cluster; `kube`: the Kubernetes API through `kubeconfig`).
 """
 
@@ -21,6 +23,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -71,6 +74,9 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     `kube`: call the Kubernetes API (pods/binding, the Eviction API) with `kubeconfig`."""
     kubeconfig: str = ""
     """The kubeconfig file for `cluster=kube` (default: env KUBECONFIG, else the in-cluster account)."""
+    stop_grace: float = 3.0
+    """Seconds a proposal in progress may take to finish after SIGTERM before it is abandoned (its claims
+    stay; the recovery scan of any binder completes or removes them, as after a crash)."""
 
 
 def parse_options(options: dict[str, str]) -> BinderOptions:
@@ -157,6 +163,39 @@ async def _keep_alive(msg: _InProgress, every: float) -> None:
             await msg.in_progress()
 
 
+class _Returnable(Protocol):
+    async def nak(self, delay: float | None = None) -> None: ...
+
+
+async def _hand_back(msgs: Sequence[_Returnable]) -> None:
+    """SIGTERM: the fetched proposals not started go back to the consumer at once (another binder takes
+    them) instead of being worked through by a process that is going away."""
+    for msg in msgs:
+        with contextlib.suppress(Exception):
+            await msg.nak()
+
+
+async def _finish_or_abandon(work: Awaitable[None], ctx: ServiceContext, grace: float) -> None:
+    """Run `work`; once SIGTERM arrives, give it `grace` seconds more, then cancel it (a commit cancelled
+    half-way is what a crash leaves, which recovery is built for; the proposal is not acked, so it is
+    delivered again after the consumer's ack wait)."""
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(ctx.stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=grace)
+        if not task.done():
+            ctx.counters["abandoned_on_stop"] += 1
+            log.warning("stopping: abandoned a proposal still in progress after %.1f s", grace)
+    finally:
+        for waiting in (task, stop):
+            if not waiting.done():
+                waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+
+
 async def _recover_forever(
     ctx: ServiceContext, committer: Committer, replica: StateReplica, options: BinderOptions
 ) -> None:
@@ -236,8 +275,15 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                     log.exception("fetching proposals failed; retrying")
                     await asyncio.sleep(options.fetch_timeout)
                     continue
-                for msg in msgs:
-                    await handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True)
+                for i, msg in enumerate(msgs):
+                    if ctx.stopping.is_set():
+                        await _hand_back(msgs[i:])
+                        break
+                    await _finish_or_abandon(
+                        handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True),
+                        ctx,
+                        options.stop_grace,
+                    )
         finally:
             ctx.ready = False
             recovery.cancel()

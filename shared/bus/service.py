@@ -21,7 +21,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -194,13 +194,53 @@ async def _serve(
     sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
     beats = asyncio.create_task(_heartbeats(ctx))
     try:
-        await body(ctx)
+        await _run_body(ctx, body)
     finally:
         ctx.stopping.set()
         await beats
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-        await bus.close()
+        try:
+            await asyncio.wait_for(bus.close(), CLOSE_DEADLINE_S)
+        except TimeoutError:
+            ctx.log.warning("the connection did not drain in %.0f s; closed without it", CLOSE_DEADLINE_S)
+            with contextlib.suppress(Exception):
+                await bus.nc.close()
+
+
+async def _run_body(ctx: ServiceContext, body: Body) -> None:
+    """Run the body; once SIGTERM has set `stopping`, give it `STOP_DEADLINE_S` to return, then cancel it
+    (what a crash would leave, which every service recovers from), so that SIGTERM always ends the process
+    in a few seconds however busy it is."""
+    work: asyncio.Future[Any] = asyncio.ensure_future(body(ctx))
+    stop: asyncio.Future[Any] = asyncio.ensure_future(ctx.stopping.wait())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            await asyncio.wait({work}, timeout=STOP_DEADLINE_S)
+        if not work.done():
+            ctx.counters["stop_deadline_missed"] += 1
+            ctx.log.error("still busy %.0f s after SIGTERM: cancelling what is left", STOP_DEADLINE_S)
+            work.cancel()
+    finally:
+        stop.cancel()
+        if not work.done():
+            work.cancel()  # the runner itself was cancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not ctx.stopping.is_set():
+                raise
+
+
+STOP_DEADLINE_S = 6.0
+"""How long a service body may take to return after SIGTERM before the runner cancels it: services drain
+in 1-3 s when busy (tests/e2e/test_shutdown.py); `Stack.stop` and Kubernetes' default grace (10 s, 30 s)
+SIGKILL later than this plus the connection's close."""
+CLOSE_DEADLINE_S = 2.0
+"""How long draining the NATS connection may take before it is closed without draining."""
 
 
 def setup_logging(service: str, replica: str, log_format: str = "text") -> None:
