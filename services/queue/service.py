@@ -3,7 +3,9 @@
 Run by `python -m services.queue` (and `kairos serve queue`) through `shared.bus.service.main`. Every
 replica keeps a state replica (so a standby takes over with warm state) and competes for the shard lease;
 the holder runs the `Dispatcher` loop and answers `admin.<shard>.cycle`, the others only wait. Ready once
-the replica has synced, leader or standby; the heartbeat says which (`leader term N` / `standby`).
+the replica has synced, leader or standby; the heartbeat says which (`leader term N` / `standby`, or
+`lapsed term N` for a leader whose last renewal is too old to dispatch under, e.g. resumed after a pause)
+and counts `lease_longest_gap_ms`, the longest time between two renewals (how late they ran).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
     from nats.aio.subscription import Subscription
 
 SERVICE = "queue"
+STEP_TIMEOUT_S = 4.0
+"""The longest one lease step may take (a renewal or acquisition stuck on a reconnecting client)."""
 
 
 async def body(ctx: ServiceContext) -> None:
@@ -37,7 +41,7 @@ async def body(ctx: ServiceContext) -> None:
     metrics = QueueMetrics(ctx.metrics)
     dispatcher = Dispatcher(ctx.bus, replica, lease, settings, ctx.counters, loop.time, metrics)
     ctx.ready = True
-    ctx.detail = lease.describe()
+    ctx.describe = lease.describe
     admin: Subscription | None = None
 
     async def on_outcome(msg: Msg) -> None:
@@ -68,14 +72,15 @@ async def body(ctx: ServiceContext) -> None:
         while not ctx.stopping.is_set():
             was = lease.leading
             try:
-                # A KV call stuck longer than this would outlive the lease anyway; `step` then steps down.
-                await asyncio.wait_for(lease.step(), timeout=2.0)
+                # A KV call stuck this long is abandoned and tried again at the next step; `step` steps
+                # down once the last good renewal is too old.
+                await asyncio.wait_for(lease.step(), timeout=STEP_TIMEOUT_S)
                 if lease.leading != was:
                     await follow(lease.leading)
             except Exception:
                 ctx.counters["lease_errors"] += 1
                 ctx.log.exception("lease step failed")
-            ctx.detail = lease.describe()
+            ctx.counters["lease_longest_gap_ms"] = round(lease.longest_gap * 1000)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ctx.stopping.wait(), lease.interval())
 

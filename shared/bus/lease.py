@@ -25,14 +25,18 @@ from shared.errors import ConflictError, MalformedMessage
 
 log = logging.getLogger("kairos.lease")
 
-RENEW_INTERVAL_S = 1.0
-"""A leader rewrites the lease this often: three chances per TTL."""
-RETRY_INTERVAL_S = 0.5
-"""A standby looks for an absent lease this often, so it takes over within TTL + 0.5 s of a death."""
-SAFETY_MARGIN_S = 0.5
+RENEW_INTERVAL_S = 2.0
+"""A leader rewrites the lease this often: five chances per TTL, so renewals may run up to
+`TTL - SAFETY_MARGIN - RENEW_INTERVAL` (6 s) late before leadership is lost. Kubernetes' leader election
+has the same shape (15 s lease, 10 s renew deadline, 2 s retry)."""
+RETRY_INTERVAL_S = 1.0
+"""A standby looks for an absent lease this often, so it takes over within TTL + 1 s of a leader's death
+(a SIGTERM'd leader releases the lease: the standby takes over within 1 s)."""
+SAFETY_MARGIN_S = 2.0
 """A leader stops dispatching this long before its last successful write could have expired, so that its
 idea of "still leader" never outlives the key (clocks tick at the same rate; write latency counts against
-us because the renewal time is taken before the write is sent)."""
+us because the renewal time is taken before the write is sent). A paused process's monotonic clock keeps
+running, so a leader resumed after SIGSTOP finds `valid()` false at its first look."""
 
 
 class LeaseStore(Protocol):
@@ -82,6 +86,9 @@ class LeaseKeeper:
         self.current_holder: str | None = None
         """Who held the lease at the last look (None: nobody, or unreadable)."""
         self._renewed_at = -math.inf
+        self.longest_gap = 0.0
+        """The longest time between two successful writes while leading (renewals delayed by a busy event
+        loop or a slow bucket show here: the queue reports it in its heartbeat, in milliseconds)."""
 
     # --- what the dispatcher asks -------------------------------------------------------------------
     def valid(self) -> bool:
@@ -92,7 +99,11 @@ class LeaseKeeper:
         return RENEW_INTERVAL_S if self.leading else RETRY_INTERVAL_S
 
     def describe(self) -> str:
-        return f"leader term {self.term}" if self.leading else "standby"
+        """`leader term N`, `standby`, or `lapsed term N`: leading by the last step, but the last renewal is
+        too old to dispatch under (a paused or starved leader, until its next step)."""
+        if not self.leading:
+            return "standby"
+        return f"leader term {self.term}" if self.valid() else f"lapsed term {self.term}"
 
     # --- the state machine ----------------------------------------------------------------------------
     async def step(self) -> bool:
@@ -166,6 +177,7 @@ class LeaseKeeper:
             self._step_down("the lease moved (another holder, or it expired)")
             return
         self.revision = revision
+        self.longest_gap = max(self.longest_gap, started - self._renewed_at)
         self._renewed_at = started
 
     async def _write(self, term: int, last: int) -> int | None:

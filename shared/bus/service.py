@@ -123,6 +123,9 @@ class ServiceContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     ready: bool = False
     detail: str = ""
+    describe: Callable[[], str] | None = None
+    """When set, the heartbeat's detail is asked of it at each beat instead of read from `detail` (the
+    queue: whether it leads is a question of the clock, not only of its last lease step)."""
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     """The process's Prometheus registry (`/metrics` on the health port); shells add their own series."""
 
@@ -140,7 +143,7 @@ class ServiceContext:
             service=self.service,
             replica=self.config.replica,
             ready=self.ready,
-            detail=self.detail,
+            detail=self.describe() if self.describe is not None else self.detail,
             counters=dict(self.counters),
         )
 

@@ -21,7 +21,9 @@ LEDGER_BUCKET = "kairos_ledger"
 compare-and-set (written by `binder`, cleaned by `state` when pods leave their node)."""
 LEASE_BUCKET = "kairos_leases"
 """One lease per shard for the active queue dispatcher; entries expire after `LEASE_TTL_S`."""
-LEASE_TTL_S = 3.0
+LEASE_TTL_S = 10.0
+"""Lease entries expire this long after their last write (see `shared.bus.lease` for the renewal timing:
+a leader survives renewals up to 6 s late, a standby takes over within 11 s of a leader's death)."""
 
 # --- JetStream streams ----------------------------------------------------------------------------------
 WORK_STREAM = "KAIROS_WORK"

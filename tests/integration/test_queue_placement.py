@@ -22,6 +22,7 @@ from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
 from shared.bus.connection import Bus
+from shared.bus.lease import RENEW_INTERVAL_S, RETRY_INTERVAL_S
 from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
@@ -292,8 +293,11 @@ async def test_one_leader_and_a_standby_that_takes_over_with_the_next_term(bus: 
         now = await current_lease(bus)
         return now if now is not None and now.holder == standby.ctx.config.replica else None
 
-    new = await eventually(taken_over, timeout=6.0)
-    assert time.monotonic() - died < 5.0
+    # The standby takes over once the dead leader's entry expires: TTL + one retry interval, give or take
+    # the machine's load (generous, the bound is not what this test is about).
+    new = await eventually(taken_over, timeout=s.LEASE_TTL_S + RETRY_INTERVAL_S + 10.0)
+    # Not before the entry could have expired (its last renewal was at most one interval before the kill).
+    assert time.monotonic() - died >= s.LEASE_TTL_S - RENEW_INTERVAL_S - 0.5, "taken over too early"
     assert new.term == 2
     assert (await heartbeat(bus, "queue", new.holder)).detail == "leader term 2"
 
