@@ -190,7 +190,9 @@ def _unknown_field(raw: object, info: mi.Type, path: str) -> str | None:
             by_name = {f.encode_name: f for f in fields}
             for key, value in raw.items():
                 field = by_name.get(key) if isinstance(key, str) else None
-                sub = f"{path}.{key}" if path else str(key)
+                # An empty or non-text key is quoted, so the path still shows it.
+                name = key if isinstance(key, str) and key else repr(key)
+                sub = f"{path}.{name}" if path else name
                 if field is None:
                     return sub
                 found = _unknown_field(value, field.type, sub)
