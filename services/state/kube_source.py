@@ -83,7 +83,7 @@ def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
     try:
         return codec.decode(msg.subject, msg.data)
     except MalformedMessage as exc:
-        ctx.counters["malformed"] += 1
+        ctx.counters.message("malformed", msg.subject)
         log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
         return None
 

@@ -55,6 +55,10 @@ async def _scenario(url: str) -> Counter[str]:
                 with contextlib.suppress(Exception):
                     await bus.nc.request(subject, payload, timeout=2)
         for payload in GARBAGE:
+            # Podgroup stamps expect no answer (the state service stores them); the Kubernetes owner's own
+            # subjects (why, GPU inventories, the write-back's events) are covered by
+            # tests/integration/test_invalid_objects.py.
+            await bus.nc.publish(s.stamps(s.DEFAULT_SHARD), payload)
             await bus.js.publish(s.work(s.DEFAULT_SHARD), payload)
             await bus.js.publish(s.proposals(s.DEFAULT_SHARD), payload)
         await bus.state.put("pod.garbage.x", GARBAGE[1])
@@ -99,5 +103,5 @@ def test_garbage_everywhere_is_counted_and_the_stack_keeps_scheduling(tmp_path: 
         assert stack.first_exit() is None, stack.first_exit()
     finally:
         stack.stop()
-    for service in ("state-0", "placement-0", "binder-0"):
+    for service in ("state-0", "queue-0", "placement-0", "binder-0"):
         assert malformed.get(service, 0) > 0, f"{service} counted no malformed message: {dict(malformed)}"

@@ -1,6 +1,7 @@
 """Invalid Queues, PodGroups and pods against the simulated API server: each is held back with a Warning
 Event and a condition naming the object and the field, everything else keeps being mirrored, and the
-condition is set back once the object is fixed.
+condition is set back once the object is fixed. Garbage on the subjects only the Kubernetes owner listens
+to (why, GPU inventories, stamps, the public events its write-back follows) is counted and dropped.
 
 Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) with a real
 nats-server and `services.kubesim`, applying objects through the kubernetes-asyncio client.
@@ -24,7 +25,7 @@ from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.messages import PodRecord
+from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 
@@ -299,3 +300,37 @@ async def test_a_fixed_object_has_its_condition_set_back_and_is_mirrored(stack: 
 
 async def _present(replica: StateReplica, key: str) -> bool:
     return key in replica.records
+
+
+GARBAGE = (b"", b"\xc1\xff\x00not msgpack", b"\x81\xa4kind\xa4nope", b'{"type": "pod-bound", "v": 1}')
+
+
+async def test_garbage_on_the_owners_subjects_is_counted_and_dropped(stack: Stack, bus: Bus) -> None:
+    kube = stack.kube
+    await create_queue(kube, queue("negative", gpu_quota=-5))
+    counters = stack.ctx.counters
+    before = counters["malformed"]
+    subjects = (s.STATE_WHY, s.gpu_inventory("n0"), s.stamps(s.DEFAULT_SHARD))
+    for subject in subjects:
+        for payload in GARBAGE:
+            await bus.nc.publish(subject, payload)
+    for payload in GARBAGE:
+        await bus.js.publish(s.event("pod-bound", "garbage"), payload)
+    await bus.nc.flush()
+
+    async def all_counted() -> bool:
+        return counters["malformed"] - before >= len(GARBAGE) * (len(subjects) + 1)
+
+    await eventually("every garbage message counted as malformed", all_counted)
+    families = {family for outcome, family in counters.by_subject if outcome == "malformed"}
+    assert len(families) >= len(subjects) + 1, families
+
+    # Still answering: `kairos explain`'s question about the held-back queue gets the reason.
+    async def why() -> str:
+        reply = await bus.nc.request(
+            s.STATE_WHY, encode(WhyRequest(what="queue", name="negative")), timeout=5
+        )
+        return WHY_REPLIES.decode(s.STATE_WHY, reply.data).reason
+
+    reason = await eventually("a reason for the held-back queue", why)
+    assert "spec.resources.gpu.quota" in reason
