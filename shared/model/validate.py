@@ -46,7 +46,8 @@ def validate_snapshot(snapshot: Snapshot) -> None:
                 "podgroup",
                 pg.key,
                 "min_member",
-                f"min member {min_member} is larger than its {pods_per_group[pg.key]} pods",
+                f"min member {min_member} is larger than its {pods_per_group[pg.key]} pods: the gang would "
+                "wait for min member (it is placed whole or not at all); add the missing pods with it",
             )
     groups = {pg.key for pg in snapshot.podgroups}
     for p in snapshot.pods:
