@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
 CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
 
-.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick fmt
+.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos fmt
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench: bench-core bench-tracing
 
 bench-quick:
 	$(BIN)/kairos bench --quick --json bench-quick.json --plot bench-quick.png
+
+# The chaos suite (issue 7): 5,000 pods, 2 replicas of every service, kills, a NATS restart, API faults.
+chaos:
+	$(BIN)/kairos chaos --json chaos-full.json
 
 fmt:
 	$(BIN)/ruff format .

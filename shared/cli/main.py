@@ -86,6 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cluster_cmds.add_commands(commands)
     explain.add_commands(commands)
     bench.add_commands(commands)
+    importlib.import_module("shared.cli.chaos").add_commands(commands)
     return parser
 
 

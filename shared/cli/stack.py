@@ -83,6 +83,27 @@ class Stack:
     state_dir: Path
     nats: NatsServer
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    """Each service replica's command line, so that `restart` starts it again as it was."""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def restart(self, name: str) -> None:
+        """Start replica `name` again with its command line (after it died or was killed); its log goes on."""
+        with (self.state_dir / "logs" / f"{name}.log").open("ab") as log:
+            self.processes[name] = subprocess.Popen(
+                self.commands[name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        _write_pids(self)
+
+    def restart_nats(self) -> None:
+        """Stop nats-server (SIGTERM) and start it again on the same port with the same JetStream store."""
+        self.nats.stop()
+        self.nats = start_nats_server(self.state_dir, port=self.nats.port)
+        _write_pids(self)
 
     @property
     def url(self) -> str:
@@ -161,6 +182,7 @@ def start_stack(
     (state_dir / "nats.url").write_text(server.url + "\n")
     stack = Stack(state_dir, server)
     env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url}
+    stack.env = env
     options = {name: dict(opts) for name, opts in (options or {}).items()}
     try:
         if cluster.kind != "memory":
@@ -173,9 +195,10 @@ def start_stack(
                 opts = dict(options.get(service, {}))
                 if service == "state" and i > 0:
                     opts["source"] = "none"
+                stack.commands[replica] = _service_args(service, replica, opts)
                 with (logs / f"{replica}.log").open("ab") as log:
                     stack.processes[replica] = subprocess.Popen(
-                        _service_args(service, replica, opts),
+                        stack.commands[replica],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=env,

@@ -1,0 +1,469 @@
+"""The chaos run: the whole Kubernetes-path stack under load while replicas die, nats-server restarts and
+the API server misbehaves; then the independent checker's verdict.
+
+`run(options)` starts the simulated API server, nats-server and at least two replicas of every service
+(`shared.cli.stack.start_stack`), creates the workload's queues through the API, then, wave by wave, a
+third of a wave of pods and PodGroups (`shared.chaos.workload`), one fault once binding is under way, a
+third while it is on and the last third once it is over:
+
+- `kill`: SIGKILL one random replica of a service, start it again a second later (as a kubelet would);
+- `nats-restart`: nats-server stopped and started on the same port with the same JetStream store;
+- `api-500`, `api-429`, `api-slow`: a fault plan on the simulated API server (`/kubesim/faults`) for a few
+  seconds: the first two binding calls, then half of them and a tenth of everything else answer 500; a third of all requests
+  answer 429 with Retry-After; half the answers come half a second late;
+- `drop-watch`: every open watch closed at once; `watch-410`: the watches closed and their resumes
+  answered 410 Gone, so every informer lists again.
+
+For each fault it records when it happened and how long until the system made progress again: the next
+pod bound (seen on a watch of pods) after the fault began and after it ended, and, for a killed replica
+or a restarted nats-server, until every replica sent a ready heartbeat again. When the binds stop
+(nothing new for `quiet` seconds) it reads the API server (pods, nodes, PodGroups, Queues, Events, the
+binding record), the ledger's claims from JetStream and the binders' outcomes it heard, and hands them to
+`shared.chaos.checker.check`. Called by `kairos chaos` and the CI test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from shared.bus.connection import Bus, connect
+from shared.bus.replica import StateReplica
+from shared.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
+from shared.chaos.workload import NAMESPACE, Group, Workload, build
+from shared.cli.stack import ClusterChoice, Stack, start_stack
+from shared.contracts import subjects as s
+from shared.contracts.messages import HEARTBEATS, OUTCOMES
+from shared.errors import MalformedMessage, TemporaryError
+from shared.kubeapi.client import Kube
+from shared.kubeapi.client import connect as kube_connect
+from shared.kubeapi.informer import Informer
+from shared.kubeapi.paths import collection_path
+
+__all__ = ["ChaosOptions", "ChaosReport", "FaultRecord", "run"]
+
+log = logging.getLogger("kairos.chaos")
+
+SERVICES = ("state", "queue", "placement", "binder")
+API_FAULTS: dict[str, list[dict[str, Any]]] = {
+    "api-500": [
+        {"verb": "create", "resource": "pods/binding", "status": 500, "limit": 2},
+        {"verb": "create", "resource": "pods/binding", "fraction": 0.5, "status": 500},
+        {"fraction": 0.1, "status": 500},
+    ],
+    "api-429": [{"fraction": 0.33, "status": 429, "retry_after": 1}],
+    "api-slow": [{"fraction": 0.5, "delay": 0.5}],
+}
+FAULTS = (
+    *(f"kill:{service}" for service in SERVICES),
+    "nats-restart",
+    *API_FAULTS,
+    "drop-watch",
+    "watch-410",
+)
+
+
+class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pods: int = 5000
+    replicas: int = 2
+    """Replicas of every service (at least 2: a kill must leave one standing)."""
+    seed: int = 7
+    fault_seconds: float = 5.0
+    """How long an API-server fault stays on."""
+    recover_timeout: float = 120.0
+    """Seconds a fault may take to recover before the run moves on (and reports it unrecovered)."""
+    quiet: float = 30.0
+    """Seconds without a new bind after the last fault that end the run."""
+    timeout: float = 1800.0
+    """Seconds the whole load may take."""
+    run_delay: float = 0.2
+
+
+class FaultRecord(msgspec.Struct, kw_only=True):
+    kind: str
+    target: str = ""
+    at_s: float
+    """When it began, seconds since the load started."""
+    duration_s: float = 0.0
+    """How long it was on (API faults) or how long the target was down (a kill, a restart)."""
+    next_bind_s: float | None = None
+    """From its start to the next pod bound (None: none before the run moved on)."""
+    next_bind_after_s: float | None = None
+    """From its end to the next pod bound."""
+    healthy_s: float | None = None
+    """From its start until every replica reported ready again (process faults)."""
+
+
+class ChaosReport(msgspec.Struct, kw_only=True):
+    pods: int
+    nodes: int
+    replicas: dict[str, int]
+    bound: int
+    unschedulable: int
+    duration_s: float
+    faults: list[FaultRecord]
+    violations: list[Violation]
+    clean: bool
+    injected: dict[str, int] = msgspec.field(default_factory=dict)
+    """What the simulated API server counted (faulted requests by kind, dropped watches)."""
+    outcomes: dict[str, int] = msgspec.field(default_factory=dict)
+    state_dir: str = ""
+
+
+def run(
+    options: ChaosOptions, say: Callable[[str], None] = lambda _line: None, keep: Path | None = None
+) -> ChaosReport:
+    """Start a stack, run the chaos load, check, stop the stack. With `keep` the state directory (logs)
+    stays there; otherwise a temporary one is removed."""
+    workload = build(options.pods, waves=len(FAULTS) + 1, seed=options.seed)
+    state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-chaos-"))
+    replicas = dict.fromkeys(SERVICES, max(2, options.replicas))
+    say(
+        f"chaos: {len(workload.pod_keys)} pods on {workload.nodes} nodes, replicas {replicas}, in {state_dir}"
+    )
+    started = time.monotonic()
+    stack = start_stack(
+        state_dir,
+        replicas=replicas,
+        options={
+            "queue": {"batch": "100", "period": "0.5"},
+            "binder": {"conflicts": "fit"},
+        },
+        timeout=180.0,
+        cluster=ClusterChoice(
+            kind="kubesim", nodes=workload.nodes, gpus_per_node=8, run_delay=options.run_delay
+        ),
+    )
+    say(f"chaos: stack up in {time.monotonic() - started:.1f} s")
+    try:
+        report = asyncio.run(_Run(stack, workload, options, say).run())
+        report.state_dir = str(state_dir) if keep else ""
+        return report
+    finally:
+        stack.stop(timeout=5.0)
+        if keep is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class _Run:
+    def __init__(
+        self, stack: Stack, workload: Workload, options: ChaosOptions, say: Callable[[str], None]
+    ) -> None:
+        self.stack = stack
+        self.workload = workload
+        self.options = options
+        self.say = say
+        self.rng = random.Random(options.seed)
+        self.t0 = time.monotonic()
+        self.binds: list[float] = []
+        self.bound: set[str] = set()
+        self.beats: dict[str, float] = {}
+        """Replica -> when its last ready heartbeat arrived."""
+        self.outcomes: list[OutcomeSeen] = []
+        self.faults: list[FaultRecord] = []
+
+    # --- the run ----------------------------------------------------------------------------------------------
+    async def run(self) -> ChaosReport:
+        kubeconfig = self.stack.kubeconfig
+        if kubeconfig is None:
+            raise TemporaryError("the stack wrote no kubeconfig")
+        kube = await kube_connect(str(kubeconfig))
+        bus = await connect(self.stack.url, "kairos-chaos")
+        http = aiohttp.ClientSession(base_url=kube.server.rstrip("/"))
+        subs = await self._subscribe(bus)
+        informer = self._informer(kube)
+        watching = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 60.0)
+            for queue in self.workload.queues:
+                await self._post(http, queue)
+            self.t0 = time.monotonic()
+            for i, wave in enumerate(self.workload.waves):
+                if i >= len(FAULTS):
+                    await self._create(http, wave)
+                    break
+                # A third of the wave before the fault (binding is under way when it strikes), a third
+                # while it is on, a third once it is over (new work the recovered system must schedule).
+                third = max(1, len(wave) // 3)
+                before = len(self.binds)
+                creating = asyncio.create_task(self._create(http, wave[:third]))
+                await self._wait_for_progress(before, 60.0)
+                await self._fault(http, FAULTS[i], wave[third : 2 * third], wave[2 * third :])
+                await creating
+            await self._settle()
+            duration = time.monotonic() - self.t0
+            verdict, injected = await self._check(http, bus)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(BaseException):
+                await watching
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            await http.close()
+            await bus.close()
+            await kube.close()
+        statuses: dict[str, int] = {}
+        for o in self.outcomes:
+            statuses[o.status] = statuses.get(o.status, 0) + 1
+        return ChaosReport(
+            pods=verdict.pods,
+            nodes=self.workload.nodes,
+            replicas=dict.fromkeys(SERVICES, self.options.replicas),
+            bound=verdict.bound,
+            unschedulable=verdict.unschedulable,
+            duration_s=round(duration, 1),
+            faults=self.faults,
+            violations=verdict.violations,
+            clean=verdict.clean,
+            injected=injected,
+            outcomes=statuses,
+        )
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def _wait_for_progress(self, seen: int, timeout: float) -> None:
+        """Until a pod was bound after the `seen` first ones: the fault then meets binding in progress."""
+        deadline = time.monotonic() + timeout
+        while len(self.binds) <= seen and time.monotonic() < deadline:  # noqa: ASYNC110 -- polls a list
+            await asyncio.sleep(0.1)
+
+    async def _settle(self) -> None:
+        """Until no pod was bound for `quiet` seconds (or the run's timeout)."""
+        deadline = self.t0 + self.options.timeout
+        total = len(self.workload.pod_keys)
+        while time.monotonic() < deadline:
+            last = self.binds[-1] if self.binds else self.t0
+            if len(self.bound) >= total or time.monotonic() - last > self.options.quiet:
+                return
+            await asyncio.sleep(0.5)
+        self.say(f"chaos: gave up waiting after {self.options.timeout:.0f} s")
+
+    # --- faults -----------------------------------------------------------------------------------------------
+    async def _fault(
+        self, http: aiohttp.ClientSession, kind: str, during: tuple[Group, ...], after: tuple[Group, ...]
+    ) -> None:
+        """Inject one fault, create `during` meanwhile, undo it, create `after`, and record how long until
+        pods were bound again."""
+        record = FaultRecord(kind=kind, at_s=round(self._now(), 2))
+        began = time.monotonic()
+        binds_before = len(self.binds)
+        healthy: float | None = None
+        # Work created while the fault is on: its requests meet the API faults.
+        creating = asyncio.create_task(self._create_soon(http, during))
+        if kind.startswith("kill:"):
+            service = kind.partition(":")[2]
+            target = f"{service}-{self.rng.randrange(self.options.replicas)}"
+            record.target = target
+            process = self.stack.processes[target]
+            os.kill(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+            await asyncio.sleep(1.0)
+            restarted = time.monotonic()
+            self.stack.restart(target)
+            record.duration_s = round(restarted - began, 2)
+            healthy = await self._healthy({target}, restarted)
+        elif kind == "nats-restart":
+            record.target = "nats-server"
+            await asyncio.to_thread(self.stack.restart_nats)
+            restarted = time.monotonic()
+            record.duration_s = round(restarted - began, 2)
+            replicas = {name for name in self.stack.processes if name != "kubesim"}
+            healthy = await self._healthy(replicas, restarted)
+        elif kind in API_FAULTS:
+            record.target = "kube-apiserver"
+            await self._plan(http, API_FAULTS[kind])
+            await asyncio.sleep(self.options.fault_seconds)
+            await self._plan(http, [])
+            record.duration_s = round(time.monotonic() - began, 2)
+        else:
+            record.target = "watches"
+            if kind == "watch-410":
+                await self._plan(http, [{"verb": "watch", "status": 410, "limit": 20}])
+            async with http.post("/kubesim/faults/drop-watches") as resp:
+                dropped = (await resp.json())["dropped"]
+            record.target = f"{dropped} watches"
+            if kind == "watch-410":
+                await asyncio.sleep(self.options.fault_seconds)
+                await self._plan(http, [])
+            record.duration_s = round(time.monotonic() - began, 2)
+        ended = time.monotonic()
+        await creating
+        await self._create(http, after)
+        if healthy is not None:
+            record.healthy_s = round(healthy - began, 2)
+        deadline = began + self.options.recover_timeout
+        while time.monotonic() < deadline and (len(self.binds) <= binds_before or self.binds[-1] < ended):
+            if len(self.bound) >= len(self.workload.pod_keys):
+                break
+            await asyncio.sleep(0.1)
+        since = self.binds[binds_before:]
+        if since:
+            record.next_bind_s = round(since[0] - began, 2)
+        later = [t for t in since if t >= ended]
+        if later:
+            record.next_bind_after_s = round(later[0] - ended, 2)
+        self.faults.append(record)
+        process_fault = kind.startswith("kill:") or kind == "nats-restart"
+        healthy_text = f", healthy again {_secs(record.healthy_s)}" if process_fault else ""
+        self.say(
+            f"chaos: {kind} {record.target} at {record.at_s:.1f} s for {record.duration_s:.1f} s: next bind "
+            f"{_secs(record.next_bind_s)}, after its end {_secs(record.next_bind_after_s)}{healthy_text}"
+        )
+
+    async def _healthy(self, replicas: set[str], since: float) -> float | None:
+        """When every replica of `replicas` had sent a ready heartbeat after `since` (None: not in time)."""
+        deadline = since + self.options.recover_timeout
+        while time.monotonic() < deadline:
+            if all(self.beats.get(r, 0.0) > since for r in replicas):
+                return max(self.beats[r] for r in replicas)
+            await asyncio.sleep(0.1)
+        return None
+
+    async def _plan(self, http: aiohttp.ClientSession, rules: list[dict[str, Any]]) -> None:
+        body = json.dumps({"rules": rules, "seed": self.rng.randrange(2**31)}).encode()
+        async with http.post("/kubesim/faults", data=body) as resp:
+            if resp.status != 200:
+                raise TemporaryError(f"kubesim refused the fault plan: {await resp.text()}")
+
+    # --- load -------------------------------------------------------------------------------------------------
+    async def _create(self, http: aiohttp.ClientSession, wave: tuple[Group, ...]) -> None:
+        sem = asyncio.Semaphore(16)
+
+        async def one(group: Group) -> None:
+            async with sem:
+                for pod in group.pods:
+                    await self._post(http, pod)
+                await self._post(http, group.podgroup)
+
+        await asyncio.gather(*(one(g) for g in wave))
+
+    async def _create_soon(self, http: aiohttp.ClientSession, wave: tuple[Group, ...]) -> None:
+        await asyncio.sleep(0.2)  # the fault first
+        await self._create(http, wave)
+
+    async def _post(self, http: aiohttp.ClientSession, manifest: dict[str, Any]) -> None:
+        """Create one object; retried while the API server answers 429/5xx (a fault may be on)."""
+        meta = manifest["metadata"]
+        path = collection_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
+        body = json.dumps(manifest).encode()
+        for attempt in range(60):
+            try:
+                async with http.post(path, data=body, headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                    if resp.status < 300 or resp.status == 409:
+                        return
+                    if resp.status != 429 and resp.status < 500:
+                        raise TemporaryError(f"create {manifest['kind']} {meta['name']}: {resp.status}")
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
+        raise TemporaryError(f"create {manifest['kind']} {meta['name']}: the API server kept failing")
+
+    # --- observing --------------------------------------------------------------------------------------------
+    def _informer(self, kube: Kube) -> Informer:
+        decoder = msgspec.json.Decoder(_Pod)
+
+        async def on_relist(items: list[msgspec.Raw]) -> None:
+            for raw in items:
+                await on_change("ADDED", raw)
+
+        async def on_change(kind: str, raw: msgspec.Raw) -> None:
+            pod = decoder.decode(raw)
+            name = pod.metadata.name
+            if kind != "DELETED" and pod.spec.nodeName and name not in self.bound:
+                self.bound.add(name)
+                self.binds.append(time.monotonic())
+
+        return Informer(
+            kube,
+            "pods",
+            kube.core.list_namespaced_pod,
+            on_relist,
+            on_change,
+            args=(NAMESPACE,),
+            page_size=5000,
+        )
+
+    async def _subscribe(self, bus: Bus) -> list[Any]:
+        async def on_beat(msg: Any) -> None:
+            try:
+                beat = HEARTBEATS.decode(msg.subject, msg.data)
+            except MalformedMessage:
+                return
+            if beat.ready:
+                self.beats[beat.replica] = time.monotonic()
+
+        async def on_outcome(msg: Any) -> None:
+            try:
+                outcome = OUTCOMES.decode(msg.subject, msg.data)
+            except MalformedMessage:
+                return
+            self.outcomes.append(OutcomeSeen(outcome.proposal, outcome.status, tuple(outcome.bound)))
+
+        return [
+            await bus.nc.subscribe(s.HEALTH_WILDCARD, cb=on_beat),
+            await bus.nc.subscribe(s.OUTCOMES_WILDCARD, cb=on_outcome),
+        ]
+
+    # --- the verdict ------------------------------------------------------------------------------------------
+    async def _check(self, http: aiohttp.ClientSession, bus: Bus) -> tuple[Verdict, dict[str, int]]:
+        async def items(path: str) -> list[dict[str, Any]]:
+            async with http.get(path) as resp:
+                listed: list[dict[str, Any]] = (await resp.json())["items"]
+                return listed
+
+        async with http.get("/kubesim/bindings") as resp:
+            bindings = (await resp.json())["bindings"]
+        async with http.get("/kubesim/faults") as resp:
+            injected = (await resp.json())["injected"]
+        replica = StateReplica(bus)
+        await replica.start(timeout=60.0)
+        try:
+            claims = {claim.pod: claim.node for claim in replica.claims.values()}
+        finally:
+            await replica.stop()
+        observed = Observed(
+            pods=await items(f"/api/v1/namespaces/{NAMESPACE}/pods"),
+            nodes=await items("/api/v1/nodes"),
+            podgroups=await items(f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NAMESPACE}/podgroups"),
+            queues=await items("/apis/scheduling.run.ai/v2/queues"),
+            events=await items(f"/api/v1/namespaces/{NAMESPACE}/events"),
+            bindings=bindings,
+            claims=claims,
+            outcomes=self.outcomes,
+            expected=self.workload.pod_keys,
+        )
+        return check(observed), injected
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+
+
+class _Spec(msgspec.Struct):
+    nodeName: str = ""  # noqa: N815 -- the Kubernetes field name
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+
+
+def _secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"

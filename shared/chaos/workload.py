@@ -1,0 +1,138 @@
+"""The chaos suite's load: queues, PodGroups and pods as the Kubernetes manifests a user would apply.
+
+`build(pods, seed)` returns them in waves (the runner applies one wave before each fault, so every fault
+meets pending work) and the number of simulated nodes that holds them with room to spare. The shapes
+cover what the checker judges: single whole-GPU pods, gangs of whole-GPU pods, GPU-sharing pods (half a
+device), a queue with a GPU limit below its demand (some of its pods must wait, with a reason), and a few
+pods too big for any node (unschedulable, with a reason). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import msgspec
+
+__all__ = ["NAMESPACE", "Group", "Workload", "build"]
+
+Obj = dict[str, Any]
+NAMESPACE = "default"
+GPUS_PER_NODE = 8
+LIMITED_QUEUE = "chaos-limited"
+LIMITED_GPUS = 4
+"""The GPU limit of `LIMITED_QUEUE`: its groups ask for more, so some stay pending for the limit."""
+
+
+class Group(msgspec.Struct, frozen=True):
+    """One PodGroup and its pods (manifests), created pods first."""
+
+    podgroup: Obj
+    pods: tuple[Obj, ...]
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True):
+    queues: tuple[Obj, ...]
+    waves: tuple[tuple[Group, ...], ...]
+    nodes: int
+
+    @property
+    def pod_keys(self) -> list[str]:
+        return [f"{NAMESPACE}/{p['metadata']['name']}" for wave in self.waves for g in wave for p in g.pods]
+
+
+def _queue(name: str, parent: str = "", gpu_limit: int = -1) -> Obj:
+    unlimited = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+    spec: Obj = {
+        "resources": {
+            "gpu": {"quota": -1, "limit": gpu_limit, "overQuotaWeight": 1},
+            "cpu": unlimited,
+            "memory": unlimited,
+        }
+    }
+    if parent:
+        spec["parentQueue"] = parent
+    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+
+
+def _pod(name: str, group: str, queue: str, *, gpus: int = 0, fraction: str | None = None) -> Obj:
+    annotations = {"pod-group-name": group}
+    resources: Obj = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    if fraction is not None:
+        annotations["gpu-fraction"] = fraction
+    elif gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"kai.scheduler/queue": queue},
+            "annotations": annotations,
+        },
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "containers": [{"name": "main", "image": "chaos", "resources": resources}],
+        },
+    }
+
+
+def _group(index: int, shape: str, queue: str) -> tuple[Group, float]:
+    """The group of `shape` (and the GPUs it asks for)."""
+    name = f"chaos-{index:05d}"
+    if shape == "gang4":
+        count, gpus, fraction = 4, 1, None
+    elif shape == "gang2x2":
+        count, gpus, fraction = 2, 2, None
+    elif shape == "shared":
+        count, gpus, fraction = 1, 0, "0.5"
+    elif shape == "too-big":
+        count, gpus, fraction = 1, GPUS_PER_NODE * 2, None
+    else:
+        count, gpus, fraction = 1, 1, None
+    pods = tuple(_pod(f"{name}-{i}", name, queue, gpus=gpus, fraction=fraction) for i in range(count))
+    podgroup = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"minMember": count, "queue": queue},
+    }
+    demand = count * (0.5 if fraction else gpus)
+    return Group(podgroup, pods), 0.0 if shape == "too-big" else demand
+
+
+def build(pods: int, waves: int, seed: int = 7) -> Workload:
+    """About `pods` pods in `waves` waves (the first holds a third, so work is pending from the start)."""
+    rng = random.Random(seed)
+    queues = (
+        _queue("chaos"),
+        _queue("chaos-a", parent="chaos"),
+        _queue("chaos-b", parent="chaos"),
+        _queue(LIMITED_QUEUE, parent="chaos", gpu_limit=LIMITED_GPUS),
+    )
+    groups: list[Group] = []
+    demand = 0.0
+    made = 0
+    index = 0
+    while made < pods:
+        if index % 97 == 96:
+            shape, queue = "too-big", "chaos-a"
+        elif index % 23 == 11:
+            shape, queue = "single", LIMITED_QUEUE
+        else:
+            shape = rng.choice(("single", "single", "gang4", "gang2x2", "shared", "shared"))
+            queue = rng.choice(("chaos-a", "chaos-b"))
+        group, gpus = _group(index, shape, queue)
+        groups.append(group)
+        demand += gpus
+        made += len(group.pods)
+        index += 1
+    first = max(1, len(groups) // 3)
+    rest = groups[first:]
+    size = math.ceil(len(rest) / max(1, waves - 1)) if rest else 1
+    split = [tuple(groups[:first])] + [tuple(rest[i : i + size]) for i in range(0, len(rest), size)]
+    # A quarter more GPUs than asked: gangs and shared devices leave holes, and nothing should wait for room.
+    nodes = max(4, math.ceil(demand * 1.25 / GPUS_PER_NODE))
+    return Workload(queues=queues, waves=tuple(split), nodes=nodes)

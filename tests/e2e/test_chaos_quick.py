@@ -1,0 +1,41 @@
+"""The short chaos run (CI): a few hundred pods through the Kubernetes path with two replicas of every
+service, while one replica of each service is killed with SIGKILL (and restarted), nats-server restarts on
+its JetStream store, and the simulated API server answers 500s, 429s, slow answers, drops its watches and
+answers their resumes 410 Gone. The independent checker (`shared.chaos.checker`) must find nothing: every
+pod bound exactly once or reported unschedulable with a reason, no node or GPU over capacity, no partial
+gang, no queue over its limit, no proposal committed twice. Recovery times are printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.chaos.runner import FAULTS, ChaosOptions, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.mark.timeout(600)
+def test_a_short_chaos_run_leaves_a_clean_cluster(tmp_path: Path) -> None:
+    report = run(
+        ChaosOptions(pods=300, fault_seconds=3.0, quiet=15.0, timeout=400.0),
+        print,
+        keep=tmp_path / "stack",
+    )
+    print(
+        f"\n{report.bound} of {report.pods} pods bound, {report.unschedulable} unschedulable, {report.duration_s} s"
+    )
+    for f in report.faults:
+        print(
+            f"  {f.kind:18} {f.target:14} at {f.at_s:6.1f} s: next bind {f.next_bind_s} s, "
+            f"after its end {f.next_bind_after_s} s"
+            + ("" if f.healthy_s is None else f", healthy {f.healthy_s} s")
+        )
+    assert [f.kind for f in report.faults] == list(FAULTS)
+    assert report.violations == [], report.violations
+    assert report.bound + report.unschedulable == report.pods
+    # Each fault was actually injected, and the system bound pods again after each one.
+    assert {"500", "429", "410", "delay", "dropped-watch"} <= set(report.injected), report.injected
+    assert all(f.next_bind_s is not None for f in report.faults), report.faults
+    assert all(f.healthy_s is not None for f in report.faults if f.kind.startswith("kill:"))
