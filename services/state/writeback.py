@@ -293,6 +293,7 @@ class ProblemReport:
         self._since: dict[str, float] = {}
         """Label -> loop time its min-member shortage was first seen."""
         self._wake = asyncio.Event()
+        self._swept = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -313,15 +314,23 @@ class ProblemReport:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.options.settle)
+            # The first round after a flush (the mirror holds the whole cluster) also sets back conditions an
+            # earlier owner left on objects fixed since.
+            sweep = self._wake.is_set() and not self._swept
             self._wake.clear()
             try:
-                await self.report(loop.time())
+                await self.report(loop.time(), sweep=sweep)
+                self._swept = self._swept or sweep
             except Exception:
                 log.exception("reporting held-back objects failed; trying again next round")
 
-    async def report(self, now: float) -> None:
-        """One round: write what is new or changed, set back what was fixed."""
+    async def report(self, now: float, *, sweep: bool = False) -> None:
+        """One round: write what is new or changed, set back what was fixed (with `sweep`, also what an
+        earlier owner reported and nobody set back)."""
         found = self.mirror.reportable()
+        if sweep:
+            for problem in self._left_behind(found):
+                self._reported.setdefault(problem.label, problem)
         self._since = {label: self._since.get(label, now) for label in found}
         for label, problem in sorted(found.items()):
             if (
@@ -348,6 +357,39 @@ class ProblemReport:
                 self.ctx.counters["writeback_refused"] += 1
                 log.warning("could not report %s: %s", problem.label, exc)
         return True
+
+    def _left_behind(self, found: dict[str, Problem]) -> list[Problem]:
+        """Objects whose condition shows one of Kairos's problems that the mirror no longer finds."""
+        left: list[Problem] = []
+        kinds: tuple[tuple[validity.ProblemKind, str], ...] = (
+            ("Queue", QUEUES),
+            ("PodGroup", PODGROUPS),
+            ("Pod", PODS),
+        )
+        for kind, plural in kinds:
+            condition = validity.POD_SCHEDULED if kind == "Pod" else validity.ACCEPTED
+            for raw in self.mirror.raw[plural].values():
+                shown = next(
+                    (
+                        c
+                        for c in raw.status.conditions
+                        if c.type == condition and c.status == "False" and c.reason in validity.OWN_REASONS
+                    ),
+                    None,
+                )
+                if shown is None:
+                    continue
+                meta = raw.metadata
+                problem = Problem(
+                    kind=kind,
+                    namespace=meta.namespace,
+                    name=meta.name,
+                    reason=shown.reason,
+                    message=shown.message,
+                )
+                if problem.label not in found:
+                    left.append(problem)
+        return left
 
     def _raw(self, problem: Problem) -> Any:
         kind = {"Queue": QUEUES, "PodGroup": PODGROUPS, "Pod": PODS}[problem.kind]
@@ -385,6 +427,8 @@ class ProblemReport:
         )
         self.ctx.counters["kube_events"] += 1
         self.ctx.counters["problems_reported"] += 1
+        if problem.kind == "Pod" and raw is not None and raw.spec.node_name:
+            return  # a pod already on its node keeps its PodScheduled; the Event says what is wrong
         await self._condition(problem, conditions, problem)
 
     async def _clear(self, problem: Problem) -> None:

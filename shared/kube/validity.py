@@ -36,6 +36,9 @@ INVALID_REASONS: dict[ProblemKind, str] = {
     "Pod": INVALID_POD,
 }
 
+OWN_REASONS = frozenset({*INVALID_REASONS.values(), WAITING_FOR_MIN_MEMBER})
+"""The reasons Kairos writes on conditions: a condition with another reason is not Kairos's to set back."""
+
 ACCEPTED = "Accepted"
 """The condition type on Queues and PodGroups: False while Kairos holds the object back."""
 POD_SCHEDULED = "PodScheduled"
@@ -105,7 +108,7 @@ def pod_scheduled_patch(
     None when nothing changes."""
     ours = next((c for c in conditions if c.type == POD_SCHEDULED), None)
     if problem is None:
-        if ours is None or ours.status != "False" or ours.reason not in _OWN_REASONS:
+        if ours is None or ours.status != "False" or ours.reason not in OWN_REASONS:
             return None
         return {"status": {"conditions": [{"type": POD_SCHEDULED, "$patch": "delete"}]}}
     if ours is not None and (ours.status, ours.reason, ours.message) == (
@@ -122,6 +125,3 @@ def pod_scheduled_patch(
         "lastTransitionTime": rfc3339(now),
     }
     return {"status": {"conditions": [condition]}}
-
-
-_OWN_REASONS = frozenset({*INVALID_REASONS.values(), WAITING_FOR_MIN_MEMBER})

@@ -42,6 +42,8 @@ class Stack:
     owner: KubeOwner
     replica: StateReplica
     ctx: ServiceContext
+    kubeconfig: str
+    options: KubeSourceOptions
 
 
 @pytest.fixture
@@ -59,10 +61,11 @@ async def stack(bus: Bus, tmp_path: Path) -> AsyncIterator[Stack]:
     options = KubeSourceOptions(debounce=0.01, problem_settle=0.5)
     owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), options)
     await owner.start()
+    stack = Stack(kube, owner, replica, ctx, str(tmp_path / "kubeconfig"), options)
     try:
-        yield Stack(kube, owner, replica, ctx)
+        yield stack
     finally:
-        await owner.stop()
+        await stack.owner.stop()
         await kube.close()
         await replica.stop()
         await sim.stop()
@@ -185,13 +188,17 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == kind), None)
 
 
-async def warning(kube: Kube, name: str, reason: str) -> dict[str, Any] | None:
+async def warning(kube: Kube, name: str, reason: str, words: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The newest Warning Event `reason` on `name` whose message has every one of `words`."""
     found = [
         e
         for e in await events(kube)
-        if e["involvedObject"]["name"] == name and e["reason"] == reason and e["type"] == "Warning"
+        if e["involvedObject"]["name"] == name
+        and e["reason"] == reason
+        and e["type"] == "Warning"
+        and all(word in e["message"] for word in words)
     ]
-    return found[0] if found else None
+    return found[-1] if found else None
 
 
 def mirrored(replica: StateReplica, name: str) -> Callable[[], Awaitable[bool]]:
@@ -224,9 +231,10 @@ async def test_each_invalid_object_gets_an_event_and_a_condition_naming_the_fiel
         ("gang", "WaitingForMinMember"): ["PodGroup 'default/gang'", "spec.minMember", "1 of 3 pods"],
     }
     for (name, reason), words in expected.items():
-        event = await eventually(f"a {reason} event on {name}", lambda n=name, r=reason: warning(kube, n, r))
-        for word in words:
-            assert word in event["message"], (name, event["message"])
+        await eventually(
+            f"a {reason} event on {name} saying {words}",
+            lambda n=name, r=reason, w=tuple(words): warning(kube, n, r, w),
+        )
 
     for name in ("negative", "loop-a", "orphan"):
         accepted = condition(await read_queue(kube, name), "Accepted")
@@ -296,6 +304,32 @@ async def test_a_fixed_object_has_its_condition_set_back_and_is_mirrored(stack: 
 
     await eventually("PodScheduled=False removed from the fixed pod", condition_gone)
     await eventually("the fixed pod in KV", mirrored(stack.replica, "fraction"))
+
+
+async def test_a_new_owner_sets_back_what_was_fixed_meanwhile_and_repeats_no_event(stack: Stack) -> None:
+    kube = stack.kube
+    await create_queue(kube, queue("negative", gpu_quota=-5))
+    await create_queue(kube, queue("orphan", parent="nowhere"))
+    await eventually("the negative queue's Event", lambda: warning(kube, "negative", "InvalidQueue"))
+    await eventually("the orphan's Event", lambda: warning(kube, "orphan", "InvalidQueue"))
+
+    async def accepted(name: str, status: str) -> bool:
+        shown = condition(await read_queue(kube, name), "Accepted")
+        return shown is not None and shown["status"] == status
+
+    await eventually("Accepted=False on the orphan", lambda: accepted("orphan", "False"))
+    await stack.owner.stop()
+    await patch_queue(kube, "negative", {"spec": {"resources": {"gpu": {"quota": 5}}}})
+    stack.owner = KubeOwner(stack.ctx, stack.replica, stack.kubeconfig, stack.options)
+    await stack.owner.start()
+
+    await eventually(
+        "Accepted=True on the queue fixed while no owner ran", lambda: accepted("negative", "True")
+    )
+    await asyncio.sleep(1.0)
+    orphans = [e for e in await events(kube) if e["involvedObject"]["name"] == "orphan"]
+    assert len(orphans) == 1, orphans
+    assert await accepted("orphan", "False")
 
 
 async def _present(replica: StateReplica, key: str) -> bool:
