@@ -156,7 +156,7 @@ def test_random_bytes_decode_or_are_malformed(name: str, data: bytes) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CODECS))
-@FUZZ
+@settings(FUZZ, max_examples=15)
 @given(data=st.data())
 def test_payloads_of_the_right_shape_with_wrong_values_decode_or_are_malformed(name: str, data: Any) -> None:
     info = mi.type_info(_decoder_type(CODECS[name]))
@@ -171,7 +171,7 @@ def test_a_payload_of_the_right_shape_can_decode(name: str) -> None:
     info = mi.type_info(_decoder_type(CODECS[name]))
     decoded = 0
 
-    @settings(derandomize=True, deadline=None, max_examples=40, database=None)
+    @settings(derandomize=True, deadline=None, max_examples=25, database=None)
     @given(value=_right(info, 0))
     def attempt(value: Any) -> None:
         nonlocal decoded

@@ -27,7 +27,7 @@ from tests.unit.test_fuzz_contracts import GARBAGE, shaped
 FUZZ = settings(
     derandomize=True,
     deadline=None,
-    max_examples=40,
+    max_examples=25,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 YAML_TEXT = st.one_of(

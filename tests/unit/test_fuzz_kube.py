@@ -27,7 +27,7 @@ from tests.unit.test_fuzz_contracts import shaped
 FUZZ = settings(
     derandomize=True,
     deadline=None,
-    max_examples=60,
+    max_examples=30,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 NOW = 1_800_000_000.0
@@ -138,8 +138,8 @@ EVENTS = st.tuples(
 )
 
 
-@settings(FUZZ, max_examples=40)
-@given(steps=st.lists(EVENTS, min_size=1, max_size=12))
+@settings(FUZZ, max_examples=25)
+@given(steps=st.lists(EVENTS, min_size=1, max_size=10))
 def test_the_mirror_never_fails_and_keeps_kv_consistent(steps: list[tuple[str, str, Any]]) -> None:
     m = Mirror()
     for plural, event, data in steps:
