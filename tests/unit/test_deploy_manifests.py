@@ -69,6 +69,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "kairos-state": (
         grants("*", "", "nodes", "list", "watch")
         | grants("*", "", "pods", "list", "watch", "patch")
+        | grants("*", "", "pods/status", "patch")
         | grants("*", "scheduling.run.ai", "podgroups", "list", "watch", "create", "patch")
         | grants("*", "scheduling.run.ai", "podgroups/status", "patch")
         | grants("*", "scheduling.run.ai", "queues", "list", "watch")
