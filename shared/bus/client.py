@@ -17,6 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from shared.bus.connection import NatsAuth
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENTS, Event
 from shared.contracts.messages import (
@@ -52,8 +53,11 @@ class BusClient:
         self.nc = nc
 
     @classmethod
-    async def connect(cls, url: str) -> BusClient:
-        return cls(await nats.connect(url, connect_timeout=5))
+    async def connect(cls, url: str, auth: NatsAuth | None = None) -> BusClient:
+        """Connect as the URL's user (the local stack's `nats.url` names the operator) or as `auth`
+        (default: from the environment, `NatsAuth.from_env`)."""
+        auth = NatsAuth.from_env() if auth is None else auth
+        return cls(await nats.connect(url, connect_timeout=5, **auth.options(url)))
 
     async def close(self) -> None:
         await self.nc.drain()

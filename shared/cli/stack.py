@@ -3,7 +3,15 @@
 Used by `kairos up` / `kairos down` (the embedded default of `make run`), the conformance runner's
 `--via-bus` mode and the end-to-end tests. Readiness comes from the services' own heartbeats:
 `start_stack` returns once every expected replica has reported ready. Everything lives under a state
-directory: `nats.url`, `stack.json` (the pids), `logs/`, JetStream's data, and `kubeconfig`.
+directory (owner-only, 0700): `nats.url`, `stack.json` (the pids), `logs/`, JetStream's data, and
+`kubeconfig`.
+
+NATS requires authentication by default: each start generates one random password per identity of
+`shared.security.permissions` into `auth/<identity>.password` (0600), the server's configuration grants
+each identity its subjects, and every service connects as itself (`KAIROS_NATS_USER` and
+`KAIROS_NATS_PASSWORD_FILE` in its environment, never on its command line). `nats.url` (0600) names the
+`operator` identity the `kairos` CLI uses; `Stack.url`, for the in-process callers (tests, benchmarks,
+the conformance runner), names `admin`.
 
 Where the cluster lives is a `ClusterChoice`: the simulated Kubernetes API server (`services.kubesim`,
 started here, its kubeconfig written to `DIR/kubeconfig`; KAI's default queues are created in it), a
@@ -17,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,9 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shared
+from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_USER
 from shared.bus.health import wait_ready
-from shared.bus.nats_server import NatsServer, pid_alive, start_nats_server
+from shared.bus.nats_server import NatsServer, pid_alive, start_nats_server, write_private
 from shared.errors import ConfigError
+from shared.security.nats_config import authorization
+from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR
 
 REPO = Path(shared.__file__).resolve().parent.parent
 CRDS = REPO / "deploy" / "crds"
@@ -86,6 +98,8 @@ class Stack:
     commands: dict[str, list[str]] = field(default_factory=dict)
     """Each service replica's command line, so that `restart` starts it again as it was."""
     env: dict[str, str] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict, repr=False)
+    """Identity -> this start's NATS password (empty: the server takes anyone)."""
 
     def restart(self, name: str) -> None:
         """Start replica `name` again with its command line (after it died or was killed); its log goes on."""
@@ -94,7 +108,7 @@ class Stack:
                 self.commands[name],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env=_service_env(self.env, self, name.rsplit("-", 1)[0]),
                 start_new_session=True,
             )
         _write_pids(self)
@@ -102,12 +116,22 @@ class Stack:
     def restart_nats(self) -> None:
         """Stop nats-server (SIGTERM) and start it again on the same port with the same JetStream store."""
         self.nats.stop()
-        self.nats = start_nats_server(self.state_dir, port=self.nats.port)
+        self.nats = start_nats_server(
+            self.state_dir, port=self.nats.port, authorization=_authorization(self.passwords)
+        )
         _write_pids(self)
 
     @property
     def url(self) -> str:
-        return self.nats.url
+        """Where in-process callers connect: as `admin` when the server requires authentication. It holds
+        a password: pass it through `redact_url` before printing it."""
+        return self.url_as(ADMIN)
+
+    def url_as(self, identity: str) -> str:
+        """The server's URL with an identity's credentials (the plain URL without authentication)."""
+        if not self.passwords:
+            return self.nats.url
+        return with_credentials(self.nats.url, identity, self.passwords[identity])
 
     @property
     def kubeconfig(self) -> Path | None:
@@ -153,6 +177,37 @@ def otlp_env(url: str) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": url.rstrip("/"), "OTEL_TRACES_SAMPLER": "always_on"}
 
 
+def with_credentials(url: str, user: str, password: str) -> str:
+    """`nats://host:port` -> `nats://user:password@host:port` (the passwords we generate are URL-safe)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{user}:{password}@{rest}" if sep else f"{user}:{password}@{url}"
+
+
+def _generate_passwords(state_dir: Path) -> dict[str, str]:
+    """A fresh random password per identity, each in `auth/<identity>.password` (0600)."""
+    folder = state_dir / "auth"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)
+    passwords = {identity: secrets.token_urlsafe(24) for identity in (*IDENTITIES, ADMIN)}
+    for identity, password in passwords.items():
+        write_private(folder / f"{identity}.password", password + "\n")
+    return passwords
+
+
+def _authorization(passwords: Mapping[str, str]) -> str | None:
+    return authorization(passwords) if passwords else None
+
+
+def _service_env(base: Mapping[str, str], stack: Stack, service: str) -> dict[str, str]:
+    """A service's environment: the shared one, without any NATS credentials inherited from ours, plus its
+    own identity (user name and the file holding its password)."""
+    env = {k: v for k, v in base.items() if k not in ENV_NAMES}
+    if stack.passwords:
+        env[ENV_USER] = service
+        env[ENV_PASSWORD_FILE] = str(stack.state_dir / "auth" / f"{service}.password")
+    return env
+
+
 def _service_args(service: str, replica: str, options: dict[str, str]) -> list[str]:
     args = [sys.executable, "-m", f"services.{service}", "--replica", replica]
     for key, value in options.items():
@@ -168,19 +223,24 @@ def start_stack(
     port: int = -1,
     cluster: ClusterChoice | None = None,
     env: Mapping[str, str] | None = None,
+    auth: bool = True,
 ) -> Stack:
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
-    every process's environment (`otlp_env`: export traces)."""
+    every process's environment (`otlp_env`: export traces). `auth=False` runs NATS open to anyone
+    (loopback only), as before authentication existed."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    # Passwords, the operator's URL and the logs live here: the owner's alone.
+    state_dir.chmod(0o700)
     cluster = cluster or ClusterChoice.memory()
     counts = replicas or dict(DEFAULT_REPLICAS)
     logs = state_dir / "logs"
     logs.mkdir(exist_ok=True)
     (state_dir / "kubeconfig").unlink(missing_ok=True)
-    server = start_nats_server(state_dir, port=port)
-    (state_dir / "nats.url").write_text(server.url + "\n")
-    stack = Stack(state_dir, server)
+    passwords = _generate_passwords(state_dir) if auth else {}
+    server = start_nats_server(state_dir, port=port, authorization=_authorization(passwords))
+    stack = Stack(state_dir, server, passwords=passwords)
+    write_private(state_dir / "nats.url", stack.url_as(OPERATOR) + "\n")
     env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url}
     stack.env = env
     options = {name: dict(opts) for name, opts in (options or {}).items()}
@@ -201,12 +261,12 @@ def start_stack(
                         stack.commands[replica],
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        env=env,
+                        env=_service_env(env, stack, service),
                         start_new_session=True,
                     )
         _write_pids(stack)
         services = {name for name in stack.processes if name != KUBESIM}
-        asyncio.run(wait_ready(server.url, services, timeout, stack.first_exit))
+        asyncio.run(wait_ready(stack.url, services, timeout, stack.first_exit))
     except BaseException:
         stack.stop()
         raise
@@ -248,7 +308,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
 def _write_pids(stack: Stack) -> None:
     data = {
         "nats": stack.nats.process.pid,
-        "url": stack.url,
+        "url": stack.nats.url,
         "services": {k: p.pid for k, p in stack.processes.items()},
     }
     (stack.state_dir / "stack.json").write_text(json.dumps(data, indent=2))

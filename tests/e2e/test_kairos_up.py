@@ -46,7 +46,11 @@ def test_up_submit_status_down(tmp_path: Path) -> None:
         up.stderr + (state / "up.log").read_text() if (state / "up.log").exists() else ""
     )
     assert up.stdout.strip().splitlines()[-1] == "ready"
-    assert (state / "nats.url").read_text().startswith("nats://127.0.0.1:")
+    # The CLI's address names the operator identity and its password: readable by the owner only.
+    url = (state / "nats.url").read_text()
+    assert url.startswith("nats://operator:")
+    assert "@127.0.0.1:" in url
+    assert (state / "nats.url").stat().st_mode & 0o777 == 0o600
     record = json.loads((state / "stack.json").read_text())
     pids = [record["nats"], *record["services"].values()]
     assert len(record["services"]) == 6

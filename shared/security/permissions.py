@@ -1,0 +1,208 @@
+"""Who may publish and subscribe to what on NATS: one identity per Kairos service, least privilege.
+
+A pure function of `shared.contracts.subjects`: the subjects each service publishes, subscribes to and
+consumes, plus the JetStream API subjects those calls go through (`$JS.API.*` requests, `$JS.ACK.*`
+acknowledgements, `$JS.FC.*` flow control of KV watches, `$KV.<bucket>.*` writes). Every identity
+receives its replies on its own inbox prefix (`_INBOX.<identity>`, see `inbox_prefix`), so no identity
+can read another's replies. Used by `shared.security.nats_config` (the server's authorization block, for
+`kairos up` and deploy/base) and by `shared.bus.connection` (inbox prefix; whether to declare streams).
+
+The table, in words (docs/security.md has it in full):
+
+- `state`: the only writer of the state bucket; cleans the ledger (reservations of pods that left their
+  node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
+  the write-back; the one service that declares (creates, updates) the streams and buckets.
+- `queue`: the queue lease; publishes work items and fair-share events; hears outcomes and `cycle`.
+- `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
+  leases but cannot write any bucket, and cannot ask for a bind.
+- `binder`: consumes proposals, the only service writing the ledger besides the state's cleanup, the
+  only one asking for binds and evictions; publishes outcomes, stamps and bind/evict events.
+- `gpu_agent`: publishes its node's inventory, answers refresh requests.
+- `operator` (the `kairos` CLI): applies objects, asks for snapshots, explanations and cycles, reads
+  the public events and heartbeats. It writes no bucket and cannot bind.
+- `admin` (only in the local stack, for tests and benchmarks): everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from shared.contracts import subjects as s
+
+JS_API = "$JS.API"
+
+
+class Permissions(msgspec.Struct, frozen=True, kw_only=True):
+    """One identity's NATS permissions (the server's `permissions` block)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = True
+    """May answer requests it received (one reply per request, to the requester's reply subject)."""
+    declares: bool = False
+    """May create and update Kairos's streams and buckets; the others wait until they exist."""
+
+
+STATE = "state"
+QUEUE = "queue"
+PLACEMENT = "placement"
+BINDER = "binder"
+GPU_AGENT = "gpu_agent"
+OPERATOR = "operator"
+ADMIN = "admin"
+SERVICE_IDENTITIES = (STATE, QUEUE, PLACEMENT, BINDER, GPU_AGENT)
+"""One identity per service; the identity's name is the service's name (`kairos serve <name>`)."""
+IDENTITIES = (*SERVICE_IDENTITIES, OPERATOR)
+"""Everything a deployment needs (`admin` is the local stack's own)."""
+
+BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)
+STREAMS = (s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM)
+
+
+def kv_stream(bucket: str) -> str:
+    """The JetStream stream behind a KV bucket."""
+    return f"KV_{bucket}"
+
+
+def kv_subjects(bucket: str) -> str:
+    """Every key of a bucket as a subject: publishing there writes (puts, deletes) the bucket."""
+    return f"$KV.{bucket}.>"
+
+
+def inbox_prefix(identity: str) -> str:
+    """Where an identity receives replies (requests, JetStream API answers, consumer deliveries)."""
+    return f"_INBOX.{s.token(identity)}"
+
+
+def _events(*kinds: str) -> list[str]:
+    return [f"{s.PREFIX}.events.{s.token(kind)}.*" for kind in kinds]
+
+
+def _stream_info(streams: Iterable[str]) -> list[str]:
+    return [f"{JS_API}.STREAM.INFO.{name}" for name in streams]
+
+
+def _kv_read(bucket: str) -> list[str]:
+    """Get a key and watch the bucket (an ordered consumer whose deliveries come to our inbox)."""
+    stream = kv_stream(bucket)
+    return [
+        f"{JS_API}.DIRECT.GET.{stream}",
+        f"{JS_API}.DIRECT.GET.{stream}.>",
+        f"{JS_API}.STREAM.MSG.GET.{stream}",
+        f"{JS_API}.CONSUMER.CREATE.{stream}",
+        f"{JS_API}.CONSUMER.CREATE.{stream}.>",
+        f"{JS_API}.CONSUMER.INFO.{stream}.*",
+        f"{JS_API}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _consume(stream: str, durable: str) -> list[str]:
+    """Pull from a durable consumer (`durable`, or `durable_<shard>` for other shards) and acknowledge."""
+    found = []
+    for name in (durable, f"{durable}_*"):
+        found += [
+            f"{JS_API}.CONSUMER.INFO.{stream}.{name}",
+            f"{JS_API}.CONSUMER.CREATE.{stream}.{name}",
+            f"{JS_API}.CONSUMER.CREATE.{stream}.{name}.>",
+            f"{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.{name}",
+            f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{name}",
+            f"$JS.ACK.{stream}.{name}.>",
+        ]
+    return found
+
+
+def _declare() -> list[str]:
+    names = [*STREAMS, *(kv_stream(b) for b in BUCKETS)]
+    return [f"{JS_API}.STREAM.{verb}.{name}" for verb in ("CREATE", "UPDATE") for name in names]
+
+
+def _service_common(identity: str) -> tuple[list[str], list[str]]:
+    """What every service does: heartbeats (and health requests) under its own name, open the three KV
+    stores and look up the streams at connect, read its inbox."""
+    health = f"{s.PREFIX}.health.{s.token(identity)}.*"
+    publish = [health, *_stream_info([*STREAMS, *(kv_stream(b) for b in BUCKETS)])]
+    subscribe = [health, f"{inbox_prefix(identity)}.>"]
+    return publish, subscribe
+
+
+def _replica() -> list[str]:
+    """A `StateReplica`: watches of the state and the ledger; every service holding one also reads leases."""
+    return [*_kv_read(s.STATE_BUCKET), *_kv_read(s.LEDGER_BUCKET), *_kv_read(s.LEASE_BUCKET)]
+
+
+def _sorted(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(items)))
+
+
+def permissions(identity: str) -> Permissions:
+    """The permissions of one identity; a name outside `IDENTITIES` and `admin` is a `KeyError`."""
+    if identity == ADMIN:
+        return Permissions(publish=(">",), subscribe=(">",), declares=True)
+    if identity == OPERATOR:
+        return Permissions(
+            publish=_sorted(
+                [
+                    s.cluster("apply"),
+                    s.cluster("delete"),
+                    s.STATE_SNAPSHOT,
+                    s.STATE_WHY,
+                    f"{s.PREFIX}.admin.*.cycle",
+                    f"{s.PREFIX}.health.*.*",
+                    # The public events: the newest per subject, or an ordered consumer over a kind.
+                    f"{JS_API}.STREAM.NAMES",
+                    *_stream_info([s.EVENTS_STREAM]),
+                    f"{JS_API}.DIRECT.GET.{s.EVENTS_STREAM}",
+                    f"{JS_API}.DIRECT.GET.{s.EVENTS_STREAM}.>",
+                    f"{JS_API}.STREAM.MSG.GET.{s.EVENTS_STREAM}",
+                    f"{JS_API}.CONSUMER.CREATE.{s.EVENTS_STREAM}",
+                    f"{JS_API}.CONSUMER.CREATE.{s.EVENTS_STREAM}.>",
+                    f"{JS_API}.CONSUMER.INFO.{s.EVENTS_STREAM}.*",
+                    f"{JS_API}.CONSUMER.DELETE.{s.EVENTS_STREAM}.*",
+                    f"$JS.FC.{s.EVENTS_STREAM}.>",
+                ]
+            ),
+            subscribe=_sorted([s.EVENTS_WILDCARD, s.HEALTH_WILDCARD, f"{inbox_prefix(OPERATOR)}.>"]),
+            allow_responses=False,
+        )
+    if identity not in SERVICE_IDENTITIES:
+        raise KeyError(f"no NATS identity {identity!r}: expected one of {', '.join((*IDENTITIES, ADMIN))}")
+    publish, subscribe = _service_common(identity)
+    declares = False
+    if identity == STATE:
+        publish += _replica()
+        publish += [kv_subjects(s.STATE_BUCKET), kv_subjects(s.LEDGER_BUCKET), kv_subjects(s.LEASE_BUCKET)]
+        publish += _consume(s.EVENTS_STREAM, "state-writeback")
+        publish += _declare()
+        subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
+        subscribe += [s.GPU_INVENTORY_WILDCARD]
+        declares = True
+    elif identity == QUEUE:
+        publish += _replica()
+        publish += [kv_subjects(s.LEASE_BUCKET), s.WORK_WILDCARD, *_events("queue-fair-share")]
+        subscribe += [s.OUTCOMES_WILDCARD, f"{s.PREFIX}.admin.*.cycle"]
+    elif identity == PLACEMENT:
+        publish += _replica()
+        publish += _consume(s.WORK_STREAM, s.PLACEMENT_CONSUMER)
+        publish += [s.PROPOSAL_WILDCARD, *_events("pod-unschedulable")]
+    elif identity == BINDER:
+        publish += _replica()
+        publish += [kv_subjects(s.LEDGER_BUCKET)]
+        publish += _consume(s.PROPOSAL_STREAM, s.BINDER_CONSUMER)
+        publish += [s.OUTCOMES_WILDCARD, s.STAMPS_WILDCARD, s.cluster("bind"), s.cluster("evict")]
+        publish += _events("pod-bound", "pod-evicted", "podgroup-state")
+    elif identity == GPU_AGENT:
+        publish += [s.GPU_INVENTORY_WILDCARD]
+        subscribe += [s.GPU_INVENTORY_REQUEST_WILDCARD]
+    return Permissions(publish=_sorted(publish), subscribe=_sorted(subscribe), declares=declares)
+
+
+def declares(identity: str | None) -> bool:
+    """Whether a client connecting as `identity` creates the streams and buckets: yes without an identity
+    (no authorization) or with one this table does not know (the deployment's own), else as the table
+    says."""
+    if identity is None or identity not in (*IDENTITIES, ADMIN):
+        return True
+    return permissions(identity).declares
