@@ -424,16 +424,20 @@ class Mirror:
                 message=message,
             )
         for name, group in self._groups.items():
+            # Every pod counts, finished ones too (a Job whose pods completed is not short of its gang), as in
+            # `shared.model.validate`.
+            have = len(self._members.get(name, ()))
+            if have == 0:
+                continue
             need = sum(ps.min_available for ps in group.root.all_pod_sets())
-            alive = sum(1 for pod in self.members(group.namespace, group.name) if _alive(pod))
-            if 0 < alive < need:
+            if have < need:
                 found[f"podgroup {name}"] = Problem(
                     kind="PodGroup",
                     namespace=group.namespace,
                     name=group.name,
                     reason=validity.WAITING_FOR_MIN_MEMBER,
                     message=(
-                        f"PodGroup {name!r}: spec.minMember: waiting for min member: {alive} of {need} pods "
+                        f"PodGroup {name!r}: spec.minMember: waiting for min member: {have} of {need} pods "
                         "exist; the gang is placed whole or not at all"
                     ),
                 )
@@ -563,10 +567,6 @@ def _same(cached: object, source: object) -> bool:
             and all(a == b for a, b in zip(cached[1:], source[1:], strict=True))
         )
     return cached is source
-
-
-def _alive(pod: Any) -> bool:
-    return pod.status.phase not in _FINISHED_PHASES and pod.metadata.deletion_timestamp is None
 
 
 def _unknown_queue(name: str, queue: str, why: str | None) -> str:

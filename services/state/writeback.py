@@ -270,13 +270,15 @@ class ProblemReportOptions:
     settle: float = 5.0
     """Seconds a gang must stay short of its min member before it is reported: a Job's pods arrive one by
     one, and each count on the way is not worth an Event."""
+    interval: float = 0.5
+    """Seconds at least between two rounds: flushes come many times a second under load, problems do not."""
 
 
 class ProblemReport:
     """Shows the mirror's problems (`Mirror.reportable`) in Kubernetes: one Warning Event per distinct
     problem and the object's condition (`shared.kube.validity`), set back once the object is fixed.
 
-    Woken after every flush (`wake`) and every `settle` seconds; the API calls run on its own task, so a
+    Woken after a flush (`wake`, at most every `interval` seconds) and every `settle` seconds; the API calls run on its own task, so a
     slow API server never delays KV. What was reported is remembered by (reason, message): the same problem
     is written once, a changed one again. An object whose condition already shows the problem (a restarted
     owner) gets no second Event. A temporary API failure leaves the problem for the next round.
@@ -323,6 +325,7 @@ class ProblemReport:
                 self._swept = self._swept or sweep
             except Exception:
                 log.exception("reporting held-back objects failed; trying again next round")
+            await asyncio.sleep(self.options.interval)
 
     async def report(self, now: float, *, sweep: bool = False) -> None:
         """One round: write what is new or changed, set back what was fixed (with `sweep`, also what an

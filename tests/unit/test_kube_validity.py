@@ -118,6 +118,18 @@ def test_a_gang_short_of_its_min_member_is_waiting_not_invalid() -> None:
     assert "podgroup team/gang" not in reasons(m)
 
 
+def test_a_gang_whose_pods_finished_is_not_short_of_its_min_member() -> None:
+    m = cluster()
+    spec = json.loads(podgroup("job", "research"))
+    spec["spec"]["minMember"] = 3
+    m.change(PODGROUPS, "ADDED", js(spec))
+    m.change(PODS, "ADDED", pod("job-0", "job", phase="Succeeded", node_name="n1"))
+    m.change(PODS, "ADDED", pod("job-1", "job", phase="Succeeded", node_name="n1"))
+    m.change(PODS, "ADDED", pod("job-2", "job", phase="Running", node_name="n2"))
+    m.flush(NOW)
+    assert "podgroup team/job" not in reasons(m)
+
+
 def test_a_fixed_object_is_no_longer_reported() -> None:
     m = cluster()
     m.change(QUEUES, "ADDED", bad_quota_queue("neg", -5))
