@@ -9,25 +9,31 @@ service connects through the CA it is given while a plain-text client is turned 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
+import json
 import logging
 import os
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 
 from shared.bus.connection import Bus, NatsAuth, connect
-from shared.bus.nats_server import NatsServer, start_nats_server
+from shared.bus.nats_server import NatsServer, server_binary, start_nats_server
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS
 from shared.errors import TemporaryError
@@ -36,6 +42,7 @@ from shared.security.permissions import ADMIN, BINDER, IDENTITIES, PLACEMENT, ST
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 PASSWORDS = {identity: f"{identity}-pw-7Qx" for identity in (*IDENTITIES, ADMIN)}
 
 
@@ -319,3 +326,49 @@ async def test_a_client_that_does_not_trust_the_ca_is_refused(
     server, _ = tls_server
     with pytest.raises(TemporaryError, match="certificate verify failed"):
         await connect(server.url, "untrusting", auth=as_(ADMIN), timeout=2.0)
+
+
+def tls_component_flags() -> list[str]:
+    """The flags deploy/tls adds to the NATS container's command."""
+    component = yaml.safe_load((ROOT / "deploy" / "tls" / "kustomization.yaml").read_text())
+    nats = next(p for p in component["patches"] if p["target"].get("name") == "nats")
+    return [op["value"] for op in yaml.safe_load(nats["patch"]) if op["path"].endswith("/command/-")]
+
+
+async def _tls_handshakes(url: str, ca: str) -> None:
+    trusting = Client()
+    await trusting.connect(url, connect_timeout=5, allow_reconnect=False, **NatsAuth(tls_ca=ca).options(url))
+    await trusting.close()
+    with pytest.raises(TemporaryError, match="certificate verify failed"):
+        await connect(url, "untrusting", auth=NatsAuth(), timeout=2.0)
+
+
+def test_the_tls_component_s_server_flags_serve_tls(tmp_path: Path) -> None:
+    """What deploy/tls makes the NATS pods run, here with the throwaway CA's files where the Secret goes."""
+    files = throwaway_pki(tmp_path / "pki")
+    mounted = tmp_path / "etc-nats-tls"
+    mounted.mkdir()
+    for source, name in ((files.cert, "tls.crt"), (files.key, "tls.key"), (files.ca, "ca.crt")):
+        (mounted / name).write_bytes(Path(source).read_bytes())
+    flags = [f.replace("/etc/nats-tls", str(mounted)) for f in tls_component_flags()]
+    assert flags[0] == "--tls"
+    ports = tmp_path / "ports"
+    ports.mkdir()
+    process = subprocess.Popen(
+        [server_binary(), "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", str(ports), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        port = 0
+        while not port:
+            assert time.monotonic() < deadline, "nats-server with the component's flags did not start"
+            for found in ports.glob("*.ports"):
+                with contextlib.suppress(ValueError, KeyError, IndexError):
+                    port = int(json.loads(found.read_text())["nats"][0].rsplit(":", 1)[1])
+            time.sleep(0.05)
+        asyncio.run(_tls_handshakes(f"tls://127.0.0.1:{port}", files.ca))
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -639,23 +639,28 @@ def test_the_lock_down_check_catches_a_writable_root_and_a_root_init_container()
 SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
 
 
-@cache
 def with_monitoring(path: str) -> tuple[Obj, ...]:
     """`deploy/<path>` plus the monitoring component, as a user's own overlay would combine them."""
+    return with_component(path, "monitoring")
+
+
+@cache
+def with_component(path: str, component: str) -> tuple[Obj, ...]:
+    """`deploy/<path>` plus the component `deploy/<component>`, as a user's own overlay would combine them."""
     with tempfile.TemporaryDirectory() as overlay:
         # Kustomize takes only relative paths to other kustomizations.
         resource = os.path.relpath(DEPLOY / path, overlay)
-        component = os.path.relpath(DEPLOY / "monitoring", overlay)
+        added = os.path.relpath(DEPLOY / component, overlay)
         (Path(overlay) / "kustomization.yaml").write_text(
             "apiVersion: kustomize.config.k8s.io/v1beta1\n"
             "kind: Kustomization\n"
             f"resources: [{resource}]\n"
-            f"components: [{component}]\n"
+            f"components: [{added}]\n"
         )
         result = subprocess.run(
             [kubectl(), "kustomize", overlay], capture_output=True, text=True, check=False, timeout=60
         )
-    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + monitoring) failed:\n{result.stderr}"
+    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + {component}) failed:\n{result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
@@ -737,3 +742,55 @@ def test_the_selector_check_catches_a_monitor_that_selects_no_service() -> None:
     )
     monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "queues"
     assert monitored(monitor, combined) == []
+
+
+# --- TLS (deploy/tls, an optional component) ----------------------------------------------------------------
+TLS_SECRET = "kairos-nats-tls"
+
+
+def mounts_of(workload: Obj) -> dict[str, Obj]:
+    return {m["name"]: m for m in container(workload)["volumeMounts"]}
+
+
+def volumes_of(workload: Obj) -> dict[str, Obj]:
+    return {v["name"]: v for v in pod_spec(workload)["volumes"]}
+
+
+def test_the_tls_component_makes_nats_require_tls_with_the_secret_s_certificate() -> None:
+    objects = with_component("base", "tls")
+    assert schema_errors(objects) == []
+    nats = find(objects, "StatefulSet", "nats")
+    command = container(nats)["command"]
+    assert command[:3] == ["nats-server", "--config", "/etc/nats/nats.conf"]
+    assert command[3:] == [
+        "--tls",
+        "--tlscert=/etc/nats-tls/tls.crt",
+        "--tlskey=/etc/nats-tls/tls.key",
+        "--tlscacert=/etc/nats-tls/ca.crt",
+    ]
+    assert mounts_of(nats)["tls"] == {"name": "tls", "mountPath": "/etc/nats-tls", "readOnly": True}
+    assert volumes_of(nats)["tls"]["secret"]["secretName"] == TLS_SECRET
+    # Readable by the server's group (fsGroup) only.
+    assert volumes_of(nats)["tls"]["secret"]["defaultMode"] == 0o440
+    assert pod_spec(nats)["securityContext"]["fsGroup"] == pod_spec(nats)["securityContext"]["runAsUser"]
+    assert [
+        p
+        for w in objects
+        if w["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+        for p in lockdown_problems(w)
+    ] == []
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_the_tls_component_gives_every_kairos_pod_the_ca_and_nothing_more(kind: str, name: str) -> None:
+    objects = with_component("base", "tls")
+    workload = find(objects, kind, name)
+    data = config_map_data(objects, "kairos-env")
+    assert data["KAIROS_NATS_URL"] == "tls://nats:4222"
+    mount = mounts_of(workload)["nats-ca"]
+    assert mount["readOnly"] is True
+    assert data["KAIROS_NATS_TLS_CA"] == f"{mount['mountPath']}/ca.crt"
+    secret = volumes_of(workload)["nats-ca"]["secret"]
+    assert secret == {"secretName": TLS_SECRET, "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    # The base alone stays on plain NATS (TLS needs a certificate the repository cannot hold).
+    assert config_map_data(base(), "kairos-env")["KAIROS_NATS_URL"] == "nats://nats:4222"
