@@ -17,9 +17,9 @@ The table, in words (docs/security.md has it in full):
   leases but cannot write any bucket, and cannot ask for a bind.
 - `binder`: consumes proposals, the only service writing the ledger besides the state's cleanup, the
   only one asking for binds and evictions; publishes outcomes, stamps and bind/evict events.
-- `gpu_agent`: publishes its node's inventory, answers refresh requests.
+- `gpu_agent`: publishes its node's inventory and telemetry, answers refresh requests.
 - `operator` (the `kairos` CLI): applies objects, asks for snapshots, explanations and cycles, reads
-  the public events and heartbeats. It writes no bucket and cannot bind.
+  the public events, heartbeats and GPU telemetry. It writes no bucket and cannot bind.
 - `admin` (only in the local stack, for tests and benchmarks): everything.
 """
 
@@ -58,6 +58,9 @@ IDENTITIES = (*SERVICE_IDENTITIES, OPERATOR)
 """Everything a deployment needs (`admin` is the local stack's own)."""
 
 BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)
+GPU_TELEMETRY_WILDCARD = f"{s.PREFIX}.gpu.telemetry.*"
+"""The GPU agents' telemetry (`subjects.gpu_telemetry`): published by the agents, read by operators. A
+service that starts consuming it needs the subscription here (and deploy/base/nats-auth.conf regenerated)."""
 STREAMS = (s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM)
 
 
@@ -164,7 +167,9 @@ def permissions(identity: str) -> Permissions:
                     f"$JS.FC.{s.EVENTS_STREAM}.>",
                 ]
             ),
-            subscribe=_sorted([s.EVENTS_WILDCARD, s.HEALTH_WILDCARD, f"{inbox_prefix(OPERATOR)}.>"]),
+            subscribe=_sorted(
+                [s.EVENTS_WILDCARD, s.HEALTH_WILDCARD, GPU_TELEMETRY_WILDCARD, f"{inbox_prefix(OPERATOR)}.>"]
+            ),
             allow_responses=False,
         )
     if identity not in SERVICE_IDENTITIES:
@@ -194,7 +199,7 @@ def permissions(identity: str) -> Permissions:
         publish += [s.OUTCOMES_WILDCARD, s.STAMPS_WILDCARD, s.cluster("bind"), s.cluster("evict")]
         publish += _events("pod-bound", "pod-evicted", "podgroup-state")
     elif identity == GPU_AGENT:
-        publish += [s.GPU_INVENTORY_WILDCARD]
+        publish += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         subscribe += [s.GPU_INVENTORY_REQUEST_WILDCARD]
     return Permissions(publish=_sorted(publish), subscribe=_sorted(subscribe), declares=declares)
 
