@@ -153,3 +153,13 @@ def gpu_inventory(node: str) -> str:
 def gpu_inventory_request(node: str) -> str:
     """Request: the node's GPU agent reads its devices now, publishes and replies with the `GpuInventory`."""
     return f"{PREFIX}.gpu.refresh.{token(node)}"
+
+
+# --- GPU telemetry -------------------------------------------------------------------------------------------
+GPU_TELEMETRY_WILDCARD = f"{PREFIX}.gpu.telemetry.*"
+
+
+def gpu_telemetry(node: str) -> str:
+    """A node's `GpuTelemetry` (use, memory, temperature, power, health) from its GPU agent
+    (`shared.contracts.telemetry`), core NATS, every few seconds."""
+    return f"{PREFIX}.gpu.telemetry.{token(node)}"

@@ -233,6 +233,29 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True):
     reclaim_min_runtime: float | None = None
 
 
+class DeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's measured use and health, as the state service folds its agent's telemetry
+    (`shared.gpu_usage`): decayed averages, so a short burst does not move work around."""
+
+    index: int
+    """The device's index on its node (NVML's)."""
+    uuid: str = ""
+    utilisation_pct: float = 0.0
+    """Decayed average of the device's utilisation, 0-100."""
+    memory_pct: float = 0.0
+    """Decayed average of memory used / total, 0-100 (memory pressure)."""
+    healthy: bool = True
+    reason: str = ""
+    """Why the device is unhealthy (an XID error, uncorrected ECC errors, not answering NVML)."""
+    gpu_group: str = ""
+    """The shared-GPU group (fractional pods) living on this device, when the source knows it."""
+
+    @property
+    def pressure_pct(self) -> float:
+        """The scarcer of compute and memory, 0-100: what a fractional pod would compete for."""
+        return max(self.utilisation_pct, self.memory_pct)
+
+
 class Node(msgspec.Struct, frozen=True, kw_only=True):
     """A node's allocatable resources, GPU layout and labels."""
 
@@ -248,8 +271,17 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     taints: tuple[Taint, ...] = ()
     mig_enabled: bool = False
     mig_strategy: str | None = None
+    gpu_devices: tuple[DeviceUsage, ...] = ()
+    """Measured use and health per GPU (live telemetry); empty when nobody measures this node."""
 
     def __post_init__(self) -> None:
+        for i, device in enumerate(self.gpu_devices):
+            for field in ("utilisation_pct", "memory_pct"):
+                value = getattr(device, field)
+                if not (math.isfinite(value) and 0 <= value <= 100):
+                    raise InvalidObject(
+                        "node", self.name, f"gpu_devices[{i}].{field}", f"must be within 0-100, got {value!r}"
+                    )
         _non_negative("node", self.name, "cpu_millis", self.cpu_millis)
         _non_negative("node", self.name, "memory_bytes", self.memory_bytes)
         _non_negative("node", self.name, "gpus", self.gpus)
