@@ -8,6 +8,7 @@ as a wildcard counts for every subject it covers.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import subprocess
 import sys
@@ -230,3 +231,41 @@ def test_the_tls_block_names_the_files_and_client_verification() -> None:
 )
 def test_urls_lose_their_passwords_before_they_are_printed(text: str, expected: str) -> None:
     assert redact_url(text) == expected
+
+
+SAMPLE_ARGUMENTS = {"admin": ("default", "cycle"), "cluster": ("bind",), "event": ("pod-bound", "ns/p")}
+"""Builders whose tokens name operations: a real one (every other builder gets arbitrary tokens)."""
+
+
+def _subject_builders() -> dict[str, str]:
+    """Every builder of shared/contracts/subjects.py that makes a subject, called with sample tokens."""
+    built = {}
+    for name, value in vars(s).items():
+        if inspect.isfunction(value) and value.__module__ == s.__name__:
+            params = inspect.signature(value).parameters
+            if all(p.annotation in ("str", str) for p in params.values()):
+                subject = value(*SAMPLE_ARGUMENTS.get(name, tuple(f"x{i}" for i in range(len(params)))))
+                if subject.startswith(f"{s.PREFIX}."):
+                    built[name] = subject
+    return built
+
+
+def used(subject: str) -> bool:
+    return any(may_publish(i, subject) or may_subscribe(i, subject) for i in IDENTITIES)
+
+
+def test_every_subject_kairos_defines_is_granted_to_someone() -> None:
+    """A subject added to shared/contracts/subjects.py without a grant would be refused by the server in
+    every stack: add it to shared/security/permissions.py (and regenerate deploy/base/nats-auth.conf)."""
+    builders = _subject_builders()
+    assert {"work", "proposals", "cluster", "event", "gpu_inventory"} <= set(builders)
+    assert {name: subject for name, subject in builders.items() if not used(subject)} == {}
+    wildcards = {
+        # The admin family has one command so far: `cycle`.
+        name: s.admin("x", "cycle") if name == "ADMIN_WILDCARD" else value.replace("*", "x").replace(">", "x")
+        for name, value in vars(s).items()
+        if name.endswith("_WILDCARD") and isinstance(value, str)
+    }
+    assert {name: subject for name, subject in wildcards.items() if not used(subject)} == {}
+    # Every kind of public event has its publisher.
+    assert all(any(may_publish(i, s.event(kind, "ns/x")) for i in IDENTITIES) for kind in s.EVENT_KINDS)
