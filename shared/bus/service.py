@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -238,10 +241,11 @@ async def _run_body(ctx: ServiceContext, body: Body) -> None:
                 raise
 
 
-STOP_DEADLINE_S = 6.0
+STOP_DEADLINE_S = 5.0
 """How long a service body may take to return after SIGTERM before the runner cancels it: services drain
-in 1-3 s when busy (tests/e2e/test_shutdown.py); `Stack.stop` and Kubernetes' default grace (10 s, 30 s)
-SIGKILL later than this plus the connection's close."""
+in 1-3 s when busy (tests/e2e/test_shutdown.py), but a placement inside a long core computation (a
+reclaim search in a full cluster) would not return until it ends. Cancelled body, undrained connection
+and abandoned worker threads together stay under `Stack.stop`'s 10 s and Kubernetes' 30 s grace."""
 CLOSE_DEADLINE_S = 2.0
 """How long draining the NATS connection may take before it is closed without draining."""
 
@@ -266,19 +270,63 @@ def main(
         print(f"kairos: {exc}", file=sys.stderr)
         return 2
     setup_logging(service, config.replica, config.log_format)
+    # `kill -USR1 PID` writes every thread's stack to the log: how a process that hangs says where.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         tracing = setup_tracing(service, config.replica)
     except KairosError as exc:
         print(f"kairos: {exc}", file=sys.stderr)
         return 2
+    code = 0
     try:
-        asyncio.run(serve(service, config, body))
+        code = _run(serve(service, config, body))
     except KairosError as exc:
         print(f"kairos {service}: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     except KeyboardInterrupt:
-        return 0
+        code = 0
     finally:
         # After SIGTERM's drain: the spans the batch processor still holds go out before the process ends.
         tracing.shutdown()
-    return 0
+    _exit_now_if_threads_are_busy(service, code)
+    return code
+
+
+def _run(main_coroutine: Coroutine[Any, Any, None]) -> int:
+    """`asyncio.run` without its last wait: the default executor's threads are not joined, since a core
+    computation there (placement, the queue's plan) cannot be interrupted and may run for a long while
+    after SIGTERM; tasks left behind get `CLOSE_DEADLINE_S` to finish cancelling."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main_coroutine)
+        return 0
+    finally:
+        try:
+            left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=CLOSE_DEADLINE_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts the default executor down without waiting for it
+
+
+def _exit_now_if_threads_are_busy(service: str, code: int) -> None:
+    """The interpreter joins every worker thread at exit: a thread still computing would keep a SIGTERM'd
+    process alive for as long as its computation runs (a placement's reclaim search: tens of seconds). Its
+    result has no one to go to, so the process ends now, its logs flushed."""
+    busy = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    deadline = time.monotonic() + 0.5
+    for thread in busy:  # idle pool workers end as soon as they see the shutdown
+        thread.join(max(0.0, deadline - time.monotonic()))
+    busy = [t for t in busy if t.is_alive()]
+    if not busy:
+        return
+    logging.getLogger(f"kairos.{service}").warning(
+        "exiting with %d worker thread(s) still busy (their results are no longer wanted)", len(busy)
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

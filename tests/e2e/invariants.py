@@ -76,6 +76,8 @@ class Observer:
     bus: Bus
     replica: StateReplica
     beats: dict[str, Beat] = field(default_factory=dict)
+    history: dict[str, list[Beat]] = field(default_factory=dict)
+    """Every heartbeat received, per replica, in order."""
 
     @classmethod
     async def open(cls, url: str, name: str) -> Observer:
@@ -89,9 +91,9 @@ class Observer:
                 beat = HEARTBEATS.decode(getattr(msg, "subject", ""), getattr(msg, "data", b""))
             except MalformedMessage:
                 return
-            observer.beats[beat.replica] = Beat(
-                beat.ready, beat.detail, dict(beat.counters), time.monotonic()
-            )
+            got = Beat(beat.ready, beat.detail, dict(beat.counters), time.monotonic())
+            observer.beats[beat.replica] = got
+            observer.history.setdefault(beat.replica, []).append(got)
 
         await bus.nc.subscribe(s.HEALTH_WILDCARD, cb=on_beat)
         return observer
@@ -143,12 +145,13 @@ class Observer:
                 used[p.node] += p.gpu.devices
         over = {n: u for n, u in used.items() if u > capacity.get(n, 0)}
         assert not over, f"over-committed nodes (GPUs used > capacity): {over}"
-        claims = self.replica.claims
+        claims: dict[str, list[str]] = {}
+        for claim in self.replica.claims.values():
+            claims.setdefault(claim.pod, []).append(claim.node)
+        twice = {pod: nodes for pod, nodes in claims.items() if len(nodes) > 1}
+        assert not twice, f"pods claimed more than once: {twice}"
         on_node = {p.key: p.node for p in pods if p.status in BOUND}
         for key, node in on_node.items():
-            claim = claims.get(key)
-            assert claim is not None, f"bound pod {key} has no claim in the ledger"
-            assert claim.node == node, f"pod {key} runs on {node} but its claim names {claim.node}"
-        # Claims of pending pods are binds in flight (recovery re-binds them); none may name a second node.
-        assert len({c.pod for c in claims.values()}) == len(claims), "a pod claimed twice"
+            assert key in claims, f"bound pod {key} has no claim in the ledger"
+            assert claims[key] == [node], f"pod {key} runs on {node} but its claim names {claims[key]}"
         return dict(Counter(p.status.value for p in pods))
