@@ -44,6 +44,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     min_node_gpu_memory_mib: int = 100
     """GPU memory per device used to turn gpu-memory requests into GPU quota."""
     k_value: float = 1.0
+    gpu_usage_scoring: bool = False
+    """Fractional and GPU-memory pods prefer the devices and nodes with the lowest measured use and memory
+    pressure (`Node.gpu_devices`, live telemetry). Off by default: KAI has no such score, and the
+    conformance corpus must place as KAI does; `kairos up` turns it on."""
     tie_break_seed: int | None = None
     """Nodes with equal scores are tried by name (KAI's order) when None; otherwise in an order shuffled by
     this seed. Parallel placement workers pass different seeds so that, on a cluster of equal nodes, they

@@ -1,14 +1,17 @@
 """Node filters beyond resource fit: KAI's predicates plugin, each returning a reason or None.
 
 Order matters only for which reason a pending pod reports: queue capacity on the node, GPU resource type
-(MIG/fraction compatibility), GPU memory synced, pod slots (with a reservation pod for a new shared
-device), then the Kubernetes filters (node selector and affinity, taints, pod affinity and anti-affinity).
+(MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
+unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
+(with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
+taints, pod affinity and anti-affinity).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.core.cluster import EPS
 from shared.core.tasks import PODS, TaskState
 from shared.model import NodeSelectorRequirement
 from shared.model.status import ACTIVE_USED, PodStatus
@@ -22,6 +25,7 @@ NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 TAINTS = "node(s) had untolerated taint"
 POD_AFFINITY = "node(s) didn't match pod affinity rules"
 POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
+UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
 
 
 def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
@@ -36,6 +40,9 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
             "node is not a gpu node or the gpu memory count on the node was not synced yet, "
             f"task: <{task.job.namespace}/{task.name}>, node: <{node.name}>"
         )
+    reason = healthy_devices(ssn, task, node)
+    if reason:
+        return reason
     reason = max_pods(ssn, task, node)
     if reason:
         return reason
@@ -66,6 +73,21 @@ def resource_type(task: TaskState, node: NodeState) -> str | None:
         if strategy == "mixed" and task.kind != "mig":
             return "non MIG jobs cant run on a node with MigStrategy='mixed'"
     return None
+
+
+def healthy_devices(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    """Whether the task still fits once the node's unhealthy devices are taken out (`Node.gpu_devices`);
+    nodes nobody measures, CPU-only and MIG tasks pass."""
+    if not node.node.gpu_devices or task.is_cpu_only or task.kind == "mig":
+        return None
+    from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
+
+    seen = measured(node)
+    if not seen.unhealthy_free and not seen.unhealthy_groups:
+        return None
+    if task.is_shared:
+        return None if len(fitting_gpus(ssn, node, task)) >= task.gpu.devices else UNHEALTHY_GPU_DEVICES
+    return None if usable_whole_gpus(node) + EPS >= task.whole_gpus else UNHEALTHY_GPU_DEVICES
 
 
 def max_pods(ssn: Session, task: TaskState, node: NodeState) -> str | None:

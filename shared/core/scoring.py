@@ -3,6 +3,10 @@
 Scores add up as in KAI: placement (binpack or spread, on GPUs for GPU pods and CPU for CPU pods, up to 9),
 resource type (10: CPU pods prefer CPU-only nodes), availability (1000: fits without waiting for releasing
 pods), GPU sharing (10000: a shared device already has room), topology (100000: in the preferred domain).
+With `Policy.gpu_usage_scoring`, a fractional or GPU-memory pod also scores each node up to 20000 by the
+lowest measured pressure among the devices it could use there (`Node.gpu_devices`), so it shares a device
+only where it is really free: a shared device more than about 50 points busier than an idle one elsewhere
+loses the GPU-sharing bonus's advantage. Devices reported unhealthy are never offered (`fitting_gpus`).
 Nodes are visited by score descending, then by name, and the first that passes the filters wins; the
 search is an iterated masked arg-max so one pod costs a few passes over the arrays, not a sort.
 """
@@ -10,6 +14,7 @@ search is an iterated masked arg-max so one pod costs a few passes over the arra
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +31,7 @@ RESOURCE_TYPE = 10.0
 AVAILABILITY = 1000.0
 GPU_SHARING = 10000.0
 TOPOLOGY = 100000.0
+GPU_USAGE = 20000.0
 
 WHOLE_GPU = "-2"
 
@@ -63,7 +69,75 @@ def node_scores(
     score = score + idle_fit * AVAILABILITY
     if c.sharing_nodes:
         score = score + ssn.shared_group_fit(task) * GPU_SHARING
+    if ssn.policy.gpu_usage_scoring and task.is_shared:
+        score = score + usage_scores(ssn, task)
     return score
+
+
+@dataclass(frozen=True)
+class MeasuredDevices:
+    """A node's devices as telemetry sees them, in the terms of the core's shared-GPU groups."""
+
+    group_pressure: dict[str, float]
+    """Shared-GPU group -> the measured pressure (0-100) of the device it lives on."""
+    unhealthy_groups: frozenset[str]
+    """Groups living on an unhealthy device: no new pod joins them."""
+    unhealthy_free: int
+    """Unhealthy devices without a known group: that many fewer whole GPUs to hand out."""
+    free_pressure: float
+    """The lowest measured pressure among healthy devices without a group (0 when none is measured)."""
+
+
+_NOT_MEASURED = MeasuredDevices({}, frozenset(), 0, 0.0)
+
+
+def measured(node: NodeState) -> MeasuredDevices:
+    """What the node's `gpu_devices` say, for the filter and the scores (nothing when not measured)."""
+    devices = node.node.gpu_devices
+    if not devices:
+        return _NOT_MEASURED
+    grouped = {d.gpu_group: d for d in devices if d.gpu_group}
+    free = [d for d in devices if not d.gpu_group]
+    return MeasuredDevices(
+        group_pressure={g: d.pressure_pct for g, d in grouped.items()},
+        unhealthy_groups=frozenset(g for g, d in grouped.items() if not d.healthy),
+        unhealthy_free=sum(1 for d in free if not d.healthy),
+        free_pressure=min((d.pressure_pct for d in free if d.healthy), default=0.0),
+    )
+
+
+def usable_whole_gpus(node: NodeState, with_releasing: bool = True) -> int:
+    """Idle (and releasing) whole GPUs less the unhealthy devices that hold no shared group."""
+    whole = int(node.idle(GPU)) + (int(node.releasing(GPU)) if with_releasing else 0)
+    return max(0, whole - measured(node).unhealthy_free)
+
+
+def _group_pressure(node: NodeState, group: str, seen: MeasuredDevices) -> float:
+    if group in seen.group_pressure:
+        return seen.group_pressure[group]
+    # A group opened this cycle has no measurement yet: what is booked on it is the best guess.
+    return 100.0 * node.groups[group].used / node.gpu_memory if node.gpu_memory else 0.0
+
+
+def usage_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64]:
+    """`GPU_USAGE * (1 - p / 100)` per node, p the lowest pressure among the healthy devices the task
+    could use there (shared devices it fits on, free devices); 0 for nodes nobody measures."""
+    c = ssn.cluster
+    out = np.zeros(len(c.order))
+    for i, node in enumerate(c.order):
+        if not node.node.gpu_devices:
+            continue
+        seen = measured(node)
+        options = [
+            _group_pressure(node, g, seen)
+            for g in node.groups
+            if g not in seen.unhealthy_groups and node.task_fits_group(task, g)
+        ]
+        if usable_whole_gpus(node) > 0:
+            options.append(seen.free_pressure)
+        if options:
+            out[i] = GPU_USAGE * (1.0 - min(options) / 100.0)
+    return out
 
 
 def iter_nodes_in_order(
@@ -92,10 +166,17 @@ def iter_nodes_in_order(
 
 def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
     """KAI `FittingGPUs`: shared devices with room, plus one `WHOLE_GPU` marker per idle or releasing
-    whole device, best first (binpack: fullest shared device first; spread: whole devices first)."""
-    options: list[str] = [g for g in node.groups if node.task_fits_group(task, g)]
-    whole = int(node.idle(GPU)) + int(node.releasing(GPU))
-    if node.idle(GPU) > 0 or node.releasing(GPU) > 0:
+    whole device, best first (binpack: fullest shared device first; spread: whole devices first).
+
+    Devices reported unhealthy are left out: shared groups on them, and as many whole devices as there
+    are unhealthy devices holding no group. With `Policy.gpu_usage_scoring` the least measured pressure
+    comes first (binpack or spread breaks ties)."""
+    seen = measured(node)
+    options: list[str] = [
+        g for g in node.groups if g not in seen.unhealthy_groups and node.task_fits_group(task, g)
+    ]
+    whole = usable_whole_gpus(node)
+    if whole > 0:
         options.extend([WHOLE_GPU] * whole)
     spread = ssn.policy.gpu_device_placement == "spread"
 
@@ -105,5 +186,11 @@ def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
         used = node.groups[g].used / node.gpu_memory if node.gpu_memory else 0.0
         return 1.0 - used if spread else used
 
+    if ssn.policy.gpu_usage_scoring and node.node.gpu_devices:
+
+        def pressure(g: str) -> float:
+            return seen.free_pressure if g == WHOLE_GPU else _group_pressure(node, g, seen)
+
+        return sorted(options, key=lambda g: (pressure(g), -score(g)))
     # Equal scores keep their listing order, as KAI's score buckets do.
     return sorted(options, key=lambda g: -score(g))
