@@ -1,14 +1,20 @@
-"""Reads a node's GPUs through NVML (module `pynvml` of the nvidia-ml-py package) into a `GpuInventory`.
+"""Reads a node's GPUs through NVML (module `pynvml` of the nvidia-ml-py package) into a `GpuInventory`
+(`read`) and, more often, into a `GpuTelemetry` (`telemetry`: use, memory, temperature, power, health).
 
 Called by `services.gpu_agent.service`, always from a worker thread: every NVML call is a blocking C call.
 The NVML module is passed in (tests pass a fake with pynvml's shape, since NVML needs a GPU); by default it
 is the real `pynvml`. Every call goes through `NvmlReader._call`, the one place where whatever NVML raises
 becomes an `NvmlError` naming the call and NVML's error, so nothing NVML does can crash the agent: a device
 whose queries fail is reported unhealthy with the error and the other devices are still read.
+
+Critical XID errors come from NVML events: the first `telemetry()` registers every device for
+`nvmlEventTypeXidCriticalError` on one event set, and each `telemetry()` drains it without waiting
+(timeout 0). A driver or GPU without event support leaves `GpuTelemetry.xid_events` False.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from typing import Any
@@ -16,12 +22,15 @@ from typing import Any
 import pynvml
 
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
+from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import KairosError
 
 __all__ = ["NvmlError", "NvmlReader", "NvmlUnavailable", "cuda_version", "mig_profile_name"]
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
+MAX_EVENTS_PER_READ = 256
+"""Events drained per telemetry reading at most: a device spewing XIDs must not hold the agent's thread."""
 
 NvmlModule = Any
 """The `pynvml` module, or anything with the same functions, exception classes and constants."""
@@ -86,6 +95,10 @@ class NvmlReader:
         self._no_permission = self._nvml.NVML_ERROR_NO_PERMISSION
         self._not_found = self._nvml.NVML_ERROR_NOT_FOUND
         self.is_open = False
+        self._events: Any = None
+        """NVML's event set for XID errors; None before the first telemetry or when events are not
+        supported."""
+        self._events_tried = False
 
     # --- the one door to NVML ------------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> Any:
@@ -127,6 +140,10 @@ class NvmlReader:
     def close(self) -> None:
         if not self.is_open:
             return
+        if self._events is not None:
+            with contextlib.suppress(NvmlError):  # freed with NVML's shutdown anyway
+                self._call("nvmlEventSetFree", self._events)
+        self._events, self._events_tried = None, False
         self.is_open = False
         try:
             self._call("nvmlShutdown")
@@ -288,3 +305,109 @@ class NvmlReader:
             compute_instance=None if compute_instance is None else int(compute_instance),
             note="; ".join(notes),
         )
+
+    # --- telemetry -----------------------------------------------------------------------------------
+    def telemetry(self, node: str, time: float, period: float) -> GpuTelemetry:
+        """Use, memory, temperature, power and health of every device now; with NVML unusable, a telemetry
+        without devices whose `error` says why."""
+        try:
+            self.open()
+            count = int(self._call("nvmlDeviceGetCount"))
+        except NvmlError as exc:
+            return GpuTelemetry(node=node, time=time, period=period, error=str(exc))
+        handles: dict[int, Any] = {}
+        for index in range(count):
+            try:
+                handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+            except NvmlError:
+                continue  # reported by _device_telemetry below, which asks again
+        xids = self._drain_xids(handles)
+        devices = tuple(self._device_telemetry(index, xids) for index in range(count))
+        return GpuTelemetry(
+            node=node, time=time, period=period, devices=devices, xid_events=self._events is not None
+        )
+
+    def _device_telemetry(self, index: int, xids: dict[str, list[int]]) -> DeviceTelemetry:
+        uuid = ""
+        ignored: list[str] = []
+        try:
+            handle = self._call("nvmlDeviceGetHandleByIndex", index)
+            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+            memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+            rates = self._optional(ignored, "nvmlDeviceGetUtilizationRates", handle)
+            temperature = self._optional(
+                ignored, "nvmlDeviceGetTemperature", handle, self._nvml.NVML_TEMPERATURE_GPU
+            )
+            milliwatts = self._optional(ignored, "nvmlDeviceGetPowerUsage", handle)
+            ecc = self._optional(
+                ignored,
+                "nvmlDeviceGetTotalEccErrors",
+                handle,
+                self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                self._nvml.NVML_VOLATILE_ECC,
+            )
+        except NvmlError as exc:
+            # The device stopped answering (lost, off the bus, or a query that must work failed).
+            return DeviceTelemetry(
+                index=index, uuid=uuid, xid_errors=tuple(xids.get(uuid, ())), responding=False, error=str(exc)
+            )
+        return DeviceTelemetry(
+            index=index,
+            uuid=uuid,
+            utilisation_pct=None if rates is None else float(rates.gpu),
+            memory_used_mib=int(memory.used) // MIB,
+            memory_total_mib=int(memory.total) // MIB,
+            temperature_c=None if temperature is None else float(temperature),
+            power_w=None if milliwatts is None else int(milliwatts) / 1000.0,
+            xid_errors=tuple(xids.get(uuid, ())),
+            ecc_uncorrected=None if ecc is None else int(ecc),
+        )
+
+    def _register_events(self, handles: dict[int, Any]) -> None:
+        """One event set for every device's critical XID errors; devices without event support are left
+        out, and with none supported the set is freed and XIDs are not watched."""
+        self._events_tried = True
+        try:
+            events = self._call("nvmlEventSetCreate")
+        except NvmlError:
+            return
+        registered = 0
+        for handle in handles.values():
+            try:
+                self._call(
+                    "nvmlDeviceRegisterEvents", handle, self._nvml.nvmlEventTypeXidCriticalError, events
+                )
+            except NvmlError:
+                continue  # NVML_ERROR_NOT_SUPPORTED on GPUs without events (or not as this user)
+            registered += 1
+        if registered:
+            self._events = events
+            return
+        try:
+            self._call("nvmlEventSetFree", events)
+        except NvmlError:
+            return
+
+    def _drain_xids(self, handles: dict[int, Any]) -> dict[str, list[int]]:
+        """Device UUID -> the XID codes NVML queued since the last drain (waiting 0 ms)."""
+        if not self._events_tried:
+            self._register_events(handles)
+        found: dict[str, list[int]] = {}
+        if self._events is None:
+            return found
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                data = self._call("nvmlEventSetWait", self._events, 0)
+            except NvmlError as exc:
+                if exc.code != self._nvml.NVML_ERROR_TIMEOUT:
+                    # The set broke (driver reset): register again at the next reading.
+                    self._events, self._events_tried = None, False
+                break
+            if int(data.eventType) != self._nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                uuid = _text(self._call("nvmlDeviceGetUUID", data.device))
+            except NvmlError:
+                uuid = ""
+            found.setdefault(uuid, []).append(int(data.eventData))
+        return found

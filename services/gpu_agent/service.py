@@ -6,8 +6,10 @@ error and exits 1, unless `--allow-no-gpu` (or `--set allow_no_gpu=true`) lets i
 devices with the reason. Then `shared.bus.service.main` runs `Agent.run`: the inventory goes to
 `subjects.gpu_inventory(node)` at start, every `period` seconds and on each request to
 `subjects.gpu_inventory_request(node)` (the reply is the same inventory). NVML is read in a worker thread
-and one read at a time. Ready once the first inventory is read. Counters: `inventories`, `requests`,
-`publish_failures`, `unhealthy_devices` (the latest inventory's).
+and one read at a time. Ready once the first inventory is read. Besides, every `telemetry_period` seconds
+(default 5) the devices' use, memory, temperature, power and health go to `subjects.gpu_telemetry(node)`
+as a `GpuTelemetry` (`telemetry_period=0` turns that off). Counters: `inventories`, `requests`,
+`publish_failures`, `unhealthy_devices` (the latest inventory's), `telemetry`, `xid_errors`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from shared.bus.service import ServiceContext, main, parse_config
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuInventory
 from shared.contracts.messages import encode
+from shared.contracts.telemetry import GpuTelemetry
 from shared.errors import ConfigError, KairosError
 from shared.telemetry.metrics import GpuAgentMetrics
 
@@ -42,6 +45,8 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The node this agent runs on (default: env NODE_NAME, which a DaemonSet sets from `spec.nodeName`)."""
     period: float = 30.0
     """Seconds between publications."""
+    telemetry_period: float = 5.0
+    """Seconds between telemetry messages (use, memory, health); 0 turns telemetry off."""
     allow_no_gpu: bool = False
     """Run without NVML, publishing inventories with no devices and the reason."""
 
@@ -59,6 +64,11 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             )
         if not (math.isfinite(settings.period) and settings.period > 0):
             raise ConfigError(f"{SERVICE}: option 'period': must be seconds > 0, got {settings.period!r}")
+        if not (math.isfinite(settings.telemetry_period) and settings.telemetry_period >= 0):
+            raise ConfigError(
+                f"{SERVICE}: option 'telemetry_period': must be seconds >= 0 (0: off), "
+                f"got {settings.telemetry_period!r}"
+            )
         return settings
 
 
@@ -96,6 +106,34 @@ class Agent:
         ctx.counters["inventories"] += 1
         return inventory
 
+    async def read_telemetry(self) -> GpuTelemetry:
+        async with self._lock:
+            return await asyncio.to_thread(
+                self.reader.telemetry, self.settings.node, self._clock(), self.settings.telemetry_period
+            )
+
+    async def publish_telemetry(self, ctx: ServiceContext) -> GpuTelemetry:
+        """Read and publish the telemetry; a NATS failure is logged and counted."""
+        telemetry = await self.read_telemetry()
+        xids = [(d.index, d.xid_errors) for d in telemetry.devices if d.xid_errors]
+        for index, codes in xids:
+            ctx.counters["xid_errors"] += len(codes)
+            ctx.log.warning("GPU %d reported XID %s", index, ", ".join(map(str, codes)))
+        try:
+            await ctx.bus.nc.publish(s.gpu_telemetry(self.settings.node), encode(telemetry))
+        except Exception as exc:  # noqa: BLE001 -- a reconnecting client: the next period tries again
+            ctx.counters["publish_failures"] += 1
+            ctx.log.warning("publishing the telemetry failed: %s", exc)
+            return telemetry
+        ctx.counters["telemetry"] += 1
+        return telemetry
+
+    async def _telemetry_loop(self, ctx: ServiceContext) -> None:
+        while not ctx.stopping.is_set():
+            await self.publish_telemetry(ctx)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stopping.wait(), self.settings.telemetry_period)
+
     def _note(self, ctx: ServiceContext, inventory: GpuInventory) -> None:
         """The latest reading in the heartbeat (readiness, detail, counter) and, when it changed, the log."""
         ctx.ready = True
@@ -127,6 +165,11 @@ class Agent:
             await self.publish(ctx, reply=getattr(msg, "reply", ""))
 
         sub = await ctx.bus.nc.subscribe(s.gpu_inventory_request(self.settings.node), cb=answer)
+        telemetry = (
+            asyncio.create_task(self._telemetry_loop(ctx), name="gpu-telemetry")
+            if self.settings.telemetry_period > 0
+            else None
+        )
         try:
             while not ctx.stopping.is_set():
                 await self.publish(ctx)
@@ -134,6 +177,10 @@ class Agent:
                     await asyncio.wait_for(ctx.stopping.wait(), self.settings.period)
         finally:
             ctx.ready = False
+            if telemetry is not None:
+                telemetry.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await telemetry
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             async with self._lock:

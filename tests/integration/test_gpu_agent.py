@@ -1,7 +1,8 @@
 """The GPU agent against a real nats-server.
 
 In this process over the fake pynvml: the agent publishes its inventory at start, every period and on
-request, counts unhealthy devices, and shuts NVML down when it stops. As a subprocess with the real pynvml
+request, counts unhealthy devices, publishes telemetry (use, health, XID errors) every telemetry period,
+and shuts NVML down when it stops. As a subprocess with the real pynvml
 (this machine has no NVIDIA driver): `--allow-no-gpu` publishes zero devices with NVML's error and stops on
 SIGTERM; without the flag the agent exits 1 with one line on stderr.
 """
@@ -27,6 +28,7 @@ from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES, GpuInventory
+from shared.contracts.telemetry import TELEMETRY
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.integration
@@ -48,10 +50,11 @@ needs_no_driver = pytest.mark.skipif(real_nvml_works(), reason="this machine has
 
 @asynccontextmanager
 async def agent_running(
-    bus: Bus, fake: FakeNvml, period: float
+    bus: Bus, fake: FakeNvml, period: float, telemetry_period: float = 5.0
 ) -> AsyncIterator[tuple[ServiceContext, Agent]]:
     ctx = ServiceContext("gpu_agent", ServiceConfig(replica="gpu-n1"), bus)
-    agent = Agent(NvmlReader(fake), AgentSettings(node="n1", period=period))
+    settings = AgentSettings(node="n1", period=period, telemetry_period=telemetry_period)
+    agent = Agent(NvmlReader(fake), settings)
     task = asyncio.create_task(agent.run(ctx))
     try:
         yield ctx, agent
@@ -129,6 +132,31 @@ async def test_stopping_the_agent_shuts_nvml_down(bus: Bus) -> None:
 
 
 # --- as a subprocess, real pynvml on a machine without a driver -------------------------------------------
+async def test_the_agent_publishes_telemetry_every_telemetry_period_with_xid_errors(bus: Bus) -> None:
+    sub = await bus.nc.subscribe(s.gpu_telemetry("n1"))
+    gpus = [FakeGpu(uuid="GPU-0", utilisation=42, memory_used_mib=1000), FakeGpu(uuid="GPU-1")]
+    async with agent_running(bus, FakeNvml(gpus), period=3600, telemetry_period=0.2) as (ctx, _):
+        msg = await sub.next_msg(timeout=TIMEOUT)
+        first = TELEMETRY.decode(msg.subject, msg.data)
+        assert first.node == "n1"
+        assert first.xid_events
+        assert [(d.uuid, d.utilisation_pct, d.memory_used_mib) for d in first.devices] == [
+            ("GPU-0", 42.0, 1000),
+            ("GPU-1", 0.0, 0),
+        ]
+        gpus[1].xids.append(79)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            msg = await sub.next_msg(timeout=TIMEOUT)
+            reading = TELEMETRY.decode(msg.subject, msg.data)
+            if reading.devices[1].xid_errors:
+                break
+        assert reading.devices[1].xid_errors == (79,)
+        assert ctx.counters["xid_errors"] == 1
+        assert ctx.counters["telemetry"] >= 2
+    await sub.unsubscribe()
+
+
 async def start_agent(nats_server: NatsServer, *flags: str) -> asyncio.subprocess.Process:
     env = {**os.environ, "KAIROS_LOG_LEVEL": "WARNING", "NODE_NAME": "n1"}
     return await asyncio.create_subprocess_exec(

@@ -57,6 +57,16 @@ class FakeGpu:
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     """(corrected, uncorrected, pending, failure); None: not supported."""
     failures: Failures = field(default_factory=dict)
+    utilisation: int | None = 0
+    """Percent busy (nvmlDeviceGetUtilizationRates().gpu); None: not supported."""
+    memory_used_mib: int = 0
+    temperature_c: int | None = 40
+    power_mw: int | None = 120_000
+    """None: not supported (NVML_ERROR_NOT_SUPPORTED, as on many consumer GPUs)."""
+    events: bool = True
+    """False: nvmlDeviceRegisterEvents is not supported for this device."""
+    xids: list[int] = field(default_factory=list)
+    """Critical XID errors queued for the event set this device is registered with."""
 
 
 class FakeNvml:
@@ -74,6 +84,9 @@ class FakeNvml:
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
     NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
     NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError  # noqa: N815 -- pynvml's name
 
     def __init__(
         self,
@@ -89,6 +102,9 @@ class FakeNvml:
         self.cuda = cuda
         self.initialised = 0
         self.shutdowns = 0
+        self.event_sets: dict[int, list[int]] = {}
+        """Live event set id -> the GPU indexes registered with it."""
+        self._next_set = 0
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _ready(self) -> None:
@@ -150,7 +166,8 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: tuple[Any, ...]) -> SimpleNamespace:
         target = self._target(handle, "nvmlDeviceGetMemoryInfo")
         total_mib = target.memory_mib if isinstance(target, FakeGpu) else target.memory_mb
-        return SimpleNamespace(total=total_mib * MIB, free=total_mib * MIB, used=0)
+        used_mib = target.memory_used_mib if isinstance(target, FakeGpu) else 0
+        return SimpleNamespace(total=total_mib * MIB, free=(total_mib - used_mib) * MIB, used=used_mib * MIB)
 
     # --- GPUs ------------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, handle: tuple[Any, ...]) -> list[int]:
@@ -193,6 +210,56 @@ class FakeNvml:
             raise pynvml.NVMLError_NotSupported
         return gpu.remapped_rows
 
+    def nvmlDeviceGetUtilizationRates(self, handle: tuple[Any, ...]) -> SimpleNamespace:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if gpu.utilisation is None:
+            raise pynvml.NVMLError_NotSupported
+        return SimpleNamespace(gpu=gpu.utilisation, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: tuple[Any, ...], sensor: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        if gpu.temperature_c is None:
+            raise pynvml.NVMLError_NotSupported
+        return gpu.temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: tuple[Any, ...]) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerUsage")
+        if gpu.power_mw is None:
+            raise pynvml.NVMLError_NotSupported
+        return gpu.power_mw
+
+    # --- events ----------------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> int:
+        self._ready()
+        self._next_set += 1
+        self.event_sets[self._next_set] = []
+        return self._next_set
+
+    def nvmlDeviceRegisterEvents(self, handle: tuple[Any, ...], eventTypes: int, eventSet: int) -> None:  # noqa: N803 -- pynvml's names
+        gpu = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        assert eventTypes == pynvml.nvmlEventTypeXidCriticalError
+        if not gpu.events:
+            raise pynvml.NVMLError_NotSupported
+        self.event_sets[eventSet].append(handle[1])
+
+    def nvmlEventSetWait(self, eventSet: int, timeoutms: int) -> SimpleNamespace:  # noqa: N803 -- pynvml's names
+        self._ready()
+        assert timeoutms == 0
+        for index in self.event_sets[eventSet]:
+            gpu = self.gpus[index]
+            if gpu.xids:
+                return SimpleNamespace(
+                    device=("gpu", index),
+                    eventType=pynvml.nvmlEventTypeXidCriticalError,
+                    eventData=gpu.xids.pop(0),
+                )
+        raise pynvml.NVMLError_Timeout
+
+    def nvmlEventSetFree(self, eventSet: int) -> None:  # noqa: N803 -- pynvml's names
+        self._ready()
+        del self.event_sets[eventSet]
+
     # --- MIG devices -----------------------------------------------------------------------------------
     def _mig(self, handle: tuple[Any, ...], call: str) -> FakeMig:
         if handle[0] != "mig":
@@ -219,7 +286,9 @@ class FakeNvml:
 
 
 def _nvml_functions() -> list[str]:
-    return sorted(name for name in vars(FakeNvml) if name.startswith("nvml"))
+    return sorted(
+        name for name, value in vars(FakeNvml).items() if name.startswith("nvml") and callable(value)
+    )
 
 
 @pytest.mark.parametrize("name", _nvml_functions())
@@ -232,7 +301,7 @@ def test_every_fake_function_is_a_real_pynvml_function_with_the_same_required_pa
 
 def test_every_fake_constant_has_the_real_value() -> None:
     for name, value in vars(FakeNvml).items():
-        if name.startswith("NVML"):
+        if name.startswith("NVML") or (name.startswith("nvml") and not callable(value)):
             assert getattr(pynvml, name) is value or getattr(pynvml, name) == value, name
 
 

@@ -1,0 +1,99 @@
+"""GPU telemetry on a real NVIDIA GPU: the reader the agent runs reports every device's use, memory,
+temperature and power through the real pynvml, agrees with nvidia-smi on memory, watches XID events where
+the driver supports them, and the agent process publishes the telemetry.
+
+Marked `gpu`; skipped unless NVML initialises on this machine. Run with `pytest -m gpu tests/gpu`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import pytest
+
+from services.gpu_agent.nvml import NvmlReader
+from shared.bus.connection import connect
+from shared.bus.nats_server import NatsServer
+from shared.contracts import subjects as s
+from shared.contracts.telemetry import TELEMETRY, GpuTelemetry
+from tests.gpu.test_gpu_agent_nvml import nvidia_smi, nvml_count, real_nvml_works
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not real_nvml_works(), reason="NVML does not initialise here: no NVIDIA GPU or driver"
+    ),
+]
+
+
+@pytest.fixture
+def readings() -> tuple[GpuTelemetry, GpuTelemetry]:
+    """Two readings one second apart through one reader (the second drains the event set)."""
+    reader = NvmlReader()
+    reader.open()
+    try:
+        first = reader.telemetry("gpu-test", time.time(), 5.0)
+        time.sleep(1.0)
+        return first, reader.telemetry("gpu-test", time.time(), 5.0)
+    finally:
+        reader.close()
+
+
+def test_every_device_answers_with_plausible_readings(readings: tuple[GpuTelemetry, GpuTelemetry]) -> None:
+    for reading in readings:
+        assert reading.error == ""
+        assert [d.index for d in reading.devices] == list(range(nvml_count()))
+        for device in reading.devices:
+            assert device.responding, device
+            assert device.uuid.startswith("GPU-"), device
+            assert device.utilisation_pct is None or 0 <= device.utilisation_pct <= 100, device
+            assert device.memory_total_mib is not None
+            assert device.memory_used_mib is not None
+            assert 0 <= device.memory_used_mib <= device.memory_total_mib, device
+            assert device.temperature_c is None or 0 < device.temperature_c < 120, device
+            assert device.power_w is None or 0 < device.power_w < 2000, device
+
+
+def test_a_healthy_idle_machine_reports_no_xid_errors(readings: tuple[GpuTelemetry, GpuTelemetry]) -> None:
+    for reading in readings:
+        for device in reading.devices:
+            assert device.xid_errors == (), device
+
+
+def test_memory_totals_are_the_ones_nvidia_smi_reports(readings: tuple[GpuTelemetry, GpuTelemetry]) -> None:
+    rows = nvidia_smi()
+    for row, device in zip(rows, readings[1].devices, strict=True):
+        assert row["uuid"] == device.uuid
+        assert device.memory_total_mib is not None
+        assert abs(int(row["memory.total"]) - device.memory_total_mib) <= 0.01 * device.memory_total_mib
+
+
+async def test_the_agent_process_publishes_telemetry(nats_server: NatsServer) -> None:
+    bus = await connect(nats_server.url, "gpu-test")
+    sub = await bus.nc.subscribe(s.gpu_telemetry("gpu-test"))
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.gpu_agent", "--nats-url", nats_server.url),
+        *("--set", "node=gpu-test", "--set", "telemetry_period=1"),
+        env={**os.environ, "KAIROS_LOG_LEVEL": "WARNING"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        seen = []
+        for _ in range(2):
+            msg = await sub.next_msg(timeout=30)
+            seen.append(TELEMETRY.decode(msg.subject, msg.data))
+        assert all(t.error == "" and t.devices for t in seen), seen
+        assert seen[1].time > seen[0].time
+        process.terminate()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0, err.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await sub.unsubscribe()
+        await bus.close()
