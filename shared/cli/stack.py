@@ -3,8 +3,8 @@
 Used by `kairos up` / `kairos down` (the embedded default of `make run`), the conformance runner's
 `--via-bus` mode and the end-to-end tests. Readiness comes from the services' own heartbeats:
 `start_stack` returns once every expected replica has reported ready. Everything lives under a state
-directory (owner-only, 0700): `nats.url`, `stack.json` (the pids), `logs/`, JetStream's data, and
-`kubeconfig`.
+directory (owner-only, 0700, when the stack made it): `nats.url`, `stack.json` (the pids), `logs/`,
+JetStream's data, and `kubeconfig`.
 
 NATS requires authentication by default: each start generates one random password per identity of
 `shared.security.permissions` into `auth/<identity>.password` (0600), the server's configuration grants
@@ -229,9 +229,12 @@ def start_stack(
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
     every process's environment (`otlp_env`: export traces). `auth=False` runs NATS open to anyone
     (loopback only), as before authentication existed."""
+    fresh = not state_dir.exists()
     state_dir.mkdir(parents=True, exist_ok=True)
-    # Passwords, the operator's URL and the logs live here: the owner's alone.
-    state_dir.chmod(0o700)
+    if fresh or (state_dir / "nats").is_dir():
+        # Passwords, the operator's URL and the logs live here: the owner's alone. A directory that was not
+        # made for a stack (`--state-dir /tmp` by mistake) keeps its mode; the secret files are 0600 anyway.
+        state_dir.chmod(0o700)
     cluster = cluster or ClusterChoice.memory()
     counts = replicas or dict(DEFAULT_REPLICAS)
     logs = state_dir / "logs"
