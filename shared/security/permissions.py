@@ -58,9 +58,9 @@ IDENTITIES = (*SERVICE_IDENTITIES, OPERATOR)
 """Everything a deployment needs (`admin` is the local stack's own)."""
 
 BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)
-GPU_TELEMETRY_WILDCARD = f"{s.PREFIX}.gpu.telemetry.*"
-"""The GPU agents' telemetry (`subjects.gpu_telemetry`): published by the agents, read by operators. A
-service that starts consuming it needs the subscription here (and deploy/base/nats-auth.conf regenerated)."""
+GPU_TELEMETRY_WILDCARD = s.GPU_TELEMETRY_WILDCARD
+"""The GPU agents' telemetry: published by the agents, read by the state service (device health and use
+for its Kubernetes source) and by operators."""
 STREAMS = (s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM)
 
 
@@ -182,7 +182,7 @@ def permissions(identity: str) -> Permissions:
         publish += _consume(s.EVENTS_STREAM, "state-writeback")
         publish += _declare()
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
-        subscribe += [s.GPU_INVENTORY_WILDCARD]
+        subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         declares = True
     elif identity == QUEUE:
         publish += _replica()

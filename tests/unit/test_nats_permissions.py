@@ -127,8 +127,9 @@ def test_replies_come_to_each_identity_s_own_inbox() -> None:
 
 def test_the_gpu_agent_only_reports_its_inventory() -> None:
     assert may_publish(GPU_AGENT, s.gpu_inventory("node-1"))
-    assert may_publish(GPU_AGENT, f"{s.PREFIX}.gpu.telemetry.node-1")
-    assert may_subscribe(OPERATOR, f"{s.PREFIX}.gpu.telemetry.node-1")
+    assert may_publish(GPU_AGENT, s.gpu_telemetry("node-1"))
+    assert may_subscribe(OPERATOR, s.gpu_telemetry("node-1"))
+    assert may_subscribe(STATE, s.gpu_telemetry("node-1"))
     assert may_subscribe(GPU_AGENT, s.gpu_inventory_request("node-1"))
     assert not any(p.startswith("$KV.") for p in permissions(GPU_AGENT).publish)
     assert not may_publish(GPU_AGENT, BIND)
