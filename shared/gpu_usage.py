@@ -33,6 +33,8 @@ __all__ = [
     "HALF_LIFE_S",
     "HEALTHY_PERIODS",
     "REWRITE_POINTS",
+    "SIM_TELEMETRY_LABEL",
+    "UNHEALTHY_GPUS_LABEL",
     "DeviceAverage",
     "NodeUsage",
     "decayed",
@@ -40,6 +42,7 @@ __all__ = [
     "fold",
     "needs_rewrite",
     "observe",
+    "settle",
     "simulated_telemetry",
     "usage_of",
 ]
@@ -52,6 +55,8 @@ REWRITE_POINTS = 10.0
 """Percentage points a device's decayed use or memory must move before its node is rewritten."""
 STALE_PERIODS = 3.0
 """Telemetry older than this many of its agent's periods is ignored (the agent stopped reporting)."""
+SIM_TELEMETRY_LABEL = "kairos.io/simulated-telemetry"
+"""On a node of the simulated cluster: `true` makes the cluster report telemetry for its GPUs."""
 UNHEALTHY_GPUS_LABEL = "kairos.io/simulated-unhealthy-gpus"
 """On a simulated node: comma-separated device indexes that report XID 79 (fallen off the bus)."""
 
@@ -226,6 +231,14 @@ def needs_rewrite(
         if abs(old.memory_pct - now.memory_pct) >= points:
             return True
     return False
+
+
+def settle(
+    written: tuple[DeviceUsage, ...], fresh: tuple[DeviceUsage, ...], points: float = REWRITE_POINTS
+) -> tuple[DeviceUsage, ...]:
+    """What a node's `gpu_devices` should hold: `fresh` once it differs enough from what was `written`,
+    else `written` unchanged (see `needs_rewrite`)."""
+    return fresh if needs_rewrite(written, fresh, points) else written
 
 
 def fold(node: Node, devices: tuple[DeviceUsage, ...], points: float = REWRITE_POINTS) -> Node:

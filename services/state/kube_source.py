@@ -10,7 +10,8 @@ left its node frees its reservation). Events that arrive together are written to
 Node agents' GPU inventories (`kairos.gpu.inventory.<node>`) are merged into their nodes while fresh; an
 agent heard from last more than three periods ago no longer counts (checked every `STALENESS_CHECK`).
 Inventories are plain NATS messages: a restarted state replica knows a node's GPUs from Kubernetes alone
-until its agent's next report (30 s by default).
+until its agent's next report (30 s by default). Their telemetry (`kairos.gpu.telemetry.<node>`, every 5 s)
+becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) under the same staleness rule.
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
 podgroup yet. A failed write marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before
@@ -43,6 +44,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
+from shared.contracts.telemetry import TELEMETRY
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kube.podgrouper import GrouperConfig
@@ -109,6 +111,7 @@ class KubeSource:
         self._resync = False
         self._tasks: list[asyncio.Task[None]] = []
         self._inventory_sub: Subscription | None = None
+        self._telemetry_sub: Subscription | None = None
 
     def _informers(self) -> list[Informer]:
         kube = self.kube
@@ -170,6 +173,7 @@ class KubeSource:
             )
         await self._full_sync()
         self._inventory_sub = await self.ctx.bus.nc.subscribe(s.GPU_INVENTORY_WILDCARD, cb=self._on_inventory)
+        self._telemetry_sub = await self.ctx.bus.nc.subscribe(s.GPU_TELEMETRY_WILDCARD, cb=self._on_telemetry)
         self._tasks.append(asyncio.create_task(self._flusher()))
         self._tasks.append(asyncio.create_task(self._staleness()))
         log.info("Kubernetes source synced: %d objects from %s", len(self.mirror.current), self.kube.server)
@@ -180,6 +184,10 @@ class KubeSource:
             with contextlib.suppress(Exception):
                 await self._inventory_sub.unsubscribe()
             self._inventory_sub = None
+        if self._telemetry_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._telemetry_sub.unsubscribe()
+            self._telemetry_sub = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -226,11 +234,19 @@ class KubeSource:
         self.ctx.counters["gpu_inventories"] += 1
         self._wake.set()
 
+    async def _on_telemetry(self, msg: Msg) -> None:
+        telemetry = decoded(self.ctx, TELEMETRY, msg)
+        if telemetry is None:
+            return
+        self.mirror.telemetry(telemetry)
+        self.ctx.counters["gpu_telemetry"] += 1
+        self._wake.set()
+
     async def _staleness(self) -> None:
         """Look at every node again now and then: an agent that stopped reporting makes its inventory stale."""
         while True:
             await asyncio.sleep(STALENESS_CHECK)
-            if self.mirror.inventories:
+            if self.mirror.inventories or self.mirror.usage:
                 self.mirror.touch_nodes()
                 self._wake.set()
 

@@ -13,7 +13,9 @@ are held back, each with the reason (`problems`), until they do:
   is held back or not yet seen.
 
 A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is
-fresh (`shared.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured).
+fresh (`shared.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured), and
+carries the decayed use and health of each device from the agent's telemetry while it is fresh
+(`shared.gpu_usage`; rewritten only when a device moved by 10 points or its health changed).
 
 Resources held on a node by pods Kairos does not schedule — another scheduler's pods, or a pod of ours
 whose podgroup is gone — are taken off that node's capacity, so they are never handed out twice.
@@ -33,9 +35,13 @@ from typing import Any
 import msgspec
 
 from services.state.source import Change, Obj, key_of
+from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuInventory
+from shared.contracts.telemetry import GpuTelemetry
 from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, merge_inventory
+from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
+from shared.gpu_usage import is_stale as usage_is_stale
 from shared.kube import translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
@@ -76,6 +82,8 @@ class Mirror:
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
     inventories: dict[str, GpuInventory] = field(default_factory=dict)
     """Node name -> the GPU agent's latest inventory."""
+    usage: dict[str, NodeUsage] = field(default_factory=dict)
+    """Node name -> its devices' decayed use and health from the agent's telemetry."""
     _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
     _cache: dict[str, tuple[object, Any]] = field(default_factory=dict)
@@ -176,6 +184,17 @@ class Mirror:
         self.inventories[inventory.node] = inventory
         self._dirty[NODES].add(inventory.node)
 
+    def telemetry(self, telemetry: GpuTelemetry) -> None:
+        """A node agent's telemetry arrived: folded into the decayed averages; the node is looked at again
+        only when the change is worth a write."""
+        usage = observe(self.usage.get(telemetry.node), telemetry)
+        if usage is None:
+            return
+        self.usage[telemetry.node] = usage
+        written = self.current.get(s.node_key(telemetry.node))
+        if isinstance(written, Node) and needs_rewrite(written.gpu_devices, usage_of(usage)):
+            self._dirty[NODES].add(telemetry.node)
+
     def touch_nodes(self) -> None:
         """Re-examine every node at the next flush (an inventory may have gone stale meanwhile)."""
         self._dirty[NODES].update(self.raw[NODES])
@@ -273,7 +292,15 @@ class Mirror:
             (raw_node, inventory),
             lambda n=raw_node, i=inventory: merge_inventory(translate.node_of(n), i),
         )
-        if node is None or used is None:
+        if node is None:
+            return None
+        usage = self.usage.get(name)
+        fresh = usage_of(usage) if usage is not None and not usage_is_stale(usage, now) else ()
+        written = self.current.get(key_of(node))
+        devices = settle(written.gpu_devices if isinstance(written, Node) else (), fresh)
+        if devices:
+            node = msgspec.structs.replace(node, gpu_devices=devices)
+        if used is None:
             return node
         return msgspec.structs.replace(
             node,

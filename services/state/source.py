@@ -12,6 +12,11 @@ evicted pod is back to Pending at once, its node and GPU groups cleared (the har
 No I/O and no clock of its own: every operation takes `now` (the event loop's time) and returns the
 `Change`s it made, which `services.state.writer` turns into KV writes. Timers are due times the service
 polls with `next_due()` and fires with `fire(now)`.
+
+Simulated GPU telemetry: every `telemetry_period` seconds (one more timer), each GPU node labelled
+`kairos.io/simulated-telemetry=true` (the demo cluster's are) gets the telemetry an agent would send for
+the pods placed on it, with seeded noise (`shared.gpu_usage.simulated_telemetry`), folded into its
+`gpu_devices` like an agent's; the node is rewritten only past the hysteresis threshold.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from shared.contracts.messages import (
 )
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import KairosError
+from shared.gpu_usage import SIM_TELEMETRY_LABEL, NodeUsage, observe, settle, simulated_telemetry, usage_of
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.status import ACTIVE_USED
 from shared.model.validate import validate_snapshot
@@ -115,11 +121,25 @@ class Checkpoint:
 
     objects: dict[str, Obj]
     timers: dict[str, tuple[float, str]]
+    usage: dict[str, NodeUsage]
+    next_telemetry: float | None
+
+
+TELEMETRY_PERIOD = 5.0
+"""Seconds between simulated telemetry readings, as a GPU agent's default."""
+
+
+def _measured(obj: Obj) -> bool:
+    return isinstance(obj, Node) and obj.gpus > 0 and obj.labels.get(SIM_TELEMETRY_LABEL) == "true"
 
 
 class SimulatedCluster:
-    def __init__(self, run_delay: float = 0.0) -> None:
+    def __init__(self, run_delay: float = 0.0, telemetry_period: float = TELEMETRY_PERIOD) -> None:
         self.run_delay = run_delay
+        self.telemetry_period = telemetry_period
+        self._usage: dict[str, NodeUsage] = {}
+        """Node name -> decayed use of its simulated devices."""
+        self._next_telemetry: float | None = None
         self.objects: dict[str, Obj] = {}
         self._pod_keys: dict[str, str] = {}
         """Pod key (uid or namespace/name, what bindings name) -> KV key."""
@@ -134,15 +154,20 @@ class SimulatedCluster:
         return _snapshot(self.objects.values())
 
     def next_due(self) -> float | None:
-        return min((due for due, _ in self._timers.values()), default=None)
+        due = min((due for due, _ in self._timers.values()), default=None)
+        if self._next_telemetry is not None and (due is None or self._next_telemetry < due):
+            return self._next_telemetry
+        return due
 
     def checkpoint(self) -> Checkpoint:
         # Shallow copies suffice: objects are immutable and every operation replaces the dicts' entries.
-        return Checkpoint(dict(self.objects), dict(self._timers))
+        return Checkpoint(dict(self.objects), dict(self._timers), dict(self._usage), self._next_telemetry)
 
     def restore(self, saved: Checkpoint) -> None:
         self.objects = dict(saved.objects)
         self._timers = dict(saved.timers)
+        self._usage = dict(saved.usage)
+        self._next_telemetry = saved.next_telemetry
         self._reindex()
 
     # --- operations --------------------------------------------------------------------------------------
@@ -158,6 +183,9 @@ class SimulatedCluster:
         for key, obj in self.objects.items():
             if isinstance(obj, Pod):
                 self._retime(key, None, obj, now)
+        self._usage.clear()
+        self._next_telemetry = None
+        self._retime_telemetry(now)
 
     def apply(self, request: ApplyRequest, now: float) -> list[Change]:
         """Add or replace the request's objects (with `replace`, drop every other object first).
@@ -185,6 +213,9 @@ class SimulatedCluster:
                     obj = msgspec.structs.replace(
                         given, status=old.status, node=old.node, gpu_groups=old.gpu_groups
                     )
+            elif isinstance(given, Node) and isinstance(old, Node) and not given.gpu_devices:
+                # Measured use belongs to the cluster, like a pod's placement: an apply keeps it.
+                obj = msgspec.structs.replace(given, gpu_devices=old.gpu_devices)
             new[key] = obj
         validate_snapshot(_snapshot(new.values()))
         return self._commit(new, now)
@@ -241,8 +272,12 @@ class SimulatedCluster:
         return self._commit({k: o for k, o in self.objects.items() if k not in gone}, now)
 
     def fire(self, now: float) -> list[Change]:
-        """Carry out the timers due by `now`: bound pods start running, finished ones succeed."""
+        """Carry out the timers due by `now`: bound pods start running, finished ones succeed, and the
+        simulated telemetry is read when it is due."""
         new = dict(self.objects)
+        if self._next_telemetry is not None and self._next_telemetry <= now:
+            new.update(self._telemetry(now))
+            self._next_telemetry = now + self.telemetry_period
         for key, (due, what) in list(self._timers.items()):
             if due > now:
                 continue
@@ -259,6 +294,26 @@ class SimulatedCluster:
         return self._commit(new, now)
 
     # --- internals ----------------------------------------------------------------------------------------
+    def _telemetry(self, now: float) -> dict[str, Obj]:
+        """The measured nodes whose devices moved enough to be written again, by KV key."""
+        on: dict[str, list[Pod]] = {}
+        for obj in self.objects.values():
+            if isinstance(obj, Pod) and obj.node is not None and obj.status in HOLDING:
+                on.setdefault(obj.node, []).append(obj)
+        out: dict[str, Obj] = {}
+        for key, node in self.objects.items():
+            if not isinstance(node, Node) or not _measured(node):
+                continue
+            reading, groups = simulated_telemetry(node, on.get(node.name, []), now, self.telemetry_period)
+            usage = observe(self._usage.get(node.name), reading)
+            if usage is None:
+                continue
+            self._usage[node.name] = usage
+            devices = settle(node.gpu_devices, usage_of(usage, groups))
+            if devices is not node.gpu_devices:
+                out[key] = msgspec.structs.replace(node, gpu_devices=devices)
+        return out
+
     def _find(self, pod_key: str, namespace: str, name: str) -> tuple[str, Pod]:
         key = self._pod_keys.get(pod_key) or s.pod_key(namespace, name)
         pod = self.objects.get(key)
@@ -275,12 +330,23 @@ class SimulatedCluster:
         self.objects = new
         if any(isinstance(c.before, Pod) or isinstance(c.after, Pod) for c in changes):
             self._reindex()
+        if any(isinstance(c.before, Node) or isinstance(c.after, Node) for c in changes):
+            self._retime_telemetry(now)
         for change in changes:
             if isinstance(change.after, Pod) or isinstance(change.before, Pod):
                 after = change.after if isinstance(change.after, Pod) else None
                 before = change.before if isinstance(change.before, Pod) else None
                 self._retime(change.key, before, after, now)
         return changes
+
+    def _retime_telemetry(self, now: float) -> None:
+        """Read telemetry while some node is measured; forget the nodes that left."""
+        measured = {o.name for o in self.objects.values() if isinstance(o, Node) and _measured(o)}
+        self._usage = {name: u for name, u in self._usage.items() if name in measured}
+        if not measured:
+            self._next_telemetry = None
+        elif self._next_telemetry is None:
+            self._next_telemetry = now + self.telemetry_period
 
     def _reindex(self) -> None:
         self._pod_keys = {o.key: k for k, o in self.objects.items() if isinstance(o, Pod)}
@@ -331,8 +397,9 @@ def _snapshot(objects: Iterable[Obj]) -> Snapshot:
 
 
 def demo_cluster() -> ClusterObjects:
-    """`--set demo=true`: the `kairos demo` cluster (4 nodes of 8 GPUs; queues `org` > `research`, `product`
-    with 16 deserved GPUs each) with a pending 4x2-GPU training gang and 6 half-GPU inference pods."""
+    """`--set demo=true`: the `kairos demo` cluster (4 nodes of 8 GPUs, with simulated telemetry; queues
+    `org` > `research`, `product` with 16 deserved GPUs each) with a pending 4x2-GPU training gang and 6
+    half-GPU inference pods."""
     unbounded = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
     queues = [
         Queue(name="org", gpu=unbounded, cpu=unbounded, memory=unbounded),
@@ -356,5 +423,8 @@ def demo_cluster() -> ClusterObjects:
         for p in group
     ]
     return ClusterObjects(
-        nodes=tuple(gpu_nodes(4, gpus=8)), queues=tuple(queues), podgroups=(train, infer), pods=tuple(pods)
+        nodes=tuple(gpu_nodes(4, gpus=8, labels={SIM_TELEMETRY_LABEL: "true"})),
+        queues=tuple(queues),
+        podgroups=(train, infer),
+        pods=tuple(pods),
     )
