@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from shared.cli.up import DEFAULT_STATE_DIR
 from shared.errors import ConfigError, InvalidObject, TemporaryError
+from shared.security.redact import redact_url
 
 if TYPE_CHECKING:
     from shared.bus.client import BusClient
@@ -351,7 +352,9 @@ async def _connect(url: str) -> BusClient:
     try:
         return await asyncio.wait_for(BusClient.connect(url), REQUEST_TIMEOUT)
     except Exception as exc:
-        raise TemporaryError(f"cannot connect to NATS at {url}: {str(exc) or type(exc).__name__}") from exc
+        raise TemporaryError(
+            f"cannot connect to NATS at {redact_url(url)}: {str(exc) or type(exc).__name__}"
+        ) from exc
 
 
 def _reachable(url: str) -> None:
@@ -364,7 +367,9 @@ def _reachable(url: str) -> None:
             pass
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
-        raise TemporaryError(f"cannot reach NATS at {url} ({reason}); is the stack up (kairos up)?") from exc
+        raise TemporaryError(
+            f"cannot reach NATS at {redact_url(url)} ({reason}); is the stack up (kairos up)?"
+        ) from exc
 
 
 def _no_answer(message: str) -> int:

@@ -108,7 +108,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     options, cluster = _options(args), _cluster(args)
     env = otlp_env(args.otlp) if args.otlp else None
     stack = start_stack(state_dir, replicas, options, port=args.port, cluster=cluster, env=env)
-    (state_dir / "ready").write_text(stack.url + "\n")
+    # The URL without credentials: the file is world-readable and only its existence means "ready".
+    (state_dir / "ready").write_text(stack.nats.url + "\n")
     print("ready", flush=True)
     try:
         while not stop.is_set():

@@ -227,6 +227,17 @@ def test_status_when_nats_is_not_there(capsys: pytest.CaptureFixture[str]) -> No
     assert f"cannot reach NATS at nats://127.0.0.1:{port}" in line
 
 
+def test_an_unreachable_stack_is_named_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    """`nats.url` carries the operator's password: an error line names the server, never the secret."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert main(["status", "--nats-url", f"nats://operator:s3cret-pw@127.0.0.1:{port}"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"cannot reach NATS at nats://operator:***@127.0.0.1:{port}" in line
+    assert "s3cret-pw" not in line
+
+
 def test_nats_url_and_state_dir_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--nats-url", "nats://x:1", "--state-dir", "d"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
