@@ -86,6 +86,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     cycles: str = "auto"
     """`auto`: cycles on changes and every period. `admin`: only on `admin.<shard>.cycle` requests (the
     conformance runner and step-by-step demos drive the cycles); fair shares are still published."""
+    gpu_usage_scoring: bool = False
+    """`Policy.gpu_usage_scoring` of the work items: fractional pods prefer the least used GPUs (live
+    telemetry). Off like KAI unless asked; `kairos up` asks."""
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> QueueSettings:
@@ -466,7 +469,7 @@ class Dispatcher:
             podgroups=podgroups,
             actions=actions,
             want_view=want_view,
-            policy=policy or Policy(actions=actions),
+            policy=policy or Policy(actions=actions, gpu_usage_scoring=self.settings.gpu_usage_scoring),
         )
 
     async def _send(
