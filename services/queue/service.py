@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 from services.queue.dispatcher import Dispatcher, QueueSettings
@@ -85,6 +86,7 @@ async def body(ctx: ServiceContext) -> None:
                 await asyncio.wait_for(ctx.stopping.wait(), lease.interval())
 
     keeper = asyncio.create_task(keep_lease())
+    lag = asyncio.create_task(_watch_loop_lag(ctx))
     graceful = False
     try:
         await dispatcher.run(ctx.stopping)
@@ -94,9 +96,10 @@ async def body(ctx: ServiceContext) -> None:
             # The keeper sees `stopping` and finishes its step, so the release below knows the last revision.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(keeper), 3.0)
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeper
+        for task in (keeper, lag):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if admin is not None:
             await _unsubscribe(admin)
         await _unsubscribe(outcomes)
@@ -107,6 +110,22 @@ async def body(ctx: ServiceContext) -> None:
             lease.abandon()
         ctx.ready = False
         await replica.stop()
+
+
+async def _watch_loop_lag(ctx: ServiceContext, every: float = 0.25) -> None:
+    """How long the event loop was unavailable (a short sleep that overslept), and how much of that this
+    thread spent computing: lag with little CPU means the process or the loop thread was starved by
+    others (other processes, the planning thread holding the GIL), lag with as much CPU means work on the
+    loop thread itself. Both delay lease renewals (`loop_lag_max_ms`, `loop_lag_cpu_ms` in the heartbeat)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        planned = loop.time() + every
+        cpu = time.thread_time()
+        await asyncio.sleep(every)
+        late = loop.time() - planned
+        if late * 1000 > ctx.counters["loop_lag_max_ms"]:
+            ctx.counters["loop_lag_max_ms"] = round(late * 1000)
+            ctx.counters["loop_lag_cpu_ms"] = round((time.thread_time() - cpu) * 1000)
 
 
 async def _unsubscribe(sub: Subscription) -> None:
