@@ -38,10 +38,11 @@ __all__ = [
     "DeviceAverage",
     "NodeUsage",
     "decayed",
-    "device_groups",
     "fold",
+    "groups_of",
     "needs_rewrite",
     "observe",
+    "place_on_devices",
     "settle",
     "simulated_telemetry",
     "usage_of",
@@ -255,34 +256,36 @@ WHOLE_GPU_MEMORY = 70.0
 NOISE_POINTS = 4.0
 
 
-def device_groups(node: Node, pods: Iterable[Pod]) -> tuple[dict[int, str], dict[int, list[Pod]]]:
-    """Where the simulated node's pods sit: each shared-GPU group on a device of its own (groups by id),
-    then whole-GPU pods on the next free devices (pods by name). Returns device index -> group and
-    device index -> the pods on it; pods beyond the node's devices are left out."""
-    shared: dict[str, list[Pod]] = {}
-    whole: list[Pod] = []
+Occupancy = dict[int, str]
+"""Simulated device index -> what holds it: `group:<id>` (a shared-GPU group) or `pod:<key>:<k>` (the k-th
+device of a whole-GPU pod)."""
+
+
+def place_on_devices(node: Node, pods: Iterable[Pod], previous: Mapping[int, str] | None = None) -> Occupancy:
+    """Which simulated device each shared group and whole-GPU pod of the node holds. What held a device
+    before (`previous`) and is still there keeps it, as a real device stays with its pod; newcomers take the
+    lowest free healthy devices (a device plugin hands out no unhealthy device), groups by id then pods by
+    key. Occupants beyond the node's healthy devices are left out."""
+    wanted: list[str] = []
     for pod in pods:
         if pod.gpu.is_shared and pod.gpu_groups:
-            for group in pod.gpu_groups:
-                shared.setdefault(group, []).append(pod)
+            wanted.extend(f"group:{g}" for g in pod.gpu_groups if f"group:{g}" not in wanted)
         elif pod.gpu.is_whole and pod.gpu.devices > 0:
-            whole.append(pod)
-    groups: dict[int, str] = {}
-    on: dict[int, list[Pod]] = {}
-    index = 0
-    for group in sorted(shared):
-        if index >= node.gpus:
-            break
-        groups[index] = group
-        on[index] = shared[group]
-        index += 1
-    for pod in sorted(whole, key=lambda p: p.key):
-        for _ in range(pod.gpu.devices):
-            if index >= node.gpus:
-                break
-            on[index] = [pod]
-            index += 1
-    return groups, on
+            wanted.extend(f"pod:{pod.key}:{k}" for k in range(pod.gpu.devices))
+    present = set(wanted)
+    held = {i: o for i, o in (previous or {}).items() if o in present and 0 <= i < node.gpus}
+    broken = _unhealthy_indexes(node)
+    free = [i for i in range(node.gpus) if i not in held and i not in broken]
+    placed = set(held.values())
+    newcomers = sorted(o for o in present if o not in placed and o.startswith("group:"))
+    newcomers += sorted(o for o in present if o not in placed and o.startswith("pod:"))
+    held.update(zip(free, newcomers, strict=False))
+    return held
+
+
+def groups_of(occupancy: Mapping[int, str]) -> dict[int, str]:
+    """Device index -> the shared-GPU group on it."""
+    return {i: o.removeprefix("group:") for i, o in occupancy.items() if o.startswith("group:")}
 
 
 def _share(pod: Pod, node: Node) -> tuple[float, float]:
@@ -304,13 +307,29 @@ def _unhealthy_indexes(node: Node) -> set[int]:
 
 
 def simulated_telemetry(
-    node: Node, pods: Iterable[Pod], now: float, period: float, seed: int = 0
-) -> tuple[GpuTelemetry, dict[int, str]]:
+    node: Node,
+    pods: Iterable[Pod],
+    now: float,
+    period: float,
+    seed: int = 0,
+    previous: Mapping[int, str] | None = None,
+) -> tuple[GpuTelemetry, Occupancy]:
     """What an agent would report for a simulated node at `now`: each device used as its pods ask (a
     fraction's share, or `WHOLE_GPU_*` for a whole-GPU pod), plus noise of up to `NOISE_POINTS` seeded by
     (seed, node, reading), so the same inputs give the same telemetry. Devices listed in the node's
-    `UNHEALTHY_GPUS_LABEL` report XID 79. Returns the telemetry and device index -> shared-GPU group."""
-    groups, on = device_groups(node, pods)
+    `UNHEALTHY_GPUS_LABEL` report XID 79. Returns the telemetry and the devices' occupancy
+    (`place_on_devices` from the `previous` one), which the caller keeps for the next reading."""
+    pods = list(pods)
+    occupancy = place_on_devices(node, pods, previous)
+    by_occupant: dict[str, list[Pod]] = {}
+    for pod in pods:
+        if pod.gpu.is_shared:
+            for g in pod.gpu_groups:
+                by_occupant.setdefault(f"group:{g}", []).append(pod)
+        elif pod.gpu.is_whole:
+            for k in range(pod.gpu.devices):
+                by_occupant[f"pod:{pod.key}:{k}"] = [pod]
+    on = {i: by_occupant.get(o, []) for i, o in occupancy.items()}
     rng = random.Random(f"{seed}/{node.name}/{round(now / period) if period > 0 else now}")
     broken = _unhealthy_indexes(node)
     devices = []
@@ -337,4 +356,4 @@ def simulated_telemetry(
         )
     return GpuTelemetry(
         node=node.name, time=now, period=period, devices=tuple(devices), xid_events=True
-    ), groups
+    ), occupancy

@@ -42,7 +42,16 @@ from shared.contracts.messages import (
 )
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import KairosError
-from shared.gpu_usage import SIM_TELEMETRY_LABEL, NodeUsage, observe, settle, simulated_telemetry, usage_of
+from shared.gpu_usage import (
+    SIM_TELEMETRY_LABEL,
+    NodeUsage,
+    Occupancy,
+    groups_of,
+    observe,
+    settle,
+    simulated_telemetry,
+    usage_of,
+)
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.status import ACTIVE_USED
 from shared.model.validate import validate_snapshot
@@ -122,6 +131,7 @@ class Checkpoint:
     objects: dict[str, Obj]
     timers: dict[str, tuple[float, str]]
     usage: dict[str, NodeUsage]
+    occupancy: dict[str, Occupancy]
     next_telemetry: float | None
 
 
@@ -139,6 +149,8 @@ class SimulatedCluster:
         self.telemetry_period = telemetry_period
         self._usage: dict[str, NodeUsage] = {}
         """Node name -> decayed use of its simulated devices."""
+        self._occupancy: dict[str, Occupancy] = {}
+        """Node name -> what holds each of its simulated devices (kept from reading to reading)."""
         self._next_telemetry: float | None = None
         self.objects: dict[str, Obj] = {}
         self._pod_keys: dict[str, str] = {}
@@ -161,12 +173,19 @@ class SimulatedCluster:
 
     def checkpoint(self) -> Checkpoint:
         # Shallow copies suffice: objects are immutable and every operation replaces the dicts' entries.
-        return Checkpoint(dict(self.objects), dict(self._timers), dict(self._usage), self._next_telemetry)
+        return Checkpoint(
+            dict(self.objects),
+            dict(self._timers),
+            dict(self._usage),
+            dict(self._occupancy),
+            self._next_telemetry,
+        )
 
     def restore(self, saved: Checkpoint) -> None:
         self.objects = dict(saved.objects)
         self._timers = dict(saved.timers)
         self._usage = dict(saved.usage)
+        self._occupancy = dict(saved.occupancy)
         self._next_telemetry = saved.next_telemetry
         self._reindex()
 
@@ -184,6 +203,7 @@ class SimulatedCluster:
             if isinstance(obj, Pod):
                 self._retime(key, None, obj, now)
         self._usage.clear()
+        self._occupancy.clear()
         self._next_telemetry = None
         self._retime_telemetry(now)
 
@@ -304,12 +324,19 @@ class SimulatedCluster:
         for key, node in self.objects.items():
             if not isinstance(node, Node) or not _measured(node):
                 continue
-            reading, groups = simulated_telemetry(node, on.get(node.name, []), now, self.telemetry_period)
+            reading, occupancy = simulated_telemetry(
+                node,
+                on.get(node.name, []),
+                now,
+                self.telemetry_period,
+                previous=self._occupancy.get(node.name),
+            )
             usage = observe(self._usage.get(node.name), reading)
             if usage is None:
                 continue
             self._usage[node.name] = usage
-            devices = settle(node.gpu_devices, usage_of(usage, groups))
+            self._occupancy[node.name] = occupancy
+            devices = settle(node.gpu_devices, usage_of(usage, groups_of(occupancy)))
             if devices is not node.gpu_devices:
                 out[key] = msgspec.structs.replace(node, gpu_devices=devices)
         return out
@@ -343,6 +370,7 @@ class SimulatedCluster:
         """Read telemetry while some node is measured; forget the nodes that left."""
         measured = {o.name for o in self.objects.values() if isinstance(o, Node) and _measured(o)}
         self._usage = {name: u for name, u in self._usage.items() if name in measured}
+        self._occupancy = {name: o for name, o in self._occupancy.items() if name in measured}
         if not measured:
             self._next_telemetry = None
         elif self._next_telemetry is None:

@@ -3,10 +3,11 @@
 Scores add up as in KAI: placement (binpack or spread, on GPUs for GPU pods and CPU for CPU pods, up to 9),
 resource type (10: CPU pods prefer CPU-only nodes), availability (1000: fits without waiting for releasing
 pods), GPU sharing (10000: a shared device already has room), topology (100000: in the preferred domain).
-With `Policy.gpu_usage_scoring`, a fractional or GPU-memory pod also scores each node up to 20000 by the
+With `Policy.gpu_usage_scoring`, a fractional or GPU-memory pod also scores each node up to 40000 by the
 lowest measured pressure among the devices it could use there (`Node.gpu_devices`), so it shares a device
-only where it is really free: a shared device more than about 50 points busier than an idle one elsewhere
-loses the GPU-sharing bonus's advantage. Devices reported unhealthy are never offered (`fitting_gpus`).
+only where it is really free: a shared device more than 25 points busier than an idle one elsewhere
+loses the GPU-sharing bonus's advantage (10000 = 25 points of 40000). A group opened in this cycle, not
+measured yet, counts as busy as what is booked on it. Devices reported unhealthy are never offered (`fitting_gpus`).
 Nodes are visited by score descending, then by name, and the first that passes the filters wins; the
 search is an iterated masked arg-max so one pod costs a few passes over the arrays, not a sort.
 """
@@ -31,7 +32,7 @@ RESOURCE_TYPE = 10.0
 AVAILABILITY = 1000.0
 GPU_SHARING = 10000.0
 TOPOLOGY = 100000.0
-GPU_USAGE = 20000.0
+GPU_USAGE = 40000.0
 
 WHOLE_GPU = "-2"
 

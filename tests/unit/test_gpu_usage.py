@@ -18,9 +18,11 @@ from shared.gpu_usage import (
     NodeUsage,
     decayed,
     fold,
+    groups_of,
     is_stale,
     needs_rewrite,
     observe,
+    place_on_devices,
     simulated_telemetry,
     usage_of,
 )
@@ -232,8 +234,9 @@ def test_simulated_devices_are_used_as_their_pods_ask_with_seeded_noise() -> Non
         pod("c", GpuRequest(devices=1, fraction=0.5), ("g1",)),
         pod("d", GpuRequest(devices=1)),
     ]
-    reading_, groups = simulated_telemetry(node, pods, now=100.0, period=5.0, seed=7)
-    assert groups == {0: "g1", 1: "g2"}
+    reading_, occupancy = simulated_telemetry(node, pods, now=100.0, period=5.0, seed=7)
+    assert groups_of(occupancy) == {0: "g1", 1: "g2"}
+    assert occupancy[2] == "pod:/d:0"
     by_index = {d.index: d for d in reading_.devices}
     assert by_index[0].utilisation_pct == pytest.approx(50, abs=4)
     assert by_index[1].utilisation_pct == pytest.approx(75, abs=4)
@@ -241,7 +244,7 @@ def test_simulated_devices_are_used_as_their_pods_ask_with_seeded_noise() -> Non
     assert by_index[3].utilisation_pct is not None
     assert by_index[3].utilisation_pct <= 4
     assert by_index[1].memory_used_mib == 60000
-    assert simulated_telemetry(node, pods, now=100.0, period=5.0, seed=7) == (reading_, groups)
+    assert simulated_telemetry(node, pods, now=100.0, period=5.0, seed=7) == (reading_, occupancy)
     assert simulated_telemetry(node, pods, now=105.0, period=5.0, seed=7)[0] != reading_
 
 
@@ -252,3 +255,16 @@ def test_a_simulated_node_label_makes_devices_report_xid_79() -> None:
     usage = observe(None, reading_)
     assert usage is not None
     assert [d.healthy for d in usage_of(usage)] == [False, True, False]
+
+
+def test_simulated_devices_stay_with_their_pods_and_newcomers_skip_unhealthy_devices() -> None:
+    node = Node(name="n1", cpu_millis=1, memory_bytes=1, gpus=4, labels={UNHEALTHY_GPUS_LABEL: "1"})
+    first = place_on_devices(node, [pod("w", GpuRequest(devices=1))])
+    assert first == {0: "pod:/w:0"}
+    later = place_on_devices(
+        node, [pod("w", GpuRequest(devices=1)), pod("f", GpuRequest(devices=1, fraction=0.5), ("g0",))], first
+    )
+    assert later == {0: "pod:/w:0", 2: "group:g0"}
+    assert place_on_devices(node, [pod("f", GpuRequest(devices=1, fraction=0.5), ("g0",))], later) == {
+        2: "group:g0"
+    }

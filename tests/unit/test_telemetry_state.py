@@ -4,10 +4,13 @@ only past the hysteresis threshold or on a health change."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
 from services.state.mirror import NODES, Mirror
 from services.state.source import TELEMETRY_PERIOD, SimulatedCluster
+from shared.clusterfile import load_cluster
 from shared.contracts import subjects as s
 from shared.contracts.messages import ApplyRequest, Binding
 from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
@@ -17,6 +20,7 @@ from shared.sim.scenarios import flat_queues, gang, gpu_nodes
 from tests.unit.test_state_mirror import node as raw_node
 
 NOW = 1_800_000_000.0
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def measured_node(name: str = "n1", gpus: int = 2, **labels: str) -> Node:
@@ -147,3 +151,11 @@ def test_the_mirror_drops_the_devices_of_an_agent_gone_silent() -> None:
     m.touch_nodes()
     m.flush(NOW + 60)
     assert mirrored_node(m).gpu_devices == ()
+
+
+def test_the_readme_s_telemetry_examples_load_with_measured_nodes_and_a_broken_device() -> None:
+    cluster = load_cluster(EXAMPLES / "gpu-telemetry.yaml")
+    assert all(n.labels.get(SIM_TELEMETRY_LABEL) == "true" for n in cluster.nodes)
+    assert [n.labels.get(UNHEALTHY_GPUS_LABEL) for n in cluster.nodes] == [None, "3"]
+    assert [p.gpu.devices for p in load_cluster(EXAMPLES / "gpu-finetune.yaml").pods] == [4]
+    assert [p.gpu.fraction for p in load_cluster(EXAMPLES / "gpu-inference.yaml").pods] == [0.5] * 3
