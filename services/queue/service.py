@@ -65,6 +65,7 @@ async def body(ctx: ServiceContext) -> None:
         if leading:
             # Only the leader listens: a standby answering "not leader" could win the reply race.
             admin = await ctx.bus.nc.subscribe(s.admin(ctx.config.shard, "cycle"), cb=on_admin)
+            await ctx.bus.nc.flush()
         elif admin is not None:
             await _unsubscribe(admin)
             admin = None

@@ -175,6 +175,8 @@ async def body(ctx: ServiceContext) -> None:
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"
+        # Ready means the server knows our subscriptions: a request sent on "ready" finds a responder.
+        await ctx.bus.nc.flush()
         ctx.ready = True
         ctx.log.info("ready: source=%s, state revision %d", options.source, replica.revision)
         await ctx.stopping.wait()

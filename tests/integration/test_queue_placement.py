@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from nats.errors import NoRespondersError
 
 from services.binder import service as binder
 from services.placement import service as placement
@@ -116,6 +117,19 @@ def events_of(kind: str) -> str:
 async def heartbeat(bus: Bus, service: str, replica: str) -> Heartbeat:
     msg = await bus.nc.request(s.health(service, replica), b"", timeout=2)
     return HEARTBEATS.decode(msg.subject, msg.data)
+
+
+async def admin_cycle(bus: Bus, request: CycleRequest, timeout: float) -> Any:
+    """Ask the leader for a cycle. The leader subscribes right after it wins the lease, so a request sent
+    as soon as the lease is visible may find no responder yet: ask again until it does."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await bus.nc.request(s.admin(SHARD, "cycle"), encode(request), timeout=timeout)
+        except NoRespondersError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, every: float = 0.05) -> Any:
@@ -501,7 +515,7 @@ async def test_admin_cycle_dispatches_one_whole_cycle_and_replies_with_its_outco
     await eventually(lambda: current_lease(bus))
 
     request = CycleRequest(now=NOW, want_view=True)
-    msg = await bus.nc.request(s.admin(SHARD, "cycle"), encode(request), timeout=15)
+    msg = await admin_cycle(bus, request, timeout=15)
     reply = CYCLE_REPLIES.decode(msg.subject, msg.data)
     assert reply.ok, reply.error
     assert reply.outcome is not None
@@ -572,7 +586,7 @@ async def test_an_admin_cycle_through_all_four_services_binds_the_gangs(bus: Bus
     await apply(bus, snapshot)
     await eventually(lambda: current_lease(bus))
 
-    msg = await bus.nc.request(s.admin(SHARD, "cycle"), encode(CycleRequest(want_view=True)), timeout=20)
+    msg = await admin_cycle(bus, CycleRequest(want_view=True), timeout=20)
     reply = CYCLE_REPLIES.decode(msg.subject, msg.data)
     assert reply.ok, reply.error
     assert reply.outcome is not None
