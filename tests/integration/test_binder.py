@@ -121,7 +121,7 @@ def proposal(
 
 
 async def lease(bus: Bus, term: int = 1) -> None:
-    # The lease bucket expires entries 3 s after their last write: tests write it right before they need it.
+    # The lease bucket expires entries LEASE_TTL_S after their last write: tests write it right before use.
     await bus.leases.put(s.lease_key(SHARD), encode(Lease(shard=SHARD, holder="queue-0", term=term)))
 
 
