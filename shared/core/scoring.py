@@ -14,8 +14,9 @@ search is an iterated masked arg-max so one pod costs a few passes over the arra
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy.typing as npt
 from shared.core.tasks import CPU, GPU, TaskState
 
 if TYPE_CHECKING:
-    from shared.core.cluster import NodeState
+    from shared.core.cluster import ClusterState, NodeState
     from shared.core.session import Session
 
 MAX_HIGH_DENSITY = 9.0
@@ -92,11 +93,43 @@ class MeasuredDevices:
 _NOT_MEASURED = MeasuredDevices({}, frozenset(), 0, 0.0)
 
 
+@dataclass
+class _UsageCache:
+    """Per session cluster: each measured node's `MeasuredDevices` (static: they come from the snapshot)
+    and the usage scores per request shape with the node versions they were computed at, so a pod costs
+    the nodes that changed since the last pod of its shape, not every measured node."""
+
+    measured: dict[int, MeasuredDevices] = field(default_factory=dict)
+    nodes: npt.NDArray[np.intp] | None = None
+    scores: dict[tuple[object, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = field(
+        default_factory=dict
+    )
+
+
+# Keyed weakly by the session's cluster: the cache lives exactly as long as the session that reads it.
+_CACHES: weakref.WeakKeyDictionary[ClusterState, _UsageCache] = weakref.WeakKeyDictionary()
+
+
+def _cache(cluster: ClusterState) -> _UsageCache:
+    found = _CACHES.get(cluster)
+    if found is None:
+        found = _CACHES[cluster] = _UsageCache()
+    return found
+
+
 def measured(node: NodeState) -> MeasuredDevices:
     """What the node's `gpu_devices` say, for the filter and the scores (nothing when not measured)."""
-    devices = node.node.gpu_devices
-    if not devices:
+    if not node.node.gpu_devices:
         return _NOT_MEASURED
+    cache = _cache(node.cluster)
+    found = cache.measured.get(node.idx)
+    if found is None:
+        found = cache.measured[node.idx] = _measure(node)
+    return found
+
+
+def _measure(node: NodeState) -> MeasuredDevices:
+    devices = node.node.gpu_devices
     grouped = {d.gpu_group: d for d in devices if d.gpu_group}
     free = [d for d in devices if not d.gpu_group]
     return MeasuredDevices(
@@ -124,21 +157,31 @@ def usage_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64]:
     """`GPU_USAGE * (1 - p / 100)` per node, p the lowest pressure among the healthy devices the task
     could use there (shared devices it fits on, free devices); 0 for nodes nobody measures."""
     c = ssn.cluster
-    out = np.zeros(len(c.order))
-    for i, node in enumerate(c.order):
-        if not node.node.gpu_devices:
-            continue
-        seen = measured(node)
-        options = [
-            _group_pressure(node, g, seen)
-            for g in node.groups
-            if g not in seen.unhealthy_groups and node.task_fits_group(task, g)
-        ]
-        if usable_whole_gpus(node) > 0:
-            options.append(seen.free_pressure)
-        if options:
-            out[i] = GPU_USAGE * (1.0 - min(options) / 100.0)
+    cache = _cache(c)
+    if cache.nodes is None:
+        cache.nodes = np.array([i for i, n in enumerate(c.order) if n.node.gpu_devices], dtype=np.intp)
+    shape = (task.kind, task.gpu.fraction, task.gpu.memory_mib)
+    entry = cache.scores.get(shape)
+    if entry is None:
+        entry = cache.scores[shape] = (np.full(len(c.order), -1, dtype=np.int64), np.zeros(len(c.order)))
+    versions, out = entry
+    stale = cache.nodes[versions[cache.nodes] != c.versions[cache.nodes]]
+    for i in stale.tolist():
+        out[i] = _usage_score(c.order[i], task)
+        versions[i] = c.versions[i]
     return out
+
+
+def _usage_score(node: NodeState, task: TaskState) -> float:
+    seen = measured(node)
+    options = [
+        _group_pressure(node, g, seen)
+        for g in node.groups
+        if g not in seen.unhealthy_groups and node.task_fits_group(task, g)
+    ]
+    if usable_whole_gpus(node) > 0:
+        options.append(seen.free_pressure)
+    return GPU_USAGE * (1.0 - min(options) / 100.0) if options else 0.0
 
 
 def iter_nodes_in_order(

@@ -137,3 +137,17 @@ def test_whole_gpu_pods_are_not_scored_by_measured_use() -> None:
     nodes = [node("a", 2, dev(0, 90.0), dev(1, 90.0)), node("b", 2, dev(0), dev(1))]
     workload = gang("whole", "q", 1, 1.0)
     assert placed(run(nodes, workload)) == placed(run(nodes, workload, policy=Policy()))
+
+
+def test_many_fractional_pods_fill_measured_nodes_without_overbooking_a_device() -> None:
+    nodes = [node(f"n{k}", 2, dev(0, 10.0 * k), dev(1, 5.0 * k)) for k in range(3)]
+    result = run(nodes, gang("many", "q", 12, 0.5))
+    where = placed(result)
+    assert len(where) == 12
+    per_device: dict[tuple[str, str], int] = {}
+    for node_name, groups in where.values():
+        for group in groups:
+            per_device[(node_name, group)] = per_device.get((node_name, group), 0) + 1
+    assert sorted(per_device.values()) == [2] * 6
+    # The least used node's devices are opened first.
+    assert where["many-0"][0] == "n0"
