@@ -2,7 +2,8 @@
 
 In this process over the fake pynvml: the agent publishes its inventory at start, every period and on
 request, counts unhealthy devices, publishes telemetry (use, health, XID errors) every telemetry period,
-and shuts NVML down when it stops. As a subprocess with the real pynvml
+and shuts NVML down when it stops; the state service's Kubernetes owner (against `services.kubesim`)
+folds that telemetry into the node it writes to KV. As a subprocess with the real pynvml
 (this machine has no NVIDIA driver): `--allow-no-gpu` publishes zero devices with NVML's error and stops on
 SIGTERM; without the flag the agent exits 1 with one line on stderr.
 """
@@ -17,18 +18,25 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import Agent, AgentSettings
+from services.kubesim.cluster import SimOptions
+from services.kubesim.server import KubeSim
+from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.nats_server import NatsServer
+from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES, GpuInventory
+from shared.contracts.messages import NodeRecord
 from shared.contracts.telemetry import TELEMETRY
+from shared.model import Node
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.integration
@@ -155,6 +163,49 @@ async def test_the_agent_publishes_telemetry_every_telemetry_period_with_xid_err
         assert ctx.counters["xid_errors"] == 1
         assert ctx.counters["telemetry"] >= 2
     await sub.unsubscribe()
+
+
+async def test_the_state_service_folds_an_agent_s_telemetry_into_its_node(bus: Bus, tmp_path: Path) -> None:
+    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
+    sim.load_manifests(Path(__file__).resolve().parents[2] / "deploy" / "crds")
+    sim.add_nodes([Node(name="n1", cpu_millis=64_000, memory_bytes=512e9, gpus=2)])
+    await sim.start()
+    sim.write_kubeconfig(tmp_path / "kubeconfig")
+    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+    replica = StateReplica(bus)
+    await replica.start()
+    owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
+    await owner.start()
+    gpus = [FakeGpu(uuid="GPU-0", utilisation=60), FakeGpu(uuid="GPU-1")]
+
+    async def node_in_kv() -> Node | None:
+        record = replica.records.get(s.node_key("n1"))
+        return record.node if isinstance(record, NodeRecord) else None
+
+    async def until(what: str, check: object) -> Node:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            node = await node_in_kv()
+            if node is not None and check(node):  # type: ignore[operator]
+                return node
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{what}: KV holds {await node_in_kv()}")
+
+    try:
+        async with agent_running(bus, FakeNvml(gpus), period=3600, telemetry_period=0.2):
+            node = await until("the devices in KV", lambda n: len(n.gpu_devices) == 2)
+            assert [(d.uuid, d.utilisation_pct, d.healthy) for d in node.gpu_devices] == [
+                ("GPU-0", 60.0, True),
+                ("GPU-1", 0.0, True),
+            ]
+            gpus[1].xids.append(79)
+            node = await until("device 1 unhealthy", lambda n: not n.gpu_devices[1].healthy)
+            assert node.gpu_devices[1].reason == "XID 79"
+            assert ctx.counters["gpu_telemetry"] >= 2
+    finally:
+        await owner.stop()
+        await replica.stop()
+        await sim.stop()
 
 
 async def start_agent(nats_server: NatsServer, *flags: str) -> asyncio.subprocess.Process:
