@@ -42,6 +42,7 @@ from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 20.0
+CRDS = Path(__file__).resolve().parents[2] / "deploy" / "crds"
 
 
 def real_nvml_works() -> bool:
@@ -167,7 +168,7 @@ async def test_the_agent_publishes_telemetry_every_telemetry_period_with_xid_err
 
 async def test_the_state_service_folds_an_agent_s_telemetry_into_its_node(bus: Bus, tmp_path: Path) -> None:
     sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
-    sim.load_manifests(Path(__file__).resolve().parents[2] / "deploy" / "crds")
+    sim.load_manifests(CRDS)
     sim.add_nodes([Node(name="n1", cpu_millis=64_000, memory_bytes=512e9, gpus=2)])
     await sim.start()
     sim.write_kubeconfig(tmp_path / "kubeconfig")
