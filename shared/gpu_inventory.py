@@ -19,6 +19,9 @@ it lowers the count to the devices that are healthy and sets the per-device memo
 
 No inventory, or one whose `error` says NVML could not be used, tells nothing about the devices: the node
 stays as Kubernetes describes it. A stale inventory (`is_stale`) should be treated as no inventory.
+
+`mark_excluded` tells the live telemetry's devices (`Node.gpu_devices`) which of them the inventory already
+took out of `gpus`, so that the core's unhealthy-device filter does not take them out twice.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import msgspec
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
 from shared.errors import InvalidObject
 from shared.model import Node
+from shared.model.objects import DeviceUsage
 
-__all__ = ["STALE_PERIODS", "is_stale", "merge_inventory", "stale_nodes"]
+__all__ = ["STALE_PERIODS", "is_stale", "mark_excluded", "merge_inventory", "stale_nodes"]
 
 STALE_PERIODS = 3.0
 """An inventory is stale once this many of its agent's periods have passed without a newer one."""
@@ -105,3 +109,18 @@ def stale_nodes(
 ) -> list[str]:
     """The nodes (keys of `inventories`, each node's latest inventory) whose inventory is stale, sorted."""
     return sorted(node for node, inventory in inventories.items() if is_stale(inventory, now, periods))
+
+
+def mark_excluded(
+    devices: tuple[DeviceUsage, ...], inventory: GpuInventory | None
+) -> tuple[DeviceUsage, ...]:
+    """`devices` with `excluded` set on those the (fresh) `inventory` reports unhealthy, matched by UUID
+    (by index when either side lacks one): `merge_inventory` already left them out of the node's `gpus`."""
+    if inventory is None or inventory.error or not devices:
+        return devices
+    sick = {d.uuid or f"#{d.index}" for d in inventory.devices if not d.healthy}
+    if not sick:
+        return devices
+    return tuple(
+        msgspec.structs.replace(d, excluded=True) if (d.uuid or f"#{d.index}") in sick else d for d in devices
+    )

@@ -220,11 +220,12 @@ def needs_rewrite(
     if len(written) != len(new):
         return True
     for old, now in zip(written, new, strict=True):
-        if (old.index, old.uuid, old.healthy, old.gpu_group) != (
+        if (old.index, old.uuid, old.healthy, old.gpu_group, old.excluded) != (
             now.index,
             now.uuid,
             now.healthy,
             now.gpu_group,
+            now.excluded,
         ):
             return True
         if abs(old.utilisation_pct - now.utilisation_pct) >= points:

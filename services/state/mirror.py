@@ -39,7 +39,7 @@ from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuInventory
 from shared.contracts.telemetry import GpuTelemetry
 from shared.errors import InvalidObject
-from shared.gpu_inventory import is_stale, merge_inventory
+from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from shared.gpu_usage import is_stale as usage_is_stale
 from shared.kube import translate, validity, wire
@@ -296,6 +296,7 @@ class Mirror:
             return None
         usage = self.usage.get(name)
         fresh = usage_of(usage) if usage is not None and not usage_is_stale(usage, now) else ()
+        fresh = mark_excluded(fresh, inventory)
         written = self.current.get(key_of(node))
         devices = settle(written.gpu_devices if isinstance(written, Node) else (), fresh)
         if devices:

@@ -85,7 +85,8 @@ class MeasuredDevices:
     unhealthy_groups: frozenset[str]
     """Groups living on an unhealthy device: no new pod joins them."""
     unhealthy_free: int
-    """Unhealthy devices without a known group: that many fewer whole GPUs to hand out."""
+    """Unhealthy devices without a known group and still counted in the node's GPUs: that many fewer whole
+    GPUs to hand out."""
     free_pressure: float
     """The lowest measured pressure among healthy devices without a group (0 when none is measured)."""
 
@@ -135,7 +136,7 @@ def _measure(node: NodeState) -> MeasuredDevices:
     return MeasuredDevices(
         group_pressure={g: d.pressure_pct for g, d in grouped.items()},
         unhealthy_groups=frozenset(g for g, d in grouped.items() if not d.healthy),
-        unhealthy_free=sum(1 for d in free if not d.healthy),
+        unhealthy_free=sum(1 for d in free if not d.healthy and not d.excluded),
         free_pressure=min((d.pressure_pct for d in free if d.healthy), default=0.0),
     )
 

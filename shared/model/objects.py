@@ -249,6 +249,9 @@ class DeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
     """Why the device is unhealthy (an XID error, uncorrected ECC errors, not answering NVML)."""
     gpu_group: str = ""
     """The shared-GPU group (fractional pods) living on this device, when the source knows it."""
+    excluded: bool = False
+    """Already left out of the node's `gpus` (its inventory reported the device unhealthy), so the core does
+    not take it out a second time."""
 
     @property
     def pressure_pct(self) -> float:

@@ -151,3 +151,13 @@ def test_many_fractional_pods_fill_measured_nodes_without_overbooking_a_device()
     assert sorted(per_device.values()) == [2] * 6
     # The least used node's devices are opened first.
     assert where["many-0"][0] == "n0"
+
+
+def test_a_device_the_inventory_already_left_out_is_not_taken_out_twice() -> None:
+    # The inventory reported device 3 unhealthy: Kubernetes' 4 GPUs became 3, and telemetry agrees.
+    counted = node(
+        "n1", 3, dev(0), dev(1), dev(2), msgspec.structs.replace(dev(3, healthy=False), excluded=True)
+    )
+    assert placed(run([counted], gang("three", "q", 1, 3.0))) == {"three-0": ("n1", ())}
+    twice = node("n1", 3, dev(0), dev(1), dev(2), dev(3, healthy=False))
+    assert placed(run([twice], gang("three", "q", 1, 3.0))) == {}

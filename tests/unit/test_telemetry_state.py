@@ -12,6 +12,7 @@ from services.state.mirror import NODES, Mirror
 from services.state.source import TELEMETRY_PERIOD, SimulatedCluster
 from shared.clusterfile import load_cluster
 from shared.contracts import subjects as s
+from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.contracts.messages import ApplyRequest, Binding
 from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
 from shared.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
@@ -159,3 +160,22 @@ def test_the_readme_s_telemetry_examples_load_with_measured_nodes_and_a_broken_d
     assert [n.labels.get(UNHEALTHY_GPUS_LABEL) for n in cluster.nodes] == [None, "3"]
     assert [p.gpu.devices for p in load_cluster(EXAMPLES / "gpu-finetune.yaml").pods] == [4]
     assert [p.gpu.fraction for p in load_cluster(EXAMPLES / "gpu-inference.yaml").pods] == [0.5] * 3
+
+
+def test_a_device_the_inventory_reports_unhealthy_is_marked_as_already_left_out() -> None:
+    m = Mirror()
+    m.relist(NODES, [raw_node("n1", gpus=2)])
+    sick = GpuDevice(index=0, uuid="GPU-0", memory_mib=80000, healthy=False, error="2 uncorrected ECC errors")
+    m.inventory(
+        GpuInventory(
+            node="n1",
+            time=NOW,
+            period=30.0,
+            devices=(sick, GpuDevice(index=1, uuid="GPU-1", memory_mib=80000)),
+        )
+    )
+    m.telemetry(reading(NOW, 0.0, 0.0, xid=(48,)))
+    m.flush(NOW)
+    node = mirrored_node(m)
+    assert node.gpus == 1
+    assert [(d.healthy, d.excluded) for d in node.gpu_devices] == [(False, True), (True, False)]
