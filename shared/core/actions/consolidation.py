@@ -1,7 +1,8 @@
 """Consolidation: move running preemptible pods so that a pending job fits, evicting nobody for good.
 
 KAI `consolidation` action. Pending preemptible jobs are visited in queue order; a job the cluster's free
-and releasing GPUs could not hold anyway is skipped. The victim solver (`shared.core.solver`) tries running
+and releasing GPUs could not hold anyway, one with a pod larger than any node, or one its queue's limit holds
+back is skipped (no move could change that). The victim solver (`shared.core.solver`) tries running
 preemptible jobs of any queue (at most `Policy.max_consolidation_preemptees` + 1 candidate jobs per
 attempt, -1 for no limit; 0 turns the action off) and accepts a scenario only when every victim pod was
 placed again elsewhere: the committed statement evicts the moved pods and pipelines them and the job.
@@ -15,7 +16,13 @@ from typing import TYPE_CHECKING
 from shared.core.actions.preempt import is_candidate
 from shared.core.ordering import JobsByQueue
 from shared.core.solver import ByNodeScenario, JobSolver
-from shared.core.solver.jobs import JobIndex, enough_gpus_allocatable, feasible_nodes, pending_jobs
+from shared.core.solver.jobs import (
+    JobIndex,
+    enough_gpus_allocatable,
+    feasible_nodes,
+    fits_some_node_when_empty,
+    pending_jobs,
+)
 from shared.model.status import PodStatus
 
 if TYPE_CHECKING:
@@ -33,7 +40,11 @@ def run(ssn: Session) -> None:
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn, preemptible_only=True))
     for job in order.drain():
-        if not enough_gpus_allocatable(ssn, job):
+        if not enough_gpus_allocatable(ssn, job) or not fits_some_node_when_empty(ssn, job):
+            continue
+        if not ssn.job_capacity(job, job.tasks_to_allocate(real=False)).ok:
+            # Consolidation re-places every pod it moves, so no queue's allocation changes: a job its
+            # queue's limit (or non-preemptible quota) holds back stays held back whatever moves.
             continue
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:

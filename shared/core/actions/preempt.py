@@ -16,7 +16,13 @@ from shared.core import minruntime
 from shared.core.ordering import JobsByQueue
 from shared.core.proportion import ancestors_and_self, check_non_preemptible_over_quota
 from shared.core.solver import ByNodeScenario, JobSolution, JobSolver
-from shared.core.solver.jobs import JobIndex, feasible_nodes, has_alive_pod, pending_jobs
+from shared.core.solver.jobs import (
+    JobIndex,
+    feasible_nodes,
+    fits_some_node_when_empty,
+    has_alive_pod,
+    pending_jobs,
+)
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
@@ -29,6 +35,8 @@ def run(ssn: Session) -> None:
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     for job in order.drain():
+        if not fits_some_node_when_empty(ssn, job):
+            continue
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())

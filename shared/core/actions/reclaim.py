@@ -17,7 +17,7 @@ from shared.core import minruntime
 from shared.core.ordering import JobsByQueue
 from shared.core.reclaimable import Reclaimable, can_reclaim_resources, reclaimer_info, snapshot_queues
 from shared.core.solver import ByNodeScenario, JobSolver
-from shared.core.solver.jobs import JobIndex, feasible_nodes, pending_jobs
+from shared.core.solver.jobs import JobIndex, feasible_nodes, fits_some_node_when_empty, pending_jobs
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
@@ -36,7 +36,9 @@ def run(ssn: Session) -> None:
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     for job in order.drain():
-        if not can_reclaim_resources(ssn, reclaimer_info(ssn, job)):
+        if not fits_some_node_when_empty(ssn, job) or not can_reclaim_resources(
+            ssn, reclaimer_info(ssn, job)
+        ):
             continue
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:

@@ -172,6 +172,15 @@ def accepted_gpus(ssn: Session, task: TaskState) -> float:
     return ssn.accepted_quota(task)[0]
 
 
+def fits_some_node_when_empty(ssn: Session, job: JobState) -> bool:
+    """Every whole-GPU pod the job still needs asks for no more GPUs than some node has. Moving or evicting
+    pods only frees GPUs on the nodes there are, so for a job failing this no victim scenario can succeed:
+    the victim actions skip it instead of trying every scenario (a 16-GPU pod on 8-GPU nodes kept a
+    placement worker busy for minutes per cycle)."""
+    most = float(ssn.cluster.gpu_count.max()) if len(ssn.cluster.order) else 0.0
+    return all(t.whole_gpus <= most for t in job.tasks_to_allocate(real=False))
+
+
 def enough_gpus_allocatable(ssn: Session, job: JobState) -> bool:
     """KAI `IsEnoughGPUsAllocatableForJob`: the cluster's free and releasing GPUs (and GPU memory) cover
     what the job's next pods ask for."""
