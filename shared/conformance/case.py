@@ -365,7 +365,8 @@ _YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoad
 
 # msgspec errors read "<problem> - at `$.jobs[2].per_task`" (no suffix when at the root).
 _MSGSPEC_AT = re.compile(r"^(?P<problem>.*?)(?: - at (?P<at>.*))?$", re.DOTALL)
-_FIELD_NAME = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]*)`")
+# Greedy up to the last backtick: a key may itself contain backticks (msgspec does not escape them).
+_FIELD_NAME = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>.*)`$", re.DOTALL)
 _LIST_ITEM = re.compile(r"^(?P<list>nodes|queues|departments|jobs)\[(?P<index>\d+)\]")
 _ITEM_KIND = {"nodes": "node", "queues": "queue", "departments": "department", "jobs": "job"}
 
@@ -435,7 +436,8 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
     named = _FIELD_NAME.match(problem)
     if named:
         # Unknown / missing keys are reported at their parent; name the key itself instead.
-        path = f"{path}.{named.group('name')}" if path else named.group("name")
+        name = named.group("name") or "''"  # an empty key is still a key: name it visibly
+        path = f"{path}.{name}" if path else name
         problem = "unknown field" if "unknown" in problem else "missing required field"
     elif problem:
         problem = problem[0].lower() + problem[1:]

@@ -60,17 +60,8 @@ def loads_or_names_the_field(loader: str, text: str, document: object) -> None:
         return
     assert error.kind == kind
     assert error.problem
-    if isinstance(document, dict) and document and not (loader == "case" and _has_empty_key(document)):
+    if isinstance(document, dict) and document:
         assert error.field, f"no field named for a mapping: {error}"
-
-
-def _has_empty_key(document: object) -> bool:
-    """The case loader names an unknown key '' by an empty path (shared.conformance.case, reported)."""
-    if isinstance(document, dict):
-        return "" in document or any(_has_empty_key(v) for v in document.values())
-    if isinstance(document, list):
-        return any(_has_empty_key(v) for v in document)
-    return False
 
 
 def dump(document: object) -> str:
