@@ -263,7 +263,23 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
         if pod.key in reserved and not node:
             status, node = f"{status} (reserved)", reserved[pod.key]
         pods_table.add_row(_pod_name(pod), pod.podgroup, status, node, _gpu_request(pod))
-    return [queues, groups, pods_table]
+    tables: list[object] = [queues, groups, pods_table]
+    measured = [(node.name, d) for node in reply.nodes for d in node.gpu_devices]
+    if measured:
+        devices = Table(title=f"GPU devices measured ({len(measured)}; decayed averages)")
+        for column in ("node", "device", "utilisation %", "memory %", "health", "shared group"):
+            devices.add_column(column, justify="right" if column.endswith("%") else "left")
+        for node_name, d in measured:
+            devices.add_row(
+                node_name,
+                str(d.index),
+                f"{d.utilisation_pct:.1f}",
+                f"{d.memory_pct:.1f}",
+                "healthy" if d.healthy else f"unhealthy: {d.reason}",
+                d.gpu_group,
+            )
+        tables.append(devices)
+    return tables
 
 
 def _with_reservations(snapshot: Snapshot, reserved: dict[str, str]) -> Snapshot:
