@@ -269,6 +269,10 @@ class Dispatcher:
         self._wall_offset = time.time() - clock()
         self.inflight: dict[str, InFlight] = {}
         self.window = float(min(settings.window, settings.max_inflight))
+        self._strikes: dict[str, int] = {}
+        """Podgroup -> work items in a row that timed out with it (reset by an outcome)."""
+        self._cooldown: dict[str, float] = {}
+        """Podgroup -> when it may go out again after repeated timeouts (the dispatcher's clock)."""
         """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
         self.traces = OrderTracer()
         self._published: dict[str, tuple[object, ...]] = {}
@@ -293,6 +297,8 @@ class Dispatcher:
                 entry.waiter.set_exception(_NotLeaderError())
         self.inflight.clear()
         self._published.clear()
+        self._strikes.clear()
+        self._cooldown.clear()
         self._dirty = True
         self._held = False
         self._kick.set()
@@ -303,6 +309,9 @@ class Dispatcher:
         entry = self.inflight.pop(outcome.work, None)
         if entry is None:
             return  # another leader's work, or one that already timed out
+        for pg in entry.item.podgroups:
+            self._strikes.pop(pg, None)
+            self._cooldown.pop(pg, None)
         self.counters["outcomes"] += 1
         round_trip = self.clock() - entry.sent
         if self.metrics is not None:
@@ -321,12 +330,29 @@ class Dispatcher:
         else:
             self.window = max(1.0, self.window - 1.0 / self.window)
 
+    def _back_off(self, podgroups: tuple[str, ...], now: float) -> None:
+        """A podgroup whose work timed out goes out again at once; after a second timeout in a row it
+        waits one work timeout, then two, four, up to eight. A podgroup that keeps a placement worker busy
+        past the timeout would otherwise be sent again every timeout, its copies piling up in the work
+        stream ahead of everything else (seen in the chaos run)."""
+        for pg in podgroups:
+            strikes = self._strikes.get(pg, 0) + 1
+            self._strikes[pg] = strikes
+            if strikes >= 2:
+                self._cooldown[pg] = now + self.settings.work_timeout * min(2 ** (strikes - 2), 8)
+
+    def _cooling(self, now: float) -> set[str]:
+        for pg in [pg for pg, until in self._cooldown.items() if until <= now]:
+            del self._cooldown[pg]
+        return set(self._cooldown)
+
     def _expire(self) -> None:
         now = self.clock()
         for work_id in [w for w, e in self.inflight.items() if e.deadline <= now]:
             entry = self.inflight.pop(work_id)
             self.counters["work_timeouts"] += 1
             self.window = max(1.0, self.window / 2)
+            self._back_off(entry.item.podgroups, now)
             log.warning("work %s got no outcome in time; its podgroups may be dispatched again", work_id)
             if entry.waiter is not None and not entry.waiter.done():
                 entry.waiter.set_exception(TimeoutError(f"no outcome for work {work_id}"))
@@ -405,7 +431,7 @@ class Dispatcher:
         if self.settings.cycles != "auto":
             return []
         self._freed = False
-        busy: set[str] = set()
+        busy: set[str] = self._cooling(self.clock())
         whole_busy = stale_busy = guarded_busy = False
         for entry in self.inflight.values():
             busy.update(entry.item.podgroups)
