@@ -1,8 +1,9 @@
-"""Specs for how the queue leader sends again the podgroups of work that timed out (services.queue.dispatcher).
+"""Specs for how the queue leader picks and sends again podgroups (services.queue.dispatcher).
 
 A podgroup whose work timed out goes out again at once; when it times out again and again it waits one work
 timeout, then two, four, at most eight, so that copies of work a placement worker cannot finish in time do
-not pile up in the work stream. An outcome forgives it at once.
+not pile up in the work stream. An outcome forgives it at once. When the window leaves room for only some
+work, podgroups never tried go first, then the least recently tried.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from services.queue.dispatcher import Dispatcher, InFlight, QueueSettings
+from services.queue.dispatcher import Dispatcher, InFlight, QueueSettings, attempt_order
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Outcome, WorkItem
 
@@ -89,3 +90,10 @@ async def test_an_outcome_forgives_the_podgroups_it_carried() -> None:
     assert d._cooling(clock.t) == set(), "a's count started over"
     time_out(d, clock, "w5", "b")
     assert d._cooling(clock.t) == {"b"}, "b was not in the outcome: its third timeout in a row"
+
+
+def test_podgroups_never_tried_go_first_then_the_least_recently_tried() -> None:
+    """Podgroups that keep coming back unplaced must not take the room of those behind them for ever."""
+    pending = ("a", "b", "c", "d", "e")
+    assert attempt_order(pending, {}) == pending
+    assert attempt_order(pending, {"a": 5.0, "b": 3.0, "d": 4.0}) == ("c", "e", "b", "d", "a")
