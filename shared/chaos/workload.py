@@ -23,11 +23,12 @@ GPUS_PER_NODE = 8
 LIMITED_QUEUE = "chaos-limited"
 LIMITED_GPUS = 4
 """The GPU limit of `LIMITED_QUEUE`: its groups ask for more, so some stay pending for the limit."""
-LIMITED_GROUPS = 6
-TOO_BIG_GROUPS = 3
-"""A few of each, whatever the size: podgroups that stay pending are dispatched again every cycle, and
-at 5,000 pods a hundred of them held the queue's only work slot while placement spent minutes on them
-(the first full run; see the chaos report), so the other waves were never placed."""
+LIMITED_EVERY = 23
+"""One podgroup in this many goes to `LIMITED_QUEUE` (a hundred at 5,000 pods: held back by the limit)."""
+TOO_BIG_EVERY = 97
+"""One podgroup in this many asks for more GPUs than a node has (pending with a reason for good). Both kinds
+stay pending and are dispatched again and again: at 5,000 pods they once stalled every other podgroup
+(the first full run; docs/chaos.md), so the load keeps them at that share."""
 
 
 class Group(msgspec.Struct, frozen=True):
@@ -121,14 +122,11 @@ def build(pods: int, waves: int, seed: int = 7) -> Workload:
     demand = 0.0
     made = 0
     index = 0
-    limited = too_big = 0
     while made < pods:
-        if index % 97 == 96 and too_big < TOO_BIG_GROUPS:
+        if index % TOO_BIG_EVERY == TOO_BIG_EVERY - 1:
             shape, queue = "too-big", "chaos-a"
-            too_big += 1
-        elif index % 23 == 11 and limited < LIMITED_GROUPS:
+        elif index % LIMITED_EVERY == LIMITED_EVERY // 2:
             shape, queue = "single", LIMITED_QUEUE
-            limited += 1
         else:
             shape = rng.choice(("single", "single", "gang4", "gang2x2", "shared", "shared"))
             queue = rng.choice(("chaos-a", "chaos-b"))
