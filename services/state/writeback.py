@@ -182,6 +182,15 @@ class WriteBack:
         if last is not None and last[0] == event.message and now - last[1] < self.options.repeat_after:
             return
         self._reported[key] = (event.message, now)
+        try:
+            await self._report_unschedulable(event, key)
+        except BaseException:
+            # Not reported after all: the redelivered event (the API server said 429) must not be taken
+            # for a repeat, or the pods stay pending without a word (found by the chaos run).
+            self._reported.pop(key, None)
+            raise
+
+    async def _report_unschedulable(self, event: PodUnschedulable, key: str) -> None:
         text = failed_scheduling_message(event.message, self.mirror.node_count())
         pending = [p for p in self.mirror.members(event.namespace, event.podgroup) if not p.spec.node_name]
         for pod in pending[:PODS_PER_REPORT]:

@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from services.kubesim.cluster import SimOptions
+from services.kubesim.faults import FaultPlan, FaultRule
 from services.kubesim.server import KubeSim
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
+from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
@@ -44,6 +46,7 @@ class Stack:
     ctx: ServiceContext
     kubeconfig: str
     options: KubeSourceOptions
+    sim: KubeSim
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ async def stack(bus: Bus, tmp_path: Path) -> AsyncIterator[Stack]:
     options = KubeSourceOptions(debounce=0.01, problem_settle=0.5)
     owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), options)
     await owner.start()
-    stack = Stack(kube, owner, replica, ctx, str(tmp_path / "kubeconfig"), options)
+    stack = Stack(kube, owner, replica, ctx, str(tmp_path / "kubeconfig"), options, sim)
     try:
         yield stack
     finally:
@@ -368,3 +371,38 @@ async def test_garbage_on_the_owners_subjects_is_counted_and_dropped(stack: Stac
 
     reason = await eventually("a reason for the held-back queue", why)
     assert "spec.resources.gpu.quota" in reason
+
+
+async def test_an_unschedulable_report_refused_with_429_is_written_when_redelivered(
+    stack: Stack, bus: Bus
+) -> None:
+    """The write-back reports a pending podgroup once per message; when the API server answers 429 the event
+    comes again, and that redelivery must be written, not taken for a repeat (the chaos run left pods
+    pending without a word)."""
+    await create_podgroup(stack.kube, podgroup("huge", 1))
+    await create_pod(stack.kube, pod("huge-0", "huge", gpus=16))
+    await eventually("the pod is mirrored", lambda: _mirrored(stack, "huge-0"))
+    stack.sim.faults.set_plan(
+        FaultPlan(rules=(FaultRule(verb="create", resource="events", status=429, limit=2),))
+    )
+    report = PodUnschedulable(
+        time=0.0,
+        namespace="default",
+        podgroup="huge",
+        queue="default-queue",
+        message="0/2 nodes are available: 2 node(s) didn't have enough resources: GPUs",
+    )
+    await bus.js.publish(s.event("pod-unschedulable", "default/huge"), EVENT_ENCODER.encode(report))
+
+    async def reported() -> bool:
+        return any(
+            e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "huge-0"
+            for e in await events(stack.kube)
+        )
+
+    await eventually("FailedScheduling on huge-0 after two 429s", reported)
+    assert stack.sim.faults.injected.get("429", 0) == 2, "the API server refused the first two tries"
+
+
+async def _mirrored(stack: Stack, name: str) -> bool:
+    return any(isinstance(r, PodRecord) and r.pod.name == name for r in stack.replica.records.values())
