@@ -15,53 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus.client import BusClient
 from shared.bus.connection import connect
 from shared.bus.replica import StateReplica
 from shared.cli.stack import start_stack
 from shared.contracts import subjects as s
-from shared.contracts.messages import HEARTBEATS, ApplyRequest
+from shared.contracts.messages import HEARTBEATS
 from shared.errors import MalformedMessage
-from shared.model import PodStatus, Queue, QueueResource
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model import PodStatus
+from tests.e2e.invariants import load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PODS = 5000
 NODES = 700
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 async def _load(url: str) -> None:
-    client = await BusClient.connect(url)
-    try:
-        queues = (
-            Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            *(
-                Queue(
-                    name=f"team-{i}",
-                    parent="org",
-                    creation_index=i,
-                    gpu=QueueResource(quota=1000),
-                    cpu=UNBOUNDED,
-                    memory=UNBOUNDED,
-                )
-                for i in range(4)
-            ),
-        )
-        reply = await client.apply(ApplyRequest(nodes=tuple(gpu_nodes(NODES)), queues=queues))
-        assert reply.ok, reply.error
-        # Chunks keep each request well under NATS's default 1 MB payload limit.
-        for start in range(0, PODS, 250):
-            groups, pods = [], []
-            for j in range(start, min(start + 250, PODS)):
-                pg, ps = gang(f"job-{j:05d}", f"team-{j % 4}", 1, 1.0, created=float(j))
-                groups.append(pg)
-                pods.extend(ps)
-            reply = await client.apply(ApplyRequest(podgroups=tuple(groups), pods=tuple(pods)))
-            assert reply.ok, reply.error
-    finally:
-        await client.close()
+    await load(url, NODES, PODS)
 
 
 async def _wait_and_check(url: str, timeout: float) -> dict[str, int]:

@@ -7,8 +7,6 @@ say why (naming the object and the field), a valid pod next to them runs, and fi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import pytest
 
 from shared.cli.stack import ClusterChoice, Stack, start_stack
+from tests.e2e.kubectl import kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -69,21 +68,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield started
     finally:
         started.stop()
-
-
-def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
-    assert stack.kubeconfig is not None
-    done = subprocess.run(
-        ["kubectl", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "KUBECONFIG": str(stack.kubeconfig)},
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def wait_for(what: str, check: Callable[[], Any]) -> Any:

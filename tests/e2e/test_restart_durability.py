@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus
 from shared.sim.scenarios import gpu_nodes
 from tests.e2e.invariants import Observer, load
+from tests.e2e.kubectl import kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -123,21 +122,6 @@ KUBE_PODS = 20
 """One-GPU pods on 2 simulated nodes of 8 GPUs: 16 bound, 4 pending."""
 
 
-def _kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
-    assert stack.kubeconfig is not None
-    done = subprocess.run(
-        ["kubectl", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "KUBECONFIG": str(stack.kubeconfig)},
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
 POD = """apiVersion: v1
 kind: Pod
 metadata:
@@ -159,7 +143,7 @@ def _pod_manifests(count: int) -> str:
 
 def _api_pods(stack: Stack) -> dict[str, tuple[str, str | None]]:
     """Pod name -> (phase, node) as the API server has them."""
-    items: list[dict[str, Any]] = json.loads(_kubectl(stack, "get", "pods", "-o", "json"))["items"]
+    items: list[dict[str, Any]] = json.loads(kubectl(stack, "get", "pods", "-o", "json"))["items"]
     return {
         p["metadata"]["name"]: (p.get("status", {}).get("phase", ""), p["spec"].get("nodeName"))
         for p in items
@@ -175,7 +159,7 @@ def test_a_restart_of_every_service_and_nats_keeps_every_pod_of_the_kubernetes_s
     )
     try:
         api_process = stack.processes[KUBESIM]
-        _kubectl(stack, "apply", "-f", "-", stdin=_pod_manifests(KUBE_PODS))
+        kubectl(stack, "apply", "-f", "-", stdin=_pod_manifests(KUBE_PODS))
         before, claims_before = asyncio.run(_settled(stack.url, bound=16, pending=4))
         api_before = _api_pods(stack)
         assert sum(1 for _, node in api_before.values() if node) == 16
@@ -191,7 +175,7 @@ def test_a_restart_of_every_service_and_nats_keeps_every_pod_of_the_kubernetes_s
 
         # Room for the pending pods: four bound ones go, and the four pending are bound in their place.
         gone = sorted(name for name, (_, node) in api_before.items() if node)[:4]
-        _kubectl(stack, "delete", "pod", *gone, "--wait=false")
+        kubectl(stack, "delete", "pod", *gone, "--wait=false")
         asyncio.run(_settled(stack.url, bound=16, pending=0))
         now = _api_pods(stack)
         assert sorted(now) == sorted(set(api_before) - set(gone))

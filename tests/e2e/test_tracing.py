@@ -9,8 +9,6 @@ parent to child: state.observe -> queue.order -> placement.place -> binder.commi
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus, Queue, QueueResource
 from shared.sim.scenarios import gang, gpu_nodes
+from tests.e2e.kubectl import kubectl
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -96,20 +95,6 @@ def kube_stack(tmp_path: Path, otlp: OtlpReceiver) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
-
-
-def kubectl(stack: Stack, *args: str) -> str:
-    assert stack.kubeconfig is not None
-    done = subprocess.run(
-        ["kubectl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "KUBECONFIG": str(stack.kubeconfig)},
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def test_a_gang_is_one_trace_from_observed_to_bound(kube_stack: Stack, otlp: OtlpReceiver) -> None:
