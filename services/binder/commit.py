@@ -482,7 +482,8 @@ class Committer:
         costs one cycle: the next session states them again. A last start is only true of a podgroup whose
         pods this outcome bound (a session that lost its race started nothing), and only stamps that would
         change what is stored are sent (`merged_stamps`, the rule the state service applies)."""
-        started = {b.podgroup for b in proposal.binds if b.pod in set(outcome.bound)}
+        bound = set(outcome.bound)
+        started = {b.podgroup for b in proposal.binds if b.pod in bound}
         stale: dict[str, float | None] = {}
         last: dict[str, float] = {}
         for key in sorted(set(proposal.stamped) | started):
