@@ -1,8 +1,8 @@
 """The state service's Kubernetes source (`--set source=kube`): informers in, KV out.
 
-Run by `services.state.service` in the one replica that owns the source. Six informers
-(`shared.kubeapi.informer`) list and watch nodes, pods, podgroups, queues, priority classes and topologies
-through kubernetes-asyncio and feed the `Mirror`; a flusher turns what changed into model objects and
+Run by `services.state.service` in the one replica that owns the source. Seven informers
+(`shared.kubeapi.informer`) list and watch nodes, pods, podgroups, queues, priority classes, topologies and
+Jobs (whose end decides the stages that wait on them) through kubernetes-asyncio and feed the `Mirror`; a flusher turns what changed into model objects and
 writes them through `StateWriter` (which also keeps the binders' ledger true to the cluster: a pod that
 left its node frees its reservation). Events that arrive together are written together: the flusher waits
 `debounce` seconds after the first one, so a Job's 100 pods cost one batch, not 100.
@@ -14,7 +14,7 @@ until its agent's next report (30 s by default). Their telemetry (`kairos.gpu.te
 becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) under the same staleness rule.
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
-podgroup yet. A failed write marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before
+podgroup yet, and the gate keeper (`services.state.gates`) for gated pods whose dependencies succeeded. A failed write marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before
 the next one, as the simulated source does.
 """
 
@@ -32,7 +32,8 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
+from services.state.gates import GateKeeper
+from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
 from services.state.writeback import ProblemReport, ProblemReportOptions, WriteBack, WriteBackOptions
@@ -139,6 +140,8 @@ class KubeSource:
                 *feed(PRIORITY_CLASSES),
                 resync_period=period,
             ),
+            # Jobs say whether a stage succeeded or failed, for the stages that wait on it.
+            Informer(kube, JOBS, kube.batch.list_job_for_all_namespaces, *feed(JOBS), resync_period=period),
         ]
         for kind, group, version, plural in CUSTOM:
             informers.append(
@@ -273,6 +276,7 @@ class KubeOwner:
         self.writeback: WriteBack | None = None
         self.problems: ProblemReport | None = None
         self.grouper: PodGrouperLoop | None = None
+        self.gates: GateKeeper | None = None
         self._stamps_sub: Subscription | None = None
         self._why_sub: Subscription | None = None
 
@@ -283,6 +287,8 @@ class KubeOwner:
             self.ctx, self.kube, self.source.mirror, GrouperConfig(scheduler_name=self.options.scheduler_name)
         )
         self.grouper.start()
+        self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
+        self.gates.start()
         self.problems = ProblemReport(
             self.ctx,
             self.kube,
@@ -349,6 +355,8 @@ class KubeOwner:
             self.problems.wake()
         if self.grouper is not None and mirror.ungrouped():
             self.grouper.wake()
+        if self.gates is not None and mirror.ungatable():
+            self.gates.wake()
 
     async def _on_why(self, msg: Msg) -> None:
         """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
@@ -372,6 +380,8 @@ class KubeOwner:
         self._stamps_sub = self._why_sub = None
         if self.grouper is not None:
             await self.grouper.stop()
+        if self.gates is not None:
+            await self.gates.stop()
         if self.problems is not None:
             await self.problems.stop()
         if self.writeback is not None:

@@ -10,7 +10,13 @@ are held back, each with the reason (`problems`), until they do:
 - a queue whose parent is unknown or which sits on a cycle of parents, with every podgroup in it;
 - a podgroup whose queue is not (yet) a valid queue, with every pod in it;
 - a pod of this scheduler without a podgroup yet (the pod-grouper's work: `ungrouped`), or whose podgroup
-  is held back or not yet seen.
+  is held back or not yet seen;
+- a podgroup whose `kairos.io/after` dependencies have not all succeeded (`shared.dependencies`: waiting,
+  blocked by a failure, or on a cycle), or whose annotation does not parse, with every pod in it. The
+  verdicts (`stages`) are recomputed at every flush from the podgroups, their pods and the Jobs the mirror
+  watches (a Job's Complete or Failed condition decides its stage; other workloads' stages are read from
+  their pods). Pods still carrying the `kairos.io/after` scheduling gate once their podgroup may run are
+  listed by `ungatable`, for the gate keeper to lift.
 
 A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is
 fresh (`shared.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured), and
@@ -38,11 +44,12 @@ from services.state.source import Change, Obj, key_of
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuInventory
 from shared.contracts.telemetry import GpuTelemetry
+from shared.dependencies import AFTER_ANNOTATION, Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from shared.gpu_usage import is_stale as usage_is_stale
-from shared.kube import translate, validity, wire
+from shared.kube import admission, translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -52,7 +59,8 @@ PODGROUPS = "podgroups"
 QUEUES = "queues"
 PRIORITY_CLASSES = "priorityclasses"
 TOPOLOGIES = "topologies"
-KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES)
+JOBS = "jobs"
+KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS)
 
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -103,9 +111,17 @@ class Mirror:
     _foreign: dict[str, _Usage] = field(default_factory=dict)
     """Node -> what pods Kairos does not schedule hold on it."""
     _ungrouped: dict[str, None] = field(default_factory=dict)
+    """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
     _undecodable: set[str] = field(default_factory=set)
     """Labels whose problem is that the object did not decode."""
-    """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
+    stages: dict[str, Decision] = field(default_factory=dict)
+    """PodGroup "ns/name" with `kairos.io/after` -> its verdict as of the last flush."""
+    _after_errors: dict[str, str] = field(default_factory=dict)
+    """PodGroup "ns/name" -> why its `kairos.io/after` does not parse (it is held back as invalid)."""
+    _held_reasons: dict[str, str] = field(default_factory=dict)
+    """Held label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
+    _gated: dict[str, None] = field(default_factory=dict)
+    """Pods of this scheduler, alive, carrying the `kairos.io/after` scheduling gate (an ordered set)."""
 
     # --- input ------------------------------------------------------------------------------------------
     def relist(self, kind: str, objects: Iterable[bytes]) -> None:
@@ -124,9 +140,11 @@ class Mirror:
         if kind == PODS:
             self._members.clear()
             self._ungrouped.clear()
+            self._gated.clear()
             for name, pod in fresh.items():
                 self._index(name, None, pod)
                 self._track_ungrouped(name, pod)
+                self._track_gated(name, pod)
 
     def change(self, kind: str, event: str, data: bytes) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
@@ -143,6 +161,7 @@ class Mirror:
         if kind == PODS:
             self._index(name, before, None if event == "DELETED" else obj)
             self._track_ungrouped(name, None if event == "DELETED" else obj)
+            self._track_gated(name, None if event == "DELETED" else obj)
         elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES):
             self._full = True
         self._dirty[kind].add(name)
@@ -158,6 +177,18 @@ class Mirror:
             self._ungrouped[name] = None
         else:
             self._ungrouped.pop(name, None)
+
+    def _track_gated(self, name: str, pod: Any) -> None:
+        if (
+            pod is not None
+            and pod.spec.scheduler_name == self.scheduler_name
+            and admission.is_gated(pod)
+            and pod.status.phase not in _FINISHED_PHASES
+            and pod.metadata.deletion_timestamp is None
+        ):
+            self._gated[name] = None
+        else:
+            self._gated.pop(name, None)
 
     def _index(self, name: str, before: Any, after: Any) -> None:
         old = _group_of(before)
@@ -221,11 +252,123 @@ class Mirror:
         pods = self.raw[PODS]
         return [pods[name] for name in self._ungrouped if name in pods]
 
+    def ungatable(self) -> list[Any]:
+        """Pods carrying the `kairos.io/after` gate whose podgroup may run (its dependencies succeeded, or it
+        has none): the gate keeper's work. A pod without a podgroup yet, or whose podgroup has not been
+        seen, keeps its gate until the mirror knows what its podgroup waits for."""
+        pods = self.raw[PODS]
+        out = []
+        for name in self._gated:
+            pod = pods.get(name)
+            if pod is None or (group := translate.podgroup_name_of(pod)) is None:
+                continue
+            key = f"{pod.metadata.namespace}/{group}"
+            if key not in self.raw[PODGROUPS] or key in self._after_errors:
+                continue
+            decision = self.stages.get(key)
+            if decision is None or decision.verdict == Verdict.READY:
+                out.append(pod)
+        return out
+
+    def _decide_stages(self) -> None:
+        """Recompute every dependant's verdict; podgroups whose verdict changed are looked at again."""
+        groups = self.raw[PODGROUPS]
+        afters: dict[Ref, tuple[Ref, ...]] = {}
+        errors: dict[str, str] = {}
+        for name, group in groups.items():
+            meta = group.metadata
+            value = meta.annotations.get(AFTER_ANNOTATION, "")
+            if not value.strip():
+                continue
+            try:
+                afters[Ref(meta.namespace, meta.name)] = parse_after(
+                    value, meta.namespace, kind="PodGroup", name=name
+                )
+            except InvalidObject as exc:
+                errors[name] = str(exc)
+        if not afters and not errors and not self.stages and not self._after_errors:
+            return
+        wanted = {ref for refs in afters.values() for ref in refs}
+        stages: dict[Ref, Stage] = {}
+        for group in groups.values():
+            meta = group.metadata
+            key = Ref(meta.namespace, meta.name)
+            top = meta.owner_references[0] if meta.owner_references else None
+            if (
+                key in afters
+                or key in wanted
+                or (top is not None and Ref(meta.namespace, top.name) in wanted)
+            ):
+                stages[key] = Stage(
+                    namespace=meta.namespace,
+                    name=meta.name,
+                    owner=top.name if top is not None else "",
+                    phase=self._phase(group, top),
+                    after=afters.get(key, ()),
+                )
+        # A Job named that has no podgroup (its pods are gone, or not grouped yet) still says how it ended.
+        owners = {Ref(stage.namespace, stage.owner) for stage in stages.values() if stage.owner}
+        for ref in sorted(wanted - stages.keys() - owners):
+            job = self.raw[JOBS].get(f"{ref.namespace}/{ref.name}")
+            if job is not None:
+                stages[ref] = Stage(
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    owner=ref.name,
+                    phase=_job_phase(job) or Phase.PENDING,
+                )
+        decisions = {f"{key.namespace}/{key.name}": d for key, d in evaluate(stages).items()}
+        changed = {n for n in decisions.keys() | self.stages.keys() if decisions.get(n) != self.stages.get(n)}
+        changed |= {
+            n for n in errors.keys() | self._after_errors.keys() if errors.get(n) != self._after_errors.get(n)
+        }
+        self.stages = decisions
+        self._after_errors = errors
+        self._dirty[PODGROUPS].update(n for n in changed if n in groups)
+
+    def _phase(self, group: Any, top: Any) -> Phase:
+        """How far the podgroup got: its Job's condition when its top owner is a Job, else its pods'."""
+        job = None
+        if top is not None and top.kind == "Job":
+            job = self.raw[JOBS].get(f"{group.metadata.namespace}/{top.name}")
+            if job is not None and (ended := _job_phase(job)) is not None:
+                return ended
+        phases = [pod.status.phase for pod in self.members(group.metadata.namespace, group.metadata.name)]
+        if not phases:
+            return Phase.PENDING
+        if job is not None or any(p not in _FINISHED_PHASES for p in phases):
+            # A Job decides itself when it has ended; until then its pods say only whether it started.
+            return Phase.RUNNING if any(p not in ("Pending", "") for p in phases) else Phase.PENDING
+        need = max(1, group.spec.min_member or 1)
+        return Phase.SUCCEEDED if phases.count("Succeeded") >= need else Phase.FAILED
+
+    def _stage_hold(self, name: str) -> tuple[str, str] | None:
+        """(Event reason, message) when the podgroup must wait for its dependencies, else None."""
+        error = self._after_errors.get(name)
+        if error is not None:
+            return validity.INVALID_PODGROUP, error
+        decision = self.stages.get(name)
+        if decision is None or decision.verdict == Verdict.READY:
+            return None
+        return validity.STAGE_REASONS[decision.verdict], f"PodGroup {name!r}: {decision.reason}"
+
+    def _hold(self, label: str, message: str, reason: str = "") -> None:
+        self.held[label] = message
+        if reason:
+            self._held_reasons[label] = reason
+        else:
+            self._held_reasons.pop(label, None)
+
+    def _release(self, label: str) -> None:
+        self.held.pop(label, None)
+        self._held_reasons.pop(label, None)
+
     def desired(self, now: float) -> dict[str, Obj]:
         """Every model object KV should hold now, by KV key (recomputed from the raw objects); `now` (epoch
         seconds, the agents' clock) decides which GPU inventories are stale."""
         out: dict[str, Obj] = {}
         self.held = {}
+        self._held_reasons = {}
         self._keys = {}
         self._pod_out = {}
         priorities = {name: int(pc.value) for name, pc in self.raw[PRIORITY_CLASSES].items()}
@@ -257,6 +400,9 @@ class Mirror:
                     group.queue,
                     self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
                 )
+                continue
+            if (stage := self._stage_hold(name)) is not None:
+                self._hold(f"podgroup {name}", stage[1], stage[0])
                 continue
             groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
@@ -322,7 +468,7 @@ class Mirror:
         for name in self._dirty[PODGROUPS]:
             pods.update(self._members.get(name, ()))
             self._groups.pop(name, None)
-            self.held.pop(f"podgroup {name}", None)
+            self._release(f"podgroup {name}")
             old_key = self._keys.pop(("podgroup", name), None)
             if old_key is not None:
                 out[old_key] = None
@@ -345,6 +491,9 @@ class Mirror:
                     group.queue,
                     self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
                 )
+                continue
+            if (stage := self._stage_hold(name)) is not None:
+                self._hold(f"podgroup {name}", stage[1], stage[0])
                 continue
             self._groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
@@ -388,6 +537,7 @@ class Mirror:
         """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
         if not any(self._dirty.values()):
             return []
+        self._decide_stages()
         if self._full:
             for dirty in self._dirty.values():
                 dirty.clear()
@@ -448,7 +598,7 @@ class Mirror:
                 kind=kind,
                 namespace=namespace,
                 name=short,
-                reason=validity.INVALID_REASONS[kind],
+                reason=self._held_reasons.get(label, validity.INVALID_REASONS[kind]),
                 message=message,
             )
         for name, group in self._groups.items():
@@ -577,7 +727,21 @@ _SINGULAR = {
     QUEUES: "queue",
     PRIORITY_CLASSES: "priorityclass",
     TOPOLOGIES: "topology",
+    JOBS: "job",
 }
+
+
+def _job_phase(job: wire.Job) -> Phase | None:
+    """A Job's end from its conditions (Complete or SuccessCriteriaMet; Failed or FailureTarget), or None
+    while it runs."""
+    for condition in job.status.conditions:
+        if condition.status != "True":
+            continue
+        if condition.type in ("Complete", "SuccessCriteriaMet"):
+            return Phase.SUCCEEDED
+        if condition.type in ("Failed", "FailureTarget"):
+            return Phase.FAILED
+    return None
 
 
 def _accumulate(total: _Usage, usage: _Usage, sign: int) -> None:

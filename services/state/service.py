@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.state.admission import AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
 from services.state.writer import StateWriter
@@ -66,6 +67,8 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
+from shared.kubeapi.client import Kube
+from shared.kubeapi.client import connect as connect_kube
 from shared.telemetry.metrics import StateMetrics, count_kinds
 
 QUEUE_GROUP = "state"
@@ -88,6 +91,10 @@ class StateOptions:
     snapshot_wait: float = 5.0
     kubeconfig: str | None = None
     scheduler_name: str = "kai-scheduler"
+    webhook_port: int = 0
+    """The admission webhook's port (source=kube); 0: no webhook."""
+    webhook_cert: str | None = None
+    webhook_key: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -105,6 +112,9 @@ class StateOptions:
         if demo_text not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
             raise ConfigError(f"service state: option 'demo': expected true or false, got {demo_text!r}")
         demo = demo_text in ("true", "1", "yes", "on")
+        cert, key = get("webhook_cert") or None, get("webhook_key") or None
+        if (cert is None) != (key is None):
+            raise ConfigError("service state: options 'webhook_cert' and 'webhook_key': give both or neither")
         cluster = get("cluster") or None
         if source == "sim" and demo and cluster:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
@@ -116,7 +126,22 @@ class StateOptions:
             snapshot_wait=_seconds("snapshot_wait", get("snapshot_wait"), 5.0),
             kubeconfig=get("kubeconfig") or os.environ.get("KUBECONFIG") or None,
             scheduler_name=get("scheduler_name") or "kai-scheduler",
+            webhook_port=_port("webhook_port", get("webhook_port")),
+            webhook_cert=cert,
+            webhook_key=key,
         )
+
+
+def _port(key: str, text: str | None) -> int:
+    if text is None or not text.strip():
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"service state: option {key!r}: expected a port 0-65535, got {text!r}")
+    return value
 
 
 def _seconds(key: str, text: str | None, default: float) -> float:
@@ -147,6 +172,8 @@ async def body(ctx: ServiceContext) -> None:
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
     owner: SourceOwner | None = None
     election: KubeElection | None = None
+    webhook: AdmissionServer | None = None
+    webhook_kube: Kube | None = None
     metrics = StateMetrics(ctx.metrics)
     metrics.watch(
         objects=lambda: count_kinds(key.partition(".")[0] for key in replica.records),
@@ -172,6 +199,20 @@ async def body(ctx: ServiceContext) -> None:
             )
             metrics.watch(informers=election.informers)
             election.start()
+            if options.webhook_port:
+                webhook_kube = await connect_kube(options.kubeconfig)
+                webhook = AdmissionServer(
+                    ctx,
+                    webhook_kube,
+                    WebhookOptions(
+                        port=options.webhook_port,
+                        host=ctx.config.health_host,
+                        cert=options.webhook_cert,
+                        key=options.webhook_key,
+                        scheduler_name=options.scheduler_name,
+                    ),
+                )
+                await webhook.start()
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"
@@ -187,6 +228,10 @@ async def body(ctx: ServiceContext) -> None:
             with contextlib.suppress(Exception):
                 await sub.drain()  # type: ignore[no-untyped-call]
         await reader.stop()
+        if webhook is not None:
+            await webhook.stop()
+        if webhook_kube is not None:
+            await webhook_kube.close()
         if owner is not None:
             await owner.stop()
         if election is not None:

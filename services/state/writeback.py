@@ -412,7 +412,12 @@ class ProblemReport:
         conditions = raw.status.conditions if raw is not None else []
         if validity.shows(conditions, problem):
             return
-        log.warning("%s held back: %s", problem.label, problem.message)
+        log.log(
+            logging.INFO if problem.reason in validity.NORMAL_REASONS else logging.WARNING,
+            "%s held back: %s",
+            problem.label,
+            problem.message,
+        )
         about = (
             translate.involved_object(raw)
             if raw is not None
@@ -428,7 +433,7 @@ class ProblemReport:
             reason=problem.reason,
             message=problem.message,
             now=event_time(),
-            type="Warning",
+            type="Normal" if problem.reason in validity.NORMAL_REASONS else "Warning",
             component=self.options.component,
         )
         await self.kube.call(

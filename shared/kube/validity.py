@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.dependencies import Verdict
 from shared.kube import wire
 from shared.kube.translate import rfc3339
 
@@ -36,7 +37,23 @@ INVALID_REASONS: dict[ProblemKind, str] = {
     "Pod": INVALID_POD,
 }
 
-OWN_REASONS = frozenset({*INVALID_REASONS.values(), WAITING_FOR_MIN_MEMBER})
+WAITING_FOR_DEPENDENCIES = "WaitingForDependencies"
+"""A stage whose `kairos.io/after` dependencies have not all succeeded yet (a Normal Event)."""
+DEPENDENCY_FAILED = "DependencyFailed"
+"""A stage blocked: a dependency failed, or is blocked itself."""
+DEPENDENCY_CYCLE = "DependencyCycle"
+"""A stage on a cycle of dependencies: refused until the cycle is broken."""
+
+STAGE_REASONS: dict[Verdict, str] = {
+    Verdict.WAITING: WAITING_FOR_DEPENDENCIES,
+    Verdict.BLOCKED: DEPENDENCY_FAILED,
+    Verdict.CYCLE: DEPENDENCY_CYCLE,
+}
+
+NORMAL_REASONS = frozenset({WAITING_FOR_DEPENDENCIES})
+"""Reasons whose Event is Normal: nothing is wrong, the object waits as asked."""
+
+OWN_REASONS = frozenset({*INVALID_REASONS.values(), WAITING_FOR_MIN_MEMBER, *STAGE_REASONS.values()})
 """The reasons Kairos writes on conditions: a condition with another reason is not Kairos's to set back."""
 
 ACCEPTED = "Accepted"

@@ -377,11 +377,28 @@ class Owner(_Wire, frozen=True, kw_only=True):
     status: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-# --- decoding --------------------------------------------------------------------------------------------
-_Obj = Pod | Node | PriorityClass | Queue | PodGroup | Topology | Owner
-T = TypeVar("T", Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner)
+class JobStatus(_Wire, frozen=True, kw_only=True):
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
 
-_TYPES: tuple[type[_Obj], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner)
+
+class Job(_Wire, frozen=True, kw_only=True):
+    """A batch/v1 Job as far as stages with dependencies care: has it completed, has it failed."""
+
+    KIND: ClassVar[str] = "Job"
+    api_version: str = "batch/v1"
+    kind: str = "Job"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    status: JobStatus = msgspec.field(default_factory=JobStatus)
+
+
+# --- decoding --------------------------------------------------------------------------------------------
+_Obj = Pod | Node | PriorityClass | Queue | PodGroup | Topology | Owner | Job
+T = TypeVar("T", Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
+
+_TYPES: tuple[type[_Obj], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
 _BY_NAME: dict[str, type[_Obj]] = {}
 for _cls in _TYPES:
     _BY_NAME[_cls.KIND] = _cls
@@ -395,6 +412,7 @@ _BY_NAME.update(
         "podgroups": PodGroup,
         "topologies": Topology,
         "owners": Owner,
+        "jobs": Job,
     }
 )
 _DECODERS: dict[type[_Obj], msgspec.json.Decoder[Any]] = {cls: msgspec.json.Decoder(cls) for cls in _TYPES}

@@ -92,11 +92,13 @@ class Kube:
     core: k8s.CoreV1Api = field(init=False)
     custom: k8s.CustomObjectsApi = field(init=False)
     scheduling: k8s.SchedulingV1Api = field(init=False)
+    batch: k8s.BatchV1Api = field(init=False)
 
     def __post_init__(self) -> None:
         self.core = k8s.CoreV1Api(self.api)
         self.custom = k8s.CustomObjectsApi(self.api)
         self.scheduling = k8s.SchedulingV1Api(self.api)
+        self.batch = k8s.BatchV1Api(self.api)
 
     async def close(self) -> None:
         await self.api.close()

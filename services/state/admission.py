@@ -1,0 +1,191 @@
+"""The state service's mutating admission webhook: gates the pods of stages that wait for others.
+
+Served by every state replica that has `webhook_port` set (a Kubernetes Service spreads the API server's
+calls over them; standbys answer too: the answer needs no mirror). The API server POSTs an AdmissionReview
+for each pod created (`deploy/`'s MutatingWebhookConfiguration, or kubesim's in `kairos up`); for a pod of
+ours that is not bound yet, the handler reads what could declare `kairos.io/after` — the pod's own
+annotations, its explicit PodGroup's (`pod-group-name`), and those of each owner up its chain (a Job, a
+ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON patch that adds the
+`kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gates`) lifts
+it once the dependencies have succeeded.
+
+Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's
+hundred pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not
+decode) admits the pod unchanged with a warning: the state service holds a waiting podgroup back from
+scheduling by itself, so a missing gate costs only the autoscaler signal, never a wrong start. A body that
+is not an AdmissionReview gets 400 naming what is wrong. TLS when a certificate and key are given (the
+Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts plain HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from shared.bus.service import ServiceContext
+from shared.errors import InvalidObject
+from shared.kube import admission, keys, wire
+from shared.kube.podgrouper import owner_refs_to_follow
+from shared.kubeapi.client import ApiError, Kube
+from shared.kubeapi.paths import get_object
+
+log = logging.getLogger("kairos.state.admission")
+
+PATH = "/mutate-pods"
+OWNER_TTL = 10.0
+"""Seconds an owner's annotations are reused for the next pods it creates."""
+LOOKUP_TIMEOUT = 2.0
+"""Seconds one owner read may take: the API server's own call to us times out at 5 s (deploy/)."""
+MAX_OWNER_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    port: int
+    host: str = "0.0.0.0"
+    """Every interface by default: the API server reaches the webhook through a Service."""
+    cert: str | None = None
+    key: str | None = None
+    scheduler_name: str = keys.SCHEDULER_NAME
+
+
+class AdmissionServer:
+    def __init__(self, ctx: ServiceContext, kube: Kube, options: WebhookOptions) -> None:
+        self.ctx = ctx
+        self.kube = kube
+        self.options = options
+        self._runner: web.AppRunner | None = None
+        self._owners: dict[tuple[str, str, str, str], tuple[float, asyncio.Task[dict[str, Any] | None]]] = {}
+        self.port = options.port
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_post(PATH, self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        context = None
+        if self.options.cert and self.options.key:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.options.cert, self.options.key)
+        site = web.TCPSite(self._runner, self.options.host, self.options.port, ssl_context=context)
+        await site.start()
+        if self._runner.addresses:
+            self.port = int(self._runner.addresses[0][1])
+        log.info(
+            "admission webhook on %s://%s:%d%s",
+            "https" if context else "http",
+            self.options.host,
+            self.port,
+            PATH,
+        )
+
+    async def stop(self) -> None:
+        for _, task in self._owners.values():
+            task.cancel()
+        self._owners.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.ctx.counters["admission_reviews"] += 1
+        try:
+            review = admission.decode_review(body)
+        except InvalidObject as exc:
+            self.ctx.counters["admission_malformed"] += 1
+            log.warning("refused an admission call: %s", exc)
+            return web.Response(status=400, text=str(exc))
+        patch, warning = await self.decide(review)
+        return web.Response(
+            body=msgspec.json.encode(admission.review_response(review.uid, patch, warning)),
+            content_type="application/json",
+        )
+
+    async def decide(self, review: admission.AdmissionRequest) -> tuple[list[dict[str, Any]] | None, str]:
+        """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none)."""
+        try:
+            pod = admission.pod_of_request(review)
+        except InvalidObject as exc:
+            return None, f"kairos: pod not examined for kairos.io/after: {exc}"
+        if pod is None or not admission.may_gate(pod, self.options.scheduler_name):
+            return None, ""
+        try:
+            annotation_sets = await self._annotation_sets(pod)
+        except (ApiError, InvalidObject) as exc:
+            self.ctx.counters["admission_lookup_errors"] += 1
+            log.warning(
+                "pod %s/%s admitted without a gate: %s", pod.metadata.namespace, pod.metadata.name, exc
+            )
+            return None, (
+                f"kairos: could not read what pod {pod.metadata.name} belongs to ({exc}); it is not gated, "
+                "Kairos still holds it until its dependencies succeed"
+            )
+        if not admission.declares_after(annotation_sets):
+            return None, ""
+        self.ctx.counters["pods_gated"] += 1
+        return admission.gate_patch(pod), ""
+
+    async def _annotation_sets(self, pod: wire.Pod) -> list[dict[str, str]]:
+        namespace = pod.metadata.namespace
+        sets = [pod.metadata.annotations]
+        group = pod.metadata.annotations.get(keys.PODGROUP_ANNOTATION)
+        if group:
+            podgroup = await self._owner(namespace, "scheduling.run.ai/v2alpha2", "PodGroup", group, "")
+            if podgroup is not None:
+                sets.append(podgroup.metadata.annotations)
+        obj: wire.Pod | wire.Owner = pod
+        for _ in range(MAX_OWNER_DEPTH):
+            refs = owner_refs_to_follow(obj)
+            if not refs:
+                break
+            ref = refs[0]
+            owner = await self._owner(namespace, ref.api_version, ref.kind, ref.name, ref.uid)
+            if owner is None:
+                break
+            sets.append(owner.metadata.annotations)
+            obj = owner
+        return sets
+
+    async def _owner(
+        self, namespace: str, api_version: str, kind: str, name: str, uid: str
+    ) -> wire.Owner | None:
+        now = asyncio.get_running_loop().time()
+        key = (namespace, api_version, kind, name)
+        cached = self._owners.get(key)
+        if cached is None or cached[0] < now or (cached[1].done() and cached[1].exception() is not None):
+            task = asyncio.create_task(self._read(namespace, api_version, kind, name))
+            self._owners[key] = (now + OWNER_TTL, task)
+            if len(self._owners) > 4096:
+                self._owners = {k: v for k, v in self._owners.items() if v[0] >= now}
+        else:
+            task = cached[1]
+        raw = await asyncio.shield(task)
+        if raw is None:
+            return None
+        owner = wire.convert(wire.Owner, raw)
+        if uid and owner.metadata.uid and owner.metadata.uid != uid:
+            return None  # a namesake: the pod's owner is gone
+        return owner
+
+    async def _read(self, namespace: str, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            data = await asyncio.wait_for(
+                get_object(self.kube, api_version, kind, namespace, name), LOOKUP_TIMEOUT
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        except TimeoutError as exc:
+            raise ApiError(
+                f"get {kind} {namespace}/{name}", 0, "Timeout", f"no answer within {LOOKUP_TIMEOUT:.0f} s"
+            ) from exc
+        decoded: dict[str, Any] = msgspec.json.decode(data)
+        return decoded
