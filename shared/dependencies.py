@@ -200,12 +200,20 @@ def _cycles(stages: Mapping[Ref, Stage], resolve: Callable[[Ref], Ref | None]) -
                         break
                 if len(component) > 1 or node in edges.get(node, []):
                     for member in component:
-                        found[member] = _cycle_words(member, set(component), edges)
+                        found[member] = _cycle_words(member, set(component), edges, stages)
     return found
 
 
-def _cycle_words(start: Ref, members: set[Ref], edges: Mapping[Ref, list[Ref]]) -> str:
-    """The shortest cycle from `start` through its strongly connected component, as "a -> b -> a"."""
+def _cycle_words(
+    start: Ref, members: set[Ref], edges: Mapping[Ref, list[Ref]], stages: Mapping[Ref, Stage]
+) -> str:
+    """The shortest cycle from `start` through its strongly connected component, as "a -> b -> a", each
+    member named as users wrote it: by its workload (top owner) when it has one, else its PodGroup."""
+
+    def named(ref: Ref) -> str:
+        stage = stages[ref]
+        return str(Ref(stage.namespace, stage.owner)) if stage.owner else str(ref)
+
     parents: dict[Ref, Ref] = {}
     frontier = [start]
     while frontier:
@@ -216,9 +224,9 @@ def _cycle_words(start: Ref, members: set[Ref], edges: Mapping[Ref, list[Ref]]) 
                     path = [node]
                     while path[-1] != start:
                         path.append(parents[path[-1]])
-                    return " -> ".join(str(r) for r in [start, *reversed(path[:-1]), start])
+                    return " -> ".join(named(r) for r in [start, *reversed(path[:-1]), start])
                 if target in members and target not in parents and target != start:
                     parents[target] = node
                     following.append(target)
         frontier = following
-    return f"{start} -> {start}"  # unreachable for a strongly connected component
+    return f"{named(start)} -> {named(start)}"  # unreachable for a strongly connected component

@@ -17,6 +17,9 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
 - `source=none`: a read replica. It only answers `state.snapshot`; `cluster` and `demo` are ignored.
   The simulated cluster lives in one process's memory, so exactly one replica may own it: run one
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
+- `webhook_port=PORT` (default 0: none), `webhook_cert=FILE`, `webhook_key=FILE` (source kube or none):
+  serve the mutating admission webhook that sets the `kairos.io/after` scheduling gate on pods of stages
+  with dependencies (`services.state.admission`), over TLS when the certificate and key are given.
 - `run_delay=SECONDS` (default 0): a bound pod starts Running this long after its bind (0: at once).
 - `snapshot_wait=SECONDS` (default 5): how long a snapshot request may wait for its `min_revision`.
 
@@ -199,20 +202,21 @@ async def body(ctx: ServiceContext) -> None:
             )
             metrics.watch(informers=election.informers)
             election.start()
-            if options.webhook_port:
-                webhook_kube = await connect_kube(options.kubeconfig)
-                webhook = AdmissionServer(
-                    ctx,
-                    webhook_kube,
-                    WebhookOptions(
-                        port=options.webhook_port,
-                        host=ctx.config.health_host,
-                        cert=options.webhook_cert,
-                        key=options.webhook_key,
-                        scheduler_name=options.scheduler_name,
-                    ),
-                )
-                await webhook.start()
+        if options.webhook_port and options.source != "sim":
+            # Standbys and read replicas answer admission calls too: the decision reads the API, not KV.
+            webhook_kube = await connect_kube(options.kubeconfig)
+            webhook = AdmissionServer(
+                ctx,
+                webhook_kube,
+                WebhookOptions(
+                    port=options.webhook_port,
+                    host=ctx.config.health_host,
+                    cert=options.webhook_cert,
+                    key=options.webhook_key,
+                    scheduler_name=options.scheduler_name,
+                ),
+            )
+            await webhook.start()
         subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"

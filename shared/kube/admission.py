@@ -130,3 +130,40 @@ def review_response(uid: str, patch: list[dict[str, Any]] | None, warning: str =
     if warning:
         response["warnings"] = [warning]
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+WEBHOOK_CONFIGURATION = "kairos-after-gate"
+
+
+def webhook_configuration(urls: list[str], name: str = WEBHOOK_CONFIGURATION) -> dict[str, Any]:
+    """A MutatingWebhookConfiguration calling the state replicas' webhooks at `urls` (plain URLs: what
+    `kairos up` registers with kubesim; deploy/ has the in-cluster one, behind a Service with TLS). Each
+    replica is its own webhook: the first that answers gates the pod, the others then see it gated.
+    `failurePolicy: Ignore`: Kairos down must not stop pods from being created (it still holds them)."""
+    webhooks = [
+        {
+            "name": f"r{index}.after-gate.kairos.io",
+            "clientConfig": {"url": url},
+            "rules": [
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"],
+            "reinvocationPolicy": "Never",
+        }
+        for index, url in enumerate(urls)
+    ]
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kairos"}},
+        "webhooks": webhooks,
+    }

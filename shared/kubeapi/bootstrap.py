@@ -18,6 +18,7 @@ from shared.kubeapi.client import ApiError, connect
 from shared.kubeapi.paths import collection_path, raw_call
 
 ALREADY_EXISTS = 409
+NOT_FOUND = 404
 
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
@@ -62,3 +63,29 @@ async def ensure_objects(kubeconfig: str, path: Path) -> list[str]:
     finally:
         await kube.close()
     return created
+
+
+async def replace_object(kubeconfig: str, manifest: dict[str, Any]) -> None:
+    """Create the cluster-scoped object, replacing one of the same name (`kairos up` registers its
+    webhook afresh: the replicas' ports change from one start to the next)."""
+    kube = await connect(kubeconfig)
+    meta = manifest.get("metadata") or {}
+    where = f"{manifest['kind']} {meta.get('name')}"
+    collection = collection_path(str(manifest["apiVersion"]), str(manifest["kind"]), None)
+    backoff = Backoff(attempts=20, base=0.05, cap=1.0)
+    try:
+        try:
+            await kube.call_with_retries(
+                f"delete {where}", raw_call, kube, "DELETE", f"{collection}/{meta['name']}", backoff=backoff
+            )
+        except ApiError as exc:
+            if exc.status != NOT_FOUND:
+                raise ConfigError(f"{where}: {exc}") from exc
+        try:
+            await kube.call_with_retries(
+                f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=backoff
+            )
+        except ApiError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    finally:
+        await kube.close()

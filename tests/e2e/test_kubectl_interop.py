@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shared.cli.stack import ClusterChoice, Stack, start_stack
-from tests.e2e.kubectl import kubectl
+from tests.e2e.kubectl import kairos, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -163,18 +163,6 @@ def test_a_pod_that_cannot_fit_says_why(stack: Stack, applied: dict[str, Any]) -
     assert pods(stack)["too-big"]["spec"].get("nodeName") is None
     described = kubectl(stack, "describe", "pod", "too-big")
     assert "FailedScheduling" in described
-
-
-def kairos(stack: Stack, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", *args, "--state-dir", str(stack.state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def test_kairos_explain_says_where_a_pod_runs_and_why_one_waits(

@@ -129,3 +129,11 @@ def test_every_dependant_gets_one_consistent_verdict(graph: dict[str, tuple[Phas
             )
         else:
             assert any(d is None or d.phase != Phase.SUCCEEDED for d in deps)
+
+
+def test_a_cycle_between_workloads_is_named_by_the_workloads_not_their_generated_podgroups() -> None:
+    decided = verdicts(
+        stage("pg-ping-1", after="pong", owner="ping"),
+        stage("pg-pong-2", after="ping", owner="pong"),
+    )
+    assert decided["ml/pg-ping-1"].reason == "dependency cycle: ml/ping -> ml/pong -> ml/ping"
