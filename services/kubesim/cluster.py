@@ -22,6 +22,7 @@ import binascii
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -67,6 +68,7 @@ __all__ = [
     "ListResult",
     "SimOptions",
     "WatchStream",
+    "Write",
 ]
 
 Obj = dict[str, Any]
@@ -118,6 +120,23 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ConfigError(f"kubesim option run_delay: must be >= 0, got {self.run_delay}")
         if self.watch_history < 1:
             raise ConfigError(f"kubesim option watch_history: must be >= 1, got {self.watch_history}")
+
+
+@dataclass(kw_only=True)
+class Write:
+    """A create or update between its two halves (`Cluster.begin_*` and `Cluster.finish`): admission
+    webhooks see and may replace `obj` in between (and then set `admitted`)."""
+
+    rt: ResourceType
+    operation: str
+    """CREATE or UPDATE (as admission names it)."""
+    obj: Obj
+    """The object to store, in stored form."""
+    old: Obj | None = None
+    """The stored object an UPDATE replaces."""
+    subresource: str = ""
+    admitted: bool = False
+    """A mutating webhook replaced `obj`: defaults and checks run again before it is stored."""
 
 
 class ListResult(msgspec.Struct, frozen=True):
@@ -278,7 +297,8 @@ class Cluster:
             return {**obj, "apiVersion": rt.api_version}
         return obj
 
-    def _stored_form(self, rt: ResourceType, body: Obj) -> Obj:
+    def stored_form(self, rt: ResourceType, body: Obj) -> Obj:
+        """An object as `rt` presents it (`view`) turned back into what the storage holds."""
         if rt.view == EVENTS_V1_VIEW:
             return kinds.from_events_v1(body)
         return body
@@ -429,12 +449,17 @@ class Cluster:
     # --- writes ---------------------------------------------------------------------------------------------
     def create(self, rt: ResourceType, namespace: str | None, body: Any, *, dry_run: bool = False) -> Obj:
         """Create an object of `rt` from `body` (which the store owns afterwards)."""
-        body = self._stored_form(rt, kinds.require_dict(body))
+        return self.finish(self.begin_create(rt, namespace, body), dry_run=dry_run)[0]
+
+    def begin_create(self, rt: ResourceType, namespace: str | None, body: Any) -> Write:
+        """The first half of a create, up to what admission webhooks see: the object checked against the
+        request, its namespace resolved and the decoding defaults filled (a pod's spec and priority), but no
+        name generated from generateName, no uid and no timestamps yet, as on the real server."""
+        body = self.stored_form(rt, kinds.require_dict(body))
         self._check_kind(rt, body)
         md = body.setdefault("metadata", {})
         if not isinstance(md, dict):
             raise bad_request("metadata must be an object")
-        storage = self.store.storage(rt.storage)
         if rt.namespaced:
             body_ns = md.get("namespace")
             if body_ns and namespace and body_ns != namespace:
@@ -450,7 +475,27 @@ class Cluster:
             md["namespace"] = ns
         else:
             md.pop("namespace", None)
-            ns = ""
+        for field in (
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "managedFields",
+        ):
+            md.pop(field, None)
+        kinds.default_object(rt, body)
+        if rt.storage == "pods" and isinstance(body.get("spec"), dict):
+            self._admit_pod_priority(body)
+        return Write(rt=rt, operation="CREATE", obj=body)
+
+    def _finish_create(self, write: Write, *, dry_run: bool) -> Obj:
+        rt, body = write.rt, write.obj
+        md = body["metadata"]
+        ns = md.get("namespace", "") if rt.namespaced else ""
+        storage = self.store.storage(rt.storage)
+        if write.admitted:
+            # A webhook changed the object: decoding defaults again, as the real server does.
+            kinds.default_object(rt, body)
         if not md.get("name") and isinstance(md.get("generateName"), str) and md["generateName"]:
             for _ in range(100):
                 candidate = md["generateName"] + random_suffix(self.rng)
@@ -461,22 +506,13 @@ class Cluster:
         name = md["name"]
         if storage.get(ns, name) is not None:
             raise already_exists(rt.plural, name, rt.group)
-        for field in (
-            "resourceVersion",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "selfLink",
-            "managedFields",
-        ):
-            md.pop(field, None)
         now = self.now()
         md["uid"] = new_uid(self.rng)
         md["creationTimestamp"] = rfc3339(now)
         md["generation"] = 1
         kinds.validate(rt, body)
+        kinds.validate_create(rt, body)
         kinds.prepare_create(rt, body, now)
-        if rt.storage == "pods":
-            self._admit_pod_priority(body)
         if dry_run:
             return self.view(rt, body)
         if rt.storage == _CRD_STORAGE:
@@ -485,6 +521,41 @@ class Cluster:
         if rt.storage == "namespaces":
             self._namespace_defaults(name)
         return self.view(rt, stored)
+
+    def still_current(self, write: Write) -> bool:
+        """Whether the object an update began from is still the stored one."""
+        if write.old is None:
+            return True
+        md = write.old["metadata"]
+        return (
+            self.store.storage(write.rt.storage).get(self._key(write.rt, md.get("namespace")), md["name"])
+            is write.old
+        )
+
+    def finish(self, write: Write, *, dry_run: bool = False) -> tuple[Obj, bool]:
+        """The second half of a write begun by `begin_create`, `begin_replace` or `begin_patch`, after
+        admission: validate and store (nothing stored with `dry_run`). Returns (object, created).
+
+        An update whose object changed in the store since it began fails with 409 Conflict (the server
+        begins it again when the client gave no resourceVersion)."""
+        if write.operation == "CREATE":
+            return self._finish_create(write, dry_run=dry_run), True
+        rt, existing, new = write.rt, write.old, write.obj
+        assert existing is not None
+        md = existing["metadata"]
+        current = self.store.storage(rt.storage).get(self._key(rt, md.get("namespace")), md["name"])
+        if current is None:
+            raise not_found(rt.plural, md["name"], rt.group)
+        if current is not existing:
+            self._check_precondition(rt, current, existing["metadata"].get("resourceVersion"))
+        if write.admitted:
+            kinds.default_object(rt, new)
+            kinds.validate(rt, new)
+            if rt.storage == "pods":
+                kinds.check_pod_update(existing, new)
+        if dry_run:
+            return self.view(rt, new), False
+        return self.view(rt, self._commit(rt, existing, new)), False
 
     def _admit_pod_priority(self, pod: Obj) -> None:
         spec = pod["spec"]
@@ -527,7 +598,13 @@ class Cluster:
         self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, subresource: str = ""
     ) -> tuple[Obj, bool]:
         """PUT: replace the object (or only its status); returns (object, created)."""
-        body = self._stored_form(rt, kinds.require_dict(body))
+        return self.finish(self.begin_replace(rt, namespace, name, body, subresource=subresource))
+
+    def begin_replace(
+        self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, subresource: str = ""
+    ) -> Write:
+        """The first half of a PUT (a CREATE for kinds a PUT may create); `finish` stores it."""
+        body = self.stored_form(rt, kinds.require_dict(body))
         md = body.get("metadata")
         if not isinstance(md, dict):
             raise bad_request("metadata must be an object")
@@ -539,12 +616,12 @@ class Cluster:
         if existing is None:
             if rt.storage in _CREATE_ON_UPDATE and not subresource:
                 md["name"] = name
-                return self.create(rt, namespace, body), True
+                return self.begin_create(rt, namespace, body)
             raise not_found(rt.plural, name, rt.group)
         self._check_kind(rt, body)
         self._check_precondition(rt, existing, md.get("resourceVersion"))
         new = self._updated(rt, existing, body, subresource)
-        return self.view(rt, self._commit(rt, existing, new)), False
+        return Write(rt=rt, operation="UPDATE", obj=new, old=existing, subresource=subresource)
 
     def patch(
         self,
@@ -558,6 +635,22 @@ class Cluster:
         force: bool = False,
     ) -> tuple[Obj, bool]:
         """PATCH in one of `PATCH_TYPES`; server-side apply creates a missing object. Returns (object, created)."""
+        return self.finish(
+            self.begin_patch(rt, namespace, name, content_type, data, subresource=subresource, force=force)
+        )
+
+    def begin_patch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        data: bytes,
+        *,
+        subresource: str = "",
+        force: bool = False,
+    ) -> Write:
+        """The first half of a PATCH: the patched object, checked; `finish` stores it."""
         kind = PATCH_TYPES.get(content_type.split(";", maxsplit=1)[0].strip())
         if kind is None:
             raise ApiError(
@@ -576,7 +669,7 @@ class Cluster:
             if kind == "apply" and not subresource:
                 doc = kinds.require_dict(document, "an apply patch")
                 doc.setdefault("metadata", {})["name"] = name
-                return self.create(rt, namespace, doc), True
+                return self.begin_create(rt, namespace, doc)
             raise not_found(rt.plural, name, rt.group)
         del force  # field ownership is not tracked, so there are no conflicts to force
         current = clone(self.view(rt, existing))
@@ -587,14 +680,14 @@ class Cluster:
                 patched = json_patch(current, document)
             case _:
                 patched = strategic_merge_patch(current, document)
-        patched = self._stored_form(rt, kinds.require_dict(patched, "the patched object"))
+        patched = self.stored_form(rt, kinds.require_dict(patched, "the patched object"))
         md = patched.get("metadata")
         if not isinstance(md, dict) or md.get("name") != name:
             raise invalid(rt.kind, name, "metadata.name", "a patch may not change the name")
         self._check_kind(rt, patched)
         self._check_precondition(rt, existing, md.get("resourceVersion"))
         new = self._updated(rt, existing, patched, subresource)
-        return self.view(rt, self._commit(rt, existing, new)), False
+        return Write(rt=rt, operation="UPDATE", obj=new, old=existing, subresource=subresource)
 
     def _check_precondition(self, rt: ResourceType, existing: Obj, rv: Any) -> None:
         if rv and str(rv) != existing["metadata"].get("resourceVersion"):
@@ -645,10 +738,9 @@ class Cluster:
             new["spec"] = existing.get("spec", {})
         if rt.storage == "apiextensions.k8s.io/customresourcedefinitions" and "status" in existing:
             new["status"] = existing["status"]
+        kinds.default_object(rt, new)
         kinds.validate(rt, new)
         if rt.storage == "pods":
-            if isinstance(new.get("spec"), dict):
-                kinds.default_pod_spec(new["spec"])
             kinds.check_pod_update(existing, new)
         if _spec_changed(existing, new):
             md["generation"] = int(old_md.get("generation", 1)) + 1
@@ -821,6 +913,9 @@ class Cluster:
         current = (pod.get("spec") or {}).get("nodeName")
         if current:
             raise conflict("pods/binding", name, f'pod {name} is already assigned to node "{current}"')
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            # The real registry returns a plain error here, which the server answers as 500 Unknown.
+            raise ApiError(500, "Unknown", f"pod {name} has non-empty .spec.schedulingGates")
         if self.store.storage("nodes").get("", node_name) is None:
             raise not_found("nodes", node_name)
         self.assign(pod, node_name, md.get("annotations") or {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from services.kubesim import admission
 from services.kubesim.errors import ApiError, bad_request, invalid
 from services.kubesim.objects import clone, meta, rfc3339
 from services.kubesim.resources import ResourceType
@@ -24,11 +25,13 @@ __all__ = [
     "check_crd",
     "check_name",
     "check_pod_update",
+    "default_object",
     "default_pod_spec",
     "from_events_v1",
     "prepare_create",
     "to_events_v1",
     "validate",
+    "validate_create",
 ]
 
 Obj = dict[str, Any]
@@ -127,6 +130,8 @@ def validate(rt: ResourceType, obj: Obj) -> None:
                 )
     elif rt.storage == "apiextensions.k8s.io/customresourcedefinitions":
         check_crd(obj)
+    elif rt.storage in (admission.MUTATING, admission.VALIDATING):
+        admission.validate_configuration(rt.storage, obj)
 
 
 def check_crd(crd: Obj) -> None:
@@ -166,6 +171,30 @@ def check_crd(crd: Obj) -> None:
         )
 
 
+def default_object(rt: ResourceType, obj: Obj) -> None:
+    """The defaults the real server fills in when it decodes an object (create and update, and again after a
+    mutating webhook changed it), in place: a pod's spec, a webhook configuration's policies."""
+    if rt.storage == "pods":
+        if isinstance(obj.get("spec"), dict):
+            default_pod_spec(obj["spec"])
+    elif rt.storage in (admission.MUTATING, admission.VALIDATING):
+        admission.default_configuration(rt.storage, obj)
+
+
+def validate_create(rt: ResourceType, obj: Obj) -> None:
+    """The checks the real server makes only when an object is created: a pod may not name its node while it
+    carries scheduling gates."""
+    if rt.storage == "pods":
+        spec = obj.get("spec") or {}
+        if spec.get("nodeName") and spec.get("schedulingGates"):
+            raise invalid(
+                "Pod",
+                meta(obj).get("name", ""),
+                "spec.nodeName",
+                "Forbidden: cannot be set until all schedulingGates have been cleared",
+            )
+
+
 def prepare_create(rt: ResourceType, obj: Obj, now: float) -> None:
     """Fill defaults and reset status the way the real server does for a new object (in place)."""
     spec = obj.get("spec")
@@ -174,7 +203,18 @@ def prepare_create(rt: ResourceType, obj: Obj, now: float) -> None:
             assert isinstance(spec, dict)
             default_pod_spec(spec)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
-            if spec.get("nodeName"):
+            if spec.get("schedulingGates"):
+                # Set by the API server itself, so `kubectl get pods` shows SchedulingGated at once.
+                obj["status"]["conditions"] = [
+                    _condition(
+                        "PodScheduled",
+                        "False",
+                        now,
+                        "SchedulingGated",
+                        "Scheduling is blocked due to non-empty scheduling gates",
+                    )
+                ]
+            elif spec.get("nodeName"):
                 # Created already bound (a static or DaemonSet-style pod): the scheduler is bypassed.
                 obj["status"]["conditions"] = [_condition("PodScheduled", "True", now)]
         case "namespaces":

@@ -233,6 +233,22 @@ def builtin_types() -> list[ResourceType]:
             categories=("api-extensions",),
             subresources=("status",),
         ),
+        ResourceType(
+            group="admissionregistration.k8s.io",
+            version="v1",
+            plural="mutatingwebhookconfigurations",
+            kind="MutatingWebhookConfiguration",
+            namespaced=False,
+            categories=("api-extensions",),
+        ),
+        ResourceType(
+            group="admissionregistration.k8s.io",
+            version="v1",
+            plural="validatingwebhookconfigurations",
+            kind="ValidatingWebhookConfiguration",
+            namespaced=False,
+            categories=("api-extensions",),
+        ),
     ]
 
 

@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,15 @@ import yaml
 from aiohttp import web
 
 from services.kubesim import discovery, protobuf
-from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream
+from services.kubesim.admission import Attributes
+from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream, Write
 from services.kubesim.config import read_manifests
 from services.kubesim.errors import ApiError, bad_request
 from services.kubesim.faults import Fault, FaultPlan, Faults, read_plan, verb_of
 from services.kubesim.nodes import node_object
 from services.kubesim.resources import ResourceType
 from services.kubesim.tables import table
+from services.kubesim.webhooks import Webhooks
 from shared.errors import ConfigError
 from shared.model import Node
 
@@ -57,6 +59,8 @@ _MAX_BODY = 64 * 2**20
 """Large enough for any CRD (the biggest upstream ones are a few megabytes)."""
 _CHUNK = 1000
 """Objects per write of a long list or of a watch's backlog (bounds the memory of one response)."""
+_ADMISSION_ATTEMPTS = 5
+"""How often an update is begun again when its object changed while its webhooks ran (then 409)."""
 # A timer fires a hair after its deadline, so the cluster's clock has surely reached it.
 _TIMER_SLACK = 1e-3
 
@@ -114,6 +118,21 @@ async def _respond_list(request: web.BaseRequest, head: Obj, items: list[Obj]) -
     return response
 
 
+def _options(kind: str, dry_run: bool) -> Obj:
+    """The CreateOptions/UpdateOptions/DeleteOptions an AdmissionReview carries."""
+    out: Obj = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
+    if dry_run:
+        out["dryRun"] = ["All"]
+    return out
+
+
+def _warned(response: web.Response, warnings: list[str]) -> web.Response:
+    """`response` with the admission webhooks' warnings as Warning headers (kubectl prints them)."""
+    for text in warnings:
+        response.headers.add("Warning", '299 - "' + text.replace('"', "'") + '"')
+    return response
+
+
 def _error(exc: ApiError) -> web.Response:
     return _respond(exc.status(), exc.code)
 
@@ -159,6 +178,8 @@ class KubeSim:
         twice would show two; the chaos checker reads it through `GET /kubesim/bindings`."""
         self.binding_refusals: dict[str, int] = {}
         """pods/binding calls refused (409: the pod already had a node), per pod."""
+        self.webhooks = Webhooks(self.cluster.store)
+        """The admission chain: the webhook configurations stored in the cluster, called per write."""
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -236,6 +257,7 @@ class KubeSim:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.webhooks.close()
 
     def write_kubeconfig(self, path: str | Path, *, server: str | None = None) -> Path:
         """Write a kubeconfig for this server (or for `server`, the URL clients should use)."""
@@ -463,7 +485,25 @@ class KubeSim:
             if name is None and rt.review:
                 return _respond(cluster.review(rt, ns, body), 201)
             if name is None:
-                return _respond(cluster.create(rt, ns, body, dry_run=dry_run), 200 if dry_run else 201)
+                obj, _, warnings = await self._write(lambda: cluster.begin_create(rt, ns, body), dry_run)
+                return _warned(_respond(obj, 200 if dry_run else 201), warnings)
+            if sub in ("binding", "eviction") and rt.storage == "pods":
+                kind = ("", "v1", "Binding") if sub == "binding" else ("policy", "v1", "Eviction")
+                admitted = await self.webhooks.admit(
+                    Attributes(
+                        operation="CREATE",
+                        rt=rt,
+                        subresource=sub,
+                        namespace=ns or "",
+                        name=name,
+                        obj=body if isinstance(body, dict) else None,
+                        old=None,
+                        dry_run=dry_run,
+                        options=_options("CreateOptions", dry_run),
+                        kind=kind,
+                    )
+                )
+                body = admitted.obj if admitted.obj is not None else body
             if sub == "binding" and rt.storage == "pods":
                 key = f"{ns}/{name}"
                 try:
@@ -488,8 +528,10 @@ class KubeSim:
                 return _respond(cluster.set_scale(rt, ns, name, spec.get("replicas"), rv))
             if sub == "finalize":
                 return _respond(cluster.get(rt, ns, name))
-            obj, created = cluster.replace(rt, ns, name, body, subresource=sub)
-            return _respond(obj, 201 if created else 200)
+            obj, created, warnings = await self._write(
+                lambda: cluster.begin_replace(rt, ns, name, body, subresource=sub), dry_run
+            )
+            return _warned(_respond(obj, 201 if created else 200), warnings)
         if method == "PATCH":
             if name is None:
                 raise ApiError(
@@ -499,10 +541,12 @@ class KubeSim:
             content_type = request.headers.get("Content-Type", "")
             if sub == "scale":
                 return _respond(cluster.patch_scale(rt, ns, name, content_type, data))
-            obj, created = cluster.patch(
-                rt, ns, name, content_type, data, subresource=sub, force=_truthy(query.get("force"))
+            force = _truthy(query.get("force"))
+            obj, created, warnings = await self._write(
+                lambda: cluster.begin_patch(rt, ns, name, content_type, data, subresource=sub, force=force),
+                dry_run,
             )
-            return _respond(obj, 201 if created else 200)
+            return _warned(_respond(obj, 201 if created else 200), warnings)
         if method == "DELETE":
             body = await self._body(request)
             options: Obj = dict(body) if isinstance(body, dict) else {}
@@ -519,8 +563,75 @@ class KubeSim:
                         "items": items,
                     }
                 )
-            return _respond(cluster.delete(rt, ns, name, options, dry_run=dry_run))
+            warnings = await self._admit_delete(rt, ns, name, options, dry_run)
+            return _warned(_respond(cluster.delete(rt, ns, name, options, dry_run=dry_run)), warnings)
         raise ApiError(405, "MethodNotAllowed", f"method {method} is not supported")
+
+    # --- admission ----------------------------------------------------------------------------------------------
+    async def _write(self, begin: Callable[[], Write], dry_run: bool) -> tuple[Obj, bool, list[str]]:
+        """Begin a create or update, pass it through the admission webhooks, finish it: (object, created,
+        warnings). An update whose object changed while the webhooks ran is begun again (its
+        resourceVersion precondition, if the client gave one, then fails with 409 as it should)."""
+        cluster = self.cluster
+        for _ in range(_ADMISSION_ATTEMPTS):
+            write = begin()
+            if not self.webhooks.configured():
+                return (*cluster.finish(write, dry_run=dry_run), [])
+            rt = write.rt
+            md = write.obj.get("metadata") or {}
+            shown = cluster.view(rt, write.obj)
+            admitted = await self.webhooks.admit(
+                Attributes(
+                    operation=write.operation,
+                    rt=rt,
+                    subresource=write.subresource,
+                    namespace=str(md.get("namespace") or ""),
+                    name=str(md.get("name") or ""),
+                    obj=shown,
+                    old=cluster.view(rt, write.old) if write.old is not None else None,
+                    dry_run=dry_run,
+                    options=_options(
+                        "CreateOptions" if write.operation == "CREATE" else "UpdateOptions", dry_run
+                    ),
+                    equivalents=tuple(
+                        (t.group, t.version, t.plural)
+                        for t in cluster.registry
+                        if t.storage == rt.storage and t is not rt
+                    ),
+                )
+            )
+            if admitted.obj is not shown and admitted.obj is not None:
+                write.obj = cluster.stored_form(rt, admitted.obj)
+                write.admitted = True
+            if write.old is not None and not cluster.still_current(write):
+                continue
+            return (*cluster.finish(write, dry_run=dry_run), admitted.warnings)
+        raise ApiError(
+            409, "Conflict", "the object kept changing while admission webhooks were called; try again"
+        )
+
+    async def _admit_delete(
+        self, rt: ResourceType, ns: str | None, name: str, options: Obj, dry_run: bool
+    ) -> list[str]:
+        if not self.webhooks.configured():
+            return []
+        existing = self.cluster.find(rt.storage, ns, name)
+        if existing is None:
+            return []  # the delete answers 404 itself
+        admitted = await self.webhooks.admit(
+            Attributes(
+                operation="DELETE",
+                rt=rt,
+                subresource="",
+                namespace=ns or "",
+                name=name,
+                obj=None,
+                old=self.cluster.view(rt, existing),
+                dry_run=dry_run,
+                options={**_options("DeleteOptions", dry_run), **options},
+            )
+        )
+        return admitted.warnings
 
     @staticmethod
     def _int(value: str | None, what: str) -> int:

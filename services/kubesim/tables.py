@@ -447,6 +447,17 @@ _SERVICE_COLUMNS: list[Column] = [
 ]
 
 
+def _webhook_configuration_cells(c: Obj, now: float) -> list[Any]:
+    return [_name(c), len(c.get("webhooks") or ()), _age(c, now)]
+
+
+_WEBHOOK_CONFIGURATION_COLUMNS: list[Column] = [
+    ("Name", "string", 0, "Name must be unique within a namespace."),
+    ("Webhooks", "integer", 0, "Webhooks is a list of webhooks and the affected resources and operations."),
+    ("Age", "string", 0, "CreationTimestamp of the object"),
+]
+
+
 def _default_cells(obj: Obj, now: float) -> list[Any]:
     return [_name(obj), _age(obj, now)]
 
@@ -458,6 +469,14 @@ _DEFAULT_COLUMNS: list[Column] = [
 
 _BY_STORAGE: dict[str, tuple[list[Column], Cells]] = {
     "pods": (_POD_COLUMNS, _pod_cells),
+    "admissionregistration.k8s.io/mutatingwebhookconfigurations": (
+        _WEBHOOK_CONFIGURATION_COLUMNS,
+        _webhook_configuration_cells,
+    ),
+    "admissionregistration.k8s.io/validatingwebhookconfigurations": (
+        _WEBHOOK_CONFIGURATION_COLUMNS,
+        _webhook_configuration_cells,
+    ),
     "nodes": (_NODE_COLUMNS, _node_cells),
     "batch/jobs": (_JOB_COLUMNS, _job_cells),
     "apps/deployments": (_DEPLOYMENT_COLUMNS, _deployment_cells),

@@ -1,0 +1,552 @@
+"""Admission webhooks in the simulated API server, against a real webhook server (aiohttp, on a free loopback
+port): kubesim POSTs an AdmissionReview to each matching Mutating/ValidatingWebhookConfiguration, applies
+a mutating webhook's JSON patch, fails the request on a denial or, with failurePolicy Fail, on a webhook it
+cannot call; and it holds pods with scheduling gates as the real server does (Kairos's `kairos.io/after`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from services.kubesim.cluster import SimOptions
+from services.kubesim.server import KubeSim
+from tests.integration.kubectl_helpers import kubectl, running_kubesim
+from tests.integration.test_nats_auth import throwaway_pki
+
+pytestmark = pytest.mark.integration
+
+Obj = dict[str, Any]
+GATE = "kairos.io/after"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VALIDATING = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+# --- a real webhook server ---------------------------------------------------------------------------------
+Answer = Callable[[Obj], Obj]
+"""From the AdmissionReview request to the response fields besides uid (allowed, patch, status, ...)."""
+
+
+def allow(_: Obj) -> Obj:
+    return {"allowed": True}
+
+
+def add_gate(request: Obj) -> Obj:
+    gates = (request["object"].get("spec") or {}).get("schedulingGates")
+    op: Obj = (
+        {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}}
+        if gates
+        else {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
+    )
+    return {
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(json.dumps([op]).encode()).decode(),
+    }
+
+
+@dataclass
+class Hooks:
+    """The webhook server: each path answers with its `Answer`; every review received is kept."""
+
+    url: str = ""
+    answers: dict[str, Answer] = field(default_factory=dict)
+    delay: dict[str, float] = field(default_factory=dict)
+    received: list[tuple[str, Obj]] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to end the delays early (a test ends with no handler left waiting)."""
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set whenever no delayed answer is in flight."""
+
+    def requests(self, path: str) -> list[Obj]:
+        return [review["request"] for p, review in self.received if p == path]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        review = await request.json()
+        path = request.path
+        self.received.append((path, {**review, "query": dict(request.query)}))
+        if path in self.delay:
+            self.in_flight += 1
+            self.idle.clear()
+            try:
+                async with asyncio.timeout(self.delay[path]):
+                    await self.release.wait()
+            except TimeoutError:
+                pass
+            finally:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self.idle.set()
+        answer = self.answers.get(path, allow)(review["request"])
+        response = {"uid": review["request"]["uid"], **answer}
+        return web.json_response(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        )
+
+
+async def serve(hooks: Hooks, context: ssl.SSLContext | None = None) -> web.AppRunner:
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", hooks.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    hooks.url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
+    return runner
+
+
+@pytest.fixture
+async def hooks() -> AsyncIterator[Hooks]:
+    out = Hooks()
+    runner = await serve(out)
+    try:
+        yield out
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
+    async with running_kubesim(tmp_path, options=SimOptions(run_delay=0.0, seed=5)) as server:
+        yield server
+
+
+@pytest.fixture
+async def http(sim: KubeSim) -> AsyncIterator[Api]:
+    async with aiohttp.ClientSession() as session:
+        yield Api(session, sim.url)
+
+
+class Api:
+    """Raw requests to kubesim: (status code, JSON body), so a test reads the Status of a refusal."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+
+    async def call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Obj]:
+        data = json.dumps(body).encode() if body is not None else None
+        async with self.session.request(
+            method, self.base + path, data=data, headers={"Content-Type": content_type}
+        ) as response:
+            return response.status, await response.json()
+
+
+def webhook(name: str, url: str, **extra: Any) -> Obj:
+    out: Obj = {
+        "name": name,
+        "clientConfig": {"url": url},
+        "rules": [
+            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+        ],
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+    }
+    out.update(extra)
+    return out
+
+
+def configuration(name: str, *hooks: Obj, validating: bool = False) -> Obj:
+    kind = "ValidatingWebhookConfiguration" if validating else "MutatingWebhookConfiguration"
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "webhooks": list(hooks),
+    }
+
+
+def pod(name: str = "", *, generate: str = "", labels: dict[str, str] | None = None, **spec: Any) -> Obj:
+    md: Obj = {"name": name} if name else {"generateName": generate}
+    if labels:
+        md["labels"] = labels
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": md,
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "containers": [{"name": "main", "image": "busybox"}],
+            **spec,
+        },
+    }
+
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+async def register(http: Api, config: Obj, *, validating: bool = False) -> Obj:
+    config = {
+        **config,
+        "kind": "ValidatingWebhookConfiguration" if validating else "MutatingWebhookConfiguration",
+    }
+    status, body = await http.call("POST", VALIDATING if validating else MUTATING, config)
+    assert status == 201, body
+    return body
+
+
+# --- mutating: the gate -------------------------------------------------------------------------------------
+async def test_a_mutating_webhook_adds_a_scheduling_gate_that_holds_the_pod(
+    sim: KubeSim, hooks: Hooks, http: Api
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    await register(
+        http,
+        configuration("kairos", webhook("after.kairos.test", hooks.url + "/mutate-pods", timeoutSeconds=5)),
+    )
+
+    status, created = await http.call("POST", PODS, pod(generate="stage-"))
+    assert status == 201, created
+    assert created["spec"]["schedulingGates"] == [{"name": GATE}]
+    name = created["metadata"]["name"]
+    assert name.startswith("stage-")
+    # Read back: stored with the gate, held as the real server holds it.
+    status, stored = await http.call("GET", f"{PODS}/{name}")
+    assert stored["spec"]["schedulingGates"] == [{"name": GATE}]
+    scheduled = [c for c in stored["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert scheduled[0]["status"] == "False"
+    assert scheduled[0]["reason"] == "SchedulingGated"
+
+    [request] = hooks.requests("/mutate-pods")
+    assert request["operation"] == "CREATE"
+    assert request["kind"] == {"group": "", "version": "v1", "kind": "Pod"}
+    assert request["resource"] == {"group": "", "version": "v1", "resource": "pods"}
+    assert request["namespace"] == "default"
+    # As on a real server, a generateName pod has no name nor uid yet when admission sees it.
+    assert request["name"] == ""
+    assert "uid" not in request["object"]["metadata"]
+    assert request["object"]["spec"]["schedulerName"] == "kai-scheduler"
+    assert request["oldObject"] is None
+    assert request["dryRun"] is False
+    assert request["userInfo"]["username"]
+    assert hooks.received[0][1]["query"] == {"timeout": "5s"}
+
+
+async def test_a_gated_pod_cannot_be_bound_until_the_gate_is_removed(
+    sim: KubeSim, hooks: Hooks, http: Api
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    await register(http, configuration("kairos", webhook("after.kairos.test", hooks.url + "/mutate-pods")))
+    status, created = await http.call("POST", PODS, pod("p"))
+    assert status == 201, created
+    node = sim.cluster.objects("nodes")[0]["metadata"]["name"]
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p"},
+        "target": {"kind": "Node", "name": node},
+    }
+
+    status, refused = await http.call("POST", f"{PODS}/p/binding", binding)
+    assert status == 500
+    assert refused["message"] == "pod p has non-empty .spec.schedulingGates"
+    assert "nodeName" not in sim.cluster.find("pods", "default", "p")["spec"]
+
+    # Adding a gate after creation is refused; removing it (what Kairos does when the dependencies
+    # succeeded) is not, and then the pod binds.
+    status, body = await http.call(
+        "PATCH",
+        f"{PODS}/p",
+        [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "other"}}],
+        JSON_PATCH,
+    )
+    assert status == 422, body
+    status, body = await http.call(
+        "PATCH", f"{PODS}/p", [{"op": "remove", "path": "/spec/schedulingGates/0"}], JSON_PATCH
+    )
+    assert status == 200, body
+    status, body = await http.call("POST", f"{PODS}/p/binding", binding)
+    assert status == 201, body
+    assert sim.cluster.find("pods", "default", "p")["spec"]["nodeName"] == node
+
+
+async def test_a_pod_created_with_a_node_and_a_gate_is_refused(http: Api) -> None:
+    status, body = await http.call("POST", PODS, pod("p", nodeName="n0", schedulingGates=[{"name": GATE}]))
+    assert status == 422
+    assert "spec.nodeName" in body["message"]
+    assert "schedulingGates" in body["message"]
+
+
+async def test_a_webhook_may_not_rename_the_object(hooks: Hooks, http: Api) -> None:
+    rename = [{"op": "replace", "path": "/metadata/name", "value": "other"}]
+    hooks.answers["/rename"] = lambda _: {
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(json.dumps(rename).encode()).decode(),
+    }
+    await register(http, configuration("c", webhook("rename.kairos.test", hooks.url + "/rename")))
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 500
+    assert 'failed calling webhook "rename.kairos.test"' in body["message"]
+    assert "metadata.name" in body["message"]
+
+
+# --- denial, failure policies -------------------------------------------------------------------------------
+async def test_a_denial_fails_the_request_with_the_webhooks_code_and_message(hooks: Hooks, http: Api) -> None:
+    hooks.answers["/deny"] = lambda _: {
+        "allowed": False,
+        "status": {"code": 403, "message": "stage not ready"},
+    }
+    hooks.answers["/deny-plain"] = lambda _: {"allowed": False}
+    await register(
+        http, configuration("v", webhook("deny.kairos.test", hooks.url + "/deny")), validating=True
+    )
+
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 403
+    assert body["message"] == 'admission webhook "deny.kairos.test" denied the request: stage not ready'
+    status, _ = await http.call("GET", f"{PODS}/p")
+    assert status == 404
+
+    await http.call("DELETE", f"{VALIDATING}/v")
+    await register(http, configuration("m", webhook("plain.kairos.test", hooks.url + "/deny-plain")))
+    status, body = await http.call("POST", PODS, pod("q"))
+    assert status == 400
+    assert body["message"] == 'admission webhook "plain.kairos.test" denied the request without explanation'
+
+
+async def test_a_webhook_that_is_down_fails_the_request_only_under_failure_policy_fail(http: Api) -> None:
+    # A port nobody listens on: bound, then closed.
+    runner = await serve(Hooks())
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/gone"
+    await runner.cleanup()
+
+    await register(http, configuration("strict", webhook("strict.kairos.test", url, failurePolicy="Fail")))
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 500
+    assert body["reason"] == "InternalError"
+    assert 'failed calling webhook "strict.kairos.test"' in body["message"]
+
+    await http.call("DELETE", f"{MUTATING}/strict")
+    await register(
+        http, configuration("lenient", webhook("lenient.kairos.test", url, failurePolicy="Ignore"))
+    )
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 201, body
+
+
+async def test_a_slow_webhook_times_out_after_its_timeout_seconds(hooks: Hooks, http: Api) -> None:
+    hooks.answers["/slow"] = add_gate
+    hooks.delay["/slow"] = 4.0
+    await register(
+        http, configuration("slow", webhook("slow.kairos.test", hooks.url + "/slow", timeoutSeconds=1))
+    )
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 500
+    assert "context deadline exceeded" in body["message"]
+
+    await http.call(
+        "PATCH",
+        f"{MUTATING}/slow",
+        {
+            "webhooks": [
+                webhook("slow.kairos.test", hooks.url + "/slow", timeoutSeconds=1, failurePolicy="Ignore")
+            ]
+        },
+        MERGE_PATCH,
+    )
+    status, body = await http.call("POST", PODS, pod("q"))
+    assert status == 201, body
+    # Ignored: created as sent, without the gate the late answer would have added.
+    assert "schedulingGates" not in body["spec"]
+    hooks.release.set()
+    async with asyncio.timeout(30):
+        await hooks.idle.wait()
+
+
+async def test_a_service_client_config_cannot_be_reached_from_kubesim(http: Api) -> None:
+    hook = webhook("svc.kairos.test", "")
+    hook["clientConfig"] = {
+        "service": {"namespace": "kairos", "name": "kairos-state-webhook", "path": "/mutate-pods"}
+    }
+    await register(http, configuration("svc", hook))
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 500
+    assert "kairos/kairos-state-webhook" in body["message"]
+
+
+# --- matching -------------------------------------------------------------------------------------------------
+async def test_namespace_and_object_selectors_choose_the_requests_sent(
+    sim: KubeSim, hooks: Hooks, http: Api
+) -> None:
+    for ns, labels in (("teams", {"kairos.io/gated": "yes"}), ("kube-other", {})):
+        status, body = await http.call(
+            "POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": labels}}
+        )
+        assert status == 201, body
+    await register(
+        http,
+        configuration(
+            "sel",
+            webhook(
+                "sel.kairos.test",
+                hooks.url + "/sel",
+                namespaceSelector={
+                    "matchExpressions": [{"key": "kairos.io/gated", "operator": "In", "values": ["yes"]}]
+                },
+                objectSelector={"matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]},
+            ),
+        ),
+    )
+    for ns, name, labels in (
+        ("teams", "sent", None),
+        ("teams", "skipped", {"skip": "1"}),
+        ("kube-other", "other-namespace", None),
+        ("default", "default-namespace", None),
+    ):
+        status, body = await http.call("POST", f"/api/v1/namespaces/{ns}/pods", pod(name, labels=labels))
+        assert status == 201, body
+    assert [(r["namespace"], r["object"]["metadata"]["name"]) for r in hooks.requests("/sel")] == [
+        ("teams", "sent")
+    ]
+
+
+async def test_rules_match_operations_resources_and_subresources(hooks: Hooks, http: Api) -> None:
+    rule = {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"]}
+    await register(
+        http,
+        configuration(
+            "rules",
+            webhook("pods.kairos.test", hooks.url + "/pods", rules=[{**rule, "resources": ["pods"]}]),
+            webhook(
+                "status.kairos.test", hooks.url + "/status", rules=[{**rule, "resources": ["pods/status"]}]
+            ),
+            webhook(
+                "all.kairos.test",
+                hooks.url + "/all",
+                rules=[{**rule, "operations": ["*"], "resources": ["*/*"]}],
+            ),
+        ),
+        validating=True,
+    )
+    assert (await http.call("POST", PODS, pod("p")))[0] == 201
+    assert (await http.call("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "c"}}))[
+        0
+    ] == 201
+    assert hooks.requests("/pods") == []
+    assert hooks.requests("/status") == []
+    assert [r["resource"]["resource"] for r in hooks.requests("/all")] == ["pods", "configmaps"]
+
+    status, _ = await http.call("PATCH", f"{PODS}/p/status", {"status": {"message": "x"}}, MERGE_PATCH)
+    assert status == 200
+    [update] = hooks.requests("/status")
+    assert update["subResource"] == "status"
+    assert update["oldObject"]["metadata"]["name"] == "p"
+    assert hooks.requests("/pods") == []
+
+    status, _ = await http.call("PATCH", f"{PODS}/p", {"metadata": {"labels": {"a": "b"}}}, MERGE_PATCH)
+    assert status == 200
+    [update] = hooks.requests("/pods")
+    assert update["operation"] == "UPDATE"
+    assert update["object"]["metadata"]["labels"] == {"a": "b"}
+    assert "labels" not in update["oldObject"]["metadata"]
+
+    status, _ = await http.call("DELETE", f"{PODS}/p")
+    assert status == 200
+    assert hooks.requests("/all")[-1]["operation"] == "DELETE"
+    assert hooks.requests("/all")[-1]["object"] is None
+
+
+async def test_configurations_are_defaulted_and_checked(http: Api) -> None:
+    stored = await register(http, configuration("d", webhook("d.kairos.test", "http://127.0.0.1:1/x")))
+    [hook] = stored["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["matchPolicy"] == "Equivalent"
+    assert hook["timeoutSeconds"] == 10
+    assert hook["reinvocationPolicy"] == "Never"
+    assert hook["rules"][0]["scope"] == "*"
+    for bad, field_path in (
+        (webhook("two.segments", "http://127.0.0.1:1/x"), "webhooks[0].name"),
+        (webhook("t.kairos.test", "http://127.0.0.1:1/x", timeoutSeconds=31), "webhooks[0].timeoutSeconds"),
+        (webhook("s.kairos.test", "http://127.0.0.1:1/x", sideEffects="Some"), "webhooks[0].sideEffects"),
+        (webhook("u.kairos.test", "ftp://127.0.0.1:1/x"), "webhooks[0].clientConfig.url"),
+    ):
+        status, body = await http.call("POST", MUTATING, configuration("bad", bad))
+        assert status == 422, body
+        assert field_path in body["message"]
+
+
+# --- https --------------------------------------------------------------------------------------------------
+async def test_https_webhooks_are_verified_against_the_ca_bundle(tmp_path: Path, http: Api) -> None:
+    pki = throwaway_pki(tmp_path / "pki")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.cert, pki.key)
+    secure = Hooks(answers={"/mutate-pods": add_gate})
+    runner = await serve(secure, context)
+    try:
+        bundle = base64.b64encode(await asyncio.to_thread(Path(pki.ca).read_bytes)).decode()
+        hook = webhook("tls.kairos.test", secure.url + "/mutate-pods")
+        hook["clientConfig"]["caBundle"] = bundle
+        await register(http, configuration("tls", hook))
+        status, body = await http.call("POST", PODS, pod("p"))
+        assert status == 201, body
+        assert body["spec"]["schedulingGates"] == [{"name": GATE}]
+
+        # Without the bundle the throwaway CA is not trusted: the call fails (failurePolicy Fail).
+        del hook["clientConfig"]["caBundle"]
+        status, body = await http.call("PUT", f"{MUTATING}/tls", configuration("tls", hook))
+        assert status == 200, body
+        status, body = await http.call("POST", PODS, pod("q"))
+        assert status == 500
+        assert "certificate" in body["message"].lower()
+    finally:
+        await runner.cleanup()
+
+
+# --- kubectl ------------------------------------------------------------------------------------------------
+async def test_kubectl_applies_lists_and_deletes_webhook_configurations(
+    sim: KubeSim, hooks: Hooks, http: Api, tmp_path: Path
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    manifest = f"""
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: kairos-after-gate
+webhooks:
+  - name: after.kairos.io
+    clientConfig:
+      url: {hooks.url}/mutate-pods
+    rules:
+      - operations: ["CREATE"]
+        apiGroups: [""]
+        apiVersions: ["v1"]
+        resources: ["pods"]
+    failurePolicy: Ignore
+    sideEffects: None
+    admissionReviewVersions: ["v1"]
+"""
+    kubeconfig = tmp_path / "kubeconfig"
+    rc, out, err = await kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest)
+    assert rc == 0, err
+    assert "created" in out
+    rc, out, err = await kubectl(kubeconfig, "get", "mutatingwebhookconfigurations")
+    assert rc == 0, err
+    header, row = out.splitlines()[:2]
+    assert header.split()[:2] == ["NAME", "WEBHOOKS"]
+    assert row.split()[:2] == ["kairos-after-gate", "1"]
+
+    rc, out, err = await kubectl(kubeconfig, "run", "gated", "--image=busybox", "--restart=Never")
+    assert rc == 0, err
+    rc, out, err = await kubectl(kubeconfig, "get", "pods", "gated")
+    assert rc == 0, err
+    assert "SchedulingGated" in out
+
+    rc, out, err = await kubectl(kubeconfig, "delete", "mutatingwebhookconfiguration", "kairos-after-gate")
+    assert rc == 0, err
+    assert sim.cluster.objects("admissionregistration.k8s.io/mutatingwebhookconfigurations") == []
