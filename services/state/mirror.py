@@ -118,6 +118,18 @@ class Mirror:
     """PodGroup "ns/name" with `kairos.io/after` -> its verdict as of the last flush."""
     _after_errors: dict[str, str] = field(default_factory=dict)
     """PodGroup "ns/name" -> why its `kairos.io/after` does not parse (it is held back as invalid)."""
+    _errors_shown: dict[str, str] = field(default_factory=dict)
+    """`_after_errors` as of the last verdicts (a change re-examines the podgroup)."""
+    _afters: dict[str, tuple[Ref, ...]] = field(default_factory=dict)
+    """PodGroup "ns/name" -> its parsed `kairos.io/after` (podgroups that have one)."""
+    _owner_index: dict[Ref, str] = field(default_factory=dict)
+    """(namespace, top owner name) -> the PodGroup made for it, so `after` may name the workload."""
+    _relevant: set[str] = field(default_factory=set)
+    """PodGroups the last verdicts read (dependants and what they name): a change to one or its pods
+    recomputes the verdicts; changes elsewhere do not."""
+    _relevant_jobs: set[str] = field(default_factory=set)
+    """Jobs ("ns/name") the last verdicts read or named."""
+    _stages_stale: bool = True
     _held_reasons: dict[str, str] = field(default_factory=dict)
     """Held label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _gated: dict[str, None] = field(default_factory=dict)
@@ -134,6 +146,14 @@ class Mirror:
         old = self.raw[kind]
         for gone in old.keys() - fresh.keys():
             self._forget(kind, gone)
+        if kind == PODGROUPS:
+            self._afters.clear()
+            self._after_errors.clear()
+            self._owner_index.clear()
+            for name, group in fresh.items():
+                self._track_stage_group(name, None, group)
+        if kind in (PODGROUPS, PODS, JOBS):
+            self._stages_stale = True
         self._dirty[kind].update(old.keys() | fresh.keys())
         self.raw[kind] = fresh
         self._full = True
@@ -158,10 +178,18 @@ class Mirror:
             self._forget(kind, name)
         else:
             self.raw[kind][name] = obj
+        after = None if event == "DELETED" else obj
         if kind == PODS:
-            self._index(name, before, None if event == "DELETED" else obj)
-            self._track_ungrouped(name, None if event == "DELETED" else obj)
-            self._track_gated(name, None if event == "DELETED" else obj)
+            self._index(name, before, after)
+            self._track_ungrouped(name, after)
+            self._track_gated(name, after)
+            if self._relevant and (_group_of(before) in self._relevant or _group_of(after) in self._relevant):
+                self._stages_stale = True
+        elif kind == PODGROUPS:
+            self._track_stage_group(name, before, after)
+        elif kind == JOBS:
+            if name in self._relevant_jobs:
+                self._stages_stale = True
         elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES):
             self._full = True
         self._dirty[kind].add(name)
@@ -270,46 +298,70 @@ class Mirror:
                 out.append(pod)
         return out
 
+    def _track_stage_group(self, name: str, before: Any, after: Any) -> None:
+        """Keep the parsed `kairos.io/after` of every podgroup that has one and the top-owner index up to
+        date, and note when the verdicts may have changed."""
+        old_value = before.metadata.annotations.get(AFTER_ANNOTATION, "") if before is not None else None
+        new_value = after.metadata.annotations.get(AFTER_ANNOTATION, "") if after is not None else None
+        old_owner = _owner_key(before)
+        new_owner = _owner_key(after)
+        if old_owner is not None and old_owner != new_owner and self._owner_index.get(old_owner) == name:
+            del self._owner_index[old_owner]
+        if new_owner is not None:
+            self._owner_index[new_owner] = name
+        if before is None or after is None or old_value != new_value or old_owner != new_owner:
+            self._afters.pop(name, None)
+            self._after_errors.pop(name, None)
+            if after is not None and new_value and new_value.strip():
+                meta = after.metadata
+                try:
+                    self._afters[name] = parse_after(new_value, meta.namespace, kind="PodGroup", name=name)
+                except InvalidObject as exc:
+                    self._after_errors[name] = str(exc)
+            self._stages_stale = True
+        elif name in self._relevant:
+            self._stages_stale = True
+
     def _decide_stages(self) -> None:
-        """Recompute every dependant's verdict; podgroups whose verdict changed are looked at again."""
-        groups = self.raw[PODGROUPS]
-        afters: dict[Ref, tuple[Ref, ...]] = {}
-        errors: dict[str, str] = {}
-        for name, group in groups.items():
-            meta = group.metadata
-            value = meta.annotations.get(AFTER_ANNOTATION, "")
-            if not value.strip():
-                continue
-            try:
-                afters[Ref(meta.namespace, meta.name)] = parse_after(
-                    value, meta.namespace, kind="PodGroup", name=name
-                )
-            except InvalidObject as exc:
-                errors[name] = str(exc)
-        if not afters and not errors and not self.stages and not self._after_errors:
+        """Recompute the verdicts when something they read changed; podgroups whose verdict or annotation
+        error changed are looked at again. Only the dependants and what they name are built."""
+        if not self._stages_stale:
             return
-        wanted = {ref for refs in afters.values() for ref in refs}
+        self._stages_stale = False
+        groups = self.raw[PODGROUPS]
         stages: dict[Ref, Stage] = {}
-        for group in groups.values():
+        relevant: set[str] = set()
+        jobs: set[str] = set()
+
+        def add(name: str, after: tuple[Ref, ...] = ()) -> None:
+            group = groups[name]
             meta = group.metadata
-            key = Ref(meta.namespace, meta.name)
             top = meta.owner_references[0] if meta.owner_references else None
-            if (
-                key in afters
-                or key in wanted
-                or (top is not None and Ref(meta.namespace, top.name) in wanted)
-            ):
-                stages[key] = Stage(
-                    namespace=meta.namespace,
-                    name=meta.name,
-                    owner=top.name if top is not None else "",
-                    phase=self._phase(group, top),
-                    after=afters.get(key, ()),
-                )
-        # A Job named that has no podgroup (its pods are gone, or not grouped yet) still says how it ended.
-        owners = {Ref(stage.namespace, stage.owner) for stage in stages.values() if stage.owner}
-        for ref in sorted(wanted - stages.keys() - owners):
-            job = self.raw[JOBS].get(f"{ref.namespace}/{ref.name}")
+            if top is not None and top.kind == "Job":
+                jobs.add(f"{meta.namespace}/{top.name}")
+            relevant.add(name)
+            stages[Ref(meta.namespace, meta.name)] = Stage(
+                namespace=meta.namespace,
+                name=meta.name,
+                owner=top.name if top is not None else "",
+                phase=self._phase(group, top),
+                after=after,
+            )
+
+        for name, refs in self._afters.items():
+            if name in groups:
+                add(name, refs)
+        for ref in sorted({ref for refs in self._afters.values() for ref in refs}):
+            key = f"{ref.namespace}/{ref.name}"
+            jobs.add(key)
+            target = key if key in groups else self._owner_index.get(ref)
+            if target is not None and target in groups:
+                if Ref(ref.namespace, groups[target].metadata.name) not in stages:
+                    add(target)
+                continue
+            # A Job named that has no podgroup (its pods are gone, or not grouped yet) still says how it
+            # ended.
+            job = self.raw[JOBS].get(key)
             if job is not None:
                 stages[ref] = Stage(
                     namespace=ref.namespace,
@@ -317,13 +369,18 @@ class Mirror:
                     owner=ref.name,
                     phase=_job_phase(job) or Phase.PENDING,
                 )
-        decisions = {f"{key.namespace}/{key.name}": d for key, d in evaluate(stages).items()}
+        decisions = (
+            {f"{key.namespace}/{key.name}": d for key, d in evaluate(stages).items()} if stages else {}
+        )
         changed = {n for n in decisions.keys() | self.stages.keys() if decisions.get(n) != self.stages.get(n)}
+        errors = self._after_errors
         changed |= {
-            n for n in errors.keys() | self._after_errors.keys() if errors.get(n) != self._after_errors.get(n)
+            n for n in errors.keys() | self._errors_shown.keys() if errors.get(n) != self._errors_shown.get(n)
         }
         self.stages = decisions
-        self._after_errors = errors
+        self._errors_shown = dict(errors)
+        self._relevant = relevant
+        self._relevant_jobs = jobs
         self._dirty[PODGROUPS].update(n for n in changed if n in groups)
 
     def _phase(self, group: Any, top: Any) -> Phase:
@@ -765,6 +822,13 @@ def _unknown_queue(name: str, queue: str, why: str | None) -> str:
     if why:
         return f"PodGroup {name!r}: spec.queue: queue {queue!r} is held back ({why})"
     return f"PodGroup {name!r}: spec.queue: queue {queue!r} does not exist"
+
+
+def _owner_key(group: Any) -> Ref | None:
+    """(namespace, top owner name) of a PodGroup, None without an owner."""
+    if group is None or not group.metadata.owner_references:
+        return None
+    return Ref(group.metadata.namespace, group.metadata.owner_references[0].name)
 
 
 def _group_of(pod: Any) -> str | None:
