@@ -63,6 +63,7 @@ JOBS = "jobs"
 KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS)
 
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+_STAGE_HOLDS = frozenset(validity.STAGE_REASONS.values())
 
 
 @dataclass
@@ -736,6 +737,16 @@ class Mirror:
                 return pod
         if ours and group_key is None:
             self.held[f"pod {name}"] = f"pod {name}: waiting for its podgroup (pod-grouper)"
+        elif (
+            ours
+            and group_key is not None
+            and group_key not in groups
+            and self._held_reasons.get(f"podgroup {group_key}") in _STAGE_HOLDS
+            and (stage := self.stages.get(group_key)) is not None
+        ):
+            self.held[f"pod {name}"] = (
+                f"pod {name}: {stage.reason} ({AFTER_ANNOTATION} of podgroup {group_key})"
+            )
         elif ours and group_key not in groups:
             why = self.held.get(f"podgroup {group_key}") or self.problems.get(f"podgroup {group_key}")
             self.held[f"pod {name}"] = (

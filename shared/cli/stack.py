@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -247,17 +248,24 @@ def start_stack(
     env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url}
     stack.env = env
     options = {name: dict(opts) for name, opts in (options or {}).items()}
+    webhook_ports: list[int] = []
+    kubeconfig: Path | None = None
     try:
         if cluster.kind != "memory":
             kubeconfig = _start_cluster(stack, cluster, env, timeout)
             options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
             options.setdefault("binder", {}).update(cluster="kube", kubeconfig=str(kubeconfig))
+            if cluster.kind == KUBESIM and "webhook_port" not in options["state"]:
+                # kubesim calls each state replica's admission webhook directly (no Service in front).
+                webhook_ports = [free_port() for _ in range(counts.get("state", 1))]
         for service in SERVICES:
             for i in range(counts.get(service, 1)):
                 replica = f"{service}-{i}"
                 opts = dict(options.get(service, {}))
                 if service == "state" and i > 0:
                     opts["source"] = "none"
+                if service == "state" and webhook_ports:
+                    opts["webhook_port"] = str(webhook_ports[i])
                 stack.commands[replica] = _service_args(service, replica, opts)
                 with (logs / f"{replica}.log").open("ab") as log:
                     stack.processes[replica] = subprocess.Popen(
@@ -270,6 +278,8 @@ def start_stack(
         _write_pids(stack)
         services = {name for name in stack.processes if name != KUBESIM}
         asyncio.run(wait_ready(stack.url, services, timeout, stack.first_exit))
+        if webhook_ports and kubeconfig is not None:
+            _register_webhook(kubeconfig, webhook_ports)
     except BaseException:
         stack.stop()
         raise
@@ -306,6 +316,21 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
 
     asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES))
     return kubeconfig
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
+    """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate)."""
+    from shared.kube.admission import webhook_configuration
+    from shared.kubeapi.bootstrap import replace_object
+
+    urls = [f"http://127.0.0.1:{port}/mutate-pods" for port in ports]
+    asyncio.run(replace_object(str(kubeconfig), webhook_configuration(urls)))
 
 
 def _write_pids(stack: Stack) -> None:
