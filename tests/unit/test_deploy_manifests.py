@@ -46,6 +46,7 @@ WORKLOADS = [
 ]
 KAIROS_WORKLOADS = [w for w in WORKLOADS if w[1].startswith("kairos-")]
 HEALTH_PORT = 8080
+WEBHOOK_PORT = 9443
 
 # The RBAC table of deploy/README.md: (namespace or "*" for cluster-wide, API group, resource, verb).
 OWNER_KINDS = [
@@ -82,6 +83,8 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | grants("*", "scheduling.k8s.io", "priorityclasses", "list", "watch")
         | grants("*", "", "events", "create")
         | {("*", group, resource, "get") for group, resource in OWNER_KINDS}
+        # A Job's Complete/Failed condition says whether a stage others wait for succeeded (kairos.io/after).
+        | grants("*", "batch", "jobs", "list", "watch")
     ),
     "kairos-binder": (
         grants("*", "", "pods", "get", "patch")
@@ -149,10 +152,74 @@ def config_map_data(objects: tuple[Obj, ...], prefix: str) -> dict[str, str]:
 
 
 # --- schemas ------------------------------------------------------------------------------------------------
+def _closed(properties: Obj, required: tuple[str, ...] = ()) -> Obj:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_CERT_MANAGER_METADATA = {"type": "object"}
+CERT_MANAGER_SCHEMAS: dict[tuple[str, str], Obj] = {
+    # The part of cert-manager v1's schemas the base uses, closed: a misspelt field is caught as for the
+    # built-in kinds (cert-manager's CRDs are not bundled here; the field names are its API reference's).
+    ("cert-manager.io/v1", "Issuer"): _closed(
+        {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": _CERT_MANAGER_METADATA,
+            "spec": _closed({"selfSigned": _closed({"crlDistributionPoints": _STRINGS})}),
+        },
+        ("spec",),
+    ),
+    ("cert-manager.io/v1", "Certificate"): _closed(
+        {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": _CERT_MANAGER_METADATA,
+            "spec": _closed(
+                {
+                    "secretName": {"type": "string"},
+                    "duration": {"type": "string"},
+                    "renewBefore": {"type": "string"},
+                    "commonName": {"type": "string"},
+                    "dnsNames": _STRINGS,
+                    "ipAddresses": _STRINGS,
+                    "isCA": {"type": "boolean"},
+                    "usages": {
+                        "type": "array",
+                        "items": {
+                            "enum": ["server auth", "client auth", "digital signature", "key encipherment"]
+                        },
+                    },
+                    "privateKey": _closed(
+                        {
+                            "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                            "size": {"type": "integer"},
+                            "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                            "rotationPolicy": {"enum": ["Never", "Always"]},
+                        }
+                    ),
+                    "issuerRef": _closed(
+                        {"name": {"type": "string"}, "kind": {"type": "string"}, "group": {"type": "string"}},
+                        ("name",),
+                    ),
+                },
+                ("secretName", "issuerRef"),
+            ),
+        },
+        ("spec",),
+    ),
+}
+
+
 def schema_errors(objects: tuple[Obj, ...]) -> list[str]:
     """One line per invalid object: built-in kinds against Kubernetes's schemas, custom resources against
-    their CRD's."""
-    custom = crd_schemas()
+    their CRD's, cert-manager's against the part of its schemas in `CERT_MANAGER_SCHEMAS`."""
+    custom = crd_schemas() | CERT_MANAGER_SCHEMAS
     errors = []
     for obj in objects:
         where = f"{obj['kind']} {obj['metadata'].get('name')}"
@@ -227,6 +294,10 @@ def test_base_renders_the_whole_install() -> None:
         *(("PodDisruptionBudget", name) for kind, name in WORKLOADS if kind != "DaemonSet"),
         ("Service", "nats"),
         ("Service", "nats-headless"),
+        ("Service", "kairos-state-webhook"),
+        ("Issuer", "kairos-selfsigned"),
+        ("Certificate", "kairos-state-webhook"),
+        ("MutatingWebhookConfiguration", "kairos-after-gate"),
     }
     assert expected <= rendered
 
@@ -264,7 +335,13 @@ def test_the_crd_check_catches_a_field_the_api_server_would_drop() -> None:
 
 
 def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace() -> None:
-    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+    }
     for obj in base():
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
@@ -303,7 +380,8 @@ def test_kairos_probes_ask_the_health_endpoints_on_the_configured_port(kind: str
     workload = find(base(), kind, name)
     main = container(workload)
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-    assert ports == {"health": HEALTH_PORT}
+    # The state service also serves the admission webhook (tests/unit/test_deploy_webhook.py).
+    assert ports == {"health": HEALTH_PORT, **({"webhook": WEBHOOK_PORT} if name == "kairos-state" else {})}
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert config_map_data(base(), "kairos-env")["KAIROS_HEALTH_PORT"] == str(HEALTH_PORT)
@@ -574,6 +652,17 @@ def test_nats_reads_every_identity_s_password_from_the_secret() -> None:
     assert sorted(re.findall(r"password: \$(\w+)", conf)) == sorted(v for v, _, _ in expected)
 
 
+def in_secret_volume(workload: Obj, main: Obj, value: Any) -> bool:
+    """Whether `value` is a file path inside a volume the container mounts from a Secret."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return False
+    secret_volumes = {v["name"] for v in pod_spec(workload).get("volumes", []) if "secret" in v}
+    return any(
+        m["name"] in secret_volumes and value.startswith(m["mountPath"].rstrip("/") + "/")
+        for m in main.get("volumeMounts", [])
+    )
+
+
 def test_no_password_is_committed_or_in_plain_environment() -> None:
     objects = base() + render("overlays/dev")
     # The Secret is created at install (deploy/README.md), never rendered from the repository.
@@ -588,6 +677,8 @@ def test_no_password_is_committed_or_in_plain_environment() -> None:
             for c in containers(obj):
                 for item in c.get("env", []):
                     if secretish.search(item["name"]):
+                        if in_secret_volume(obj, c, item.get("value")):
+                            continue  # the path of a key file mounted from a Secret, not a secret
                         assert "value" not in item, (obj["metadata"]["name"], item["name"])
                         assert "secretKeyRef" in item["valueFrom"], (obj["metadata"]["name"], item["name"])
 
@@ -706,7 +797,11 @@ def test_each_workload_has_a_metrics_service_on_its_health_port(kind: str, name:
     workload = find(combined, kind, name)
     pod_labels = workload["spec"]["template"]["metadata"]["labels"].items()
     selecting = [
-        svc for svc in of_kind(combined, "Service") if svc["spec"].get("selector", {}).items() <= pod_labels
+        svc
+        for svc in of_kind(combined, "Service")
+        if svc["spec"].get("selector", {}).items() <= pod_labels
+        # The state pods are also behind their webhook's Service (tests/unit/test_deploy_webhook.py).
+        and svc["metadata"]["name"] != "kairos-state-webhook"
     ]
     assert [svc["metadata"]["name"] for svc in selecting] == [name]
     service = selecting[0]
