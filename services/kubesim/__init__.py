@@ -42,7 +42,12 @@ authentication, JSON only:
   container statuses), and succeeds after ``kairos.io/run-seconds`` (label or annotation) when set;
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
-  through pods/binding (Kairos's binder).
+  through pods/binding (Kairos's binder);
+- admission webhooks (`admission`, `webhooks`): Mutating/ValidatingWebhookConfigurations
+  (admissionregistration.k8s.io/v1) are called on create, update (subresources included) and delete, as
+  the real server calls them (rules, namespace and object selectors, failurePolicy, timeoutSeconds, JSON
+  patches, denials; https verified against caBundle, plain http also accepted; a ``service`` client config
+  is unreachable); scheduling gates hold a pod (SchedulingGated; binding it is refused).
 
 **Fault injection** (`faults`, for the chaos suite): a plan of rules makes a fraction of the requests of a
 verb and resource answer 5xx or 429 (with Retry-After), answer late, or answer a watch resume 410 Gone;
@@ -51,7 +56,8 @@ plan at run time, ``/kubesim/bindings`` lists every accepted (and refused) pods/
 
 **What is not.** Authentication and authorisation; protobuf beyond what kubectl's ``create <kind>``
 generators send (namespace, configmap, secret, serviceaccount, priorityclass, deployment, job, cronjob,
-service, poddisruptionbudget, quota, role(binding), clusterrole(binding)) and CBOR; admission webhooks, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
+service, poddisruptionbudget, quota, role(binding), clusterrole(binding)) and CBOR; webhooks on
+deletecollection, CONNECT and the legacy ``bindings`` resource, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
 validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
 (deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
 first; container restarts, probes, logs, exec and port-forward; kube-proxy, services' cluster IPs and
