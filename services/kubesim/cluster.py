@@ -65,6 +65,7 @@ __all__ = [
     "KAI_PRIORITY_CLASSES",
     "PATCH_TYPES",
     "Cluster",
+    "DeferredCreate",
     "ListResult",
     "SimOptions",
     "WatchStream",
@@ -137,6 +138,17 @@ class Write:
     subresource: str = ""
     admitted: bool = False
     """A mutating webhook replaced `obj`: defaults and checks run again before it is stored."""
+
+
+@dataclass(kw_only=True)
+class DeferredCreate:
+    """A pod a controller creates while admission webhooks are configured: it waits in `Cluster.deferred`
+    until the server has passed it through them (the real controllers' creations go through the API server)."""
+
+    owner: Obj
+    storage: str
+    """The owner's storage key (its controller)."""
+    write: Write
 
 
 class ListResult(msgspec.Struct, frozen=True):
@@ -256,6 +268,10 @@ class Cluster:
 
         self.options = options or SimOptions()
         self.clock = clock
+        self.defer_creates: Callable[[], bool] = lambda: False
+        """Whether the pods controllers create must first pass admission webhooks (the server sets it: when
+        any webhook configuration exists); they then wait in `deferred` for the server."""
+        self.deferred: deque[DeferredCreate] = deque()
         self.rng = random.Random(self.options.seed)
         self.registry = Registry(builtin_types())
         self.store = Store(history=self.options.watch_history)

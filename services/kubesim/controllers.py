@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from services.kubesim.cluster import DeferredCreate
 from services.kubesim.errors import ApiError
 from services.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from services.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
@@ -107,6 +108,9 @@ class Controllers:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.dirty: dict[DirtyKey, None] = {}
+        self.in_flight: dict[str, set[str]] = {}
+        """owner uid -> names of the pods it created that wait for admission webhooks (`Cluster.deferred`):
+        counted as created, as the real controllers' expectations do, so none is created twice."""
         self.job_finished: dict[str, dict[str, set[str]]] = {}
         """job uid -> {"succeeded": pod uids, "failed": pod uids}: pods counted once, even after deletion."""
         store = cluster.store
@@ -191,6 +195,11 @@ class Controllers:
             spec.update(spec_extra)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
         try:
+            if self.cluster.defer_creates():
+                write = self.cluster.begin_create(self.cluster.type_of("pods"), md["namespace"], pod)
+                self.cluster.deferred.append(DeferredCreate(owner=owner, storage=storage, write=write))
+                self.in_flight.setdefault(owner["metadata"]["uid"], set()).add(name)
+                return True
             self.cluster.create(self.cluster.type_of("pods"), md["namespace"], pod)
         except ApiError as exc:
             self.cluster.record_event(
@@ -198,6 +207,35 @@ class Controllers:
             )
             return False
         return True
+
+    def admitted(self, item: DeferredCreate, error: ApiError | None, *, retry: bool = True) -> None:
+        """A deferred pod was created (`error` None) or refused: forget it, and reconcile its owner again
+        (after a refusal only when `retry`, which the server does after a pause, as a controller backs off)."""
+        uid = item.owner["metadata"]["uid"]
+        names = self.in_flight.get(uid)
+        if names is not None:
+            names.discard(item.write.obj["metadata"].get("name", ""))
+            if not names:
+                del self.in_flight[uid]
+        if error is not None:
+            self.cluster.record_event(
+                item.owner,
+                "Warning",
+                "FailedCreate",
+                f"Error creating: {error.message}",
+                _COMPONENT[item.storage],
+            )
+        if error is None or retry:
+            md = item.owner["metadata"]
+            self.dirty[item.storage, md.get("namespace", ""), md["name"]] = None
+
+    def owner_alive(self, item: DeferredCreate) -> bool:
+        md = item.owner["metadata"]
+        current = self.cluster.store.storage(item.storage).get(md.get("namespace", ""), md["name"])
+        return current is not None and current["metadata"].get("uid") == md.get("uid")
+
+    def _waiting(self, owner: Obj) -> set[str]:
+        return self.in_flight.get(owner["metadata"]["uid"], set())
 
     def _delete_pod(self, pod: Obj) -> None:
         md = pod["metadata"]
@@ -291,7 +329,7 @@ class Controllers:
                 if completions is None and succeeded > 0:
                     want = 0
                 labels = dict.fromkeys(JOB_CONTROLLER_UID_LABELS, uid) | dict.fromkeys(JOB_NAME_LABELS, name)
-                for _ in range(want - len(active)):
+                for _ in range(want - len(active) - len(self._waiting(job))):
                     if not self._create_pod(job, _JOBS, self._unique_name(name, ns), labels):
                         break
                 if len(active) > want:
@@ -438,7 +476,7 @@ class Controllers:
         md = rs["metadata"]
         want = int(spec.get("replicas", 1))
         active = [p for p in self._owned(rs) if _is_active(p)]
-        for _ in range(want - len(active)):
+        for _ in range(want - len(active) - len(self._waiting(rs))):
             if not self._create_pod(rs, _REPLICASETS, self._unique_name(md["name"], md["namespace"]), {}):
                 break
         if len(active) > want:
@@ -483,7 +521,11 @@ class Controllers:
             if pod is not None and (pod.get("status") or {}).get("phase") in _TERMINAL:
                 self._delete_pod(pod)
                 pod = None
-            if pod is None and pods.get(md["namespace"], pod_name) is None:
+            if (
+                pod is None
+                and pods.get(md["namespace"], pod_name) is None
+                and pod_name not in self._waiting(sts)
+            ):
                 labels = {
                     "statefulset.kubernetes.io/pod-name": pod_name,
                     "apps.kubernetes.io/pod-index": str(i),

@@ -59,6 +59,9 @@ _MAX_BODY = 64 * 2**20
 """Large enough for any CRD (the biggest upstream ones are a few megabytes)."""
 _CHUNK = 1000
 """Objects per write of a long list or of a watch's backlog (bounds the memory of one response)."""
+_RETRY_S = 1.0
+"""How long a controller waits before creating a pod again after admission refused one (the real ones back
+off from 5 ms up to minutes; one pause keeps a webhook that always fails from being called in a loop)."""
 _ADMISSION_ATTEMPTS = 5
 """How often an update is begun again when its object changed while its webhooks ran (then 409)."""
 # A timer fires a hair after its deadline, so the cluster's clock has surely reached it.
@@ -180,6 +183,10 @@ class KubeSim:
         """pods/binding calls refused (409: the pod already had a node), per pod."""
         self.webhooks = Webhooks(self.cluster.store)
         """The admission chain: the webhook configurations stored in the cluster, called per write."""
+        self.cluster.defer_creates = self.webhooks.configured
+        self._admitting: asyncio.Task[None] | None = None
+        self._retries: dict[tuple[str, str, str], asyncio.TimerHandle] = {}
+        """Owners whose controller creates a pod again after a pause (admission refused one), by key."""
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -251,6 +258,14 @@ class KubeSim:
         self._stopping = True
         for stream in list(self._watches):
             stream.on_close()
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
+        if self._admitting is not None:
+            self._admitting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._admitting
+            self._admitting = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -283,6 +298,8 @@ class KubeSim:
     def _schedule(self) -> None:
         if self._loop is None or self._stopping:
             return
+        if self.cluster.deferred and (self._admitting is None or self._admitting.done()):
+            self._admitting = self._loop.create_task(self._admit_deferred())
         deadline = self.cluster.next_deadline()
         if deadline is None:
             return
@@ -609,6 +626,60 @@ class KubeSim:
         raise ApiError(
             409, "Conflict", "the object kept changing while admission webhooks were called; try again"
         )
+
+    async def _admit_deferred(self) -> None:
+        """Pass the pods controllers created (`Cluster.deferred`) through the admission webhooks, then store
+        them; a refused one is reported on its owner (FailedCreate) and retried after `_RETRY_S`."""
+        cluster = self.cluster
+        controllers = cluster.controllers
+        while cluster.deferred and not self._stopping:
+            item = cluster.deferred.popleft()
+            if not controllers.owner_alive(item):
+                controllers.admitted(item, None, retry=False)
+                continue
+            write = item.write
+            md = write.obj["metadata"]
+            error: ApiError | None = None
+            try:
+                admitted = await self.webhooks.admit(
+                    Attributes(
+                        operation="CREATE",
+                        rt=write.rt,
+                        subresource="",
+                        namespace=str(md.get("namespace") or ""),
+                        name=str(md.get("name") or ""),
+                        obj=write.obj,
+                        old=None,
+                        options=_options("CreateOptions", False),
+                    )
+                )
+                if admitted.obj is not write.obj and admitted.obj is not None:
+                    write.obj = admitted.obj
+                    write.admitted = True
+                if controllers.owner_alive(item):
+                    cluster.finish(write)
+            except ApiError as exc:
+                error = exc
+            controllers.admitted(item, error, retry=False)
+            if error is not None and self._loop is not None:
+                md = item.owner["metadata"]
+                key = (item.storage, str(md.get("namespace", "")), str(md["name"]))
+                if key not in self._retries:
+                    self._retries[key] = self._loop.call_later(_RETRY_S, self._retry_owner, key)
+            try:
+                self._after_write()
+            except Exception:
+                log.exception("kubesim: settling the cluster failed")
+
+    def _retry_owner(self, key: tuple[str, str, str]) -> None:
+        self._retries.pop(key, None)
+        if self._stopping:
+            return
+        self.cluster.controllers.dirty[key] = None
+        try:
+            self._after_write()
+        except Exception:
+            log.exception("kubesim: settling the cluster failed")
 
     async def _admit_delete(
         self, rt: ResourceType, ns: str | None, name: str, options: Obj, dry_run: bool

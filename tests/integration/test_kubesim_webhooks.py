@@ -550,3 +550,110 @@ webhooks:
     rc, out, err = await kubectl(kubeconfig, "delete", "mutatingwebhookconfiguration", "kairos-after-gate")
     assert rc == 0, err
     assert sim.cluster.objects("admissionregistration.k8s.io/mutatingwebhookconfigurations") == []
+
+
+# --- pods the controllers create ----------------------------------------------------------------------------
+async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    assert condition(), what
+
+
+def job(name: str, parallelism: int) -> Obj:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "template": {
+                "spec": {
+                    "schedulerName": "kai-scheduler",
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox"}],
+                }
+            },
+        },
+    }
+
+
+async def test_pods_created_by_controllers_pass_through_the_webhooks_once_each(
+    sim: KubeSim, hooks: Hooks, http: Api
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    await register(http, configuration("kairos", webhook("after.kairos.test", hooks.url + "/mutate-pods")))
+    status, body = await http.call("POST", "/apis/batch/v1/namespaces/default/jobs", job("stage", 3))
+    assert status == 201, body
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "schedulerName": "kai-scheduler",
+                    "containers": [{"name": "main", "image": "busybox"}],
+                },
+            },
+        },
+    }
+    status, body = await http.call("POST", "/apis/apps/v1/namespaces/default/deployments", deployment)
+    assert status == 201, body
+
+    def pods() -> list[Obj]:
+        return sim.cluster.objects("pods", "default")
+
+    await wait_for(lambda: len(pods()) == 5, "the Job's 3 pods and the Deployment's 2")
+    assert all(p["spec"]["schedulingGates"] == [{"name": GATE}] for p in pods())
+    # The webhook saw each pod once, with its owner, before it was stored (no uid yet).
+    requests = hooks.requests("/mutate-pods")
+    assert len(requests) == 5
+    assert {r["object"]["metadata"]["ownerReferences"][0]["kind"] for r in requests} == {"Job", "ReplicaSet"}
+    assert all("uid" not in r["object"]["metadata"] for r in requests)
+    # Reconciling again creates nothing more.
+    status, _ = await http.call(
+        "PATCH",
+        "/apis/batch/v1/namespaces/default/jobs/stage",
+        {"metadata": {"labels": {"x": "y"}}},
+        MERGE_PATCH,
+    )
+    assert status == 200
+    await asyncio.sleep(0.3)
+    assert len(pods()) == 5
+    assert len(hooks.requests("/mutate-pods")) == 5
+
+
+async def test_a_controller_whose_pod_is_refused_reports_it_and_tries_again_later(
+    sim: KubeSim, hooks: Hooks, http: Api
+) -> None:
+    refusals = 0
+
+    def refuse_twice(request: Obj) -> Obj:
+        nonlocal refusals
+        if refusals < 2:
+            refusals += 1
+            return {"allowed": False, "status": {"code": 403, "message": "not yet"}}
+        return {"allowed": True}
+
+    hooks.answers["/deny"] = refuse_twice
+    await register(
+        http, configuration("v", webhook("deny.kairos.test", hooks.url + "/deny")), validating=True
+    )
+    status, body = await http.call("POST", "/apis/batch/v1/namespaces/default/jobs", job("late", 1))
+    assert status == 201, body
+
+    def events() -> list[Obj]:
+        return [e for e in sim.cluster.objects("events", "default") if e["reason"] == "FailedCreate"]
+
+    await wait_for(lambda: bool(events()), "a FailedCreate event on the Job")
+    assert 'admission webhook "deny.kairos.test" denied the request: not yet' in events()[0]["message"]
+    assert events()[0]["involvedObject"]["name"] == "late"
+    # Tried again after a pause (not in a loop), then created.
+    await wait_for(lambda: len(sim.cluster.objects("pods", "default")) == 1, "the Job's pod")
+    assert len(hooks.requests("/deny")) == 3
