@@ -14,13 +14,17 @@ hundred pods cost one read. Anything that goes wrong (an owner that cannot be re
 decode) admits the pod unchanged with a warning: the state service holds a waiting podgroup back from
 scheduling by itself, so a missing gate costs only the autoscaler signal, never a wrong start. A body that
 is not an AdmissionReview gets 400 naming what is wrong. TLS when a certificate and key are given (the
-Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts plain HTTP).
+Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts plain HTTP); the files are
+looked at again every `CERT_CHECK` seconds and a renewed pair (cert-manager rewrites the Secret, the
+kubelet the mounted files) is loaded without a restart; a pair that does not load keeps the old one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +47,8 @@ OWNER_TTL = 10.0
 LOOKUP_TIMEOUT = 2.0
 """Seconds one owner read may take: the API server's own call to us times out at 5 s (deploy/)."""
 MAX_OWNER_DEPTH = 8
+CERT_CHECK = 60.0
+"""Seconds between looks at the certificate files for a renewal."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,9 @@ class AdmissionServer:
         self._runner: web.AppRunner | None = None
         self._owners: dict[tuple[str, str, str, str], tuple[float, asyncio.Task[dict[str, Any] | None]]] = {}
         self.port = options.port
+        self._context: ssl.SSLContext | None = None
+        self._cert_stamp: tuple[int, int] | None = None
+        self._cert_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -71,8 +80,9 @@ class AdmissionServer:
         await self._runner.setup()
         context = None
         if self.options.cert and self.options.key:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(self.options.cert, self.options.key)
+            context = self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.reload_certificate()
+            self._cert_task = asyncio.create_task(self._watch_certificate())
         site = web.TCPSite(self._runner, self.options.host, self.options.port, ssl_context=context)
         await site.start()
         if self._runner.addresses:
@@ -85,7 +95,37 @@ class AdmissionServer:
             PATH,
         )
 
+    def reload_certificate(self) -> bool:
+        """Load the certificate and key into the serving context when the files changed since the last
+        load (new connections get it); True when loaded. Errors propagate (the first load must work)."""
+        cert, key = self.options.cert, self.options.key
+        if self._context is None or cert is None or key is None:
+            return False
+        stamp = (os.stat(cert).st_mtime_ns, os.stat(key).st_mtime_ns)
+        if stamp == self._cert_stamp:
+            return False
+        self._context.load_cert_chain(cert, key)
+        if self._cert_stamp is not None:
+            log.info("admission webhook: renewed certificate loaded from %s", cert)
+            self.ctx.counters["webhook_certificate_reloads"] += 1
+        self._cert_stamp = stamp
+        return True
+
+    async def _watch_certificate(self) -> None:
+        while True:
+            await asyncio.sleep(CERT_CHECK)
+            try:
+                self.reload_certificate()
+            except (OSError, ssl.SSLError) as exc:
+                # A rotation caught halfway: keep serving the old pair and look again next time.
+                log.warning("admission webhook: certificate not reloaded, keeping the old one: %s", exc)
+
     async def stop(self) -> None:
+        if self._cert_task is not None:
+            self._cert_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cert_task
+            self._cert_task = None
         for _, task in self._owners.values():
             task.cancel()
         self._owners.clear()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cryptography import x509
 
 from services.kubesim.cluster import SimOptions
 from services.kubesim.server import KubeSim
@@ -32,6 +35,7 @@ from shared.kube.admission import GATE, webhook_configuration
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object, raw_call
 from shared.model import Node
+from tests.integration.test_nats_auth import throwaway_pki
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +215,50 @@ async def test_a_body_that_is_not_an_admission_review_is_refused_with_the_reason
 async def _at_least(stack: Stack, job_name: str, count: int) -> list[dict[str, Any]] | None:
     pods = await pods_of(stack, job_name)
     return pods if len(pods) >= count else None
+
+
+def serial_in(pem: str) -> int:
+    return int(x509.load_pem_x509_certificate(Path(pem).read_bytes()).serial_number)
+
+
+async def _served_certificate_serial(port: int, ca: str) -> int:
+    """The serial number of the certificate the webhook presents to a client that trusts `ca`."""
+    context = ssl.create_default_context(cafile=ca)
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+async def test_the_webhook_serves_tls_and_picks_up_a_renewed_certificate(
+    stack: Stack, tmp_path: Path
+) -> None:
+    first = throwaway_pki(tmp_path / "first")
+    server = AdmissionServer(
+        stack.ctx, stack.kube, WebhookOptions(port=0, host="127.0.0.1", cert=first.cert, key=first.key)
+    )
+    await server.start()
+    try:
+        served = await _served_certificate_serial(server.port, first.ca)
+        assert served == serial_in(first.cert)
+        assert not server.reload_certificate()  # unchanged files: nothing to do
+
+        # cert-manager renews: new files in place of the old (a new CA here, so trust follows the files).
+        renewed = throwaway_pki(tmp_path / "renewed")
+        shutil.copyfile(renewed.cert, first.cert)
+        shutil.copyfile(renewed.key, first.key)
+        assert server.reload_certificate()
+        served = await _served_certificate_serial(server.port, renewed.ca)
+        assert served == serial_in(renewed.cert)
+        assert stack.ctx.counters["webhook_certificate_reloads"] == 1
+
+        # A half-written rotation is refused and the renewed pair keeps being served.
+        await asyncio.to_thread(Path(first.key).write_text, "not a key")
+        with pytest.raises(ssl.SSLError):
+            server.reload_certificate()
+        assert await _served_certificate_serial(server.port, renewed.ca) == served
+    finally:
+        await server.stop()
