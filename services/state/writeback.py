@@ -444,9 +444,41 @@ class ProblemReport:
         )
         self.ctx.counters["kube_events"] += 1
         self.ctx.counters["problems_reported"] += 1
+        if problem.reason in validity.STAGE_REASONS.values() and raw is not None:
+            await self._tell_workload(raw, problem)
         if problem.kind == "Pod" and raw is not None and raw.spec.node_name:
             return  # a pod already on its node keeps its PodScheduled; the Event says what is wrong
         await self._condition(problem, conditions, problem)
+
+    async def _tell_workload(self, group: Any, problem: Problem) -> None:
+        """A stage's wait also goes on the workload the user created (the PodGroup's owner: a Job, or the
+        pod of a Deployment), where `kubectl describe` shows it."""
+        refs = group.metadata.owner_references
+        if not refs:
+            return
+        ref = refs[0]
+        about = translate.InvolvedObject(
+            api_version=ref.api_version,
+            kind=ref.kind,
+            name=ref.name,
+            namespace=group.metadata.namespace,
+            uid=ref.uid,
+        )
+        copy = translate.event(
+            about,
+            reason=problem.reason,
+            message=problem.message,
+            now=event_time(),
+            type="Normal" if problem.reason in validity.NORMAL_REASONS else "Warning",
+            component=self.options.component,
+        )
+        await self.kube.call(
+            f"create event on {ref.kind} {group.metadata.namespace}/{ref.name}",
+            self.kube.core.create_namespaced_event,
+            group.metadata.namespace,
+            copy,
+        )
+        self.ctx.counters["kube_events"] += 1
 
     async def _clear(self, problem: Problem) -> None:
         raw = self._raw(problem)

@@ -115,6 +115,17 @@ def test_the_pipeline_runs_stage_after_stage(stack: Stack) -> None:
     )
     assert any("preprocess" in e["message"] for e in waiting)
 
+    # The same words on the Job the user created, where `kubectl describe job train` shows them.
+    def on_the_job() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in events(stack, ns, "WaitingForDependencies")
+            if e["involvedObject"]["kind"] == "Job" and e["involvedObject"]["name"] == "train"
+        ]
+
+    told = wait_for("a WaitingForDependencies Event on Job train", on_the_job, dump)
+    assert any(f"waiting for {ns}/preprocess" in e["message"] for e in told)
+
     # Each stage starts only once the one before it has succeeded: whenever a training pod is seen on a
     # node, preprocess has completed; whenever an inference pod is, training has.
     def watch() -> bool:
