@@ -15,65 +15,32 @@ import asyncio
 import logging
 
 from services.state.mirror import Mirror
+from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.kube import admission, wire
 from shared.kubeapi.client import ApiError, Kube
 
 log = logging.getLogger("kairos.state.gates")
 
-RETRY_AFTER_TEMPORARY = 1.0
 GONE = 404
 
 
-class GateKeeper:
+class GateKeeper(PodWorkLoop):
     def __init__(self, ctx: ServiceContext, kube: Kube, mirror: Mirror, concurrency: int = 8) -> None:
+        super().__init__()
         self.ctx = ctx
         self.kube = kube
         self.mirror = mirror
         self._limit = asyncio.Semaphore(concurrency)
-        self._wake = asyncio.Event()
-        self._busy: set[str] = set()
-        self._refused: dict[str, str] = {}
-        """Pod uid -> the resourceVersion whose patch was refused (tried again once the pod changes)."""
-        self._task: asyncio.Task[None] | None = None
 
-    def wake(self) -> None:
-        self._wake.set()
+    def candidates(self) -> list[wire.Pod]:
+        return self.mirror.ungatable()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            pods = [
-                p
-                for p in self.mirror.ungatable()
-                if p.metadata.uid not in self._busy
-                and self._refused.get(p.metadata.uid) != p.metadata.resource_version
-            ]
-            if not pods:
-                continue
-            for pod in pods:
-                self._busy.add(pod.metadata.uid)
-            retry = await asyncio.gather(*(self._lift(pod) for pod in pods))
-            if any(retry):
-                await asyncio.sleep(RETRY_AFTER_TEMPORARY)
-                self._wake.set()
-
-    async def _lift(self, pod: wire.Pod) -> bool:
+    async def work(self, pod: wire.Pod) -> bool:
         """Lift the gate of one pod; True when it should be tried again soon (a temporary failure)."""
         meta = pod.metadata
         patch = admission.ungate_patch(pod)
         if patch is None:
-            self._busy.discard(meta.uid)
             return False
         try:
             async with self._limit:
@@ -95,9 +62,7 @@ class GateKeeper:
                 )
                 return True
             if exc.status != GONE:
-                self._refused[meta.uid] = meta.resource_version
+                self.refuse(pod)
                 self.ctx.counters["gate_refused"] += 1
                 log.warning("pod %s/%s: lifting the gate was refused: %s", meta.namespace, meta.name, exc)
-        finally:
-            self._busy.discard(meta.uid)
         return False

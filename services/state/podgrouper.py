@@ -9,7 +9,7 @@ it into KV. Owners are fetched once per pass however many of their pods are wait
 be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read.
 
 A pod the decision refuses (a malformed owner spec or label) is logged, counted and left alone until the
-pod changes; temporary API failures are retried at the next wake-up.
+pod changes; temporary API failures are retried a second later (`services.state.podwork`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from services.state.mirror import PODGROUPS, PRIORITY_CLASSES, Mirror
+from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
 from shared.kube import wire
@@ -33,52 +34,28 @@ ALREADY_EXISTS = 409
 UNREADABLE_OWNER = frozenset({403, 404})
 
 
-class PodGrouperLoop:
+class PodGrouperLoop(PodWorkLoop):
     def __init__(
         self, ctx: ServiceContext, kube: Kube, mirror: Mirror, config: GrouperConfig, concurrency: int = 8
     ) -> None:
+        super().__init__()
         self.ctx = ctx
         self.kube = kube
         self.mirror = mirror
         self.config = config
         self._limit = asyncio.Semaphore(concurrency)
-        self._wake = asyncio.Event()
-        self._busy: set[str] = set()
-        self._refused: dict[str, str] = {}
-        """Pod uid -> the resourceVersion the decision refused (retried only once the pod changes)."""
         self._owners: dict[tuple[str, OwnerRef], asyncio.Task[wire.Owner | None]] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    def wake(self) -> None:
-        self._wake.set()
+    def candidates(self) -> list[wire.Pod]:
+        return self.mirror.ungrouped()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+    def begin_round(self) -> None:
+        self._owners.clear()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def work(self, pod: wire.Pod) -> bool:
+        return await self._group(pod)
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            pods = [
-                p
-                for p in self.mirror.ungrouped()
-                if p.metadata.uid not in self._busy
-                and self._refused.get(p.metadata.uid) != p.metadata.resource_version
-            ]
-            if not pods:
-                continue
-            self._owners.clear()
-            for pod in pods:
-                self._busy.add(pod.metadata.uid)
-            await asyncio.gather(*(self._group(pod) for pod in pods))
-
-    async def _group(self, pod: wire.Pod) -> None:
+    async def _group(self, pod: wire.Pod) -> bool:
         meta = pod.metadata
         try:
             async with self._limit:
@@ -87,7 +64,7 @@ class PodGrouperLoop:
                     pod, owners, priority_classes=set(self.mirror.raw[PRIORITY_CLASSES]), config=self.config
                 )
                 if grouping is None:
-                    return
+                    return False
                 existing = self.mirror.raw[PODGROUPS].get(f"{grouping.namespace}/{grouping.name}")
                 if existing is None:
                     await self._create(grouping.podgroup)
@@ -122,16 +99,14 @@ class PodGrouperLoop:
                     grouping.grouper,
                 )
         except InvalidObject as exc:
-            self._refused[meta.uid] = meta.resource_version
+            self.refuse(pod)
             self.ctx.counters["podgrouper_refused"] += 1
             log.warning("pod %s/%s cannot be grouped: %s", meta.namespace, meta.name, exc)
         except ApiError as exc:
             self.ctx.counters["podgrouper_api_errors"] += 1
             log.warning("pod %s/%s: grouping failed, will retry: %s", meta.namespace, meta.name, exc)
-            if exc.temporary:
-                self._wake.set()
-        finally:
-            self._busy.discard(meta.uid)
+            return exc.temporary
+        return False
 
     async def _create(self, manifest: dict[str, Any]) -> None:
         try:

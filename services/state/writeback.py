@@ -428,21 +428,7 @@ class ProblemReport:
                 namespace=problem.namespace,
             )
         )
-        body = translate.event(
-            about,
-            reason=problem.reason,
-            message=problem.message,
-            now=event_time(),
-            type="Normal" if problem.reason in validity.NORMAL_REASONS else "Warning",
-            component=self.options.component,
-        )
-        await self.kube.call(
-            f"create event on {problem.label}",
-            self.kube.core.create_namespaced_event,
-            about.namespace or "default",
-            body,
-        )
-        self.ctx.counters["kube_events"] += 1
+        await self._event(about, problem, problem.label)
         self.ctx.counters["problems_reported"] += 1
         if problem.reason in validity.STAGE_REASONS.values() and raw is not None:
             await self._tell_workload(raw, problem)
@@ -464,7 +450,10 @@ class ProblemReport:
             namespace=group.metadata.namespace,
             uid=ref.uid,
         )
-        copy = translate.event(
+        await self._event(about, problem, f"{ref.kind} {group.metadata.namespace}/{ref.name}")
+
+    async def _event(self, about: translate.InvolvedObject, problem: Problem, label: str) -> None:
+        body = translate.event(
             about,
             reason=problem.reason,
             message=problem.message,
@@ -473,10 +462,10 @@ class ProblemReport:
             component=self.options.component,
         )
         await self.kube.call(
-            f"create event on {ref.kind} {group.metadata.namespace}/{ref.name}",
+            f"create event on {label}",
             self.kube.core.create_namespaced_event,
-            group.metadata.namespace,
-            copy,
+            about.namespace or "default",
+            body,
         )
         self.ctx.counters["kube_events"] += 1
 

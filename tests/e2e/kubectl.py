@@ -3,7 +3,9 @@
 `kubectl(stack, *args, stdin=...)` runs kubectl with the stack's kubeconfig (the simulated API server
 `start_stack` runs) and returns its stdout; a non-zero exit fails the test with kubectl's stderr. Used by
 the tests that drive a whole stack the way a user does (interop, bad input, tracing, restarts).
-`kairos(stack, *args)` runs the `kairos` command line against the stack the same way.
+`kairos(stack, *args)` runs the `kairos` command line against the stack the same way, and
+`wait_for(what, check, dump)` polls until the cluster shows what a test expects (a loaded machine is
+slow: the default wait is generous), failing with `dump()` (what kubectl shows) when it never does.
 """
 
 from __future__ import annotations
@@ -11,8 +13,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
 
 from shared.cli.stack import Stack
+
+T = TypeVar("T")
+SETTLE = 60.0
 
 
 def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
@@ -40,3 +50,18 @@ def kairos(stack: Stack, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def wait_for(
+    what: str, check: Callable[[], T | None], dump: Callable[[], str] = lambda: "", settle: float = SETTLE
+) -> T:
+    """Poll `check()` every half second until it returns something truthy, which is returned."""
+    deadline = time.monotonic() + settle
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            shown = dump()
+            pytest.fail(f"{what} within {settle:.0f} s" + (f"; {shown[:4000]}" if shown else ""))
+        time.sleep(0.5)

@@ -7,7 +7,6 @@ say why (naming the object and the field), a valid pod next to them runs, and fi
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from shared.cli.stack import ClusterChoice, Stack, start_stack
 from tests.e2e.kubectl import kubectl
+from tests.e2e.kubectl import wait_for as kubectl_wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -71,14 +71,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def wait_for(what: str, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + SETTLE
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {SETTLE:.0f} s")
-        time.sleep(0.5)
+    return kubectl_wait_for(what, check, settle=SETTLE)
 
 
 def accepted(stack: Stack) -> dict[str, Any] | None:

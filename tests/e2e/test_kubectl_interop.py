@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from shared.cli.stack import ClusterChoice, Stack, start_stack
 from tests.e2e.kubectl import kairos, kubectl
+from tests.e2e.kubectl import wait_for as kubectl_wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,14 +62,7 @@ def pods(stack: Stack) -> dict[str, dict[str, Any]]:
 
 def wait_for(stack: Stack, what: str, check: Any) -> Any:
     """Poll the cluster through kubectl until `check()` returns something truthy (what the test reads)."""
-    deadline = time.monotonic() + SETTLE
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {SETTLE:.0f} s; pods: {json.dumps(pods(stack), indent=1)[:4000]}")
-        time.sleep(0.5)
+    return kubectl_wait_for(what, check, lambda: json.dumps(pods(stack), indent=1), settle=SETTLE)
 
 
 @pytest.fixture(scope="module")

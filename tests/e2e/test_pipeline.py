@@ -10,7 +10,6 @@ One stack for the module; each test works in its own namespace.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from shared.cli.stack import ClusterChoice, Stack, start_stack
 from tests.e2e.kubectl import kairos, kubectl
+from tests.e2e.kubectl import wait_for as kubectl_wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -69,14 +69,7 @@ def events(stack: Stack, namespace: str, reason: str) -> list[dict[str, Any]]:
 
 
 def wait_for(what: str, check: Callable[[], Any], dump: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + SETTLE
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {SETTLE:.0f} s; {dump()[:4000]}")
-        time.sleep(0.5)
+    return kubectl_wait_for(what, check, dump, settle=SETTLE)
 
 
 def namespace(stack: Stack, name: str) -> str:

@@ -1,7 +1,7 @@
 """Test helpers for the simulated API server: start one in-process, run the real kubectl against it.
 
 `running_kubesim(tmp_path, ...)` is an async context manager yielding a started `KubeSim` with generated
-GPU nodes, Kairos's CRDs loaded and a kubeconfig at `tmp_path / "kubeconfig"`; `kubectl(kubeconfig, *args)`
+GPU nodes, Kairos's CRDs (and any `manifests`) loaded and a kubeconfig at `tmp_path / "kubeconfig"`; `kubectl(kubeconfig, *args)`
 runs /usr/bin/kubectl as an asyncio subprocess with KUBECONFIG, its cache and HOME inside the test's
 temporary directory (never ~/.kube), and returns (exit status, stdout, stderr). Used by
 tests/integration/test_kubesim_*.py.
@@ -32,10 +32,13 @@ async def running_kubesim(
     gpus_per_node: int = 8,
     options: SimOptions | None = None,
     bookmark_seconds: float = 10.0,
+    manifests: tuple[Path, ...] = (),
 ) -> AsyncIterator[KubeSim]:
     sim = KubeSim(options or SimOptions(run_delay=0.0, seed=11), bookmark_seconds=bookmark_seconds)
     sim.add_nodes(generated_nodes(nodes, gpus_per_node))
     sim.load_manifests(CRDS)
+    for path in manifests:
+        sim.load_manifests(path)
     await sim.start()
     sim.write_kubeconfig(tmp_path / "kubeconfig")
     try:

@@ -34,7 +34,7 @@ from shared.contracts import subjects as s
 from shared.kube.admission import GATE, webhook_configuration
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object, raw_call
-from shared.model import Node
+from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_nats_auth import throwaway_pki
 
 pytestmark = pytest.mark.integration
@@ -56,30 +56,28 @@ class Stack:
 
 @pytest.fixture
 async def stack(bus: Bus, tmp_path: Path) -> AsyncIterator[Stack]:
-    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
-    sim.load_manifests(REPO / "deploy" / "crds")
-    sim.load_manifests(REPO / "examples" / "kai" / "queues.yaml")
-    sim.add_nodes(Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=8) for i in range(2))
-    await sim.start()
-    kubeconfig = str(tmp_path / "kubeconfig")
-    sim.write_kubeconfig(tmp_path / "kubeconfig")
-    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
-    replica = StateReplica(bus)
-    await replica.start()
-    kube = await connect(kubeconfig)
-    webhook = AdmissionServer(ctx, kube, WebhookOptions(port=0, host="127.0.0.1"))
-    await webhook.start()
-    await create_object(kube, webhook_configuration([f"http://127.0.0.1:{webhook.port}{PATH}"]))
-    owner = KubeOwner(ctx, replica, kubeconfig, KubeSourceOptions(debounce=0.01, problem_settle=0.5))
-    await owner.start()
-    try:
-        yield Stack(kube, owner, replica, ctx, webhook, sim)
-    finally:
-        await owner.stop()
-        await webhook.stop()
-        await kube.close()
-        await replica.stop()
-        await sim.stop()
+    async with running_kubesim(
+        tmp_path,
+        options=SimOptions(run_delay=0.0, seed=7),
+        manifests=(REPO / "examples" / "kai" / "queues.yaml",),
+    ) as sim:
+        kubeconfig = str(tmp_path / "kubeconfig")
+        ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+        replica = StateReplica(bus)
+        await replica.start()
+        kube = await connect(kubeconfig)
+        webhook = AdmissionServer(ctx, kube, WebhookOptions(port=0, host="127.0.0.1"))
+        await webhook.start()
+        await create_object(kube, webhook_configuration([f"http://127.0.0.1:{webhook.port}{PATH}"]))
+        owner = KubeOwner(ctx, replica, kubeconfig, KubeSourceOptions(debounce=0.01, problem_settle=0.5))
+        await owner.start()
+        try:
+            yield Stack(kube, owner, replica, ctx, webhook, sim)
+        finally:
+            await owner.stop()
+            await webhook.stop()
+            await kube.close()
+            await replica.stop()
 
 
 def job(name: str, *, after: str = "", pods: int = 1) -> dict[str, Any]:
