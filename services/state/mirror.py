@@ -13,8 +13,8 @@ are held back, each with the reason (`problems`), until they do:
   is held back or not yet seen;
 - a podgroup whose `kairos.io/after` dependencies have not all succeeded (`shared.dependencies`: waiting,
   blocked by a failure, or on a cycle), or whose annotation does not parse, with every pod in it. The
-  verdicts (`stages`) are recomputed at every flush from the podgroups, their pods and the Jobs the mirror
-  watches (a Job's Complete or Failed condition decides its stage; other workloads' stages are read from
+  verdicts (`stages`) are recomputed at a flush when a podgroup, pod or Job they read changed, from the
+  podgroups, their pods and the Jobs the mirror watches (a Job's Complete or Failed condition decides its stage; other workloads' stages are read from
   their pods). Pods still carrying the `kairos.io/after` scheduling gate once their podgroup may run are
   listed by `ungatable`, for the gate keeper to lift.
 
@@ -195,26 +195,23 @@ class Mirror:
             self._full = True
         self._dirty[kind].add(name)
 
-    def _track_ungrouped(self, name: str, pod: Any) -> None:
-        if (
+    def _ours_and_alive(self, pod: Any) -> bool:
+        """A pod of this scheduler that has not finished and is not being deleted."""
+        return (
             pod is not None
             and pod.spec.scheduler_name == self.scheduler_name
-            and translate.podgroup_name_of(pod) is None
             and pod.status.phase not in _FINISHED_PHASES
             and pod.metadata.deletion_timestamp is None
-        ):
+        )
+
+    def _track_ungrouped(self, name: str, pod: Any) -> None:
+        if self._ours_and_alive(pod) and translate.podgroup_name_of(pod) is None:
             self._ungrouped[name] = None
         else:
             self._ungrouped.pop(name, None)
 
     def _track_gated(self, name: str, pod: Any) -> None:
-        if (
-            pod is not None
-            and pod.spec.scheduler_name == self.scheduler_name
-            and admission.is_gated(pod)
-            and pod.status.phase not in _FINISHED_PHASES
-            and pod.metadata.deletion_timestamp is None
-        ):
+        if self._ours_and_alive(pod) and admission.is_gated(pod):
             self._gated[name] = None
         else:
             self._gated.pop(name, None)
@@ -400,6 +397,23 @@ class Mirror:
         need = max(1, group.spec.min_member or 1)
         return Phase.SUCCEEDED if phases.count("Succeeded") >= need else Phase.FAILED
 
+    def _may_schedule(self, name: str, group: PodGroup, queues: Mapping[str, Queue]) -> bool:
+        """Whether the podgroup goes to KV: its queue is valid and its dependencies succeeded; otherwise it
+        is held with the reason."""
+        if group.queue not in queues:
+            self.held[f"podgroup {name}"] = _unknown_queue(
+                name,
+                group.queue,
+                self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
+            )
+            return False
+        if (stage := self._stage_hold(name)) is not None:
+            reason, message = stage
+            self.held[f"podgroup {name}"] = message
+            self._held_reasons[f"podgroup {name}"] = reason
+            return False
+        return True
+
     def _stage_hold(self, name: str) -> tuple[str, str] | None:
         """(Event reason, message) when the podgroup must wait for its dependencies, else None."""
         error = self._after_errors.get(name)
@@ -409,13 +423,6 @@ class Mirror:
         if decision is None or decision.verdict == Verdict.READY:
             return None
         return validity.STAGE_REASONS[decision.verdict], f"PodGroup {name!r}: {decision.reason}"
-
-    def _hold(self, label: str, message: str, reason: str = "") -> None:
-        self.held[label] = message
-        if reason:
-            self._held_reasons[label] = reason
-        else:
-            self._held_reasons.pop(label, None)
 
     def _release(self, label: str) -> None:
         self.held.pop(label, None)
@@ -452,15 +459,7 @@ class Mirror:
             )
             if group is None:
                 continue
-            if group.queue not in queues:
-                self.held[f"podgroup {name}"] = _unknown_queue(
-                    name,
-                    group.queue,
-                    self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
-                )
-                continue
-            if (stage := self._stage_hold(name)) is not None:
-                self._hold(f"podgroup {name}", stage[1], stage[0])
+            if not self._may_schedule(name, group, queues):
                 continue
             groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
@@ -543,15 +542,7 @@ class Mirror:
             )
             if group is None:
                 continue
-            if group.queue not in self._queues:
-                self.held[f"podgroup {name}"] = _unknown_queue(
-                    name,
-                    group.queue,
-                    self.held.get(f"queue {group.queue}") or self.problems.get(f"queue {group.queue}"),
-                )
-                continue
-            if (stage := self._stage_hold(name)) is not None:
-                self._hold(f"podgroup {name}", stage[1], stage[0])
+            if not self._may_schedule(name, group, self._queues):
                 continue
             self._groups[name] = group
             self._keys[("podgroup", name)] = key_of(group)
