@@ -62,6 +62,7 @@ class OwnerReference(_Wire, frozen=True, kw_only=True):
 
 class ObjectMeta(_Wire, frozen=True, kw_only=True):
     name: str = ""
+    generate_name: str = ""
     namespace: str = ""
     uid: str = ""
     resource_version: str = ""
@@ -79,10 +80,43 @@ class ResourceRequirements(_Wire, frozen=True, kw_only=True):
     limits: ResourceList = msgspec.field(default_factory=dict)
 
 
+class ConfigMapKeySelector(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    key: str = ""
+    optional: bool | None = None
+
+
+class EnvVarSource(_Wire, frozen=True, kw_only=True):
+    config_map_key_ref: ConfigMapKeySelector | None = None
+
+
+class EnvVar(_Wire, frozen=True, kw_only=True):
+    name: str
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+
+class ConfigMapEnvSource(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    optional: bool | None = None
+
+
+class EnvFromSource(_Wire, frozen=True, kw_only=True):
+    config_map_ref: ConfigMapEnvSource | None = None
+
+
 class Container(_Wire, frozen=True, kw_only=True):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
     restart_policy: str | None = None
+    env: list[EnvVar] = msgspec.field(default_factory=list)
+    env_from: list[EnvFromSource] = msgspec.field(default_factory=list)
+
+
+class Volume(_Wire, frozen=True, kw_only=True):
+    """A pod volume, by name only (Kairos adds the GPU-sharing ConfigMap's and reads no other)."""
+
+    name: str = ""
 
 
 class NodeSelectorRequirement(_Wire, frozen=True, kw_only=True):
@@ -157,6 +191,7 @@ class PodSpec(_Wire, frozen=True, kw_only=True):
     priority_class_name: str = ""
     priority: int | None = None
     scheduling_gates: list[PodSchedulingGate] = msgspec.field(default_factory=list)
+    volumes: list[Volume] = msgspec.field(default_factory=list)
 
 
 class Condition(_Wire, frozen=True, kw_only=True):
