@@ -1,4 +1,4 @@
-"""The state service's mutating admission webhook: gates the pods of stages that wait for others.
+"""The state service's mutating admission webhook: GPU-sharing environment and the stages' gate.
 
 Served by every state replica that has `webhook_port` set (a Kubernetes Service spreads the API server's
 calls over them; standbys answer too: the answer needs no mirror). The API server POSTs an AdmissionReview
@@ -7,7 +7,10 @@ ours that is not bound yet, the handler reads what could declare `kairos.io/afte
 annotations, its explicit PodGroup's (`pod-group-name`), and those of each owner up its chain (a Job, a
 ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON patch that adds the
 `kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gates`) lifts
-it once the dependencies have succeeded.
+it once the dependencies have succeeded. A fractional pod of ours (``gpu-fraction``, ``gpu-memory``) also
+gets KAI's GPU-sharing environment (`shared.kube.gpu_sharing.admission_patch`: ``NVIDIA_VISIBLE_DEVICES``
+and ``GPU_PORTION`` from a ConfigMap the binder fills at bind time); a replica that sees the pod already
+mutated by another leaves it alone.
 
 Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's
 hundred pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not
@@ -25,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +38,7 @@ from aiohttp import web
 
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
-from shared.kube import admission, keys, wire
+from shared.kube import admission, gpu_sharing, keys, wire
 from shared.kube.podgrouper import owner_refs_to_follow
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import get_object
@@ -49,6 +53,12 @@ LOOKUP_TIMEOUT = 2.0
 MAX_OWNER_DEPTH = 8
 CERT_CHECK = 60.0
 """Seconds between looks at the certificate files for a renewal."""
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""Characters of the random part of a GPU-sharing ConfigMap name (no vowels: no words by chance)."""
+
+
+def _random_chars() -> str:
+    return "".join(secrets.choice(_NAME_ALPHABET) for _ in range(7))
 
 
 @dataclass(frozen=True)
@@ -153,9 +163,30 @@ class AdmissionServer:
         try:
             pod = admission.pod_of_request(review)
         except InvalidObject as exc:
-            return None, f"kairos: pod not examined for kairos.io/after: {exc}"
-        if pod is None or not admission.may_gate(pod, self.options.scheduler_name):
+            return None, f"kairos: pod not examined for kairos.io/after or GPU sharing: {exc}"
+        if pod is None or pod.spec.scheduler_name != self.options.scheduler_name or pod.spec.node_name:
             return None, ""
+        patch, warning = self._sharing_patch(pod)
+        if admission.may_gate(pod, self.options.scheduler_name):
+            gate, gate_warning = await self._gate_patch(pod)
+            patch += gate
+            warning = warning or gate_warning
+        return patch or None, warning
+
+    def _sharing_patch(self, pod: wire.Pod) -> tuple[list[dict[str, Any]], str]:
+        """A fractional pod's GPU-sharing environment (`shared.kube.gpu_sharing`). A pod whose
+        `gpu-fraction-container-name` names no container is admitted as it is, with the reason as a
+        warning: the state service holds it with the same reason until it is fixed."""
+        try:
+            patch = gpu_sharing.admission_patch(pod, _random_chars())
+        except InvalidObject as exc:
+            self.ctx.counters["admission_sharing_refused"] += 1
+            return [], f"kairos: {exc}; the pod will not be scheduled"
+        if patch:
+            self.ctx.counters["pods_given_sharing_env"] += 1
+        return patch, ""
+
+    async def _gate_patch(self, pod: wire.Pod) -> tuple[list[dict[str, Any]], str]:
         try:
             annotation_sets = await self._annotation_sets(pod)
         except (ApiError, InvalidObject) as exc:
@@ -163,12 +194,12 @@ class AdmissionServer:
             log.warning(
                 "pod %s/%s admitted without a gate: %s", pod.metadata.namespace, pod.metadata.name, exc
             )
-            return None, (
+            return [], (
                 f"kairos: could not read what pod {pod.metadata.name} belongs to ({exc}); it is not gated, "
                 "Kairos still holds it until its dependencies succeed"
             )
         if not admission.declares_after(annotation_sets):
-            return None, ""
+            return [], ""
         self.ctx.counters["pods_gated"] += 1
         return admission.gate_patch(pod), ""
 

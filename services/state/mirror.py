@@ -24,7 +24,9 @@ carries the decayed use and health of each device from the agent's telemetry whi
 (`shared.gpu_usage`; rewritten only when a device moved by 10 points or its health changed).
 
 Resources held on a node by pods Kairos does not schedule — another scheduler's pods, or a pod of ours
-whose podgroup is gone — are taken off that node's capacity, so they are never handed out twice.
+whose podgroup is gone — are taken off that node's capacity, so they are never handed out twice. The
+binder's GPU reservation pods are the exception: the device one holds is its group's, already counted by
+the group's sharers.
 
 An object that does not translate (a bad annotation, a negative quota) keeps its last good translation
 when it had one (a running pod must stay counted on its node) and is otherwise held back; either way the
@@ -49,7 +51,7 @@ from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from shared.gpu_usage import is_stale as usage_is_stale
-from shared.kube import admission, translate, validity, wire
+from shared.kube import admission, gpu_sharing, translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -747,6 +749,10 @@ class Mirror:
             )
         node = raw_pod.spec.node_name
         if not node or raw_pod.status.phase in _FINISHED_PHASES:
+            return None
+        if gpu_sharing.is_reservation_pod(raw_pod.metadata.namespace, raw_pod.metadata.labels):
+            # Its device is the GPU group its sharers already count on the node: counting it would
+            # take the device off the node twice.
             return None
         try:
             usage = translate.pod_requests(raw_pod)

@@ -123,7 +123,7 @@ class ContainerRef(msgspec.Struct, frozen=True):
 
 def _pod_name(pod: wire.Pod) -> str:
     md = pod.metadata
-    return f"{md.namespace}/{md.name or md.generate_name}"
+    return wire.object_name(md.namespace, md.name or md.generate_name)
 
 
 def is_fractional(pod: wire.Pod) -> bool:
@@ -139,7 +139,7 @@ def fraction_container(pod: wire.Pod) -> ContainerRef:
     if name is None:
         if not pod.spec.containers:
             raise InvalidObject(
-                "pod", _pod_name(pod), "spec.containers", "a fractional pod needs a container"
+                "Pod", _pod_name(pod), "spec.containers", "a fractional pod needs a container"
             )
         return ContainerRef("containers", 0, pod.spec.containers[0].name)
     for kind, containers in (
@@ -151,7 +151,7 @@ def fraction_container(pod: wire.Pod) -> ContainerRef:
                 return ContainerRef(kind, index, name)  # type: ignore[arg-type]
     names = [c.name for c in (*pod.spec.init_containers, *pod.spec.containers)]
     raise InvalidObject(
-        "pod",
+        "Pod",
         _pod_name(pod),
         f"metadata.annotations[{CONTAINER_NAME_ANNOTATION}]",
         f"names no container of the pod: {name!r} (it has {', '.join(map(repr, names)) or 'none'})",
@@ -201,7 +201,7 @@ def sharing_env_problem(pod: wire.Pod, ref: ContainerRef) -> InvalidObject | Non
         if expected is not None and _from_configmap(env, expected):
             continue
         return InvalidObject(
-            "pod",
+            "Pod",
             _pod_name(pod),
             f"{ref.field}.env[{index}]",
             f"sets {NVIDIA_VISIBLE_DEVICES} itself; a fractional pod's device is chosen by the scheduler "
@@ -404,7 +404,7 @@ def reserved_device_patch(uuids: Sequence[str]) -> dict[str, Any]:
     no device or several (a reservation asks for exactly one)."""
     if len(uuids) != 1:
         raise InvalidObject(
-            "pod",
+            "Pod",
             "reservation",
             f"spec.containers[0].resources.limits[{keys.NVIDIA_GPU}]",
             f"the reservation container sees {len(uuids)} devices, expected exactly 1",

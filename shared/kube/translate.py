@@ -38,7 +38,7 @@ from typing import Any, Literal
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube import keys, wire
+from shared.kube import gpu_sharing, keys, wire
 from shared.kube.quantity import (
     DurationError,
     QuantityError,
@@ -379,6 +379,8 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         podgroup = podgroup_key(meta.namespace, name)
     requests = pod_requests(pod)
     gpu, legacy_mig = _gpu_request(where, meta.annotations, requests)
+    if gpu.is_shared:
+        _check_sharing_env(where, pod)
     return Pod(
         name=meta.name,
         namespace=meta.namespace,
@@ -403,6 +405,28 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
     )
+
+
+def _check_sharing_env(where: _Where, pod: wire.Pod) -> None:
+    """A fractional pod's own mistakes about its device (`shared.kube.gpu_sharing`): a container name
+    that names none, its own ``NVIDIA_VISIBLE_DEVICES``, or, while it waits to be placed, no GPU-sharing
+    environment at all (created while the admission webhook was unreachable): each would run without the
+    device it asked for, so the pod is held with the reason instead."""
+    ref = gpu_sharing.fraction_container(pod)
+    problem = gpu_sharing.sharing_env_problem(pod, ref)
+    if problem is not None:
+        raise problem
+    if (
+        not pod.spec.node_name
+        and pod.status.phase in ("", "Pending")
+        and gpu_sharing.CONFIGMAP_ANNOTATION not in pod.metadata.annotations
+    ):
+        raise where.error(
+            _annotation_field(gpu_sharing.CONFIGMAP_ANNOTATION),
+            "missing: the pod was created while Kairos's admission webhook was unreachable, so its "
+            f"container has no {gpu_sharing.NVIDIA_VISIBLE_DEVICES} from a GPU-sharing ConfigMap and would "
+            "not see the GPU it shares; delete the pod so that it is created again",
+        )
 
 
 def _annotation_field(key: str) -> str:

@@ -28,6 +28,7 @@ from shared.cli.main import main
 from shared.clusterfile import parse_cluster
 from shared.kube import translate, wire
 from shared.model import PodStatus
+from tests.admission import admitted
 
 ISSUE_KEYS = {
     "workload",
@@ -165,7 +166,8 @@ def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
         assert pg.root.all_pod_sets()[0].min_available == group.podgroup.root.all_pod_sets()[0].min_available
         assert pg.root.topology_constraint == group.podgroup.root.topology_constraint
         for pod in group.pods:
-            back = translate.pod_of(wire.decode("pods", json.dumps(pod_manifest(pod, group.podgroup))))
+            manifest = admitted(pod_manifest(pod, group.podgroup))
+            back = translate.pod_of(wire.decode("pods", json.dumps(manifest)))
             assert (back.cpu_millis, back.memory_bytes, back.gpu) == (
                 pod.cpu_millis,
                 pod.memory_bytes,

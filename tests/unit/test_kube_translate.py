@@ -14,6 +14,7 @@ from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodAffinityTerm, PodStatus
 from shared.model.objects import Taint, Toleration
+from tests.admission import admitted
 
 T = TypeVar("T")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -82,6 +83,8 @@ def pod_doc(
 
 
 def pod(doc: dict[str, Any]) -> wire.Pod:
+    """The pod as stored after admission (a fractional pod gets its GPU-sharing environment)."""
+    doc = admitted(doc)
     return wire.convert(wire.Pod, doc)
 
 

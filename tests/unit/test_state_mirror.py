@@ -14,6 +14,7 @@ from services.state.source import Change
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue
+from tests.admission import admitted
 
 NOW = 1_800_000_000.0
 
@@ -85,19 +86,21 @@ def pod(
     if node_name:
         spec["nodeName"] = node_name
     return js(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": f"uid-{name}",
-                "annotations": notes,
-                "creationTimestamp": "2026-01-01T00:00:01Z",
-            },
-            "spec": spec,
-            "status": {"phase": phase},
-        }
+        admitted(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": f"uid-{name}",
+                    "annotations": notes,
+                    "creationTimestamp": "2026-01-01T00:00:01Z",
+                },
+                "spec": spec,
+                "status": {"phase": phase},
+            }
+        )
     )
 
 
