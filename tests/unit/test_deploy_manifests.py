@@ -28,12 +28,24 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from shared.kube import gpu_sharing
 from shared.security.nats_config import deploy_authorization, password_env
 from shared.security.permissions import IDENTITIES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 NAMESPACE = "kai-scheduler"
+RESERVATION_NAMESPACE = gpu_sharing.RESERVATION_NAMESPACE
+"""Where the binder's GPU reservation pods run (KAI's namespace; deploy/base/gpu-sharing.yaml)."""
+RESERVATION_OBJECTS = {
+    ("LimitRange", "kairos-reservation"),
+    ("ServiceAccount", "kairos-reservation"),
+    ("Role", "kairos-reservation"),
+    ("RoleBinding", "kairos-reservation"),
+    ("Role", "kairos-binder-reservations"),
+    ("RoleBinding", "kairos-binder-reservations"),
+}
+"""Every namespaced object of the base in the reservation namespace (all others are in kai-scheduler)."""
 KUBERNETES_VERSION = "1.32"
 
 Obj = dict[str, Any]
@@ -48,7 +60,8 @@ KAIROS_WORKLOADS = [w for w in WORKLOADS if w[1].startswith("kairos-")]
 HEALTH_PORT = 8080
 WEBHOOK_PORT = 9443
 
-# The RBAC table of deploy/README.md: (namespace or "*" for cluster-wide, API group, resource, verb).
+# The RBAC table of deploy/README.md: (namespace or "*" for cluster-wide, API group, resource, verb); the
+# service accounts are in kai-scheduler except kairos-reservation (in the reservation namespace).
 OWNER_KINDS = [
     ("batch", "jobs"),
     ("batch", "cronjobs"),
@@ -90,7 +103,14 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         grants("*", "", "pods", "get", "patch")
         | grants("*", "", "pods/binding", "create")
         | grants("*", "", "pods/eviction", "create")
+        # GPU sharing: each sharer's ConfigMaps in its own namespace, Warning Events on repaired sharers,
+        # and the reservation pods, only in their namespace.
+        | grants("*", "", "configmaps", "get", "list", "watch", "create", "patch")
+        | grants("*", "", "events", "create")
+        | grants(RESERVATION_NAMESPACE, "", "pods", "get", "list", "watch", "create", "delete")
     ),
+    # The reservation container: its own pod's annotation (the device it holds), nothing else.
+    "kairos-reservation": grants(RESERVATION_NAMESPACE, "", "pods", "get", "patch"),
     "kairos-queue": set(),
     "kairos-placement": set(),
     "kairos-gpu-agent": set(),
@@ -286,6 +306,8 @@ def test_base_renders_the_whole_install() -> None:
     rendered = {(o["kind"], o["metadata"]["name"]) for o in base()}
     expected = {
         ("Namespace", NAMESPACE),
+        ("Namespace", RESERVATION_NAMESPACE),
+        *RESERVATION_OBJECTS,
         ("CustomResourceDefinition", "queues.scheduling.run.ai"),
         ("CustomResourceDefinition", "podgroups.scheduling.run.ai"),
         ("CustomResourceDefinition", "topologies.kai.scheduler"),
@@ -334,7 +356,7 @@ def test_the_crd_check_catches_a_field_the_api_server_would_drop() -> None:
     assert schema_errors((queue,)) == [expected]
 
 
-def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace() -> None:
+def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace_but_the_gpu_sharing_ones() -> None:
     cluster_scoped = {
         "Namespace",
         "CustomResourceDefinition",
@@ -342,9 +364,16 @@ def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace() -> None:
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
     }
+    in_reservation_namespace = set()
     for obj in base():
-        if obj["kind"] not in cluster_scoped:
-            assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']}"
+        if obj["kind"] in cluster_scoped:
+            continue
+        key = (obj["kind"], obj["metadata"]["name"])
+        if obj["metadata"].get("namespace") == RESERVATION_NAMESPACE:
+            in_reservation_namespace.add(key)
+        else:
+            assert obj["metadata"].get("namespace") == NAMESPACE, key
+    assert in_reservation_namespace == RESERVATION_OBJECTS
 
 
 # --- workloads ----------------------------------------------------------------------------------------------
@@ -426,9 +455,21 @@ def test_the_state_service_mirrors_the_cluster_through_the_in_cluster_api() -> N
     assert "KAIROS_KUBECONFIG" not in env_of(state)
 
 
+def set_options(workload: Obj) -> dict[str, str]:
+    """The container's `--set key=value` options, its `$(VAR)` references expanded from its environment
+    as the kubelet expands them."""
+    env = {item["name"]: item["value"] for item in container(workload).get("env", []) if "value" in item}
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+        for arg in container(workload).get("args", [])
+    ]
+    assert all(arg == "--set" for arg in args[::2]), args
+    return dict(arg.split("=", 1) for arg in args[1::2])
+
+
 def test_the_binder_binds_through_the_kubernetes_api() -> None:
     binder = find(base(), "Deployment", "kairos-binder")
-    assert container(binder)["args"] == ["--set", "cluster=kube"]
+    assert set_options(binder)["cluster"] == "kube"
 
 
 @pytest.mark.parametrize(("kind", "name"), [w for w in WORKLOADS if w[0] != "DaemonSet"])
@@ -486,13 +527,19 @@ def permissions(objects: tuple[Obj, ...]) -> dict[str, set[tuple[str, str, str, 
     found: dict[str, set[tuple[str, str, str, str]]] = {
         sa["metadata"]["name"]: set() for sa in of_kind(objects, "ServiceAccount")
     }
+    account_namespaces = {
+        sa["metadata"]["name"]: sa["metadata"]["namespace"] for sa in of_kind(objects, "ServiceAccount")
+    }
+    assert len(account_namespaces) == len(of_kind(objects, "ServiceAccount")), (
+        "service account names are unique"
+    )
     for binding in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
         ref = binding["roleRef"]
         role = roles[(ref["kind"], ref["name"])]
         scope = "*" if binding["kind"] == "ClusterRoleBinding" else binding["metadata"]["namespace"]
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount"
-            assert subject["namespace"] == NAMESPACE
+            assert subject["namespace"] == account_namespaces[subject["name"]], subject
             for rule in role["rules"]:
                 found[subject["name"]] |= {
                     (scope, group, resource, verb)
@@ -543,6 +590,94 @@ def test_services_without_api_access_mount_no_token(account: str) -> None:
     ]
     assert len(users) == 1
     assert pod_spec(users[0])["automountServiceAccountToken"] is False
+
+
+# --- GPU sharing: the reservation namespace and the binder's reservation options ---------------------------
+def image_overlay(path: str, new_name: str, new_tag: str) -> tuple[Obj, ...]:
+    """`deploy/<path>` under an overlay of a user's own that points the `kairos` image elsewhere."""
+    with tempfile.TemporaryDirectory() as overlay:
+        resource = os.path.relpath(DEPLOY / path, overlay)
+        (Path(overlay) / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+            "kind: Kustomization\n"
+            f"resources: [{resource}]\n"
+            f"images: [{{name: kairos, newName: {new_name}, newTag: {new_tag}}}]\n"
+        )
+        result = subprocess.run(
+            [kubectl(), "kustomize", overlay], capture_output=True, text=True, check=False, timeout=60
+        )
+    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + images) failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def test_the_reservation_namespace_is_kai_s_and_enforces_the_baseline_pod_security_standard() -> None:
+    labels = find(base(), "Namespace", RESERVATION_NAMESPACE)["metadata"]["labels"]
+    # Not "restricted": the reservation pod sets no seccomp profile (shared/kube/gpu_sharing.py); what
+    # restricted would refuse is warned about and audited.
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+    # The reservation pods name only the GPU; the namespace bounds their CPU and memory.
+    (limits,) = find(base(), "LimitRange", "kairos-reservation")["spec"]["limits"]
+    assert limits["type"] == "Container"
+    assert set(limits["defaultRequest"]) == set(limits["default"]) == {"cpu", "memory"}
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
+def test_the_binder_creates_reservation_pods_from_its_own_image_under_their_account(path: str) -> None:
+    objects = render(path)
+    binder = find(objects, "Deployment", "kairos-binder")
+    options = set_options(binder)
+    assert options["reservation_image"] == container(binder)["image"]
+    assert options["reservation_runtime_class"] == "nvidia"  # the GPU operator's RuntimeClass, as KAI
+    account = find(objects, "ServiceAccount", options["reservation_service_account"])
+    assert account["metadata"]["namespace"] == RESERVATION_NAMESPACE
+    assert account["automountServiceAccountToken"] is True  # it patches its own pod
+
+
+def test_an_overlay_s_image_reaches_the_reservation_pods() -> None:
+    objects = image_overlay("overlays/dev", "registry.example/kairos", "1.2.3")
+    binder = find(objects, "Deployment", "kairos-binder")
+    assert container(binder)["image"] == "registry.example/kairos:1.2.3"
+    assert set_options(binder)["reservation_image"] == "registry.example/kairos:1.2.3"
+
+
+def test_the_image_transformer_rewrites_no_environment_variable_but_the_reservation_image() -> None:
+    objects = image_overlay("base", "registry.example/kairos", "1.2.3")
+    rewritten = [
+        (w["metadata"]["name"], item["name"])
+        for w in objects
+        if w["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+        for c in containers(w)
+        for item in c.get("env", [])
+        if "registry.example" in str(item.get("value", ""))
+    ]
+    assert rewritten == [("kairos-binder", "KAIROS_RESERVATION_IMAGE")]
+
+
+def test_the_reservation_pod_the_binder_creates_is_valid_and_meets_the_baseline_standard() -> None:
+    options = set_options(find(base(), "Deployment", "kairos-binder"))
+    pod = gpu_sharing.reservation_pod(
+        "node-0",
+        "group-1",
+        image=options["reservation_image"],
+        command=["python", "-m", "services.gpu_agent.reservation"],
+        service_account=options["reservation_service_account"],
+        runtime_class=options["reservation_runtime_class"],
+    )
+    assert schema_errors((pod,)) == []
+    assert pod["metadata"]["namespace"] == RESERVATION_NAMESPACE
+    spec = pod["spec"]
+    assert not any(spec.get(host) for host in ("hostNetwork", "hostPID", "hostIPC"))
+    (main,) = spec["containers"]
+    context = main["securityContext"]
+    assert not context.get("privileged")
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["runAsNonRoot"] is True
+    # Its downward-API variables are what the reservation program reads.
+    env = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in main["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
 
 
 # --- NATS ---------------------------------------------------------------------------------------------------
