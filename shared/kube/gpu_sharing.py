@@ -357,6 +357,8 @@ def reservation_pod(
         container["command"] = list(command)
     spec: dict[str, Any] = {
         "nodeName": node,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": True,
         "containers": [container],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,
@@ -399,13 +401,13 @@ def visible_device_uuids(nvml: NvmlLike) -> list[str]:
     return uuids
 
 
-def reserved_device_patch(uuids: Sequence[str]) -> dict[str, Any]:
-    """Merge patch a reservation pod writes on itself: the device it holds. `InvalidObject` when it sees
-    no device or several (a reservation asks for exactly one)."""
+def reserved_device_patch(uuids: Sequence[str], *, pod: str = "reservation") -> dict[str, Any]:
+    """Merge patch a reservation pod writes on itself: the device it holds. `InvalidObject` naming `pod`
+    ("namespace/name") when it sees no device or several (a reservation asks for exactly one)."""
     if len(uuids) != 1:
         raise InvalidObject(
             "Pod",
-            "reservation",
+            pod,
             f"spec.containers[0].resources.limits[{keys.NVIDIA_GPU}]",
             f"the reservation container sees {len(uuids)} devices, expected exactly 1",
         )
