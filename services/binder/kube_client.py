@@ -1,9 +1,9 @@
 """The binder's `ClusterClient` against a Kubernetes API server (`--set cluster=kube`).
 
 Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
-the NATS client it replaces. A bind is, in this order: the pod's GPU device assignment recorded as an
-annotation (fractional and multi-device pods, so the device plugin side can hand the container that GPU),
-then a `pods/binding` POST. An eviction is a `pods/eviction` POST (the Eviction API, so that disruption
+the NATS client it replaces. A bind is a `pods/binding` POST; a binding with GPU groups (a fractional pod)
+first runs `reservations.GpuSharing.prepare` (group labels, one reservation pod per shared device, the
+pod's GPU-sharing ConfigMaps), while an ordinary pod's bind makes no other API call. An eviction is a `pods/eviction` POST (the Eviction API, so that disruption
 budgets are honoured). Both are idempotent as the protocol requires:
 
 - a 409 on a binding means the pod already has a node: if it is ours, the earlier attempt (or another
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.binder.cluster_client import ClusterRefused
+from services.binder.reservations import GpuSharing, ReservationSettings
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding, EvictionOrder
 from shared.kube import wire
-from shared.kube.translate import gpu_groups_patch
 from shared.kubeapi.client import ApiError, Kube
 from shared.telemetry.spans import counting_retries
 
@@ -39,19 +39,26 @@ class KubeClusterClient:
     counters: Counters = field(default_factory=Counters)
     backoff: Backoff = field(default_factory=Backoff)
     rng: random.Random = field(default_factory=random.Random)
+    settings: ReservationSettings = field(default_factory=ReservationSettings)
+    sharing: GpuSharing = field(init=False)
+    """GPU sharing's calls, built from the fields above; `service` runs its sync."""
+
+    def __post_init__(self) -> None:
+        self.sharing = GpuSharing(
+            self.kube, self.counters, settings=self.settings, backoff=self.backoff, rng=self.rng
+        )
 
     async def bind(self, binding: Binding) -> None:
         what = f"pod {binding.namespace}/{binding.name}"
+        if not binding.gpu_groups:
+            await self._bind(binding, what)
+            return
+        async with self.sharing.binding(binding.gpu_groups):
+            await self.sharing.prepare(binding)
+            await self._bind(binding, what)
+
+    async def _bind(self, binding: Binding, what: str) -> None:
         try:
-            if binding.gpu_groups:
-                await self._retrying(
-                    f"annotate {what}",
-                    self.kube.core.patch_namespaced_pod,
-                    binding.name,
-                    binding.namespace,
-                    gpu_groups_patch(binding.gpu_groups),
-                    _content_type="application/merge-patch+json",
-                )
             body = {
                 "apiVersion": "v1",
                 "kind": "Binding",

@@ -14,6 +14,14 @@ may stay pending before the scan re-binds it, 10), `recovery_interval` (s betwee
 (s a proposal in progress may still take after SIGTERM, 3; the fetched ones not started go back at
 once), `cluster`
 (`nats`: ask the state service's simulated cluster; `kube`: the Kubernetes API through `kubeconfig`).
+
+GPU sharing with `cluster=kube` (`services.binder.reservations`): `reservation_image` (the reservation pods'
+image, `kairos`), `reservation_command` (its command, split on spaces, `python -m
+services.gpu_agent.reservation`), `reservation_service_account` (`kairos-reservation`),
+`reservation_runtime_class` (empty: the node's default), `reservation_timeout` (s a reservation pod may take
+to report its device before it is deleted and the bind retried, 60), `reservation_sync` (s between syncs of
+reservations and sharers' ConfigMaps, 30), `reservation_grace` (s a reservation without sharers is kept, and
+a finished sharer's groups wait before their sync, 60).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import msgspec
 from services.binder.cluster_client import ClusterClient, NatsClusterClient
 from services.binder.commit import Capacity, Committer
 from services.binder.kube_client import KubeClusterClient
+from services.binder.reservations import ReservationSettings
 from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
@@ -77,6 +86,35 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     stop_grace: float = 3.0
     """Seconds a proposal in progress may take to finish after SIGTERM before it is abandoned (its claims
     stay; the recovery scan of any binder completes or removes them, as after a crash)."""
+    reservation_image: str = "kairos"
+    """Image of the GPU reservation pods (it runs `reservation_command`); Kairos's own image has it."""
+    reservation_command: str = "python -m services.gpu_agent.reservation"
+    """The reservation container's command, split on spaces (empty: the image's entrypoint)."""
+    reservation_service_account: str = "kairos-reservation"
+    """Service account of the reservation pods: it may patch its own pod's annotation, nothing else."""
+    reservation_runtime_class: str = ""
+    """RuntimeClass of the reservation pods (empty: the node's default, which exposes the NVIDIA devices
+    on clusters using the GPU operator's default runtime)."""
+    reservation_timeout: float = 60.0
+    """Seconds a reservation pod may take to report its device (image pull, kubelet admission) before it
+    is deleted and the bind retried, as KAI waits."""
+    reservation_sync: float = 30.0
+    """Seconds between syncs of reservations and sharers' ConfigMaps; a finished sharer is also seen at once
+    through a watch, so this only bounds how long a missed change or a deleted object lasts."""
+    reservation_grace: float = 60.0
+    """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
+    binding its pod), and a finished sharer's groups wait before they are synced."""
+
+    def reservations(self) -> ReservationSettings:
+        return ReservationSettings(
+            image=self.reservation_image,
+            command=tuple(self.reservation_command.split()),
+            service_account=self.reservation_service_account,
+            runtime_class=self.reservation_runtime_class,
+            timeout=self.reservation_timeout,
+            sync=self.reservation_sync,
+            grace=self.reservation_grace,
+        )
 
 
 def parse_options(options: dict[str, str]) -> BinderOptions:
@@ -91,6 +129,15 @@ def parse_options(options: dict[str, str]) -> BinderOptions:
     if parsed.conflicts not in ("revision", "fit"):
         raise ConfigError(
             f"service {SERVICE}: option 'conflicts': expected revision or fit, got {parsed.conflicts!r}"
+        )
+    if not parsed.reservation_image.strip():
+        raise ConfigError(f"service {SERVICE}: option 'reservation_image': must not be empty")
+    for name in ("reservation_timeout", "reservation_sync"):
+        if getattr(parsed, name) <= 0:
+            raise ConfigError(f"service {SERVICE}: option {name!r}: must be > 0, got {getattr(parsed, name)}")
+    if parsed.reservation_grace < 0:
+        raise ConfigError(
+            f"service {SERVICE}: option 'reservation_grace': must be >= 0, got {parsed.reservation_grace}"
         )
     return parsed
 
@@ -226,7 +273,12 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
     kube: Kube | None = None
     if client is None and options.cluster == "kube":
         kube = await connect(options.kubeconfig or os.environ.get("KUBECONFIG") or None)
-        client = KubeClusterClient(kube, ctx.counters, backoff=Backoff(attempts=options.cluster_attempts))
+        client = KubeClusterClient(
+            kube,
+            ctx.counters,
+            backoff=Backoff(attempts=options.cluster_attempts),
+            settings=options.reservations(),
+        )
     metrics = BinderMetrics(ctx.metrics)
     # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
     ctx.bus.ledger = CountedKv(ctx.bus.ledger, noting_cas(metrics.cas_attempt))
@@ -262,6 +314,12 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                     await keepalive
 
         recovery = asyncio.create_task(_recover_forever(ctx, committer, replica, options))
+        # Every replica syncs GPU reservations (idempotent; deletes are conditional on what it listed).
+        syncing = (
+            asyncio.create_task(client.sharing.run(ctx.stopping))
+            if isinstance(client, KubeClusterClient)
+            else None
+        )
         ctx.ready = True
         ctx.detail = f"shard {shard}"
         try:
@@ -286,9 +344,12 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                     )
         finally:
             ctx.ready = False
-            recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recovery
+            for background in (recovery, syncing):
+                if background is None:
+                    continue
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
     finally:

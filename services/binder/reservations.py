@@ -1,0 +1,718 @@
+"""GPU sharing in the cluster, KAI's way: reservation pods hold shared devices, a sharer's ConfigMaps name
+them, and a sync in every binder replica takes back what no sharer holds and puts back what went missing.
+
+Called by `services.binder.kube_client` (a bind with GPU groups runs `GpuSharing.prepare` before its
+``pods/binding`` POST) and by `services.binder.service` (`GpuSharing.run`, next to the recovery scan, with
+`cluster=kube`). The names and bodies are `shared.kube.gpu_sharing`'s, the decisions
+`services.binder.sharing`'s; this module only calls the API.
+
+A fractional pod's bind, in this order (each step idempotent, so a binder killed at any point and a second
+binder binding the same pod again end with one reservation per group and the pod bound):
+
+1. GET the pod (annotations, containers, uid, labels).
+2. One merge patch: the group labels and ``kairos.io/gpu-groups`` (`sharing.sharer_patch`). From here on
+   the pod is a live sharer, so no sync anywhere deletes its groups' reservations.
+3. Per group, under a per-(node, group) lock (KAI's group mutex): touch the reservation pod (a merge patch,
+   see `sharing.touch_patch`), or create it when absent (409: another binder just did; reuse it), then
+   wait for ``run.ai/reserve_for_gpu_index`` by watching that one pod, at most `reservation_timeout`
+   seconds. A timeout, a Failed reservation (the kubelet's UnexpectedAdmissionError) or its deletion
+   meanwhile deletes it and raises `ReservationFailed`, a `TemporaryError`: the bind is deferred and the
+   recovery scan binds again later.
+4. The capabilities ConfigMap (``NVIDIA_VISIBLE_DEVICES``, ``GPU_PORTION``, ``RUNAI_NUM_OF_GPUS``) and the
+   envFrom one, owned by the pod: created, or patched on 409. Skipped (and counted,
+   ``gpu_sharing_without_configmap``) for a pod admitted without ``runai/shared-gpu-configmap``.
+
+The sync (at start, every `reservation_sync` seconds, and `reservation_grace` seconds after a sharer is
+deleted or finishes, seen by an informer on ``kairos.io/gpu-sharing=true`` pods): reservations first, then
+sharers, are listed; `gpu_sharing.orphaned_reservations` (groups this binder is binding count as live) are
+deleted with their uid and resourceVersion as preconditions (a 404 or 409 means someone else decided
+first). For each bound sharer, a missing reservation pod is recreated and its device written into the
+sharer's capabilities ConfigMap, with a Warning Event `GPUReservationMissing` naming the reservation pod
+(and, when the device changed, saying the running container keeps the old one until restarted); a missing
+ConfigMap is recreated with a Warning Event `GPUSharingConfigMapMissing` naming it. Events are
+`shared.kube.translate.event` bodies, the state service's write-back builder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from services.binder import sharing
+from services.binder.cluster_client import ClusterRefused
+from shared.backoff import Backoff
+from shared.bus.middleware import Counters
+from shared.contracts.messages import Binding
+from shared.errors import InvalidObject, TemporaryError
+from shared.kube import gpu_sharing as gs
+from shared.kube import keys, translate, wire
+from shared.kubeapi.client import ApiError, Kube
+from shared.kubeapi.informer import Informer
+from shared.telemetry.spans import counting_retries
+
+log = logging.getLogger("kairos.binder.reservations")
+
+CONFLICT = 409
+NOT_FOUND = 404
+MERGE_PATCH = "application/merge-patch+json"
+EVENT_COMPONENT = "kairos-binder"
+_FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ReservationSettings:
+    """The binder's `reservation_*` options (see `services.binder.service.BinderOptions`)."""
+
+    image: str = "kairos"
+    command: tuple[str, ...] = ("python", "-m", "services.gpu_agent.reservation")
+    service_account: str = "kairos-reservation"
+    runtime_class: str = ""
+    timeout: float = 60.0
+    sync: float = 30.0
+    grace: float = 60.0
+
+
+class ReservationFailed(TemporaryError):  # noqa: N818 -- a TemporaryError, named for what failed
+    """A reservation pod got no device in time, failed, or vanished: deleted; the bind is tried again."""
+
+    def __init__(self, node: str, group: str, reservation: str, problem: str, delay: float) -> None:
+        self.node = node
+        self.group = group
+        self.reservation = reservation
+        where = f"{gs.RESERVATION_NAMESPACE}/{reservation}"
+        super().__init__(f"GPU group {group} on {node}: reservation pod {where} {problem}", delay=delay)
+
+
+class _Status(msgspec.Struct, frozen=True):
+    phase: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+class _Reservation(msgspec.Struct, frozen=True):
+    """The part of a reservation pod the wait reads (wire.Pod has no status reason)."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+_RESERVATION = msgspec.json.Decoder(_Reservation)
+
+
+class _PodList(msgspec.Struct, frozen=True):
+    items: list[wire.Pod] | None = None
+
+
+_POD_LIST = msgspec.json.Decoder(_PodList)
+
+
+def _pods(body: bytes, what: str) -> list[wire.Pod]:
+    try:
+        return _POD_LIST.decode(body).items or []
+    except msgspec.DecodeError as exc:
+        raise InvalidObject("pod list", what, "items", str(exc)) from exc
+
+
+class _Locks:
+    """One asyncio lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+async def _no_checkpoint(_step: str) -> None:
+    return None
+
+
+@dataclass
+class GpuSharing:
+    """The binder's GPU-sharing calls against one API server (see the module docstring)."""
+
+    kube: Kube
+    counters: Counters = field(default_factory=Counters)
+    settings: ReservationSettings = field(default_factory=ReservationSettings)
+    backoff: Backoff = field(default_factory=Backoff)
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], float] = time.time
+    """Wall clock (Unix s): reservation ages and Event times."""
+    checkpoint: Callable[[str], Awaitable[None]] = _no_checkpoint
+    """Awaited after each durable step of a bind (``labelled``, ``reserved``, ``configmaps``): the specs
+    stop a bind there, as a crash would."""
+    locks: _Locks = field(default_factory=_Locks)
+    busy: Counter[str] = field(default_factory=Counter)
+    """Group label values of the binds in flight in this binder: live for the sync."""
+    first_sync: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    """Set once `run`'s first full sync has finished (or failed)."""
+    _due: dict[str, float] = field(default_factory=dict, init=False)
+    """Group label value -> when (loop time) to sync it: a sharer of it was deleted or finished."""
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    # --- a bind -----------------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def binding(self, groups: Sequence[str]) -> AsyncIterator[None]:
+        """Marks `groups` busy while a bind of them is in flight here (the sync leaves them alone)."""
+        values = [gs.group_label_value(g) for g in groups]
+        self.busy.update(values)
+        try:
+            yield
+        finally:
+            self.busy.subtract(values)
+            for value in values:
+                if self.busy[value] <= 0:
+                    del self.busy[value]
+
+    async def prepare(self, binding: Binding) -> None:
+        """Steps 1-4 for a binding with GPU groups. `ClusterRefused` when the cluster says no for good (the
+        pod is gone or on another node), `TemporaryError` when it may work later."""
+        what = f"pod {binding.namespace}/{binding.name}"
+        try:
+            pod = wire.decode_pod(
+                await self._call(
+                    f"get {what}", self.kube.core.read_namespaced_pod, binding.name, binding.namespace
+                )
+            )
+            if pod.spec.node_name and pod.spec.node_name != binding.node:
+                raise ClusterRefused(
+                    "bind", binding.pod, f"already bound to {pod.spec.node_name}, not {binding.node}"
+                )
+            if not gs.is_fractional(pod):
+                # GPU groups on a pod that asks for no share (not KAI's case): only record them, as before.
+                await self._merge_patch_pod(what, binding, translate.gpu_groups_patch(binding.gpu_groups))
+                self.counters["gpu_groups_not_fractional"] += 1
+                return
+            prefix = pod.metadata.annotations.get(gs.CONFIGMAP_ANNOTATION)
+            ref = gs.fraction_container(pod) if prefix else None  # a wrong container name refuses first
+            await self._merge_patch_pod(
+                what, binding, sharing.sharer_patch(pod.metadata.labels, binding.gpu_groups)
+            )
+            await self.checkpoint("labelled")
+            sharer = f"{binding.namespace}/{binding.name}"
+            tolerations = [msgspec.to_builtins(t) for t in pod.spec.tolerations]
+            devices = [
+                (await self.reserve(binding.node, group, tolerations=tolerations, sharer=sharer))[0]
+                for group in binding.gpu_groups
+            ]
+            if not prefix or ref is None:
+                self.counters["gpu_sharing_without_configmap"] += 1
+                log.warning(
+                    "%s has no %s annotation: bound without its ConfigMaps", what, gs.CONFIGMAP_ANNOTATION
+                )
+                return
+            share = sharing.share_per_device(binding.gpus, len(binding.gpu_groups))
+            if share is None:
+                memory = (
+                    await self._device_memory(binding.node)
+                    if keys.GPU_MEMORY in pod.metadata.annotations
+                    else None
+                )
+                share = sharing.share_from_annotations(pod.metadata.annotations, memory)
+            if share is None:
+                raise ClusterRefused("bind", binding.pod, "its GPU share cannot be read from its annotations")
+            data = sharing.capabilities_data(devices, share)
+            await self._ensure_configmap(pod, gs.capabilities_configmap(prefix, ref), data)
+            await self._ensure_configmap(pod, gs.direct_env_configmap(prefix, ref), {})
+            await self.checkpoint("configmaps")
+        except InvalidObject as exc:
+            raise ClusterRefused("bind", binding.pod, str(exc)) from exc
+        except ApiError as exc:
+            raise ClusterRefused("bind", binding.pod, str(exc)) from exc
+
+    async def _merge_patch_pod(self, what: str, binding: Binding, patch: dict[str, Any]) -> None:
+        await self._call(
+            f"label {what}",
+            self.kube.core.patch_namespaced_pod,
+            binding.name,
+            binding.namespace,
+            patch,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def reserve(
+        self, node: str, group: str, *, tolerations: Iterable[Mapping[str, Any]], sharer: str
+    ) -> tuple[str, bool]:
+        """The device of `group` on `node` and whether this call created its reservation pod (step 3).
+        `ReservationFailed` (temporary) when it gets none; `ApiError` for other refusals."""
+        name = gs.reservation_pod_name(node, group)
+        ns = gs.RESERVATION_NAMESPACE
+        what = f"reservation pod {ns}/{name}"
+        async with self.locks(f"{node}/{group}"):
+            created = False
+            try:
+                raw = await self._call(
+                    f"touch {what}",
+                    self.kube.core.patch_namespaced_pod,
+                    name,
+                    ns,
+                    sharing.touch_patch(sharer, self.clock()),
+                    _content_type=MERGE_PATCH,
+                )
+            except ApiError as exc:
+                if exc.status != NOT_FOUND:
+                    raise
+                raw, created = await self._create_reservation(node, group, tolerations, what)
+            await self.checkpoint("reserved")
+            pod = self._decode_reservation(raw, what)
+            device = self._device_of(pod, node, group)
+            if device is None:
+                device = await self._wait_for_device(node, group, pod.metadata.uid)
+            return device, created
+
+    async def _create_reservation(
+        self, node: str, group: str, tolerations: Iterable[Mapping[str, Any]], what: str
+    ) -> tuple[bytes, bool]:
+        s = self.settings
+        body = gs.reservation_pod(
+            node,
+            group,
+            image=s.image,
+            command=s.command,
+            service_account=s.service_account,
+            runtime_class=s.runtime_class,
+            tolerations=tolerations,
+        )
+        name = body["metadata"]["name"]
+        try:
+            raw = await self._call(
+                f"create {what}", self.kube.core.create_namespaced_pod, gs.RESERVATION_NAMESPACE, body
+            )
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                # The namespace itself (the deployment creates it).
+                raise ReservationFailed(
+                    node, group, name, f"cannot be created: {exc}", self.backoff.cap
+                ) from exc
+            if exc.status != CONFLICT:
+                raise
+            self.counters["reservations_reused_on_create"] += 1  # another binder created it just now
+            try:
+                raw = await self._call(
+                    f"get {what}", self.kube.core.read_namespaced_pod, name, gs.RESERVATION_NAMESPACE
+                )
+            except ApiError as again:
+                if again.status == NOT_FOUND:
+                    raise ReservationFailed(node, group, name, "vanished while created", 0.5) from again
+                raise
+            return raw, False
+        self.counters["reservations_created"] += 1
+        return raw, True
+
+    @staticmethod
+    def _decode_reservation(raw: bytes, what: str) -> _Reservation:
+        try:
+            return _RESERVATION.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise InvalidObject("pod", what, "", str(exc)) from exc
+
+    def _device_of(self, pod: _Reservation, node: str, group: str) -> str | None:
+        """The device it reported; `ReservationFailed` when it failed or is being deleted."""
+        device = gs.reserved_devices_of(pod.metadata.annotations)
+        if device is not None:
+            return device
+        if pod.status.phase == "Failed" or pod.metadata.deletion_timestamp:
+            why = pod.status.reason or ("being deleted" if pod.metadata.deletion_timestamp else "Failed")
+            detail = f": {pod.status.message}" if pod.status.message else ""
+            raise ReservationFailed(
+                node, group, pod.metadata.name, f"failed ({why}{detail})", self.backoff.cap
+            )
+        return None
+
+    async def _wait_for_device(self, node: str, group: str, uid: str) -> str:
+        name = gs.reservation_pod_name(node, group)
+        found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def look(raw: msgspec.Raw | None) -> None:
+            if found.done():
+                return
+            if raw is None:
+                found.set_exception(ReservationFailed(node, group, name, "was deleted", 0.5))
+                return
+            try:
+                device = self._device_of(self._decode_reservation(bytes(raw), name), node, group)
+            except (ReservationFailed, InvalidObject) as exc:
+                found.set_exception(exc)
+                return
+            if device is not None:
+                found.set_result(device)
+
+        async def on_relist(items: list[msgspec.Raw]) -> None:
+            look(items[0] if items else None)
+
+        async def on_change(kind: str, raw: msgspec.Raw) -> None:
+            look(None if kind == "DELETED" else raw)
+
+        informer = Informer(
+            self.kube,
+            f"pods {gs.RESERVATION_NAMESPACE}/{name}",
+            self.kube.core.list_namespaced_pod,
+            on_relist,
+            on_change,
+            args=(gs.RESERVATION_NAMESPACE,),
+            kwargs={"field_selector": f"metadata.name={name}"},
+            watch_timeout=max(1, int(self.settings.timeout) + 1),
+        )
+        watching = asyncio.create_task(informer.run())
+        try:
+            return await asyncio.wait_for(found, self.settings.timeout)
+        except TimeoutError:
+            self.counters["reservation_timeouts"] += 1
+            await self._delete_reservation(name, uid=uid)
+            problem = f"reported no device within {self.settings.timeout:g} s; deleted"
+            raise ReservationFailed(node, group, name, problem, self.backoff.cap) from None
+        except ReservationFailed:
+            self.counters["reservations_failed"] += 1
+            await self._delete_reservation(name, uid=uid)
+            raise
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            if not found.done():
+                found.cancel()
+
+    async def _delete_reservation(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
+        """Delete one reservation pod (only that incarnation: uid, and resourceVersion when given); False
+        when it was gone already or changed meanwhile (404, 409)."""
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+        if preconditions:
+            body["preconditions"] = preconditions
+        try:
+            await self._call(
+                f"delete reservation pod {gs.RESERVATION_NAMESPACE}/{name}",
+                self.kube.core.delete_namespaced_pod,
+                name,
+                gs.RESERVATION_NAMESPACE,
+                body=body,
+            )
+        except ApiError as exc:
+            if exc.status in (NOT_FOUND, CONFLICT):
+                return False
+            raise
+        self.counters["reservations_deleted"] += 1
+        return True
+
+    async def _ensure_configmap(self, pod: wire.Pod, name: str, data: Mapping[str, str]) -> bool:
+        """Create the ConfigMap (True), or on 409 write `data` into the one there (False)."""
+        ns = pod.metadata.namespace
+        what = f"configmap {ns}/{name}"
+        try:
+            await self._call(
+                f"create {what}",
+                self.kube.core.create_namespaced_config_map,
+                ns,
+                gs.configmap_body(pod, name, data),
+            )
+        except ApiError as exc:
+            if exc.status != CONFLICT:
+                raise
+            if data:
+                await self._patch_configmap(ns, name, data)
+            return False
+        self.counters["configmaps_created"] += 1
+        return True
+
+    async def _patch_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        await self._call(
+            f"patch configmap {namespace}/{name}",
+            self.kube.core.patch_namespaced_config_map,
+            name,
+            namespace,
+            {"data": dict(data)},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def _device_memory(self, node: str) -> int | None:
+        """MiB per device of `node` as the core reads it (label ``nvidia.com/gpu.memory``); None if unknown."""
+        try:
+            raw = await self._call(f"get node {node}", self.kube.core.read_node, node)
+            return translate.node_of(wire.decode_node(raw)).gpu_memory_mib
+        except (ApiError, InvalidObject) as exc:
+            log.warning("cannot read the device memory of node %s: %s", node, exc)
+            return None
+
+    async def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> bytes:
+        return await self.kube.call_with_retries(
+            what, counting_retries(method), *args, backoff=self.backoff, rng=self.rng, **kwargs
+        )
+
+    # --- the sync ---------------------------------------------------------------------------------------------
+    async def _list_reservations(self) -> list[wire.Pod]:
+        raw = await self._call(
+            "list reservation pods",
+            self.kube.core.list_namespaced_pod,
+            gs.RESERVATION_NAMESPACE,
+            label_selector=keys.KAI_GPU_GROUP_LABEL,
+        )
+        return _pods(raw, gs.RESERVATION_NAMESPACE)
+
+    async def _list_sharers(self) -> list[wire.Pod]:
+        raw = await self._call(
+            "list GPU-sharing pods",
+            self.kube.core.list_pod_for_all_namespaces,
+            label_selector=f"{gs.SHARING_LABEL}=true",
+        )
+        return _pods(raw, "")
+
+    async def _delete_orphans(
+        self, reservations: list[wire.Pod], sharers: list[wire.Pod], now: float, only: set[str] | None = None
+    ) -> list[wire.Pod]:
+        orphans = gs.orphaned_reservations(
+            [*sharers, *reservations], now=now, grace=self.settings.grace, busy=set(self.busy)
+        )
+        if only is not None:
+            orphans = [p for p in orphans if p.metadata.labels.get(keys.KAI_GPU_GROUP_LABEL) in only]
+        deleted = []
+        for pod in orphans:
+            md = pod.metadata
+            if await self._delete_reservation(md.name, uid=md.uid, resource_version=md.resource_version):
+                deleted.append(pod)
+                log.info(
+                    "deleted the GPU reservation %s/%s: no live pod shares its device", md.namespace, md.name
+                )
+        return deleted
+
+    async def sync_groups(self, groups: Iterable[str], now: float) -> list[wire.Pod]:
+        """Delete the orphaned reservations of these groups (label values); returns the deleted ones."""
+        reservations = await self._list_reservations()
+        sharers = await self._list_sharers()
+        deleted = await self._delete_orphans(reservations, sharers, now, only=set(groups))
+        self.counters["reservation_group_syncs"] += 1
+        return deleted
+
+    async def sync(self, now: float) -> list[wire.Pod]:
+        """One full pass (see the module docstring); `now` in Unix s. Returns the reservations deleted."""
+        # Reservations before sharers: a sharer labelled after our reservation list touches its reservation
+        # after labelling, which fails our delete's resourceVersion precondition.
+        reservations = await self._list_reservations()
+        sharers = await self._list_sharers()
+        deleted = await self._delete_orphans(reservations, sharers, now)
+        gone = {p.metadata.uid for p in deleted}
+        remaining = [p for p in reservations if p.metadata.uid not in gone]
+        raw = await self._call(
+            "list GPU-sharing configmaps",
+            self.kube.core.list_config_map_for_all_namespaces,
+            label_selector=f"{gs.SHARING_LABEL}=true",
+        )
+        configmaps = sharing.decode_configmaps(raw)
+        plan = sharing.plan_repairs(sharers, remaining, configmaps.keys(), busy=set(self.busy))
+        recreated = await self._repair_reservations(plan)
+        memory: dict[str, int | None] = {}
+        for sharer in plan.sharers:
+            try:
+                await self._repair_sharer(sharer, plan, recreated, configmaps, memory)
+            except (ApiError, TemporaryError) as exc:
+                self.counters["sync_errors"] += 1
+                log.warning("GPU sharing sync of %s: %s", sharer.name, exc)
+        self.counters["reservation_syncs"] += 1
+        return deleted
+
+    async def _repair_reservations(self, plan: sharing.Repairs) -> dict[tuple[str, str], str]:
+        """Recreate the missing reservation pods; the devices of those this pass created, by (node, group)."""
+        recreated: dict[tuple[str, str], str] = {}
+
+        async def one(node: str, group: str, members: list[sharing.Sharer]) -> None:
+            tolerations = [msgspec.to_builtins(t) for t in members[0].pod.spec.tolerations]
+            try:
+                device, created = await self.reserve(
+                    node, group, tolerations=tolerations, sharer=members[0].name
+                )
+            except (ApiError, TemporaryError) as exc:
+                self.counters["sync_errors"] += 1
+                log.warning("GPU sharing sync: recreating the reservation of %s on %s: %s", group, node, exc)
+                return
+            plan.devices[(node, group)] = device
+            if created:
+                recreated[(node, group)] = device
+                self.counters["reservations_recreated"] += 1
+
+        await asyncio.gather(
+            *(one(node, group, members) for (node, group), members in plan.reservations.items())
+        )
+        return recreated
+
+    async def _repair_sharer(
+        self,
+        sharer: sharing.Sharer,
+        plan: sharing.Repairs,
+        recreated: Mapping[tuple[str, str], str],
+        configmaps: Mapping[tuple[str, str], sharing.ConfigMap],
+        memory: dict[str, int | None],
+    ) -> None:
+        devices = [plan.devices.get((sharer.node, g)) for g in sharer.groups]
+        current = configmaps.get((sharer.namespace, sharer.capabilities)) if sharer.capabilities else None
+        old = current.data.get(gs.NVIDIA_VISIBLE_DEVICES) if current is not None else None
+        olds = old.split(",") if old is not None else []
+        for index, group in enumerate(sharer.groups):
+            new = recreated.get((sharer.node, group))
+            if new is not None:
+                before = olds[index] if len(olds) == len(sharer.groups) else None
+                name = gs.reservation_pod_name(sharer.node, group)
+                await self._warn(
+                    sharer.pod,
+                    sharing.RESERVATION_MISSING,
+                    sharing.reservation_missing_message(name, before, new),
+                )
+        if sharer.capabilities is None or sharer.direct_env is None or any(d is None for d in devices):
+            return
+        visible = ",".join(d for d in devices if d is not None)
+        if current is None:
+            if sharer.node not in memory and keys.GPU_MEMORY in sharer.pod.metadata.annotations:
+                memory[sharer.node] = await self._device_memory(sharer.node)
+            share = sharing.share_from_annotations(sharer.pod.metadata.annotations, memory.get(sharer.node))
+            if share is None:
+                log.warning(
+                    "GPU sharing sync: %s: its share cannot be read; %s not recreated",
+                    sharer.name,
+                    sharer.capabilities,
+                )
+            else:
+                data = sharing.capabilities_data([d for d in devices if d is not None], share)
+                if await self._ensure_configmap(sharer.pod, sharer.capabilities, data):
+                    await self._configmap_recreated(sharer, sharer.capabilities)
+        elif old != visible:
+            await self._patch_configmap(
+                sharer.namespace, sharer.capabilities, {gs.NVIDIA_VISIBLE_DEVICES: visible}
+            )
+            self.counters["configmaps_rewritten"] += 1
+            if not any((sharer.node, g) in recreated for g in sharer.groups):
+                # Recreated by another binder, or by a pass that died before this rewrite.
+                message = (
+                    f"the GPU-sharing ConfigMap {sharer.namespace}/{sharer.capabilities} named {old}, but the "
+                    f"reservation pods of its GPU groups hold {visible}: rewritten; the running container still "
+                    f"uses {old} until it is restarted"
+                )
+                await self._warn(sharer.pod, sharing.RESERVATION_MISSING, message)
+        if (sharer.namespace, sharer.direct_env) not in configmaps and await self._ensure_configmap(
+            sharer.pod, sharer.direct_env, {}
+        ):
+            await self._configmap_recreated(sharer, sharer.direct_env)
+
+    async def _configmap_recreated(self, sharer: sharing.Sharer, name: str) -> None:
+        self.counters["configmaps_recreated"] += 1
+        await self._warn(
+            sharer.pod, sharing.CONFIGMAP_MISSING, sharing.configmap_missing_message(sharer.namespace, name)
+        )
+
+    async def _warn(self, pod: wire.Pod, reason: str, message: str) -> None:
+        """A Warning Event on `pod`; a failure is logged and counted, never raised (the repair stands)."""
+        kind: Literal["Warning"] = "Warning"
+        body = translate.event(
+            translate.involved_object(pod),
+            reason=reason,
+            message=message,
+            now=self.clock(),
+            type=kind,
+            component=EVENT_COMPONENT,
+        )
+        try:
+            await self._call(
+                f"create event on pod {pod.metadata.namespace}/{pod.metadata.name}",
+                self.kube.core.create_namespaced_event,
+                pod.metadata.namespace,
+                body,
+            )
+        except (ApiError, TemporaryError) as exc:
+            self.counters["event_errors"] += 1
+            log.warning(
+                "could not record %s on %s/%s: %s", reason, pod.metadata.namespace, pod.metadata.name, exc
+            )
+            return
+        self.counters["kube_events"] += 1
+        log.warning("%s/%s: %s: %s", pod.metadata.namespace, pod.metadata.name, reason, message)
+
+    # --- the background loop -------------------------------------------------------------------------------------
+    async def _sharer_changed(self, kind: str, raw: msgspec.Raw) -> None:
+        try:
+            pod = wire.decode_pod(bytes(raw))
+        except InvalidObject:
+            return
+        if kind == "DELETED" or pod.status.phase in _FINISHED or pod.metadata.deletion_timestamp:
+            due = asyncio.get_running_loop().time() + self.settings.grace
+            for value in gs.groups_of_labels(pod.metadata.labels):
+                self._due[value] = max(self._due.get(value, 0.0), due)
+            self._wake.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Until `stopping`: a full sync at once and every `sync` seconds, and a sync of a sharer's groups
+        `grace` seconds after it is deleted or finishes. A failed pass is logged; the next one runs."""
+        loop = asyncio.get_running_loop()
+
+        async def ignore(_items: list[msgspec.Raw]) -> None:
+            return None
+
+        informer = Informer(
+            self.kube,
+            "GPU-sharing pods",
+            self.kube.core.list_pod_for_all_namespaces,
+            ignore,
+            self._sharer_changed,
+            kwargs={"label_selector": f"{gs.SHARING_LABEL}=true"},
+        )
+        watching = asyncio.create_task(informer.run())
+        next_full = loop.time()
+        try:
+            while not stopping.is_set():
+                self._wake.clear()
+                if loop.time() >= next_full:
+                    await self._pass("sync", self.sync(self.clock()))
+                    self.first_sync.set()
+                    next_full = loop.time() + self.settings.sync
+                due = sorted(v for v, at in self._due.items() if at <= loop.time())
+                if due:
+                    for value in due:
+                        del self._due[value]
+                    await self._pass("sync of finished sharers' groups", self.sync_groups(due, self.clock()))
+                deadline = min([next_full, *self._due.values()])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_either(stopping, self._wake), max(0.0, deadline - loop.time()))
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    async def _pass(self, what: str, work: Awaitable[object]) -> None:
+        try:
+            await work
+        except (ApiError, TemporaryError, InvalidObject) as exc:
+            # The API server refused or did not answer (RBAC, the namespace missing, a restart): one line.
+            self.counters["sync_errors"] += 1
+            log.warning("GPU sharing %s failed (the next pass tries again): %s", what, exc)
+        except Exception:
+            self.counters["sync_errors"] += 1
+            log.exception("GPU sharing %s failed; the next pass tries again", what)
+
+
+async def _either(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
