@@ -40,6 +40,23 @@ authentication, JSON only:
 - the node simulator (`nodesim`): nodes from a cluster file or generated, with GPU and MIG resources and
   GPU feature discovery labels; a bound pod runs ``--run-delay`` seconds later (podIP, hostIP,
   container statuses), and succeeds after ``kairos.io/run-seconds`` (label or annotation) when set;
+- the kubelet's device plugin and container start (`kubelet`, `devices`, `containerenv`): a node with
+  ``nvidia.com/gpu: N`` has N devices with fixed UUIDs (``GPU-`` + uuid5 of node name and index); a
+  starting container asking for ``nvidia.com/gpu`` (limits, else requests) gets that many devices of its
+  node, lowest free index first (init containers' devices reused), held until the pod is deleted or
+  terminates; too few free devices fail the pod as the kubelet does (Failed, ``UnexpectedAdmissionError``,
+  ``Pod was rejected: Allocate failed due to requested number of devices unavailable for nvidia.com/gpu.
+  Requested: 1, Available: 0, which is unexpected``), so a scheduler's over-commitment shows. Variables
+  from ConfigMaps (``env[].valueFrom.configMapKeyRef``, ``envFrom[].configMapRef``) are resolved at start:
+  a missing required ConfigMap or key keeps the pod Pending, the container waiting with
+  ``CreateContainerConfigError`` and the kubelet's message, tried again when a ConfigMap of the namespace
+  changes and every 10 s. The container ``resource-reservation`` of a pod in ``kai-resource-reservation``
+  runs the reservation program over a fake NVML holding its devices and annotates its pod
+  (``run.ai/reserve_for_gpu_index: <UUID>``, a MODIFIED event). ``GET /kubesim/v1/nodes/{node}/devices``
+  answers ``{"node", "devices": [UUIDs in index order], "containers": [{"namespace", "pod", "container",
+  "init", "devices": [UUIDs], "visible": NVIDIA_VISIBLE_DEVICES or null}]}`` for the containers of the
+  node's running pods (404 for an unknown node); ``visible`` is the device plugin's value for a container
+  with devices, else the pod spec's (literal or ConfigMap);
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
   through pods/binding (Kairos's binder);
@@ -60,7 +77,9 @@ service, poddisruptionbudget, quota, role(binding), clusterrole(binding)) and CB
 deletecollection, CONNECT and the legacy ``bindings`` resource, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
 validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
 (deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
-first; container restarts, probes, logs, exec and port-forward; kube-proxy, services' cluster IPs and
+first; container restarts, probes, logs, exec and port-forward; variables from secrets, the downward API
+and resource fields, and ``$(VAR)`` expansion (not resolved); devices other than ``nvidia.com/gpu`` (MIG
+instances are counted by the scheduler only) and device health; kube-proxy, services' cluster IPs and
 endpoints; node heartbeats and leases; the queues, podgroups and pods of a cluster file (only its nodes
 are simulated: submit the rest through the API); rolling updates (a Deployment replaces all pods at once)
 and ordered StatefulSet start-up (all pods are created together).

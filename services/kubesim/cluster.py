@@ -1050,7 +1050,7 @@ class Cluster:
         ns = md.get("namespace") or "default"
         if self.store.storage("namespaces").get("", ns) is None:
             return
-        name = f"{md['name']}.{reason.lower()}"
+        name = f"{md['name']}.{reason.lower().replace('/', '.')}"
         events = self.store.storage("events")
         now = rfc3339(self.now())
         existing = events.get(ns, name)

@@ -7,6 +7,11 @@
 - A pod bound to a node (spec.nodeName set) turns Running `run_delay` seconds later: phase Running,
   conditions PodReadyToStartContainers/Initialized/ContainersReady/Ready/PodScheduled True,
   containerStatuses ready and running, podIP, hostIP, startTime.
+- A pod that asks for ``nvidia.com/gpu``, takes variables from ConfigMaps or runs in the reservation
+  namespace starts through `services.kubesim.kubelet` (device admission, the containers' environment, the
+  reservation container's program): it may be refused (Failed), wait for a ConfigMap (Pending, tried
+  again when a ConfigMap of its namespace changes and every 10 s) or run, its devices held until it is
+  deleted or terminates. Other pods skip that work entirely.
 - A running pod with the label or annotation `kairos.io/run-seconds: "N"` turns Succeeded N seconds after it
   started (containerStatuses terminated with exit code 0, reason Completed); without it, it runs until
   deleted. Restart policies are not simulated: the pod of a Deployment succeeds too.
@@ -22,9 +27,24 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from services.kubesim.kubelet import (
+    CONFIG_RETRY_SECONDS,
+    Kubelet,
+    Rejected,
+    Started,
+    Waiting,
+    crashed_reservation,
+    rejected_pod,
+    reservation_patch,
+    waiting_pod,
+)
 from services.kubesim.nodes import KUBELET_VERSION
 from services.kubesim.objects import meta, parse_time, rfc3339
 from services.kubesim.store import Change, Key
+from shared.errors import InvalidObject
+from shared.kube.gpu_sharing import RESERVATION_CONTAINER
 
 if TYPE_CHECKING:
     from services.kubesim.cluster import Cluster
@@ -36,6 +56,7 @@ Obj = dict[str, Any]
 RUN_SECONDS = "kairos.io/run-seconds"
 """Pod label or annotation: seconds the pod runs before it succeeds (shared.clusterfile.RUN_SECONDS_LABEL)."""
 _KWOK_DEFAULT_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+_TERMINATED = ("Succeeded", "Failed")
 
 
 def run_seconds_of(pod: Obj) -> float | None:
@@ -67,7 +88,8 @@ class NodeSimulator:
         self.cluster = cluster
         self.run_delay = run_delay
         self.timers: list[tuple[float, int, str, str, str, str]] = []
-        """Heap of (deadline, sequence, action "start" | "finish", namespace, name, pod uid)."""
+        """Heap of (deadline, sequence, action "start" | "retry" | "finish", namespace, name, pod uid);
+        "retry" is a start tried again at once because a ConfigMap it waits for changed."""
         self._seq = itertools.count()
         self.scheduled: set[tuple[str, str]] = set()
         """(pod uid, action) already on the heap."""
@@ -77,19 +99,38 @@ class NodeSimulator:
         self._pod_ips = itertools.count(1)
         self._conditions: dict[tuple[str, str], list[Obj]] = {}
         self._node_ips = itertools.count(1)
+        self.kubelet = Kubelet(cluster)
+        """Devices, container environments and reservation programs (`services.kubesim.kubelet`)."""
         cluster.store.storage("pods").listeners.append(self._pod_change)
         cluster.store.storage("nodes").listeners.append(self._node_change)
+        cluster.store.storage("configmaps").listeners.append(self._configmap_change)
 
     def _pod_change(self, change: Change) -> None:
         md = change.obj["metadata"]
+        tracked = self.kubelet.tracked
         if change.type == "DELETED":
             uid = md.get("uid", "")
             self.started_at.pop(uid, None)
             self.scheduled.discard((uid, "start"))
+            self.scheduled.discard((uid, "retry"))
             self.scheduled.discard((uid, "finish"))
+            if tracked:
+                self.kubelet.forget(uid)
             return
+        if tracked and (change.obj.get("status") or {}).get("phase") in _TERMINATED:
+            self.kubelet.forget(md.get("uid", ""))
         if (change.obj.get("spec") or {}).get("nodeName"):
             self.dirty_pods[md.get("namespace", ""), md["name"]] = None
+
+    def _configmap_change(self, change: Change) -> None:
+        """A ConfigMap changed: the pods of its namespace waiting for one try to start again now."""
+        waiting = self.kubelet.waiting.get(change.obj["metadata"].get("namespace", ""))
+        if not waiting:
+            return
+        now = self.cluster.now()
+        ns = change.obj["metadata"].get("namespace", "")
+        for uid, name in list(waiting.items()):
+            self._push_key(now, "retry", ns, name, uid)
 
     def _node_change(self, change: Change) -> None:
         if change.type != "DELETED":
@@ -180,11 +221,13 @@ class NodeSimulator:
     # --- pods ---------------------------------------------------------------------------------------------------
     def _push(self, at: float, action: str, pod: Obj) -> None:
         md = pod["metadata"]
-        uid = md.get("uid", "")
+        self._push_key(at, action, md.get("namespace", ""), md["name"], md.get("uid", ""))
+
+    def _push_key(self, at: float, action: str, namespace: str, name: str, uid: str) -> None:
         if (uid, action) in self.scheduled:
             return
         self.scheduled.add((uid, action))
-        heapq.heappush(self.timers, (at, next(self._seq), action, md.get("namespace", ""), md["name"], uid))
+        heapq.heappush(self.timers, (at, next(self._seq), action, namespace, name, uid))
 
     def _plan(self, now: float) -> None:
         storage = self.cluster.store.storage("pods")
@@ -219,15 +262,69 @@ class NodeSimulator:
             if pod is None or pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
                 continue
             phase = (pod.get("status") or {}).get("phase")
-            if action == "start" and phase == "Pending" and pod["spec"].get("nodeName"):
-                self.cluster.store.put("pods", self._running(pod, now))
-                self.started_at[uid] = now
-                progressed = True
+            if action in ("start", "retry") and phase == "Pending" and pod["spec"].get("nodeName"):
+                if self.kubelet.involved(pod):
+                    progressed = self._start_with_kubelet(pod, now) or progressed
+                else:
+                    self.cluster.store.put("pods", self._running(pod, now))
+                    self.started_at[uid] = now
+                    progressed = True
             elif action == "finish" and phase == "Running":
                 self.cluster.store.put("pods", self._succeeded(pod, now))
                 self.started_at.pop(uid, None)
                 progressed = True
         return progressed
+
+    def _start_with_kubelet(self, pod: Obj, now: float) -> bool:
+        """Start a pod that needs devices, ConfigMap variables or runs a reservation (`Kubelet.start`)."""
+        outcome = self.kubelet.start(pod)
+        store = self.cluster.store
+        match outcome:
+            case Rejected(refusal):
+                store.put("pods", rejected_pod(pod, refusal))
+                self.cluster.record_event(pod, "Warning", refusal.reason, refusal.message, "kubelet")
+                return True
+            case Waiting():
+                self._push(now + CONFIG_RETRY_SECONDS, "start", pod)
+                waiting = waiting_pod(pod, outcome, rfc3339(now))
+                old, new = pod.get("status") or {}, waiting["status"]
+                if all(new.get(k) == old.get(k) for k in ("containerStatuses", "initContainerStatuses")):
+                    return False  # waiting as before: nothing to report again
+                store.put("pods", waiting)
+                message = next(iter(outcome.problems.values()))
+                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", "kubelet")
+                return True
+            case Started(record, reservation):
+                running = store.put("pods", self._running(pod, now))
+                self.started_at[record.uid] = now
+                if reservation is not None:
+                    self._run_reservation(running, reservation, now)
+                return True
+
+    def _run_reservation(self, pod: Obj, uuids: tuple[str, ...], now: float) -> None:
+        """The reservation container's program: read NVML, annotate its own pod with the device."""
+        md = pod["metadata"]
+        try:
+            patch = reservation_patch(uuids)
+        except InvalidObject as exc:
+            self.cluster.store.put(
+                "pods", crashed_reservation(pod, RESERVATION_CONTAINER, exc.problem, rfc3339(now))
+            )
+            self.cluster.record_event(
+                pod,
+                "Warning",
+                "BackOff",
+                f"Back-off restarting failed container {RESERVATION_CONTAINER}",
+                "kubelet",
+            )
+            return
+        self.cluster.patch(
+            self.cluster.type_of("pods"),
+            md.get("namespace", ""),
+            md["name"],
+            "application/merge-patch+json",
+            msgspec.json.encode(patch),
+        )
 
     def _host_ip(self, node_name: str) -> str:
         node = self.cluster.store.storage("nodes").get("", node_name)

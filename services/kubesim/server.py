@@ -39,7 +39,7 @@ from services.kubesim import discovery, protobuf
 from services.kubesim.admission import Attributes
 from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream, Write
 from services.kubesim.config import read_manifests
-from services.kubesim.errors import ApiError, bad_request
+from services.kubesim.errors import ApiError, bad_request, not_found
 from services.kubesim.faults import Fault, FaultPlan, Faults, read_plan, verb_of
 from services.kubesim.nodes import node_object
 from services.kubesim.resources import ResourceType
@@ -754,8 +754,14 @@ class KubeSim:
 
     async def _admin(self, request: web.BaseRequest, parts: list[str]) -> web.StreamResponse:
         """`/kubesim/faults` (GET: plan and counts; POST: replace the plan), `/kubesim/faults/drop-watches`
-        (POST, `?resource=pods`), `/kubesim/bindings` (GET: accepted and refused pods/binding calls)."""
+        (POST, `?resource=pods`), `/kubesim/bindings` (GET: accepted and refused pods/binding calls),
+        `/kubesim/v1/nodes/{node}/devices` (GET: the node's devices and what running containers see)."""
         method = request.method
+        if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "devices" and method == "GET":
+            devices = self.cluster.nodesim.kubelet.node_devices(parts[2])
+            if devices is None:
+                raise not_found("nodes", parts[2])
+            return _respond(devices)
         if parts == ["faults"] and method == "GET":
             return _respond(self.faults.report())
         if parts == ["faults"] and method == "POST":
