@@ -30,6 +30,7 @@ from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
+from tests.admission import admitted
 
 pytestmark = pytest.mark.integration
 
@@ -279,7 +280,7 @@ async def test_a_fixed_object_has_its_condition_set_back_and_is_mirrored(stack: 
     kube = stack.kube
     await create_queue(kube, queue("negative", gpu_quota=-5))
     await create_podgroup(kube, podgroup("work", 1))
-    await create_pod(kube, pod("fraction", "work", {"gpu-fraction": "abc"}))
+    await create_pod(kube, admitted(pod("fraction", "work", {"gpu-fraction": "abc"})))
     await eventually("the queue's Event", lambda: warning(kube, "negative", "InvalidQueue"))
     await eventually("the pod's Event", lambda: warning(kube, "fraction", "InvalidPod"))
 
