@@ -10,7 +10,11 @@ and, for each event:
 - pod-unschedulable: an Event `FailedScheduling` on each of the podgroup's pending pods, in
   kube-scheduler's words where the reason is about nodes ("0/8 nodes are available: 5 node(s) didn't have
   enough resources: GPUs."), else Kairos's reason as is ("queue team-a is over its limit..."), an Event
-  `Unschedulable` on the PodGroup, and its status condition `UnschedulableOnNodePool`;
+  `Unschedulable` on the PodGroup, and its status condition `UnschedulableOnNodePool`; and on every pending
+  pod the condition kube-scheduler writes and Cluster Autoscaler and Karpenter read to add a node,
+  `PodScheduled=False` with reason `Unschedulable` and the Event's text (a strategic merge patch of
+  pods/status, built by `shared.kube.validity.pod_scheduled_patch` like the held-back pods' below);
+  binding sets it True;
 - podgroup-state: the PodGroup's status phase and counts (the condition is cleared once it runs);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
 
@@ -20,8 +24,14 @@ Objects the mirror holds back for a fault of their own (`ProblemReport`): a Warn
 member gets `WaitingForMinMember` once the shortage has lasted `settle` seconds.
 
 Repeats are not rewritten: the same unschedulable message for the same podgroup is reported again only
-after `repeat_after` seconds, a status is patched only when it changes. An object that no longer exists
-(404) is skipped; a temporary API failure naks the event so JetStream redelivers it later.
+after `repeat_after` seconds, a status is patched only when it changes. A pod's condition is patched once
+per message, whatever the number of cycles: the write-back remembers by pod uid the message it wrote
+(forgotten once the pod is bound or gone), and writes it again only when the message changes or the
+mirror still does not show it `watch_lag` seconds later (someone removed or replaced it). A pod whose PodScheduled
+condition shows one of the held-back reasons keeps it: that problem says more. Pods' patches run side by
+side, at most `concurrency` at a time, on the write-back's own task, so a slow API server never delays the
+KV mirror. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
+is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it.
 """
 
 from __future__ import annotations
@@ -29,8 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +72,10 @@ log = logging.getLogger("kairos.state.writeback")
 DURABLE = "state-writeback"
 NOT_FOUND = 404
 PODS_PER_REPORT = 64
-"""A podgroup's pending pods that get a FailedScheduling event each (the podgroup itself always does)."""
+"""A podgroup's pending pods that get a FailedScheduling event each (the podgroup itself always does);
+every pending pod gets the PodScheduled condition."""
+PRUNE_FLOOR = 1024
+"""Pods remembered before the first sweep of those bound or gone (then twice what the last sweep kept)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,22 @@ class WriteBackOptions:
     """The Events' source component (kube-scheduler uses its scheduler name)."""
     repeat_after: float = 300.0
     batch: int = 64
+    concurrency: int = 16
+    """Pod status patches in flight at once: a big gang's pods are patched side by side, but a slow API
+    server is not asked everything at once."""
+    watch_lag: float = 5.0
+    """Seconds a pod's written condition may take to come back through the watch: until then its absence
+    from the mirror is the watch lagging behind, after that someone removed or replaced it."""
+
+
+@dataclass(frozen=True)
+class _Written:
+    """The Unschedulable message written on a pod's PodScheduled condition."""
+
+    message: str
+    again_after: float
+    """Loop time from which the message is written again if the mirror does not show it (`inf`: the API
+    server refused it for good)."""
 
 
 class WriteBack:
@@ -81,6 +111,10 @@ class WriteBack:
         self._reported: dict[str, tuple[str, float]] = {}
         """PodGroup "ns/name" -> (message, when) of its last unschedulable report."""
         self._queue_status: dict[str, dict[str, Any]] = {}
+        self._written: dict[str, _Written] = {}
+        """Pod uid -> the message its PodScheduled=False condition was given (pending pods only)."""
+        self._prune_at = PRUNE_FLOOR
+        self._patching = asyncio.Semaphore(options.concurrency)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -167,6 +201,9 @@ class WriteBack:
         return translate.InvolvedObject(api_version="v1", kind="Pod", name=name, namespace=namespace)
 
     async def _pod_bound(self, event: PodBound) -> None:
+        raw = self.mirror.raw[PODS].get(f"{event.namespace}/{event.pod}")
+        if raw is not None:
+            self._written.pop(raw.metadata.uid, None)  # binding set PodScheduled=True
         message = f"Successfully assigned {event.namespace}/{event.pod} to {event.node}"
         if event.gpu_groups:
             message += f" (GPU groups {', '.join(event.gpu_groups)})"
@@ -177,22 +214,38 @@ class WriteBack:
         await self._event(about, eviction_reason(event.reason), event.reason, "Normal")
 
     async def _unschedulable(self, event: PodUnschedulable, now: float) -> None:
+        text = failed_scheduling_message(event.message, self.mirror.node_count())
+        pending = [p for p in self.mirror.members(event.namespace, event.podgroup) if not p.spec.node_name]
+        # Both halves run whatever the other does: a refused Event must not cost the pods their condition,
+        # nor a refused condition the redelivery's Events (the half that failed is forgotten, not both).
+        results = await asyncio.gather(
+            self._report_events(event, text, pending, now),
+            self._mark_unschedulable(pending, text, now),
+            return_exceptions=True,
+        )
+        failure = _first_failure(results)
+        if failure is not None:
+            raise failure
+
+    async def _report_events(
+        self, event: PodUnschedulable, text: str, pending: list[Any], now: float
+    ) -> None:
         key = f"{event.namespace}/{event.podgroup}"
         last = self._reported.get(key)
         if last is not None and last[0] == event.message and now - last[1] < self.options.repeat_after:
             return
         self._reported[key] = (event.message, now)
         try:
-            await self._report_unschedulable(event, key)
+            await self._report_unschedulable(event, key, text, pending)
         except BaseException:
             # Not reported after all: the redelivered event (the API server said 429) must not be taken
             # for a repeat, or the pods stay pending without a word (found by the chaos run).
             self._reported.pop(key, None)
             raise
 
-    async def _report_unschedulable(self, event: PodUnschedulable, key: str) -> None:
-        text = failed_scheduling_message(event.message, self.mirror.node_count())
-        pending = [p for p in self.mirror.members(event.namespace, event.podgroup) if not p.spec.node_name]
+    async def _report_unschedulable(
+        self, event: PodUnschedulable, key: str, text: str, pending: list[Any]
+    ) -> None:
         for pod in pending[:PODS_PER_REPORT]:
             await self._event(translate.involved_object(pod), "FailedScheduling", text, "Warning")
         group = self.mirror.raw[PODGROUPS].get(key)
@@ -202,6 +255,79 @@ class WriteBack:
         reasons = [(reason, text) for reason in event.reasons] or [("Unschedulable", text)]
         patch = translate.podgroup_status_patch(group, now=event_time(), unschedulable=text, reasons=reasons)
         await self._patch_podgroup_status(group, patch)
+
+    # --- PodScheduled=False on pending pods ----------------------------------------------------------------
+    async def _mark_unschedulable(self, pods: list[Any], text: str, now: float) -> None:
+        """Give each of `pods` (pending, as the mirror has them) PodScheduled=False, Unschedulable, `text`
+        unless it has it, or had it written already; after trying all, raises the first failure (a temporary
+        one first)."""
+        todo = [
+            (pod, problem) for pod in pods if (problem := self._needs_condition(pod, text, now)) is not None
+        ]
+        results = await asyncio.gather(
+            *(self._pod_condition(pod, problem) for pod, problem in todo), return_exceptions=True
+        )
+        self._prune()
+        failure = _first_failure(results)
+        if failure is not None:
+            raise failure
+
+    def _needs_condition(self, pod: wire.Pod, text: str, now: float) -> Problem | None:
+        """The condition `pod` is to be given, or None: not when the mirror shows it, nor when it was written
+        less than `watch_lag` seconds ago (or refused for good). One to be given is remembered as written
+        at once, so the same message arriving meanwhile (two events of one batch) is not written twice."""
+        conditions = pod.status.conditions
+        if any(
+            c.type == validity.POD_SCHEDULED and c.status == "False" and c.reason in validity.OWN_REASONS
+            for c in conditions
+        ):
+            return None  # held back for a fault of its own (`ProblemReport`): that condition says more
+        meta = pod.metadata
+        problem = Problem(
+            kind="Pod", namespace=meta.namespace, name=meta.name, reason=translate.UNSCHEDULABLE, message=text
+        )
+        written = self._written.get(meta.uid)
+        if validity.shows(conditions, problem):
+            if written is None or written.message != text:  # an earlier owner wrote it
+                self._written[meta.uid] = _Written(text, again_after=now)
+            return None
+        if written is not None and written.message == text and now < written.again_after:
+            return None
+        self._written[meta.uid] = _Written(text, again_after=now + self.options.watch_lag)
+        return problem
+
+    async def _pod_condition(self, pod: wire.Pod, problem: Problem) -> None:
+        patch = validity.pod_scheduled_patch(pod.status.conditions, problem, event_time())
+        if patch is None:
+            return
+        uid = pod.metadata.uid
+        async with self._patching:
+            try:
+                await patch_pod_status(self.kube, problem, patch)
+            except ApiError as exc:
+                written = self._written.get(uid)
+                if exc.temporary:
+                    # Forgotten, so the redelivered event writes it (the rule for the Events above).
+                    if written is not None and written.message == problem.message:
+                        del self._written[uid]
+                    raise
+                if written is not None and written.message == problem.message:
+                    # Not asked again for this message: a refusal that is not temporary stays one.
+                    self._written[uid] = _Written(problem.message, again_after=math.inf)
+                if exc.status != NOT_FOUND:
+                    self.ctx.counters["writeback_refused"] += 1
+                    log.warning("PodScheduled condition on %s refused: %s", problem.label, exc)
+                return
+        self.ctx.counters["kube_status_patches"] += 1
+
+    def _prune(self) -> None:
+        """Forget pods bound or gone, once the memory has doubled since the last sweep (amortised: a
+        sweep reads every pod the mirror holds)."""
+        if len(self._written) <= self._prune_at:
+            return
+        pending = {p.metadata.uid for p in self.mirror.raw[PODS].values() if not p.spec.node_name}
+        self._written = {uid: w for uid, w in self._written.items() if uid in pending}
+        self._prune_at = max(PRUNE_FLOOR, 2 * len(self._written))
 
     async def _podgroup_state(self, event: PodGroupState) -> None:
         key = f"{event.namespace}/{event.podgroup}"
@@ -270,6 +396,27 @@ class WriteBack:
 def event_time() -> float:
     """Wall-clock seconds for the timestamps Kubernetes shows (the loop clock is not an epoch)."""
     return time.time()
+
+
+def _first_failure(results: Iterable[object]) -> BaseException | None:
+    """Of what `gather(..., return_exceptions=True)` returned, the failure to raise: a temporary API failure
+    first (the event is then redelivered), else the first one."""
+    failures = [r for r in results if isinstance(r, BaseException)]
+    temporary = [f for f in failures if isinstance(f, ApiError) and f.temporary]
+    return (temporary or failures or [None])[0]
+
+
+async def patch_pod_status(kube: Kube, pod: Problem, patch: dict[str, Any]) -> None:
+    """Patch a pod's status with a strategic merge patch of its PodScheduled condition (as kube-scheduler
+    does): the unschedulable pods' and the held-back pods' conditions go through here."""
+    await kube.call(
+        f"patch {pod.label} status",
+        kube.core.patch_namespaced_pod_status,
+        pod.name,
+        pod.namespace,
+        patch,
+        _content_type="application/strategic-merge-patch+json",
+    )
 
 
 # --- objects held back ---------------------------------------------------------------------------------------
@@ -481,14 +628,7 @@ class ProblemReport:
         if about.kind == "Pod":
             patch = validity.pod_scheduled_patch(conditions, problem, now)
             if patch is not None:
-                await self.kube.call(
-                    what,
-                    self.kube.core.patch_namespaced_pod_status,
-                    about.name,
-                    about.namespace,
-                    patch,
-                    _content_type="application/strategic-merge-patch+json",
-                )
+                await patch_pod_status(self.kube, about, patch)
         else:
             patch = validity.accepted_patch(conditions, problem, now)
             if patch is None:
