@@ -570,7 +570,7 @@ class StateMetrics:
         ),
         Derived(
             "kairos_state_writeback_total",
-            "Writes into Kubernetes by kind: event (Events created), status (PodGroup and Queue status patches)",
+            "Writes into Kubernetes by kind: event (Events created), status (PodGroup, Queue and pod status patches)",
             label="kind",
             keys=(("event", "kube_events"), ("status", "kube_status_patches")),
         ),
