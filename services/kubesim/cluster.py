@@ -74,7 +74,15 @@ __all__ = [
 
 Obj = dict[str, Any]
 
-DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "kai-scheduler")
+DEFAULT_NAMESPACES = (
+    "default",
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "kai-scheduler",
+    "kai-resource-reservation",
+)
+"""Kubernetes' own, and the two a Kairos install creates (deploy/: its services; the GPU reservation pods)."""
 PROTECTED_NAMESPACES = frozenset(("default", "kube-system", "kube-public"))
 KAI_PRIORITY_CLASSES = (
     ("train", 50, "KAI Scheduler: preemptible training workloads"),
