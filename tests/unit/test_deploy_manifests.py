@@ -103,8 +103,11 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         grants("*", "", "pods", "get", "patch")
         | grants("*", "", "pods/binding", "create")
         | grants("*", "", "pods/eviction", "create")
-        # GPU sharing: each sharer's ConfigMaps in its own namespace, Warning Events on repaired sharers,
-        # and the reservation pods, only in their namespace.
+        # GPU sharing: the sharers (labelled kairos.io/gpu-sharing) followed in every namespace, each
+        # sharer's ConfigMaps in its own namespace, a node's device memory (gpu-memory pods), Warning
+        # Events on repaired sharers, and the reservation pods, only in their namespace.
+        | grants("*", "", "pods", "list", "watch")
+        | grants("*", "", "nodes", "get")
         | grants("*", "", "configmaps", "get", "list", "watch", "create", "patch")
         | grants("*", "", "events", "create")
         | grants(RESERVATION_NAMESPACE, "", "pods", "get", "list", "watch", "create", "delete")
