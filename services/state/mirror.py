@@ -51,7 +51,7 @@ from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from shared.gpu_usage import is_stale as usage_is_stale
-from shared.kube import admission, gpu_sharing, translate, validity, wire
+from shared.kube import admission, gpu_sharing, keys, translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -137,6 +137,10 @@ class Mirror:
     """Held label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _gated: dict[str, None] = field(default_factory=dict)
     """Pods of this scheduler, alive, carrying the `kairos.io/after` scheduling gate (an ordered set)."""
+    _sharers: dict[str, set[str]] = field(default_factory=dict)
+    """GPU group label value -> the live pods labelled with it (any namespace but the reservations')."""
+    _reservations: dict[str, set[str]] = field(default_factory=dict)
+    """GPU group label value -> its reservation pods, to recount when the group gains or loses sharers."""
 
     # --- input ------------------------------------------------------------------------------------------
     def relist(self, kind: str, objects: Iterable[bytes]) -> None:
@@ -164,10 +168,13 @@ class Mirror:
             self._members.clear()
             self._ungrouped.clear()
             self._gated.clear()
+            self._sharers.clear()
+            self._reservations.clear()
             for name, pod in fresh.items():
                 self._index(name, None, pod)
                 self._track_ungrouped(name, pod)
                 self._track_gated(name, pod)
+                self._track_sharing(name, None, pod)
 
     def change(self, kind: str, event: str, data: bytes) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
@@ -186,6 +193,7 @@ class Mirror:
             self._index(name, before, after)
             self._track_ungrouped(name, after)
             self._track_gated(name, after)
+            self._track_sharing(name, before, after)
             if self._relevant and (_group_of(before) in self._relevant or _group_of(after) in self._relevant):
                 self._stages_stale = True
         elif kind == PODGROUPS:
@@ -217,6 +225,42 @@ class Mirror:
             self._gated[name] = None
         else:
             self._gated.pop(name, None)
+
+    def _track_sharing(self, name: str, before: Any, after: Any) -> None:
+        """Keep the GPU-group indexes; when a group gains its first sharer or loses its last, its
+        reservation pods are recounted (see `_pod`)."""
+        for pod, sign in ((before, -1), (after, 1)):
+            if pod is None:
+                continue
+            labels = pod.metadata.labels
+            if gpu_sharing.is_reservation_pod(pod.metadata.namespace, labels):
+                group = labels[keys.KAI_GPU_GROUP_LABEL]
+                members = self._reservations.setdefault(group, set())
+                if sign > 0:
+                    members.add(name)
+                else:
+                    members.discard(name)
+                    if not members:
+                        del self._reservations[group]
+                continue
+            live = (
+                sign > 0
+                and pod.status.phase in gpu_sharing.LIVE_PHASES
+                and pod.metadata.deletion_timestamp is None
+            )
+            for group in gpu_sharing.groups_of_labels(labels):
+                sharers = self._sharers.get(group, set())
+                was = bool(sharers)
+                if sign < 0:
+                    sharers.discard(name)
+                elif live:
+                    sharers.add(name)
+                if sharers:
+                    self._sharers[group] = sharers
+                else:
+                    self._sharers.pop(group, None)
+                if was != bool(sharers):
+                    self._dirty[PODS].update(self._reservations.get(group, ()))
 
     def _index(self, name: str, before: Any, after: Any) -> None:
         old = _group_of(before)
@@ -750,9 +794,14 @@ class Mirror:
         node = raw_pod.spec.node_name
         if not node or raw_pod.status.phase in _FINISHED_PHASES:
             return None
-        if gpu_sharing.is_reservation_pod(raw_pod.metadata.namespace, raw_pod.metadata.labels):
-            # Its device is the GPU group its sharers already count on the node: counting it would
-            # take the device off the node twice.
+        labels = raw_pod.metadata.labels
+        if gpu_sharing.is_reservation_pod(raw_pod.metadata.namespace, labels) and self._sharers.get(
+            labels[keys.KAI_GPU_GROUP_LABEL]
+        ):
+            # Its device is the GPU group its sharers already count on the node: counting it would take
+            # the device off the node twice. Without live sharers it counts as what it is, a pod holding
+            # a GPU, until the binder deletes it: else a whole-GPU pod placed there in the meantime would
+            # be refused by the kubelet (UnexpectedAdmissionError).
             return None
         try:
             usage = translate.pod_requests(raw_pod)

@@ -75,6 +75,7 @@ def pod(
     scheduler: str = "kai-scheduler",
     annotations: dict[str, str] | None = None,
     namespace: str = "team",
+    labels: dict[str, str] | None = None,
 ) -> bytes:
     notes = dict(annotations or {})
     if group:
@@ -95,6 +96,7 @@ def pod(
                     "namespace": namespace,
                     "uid": f"uid-{name}",
                     "annotations": notes,
+                    "labels": labels or {},
                     "creationTimestamp": "2026-01-01T00:00:01Z",
                 },
                 "spec": spec,
@@ -193,6 +195,35 @@ def test_a_pod_of_another_scheduler_takes_its_share_of_the_node() -> None:
     assert n1.gpus == 5
     assert n1.max_pods == 109
     m.change(PODS, "DELETED", pod("web", group=None, scheduler="default-scheduler", node_name="n1", gpus=3))
+    assert by_key(m.flush(NOW))[s.node_key("n1")].gpus == 8
+
+
+def test_a_gpu_reservation_pod_counts_only_while_no_live_pod_shares_its_device() -> None:
+    m = cluster()
+    reservation = pod(
+        "gpu-reservation-1",
+        group=None,
+        scheduler="default-scheduler",
+        node_name="n1",
+        phase="Running",
+        namespace="kai-resource-reservation",
+        labels={"runai-gpu-group": "g1"},
+    )
+    sharer = pod(
+        "half",
+        node_name="n1",
+        phase="Running",
+        gpus=0,
+        annotations={"gpu-fraction": "0.5", "kairos.io/gpu-groups": "g1"},
+        labels={"runai-gpu-group": "g1", "kairos.io/gpu-sharing": "true"},
+    )
+    m.change(PODS, "ADDED", sharer)
+    m.change(PODS, "ADDED", reservation)
+    m.flush(NOW)
+    assert m.current[s.node_key("n1")].gpus == 8, "the device is the sharers' group, counted by them"
+    m.change(PODS, "DELETED", sharer)
+    assert by_key(m.flush(NOW))[s.node_key("n1")].gpus == 7, "held by the reservation until it goes"
+    m.change(PODS, "DELETED", reservation)
     assert by_key(m.flush(NOW))[s.node_key("n1")].gpus == 8
 
 
