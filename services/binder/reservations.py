@@ -78,7 +78,7 @@ class ReservationSettings:
     runtime_class: str = ""
     timeout: float = 60.0
     sync: float = 30.0
-    grace: float = 60.0
+    grace: float = 5.0
 
 
 class ReservationFailed(TemporaryError):  # noqa: N818 -- a TemporaryError, named for what failed

@@ -21,7 +21,9 @@ services.gpu_agent.reservation`), `reservation_service_account` (`kairos-reserva
 `reservation_runtime_class` (empty: the node's default), `reservation_timeout` (s a reservation pod may take
 to report its device before it is deleted and the bind retried, 60), `reservation_sync` (s between syncs of
 reservations and sharers' ConfigMaps, 30), `reservation_grace` (s a reservation without sharers is kept, and
-a finished sharer's groups wait before their sync, 60).
+a finished sharer's groups wait before their sync, 5: short, because a delete is guarded by the reservation's
+resourceVersion, which every reuse changes, and the state service counts a reservation without sharers as a
+used GPU meanwhile).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_sync: float = 30.0
     """Seconds between syncs of reservations and sharers' ConfigMaps; a finished sharer is also seen at once
     through a watch, so this only bounds how long a missed change or a deleted object lasts."""
-    reservation_grace: float = 60.0
+    reservation_grace: float = 5.0
     """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
     binding its pod), and a finished sharer's groups wait before they are synced."""
 

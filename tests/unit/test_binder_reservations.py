@@ -235,7 +235,7 @@ def test_the_reservation_options_have_kais_defaults_and_split_the_command() -> N
     assert settings.command == ("python", "-m", "services.gpu_agent.reservation")
     assert settings.service_account == "kairos-reservation"
     assert settings.runtime_class == ""
-    assert (settings.timeout, settings.sync, settings.grace) == (60.0, 30.0, 60.0)
+    assert (settings.timeout, settings.sync, settings.grace) == (60.0, 30.0, 5.0)
     custom = parse_options(
         {"reservation_command": "/bin/reserve  --once", "reservation_timeout": "5", "reservation_grace": "0"}
     ).reservations()
