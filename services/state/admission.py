@@ -1,4 +1,4 @@
-"""The state service's mutating admission webhook: GPU-sharing environment and the stages' gate.
+"""The state service's mutating admission webhook: GPU-sharing environment, the stages' and the quota gate.
 
 Served by every state replica that has `webhook_port` set (a Kubernetes Service spreads the API server's
 calls over them; standbys answer too: the answer needs no mirror). The API server POSTs an AdmissionReview
@@ -7,15 +7,19 @@ ours that is not bound yet, the handler reads what could declare `kairos.io/afte
 annotations, its explicit PodGroup's (`pod-group-name`), and those of each owner up its chain (a Job, a
 ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON patch that adds the
 `kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gates`) lifts
-it once the dependencies have succeeded. A fractional pod of ours (``gpu-fraction``, ``gpu-memory``) also
-gets KAI's GPU-sharing environment (`shared.kube.gpu_sharing.admission_patch`: ``NVIDIA_VISIBLE_DEVICES``
-and ``GPU_PORTION`` from a ConfigMap the binder fills at bind time); a replica that sees the pod already
-mutated by another leaves it alone.
+it once the dependencies have succeeded. With `quota_gate` (the state option), every pod of ours that is
+not bound yet also gets the `kairos.io/admission` scheduling gate (both gates in one patch when both
+apply); the owner's quota gate keeper (`services.state.gates.QuotaGateKeeper`) lifts it once the queue
+leader says the podgroup's queues have room for its gang. A fractional pod of ours (``gpu-fraction``,
+``gpu-memory``) also gets KAI's GPU-sharing environment (`shared.kube.gpu_sharing.admission_patch`:
+``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` from a ConfigMap the binder fills at bind time); a replica
+that sees the pod already mutated by another leaves it alone.
 
 Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's
 hundred pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not
 decode) admits the pod unchanged with a warning: the state service holds a waiting podgroup back from
-scheduling by itself, so a missing gate costs only the autoscaler signal, never a wrong start. A body that
+scheduling by itself, and the core keeps a queue within its limit and quota by itself, so a missing gate
+costs only the autoscaler signal, never a wrong start. A body that
 is not an AdmissionReview gets 400 naming what is wrong. TLS when a certificate and key are given (the
 Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts plain HTTP); the files are
 looked at again every `CERT_CHECK` seconds and a renewed pair (cert-manager rewrites the Secret, the
@@ -69,6 +73,8 @@ class WebhookOptions:
     cert: str | None = None
     key: str | None = None
     scheduler_name: str = keys.SCHEDULER_NAME
+    quota_gate: bool = False
+    """Give every pod of ours the `kairos.io/admission` gate (the state option `quota_gate`)."""
 
 
 class AdmissionServer:
@@ -167,10 +173,19 @@ class AdmissionServer:
         if pod is None or pod.spec.scheduler_name != self.options.scheduler_name or pod.spec.node_name:
             return None, ""
         patch, warning = self._sharing_patch(pod)
+        gates: list[str] = []
         if admission.may_gate(pod, self.options.scheduler_name):
-            gate, gate_warning = await self._gate_patch(pod)
-            patch += gate
+            after, gate_warning = await self._declares_after(pod)
+            if after:
+                gates.append(admission.GATE)
+                self.ctx.counters["pods_gated"] += 1
             warning = warning or gate_warning
+        if self.options.quota_gate and admission.may_gate(
+            pod, self.options.scheduler_name, admission.ADMISSION_GATE
+        ):
+            gates.append(admission.ADMISSION_GATE)
+            self.ctx.counters["pods_quota_gated"] += 1
+        patch += admission.gate_patch(pod, gates)
         return patch or None, warning
 
     def _sharing_patch(self, pod: wire.Pod) -> tuple[list[dict[str, Any]], str]:
@@ -186,22 +201,24 @@ class AdmissionServer:
             self.ctx.counters["pods_given_sharing_env"] += 1
         return patch, ""
 
-    async def _gate_patch(self, pod: wire.Pod) -> tuple[list[dict[str, Any]], str]:
+    async def _declares_after(self, pod: wire.Pod) -> tuple[bool, str]:
+        """Whether the pod's workload declares `kairos.io/after`, and a warning when that could not be read."""
         try:
             annotation_sets = await self._annotation_sets(pod)
         except (ApiError, InvalidObject) as exc:
             self.ctx.counters["admission_lookup_errors"] += 1
             log.warning(
-                "pod %s/%s admitted without a gate: %s", pod.metadata.namespace, pod.metadata.name, exc
+                "pod %s/%s admitted without the %s gate: %s",
+                pod.metadata.namespace,
+                pod.metadata.name,
+                admission.GATE,
+                exc,
             )
-            return [], (
+            return False, (
                 f"kairos: could not read what pod {pod.metadata.name} belongs to ({exc}); it is not gated, "
                 "Kairos still holds it until its dependencies succeed"
             )
-        if not admission.declares_after(annotation_sets):
-            return [], ""
-        self.ctx.counters["pods_gated"] += 1
-        return admission.gate_patch(pod), ""
+        return admission.declares_after(annotation_sets), ""
 
     async def _annotation_sets(self, pod: wire.Pod) -> list[dict[str, str]]:
         namespace = pod.metadata.namespace

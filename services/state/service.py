@@ -19,7 +19,12 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
 - `webhook_port=PORT` (default 0: none), `webhook_cert=FILE`, `webhook_key=FILE` (source kube or none):
   serve the mutating admission webhook that sets the `kairos.io/after` scheduling gate on pods of stages
-  with dependencies (`services.state.admission`), over TLS when the certificate and key are given.
+  with dependencies, and the quota gate below (`services.state.admission`), over TLS when the certificate
+  and key are given.
+- `quota_gate=true|false` (default false; needs `webhook_port`): the webhook also gives every pod of ours
+  the scheduling gate `kairos.io/admission`, lifted once the queue leader says its queues have room for
+  its gang (`podgroup-admission` events), so pods their queue's limit or quota holds back stay
+  SchedulingGated instead of Unschedulable and cluster autoscalers do not add nodes for them.
 - `run_delay=SECONDS` (default 0): a bound pod starts Running this long after its bind (0: at once).
 - `snapshot_wait=SECONDS` (default 5): how long a snapshot request may wait for its `min_revision`.
 
@@ -98,6 +103,8 @@ class StateOptions:
     """The admission webhook's port (source=kube); 0: no webhook."""
     webhook_cert: str | None = None
     webhook_key: str | None = None
+    quota_gate: bool = False
+    """The webhook also sets the quota gate `kairos.io/admission` on every pod of ours (needs the webhook)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -111,14 +118,18 @@ class StateOptions:
             raise ConfigError(
                 f"service state: option 'source': expected one of {', '.join(SOURCES)}, got {source!r}"
             )
-        demo_text = (get("demo") or "false").strip().lower()
-        if demo_text not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
-            raise ConfigError(f"service state: option 'demo': expected true or false, got {demo_text!r}")
-        demo = demo_text in ("true", "1", "yes", "on")
+        demo = _flag("demo", get("demo"))
+        quota_gate = _flag("quota_gate", get("quota_gate"))
         cert, key = get("webhook_cert") or None, get("webhook_key") or None
         if (cert is None) != (key is None):
             raise ConfigError("service state: options 'webhook_cert' and 'webhook_key': give both or neither")
         cluster = get("cluster") or None
+        webhook_port = _port("webhook_port", get("webhook_port"))
+        if quota_gate and (source == "sim" or not webhook_port):
+            raise ConfigError(
+                "service state: option 'quota_gate': needs 'webhook_port' and source kube or none "
+                "(the admission webhook sets the gate)"
+            )
         if source == "sim" and demo and cluster:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
         return cls(
@@ -129,10 +140,18 @@ class StateOptions:
             snapshot_wait=_seconds("snapshot_wait", get("snapshot_wait"), 5.0),
             kubeconfig=get("kubeconfig") or os.environ.get("KUBECONFIG") or None,
             scheduler_name=get("scheduler_name") or "kai-scheduler",
-            webhook_port=_port("webhook_port", get("webhook_port")),
+            webhook_port=webhook_port,
             webhook_cert=cert,
             webhook_key=key,
+            quota_gate=quota_gate,
         )
+
+
+def _flag(key: str, text: str | None) -> bool:
+    value = (text or "false").strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
+        raise ConfigError(f"service state: option {key!r}: expected true or false, got {value!r}")
+    return value in ("true", "1", "yes", "on")
 
 
 def _port(key: str, text: str | None) -> int:
@@ -214,6 +233,7 @@ async def body(ctx: ServiceContext) -> None:
                     cert=options.webhook_cert,
                     key=options.webhook_key,
                     scheduler_name=options.scheduler_name,
+                    quota_gate=options.quota_gate,
                 ),
             )
             await webhook.start()

@@ -1,22 +1,28 @@
-"""The `kairos.io/after` scheduling gate: the admission decision that sets it and the patch that lifts it.
+"""Kairos's scheduling gates: the admission decision that sets them and the patches that lift them.
 
-Kubernetes lets a scheduling gate be set only when a pod is created, so the state service serves a
-mutating admission webhook (`services.state.admission`): for each pod of ours created while its workload
-says `kairos.io/after` (on the pod, on its PodGroup, or on any owner up its chain), `review_response`
-answers with a JSON patch adding the gate. A gated pod is `SchedulingGated`: no scheduler binds it and
-cluster autoscalers do not scale up for it. The state service lifts the gate (`ungate_patch`) once its
-podgroup's dependencies have succeeded (`shared.dependencies`), and also for a pod gated while its
-podgroup has no dependencies (over-gating is harmless, only a moment's delay).
+Two gates, both set only when a pod is created (Kubernetes allows nothing else), by the state service's
+mutating admission webhook (`services.state.admission`), and both lifted by the state service's owner:
 
-The gate is the visible half; the state service also holds a waiting podgroup back from scheduling
-itself, so a pod created without the gate (the webhook down, `failurePolicy: Ignore`) still waits.
+- `GATE` (`kairos.io/after`): for each pod of ours created while its workload says `kairos.io/after` (on
+  the pod, on its PodGroup, or on any owner up its chain). Lifted (`ungate_patch`) once its podgroup's
+  dependencies have succeeded (`shared.dependencies`), and also for a pod gated while its podgroup has no
+  dependencies (over-gating is harmless, only a moment's delay). The state service also holds a waiting
+  podgroup back from scheduling itself, so a pod created without the gate still waits.
+- `ADMISSION_GATE` (`kairos.io/admission`, the quota gate, state option `quota_gate`): for every pod of
+  ours. Lifted once the queue leader says the podgroup's queues have room for its gang
+  (`shared.core.admission`). The core enforces queue limits and quotas itself, so a pod created without
+  it is scheduled correctly.
+
+A gated pod is `SchedulingGated`: no scheduler binds it and cluster autoscalers do not scale up for it.
+The helpers take the gate's name (`GATE` by default); a pod may carry both, and `gate_patch` adds both in
+one patch. The webhook is fail-open (`failurePolicy: Ignore`): a pod created while it is down is not gated.
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -26,7 +32,9 @@ from shared.errors import InvalidObject
 from shared.kube import keys, wire
 
 GATE = "kairos.io/after"
-"""The scheduling gate's name (the annotation's, so `kubectl get pod -o yaml` says what it is for)."""
+"""The stages' scheduling gate (the annotation's name, so `kubectl get pod -o yaml` says what it is for)."""
+ADMISSION_GATE = "kairos.io/admission"
+"""The quota gate: held until the pod's queues have room for its gang (state option `quota_gate`)."""
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -83,13 +91,9 @@ def pod_of_request(request: AdmissionRequest) -> wire.Pod | None:
     return pod
 
 
-def may_gate(pod: wire.Pod, scheduler_name: str = keys.SCHEDULER_NAME) -> bool:
-    """The pod is one the gate is for: ours, not yet on a node, not gated by us already."""
-    return (
-        pod.spec.scheduler_name == scheduler_name
-        and not pod.spec.node_name
-        and not any(g.name == GATE for g in pod.spec.scheduling_gates)
-    )
+def may_gate(pod: wire.Pod, scheduler_name: str = keys.SCHEDULER_NAME, gate: str = GATE) -> bool:
+    """The pod is one `gate` is for: ours, not yet on a node, not carrying `gate` already."""
+    return pod.spec.scheduler_name == scheduler_name and not pod.spec.node_name and not is_gated(pod, gate)
 
 
 def declares_after(annotation_sets: Iterable[dict[str, str]]) -> bool:
@@ -97,28 +101,31 @@ def declares_after(annotation_sets: Iterable[dict[str, str]]) -> bool:
     return any(annotations.get(AFTER_ANNOTATION, "").strip() for annotations in annotation_sets)
 
 
-def gate_patch(pod: wire.Pod) -> list[dict[str, Any]]:
-    """JSON patch adding the gate to a pod being created."""
+def gate_patch(pod: wire.Pod, gates: Sequence[str] = (GATE,)) -> list[dict[str, Any]]:
+    """JSON patch adding `gates` (in order) to a pod being created; empty when `gates` is."""
+    values = [{"name": name} for name in gates]
+    if not values:
+        return []
     if pod.spec.scheduling_gates:
-        return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}}]
-    return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+        return [{"op": "add", "path": "/spec/schedulingGates/-", "value": value} for value in values]
+    return [{"op": "add", "path": "/spec/schedulingGates", "value": values}]
 
 
-def ungate_patch(pod: wire.Pod) -> list[dict[str, Any]] | None:
-    """JSON patch removing the gate, guarded by a test of what is removed (a concurrent change to the
+def ungate_patch(pod: wire.Pod, gate: str = GATE) -> list[dict[str, Any]] | None:
+    """JSON patch removing `gate`, guarded by a test of what is removed (a concurrent change to the
     gates fails the patch instead of removing someone else's gate); None when the pod has no such gate."""
-    for index, gate in enumerate(pod.spec.scheduling_gates):
-        if gate.name == GATE:
+    for index, found in enumerate(pod.spec.scheduling_gates):
+        if found.name == gate:
             path = f"/spec/schedulingGates/{index}"
             return [
-                {"op": "test", "path": f"{path}/name", "value": GATE},
+                {"op": "test", "path": f"{path}/name", "value": gate},
                 {"op": "remove", "path": path},
             ]
     return None
 
 
-def is_gated(pod: wire.Pod) -> bool:
-    return any(g.name == GATE for g in pod.spec.scheduling_gates)
+def is_gated(pod: wire.Pod, gate: str = GATE) -> bool:
+    return any(g.name == gate for g in pod.spec.scheduling_gates)
 
 
 def review_response(uid: str, patch: list[dict[str, Any]] | None, warning: str = "") -> dict[str, Any]:
