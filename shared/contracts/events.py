@@ -74,7 +74,32 @@ class QueueFairShare(_Event, frozen=True, kw_only=True, tag="queue-fair-share"):
     allocated_non_preemptible: dict[str, float] = msgspec.field(default_factory=dict)
 
 
-Event = PodBound | PodEvicted | PodUnschedulable | PodGroupState | QueueFairShare
+class PodGroupAdmission(_Event, frozen=True, kw_only=True, tag="podgroup-admission"):
+    """The quota gate's verdict on a podgroup with gated pods (the state service's `quota_gate` option
+    gives every pod the scheduling gate `kairos.io/admission` at creation). `pods` are let in: their
+    queue and every queue above it have room for them within their limits (and, for non-preemptible work,
+    their quotas), the gang whole first, then one more pod at a time, and the state service lifts their
+    gate. `admitted` says whether any is. The podgroup's other gated pods are held, `message` naming the
+    queue and the resource. Published by the queue leader when a podgroup's verdict changes (another
+    reason or message, or pods let in that the last verdict did not let in), and again after a leader
+    change."""
+
+    namespace: str
+    podgroup: str
+    queue: str
+    """The podgroup's queue."""
+    admitted: bool
+    pods: list[str] = msgspec.field(default_factory=list)
+    """Names of the gated pods let in (their gate is lifted)."""
+    reason: str = ""
+    """Why the other gated pods are held (empty when none is): `OverLimit`, `NonPreemptibleOverQuota`,
+    `QueueDoesNotExist` or `NotLeafQueue`."""
+    message: str = ""
+    limited_by: str = ""
+    """The queue whose limit or quota holds them: the podgroup's own or an ancestor."""
+
+
+Event = PodBound | PodEvicted | PodUnschedulable | PodGroupState | QueueFairShare | PodGroupAdmission
 
 EVENT_ENCODER = msgspec.json.Encoder()
 EVENT_DECODER = msgspec.json.Decoder(Event)

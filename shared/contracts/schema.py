@@ -55,6 +55,20 @@ EXAMPLES: dict[str, events.Event] = {
         requested={"gpu": 24.0, "cpu": 24000.0, "memory": 9.6e10},
         deserved={"gpu": 16.0, "cpu": -1.0, "memory": -1.0},
     ),
+    "podgroup-admission": events.PodGroupAdmission(
+        time=1764000000.0,
+        namespace="team-a",
+        podgroup="train",
+        queue="team-a",
+        admitted=True,
+        pods=["train-0", "train-1"],
+        reason="OverLimit",
+        message=(
+            "queue team-a: GPU quota has reached the allowable limit of 8 GPUs. Limit is 8 GPUs, currently "
+            "8 GPUs allocated and workload requested 4 GPUs"
+        ),
+        limited_by="team-a",
+    ),
 }
 
 

@@ -97,7 +97,14 @@ def event(kind: str, name: str) -> str:
     return f"{PREFIX}.events.{token(kind)}.{token(name)}"
 
 
-EVENT_KINDS = ("pod-bound", "pod-evicted", "pod-unschedulable", "podgroup-state", "queue-fair-share")
+EVENT_KINDS = (
+    "pod-bound",
+    "pod-evicted",
+    "pod-unschedulable",
+    "podgroup-state",
+    "queue-fair-share",
+    "podgroup-admission",
+)
 
 # --- KV keys --------------------------------------------------------------------------------------------------
 _KEY = re.compile(r"[^A-Za-z0-9_=/-]")

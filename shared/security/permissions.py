@@ -11,8 +11,10 @@ The table, in words (docs/security.md has it in full):
 
 - `state`: the only writer of the state bucket; cleans the ledger (reservations of pods that left their
   node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
-  the write-back; the one service that declares (creates, updates) the streams and buckets.
-- `queue`: the queue lease; publishes work items and fair-share events; hears outcomes and `cycle`.
+  the write-back (a durable consumer) and the quota gate (an ordered consumer of the podgroup-admission
+  events); the one service that declares (creates, updates) the streams and buckets.
+- `queue`: the queue lease; publishes work items, fair-share and podgroup-admission events; hears outcomes
+  and `cycle`.
 - `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
   leases but cannot write any bucket, and cannot ask for a bind.
 - `binder`: consumes proposals, the only service writing the ledger besides the state's cleanup, the
@@ -117,6 +119,17 @@ def _consume(stream: str, durable: str) -> list[str]:
     return found
 
 
+def _follow(stream: str) -> list[str]:
+    """Follow a stream with an ordered consumer (ephemeral, no acks; its deliveries come to our inbox)."""
+    return [
+        f"{JS_API}.CONSUMER.CREATE.{stream}",
+        f"{JS_API}.CONSUMER.CREATE.{stream}.>",
+        f"{JS_API}.CONSUMER.INFO.{stream}.*",
+        f"{JS_API}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
 def _declare() -> list[str]:
     names = [*STREAMS, *(kv_stream(b) for b in BUCKETS)]
     return [f"{JS_API}.STREAM.{verb}.{name}" for verb in ("CREATE", "UPDATE") for name in names]
@@ -180,13 +193,15 @@ def permissions(identity: str) -> Permissions:
         publish += _replica()
         publish += [kv_subjects(s.STATE_BUCKET), kv_subjects(s.LEDGER_BUCKET), kv_subjects(s.LEASE_BUCKET)]
         publish += _consume(s.EVENTS_STREAM, "state-writeback")
+        publish += _follow(s.EVENTS_STREAM)
         publish += _declare()
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
         subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         declares = True
     elif identity == QUEUE:
         publish += _replica()
-        publish += [kv_subjects(s.LEASE_BUCKET), s.WORK_WILDCARD, *_events("queue-fair-share")]
+        publish += [kv_subjects(s.LEASE_BUCKET), s.WORK_WILDCARD]
+        publish += _events("queue-fair-share", "podgroup-admission")
         subscribe += [s.OUTCOMES_WILDCARD, f"{s.PREFIX}.admin.*.cycle"]
     elif identity == PLACEMENT:
         publish += _replica()
