@@ -11,6 +11,13 @@ KAI runs one session per cycle, and decides exactly what the in-process core dec
 pending podgroups, in the core's queue order, go out N per work item so that several placement replicas
 work in parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
 
+The quota gate: every cycle also decides, for the podgroups whose pods carry a scheduling gate, whether
+their queues have room for their gangs (`shared.core.admission.quota_verdicts`, in the core's job order),
+and publishes a `podgroup-admission` event for each podgroup whose verdict changed (again after a
+leader change); the state service lifts the `kairos.io/admission` gate of the pods let in. Gated pods
+are never placed (the core does not count them as pending); a podgroup is dispatched for the pods let in
+once they can form its gang.
+
 A podgroup is never in two work items at once: every work item stays *in flight* until its outcome comes
 back (or `work_timeout` passes), and podgroups in flight are held back.
 
@@ -36,9 +43,10 @@ from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
-from shared.contracts.events import EVENT_ENCODER, QueueFairShare
+from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
 from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
 from shared.core.actions.allocate import pending_jobs
+from shared.core.admission import QuotaVerdict, quota_verdicts
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import KNOWN_ACTIONS, Policy
 from shared.core.proportion import Vec, ancestors_and_self
@@ -135,6 +143,8 @@ class Plan:
     """Pending podgroups whose placement is bounded by a queue total (a limit, or quota for non-preemptible
     work) somewhere up their queue chain. Placement checks such totals on its own replica and the binder's
     per-node compare-and-set cannot see them, so two of these must never be placed concurrently."""
+    admissions: tuple[QuotaVerdict, ...] = ()
+    """The quota gate's verdicts on the podgroups with gated pods (`shared.core.admission`)."""
 
 
 def _resources(v: Vec) -> dict[str, float]:
@@ -158,12 +168,24 @@ def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
         for q in sorted(ssn.queues.values(), key=lambda q: q.name)
     )
     # Without allocations in between, draining the job order gives the order allocate would start with.
+    # Gated pods are not pending to the core: a podgroup is dispatched for its ungated pods (those the
+    # quota gate let in) once they can form its gang, and its gated pods wait for their verdict.
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     pending = tuple(job.key for job in order.drain())
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
     guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
-    return Plan(shares, pending, stale, guarded)
+    admissions = quota_verdicts(snapshot, now)
+    return Plan(shares, pending, stale, guarded, admissions)
+
+
+def admission_changed(last: QuotaVerdict | None, verdict: QuotaVerdict) -> bool:
+    """Whether `verdict` is news after `last` (the podgroup's verdict last published): another reason or
+    message for what it holds, or pods let in that `last` did not let in (pods created since, or room
+    freed). Fewer gated pods is no news."""
+    if last is None or (last.reason, last.message) != (verdict.reason, verdict.message):
+        return True
+    return not set(verdict.admitted) <= set(last.admitted)
 
 
 def _bounded_by_queue_totals(ssn: Session, job: JobState) -> bool:
@@ -288,6 +310,8 @@ class Dispatcher:
         """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
         self.traces = OrderTracer()
         self._published: dict[str, tuple[object, ...]] = {}
+        self._admissions: dict[str, QuotaVerdict] = {}
+        """Podgroup -> the quota verdict last published for it (podgroups that still have gated pods)."""
         self._seen: tuple[int, int] = (-1, -1)
         self._changed_at = -1e18
         self._last_cycle = -1e18
@@ -309,6 +333,7 @@ class Dispatcher:
                 entry.waiter.set_exception(_NotLeaderError())
         self.inflight.clear()
         self._published.clear()
+        self._admissions.clear()
         self._strikes.clear()
         self._cooldown.clear()
         self._tried.clear()
@@ -441,6 +466,7 @@ class Dispatcher:
         if self.metrics is not None and self.lease.valid():
             self.metrics.observe_plan(plan.fair_shares, len(plan.pending))
         await self._publish_fair_shares(plan)
+        await self._publish_admissions(plan, now)
         if self.settings.cycles != "auto":
             return []
         self._freed = False
@@ -493,6 +519,46 @@ class Dispatcher:
             await self.bus.js.publish(s.event("queue-fair-share", event.queue), EVENT_ENCODER.encode(event))
             self._published[event.queue] = key
             self.counters["fair_share_events"] += 1
+
+    async def _publish_admissions(self, plan: Plan, now: float) -> None:
+        """A `podgroup-admission` event for each podgroup whose verdict is news (`admission_changed`). A
+        podgroup without gated pods any more is forgotten, so gated pods it gets later are decided afresh."""
+        current = {verdict.podgroup for verdict in plan.admissions}
+        for key in [key for key in self._admissions if key not in current]:
+            del self._admissions[key]
+        for verdict in plan.admissions:
+            if not admission_changed(self._admissions.get(verdict.podgroup), verdict):
+                continue
+            if not self.lease.valid():
+                return
+            event = PodGroupAdmission(
+                time=now,
+                namespace=verdict.namespace,
+                podgroup=verdict.name,
+                queue=verdict.queue,
+                admitted=bool(verdict.admitted),
+                pods=list(verdict.admitted),
+                reason=verdict.reason,
+                message=verdict.message,
+                limited_by=verdict.limited_by,
+            )
+            try:
+                await self.bus.js.publish(
+                    s.event("podgroup-admission", verdict.podgroup), EVENT_ENCODER.encode(event)
+                )
+            except Exception:
+                # Not remembered: the next cycle publishes it again.
+                self.counters["publish_errors"] += 1
+                log.exception("could not publish the quota verdict of %s", verdict.podgroup)
+                return
+            self._admissions[verdict.podgroup] = verdict
+            self.counters["admission_events"] += 1
+            log.info(
+                "podgroup %s: %s",
+                verdict.podgroup,
+                f"{len(verdict.admitted)} gated pod(s) let in, {len(verdict.held)} held"
+                + (f": {verdict.message}" if verdict.held else ""),
+            )
 
     def _item(
         self,
