@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from shared.contracts.events import PodBound, PodEvicted, PodGroupState, PodUnschedulable
+from shared.contracts.events import PodBound, PodEvicted, PodGroupAdmission, PodGroupState, PodUnschedulable
+from shared.kube.admission import ADMISSION_GATE
 from shared.model import Pod, PodGroup, PodStatus, Queue
 from shared.model.status import ACTIVE_USED
 
@@ -35,6 +36,15 @@ def failed_scheduling_message(kai_message: str, nodes: int) -> str:
     if details:
         return f"0/{nodes} nodes are available: {', '.join(d.strip() for d in details)}."
     return " ".join(line.strip() for line in kai_message.strip().splitlines() if line.strip())
+
+
+def admission_hold(message: str) -> str:
+    """Why the quota gate holds a podgroup, from its `podgroup-admission` message ("queue team-a: GPU
+    quota has reached ..."): the line `kairos explain` shows and the state service's Warning Event says."""
+    return (
+        f"held at admission: {message.rstrip('.')}; the pods it holds keep the scheduling gate "
+        f"{ADMISSION_GATE} until the queue has room"
+    )
 
 
 def eviction_reason(message: str) -> str:
@@ -87,6 +97,8 @@ class Facts:
     state: PodGroupState | None = None
     held: str = ""
     """Why the state service holds the object back from scheduling, if it does."""
+    admission: PodGroupAdmission | None = None
+    """The quota gate's latest verdict on the podgroup, if it has had one."""
 
 
 @dataclass
@@ -172,6 +184,18 @@ def _pending_reasons(facts: Facts, group: PodGroup | None) -> list[str]:
             )
     if facts.queue is None and group is not None:
         reasons.append(f"queue {group.queue} does not exist")
+    verdict = facts.admission
+    if verdict is not None:
+        gated = {p.name for p in facts.members if p.status == PodStatus.GATED}
+        if facts.pod is not None:
+            gated &= {facts.pod.name}
+        if gated & set(verdict.pods):
+            reasons.append(
+                f"let in by its queue at {when(verdict.time)}: the scheduling gate {ADMISSION_GATE} is being "
+                "lifted"
+            )
+        if verdict.message and gated - set(verdict.pods):
+            reasons.append(f"{admission_hold(verdict.message)} (decided {when(verdict.time)})")
     event = facts.unschedulable
     if event is not None:
         queue_reasons = [QUEUE_REASONS[r] for r in event.reasons if r in QUEUE_REASONS]

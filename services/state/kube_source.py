@@ -14,8 +14,10 @@ until its agent's next report (30 s by default). Their telemetry (`kairos.gpu.te
 becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) under the same staleness rule.
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
-podgroup yet, and the gate keeper (`services.state.gates`) for gated pods whose dependencies succeeded. A failed write marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before
-the next one, as the simulated source does.
+podgroup yet, the gate keeper (`services.state.gates`) for gated pods whose dependencies succeeded, and
+the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. A failed write
+marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
+source does.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state.gates import GateKeeper
+from services.state.gates import GateKeeper, QuotaGateKeeper
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
@@ -277,6 +279,7 @@ class KubeOwner:
         self.problems: ProblemReport | None = None
         self.grouper: PodGrouperLoop | None = None
         self.gates: GateKeeper | None = None
+        self.quota_gates: QuotaGateKeeper | None = None
         self._stamps_sub: Subscription | None = None
         self._why_sub: Subscription | None = None
 
@@ -289,6 +292,10 @@ class KubeOwner:
         self.grouper.start()
         self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
         self.gates.start()
+        self.quota_gates = QuotaGateKeeper(
+            self.ctx, self.kube, self.source.mirror, component=self.options.scheduler_name
+        )
+        self.quota_gates.start()
         self.problems = ProblemReport(
             self.ctx,
             self.kube,
@@ -305,6 +312,7 @@ class KubeOwner:
                 WriteBackOptions(component=self.options.scheduler_name),
             )
             await self.writeback.start()
+            self.quota_gates.follow()
             self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
             self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
         except BaseException:
@@ -357,6 +365,8 @@ class KubeOwner:
             self.grouper.wake()
         if self.gates is not None and mirror.ungatable():
             self.gates.wake()
+        if self.quota_gates is not None and self.quota_gates.lifting:
+            self.quota_gates.wake()
 
     async def _on_why(self, msg: Msg) -> None:
         """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
@@ -382,6 +392,8 @@ class KubeOwner:
             await self.grouper.stop()
         if self.gates is not None:
             await self.gates.stop()
+        if self.quota_gates is not None:
+            await self.quota_gates.stop()
         if self.problems is not None:
             await self.problems.stop()
         if self.writeback is not None:

@@ -2,8 +2,8 @@
 
 Registered by `shared.cli.main`. Gathers, from the running stack (found as `kairos status` finds it):
 the cluster as the state service holds it (a snapshot), the newest public events about the pod and its
-podgroup (pod-unschedulable, pod-evicted, pod-bound, podgroup-state, kept in the `KAIROS_EVENTS`
-stream), and the state service's reason for holding the object back when it does; then
+podgroup (pod-unschedulable, pod-evicted, pod-bound, podgroup-state, and the quota gate's
+podgroup-admission, kept in the `KAIROS_EVENTS` stream), and the state service's reason for holding the object back when it does; then
 `shared.explain.explain` words the answer. The same words reach kubectl through the write-back's Events
 and PodGroup status.
 
@@ -83,7 +83,13 @@ async def _explain(url: str, kind: str | None, namespace: str, name: str) -> Exp
 async def gather(client: BusClient, kind: str | None, namespace: str, name: str) -> Facts:
     """Everything the stack knows about the pod or podgroup `namespace/name`."""
     from shared.contracts import subjects as s
-    from shared.contracts.events import PodBound, PodEvicted, PodGroupState, PodUnschedulable
+    from shared.contracts.events import (
+        PodBound,
+        PodEvicted,
+        PodGroupAdmission,
+        PodGroupState,
+        PodUnschedulable,
+    )
     from shared.explain import Facts
 
     snapshot = await client.snapshot()
@@ -97,8 +103,10 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
     queues = {q.name: q for q in snapshot.queues}
     members = [p for p in snapshot.pods if group is not None and p.podgroup == group.key]
 
-    unschedulable = state = bound = evicted = None
+    unschedulable = state = bound = evicted = admission = None
     if group is not None:
+        event = await client.last_event(s.event("podgroup-admission", group.key))
+        admission = event if isinstance(event, PodGroupAdmission) else None
         event = await client.last_event(s.event("pod-unschedulable", group.key))
         unschedulable = event if isinstance(event, PodUnschedulable) else None
         event = await client.last_event(s.event("podgroup-state", group.key))
@@ -134,4 +142,5 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
         bound=bound,
         state=state,
         held=held,
+        admission=admission,
     )
