@@ -3,8 +3,9 @@
 Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
 the NATS client it replaces. A bind is a `pods/binding` POST; a binding with GPU groups (a fractional pod)
 first runs `reservations.GpuSharing.prepare` (group labels, one reservation pod per shared device, the
-pod's GPU-sharing ConfigMaps), while an ordinary pod's bind makes no other API call. An eviction is a `pods/eviction` POST (the Eviction API, so that disruption
-budgets are honoured). Both are idempotent as the protocol requires:
+pod's GPU-sharing ConfigMaps), while an ordinary pod's bind makes no other API call. An eviction is a
+`pods/eviction` POST (the Eviction API, so that disruption budgets are honoured). Both are idempotent as
+the protocol requires:
 
 - a 409 on a binding means the pod already has a node: if it is ours, the earlier attempt (or another
   binder) succeeded and we are done; if it is another node, the pod is refused — never bound twice;
