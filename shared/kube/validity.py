@@ -134,11 +134,13 @@ def pod_scheduled_patch(
         problem.message,
     ):
         return None
+    # The status stays False when only the reason or message moves: kube-scheduler keeps the transition time.
+    kept = ours.last_transition_time if ours is not None and ours.status == "False" else None
     condition = {
         "type": POD_SCHEDULED,
         "status": "False",
         "reason": problem.reason,
         "message": problem.message,
-        "lastTransitionTime": rfc3339(now),
+        "lastTransitionTime": kept or rfc3339(now),
     }
     return {"status": {"conditions": [condition]}}

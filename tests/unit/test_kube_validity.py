@@ -194,6 +194,12 @@ def test_a_pod_gets_pod_scheduled_false_and_loses_it_when_fixed() -> None:
     assert validity.pod_scheduled_patch(shown, None, NOW) == {
         "status": {"conditions": [{"type": "PodScheduled", "$patch": "delete"}]}
     }
+    # A new message while the status stays False keeps the transition time, as kube-scheduler does.
+    later = Problem(kind="Pod", namespace="ns", name="p", reason="Unschedulable", message="0/2 nodes")
+    moved = validity.pod_scheduled_patch(shown, later, NOW + 60)
+    assert moved is not None
+    assert moved["status"]["conditions"][0]["message"] == "0/2 nodes"
+    assert moved["status"]["conditions"][0]["lastTransitionTime"] == condition["lastTransitionTime"]
     # kube-scheduler's own PodScheduled=False (or a bound pod's True) is not ours to remove.
     theirs = [wire.Condition(type="PodScheduled", status="False", reason="Unschedulable")]
     assert validity.pod_scheduled_patch(theirs, None, NOW) is None
