@@ -23,17 +23,8 @@ from services.gpu_agent.reservation import held_device
 from services.kubesim.cluster import SimOptions
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing
+from tests.gpu.test_gpu_agent_nvml import real_nvml_works
 from tests.integration.kubectl_helpers import running_kubesim
-
-
-def real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
 
 pytestmark = [
     pytest.mark.gpu,
