@@ -64,8 +64,7 @@ async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
 async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
     client = await connect(str(tmp_path / "kubeconfig"))
     try:
-        # The deployment creates the reservation namespace (deploy/); kubesim starts without it.
-        await client.call("create ns", client.core.create_namespace, {"metadata": {"name": NS}})
+        # kubesim starts with the reservation namespace, as an install (deploy/) has it.
         yield client
     finally:
         await client.close()
@@ -438,7 +437,6 @@ async def test_a_reservation_that_reports_no_device_in_time_is_deleted(tmp_path:
     server = await start_sim(tmp_path, run_delay=3600.0)  # nothing starts during the test
     kube = await connect(str(tmp_path / "kubeconfig"))
     try:
-        await kube.call("create ns", kube.core.create_namespace, {"metadata": {"name": NS}})
         await create(kube, sharer_manifest("a"))
         client = binder(kube, timeout=0.2)
         with pytest.raises(ReservationFailed, match=r"no device within 0\.2 s"):

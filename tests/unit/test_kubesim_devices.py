@@ -327,8 +327,6 @@ def test_a_gpu_pod_waiting_for_a_configmap_keeps_its_devices(cluster: Cluster, c
 
 # --- GPU sharing -------------------------------------------------------------------------------------------------
 def reservation(cluster: Cluster, node: str, group: str) -> str:
-    if cluster.find("namespaces", None, RESERVATION_NAMESPACE) is None:
-        cluster.create(cluster.type_of("namespaces"), None, {"metadata": {"name": RESERVATION_NAMESPACE}})
     body = reservation_pod(node, group, image="kairos/reservation:test")
     cluster.create(cluster.type_of("pods"), RESERVATION_NAMESPACE, body)
     cluster.settle()
@@ -394,7 +392,6 @@ def test_a_fractional_pod_sees_the_device_its_groups_reservation_holds(
 def test_a_reservation_container_seeing_no_device_crashes_without_annotating(
     cluster: Cluster, clock: Clock
 ) -> None:
-    cluster.create(cluster.type_of("namespaces"), None, {"metadata": {"name": RESERVATION_NAMESPACE}})
     body = reservation_pod("node-0", "g", image="x")
     body["spec"]["containers"][0]["resources"] = {}
     cluster.create(cluster.type_of("pods"), RESERVATION_NAMESPACE, body)
