@@ -146,6 +146,114 @@ class _Locks:
         return len(self._locks)
 
 
+class _Named(msgspec.Struct):
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+
+
+_NAMED = msgspec.json.Decoder(_Named)
+
+
+class DeviceWatch:
+    """One watch on the reservation pods for every bind of this binder waiting for a device.
+
+    A watch per waiting bind (a field selector on its reservation's name) made the API server match every
+    pod change in the namespace against every waiting bind: a third of the simulated API server's CPU in
+    the FractionalGPU benchmark. This one is started by the first waiter and stopped when the last leaves,
+    so a binder with no reservation in flight holds no watch."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._seen: dict[str, tuple[str, msgspec.Raw | None]] = {}
+        """Reservation pod name -> (uid, its newest object or None once deleted), while the watch runs; the
+        uid of a pod missing from a relist is unknown ("")."""
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._listed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._users = 0
+
+    async def until(
+        self, name: str, uid: str, look: Callable[[msgspec.Raw | None], str | None], timeout: float
+    ) -> str:
+        """`look` at reservation pod `name` (None once this incarnation, `uid`, is deleted) each time it
+        changes, until it returns a device; what `look` raises propagates; `TimeoutError` after `timeout`
+        seconds. The deletion of an older incarnation is not this one's."""
+        self._users += 1
+        if self._task is None:
+            self._seen.clear()
+            self._listed.clear()
+            self._task = asyncio.create_task(self._informer().run())
+        try:
+            async with asyncio.timeout(timeout):
+                await self._listed.wait()
+                while True:
+                    if name in self._seen:
+                        seen_uid, raw = self._seen[name]
+                        if raw is not None:
+                            device = look(raw)
+                            if device is not None:
+                                return device
+                        elif not seen_uid or not uid or seen_uid == uid:
+                            look(None)
+                    changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._waiters.setdefault(name, set()).add(changed)
+                    try:
+                        await changed
+                    finally:
+                        waiting = self._waiters.get(name)
+                        if waiting is not None:
+                            waiting.discard(changed)
+                            if not waiting:
+                                del self._waiters[name]
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _informer(self) -> Informer:
+        return Informer(
+            self.kube,
+            f"pods {gs.RESERVATION_NAMESPACE}",
+            self.kube.core.list_namespaced_pod,
+            self._relisted,
+            self._changed,
+            args=(gs.RESERVATION_NAMESPACE,),
+            kwargs={"label_selector": keys.KAI_GPU_GROUP_LABEL},
+        )
+
+    async def _relisted(self, items: list[msgspec.Raw]) -> None:
+        fresh: dict[str, tuple[str, msgspec.Raw | None]] = {}
+        for raw in items:
+            name, uid = self._identity(raw)
+            fresh[name] = (uid, raw)
+        # A pod missing from a relist is gone: waiters on it must see that.
+        gone = (self._seen.keys() | self._waiters.keys()) - fresh.keys()
+        self._seen = dict.fromkeys(gone, ("", None)) | fresh
+        self._listed.set()
+        for name in list(self._waiters):
+            self._wake(name)
+
+    async def _changed(self, kind: str, raw: msgspec.Raw) -> None:
+        name, uid = self._identity(raw)
+        self._seen[name] = (uid, None if kind == "DELETED" else raw)
+        self._wake(name)
+
+    def _wake(self, name: str) -> None:
+        for future in self._waiters.pop(name, ()):
+            if not future.done():
+                future.set_result(None)
+
+    @staticmethod
+    def _identity(raw: msgspec.Raw) -> tuple[str, str]:
+        try:
+            meta = _NAMED.decode(raw).metadata
+        except msgspec.DecodeError:
+            return "", ""
+        return meta.name, meta.uid
+
+
 async def _no_checkpoint(_step: str) -> None:
     return None
 
@@ -172,6 +280,11 @@ class GpuSharing:
     _due: dict[str, float] = field(default_factory=dict, init=False)
     """Group label value -> when (loop time) to sync it: a sharer of it was deleted or finished."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    devices: DeviceWatch = field(init=False)
+    """The one watch every bind waiting for a reservation's device shares."""
+
+    def __post_init__(self) -> None:
+        self.devices = DeviceWatch(self.kube)
 
     # --- a bind -----------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -344,56 +457,26 @@ class GpuSharing:
 
     async def _wait_for_device(self, node: str, group: str, uid: str) -> str:
         name = gs.reservation_pod_name(node, group)
-        found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def look(raw: msgspec.Raw | None) -> None:
-            if found.done():
-                return
+        def look(raw: msgspec.Raw | None) -> str | None:
             if raw is None:
-                found.set_exception(ReservationFailed(node, group, name, "was deleted", 0.5))
-                return
-            try:
-                device = self._device_of(self._decode_reservation(bytes(raw), name), node, group)
-            except (ReservationFailed, InvalidObject) as exc:
-                found.set_exception(exc)
-                return
-            if device is not None:
-                found.set_result(device)
+                raise ReservationFailed(node, group, name, "was deleted", 0.5)
+            pod = self._decode_reservation(bytes(raw), name)
+            if uid and pod.metadata.uid != uid:
+                return None  # an older incarnation the watch has not seen replaced yet
+            return self._device_of(pod, node, group)
 
-        async def on_relist(items: list[msgspec.Raw]) -> None:
-            look(items[0] if items else None)
-
-        async def on_change(kind: str, raw: msgspec.Raw) -> None:
-            look(None if kind == "DELETED" else raw)
-
-        informer = Informer(
-            self.kube,
-            f"pods {gs.RESERVATION_NAMESPACE}/{name}",
-            self.kube.core.list_namespaced_pod,
-            on_relist,
-            on_change,
-            args=(gs.RESERVATION_NAMESPACE,),
-            kwargs={"field_selector": f"metadata.name={name}"},
-            watch_timeout=max(1, int(self.settings.timeout) + 1),
-        )
-        watching = asyncio.create_task(informer.run())
         try:
-            return await asyncio.wait_for(found, self.settings.timeout)
+            return await self.devices.until(name, uid, look, self.settings.timeout)
         except TimeoutError:
             self.counters["reservation_timeouts"] += 1
             await self._delete_reservation(name, uid=uid)
             problem = f"reported no device within {self.settings.timeout:g} s; deleted"
             raise ReservationFailed(node, group, name, problem, self.backoff.cap) from None
-        except ReservationFailed:
+        except (ReservationFailed, InvalidObject):
             self.counters["reservations_failed"] += 1
             await self._delete_reservation(name, uid=uid)
             raise
-        finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-            if not found.done():
-                found.cancel()
 
     async def _delete_reservation(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
         """Delete one reservation pod (only that incarnation: uid, and resourceVersion when given); False

@@ -433,6 +433,24 @@ async def test_a_reservation_the_node_cannot_admit_is_deleted_and_the_bind_retri
     assert client.counters["reservations_failed"] == 1
 
 
+async def test_binds_waiting_for_devices_at_once_share_one_watch(kube: Kube, sim: KubeSim) -> None:
+    names = [f"p{i}" for i in range(8)]
+    for name in names:
+        await create(kube, sharer_manifest(name))
+    sim.faults.set_plan(
+        FaultPlan(rules=(FaultRule(verb="watch", resource="pods"), FaultRule(verb="list", resource="pods")))
+    )
+    client = binder(kube)
+    await asyncio.gather(
+        *(client.bind(bind_of(name, f"n{i % 2}", (f"g{i}",), 0.5)) for i, name in enumerate(names))
+    )
+    assert len(reservations(sim)) == 8
+    assert len({device_of(r) for r in reservations(sim)}) == 8
+    watches, lists = sim.faults.hits
+    assert watches <= 2, f"{watches} watches for 8 reservations: one shared watch, not one per bind"
+    assert lists <= 2
+
+
 async def test_a_reservation_that_reports_no_device_in_time_is_deleted(tmp_path: Path) -> None:
     server = await start_sim(tmp_path, run_delay=3600.0)  # nothing starts during the test
     kube = await connect(str(tmp_path / "kubeconfig"))
