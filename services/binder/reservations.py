@@ -158,8 +158,8 @@ class DeviceWatch:
 
     A watch per waiting bind (a field selector on its reservation's name) made the API server match every
     pod change in the namespace against every waiting bind: a third of the simulated API server's CPU in
-    the FractionalGPU benchmark. This one is started by the first waiter and stopped when the last leaves,
-    so a binder with no reservation in flight holds no watch."""
+    the FractionalGPU benchmark. This one runs while the binder's sync loop runs, or, without it, from the
+    first waiter until the last leaves."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
@@ -171,39 +171,17 @@ class DeviceWatch:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
 
-    async def until(
-        self, name: str, uid: str, look: Callable[[msgspec.Raw | None], str | None], timeout: float
-    ) -> str:
-        """`look` at reservation pod `name` (None once this incarnation, `uid`, is deleted) each time it
-        changes, until it returns a device; what `look` raises propagates; `TimeoutError` after `timeout`
-        seconds. The deletion of an older incarnation is not this one's."""
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """The watch runs while anyone holds it: each waiting bind, and the binder's sync loop for the
+        binder's lifetime (so a busy binder does not list the namespace again for every burst of binds)."""
         self._users += 1
         if self._task is None:
             self._seen.clear()
             self._listed.clear()
             self._task = asyncio.create_task(self._informer().run())
         try:
-            async with asyncio.timeout(timeout):
-                await self._listed.wait()
-                while True:
-                    if name in self._seen:
-                        seen_uid, raw = self._seen[name]
-                        if raw is not None:
-                            device = look(raw)
-                            if device is not None:
-                                return device
-                        elif not seen_uid or not uid or seen_uid == uid:
-                            look(None)
-                    changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._waiters.setdefault(name, set()).add(changed)
-                    try:
-                        await changed
-                    finally:
-                        waiting = self._waiters.get(name)
-                        if waiting is not None:
-                            waiting.discard(changed)
-                            if not waiting:
-                                del self._waiters[name]
+            yield
         finally:
             self._users -= 1
             if self._users == 0 and self._task is not None:
@@ -211,6 +189,34 @@ class DeviceWatch:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def until(
+        self, name: str, uid: str, look: Callable[[msgspec.Raw | None], str | None], timeout: float
+    ) -> str:
+        """`look` at reservation pod `name` (None once this incarnation, `uid`, is deleted) each time it
+        changes, until it returns a device; what `look` raises propagates; `TimeoutError` after `timeout`
+        seconds. The deletion of an older incarnation is not this one's."""
+        async with self.held(), asyncio.timeout(timeout):
+            await self._listed.wait()
+            while True:
+                if name in self._seen:
+                    seen_uid, raw = self._seen[name]
+                    if raw is not None:
+                        device = look(raw)
+                        if device is not None:
+                            return device
+                    elif not seen_uid or not uid or seen_uid == uid:
+                        look(None)
+                changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.setdefault(name, set()).add(changed)
+                try:
+                    await changed
+                finally:
+                    waiting = self._waiters.get(name)
+                    if waiting is not None:
+                        waiting.discard(changed)
+                        if not waiting:
+                            del self._waiters[name]
 
     def _informer(self) -> Informer:
         return Informer(
@@ -760,24 +766,29 @@ class GpuSharing:
         watching = asyncio.create_task(informer.run())
         next_full = loop.time()
         try:
-            while not stopping.is_set():
-                self._wake.clear()
-                if loop.time() >= next_full:
-                    await self._pass("sync", self.sync(self.clock()))
-                    self.first_sync.set()
-                    next_full = loop.time() + self.settings.sync
-                due = sorted(v for v, at in self._due.items() if at <= loop.time())
-                if due:
-                    for value in due:
-                        del self._due[value]
-                    await self._pass("sync of finished sharers' groups", self.sync_groups(due, self.clock()))
-                deadline = min([next_full, *self._due.values()])
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_either(stopping, self._wake), max(0.0, deadline - loop.time()))
+            async with self.devices.held():
+                await self._loop(stopping, next_full)
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+    async def _loop(self, stopping: asyncio.Event, next_full: float) -> None:
+        loop = asyncio.get_running_loop()
+        while not stopping.is_set():
+            self._wake.clear()
+            if loop.time() >= next_full:
+                await self._pass("sync", self.sync(self.clock()))
+                self.first_sync.set()
+                next_full = loop.time() + self.settings.sync
+            due = sorted(v for v, at in self._due.items() if at <= loop.time())
+            if due:
+                for value in due:
+                    del self._due[value]
+                await self._pass("sync of finished sharers' groups", self.sync_groups(due, self.clock()))
+            deadline = min([next_full, *self._due.values()])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_either(stopping, self._wake), max(0.0, deadline - loop.time()))
 
     async def _pass(self, what: str, work: Awaitable[object]) -> None:
         try:
