@@ -32,13 +32,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
+from shared.kube.quantity import parse_time
 
 __all__ = [
     "CONFIGMAP_ANNOTATION",
@@ -454,6 +454,6 @@ def _epoch(text: str | None) -> float | None:
     if not text:
         return None
     try:
-        return datetime.fromisoformat(text.upper()).timestamp()
+        return parse_time(text)
     except ValueError:
         return None

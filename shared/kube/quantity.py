@@ -1,4 +1,5 @@
-"""Kubernetes resource quantities and Go durations, parsed exactly, and quantities formatted back; pure.
+"""Kubernetes resource quantities, Go durations and RFC 3339 timestamps, parsed exactly, and formatted back;
+pure.
 
 Called by `shared.kube.translate` (pod requests, node allocatable, queue min runtimes, staleness periods,
 status write-back). Kubernetes-asyncio has its own ``parse_quantity``, but `shared.kube` is pure and may not
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 from fractions import Fraction
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "milli_value",
     "parse_duration",
     "parse_quantity",
+    "parse_time",
+    "rfc3339",
     "value",
 ]
 
@@ -151,3 +155,22 @@ def parse_duration(text: str) -> float:
         total += Fraction(number) * _DURATION_UNITS[match[2]]
         pos = match.end()
     return float(-total if negative else total)
+
+
+# --- time ------------------------------------------------------------------------------------------------
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
+
+
+def rfc3339(epoch: float) -> str:
+    """A timestamp as Kubernetes writes it: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
+    return datetime.fromtimestamp(math.floor(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp ("...Z" or with an offset, fractions allowed).
+
+    Raises ValueError for anything else (a date alone, a time without a zone).
+    """
+    if _RFC3339.fullmatch(text) is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp (e.g. 2026-01-02T03:04:05Z)")
+    return datetime.fromisoformat(text.upper()).timestamp()

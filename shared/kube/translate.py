@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -46,6 +45,8 @@ from shared.kube.quantity import (
     format_quantity,
     parse_duration,
     parse_quantity,
+    parse_time,
+    rfc3339,
 )
 from shared.model import (
     GpuRequest,
@@ -98,7 +99,6 @@ MAX_EVENT_MESSAGE = 1024
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
@@ -115,22 +115,6 @@ class _Where(msgspec.Struct, frozen=True):
 
 def _where(obj: wire.Pod | wire.Node | wire.Queue | wire.PodGroup | wire.Topology) -> _Where:
     return _Where(obj.KIND, wire.object_name(obj.metadata.namespace, obj.metadata.name))
-
-
-# --- time ------------------------------------------------------------------------------------------------
-def rfc3339(epoch: float) -> str:
-    """A timestamp as Kubernetes writes it: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
-    return datetime.fromtimestamp(math.floor(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> float:
-    """Seconds since the epoch of an RFC 3339 timestamp ("...Z" or with an offset, fractions allowed).
-
-    Raises ValueError for anything else (a date alone, a time without a zone).
-    """
-    if _RFC3339.fullmatch(text) is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 timestamp (e.g. 2026-01-02T03:04:05Z)")
-    return datetime.fromisoformat(text.upper()).timestamp()
 
 
 def _time(where: _Where, field: str, text: str | None) -> float | None:
