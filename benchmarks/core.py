@@ -18,7 +18,7 @@ from benchmarks import fair_share as fair_share_bench
 from shared.core.policy import Policy
 from shared.core.scheduler import run_session
 from shared.model import PodStatus, Snapshot
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+from shared.model.builders import flat_queues, gang, gpu_nodes
 
 
 def allocation_snapshot(nodes: int, pods: int, queues: int = 10) -> Snapshot:

@@ -54,7 +54,7 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model.builders import gang, gpu_nodes
 from shared.telemetry import spans, tracing
 from shared.telemetry.attempts import AttemptTracker
 

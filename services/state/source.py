@@ -53,9 +53,9 @@ from shared.gpu_usage import (
     usage_of,
 )
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
+from shared.model.builders import gang, gpu_nodes
 from shared.model.status import ACTIVE_USED
 from shared.model.validate import validate_snapshot
-from shared.sim.scenarios import gang, gpu_nodes
 
 Obj = Node | Pod | PodGroup | Queue | Topology
 

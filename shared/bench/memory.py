@@ -28,7 +28,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import NodeRecord, PodGroupRecord, PodRecord, encode
 from shared.errors import TemporaryError
 from shared.model import GpuRequest, Pod, PodGroup, PodSet, PodStatus, SubGroupSet
-from shared.sim.scenarios import gpu_nodes
+from shared.model.builders import gpu_nodes
 
 __all__ = ["measure_replica"]
 

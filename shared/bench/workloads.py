@@ -16,7 +16,7 @@ from collections.abc import Callable
 import msgspec
 
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Topology, TopologyConstraint
-from shared.sim.scenarios import flat_queues, gang
+from shared.model.builders import flat_queues, gang
 
 __all__ = [
     "NAMES",

@@ -2,6 +2,8 @@
 
 Immutable msgspec Structs (nodes, pods, podgroups, queues, topologies) gathered in a `Snapshot`.
 Built by the conformance case builder today and by the state service later; read by `shared.core`.
+`builders` makes synthetic ones (GPU nodes, flat queues, gangs) for the state service's demo cluster,
+the tools and tests.
 """
 
 from shared.model.objects import (

@@ -20,7 +20,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, ApplyRequest, PodRecord
 from shared.errors import MalformedMessage
 from shared.model import Pod, PodStatus, Queue, QueueResource
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model.builders import gang, gpu_nodes
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 BOUND = (PodStatus.BOUND, PodStatus.RUNNING, PodStatus.BINDING, PodStatus.ALLOCATED)

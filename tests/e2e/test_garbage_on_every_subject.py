@@ -19,7 +19,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, ApplyRequest
 from shared.errors import MalformedMessage
 from shared.model import PodStatus, Queue, QueueResource
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model.builders import gang, gpu_nodes
 
 pytestmark = pytest.mark.e2e
 

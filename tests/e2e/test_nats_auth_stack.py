@@ -19,8 +19,8 @@ from shared.cli.stack import start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.errors import TemporaryError
 from shared.model import PodStatus, Queue, QueueResource
+from shared.model.builders import gang, gpu_nodes
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR, PLACEMENT
-from shared.sim.scenarios import gang, gpu_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

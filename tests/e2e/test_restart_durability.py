@@ -26,7 +26,7 @@ from shared.bus.health import wait_ready
 from shared.cli.stack import KUBESIM, ClusterChoice, Stack, start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus
-from shared.sim.scenarios import gpu_nodes
+from shared.model.builders import gpu_nodes
 from tests.e2e.invariants import Observer, load
 from tests.e2e.kubectl import kubectl
 

@@ -18,7 +18,7 @@ from shared.bus.client import BusClient
 from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus, Queue, QueueResource
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model.builders import gang, gpu_nodes
 from tests.e2e.kubectl import kubectl
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 

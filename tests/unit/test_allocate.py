@@ -5,7 +5,7 @@ from __future__ import annotations
 from shared.core.policy import Policy
 from shared.core.scheduler import run_session, schedule
 from shared.model import GpuRequest, Node, Pod, PodStatus, Queue, QueueResource, Snapshot
-from shared.sim.scenarios import gang
+from shared.model.builders import gang
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 ALLOCATE = Policy(actions=("allocate",))

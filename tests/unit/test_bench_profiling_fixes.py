@@ -27,7 +27,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.session import Session
 from shared.model import Snapshot
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+from shared.model.builders import flat_queues, gang, gpu_nodes
 
 NOW = 1_800_000_000.0
 

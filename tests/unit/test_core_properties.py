@@ -18,7 +18,7 @@ from shared.core.policy import Policy
 from shared.core.session import Session
 from shared.core.tasks import N_BASE
 from shared.model import Node, PodStatus, Queue, QueueResource
-from shared.sim.scenarios import gang
+from shared.model.builders import gang
 from shared.sim.simulator import Simulator
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)

@@ -9,8 +9,8 @@ from shared.core.policy import Policy
 from shared.core.predicates import UNHEALTHY_GPU_DEVICES
 from shared.core.scheduler import CycleResult, schedule
 from shared.model import Node, Pod, PodGroup, PodStatus, Snapshot
+from shared.model.builders import flat_queues, gang, gpu_nodes
 from shared.model.objects import DeviceUsage
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
 
 NOW = 1000.0
 ON = Policy(gpu_usage_scoring=True)

@@ -24,8 +24,8 @@ from shared.errors import ConfigError
 from shared.explain import Facts, explain
 from shared.kube import admission, wire
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
+from shared.model.builders import gang
 from shared.model.objects import UNLIMITED
-from shared.sim.scenarios import gang
 
 NOW = 1_000_000.0
 OPEN = QueueResource(quota=UNLIMITED, over_quota_weight=1, limit=UNLIMITED)

@@ -17,7 +17,7 @@ from shared.contracts.messages import ApplyRequest, Binding
 from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
 from shared.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
 from shared.model import Node
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+from shared.model.builders import flat_queues, gang, gpu_nodes
 from tests.unit.test_state_mirror import node as raw_node
 
 NOW = 1_800_000_000.0

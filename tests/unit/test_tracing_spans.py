@@ -37,7 +37,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import result_of, run_session
 from shared.kubeapi.client import ApiError
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.sim.scenarios import gang, gpu_nodes
+from shared.model.builders import gang, gpu_nodes
 from shared.telemetry import spans, tracing
 from shared.telemetry.attempts import AttemptTracker
 from shared.telemetry.tracing import traceparent

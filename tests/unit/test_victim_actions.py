@@ -7,7 +7,7 @@ import msgspec
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.sim.scenarios import gang
+from shared.model.builders import gang
 
 NOW = 10_000.0
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)

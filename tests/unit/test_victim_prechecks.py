@@ -7,7 +7,7 @@ from shared.core.scheduler import schedule
 from shared.core.session import Session
 from shared.core.solver.jobs import fits_some_node_when_empty
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.sim.scenarios import flat_queues, gang, gpu_nodes
+from shared.model.builders import flat_queues, gang, gpu_nodes
 
 
 def _snapshot(*gangs: tuple[object, list[object]], queues: list[Queue] | None = None) -> Snapshot:

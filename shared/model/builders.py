@@ -1,6 +1,7 @@
-"""Builders for synthetic clusters and workloads as model snapshots.
+"""Builders of model objects for synthetic clusters and workloads: GPU nodes, flat queues, gangs.
 
-Deterministic for a given seed. Called by the benchmarks, the demo and tests.
+Deterministic for a given seed. Called by the state service's simulated cluster (its demo cluster), the
+tools (the demo, the benchmarks) and tests.
 """
 
 from __future__ import annotations
