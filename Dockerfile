@@ -1,5 +1,5 @@
 # The Kairos image: the four services (`kairos serve state|queue|placement|binder`), the GPU agent
-# (`python -m services.gpu_agent`) and the simulated API server (`python -m services.kubesim`, with KAI's
+# (`python -m services.gpu_agent`) and the simulated API server (`python -m tools.kubesim`, with KAI's
 # CRDs under /opt/kairos/deploy/crds). Runtime dependencies only, no development tools; runs as uid 10001
 # and works on a read-only root filesystem (bytecode is compiled at install time).
 #   docker build -t kairos:dev .
@@ -21,6 +21,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY tools ./tools
 RUN pip install . && rm -rf /src
 
 COPY deploy/crds /opt/kairos/deploy/crds

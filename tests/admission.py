@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from services.kubesim.patch import json_patch
 from shared.kube import gpu_sharing, wire
+from tools.kubesim.patch import json_patch
 
 RANDOM = "tst4bcd"
 """The webhook's random ConfigMap-name part, fixed so that names are predictable in specs."""

@@ -40,7 +40,7 @@ PRIORITY_CLASSES = {50: "train", 75: "build-preemptible", 100: "build", 125: "in
 
 
 def cluster_file_text(nodes: tuple[Node, ...] | list[Node]) -> str:
-    """The nodes as a cluster file (`python -m services.kubesim --cluster FILE` simulates them), written as
+    """The nodes as a cluster file (`python -m tools.kubesim --cluster FILE` simulates them), written as
     JSON, which is YAML too (`shared.clusterfile.dump_cluster` takes seconds per thousand nodes)."""
     return msgspec.json.encode(ClusterObjects(nodes=tuple(nodes))).decode()
 

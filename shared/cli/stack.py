@@ -13,7 +13,7 @@ each identity its subjects, and every service connects as itself (`KAIROS_NATS_U
 `operator` identity the `kairos` CLI uses; `Stack.url`, for the in-process callers (tests, benchmarks,
 the conformance runner), names `admin`.
 
-Where the cluster lives is a `ClusterChoice`: the simulated Kubernetes API server (`services.kubesim`,
+Where the cluster lives is a `ClusterChoice`: the simulated Kubernetes API server (`tools.kubesim`,
 started here, its kubeconfig written to `DIR/kubeconfig`; KAI's default queues are created in it), a
 real cluster's kubeconfig, or — with `ClusterChoice.memory()`, or no choice at all — the state
 service's in-memory cluster, which needs no Kubernetes API (the conformance runner uses it).
@@ -295,7 +295,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
         kubeconfig = cluster.kubeconfig.resolve()
     else:
         kubeconfig = stack.state_dir / "kubeconfig"
-        argv = [sys.executable, "-m", "services.kubesim", "--port", "0", "--kubeconfig-out", str(kubeconfig)]
+        argv = [sys.executable, "-m", "tools.kubesim", "--port", "0", "--kubeconfig-out", str(kubeconfig)]
         argv += ["--crds", str(CRDS), "--run-delay", str(cluster.run_delay)]
         if cluster.cluster_file is not None:
             argv += ["--cluster", str(cluster.cluster_file.resolve())]

@@ -2,7 +2,7 @@
 
 `up` starts the cluster, nats-server and the four services, prints one line `ready` when every replica
 reports healthy, and stops everything on Ctrl-C or SIGTERM. The cluster is, by default, the simulated
-Kubernetes API server (`services.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
+Kubernetes API server (`tools.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
 `--gpus-per-node`), its kubeconfig written to `DIR/kubeconfig` so that kubectl works against it at once;
 `--kubeconfig FILE` uses a real cluster instead; `--memory` keeps the cluster inside the state service
 (no Kubernetes API; `kairos submit` feeds it). `--otlp URL` sends every service's traces to an OTLP/HTTP

@@ -20,11 +20,11 @@ import yaml
 
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.reservation import held_device
-from services.kubesim.cluster import SimOptions
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing
 from tests.gpu.test_gpu_agent_nvml import real_nvml_works
 from tests.integration.kubectl_helpers import running_kubesim
+from tools.kubesim.cluster import SimOptions
 
 pytestmark = [
     pytest.mark.gpu,

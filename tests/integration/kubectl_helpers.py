@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.nodes import generated_nodes
-from services.kubesim.server import KubeSim
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.nodes import generated_nodes
+from tools.kubesim.server import KubeSim
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"

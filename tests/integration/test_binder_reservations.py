@@ -21,17 +21,17 @@ import pytest
 from services.binder.cluster_client import ClusterRefused
 from services.binder.kube_client import KubeClusterClient
 from services.binder.reservations import ReservationFailed, ReservationSettings
-from services.kubesim.cluster import SimOptions
-from services.kubesim.devices import device_uuid
-from services.kubesim.faults import FaultPlan, FaultRule
-from services.kubesim.patch import json_patch
-from services.kubesim.server import KubeSim
 from shared.backoff import Backoff
 from shared.contracts.messages import Binding
 from shared.kube import gpu_sharing as gs
 from shared.kube import wire
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.devices import device_uuid
+from tools.kubesim.faults import FaultPlan, FaultRule
+from tools.kubesim.patch import json_patch
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

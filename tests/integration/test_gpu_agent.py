@@ -2,7 +2,7 @@
 
 In this process over the fake pynvml: the agent publishes its inventory at start, every period and on
 request, counts unhealthy devices, publishes telemetry (use, health, XID errors) every telemetry period,
-and shuts NVML down when it stops; the state service's Kubernetes owner (against `services.kubesim`)
+and shuts NVML down when it stops; the state service's Kubernetes owner (against `tools.kubesim`)
 folds that telemetry into the node it writes to KV. As a subprocess with the real pynvml
 (this machine has no NVIDIA driver): `--allow-no-gpu` publishes zero devices with NVML's error and stops on
 SIGTERM; without the flag the agent exits 1 with one line on stderr.
@@ -25,8 +25,6 @@ import pytest
 
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import Agent, AgentSettings
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.nats_server import NatsServer
@@ -38,6 +36,8 @@ from shared.contracts.messages import NodeRecord
 from shared.contracts.telemetry import TELEMETRY
 from shared.model import Node
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ condition is set back once the object is fixed. Garbage on the subjects only the
 to (why, GPU inventories, stamps, the public events its write-back follows) is counted and dropped.
 
 Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) with a real
-nats-server and `services.kubesim`, applying objects through the kubernetes-asyncio client.
+nats-server and `tools.kubesim`, applying objects through the kubernetes-asyncio client.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.faults import FaultPlan, FaultRule
-from services.kubesim.server import KubeSim
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
@@ -31,6 +28,9 @@ from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 from tests.admission import admitted
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.faults import FaultPlan, FaultRule
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,6 @@ import pytest
 
 from services.binder.cluster_client import ClusterRefused
 from services.binder.kube_client import KubeClusterClient
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.backoff import Backoff
 from shared.bus.connection import Bus
@@ -30,6 +28,8 @@ from shared.contracts.messages import Binding, EvictionOrder, PodRecord
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Expired, Informer
 from shared.model import Node
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

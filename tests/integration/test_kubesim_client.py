@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.rest import ApiException
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from tests.integration.kubectl_helpers import running_kubesim
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

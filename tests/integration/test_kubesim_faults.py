@@ -18,15 +18,15 @@ import msgspec
 import pytest
 
 from services.binder.kube_client import KubeClusterClient
-from services.kubesim.cluster import SimOptions
-from services.kubesim.faults import FaultPlan, FaultRule
-from services.kubesim.server import KubeSim
 from shared.backoff import Backoff
 from shared.contracts.messages import Binding
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from tests.integration.kubectl_helpers import running_kubesim
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.faults import FaultPlan, FaultRule
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.kubesim.server import KubeSim
 from tests.integration.kubectl_helpers import kubectl, running_kubesim
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

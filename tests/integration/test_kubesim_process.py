@@ -1,4 +1,4 @@
-"""`python -m services.kubesim` as `kairos up` runs it: one ready line, a kubeconfig, a clean exit on SIGTERM,
+"""`python -m tools.kubesim` as `kairos up` runs it: one ready line, a kubeconfig, a clean exit on SIGTERM,
 and one line naming the file and field when the cluster file is bad."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ async def start(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.kubesim",
+        "tools.kubesim",
         *args,
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,

@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from tests.integration.kubectl_helpers import kubectl, running_kubesim
 from tests.integration.test_nats_auth import throwaway_pki
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.binder import service as binder
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
@@ -40,6 +38,8 @@ from shared.errors import ConflictError
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource
 from shared.model.objects import PodSet, SubGroupSet
 from shared.telemetry.metrics_kv import CountedKv
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ The placement publishes `pod-unschedulable` when a worker's explanation changes,
 event; a placement that says it again (another worker, a restarted one) is played by republishing the
 event, which must not bring another patch either.
 
-The four services run in this process against a real nats-server and `services.kubesim`: state
+The four services run in this process against a real nats-server and `tools.kubesim`: state
 (`source=kube`, whose write-back writes the condition), binder (`cluster=kube`), placement, and the queue
 with `cycles=admin`, so the test runs each scheduling cycle itself and moves the scheduler's clock on by
 `CYCLE_PERIOD` per cycle (`CycleRequest.now`) instead of waiting for it. kubesim counts the pods/status
@@ -27,8 +27,6 @@ from typing import Any
 import pytest
 
 from services.binder import service as binder
-from services.kubesim.faults import FaultPlan, FaultRule
-from services.kubesim.server import KubeSim
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
@@ -40,6 +38,8 @@ from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_queue_placement import admin_cycle, current_lease, eventually, ready, start
+from tools.kubesim.faults import FaultPlan, FaultRule
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 stay SchedulingGated (what Cluster Autoscaler and Karpenter ignore) instead of Unschedulable, with a
 Warning Event on the PodGroup naming the queue and the resource, and are let go once the queue has room.
 
-The four services run in this process against a real nats-server and `services.kubesim` (which calls the
+The four services run in this process against a real nats-server and `tools.kubesim` (which calls the
 state service's admission webhook as the real API server does): state (`source=kube`, `quota_gate=true`,
 its webhook on a loopback port), binder (`cluster=kube`), placement, and the queue leader cycling by
 itself (it decides the verdicts and publishes `podgroup-admission` events). Everything is polled with

@@ -1,4 +1,4 @@
-"""The reservation container against the simulated API server (`services.kubesim`, with the real
+"""The reservation container against the simulated API server (`tools.kubesim`, with the real
 kubernetes-asyncio client): it writes the one device NVML shows it into its own pod's annotation
 ``run.ai/reserve_for_gpu_index``, through API errors that pass, then holds the device until told to stop.
 
@@ -24,13 +24,13 @@ import pytest
 import yaml
 
 from services.gpu_agent.reservation import ReservationSettings, reserve
-from services.kubesim.cluster import SimOptions
-from services.kubesim.faults import FaultPlan, FaultRule
-from services.kubesim.server import KubeSim
 from shared.backoff import Backoff
 from shared.kube import gpu_sharing, keys
 from shared.kubeapi.client import ApiError
 from tests.integration.kubectl_helpers import running_kubesim
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.faults import FaultPlan, FaultRule
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

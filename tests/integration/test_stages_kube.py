@@ -4,7 +4,7 @@ names completes the gate keeper lifts the gate and the podgroup is mirrored. A p
 webhook is unreachable is admitted ungated and still waits.
 
 Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) and its webhook
-(`services.state.admission.AdmissionServer`) with a real nats-server and `services.kubesim`, which calls the
+(`services.state.admission.AdmissionServer`) with a real nats-server and `tools.kubesim`, which calls the
 webhook over HTTP as a MutatingWebhookConfiguration says, as the real API server does.
 """
 
@@ -23,8 +23,6 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.server import KubeSim
 from services.state.admission import PATH, AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
@@ -36,6 +34,8 @@ from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object, raw_call
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_nats_auth import throwaway_pki
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 

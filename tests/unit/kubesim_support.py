@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.kubesim.cluster import Cluster, SimOptions
-from services.kubesim.nodes import generated_nodes, node_object
+from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.nodes import generated_nodes, node_object
 
 START = 1_800_000_000.0
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.kubesim.nodes import generated_nodes
 from shared.bench import measure, procstats, workloads
 from shared.bench.inprocess import run_inprocess
 from shared.bench.manifests import (
@@ -29,6 +28,7 @@ from shared.clusterfile import parse_cluster
 from shared.kube import translate, wire
 from shared.model import PodStatus
 from tests.admission import admitted
+from tools.kubesim.nodes import generated_nodes
 
 ISSUE_KEYS = {
     "workload",

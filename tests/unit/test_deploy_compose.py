@@ -45,7 +45,7 @@ def test_kubesim_serves_the_api_with_kai_s_crds_and_shares_its_kubeconfig() -> N
     kubesim = service("kubesim")
     argv = [*kubesim["entrypoint"], *kubesim["command"]]
     assert argv == [
-        *("python", "-m", "services.kubesim", "--host", "0.0.0.0", "--port", "6443"),
+        *("python", "-m", "tools.kubesim", "--host", "0.0.0.0", "--port", "6443"),
         *("--crds", "deploy/crds", "--kubeconfig-out", "/shared/kubeconfig"),
     ]
     assert "kube:/shared" in kubesim["volumes"]

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.cluster import Cluster
-from services.kubesim.errors import ApiError
 from tests.unit.test_deploy_manifests import (
     NAMESPACE,
     WEBHOOK_PORT,
@@ -26,6 +24,8 @@ from tests.unit.test_deploy_manifests import (
     schema_errors,
     with_component,
 )
+from tools.kubesim.cluster import Cluster
+from tools.kubesim.errors import ApiError
 
 Obj = dict[str, Any]
 CONFIGURATION = "kairos-after-gate"

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.kubesim.patch import json_patch
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing as g
 from shared.kube import keys, translate, wire
+from tools.kubesim.patch import json_patch
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 

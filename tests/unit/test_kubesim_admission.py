@@ -1,4 +1,4 @@
-"""Which admission webhooks a request goes to (services.kubesim.admission.matching), as the real API server
+"""Which admission webhooks a request goes to (tools.kubesim.admission.matching), as the real API server
 decides: rule resources with their subresource forms, operations, groups, versions and scope, and the
 namespace and object selectors."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.admission import Attributes, matching
-from services.kubesim.resources import Registry, builtin_types
+from tools.kubesim.admission import Attributes, matching
+from tools.kubesim.resources import Registry, builtin_types
 
 Obj = dict[str, Any]
 REGISTRY = Registry(builtin_types())

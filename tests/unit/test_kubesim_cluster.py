@@ -1,4 +1,4 @@
-"""The simulated cluster's API semantics (`services.kubesim.cluster.Cluster`), driven directly with a fake clock:
+"""The simulated cluster's API semantics (`tools.kubesim.cluster.Cluster`), driven directly with a fake clock:
 metadata, conflicts, status, deletion and garbage collection, binding and eviction, lists and watches, CRDs."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.kubesim.cluster import Cluster, SimOptions
-from services.kubesim.errors import ApiError
-from services.kubesim.objects import parse_time
-from services.kubesim.resources import ResourceType
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
+from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.errors import ApiError
+from tools.kubesim.objects import parse_time
+from tools.kubesim.resources import ResourceType
 
 
 @pytest.fixture

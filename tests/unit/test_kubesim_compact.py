@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.kubesim.compact import Sharer
-from services.kubesim.objects import clone
-from services.kubesim.store import Store
+from tools.kubesim.compact import Sharer
+from tools.kubesim.objects import clone
+from tools.kubesim.store import Store
 
 
 def pod(name: str, node: str) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.cluster import Cluster, SimOptions
-from services.kubesim.nodes import generated_nodes, node_object
 from tests.unit.kubesim_support import Clock, two_node_cluster
+from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.nodes import generated_nodes, node_object
 
 
 @pytest.fixture

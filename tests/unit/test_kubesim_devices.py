@@ -1,4 +1,4 @@
-"""The simulated kubelets' device plugin and container start (`services.kubesim.kubelet`): which devices a
+"""The simulated kubelets' device plugin and container start (`tools.kubesim.kubelet`): which devices a
 container gets, how an over-committed pod fails, ConfigMap variables resolved at start, the reservation
 container annotating its pod, and ``GET /kubesim/v1/nodes/{node}/devices``. Driven with a fake clock."""
 
@@ -11,10 +11,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from services.kubesim.cluster import Cluster, SimOptions
-from services.kubesim.devices import device_uuid
-from services.kubesim.nodes import generated_nodes, node_object
-from services.kubesim.server import KubeSim
 from shared.kube.gpu_sharing import (
     NVIDIA_VISIBLE_DEVICES,
     RESERVATION_NAMESPACE,
@@ -24,6 +20,10 @@ from shared.kube.gpu_sharing import (
 )
 from shared.model import Node
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
+from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.devices import device_uuid
+from tools.kubesim.nodes import generated_nodes, node_object
+from tools.kubesim.server import KubeSim
 
 RUN_DELAY = 0.5
 UUID_FORM = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

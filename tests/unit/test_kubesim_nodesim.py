@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.cluster import Cluster, SimOptions
-from services.kubesim.nodes import generated_nodes, node_object
 from shared.model import Node
 from shared.model.objects import Taint
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
+from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.nodes import generated_nodes, node_object
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.errors import ApiError
-from services.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
+from tools.kubesim.errors import ApiError
+from tools.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
 
 POD: dict[str, Any] = {
     "metadata": {"name": "p", "labels": {"a": "1", "b": "2"}, "finalizers": ["x"]},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.kubesim.errors import ApiError
-from services.kubesim.protobuf import MAGIC, decode_object
+from tools.kubesim.errors import ApiError
+from tools.kubesim.protobuf import MAGIC, decode_object
 
 
 def varint(n: int) -> bytes:

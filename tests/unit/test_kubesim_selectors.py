@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.errors import ApiError
-from services.kubesim.selectors import label_selector_of, parse_fields, parse_labels
+from tools.kubesim.errors import ApiError
+from tools.kubesim.selectors import label_selector_of, parse_fields, parse_labels
 
 LABELS = {"app": "web", "tier": "front", "version": "3"}
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.errors import ApiError
-from services.kubesim.store import Change, Store
+from tools.kubesim.errors import ApiError
+from tools.kubesim.store import Change, Store
 
 
 def pod(name: str, namespace: str = "default", node: str = "", owner: str = "") -> dict[str, Any]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from services.kubesim.objects import rfc3339
-from services.kubesim.resources import PrinterColumn, ResourceType, builtin_types
-from services.kubesim.tables import human_duration, jsonpath_value, table
+from tools.kubesim.objects import rfc3339
+from tools.kubesim.resources import PrinterColumn, ResourceType, builtin_types
+from tools.kubesim.tables import human_duration, jsonpath_value, table
 
 NOW = 1_800_000_000.0
 TYPES = {rt.storage: rt for rt in builtin_types() if not rt.view}

@@ -2,7 +2,7 @@
 
 `parse_labels("app=web,tier in (a,b),!legacy")` and `parse_fields("spec.nodeName=n1,status.phase!=Failed")`
 return selector values whose `matches(obj)` the store's list and watch filters call
-(`services.kubesim.cluster`). Field selectors are checked against the fields each kind supports, as the
+(`tools.kubesim.cluster`). Field selectors are checked against the fields each kind supports, as the
 real server does (an unsupported field is a 400 BadRequest). Pure: no I/O.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from services.kubesim.errors import bad_request
+from tools.kubesim.errors import bad_request
 
 __all__ = [
     "EVERYTHING",

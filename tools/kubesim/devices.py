@@ -14,7 +14,7 @@ container sees it.
 - `FakeNvml` is the NVML boundary of a container: the devices the plugin gave it, through the calls
   `shared.kube.gpu_sharing.NvmlLike` names, so the reservation container's real logic runs over it.
 
-Used by `services.kubesim.kubelet`. Pure: no I/O.
+Used by `tools.kubesim.kubelet`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.kubesim.objects import quantity
 from shared.kube.gpu_sharing import NvmlLike
 from shared.kube.keys import NVIDIA_GPU
+from tools.kubesim.objects import quantity
 
 __all__ = [
     "ADMISSION_ERROR",

@@ -1,8 +1,8 @@
 """Admission webhooks, the pure part: what a Mutating/ValidatingWebhookConfiguration may hold, which of its
 webhooks a request goes to, the AdmissionReview sent, and what the answer does to the request.
 
-`services.kubesim.kinds` calls `validate_configuration` and `default_configuration` when a configuration is
-written; `services.kubesim.webhooks` (the HTTP caller, run by the server before the store operation) calls
+`tools.kubesim.kinds` calls `validate_configuration` and `default_configuration` when a configuration is
+written; `tools.kubesim.webhooks` (the HTTP caller, run by the server before the store operation) calls
 `matching` for the webhooks of a request, `review` for the body it POSTs, `verdict` on the answer and
 `patched` for a mutating webhook's JSON patch. No I/O here.
 
@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from services.kubesim.errors import ApiError, invalid
-from services.kubesim.objects import meta
-from services.kubesim.patch import PatchError, json_patch
-from services.kubesim.resources import ResourceType
-from services.kubesim.selectors import label_selector_of
+from tools.kubesim.errors import ApiError, invalid
+from tools.kubesim.objects import meta
+from tools.kubesim.patch import PatchError, json_patch
+from tools.kubesim.resources import ResourceType
+from tools.kubesim.selectors import label_selector_of
 
 __all__ = [
     "MUTATING",

@@ -1,11 +1,11 @@
 """The simulated Kubernetes API server (with a KWOK-like node simulator and minimal workload controllers):
 the default cluster of `kairos up` and of the integration and end-to-end tests.
 
-Run it as a process (``python -m services.kubesim [--host H] [--port P] [--cluster FILE | --nodes N
+Run it as a process (``python -m tools.kubesim [--host H] [--port P] [--cluster FILE | --nodes N
 --gpus-per-node G] [--crds DIR]... [--kubeconfig-out FILE] [--kubeconfig-server URL] [--run-delay S]
 [--watch-history N] [--bookmark-seconds S] [--no-default-scheduler] [--seed N] [--faults FILE]``; it prints
 ``kubesim ready <url>`` once serving and exits 0 on SIGTERM/SIGINT) or in-process
-(`services.kubesim.server.KubeSim`: ``await sim.start()`` returns the URL, ``sim.cluster`` is the store
+(`tools.kubesim.server.KubeSim`: ``await sim.start()`` returns the URL, ``sim.cluster`` is the store
 for assertions, ``await sim.stop()``).
 
 **What is simulated.** The REST API that kubectl 1.32 and kubernetes-asyncio use, over plain HTTP without

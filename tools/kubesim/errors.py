@@ -1,7 +1,7 @@
 """API errors of the simulated API server, each rendered as a metav1 Status object.
 
 Raised by the pure parts (`store`, `cluster`, `selectors`, `patch`, `controllers`) wherever the real API
-server would answer an error; the aiohttp shell (`services.kubesim.server`) turns an `ApiError` into its
+server would answer an error; the aiohttp shell (`tools.kubesim.server`) turns an `ApiError` into its
 Status response. The helpers word the messages as the real server does (`pods "x" not found`), because
 clients and people match on them.
 """

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from services.kubesim.cluster import DeferredCreate
-from services.kubesim.errors import ApiError
-from services.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
-from services.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
-from services.kubesim.store import Change
+from tools.kubesim.cluster import DeferredCreate
+from tools.kubesim.errors import ApiError
+from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
+from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
+from tools.kubesim.store import Change
 
 if TYPE_CHECKING:
-    from services.kubesim.cluster import Cluster
+    from tools.kubesim.cluster import Cluster
 
 __all__ = ["Controllers", "template_hash"]
 

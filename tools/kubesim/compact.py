@@ -6,7 +6,7 @@ second, node addresses. `Sharer.share(obj)` returns an equal object whose equal 
 interned (dict keys already are, by the JSON decoder's key cache and as literals). Code that builds parts
 it writes often (the node simulator's conditions) passes them through `part` once and reuses the result,
 which later writes recognise by identity without walking it. This
-is safe because the store never mutates an object once stored (`services.kubesim.store`): every write
+is safe because the store never mutates an object once stored (`tools.kubesim.store`): every write
 builds new dicts along the path it changes. The top-level dict and its `metadata` (unique per object) are
 never cached. Called by `Store.put`. Pure: no I/O.
 """

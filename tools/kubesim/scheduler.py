@@ -15,11 +15,11 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from services.kubesim.objects import quantity, rfc3339
-from services.kubesim.store import Change, Key
+from tools.kubesim.objects import quantity, rfc3339
+from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
-    from services.kubesim.cluster import Cluster
+    from tools.kubesim.cluster import Cluster
 
 __all__ = ["DEFAULT_SCHEDULER", "DefaultScheduler", "pod_requests"]
 

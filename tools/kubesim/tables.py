@@ -6,7 +6,7 @@ NOMINATED NODE, READINESS GATES), nodes, jobs, deployments, replicasets, statefu
 namespaces, priority classes, CRDs, and for custom resources their `additionalPrinterColumns`
 (JSONPath subset: dotted paths with `[n]` indexes). Other kinds get NAME and AGE. Each row carries the
 object as `includeObject` asks (Object, Metadata (the default) or None). Called by the HTTP shell
-(`services.kubesim.server`). Pure: no I/O; `now` is an argument.
+(`tools.kubesim.server`). Pure: no I/O; `now` is an argument.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from services.kubesim.objects import labels_of, meta, parse_time
-from services.kubesim.resources import PrinterColumn, ResourceType
+from tools.kubesim.objects import labels_of, meta, parse_time
+from tools.kubesim.resources import PrinterColumn, ResourceType
 
 __all__ = ["human_duration", "jsonpath_value", "table"]
 

@@ -1,10 +1,10 @@
 """Start-up configuration of the simulated API server: the command line and the files it names.
 
-`parse_args(argv)` turns the flags of `python -m services.kubesim` into a `KubeSimConfig`;
+`parse_args(argv)` turns the flags of `python -m tools.kubesim` into a `KubeSimConfig`;
 `initial_nodes(config)` reads the cluster file (`shared.clusterfile.load_cluster`) or generates nodes;
 `read_manifests(path)` reads the YAML documents of a file or of every `*.yaml`/`*.yml`/`*.json` file of a
 directory but its kustomization file (the CRDs to preload). Errors are `InvalidObject` (a file and a field) or `ConfigError`, which
-`services.kubesim.__main__` prints as one line before exiting with status 2. The only I/O is reading those
+`tools.kubesim.__main__` prints as one line before exiting with status 2. The only I/O is reading those
 files.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 import yaml
 
-from services.kubesim.cluster import SimOptions
-from services.kubesim.nodes import generated_nodes
 from shared.clusterfile import load_cluster
 from shared.errors import ConfigError, InvalidObject
 from shared.model import Node
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.nodes import generated_nodes
 
 __all__ = ["KubeSimConfig", "initial_nodes", "parse_args", "read_manifests"]
 
@@ -31,7 +31,7 @@ _KUSTOMIZATION_FILES = frozenset(("kustomization.yaml", "kustomization.yml", "Ku
 
 
 class KubeSimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything `python -m services.kubesim` is told on its command line."""
+    """Everything `python -m tools.kubesim` is told on its command line."""
 
     host: str = "127.0.0.1"
     """Loopback by default: the server accepts unauthenticated requests, so it must not be reachable from
@@ -55,12 +55,12 @@ class KubeSimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     close to the present, rare enough to be noise-free."""
     options: SimOptions = SimOptions()
     faults: str | None = None
-    """A fault plan file (`services.kubesim.faults.FaultPlan`, JSON or YAML) in force from the start."""
+    """A fault plan file (`tools.kubesim.faults.FaultPlan`, JSON or YAML) in force from the start."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m services.kubesim",
+        prog="python -m tools.kubesim",
         description="The simulated Kubernetes API server (plain HTTP, no authentication).",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

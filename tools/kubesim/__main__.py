@@ -1,4 +1,4 @@
-"""`python -m services.kubesim`: run the simulated Kubernetes API server until SIGTERM or SIGINT.
+"""`python -m tools.kubesim`: run the simulated Kubernetes API server until SIGTERM or SIGINT.
 
 Prints exactly one line, `kubesim ready <url>`, once it serves (what `kairos up` and the tests wait for),
 writes a kubeconfig when `--kubeconfig-out` asks, and exits 0 on SIGTERM/SIGINT. A bad cluster file, CRD
@@ -13,10 +13,10 @@ import logging
 import signal
 import sys
 
-from services.kubesim.config import KubeSimConfig, initial_nodes, parse_args
-from services.kubesim.faults import read_plan_file
-from services.kubesim.server import KubeSim
 from shared.errors import KairosError
+from tools.kubesim.config import KubeSimConfig, initial_nodes, parse_args
+from tools.kubesim.faults import read_plan_file
+from tools.kubesim.server import KubeSim
 
 
 async def serve(config: KubeSimConfig) -> None:

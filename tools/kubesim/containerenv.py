@@ -9,7 +9,7 @@ reason ``CreateContainerConfigError``. Other sources (secrets, the downward API,
 resolved and leave their variable out; ``$(VAR)`` references in literals are kept as written.
 
 `references_configmaps` tells the node simulator whether a pod needs this at all (ordinary pods do not).
-Used by `services.kubesim.kubelet`. Pure: no I/O.
+Used by `tools.kubesim.kubelet`. Pure: no I/O.
 """
 
 from __future__ import annotations

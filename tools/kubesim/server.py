@@ -1,6 +1,6 @@
 """The HTTP shell of the simulated API server (aiohttp): routes requests to the pure `Cluster`.
 
-`KubeSim` is what tests and `python -m services.kubesim` run::
+`KubeSim` is what tests and `python -m tools.kubesim` run::
 
     sim = KubeSim(SimOptions(run_delay=0))
     sim.add_nodes(generated_nodes(4, 8))
@@ -35,18 +35,18 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from services.kubesim import discovery, protobuf
-from services.kubesim.admission import Attributes
-from services.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream, Write
-from services.kubesim.config import read_manifests
-from services.kubesim.errors import ApiError, bad_request, not_found
-from services.kubesim.faults import Fault, FaultPlan, Faults, read_plan, verb_of
-from services.kubesim.nodes import node_object
-from services.kubesim.resources import ResourceType
-from services.kubesim.tables import table
-from services.kubesim.webhooks import Webhooks
 from shared.errors import ConfigError
 from shared.model import Node
+from tools.kubesim import discovery, protobuf
+from tools.kubesim.admission import Attributes
+from tools.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream, Write
+from tools.kubesim.config import read_manifests
+from tools.kubesim.errors import ApiError, bad_request, not_found
+from tools.kubesim.faults import Fault, FaultPlan, Faults, read_plan, verb_of
+from tools.kubesim.nodes import node_object
+from tools.kubesim.resources import ResourceType
+from tools.kubesim.tables import table
+from tools.kubesim.webhooks import Webhooks
 
 __all__ = ["KubeSim", "kubeconfig_text"]
 
@@ -175,7 +175,7 @@ class KubeSim:
         self._watches: set[WatchStream] = set()
         self._stopping = False
         self.faults = Faults(faults)
-        """The fault plan in force (`services.kubesim.faults`), changed through `POST /kubesim/faults`."""
+        """The fault plan in force (`tools.kubesim.faults`), changed through `POST /kubesim/faults`."""
         self.bindings: dict[str, list[str]] = {}
         """Every accepted pods/binding call, per pod (`namespace/name`): the nodes, in order. A pod bound
         twice would show two; the chaos checker reads it through `GET /kubesim/bindings`."""
@@ -202,7 +202,7 @@ class KubeSim:
 
     @property
     def store(self) -> Any:
-        """The object store (`services.kubesim.store.Store`), for assertions."""
+        """The object store (`tools.kubesim.store.Store`), for assertions."""
         return self.cluster.store
 
     def add_nodes(self, nodes: Iterable[Node]) -> None:

@@ -7,15 +7,15 @@ capacity and allocatable cpu, memory, pods, `nvidia.com/gpu`, MIG and other exte
 `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` in MiB, `nvidia.com/gpu.present`, and
 `nvidia.com/mig.strategy` / `node-role.kubernetes.io/mig-enabled` for MIG nodes); taints; a Ready
 condition and nodeInfo with a kubelet version. `generated_nodes(n, gpus_per_node)` builds a uniform
-GPU cluster. Used by `services.kubesim.cluster.Cluster.add_nodes` (start-up). Pure: no I/O.
+GPU cluster. Used by `tools.kubesim.cluster.Cluster.add_nodes` (start-up). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.kubesim.objects import format_cpu, format_memory
 from shared.model import Node
+from tools.kubesim.objects import format_cpu, format_memory
 
 __all__ = ["KUBELET_VERSION", "generated_nodes", "node_object"]
 

@@ -1,9 +1,9 @@
 """Admission webhooks, the calling part: POSTs each matching webhook an AdmissionReview and folds the answers
 into the request, as the real API server's admission chain does.
 
-The server (`services.kubesim.server`) awaits `Webhooks.admit` on every create, update and delete after the
+The server (`tools.kubesim.server`) awaits `Webhooks.admit` on every create, update and delete after the
 cluster has prepared the object (`Cluster.begin_*`) and before it stores it (`Cluster.finish`). Which
-webhooks match, what is sent and what an answer means are pure (`services.kubesim.admission`); this module
+webhooks match, what is sent and what an answer means are pure (`tools.kubesim.admission`); this module
 only does the HTTP, with one aiohttp session per server (closed by `close`), per-webhook
 `timeoutSeconds`, and TLS verified against the webhook's `caBundle` (the system's roots without one).
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from services.kubesim import admission
-from services.kubesim.admission import MUTATING, VALIDATING, Attributes, Hook, WebhookCallError
+from tools.kubesim import admission
+from tools.kubesim.admission import MUTATING, VALIDATING, Attributes, Hook, WebhookCallError
 
 __all__ = ["Admitted", "Webhooks"]
 

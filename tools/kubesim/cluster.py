@@ -1,7 +1,7 @@
 """The simulated cluster's API semantics: what get, list, watch, create, update, patch, delete, binding and
 eviction do to the object store, plus garbage collection, namespaces, CRDs and start-up objects.
 
-`Cluster` is the pure heart of the simulated API server. The aiohttp shell (`services.kubesim.server`)
+`Cluster` is the pure heart of the simulated API server. The aiohttp shell (`tools.kubesim.server`)
 parses a request, calls one method here and encodes what it returns (or the `ApiError` it raises), then
 calls `settle()`, which runs the workload controllers (`controllers`), the default scheduler
 (`scheduler`) and the node simulator (`nodesim`) until nothing changes; `next_deadline()` tells it when
@@ -28,8 +28,9 @@ from typing import Any
 import msgspec
 import yaml
 
-from services.kubesim import kinds
-from services.kubesim.errors import (
+from shared.errors import ConfigError
+from tools.kubesim import kinds
+from tools.kubesim.errors import (
     ApiError,
     already_exists,
     bad_request,
@@ -39,16 +40,16 @@ from services.kubesim.errors import (
     not_found,
     status_success,
 )
-from services.kubesim.objects import clone, meta, new_uid, random_suffix, rfc3339
-from services.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
-from services.kubesim.resources import (
+from tools.kubesim.objects import clone, meta, new_uid, random_suffix, rfc3339
+from tools.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
+from tools.kubesim.resources import (
     EVENTS_V1_VIEW,
     Registry,
     ResourceType,
     builtin_types,
     crd_types,
 )
-from services.kubesim.selectors import (
+from tools.kubesim.selectors import (
     EVENTS_V1_FIELDS,
     EVERYTHING,
     FieldSelector,
@@ -56,8 +57,7 @@ from services.kubesim.selectors import (
     parse_fields,
     parse_labels,
 )
-from services.kubesim.store import Change, Store
-from shared.errors import ConfigError
+from tools.kubesim.store import Change, Store
 
 __all__ = [
     "BOOKMARK",
@@ -110,7 +110,7 @@ _SPEC_FIELDS_IGNORED = frozenset(("metadata", "status", "kind", "apiVersion"))
 
 
 class SimOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How the simulated cluster behaves (the CLI flags of `python -m services.kubesim`)."""
+    """How the simulated cluster behaves (the CLI flags of `python -m tools.kubesim`)."""
 
     run_delay: float = 0.5
     """Seconds from a pod's binding until it runs: long enough to see Pending-then-Running, short enough
@@ -270,9 +270,9 @@ class Cluster:
     """The simulated cluster: its resource types, its objects and what acts on them."""
 
     def __init__(self, options: SimOptions | None = None, *, clock: Callable[[], float]) -> None:
-        from services.kubesim.controllers import Controllers
-        from services.kubesim.nodesim import NodeSimulator
-        from services.kubesim.scheduler import DefaultScheduler
+        from tools.kubesim.controllers import Controllers
+        from tools.kubesim.nodesim import NodeSimulator
+        from tools.kubesim.scheduler import DefaultScheduler
 
         self.options = options or SimOptions()
         self.clock = clock
@@ -1101,7 +1101,7 @@ class Cluster:
 
     # --- nodes and manifests at start-up -----------------------------------------------------------------------
     def add_node(self, node: Obj) -> Obj:
-        """Create a node object (from `services.kubesim.nodes.node_object`) with its kubelet status filled."""
+        """Create a node object (from `tools.kubesim.nodes.node_object`) with its kubelet status filled."""
         self.nodesim.complete_node(node)
         return self.create(self.type_of("nodes"), None, node)
 

@@ -10,7 +10,7 @@ shell's watch streams, the controllers' dirty queues).
 Indexes keep writes O(1): objects by namespace, pods by `spec.nodeName` (any storage can index dotted
 fields), dependents by owner uid (garbage collection), and a sorted key list rebuilt lazily after
 creations and deletions (paginated lists). Semantics (validation, defaults, status, owners) live in
-`services.kubesim.cluster`; this module only stores. Pure: no I/O, no clock.
+`tools.kubesim.cluster`; this module only stores. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
-from services.kubesim.compact import Sharer
-from services.kubesim.errors import gone
+from tools.kubesim.compact import Sharer
+from tools.kubesim.errors import gone
 
 __all__ = ["Change", "EventType", "Key", "Storage", "Store"]
 

@@ -6,7 +6,7 @@ and resets the status of kinds with a status subresource, as the real registry s
 `validate` rejects obviously invalid objects with 422 Invalid; `check_pod_update` forbids the pod spec
 changes the real server forbids (a pod is bound only through pods/binding); `to_events_v1` and
 `from_events_v1` convert between the stored core/v1 Event and events.k8s.io/v1. Called by
-`services.kubesim.cluster`. Pure: no I/O.
+`tools.kubesim.cluster`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from services.kubesim import admission
-from services.kubesim.errors import ApiError, bad_request, invalid
-from services.kubesim.objects import clone, meta, rfc3339
-from services.kubesim.resources import ResourceType
+from tools.kubesim import admission
+from tools.kubesim.errors import ApiError, bad_request, invalid
+from tools.kubesim.objects import clone, meta, rfc3339
+from tools.kubesim.resources import ResourceType
 
 __all__ = [
     "JOB_CONTROLLER_UID_LABELS",

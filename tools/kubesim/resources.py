@@ -3,8 +3,8 @@
 A `ResourceType` is one group/version/plural as discovery announces it; several versions of one CRD share
 one storage (`ResourceType.storage`), and the two event APIs (core/v1 and events.k8s.io/v1) share the
 core events storage, the latter through a conversion (`view`). `Registry` is the mutable set of served
-types: `services.kubesim.cluster.Cluster` owns one, the discovery and OpenAPI documents
-(`services.kubesim.discovery`) read it, and creating or deleting a CRD adds or removes its types.
+types: `tools.kubesim.cluster.Cluster` owns one, the discovery and OpenAPI documents
+(`tools.kubesim.discovery`) read it, and creating or deleting a CRD adds or removes its types.
 Pure: no I/O.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from services.kubesim.errors import ApiError
+from tools.kubesim.errors import ApiError
 
 __all__ = [
     "ALL_VERBS",
@@ -346,7 +346,7 @@ def _stored_only() -> list[ResourceType]:
 
 
 def crd_types(crd: Obj) -> list[ResourceType]:
-    """The served versions of a CRD (already validated by `services.kubesim.validation.check_crd`)."""
+    """The served versions of a CRD (already validated by `tools.kubesim.validation.check_crd`)."""
     spec = crd["spec"]
     names = spec["names"]
     group = spec["group"]

@@ -7,7 +7,7 @@ runtime.Unknown message (type meta, raw object bytes). `kubectl auth can-i` and 
 reviews so too. `decode_object(body)` turns such a body into the JSON-like object the rest of the server handles, using field tables for those kinds only (the field
 numbers are those of the Kubernetes API's protobuf definitions). Empty singular values are dropped, as
 JSON's `omitempty` would; a field the tables do not know that carries a value is refused with 415, so
-nothing is lost silently. Called by the HTTP shell (`services.kubesim.server`). Pure: no I/O.
+nothing is lost silently. Called by the HTTP shell (`tools.kubesim.server`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import base64
 import datetime as dt
 from typing import Any
 
-from services.kubesim.errors import ApiError
+from tools.kubesim.errors import ApiError
 
 __all__ = ["MAGIC", "decode_object"]
 

@@ -11,7 +11,7 @@
   served: kubectl then builds strategic merge patches from its compiled-in types, and JSON merge patches
   for custom resources).
 
-Called by the HTTP shell (`services.kubesim.server`). Pure: no I/O.
+Called by the HTTP shell (`tools.kubesim.server`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from services.kubesim.resources import Registry, ResourceType
+from tools.kubesim.resources import Registry, ResourceType
 
 __all__ = [
     "AGGREGATED_V2",

@@ -11,7 +11,7 @@
   are honoured. It does not know the per-type schema, so a list the real server would replace but that
   has one of those field names is merged.
 
-Called by `services.kubesim.cluster` (PATCH requests and server-side apply). Every function returns a new
+Called by `tools.kubesim.cluster` (PATCH requests and server-side apply). Every function returns a new
 object and leaves its inputs alone. Pure: no I/O.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from services.kubesim.errors import ApiError, bad_request
+from tools.kubesim.errors import ApiError, bad_request
 
 __all__ = ["PatchError", "json_patch", "merge_patch", "strategic_merge_patch"]
 

@@ -8,7 +8,7 @@
   conditions PodReadyToStartContainers/Initialized/ContainersReady/Ready/PodScheduled True,
   containerStatuses ready and running, podIP, hostIP, startTime.
 - A pod that asks for ``nvidia.com/gpu``, takes variables from ConfigMaps or runs in the reservation
-  namespace starts through `services.kubesim.kubelet` (device admission, the containers' environment, the
+  namespace starts through `tools.kubesim.kubelet` (device admission, the containers' environment, the
   reservation container's program): it may be refused (Failed), wait for a ConfigMap (Pending, tried
   again when a ConfigMap of its namespace changes and every 10 s) or run, its devices held until it is
   deleted or terminates. Other pods skip that work entirely.
@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from services.kubesim.kubelet import (
+from shared.errors import InvalidObject
+from shared.kube.gpu_sharing import RESERVATION_CONTAINER
+from tools.kubesim.kubelet import (
     CONFIG_RETRY_SECONDS,
     Kubelet,
     Rejected,
@@ -40,14 +42,12 @@ from services.kubesim.kubelet import (
     reservation_patch,
     waiting_pod,
 )
-from services.kubesim.nodes import KUBELET_VERSION
-from services.kubesim.objects import meta, parse_time, rfc3339
-from services.kubesim.store import Change, Key
-from shared.errors import InvalidObject
-from shared.kube.gpu_sharing import RESERVATION_CONTAINER
+from tools.kubesim.nodes import KUBELET_VERSION
+from tools.kubesim.objects import meta, parse_time, rfc3339
+from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
-    from services.kubesim.cluster import Cluster
+    from tools.kubesim.cluster import Cluster
 
 __all__ = ["RUN_SECONDS", "NodeSimulator", "run_seconds_of"]
 
@@ -100,7 +100,7 @@ class NodeSimulator:
         self._conditions: dict[tuple[str, str], list[Obj]] = {}
         self._node_ips = itertools.count(1)
         self.kubelet = Kubelet(cluster)
-        """Devices, container environments and reservation programs (`services.kubesim.kubelet`)."""
+        """Devices, container environments and reservation programs (`tools.kubesim.kubelet`)."""
         cluster.store.storage("pods").listeners.append(self._pod_change)
         cluster.store.storage("nodes").listeners.append(self._node_change)
         cluster.store.storage("configmaps").listeners.append(self._configmap_change)

@@ -5,10 +5,10 @@ Only pods that need it come here (`Kubelet.involved`): a pod asking for ``nvidia
 variables from ConfigMaps, or a pod of the reservation namespace; the node simulator starts every other
 pod without any of this. `Kubelet.start` decides, in the kubelet's order:
 
-1. **Admission** (`services.kubesim.devices`): the containers get their devices, or the pod is refused
+1. **Admission** (`tools.kubesim.devices`): the containers get their devices, or the pod is refused
    (`Rejected`: phase Failed, reason ``UnexpectedAdmissionError``, message ``Pod was rejected: Allocate
    failed due to requested number of devices unavailable ...``), as the kubelet rejects a pod.
-2. **Environment** (`services.kubesim.containerenv`): a required ConfigMap or key that is missing keeps the
+2. **Environment** (`tools.kubesim.containerenv`): a required ConfigMap or key that is missing keeps the
    pod Pending (`Waiting`) with the container waiting, reason ``CreateContainerConfigError``; the pod keeps
    its devices, and the node simulator tries again when a ConfigMap of its namespace changes and every
    `CONFIG_RETRY_SECONDS`, as the kubelet's pod worker does.
@@ -20,7 +20,7 @@ pod without any of this. `Kubelet.start` decides, in the kubelet's order:
    result written by `reserved_device_patch`; the node simulator applies it to the pod as a merge patch.
 
 A pod holds its devices and its record until it is deleted or terminates (`forget`). `node_devices` is
-what ``GET /kubesim/v1/nodes/{node}/devices`` answers. Used by `services.kubesim.nodesim`. Pure: no I/O.
+what ``GET /kubesim/v1/nodes/{node}/devices`` answers. Used by `tools.kubesim.nodesim`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -29,13 +29,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from services.kubesim.containerenv import (
+from shared.kube.gpu_sharing import (
+    NVIDIA_VISIBLE_DEVICES,
+    RESERVATION_CONTAINER,
+    RESERVATION_NAMESPACE,
+    reserved_device_patch,
+    visible_device_uuids,
+)
+from tools.kubesim.containerenv import (
     CONFIG_ERROR,
     ContainerConfigError,
     references_configmaps,
     resolve_env,
 )
-from services.kubesim.devices import (
+from tools.kubesim.devices import (
     DevicePlugin,
     FakeNvml,
     PodDevices,
@@ -45,16 +52,9 @@ from services.kubesim.devices import (
     node_device_uuids,
     requests_gpus,
 )
-from shared.kube.gpu_sharing import (
-    NVIDIA_VISIBLE_DEVICES,
-    RESERVATION_CONTAINER,
-    RESERVATION_NAMESPACE,
-    reserved_device_patch,
-    visible_device_uuids,
-)
 
 if TYPE_CHECKING:
-    from services.kubesim.cluster import Cluster
+    from tools.kubesim.cluster import Cluster
 
 __all__ = [
     "CONFIG_RETRY_SECONDS",
