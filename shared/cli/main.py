@@ -182,7 +182,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(_args: argparse.Namespace) -> int:
-    demo = importlib.import_module("shared.sim.demo")
+    demo = importlib.import_module("tools.sim.demo")
     code = demo.main()
     return code if isinstance(code, int) else EXIT_OK
 

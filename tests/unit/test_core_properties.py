@@ -19,7 +19,7 @@ from shared.core.session import Session
 from shared.core.tasks import N_BASE
 from shared.model import Node, PodStatus, Queue, QueueResource
 from shared.model.builders import gang
-from shared.sim.simulator import Simulator
+from tools.sim.simulator import Simulator
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 

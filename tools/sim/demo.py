@@ -12,7 +12,7 @@ from rich.table import Table
 from shared.core.policy import Policy
 from shared.model import Queue, QueueResource
 from shared.model.builders import gang, gpu_nodes
-from shared.sim.simulator import Simulator
+from tools.sim.simulator import Simulator
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
