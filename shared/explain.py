@@ -1,6 +1,6 @@
 """The answer to "why is my pod pending?" (and "why was it evicted?"), in plain words; pure.
 
-Called by `kairos explain` (`shared.cli.explain`), which gathers the inputs from a running stack, and by
+Called by `kairos explain` (`tools.cli.explain`), which gathers the inputs from a running stack, and by
 the state service's write-back (`failed_scheduling_message`, `eviction_reason`), so that kubectl's
 Events, PodGroup status and `kairos explain` say the same thing. Inputs are values: the cluster as the
 state service holds it, the last public events about the pod and its podgroup, and the reason the state

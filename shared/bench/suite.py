@@ -4,7 +4,7 @@
 workload in each mode (in-process first, then over the bus), the two scaling curves on SchedulingBasic-like
 load (bus throughput against nodes, then against placement replicas), the state replica's memory target,
 and judges issue 6's targets; `say` gets one line per finished measurement. A measurement that fails is
-recorded as a note and the run goes on. Called by `shared.cli.bench`.
+recorded as a note and the run goes on. Called by `tools.cli.bench`.
 """
 
 from __future__ import annotations

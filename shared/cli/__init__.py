@@ -1,1 +1,1 @@
-"""The ``kairos`` command-line tool; its entry point is ``shared.cli.main:main``."""
+"""The local stack supervisor (`stack`), on its way to `tools.stack`."""

@@ -42,7 +42,7 @@ def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
 
 def kairos(stack: Stack, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", *args, "--state-dir", str(stack.state_dir)],
+        [sys.executable, "-m", "tools.cli.main", *args, "--state-dir", str(stack.state_dir)],
         capture_output=True,
         text=True,
         timeout=60,

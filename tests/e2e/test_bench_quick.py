@@ -26,7 +26,7 @@ when it is quiet, longer when other work shares its two cores."""
 def test_the_quick_benchmark_measures_every_workload_in_both_modes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", "bench", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "tools.cli.main", "bench", "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=BUDGET,

@@ -30,7 +30,7 @@ pods:
 
 def kairos(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", *args],
+        [sys.executable, "-m", "tools.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -180,7 +180,7 @@ def test_a_cluster_file_submitted_to_a_kubernetes_stack_is_refused_with_what_to_
         [
             sys.executable,
             "-m",
-            "shared.cli.main",
+            "tools.cli.main",
             "submit",
             "examples/work.yaml",
             "--state-dir",

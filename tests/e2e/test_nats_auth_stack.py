@@ -96,7 +96,7 @@ def test_a_stack_with_authentication_works_and_logs_no_secret(tmp_path: Path) ->
         asyncio.run(_drive(stack.url_as(OPERATOR), stack.nats.url))
         # The CLI finds the operator's credentials in the state directory.
         status = subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", "status", "--state-dir", str(state_dir), "--all"],
+            [sys.executable, "-m", "tools.cli.main", "status", "--state-dir", str(state_dir), "--all"],
             capture_output=True,
             text=True,
             timeout=60,

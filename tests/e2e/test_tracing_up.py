@@ -28,7 +28,7 @@ pods:
 
 def kairos(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", *args],
+        [sys.executable, "-m", "tools.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -31,7 +31,6 @@ from shared.bus.client import BusClient
 from shared.bus.connection import Bus
 from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext, serve
-from shared.cli.explain import gather
 from shared.cli.stack import free_port
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission
@@ -45,6 +44,7 @@ from shared.security.permissions import STATE as STATE_IDENTITY
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_nats_auth import admin, as_service, auth_server
 from tests.integration.test_queue_placement import Running, current_lease, eventually, ready
+from tools.cli.explain import gather
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from shared.bench.manifests import (
     topology_manifest,
 )
 from shared.bench.report import MemoryResult, Record, Report, encode, plot, targets
-from shared.cli.main import main
 from shared.clusterfile import parse_cluster
 from shared.kube import translate, wire
 from shared.model import PodStatus
 from tests.admission import admitted
+from tools.cli.main import main
 from tools.kubesim.nodes import generated_nodes
 
 ISSUE_KEYS = {

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from shared.chaos.workload import LIMITED_GPUS, LIMITED_QUEUE, build
-from shared.cli.main import main
+from tools.cli.main import main
 
 
 def test_the_pods_come_in_waves_with_a_third_first() -> None:

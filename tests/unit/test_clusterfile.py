@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli.main import main
 from shared.clusterfile import (
     RUN_SECONDS_LABEL,
     ClusterObjects,
@@ -32,6 +31,7 @@ from shared.model import (
     TopologyConstraint,
 )
 from shared.model.objects import Taint
+from tools.cli.main import main
 
 EXAMPLE = """
 nodes:

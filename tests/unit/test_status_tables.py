@@ -1,4 +1,4 @@
-"""Specs for `kairos status`'s tables (shared.cli.cluster_cmds.status_tables)."""
+"""Specs for `kairos status`'s tables (tools.cli.cluster_cmds.status_tables)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
-from shared.cli.cluster_cmds import status_tables
 from shared.contracts.messages import SnapshotReply
 from shared.model import Node
 from shared.model.objects import DeviceUsage
+from tools.cli.cluster_cmds import status_tables
 
 
 def _render(tables: list[object]) -> str:

@@ -1,7 +1,7 @@
 """`kairos chaos`: the chaos suite (`make chaos`): load, kills, a nats-server restart and API-server faults on
 the whole Kubernetes-path stack, then the independent checker's verdict (`shared.chaos`).
 
-Registered by `shared.cli.main`; the suite is imported when the command runs.
+Registered by `tools.cli.main`; the suite is imported when the command runs.
 
     kairos chaos                    5,000 pods, 2 replicas of every service (the full run)
     kairos chaos --quick            a few hundred pods, shorter faults (the CI test's size)

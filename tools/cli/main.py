@@ -1,6 +1,6 @@
 """The ``kairos`` command: argument parsing and the subcommands' thin shells.
 
-Console-script entry point ``kairos = shared.cli.main:main``; tests call :func:`main` in-process
+Console-script entry point ``kairos = tools.cli.main:main``; tests call :func:`main` in-process
 with an argv list. Subcommands::
 
     kairos conformance run CASE.yaml [--json] [--via-bus]   run one case, print result + verdict
@@ -80,13 +80,13 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
 
-    from shared.cli import bench, cluster_cmds, explain, up
+    from tools.cli import bench, cluster_cmds, explain, up
 
     up.add_commands(commands)
     cluster_cmds.add_commands(commands)
     explain.add_commands(commands)
     bench.add_commands(commands)
-    importlib.import_module("shared.cli.chaos").add_commands(commands)
+    importlib.import_module("tools.cli.chaos").add_commands(commands)
     return parser
 
 

@@ -1,6 +1,6 @@
 """`kairos explain POD|PODGROUP`: why it is pending, where it runs, or why it was evicted, in plain words.
 
-Registered by `shared.cli.main`. Gathers, from the running stack (found as `kairos status` finds it):
+Registered by `tools.cli.main`. Gathers, from the running stack (found as `kairos status` finds it):
 the cluster as the state service holds it (a snapshot), the newest public events about the pod and its
 podgroup (pod-unschedulable, pod-evicted, pod-bound, podgroup-state, and the quota gate's
 podgroup-admission, kept in the `KAIROS_EVENTS` stream), and the state service's reason for holding the object back when it does; then
@@ -20,8 +20,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from shared.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, nats_url
 from shared.errors import ConfigError, TemporaryError
+from tools.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, nats_url
 
 if TYPE_CHECKING:
     from shared.bus.client import BusClient

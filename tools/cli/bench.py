@@ -1,6 +1,6 @@
 """`kairos bench`: the benchmark suite (`make bench`, `make bench-quick`), in-process and end to end over NATS.
 
-Registered by `shared.cli.main`; the measurements live in `shared.bench` (imported when the command runs).
+Registered by `tools.cli.main`; the measurements live in `shared.bench` (imported when the command runs).
 
     kairos bench                           every workload in both modes, scaling curves, memory target
     kairos bench --quick                   the same at reduced sizes (under 3 minutes here): the CI smoke test

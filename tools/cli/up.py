@@ -131,7 +131,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     argv = [
         sys.executable,
         "-m",
-        "shared.cli.main",
+        "tools.cli.main",
         "up",
         "--state-dir",
         str(state_dir),
@@ -177,7 +177,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    # Services are separate packages the shared library must not import: run the module as a program.
+    # The service runs as its own program (`python -m services.NAME`), as the local stack starts it.
     # Exec, not a child process: as a container's PID 1 the service itself must get SIGTERM to drain (a
     # parent PID 1 without a handler would ignore the signal and the pod would be killed mid-work).
     argv = [sys.executable, "-m", f"services.{args.service}", *args.args]

@@ -1,6 +1,6 @@
 """`kairos submit` and `kairos status`: talk to a running stack's state service.
 
-Registered by `shared.cli.main` (`add_commands`); the handlers import NATS and the scheduling core only
+Registered by `tools.cli.main` (`add_commands`); the handlers import NATS and the scheduling core only
 when they run, so `kairos --help` stays fast. Both find the stack by `--nats-url URL`, or by the
 `nats.url` file `kairos up` writes into its state directory (`--state-dir`, default `.kairos`)::
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from shared.cli.up import DEFAULT_STATE_DIR
 from shared.errors import ConfigError, InvalidObject, TemporaryError
 from shared.security.redact import redact_url
+from tools.cli.up import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
     from shared.bus.client import BusClient

@@ -1,0 +1,1 @@
+"""The ``kairos`` command-line tool; its entry point is ``tools.cli.main:main``."""
