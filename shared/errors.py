@@ -1,6 +1,6 @@
 """Kairos's exception tree; every layer raises these and the shells map them to an outcome.
 
-Raised by the loaders and validators (``shared.conformance.case``, later the config and message
+Raised by the loaders and validators (``tools.conformance.case``, later the config and message
 decoders) and by the binder; caught by the shells: the ``kairos`` command turns a
 ``KairosError`` into one ``kairos: <message>`` line and exit code 2, the bus shell will turn
 it into a message fate. Third-party errors (msgspec, PyYAML, nats) are translated into these at

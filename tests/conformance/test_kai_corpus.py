@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.conformance import corpus_dir
-from shared.conformance.case import iter_case_files, load_case
-from shared.conformance.judge import judge
+from tools.conformance import corpus_dir
+from tools.conformance.case import iter_case_files, load_case
+from tools.conformance.judge import judge
 
 CORPUS = corpus_dir()
 KNOWN_FAILURES_FILE = Path(__file__).with_name("known_failures.yaml")
@@ -40,7 +40,7 @@ def _params() -> list[object]:
 @pytest.mark.conformance
 @pytest.mark.parametrize("path", _params())
 def test_kai_case(path: Path) -> None:
-    from shared.conformance.runner import run_case
+    from tools.conformance.runner import run_case
 
     case = load_case(path)
     mismatches = judge(case, run_case(case))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.conformance.case import iter_case_files, load_case
-from shared.conformance.judge import judge
+from tools.conformance.case import iter_case_files, load_case
+from tools.conformance.judge import judge
 
 EXTRA = Path(__file__).with_name("extra")
 
@@ -21,7 +21,7 @@ EXTRA = Path(__file__).with_name("extra")
     "path", [pytest.param(p, id=p.relative_to(EXTRA).as_posix()) for p in iter_case_files([EXTRA])]
 )
 def test_extra_kai_case(path: Path) -> None:
-    from shared.conformance.runner import run_case
+    from tools.conformance.runner import run_case
 
     case = load_case(path)
     mismatches = judge(case, run_case(case))

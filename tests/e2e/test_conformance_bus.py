@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.conformance import corpus_dir
-from shared.conformance.bus_runner import run_case_via_bus
-from shared.conformance.case import iter_case_files, load_case
-from shared.conformance.judge import judge
-from shared.conformance.result import encode_result
-from shared.conformance.runner import run_case
+from tools.conformance import corpus_dir
+from tools.conformance.bus_runner import run_case_via_bus
+from tools.conformance.case import iter_case_files, load_case
+from tools.conformance.judge import judge
+from tools.conformance.result import encode_result
+from tools.conformance.runner import run_case
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from shared.conformance import corpus_dir
-from shared.conformance.case import Case, iter_case_files, load_case
 from shared.errors import InvalidObject
+from tools.conformance import corpus_dir
+from tools.conformance.case import Case, iter_case_files, load_case
 
 if TYPE_CHECKING:
     from collections.abc import Callable

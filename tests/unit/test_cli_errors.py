@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shared.conformance import corpus_dir
 from tools.cli.main import main
+from tools.conformance import corpus_dir
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -1,5 +1,5 @@
 """Fuzzing the files users write: cluster files (`shared.clusterfile.parse_cluster`) and conformance case
-files (`shared.conformance.case.load_case`). Any text, any YAML document, and documents of the right shape
+files (`tools.conformance.case.load_case`). Any text, any YAML document, and documents of the right shape
 with wrong values at any depth load, or raise `InvalidObject` naming the file, and the field whenever the
 document is a mapping; never a bare KeyError, TypeError or YAML error.
 
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.clusterfile import ClusterObjects, parse_cluster
-from shared.conformance.case import Case, load_case
 from shared.errors import InvalidObject
 from tests.unit.test_fuzz_contracts import GARBAGE, shaped
+from tools.conformance.case import Case, load_case
 
 FUZZ = settings(
     derandomize=True,

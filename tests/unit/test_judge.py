@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import msgspec
 import pytest
 
-from shared.conformance import corpus_dir
-from shared.conformance.case import Case, Expected, ExpectedNode, iter_case_files, load_case
-from shared.conformance.judge import judge
-from shared.conformance.result import (
+from tools.conformance import corpus_dir
+from tools.conformance.case import Case, Expected, ExpectedNode, iter_case_files, load_case
+from tools.conformance.judge import judge
+from tools.conformance.result import (
     CaseResult,
     Checkpoint,
     ObservedJob,

@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.conformance.case import Case, iter_case_files, load_case
-from shared.conformance.judge import judge
-from shared.conformance.result import CaseResult, encode_result
 from shared.errors import InvalidObject, KairosError
+from tools.conformance.case import Case, iter_case_files, load_case
+from tools.conformance.judge import judge
+from tools.conformance.result import CaseResult, encode_result
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -98,7 +98,7 @@ def _error(message: str) -> None:
 def _runner() -> Callable[[Case], CaseResult]:
     # Imported on use: the runner pulls in the whole scheduling core, which `kairos demo` and
     # argument errors do not need.
-    module = importlib.import_module("shared.conformance.runner")
+    module = importlib.import_module("tools.conformance.runner")
     run_case: Callable[[Case], CaseResult] = module.run_case
     return run_case
 
@@ -114,7 +114,7 @@ def _load(path: Path) -> Case:
 def _cmd_run(args: argparse.Namespace) -> int:
     case = _load(args.case)
     if args.via_bus:
-        from shared.conformance.bus_runner import run_case_via_bus
+        from tools.conformance.bus_runner import run_case_via_bus
 
         result = run_case_via_bus(case)
     else:

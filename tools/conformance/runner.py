@@ -12,16 +12,6 @@ from collections.abc import Callable
 
 import msgspec
 
-from shared.conformance import case as c
-from shared.conformance.build import CaseState, build_snapshot
-from shared.conformance.result import (
-    CaseResult,
-    Checkpoint,
-    ObservedJob,
-    ObservedNode,
-    ObservedTask,
-    RoundCounts,
-)
 from shared.contracts.messages import SessionView
 from shared.contracts.views import session_view
 from shared.core.policy import Policy
@@ -29,6 +19,16 @@ from shared.core.scheduler import run_session
 from shared.core.session import Session
 from shared.model import Snapshot
 from shared.model.status import PodStatus
+from tools.conformance import case as c
+from tools.conformance.build import CaseState, build_snapshot
+from tools.conformance.result import (
+    CaseResult,
+    Checkpoint,
+    ObservedJob,
+    ObservedNode,
+    ObservedTask,
+    RoundCounts,
+)
 
 NOW = 1_000_000.0
 DEFAULT_ROUNDS_UNTIL_MATCH = 2

@@ -1,7 +1,7 @@
 """What a conformance run observed: the runner's output, in the README's JSON shape.
 
-The runner (``shared.conformance.runner.run_case``) builds a :class:`CaseResult`; the judge
-(``shared.conformance.judge``) compares it with the case; ``kairos conformance run --json``
+The runner (``tools.conformance.runner.run_case``) builds a :class:`CaseResult`; the judge
+(``tools.conformance.judge``) compares it with the case; ``kairos conformance run --json``
 prints it with :func:`encode_result`, and the bus path must produce the same bytes. Field order
 is the README's, so the encoded JSON reads like its example. The structs are mutable on purpose:
 the runner fills them in as the rounds go.

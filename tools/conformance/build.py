@@ -3,14 +3,13 @@
 Applies the defaults of KAI's test fakes (SEMANTICS.md §2-7): node allocatable and labels, queue and
 department defaults (the synthetic `default` department), job order, creation times, preemptibility,
 per-task requests (fractions, GPU memory, MIG, best effort), gangs and sub-groups. Called by
-`shared.conformance.runner` once per round.
+`tools.conformance.runner` once per round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.conformance import case as c
 from shared.model import (
     GpuRequest,
     LabelSelectorTerm,
@@ -30,6 +29,7 @@ from shared.model import (
 )
 from shared.model.objects import UNLIMITED
 from shared.model.status import ALLOCATED
+from tools.conformance import case as c
 
 DEFAULT_CPU_MILLIS = 20_000_000.0
 DEFAULT_MEMORY_BYTES = 2e10

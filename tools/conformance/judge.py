@@ -1,7 +1,7 @@
 """The conformance judge: does a run's output satisfy its case? (SEMANTICS.md §8 and §9).
 
-Pure function of a :class:`~shared.conformance.case.Case` and the runner's
-:class:`~shared.conformance.result.CaseResult`; called by ``kairos conformance run/check`` and
+Pure function of a :class:`~tools.conformance.case.Case` and the runner's
+:class:`~tools.conformance.result.CaseResult`; called by ``kairos conformance run/check`` and
 by the corpus tests. It returns one human-readable line per mismatch (empty = pass), each
 naming the checkpoint (0 = the first match, ``k`` = the k-th round after it) or round, the
 object and the field, e.g. ``checkpoint 2: job j task j-0: status Releasing, expected Running``.
@@ -27,8 +27,8 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.conformance.case import Case, Expected
-    from shared.conformance.result import CaseResult, Checkpoint, ObservedJob, ObservedTask
+    from tools.conformance.case import Case, Expected
+    from tools.conformance.result import CaseResult, Checkpoint, ObservedJob, ObservedTask
 
 __all__ = ["judge"]
 

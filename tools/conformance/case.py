@@ -4,8 +4,8 @@ One YAML file of ``shared/conformance/kai/cases`` (schema_version 1) becomes one
 :class:`Case`. Field names, order and units follow SCHEMA.md exactly; keys SCHEMA.md marks
 optional have defaults, every other key is required, and an unknown key is an error.
 
-Called by the conformance runner and builder (``shared.conformance.runner`` / ``build``), the
-judge (``shared.conformance.judge``), the ``kairos conformance`` command and the tests.
+Called by the conformance runner and builder (``tools.conformance.runner`` / ``build``), the
+judge (``tools.conformance.judge``), the ``kairos conformance`` command and the tests.
 :func:`load_case` raises :class:`shared.errors.InvalidObject` for anything wrong with a file
 (YAML syntax, shape, or the semantic rules in :func:`validate_case`); it lets ``OSError``
 through so callers can tell "unreadable" from "invalid".

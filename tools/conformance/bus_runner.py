@@ -4,7 +4,7 @@ Starts the local stack (one replica each, whole-cycle work items) in a temporary
 for each round: loads the round's cluster into the state service (`cluster.apply`, replace), asks the
 queue leader for one cycle (`admin.<shard>.cycle`), and reads the binder's outcome: its counts and the
 session view placement attached. The harness's write-back and the match on a rebuilt session are the
-same as in-process (`shared.conformance.runner`), so both modes print the same JSON for the same case.
+same as in-process (`tools.conformance.runner`), so both modes print the same JSON for the same case.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 from shared.bus.client import BusClient
 from shared.cli.stack import start_stack
-from shared.conformance import case as c
-from shared.conformance.result import CaseResult, RoundCounts
-from shared.conformance.runner import NOW, run_rounds
 from shared.contracts.messages import ApplyRequest, CycleRequest, SessionView
 from shared.core.policy import Policy
 from shared.errors import TemporaryError
 from shared.model import Snapshot
+from tools.conformance import case as c
+from tools.conformance.result import CaseResult, RoundCounts
+from tools.conformance.runner import NOW, run_rounds
 
 
 async def _round(client: BusClient, snapshot: Snapshot, policy: Policy) -> tuple[RoundCounts, SessionView]:
