@@ -1,7 +1,7 @@
 """The short chaos run (CI): a few hundred pods through the Kubernetes path with two replicas of every
 service, while one replica of each service is killed with SIGKILL (and restarted), nats-server restarts on
 its JetStream store, and the simulated API server answers 500s, 429s, slow answers, drops its watches and
-answers their resumes 410 Gone. The independent checker (`shared.chaos.checker`) must find nothing: every
+answers their resumes 410 Gone. The independent checker (`tools.chaos.checker`) must find nothing: every
 pod bound exactly once or reported unschedulable with a reason, no node or GPU over capacity, no partial
 gang, no queue over its limit, no proposal committed twice. Recovery times are printed."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.chaos.runner import FAULTS, ChaosOptions, run
+from tools.chaos.runner import FAULTS, ChaosOptions, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.chaos.checker import Observed, OutcomeSeen, Verdict, check, quantity
+from tools.chaos.checker import Observed, OutcomeSeen, Verdict, check, quantity
 
 Obj = dict[str, Any]
 

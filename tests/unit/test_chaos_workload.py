@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from shared.chaos.workload import LIMITED_GPUS, LIMITED_QUEUE, build
+from tools.chaos.workload import LIMITED_GPUS, LIMITED_QUEUE, build
 from tools.cli.main import main
 
 

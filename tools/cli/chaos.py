@@ -1,5 +1,5 @@
 """`kairos chaos`: the chaos suite (`make chaos`): load, kills, a nats-server restart and API-server faults on
-the whole Kubernetes-path stack, then the independent checker's verdict (`shared.chaos`).
+the whole Kubernetes-path stack, then the independent checker's verdict (`tools.chaos`).
 
 Registered by `tools.cli.main`; the suite is imported when the command runs.
 
@@ -39,8 +39,8 @@ def _say(line: str) -> None:
 def cmd_chaos(args: argparse.Namespace) -> int:
     import msgspec
 
-    from shared.chaos.runner import ChaosOptions, run
     from shared.errors import ConfigError
+    from tools.chaos.runner import ChaosOptions, run
 
     pods = args.pods if args.pods is not None else (QUICK_PODS if args.quick else 5000)
     if pods < 1:

@@ -1,6 +1,6 @@
 """Fault injection for the simulated API server: which requests fail, how, and what was injected.
 
-The chaos suite (`shared.chaos`) and the fault tests drive it; the HTTP shell (`tools.kubesim.server`)
+The chaos suite (`tools.chaos`) and the fault tests drive it; the HTTP shell (`tools.kubesim.server`)
 asks `Faults.pick(verb, resource, resume=...)` once per resource request and applies the answer: wait
 `delay` seconds, then answer `status` (500, 503 or 429 with a Retry-After header) instead of doing the
 request, or, for a watch that resumes from a resourceVersion, answer the 410 Expired ERROR event a real

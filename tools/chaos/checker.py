@@ -1,6 +1,6 @@
 """The chaos suite's independent checker: after a run, is the cluster in a state a correct scheduler leaves?
 
-`check(observed)` is a pure function of what the runner (`shared.chaos.runner`) read afterwards: the API
+`check(observed)` is a pure function of what the runner (`tools.chaos.runner`) read afterwards: the API
 server's pods, nodes, PodGroups, Queues and Events as raw JSON, the simulated API server's record of every
 accepted pods/binding call, the ledger's pod claims and the binders' outcomes seen on NATS. It reuses no
 scheduler code (no translation, no model, no quantity parser): its rules are written from the Kubernetes

@@ -3,7 +3,7 @@ the API server misbehaves; then the independent checker's verdict.
 
 `run(options)` starts the simulated API server, nats-server and at least two replicas of every service
 (`shared.cli.stack.start_stack`), creates the workload's queues through the API, then, wave by wave, a
-third of a wave of pods and PodGroups (`shared.chaos.workload`), one fault once binding is under way, a
+third of a wave of pods and PodGroups (`tools.chaos.workload`), one fault once binding is under way, a
 third while it is on and the last third once it is over:
 
 - `kill`: SIGKILL one random replica of a service, start it again a second later (as a kubelet would);
@@ -19,7 +19,7 @@ pod bound (seen on a watch of pods) after the fault began and after it ended, an
 or a restarted nats-server, until every replica sent a ready heartbeat again. When the binds stop
 (nothing new for `quiet` seconds) it reads the API server (pods, nodes, PodGroups, Queues, Events, the
 binding record), the ledger's claims from JetStream and the binders' outcomes it heard, and hands them to
-`shared.chaos.checker.check`. Called by `kairos chaos` and the CI test.
+`tools.chaos.checker.check`. Called by `kairos chaos` and the CI test.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ import msgspec
 
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
-from shared.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
-from shared.chaos.workload import NAMESPACE, Group, Workload, build
 from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, OUTCOMES
@@ -53,6 +51,8 @@ from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
+from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
+from tools.chaos.workload import NAMESPACE, Group, Workload, build
 
 __all__ = ["ChaosOptions", "ChaosReport", "FaultRecord", "run"]
 
