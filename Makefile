@@ -35,10 +35,10 @@ conformance:
 	$(BIN)/kairos conformance check $(CONFORMANCE_CASES)
 
 bench-core:
-	$(BIN)/python -m benchmarks.core
+	$(BIN)/python -m tools.bench.core
 
 bench-tracing:
-	$(BIN)/python -m benchmarks.tracing
+	$(BIN)/python -m tools.bench.tracing_overhead
 
 # The benchmark suite (issue 6): every workload in-process and over NATS, scaling curves, memory target.
 bench: bench-core bench-tracing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.bench.workloads import NAMES
+from tools.bench.workloads import NAMES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,20 +13,20 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared.bench import measure, procstats, workloads
-from shared.bench.inprocess import run_inprocess
-from shared.bench.manifests import (
+from shared.clusterfile import parse_cluster
+from shared.kube import translate, wire
+from shared.model import PodStatus
+from tests.admission import admitted
+from tools.bench import measure, procstats, workloads
+from tools.bench.inprocess import run_inprocess
+from tools.bench.manifests import (
     cluster_file_text,
     pod_manifest,
     podgroup_manifest,
     queue_manifest,
     topology_manifest,
 )
-from shared.bench.report import MemoryResult, Record, Report, encode, plot, targets
-from shared.clusterfile import parse_cluster
-from shared.kube import translate, wire
-from shared.model import PodStatus
-from tests.admission import admitted
+from tools.bench.report import MemoryResult, Record, Report, encode, plot, targets
 from tools.cli.main import main
 from tools.kubesim.nodes import generated_nodes
 

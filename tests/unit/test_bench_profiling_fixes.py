@@ -21,13 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
-from shared.bench import workloads
 from shared.core.actions import common
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.session import Session
 from shared.model import Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from tools.bench import workloads
 
 NOW = 1_800_000_000.0
 

@@ -1,6 +1,6 @@
 """`kairos bench`: the benchmark suite (`make bench`, `make bench-quick`), in-process and end to end over NATS.
 
-Registered by `tools.cli.main`; the measurements live in `shared.bench` (imported when the command runs).
+Registered by `tools.cli.main`; the measurements live in `tools.bench` (imported when the command runs).
 
     kairos bench                           every workload in both modes, scaling curves, memory target
     kairos bench --quick                   the same at reduced sizes (under 3 minutes here): the CI smoke test
@@ -20,8 +20,8 @@ from pathlib import Path
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from shared.bench.report import MODES
-    from shared.bench.workloads import NAMES
+    from tools.bench.report import MODES
+    from tools.bench.workloads import NAMES
 
     bench = commands.add_parser("bench", help="run the benchmark suite (in-process and over NATS)")
     bench.add_argument("--quick", action="store_true", help="reduced sizes (the CI smoke test)")
@@ -42,8 +42,8 @@ def _say(line: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from shared.bench import suite, workloads
-    from shared.bench.report import encode, plot
+    from tools.bench import suite, workloads
+    from tools.bench.report import encode, plot
 
     plan = suite.Plan(
         quick=args.quick,

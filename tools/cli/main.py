@@ -12,7 +12,7 @@ with an argv list. Subcommands::
     kairos submit FILE.yaml [--nats-url URL | --state-dir DIR]   apply a cluster file to the stack
     kairos status [--nats-url URL | --state-dir DIR] [--all]     queues, podgroups, pods as tables
     kairos explain POD|PODGROUP [-n NS] [--json]                  why it is pending, running or evicted
-    kairos bench [--quick] [--json OUT] [--plot OUT.png]          the benchmark suite (shared.bench)
+    kairos bench [--quick] [--json OUT] [--plot OUT.png]          the benchmark suite (tools.bench)
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
 failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing

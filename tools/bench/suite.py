@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from shared.bench import workloads
-from shared.bench.bus import BusOptions, run_bus
-from shared.bench.inprocess import run_inprocess
-from shared.bench.memory import measure_replica
-from shared.bench.report import MODES, Record, Report, ScalingPoint, targets
 from shared.errors import ConfigError, KairosError
+from tools.bench import workloads
+from tools.bench.bus import BusOptions, run_bus
+from tools.bench.inprocess import run_inprocess
+from tools.bench.memory import measure_replica
+from tools.bench.report import MODES, Record, Report, ScalingPoint, targets
 
 __all__ = ["MODES", "Plan", "run"]
 

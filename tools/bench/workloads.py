@@ -1,8 +1,8 @@
 """The benchmark workloads as data: nodes, queues, topologies, the podgroups running before the measurement
 and the podgroups created during it, as model objects built by pure functions.
 
-Both modes run exactly these objects: the in-process runner (`shared.bench.inprocess`) feeds them to the
-core, the bus runner (`shared.bench.bus`) turns them into Kubernetes manifests (`shared.bench.manifests`)
+Both modes run exactly these objects: the in-process runner (`tools.bench.inprocess`) feeds them to the
+core, the bus runner (`tools.bench.bus`) turns them into Kubernetes manifests (`tools.bench.manifests`)
 for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
 (issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare.
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling

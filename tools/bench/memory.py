@@ -2,9 +2,9 @@
 
 `measure_replica(nodes, pods)` starts a nats-server of its own, writes that many records into the state
 bucket as the state service would (nodes; pods as the Kubernetes source makes them, running, in gangs of 8
-with their podgroups), then starts a fresh process (`python -m shared.bench.memory URL COUNT`) that holds
+with their podgroups), then starts a fresh process (`python -m tools.bench.memory URL COUNT`) that holds
 only a `StateReplica`: it reads the bucket through its KV watch and reports its RSS before (baseline:
-interpreter, imports, connection) and after the replica caught up. Called by `shared.bench.suite`.
+interpreter, imports, connection) and after the replica caught up. Called by `tools.bench.suite`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import time
 import uuid
 from pathlib import Path
 
-from shared.bench.procstats import peak_rss_mib, rss_mib
-from shared.bench.report import MemoryResult
 from shared.bus.connection import connect
 from shared.bus.nats_server import start_nats_server
 from shared.bus.replica import StateReplica
@@ -29,6 +27,8 @@ from shared.contracts.messages import NodeRecord, PodGroupRecord, PodRecord, enc
 from shared.errors import TemporaryError
 from shared.model import GpuRequest, Pod, PodGroup, PodSet, PodStatus, SubGroupSet
 from shared.model.builders import gpu_nodes
+from tools.bench.procstats import peak_rss_mib, rss_mib
+from tools.bench.report import MemoryResult
 
 __all__ = ["measure_replica"]
 
@@ -93,7 +93,7 @@ def measure_replica(nodes: int, pods: int, timeout: float = 600.0) -> MemoryResu
         asyncio.run(_write(server.url, records))
         del records
         done = subprocess.run(
-            [sys.executable, "-m", "shared.bench.memory", server.url, str(nodes + pods)],
+            [sys.executable, "-m", "tools.bench.memory", server.url, str(nodes + pods)],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -11,7 +11,7 @@
 - `percentile` (nearest rank) for the pod end-to-end latencies; `timeline` (pods/s per time bin) for the
   plot.
 
-Used by the in-process and bus runners (`shared.bench.inprocess`, `shared.bench.bus`).
+Used by the in-process and bus runners (`tools.bench.inprocess`, `tools.bench.bus`).
 """
 
 from __future__ import annotations

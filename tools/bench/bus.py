@@ -12,7 +12,7 @@ moment its `spec.nodeName` arrives on the watch. Conflicts are counted from the 
 unschedulable verdict from the `pod-unschedulable` public event, the reclaim decision from the victims'
 deletion on the watch. CPU and peak RSS are read from /proc per process for the measured phase.
 
-Called by `shared.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
+Called by `tools.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
 """
 
 from __future__ import annotations
@@ -31,18 +31,6 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from shared.bench.manifests import (
-    NAMESPACE,
-    cluster_file_text,
-    pod_manifest,
-    podgroup_manifest,
-    queue_manifest,
-    topology_manifest,
-)
-from shared.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
-from shared.bench.procstats import Usage
-from shared.bench.report import Record
-from shared.bench.workloads import Group, Workload
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.cli.stack import ClusterChoice, Stack, start_stack
@@ -54,6 +42,18 @@ from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from shared.model import PodStatus
+from tools.bench.manifests import (
+    NAMESPACE,
+    cluster_file_text,
+    pod_manifest,
+    podgroup_manifest,
+    queue_manifest,
+    topology_manifest,
+)
+from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
+from tools.bench.procstats import Usage
+from tools.bench.report import Record
+from tools.bench.workloads import Group, Workload
 
 __all__ = ["BusOptions", "run_bus"]
 

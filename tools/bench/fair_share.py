@@ -4,7 +4,7 @@
 with random quotas, over-quota weights, priorities, limits and leaf requests from a fixed seed, on a
 cluster of 4,000 GPUs. Prints the median wall time of 20 runs in milliseconds.
 
-    python -m benchmarks.fair_share
+    python -m tools.bench.fair_share
 """
 
 from __future__ import annotations

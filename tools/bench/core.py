@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import fair_share as fair_share_bench
 from shared.core.policy import Policy
 from shared.core.scheduler import run_session
 from shared.model import PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from tools.bench import fair_share as fair_share_bench
 
 
 def allocation_snapshot(nodes: int, pods: int, queues: int = 10) -> Snapshot:
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: int | float) -> str:
+    # Counts (len()) arrive as int despite the dict[str, float] annotation; print them without decimals.
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 

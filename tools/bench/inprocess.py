@@ -5,7 +5,7 @@ snapshot from the current pods, calls `shared.core.scheduler.schedule` (every ac
 applies the result as the cluster would: bound pods run, evicted pods are deleted (the Eviction API), and
 the podgroup stamps are kept. A pod's binding time is the end of the cycle that bound it. The unschedulable
 verdict is the end of the first cycle that explains the gang as pending; the reclaim decision is the end of
-the last cycle that evicted. Called by `shared.bench.suite`.
+the last cycle that evicted. Called by `tools.bench.suite`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import time
 
 import msgspec
 
-from shared.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
-from shared.bench.procstats import peak_rss_mib, reset_peak
-from shared.bench.report import Record
-from shared.bench.workloads import Workload
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
+from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
+from tools.bench.procstats import peak_rss_mib, reset_peak
+from tools.bench.report import Record
+from tools.bench.workloads import Workload
 
 __all__ = ["run_inprocess"]
 

@@ -6,7 +6,7 @@ targets' verdicts; written as JSON and drawn as one PNG.
 (`verdict_s`, `decision_s`, scheduler_perf's sampled `scheduling_throughput`, ...). `Report` gathers them;
 `encode` gives the JSON; `targets(report)` judges issue 6's targets; `plot(report, path)` draws throughput
 over time per workload (bus against in-process) and the two scaling curves. matplotlib is imported inside
-`plot` only (Agg backend), so importing this module stays light. Built by `shared.bench.suite`.
+`plot` only (Agg backend), so importing this module stays light. Built by `tools.bench.suite`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.bench.measure import Sampled
+from tools.bench.measure import Sampled
 
 __all__ = ["MODES", "MemoryResult", "Record", "Report", "ScalingPoint", "Target", "encode", "plot", "targets"]
 

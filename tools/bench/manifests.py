@@ -1,6 +1,6 @@
 """Kubernetes manifests for a benchmark workload: what the bus runner creates through the API server.
 
-Pure functions from the model objects of `shared.bench.workloads` to the JSON KAI users write: Queues
+Pure functions from the model objects of `tools.bench.workloads` to the JSON KAI users write: Queues
 (`scheduling.run.ai/v2`), PodGroups (`scheduling.run.ai/v2alpha2`, the podgroup a pod names in its
 `pod-group-name` annotation, so the pod-grouper has nothing to do: scheduler_perf creates its pods directly
 too), Topologies (`kai.scheduler/v1alpha1`) and pods of `kai-scheduler` (whole GPUs as `nvidia.com/gpu`

@@ -1,1 +1,0 @@
-"""Kairos performance benchmarks (run as `python -m benchmarks.<name>`)."""
