@@ -1,6 +1,6 @@
 """The nats-server configuration text for Kairos's identities (`authorization`) and for TLS (`tls`).
 
-Pure text builders: `shared.bus.nats_server` writes them for the local stack (`kairos up`, with literal
+Pure text builders: `tools.stack.nats_server` writes them for the local stack (`kairos up`, with literal
 per-stack passwords), and deploy/base/nats-auth.conf is their output for Kubernetes (passwords as
 environment references that the StatefulSet fills from a Secret; `python -m shared.security.nats_config`
 prints it, and a test keeps the file equal to it).

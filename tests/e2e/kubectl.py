@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import pytest
 
-from shared.cli.stack import Stack
+from tools.stack.supervisor import Stack
 
 T = TypeVar("T")
 SETTLE = 60.0

@@ -14,12 +14,12 @@ import pytest
 from shared.bus.client import BusClient
 from shared.bus.connection import connect
 from shared.bus.replica import StateReplica
-from shared.cli.stack import start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, ApplyRequest
 from shared.errors import MalformedMessage
 from shared.model import PodStatus, Queue, QueueResource
 from shared.model.builders import gang, gpu_nodes
+from tools.stack.supervisor import start_stack
 
 pytestmark = pytest.mark.e2e
 

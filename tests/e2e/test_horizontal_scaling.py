@@ -17,12 +17,12 @@ import pytest
 
 from shared.bus.connection import connect
 from shared.bus.replica import StateReplica
-from shared.cli.stack import start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS
 from shared.errors import MalformedMessage
 from shared.model import PodStatus
 from tests.e2e.invariants import load
+from tools.stack.supervisor import start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus.nats_server import pid_alive
+from tools.stack.nats_server import pid_alive
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shared.cli.stack import ClusterChoice, Stack, start_stack
 from tests.e2e.kubectl import kubectl
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
+from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

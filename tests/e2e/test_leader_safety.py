@@ -29,12 +29,12 @@ from typing import TypeVar
 import pytest
 
 from shared.bus.connection import Bus
-from shared.cli.stack import Stack, start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import OUTCOMES, PROPOSALS, WORK, Codec, Outcome, Proposal, WorkItem
 from shared.errors import MalformedMessage
 from shared.model import PodStatus
 from tests.e2e.invariants import BOUND, Beat, Observer, load
+from tools.stack.supervisor import Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -15,12 +15,12 @@ import pytest
 
 from shared.bus.client import BusClient
 from shared.bus.connection import NatsAuth, connect
-from shared.cli.stack import start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.errors import TemporaryError
 from shared.model import PodStatus, Queue, QueueResource
 from shared.model.builders import gang, gpu_nodes
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR, PLACEMENT
+from tools.stack.supervisor import start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

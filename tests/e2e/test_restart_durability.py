@@ -23,12 +23,12 @@ import pytest
 
 from shared.bus.client import BusClient
 from shared.bus.health import wait_ready
-from shared.cli.stack import KUBESIM, ClusterChoice, Stack, start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus
 from shared.model.builders import gpu_nodes
 from tests.e2e.invariants import Observer, load
 from tests.e2e.kubectl import kubectl
+from tools.stack.supervisor import KUBESIM, ClusterChoice, Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

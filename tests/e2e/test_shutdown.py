@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from shared.bus import service as runner
-from shared.bus.nats_server import start_nats_server
-from shared.cli.stack import start_stack
 from shared.model import PodStatus
 from tests.e2e.invariants import BOUND, Observer, load
+from tools.stack.nats_server import start_nats_server
+from tools.stack.supervisor import start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from shared.bus.client import BusClient
-from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus, Queue, QueueResource
 from shared.model.builders import gang, gpu_nodes
 from tests.e2e.kubectl import kubectl
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

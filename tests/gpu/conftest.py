@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus.nats_server import NatsServer, start_nats_server
+from tools.stack.nats_server import NatsServer, start_nats_server
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ import pytest
 
 from services.gpu_agent.nvml import NvmlReader
 from shared.bus.connection import connect
-from shared.bus.nats_server import NatsServer
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES, GpuInventory
+from tools.stack.nats_server import NatsServer
 
 
 def real_nvml_works() -> bool:

@@ -24,7 +24,6 @@ from shared.backoff import Backoff
 from shared.bus.connection import Bus, connect
 from shared.bus.kv import KvStore
 from shared.bus.middleware import Counters
-from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_DECODER, Event, PodBound, PodEvicted, PodGroupState
@@ -52,6 +51,7 @@ from shared.contracts.messages import (
 )
 from shared.errors import TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

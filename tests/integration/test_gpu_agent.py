@@ -27,7 +27,6 @@ from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import Agent, AgentSettings
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
-from shared.bus.nats_server import NatsServer
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
@@ -38,6 +37,7 @@ from shared.model import Node
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from shared.bus.nats_server import NatsServer, start_nats_server
 from shared.bus.service import ServiceConfig, ServiceContext, serve
+from tools.stack.nats_server import NatsServer, start_nats_server
 
 pytestmark = pytest.mark.integration
 

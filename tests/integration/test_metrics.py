@@ -30,7 +30,6 @@ from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
 from shared.bus.connection import Bus
-from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
 from shared.contracts.messages import CLUSTER_REPLIES, STATE_RECORDS, ApplyRequest, PodRecord, encode
@@ -40,6 +39,7 @@ from shared.model.objects import PodSet, SubGroupSet
 from shared.telemetry.metrics_kv import CountedKv
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

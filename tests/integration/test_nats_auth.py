@@ -33,12 +33,12 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 
 from shared.bus.connection import Bus, NatsAuth, connect
-from shared.bus.nats_server import NatsServer, server_binary, start_nats_server
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS
 from shared.errors import TemporaryError
 from shared.security.nats_config import TlsFiles, authorization
 from shared.security.permissions import ADMIN, BINDER, IDENTITIES, PLACEMENT, STATE
+from tools.stack.nats_server import NatsServer, server_binary, start_nats_server
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,6 @@ from services.queue import service as queue
 from services.state import service as state
 from shared.bus.connection import Bus
 from shared.bus.lease import RENEW_INTERVAL_S, RETRY_INTERVAL_S
-from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_DECODER, QueueFairShare
@@ -55,6 +54,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.objects import PodSet, SubGroupSet
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

@@ -29,14 +29,11 @@ from services.state.gates import QUOTA_EXCEEDED, QuotaGateKeeper
 from services.state.mirror import PODGROUPS, Mirror
 from shared.bus.client import BusClient
 from shared.bus.connection import Bus
-from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext, serve
-from shared.cli.stack import free_port
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission
 from shared.explain import explain
 from shared.kube.admission import ADMISSION_GATE, webhook_configuration
-from shared.kubeapi.bootstrap import replace_object
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object
 from shared.security.permissions import QUEUE as QUEUE_IDENTITY
@@ -45,6 +42,9 @@ from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_nats_auth import admin, as_service, auth_server
 from tests.integration.test_queue_placement import Running, current_lease, eventually, ready
 from tools.cli.explain import gather
+from tools.stack.bootstrap import replace_object
+from tools.stack.nats_server import NatsServer
+from tools.stack.supervisor import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,6 @@ from services.state.source import Change
 from services.state.writer import StateWriter
 from shared.bus.connection import Bus, connect
 from shared.bus.health import wait_ready
-from shared.bus.nats_server import NatsServer
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, dump_cluster
 from shared.contracts import subjects as s
@@ -52,6 +51,7 @@ from shared.contracts.messages import (
 from shared.errors import ConfigError
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, SubGroupSet
 from tools.cli.main import main as kairos
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

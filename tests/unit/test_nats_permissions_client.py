@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shared.bus.connection import NatsAuth
-from shared.cli.stack import with_credentials
 from shared.errors import ConfigError
+from tools.stack.supervisor import with_credentials
 
 
 def test_credentials_come_from_the_environment() -> None:

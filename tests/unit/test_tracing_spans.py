@@ -16,7 +16,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.binder.cluster_client import ClusterRefused, NatsClusterClient
 from shared.backoff import Backoff
 from shared.bus.connection import Bus, connect
-from shared.bus.nats_server import start_nats_server
 from shared.bus.tracing import Carried, carried_by, headers_for, receiving
 from shared.contracts import subjects as s
 from shared.contracts.events import PodBound, QueueFairShare
@@ -41,6 +40,7 @@ from shared.model.builders import gang, gpu_nodes
 from shared.telemetry import spans, tracing
 from shared.telemetry.attempts import AttemptTracker
 from shared.telemetry.tracing import traceparent
+from tools.stack.nats_server import start_nats_server
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 

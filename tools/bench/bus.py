@@ -1,7 +1,7 @@
 """A workload end to end: the whole stack over NATS, the binder binding through the simulated Kubernetes API.
 
 `run_bus(workload, options)` starts the simulated API server with the workload's nodes (a cluster file),
-nats-server and the four services (`shared.cli.stack.start_stack`), then talks to them only as a user
+nats-server and the four services (`tools.stack.supervisor.start_stack`), then talks to them only as a user
 would: it creates the workload's Topologies and Queues, then its running pods (created with their
 `spec.nodeName`, as already placed) and their PodGroups, and waits until Kairos's state holds them
 (a `StateReplica` of its own). The measured phase then creates the measured objects through the API,
@@ -33,7 +33,6 @@ import msgspec
 
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
-from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import OUTCOMES, PodRecord, QueueRecord
 from shared.errors import MalformedMessage, TemporaryError
@@ -54,6 +53,7 @@ from tools.bench.measure import latencies_ms, overall_throughput, percentile, sa
 from tools.bench.procstats import Usage
 from tools.bench.report import Record
 from tools.bench.workloads import Group, Workload
+from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 __all__ = ["BusOptions", "run_bus"]
 

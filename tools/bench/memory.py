@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 
 from shared.bus.connection import connect
-from shared.bus.nats_server import start_nats_server
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import NodeRecord, PodGroupRecord, PodRecord, encode
@@ -29,6 +28,7 @@ from shared.model import GpuRequest, Pod, PodGroup, PodSet, PodStatus, SubGroupS
 from shared.model.builders import gpu_nodes
 from tools.bench.procstats import peak_rss_mib, rss_mib
 from tools.bench.report import MemoryResult
+from tools.stack.nats_server import start_nats_server
 
 __all__ = ["measure_replica"]
 

@@ -40,7 +40,6 @@ from shared.bus.connection import connect
 from shared.bus.middleware import Counters, handle
 from shared.bus.replica import StateReplica
 from shared.bus.tracing import carried, carried_by, headers_for
-from shared.cli.stack import start_stack
 from shared.contracts import subjects as s
 from shared.contracts.events import QueueFairShare
 from shared.contracts.messages import (
@@ -57,6 +56,7 @@ from shared.model import PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang, gpu_nodes
 from shared.telemetry import spans, tracing
 from shared.telemetry.attempts import AttemptTracker
+from tools.stack.supervisor import start_stack
 
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 

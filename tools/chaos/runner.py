@@ -2,7 +2,7 @@
 the API server misbehaves; then the independent checker's verdict.
 
 `run(options)` starts the simulated API server, nats-server and at least two replicas of every service
-(`shared.cli.stack.start_stack`), creates the workload's queues through the API, then, wave by wave, a
+(`tools.stack.supervisor.start_stack`), creates the workload's queues through the API, then, wave by wave, a
 third of a wave of pods and PodGroups (`tools.chaos.workload`), one fault once binding is under way, a
 third while it is on and the last third once it is over:
 
@@ -43,7 +43,6 @@ import msgspec
 
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
-from shared.cli.stack import ClusterChoice, Stack, start_stack
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, OUTCOMES
 from shared.errors import MalformedMessage, TemporaryError
@@ -53,6 +52,7 @@ from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
+from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 __all__ = ["ChaosOptions", "ChaosReport", "FaultRecord", "run"]
 

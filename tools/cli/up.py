@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from shared.cli.stack import ClusterChoice, otlp_env, parse_replicas, start_stack, stop_recorded
 from shared.errors import ConfigError
+from tools.stack.supervisor import ClusterChoice, otlp_env, parse_replicas, start_stack, stop_recorded
 
 DEFAULT_STATE_DIR = Path(".kairos")
 

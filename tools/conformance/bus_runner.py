@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 from shared.bus.client import BusClient
-from shared.cli.stack import start_stack
 from shared.contracts.messages import ApplyRequest, CycleRequest, SessionView
 from shared.core.policy import Policy
 from shared.errors import TemporaryError
@@ -22,6 +21,7 @@ from shared.model import Snapshot
 from tools.conformance import case as c
 from tools.conformance.result import CaseResult, RoundCounts
 from tools.conformance.runner import NOW, run_rounds
+from tools.stack.supervisor import start_stack
 
 
 async def _round(client: BusClient, snapshot: Snapshot, policy: Policy) -> tuple[RoundCounts, SessionView]:

@@ -1,6 +1,6 @@
 """Create the objects a fresh cluster needs before Kairos schedules on it (KAI's default queues).
 
-Called by `kairos up` (`shared.cli.stack`) once the cluster's API answers, as KAI's installer does on a
+Called by `kairos up` (`tools.stack.supervisor`) once the cluster's API answers, as KAI's installer does on a
 real cluster. Objects that already exist are left as they are: a user's edits to the default queues
 survive a restart.
 """

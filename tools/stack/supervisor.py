@@ -35,15 +35,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import shared
 from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_USER
 from shared.bus.health import wait_ready
-from shared.bus.nats_server import NatsServer, pid_alive, start_nats_server, write_private
 from shared.errors import ConfigError
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR
+from tools.stack.nats_server import NatsServer, pid_alive, start_nats_server, write_private
 
-REPO = Path(shared.__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
 DEFAULT_QUEUES = REPO / "examples" / "kai" / "queues.yaml"
 KUBESIM = "kubesim"
@@ -312,7 +311,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
                 raise ConfigError(f"the simulated API server did not start; see {log_path}")
             time.sleep(0.05)
     # Imported here: kubernetes-asyncio is slow to import and only the Kubernetes modes need it.
-    from shared.kubeapi.bootstrap import ensure_objects
+    from tools.stack.bootstrap import ensure_objects
 
     asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES))
     return kubeconfig
@@ -327,7 +326,7 @@ def free_port() -> int:
 def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
     """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate)."""
     from shared.kube.admission import webhook_configuration
-    from shared.kubeapi.bootstrap import replace_object
+    from tools.stack.bootstrap import replace_object
 
     urls = [f"http://127.0.0.1:{port}/mutate-pods" for port in ports]
     asyncio.run(replace_object(str(kubeconfig), webhook_configuration(urls)))

@@ -1,1 +1,0 @@
-"""The local stack supervisor (`stack`), on its way to `tools.stack`."""
