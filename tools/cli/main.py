@@ -23,7 +23,6 @@ bug and propagates with its traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,13 +79,13 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
 
-    from tools.cli import bench, cluster_cmds, explain, up
+    from tools.cli import bench, chaos, cluster_cmds, explain, up
 
     up.add_commands(commands)
     cluster_cmds.add_commands(commands)
     explain.add_commands(commands)
     bench.add_commands(commands)
-    importlib.import_module("tools.cli.chaos").add_commands(commands)
+    chaos.add_commands(commands)
     return parser
 
 
@@ -98,8 +97,8 @@ def _error(message: str) -> None:
 def _runner() -> Callable[[Case], CaseResult]:
     # Imported on use: the runner pulls in the whole scheduling core, which `kairos demo` and
     # argument errors do not need.
-    module = importlib.import_module("tools.conformance.runner")
-    run_case: Callable[[Case], CaseResult] = module.run_case
+    from tools.conformance.runner import run_case
+
     return run_case
 
 
@@ -182,9 +181,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(_args: argparse.Namespace) -> int:
-    demo = importlib.import_module("tools.sim.demo")
-    code = demo.main()
-    return code if isinstance(code, int) else EXIT_OK
+    from tools.sim import demo
+
+    return demo.main()
 
 
 if __name__ == "__main__":
