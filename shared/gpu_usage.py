@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
+from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import InvalidObject
 from shared.model import Node, Pod
 from shared.model.objects import DeviceUsage

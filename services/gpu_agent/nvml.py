@@ -21,8 +21,8 @@ from typing import Any
 
 import pynvml
 
+from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
-from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import KairosError
 
 __all__ = ["NvmlError", "NvmlReader", "NvmlUnavailable", "cuda_version", "mig_profile_name"]

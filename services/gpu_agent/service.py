@@ -27,9 +27,9 @@ import msgspec
 from services.gpu_agent.nvml import NvmlModule, NvmlReader, NvmlUnavailable
 from shared.bus.service import ServiceContext, main, parse_config
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.contracts.messages import encode
-from shared.contracts.telemetry import GpuTelemetry
 from shared.errors import ConfigError, KairosError
 from shared.telemetry.metrics import GpuAgentMetrics
 

@@ -12,7 +12,7 @@ pending podgroups, in the core's queue order, go out N per work item so that sev
 work in parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
 
 The quota gate: every cycle also decides, for the podgroups whose pods carry a scheduling gate, whether
-their queues have room for their gangs (`shared.core.admission.quota_verdicts`, in the core's job order),
+their queues have room for their gangs (`shared.core.quota_gate.quota_verdicts`, in the core's job order),
 and publishes a `podgroup-admission` event for each podgroup whose verdict changed (again after a
 leader change); the state service lifts the `kairos.io/admission` gate of the pods let in. Gated pods
 are never placed (the core does not count them as pending); a podgroup is dispatched for the pods let in
@@ -46,10 +46,10 @@ from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
 from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
 from shared.core.actions.allocate import pending_jobs
-from shared.core.admission import QuotaVerdict, quota_verdicts
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import KNOWN_ACTIONS, Policy
 from shared.core.proportion import Vec, ancestors_and_self
+from shared.core.quota_gate import QuotaVerdict, quota_verdicts
 from shared.core.session import Session
 from shared.core.tasks import JobState
 from shared.errors import ConfigError
@@ -144,7 +144,7 @@ class Plan:
     work) somewhere up their queue chain. Placement checks such totals on its own replica and the binder's
     per-node compare-and-set cannot see them, so two of these must never be placed concurrently."""
     admissions: tuple[QuotaVerdict, ...] = ()
-    """The quota gate's verdicts on the podgroups with gated pods (`shared.core.admission`)."""
+    """The quota gate's verdicts on the podgroups with gated pods (`shared.core.quota_gate`)."""
 
 
 def _resources(v: Vec) -> dict[str, float]:

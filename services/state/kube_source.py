@@ -35,19 +35,19 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.state.gates import GateKeeper, QuotaGateKeeper
+from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
 from services.state.source import object_of
 from services.state.writeback import ProblemReport, ProblemReportOptions, WriteBack, WriteBackOptions
-from services.state.writer import StateWriter
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import TELEMETRY
 from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
-from shared.contracts.telemetry import TELEMETRY
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kube.podgrouper import GrouperConfig

@@ -1,7 +1,7 @@
 """The Kubernetes objects the state service mirrors, and the model objects they become in KV.
 
 Fed by `services.state.kube_source` (one `relist` per informer list, one `change` per watch event) and
-drained by its flusher (`flush`), which writes the returned `Change`s through `services.state.writer`.
+drained by its flusher (`flush`), which writes the returned `Change`s through `services.state.kv_writer`.
 Pure: no I/O, no clock; decoding and translation are `shared.kube`'s.
 
 What KV gets must always be a consistent cluster for the core, so objects whose references do not resolve
@@ -44,8 +44,8 @@ import msgspec
 
 from services.state.source import Change, Obj, key_of
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
-from shared.contracts.telemetry import GpuTelemetry
 from shared.dependencies import AFTER_ANNOTATION, Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory

@@ -7,7 +7,7 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   `cluster=FILE` (a cluster YAML, `shared.clusterfile`) or, with `demo=true`, the built-in demo cluster,
   replacing whatever KV holds; with neither it adopts the cluster already in KV (a restarted owner carries
   on). It answers `cluster.apply`, `cluster.bind` and `cluster.evict` (queue group `state`) and writes
-  every change through `services.state.writer`, which also keeps the binders' ledger clean.
+  every change through `services.state.kv_writer`, which also keeps the binders' ledger clean.
 - `source=kube`: this replica mirrors a Kubernetes API server (`services.state.kube_source`): nodes,
   pods, KAI's Queue and PodGroup resources, priority classes and topologies, read through informers with
   `kubeconfig=FILE` (default env KUBECONFIG, else the in-cluster service account); pods are Kairos's
@@ -56,8 +56,8 @@ from nats.aio.subscription import Subscription
 
 from services.state.admission import AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeElection, KubeSourceOptions
+from services.state.kv_writer import StateWriter
 from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
-from services.state.writer import StateWriter
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster

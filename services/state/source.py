@@ -10,7 +10,7 @@ when 0); a running pod with the `kairos.io/run-seconds` label succeeds that long
 evicted pod is back to Pending at once, its node and GPU groups cleared (the harness recreates it pending).
 
 No I/O and no clock of its own: every operation takes `now` (the event loop's time) and returns the
-`Change`s it made, which `services.state.writer` turns into KV writes. Timers are due times the service
+`Change`s it made, which `services.state.kv_writer` turns into KV writes. Timers are due times the service
 polls with `next_due()` and fires with `fire(now)`.
 
 Simulated GPU telemetry: every `telemetry_period` seconds (one more timer), each GPU node labelled

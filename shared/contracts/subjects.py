@@ -168,5 +168,5 @@ GPU_TELEMETRY_WILDCARD = f"{PREFIX}.gpu.telemetry.*"
 
 def gpu_telemetry(node: str) -> str:
     """A node's `GpuTelemetry` (use, memory, temperature, power, health) from its GPU agent
-    (`shared.contracts.telemetry`), core NATS, every few seconds."""
+    (`shared.contracts.gpu_telemetry`), core NATS, every few seconds."""
     return f"{PREFIX}.gpu.telemetry.{token(node)}"

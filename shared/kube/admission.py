@@ -10,7 +10,7 @@ mutating admission webhook (`services.state.admission`), and both lifted by the 
   podgroup back from scheduling itself, so a pod created without the gate still waits.
 - `ADMISSION_GATE` (`kairos.io/admission`, the quota gate, state option `quota_gate`): for every pod of
   ours. Lifted once the queue leader says the podgroup's queues have room for its gang
-  (`shared.core.admission`). The core enforces queue limits and quotas itself, so a pod created without
+  (`shared.core.quota_gate`). The core enforces queue limits and quotas itself, so a pod created without
   it is scheduled correctly.
 
 A gated pod is `SchedulingGated`: no scheduler binds it and cluster autoscalers do not scale up for it.

@@ -17,7 +17,7 @@ import pytest
 from services.gpu_agent.nvml import NvmlReader
 from shared.bus.connection import connect
 from shared.contracts import subjects as s
-from shared.contracts.telemetry import TELEMETRY, GpuTelemetry
+from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
 from tests.gpu.test_gpu_agent_nvml import nvidia_smi, nvml_count, real_nvml_works
 from tools.stack.nats_server import NatsServer
 

@@ -30,9 +30,9 @@ from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import TELEMETRY
 from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import NodeRecord
-from shared.contracts.telemetry import TELEMETRY
 from shared.model import Node
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 from tools.kubesim.cluster import SimOptions

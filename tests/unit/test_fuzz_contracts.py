@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.contracts import events, inventory, messages, telemetry
+from shared.contracts import events, gpu_telemetry, inventory, messages
 from shared.errors import MalformedMessage
 
 FUZZ = settings(
@@ -30,7 +30,7 @@ FUZZ = settings(
 
 CODECS: dict[str, Any] = {
     name: codec
-    for module in (messages, inventory, telemetry)
+    for module in (messages, inventory, gpu_telemetry)
     for name, codec in vars(module).items()
     if isinstance(codec, messages.Codec)
 }

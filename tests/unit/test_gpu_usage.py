@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
+from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import InvalidObject
 from shared.gpu_usage import (
     HALF_LIFE_S,

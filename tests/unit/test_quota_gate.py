@@ -1,4 +1,4 @@
-"""The quota gate, pure parts: which gated podgroups their queues have room for (`shared.core.admission`),
+"""The quota gate, pure parts: which gated podgroups their queues have room for (`shared.core.quota_gate`),
 what the queue leader publishes and dispatches (`services.queue.dispatcher`), the gate helpers and the
 webhook's option (`shared.kube.admission`, `services.state.service`), and the words `kairos explain` and
 the Warning Event use.
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from services.queue.dispatcher import admission_changed, plan_cycle
 from services.state.service import StateOptions
 from shared.contracts.events import PodGroupAdmission
-from shared.core.admission import NOT_LEAF_QUEUE, QuotaVerdict, quota_verdicts
+from shared.core.quota_gate import NOT_LEAF_QUEUE, QuotaVerdict, quota_verdicts
 from shared.errors import ConfigError
 from shared.explain import Facts, explain
 from shared.kube import admission, wire

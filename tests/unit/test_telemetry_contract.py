@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import TELEMETRY, DeviceTelemetry, GpuTelemetry
 from shared.contracts.messages import encode
-from shared.contracts.telemetry import TELEMETRY, DeviceTelemetry, GpuTelemetry
 from shared.errors import MalformedMessage
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import AgentSettings
-from shared.contracts.telemetry import GpuTelemetry
+from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.errors import ConfigError
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 

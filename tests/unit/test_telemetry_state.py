@@ -12,9 +12,9 @@ from services.state.mirror import NODES, Mirror
 from services.state.source import TELEMETRY_PERIOD, SimulatedCluster
 from shared.clusterfile import load_cluster
 from shared.contracts import subjects as s
+from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.contracts.messages import ApplyRequest, Binding
-from shared.contracts.telemetry import DeviceTelemetry, GpuTelemetry
 from shared.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
 from shared.model import Node
 from shared.model.builders import flat_queues, gang, gpu_nodes
