@@ -357,9 +357,7 @@ class GpuSharing:
             await self._ensure_configmap(pod, gs.capabilities_configmap(prefix, ref), data)
             await self._ensure_configmap(pod, gs.direct_env_configmap(prefix, ref), {})
             await self.checkpoint("configmaps")
-        except InvalidObject as exc:
-            raise ClusterRefused("bind", binding.pod, str(exc)) from exc
-        except ApiError as exc:
+        except (InvalidObject, ApiError) as exc:
             raise ClusterRefused("bind", binding.pod, str(exc)) from exc
 
     async def _merge_patch_pod(self, what: str, binding: Binding, patch: dict[str, Any]) -> None:

@@ -91,18 +91,18 @@ def fraction_container(p: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     raise AssertionError(f"no fraction container in {p['metadata']['name']}")
 
 
-def visible_through_configmap(stack: Stack, p: dict[str, Any]) -> str:
-    """NVIDIA_VISIBLE_DEVICES as the kubelet resolves it for the fraction container: via its ConfigMap."""
+def from_configmap(stack: Stack, p: dict[str, Any], variable: str) -> str:
+    """`variable` of the fraction container as the kubelet resolves it: through its ConfigMap."""
     container, _ = fraction_container(p)
-    ref = next(
-        e["valueFrom"]["configMapKeyRef"]
-        for e in container.get("env") or ()
-        if e["name"] == "NVIDIA_VISIBLE_DEVICES"
-    )
+    ref = next(e["valueFrom"]["configMapKeyRef"] for e in container.get("env") or () if e["name"] == variable)
     configmap = json.loads(
         kubectl(stack, "get", "configmap", ref["name"], "-n", p["metadata"]["namespace"], "-o", "json")
     )
     return str(configmap["data"][ref["key"]])
+
+
+def visible_through_configmap(stack: Stack, p: dict[str, Any]) -> str:
+    return from_configmap(stack, p, "NVIDIA_VISIBLE_DEVICES")
 
 
 def groups_of(p: dict[str, Any]) -> list[str]:
@@ -202,7 +202,7 @@ def test_fractional_pods_see_the_device_their_reservation_holds(stack: Stack) ->
         for name in pods:
             shown = pod(stack, namespace, name)
             assert assert_reaches_its_reservation(stack, shown)
-            portion = visible_portion(stack, shown)
+            portion = from_configmap(stack, shown, "GPU_PORTION")
             assert portion == ("0.03" if namespace == "kai-memory" else "0.50")
     init = pod(stack, "kai-containers", "gpu-sharing-init-container")
     assert fraction_container(init) == (init["spec"]["initContainers"][0], True)
@@ -259,15 +259,6 @@ spec:
         kubectl(stack, "delete", "pods", "--all", "-n", namespace, "--wait=false")
     wait_for("no reservation left", lambda: not reservations(stack), stack, RESERVATIONS)
     kubectl(stack, "delete", "pods", "--all", "-n", "whole", "--wait=false")
-
-
-def visible_portion(stack: Stack, p: dict[str, Any]) -> str:
-    container, _ = fraction_container(p)
-    ref = next(e["valueFrom"]["configMapKeyRef"] for e in container["env"] if e["name"] == "GPU_PORTION")
-    configmap = json.loads(
-        kubectl(stack, "get", "configmap", ref["name"], "-n", p["metadata"]["namespace"], "-o", "json")
-    )
-    return str(configmap["data"]["GPU_PORTION"])
 
 
 def test_a_pod_that_fits_no_node_is_marked_unschedulable_for_autoscalers(stack: Stack) -> None:
