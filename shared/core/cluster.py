@@ -173,6 +173,10 @@ class NodeState:
             task=task,
         )
         self.tasks[task.key] = entry
+        if entry.status in ACTIVE_USED:
+            # KAI sets the accepted resources whenever a node takes an active pod, also for a tentative
+            # placement, and nothing clears them when a statement is undone (SEMANTICS §13.3 item 5).
+            task.accepted_gpus = self.accepted_gpus(task)
         if task.pod.legacy_mig:
             self.legacy_mig_tasks.add(task.key)
         c = self.cluster
@@ -354,6 +358,15 @@ class NodeState:
     # --- fit (KAI NodeInfo) ----------------------------------------------------------------------------
     def gpu_fraction_on_node(self, memory: int) -> float:
         return math.ceil(memory / self.gpu_memory * 100) / 100 if self.gpu_memory else 0.0
+
+    def accepted_gpus(self, task: TaskState) -> float:
+        """The GPUs the task holds on this node: GPU memory as a share of this node's devices; MIG
+        instances 0 (KAI counts them apart from GPUs)."""
+        if task.kind == "memory":
+            return task.gpu.devices * self.gpu_fraction_on_node(task.gpu.memory_mib)
+        if task.kind == "mig":
+            return 0.0
+        return task.requested_gpus
 
     def portion(self, task: TaskState) -> float:
         if task.kind == "memory":

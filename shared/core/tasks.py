@@ -27,6 +27,7 @@ class TaskState:
     """One pod during a session: its request (fixed) and its status/placement (moved by statements)."""
 
     __slots__ = (
+        "accepted_gpus",
         "cpu",
         "creation_time",
         "gpu",
@@ -55,6 +56,9 @@ class TaskState:
         self.node: str | None = pod.node
         self.gpu_groups: list[str] = list(pod.gpu_groups)
         self.is_virtual = False
+        self.accepted_gpus = 0.0
+        """KAI `AcceptedResource.GPUs()`: set by a node each time it takes the pod in an active-used status
+        (`NodeState.add_task`), never cleared, so a pod whose tentative placement was undone keeps it."""
         self.cpu = float(pod.cpu_millis)
         self.mem = float(pod.memory_bytes)
         self.gpu: GpuRequest = pod.gpu

@@ -141,3 +141,33 @@ def test_equal_nodes_are_tried_by_name_unless_a_tie_break_seed_spreads_them() ->
         again
         == schedule(snap, 0.0, Policy(actions=("allocate",), tie_break_seed=3)).binds[0].bindings[0].node
     )
+
+
+# --- accepted GPUs (KAI AcceptedResource, SEMANTICS §13.3 item 5) ------------------------------------------------
+def test_a_fresh_session_accepts_gpus_for_placed_pods_only() -> None:
+    running = gang("running", "team", 1, 2.0, status=PodStatus.RUNNING, nodes=["a"])
+    snap = snapshot([node("a")], running, gang("waiting", "team", 1, 1.0))
+    ssn = run_session(snap, 0.0, Policy(actions=()))
+    assert ssn.tasks["running-0"].accepted_gpus == 2.0
+    assert ssn.tasks["waiting-0"].accepted_gpus == 0.0
+
+
+def test_a_placement_undone_with_its_statement_keeps_the_accepted_gpus() -> None:
+    # Two of three pods fit before the gang fails: KAI's node set their accepted resources when it took
+    # them, and discarding the statement does not clear them, so the pending pods still report them.
+    snap = snapshot([node("a", 2)], gang("big", "team", 3, 1.0))
+    ssn = run_session(snap, 0.0, ALLOCATE)
+    tasks = sorted(ssn.jobs["big"].tasks.values(), key=lambda t: t.name)
+    assert [t.status for t in tasks] == [PodStatus.PENDING] * 3
+    assert [t.node for t in tasks] == [None] * 3
+    assert [t.accepted_gpus for t in tasks] == [1.0, 1.0, 0.0]
+
+
+def test_gpu_memory_is_accepted_as_a_share_of_the_node_devices() -> None:
+    pg, pods = gang("mem", "team", 1, 1.0)
+    pod = pods[0]
+    mem = Pod(name=pod.name, uid=pod.uid, podgroup=pod.podgroup, gpu=GpuRequest(devices=1, memory_mib=20_000))
+    ssn = run_session(snapshot([node("a", 1)], (pg, [mem])), 0.0, ALLOCATE)
+    task = ssn.tasks[mem.key]
+    assert task.status == PodStatus.BINDING
+    assert task.accepted_gpus == 0.25
