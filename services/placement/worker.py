@@ -53,7 +53,6 @@ from shared.core.session import Session
 from shared.core.tasks import GPU, TaskState
 from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
-from shared.model.status import ACTIVE_USED
 from shared.telemetry.metrics import PlacementMetrics
 from shared.telemetry.spans import ActionTimes, PlaceDetail, place_details, placement_spans
 
@@ -83,14 +82,6 @@ class _Tasks:
         return names[name]
 
 
-def _accepted_gpus(ssn: Session, task: TaskState) -> float:
-    """The GPUs a placed task holds, as the conformance observer reports them (fractions as placed on
-    its node; MIG pods 0, as KAI's harness shows them)."""
-    if task.status not in ACTIVE_USED or task.kind == "mig":
-        return 0.0
-    return float(ssn.accepted_quota(task)[R_GPU])
-
-
 def session_view(ssn: Session) -> SessionView:
     """The session right after its actions: what an observer of one cycle sees (conformance, explain)."""
     tasks = tuple(
@@ -101,7 +92,8 @@ def session_view(ssn: Session) -> SessionView:
             status=task.status.value,
             node=task.node,
             gpu_groups=tuple(task.gpu_groups),
-            gpus_accepted=_accepted_gpus(ssn, task),
+            # KAI's accepted resources: kept from a tentative placement that was undone (§13.3 item 5).
+            gpus_accepted=task.accepted_gpus,
         )
         for job in ssn.jobs.values()
         for task in job.tasks.values()

@@ -10,26 +10,21 @@ from shared.contracts.messages import JobView, NodeView, SessionView, TaskView
 from shared.core.scheduler import fit_error_message
 from shared.core.session import Session
 from shared.core.tasks import GPU
-from shared.model.status import ACTIVE_USED
 
 
 def session_view(ssn: Session) -> SessionView:
-    tasks = []
-    for task in ssn.tasks.values():
-        accepted = 0.0
-        if task.status in ACTIVE_USED and task.kind != "mig":
-            accepted = ssn.accepted_quota(task)[0]
-        tasks.append(
-            TaskView(
-                pod=task.key,
-                name=task.name,
-                podgroup=task.job.key,
-                status=task.status.value,
-                node=task.node,
-                gpu_groups=tuple(task.gpu_groups),
-                gpus_accepted=accepted,
-            )
+    tasks = tuple(
+        TaskView(
+            pod=task.key,
+            name=task.name,
+            podgroup=task.job.key,
+            status=task.status.value,
+            node=task.node,
+            gpu_groups=tuple(task.gpu_groups),
+            gpus_accepted=task.accepted_gpus,
         )
+        for task in ssn.tasks.values()
+    )
     jobs = tuple(
         JobView(
             podgroup=job.key, fit_error=fit_error_message(job.fit_errors), last_start_time=job.last_start_time
@@ -40,4 +35,4 @@ def session_view(ssn: Session) -> SessionView:
         NodeView(node=n.name, idle_gpus=n.idle(GPU), releasing_gpus=n.releasing(GPU))
         for n in ssn.cluster.order
     )
-    return SessionView(tasks=tuple(tasks), jobs=jobs, nodes=nodes)
+    return SessionView(tasks=tasks, jobs=jobs, nodes=nodes)
