@@ -1,14 +1,15 @@
-"""The in-repo copy of the KAI conformance corpus must stay byte-identical to the shared corpus."""
+"""The in-repo copies of the KAI conformance corpus must stay byte-identical to the shared corpus."""
 
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-IN_REPO_CASES = REPO_ROOT / "tests" / "conformance" / "kai" / "cases"
-SHARED_CASES = REPO_ROOT.parent / "shared" / "conformance" / "kai" / "cases"
+IN_REPO = REPO_ROOT / "tests" / "conformance" / "kai"
+SHARED = REPO_ROOT.parent / "shared" / "conformance" / "kai"
 
-EXPECTED_CASE_COUNT = 75
+# Each folder of the corpus (tools.conformance.FOLDERS) with the number of cases it holds.
+EXPECTED_CASE_COUNTS = {"cases": 75, "actions": 150, "actions-config": 13}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -17,15 +18,26 @@ def _files(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_in_repo_copy_has_all_cases() -> None:
-    assert len(list(IN_REPO_CASES.rglob("*.yaml"))) == EXPECTED_CASE_COUNT
+@pytest.mark.parametrize(("folder", "count"), EXPECTED_CASE_COUNTS.items())
+def test_in_repo_copy_has_all_cases(folder: str, count: int) -> None:
+    assert len(list((IN_REPO / folder).rglob("*.yaml"))) == count
 
 
-def test_in_repo_copy_matches_shared_corpus() -> None:
-    if not SHARED_CASES.is_dir():
-        pytest.skip(f"no shared corpus at {SHARED_CASES} (fresh clone): nothing to compare against")
-    shared = _files(SHARED_CASES)
-    in_repo = _files(IN_REPO_CASES)
-    assert sorted(in_repo) == sorted(shared), "the in-repo copy and the shared corpus hold different files"
+@pytest.mark.parametrize("folder", EXPECTED_CASE_COUNTS)
+def test_in_repo_copy_matches_shared_corpus(folder: str) -> None:
+    shared_folder = SHARED / folder
+    if not shared_folder.is_dir():
+        pytest.skip(f"no shared corpus at {shared_folder} (fresh clone): nothing to compare against")
+    shared = _files(shared_folder)
+    in_repo = _files(IN_REPO / folder)
+    assert sorted(in_repo) == sorted(shared), (
+        f"the in-repo copy and the shared {folder}/ hold different files"
+    )
     differing = sorted(name for name in shared if in_repo[name] != shared[name])
-    assert not differing, f"files whose bytes differ from the shared corpus: {differing}"
+    assert not differing, f"files whose bytes differ from the shared {folder}/: {differing}"
+
+
+def test_the_copies_are_the_corpus_folders() -> None:
+    from tools.conformance import FOLDERS
+
+    assert tuple(EXPECTED_CASE_COUNTS) == FOLDERS
