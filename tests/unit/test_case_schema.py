@@ -186,3 +186,123 @@ def test_not_a_mapping(tmp_path: Path, text: str, problem: str) -> None:
 def test_missing_file_is_oserror(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_case(tmp_path / "absent.yaml")
+
+
+# --- single-session (action-level) cases, SCHEMA "Single-session (action-test) cases" -----------------------
+
+ACTION_CASES = [p for folder in ("actions", "actions-config") for p in iter_case_files([corpus_dir(folder)])]
+# A reclaim case with predicates on and call limits: every single-session key to hit.
+SESSION_CASE = next(corpus_dir("actions").glob("reclaim/reclaim__000__*.yaml"))
+# A stale-gang case with a session override.
+OVERRIDE_CASE = next(corpus_dir("actions-config").glob("stalegangeviction/*__002__*.yaml"))
+# An allocate case with a scheduler conf.
+CONF_CASE = next(corpus_dir("actions-config").glob("allocate/allocate__017__*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "path", ACTION_CASES, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}"
+)
+def test_action_case_loads(path: Path) -> None:
+    case = load_case(path)
+    assert case.harness.single_session
+    assert case.harness.actions == [case.family]
+    assert (case.rounds_until_match, case.rounds_after_match) == (None, None)
+    assert case.source.test_function
+
+
+def test_single_session_keys_load() -> None:
+    case = load_case(SESSION_CASE)
+    assert (case.harness.mode, case.harness.actions) == ("single-session", ["reclaim"])
+    overrides = load_case(OVERRIDE_CASE).harness.session_overrides
+    assert overrides is not None
+    assert overrides.global_default_staleness_grace_period_seconds == 60
+    conf = load_case(CONF_CASE).harness.scheduler_conf
+    assert conf is not None
+    (plugin,) = conf.tiers[0].plugins
+    assert (plugin.name, plugin.arguments) == ("nodeplacement", {"gpu": "spread", "cpu": "spread"})
+    assert plugin.disabled == []
+
+
+def _write_session_variant(tmp_path: Path, base: Path, mutate: Callable[[dict[str, Any]], None]) -> Path:
+    raw = yaml.safe_load(base.read_text())
+    mutate(raw)
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = doc
+        for part in parents:
+            target = target[part]
+        del target[last]
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("base", "mutate", "field", "words"),
+    [
+        (SESSION_CASE, _set("harness.mode", "rounds"), "harness.mode", ["unknown mode 'rounds'"]),
+        (SESSION_CASE, _set("harness.actions", ["allocate", "sleep"]), "harness.actions[1]", ["'sleep'"]),
+        (SESSION_CASE, _set("harness.actions", []), "harness.actions", ["at least one action"]),
+        (SESSION_CASE, _drop("harness.actions"), "harness.actions", ["at least one action"]),
+        (SESSION_CASE, _set("rounds_until_match", 1), "rounds_until_match", ["must be null", "no rounds"]),
+        (SESSION_CASE, _set("source.test_number", "x"), "source.test_number", ["expected `int | null`"]),
+        (SESSION_CASE, _set("source.test_suite", "x"), "source.test_suite", ["unknown field"]),
+        (
+            OVERRIDE_CASE,
+            _set("harness.session_overrides.global_default_staleness_grace_period_seconds", -1),
+            "harness.session_overrides.global_default_staleness_grace_period_seconds",
+            ["negative"],
+        ),
+        (
+            OVERRIDE_CASE,
+            _set("harness.session_overrides.override_queue_depth", 3),
+            "harness.session_overrides.override_queue_depth",
+            ["unknown field"],
+        ),
+        (
+            CONF_CASE,
+            _set("harness.scheduler_conf.tiers[0].plugins[0].enableNodeOrder", True),
+            "harness.scheduler_conf.tiers[0].plugins[0].enableNodeOrder",
+            ["unknown field"],
+        ),
+        (CONF_CASE, _set("harness.scheduler_conf.tiers", []), "harness.scheduler_conf.tiers", ["no tier"]),
+        (
+            CONF_CASE,
+            _set("harness.scheduler_conf.tiers[0].plugins[0].name", ""),
+            "harness.scheduler_conf.tiers[0].plugins[0].name",
+            ["empty plugin name"],
+        ),
+        # The round loop's cases: round counts required, single-session keys refused.
+        (BASE_CASE, _set("rounds_after_match", None), "rounds_after_match", ["null outside"]),
+        (BASE_CASE, _set("harness.actions", ["allocate"]), "harness.actions", ["only allowed with"]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_invalid_single_session_case_names_the_field(
+    tmp_path: Path,
+    base: Path,
+    mutate: Callable[[dict[str, Any]], None],
+    field: str,
+    words: list[str],
+) -> None:
+    path = _write_session_variant(tmp_path, base, mutate)
+    with pytest.raises(InvalidObject) as info:
+        load_case(path)
+    assert (info.value.field, info.value.name) == (field, str(path))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_an_empty_topology_constraint_loads_as_go_writes_it(tmp_path: Path) -> None:
+    # Go's empty &TopologyConstraintInfo{}: all three keys null, read by KAI as no constraint.
+    case = load_case(next(corpus_dir("actions").glob("allocate/allocateTopology__017__*.yaml")))
+    sub_groups = case.jobs[0].sub_groups
+    assert sub_groups is not None
+    constraint = sub_groups.sub_groups[0].topology_constraint
+    assert constraint is not None
+    assert (constraint.topology, constraint.required_level, constraint.preferred_level) == (None, None, None)

@@ -98,9 +98,12 @@ def _checkpoint(case: Case) -> Checkpoint:
 
 def passing_result(case: Case) -> CaseResult:
     """A result meeting every expectation of ``case``, with no calls in any round."""
-    rounds = [RoundCounts(binds=0, evictions=0, pipelined=0) for _ in range(case.rounds_until_match)]
-    rounds += [RoundCounts(binds=0, evictions=0, pipelined=0) for _ in range(case.rounds_after_match)]
-    checkpoints = [_checkpoint(case) for _ in range(1 + case.rounds_after_match)]
+    if case.harness.single_session:
+        until, after = 1, 0  # one action run, observed once (SEMANTICS §13.4)
+    else:
+        until, after = case.rounds_until_match or 0, case.rounds_after_match or 0
+    rounds = [RoundCounts(binds=0, evictions=0, pipelined=0) for _ in range(until + after)]
+    checkpoints = [_checkpoint(case) for _ in range(1 + after)]
     return CaseResult(name=case.name, rounds=rounds, checkpoints=checkpoints)
 
 
@@ -368,4 +371,42 @@ def test_number_of_rounds_and_checkpoints() -> None:
     assert judge(case, result) == [
         "rounds: 6 run, expected 7 (2 until match + 5 after)",
         "checkpoints: 5, expected 6 (1 + 5 rounds after match)",
+    ]
+
+
+# --- single-session cases (SEMANTICS §13.4 item 5) -------------------------------------------------------------
+
+
+def _action_case(stem: str) -> Case:
+    (path,) = corpus_dir("actions").glob(f"*/{stem}__*.yaml")
+    return load_case(path)
+
+
+# A reclaim case: at most 1 eviction and 1 pipeline in its one action run.
+RECLAIM = "reclaim__000"
+
+
+def test_single_session_passing_result_passes() -> None:
+    case = _action_case(RECLAIM)
+    assert judge(case, passing_result(case)) == []
+
+
+def test_single_session_has_one_round_and_one_checkpoint() -> None:
+    case = _action_case(RECLAIM)
+    result = passing_result(case)
+    result.rounds.append(RoundCounts(binds=0, evictions=0, pipelined=0))
+    result.checkpoints.append(result.checkpoints[0])
+    assert judge(case, result) == [
+        "rounds: 2 run, expected 1 (single-session case)",
+        "checkpoints: 2, expected 1 (single-session case)",
+    ]
+
+
+def test_single_session_limits_bound_the_one_action_run() -> None:
+    case = _action_case(RECLAIM)
+    limits = case.harness.call_limits_per_round
+    result = passing_result(case)
+    result.rounds[0].evictions = limits.evict + 1
+    assert judge(case, result) == [
+        f"round 1: evictions {limits.evict + 1}, at most {limits.evict} allowed per round"
     ]

@@ -139,7 +139,8 @@ def build_queues(case: c.Case) -> list[Queue]:
 
 
 def _constraint(tc: c.TopologyConstraint | None) -> TopologyConstraint | None:
-    if tc is None:
+    # KAI's topology plugin reads a constraint without a topology name as no constraint at all.
+    if tc is None or not tc.topology:
         return None
     return TopologyConstraint(tc.topology, tc.required_level, tc.preferred_level)
 

@@ -1,7 +1,8 @@
 """The KAI conformance case: typed mirror of SCHEMA.md, its loader and its validator.
 
-One YAML file of ``shared/conformance/kai/cases`` (schema_version 1) becomes one frozen
-:class:`Case`. Field names, order and units follow SCHEMA.md exactly; keys SCHEMA.md marks
+One YAML file of ``shared/conformance/kai/{cases,actions,actions-config}`` (schema_version 1)
+becomes one frozen :class:`Case`: an integration case (the round loop, SEMANTICS §1) or a
+single-session action case (``harness.mode: single-session``, SEMANTICS §13). Field names, order and units follow SCHEMA.md exactly; keys SCHEMA.md marks
 optional have defaults, every other key is required, and an unknown key is an error.
 
 Called by the conformance runner and builder (``tools.conformance.runner`` / ``build``), the
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import yaml
 
+from shared.core.policy import KNOWN_ACTIONS
 from shared.errors import InvalidObject
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRA",
     "POD_STATUSES",
+    "SINGLE_SESSION",
     "CallLimits",
     "Case",
     "Department",
@@ -42,21 +45,28 @@ __all__ = [
     "Mig",
     "Node",
     "PerTask",
+    "PluginOption",
     "PodSet",
     "PodSetSpec",
     "Queue",
     "QueueResource",
     "ResourceClaim",
     "ResourceSlice",
+    "SchedulerConf",
+    "SessionOverrides",
     "Source",
     "SubGroupSet",
     "Task",
+    "Tier",
     "Topology",
     "TopologyConstraint",
     "iter_case_files",
     "load_case",
     "validate_case",
 ]
+
+SINGLE_SESSION = "single-session"
+"""``harness.mode`` of the action-level cases (SEMANTICS §13); absent means the round loop of §1."""
 
 # KAI pod_status names (SEMANTICS §5.2); a task state or expected status outside this set can
 # never be produced or matched, so it is a typo in the case.
@@ -86,13 +96,16 @@ class _Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Source(_Spec, frozen=True, kw_only=True):
-    """Where the Go test literal lives (``source``)."""
+    """Where the Go test literal lives (``source``); the ``test_*`` keys only in single-session cases."""
 
     file: str
     index: int
     line: int
     end_line: int
     commit: str
+    test_function: str | None = None
+    test_function_line: int | None = None
+    test_number: int | None = None
 
 
 # --- cluster ----------------------------------------------------------------------------------
@@ -174,9 +187,9 @@ class PerTask(_Spec, frozen=True, kw_only=True):
 
 
 class TopologyConstraint(_Spec, frozen=True, kw_only=True):
-    """A sub-group's topology constraint."""
+    """A sub-group's topology constraint; all three null is Go's empty ``&TopologyConstraintInfo{}``."""
 
-    topology: str
+    topology: str | None
     required_level: str | None
     preferred_level: str | None
 
@@ -325,11 +338,60 @@ class CallLimits(_Spec, frozen=True, kw_only=True):
     pipeline: int
 
 
-class Harness(_Spec, frozen=True, kw_only=True):
-    """Harness switches derived from the case's mocks."""
+class SessionOverrides(_Spec, frozen=True, kw_only=True):
+    """The driver's ``ssn.OverrideXxx(...)`` calls after building the session (SEMANTICS §13.3 item 7)."""
 
+    global_default_staleness_grace_period_seconds: float | None = None
+
+
+class PluginOption(_Spec, frozen=True, kw_only=True):
+    """One plugin of a scheduler-conf tier, with KAI's yaml keys (Go ``conf.PluginOption``)."""
+
+    name: str
+    arguments: dict[str, str | int | float | bool] | None = None
+    disable_job_order: bool = msgspec.field(default=False, name="disableJobOrder")
+    disable_job_ready: bool = msgspec.field(default=False, name="disableJobReady")
+    disable_job_pipelined: bool = msgspec.field(default=False, name="disableJobPipelined")
+    disable_task_order: bool = msgspec.field(default=False, name="disableTaskOrder")
+    disable_preemptable: bool = msgspec.field(default=False, name="disablePreemptable")
+    disable_reclaimable: bool = msgspec.field(default=False, name="disableReclaimable")
+    disable_queue_order: bool = msgspec.field(default=False, name="disableQueueOrder")
+    disable_predicate: bool = msgspec.field(default=False, name="disablePredicate")
+    disable_node_order: bool = msgspec.field(default=False, name="disableNodeOrder")
+
+    @property
+    def disabled(self) -> list[str]:
+        """The yaml keys of the extension points this option switches off."""
+        fields = msgspec.structs.fields(self)
+        return [f.encode_name for f in fields if f.name.startswith("disable_") and getattr(self, f.name)]
+
+
+class Tier(_Spec, frozen=True, kw_only=True):
+    """A scheduler-conf tier: plugins in order."""
+
+    plugins: list[PluginOption]
+
+
+class SchedulerConf(_Spec, frozen=True, kw_only=True):
+    """KAI's ``Mocks.SchedulerConf``: tiers that replace the default plugin tiers (``actions`` unused)."""
+
+    actions: str | None = None
+    tiers: list[Tier]
+
+
+class Harness(_Spec, frozen=True, kw_only=True):
+    """Harness switches derived from the case's mocks; ``mode`` etc. only in single-session cases."""
+
+    mode: str | None = None
+    actions: list[str] | None = None
     predicates_plugin: bool
     call_limits_per_round: CallLimits
+    session_overrides: SessionOverrides | None = None
+    scheduler_conf: SchedulerConf | None = None
+
+    @property
+    def single_session(self) -> bool:
+        return self.mode == SINGLE_SESSION
 
 
 class Case(_Spec, frozen=True, kw_only=True):
@@ -339,8 +401,8 @@ class Case(_Spec, frozen=True, kw_only=True):
     metadata_name: str | None = None
     family: str
     source: Source
-    rounds_until_match: int
-    rounds_after_match: int
+    rounds_until_match: int | None
+    rounds_after_match: int | None
     scheduling_duration_seconds: float | None
     unsupported: list[str]
     features: list[str]
@@ -494,7 +556,9 @@ def validate_case(case: Case, where: str = "<case>") -> None:
     queue-or-department and job names; a job's queue and a queue's parent must exist; no cycle
     of parents; a non-integer per-task GPU count is a fraction in (0, 1]; pod names are
     ``<job>-<index>``; statuses are KAI pod statuses. A task placed on an undeclared node is
-    accepted: KAI silently leaves it off every node.
+    accepted: KAI silently leaves it off every node. The round loop needs both round counts and
+    takes no ``harness.actions`` / ``session_overrides`` / ``scheduler_conf``; a single-session
+    case has null round fields and at least one known action.
     """
     check = _Checker(where)
     _check_top(case, check)
@@ -505,6 +569,7 @@ def validate_case(case: Case, where: str = "<case>") -> None:
 
 
 def _check_top(case: Case, check: _Checker) -> None:
+    _check_mode(case, check)
     check.at_least(case.rounds_until_match, 0, "rounds_until_match", "case")
     check.at_least(case.rounds_after_match, 0, "rounds_after_match", "case")
     check.at_least(case.scheduling_duration_seconds, 0, "scheduling_duration_seconds", "case")
@@ -515,6 +580,46 @@ def _check_top(case: Case, check: _Checker) -> None:
         for key in ("binds", "evictions", "pipelined"):
             value = getattr(case.expected_counts, key)
             check.at_least(value, 0, f"expected_counts.{key}", "expected_counts")
+
+
+def _check_mode(case: Case, check: _Checker) -> None:
+    """Round fields for the round loop; ``actions`` and the session's settings for single-session cases."""
+    harness = case.harness
+    if harness.mode is not None and harness.mode != SINGLE_SESSION:
+        problem = f"unknown mode {harness.mode!r} (expected {SINGLE_SESSION!r}, or none for the round loop)"
+        raise check.fail("harness.mode", problem)
+    if not harness.single_session:
+        for key in ("rounds_until_match", "rounds_after_match"):
+            if getattr(case, key) is None:
+                raise check.fail(key, "null outside harness.mode single-session (the round loop needs it)")
+        for key in ("actions", "session_overrides", "scheduler_conf"):
+            if getattr(harness, key) is not None:
+                raise check.fail(f"harness.{key}", "only allowed with harness.mode single-session")
+        return
+    for key in ("rounds_until_match", "rounds_after_match", "scheduling_duration_seconds"):
+        if getattr(case, key) is not None:
+            raise check.fail(key, "must be null in a single-session case (the driver runs no rounds)")
+    if not harness.actions:
+        raise check.fail("harness.actions", "a single-session case needs at least one action")
+    for i, action in enumerate(harness.actions):
+        if action not in KNOWN_ACTIONS:
+            known = ", ".join(KNOWN_ACTIONS)
+            raise check.fail(f"harness.actions[{i}]", f"unknown action {action!r} (known: {known})")
+    overrides = harness.session_overrides
+    if overrides is not None:
+        grace = overrides.global_default_staleness_grace_period_seconds
+        field = "harness.session_overrides.global_default_staleness_grace_period_seconds"
+        check.at_least(grace, 0, field, "harness")
+    conf = harness.scheduler_conf
+    if conf is not None:
+        if not conf.tiers:
+            raise check.fail("harness.scheduler_conf.tiers", "no tier (KAI would fall back to its defaults)")
+        for t, tier in enumerate(conf.tiers):
+            for p, plugin in enumerate(tier.plugins):
+                if not plugin.name:
+                    raise check.fail(
+                        f"harness.scheduler_conf.tiers[{t}].plugins[{p}].name", "empty plugin name"
+                    )
 
 
 def _check_nodes(case: Case, check: _Checker) -> None:

@@ -18,7 +18,8 @@ What is compared, as KAI's ``MatchExpectedAndRealTasks`` does:
 * ``expected_nodes``: idle and releasing GPUs, always.
 * GPU groups never (the Go check is vacuous, §8.4).
 * Per round, each of binds / evictions / pipelines at most the harness limit (0 = none), and
-  the number of rounds and checkpoints the case prescribes (§1).
+  the number of rounds and checkpoints the case prescribes (§1); a single-session case has
+  exactly one of each, the session right after its actions (§13.4 item 5).
 """
 
 from __future__ import annotations
@@ -57,17 +58,24 @@ def judge(case: Case, result: CaseResult) -> list[str]:
 
 def _judge_shape(case: Case, result: CaseResult) -> list[str]:
     lines = []
-    want_rounds = case.rounds_until_match + case.rounds_after_match
+    if case.harness.single_session:
+        # SEMANTICS §13.4 item 5: the one action run is the only round, its session the only checkpoint.
+        if len(result.rounds) != 1:
+            lines.append(f"rounds: {len(result.rounds)} run, expected 1 (single-session case)")
+        if len(result.checkpoints) != 1:
+            lines.append(f"checkpoints: {len(result.checkpoints)}, expected 1 (single-session case)")
+        return lines
+    until, after = case.rounds_until_match or 0, case.rounds_after_match or 0  # both set: validate_case
+    want_rounds = until + after
     if len(result.rounds) != want_rounds:
         lines.append(
-            f"rounds: {len(result.rounds)} run, expected {want_rounds} "
-            f"({case.rounds_until_match} until match + {case.rounds_after_match} after)",
+            f"rounds: {len(result.rounds)} run, expected {want_rounds} ({until} until match + {after} after)",
         )
-    want_checkpoints = 1 + case.rounds_after_match
+    want_checkpoints = 1 + after
     if len(result.checkpoints) != want_checkpoints:
         lines.append(
             f"checkpoints: {len(result.checkpoints)}, expected {want_checkpoints} "
-            f"(1 + {case.rounds_after_match} rounds after match)",
+            f"(1 + {after} rounds after match)",
         )
     return lines
 
