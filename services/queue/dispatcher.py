@@ -633,7 +633,7 @@ class Dispatcher:
                 state_revision,
                 ledger_revision,
                 (),
-                ALL_ACTIONS,
+                request.actions if request.actions is not None else ALL_ACTIONS,
                 want_view=request.want_view,
                 policy=request.policy,
             )

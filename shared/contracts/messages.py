@@ -296,6 +296,8 @@ class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):
     want_view: bool = False
     policy: Policy | None = None
     """Run this cycle with this policy instead of the queue's (the conformance harness's knobs)."""
+    actions: tuple[str, ...] | None = None
+    """Run only these actions, in this order (a single-session conformance case); None: all five."""
 
 
 class CycleReply(_Msg, frozen=True, kw_only=True, tag="cycle-reply"):

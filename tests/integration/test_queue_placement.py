@@ -526,6 +526,38 @@ async def test_admin_cycle_dispatches_one_whole_cycle_and_replies_with_its_outco
     assert (await heartbeat(bus, "queue", "q1")).counters["admin_cycles"] == 1
 
 
+async def test_an_admin_cycle_runs_only_the_actions_it_names(bus: Bus, start: Any) -> None:
+    """A single-session conformance case over the bus: the work item carries the request's actions, and the
+    view is the session right after them (here no allocate, so the gangs stay pending)."""
+    await write(bus, cluster(gang("ga", "qa", 2, 1)))
+
+    async def binder(msg: Any) -> None:
+        proposal = PROPOSALS.decode(msg.subject, msg.data)
+        outcome = Outcome(
+            proposal=proposal.id,
+            work=proposal.work,
+            shard=proposal.shard,
+            status="committed",
+            bound=tuple(b.pod for b in proposal.binds),
+            view=proposal.view,
+        )
+        await bus.nc.publish(s.outcomes(proposal.shard), encode(outcome))
+
+    await bus.nc.subscribe(s.proposals(SHARD), cb=binder)
+    await start("placement", placement.body, "p1")
+    await start("queue", queue.body, "q1", cycles="admin")
+    await ready(bus, "placement", "p1")
+    await eventually(lambda: current_lease(bus))
+
+    msg = await admin_cycle(bus, CycleRequest(now=NOW, want_view=True, actions=("reclaim",)), timeout=15)
+    reply = CYCLE_REPLIES.decode(msg.subject, msg.data)
+    assert reply.ok, reply.error
+    assert reply.outcome is not None
+    assert reply.outcome.bound == ()
+    assert reply.outcome.view is not None
+    assert {t.status for t in reply.outcome.view.tasks} == {"Pending"}
+
+
 async def test_batches_of_podgroups_go_to_parallel_placement_workers(bus: Bus, start: Any) -> None:
     await write(bus, cluster(gang("ga", "qa", 2, 1), gang("gb", "qb", 1, 1), gang("gc", "qb", 1, 1)))
     proposals = Inbox(PROPOSALS.decode)
