@@ -8,6 +8,7 @@ import pytest
 
 from tools.cli.main import main
 from tools.conformance import corpus_dir
+from tools.conformance.result import decode_result
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -92,3 +93,31 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert "conformance" in capsys.readouterr().out
+
+
+# A single-session case whose scheduler conf drops plugins Kairos always applies.
+REFUSED_CONF_CASE = next(corpus_dir("actions-config").glob("allocate/allocate__017__*.yaml"))
+
+
+@pytest.mark.parametrize("extra", [["--json"], ["--via-bus"]])
+def test_run_refuses_a_scheduler_conf_the_policy_cannot_express(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    assert main(["conformance", "run", str(REFUSED_CONF_CASE), *extra]) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert "harness.scheduler_conf.tiers: no proportion" in line
+    assert captured.out == ""
+
+
+def test_run_prints_one_round_and_one_checkpoint_for_a_single_session_case(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = next(corpus_dir("actions").glob("reclaim/reclaim__000__*.yaml"))
+    assert main(["conformance", "run", str(path), "--json"]) == 0
+    result = decode_result(capsys.readouterr().out)
+    assert (len(result.rounds), len(result.checkpoints)) == (1, 1)
+    assert main(["conformance", "run", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("rounds: 1 (single session: reclaim); ")
+    assert out[-1] == "PASS"

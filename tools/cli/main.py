@@ -94,7 +94,7 @@ def _error(message: str) -> None:
     sys.stderr.write("kairos: " + " ".join(message.splitlines()) + "\n")
 
 
-def _runner() -> Callable[[Case], CaseResult]:
+def _runner() -> Callable[[Case, str], CaseResult]:
     # Imported on use: the runner pulls in the whole scheduling core, which `kairos demo` and
     # argument errors do not need.
     from tools.conformance.runner import run_case
@@ -115,17 +115,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.via_bus:
         from tools.conformance.bus_runner import run_case_via_bus
 
-        result = run_case_via_bus(case)
+        result = run_case_via_bus(case, where=str(args.case))
     else:
-        result = _runner()(case)
+        result = _runner()(case, str(args.case))
     if args.json:
         sys.stdout.write(encode_result(result).decode() + "\n")
         return EXIT_OK
     mismatches = judge(case, result)
     totals = [sum(getattr(r, key) for r in result.rounds) for key in ("binds", "evictions", "pipelined")]
+    if case.harness.single_session:
+        shape = f"single session: {', '.join(case.harness.actions or ())}"
+    else:
+        shape = f"{case.rounds_until_match} until match, {case.rounds_after_match} after"
     rounds = (
-        f"rounds: {len(result.rounds)} ({case.rounds_until_match} until match, "
-        f"{case.rounds_after_match} after); binds {totals[0]}, evictions {totals[1]}, "
+        f"rounds: {len(result.rounds)} ({shape}); binds {totals[0]}, evictions {totals[1]}, "
         f"pipelined {totals[2]} in all"
     )
     out = [f"{case.name} ({args.case})", rounds]
@@ -159,7 +162,7 @@ def _check_one(path: Path) -> list[str]:
     """Run and judge one case; an invalid case gives one line naming the problem."""
     try:
         case = _load(path)
-        result = _runner()(case)
+        result = _runner()(case, str(path))
     except InvalidObject as exc:
         return [f"invalid case: {exc.field}: {exc.problem}" if exc.field else f"invalid case: {exc.problem}"]
     return judge(case, result)

@@ -1,9 +1,11 @@
-"""Run a KAI conformance case in-process: the round loop of SEMANTICS.md §1.
+"""Run a KAI conformance case in-process: the round loop of SEMANTICS.md §1, or one session (§13).
 
-R rounds (default 2), each a fresh session from the evolving description with all five actions and the
-harness's write-back; then a match on a rebuilt session (fit errors carried over); then A more rounds
-(default 5), each observed right after its actions. Returns the `CaseResult` the CLI prints and the judge
-reads.
+Integration cases: R rounds (default 2), each a fresh session from the evolving description with all five
+actions and the harness's write-back; then a match on a rebuilt session (fit errors carried over); then A
+more rounds (default 5), each observed right after its actions. Single-session cases (`harness.mode:
+single-session`): one session built as for one round, the session overrides and scheduler conf applied to
+the policy, only `harness.actions` run once each, and that same session observed right after them: one
+round, one checkpoint. Returns the `CaseResult` the CLI prints and the judge reads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tools.conformance.result import (
     ObservedTask,
     RoundCounts,
 )
+from tools.conformance.scheduler_conf import apply_scheduler_conf
 
 NOW = 1_000_000.0
 DEFAULT_ROUNDS_UNTIL_MATCH = 2
@@ -44,6 +47,20 @@ def harness_policy(case: c.Case) -> Policy:
         allow_consolidating_reclaim=True,
         min_node_gpu_memory_mib=100,
     )
+
+
+def session_policy(case: c.Case, where: str = "<case>") -> Policy:
+    """A single-session case's policy (SEMANTICS §13.4 steps 1-3): the harness's parameters, only the
+    listed actions, the session overrides, and what `harness.scheduler_conf` maps to."""
+    harness = case.harness
+    policy = msgspec.structs.replace(harness_policy(case), actions=tuple(harness.actions or ()))
+    overrides = harness.session_overrides
+    if overrides is not None and overrides.global_default_staleness_grace_period_seconds is not None:
+        grace = overrides.global_default_staleness_grace_period_seconds
+        policy = msgspec.structs.replace(policy, staleness_grace_period=grace)
+    if harness.scheduler_conf is not None:
+        policy = apply_scheduler_conf(harness.scheduler_conf, policy, where)
+    return policy
 
 
 def write_back(state: CaseState, view: SessionView) -> None:
@@ -146,5 +163,16 @@ def run_rounds(case: c.Case, run_round: RoundFn) -> CaseResult:
     return CaseResult(name=case.name, rounds=rounds, checkpoints=checkpoints)
 
 
-def run_case(case: c.Case) -> CaseResult:
+def run_single_session(case: c.Case, run_round: RoundFn, where: str = "<case>") -> CaseResult:
+    """SEMANTICS §13.4: one session, its actions once each, observed right after them."""
+    policy = session_policy(case, where)
+    snapshot = build_snapshot(CaseState.start(case), NOW)
+    counts, view = run_round(snapshot, policy)
+    return CaseResult(name=case.name, rounds=[counts], checkpoints=[checkpoint_of(snapshot, view, NOW)])
+
+
+def run_case(case: c.Case, where: str = "<case>") -> CaseResult:
+    """Run `case` in-process by its harness mode; `where` names it in a refusal (`InvalidObject`)."""
+    if case.harness.single_session:
+        return run_single_session(case, in_process_round, where)
     return run_rounds(case, in_process_round)

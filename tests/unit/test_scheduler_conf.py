@@ -1,0 +1,132 @@
+"""A case's KAI scheduler conf as a Kairos policy (`tools.conformance.scheduler_conf`), and the policy a
+single-session case runs with (`tools.conformance.runner.session_policy`, SEMANTICS §13.4 steps 1-3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from shared.core.policy import Policy
+from shared.errors import InvalidObject
+from tools.conformance import corpus_dir
+from tools.conformance.case import SchedulerConf, load_case
+from tools.conformance.runner import harness_policy, session_policy
+from tools.conformance.scheduler_conf import apply_scheduler_conf
+
+# KAI's default tier (SEMANTICS §2.1), as a case would write it.
+DEFAULT_TIER: list[dict[str, Any]] = [
+    {"name": name}
+    for name in [
+        "predicates",
+        "proportion",
+        "priority",
+        "elastic",
+        "kubeflow",
+        "ray",
+        "nodeavailability",
+        "gpusharingorder",
+        "gpupack",
+        "resourcetype",
+        "subgrouporder",
+        "taskorder",
+        "nominatednode",
+        "dynamicresources",
+    ]
+] + [
+    {"name": "nodeplacement", "arguments": {"cpu": "binpack", "gpu": "binpack"}},
+    {"name": "minruntime"},
+    {"name": "topology"},
+    {"name": "snapshot"},
+]
+BASE = Policy(predicates=True, staleness_grace_period=0.0)
+
+
+def conf(plugins: list[dict[str, Any]]) -> SchedulerConf:
+    return msgspec.convert({"actions": "allocate", "tiers": [{"plugins": plugins}]}, SchedulerConf)
+
+
+def replaced(name: str, plugin: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The default tier with plugin `name` replaced by `plugin` (dropped when None)."""
+    out = [p for p in DEFAULT_TIER if p["name"] != name]
+    return out if plugin is None else [*out, plugin]
+
+
+def test_the_default_tier_is_the_policy_as_it_is() -> None:
+    assert apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c") == BASE
+
+
+def test_placement_plugins_map_onto_the_policy() -> None:
+    plugins = replaced("gpupack", {"name": "gpuspread"})
+    plugins = [p for p in plugins if p["name"] != "nodeplacement"]
+    plugins.append({"name": "nodeplacement", "arguments": {"gpu": "spread", "cpu": "spread"}})
+    policy = apply_scheduler_conf(conf(plugins), BASE, "c")
+    assert (policy.gpu_placement, policy.cpu_placement, policy.gpu_device_placement) == ("spread",) * 3
+
+
+def test_a_conf_without_predicates_turns_the_filters_off() -> None:
+    assert apply_scheduler_conf(conf(replaced("predicates", None)), BASE, "c").predicates is False
+
+
+def test_proportion_k_value_is_mapped() -> None:
+    plugins = replaced("proportion", {"name": "proportion", "arguments": {"kValue": "2.5"}})
+    assert apply_scheduler_conf(conf(plugins), BASE, "c").k_value == 2.5
+
+
+@pytest.mark.parametrize(
+    ("plugins", "field", "words"),
+    [
+        (replaced("proportion", None), "harness.scheduler_conf.tiers", ["no proportion", "always applies"]),
+        ([{"name": "gpupack"}], "harness.scheduler_conf.tiers", ["no proportion, priority", "taskorder"]),
+        (replaced("gpupack", None), "harness.scheduler_conf.tiers", ["neither gpupack nor gpuspread"]),
+        (
+            [*DEFAULT_TIER, {"name": "gpuspread"}],
+            "harness.scheduler_conf.tiers",
+            ["both gpupack and gpuspread"],
+        ),
+        ([*DEFAULT_TIER, {"name": "fairy"}], "harness.scheduler_conf.tiers[0].plugins[18].name", ["'fairy'"]),
+        (
+            replaced("nodeplacement", {"name": "nodeplacement", "arguments": {"gpu": "scatter"}}),
+            "harness.scheduler_conf.tiers[0].plugins[17].arguments.gpu",
+            ["'scatter'", "binpack, spread"],
+        ),
+        (
+            replaced("minruntime", {"name": "minruntime", "arguments": {"defaultPreemptMinRuntime": "5m"}}),
+            "harness.scheduler_conf.tiers[0].plugins[17].arguments.defaultPreemptMinRuntime",
+            ["not mapped"],
+        ),
+        (
+            replaced("taskorder", {"name": "taskorder", "disableTaskOrder": True}),
+            "harness.scheduler_conf.tiers[0].plugins[17].disableTaskOrder",
+            ["no equivalent"],
+        ),
+        (
+            replaced("proportion", {"name": "proportion", "arguments": {"kValue": "much"}}),
+            "harness.scheduler_conf.tiers[0].plugins[17].arguments.kValue",
+            ["not a number"],
+        ),
+    ],
+)
+def test_what_the_policy_cannot_express_is_refused_naming_the_field(
+    plugins: list[dict[str, Any]], field: str, words: list[str]
+) -> None:
+    with pytest.raises(InvalidObject) as info:
+        apply_scheduler_conf(conf(plugins), BASE, "case.yaml")
+    assert (info.value.name, info.value.field) == ("case.yaml", field)
+    for word in words:
+        assert word in info.value.problem
+
+
+def test_a_single_session_case_runs_only_its_actions() -> None:
+    case = load_case(next(corpus_dir("actions").glob("reclaim/reclaim__000__*.yaml")))
+    policy = session_policy(case)
+    assert policy.actions == ("reclaim",)
+    assert policy == msgspec.structs.replace(harness_policy(case), actions=("reclaim",))
+
+
+def test_the_staleness_grace_period_override_reaches_the_policy() -> None:
+    case = load_case(next(corpus_dir("actions-config").glob("stalegangeviction/*__002__*.yaml")))
+    assert harness_policy(case).staleness_grace_period == 0.0
+    policy = session_policy(case)
+    assert (policy.actions, policy.staleness_grace_period) == (("stalegangeviction",), 60.0)
