@@ -187,11 +187,14 @@ class Statement:
 
     # --- undo --------------------------------------------------------------------------------------------
     def _undo(self, op: Operation) -> None:
-        """Restore exactly what the operation found (later operations are already undone)."""
+        """Restore exactly what the operation found (later operations are already undone), except that a
+        pending pod whose placement is undone is left with no node, as KAI unallocates it (SEMANTICS §13.3
+        item 2), even when its pod named one."""
         m = op.memento
         task = m.task
         task.status = m.status
-        task.node = m.node
+        unplaced = m.status == PodStatus.PENDING and isinstance(op, AllocateOp | PipelineOp)
+        task.node = None if unplaced else m.node
         task.gpu_groups = list(m.groups)
         task.is_virtual = m.virtual
         task.job.version += 1

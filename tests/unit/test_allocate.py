@@ -171,3 +171,14 @@ def test_gpu_memory_is_accepted_as_a_share_of_the_node_devices() -> None:
     task = ssn.tasks[mem.key]
     assert task.status == PodStatus.BINDING
     assert task.accepted_gpus == 0.25
+
+
+def test_pending_pods_whose_placement_is_undone_are_left_with_no_node() -> None:
+    # Pods that name a node while pending (a gang re-created after its nodes went away): allocate tries two
+    # of them, the gang cannot complete, and KAI's unallocate leaves every tried pod without a node.
+    snap = snapshot([node("a", 2)], gang("big", "team", 3, 1.0, nodes=["a", "a", "a"]))
+    ssn = run_session(snap, 0.0, ALLOCATE)
+    tasks = sorted(ssn.jobs["big"].tasks.values(), key=lambda t: t.name)
+    assert [t.status for t in tasks] == [PodStatus.PENDING] * 3
+    # The third pod was never tried: it keeps the node its pod names.
+    assert [t.node for t in tasks] == [None, None, "a"]
