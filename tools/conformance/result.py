@@ -52,7 +52,8 @@ class ObservedNode(msgspec.Struct):
 
 
 class Checkpoint(msgspec.Struct):
-    """The state matched once: the rebuilt session (index 0) or one after-match round."""
+    """The state matched once: the rebuilt session (index 0) or one after-match round; for a
+    single-session case, the one session right after its actions."""
 
     jobs: dict[str, ObservedJob]
     nodes: dict[str, ObservedNode]
@@ -67,7 +68,8 @@ class RoundCounts(msgspec.Struct):
 
 
 class CaseResult(msgspec.Struct):
-    """One case's run: a count per round run, then ``1 + rounds_after_match`` checkpoints."""
+    """One case's run: a count per round run, then ``1 + rounds_after_match`` checkpoints (one
+    round and one checkpoint for a single-session case, SEMANTICS §13.4)."""
 
     name: str
     rounds: list[RoundCounts]
