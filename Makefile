@@ -5,7 +5,8 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 
 # The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
-CONFORMANCE_CASES := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai/cases,tests/conformance/kai/cases)
+CONFORMANCE_ROOT := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai,tests/conformance/kai)
+CONFORMANCE_CASES := $(addprefix $(CONFORMANCE_ROOT)/,cases actions actions-config)
 
 .PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos fmt
 
