@@ -11,7 +11,7 @@ kind, the object ("namespace/name") and the field path (``spec.containers[0].res
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar, overload
 
 import msgspec
@@ -72,6 +72,19 @@ class ObjectMeta(_Wire, frozen=True, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     annotations: dict[str, str] = msgspec.field(default_factory=dict)
     owner_references: list[OwnerReference] = msgspec.field(default_factory=list)
+
+
+class _Object(_Wire, frozen=True, kw_only=True):
+    """What an object of every kind starts with: Kubernetes' TypeMeta and ObjectMeta. A kind names itself
+    (`KIND`, `RESOURCE`) and declares its own apiVersion and kind defaults, spec and status."""
+
+    KIND: ClassVar[str]
+    """The kind's name in errors ("Pod"); `decode` takes it, and lower-cased."""
+    RESOURCE: ClassVar[str]
+    """The kind's resource name ("pods"), which `decode` takes too."""
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 # --- pods ------------------------------------------------------------------------------------------------
@@ -214,11 +227,11 @@ class PodStatus(_Wire, frozen=True, kw_only=True):
     container_statuses: list[ContainerStatus] = msgspec.field(default_factory=list)
 
 
-class Pod(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "Pod"
+class Pod(_Object, frozen=True, kw_only=True):
+    KIND = "Pod"
+    RESOURCE = "pods"
     api_version: str = "v1"
     kind: str = "Pod"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
     status: PodStatus = msgspec.field(default_factory=PodStatus)
 
@@ -241,21 +254,21 @@ class NodeStatus(_Wire, frozen=True, kw_only=True):
     conditions: list[Condition] = msgspec.field(default_factory=list)
 
 
-class Node(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "Node"
+class Node(_Object, frozen=True, kw_only=True):
+    KIND = "Node"
+    RESOURCE = "nodes"
     api_version: str = "v1"
     kind: str = "Node"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
 
 # --- priority classes ------------------------------------------------------------------------------------
-class PriorityClass(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "PriorityClass"
+class PriorityClass(_Object, frozen=True, kw_only=True):
+    KIND = "PriorityClass"
+    RESOURCE = "priorityclasses"
     api_version: str = "scheduling.k8s.io/v1"
     kind: str = "PriorityClass"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     value: int = 0
     global_default: bool = False
     preemption_policy: str = ""
@@ -294,11 +307,11 @@ class QueueStatus(_Wire, frozen=True, kw_only=True):
     """Kairos's ``Accepted`` condition (`shared.kube.validity`); the CRD's status keeps unknown fields."""
 
 
-class Queue(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "Queue"
+class Queue(_Object, frozen=True, kw_only=True):
+    KIND = "Queue"
+    RESOURCE = "queues"
     api_version: str = "scheduling.run.ai/v2"
     kind: str = "Queue"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: QueueSpec = msgspec.field(default_factory=QueueSpec)
     status: QueueStatus = msgspec.field(default_factory=QueueStatus)
 
@@ -374,11 +387,11 @@ class PodGroupStatus(_Wire, frozen=True, kw_only=True):
     resources_status: PodGroupResourcesStatus = msgspec.field(default_factory=PodGroupResourcesStatus)
 
 
-class PodGroup(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "PodGroup"
+class PodGroup(_Object, frozen=True, kw_only=True):
+    KIND = "PodGroup"
+    RESOURCE = "podgroups"
     api_version: str = "scheduling.run.ai/v2alpha2"
     kind: str = "PodGroup"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)
     status: PodGroupStatus = msgspec.field(default_factory=PodGroupStatus)
 
@@ -392,22 +405,20 @@ class TopologySpec(_Wire, frozen=True, kw_only=True):
     levels: list[TopologyLevel] = msgspec.field(default_factory=list)
 
 
-class Topology(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str] = "Topology"
+class Topology(_Object, frozen=True, kw_only=True):
+    KIND = "Topology"
+    RESOURCE = "topologies"
     api_version: str = "kai.scheduler/v1alpha1"
     kind: str = "Topology"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: TopologySpec = msgspec.field(default_factory=TopologySpec)
 
 
 # --- workload owners (any kind) ----------------------------------------------------------------------------
-class Owner(_Wire, frozen=True, kw_only=True):
+class Owner(_Object, frozen=True, kw_only=True):
     """A pod's owner of any kind (Job, Deployment, PyTorchJob, ...): what the pod-grouper reads of it."""
 
-    KIND: ClassVar[str] = "owner"
-    api_version: str = ""
-    kind: str = ""
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    KIND = "owner"
+    RESOURCE = "owners"
     spec: dict[str, Any] = msgspec.field(default_factory=dict)
     status: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -419,38 +430,24 @@ class JobStatus(_Wire, frozen=True, kw_only=True):
     failed: int = 0
 
 
-class Job(_Wire, frozen=True, kw_only=True):
+class Job(_Object, frozen=True, kw_only=True):
     """A batch/v1 Job as far as stages with dependencies care: has it completed, has it failed."""
 
-    KIND: ClassVar[str] = "Job"
+    KIND = "Job"
+    RESOURCE = "jobs"
     api_version: str = "batch/v1"
     kind: str = "Job"
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     status: JobStatus = msgspec.field(default_factory=JobStatus)
 
 
 # --- decoding --------------------------------------------------------------------------------------------
-_Obj = Pod | Node | PriorityClass | Queue | PodGroup | Topology | Owner | Job
-T = TypeVar("T", Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
+T = TypeVar("T", bound=_Object)
 
-_TYPES: tuple[type[_Obj], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
-_BY_NAME: dict[str, type[_Obj]] = {}
-for _cls in _TYPES:
-    _BY_NAME[_cls.KIND] = _cls
-    _BY_NAME[_cls.KIND.lower()] = _cls
-_BY_NAME.update(
-    {
-        "pods": Pod,
-        "nodes": Node,
-        "priorityclasses": PriorityClass,
-        "queues": Queue,
-        "podgroups": PodGroup,
-        "topologies": Topology,
-        "owners": Owner,
-        "jobs": Job,
-    }
-)
-_DECODERS: dict[type[_Obj], msgspec.json.Decoder[Any]] = {cls: msgspec.json.Decoder(cls) for cls in _TYPES}
+_TYPES: tuple[type[_Object], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
+_BY_NAME: dict[str, type[_Object]] = {
+    name: cls for cls in _TYPES for name in (cls.KIND, cls.KIND.lower(), cls.RESOURCE)
+}
+_DECODERS: dict[type[_Object], msgspec.json.Decoder[Any]] = {cls: msgspec.json.Decoder(cls) for cls in _TYPES}
 
 
 class _NameMeta(msgspec.Struct):
@@ -466,7 +463,7 @@ _NAME_DECODER = msgspec.json.Decoder(_Named)
 _PATH = re.compile(r"^(?P<problem>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
-def _type_of(kind: str | type[Any]) -> type[_Obj]:
+def _type_of(kind: str | type[Any]) -> type[_Object]:
     if isinstance(kind, type) and kind in _DECODERS:
         return kind
     if isinstance(kind, type):
@@ -500,7 +497,7 @@ def _name_in_mapping(obj: object) -> str:
     return object_name(meta.get("namespace"), meta.get("name"))
 
 
-def _invalid(cls: type[_Obj], name: str, exc: msgspec.MsgspecError) -> InvalidObject:
+def _invalid(cls: type[_Object], name: str, exc: msgspec.MsgspecError) -> InvalidObject:
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         match = _PATH.match(text)
@@ -536,29 +533,17 @@ def convert(kind: str | type[Any], obj: Mapping[str, Any]) -> Any:
         raise _invalid(cls, _name_in_mapping(obj), exc) from exc
 
 
-def decode_pod(data: bytes | str) -> Pod:
-    return decode(Pod, data)
+def _decoder_of(cls: type[T]) -> Callable[[bytes | str], T]:
+    def decode_one(data: bytes | str) -> T:
+        return decode(cls, data)
+
+    return decode_one
 
 
-def decode_node(data: bytes | str) -> Node:
-    return decode(Node, data)
-
-
-def decode_priority_class(data: bytes | str) -> PriorityClass:
-    return decode(PriorityClass, data)
-
-
-def decode_queue(data: bytes | str) -> Queue:
-    return decode(Queue, data)
-
-
-def decode_podgroup(data: bytes | str) -> PodGroup:
-    return decode(PodGroup, data)
-
-
-def decode_topology(data: bytes | str) -> Topology:
-    return decode(Topology, data)
-
-
-def decode_owner(data: bytes | str) -> Owner:
-    return decode(Owner, data)
+decode_pod = _decoder_of(Pod)
+decode_node = _decoder_of(Node)
+decode_priority_class = _decoder_of(PriorityClass)
+decode_queue = _decoder_of(Queue)
+decode_podgroup = _decoder_of(PodGroup)
+decode_topology = _decoder_of(Topology)
+decode_owner = _decoder_of(Owner)
