@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ _ITEM_KIND = {
     "topologies": "topology",
 }
 _INFO = mi.type_info(ClusterObjects)
+_AtStruct = Callable[[dict[Any, Any], mi.StructType, str], str | None]
+"""What an error locator does at one struct of the raw document: (raw, its type, its path) -> a path or None."""
 
 
 def load_cluster(path: str | Path) -> ClusterObjects:
@@ -183,70 +186,69 @@ def _compact(value: Any, info: mi.Type | None) -> Any:
 
 
 # --- error locating -----------------------------------------------------------------------------------------
-def _unknown_field(raw: object, info: mi.Type, path: str) -> str | None:
-    """The path of the first key in `raw` that `info` does not declare, or None."""
+def _first_path(raw: object, info: mi.Type, path: str, at_struct: _AtStruct) -> str | None:
+    """Walk `raw` along its declared type `info`, into lists, dicts and optional structs; the first path
+    `at_struct` finds in a struct on the way, or None."""
     match info:
-        case mi.StructType(fields=fields) if isinstance(raw, dict):
-            by_name = {f.encode_name: f for f in fields}
-            for key, value in raw.items():
-                field = by_name.get(key) if isinstance(key, str) else None
-                # An empty or non-text key is quoted, so the path still shows it.
-                name = key if isinstance(key, str) and key else repr(key)
-                sub = f"{path}.{name}" if path else name
-                if field is None:
-                    return sub
-                found = _unknown_field(value, field.type, sub)
-                if found is not None:
-                    return found
+        case mi.StructType() if isinstance(raw, dict):
+            return at_struct(raw, info, path)
         case mi.ListType(item_type=item) | mi.VarTupleType(item_type=item) if isinstance(raw, list):
             for i, value in enumerate(raw):
-                found = _unknown_field(value, item, f"{path}[{i}]")
+                found = _first_path(value, item, f"{path}[{i}]", at_struct)
                 if found is not None:
                     return found
         case mi.DictType(value_type=item) if isinstance(raw, dict):
             for key, value in raw.items():
-                found = _unknown_field(value, item, f"{path}[{key}]")
+                found = _first_path(value, item, f"{path}[{key}]", at_struct)
                 if found is not None:
                     return found
         case mi.UnionType(types=types):
             # Optional structs (`topology_constraint: X | None`): check against the struct member.
             structs = [t for t in types if isinstance(t, mi.StructType)]
             if len(structs) == 1:
-                return _unknown_field(raw, structs[0], path)
+                return _first_path(raw, structs[0], path, at_struct)
+    return None
+
+
+def _unknown_field(raw: object, info: mi.Type, path: str) -> str | None:
+    """The path of the first key in `raw` that `info` does not declare, or None."""
+    return _first_path(raw, info, path, _unknown_in_struct)
+
+
+def _unknown_in_struct(raw: dict[Any, Any], info: mi.StructType, path: str) -> str | None:
+    by_name = {f.encode_name: f for f in info.fields}
+    for key, value in raw.items():
+        field = by_name.get(key) if isinstance(key, str) else None
+        # An empty or non-text key is quoted, so the path still shows it.
+        name = key if isinstance(key, str) and key else repr(key)
+        sub = f"{path}.{name}" if path else name
+        if field is None:
+            return sub
+        found = _unknown_field(value, field.type, sub)
+        if found is not None:
+            return found
     return None
 
 
 def _failing_path(raw: object, info: mi.Type, path: str) -> str | None:
     """The path of the innermost struct in `raw` whose model check raises `InvalidObject`, or None."""
-    match info:
-        case mi.StructType(cls=cls, fields=fields) if isinstance(raw, dict):
-            by_name = {f.encode_name: f for f in fields}
-            for key, value in raw.items():
-                field = by_name.get(key)
-                if field is not None:
-                    found = _failing_path(value, field.type, f"{path}.{key}" if path else str(key))
-                    if found is not None:
-                        return found
-            try:
-                msgspec.convert(raw, cls)
-            except InvalidObject:
-                return path
-            except msgspec.ValidationError:
-                return None
-        case mi.ListType(item_type=item) | mi.VarTupleType(item_type=item) if isinstance(raw, list):
-            for i, value in enumerate(raw):
-                found = _failing_path(value, item, f"{path}[{i}]")
-                if found is not None:
-                    return found
-        case mi.DictType(value_type=item) if isinstance(raw, dict):
-            for key, value in raw.items():
-                found = _failing_path(value, item, f"{path}[{key}]")
-                if found is not None:
-                    return found
-        case mi.UnionType(types=types):
-            structs = [t for t in types if isinstance(t, mi.StructType)]
-            if len(structs) == 1:
-                return _failing_path(raw, structs[0], path)
+    return _first_path(raw, info, path, _failing_struct)
+
+
+def _failing_struct(raw: dict[Any, Any], info: mi.StructType, path: str) -> str | None:
+    by_name = {f.encode_name: f for f in info.fields}
+    for key, value in raw.items():
+        field = by_name.get(key)
+        if field is not None:
+            found = _failing_path(value, field.type, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    try:
+        msgspec.convert(raw, info.cls)
+    except InvalidObject:
+        return path
+    except msgspec.ValidationError:
+        return None
     return None
 
 

@@ -59,37 +59,34 @@ async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.update_stream(config)
 
 
+def _work_queue(name: str, wildcard: str) -> StreamConfig:
+    """A stream on disk whose every message one consumer takes (work items, proposals)."""
+    return StreamConfig(
+        name=name, subjects=[wildcard], retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE
+    )
+
+
+_STREAMS = (
+    _work_queue(s.WORK_STREAM, s.WORK_WILDCARD),
+    _work_queue(s.PROPOSAL_STREAM, s.PROPOSAL_WILDCARD),
+    StreamConfig(
+        name=s.EVENTS_STREAM,
+        subjects=[s.EVENTS_WILDCARD],
+        retention=RetentionPolicy.LIMITS,
+        max_age=24 * 3600.0,
+        max_msgs=1_000_000,
+        storage=StorageType.FILE,
+    ),
+)
+_STATE = KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE)
+_LEDGER = KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE)
+_LEASES = KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE)
+
+
 async def declare(js: JetStreamContext) -> None:
     """Create (or update) the streams and buckets; safe to run from every replica."""
-    await _stream(
-        js,
-        StreamConfig(
-            name=s.WORK_STREAM,
-            subjects=[s.WORK_WILDCARD],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-        ),
-    )
-    await _stream(
-        js,
-        StreamConfig(
-            name=s.PROPOSAL_STREAM,
-            subjects=[s.PROPOSAL_WILDCARD],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-        ),
-    )
-    await _stream(
-        js,
-        StreamConfig(
-            name=s.EVENTS_STREAM,
-            subjects=[s.EVENTS_WILDCARD],
-            retention=RetentionPolicy.LIMITS,
-            max_age=24 * 3600.0,
-            max_msgs=1_000_000,
-            storage=StorageType.FILE,
-        ),
-    )
+    for config in _STREAMS:
+        await _stream(js, config)
 
 
 async def _kv(js: JetStreamContext, config: KeyValueConfig, create: bool = True) -> KvStore:
@@ -208,9 +205,7 @@ class NatsAuth:
 
 async def _wait_declared(js: JetStreamContext, deadline: float) -> None:
     """Until the streams and buckets exist (an identity that may not declare them waits for one that may)."""
-    names = [s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM]
-    names += [f"KV_{b}" for b in (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)]
-    missing = list(names)
+    missing = [str(c.name) for c in _STREAMS] + [f"KV_{c.bucket}" for c in (_STATE, _LEDGER, _LEASES)]
     while missing:
         try:
             await js.stream_info(missing[0])
@@ -280,17 +275,9 @@ async def connect(
             await declare(js)
         else:
             await _wait_declared(js, asyncio.get_running_loop().time() + declared_timeout)
-        state = await _kv(
-            js, KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE), create
-        )
-        ledger = await _kv(
-            js, KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE), create
-        )
-        leases = await _kv(
-            js,
-            KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE),
-            create,
-        )
+        state = await _kv(js, _STATE, create)
+        ledger = await _kv(js, _LEDGER, create)
+        leases = await _kv(js, _LEASES, create)
     except BaseException:
         await nc.close()
         raise
