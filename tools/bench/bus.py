@@ -53,6 +53,7 @@ from tools.bench.measure import latencies_ms, overall_throughput, percentile, sa
 from tools.bench.procstats import Usage
 from tools.bench.report import Record
 from tools.bench.workloads import Group, Workload
+from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 __all__ = ["BusOptions", "run_bus"]
@@ -136,25 +137,11 @@ def run_bus(workload: Workload, options: BusOptions | None = None, keep: Path | 
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
-class _PodMeta(msgspec.Struct):
-    name: str = ""
-
-
-class _PodSpec(msgspec.Struct):
-    nodeName: str = ""  # noqa: N815 -- the Kubernetes field name
-
-
-class _Pod(msgspec.Struct):
-    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
-    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
-
-
 class _Unschedulable(msgspec.Struct):
     podgroup: str = ""
     namespace: str = ""
 
 
-_POD = msgspec.json.Decoder(_Pod)
 _UNSCHEDULABLE = msgspec.json.Decoder(_Unschedulable)
 
 
@@ -251,35 +238,18 @@ class _Run:
 
     # --- observing ------------------------------------------------------------------------------------------
     def _informer(self, kube: Kube) -> Informer:
-        async def on_relist(items: list[msgspec.Raw]) -> None:
-            for raw in items:
-                await on_change("ADDED", raw)
-
-        async def on_change(kind: str, raw: msgspec.Raw) -> None:
+        async def on_pod(event: str, name: str, node: str) -> None:
             now = time.time()
-            try:
-                pod = _POD.decode(raw)
-            except msgspec.DecodeError:
-                return
-            name = pod.metadata.name
-            if kind == "DELETED":
+            if event == "DELETED":
                 if self.measuring:
                     self.deleted.setdefault(name, now)
                     self.progress.set()
                 return
-            if pod.spec.nodeName and name in self.counted and name not in self.bound:
+            if node and name in self.counted and name not in self.bound:
                 self.bound[name] = now
                 self.progress.set()
 
-        return Informer(
-            kube,
-            "pods",
-            kube.core.list_namespaced_pod,
-            on_relist,
-            on_change,
-            args=(NAMESPACE,),
-            page_size=5000,
-        )
+        return pod_watch(kube, NAMESPACE, on_pod)
 
     async def _subscribe(self, bus: Bus) -> list[Any]:
         async def on_outcome(msg: Any) -> None:

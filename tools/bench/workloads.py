@@ -17,6 +17,7 @@ import msgspec
 
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Topology, TopologyConstraint
 from shared.model.builders import flat_queues, gang
+from tools.kubesim.nodes import generated_nodes
 
 __all__ = [
     "NAMES",
@@ -70,21 +71,10 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plain_nodes(count: int, gpus: int = 8) -> list[Node]:
-    """`count` identical GPU nodes exactly as the simulated API server generates them (`--nodes`): names
-    `node-<i>` zero-padded to the widest index, 8 cores and 64 GiB per GPU, 80 GiB devices, 110 pods. A
-    cluster file of 10,000 nodes takes the server half a minute to read; generated ones cost nothing."""
-    width = max(1, len(str(max(count - 1, 0))))
-    per = max(gpus, 1)
-    return [
-        Node(
-            name=f"node-{i:0{width}d}",
-            cpu_millis=8000.0 * per,
-            memory_bytes=float(64 * 2**30 * per),
-            gpus=gpus,
-            gpu_memory_mib=81920,
-        )
-        for i in range(count)
-    ]
+    """`count` identical GPU nodes exactly as the simulated API server generates them (`--nodes`, through
+    `tools.kubesim.nodes.generated_nodes`). A cluster file of 10,000 nodes takes the server half a minute to
+    read; generated ones cost nothing."""
+    return generated_nodes(count, gpus)
 
 
 def _group(

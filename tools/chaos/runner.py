@@ -52,6 +52,7 @@ from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
+from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
 __all__ = ["ChaosOptions", "ChaosReport", "FaultRecord", "run"]
@@ -378,28 +379,12 @@ class _Run:
 
     # --- observing --------------------------------------------------------------------------------------------
     def _informer(self, kube: Kube) -> Informer:
-        decoder = msgspec.json.Decoder(_Pod)
-
-        async def on_relist(items: list[msgspec.Raw]) -> None:
-            for raw in items:
-                await on_change("ADDED", raw)
-
-        async def on_change(kind: str, raw: msgspec.Raw) -> None:
-            pod = decoder.decode(raw)
-            name = pod.metadata.name
-            if kind != "DELETED" and pod.spec.nodeName and name not in self.bound:
+        async def on_pod(event: str, name: str, node: str) -> None:
+            if event != "DELETED" and node and name not in self.bound:
                 self.bound.add(name)
                 self.binds.append(time.monotonic())
 
-        return Informer(
-            kube,
-            "pods",
-            kube.core.list_namespaced_pod,
-            on_relist,
-            on_change,
-            args=(NAMESPACE,),
-            page_size=5000,
-        )
+        return pod_watch(kube, NAMESPACE, on_pod)
 
     async def _subscribe(self, bus: Bus) -> list[Any]:
         async def on_beat(msg: Any) -> None:
@@ -451,19 +436,6 @@ class _Run:
             expected=self.workload.pod_keys,
         )
         return check(observed), injected
-
-
-class _Meta(msgspec.Struct):
-    name: str = ""
-
-
-class _Spec(msgspec.Struct):
-    nodeName: str = ""  # noqa: N815 -- the Kubernetes field name
-
-
-class _Pod(msgspec.Struct):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
-    spec: _Spec = msgspec.field(default_factory=_Spec)
 
 
 def _secs(value: float | None) -> str:
