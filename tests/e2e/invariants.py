@@ -19,10 +19,10 @@ from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, ApplyRequest, PodRecord
 from shared.errors import MalformedMessage
-from shared.model import Pod, PodStatus, Queue, QueueResource
+from shared.model import Pod, PodStatus
 from shared.model.builders import gang, gpu_nodes
+from tests.e2e.scenarios import apply, team_queues
 
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 BOUND = (PodStatus.BOUND, PodStatus.RUNNING, PodStatus.BINDING, PodStatus.ALLOCATED)
 
 
@@ -32,30 +32,15 @@ async def load(url: str, nodes: int, pods: int, first: int = 0, apply_nodes: boo
     client = await BusClient.connect(url)
     try:
         if apply_nodes:
-            queues = (
-                Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-                *(
-                    Queue(
-                        name=f"team-{i}",
-                        parent="org",
-                        creation_index=i,
-                        gpu=QueueResource(quota=1000),
-                        cpu=UNBOUNDED,
-                        memory=UNBOUNDED,
-                    )
-                    for i in range(4)
-                ),
-            )
-            reply = await client.apply(ApplyRequest(nodes=tuple(gpu_nodes(nodes)), queues=queues))
-            assert reply.ok, reply.error
+            queues = team_queues([f"team-{i}" for i in range(4)], gpu_quota=1000)
+            await apply(client, ApplyRequest(nodes=tuple(gpu_nodes(nodes)), queues=queues))
         for start in range(first, first + pods, 250):
             groups, members = [], []
             for j in range(start, min(start + 250, first + pods)):
                 pg, ps = gang(f"job-{j:05d}", f"team-{j % 4}", 1, 1.0, created=float(j))
                 groups.append(pg)
                 members.extend(ps)
-            reply = await client.apply(ApplyRequest(podgroups=tuple(groups), pods=tuple(members)))
-            assert reply.ok, reply.error
+            await apply(client, ApplyRequest(podgroups=tuple(groups), pods=tuple(members)))
     finally:
         await client.close()
 

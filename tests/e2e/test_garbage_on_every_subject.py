@@ -17,14 +17,14 @@ from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, ApplyRequest
 from shared.errors import MalformedMessage
-from shared.model import PodStatus, Queue, QueueResource
+from shared.model import PodStatus
 from shared.model.builders import gang, gpu_nodes
+from tests.e2e.scenarios import apply, team_queues
 from tools.stack.supervisor import start_stack
 
 pytestmark = pytest.mark.e2e
 
 GARBAGE = (b"", b"\xc1\xff\x00not msgpack", b'{"kind": "work", "v": 1}', b"\x81\xa4kind\xa4nope")
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 async def _scenario(url: str) -> Counter[str]:
@@ -66,15 +66,11 @@ async def _scenario(url: str) -> Counter[str]:
 
         # The stack still schedules: a 2-pod gang gets bound.
         client = BusClient(bus.nc)
-        queues = (
-            Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            Queue(name="q", parent="root", gpu=QueueResource(quota=4), cpu=UNBOUNDED, memory=UNBOUNDED),
-        )
+        queues = team_queues(["q"], gpu_quota=4, parent="root")
         pg, pods = gang("after-garbage", "q", 2, 1.0)
-        reply = await client.apply(
-            ApplyRequest(nodes=tuple(gpu_nodes(2)), queues=queues, podgroups=(pg,), pods=tuple(pods))
+        await apply(
+            client, ApplyRequest(nodes=tuple(gpu_nodes(2)), queues=queues, podgroups=(pg,), pods=tuple(pods))
         )
-        assert reply.ok, reply.error
         replica = StateReplica(bus)
         await replica.start()
         try:

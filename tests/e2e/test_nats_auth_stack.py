@@ -15,69 +15,24 @@ import pytest
 
 from shared.bus.client import BusClient
 from shared.bus.connection import NatsAuth, connect
-from shared.contracts.messages import ApplyRequest
 from shared.errors import TemporaryError
-from shared.model import PodStatus, Queue, QueueResource
-from shared.model.builders import gang, gpu_nodes
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR, PLACEMENT
+from tests.e2e.scenarios import RECLAIMING_JOB, reclaim, wait_running
 from tools.stack.supervisor import start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SETTLE = 90.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 TRIED = "refused-attempt-Zq81"
 """The password a refused client tries: it must not be logged either."""
-
-
-async def _running(client: BusClient, prefix: str, count: int) -> None:
-    async with asyncio.timeout(SETTLE):
-        while True:
-            reply = await client.snapshot()
-            pods = [p for p in reply.pods if p.name.startswith(prefix) and p.status == PodStatus.RUNNING]
-            if len(pods) >= count:
-                return
-            await asyncio.sleep(0.3)
 
 
 async def _drive(operator_url: str, plain_url: str) -> None:
     """As the operator: a queue borrowing the whole node, then a reclaim (binds, then evictions)."""
     client = await BusClient.connect(operator_url)
     try:
-        queues = (
-            Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            Queue(
-                name="a",
-                parent="org",
-                creation_index=1,
-                gpu=QueueResource(quota=2),
-                cpu=UNBOUNDED,
-                memory=UNBOUNDED,
-            ),
-            Queue(
-                name="b",
-                parent="org",
-                creation_index=2,
-                gpu=QueueResource(quota=2),
-                cpu=UNBOUNDED,
-                memory=UNBOUNDED,
-            ),
-        )
-        borrowed = [gang(f"a-{i}", "a", 1, 1.0, created=float(i)) for i in range(4)]
-        reply = await client.apply(
-            ApplyRequest(
-                nodes=tuple(gpu_nodes(1, gpus=4)),
-                queues=queues,
-                podgroups=tuple(pg for pg, _ in borrowed),
-                pods=tuple(p for _, pods in borrowed for p in pods),
-            )
-        )
-        assert reply.ok, reply.error
-        await _running(client, "a-", 4)
-        group, pods = gang("b-job", "b", 2, 1.0, created=10.0)
-        reply = await client.apply(ApplyRequest(podgroups=(group,), pods=tuple(pods)))
-        assert reply.ok, reply.error
-        await _running(client, "b-job", 2)
+        await reclaim(client, SETTLE)
+        await wait_running(client, RECLAIMING_JOB, 2, SETTLE)
     finally:
         await client.close()
     with pytest.raises(TemporaryError):
@@ -103,7 +58,7 @@ def test_a_stack_with_authentication_works_and_logs_no_secret(tmp_path: Path) ->
             check=False,
         )
         assert status.returncode == 0, status.stderr
-        assert "b-job" in status.stdout
+        assert RECLAIMING_JOB in status.stdout
     finally:
         stack.stop()
     for path in (state_dir / "auth").iterdir():

@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from shared.bus.client import BusClient
-from shared.contracts.messages import ApplyRequest
-from shared.model import PodStatus, Queue, QueueResource
-from shared.model.builders import gang, gpu_nodes
 from tests.e2e.kubectl import kubectl
+from tests.e2e.scenarios import RECLAIMER, RECLAIMING_JOB, reclaim
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
@@ -27,7 +25,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kai"
 SERVICES = {"kairos-state", "kairos-queue", "kairos-placement", "kairos-binder"}
 SETTLE = 60.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 def by_id(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
@@ -130,26 +127,10 @@ def test_a_gang_is_one_trace_from_observed_to_bound(kube_stack: Stack, otlp: Otl
 
 
 # --- a reclaim, in the in-memory cluster ------------------------------------------------------------------------
-async def _submit(url: str, request: ApplyRequest) -> None:
+async def _reclaim(url: str) -> None:
     client = await BusClient.connect(url)
     try:
-        reply = await client.apply(request)
-        assert reply.ok, reply.error
-    finally:
-        await client.close()
-
-
-async def _wait_running(url: str, prefix: str, count: int) -> None:
-    """Until `count` pods named `prefix...` run, as the state service's snapshot shows them."""
-    client = await BusClient.connect(url)
-    try:
-        async with asyncio.timeout(SETTLE):
-            while True:
-                reply = await client.snapshot()
-                pods = [p for p in reply.pods if p.name.startswith(prefix) and p.status == PodStatus.RUNNING]
-                if len(pods) >= count:
-                    return
-                await asyncio.sleep(0.2)
+        await reclaim(client, SETTLE)
     finally:
         await client.close()
 
@@ -161,44 +142,8 @@ def test_a_reclaim_is_traced_from_the_reclaimer_to_its_evictions(tmp_path: Path,
         env=otlp.environment(),
     )
     try:
-        queues = (
-            Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            Queue(
-                name="team-a",
-                parent="org",
-                creation_index=1,
-                gpu=QueueResource(quota=2),
-                cpu=UNBOUNDED,
-                memory=UNBOUNDED,
-            ),
-            Queue(
-                name="team-b",
-                parent="org",
-                creation_index=2,
-                gpu=QueueResource(quota=2),
-                cpu=UNBOUNDED,
-                memory=UNBOUNDED,
-            ),
-        )
-        # team-a fills the node (4 GPUs) beyond its quota of 2, with four one-pod jobs.
-        borrowed = [gang(f"a-{i}", "team-a", 1, 1.0, created=float(i)) for i in range(4)]
-        asyncio.run(
-            _submit(
-                stack.url,
-                ApplyRequest(
-                    nodes=tuple(gpu_nodes(1, gpus=4)),
-                    queues=queues,
-                    podgroups=tuple(pg for pg, _ in borrowed),
-                    pods=tuple(p for _, pods in borrowed for p in pods),
-                ),
-            )
-        )
-        asyncio.run(_wait_running(stack.url, "a-", 4))
-        # team-b, under its quota, asks for its 2 GPUs back.
-        group, pods = gang("b-job", "team-b", 2, 1.0, created=10.0)
-        asyncio.run(_submit(stack.url, ApplyRequest(podgroups=(group,), pods=tuple(pods))))
-
-        commit = otlp.wait_for(complete_commit("b-job", bound=2), SETTLE)
+        asyncio.run(_reclaim(stack.url))
+        commit = otlp.wait_for(complete_commit(RECLAIMING_JOB, bound=2), SETTLE)
         spans = list(otlp.spans)
     finally:
         stack.stop()
@@ -211,11 +156,11 @@ def test_a_reclaim_is_traced_from_the_reclaimer_to_its_evictions(tmp_path: Path,
     assert reclaiming, "the reclaimer's trace holds the commit that evicted for it"
     evicts = children(trace, reclaiming[0], "binder.evict")
     assert len(evicts) == 2
-    assert all("reclaimed by podgroup b-job" in e.attributes["kairos.reason"] for e in evicts)
+    assert all(f"reclaimed by podgroup {RECLAIMING_JOB}" in e.attributes["kairos.reason"] for e in evicts)
     placed = [s for s in trace if s.name == "placement.place" and s.attributes.get("kairos.evictions", 0) > 0]
     assert placed
     assert placed[0].attributes["kairos.result"] == "pipelined"
     assert len(placed[0].attributes["kairos.victims"]) == 2
     observe = chain(trace, commit)[0]
     assert observe.attributes["kairos.source"] == "sim"
-    assert observe.attributes["kairos.queue"] == "team-b"
+    assert observe.attributes["kairos.queue"] == RECLAIMER
