@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.kubectl import kubectl
+from tests.e2e import manifests
+from tests.e2e.kubectl import apply, kubectl, kubesim_stack, listed
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tests.e2e.manifests import Manifest
+from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,20 +39,14 @@ SETTLE = 90.0
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("kairos")
-    started = start_stack(
-        state,
-        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=4, run_delay=0.1),
-        options={
-            "queue": {"period": "0.5"},
-            # Short, so that a reservation whose sharers are gone goes within the test's patience.
-            "binder": {"reservation_grace": "1", "reservation_sync": "1"},
-        },
-    )
-    try:
+    with kubesim_stack(
+        tmp_path_factory.mktemp("kairos"),
+        nodes=2,
+        gpus_per_node=4,
+        # Short, so that a reservation whose sharers are gone goes within the test's patience.
+        options={"binder": {"reservation_grace": "1", "reservation_sync": "1"}},
+    ) as started:
         yield started
-    finally:
-        started.stop()
 
 
 # --- what the cluster shows ----------------------------------------------------------------------------
@@ -58,13 +54,6 @@ def wait_for(what: str, check: Callable[[], Any], stack: Stack, namespace: str) 
     return kubectl_wait_for(
         what, check, lambda: kubectl(stack, "get", "pods", "-A", "-o", "wide"), settle=SETTLE
     )
-
-
-def listed(stack: Stack, kind: str, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(kubectl(stack, "get", kind, "-n", namespace, "-o", "json"))[
-        "items"
-    ]
-    return items
 
 
 def pod(stack: Stack, namespace: str, name: str) -> dict[str, Any]:
@@ -154,29 +143,15 @@ def assert_reaches_its_reservation(stack: Stack, p: dict[str, Any]) -> list[str]
     return visible
 
 
-HALF = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{kai.scheduler/queue: default-queue}}
-  annotations: {{gpu-fraction: "0.5"{extra}}}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-  - name: main
-    image: ubuntu
-"""
-
-
-def half(name: str, extra: str = "") -> str:
-    return HALF.format(name=name, extra=extra)
+def half(name: str, annotations: dict[str, str] | None = None) -> Manifest:
+    """A pod on half a GPU, with more of KAI's gpu-fraction annotations."""
+    return manifests.pod(name, annotations={"gpu-fraction": "0.5", **(annotations or {})})
 
 
 # --- specs ---------------------------------------------------------------------------------------------
 def test_fractional_pods_see_the_device_their_reservation_holds(stack: Stack) -> None:
     kubectl(stack, "create", "namespace", "pair")
-    kubectl(stack, "apply", "-n", "pair", "-f", "-", stdin=half("half-a") + "---" + half("half-b"))
+    apply(stack, half("half-a"), half("half-b"), namespace="pair")
     wait_for("both halves running", lambda: running(stack, "pair", ["half-a", "half-b"]), stack, "pair")
     a, b = pod(stack, "pair", "half-a"), pod(stack, "pair", "half-b")
     assert groups_of(a) == groups_of(b), "two halves share one device"
@@ -209,7 +184,7 @@ def test_fractional_pods_see_the_device_their_reservation_holds(stack: Stack) ->
 
     # A pod on two half devices sees both.
     kubectl(stack, "create", "namespace", "multi")
-    kubectl(stack, "apply", "-n", "multi", "-f", "-", stdin=half("two", ', gpu-fraction-num-devices: "2"'))
+    apply(stack, half("two", {"gpu-fraction-num-devices": "2"}), namespace="multi")
     wait_for("the two-device pod running", lambda: running(stack, "multi", ["two"]), stack, "multi")
     two = pod(stack, "multi", "two")
     assert len(set(assert_reaches_its_reservation(stack, two))) == 2
@@ -219,28 +194,7 @@ def test_fractional_pods_see_the_device_their_reservation_holds(stack: Stack) ->
     shared_devices = len(reservations(stack))
     whole = 8 - shared_devices
     kubectl(stack, "create", "namespace", "whole")
-    kubectl(
-        stack,
-        "apply",
-        "-n",
-        "whole",
-        "-f",
-        "-",
-        stdin="\n---\n".join(
-            f"""
-apiVersion: v1
-kind: Pod
-metadata: {{name: whole-{i}, labels: {{kai.scheduler/queue: default-queue}}}}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-  - name: main
-    image: ubuntu
-    resources: {{limits: {{nvidia.com/gpu: "1"}}}}
-"""
-            for i in range(whole)
-        ),
-    )
+    apply(stack, *(manifests.pod(f"whole-{i}", gpus="1") for i in range(whole)), namespace="whole")
     wait_for(
         "every whole-GPU pod running",
         lambda: running(stack, "whole", [f"whole-{i}" for i in range(whole)]),
@@ -263,25 +217,7 @@ spec:
 
 def test_a_pod_that_fits_no_node_is_marked_unschedulable_for_autoscalers(stack: Stack) -> None:
     kubectl(stack, "create", "namespace", "big")
-    kubectl(
-        stack,
-        "apply",
-        "-n",
-        "big",
-        "-f",
-        "-",
-        stdin="""
-apiVersion: v1
-kind: Pod
-metadata: {name: huge, labels: {kai.scheduler/queue: default-queue}}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-  - name: main
-    image: ubuntu
-    resources: {limits: {nvidia.com/gpu: "16"}}
-""",
-    )
+    apply(stack, manifests.pod("huge", gpus="16"), namespace="big")
 
     def unschedulable() -> dict[str, Any] | None:
         for condition in pod(stack, "big", "huge")["status"].get("conditions") or ():
@@ -305,31 +241,14 @@ def warnings(stack: Stack, namespace: str, reason: str) -> list[str]:
 
 def test_bad_gpu_sharing_input_is_named_and_the_group_heals(stack: Stack) -> None:
     kubectl(stack, "create", "namespace", "bad")
-    kubectl(
+    apply(
         stack,
-        "apply",
-        "-n",
-        "bad",
-        "-f",
-        "-",
-        stdin=half("no-such-container", ', gpu-fraction-container-name: "gpu"')
-        + "---"
-        + """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: own-devices
-  labels: {kai.scheduler/queue: default-queue}
-  annotations: {gpu-fraction: "0.5"}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-  - name: main
-    image: ubuntu
-    env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]
----
-"""
-        + half("good"),
+        half("no-such-container", {"gpu-fraction-container-name": "gpu"}),
+        manifests.pod(
+            "own-devices", annotations={"gpu-fraction": "0.5"}, env={"NVIDIA_VISIBLE_DEVICES": "all"}
+        ),
+        half("good"),
+        namespace="bad",
     )
     wait_for(
         "a Warning naming gpu-fraction-container-name",

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.kubectl import kubectl
+from tests.e2e import manifests
+from tests.e2e.kubectl import apply, kubectl, kubesim_stack
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -22,52 +23,16 @@ SETTLE = 60.0
 """Seconds a test waits for the cluster to reach what it expects (generous: the machine may be loaded)."""
 
 
-def bad_queue(quota: int) -> str:
-    return f"""
-apiVersion: scheduling.run.ai/v2
-kind: Queue
-metadata:
-  name: broken
-spec:
-  parentQueue: default-parent-queue
-  resources:
-    gpu: {{quota: {quota}, limit: -1, overQuotaWeight: 1}}
-"""
-
-
-PODS = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: odd-fraction
-  labels: {kai.scheduler/queue: default-queue}
-  annotations: {gpu-fraction: "abc"}
-spec:
-  schedulerName: kai-scheduler
-  containers: [{name: main, image: ubuntu}]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: fine
-  labels: {kai.scheduler/queue: default-queue}
-spec:
-  schedulerName: kai-scheduler
-  containers: [{name: main, image: ubuntu, resources: {limits: {nvidia.com/gpu: "1"}}}]
-"""
+PODS = (
+    manifests.pod("odd-fraction", annotations={"gpu-fraction": "abc"}),
+    manifests.pod("fine", gpus="1"),
+)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    started = start_stack(
-        tmp_path_factory.mktemp("kairos"),
-        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=8, run_delay=0.1),
-        options={"queue": {"period": "0.5"}},
-    )
-    try:
+    with kubesim_stack(tmp_path_factory.mktemp("kairos"), nodes=2, gpus_per_node=8) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def wait_for(what: str, check: Callable[[], Any]) -> Any:
@@ -81,8 +46,8 @@ def accepted(stack: Stack) -> dict[str, Any] | None:
 
 
 def test_kubectl_shows_why_a_bad_queue_and_pod_are_held_back_and_the_rest_runs(stack: Stack) -> None:
-    kubectl(stack, "apply", "-f", "-", stdin=bad_queue(-5))
-    kubectl(stack, "apply", "-f", "-", stdin=PODS)
+    apply(stack, manifests.queue("broken", gpu_quota=-5))
+    apply(stack, *PODS)
 
     def warned() -> str | None:
         text = kubectl(stack, "get", "events", "-A")
@@ -107,7 +72,7 @@ def test_kubectl_shows_why_a_bad_queue_and_pod_are_held_back_and_the_rest_runs(s
     wait_for("the valid pod Running next to the bad ones", fine_running)
     assert kubectl(stack, "get", "pod", "odd-fraction", "-o", "jsonpath={.spec.nodeName}") == ""
 
-    kubectl(stack, "apply", "-f", "-", stdin=bad_queue(4))
+    apply(stack, manifests.queue("broken", gpu_quota=4))
     back = wait_for(
         "Accepted=True once the queue is fixed",
         lambda: (c := accepted(stack)) is not None and c["status"] == "True" and c,

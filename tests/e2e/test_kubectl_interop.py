@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.kubectl import kairos, kubectl
+from tests.e2e import manifests
+from tests.e2e.kubectl import apply, kairos, kubectl, kubesim_stack
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,33 +27,13 @@ NODES = 4
 SETTLE = 60.0
 """Seconds a test waits for the cluster to reach what it expects."""
 
-TOO_BIG = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: too-big
-  labels: {kai.scheduler/queue: default-queue}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-    - name: main
-      image: ubuntu
-      resources: {limits: {nvidia.com/gpu: "16"}}
-"""
+TOO_BIG = manifests.pod("too-big", gpus="16")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("kairos")
-    started = start_stack(
-        state,
-        cluster=ClusterChoice(kind="kubesim", nodes=NODES, gpus_per_node=8, run_delay=0.1),
-        options={"queue": {"period": "0.5"}},
-    )
-    try:
+    with kubesim_stack(tmp_path_factory.mktemp("kairos"), nodes=NODES, gpus_per_node=8) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def pods(stack: Stack) -> dict[str, dict[str, Any]]:
@@ -142,7 +123,7 @@ def test_scheduled_events_name_the_node(stack: Stack, applied: dict[str, Any]) -
 
 
 def test_a_pod_that_cannot_fit_says_why(stack: Stack, applied: dict[str, Any]) -> None:
-    kubectl(stack, "apply", "-f", "-", stdin=TOO_BIG)
+    apply(stack, TOO_BIG)
 
     def failed() -> list[dict[str, Any]]:
         events = json.loads(
@@ -161,7 +142,7 @@ def test_a_pod_that_cannot_fit_says_why(stack: Stack, applied: dict[str, Any]) -
 def test_kairos_explain_says_where_a_pod_runs_and_why_one_waits(
     stack: Stack, applied: dict[str, Any]
 ) -> None:
-    kubectl(stack, "apply", "-f", "-", stdin=TOO_BIG)
+    apply(stack, TOO_BIG)
     node = applied["gpu-pod"]["spec"]["nodeName"]
     assert f"Running on {node}" in kairos(stack, "explain", "gpu-pod")
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.kubectl import kairos, kubectl
+from tests.e2e import manifests
+from tests.e2e.kubectl import apply, kairos, kubectl, kubesim_stack, listed
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,23 +31,8 @@ SETTLE = 120.0
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("kairos")
-    started = start_stack(
-        state,
-        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=4, run_delay=0.1),
-        options={"queue": {"period": "0.5"}},
-    )
-    try:
+    with kubesim_stack(tmp_path_factory.mktemp("kairos"), nodes=2, gpus_per_node=4) as started:
         yield started
-    finally:
-        started.stop()
-
-
-def listed(stack: Stack, kind: str, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(kubectl(stack, "get", kind, "-n", namespace, "-o", "json"))[
-        "items"
-    ]
-    return items
 
 
 def owned_by(pod: dict[str, Any], name: str) -> bool:
@@ -148,36 +134,15 @@ def test_the_pipeline_runs_stage_after_stage(stack: Stack) -> None:
     )
 
 
-BLOCKED = """
-apiVersion: batch/v1
-kind: Job
-metadata: {name: extract, labels: {kai.scheduler/queue: default-queue}}
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      schedulerName: kai-scheduler
-      restartPolicy: Never
-      containers: [{name: main, image: busybox, command: ["false"], resources: {requests: {cpu: "1"}}}]
----
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: load
-  labels: {kai.scheduler/queue: default-queue}
-  annotations: {kairos.io/after: extract}
-spec:
-  template:
-    spec:
-      schedulerName: kai-scheduler
-      restartPolicy: Never
-      containers: [{name: main, image: busybox, resources: {requests: {cpu: "1"}}}]
-"""
+BLOCKED = (
+    manifests.job("extract", command=["false"], backoff_limit=0),
+    manifests.job("load", annotations={GATE: "extract"}),
+)
 
 
 def test_a_failed_stage_blocks_the_next_one(stack: Stack) -> None:
     ns = namespace(stack, "blocked")
-    kubectl(stack, "apply", "-n", ns, "-f", "-", stdin=BLOCKED)
+    apply(stack, *BLOCKED, namespace=ns)
 
     def dump() -> str:
         return kubectl(stack, "get", "pods,jobs,podgroups,events", "-n", ns, "-o", "wide")
@@ -211,23 +176,14 @@ def test_a_failed_stage_blocks_the_next_one(stack: Stack) -> None:
     assert f"{ns}/extract failed" in kairos(stack, "explain", "-n", ns, loaders[0]["metadata"]["name"])
 
 
-CYCLE = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{kai.scheduler/queue: default-queue}}
-  annotations: {{kairos.io/after: {after}}}
-spec:
-  schedulerName: kai-scheduler
-  containers: [{{name: main, image: busybox, resources: {{requests: {{cpu: "1"}}}}}}]
-"""
+def after(name: str, stage: str) -> manifests.Manifest:
+    """A one-CPU pod that waits for `stage`."""
+    return manifests.pod(name, annotations={GATE: stage}, image="busybox", cpu="1")
 
 
 def test_a_cycle_is_refused_with_an_event_naming_it(stack: Stack) -> None:
     ns = namespace(stack, "cycle")
-    manifest = CYCLE.format(name="ping", after="pong") + "---" + CYCLE.format(name="pong", after="ping")
-    kubectl(stack, "apply", "-n", ns, "-f", "-", stdin=manifest)
+    apply(stack, after("ping", "pong"), after("pong", "ping"), namespace=ns)
 
     def dump() -> str:
         return kubectl(stack, "get", "pods,podgroups,events", "-n", ns, "-o", "wide")

@@ -26,9 +26,10 @@ from shared.bus.health import wait_ready
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus
 from shared.model.builders import gpu_nodes
+from tests.e2e import manifests
 from tests.e2e.invariants import Observer, load
-from tests.e2e.kubectl import kubectl
-from tools.stack.supervisor import KUBESIM, ClusterChoice, Stack, start_stack
+from tests.e2e.kubectl import apply, kubectl, kubesim_stack
+from tools.stack.supervisor import KUBESIM, Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -122,25 +123,6 @@ KUBE_PODS = 20
 """One-GPU pods on 2 simulated nodes of 8 GPUs: 16 bound, 4 pending."""
 
 
-POD = """apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{kai.scheduler/queue: default-queue}}
-spec:
-  schedulerName: kai-scheduler
-  containers:
-    - name: main
-      image: ubuntu
-      resources: {{limits: {{nvidia.com/gpu: "1"}}}}
-"""
-
-
-def _pod_manifests(count: int) -> str:
-    """`count` one-GPU pods for KAI's default queue, as one multi-document YAML."""
-    return "---\n".join(POD.format(name=f"p-{i:03d}") for i in range(count))
-
-
 def _api_pods(stack: Stack) -> dict[str, tuple[str, str | None]]:
     """Pod name -> (phase, node) as the API server has them."""
     items: list[dict[str, Any]] = json.loads(kubectl(stack, "get", "pods", "-o", "json"))["items"]
@@ -152,14 +134,9 @@ def _api_pods(stack: Stack) -> dict[str, tuple[str, str | None]]:
 
 @pytest.mark.timeout(600)
 def test_a_restart_of_every_service_and_nats_keeps_every_pod_of_the_kubernetes_source(tmp_path: Path) -> None:
-    stack = start_stack(
-        tmp_path / "stack",
-        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=8, run_delay=0.1),
-        options={"queue": {"period": "0.5"}},
-    )
-    try:
+    with kubesim_stack(tmp_path / "stack", nodes=2, gpus_per_node=8) as stack:
         api_process = stack.processes[KUBESIM]
-        kubectl(stack, "apply", "-f", "-", stdin=_pod_manifests(KUBE_PODS))
+        apply(stack, *(manifests.pod(f"p-{i:03d}", gpus="1") for i in range(KUBE_PODS)))
         before, claims_before = asyncio.run(_settled(stack.url, bound=16, pending=4))
         api_before = _api_pods(stack)
         assert sum(1 for _, node in api_before.values() if node) == 16
@@ -180,5 +157,3 @@ def test_a_restart_of_every_service_and_nats_keeps_every_pod_of_the_kubernetes_s
         now = _api_pods(stack)
         assert sorted(now) == sorted(set(api_before) - set(gone))
         assert all(node for _, node in now.values()), f"pods still pending: {now}"
-    finally:
-        stack.stop()

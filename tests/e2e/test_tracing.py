@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from shared.bus.client import BusClient
-from tests.e2e.kubectl import kubectl
+from tests.e2e.kubectl import kubectl, kubesim_stack
 from tests.e2e.scenarios import RECLAIMER, RECLAIMING_JOB, reclaim
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tools.stack.supervisor import Stack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -82,16 +82,8 @@ def assert_one_trace_through_four_services(spans: list[ReceivedSpan], commit: Re
 # --- a gang through kubectl and the Kubernetes source --------------------------------------------------------
 @pytest.fixture
 def kube_stack(tmp_path: Path, otlp: OtlpReceiver) -> Iterator[Stack]:
-    stack = start_stack(
-        tmp_path / "kairos",
-        cluster=ClusterChoice(kind="kubesim", nodes=2, gpus_per_node=8, run_delay=0.1),
-        options={"queue": {"period": "0.5"}},
-        env=otlp.environment(),
-    )
-    try:
+    with kubesim_stack(tmp_path / "kairos", nodes=2, gpus_per_node=8, env=otlp.environment()) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_a_gang_is_one_trace_from_observed_to_bound(kube_stack: Stack, otlp: OtlpReceiver) -> None:
