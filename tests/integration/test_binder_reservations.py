@@ -27,6 +27,7 @@ from shared.kube import gpu_sharing as gs
 from shared.kube import wire
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
+from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.devices import device_uuid
 from tools.kubesim.faults import FaultPlan, FaultRule
@@ -40,34 +41,22 @@ LATER = 10_000.0
 """Seconds past now: every reservation is older than the grace then."""
 
 
-async def start_sim(tmp_path: Path, *, run_delay: float = 0.0, gpus: int = 4) -> KubeSim:
-    server = KubeSim(SimOptions(run_delay=run_delay, seed=7))
-    server.add_nodes(
-        Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=16_000)
-        for i in range(2)
-    )
-    await server.start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    return server
+NODES = [
+    Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=4, gpu_memory_mib=16_000) for i in range(2)
+]
 
 
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    server = await start_sim(tmp_path)
-    try:
+    async with kubesim(tmp_path, NODES) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture
 async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    client = await connect(str(tmp_path / "kubeconfig"))
-    try:
-        # kubesim starts with the reservation namespace, as an install (deploy/) has it.
+    # kubesim starts with the reservation namespace, as an install (deploy/) has it.
+    async with kube_client(tmp_path) as client:
         yield client
-    finally:
-        await client.close()
 
 
 def fast(**changes: Any) -> ReservationSettings:
@@ -452,18 +441,14 @@ async def test_binds_waiting_for_devices_at_once_share_one_watch(kube: Kube, sim
 
 
 async def test_a_reservation_that_reports_no_device_in_time_is_deleted(tmp_path: Path) -> None:
-    server = await start_sim(tmp_path, run_delay=3600.0)  # nothing starts during the test
-    kube = await connect(str(tmp_path / "kubeconfig"))
-    try:
+    nothing_starts = SimOptions(run_delay=3600.0, seed=7)
+    async with kubesim(tmp_path, NODES, options=nothing_starts) as server, kube_client(tmp_path) as kube:
         await create(kube, sharer_manifest("a"))
         client = binder(kube, timeout=0.2)
         with pytest.raises(ReservationFailed, match=r"no device within 0\.2 s"):
             await client.bind(bind_of("a", "n0", ("g1",), 0.5))
         assert reservations(server) == []
         assert client.counters["reservation_timeouts"] == 1
-    finally:
-        await kube.close()
-        await server.stop()
 
 
 async def test_a_sharer_bound_to_another_node_is_refused_before_anything_is_written(

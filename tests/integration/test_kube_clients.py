@@ -28,6 +28,7 @@ from shared.contracts.messages import Binding, EvictionOrder, PodRecord
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Expired, Informer
 from shared.model import Node
+from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
 
@@ -36,26 +37,19 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+NODES = [Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=8) for i in range(2)]
+
+
 @pytest.fixture
 async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    server = KubeSim(SimOptions(run_delay=0.0, seed=7))
-    server.load_manifests(REPO / "deploy" / "crds")
-    server.add_nodes(Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=8) for i in range(2))
-    await server.start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    try:
+    async with kubesim(tmp_path, NODES, crds=True) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture
 async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    client = await connect(str(tmp_path / "kubeconfig"))
-    try:
+    async with kube_client(tmp_path) as client:
         yield client
-    finally:
-        await client.close()
 
 
 def pod_manifest(
