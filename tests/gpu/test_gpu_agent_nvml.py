@@ -6,40 +6,18 @@ Marked `gpu`; skipped unless NVML initialises on this machine. Run with `pytest 
 
 from __future__ import annotations
 
-import asyncio
-import csv
-import os
 import re
-import shutil
-import subprocess
-import sys
 import time
 
-import pynvml
 import pytest
 
 from services.gpu_agent.nvml import NvmlReader
-from shared.bus.connection import connect
 from shared.contracts import subjects as s
 from shared.contracts.inventory import INVENTORIES, GpuInventory
+from tests.gpu.support import NODE, ON_A_GPU, agent_messages, nvidia_smi, nvml_count
 from tools.stack.nats_server import NatsServer
 
-
-def real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not real_nvml_works(), reason="NVML does not initialise here: no NVIDIA GPU or driver"
-    ),
-]
+pytestmark = ON_A_GPU
 
 
 @pytest.fixture
@@ -47,34 +25,9 @@ def inventory() -> GpuInventory:
     reader = NvmlReader()
     reader.open()
     try:
-        return reader.read("gpu-test", time.time(), 30.0)
+        return reader.read(NODE, time.time(), 30.0)
     finally:
         reader.close()
-
-
-def nvml_count() -> int:
-    pynvml.nvmlInit()
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def nvidia_smi() -> list[dict[str, str]]:
-    """One row per GPU as nvidia-smi reports it (skips the test when nvidia-smi is not installed)."""
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("nvidia-smi is not installed")
-    fields = ["index", "uuid", "name", "memory.total", "driver_version"]
-    out = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return [
-        dict(zip(fields, (cell.strip() for cell in row), strict=True)) for row in csv.reader(out.splitlines())
-    ]
 
 
 def test_nvml_reads_without_error_and_reports_the_versions(inventory: GpuInventory) -> None:
@@ -125,34 +78,7 @@ def test_the_devices_are_the_ones_nvidia_smi_reports(inventory: GpuInventory) ->
 async def test_the_agent_process_publishes_the_real_devices(
     nats_server: NatsServer, inventory: GpuInventory
 ) -> None:
-    bus = await connect(nats_server.url, "gpu-test")
-    sub = await bus.nc.subscribe(s.gpu_inventory("gpu-test"))
-    env = {**os.environ, "KAIROS_LOG_LEVEL": "WARNING"}
-    process = await asyncio.create_subprocess_exec(
-        *(
-            sys.executable,
-            "-m",
-            "services.gpu_agent",
-            "--nats-url",
-            nats_server.url,
-            "--set",
-            "node=gpu-test",
-        ),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        msg = await sub.next_msg(timeout=30)
-        published = INVENTORIES.decode(msg.subject, msg.data)
-        assert published.error == ""
-        assert [d.uuid for d in published.devices] == [d.uuid for d in inventory.devices]
-        process.terminate()
-        _, err = await asyncio.wait_for(process.communicate(), 30)
-        assert process.returncode == 0, err.decode()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await sub.unsubscribe()
-        await bus.close()
+    (msg,) = await agent_messages(nats_server.url, s.gpu_inventory(NODE), 1)
+    published = INVENTORIES.decode(msg.subject, msg.data)
+    assert published.error == ""
+    assert [d.uuid for d in published.devices] == [d.uuid for d in inventory.devices]

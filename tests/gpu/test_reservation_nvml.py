@@ -22,16 +22,11 @@ from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.reservation import held_device
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing
-from tests.gpu.test_gpu_agent_nvml import real_nvml_works
+from tests.gpu.support import NODE, ON_A_GPU
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.cluster import SimOptions
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not real_nvml_works(), reason="NVML does not initialise here: no NVIDIA GPU or driver"
-    ),
-]
+pytestmark = ON_A_GPU
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
@@ -56,7 +51,7 @@ def test_they_are_the_devices_the_gpu_agent_reports_in_the_same_order() -> None:
     reader = NvmlReader()
     reader.open()
     try:
-        inventory = reader.read("gpu-test", time.time(), 30.0)
+        inventory = reader.read(NODE, time.time(), 30.0)
     finally:
         reader.close()
     assert visible() == [d.uuid for d in inventory.devices]

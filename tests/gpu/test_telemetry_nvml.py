@@ -7,26 +7,17 @@ Marked `gpu`; skipped unless NVML initialises on this machine. Run with `pytest 
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 import time
 
 import pytest
 
 from services.gpu_agent.nvml import NvmlReader
-from shared.bus.connection import connect
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
-from tests.gpu.test_gpu_agent_nvml import nvidia_smi, nvml_count, real_nvml_works
+from tests.gpu.support import NODE, ON_A_GPU, agent_messages, nvidia_smi, nvml_count
 from tools.stack.nats_server import NatsServer
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not real_nvml_works(), reason="NVML does not initialise here: no NVIDIA GPU or driver"
-    ),
-]
+pytestmark = ON_A_GPU
 
 
 @pytest.fixture
@@ -35,9 +26,9 @@ def readings() -> tuple[GpuTelemetry, GpuTelemetry]:
     reader = NvmlReader()
     reader.open()
     try:
-        first = reader.telemetry("gpu-test", time.time(), 5.0)
+        first = reader.telemetry(NODE, time.time(), 5.0)
         time.sleep(1.0)
-        return first, reader.telemetry("gpu-test", time.time(), 5.0)
+        return first, reader.telemetry(NODE, time.time(), 5.0)
     finally:
         reader.close()
 
@@ -72,28 +63,7 @@ def test_memory_totals_are_the_ones_nvidia_smi_reports(readings: tuple[GpuTeleme
 
 
 async def test_the_agent_process_publishes_telemetry(nats_server: NatsServer) -> None:
-    bus = await connect(nats_server.url, "gpu-test")
-    sub = await bus.nc.subscribe(s.gpu_telemetry("gpu-test"))
-    process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "services.gpu_agent", "--nats-url", nats_server.url),
-        *("--set", "node=gpu-test", "--set", "telemetry_period=1"),
-        env={**os.environ, "KAIROS_LOG_LEVEL": "WARNING"},
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        seen = []
-        for _ in range(2):
-            msg = await sub.next_msg(timeout=30)
-            seen.append(TELEMETRY.decode(msg.subject, msg.data))
-        assert all(t.error == "" and t.devices for t in seen), seen
-        assert seen[1].time > seen[0].time
-        process.terminate()
-        _, err = await asyncio.wait_for(process.communicate(), 30)
-        assert process.returncode == 0, err.decode()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await sub.unsubscribe()
-        await bus.close()
+    messages = await agent_messages(nats_server.url, s.gpu_telemetry(NODE), 2, "telemetry_period=1")
+    seen = [TELEMETRY.decode(msg.subject, msg.data) for msg in messages]
+    assert all(t.error == "" and t.devices for t in seen), seen
+    assert seen[1].time > seen[0].time

@@ -15,6 +15,7 @@ from services.gpu_agent.nvml import (
     mig_profile_name,
 )
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
+from tests.gpu.support import real_nvml_works
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 MIB = 1024 * 1024
@@ -111,15 +112,6 @@ def test_failing_to_count_devices_is_the_inventorys_error() -> None:
     inventory = read(NoCount([FakeGpu(uuid="GPU-0")]))
     assert inventory.devices == ()
     assert inventory.error == "nvmlDeviceGetCount: NVMLError_Unknown (Unknown Error)"
-
-
-def real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.mark.skipif(real_nvml_works(), reason="this machine has a working NVIDIA driver")
