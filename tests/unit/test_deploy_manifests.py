@@ -129,13 +129,38 @@ def kubectl() -> str:
     return found
 
 
+def kustomize(directory: Path, what: str) -> tuple[Obj, ...]:
+    """The documents `kubectl kustomize` renders from `directory`; `what` names it when kubectl fails."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, f"kubectl kustomize {what} failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
 @cache
 def render(path: str) -> tuple[Obj, ...]:
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(DEPLOY / path)], capture_output=True, text=True, check=False, timeout=60
-    )
-    assert result.returncode == 0, f"kubectl kustomize deploy/{path} failed:\n{result.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return kustomize(DEPLOY / path, f"deploy/{path}")
+
+
+def user_overlay(
+    path: str, *, component: str | None = None, image: tuple[str, str] | None = None
+) -> tuple[Obj, ...]:
+    """`deploy/<path>` under an overlay of a user's own, adding the component `deploy/<component>` or
+    pointing the `kairos` image elsewhere (`image`: its new name and tag)."""
+    with tempfile.TemporaryDirectory() as overlay:
+        # Kustomize takes only relative paths to other kustomizations.
+        lines = [
+            "apiVersion: kustomize.config.k8s.io/v1beta1",
+            "kind: Kustomization",
+            f"resources: [{os.path.relpath(DEPLOY / path, overlay)}]",
+        ]
+        if component is not None:
+            lines.append(f"components: [{os.path.relpath(DEPLOY / component, overlay)}]")
+        if image is not None:
+            lines.append(f"images: [{{name: kairos, newName: {image[0]}, newTag: {image[1]}}}]")
+        (Path(overlay) / "kustomization.yaml").write_text("".join(f"{line}\n" for line in lines))
+        return kustomize(Path(overlay), f"(deploy/{path} + {component or 'images'})")
 
 
 def base() -> tuple[Obj, ...]:
@@ -598,19 +623,7 @@ def test_services_without_api_access_mount_no_token(account: str) -> None:
 # --- GPU sharing: the reservation namespace and the binder's reservation options ---------------------------
 def image_overlay(path: str, new_name: str, new_tag: str) -> tuple[Obj, ...]:
     """`deploy/<path>` under an overlay of a user's own that points the `kairos` image elsewhere."""
-    with tempfile.TemporaryDirectory() as overlay:
-        resource = os.path.relpath(DEPLOY / path, overlay)
-        (Path(overlay) / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-            "kind: Kustomization\n"
-            f"resources: [{resource}]\n"
-            f"images: [{{name: kairos, newName: {new_name}, newTag: {new_tag}}}]\n"
-        )
-        result = subprocess.run(
-            [kubectl(), "kustomize", overlay], capture_output=True, text=True, check=False, timeout=60
-        )
-    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + images) failed:\n{result.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return user_overlay(path, image=(new_name, new_tag))
 
 
 def test_the_reservation_namespace_is_kai_s_and_enforces_the_baseline_pod_security_standard() -> None:
@@ -876,21 +889,7 @@ def with_monitoring(path: str) -> tuple[Obj, ...]:
 @cache
 def with_component(path: str, component: str) -> tuple[Obj, ...]:
     """`deploy/<path>` plus the component `deploy/<component>`, as a user's own overlay would combine them."""
-    with tempfile.TemporaryDirectory() as overlay:
-        # Kustomize takes only relative paths to other kustomizations.
-        resource = os.path.relpath(DEPLOY / path, overlay)
-        added = os.path.relpath(DEPLOY / component, overlay)
-        (Path(overlay) / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-            "kind: Kustomization\n"
-            f"resources: [{resource}]\n"
-            f"components: [{added}]\n"
-        )
-        result = subprocess.run(
-            [kubectl(), "kustomize", overlay], capture_output=True, text=True, check=False, timeout=60
-        )
-    assert result.returncode == 0, f"kubectl kustomize (deploy/{path} + {component}) failed:\n{result.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return user_overlay(path, component=component)
 
 
 def service_monitors(objects: tuple[Obj, ...]) -> list[Obj]:
