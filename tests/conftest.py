@@ -7,9 +7,12 @@ pytest-asyncio's runner silently cancels whatever is left when it closes the loo
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
+from tools.stack.nats_server import NatsServer, start_nats_server
 
 # How long a task that was cancelled but not awaited gets to finish before it counts as a leak.
 _CANCEL_GRACE_SECONDS = 1.0
@@ -77,3 +80,13 @@ def _one_default_event_loop() -> Iterator[None]:
     yield
     asyncio.set_event_loop(None)
     loop.close()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server (JetStream, a free port, state under the test's tmp_path) for one test."""
+    server = start_nats_server(tmp_path / "nats-state")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
 from shared.bus.connection import Bus, connect
-from tools.stack.nats_server import NatsServer, start_nats_server
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = start_nats_server(tmp_path / "nats-state")
-    try:
-        yield server
-    finally:
-        server.stop()
+from tools.stack.nats_server import NatsServer
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pynvml
 import pytest
 
 from services.gpu_agent.nvml import NvmlReader
@@ -34,6 +33,7 @@ from shared.contracts.gpu_telemetry import TELEMETRY
 from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import NodeRecord
 from shared.model import Node
+from tests.gpu.support import real_nvml_works
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
@@ -43,15 +43,6 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 20.0
 CRDS = Path(__file__).resolve().parents[2] / "deploy" / "crds"
-
-
-def real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 needs_no_driver = pytest.mark.skipif(real_nvml_works(), reason="this machine has a working NVIDIA driver")

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pynvml
 import pytest
 import yaml
 
@@ -27,6 +26,7 @@ from services.gpu_agent.reservation import ReservationSettings, reserve
 from shared.backoff import Backoff
 from shared.kube import gpu_sharing, keys
 from shared.kubeapi.client import ApiError
+from tests.gpu.support import real_nvml_works
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
@@ -39,15 +39,6 @@ REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-8c1b7f5e-0000-4000-8000-000000000001"
 FAST = Backoff(attempts=5, base=0.01, cap=0.05)
 NAMESPACE = gpu_sharing.RESERVATION_NAMESPACE
-
-
-def real_nvml_works() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.fixture
