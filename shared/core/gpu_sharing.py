@@ -1,7 +1,7 @@
 """Placing fractional and GPU-memory pods on shared devices (KAI `gpu_sharing`).
 
 A shared pod goes onto existing shared devices with room, or opens a new shared device (a new GPU group)
-on a whole idle or releasing GPU. Called by the allocation helper in `shared.core.actions.common`.
+on a whole idle or releasing GPU. Called by the allocation helper in `shared.core.allocation`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shared.core.cluster import EPS
+from shared.core.gpu_sharing import preferable_gpus
+from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
 from shared.core.tasks import PODS, TaskState
 from shared.model import NodeSelectorRequirement
 from shared.model.status import ACTIVE_USED, PodStatus
@@ -26,6 +28,14 @@ TAINTS = "node(s) had untolerated taint"
 POD_AFFINITY = "node(s) didn't match pod affinity rules"
 POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
+
+
+def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can (always
+    None with the policy's predicates off)."""
+    if not ssn.policy.predicates:
+        return None
+    return check(ssn, task, node)
 
 
 def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
@@ -80,8 +90,6 @@ def healthy_devices(ssn: Session, task: TaskState, node: NodeState) -> str | Non
     nodes nobody measures, CPU-only and MIG tasks pass."""
     if not node.node.gpu_devices or task.is_cpu_only or task.kind == "mig":
         return None
-    from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
-
     seen = measured(node)
     if not seen.unhealthy_free and not seen.unhealthy_groups:
         return None
@@ -100,8 +108,6 @@ def max_pods(ssn: Session, task: TaskState, node: NodeState) -> str | None:
 
 
 def _needs_new_gpu_group(ssn: Session, task: TaskState, node: NodeState) -> bool:
-    from shared.core.gpu_sharing import preferable_gpus
-
     immediate = preferable_gpus(ssn, node, task, pipeline_only=False)
     if immediate is not None and not immediate.releasing:
         return any(g.startswith("new-") for g in immediate.groups)

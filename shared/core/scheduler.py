@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 
 import msgspec
 
-from shared.core.actions import allocate, stale_gang
+from shared.core.actions import allocate, consolidation, preempt, reclaim, stale_gang
 from shared.core.policy import Policy
 from shared.core.session import Session
 from shared.model import Snapshot
@@ -24,8 +24,6 @@ ActionHook = Callable[[str], AbstractContextManager[object]]
 
 
 def _registry() -> dict[str, ActionFn]:
-    from shared.core.actions import consolidation, preempt, reclaim
-
     return {
         "allocate": allocate.run,
         "consolidation": consolidation.run,

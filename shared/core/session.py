@@ -1,9 +1,12 @@
 """The scheduling session: mutable state built from a snapshot, and the shared questions actions ask.
 
-`Session(snapshot, now, policy)` copies the snapshot into task, job, node and queue states, computes fair
-shares, and answers: which nodes fit a task (resource fit plus the predicate filters), how nodes score,
-which job comes next, is a job within its queue's capacity. Actions change the state only through
-`Statement`s; the session records what committed statements decided.
+Private to the core (callers get values from `shared.core.scheduler.schedule`). `Session(snapshot, now,
+policy)` copies the snapshot into task, job, node and queue states, computes fair shares, and answers:
+which nodes have room for a task, is a job within its queue's capacity, what a task counts for in its
+queue. Actions change the state only through `shared.core.statement.Statement`s (which sit above the
+session and call `record` on commit); node filters (`shared.core.predicates`) and scores
+(`shared.core.scoring`) also sit above it and read it. The session imports neither, so the core's modules
+form no import circle.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.core import predicates
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.policy import Policy
 from shared.core.proportion import (
@@ -25,10 +27,18 @@ from shared.core.proportion import (
     queue_states_from_model,
     set_fair_shares,
 )
-from shared.core.statement import Decisions, Statement
 from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, TaskState, mig_gpu_portion
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What one committed statement decided: binds, pipelines and evictions, in order."""
+
+    binds: tuple[tuple[TaskState, str], ...] = ()
+    pipelines: tuple[tuple[TaskState, str], ...] = ()
+    evictions: tuple[tuple[TaskState, str, str], ...] = ()
 
 
 @dataclass
@@ -201,9 +211,6 @@ class Session:
         task.status = status
         task.job.version += 1
 
-    def statement(self) -> Statement:
-        return Statement(self)
-
     def record(self, decisions: Decisions) -> None:
         self.log.binds.extend(decisions.binds)
         self.log.pipelines.extend(decisions.pipelines)
@@ -273,9 +280,3 @@ class Session:
                 result[i] = any(node.task_fits_group(task, g) for g in node.groups)
                 versions[i] = c.versions[i]
         return result
-
-    def fit_failure(self, task: TaskState, node: NodeState) -> str | None:
-        """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can."""
-        if not self.policy.predicates:
-            return None
-        return predicates.check(self, task, node)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.core.proportion import ancestors_and_self
+from shared.core.session import Decisions
 from shared.model.status import PodStatus
 
 if TYPE_CHECKING:
@@ -66,17 +67,8 @@ class UnevictOp:
 Operation = AllocateOp | PipelineOp | EvictOp | UnevictOp
 
 
-@dataclass(frozen=True)
-class Decisions:
-    """What a committed statement decided: binds, pipelines and evictions, in order."""
-
-    binds: tuple[tuple[TaskState, str], ...] = ()
-    pipelines: tuple[tuple[TaskState, str], ...] = ()
-    evictions: tuple[tuple[TaskState, str, str], ...] = ()
-
-
 class Statement:
-    """The operation log of one job's attempt."""
+    """The operation log of one job's attempt: `Statement(ssn)`."""
 
     def __init__(self, session: Session) -> None:
         self.ssn = session

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
-from shared.core.actions import common
+from shared.core import allocation as common
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.session import Session

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from shared.core.policy import Policy
 from shared.core.session import Session
+from shared.core.statement import Statement
 from shared.core.tasks import N_BASE
 from shared.model import Node, PodStatus, Queue, QueueResource
 from shared.model.builders import gang
@@ -164,7 +165,7 @@ def test_discard_restores_the_session_exactly(seed: int, n_ops: int) -> None:
     sim.step(0.0)
     ssn = Session(sim.snapshot(), 60.0, sim.policy)
     before = _state(ssn)
-    stmt = ssn.statement()
+    stmt = Statement(ssn)
     for _ in range(n_ops):
         pending = [t for t in ssn.tasks.values() if t.status == PodStatus.PENDING and not t.is_shared]
         running = [t for t in ssn.tasks.values() if t.status == PodStatus.RUNNING]

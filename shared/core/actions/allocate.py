@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core.actions.common import all_nodes, allocate_job
+from shared.core.allocation import all_nodes, allocate_job
 from shared.core.ordering import JobsByQueue
+from shared.core.statement import Statement
 
 if TYPE_CHECKING:
     from shared.core.session import Session
@@ -25,7 +26,7 @@ def run(ssn: Session) -> None:
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     for job in order.drain():
-        stmt = ssn.statement()
+        stmt = Statement(ssn)
         already_running = job.num_allocated() > 0
         if not allocate_job(ssn, stmt, all_nodes(ssn), job, pipeline_only=False):
             stmt.discard()

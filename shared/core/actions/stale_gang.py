@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.core.statement import Statement
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def run(ssn: Session) -> None:
             job.stale_since = ssn.now
         if ssn.now - job.stale_since < grace:
             continue
-        stmt = ssn.statement()
+        stmt = Statement(ssn)
         for task in sorted(job.tasks.values(), key=lambda t: t.key):
             if task.status in ACTIVE_ALLOCATED and task.node is not None:
                 stmt.evict(task, STALE_MESSAGE.format(name=job.name))

@@ -2,8 +2,9 @@
 
 `JobSolver` finds, for one pending job, a set of running pods whose eviction (and, where possible,
 re-placement elsewhere) lets the job be placed, as a `Statement` the action commits. The pieces:
-`jobs` (job representatives, eviction order, node GPU capacity), `scenario` (victim scenarios and their
-builder), `filters` (cheap scenario filters), `job_solver` (the simulation).
+`jobs` (job representatives, eviction order, node GPU capacity), `scenario` (victim scenarios),
+`filters` (cheap scenario filters), `builder` (grows scenarios through the filters), `job_solver` (the
+simulation), each importing only those listed before it.
 """
 
 from shared.core.solver.job_solver import JobSolution, JobSolver, Validator, VictimsQueueFactory

@@ -11,7 +11,7 @@ at new victims only, so a filter call costs O(new victims + pending pods), not O
 - idle GPUs: the pending pods' GPU needs fit greedily, largest first, into the nodes with the most idle +
   releasing + freed GPUs.
 
-Built by `shared.core.solver.scenario.ScenarioBuilder` through `build`.
+Built by `shared.core.solver.builder.ScenarioBuilder` through `build`.
 """
 
 from __future__ import annotations

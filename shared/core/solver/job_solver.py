@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from shared.core.actions.common import allocate_job
+from shared.core.allocation import allocate_job
 from shared.core.ordering import JobsByQueue
+from shared.core.solver.builder import ScenarioBuilder
 from shared.core.solver.jobs import partial_job
-from shared.core.solver.scenario import ByNodeScenario, ScenarioBuilder, VictimGroup
+from shared.core.solver.scenario import ByNodeScenario, VictimGroup
+from shared.core.statement import Statement
 from shared.model.status import ACTIVE_USED, PodStatus
 
 if TYPE_CHECKING:
     from shared.core.session import Session
-    from shared.core.statement import Statement
     from shared.core.tasks import JobState, TaskState
 
 Validator = Callable[[ByNodeScenario], bool]
@@ -134,7 +135,7 @@ class JobSolver:
             stmt.evict(task, eviction_message(self.action, task, self.preemptor))
 
     def _solve_scenario(self, scenario: ByNodeScenario, feasible: set[str]) -> SolveResult:
-        stmt = self.ssn.statement()
+        stmt = Statement(self.ssn)
         recorded = scenario.recorded_victim_tasks
         self._evict(stmt, recorded)
         latest = scenario.latest_potential_victim()

@@ -33,8 +33,7 @@ from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
-    from shared.core.session import Session
-    from shared.core.statement import Decisions
+    from shared.core.session import Decisions, Session
 
 
 def clone_job(

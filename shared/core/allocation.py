@@ -1,8 +1,12 @@
 """Placing a job's pods: the gang-aware allocation shared by every action (KAI `common.AllocateJob`).
 
 Walks the job's sub-group tree, asks the topology plugin for candidate node sets, and places each pod
-set's pods in task order on the best-scoring node that passes the filters; a pod that fits only on
-resources still being released is pipelined. Records why a job could not be placed.
+set's pods in task order on the best-scoring node that passes the filters (`shared.core.predicates`); a
+pod that fits only on resources still being released is pipelined. Records why a job could not be placed.
+
+Called by the allocate action (`shared.core.actions.allocate`) and by the victim solver's simulation
+(`shared.core.solver.job_solver`, which reclaim, preempt and consolidation run). It sits below both, so
+the actions and the solver do not import each other.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from shared.core import gpu_sharing, topology
+from shared.core import gpu_sharing, predicates, topology
 from shared.core.cluster import EPS, NodeState
 from shared.core.scoring import iter_nodes_in_order
-from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState
+from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState, _pod_set_order_key
 
 if TYPE_CHECKING:
     from shared.core.session import Session
@@ -91,8 +95,6 @@ def _allocate_set_on(
     own = [job.pod_sets[ps.name] for ps in group.pod_sets if ps.name in job.pod_sets]
     if group is job.root and DEFAULT_POD_SET in job.pod_sets and DEFAULT_POD_SET not in _pod_sets_of(group):
         own.append(job.pod_sets[DEFAULT_POD_SET])
-    from shared.core.tasks import _pod_set_order_key
-
     for ps in sorted(own, key=_pod_set_order_key):
         ps_tasks = _tasks_for({ps.name}, tasks)
         ok = False
@@ -130,7 +132,7 @@ def allocate_task(
 ) -> bool:
     node_errors: dict[str, list[str]] = {}
     for node in iter_nodes_in_order(ssn, task, nodes, topology.preferred_scores(ssn, task)):
-        reason = ssn.fit_failure(task, node)
+        reason = predicates.fit_failure(ssn, task, node)
         if reason is not None:
             node_errors[node.name] = [reason]
             continue
