@@ -2,16 +2,17 @@
 
 Called by `services.placement.service` for every work item its pull consumer receives (through the bus
 middleware, which acks, naks or terminates the message by the exception this raises). `build_proposal`
-and `session_view` are pure functions of a finished session, tested without NATS.
+and `unschedulable` are pure functions of the core's result, tested without NATS.
 
 The worker waits until its replica has applied the revisions the item was dispatched at, snapshots it,
-runs `run_session` with the item's actions and focus, and publishes a `Proposal`: binds with the pods'
-requests, evictions, pipelined pods, pending explanations, the stale and last-start stamps, the ledger
+runs the core (`shared.core.scheduler.schedule`) with the item's policy, actions and focus, and publishes
+a `Proposal` made of the core's values as they are: binds (each pod's key, node, devices and what it
+holds), evictions, pipelined pods, pending explanations, the stale and last-start stamps, the ledger
 revision of every node it binds onto (the binder's compare-and-set base) and, when asked, the session's
 final view. A proposal with nothing in it is still published: the queue waits for every item's outcome.
 While tracing is on, an item that carries podgroups' trace contexts gets `placement.session` and one
-`placement.place` per podgroup, read from the finished session, and the proposal carries their contexts
-(`shared.telemetry.spans`, docs/tracing.md).
+`placement.place` per podgroup, read from the result's podgroup statuses, and the proposal carries their
+contexts (`shared.telemetry.spans`, docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -33,24 +34,9 @@ from shared.bus.replica import StateReplica
 from shared.bus.tracing import carried
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
-from shared.contracts.messages import (
-    LEASES,
-    Binding,
-    EvictionOrder,
-    Explanation,
-    JobView,
-    NodeView,
-    PipelinedPod,
-    Proposal,
-    SessionView,
-    TaskView,
-    WorkItem,
-    encode,
-)
-from shared.core.proportion import R_GPU
-from shared.core.scheduler import ActionHook, CycleResult, fit_error_message, result_of, run_session
-from shared.core.session import Session
-from shared.core.tasks import GPU, TaskState
+from shared.contracts.messages import LEASES, Proposal, WorkItem, encode
+from shared.core.result import CycleResult
+from shared.core.scheduler import ActionHook, schedule
 from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
 from shared.telemetry.metrics import PlacementMetrics
@@ -66,100 +52,20 @@ PROGRESS_INTERVAL_S = 5.0
 otherwise redeliver it to another worker after the consumer's ack wait)."""
 
 
-# --- pure: session -> proposal ----------------------------------------------------------------------------
-class _Tasks:
-    """Session tasks by (podgroup, pod name): the core's result values name pods by name, not by key."""
-
-    def __init__(self, ssn: Session) -> None:
-        self.ssn = ssn
-        self._by_job: dict[str, dict[str, TaskState]] = {}
-
-    def __call__(self, podgroup: str, name: str) -> TaskState:
-        names = self._by_job.get(podgroup)
-        if names is None:
-            names = {t.name: t for t in self.ssn.jobs[podgroup].tasks.values()}
-            self._by_job[podgroup] = names
-        return names[name]
-
-
-def session_view(ssn: Session) -> SessionView:
-    """The session right after its actions: what an observer of one cycle sees (conformance, explain)."""
-    tasks = tuple(
-        TaskView(
-            pod=task.key,
-            name=task.name,
-            podgroup=job.key,
-            status=task.status.value,
-            node=task.node,
-            gpu_groups=tuple(task.gpu_groups),
-            # KAI's accepted resources: kept from a tentative placement that was undone (§13.3 item 5).
-            gpus_accepted=task.accepted_gpus,
-        )
-        for job in ssn.jobs.values()
-        for task in job.tasks.values()
-    )
-    jobs = tuple(
-        JobView(
-            podgroup=job.key,
-            fit_error=fit_error_message(job.fit_errors),
-            last_start_time=job.last_start_time,
-        )
-        for job in ssn.jobs.values()
-    )
-    nodes = tuple(
-        NodeView(node=n.name, idle_gpus=float(n.idle(GPU)), releasing_gpus=float(n.releasing(GPU)))
-        for n in ssn.cluster.order
-    )
-    return SessionView(tasks=tasks, jobs=jobs, nodes=nodes)
-
-
+# --- pure: cycle result -> proposal -------------------------------------------------------------------------
 def build_proposal(
     item: WorkItem,
-    ssn: Session,
     result: CycleResult,
     *,
     state_revision: int,
     node_revision: Callable[[str], int],
     proposal_id: str,
 ) -> Proposal:
-    """The proposal for `item` from a finished session and its result.
+    """The proposal for `item` from the core's result.
 
-    `node_revision(node)` is the ledger revision of the node's key in the replica the session was built
+    `node_revision(node)` is the ledger revision of the node's key in the replica the snapshot was taken
     from (0: no entry); every node a bind lands on is stamped with it."""
-    task_of = _Tasks(ssn)
-    binds: list[Binding] = []
-    for proposal in result.binds:
-        for pb in proposal.bindings:
-            task = task_of(proposal.podgroup, pb.pod)
-            binds.append(
-                Binding(
-                    pod=task.key,
-                    namespace=pb.namespace,
-                    name=task.name,
-                    podgroup=proposal.podgroup,
-                    node=pb.node,
-                    gpu_groups=pb.gpu_groups,
-                    cpu_millis=task.cpu,
-                    memory_bytes=task.mem,
-                    # What the pod holds in its queue's GPU quota (MIG instances as GPU shares).
-                    gpus=float(ssn.accepted_quota(task)[R_GPU]),
-                )
-            )
-    evictions = tuple(
-        EvictionOrder(
-            pod=task_of(e.podgroup, e.pod).key,
-            namespace=e.namespace,
-            name=e.pod,
-            podgroup=e.podgroup,
-            node=e.node,
-            message=e.message,
-        )
-        for e in result.evictions
-    )
-    pipelined = tuple(
-        PipelinedPod(pod=task_of(p.podgroup, p.pod).key, podgroup=p.podgroup, node=p.node)
-        for p in result.pipelined
-    )
+    binds = tuple(binding for proposal in result.binds for binding in proposal.bindings)
     return Proposal(
         id=proposal_id,
         work=item.id,
@@ -167,34 +73,34 @@ def build_proposal(
         term=item.term,
         leader=item.leader,
         state_revision=state_revision,
-        binds=tuple(binds),
-        evictions=evictions,
-        pipelined=pipelined,
-        pending=tuple(Explanation(podgroup=p.podgroup, message=p.message) for p in result.pending),
+        binds=binds,
+        evictions=result.evictions,
+        pipelined=result.pipelined,
+        pending=result.pending,
         node_revisions={node: node_revision(node) for node in sorted({b.node for b in binds})},
         stale_since=dict(result.stale_since),
         last_start=dict(result.last_start),
-        view=session_view(ssn) if item.want_view else None,
-        stamped=tuple(sorted(item.podgroups)) if item.podgroups else tuple(sorted(ssn.jobs)),
+        view=result.view,
+        stamped=tuple(sorted(item.podgroups)) if item.podgroups else tuple(sorted(result.podgroups)),
     )
 
 
-def unschedulable(ssn: Session, result: CycleResult, now: float) -> list[tuple[str, PodUnschedulable]]:
-    """A `pod-unschedulable` event (with its podgroup key) for every podgroup the session left pending
+def unschedulable(result: CycleResult, now: float) -> list[tuple[str, PodUnschedulable]]:
+    """A `pod-unschedulable` event (with its podgroup key) for every podgroup the cycle left pending
     with an explanation; podgroups outside the focus were not tried and have none."""
     events: list[tuple[str, PodUnschedulable]] = []
     for pending in result.pending:
-        job = ssn.jobs[pending.podgroup]
+        status = result.podgroups[pending.podgroup]
         events.append(
             (
-                job.key,
+                status.podgroup,
                 PodUnschedulable(
                     time=now,
-                    namespace=job.namespace,
-                    podgroup=job.name,
-                    queue=job.queue,
+                    namespace=status.namespace,
+                    podgroup=status.name,
+                    queue=status.queue,
                     message=pending.message.strip(),
-                    reasons=list(dict.fromkeys(reason for reason, _ in job.fit_errors)),
+                    reasons=list(status.reasons),
                 ),
             )
         )
@@ -230,18 +136,24 @@ def place(
     except ValueError as exc:  # an unknown action name: the item can never be run
         raise MalformedMessage(s.work(item.shard), str(exc)) from exc
     focus = frozenset(item.podgroups) or None
-    ssn = run_session(snapshot, item.now, policy, focus=focus, around_action=around_action)
-    result = result_of(ssn)
+    result = schedule(
+        snapshot,
+        item.now,
+        policy,
+        focus,
+        around_action=around_action,
+        want_view=item.want_view,
+        node_details=traced,
+    )
     proposal = build_proposal(
         item,
-        ssn,
         result,
         state_revision=state_revision,
         node_revision=lambda node: key_revisions.get(s.ledger_node_key(node), 0),
         proposal_id=uuid.uuid4().hex,
     )
-    details = place_details(ssn, result, traced) if traced else {}
-    return Placed(proposal, unschedulable(ssn, result, item.now), details)
+    details = place_details(result, traced, len(snapshot.nodes)) if traced else {}
+    return Placed(proposal, unschedulable(result, item.now), details)
 
 
 # --- the handler -------------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ Who sends what:
 - anyone -> `state.snapshot` (state answers): `SnapshotRequest` -> `SnapshotReply`.
 - operator -> `admin.<shard>.cycle` (queue leader answers): `CycleRequest` -> `CycleReply`.
 - every replica -> `health.<service>.<replica>`: `Heartbeat`.
+
+The decisions a `Proposal` carries (`Binding`, `EvictionOrder`, `PipelinedPod`, `PendingExplanation`) and
+the `SessionView` are the core's own result values (`shared.core.result`), re-exported here: one struct per
+concept, encoded as before.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from shared.core.policy import Policy
+from shared.core.result import Binding as Binding
+from shared.core.result import EvictionOrder as EvictionOrder
+from shared.core.result import PendingExplanation as PendingExplanation
+from shared.core.result import PipelinedPod as PipelinedPod
+from shared.core.result import SessionView as SessionView
 from shared.errors import KairosError, MalformedMessage
 from shared.model import Node, Pod, PodGroup, Queue, Topology
 
@@ -118,69 +127,6 @@ class WorkItem(_Msg, frozen=True, kw_only=True, tag="work"):
     """The scheduling policy to run with (the queue's configured one, or a cycle request's)."""
 
 
-class Binding(msgspec.Struct, frozen=True, kw_only=True):
-    pod: str
-    """The pod's key (uid, or namespace/name)."""
-    namespace: str
-    name: str
-    podgroup: str
-    node: str
-    gpu_groups: tuple[str, ...] = ()
-    cpu_millis: float = 0.0
-    memory_bytes: float = 0.0
-    gpus: float = 0.0
-
-
-class EvictionOrder(msgspec.Struct, frozen=True, kw_only=True):
-    pod: str
-    namespace: str
-    name: str
-    podgroup: str
-    node: str
-    message: str
-
-
-class PipelinedPod(msgspec.Struct, frozen=True, kw_only=True):
-    pod: str
-    podgroup: str
-    node: str
-
-
-class Explanation(msgspec.Struct, frozen=True, kw_only=True):
-    podgroup: str
-    message: str
-
-
-class TaskView(msgspec.Struct, frozen=True, kw_only=True):
-    pod: str
-    name: str
-    podgroup: str
-    status: str
-    node: str | None
-    gpu_groups: tuple[str, ...]
-    gpus_accepted: float
-
-
-class JobView(msgspec.Struct, frozen=True, kw_only=True):
-    podgroup: str
-    fit_error: str | None
-    last_start_time: float | None
-
-
-class NodeView(msgspec.Struct, frozen=True, kw_only=True):
-    node: str
-    idle_gpus: float
-    releasing_gpus: float
-
-
-class SessionView(msgspec.Struct, frozen=True, kw_only=True):
-    """The session's state right after its actions (what an observer of one cycle sees)."""
-
-    tasks: tuple[TaskView, ...] = ()
-    jobs: tuple[JobView, ...] = ()
-    nodes: tuple[NodeView, ...] = ()
-
-
 class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
     """What placement decided for a work item, stamped with the ledger revision of every node it relied on
     (0: the node had no ledger entry). Binds of one podgroup are committed together or not at all."""
@@ -194,7 +140,7 @@ class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
     binds: tuple[Binding, ...] = ()
     evictions: tuple[EvictionOrder, ...] = ()
     pipelined: tuple[PipelinedPod, ...] = ()
-    pending: tuple[Explanation, ...] = ()
+    pending: tuple[PendingExplanation, ...] = ()
     node_revisions: dict[str, int] = msgspec.field(default_factory=dict)
     stale_since: dict[str, float] = msgspec.field(default_factory=dict)
     last_start: dict[str, float] = msgspec.field(default_factory=dict)

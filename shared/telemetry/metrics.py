@@ -6,7 +6,7 @@ connects, and serves `ServiceMetrics.expose()` on `GET /metrics` of the health p
 family) come from the `ServiceContext` it attaches. Each service shell then adds its own set on the same
 registry: `PlacementMetrics`, `BinderMetrics`, `QueueMetrics`, `StateMetrics`, `GpuAgentMetrics`. The core
 never imports this module (import-linter forbids `prometheus_client` there): per-action timings reach it
-through `run_session(..., around_action=...)`, a callback whose clock is read here, in the shell.
+through `schedule(..., around_action=...)`, a callback whose clock is read here, in the shell.
 
 Every process has its own `CollectorRegistry`, never prometheus-client's global one, so tests can run
 several services in one process. Names: `kai_<name>` where KAI Scheduler exports the same quantity (KAI's
@@ -293,7 +293,7 @@ class PlacementMetrics:
 
     @contextlib.contextmanager
     def action_timer(self, name: str) -> Iterator[None]:
-        """`run_session`'s `around_action`: the action's wall time into KAI's per-action gauge."""
+        """`schedule`'s `around_action`: the action's wall time into KAI's per-action gauge."""
         start = time.perf_counter()
         try:
             yield

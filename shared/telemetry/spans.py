@@ -6,7 +6,7 @@ Called by the service shells, each only while tracing is on (`tracing.enabled()`
   (`traced_handler(STATE_WRITEBACK, ...)` around its event handler);
 - queue: `OrderTracer.cycle(...).order(item, podgroups)` -> `queue.order` per podgroup, and the headers of
   the work item;
-- placement: `place_details` (in the worker's thread, from the finished session) and `placement_spans`
+- placement: `place_details` (in the worker's thread, from the core's result) and `placement_spans`
   -> `placement.session` and `placement.place` per podgroup, and the headers of the proposal;
   `ActionTimes` is the core's `around_action` hook that times each action;
 - binder: `CommitTrace` around one proposal -> `binder.commit` per podgroup, `TracedCluster` around the
@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -43,13 +43,10 @@ from shared.contracts.messages import (
     WorkItem,
 )
 from shared.contracts.subjects import podgroup_key
+from shared.core.result import CycleResult, NodeRefusals
 from shared.model import PodGroup, Snapshot
 from shared.telemetry import tracing
 from shared.telemetry.tracing import context_of
-
-if TYPE_CHECKING:  # types only: the binder and the queue need not load the core's NumPy code
-    from shared.core.scheduler import CycleResult
-    from shared.core.session import Session
 
 T = TypeVar("T")
 
@@ -238,7 +235,7 @@ class OrderTracer:
 # --- placement ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PlaceDetail:
-    """What a session did with one podgroup, read from the finished session (the core is not touched)."""
+    """What a cycle did with one podgroup, read from the core's result."""
 
     attributes: dict[str, Any]
     result: str
@@ -264,9 +261,9 @@ def preemptor_of(message: str, candidates: Mapping[str, str]) -> str | None:
     return None
 
 
-def place_details(ssn: Session, result: CycleResult, traced: Collection[str]) -> dict[str, PlaceDetail]:
-    """Per traced podgroup: nodes considered, filtered (per reason), chosen, and the result."""
-    considered = len(ssn.cluster.order)
+def place_details(result: CycleResult, traced: Collection[str], considered: int) -> dict[str, PlaceDetail]:
+    """Per traced podgroup: nodes considered (`considered`, the snapshot's nodes), filtered (per reason:
+    the result's `refusals`, so `schedule(..., node_details=traced)`), chosen, and the result."""
     bound: Counter[str] = Counter()
     chosen: dict[str, set[str]] = {}
     for proposal in result.binds:
@@ -278,42 +275,40 @@ def place_details(ssn: Session, result: CycleResult, traced: Collection[str]) ->
         pipelined[p.podgroup] += 1
         chosen.setdefault(p.podgroup, set()).add(p.node)
     pending = {p.podgroup: p.message for p in result.pending}
+    statuses = result.podgroups
     names = {
-        key: qualified(job.namespace, job.name) for key in traced if (job := ssn.jobs.get(key)) is not None
+        key: qualified(status.namespace, status.name)
+        for key in traced
+        if (status := statuses.get(key)) is not None
     }
     victims: dict[str, list[str]] = {}
     for eviction in result.evictions:
         preemptor = preemptor_of(eviction.message, names)
         if preemptor is not None:
-            victims.setdefault(preemptor, []).append(qualified(eviction.namespace, eviction.pod))
+            victims.setdefault(preemptor, []).append(qualified(eviction.namespace, eviction.name))
     out: dict[str, PlaceDetail] = {}
     for key in traced:
-        job = ssn.jobs.get(key)
-        if job is None:
+        status = statuses.get(key)
+        if status is None:
             out[key] = PlaceDetail({PODGROUP_KEY: key, RESULT: "gone"}, "gone")
             continue
-        by_reason: dict[str, set[str]] = {}
-        for per_node in job.task_fit_errors.values():
-            for node, reasons in per_node.items():
-                for reason in reasons:
-                    by_reason.setdefault(reason, set()).add(node)
-        filtered = set().union(*by_reason.values()) if by_reason else set()
+        refusals = status.refusals or NodeRefusals()
         if bound[key]:
             outcome = "bound"
         elif pipelined[key]:
             outcome = "pipelined"
-        elif key in pending or job.has_tasks_to_allocate(real=True):
+        elif key in pending or status.pending:
             outcome = "pending"
         else:
             outcome = "unchanged"
         attributes: dict[str, Any] = {
             PODGROUP: names[key],
             PODGROUP_KEY: key,
-            NAMESPACE: job.namespace,
-            QUEUE: job.queue,
+            NAMESPACE: status.namespace,
+            QUEUE: status.queue,
             NODES_CONSIDERED: considered,
-            NODES_FILTERED: len(filtered),
-            NODES_FILTERED_BY: sorted(f"{len(nodes)} {reason}" for reason, nodes in by_reason.items()),
+            NODES_FILTERED: refusals.nodes,
+            NODES_FILTERED_BY: sorted(f"{n} {reason}" for reason, n in refusals.by_reason.items()),
             NODES_CHOSEN: sorted(chosen.get(key, ())),
             RESULT: outcome,
             PODS_BOUND: bound[key],

@@ -412,7 +412,7 @@ async def test_placement_proposes_what_the_core_decides_and_survives_garbage(bus
     assert proposal.state_revision >= revision
     got = sorted((b.podgroup, b.name, b.node, b.gpu_groups) for b in proposal.binds)
     want = sorted(
-        (bp.podgroup, pb.pod, pb.node, pb.gpu_groups) for bp in expected.binds for pb in bp.bindings
+        (bp.podgroup, pb.name, pb.node, pb.gpu_groups) for bp in expected.binds for pb in bp.bindings
     )
     assert got == want
     assert len(got) == 3
@@ -626,7 +626,7 @@ async def test_an_admin_cycle_through_all_four_services_binds_the_gangs(bus: Bus
     assert sorted(reply.outcome.bound) == ["ns/ga-0", "ns/ga-1", "ns/gb-0"]
     # The placement decided what the in-process core decides; the cluster now runs it.
     expected = schedule(snapshot, NOW, Policy())
-    want = {pb.pod: pb.node for bp in expected.binds for pb in bp.bindings}
+    want = {pb.name: pb.node for bp in expected.binds for pb in bp.bindings}
 
     async def running() -> dict[str, tuple[str, str | None]] | None:
         pods = await pod_statuses(bus)

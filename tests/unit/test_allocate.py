@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from shared.core.cycle import run_session
 from shared.core.policy import Policy
-from shared.core.scheduler import run_session, schedule
+from shared.core.scheduler import schedule
 from shared.model import GpuRequest, Node, Pod, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.bus.middleware import Counters
 from shared.contracts.events import QueueFairShare
+from shared.core.cycle import run_session
 from shared.core.policy import Policy
-from shared.core.scheduler import run_session
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.objects import PodSet, SubGroupSet
 from shared.telemetry.metrics import (

@@ -8,8 +8,8 @@ pin the rest of the job to their domain.
 
 from __future__ import annotations
 
+from shared.core.cycle import fit_error_message, run_session
 from shared.core.policy import Policy
-from shared.core.scheduler import fit_error_message, run_session
 from shared.core.session import Session
 from shared.model import (
     GpuRequest,

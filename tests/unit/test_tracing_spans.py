@@ -33,7 +33,7 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.core.policy import Policy
-from shared.core.scheduler import result_of, run_session
+from shared.core.scheduler import schedule
 from shared.kubeapi.client import ApiError
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang, gpu_nodes
@@ -260,10 +260,14 @@ def _session() -> tuple[Snapshot, list[str]]:
     return snapshot, ["fits", "big"]
 
 
+def _details(snapshot: Snapshot, traced: list[str]) -> dict[str, spans.PlaceDetail]:
+    result = schedule(snapshot, 10.0, Policy(), node_details=traced)
+    return spans.place_details(result, traced, len(snapshot.nodes))
+
+
 def test_place_details_say_what_the_session_did_with_each_podgroup() -> None:
     snapshot, traced = _session()
-    ssn = run_session(snapshot, 10.0, Policy())
-    details = spans.place_details(ssn, result_of(ssn), traced)
+    details = _details(snapshot, traced)
     fits, big = details["fits"].attributes, details["big"].attributes
     assert (fits[spans.RESULT], fits[spans.PODS_BOUND], fits[spans.NODES_CONSIDERED]) == ("bound", 2, 2)
     assert len(fits[spans.NODES_CHOSEN]) >= 1
@@ -275,8 +279,7 @@ def test_place_details_say_what_the_session_did_with_each_podgroup() -> None:
 
 def test_placement_spans_continue_each_podgroups_queue_order(exported: InMemorySpanExporter) -> None:
     snapshot, traced = _session()
-    ssn = run_session(snapshot, 10.0, Policy())
-    details = spans.place_details(ssn, result_of(ssn), traced)
+    details = _details(snapshot, traced)
     orders = {key: tracing.tracer().start_span(spans.QUEUE_ORDER) for key in traced}
     for span in orders.values():
         span.end()
@@ -303,8 +306,7 @@ def test_placement_spans_continue_each_podgroups_queue_order(exported: InMemoryS
 
 def test_a_session_for_one_podgroup_is_part_of_its_trace(exported: InMemorySpanExporter) -> None:
     snapshot, _ = _session()
-    ssn = run_session(snapshot, 10.0, Policy())
-    details = spans.place_details(ssn, result_of(ssn), ["fits"])
+    details = _details(snapshot, ["fits"])
     order = tracing.tracer().start_span(spans.QUEUE_ORDER)
     order.end()
     received = carried_by(headers_for({"fits": order.get_span_context()}))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.core.policy import Policy
-from shared.core.scheduler import run_session
+from shared.core.scheduler import schedule
 from shared.model import PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
 from tools.bench import fair_share as fair_share_bench
@@ -41,9 +41,9 @@ def bench_allocate(nodes: int = 5000, pods: int = 10_000) -> dict[str, float]:
     snapshot = allocation_snapshot(nodes, pods)
     policy = Policy(actions=("allocate",))
     start = time.perf_counter()
-    ssn = run_session(snapshot, 0.0, policy)
+    result = schedule(snapshot, 0.0, policy)
     elapsed = time.perf_counter() - start
-    bound = len(ssn.log.binds)
+    bound = result.committed.binds
     return {"nodes": nodes, "pods": pods, "bound": bound, "seconds": elapsed, "pods_per_s": bound / elapsed}
 
 
@@ -76,13 +76,13 @@ def bench_reclaim() -> dict[str, float]:
     snapshot = reclaim_snapshot()
     policy = Policy(actions=("reclaim",))
     start = time.perf_counter()
-    ssn = run_session(snapshot, 0.0, policy)
+    result = schedule(snapshot, 0.0, policy)
     elapsed = time.perf_counter() - start
     return {
         "seconds": elapsed,
-        "evictions": len(ssn.log.evictions),
-        "pipelined": len(ssn.log.pipelines),
-        "reclaimers_placed": len({t.job.key for t, _ in ssn.log.pipelines}),
+        "evictions": result.committed.evictions,
+        "pipelined": result.committed.pipelined,
+        "reclaimers_placed": len({p.podgroup for p in result.pipelined}),
     }
 
 

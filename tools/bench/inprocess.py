@@ -61,13 +61,13 @@ def run_inprocess(workload: Workload, policy: Policy | None = None, timeout: flo
         cycles += 1
         for proposal in result.binds:
             for b in proposal.bindings:
-                pods[b.pod] = msgspec.structs.replace(
-                    pods[b.pod], status=PodStatus.RUNNING, node=b.node, gpu_groups=b.gpu_groups
+                pods[b.name] = msgspec.structs.replace(
+                    pods[b.name], status=PodStatus.RUNNING, node=b.node, gpu_groups=b.gpu_groups
                 )
-                if b.pod in counted:
-                    bound[b.pod] = now
+                if b.name in counted:
+                    bound[b.name] = now
         for ev in result.evictions:
-            pods.pop(ev.pod, None)
+            pods.pop(ev.name, None)
             decision = now
         if verdict is None and any(p.podgroup == workload.verdict_for for p in result.pending):
             verdict = now

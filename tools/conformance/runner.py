@@ -14,11 +14,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from shared.contracts.messages import SessionView
-from shared.contracts.views import session_view
 from shared.core.policy import Policy
-from shared.core.scheduler import run_session
-from shared.core.session import Session
+from shared.core.result import SessionView
+from shared.core.scheduler import schedule
 from shared.model import Snapshot
 from shared.model.status import PodStatus
 from tools.conformance import case as c
@@ -82,9 +80,12 @@ def write_back(state: CaseState, view: SessionView) -> None:
             desc.state, desc.node, desc.gpu_groups = status.value, t.node, list(t.gpu_groups)
 
 
-def observe(ssn: Session, now: float) -> Checkpoint:
-    """The checkpoint of a session, read through the same view placement sends over the bus."""
-    return checkpoint_of(ssn.snapshot, session_view(ssn), now)
+def rebuilt_view(snapshot: Snapshot, policy: Policy) -> SessionView:
+    """The view of a session rebuilt from `snapshot` with no action run (the same view placement sends
+    over the bus)."""
+    view = schedule(snapshot, NOW, msgspec.structs.replace(policy, actions=()), want_view=True).view
+    assert view is not None
+    return view
 
 
 def checkpoint_of(snapshot: Snapshot, view: SessionView, now: float) -> Checkpoint:
@@ -123,11 +124,11 @@ RoundFn = Callable[[Snapshot, Policy], tuple[RoundCounts, SessionView]]
 
 def in_process_round(snapshot: Snapshot, policy: Policy) -> tuple[RoundCounts, SessionView]:
     """One round on the core in this process: a session, the five actions, its view."""
-    ssn = run_session(snapshot, NOW, policy)
-    counts = RoundCounts(
-        binds=len(ssn.log.binds), evictions=len(ssn.log.evictions), pipelined=len(ssn.log.pipelines)
-    )
-    return counts, session_view(ssn)
+    result = schedule(snapshot, NOW, policy, want_view=True)
+    committed = result.committed
+    counts = RoundCounts(binds=committed.binds, evictions=committed.evictions, pipelined=committed.pipelined)
+    assert result.view is not None
+    return counts, result.view
 
 
 def run_rounds(case: c.Case, run_round: RoundFn) -> CaseResult:
@@ -144,16 +145,14 @@ def run_rounds(case: c.Case, run_round: RoundFn) -> CaseResult:
         rounds.append(counts)
         write_back(state, last)
     # The match is on a session rebuilt from the description, no action run, fit errors carried over.
-    match = Session(build_snapshot(state, NOW), NOW, policy)
+    match = build_snapshot(state, NOW)
+    view = rebuilt_view(match, policy)
     if last is not None:
         errors = {j.podgroup: j.fit_error for j in last.jobs}
-        view = session_view(match)
         view = msgspec.structs.replace(
             view, jobs=tuple(msgspec.structs.replace(j, fit_error=errors.get(j.podgroup)) for j in view.jobs)
         )
-        checkpoints.append(checkpoint_of(match.snapshot, view, NOW))
-    else:
-        checkpoints.append(observe(match, NOW))
+    checkpoints.append(checkpoint_of(match, view, NOW))
     for _ in range(after):
         snapshot = build_snapshot(state, NOW)
         counts, view = run_round(snapshot, policy)

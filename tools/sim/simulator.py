@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from shared.core.policy import Policy
-from shared.core.scheduler import CycleResult, schedule
+from shared.core.result import CycleResult
+from shared.core.scheduler import schedule
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot
 
 
@@ -48,14 +49,14 @@ class Simulator:
         result = schedule(self.snapshot(), now, self.policy)
         for proposal in result.binds:
             for b in proposal.bindings:
-                key = self._key(b.pod)
+                key = b.pod
                 self.pods[key] = msgspec.structs.replace(
                     self.pods[key], status=PodStatus.RUNNING, node=b.node, gpu_groups=b.gpu_groups
                 )
                 if key in self.run_time:
                     self.finish_at[key] = now + self.run_time[key]
         for ev in result.evictions:
-            key = self._key(ev.pod)
+            key = ev.pod
             self.pods[key] = msgspec.structs.replace(self.pods[key], status=PodStatus.PENDING, node=None)
             self.finish_at.pop(key, None)
         for key, pg in list(self.podgroups.items()):
@@ -71,11 +72,3 @@ class Simulator:
             if at <= now:
                 self.pods[key] = msgspec.structs.replace(self.pods[key], status=PodStatus.SUCCEEDED)
                 del self.finish_at[key]
-
-    def _key(self, pod_name: str) -> str:
-        if pod_name in self.pods:
-            return pod_name
-        for key, pod in self.pods.items():
-            if pod.name == pod_name:
-                return key
-        raise KeyError(pod_name)

@@ -6,7 +6,7 @@ back is skipped (no move could change that). The victim solver (`shared.core.sol
 preemptible jobs of any queue (at most `Policy.max_consolidation_preemptees` + 1 candidate jobs per
 attempt, -1 for no limit; 0 turns the action off) and accepts a scenario only when every victim pod was
 placed again elsewhere: the committed statement evicts the moved pods and pipelines them and the job.
-Called by `shared.core.scheduler`.
+Called by the cycle runner (`shared.core.cycle`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ queue over its deserved quota is skipped. The victim solver (`shared.core.solver
 preemptible jobs of the job's own queue with a lower priority (least important first), protected by their
 min-runtime (`shared.core.minruntime`), whose eviction lets the job be pipelined. Each success commits one
 statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
-Called by `shared.core.scheduler`.
+Called by the cycle runner (`shared.core.cycle`).
 """
 
 from __future__ import annotations

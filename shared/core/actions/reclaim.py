@@ -6,7 +6,7 @@ solver (`shared.core.solver`) looks for running preemptible jobs of *other* queu
 first, whose eviction lets the job be pipelined, and accepts a scenario only when the reclaim rules
 (`shared.core.reclaimable`) and the victims' min-runtime (`shared.core.minruntime`) allow it. Each success
 commits one statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
-Called by `shared.core.scheduler`.
+Called by the cycle runner (`shared.core.cycle`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,187 @@
+"""One scheduling cycle on a session: run the policy's actions, then read the result out as values.
+
+Private to the core. `shared.core.scheduler.schedule` is the public entry point and returns what
+`result_of` reads; unit specs under tests/ call `run_session` to look inside a finished session.
+
+`run_session` builds a `Session` from the snapshot and runs the policy's actions in order (the action
+registry is a literal keyed by action name). `result_of` turns what the session committed into a
+`shared.core.result.CycleResult`: bind proposals per podgroup with each pod's key and what it holds,
+evictions, pipelined pods, an explanation for every podgroup still pending, the stale and last-start
+stamps, a status per podgroup, the counts KAI's cache would have seen, and (when asked) the session view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
+
+from shared.core.actions import allocate, consolidation, preempt, reclaim, stale_gang
+from shared.core.policy import Policy
+from shared.core.proportion import R_GPU
+from shared.core.result import (
+    Binding,
+    BindProposal,
+    Committed,
+    CycleResult,
+    EvictionOrder,
+    JobView,
+    NodeRefusals,
+    NodeView,
+    PendingExplanation,
+    PipelinedPod,
+    PodGroupStatus,
+    SessionView,
+    TaskView,
+)
+from shared.core.session import Session
+from shared.core.tasks import GPU, JobState, TaskState
+from shared.model import Snapshot
+from shared.model.status import PodStatus
+
+ActionFn = Callable[[Session], None]
+ActionHook = Callable[[str], AbstractContextManager[object]]
+"""Wraps each action by name (a shell's timer or span); the core itself reads no clock."""
+
+ACTIONS: dict[str, ActionFn] = {
+    "allocate": allocate.run,
+    "consolidation": consolidation.run,
+    "reclaim": reclaim.run,
+    "preempt": preempt.run,
+    "stalegangeviction": stale_gang.run,
+}
+
+
+def run_session(
+    snapshot: Snapshot,
+    now: float,
+    policy: Policy,
+    focus: frozenset[str] | None = None,
+    around_action: ActionHook | None = None,
+) -> Session:
+    """Run the policy's actions on a fresh session and return it. With `focus`, only those podgroups are
+    placed (the stale-gang action still covers all). With `around_action`, each action runs inside
+    `around_action(name)` (per-action metrics, spans)."""
+    ssn = Session(snapshot, now, policy, focus)
+    # Moving pods to pack nodes contradicts a spread placement, so KAI drops consolidation then.
+    spread = "spread" in (policy.gpu_placement, policy.cpu_placement)
+    for name in policy.actions:
+        if name == "consolidation" and spread:
+            continue
+        if around_action is None:
+            ACTIONS[name](ssn)
+            continue
+        with around_action(name):
+            ACTIONS[name](ssn)
+    return ssn
+
+
+def fit_error_message(reasons: list[tuple[str, list[str]]]) -> str | None:
+    """KAI's detailed job fit message: the reason, then each detail, each on its own line with a period."""
+    if not reasons:
+        return None
+    reason = reasons[0][0] if len(reasons) == 1 else "Unable to schedule podgroup"
+    details = sorted(m for _, msgs in reasons for m in msgs)
+    return "\n" + reason + "." + "".join("\n" + d + "." for d in details)
+
+
+def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection[str] = ()) -> CycleResult:
+    """The finished session's decisions and observations (see `shared.core.result`)."""
+    by_group: dict[str, list[Binding]] = {}
+    for task, node in ssn.log.binds:
+        # A pod bound and then evicted by a later action is not bound after all.
+        if task.status != PodStatus.BINDING:
+            continue
+        by_group.setdefault(task.job.key, []).append(_binding(ssn, task, node))
+    binds = tuple(BindProposal(key, ssn.jobs[key].queue, tuple(items)) for key, items in by_group.items())
+    evictions = tuple(
+        EvictionOrder(
+            pod=t.key, namespace=t.job.namespace, name=t.name, podgroup=t.job.key, node=node, message=msg
+        )
+        for t, node, msg in ssn.log.evictions
+    )
+    pipelined = tuple(PipelinedPod(pod=t.key, podgroup=t.job.key, node=node) for t, node in ssn.log.pipelines)
+    detailed = frozenset(node_details)
+    statuses = {job.key: _status(job, job.key in detailed) for job in ssn.jobs.values()}
+    pending = tuple(
+        PendingExplanation(podgroup=s.podgroup, message=s.fit_error)
+        for s in statuses.values()
+        if s.pending and s.fit_error
+    )
+    stale = {j.key: j.stale_since for j in ssn.jobs.values() if j.stale_since is not None}
+    last = {j.key: j.last_start_time for j in ssn.jobs.values() if j.last_start_time is not None}
+    return CycleResult(
+        binds=binds,
+        evictions=evictions,
+        pipelined=pipelined,
+        pending=pending,
+        stale_since=stale,
+        last_start=last,
+        podgroups=statuses,
+        committed=Committed(len(ssn.log.binds), len(ssn.log.evictions), len(ssn.log.pipelines)),
+        view=session_view(ssn, statuses) if want_view else None,
+    )
+
+
+def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
+    return Binding(
+        pod=task.key,
+        namespace=task.job.namespace,
+        name=task.name,
+        podgroup=task.job.key,
+        node=node,
+        gpu_groups=tuple(task.gpu_groups),
+        cpu_millis=task.cpu,
+        memory_bytes=task.mem,
+        gpus=float(ssn.accepted_quota(task)[R_GPU]),
+    )
+
+
+def _status(job: JobState, detailed: bool) -> PodGroupStatus:
+    return PodGroupStatus(
+        podgroup=job.key,
+        namespace=job.namespace,
+        name=job.name,
+        queue=job.queue,
+        pending=job.has_tasks_to_allocate(real=True),
+        fit_error=fit_error_message(job.fit_errors),
+        reasons=tuple(dict.fromkeys(reason for reason, _ in job.fit_errors)),
+        last_start_time=job.last_start_time,
+        refusals=_refusals(job) if detailed else None,
+    )
+
+
+def _refusals(job: JobState) -> NodeRefusals:
+    by_reason: dict[str, set[str]] = {}
+    for per_node in job.task_fit_errors.values():
+        for node, reasons in per_node.items():
+            for reason in reasons:
+                by_reason.setdefault(reason, set()).add(node)
+    refused = set().union(*by_reason.values()) if by_reason else set()
+    return NodeRefusals(nodes=len(refused), by_reason={r: len(nodes) for r, nodes in by_reason.items()})
+
+
+def session_view(ssn: Session, statuses: dict[str, PodGroupStatus]) -> SessionView:
+    """The session right after its actions: what an observer of one cycle sees (conformance, explain)."""
+    tasks = tuple(
+        TaskView(
+            pod=task.key,
+            name=task.name,
+            podgroup=job.key,
+            status=task.status.value,
+            node=task.node,
+            gpu_groups=tuple(task.gpu_groups),
+            # KAI's accepted resources: kept from a tentative placement that was undone (§13.3 item 5).
+            gpus_accepted=task.accepted_gpus,
+        )
+        for job in ssn.jobs.values()
+        for task in job.tasks.values()
+    )
+    jobs = tuple(
+        JobView(podgroup=s.podgroup, fit_error=s.fit_error, last_start_time=s.last_start_time)
+        for s in statuses.values()
+    )
+    nodes = tuple(
+        NodeView(node=n.name, idle_gpus=float(n.idle(GPU)), releasing_gpus=float(n.releasing(GPU)))
+        for n in ssn.cluster.order
+    )
+    return SessionView(tasks=tasks, jobs=jobs, nodes=nodes)

@@ -1,0 +1,161 @@
+"""What one scheduling cycle decided, as frozen values: the `CycleResult` `schedule()` returns.
+
+Public. `shared.core.scheduler.schedule` builds these; the placement worker publishes them, the simulator
+and the in-process benchmark apply them, the conformance runner reads the session view, and the wire
+contract (`shared.contracts.messages`) carries `Binding`, `EvictionOrder`, `PipelinedPod`,
+`PendingExplanation` and `SessionView` as they are, so the core and the wire have one name per concept.
+Plain msgspec Structs: importing this module loads none of the core's machinery (nor NumPy), so the binder
+and the queue read these types without it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod to bind: which node, which shared devices, and what it holds once bound."""
+
+    pod: str
+    """The pod's key (uid, or namespace/name)."""
+    namespace: str
+    name: str
+    podgroup: str
+    node: str
+    gpu_groups: tuple[str, ...] = ()
+    cpu_millis: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: float = 0.0
+    """What the pod holds in its queue's GPU quota: fractions and GPU memory as placed on its node, MIG
+    instances as GPU shares (KAI's accepted resources)."""
+
+
+class BindProposal(msgspec.Struct, frozen=True):
+    """Pods of one podgroup to bind together (the binder commits all or none)."""
+
+    podgroup: str
+    queue: str
+    bindings: tuple[Binding, ...]
+
+
+class EvictionOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod to evict, with the reason the action gave (it names the podgroup it makes room for)."""
+
+    pod: str
+    """The pod's key."""
+    namespace: str
+    name: str
+    podgroup: str
+    node: str
+    message: str
+
+
+class PipelinedPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod that will be placed on a node once resources being released there are free."""
+
+    pod: str
+    """The pod's key."""
+    podgroup: str
+    node: str
+
+
+class PendingExplanation(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a podgroup with pods still to place stays pending: KAI's job fit message."""
+
+    podgroup: str
+    message: str
+
+
+class NodeRefusals(msgspec.Struct, frozen=True, kw_only=True):
+    """The nodes that refused a podgroup's pods during the cycle, and why (each node's last reason per
+    pod, as KAI keeps them)."""
+
+    nodes: int = 0
+    """How many nodes refused at least one of its pods."""
+    by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    """Reason -> how many nodes gave it."""
+
+
+class PodGroupStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One podgroup at the end of the cycle."""
+
+    podgroup: str
+    """The podgroup's key."""
+    namespace: str
+    name: str
+    queue: str
+    pending: bool
+    """It still has pods to place (KAI: tasks to allocate)."""
+    fit_error: str | None = None
+    """KAI's job fit message; None when the cycle recorded no fit error for it."""
+    reasons: tuple[str, ...] = ()
+    """The reasons of its fit errors, each once, first seen first (`PodUnschedulable.reasons`)."""
+    last_start_time: float | None = None
+    refusals: NodeRefusals | None = None
+    """Only for the podgroups `schedule(..., node_details=...)` names."""
+
+
+class Committed(msgspec.Struct, frozen=True):
+    """How many operations the cycle's statements committed, counted the way KAI's cache counts its calls:
+    a pod bound and then evicted by a later action of the same cycle counts once in `binds` (and is in
+    no bind proposal) and once in `evictions`."""
+
+    binds: int = 0
+    evictions: int = 0
+    pipelined: int = 0
+
+
+class TaskView(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod after the cycle: status, node, shared devices, and the GPUs it holds in its queue's quota
+    (0 unless placed; MIG pods 0, as KAI's test harness reports them)."""
+
+    pod: str
+    name: str
+    podgroup: str
+    status: str
+    node: str | None
+    gpu_groups: tuple[str, ...]
+    gpus_accepted: float
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """One podgroup after the cycle: KAI's job fit message and its last start."""
+
+    podgroup: str
+    fit_error: str | None
+    last_start_time: float | None
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One node after the cycle: whole GPUs idle, and being released."""
+
+    node: str
+    idle_gpus: float
+    releasing_gpus: float
+
+
+class SessionView(msgspec.Struct, frozen=True, kw_only=True):
+    """The session's state right after its actions (what an observer of one cycle sees)."""
+
+    tasks: tuple[TaskView, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+    nodes: tuple[NodeView, ...] = ()
+
+
+class CycleResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one cycle decided and observed."""
+
+    binds: tuple[BindProposal, ...] = ()
+    evictions: tuple[EvictionOrder, ...] = ()
+    pipelined: tuple[PipelinedPod, ...] = ()
+    pending: tuple[PendingExplanation, ...] = ()
+    """Podgroups with pods still to place and a fit message, in the snapshot's order."""
+    stale_since: dict[str, float] = msgspec.field(default_factory=dict)
+    """Podgroup key -> since when it has been below its min member (only podgroups that are)."""
+    last_start: dict[str, float] = msgspec.field(default_factory=dict)
+    """Podgroup key -> when it last started (only podgroups that have started)."""
+    podgroups: dict[str, PodGroupStatus] = msgspec.field(default_factory=dict)
+    """Podgroup key -> its status, for every podgroup of the snapshot, in the snapshot's order."""
+    committed: Committed = msgspec.field(default_factory=Committed)
+    view: SessionView | None = None
+    """The session's view, when `schedule(..., want_view=True)` asked for it."""
