@@ -4,15 +4,16 @@ Called by `services.queue.service`: `Dispatcher.run()` is the leader's cycle loo
 the binders' outcomes, `admin_cycle()` answers `admin.<shard>.cycle`. The decisions are pure functions
 (`plan_cycle`, `batches`) over a replica snapshot, so they are tested without NATS.
 
-A cycle: snapshot the replica, build the core's `Session` (fair shares, queue order), publish a
-`QueueFairShare` event for every queue whose numbers changed, then dispatch work. With `batch=all` (the
+A cycle: snapshot the replica, plan it with the core (`shared.core.queue_plan.plan_queues`: fair shares,
+the pending podgroups in allocate's order, the quota gate's verdicts) under the policy the work items run
+with, publish a `QueueFairShare` event for every queue whose numbers changed, then dispatch work. With `batch=all` (the
 default) that is one work item without a podgroup filter: the placement worker runs the whole cycle, as
 KAI runs one session per cycle, and decides exactly what the in-process core decides. With `batch=N` the
 pending podgroups, in the core's queue order, go out N per work item so that several placement replicas
 work in parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
 
 The quota gate: every cycle also decides, for the podgroups whose pods carry a scheduling gate, whether
-their queues have room for their gangs (`shared.core.quota_gate.quota_verdicts`, in the core's job order),
+their queues have room for their gangs (`shared.core.quota_gate`, in the core's job order, part of the plan),
 and publishes a `podgroup-admission` event for each podgroup whose verdict changed (again after a
 leader change); the state service lifts the `kairos.io/admission` gate of the pods let in. Gated pods
 are never placed (the core does not count them as pending); a podgroup is dispatched for the pods let in
@@ -45,16 +46,11 @@ from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
 from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
-from shared.core.actions.allocate import pending_jobs
-from shared.core.ordering import JobsByQueue
 from shared.core.policy import KNOWN_ACTIONS, Policy
-from shared.core.proportion import Vec, ancestors_and_self
-from shared.core.quota_gate import QuotaVerdict, quota_verdicts
-from shared.core.session import Session
-from shared.core.tasks import JobState
+from shared.core.queue_plan import Resources, plan_queues
+from shared.core.quota_gate import QuotaVerdict
 from shared.errors import ConfigError
 from shared.model import Snapshot
-from shared.model.objects import UNLIMITED
 from shared.telemetry.metrics import QueueMetrics
 from shared.telemetry.spans import OrderTracer
 
@@ -147,17 +143,17 @@ class Plan:
     """The quota gate's verdicts on the podgroups with gated pods (`shared.core.quota_gate`)."""
 
 
-def _resources(v: Vec) -> dict[str, float]:
-    return {name: float(v[r]) for r, name in enumerate(RESOURCES)}
+def _resources(v: Resources) -> dict[str, float]:
+    return {name: v[r] for r, name in enumerate(RESOURCES)}
 
 
-def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
-    """Fair shares and the pending podgroups of `snapshot`, exactly as a session of the core sees them."""
-    ssn = Session(snapshot, now, Policy())
+def plan_cycle(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
+    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`), fair shares as events."""
+    plan = plan_queues(snapshot, now, policy)
     shares = tuple(
         QueueFairShare(
             time=now,
-            queue=q.name,
+            queue=q.queue,
             parent=q.parent,
             fair_share=_resources(q.fair_share),
             allocated=_resources(q.allocated),
@@ -165,18 +161,9 @@ def plan_cycle(snapshot: Snapshot, now: float) -> Plan:
             deserved=_resources(q.deserved),
             allocated_non_preemptible=_resources(q.allocated_non_preemptible),
         )
-        for q in sorted(ssn.queues.values(), key=lambda q: q.name)
+        for q in plan.shares
     )
-    # Without allocations in between, draining the job order gives the order allocate would start with.
-    # Gated pods are not pending to the core: a podgroup is dispatched for its ungated pods (those the
-    # quota gate let in) once they can form its gang, and its gated pods wait for their verdict.
-    order = JobsByQueue(ssn)
-    order.extend(pending_jobs(ssn))
-    pending = tuple(job.key for job in order.drain())
-    stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
-    guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
-    admissions = quota_verdicts(snapshot, now)
-    return Plan(shares, pending, stale, guarded, admissions)
+    return Plan(shares, plan.pending, plan.stale, plan.guarded, plan.admissions)
 
 
 def admission_changed(last: QuotaVerdict | None, verdict: QuotaVerdict) -> bool:
@@ -186,15 +173,6 @@ def admission_changed(last: QuotaVerdict | None, verdict: QuotaVerdict) -> bool:
     if last is None or (last.reason, last.message) != (verdict.reason, verdict.message):
         return True
     return not set(verdict.admitted) <= set(last.admitted)
-
-
-def _bounded_by_queue_totals(ssn: Session, job: JobState) -> bool:
-    for q in ancestors_and_self(ssn.queues, job.queue):
-        if any(limit != UNLIMITED for limit in q.limit):
-            return True
-        if not job.preemptible and any(quota != UNLIMITED for quota in q.deserved):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -324,6 +302,11 @@ class Dispatcher:
 
     def now(self) -> float:
         return self.clock() + self._wall_offset
+
+    def policy(self, actions: tuple[str, ...] = ALL_ACTIONS) -> Policy:
+        """The policy work items run with, `actions` aside (a cycle request may bring its own): KAI's
+        defaults and the configured GPU usage scoring. The cycle's plan orders the podgroups under it."""
+        return Policy(actions=actions, gpu_usage_scoring=self.settings.gpu_usage_scoring)
 
     # --- leadership -------------------------------------------------------------------------------------
     def on_leadership(self, leading: bool) -> None:
@@ -462,7 +445,7 @@ class Dispatcher:
         now = self.now()
         started_ns = time.time_ns()
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
-        plan = await asyncio.to_thread(plan_cycle, snapshot, now)
+        plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy())
         if self.metrics is not None and self.lease.valid():
             self.metrics.observe_plan(plan.fair_shares, len(plan.pending))
         await self._publish_fair_shares(plan)
@@ -581,7 +564,7 @@ class Dispatcher:
             podgroups=podgroups,
             actions=actions,
             want_view=want_view,
-            policy=policy or Policy(actions=actions, gpu_usage_scoring=self.settings.gpu_usage_scoring),
+            policy=policy or self.policy(actions),
         )
 
     async def _send(

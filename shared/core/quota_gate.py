@@ -4,8 +4,8 @@ With the state service's `quota_gate` option, every pod of ours is created with 
 `kairos.io/admission` (`shared.kube.admission.ADMISSION_GATE`). A gated pod is `PodStatus.GATED` in the
 model: the core does not try to place it (`JobState.is_ready_for_scheduling`), and Cluster Autoscaler and
 Karpenter do not scale up for it, so work that its queue's limit or quota holds back never makes them add
-nodes that could not be used. The queue leader calls `quota_verdicts` every cycle
-(`services.queue.dispatcher.plan_cycle`) and publishes each podgroup's verdict as a `podgroup-admission`
+nodes that could not be used. Public: the queue leader's plan (`shared.core.queue_plan.plan_queues`, every
+cycle) calls `quota_verdicts`, and the leader publishes each podgroup's verdict as a `podgroup-admission`
 event when it changes; the state service lifts the gate from the pods let in and writes a Warning Event
 on a podgroup whose pods are held (docs/architecture.md, "Quota gate").
 

@@ -21,6 +21,7 @@ from services.queue.dispatcher import (
 from shared.bus.lease import RENEW_INTERVAL_S, RETRY_INTERVAL_S, SAFETY_MARGIN_S, LeaseKeeper
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES
+from shared.core.policy import Policy
 from shared.errors import ConfigError, ConflictError
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.objects import PodSet, SubGroupSet
@@ -276,7 +277,7 @@ def _snapshot() -> Snapshot:
 
 
 def test_plan_has_every_queues_fair_share_and_pending_podgroups_in_queue_order() -> None:
-    plan = plan_cycle(_snapshot(), now=1000.0)
+    plan = plan_cycle(_snapshot(), 1000.0, Policy())
     shares = {e.queue: e for e in plan.fair_shares}
     assert set(shares) == {"a", "b"}
     assert shares["a"].allocated["gpu"] == 2.0
@@ -293,7 +294,7 @@ def test_plan_of_an_idle_cluster_has_nothing_pending() -> None:
     snap = _snapshot()
     running = tuple(p for p in snap.pods if p.podgroup == "running")
     plan = plan_cycle(
-        Snapshot(nodes=snap.nodes, pods=running, podgroups=snap.podgroups, queues=snap.queues), 0.0
+        Snapshot(nodes=snap.nodes, pods=running, podgroups=snap.podgroups, queues=snap.queues), 0.0, Policy()
     )
     assert plan.pending == ()
 

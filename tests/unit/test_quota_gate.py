@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from services.queue.dispatcher import admission_changed, plan_cycle
 from services.state.service import StateOptions
 from shared.contracts.events import PodGroupAdmission
+from shared.core.policy import Policy
 from shared.core.quota_gate import NOT_LEAF_QUEUE, QuotaVerdict, quota_verdicts
 from shared.errors import ConfigError
 from shared.explain import Facts, explain
@@ -161,20 +162,20 @@ def test_cpu_limits_are_checked_too() -> None:
 
 # --- the queue leader ------------------------------------------------------------------------------------------
 def test_gated_pods_are_decided_and_only_pods_that_can_form_their_gang_are_dispatched() -> None:
-    plan = plan_cycle(snapshot(TEAM, gang("p", "team-a", 1, 1.0), gated("g", "team-a")), NOW)
+    plan = plan_cycle(snapshot(TEAM, gang("p", "team-a", 1, 1.0), gated("g", "team-a")), NOW, Policy())
     assert plan.pending == ("p",)
     assert [(v.podgroup, v.admitted) for v in plan.admissions] == [("g", ("g-0", "g-1"))]
     # Pods let in (ungated) that form the gang are dispatched; the podgroup's gated pods wait.
     group, pods = gang("job", "team-a", 3, 1.0, min_available=1)
     pods[2] = msgspec.structs.replace(pods[2], status=PodStatus.GATED)
-    plan = plan_cycle(snapshot(TEAM, (group, pods)), NOW)
+    plan = plan_cycle(snapshot(TEAM, (group, pods)), NOW, Policy())
     assert plan.pending == ("job",)
     assert [(v.podgroup, v.admitted, v.held) for v in plan.admissions] == [("job", (), ("job-2",))]
     # A gang its ungated pods cannot form is not dispatched.
     group, pods = gang("gang", "team-a", 2, 1.0)
     pods[1] = msgspec.structs.replace(pods[1], status=PodStatus.GATED)
-    assert plan_cycle(snapshot(TEAM, (group, pods)), NOW).pending == ()
-    assert plan_cycle(snapshot(TEAM, gang("p", "team-a", 1, 1.0)), NOW).admissions == ()
+    assert plan_cycle(snapshot(TEAM, (group, pods)), NOW, Policy()).pending == ()
+    assert plan_cycle(snapshot(TEAM, gang("p", "team-a", 1, 1.0)), NOW, Policy()).admissions == ()
 
 
 def verdict(let_in: tuple[str, ...] = (), message: str = "", held: tuple[str, ...] = ()) -> QuotaVerdict:

@@ -190,8 +190,7 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
     from rich.table import Table
 
     from shared.core.policy import Policy
-    from shared.core.proportion import R_GPU
-    from shared.core.session import Session
+    from shared.core.queue_plan import plan_queues
     from shared.model import Snapshot
     from shared.model.validate import validate_snapshot
 
@@ -210,8 +209,8 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
     note = ""
     try:
         validate_snapshot(snapshot)
-        session = Session(snapshot, time.time(), Policy())
-        shares = {name: (q.fair_share[R_GPU], q.allocated[R_GPU]) for name, q in session.queues.items()}
+        plan = plan_queues(snapshot, time.time(), Policy())
+        shares = {q.queue: (q.fair_share.gpu, q.allocated.gpu) for q in plan.shares}
     except InvalidObject as exc:
         note = f" (no fair share: {exc})"
 

@@ -1,0 +1,108 @@
+"""The queue leader's plan for one cycle: fair shares, the pending podgroups in allocate's order, the
+quota gate's verdicts. Pure.
+
+Public. Called every cycle by the queue dispatcher (`services.queue.dispatcher.plan_cycle`) with the
+policy its work items run with, and by `kairos status` for the queues' fair shares. `plan_queues(snapshot,
+now, policy)` builds a session of the core from the snapshot, runs no action, and reads:
+
+- every queue's fair share, allocation, request, deserved quota and non-preemptible allocation;
+- the podgroups allocate would take (pods to place, gangs complete; gated pods are not pending, so a
+  podgroup counts for its ungated pods once they can form its gang), in the order allocate takes them:
+  without allocations in between, draining the job order gives the order allocate starts with;
+- whether stale-gang eviction has anything to do (a gang below its min member, or still marked stale);
+- which of those podgroups a queue total bounds (a limit, or quota for non-preemptible work, somewhere
+  up their queue chain): placement checks such totals on its own replica and the binder's per-node
+  compare-and-set cannot see them, so two of these must never be placed concurrently;
+- the quota gate's verdicts on podgroups with gated pods (`shared.core.quota_gate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from shared.core.actions.allocate import pending_jobs
+from shared.core.ordering import JobsByQueue
+from shared.core.policy import Policy
+from shared.core.proportion import R_CPU, R_GPU, R_MEM, QueueState, Vec, ancestors_and_self
+from shared.core.quota_gate import QuotaVerdict, quota_verdicts
+from shared.core.session import Session
+from shared.core.tasks import JobState
+from shared.model import Snapshot
+from shared.model.objects import UNLIMITED
+
+
+class Resources(NamedTuple):
+    """One quantity per resource the queues account for (GPUs, CPU millicores, memory bytes)."""
+
+    gpu: float
+    cpu: float
+    memory: float
+
+
+@dataclass(frozen=True)
+class QueueShare:
+    """One queue's numbers as the core's proportion plugin sees them before any action."""
+
+    queue: str
+    parent: str | None
+    fair_share: Resources
+    allocated: Resources
+    requested: Resources
+    deserved: Resources
+    """-1: unlimited."""
+    allocated_non_preemptible: Resources
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """What one cycle finds in a snapshot, before placement."""
+
+    shares: tuple[QueueShare, ...]
+    """Every queue, by name."""
+    pending: tuple[str, ...]
+    """Podgroups with pods to place, in the order the core's allocate action takes them."""
+    stale: bool
+    """Some gang is below its min member (or still marked stale): stale-gang eviction has something to do."""
+    guarded: frozenset[str]
+    """Pending podgroups whose placement a queue total bounds, somewhere up their queue chain."""
+    admissions: tuple[QuotaVerdict, ...]
+    """The quota gate's verdicts on the podgroups with gated pods."""
+
+
+def plan_queues(snapshot: Snapshot, now: float, policy: Policy) -> QueuePlan:
+    """Fair shares, pending podgroups and verdicts of `snapshot`, exactly as a session of the core with
+    `policy` sees them."""
+    ssn = Session(snapshot, now, policy)
+    shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))
+    order = JobsByQueue(ssn)
+    order.extend(pending_jobs(ssn))
+    pending = tuple(job.key for job in order.drain())
+    stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
+    guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
+    return QueuePlan(shares, pending, stale, guarded, quota_verdicts(snapshot, now, policy))
+
+
+def _resources(v: Vec) -> Resources:
+    return Resources(float(v[R_GPU]), float(v[R_CPU]), float(v[R_MEM]))
+
+
+def _share(q: QueueState) -> QueueShare:
+    return QueueShare(
+        queue=q.name,
+        parent=q.parent,
+        fair_share=_resources(q.fair_share),
+        allocated=_resources(q.allocated),
+        requested=_resources(q.requested),
+        deserved=_resources(q.deserved),
+        allocated_non_preemptible=_resources(q.allocated_non_preemptible),
+    )
+
+
+def _bounded_by_queue_totals(ssn: Session, job: JobState) -> bool:
+    for q in ancestors_and_self(ssn.queues, job.queue):
+        if any(limit != UNLIMITED for limit in q.limit):
+            return True
+        if not job.preemptible and any(quota != UNLIMITED for quota in q.deserved):
+            return True
+    return False
