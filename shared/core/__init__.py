@@ -1,5 +1,33 @@
 """The scheduling core: pure decisions over a snapshot (fair share, session, actions, plugins).
 
-No I/O, no clock, no asyncio: `shared.core.scheduler.schedule(snapshot, now, policy)` is the entry point
-for the conformance runner, the in-process simulator and (later) the placement service.
+No I/O, no clock, no asyncio: time comes in as an argument, and what the core decides comes out as values.
+
+Public modules (what code outside shared.core may import):
+
+- `scheduler`: `schedule(snapshot, now, policy, focus=None, *, around_action=None, want_view=False,
+  node_details=())` runs one cycle and returns a `CycleResult`; `ActionHook` is the type of
+  `around_action`. Called by the placement worker, the simulator, the in-process benchmark and the
+  conformance runner.
+- `result`: the values of a `CycleResult`: `BindProposal`s of `Binding`s (each pod's key, name, node,
+  shared devices, CPU, memory and the GPUs it holds in its queue's quota), `EvictionOrder`s,
+  `PipelinedPod`s, `PendingExplanation`s, the stale and last-start stamps, a `PodGroupStatus` per
+  podgroup (with `NodeRefusals` on request), the `Committed` counts, and the `SessionView` on request.
+  The wire contract (`shared.contracts.messages`) carries these structs as they are.
+- `queue_plan`: `plan_queues(snapshot, now, policy) -> QueuePlan`: every queue's `QueueShare` (fair
+  share, allocation, request, deserved quota as `Resources`), the pending podgroups in the job order
+  allocate starts with, whether stale-gang eviction is due, the podgroups a queue total bounds, and the
+  quota gate's verdicts. Called by the queue dispatcher and `kairos status`.
+- `quota_gate`: `quota_verdicts(snapshot, now, policy)` and `QuotaVerdict` (which gated pods their queues
+  have room for); part of the queue plan.
+- `policy`: `Policy`, the knobs of a cycle, and `KNOWN_ACTIONS`.
+- `stamps`: `merged_stamps` and `KEEP`, how the stale and last-start stamps of parallel proposals merge
+  (the binder and the state service).
+- `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
+
+Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
+under tests/ may still look inside): the session and its statements (`session`, `statement`, `cycle`),
+the actions and what they share (`actions`, `allocation`, `solver`, `minruntime`, `reclaimable`), node
+filters and scores (`predicates`, `scoring`, `gpu_sharing`, `topology`), ordering and queue accounting
+(`ordering`, `proportion`), and the session's state (`tasks`, `cluster`). An `acyclic_siblings` contract
+keeps the core's modules free of import circles.
 """

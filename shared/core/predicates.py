@@ -5,6 +5,10 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
 taints, pod affinity and anti-affinity).
+
+Private to the core: the allocation helper (`shared.core.allocation`) asks `fit_failure` of every node it
+tries (None for all with the policy's predicates off); the victim solver's node-affinity filter uses
+`node_affinity_matches`.
 """
 
 from __future__ import annotations

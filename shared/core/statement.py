@@ -3,6 +3,9 @@
 An action opens a statement per job, tries placements, takes `checkpoint()`s and `rollback(cp)`s to try
 alternatives, and finally `commit()`s (the operations become decisions in the session's proposal) or
 `discard()`s (everything is undone exactly). Commit returns what was decided; it never calls an API.
+
+Private to the core: the actions and the victim solver open statements (`Statement(ssn)`); a commit
+records its decisions in the session's log (`Session.record`), which `shared.core.cycle` reads out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Allocate: place pending jobs on free (or soon free) resources, queue by queue, whole gangs only."""
+"""Allocate: place pending jobs on free (or soon free) resources, queue by queue, whole gangs only.
+
+Called by the cycle runner (`shared.core.cycle`). `pending_jobs` is also what the queue plan
+(`shared.core.queue_plan`) and the quota gate (`shared.core.quota_gate`) count as pending.
+"""
 
 from __future__ import annotations
 

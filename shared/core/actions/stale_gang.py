@@ -1,5 +1,6 @@
 """Stale-gang eviction: a gang that has fallen below its min member for longer than the grace period is
-evicted whole, so its remaining pods stop holding resources the gang cannot use."""
+evicted whole, so its remaining pods stop holding resources the gang cannot use. Called by the cycle
+runner (`shared.core.cycle`)."""
 
 from __future__ import annotations
 
