@@ -31,7 +31,7 @@ import msgspec
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
-from shared.bus.tracing import carried
+from shared.bus.trace_context import carried
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Proposal, WorkItem, encode

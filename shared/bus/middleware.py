@@ -3,7 +3,7 @@
 `fate_of(exc)` is the single place where an exception becomes ack, nak (with a delay) or term. Malformed
 payloads are logged with their subject, counted and terminated (never redelivered), and the service keeps
 running. Used by every service for JetStream messages and core subscriptions alike. A message's W3C trace
-context (`shared.bus.tracing`: NATS headers) is current while its handler runs.
+context (`shared.bus.trace_context`: NATS headers) is current while its handler runs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from nats.aio.msg import Msg
 
-from shared.bus.tracing import receiving
+from shared.bus.trace_context import receiving
 from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
 from shared.telemetry.metrics import subject_family
 

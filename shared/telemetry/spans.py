@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from shared.bus.tracing import MAX_TRACES_BYTES, Carried, carried, entry_bytes, headers_for
+from shared.bus.trace_context import MAX_TRACES_BYTES, Carried, carried, entry_bytes, headers_for
 from shared.contracts.events import Event, PodBound, PodEvicted, PodGroupState, QueueFairShare
 from shared.contracts.messages import (
     Binding,

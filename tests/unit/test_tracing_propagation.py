@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from shared.bus import tracing as bus_tracing
+from shared.bus import trace_context
 from shared.bus.middleware import Counters, handle
-from shared.bus.tracing import (
+from shared.bus.trace_context import (
     MAX_TRACES_BYTES,
     TRACEPARENT,
     TRACES,
@@ -165,7 +165,7 @@ async def test_the_middleware_runs_the_handler_inside_the_message_trace(
 
     async def handler(item: WorkItem, _msg: Msg) -> None:
         current = trace.get_current_span().get_span_context()
-        seen.append((current.span_id, bus_tracing.carried().traceparents.get("a")))
+        seen.append((current.span_id, trace_context.carried().traceparents.get("a")))
 
     counters = Counters()
     await handle(msg, WORK, handler, counters, jetstream=False)

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.binder.cluster_client import ClusterRefused, NatsClusterClient
 from shared.backoff import Backoff
 from shared.bus.connection import Bus, connect
-from shared.bus.tracing import Carried, carried_by, headers_for, receiving
+from shared.bus.trace_context import Carried, carried_by, headers_for, receiving
 from shared.contracts import subjects as s
 from shared.contracts.events import PodBound, QueueFairShare
 from shared.contracts.messages import (

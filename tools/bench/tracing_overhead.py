@@ -39,7 +39,7 @@ from shared.bus.client import BusClient
 from shared.bus.connection import connect
 from shared.bus.middleware import Counters, handle
 from shared.bus.replica import StateReplica
-from shared.bus.tracing import carried, carried_by, headers_for
+from shared.bus.trace_context import carried, carried_by, headers_for
 from shared.contracts import subjects as s
 from shared.contracts.events import QueueFairShare
 from shared.contracts.messages import (
