@@ -1,8 +1,9 @@
 """How the binder reaches the cluster: the `ClusterClient` protocol (bind one pod, evict one pod) and its
-NATS implementation, which asks the state service on `cluster.bind` / `cluster.evict`.
+NATS implementation (`--set cluster=nats`, the default), which asks the state replica that owns the
+in-memory cluster on `cluster.bind` / `cluster.evict`. The Kubernetes implementation of the same protocol
+is `services.binder.kube_client` (`--set cluster=kube`).
 
-Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan. Issue 4
-adds a Kubernetes implementation of the same protocol; nothing else in the binder changes then.
+Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan.
 
 Contract of an implementation: return normally when the cluster accepted (binding a pod that is already
 bound to the same node counts as accepted: the operation must be idempotent, because a redelivered
