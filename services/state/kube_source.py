@@ -35,10 +35,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.state.gates import GateKeeper, QuotaGateKeeper
+from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
-from services.state.source import object_of
 from services.state.writeback import ProblemReport, ProblemReportOptions, WriteBack, WriteBackOptions
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder

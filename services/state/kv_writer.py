@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from services.state.source import FINISHED, HOLDING, Change, Obj, record_of
+from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, record_of
 from shared.bus.connection import Bus
 from shared.bus.kv import Entry
 from shared.bus.middleware import Counters

@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from services.state.source import Change, Obj, key_of
+from services.state.kv_objects import Change, Obj, key_of
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory

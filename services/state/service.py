@@ -3,7 +3,7 @@
 Run by `python -m services.state` / `kairos serve state` through `shared.bus.service.main`. Options
 (`--set key=value`, or env `KAIROS_<KEY>`):
 
-- `source=sim` (default): this replica owns the simulated cluster (`services.state.source`). It loads
+- `source=sim` (default): this replica owns the simulated cluster (`services.state.sim_source`). It loads
   `cluster=FILE` (a cluster YAML, `shared.clusterfile`) or, with `demo=true`, the built-in demo cluster,
   replacing whatever KV holds; with neither it adopts the cluster already in KV (a restarted owner carries
   on). It answers `cluster.apply`, `cluster.bind` and `cluster.evict` (queue group `state`) and writes
@@ -56,8 +56,9 @@ from nats.aio.subscription import Subscription
 
 from services.state.admission import AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeElection, KubeSourceOptions
+from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
-from services.state.source import Change, Checkpoint, Refused, SimulatedCluster, demo_cluster
+from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from services.state.mirror import NODES, Mirror
-from services.state.source import TELEMETRY_PERIOD, SimulatedCluster
+from services.state.sim_source import TELEMETRY_PERIOD, SimulatedCluster
 from shared.clusterfile import load_cluster
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry

@@ -26,20 +26,10 @@ from dataclasses import dataclass
 
 import msgspec
 
+from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of, object_of
 from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
 from shared.contracts import subjects as s
-from shared.contracts.messages import (
-    ApplyRequest,
-    Binding,
-    EvictionOrder,
-    NodeRecord,
-    PodGroupRecord,
-    PodGroupStamps,
-    PodRecord,
-    QueueRecord,
-    StateRecord,
-    TopologyRecord,
-)
+from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import KairosError
 from shared.gpu_usage import (
@@ -54,14 +44,7 @@ from shared.gpu_usage import (
 )
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.builders import gang, gpu_nodes
-from shared.model.status import ACTIVE_USED
 from shared.model.validate import validate_snapshot
-
-Obj = Node | Pod | PodGroup | Queue | Topology
-
-HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
-"""Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
-FINISHED = frozenset({PodStatus.SUCCEEDED, PodStatus.FAILED, PodStatus.DELETED})
 
 RUN = "run"
 FINISH = "finish"
@@ -69,59 +52,6 @@ FINISH = "finish"
 
 class Refused(KairosError):  # noqa: N818 -- the cluster's answer, named like the tree's MalformedMessage
     """A well-formed request the cluster will not carry out (no such pod, bound elsewhere...)."""
-
-
-@dataclass(frozen=True)
-class Change:
-    """One object changed: `before` None means created, `after` None means removed."""
-
-    key: str
-    before: Obj | None
-    after: Obj | None
-
-
-def key_of(obj: Obj) -> str:
-    """The object's key in `STATE_BUCKET`."""
-    match obj:
-        case Node(name=name):
-            return s.node_key(name)
-        case Pod(namespace=namespace, name=name):
-            return s.pod_key(namespace, name)
-        case PodGroup(namespace=namespace, name=name):
-            return s.podgroup_key(namespace, name)
-        case Queue(name=name):
-            return s.queue_key(name)
-        case Topology(name=name):
-            return s.topology_key(name)
-
-
-def record_of(obj: Obj) -> StateRecord:
-    """The object wrapped as the `StateRecord` stored under its key."""
-    match obj:
-        case Node():
-            return NodeRecord(node=obj)
-        case Pod():
-            return PodRecord(pod=obj)
-        case PodGroup():
-            return PodGroupRecord(podgroup=obj)
-        case Queue():
-            return QueueRecord(queue=obj)
-        case Topology():
-            return TopologyRecord(topology=obj)
-
-
-def object_of(record: StateRecord) -> Obj:
-    match record:
-        case NodeRecord(node=node):
-            return node
-        case PodRecord(pod=pod):
-            return pod
-        case PodGroupRecord(podgroup=podgroup):
-            return podgroup
-        case QueueRecord(queue=queue):
-            return queue
-        case TopologyRecord(topology=topology):
-            return topology
 
 
 @dataclass(frozen=True)

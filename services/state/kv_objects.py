@@ -1,0 +1,84 @@
+"""What the state service keeps in KV: the model objects (`Obj`), their keys and records, and `Change`.
+
+The vocabulary both sources share with what they feed: the simulated cluster (`services.state.sim_source`)
+and the Kubernetes mirror (`services.state.mirror`) return `Change`s, which `services.state.kv_writer`
+writes to `STATE_BUCKET` as the `StateRecord` of each object (`record_of`) under its key (`key_of`); an
+owner that takes over reads them back (`object_of`). `HOLDING` and `FINISHED` are the pod statuses the
+simulated cluster and the ledger clean-up agree on. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.contracts import subjects as s
+from shared.contracts.messages import (
+    NodeRecord,
+    PodGroupRecord,
+    PodRecord,
+    QueueRecord,
+    StateRecord,
+    TopologyRecord,
+)
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Topology
+from shared.model.status import ACTIVE_USED
+
+Obj = Node | Pod | PodGroup | Queue | Topology
+
+HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
+"""Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
+FINISHED = frozenset({PodStatus.SUCCEEDED, PodStatus.FAILED, PodStatus.DELETED})
+
+
+@dataclass(frozen=True)
+class Change:
+    """One object changed: `before` None means created, `after` None means removed."""
+
+    key: str
+    before: Obj | None
+    after: Obj | None
+
+
+def key_of(obj: Obj) -> str:
+    """The object's key in `STATE_BUCKET`."""
+    match obj:
+        case Node(name=name):
+            return s.node_key(name)
+        case Pod(namespace=namespace, name=name):
+            return s.pod_key(namespace, name)
+        case PodGroup(namespace=namespace, name=name):
+            return s.podgroup_key(namespace, name)
+        case Queue(name=name):
+            return s.queue_key(name)
+        case Topology(name=name):
+            return s.topology_key(name)
+
+
+def record_of(obj: Obj) -> StateRecord:
+    """The object wrapped as the `StateRecord` stored under its key."""
+    match obj:
+        case Node():
+            return NodeRecord(node=obj)
+        case Pod():
+            return PodRecord(pod=obj)
+        case PodGroup():
+            return PodGroupRecord(podgroup=obj)
+        case Queue():
+            return QueueRecord(queue=obj)
+        case Topology():
+            return TopologyRecord(topology=obj)
+
+
+def object_of(record: StateRecord) -> Obj:
+    """The object a `StateRecord` holds."""
+    match record:
+        case NodeRecord(node=node):
+            return node
+        case PodRecord(pod=pod):
+            return pod
+        case PodGroupRecord(podgroup=podgroup):
+            return podgroup
+        case QueueRecord(queue=queue):
+            return queue
+        case TopologyRecord(topology=topology):
+            return topology
