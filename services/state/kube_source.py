@@ -14,7 +14,7 @@ until its agent's next report (30 s by default). Their telemetry (`kairos.gpu.te
 becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) under the same staleness rule.
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
-podgroup yet, the gate keeper (`services.state.gates`) for gated pods whose dependencies succeeded, and
+podgroup yet, the gate keeper (`services.state.gate_keepers`) for gated pods whose dependencies succeeded, and
 the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. A failed write
 marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
 source does.
@@ -34,7 +34,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state.gates import GateKeeper, QuotaGateKeeper
+from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror

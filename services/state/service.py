@@ -19,7 +19,7 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
 - `webhook_port=PORT` (default 0: none), `webhook_cert=FILE`, `webhook_key=FILE` (source kube or none):
   serve the mutating admission webhook that sets the `kairos.io/after` scheduling gate on pods of stages
-  with dependencies, and the quota gate below (`services.state.admission`), over TLS when the certificate
+  with dependencies, and the quota gate below (`services.state.webhook`), over TLS when the certificate
   and key are given.
 - `quota_gate=true|false` (default false; needs `webhook_port`): the webhook also gives every pod of ours
   the scheduling gate `kairos.io/admission`, lifted once the queue leader says its queues have room for
@@ -54,11 +54,11 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state.admission import AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
 from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
+from services.state.webhook import AdmissionServer, WebhookOptions
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster

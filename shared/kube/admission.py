@@ -1,7 +1,7 @@
 """Kairos's scheduling gates: the admission decision that sets them and the patches that lift them.
 
 Two gates, both set only when a pod is created (Kubernetes allows nothing else), by the state service's
-mutating admission webhook (`services.state.admission`), and both lifted by the state service's owner:
+mutating admission webhook (`services.state.webhook`), and both lifted by the state service's owner:
 
 - `GATE` (`kairos.io/after`): for each pod of ours created while its workload says `kairos.io/after` (on
   the pod, on its PodGroup, or on any owner up its chain). Lifted (`ungate_patch`) once its podgroup's

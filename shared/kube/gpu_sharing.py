@@ -22,7 +22,7 @@ for name so existing tooling works:
    per device for a multi-device pod), then it is bound. When no live pod names a group any more, its
    reservation pod is deleted (`sharers_by_group`).
 
-Who calls it: `services.state.admission` (step 1), `shared.kube.translate` (the pod's own mistakes),
+Who calls it: `services.state.webhook` (step 1), `shared.kube.translate` (the pod's own mistakes),
 `services.binder` (steps 2-3 and the sync), the reservation program and kubesim's stand-in for it
 (`visible_device_uuids`, `reserved_device_patch`). Pure: no I/O; randomness and time come in as values.
 """

@@ -4,7 +4,7 @@ names completes the gate keeper lifts the gate and the podgroup is mirrored. A p
 webhook is unreachable is admitted ungated and still waits.
 
 Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) and its webhook
-(`services.state.admission.AdmissionServer`) with a real nats-server and `tools.kubesim`, which calls the
+(`services.state.webhook.AdmissionServer`) with a real nats-server and `tools.kubesim`, which calls the
 webhook over HTTP as a MutatingWebhookConfiguration says, as the real API server does.
 """
 
@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from services.state.admission import PATH, AdmissionServer, WebhookOptions
 from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.webhook import PATH, AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

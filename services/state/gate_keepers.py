@@ -6,7 +6,7 @@ that tests and removes it (`shared.kube.admission.ungate_patch`): a pod whose ga
 fails the test (422) and is looked at again once its next watch event arrives; a pod that is gone is done;
 a temporary API failure is retried a second later.
 
-- `GateKeeper`: the stages' gate `kairos.io/after`. The admission webhook (`services.state.admission`)
+- `GateKeeper`: the stages' gate `kairos.io/after`. The admission webhook (`services.state.webhook`)
   gates the pods of a workload that declares `kairos.io/after` when they are created; the mirror decides,
   from what it watches, which podgroups' dependencies have all succeeded and lists their gated pods
   (`Mirror.ungatable`).

@@ -6,10 +6,10 @@ for each pod created (`deploy/`'s MutatingWebhookConfiguration, or kubesim's in 
 ours that is not bound yet, the handler reads what could declare `kairos.io/after` — the pod's own
 annotations, its explicit PodGroup's (`pod-group-name`), and those of each owner up its chain (a Job, a
 ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON patch that adds the
-`kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gates`) lifts
+`kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gate_keepers`) lifts
 it once the dependencies have succeeded. With `quota_gate` (the state option), every pod of ours that is
 not bound yet also gets the `kairos.io/admission` scheduling gate (both gates in one patch when both
-apply); the owner's quota gate keeper (`services.state.gates.QuotaGateKeeper`) lifts it once the queue
+apply); the owner's quota gate keeper (`services.state.gate_keepers.QuotaGateKeeper`) lifts it once the queue
 leader says the podgroup's queues have room for its gang. A fractional pod of ours (``gpu-fraction``,
 ``gpu-memory``) also gets KAI's GPU-sharing environment (`shared.kube.gpu_sharing.admission_patch`:
 ``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` from a ConfigMap the binder fills at bind time); a replica
