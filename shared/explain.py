@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from shared.contracts.events import PodBound, PodEvicted, PodGroupAdmission, PodGroupState, PodUnschedulable
-from shared.kube.admission import ADMISSION_GATE
+from shared.kube.scheduling_gates import ADMISSION_GATE
 from shared.model import Pod, PodGroup, PodStatus, Queue
 from shared.model.status import ACTIVE_USED
 

@@ -2,7 +2,7 @@
 
 Run by the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`), on the pod-work loop
 (`services.state.podwork`), woken after each flush of the mirror. Each lifts one gate with a JSON patch
-that tests and removes it (`shared.kube.admission.ungate_patch`): a pod whose gates changed meanwhile
+that tests and removes it (`services.state.gate_patches.ungate_patch`): a pod whose gates changed meanwhile
 fails the test (422) and is looked at again once its next watch event arrives; a pod that is gone is done;
 a temporary API failure is retried a second later.
 
@@ -32,6 +32,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from services.state.gate_patches import is_gated, ungate_patch
 from services.state.mirror import PODGROUPS, Mirror
 from services.state.podwork import RETRY_AFTER_TEMPORARY, PodWorkLoop
 from shared.bus.service import ServiceContext
@@ -39,7 +40,8 @@ from shared.contracts import subjects as s
 from shared.contracts.events import EVENTS, PodGroupAdmission
 from shared.errors import MalformedMessage
 from shared.explain import admission_hold
-from shared.kube import admission, translate, wire
+from shared.kube import translate, wire
+from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.kubeapi.client import ApiError, Kube
 
 log = logging.getLogger("kairos.state.gates")
@@ -56,7 +58,7 @@ ADMISSION_EVENTS = f"{s.PREFIX}.events.{s.token('podgroup-admission')}.>"
 class GateKeeper(PodWorkLoop):
     """Lifts `gate` from the pods `candidates` lists (the stages' gate, from `Mirror.ungatable`)."""
 
-    gate = admission.GATE
+    gate = GATE
     why = "dependencies met"
     """Logged with each lifted gate."""
     counter = "gate"
@@ -75,7 +77,7 @@ class GateKeeper(PodWorkLoop):
     async def work(self, pod: wire.Pod) -> bool:
         """Lift the gate of one pod; True when it should be tried again soon (a temporary failure)."""
         meta = pod.metadata
-        patch = admission.ungate_patch(pod, self.gate)
+        patch = ungate_patch(pod, self.gate)
         if patch is None:
             return False
         try:
@@ -120,7 +122,7 @@ class QuotaGateKeeper(GateKeeper):
     """The quota gate: follows the queue leader's verdicts, lifts `kairos.io/admission` from the pods of
     admitted podgroups and writes a Warning Event on held ones."""
 
-    gate = admission.ADMISSION_GATE
+    gate = ADMISSION_GATE
     why = "its queues have room for its gang"
     counter = "quota_gate"
 
@@ -239,7 +241,7 @@ class QuotaGateKeeper(GateKeeper):
             pods = [
                 p
                 for p in self.mirror.members(namespace, name)
-                if p.metadata.name in let_in and admission.is_gated(p, self.gate)
+                if p.metadata.name in let_in and is_gated(p, self.gate)
             ]
             if pods:
                 out.extend(pods)
@@ -280,7 +282,7 @@ class QuotaGateKeeper(GateKeeper):
             return
         let_in = set(event.pods)
         members = self.mirror.members(event.namespace, event.podgroup)
-        if not any(p.metadata.name not in let_in and admission.is_gated(p, self.gate) for p in members):
+        if not any(p.metadata.name not in let_in and is_gated(p, self.gate) for p in members):
             return
         body = translate.event(
             translate.involved_object(group),

@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from services.state.gate_patches import is_gated
 from services.state.kv_objects import Change, Obj, key_of
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
@@ -51,7 +52,7 @@ from shared.errors import InvalidObject
 from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from shared.gpu_usage import is_stale as usage_is_stale
-from shared.kube import admission, gpu_sharing, keys, translate, validity, wire
+from shared.kube import gpu_sharing, keys, translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -221,7 +222,7 @@ class Mirror:
             self._ungrouped.pop(name, None)
 
     def _track_gated(self, name: str, pod: Any) -> None:
-        if self._ours_and_alive(pod) and admission.is_gated(pod):
+        if self._ours_and_alive(pod) and is_gated(pod):
             self._gated[name] = None
         else:
             self._gated.pop(name, None)

@@ -1,29 +1,30 @@
 """The state service's mutating admission webhook: GPU-sharing environment, the stages' and the quota gate.
 
-Served by every state replica that has `webhook_port` set (a Kubernetes Service spreads the API server's
-calls over them; standbys answer too: the answer needs no mirror). The API server POSTs an AdmissionReview
-for each pod created (`deploy/`'s MutatingWebhookConfiguration, or kubesim's in `kairos up`); for a pod of
-ours that is not bound yet, the handler reads what could declare `kairos.io/after` — the pod's own
-annotations, its explicit PodGroup's (`pod-group-name`), and those of each owner up its chain (a Job, a
-ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON patch that adds the
-`kairos.io/after` scheduling gate (`shared.kube.admission`). The gate keeper (`services.state.gate_keepers`) lifts
-it once the dependencies have succeeded. With `quota_gate` (the state option), every pod of ours that is
-not bound yet also gets the `kairos.io/admission` scheduling gate (both gates in one patch when both
-apply); the owner's quota gate keeper (`services.state.gate_keepers.QuotaGateKeeper`) lifts it once the queue
-leader says the podgroup's queues have room for its gang. A fractional pod of ours (``gpu-fraction``,
-``gpu-memory``) also gets KAI's GPU-sharing environment (`shared.kube.gpu_sharing.admission_patch`:
-``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` from a ConfigMap the binder fills at bind time); a replica
-that sees the pod already mutated by another leaves it alone.
+Served by every state replica that has `webhook_port` set (a Kubernetes Service spreads the API server's calls
+over them; standbys answer too: the answer needs no mirror). The API server POSTs an AdmissionReview
+(`services.state.admission_review`) for each pod created (`deploy/`'s MutatingWebhookConfiguration, or
+kubesim's in `kairos up`); for a pod of ours that is not bound yet, the handler reads what could declare
+`kairos.io/after` — the pod's own annotations, its explicit PodGroup's (`pod-group-name`), and those of each
+owner up its chain (a Job, a ReplicaSet and its Deployment, ...) — and, when one does, answers with the JSON
+patch that adds the `kairos.io/after` scheduling gate (`services.state.gate_patches`). The gate keeper
+(`services.state.gate_keepers`) lifts it once the dependencies have succeeded. With `quota_gate` (the state
+option), every pod of ours that is not bound yet also gets the `kairos.io/admission` scheduling gate (both
+gates in one patch when both apply); the owner's quota gate keeper
+(`services.state.gate_keepers.QuotaGateKeeper`) lifts it once the queue leader says the podgroup's queues have
+room for its gang. A fractional pod of ours (``gpu-fraction``, ``gpu-memory``) also gets KAI's GPU-sharing
+environment (`shared.kube.gpu_sharing.admission_patch`: ``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` from a
+ConfigMap the binder fills at bind time); a replica that sees the pod already mutated by another leaves it
+alone.
 
-Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's
-hundred pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not
-decode) admits the pod unchanged with a warning: the state service holds a waiting podgroup back from
-scheduling by itself, and the core keeps a queue within its limit and quota by itself, so a missing gate
-costs only the autoscaler signal, never a wrong start. A body that
-is not an AdmissionReview gets 400 naming what is wrong. TLS when a certificate and key are given (the
-Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts plain HTTP); the files are
-looked at again every `CERT_CHECK` seconds and a renewed pair (cert-manager rewrites the Secret, the
-kubelet the mounted files) is loaded without a restart; a pair that does not load keeps the old one.
+Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's hundred
+pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not decode) admits
+the pod unchanged with a warning: the state service holds a waiting podgroup back from scheduling by itself,
+and the core keeps a queue within its limit and quota by itself, so a missing gate costs only the autoscaler
+signal, never a wrong start. A body that is not an AdmissionReview gets 400 naming what is wrong. TLS when a
+certificate and key are given (the Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts
+plain HTTP); the files are looked at again every `CERT_CHECK` seconds and a renewed pair (cert-manager
+rewrites the Secret, the kubelet the mounted files) is loaded without a restart; a pair that does not load
+keeps the old one.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from services.state import admission_review, gate_patches
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
-from shared.kube import admission, gpu_sharing, keys, wire
+from shared.kube import gpu_sharing, keys, wire
 from shared.kube.podgrouper import owner_refs_to_follow
+from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import get_object
 
@@ -153,39 +156,41 @@ class AdmissionServer:
         body = await request.read()
         self.ctx.counters["admission_reviews"] += 1
         try:
-            review = admission.decode_review(body)
+            review = admission_review.decode_review(body)
         except InvalidObject as exc:
             self.ctx.counters["admission_malformed"] += 1
             log.warning("refused an admission call: %s", exc)
             return web.Response(status=400, text=str(exc))
         patch, warning = await self.decide(review)
         return web.Response(
-            body=msgspec.json.encode(admission.review_response(review.uid, patch, warning)),
+            body=msgspec.json.encode(admission_review.review_response(review.uid, patch, warning)),
             content_type="application/json",
         )
 
-    async def decide(self, review: admission.AdmissionRequest) -> tuple[list[dict[str, Any]] | None, str]:
+    async def decide(
+        self, review: admission_review.AdmissionRequest
+    ) -> tuple[list[dict[str, Any]] | None, str]:
         """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none)."""
         try:
-            pod = admission.pod_of_request(review)
+            pod = admission_review.pod_of_request(review)
         except InvalidObject as exc:
             return None, f"kairos: pod not examined for kairos.io/after or GPU sharing: {exc}"
         if pod is None or pod.spec.scheduler_name != self.options.scheduler_name or pod.spec.node_name:
             return None, ""
         patch, warning = self._sharing_patch(pod)
         gates: list[str] = []
-        if admission.may_gate(pod, self.options.scheduler_name):
+        if gate_patches.may_gate(pod, self.options.scheduler_name):
             after, gate_warning = await self._declares_after(pod)
             if after:
-                gates.append(admission.GATE)
+                gates.append(GATE)
                 self.ctx.counters["pods_gated"] += 1
             warning = warning or gate_warning
-        if self.options.quota_gate and admission.may_gate(
-            pod, self.options.scheduler_name, admission.ADMISSION_GATE
+        if self.options.quota_gate and gate_patches.may_gate(
+            pod, self.options.scheduler_name, ADMISSION_GATE
         ):
-            gates.append(admission.ADMISSION_GATE)
+            gates.append(ADMISSION_GATE)
             self.ctx.counters["pods_quota_gated"] += 1
-        patch += admission.gate_patch(pod, gates)
+        patch += gate_patches.gate_patch(pod, gates)
         return patch or None, warning
 
     def _sharing_patch(self, pod: wire.Pod) -> tuple[list[dict[str, Any]], str]:
@@ -211,14 +216,14 @@ class AdmissionServer:
                 "pod %s/%s admitted without the %s gate: %s",
                 pod.metadata.namespace,
                 pod.metadata.name,
-                admission.GATE,
+                GATE,
                 exc,
             )
             return False, (
                 f"kairos: could not read what pod {pod.metadata.name} belongs to ({exc}); it is not gated, "
                 "Kairos still holds it until its dependencies succeed"
             )
-        return admission.declares_after(annotation_sets), ""
+        return gate_patches.declares_after(annotation_sets), ""
 
     async def _annotation_sets(self, pod: wire.Pod) -> list[dict[str, str]]:
         namespace = pod.metadata.namespace

@@ -33,7 +33,7 @@ from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission
 from shared.explain import explain
-from shared.kube.admission import ADMISSION_GATE, webhook_configuration
+from shared.kube.scheduling_gates import ADMISSION_GATE, webhook_configuration
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object
 from shared.security.permissions import QUEUE as QUEUE_IDENTITY

@@ -29,7 +29,7 @@ from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
-from shared.kube.admission import GATE, webhook_configuration
+from shared.kube.scheduling_gates import GATE, webhook_configuration
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.paths import create_object, raw_call
 from tests.integration.kubectl_helpers import running_kubesim

@@ -1,6 +1,6 @@
 """The quota gate, pure parts: which gated podgroups their queues have room for (`shared.core.quota_gate`),
 what the queue leader publishes and dispatches (`services.queue.dispatcher`), the gate helpers and the
-webhook's option (`shared.kube.admission`, `services.state.service`), and the words `kairos explain` and
+webhook's option (`services.state.gate_patches`, `services.state.service`), and the words `kairos explain` and
 the Warning Event use.
 
 Scenarios are tables of queues and gangs in, verdicts out; the properties (hypothesis) are the two the gate
@@ -17,13 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.queue.dispatcher import admission_changed, plan_cycle
+from services.state import gate_patches
 from services.state.service import StateOptions
 from shared.contracts.events import PodGroupAdmission
 from shared.core.policy import Policy
 from shared.core.quota_gate import NOT_LEAF_QUEUE, QuotaVerdict, quota_verdicts
 from shared.errors import ConfigError
 from shared.explain import Facts, explain
-from shared.kube import admission, wire
+from shared.kube import wire
+from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang
 from shared.model.objects import UNLIMITED
@@ -211,28 +213,28 @@ def wire_pod(gates: list[str] | None = None, node: str = "") -> wire.Pod:
 
 def test_both_gates_go_in_one_patch_and_each_is_lifted_alone() -> None:
     fresh = wire_pod()
-    both = [admission.GATE, admission.ADMISSION_GATE]
-    assert admission.gate_patch(fresh, both) == [
+    both = [GATE, ADMISSION_GATE]
+    assert gate_patches.gate_patch(fresh, both) == [
         {
             "op": "add",
             "path": "/spec/schedulingGates",
-            "value": [{"name": admission.GATE}, {"name": admission.ADMISSION_GATE}],
+            "value": [{"name": GATE}, {"name": ADMISSION_GATE}],
         }
     ]
-    assert admission.gate_patch(wire_pod(["example.com/other"]), both) == [
+    assert gate_patches.gate_patch(wire_pod(["example.com/other"]), both) == [
         {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": name}} for name in both
     ]
-    assert admission.gate_patch(fresh, []) == []
+    assert gate_patches.gate_patch(fresh, []) == []
     gated_pod = wire_pod(both)
-    assert admission.is_gated(gated_pod, admission.ADMISSION_GATE)
-    assert not admission.may_gate(gated_pod, gate=admission.ADMISSION_GATE)
-    assert admission.may_gate(wire_pod([admission.GATE]), gate=admission.ADMISSION_GATE)
-    assert not admission.may_gate(wire_pod(node="n0"), gate=admission.ADMISSION_GATE)
-    assert admission.ungate_patch(gated_pod, admission.ADMISSION_GATE) == [
-        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": admission.ADMISSION_GATE},
+    assert gate_patches.is_gated(gated_pod, ADMISSION_GATE)
+    assert not gate_patches.may_gate(gated_pod, gate=ADMISSION_GATE)
+    assert gate_patches.may_gate(wire_pod([GATE]), gate=ADMISSION_GATE)
+    assert not gate_patches.may_gate(wire_pod(node="n0"), gate=ADMISSION_GATE)
+    assert gate_patches.ungate_patch(gated_pod, ADMISSION_GATE) == [
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": ADMISSION_GATE},
         {"op": "remove", "path": "/spec/schedulingGates/1"},
     ]
-    assert admission.ungate_patch(wire_pod([admission.GATE]), admission.ADMISSION_GATE) is None
+    assert gate_patches.ungate_patch(wire_pod([GATE]), ADMISSION_GATE) is None
 
 
 def test_the_state_option_needs_the_webhook_and_names_itself() -> None:

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from services.state import admission_review, gate_patches
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
 from shared.contracts import subjects as s
 from shared.errors import InvalidObject
-from shared.kube import admission, validity, wire
+from shared.kube import validity, wire
+from shared.kube.scheduling_gates import GATE
 from tests.unit.test_state_mirror import js, node, pod, queue
 
 NOW = 1_800_000_000.0
@@ -58,7 +60,7 @@ def job(name: str, condition: str | None = None) -> bytes:
 
 def gated(name: str, group_name: str | None) -> bytes:
     doc = json.loads(pod(name, group_name))
-    doc["spec"]["schedulingGates"] = [{"name": admission.GATE}]
+    doc["spec"]["schedulingGates"] = [{"name": GATE}]
     return js(doc)
 
 
@@ -205,65 +207,67 @@ def review(obj: dict[str, Any], operation: str = "CREATE") -> bytes:
 
 def test_a_pod_of_ours_gets_the_gate_appended_to_any_gates_it_has() -> None:
     doc = json.loads(pod("p", None))
-    request = admission.decode_review(review(doc))
-    p = admission.pod_of_request(request)
+    request = admission_review.decode_review(review(doc))
+    p = admission_review.pod_of_request(request)
     assert p is not None
-    assert admission.may_gate(p)
-    assert admission.gate_patch(p) == [
-        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": admission.GATE}]}
+    assert gate_patches.may_gate(p)
+    assert gate_patches.gate_patch(p) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
     ]
     doc["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
-    other = admission.pod_of_request(admission.decode_review(review(doc)))
+    other = admission_review.pod_of_request(admission_review.decode_review(review(doc)))
     assert other is not None
-    assert admission.gate_patch(other)[0]["path"] == "/spec/schedulingGates/-"
-    ungate = admission.ungate_patch(
+    assert gate_patches.gate_patch(other)[0]["path"] == "/spec/schedulingGates/-"
+    ungate = gate_patches.ungate_patch(
         wire.convert(
             wire.Pod,
             {
                 **doc,
                 "spec": {
                     **doc["spec"],
-                    "schedulingGates": [{"name": "example.com/quota"}, {"name": admission.GATE}],
+                    "schedulingGates": [{"name": "example.com/quota"}, {"name": GATE}],
                 },
             },
         )
     )
     assert ungate == [
-        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": admission.GATE},
+        {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE},
         {"op": "remove", "path": "/spec/schedulingGates/1"},
     ]
 
 
 def test_pods_of_other_schedulers_bound_pods_and_updates_are_left_alone() -> None:
-    foreign = admission.pod_of_request(
-        admission.decode_review(review(json.loads(pod("p", None, scheduler="default-scheduler"))))
+    foreign = admission_review.pod_of_request(
+        admission_review.decode_review(review(json.loads(pod("p", None, scheduler="default-scheduler"))))
     )
     assert foreign is not None
-    assert not admission.may_gate(foreign)
-    bound = admission.pod_of_request(
-        admission.decode_review(review(json.loads(pod("p", None, node_name="n1"))))
+    assert not gate_patches.may_gate(foreign)
+    bound = admission_review.pod_of_request(
+        admission_review.decode_review(review(json.loads(pod("p", None, node_name="n1"))))
     )
     assert bound is not None
-    assert not admission.may_gate(bound)
+    assert not gate_patches.may_gate(bound)
     assert (
-        admission.pod_of_request(admission.decode_review(review(json.loads(pod("p", None)), "UPDATE")))
+        admission_review.pod_of_request(
+            admission_review.decode_review(review(json.loads(pod("p", None)), "UPDATE"))
+        )
         is None
     )
 
 
 def test_the_response_carries_the_patch_base64_encoded() -> None:
-    patch = [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": admission.GATE}]}]
-    answer = admission.review_response("u-1", patch)
+    patch = [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+    answer = admission_review.review_response("u-1", patch)
     assert answer["response"]["uid"] == "u-1"
     assert answer["response"]["allowed"] is True
     assert answer["response"]["patchType"] == "JSONPatch"
     assert json.loads(base64.b64decode(answer["response"]["patch"])) == patch
-    assert "patch" not in admission.review_response("u-2", None)["response"]
+    assert "patch" not in admission_review.review_response("u-2", None)["response"]
 
 
 def test_only_a_declared_after_counts() -> None:
-    assert admission.declares_after([{}, {"kairos.io/after": "prep"}])
-    assert not admission.declares_after([{"kairos.io/after": "  "}, {"other": "x"}])
+    assert gate_patches.declares_after([{}, {"kairos.io/after": "prep"}])
+    assert not gate_patches.declares_after([{"kairos.io/after": "  "}, {"other": "x"}])
 
 
 @pytest.mark.parametrize(
@@ -276,6 +280,6 @@ def test_only_a_declared_after_counts() -> None:
 )
 def test_a_body_that_is_not_an_admission_review_is_refused_naming_the_field(body: bytes, field: str) -> None:
     with pytest.raises(InvalidObject) as caught:
-        admission.decode_review(body)
+        admission_review.decode_review(body)
     assert caught.value.kind == "AdmissionReview"
     assert caught.value.field == field

@@ -325,7 +325,7 @@ def free_port() -> int:
 
 def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
     """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate)."""
-    from shared.kube.admission import webhook_configuration
+    from shared.kube.scheduling_gates import webhook_configuration
     from tools.stack.bootstrap import replace_object
 
     urls = [f"http://127.0.0.1:{port}/mutate-pods" for port in ports]
