@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
+from services.state.grouping import GrouperConfig
 from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
@@ -50,7 +51,6 @@ from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
-from shared.kube.podgrouper import GrouperConfig
 from shared.kube.translate import podgroup_annotations_patch
 from shared.kubeapi.client import ApiError, Kube, connect
 from shared.kubeapi.informer import Informer

@@ -3,7 +3,7 @@
 Run by the state service's Kubernetes owner, woken after each flush of the mirror. For each pod the mirror
 lists as ungrouped it walks the pod's owner chain through the API (a Job, a ReplicaSet and its
 Deployment, a JobSet, a PyTorchJob...: any kind, `shared.kubeapi.paths`), lets the pure
-`shared.kube.podgrouper.group_pod` decide, creates that PodGroup (or brings an existing one in line with
+`services.state.grouping.group_pod` decide, creates that PodGroup (or brings an existing one in line with
 `podgroup_update`), and then annotates the pod with `pod-group-name`: the pod's next watch event carries
 it into KV. Owners are fetched once per pass however many of their pods are waiting; an owner that cannot
 be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read.
@@ -18,12 +18,12 @@ import asyncio
 import logging
 from typing import Any
 
+from services.state.grouping import GrouperConfig, OwnerRef, group_pod, owner_refs_to_follow, podgroup_update
 from services.state.mirror import PODGROUPS, PRIORITY_CLASSES, Mirror
 from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
 from shared.kube import wire
-from shared.kube.podgrouper import GrouperConfig, OwnerRef, group_pod, owner_refs_to_follow, podgroup_update
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import create_object, get_object
 

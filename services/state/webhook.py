@@ -42,10 +42,10 @@ import msgspec
 from aiohttp import web
 
 from services.state import admission_review, gate_patches
+from services.state.grouping import owner_refs_to_follow
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, wire
-from shared.kube.podgrouper import owner_refs_to_follow
 from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import get_object

@@ -5,7 +5,6 @@
 - `quantity`: resource quantities and Go durations, parsed exactly.
 - `translate`: wire objects to `shared.model` (KAI's rules and units), and the JSON written back (events,
   podgroup and queue status patches, the GPU-group annotation).
-- `podgrouper`: KAI's pod-grouper decision (which PodGroup a pod belongs to) and PodGroup updates.
 - `keys`: the label, annotation and resource names involved.
 
 The I/O side (kubernetes-asyncio clients, informers, API calls) is `shared.kubeapi`.

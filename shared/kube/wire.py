@@ -1,11 +1,12 @@
 """The subset of Kubernetes JSON that Kairos reads, as msgspec Structs, and its decoders.
 
 Objects come from the API server (lists, watch events, GETs) through `shared.kubeapi` as raw JSON bytes and
-are decoded here; `shared.kube.translate` turns them into the model and `shared.kube.podgrouper` groups pods.
-Field names are Kubernetes' camelCase (snake_case here); fields Kairos does not read are ignored, so newer
-API servers and CRD versions decode. Quantities and timestamps stay strings: `translate` parses them and
-names the field when one is malformed. A document that does not match raises `InvalidObject` naming the
-kind, the object ("namespace/name") and the field path (``spec.containers[0].resources``).
+are decoded here; `shared.kube.translate` turns them into the model and the state service groups pods
+(`services.state.grouping`). Field names are Kubernetes' camelCase (snake_case here); fields Kairos does not
+read are ignored, so newer API servers and CRD versions decode. Quantities and timestamps stay strings:
+`translate` parses them and names the field when one is malformed. A document that does not match raises
+`InvalidObject` naming the kind, the object ("namespace/name") and the field path
+(``spec.containers[0].resources``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.errors import InvalidObject
-from shared.kube import keys, wire
-from shared.kube.podgrouper import (
+from services.state.grouping import (
     GrouperConfig,
     Grouping,
     OwnerRef,
@@ -16,6 +14,8 @@ from shared.kube.podgrouper import (
     owner_refs_to_follow,
     podgroup_update,
 )
+from shared.errors import InvalidObject
+from shared.kube import keys, wire
 
 CLASSES = frozenset({"train", "build", "inference", "high", "low"})
 

@@ -1,9 +1,10 @@
 """The pod-grouper's decision: which PodGroup a new pod belongs to, as KAI's pod-grouper decides it; pure.
 
-Called by the state service's pod-grouper loop, which walks a pod's owners with `owner_refs_to_follow`
-(fetching each owner), asks `group_pod` for the PodGroup manifest and the pod patch, creates the PodGroup
-(or, when it exists, applies `podgroup_update`) and then patches the pod. No I/O here: everything the
-decision reads is an argument.
+Called by the state service's pod-grouper loop (`services.state.podgrouper`), which walks a pod's owners with
+`owner_refs_to_follow` (fetching each owner), asks `group_pod` for the PodGroup manifest and the pod patch,
+creates the PodGroup (or, when it exists, applies `podgroup_update`) and then patches the pod. No I/O here:
+everything the decision reads is an argument. The webhook (`services.state.webhook`) follows owners with
+`owner_refs_to_follow` too, to read the annotations up the chain.
 
 KAI's rules (``pkg/podgrouper``): the top owner's kind picks a plugin (a table keyed by group, version and
 kind); every plugin starts from the default one: PodGroup ``pg-<top owner>-<uid>`` owned by the top owner,
