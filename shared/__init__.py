@@ -3,6 +3,6 @@
 The data model (`model`), the pure scheduling core (`core`), the wire contract (`contracts`), the NATS
 shell (`bus`), Kubernetes translation (`kube`) and API client (`kubeapi`), observability (`telemetry`),
 security (`security`), the exception tree (`errors`), and pure helpers the services share (`clusterfile`,
-`dependencies`, `explain`, `gpu_inventory`, `gpu_usage`, `backoff`). It never imports `services` or
+`dependencies`, `explain`, `backoff`). It never imports `services` or
 `tools` (import-linter).
 """

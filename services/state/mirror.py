@@ -18,10 +18,10 @@ are held back, each with the reason (`problems`), until they do:
   their pods). Pods still carrying the `kairos.io/after` scheduling gate once their podgroup may run are
   listed by `ungatable`, for the gate keeper to lift.
 
-A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is
-fresh (`shared.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured), and
+A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is fresh
+(`services.state.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured), and
 carries the decayed use and health of each device from the agent's telemetry while it is fresh
-(`shared.gpu_usage`; rewritten only when a device moved by 10 points or its health changed).
+(`services.state.gpu_usage`; rewritten only when a device moved by 10 points or its health changed).
 
 Resources held on a node by pods Kairos does not schedule — another scheduler's pods, or a pod of ours
 whose podgroup is gone — are taken off that node's capacity, so they are never handed out twice. The
@@ -43,15 +43,15 @@ from typing import Any
 import msgspec
 
 from services.state.gate_patches import is_gated
+from services.state.gpu_inventory import is_stale, mark_excluded, merge_inventory
+from services.state.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
+from services.state.gpu_usage import is_stale as usage_is_stale
 from services.state.kv_objects import Change, Obj, key_of
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.dependencies import AFTER_ANNOTATION, Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
-from shared.gpu_inventory import is_stale, mark_excluded, merge_inventory
-from shared.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
-from shared.gpu_usage import is_stale as usage_is_stale
 from shared.kube import gpu_sharing, keys, translate, validity, wire
 from shared.kube.validity import Problem
 from shared.model import Node, Pod, PodGroup, Queue

@@ -15,7 +15,7 @@ polls with `next_due()` and fires with `fire(now)`.
 
 Simulated GPU telemetry: every `telemetry_period` seconds (one more timer), each GPU node labelled
 `kairos.io/simulated-telemetry=true` (the demo cluster's are) gets the telemetry an agent would send for
-the pods placed on it, with seeded noise (`shared.gpu_usage.simulated_telemetry`), folded into its
+the pods placed on it, with seeded noise (`services.state.gpu_usage.simulated_telemetry`), folded into its
 `gpu_devices` like an agent's; the node is rewritten only past the hysteresis threshold.
 """
 
@@ -26,13 +26,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of, object_of
-from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
-from shared.contracts import subjects as s
-from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
-from shared.core.stamps import KEEP, merged_stamps
-from shared.errors import KairosError
-from shared.gpu_usage import (
+from services.state.gpu_usage import (
     SIM_TELEMETRY_LABEL,
     NodeUsage,
     Occupancy,
@@ -42,6 +36,12 @@ from shared.gpu_usage import (
     simulated_telemetry,
     usage_of,
 )
+from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of, object_of
+from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
+from shared.contracts import subjects as s
+from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
+from shared.core.stamps import KEEP, merged_stamps
+from shared.errors import KairosError
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.builders import gang, gpu_nodes
 from shared.model.validate import validate_snapshot

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.state.gpu_inventory import is_stale, merge_inventory, stale_nodes
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
 from shared.errors import InvalidObject
-from shared.gpu_inventory import is_stale, merge_inventory, stale_nodes
 from shared.model import Node
 
 

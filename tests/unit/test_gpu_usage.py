@@ -1,5 +1,5 @@
-"""Specs of `shared.gpu_usage`: the decayed average, device health, the hysteresis that keeps telemetry
-from churning the state bucket, and the simulated cluster's telemetry."""
+"""Specs of `services.state.gpu_usage`: the decayed average, device health, the hysteresis that keeps
+telemetry from churning the state bucket, and the simulated cluster's telemetry."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
-from shared.errors import InvalidObject
-from shared.gpu_usage import (
+from services.state.gpu_usage import (
     HALF_LIFE_S,
     HEALTHY_PERIODS,
     UNHEALTHY_GPUS_LABEL,
@@ -26,6 +24,8 @@ from shared.gpu_usage import (
     simulated_telemetry,
     usage_of,
 )
+from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
+from shared.errors import InvalidObject
 from shared.model import GpuRequest, Node, Pod, PodStatus
 from shared.model.objects import DeviceUsage
 

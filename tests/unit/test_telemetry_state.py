@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from services.state.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
 from services.state.mirror import NODES, Mirror
 from services.state.sim_source import TELEMETRY_PERIOD, SimulatedCluster
 from shared.clusterfile import load_cluster
@@ -15,7 +16,6 @@ from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.contracts.messages import ApplyRequest, Binding
-from shared.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
 from shared.model import Node
 from shared.model.builders import flat_queues, gang, gpu_nodes
 from tests.unit.test_state_mirror import node as raw_node
