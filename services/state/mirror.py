@@ -47,13 +47,20 @@ from services.state.gpu_inventory import is_stale, mark_excluded, merge_inventor
 from services.state.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from services.state.gpu_usage import is_stale as usage_is_stale
 from services.state.kv_objects import Change, Obj, key_of
+from services.state.problems import (
+    INVALID_PODGROUP,
+    INVALID_REASONS,
+    STAGE_REASONS,
+    WAITING_FOR_MIN_MEMBER,
+    Problem,
+    ProblemKind,
+)
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.dependencies import AFTER_ANNOTATION, Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
-from shared.kube import gpu_sharing, keys, translate, validity, wire
-from shared.kube.validity import Problem
+from shared.kube import gpu_sharing, keys, translate, wire
 from shared.model import Node, Pod, PodGroup, Queue
 
 NODES = "nodes"
@@ -66,7 +73,7 @@ JOBS = "jobs"
 KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS)
 
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-_STAGE_HOLDS = frozenset(validity.STAGE_REASONS.values())
+_STAGE_HOLDS = frozenset(STAGE_REASONS.values())
 
 
 @dataclass
@@ -465,11 +472,11 @@ class Mirror:
         """(Event reason, message) when the podgroup must wait for its dependencies, else None."""
         error = self._after_errors.get(name)
         if error is not None:
-            return validity.INVALID_PODGROUP, error
+            return INVALID_PODGROUP, error
         decision = self.stages.get(name)
         if decision is None or decision.verdict == Verdict.READY:
             return None
-        return validity.STAGE_REASONS[decision.verdict], f"PodGroup {name!r}: {decision.reason}"
+        return STAGE_REASONS[decision.verdict], f"PodGroup {name!r}: {decision.reason}"
 
     def _release(self, label: str) -> None:
         self.held.pop(label, None)
@@ -675,7 +682,7 @@ class Mirror:
         label: what the write-back shows as Events and conditions. A pod held only because its podgroup is
         is left out (the podgroup carries the problem)."""
         found: dict[str, Problem] = {}
-        kinds: dict[str, validity.ProblemKind] = {"queue": "Queue", "podgroup": "PodGroup", "pod": "Pod"}
+        kinds: dict[str, ProblemKind] = {"queue": "Queue", "podgroup": "PodGroup", "pod": "Pod"}
         for label, message in (*self.problems.items(), *self.held.items()):
             singular, _, name = label.partition(" ")
             kind = kinds.get(singular)
@@ -694,7 +701,7 @@ class Mirror:
                 kind=kind,
                 namespace=namespace,
                 name=short,
-                reason=self._held_reasons.get(label, validity.INVALID_REASONS[kind]),
+                reason=self._held_reasons.get(label, INVALID_REASONS[kind]),
                 message=message,
             )
         for name, group in self._groups.items():
@@ -709,7 +716,7 @@ class Mirror:
                     kind="PodGroup",
                     namespace=group.namespace,
                     name=group.name,
-                    reason=validity.WAITING_FOR_MIN_MEMBER,
+                    reason=WAITING_FOR_MIN_MEMBER,
                     message=(
                         f"PodGroup {name!r}: spec.minMember: waiting for min member: {have} of {need} pods "
                         "exist; the gang is placed whole or not at all"

@@ -13,7 +13,7 @@ and, for each event:
   `Unschedulable` on the PodGroup, and its status condition `UnschedulableOnNodePool`; and on every pending
   pod the condition kube-scheduler writes and Cluster Autoscaler and Karpenter read to add a node,
   `PodScheduled=False` with reason `Unschedulable` and the Event's text (a strategic merge patch of
-  pods/status, built by `shared.kube.validity.pod_scheduled_patch` like the held-back pods' below);
+  pods/status, built by `services.state.problems.pod_scheduled_patch` like the held-back pods' below);
   binding sets it True;
 - podgroup-state: the PodGroup's status phase and counts (the condition is cleared once it runs);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
@@ -47,7 +47,9 @@ from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from services.state import problems
 from services.state.mirror import PODGROUPS, PODS, QUEUES, Mirror
+from services.state.problems import Problem
 from shared.bus.middleware import handle
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -62,8 +64,7 @@ from shared.contracts.events import (
 )
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
-from shared.kube import translate, validity, wire
-from shared.kube.validity import Problem
+from shared.kube import translate, wire
 from shared.kubeapi.client import ApiError, Kube
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
@@ -278,7 +279,7 @@ class WriteBack:
         at once, so the same message arriving meanwhile (two events of one batch) is not written twice."""
         conditions = pod.status.conditions
         if any(
-            c.type == validity.POD_SCHEDULED and c.status == "False" and c.reason in validity.OWN_REASONS
+            c.type == problems.POD_SCHEDULED and c.status == "False" and c.reason in problems.OWN_REASONS
             for c in conditions
         ):
             return None  # held back for a fault of its own (`ProblemReport`): that condition says more
@@ -287,7 +288,7 @@ class WriteBack:
             kind="Pod", namespace=meta.namespace, name=meta.name, reason=translate.UNSCHEDULABLE, message=text
         )
         written = self._written.get(meta.uid)
-        if validity.shows(conditions, problem):
+        if problems.shows(conditions, problem):
             if written is None or written.message != text:  # an earlier owner wrote it
                 self._written[meta.uid] = _Written(text, again_after=now)
             return None
@@ -297,7 +298,7 @@ class WriteBack:
         return problem
 
     async def _pod_condition(self, pod: wire.Pod, problem: Problem) -> None:
-        patch = validity.pod_scheduled_patch(pod.status.conditions, problem, event_time())
+        patch = problems.pod_scheduled_patch(pod.status.conditions, problem, event_time())
         if patch is None:
             return
         uid = pod.metadata.uid
@@ -432,7 +433,7 @@ class ProblemReportOptions:
 
 class ProblemReport:
     """Shows the mirror's problems (`Mirror.reportable`) in Kubernetes: one Warning Event per distinct
-    problem and the object's condition (`shared.kube.validity`), set back once the object is fixed.
+    problem and the object's condition (`services.state.problems`), set back once the object is fixed.
 
     Woken after a flush (`wake`, at most every `interval` seconds) and every `settle` seconds; the API calls run on its own task, so a
     slow API server never delays KV. What was reported is remembered by (reason, message): the same problem
@@ -493,7 +494,7 @@ class ProblemReport:
         self._since = {label: self._since.get(label, now) for label in found}
         for label, problem in sorted(found.items()):
             if (
-                problem.reason == validity.WAITING_FOR_MIN_MEMBER
+                problem.reason == problems.WAITING_FOR_MIN_MEMBER
                 and now - self._since[label] < self.options.settle
             ):
                 continue
@@ -520,19 +521,19 @@ class ProblemReport:
     def _left_behind(self, found: dict[str, Problem]) -> list[Problem]:
         """Objects whose condition shows one of Kairos's problems that the mirror no longer finds."""
         left: list[Problem] = []
-        kinds: tuple[tuple[validity.ProblemKind, str], ...] = (
+        kinds: tuple[tuple[problems.ProblemKind, str], ...] = (
             ("Queue", QUEUES),
             ("PodGroup", PODGROUPS),
             ("Pod", PODS),
         )
         for kind, plural in kinds:
-            condition = validity.POD_SCHEDULED if kind == "Pod" else validity.ACCEPTED
+            condition = problems.POD_SCHEDULED if kind == "Pod" else problems.ACCEPTED
             for raw in self.mirror.raw[plural].values():
                 shown = next(
                     (
                         c
                         for c in raw.status.conditions
-                        if c.type == condition and c.status == "False" and c.reason in validity.OWN_REASONS
+                        if c.type == condition and c.status == "False" and c.reason in problems.OWN_REASONS
                     ),
                     None,
                 )
@@ -557,10 +558,10 @@ class ProblemReport:
     async def _show(self, problem: Problem) -> None:
         raw = self._raw(problem)
         conditions = raw.status.conditions if raw is not None else []
-        if validity.shows(conditions, problem):
+        if problems.shows(conditions, problem):
             return
         log.log(
-            logging.INFO if problem.reason in validity.NORMAL_REASONS else logging.WARNING,
+            logging.INFO if problem.reason in problems.NORMAL_REASONS else logging.WARNING,
             "%s held back: %s",
             problem.label,
             problem.message,
@@ -569,7 +570,7 @@ class ProblemReport:
             translate.involved_object(raw)
             if raw is not None
             else translate.InvolvedObject(
-                api_version=validity.API_VERSIONS[problem.kind],
+                api_version=problems.API_VERSIONS[problem.kind],
                 kind=problem.kind,
                 name=problem.name,
                 namespace=problem.namespace,
@@ -577,7 +578,7 @@ class ProblemReport:
         )
         await self._event(about, problem, problem.label)
         self.ctx.counters["problems_reported"] += 1
-        if problem.reason in validity.STAGE_REASONS.values() and raw is not None:
+        if problem.reason in problems.STAGE_REASONS.values() and raw is not None:
             await self._tell_workload(raw, problem)
         if problem.kind == "Pod" and raw is not None and raw.spec.node_name:
             return  # a pod already on its node keeps its PodScheduled; the Event says what is wrong
@@ -605,7 +606,7 @@ class ProblemReport:
             reason=problem.reason,
             message=problem.message,
             now=event_time(),
-            type="Normal" if problem.reason in validity.NORMAL_REASONS else "Warning",
+            type="Normal" if problem.reason in problems.NORMAL_REASONS else "Warning",
             component=self.options.component,
         )
         await self.kube.call(
@@ -626,11 +627,11 @@ class ProblemReport:
         now = event_time()
         what = f"patch {about.label} status"
         if about.kind == "Pod":
-            patch = validity.pod_scheduled_patch(conditions, problem, now)
+            patch = problems.pod_scheduled_patch(conditions, problem, now)
             if patch is not None:
                 await patch_pod_status(self.kube, about, patch)
         else:
-            patch = validity.accepted_patch(conditions, problem, now)
+            patch = problems.accepted_patch(conditions, problem, now)
             if patch is None:
                 return
             if about.kind == "Queue":

@@ -305,7 +305,7 @@ class QueueStatus(_Wire, frozen=True, kw_only=True):
     requested: ResourceList = msgspec.field(default_factory=dict)
     child_queues: list[str] = msgspec.field(default_factory=list)
     conditions: list[Condition] = msgspec.field(default_factory=list)
-    """Kairos's ``Accepted`` condition (`shared.kube.validity`); the CRD's status keeps unknown fields."""
+    """Kairos's ``Accepted`` condition (`services.state.problems`); the CRD's status keeps unknown fields."""
 
 
 class Queue(_Object, frozen=True, kw_only=True):

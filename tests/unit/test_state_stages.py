@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from services.state import admission_review, gate_patches
+from services.state import admission_review, gate_patches, problems
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
 from shared.contracts import subjects as s
 from shared.errors import InvalidObject
-from shared.kube import validity, wire
+from shared.kube import wire
 from shared.kube.scheduling_gates import GATE
 from tests.unit.test_state_mirror import js, node, pod, queue
 
@@ -102,7 +102,7 @@ def test_a_stage_waits_while_what_it_names_runs_and_its_pods_stay_out_of_kv() ->
     assert "waiting for team/prep (running)" in m.held[f"pod {NS}/train-0"]
     assert m.ungatable() == []
     problem = m.reportable()[f"podgroup {NS}/pg-train"]
-    assert problem.reason == validity.WAITING_FOR_DEPENDENCIES
+    assert problem.reason == problems.WAITING_FOR_DEPENDENCIES
 
 
 def test_the_stage_is_released_when_its_dependency_job_completes() -> None:
@@ -119,7 +119,7 @@ def test_the_stage_is_released_when_its_dependency_job_completes() -> None:
 def test_a_failed_dependency_blocks_the_stage_with_a_warning_reason() -> None:
     m = pipeline("Failed")
     assert m.held[f"podgroup {NS}/pg-train"] == f"PodGroup '{NS}/pg-train': {NS}/prep failed"
-    assert m.reportable()[f"podgroup {NS}/pg-train"].reason == validity.DEPENDENCY_FAILED
+    assert m.reportable()[f"podgroup {NS}/pg-train"].reason == problems.DEPENDENCY_FAILED
     assert m.ungatable() == []
 
 
@@ -149,7 +149,7 @@ def test_a_cycle_is_refused_and_named() -> None:
     m = mirror([group("a", after="b"), group("b", after="a")], [gated("a-0", "a")])
     m.flush(NOW)
     assert m.held[f"podgroup {NS}/a"].endswith("dependency cycle: team/a -> team/b -> team/a")
-    assert m.reportable()[f"podgroup {NS}/b"].reason == validity.DEPENDENCY_CYCLE
+    assert m.reportable()[f"podgroup {NS}/b"].reason == problems.DEPENDENCY_CYCLE
 
 
 def test_a_dependency_that_does_not_exist_yet_is_named() -> None:
@@ -173,7 +173,7 @@ def test_a_malformed_after_annotation_holds_the_podgroup_as_invalid_naming_the_f
     m.flush(NOW)
     message = m.held[f"podgroup {NS}/b"]
     assert "metadata.annotations[kairos.io/after]" in message
-    assert m.reportable()[f"podgroup {NS}/b"].reason == validity.INVALID_PODGROUP
+    assert m.reportable()[f"podgroup {NS}/b"].reason == problems.INVALID_PODGROUP
     assert m.ungatable() == []
     m.change(PODGROUPS, "MODIFIED", group("b", after="a"))
     m.flush(NOW)

@@ -1,7 +1,7 @@
 """Objects Kairos holds back, as users will see them: the problem names the object and the field, the
 condition says it while it lasts and is set back once the object is fixed.
 
-The mirror finds the problems (`Mirror.reportable`); `shared.kube.validity` builds the status patches.
+The mirror finds the problems (`Mirror.reportable`); `services.state.problems` builds the status patches.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from typing import Any
 
 import msgspec
 
+from services.state import problems
 from services.state.mirror import PODGROUPS, PODS, QUEUES, Mirror
-from shared.kube import validity, wire
-from shared.kube.validity import Problem
+from services.state.problems import Problem
+from shared.kube import wire
 from tests.unit.test_state_mirror import NOW, cluster, js, pod, podgroup, queue
 
 
@@ -166,22 +167,22 @@ def conditions(patch: dict[str, Any] | None) -> list[wire.Condition]:
 
 def test_the_accepted_condition_is_written_once_and_set_back_keeping_the_others() -> None:
     other = wire.Condition(type="Other", status="True")
-    shown = conditions(validity.accepted_patch([other], PROBLEM, NOW))
+    shown = conditions(problems.accepted_patch([other], PROBLEM, NOW))
     assert [(c.type, c.status, c.reason, c.message) for c in shown] == [
         ("Other", "True", "", ""),
         ("Accepted", "False", "InvalidQueue", "Queue 'neg': bad"),
     ]
-    assert validity.shows(shown, PROBLEM)
-    assert validity.accepted_patch(shown, PROBLEM, NOW) is None
-    back = conditions(validity.accepted_patch(shown, None, NOW))
+    assert problems.shows(shown, PROBLEM)
+    assert problems.accepted_patch(shown, PROBLEM, NOW) is None
+    back = conditions(problems.accepted_patch(shown, None, NOW))
     assert [(c.type, c.status) for c in back] == [("Other", "True"), ("Accepted", "True")]
-    assert validity.accepted_patch(back, None, NOW) is None
-    assert validity.accepted_patch([], None, NOW) is None
+    assert problems.accepted_patch(back, None, NOW) is None
+    assert problems.accepted_patch([], None, NOW) is None
 
 
 def test_a_pod_gets_pod_scheduled_false_and_loses_it_when_fixed() -> None:
     problem = Problem(kind="Pod", namespace="ns", name="p", reason="InvalidPod", message="Pod 'ns/p': x")
-    patch = validity.pod_scheduled_patch([], problem, NOW)
+    patch = problems.pod_scheduled_patch([], problem, NOW)
     assert patch is not None
     [condition] = patch["status"]["conditions"]
     assert (condition["type"], condition["status"], condition["reason"]) == (
@@ -190,16 +191,16 @@ def test_a_pod_gets_pod_scheduled_false_and_loses_it_when_fixed() -> None:
         "InvalidPod",
     )
     shown = conditions(patch)
-    assert validity.pod_scheduled_patch(shown, problem, NOW) is None
-    assert validity.pod_scheduled_patch(shown, None, NOW) == {
+    assert problems.pod_scheduled_patch(shown, problem, NOW) is None
+    assert problems.pod_scheduled_patch(shown, None, NOW) == {
         "status": {"conditions": [{"type": "PodScheduled", "$patch": "delete"}]}
     }
     # A new message while the status stays False keeps the transition time, as kube-scheduler does.
     later = Problem(kind="Pod", namespace="ns", name="p", reason="Unschedulable", message="0/2 nodes")
-    moved = validity.pod_scheduled_patch(shown, later, NOW + 60)
+    moved = problems.pod_scheduled_patch(shown, later, NOW + 60)
     assert moved is not None
     assert moved["status"]["conditions"][0]["message"] == "0/2 nodes"
     assert moved["status"]["conditions"][0]["lastTransitionTime"] == condition["lastTransitionTime"]
     # kube-scheduler's own PodScheduled=False (or a bound pod's True) is not ours to remove.
     theirs = [wire.Condition(type="PodScheduled", status="False", reason="Unschedulable")]
-    assert validity.pod_scheduled_patch(theirs, None, NOW) is None
+    assert problems.pod_scheduled_patch(theirs, None, NOW) is None
