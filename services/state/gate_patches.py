@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shared.dependencies import AFTER_ANNOTATION
+from services.state.dependencies import AFTER_ANNOTATION
 from shared.kube import keys, wire
 from shared.kube.scheduling_gates import GATE
 

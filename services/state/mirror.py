@@ -11,12 +11,12 @@ are held back, each with the reason (`problems`), until they do:
 - a podgroup whose queue is not (yet) a valid queue, with every pod in it;
 - a pod of this scheduler without a podgroup yet (the pod-grouper's work: `ungrouped`), or whose podgroup
   is held back or not yet seen;
-- a podgroup whose `kairos.io/after` dependencies have not all succeeded (`shared.dependencies`: waiting,
-  blocked by a failure, or on a cycle), or whose annotation does not parse, with every pod in it. The
+- a podgroup whose `kairos.io/after` dependencies have not all succeeded (`services.state.dependencies`:
+  waiting, blocked by a failure, or on a cycle), or whose annotation does not parse, with every pod in it. The
   verdicts (`stages`) are recomputed at a flush when a podgroup, pod or Job they read changed, from the
-  podgroups, their pods and the Jobs the mirror watches (a Job's Complete or Failed condition decides its stage; other workloads' stages are read from
-  their pods). Pods still carrying the `kairos.io/after` scheduling gate once their podgroup may run are
-  listed by `ungatable`, for the gate keeper to lift.
+  podgroups, their pods and the Jobs the mirror watches (a Job's Complete or Failed condition decides its
+  stage; other workloads' stages are read from their pods). Pods still carrying the `kairos.io/after`
+  scheduling gate once their podgroup may run are listed by `ungatable`, for the gate keeper to lift.
 
 A node's GPUs are what Kubernetes advertises, corrected by the node agent's latest inventory while it is fresh
 (`services.state.gpu_inventory`: unhealthy devices are not handed out, memory per device is measured), and
@@ -42,6 +42,16 @@ from typing import Any
 
 import msgspec
 
+from services.state.dependencies import (
+    AFTER_ANNOTATION,
+    Decision,
+    Phase,
+    Ref,
+    Stage,
+    Verdict,
+    evaluate,
+    parse_after,
+)
 from services.state.gate_patches import is_gated
 from services.state.gpu_inventory import is_stale, mark_excluded, merge_inventory
 from services.state.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
@@ -58,7 +68,6 @@ from services.state.problems import (
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
-from shared.dependencies import AFTER_ANNOTATION, Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, wire
 from shared.model import Node, Pod, PodGroup, Queue

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.dependencies import Verdict
+from services.state.dependencies import Verdict
 from shared.kube import wire
 from shared.kube.translate import rfc3339
 

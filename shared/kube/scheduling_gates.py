@@ -6,7 +6,7 @@ mutating admission webhook (`services.state.webhook`), and both lifted by the st
 
 - `GATE` (`kairos.io/after`): for each pod of ours created while its workload says `kairos.io/after` (on
   the pod, on its PodGroup, or on any owner up its chain). Lifted once its podgroup's dependencies have
-  succeeded (`shared.dependencies`), and also for a pod gated while its podgroup has no
+  succeeded (`services.state.dependencies`), and also for a pod gated while its podgroup has no
   dependencies (over-gating is harmless, only a moment's delay). The state service also holds a waiting
   podgroup back from scheduling itself, so a pod created without the gate still waits.
 - `ADMISSION_GATE` (`kairos.io/admission`, the quota gate, state option `quota_gate`): for every pod of

@@ -1,5 +1,5 @@
-"""Specs for stages with dependencies (shared.dependencies): the `kairos.io/after` annotation and the
-verdict for every podgroup that has one."""
+"""Specs for stages with dependencies (`services.state.dependencies`): the `kairos.io/after` annotation and
+the verdict for every podgroup that has one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.dependencies import Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
+from services.state.dependencies import Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
 
 
