@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.state.gate_patches import is_gated, ungate_patch
-from services.state.mirror import PODGROUPS, Mirror
+from services.state.mirror import Mirror
 from services.state.podwork import RETRY_AFTER_TEMPORARY, PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -204,7 +204,7 @@ class QuotaGateKeeper(GateKeeper):
     def on_verdict(self, event: PodGroupAdmission) -> None:
         """A verdict arrived: remember it, lift the gates of the pods it lets in, warn about those it holds."""
         key = f"{event.namespace}/{event.podgroup}"
-        if key not in self.mirror.raw[PODGROUPS]:
+        if key not in self.mirror.raw.podgroups:
             return  # gone since (or long ago: the stream keeps a day of verdicts)
         self.verdicts[key] = event
         self.ctx.counters["quota_verdicts"] += 1
@@ -224,7 +224,7 @@ class QuotaGateKeeper(GateKeeper):
 
     def _prune(self) -> None:
         """Forget the verdicts of podgroups that are gone."""
-        groups = self.mirror.raw[PODGROUPS]
+        groups = self.mirror.raw.podgroups
         for key in [key for key in self.verdicts if key not in groups]:
             del self.verdicts[key]
             self._warned.pop(key, None)
@@ -277,7 +277,7 @@ class QuotaGateKeeper(GateKeeper):
 
     async def _warn(self, key: str, event: PodGroupAdmission) -> None:
         """One Warning Event on the PodGroup, unless none of the pods it holds carries our gate."""
-        group = self.mirror.raw[PODGROUPS].get(key)
+        group = self.mirror.raw.podgroups.get(key)
         if group is None or self.verdicts.get(key) is not event:
             return
         let_in = set(event.pods)

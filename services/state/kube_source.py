@@ -251,7 +251,7 @@ class KubeSource:
         """Look at every node again now and then: an agent that stopped reporting makes its inventory stale."""
         while True:
             await asyncio.sleep(STALENESS_CHECK)
-            if self.mirror.inventories or self.mirror.usage:
+            if self.mirror.gpus.reporting():
                 self.mirror.touch_nodes()
                 self._wake.set()
 
@@ -329,7 +329,7 @@ class KubeOwner:
             return
         mirror = self.source.mirror
         for key in sorted(stamps.stale_since.keys() | stamps.last_start.keys()):
-            group = mirror.raw[PODGROUPS].get(key)
+            group = mirror.raw.podgroups.get(key)
             current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
             if group is None or not isinstance(current, PodGroup):
                 continue

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from services.state.grouping import GrouperConfig, OwnerRef, group_pod, owner_refs_to_follow, podgroup_update
-from services.state.mirror import PODGROUPS, PRIORITY_CLASSES, Mirror
+from services.state.mirror import Mirror
 from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
@@ -61,11 +61,11 @@ class PodGrouperLoop(PodWorkLoop):
             async with self._limit:
                 owners = await self._chain(pod)
                 grouping = group_pod(
-                    pod, owners, priority_classes=set(self.mirror.raw[PRIORITY_CLASSES]), config=self.config
+                    pod, owners, priority_classes=set(self.mirror.raw.priorityclasses), config=self.config
                 )
                 if grouping is None:
                     return False
-                existing = self.mirror.raw[PODGROUPS].get(f"{grouping.namespace}/{grouping.name}")
+                existing = self.mirror.raw.podgroups.get(f"{grouping.namespace}/{grouping.name}")
                 if existing is None:
                     await self._create(grouping.podgroup)
                 else:

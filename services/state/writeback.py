@@ -196,13 +196,13 @@ class WriteBack:
         self.ctx.counters["kube_events"] += 1
 
     def _pod_ref(self, namespace: str, name: str) -> translate.InvolvedObject:
-        raw = self.mirror.raw["pods"].get(f"{namespace}/{name}")
+        raw = self.mirror.raw.pods.get(f"{namespace}/{name}")
         if raw is not None:
             return translate.involved_object(raw)
         return translate.InvolvedObject(api_version="v1", kind="Pod", name=name, namespace=namespace)
 
     async def _pod_bound(self, event: PodBound) -> None:
-        raw = self.mirror.raw[PODS].get(f"{event.namespace}/{event.pod}")
+        raw = self.mirror.raw.pods.get(f"{event.namespace}/{event.pod}")
         if raw is not None:
             self._written.pop(raw.metadata.uid, None)  # binding set PodScheduled=True
         message = f"Successfully assigned {event.namespace}/{event.pod} to {event.node}"
@@ -249,7 +249,7 @@ class WriteBack:
     ) -> None:
         for pod in pending[:PODS_PER_REPORT]:
             await self._event(translate.involved_object(pod), "FailedScheduling", text, "Warning")
-        group = self.mirror.raw[PODGROUPS].get(key)
+        group = self.mirror.raw.podgroups.get(key)
         if group is None:
             return
         await self._event(translate.involved_object(group), "Unschedulable", text, "Warning")
@@ -326,13 +326,13 @@ class WriteBack:
         sweep reads every pod the mirror holds)."""
         if len(self._written) <= self._prune_at:
             return
-        pending = {p.metadata.uid for p in self.mirror.raw[PODS].values() if not p.spec.node_name}
+        pending = {p.metadata.uid for p in self.mirror.raw.pods.values() if not p.spec.node_name}
         self._written = {uid: w for uid, w in self._written.items() if uid in pending}
         self._prune_at = max(PRUNE_FLOOR, 2 * len(self._written))
 
     async def _podgroup_state(self, event: PodGroupState) -> None:
         key = f"{event.namespace}/{event.podgroup}"
-        group = self.mirror.raw[PODGROUPS].get(key)
+        group = self.mirror.raw.podgroups.get(key)
         if group is None:
             return
         running = event.phase == "Running"
@@ -366,7 +366,7 @@ class WriteBack:
         self.ctx.counters["kube_status_patches"] += 1
 
     async def _queue(self, event: QueueFairShare) -> None:
-        if event.queue not in self.mirror.raw[QUEUES]:
+        if event.queue not in self.mirror.raw.queues:
             return
 
         def vector(values: dict[str, float]) -> tuple[float, float, float]:

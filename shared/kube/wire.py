@@ -228,6 +228,10 @@ class PodStatus(_Wire, frozen=True, kw_only=True):
     container_statuses: list[ContainerStatus] = msgspec.field(default_factory=list)
 
 
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases after which a pod runs no more and holds nothing on its node."""
+
+
 class Pod(_Object, frozen=True, kw_only=True):
     KIND = "Pod"
     RESOURCE = "pods"

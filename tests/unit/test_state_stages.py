@@ -191,7 +191,7 @@ def test_removing_the_annotation_releases_the_stage() -> None:
     m.change(PODGROUPS, "MODIFIED", group("pg-train", job="train"))
     m.flush(NOW)
     assert s.podgroup_key(NS, "pg-train") in in_kv(m)
-    assert m.stages == {}
+    assert m.stages.decisions == {}
 
 
 # --- the admission decision -------------------------------------------------------------------------------
