@@ -40,7 +40,8 @@ from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
-from services.state.writeback import ProblemReport, ProblemReportOptions, WriteBack, WriteBackOptions
+from services.state.problem_report import ProblemReport, ProblemReportOptions
+from services.state.writeback import WriteBack, WriteBackOptions
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica

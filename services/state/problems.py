@@ -1,10 +1,10 @@
 """What Kubernetes users see of an object Kairos holds back: the problem, and the status that shows it.
 
 The state service's mirror (`services.state.mirror.Mirror.reportable`) finds the problems — a Queue, PodGroup
-or Pod that does not translate, a queue whose parent is unknown or on a cycle, a podgroup whose queue does
-not exist, a gang with fewer pods than its min member — and its write-back (`services.state.writeback.
-ProblemReport`) turns each into a Warning Event and a status condition with the patches built here. Pure:
-no I/O, no clock (`now` is an argument).
+or Pod that does not translate, a queue whose parent is unknown or on a cycle, a podgroup whose queue does not
+exist, a gang with fewer pods than its min member — and its problem report (`services.state.problem_report.
+ProblemReport`) turns each into a Warning Event and a status condition with the patches built here. Pure: no
+I/O, no clock (`now` is an argument).
 
 Queues and PodGroups get a condition ``Accepted`` in ``status.conditions``: ``False`` with the problem's
 reason and message while it lasts, set back to ``True`` once the object is fixed. A pod gets what
