@@ -1,7 +1,8 @@
-"""Writes the simulated cluster's changes to KV and keeps the binders' ledger true to the cluster.
+"""The KV materialiser's writer: a source's changes into KV, and the binders' ledger kept true to the cluster.
 
-Called by `services.state.service` (the source-owning replica only), under its lock, with the `Change`s
-each source operation returned. Two buckets:
+Called by the replica that owns the source, with the `Change`s (`services.state.kv_objects`) each source
+operation returned: `services.state.service` for the simulated cluster (under its lock),
+`services.state.kube_source` for the Kubernetes mirror (from its flusher). Two buckets:
 
 - `STATE_BUCKET`: every changed object is put under its key as a `StateRecord`, removed objects are
   deleted. Puts identical to what the bucket already holds are skipped.

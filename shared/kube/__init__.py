@@ -6,6 +6,9 @@
 - `translate`: wire objects to `shared.model` (KAI's rules and units), and the JSON written back (events,
   podgroup and queue status patches, the GPU-group annotation).
 - `keys`: the label, annotation and resource names involved.
+- `gpu_sharing`: KAI's GPU sharing (fractions, GPU groups, reservation pods) as the webhook, translation
+  and the binder read it.
+- `scheduling_gates`: Kairos's scheduling gates' names and the webhook registration that sets them.
 
 The I/O side (kubernetes-asyncio clients, informers, API calls) is `shared.kubeapi`.
 """
