@@ -65,7 +65,6 @@ CONFLICT = 409
 NOT_FOUND = 404
 MERGE_PATCH = "application/merge-patch+json"
 EVENT_COMPONENT = "kairos-binder"
-_FINISHED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -739,7 +738,7 @@ class GpuSharing:
             pod = wire.decode_pod(bytes(raw))
         except InvalidObject:
             return
-        if kind == "DELETED" or pod.status.phase in _FINISHED or pod.metadata.deletion_timestamp:
+        if kind == "DELETED" or pod.status.phase in wire.FINISHED_PHASES or pod.metadata.deletion_timestamp:
             due = asyncio.get_running_loop().time() + self.settings.grace
             for value in gs.groups_of_labels(pod.metadata.labels):
                 self._due[value] = max(self._due.get(value, 0.0), due)

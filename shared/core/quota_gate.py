@@ -1,7 +1,7 @@
 """The quota gate's decision: which gated pods their queues have room for. Pure.
 
 With the state service's `quota_gate` option, every pod of ours is created with the scheduling gate
-`kairos.io/admission` (`shared.kube.admission.ADMISSION_GATE`). A gated pod is `PodStatus.GATED` in the
+`kairos.io/admission` (`shared.kube.scheduling_gates.ADMISSION_GATE`). A gated pod is `PodStatus.GATED` in the
 model: the core does not try to place it (`JobState.is_ready_for_scheduling`), and Cluster Autoscaler and
 Karpenter do not scale up for it, so work that its queue's limit or quota holds back never makes them add
 nodes that could not be used. Public: the queue leader's plan (`shared.core.queue_plan.plan_queues`, every
