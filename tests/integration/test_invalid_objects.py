@@ -27,7 +27,7 @@ from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
-from tests.admission import admitted
+from tests.admitted_pods import admitted
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim

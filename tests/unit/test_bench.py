@@ -16,7 +16,7 @@ import pytest
 from shared.clusterfile import parse_cluster
 from shared.kube import translate, wire
 from shared.model import PodStatus
-from tests.admission import admitted
+from tests.admitted_pods import admitted
 from tools.bench import measure, procstats, workloads
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import (

@@ -14,7 +14,7 @@ from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodAffinityTerm, PodStatus
 from shared.model.objects import Taint, Toleration
-from tests.admission import admitted
+from tests.admitted_pods import admitted
 
 T = TypeVar("T")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

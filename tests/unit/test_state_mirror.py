@@ -14,7 +14,7 @@ from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEU
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue
-from tests.admission import admitted
+from tests.admitted_pods import admitted
 
 NOW = 1_800_000_000.0
 
