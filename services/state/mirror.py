@@ -304,8 +304,6 @@ class Mirror:
         self._keys = {}
         self._pod_keys = {}
         self.foreign.reset()
-        priorities = {name: int(pc.value) for name, pc in self.raw.priorityclasses.items()}
-        fallback = translate.default_priority(self.raw.priorityclasses.values())
         for topology in self.raw.topologies.values():
             translated = self._translate(
                 "topology", _name_of(topology), topology, partial(translate.topology_of, topology)
@@ -316,15 +314,9 @@ class Mirror:
         for queue in queues.values():
             out[key_of(queue)] = queue
         groups: dict[str, PodGroup] = {}
+        translate_group = self._podgroup_translator()
         for name, raw_group in self.raw.podgroups.items():
-            group = self._translate(
-                "podgroup",
-                name,
-                (raw_group, priorities, fallback),
-                partial(
-                    translate.podgroup_of, raw_group, priority_classes=priorities, default_priority=fallback
-                ),
-            )
+            group = translate_group(name, raw_group)
             if group is None:
                 continue
             if not self._may_schedule(name, group, queues):
@@ -441,8 +433,7 @@ class Mirror:
         """What KV should hold under the keys the dirty podgroups, pods and nodes touch (None: nothing),
         with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
         out: dict[str, Obj | None] = {}
-        priorities = {name: int(pc.value) for name, pc in self.raw.priorityclasses.items()}
-        fallback = translate.default_priority(self.raw.priorityclasses.values())
+        translate_group = self._podgroup_translator()
         pods = set(self._dirty[PODS])
         nodes = set(self._dirty[NODES])
         for name in self._dirty[PODGROUPS]:
@@ -455,14 +446,7 @@ class Mirror:
             raw_group = self.raw.podgroups.get(name)
             if raw_group is None:
                 continue
-            group = self._translate(
-                "podgroup",
-                name,
-                (raw_group, priorities, fallback),
-                partial(
-                    translate.podgroup_of, raw_group, priority_classes=priorities, default_priority=fallback
-                ),
-            )
+            group = translate_group(name, raw_group)
             if group is None:
                 continue
             if not self._may_schedule(name, group, self._queues):
@@ -620,6 +604,24 @@ class Mirror:
         if devices:
             node = msgspec.structs.replace(node, gpu_devices=devices)
         return node if used is None else subtract(node, used)
+
+    def _podgroup_translator(self) -> Callable[[str, wire.PodGroup], PodGroup | None]:
+        """Translate podgroups (through the cache) with the priority classes the mirror holds now: a
+        podgroup's priority and preemptibility come from its class, or the cluster's default one."""
+        priorities = {name: int(pc.value) for name, pc in self.raw.priorityclasses.items()}
+        fallback = translate.default_priority(self.raw.priorityclasses.values())
+
+        def podgroup(name: str, raw_group: wire.PodGroup) -> PodGroup | None:
+            return self._translate(
+                "podgroup",
+                name,
+                (raw_group, priorities, fallback),
+                partial(
+                    translate.podgroup_of, raw_group, priority_classes=priorities, default_priority=fallback
+                ),
+            )
+
+        return podgroup
 
     def _translate(self, kind: str, name: str, source: object, make: Callable[[], _T]) -> _T | None:
         """`make()`, unless the cached translation came from the same `source`: the raw object itself

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.conformance.known_failures import case_params, check_list
 from tools.conformance import corpus_dir
-from tools.conformance.case import iter_case_files, load_case
+from tools.conformance.case import load_case
 from tools.conformance.judge import judge
 
 CORPUS = corpus_dir()
@@ -21,24 +21,8 @@ KNOWN_FAILURES_FILE = Path(__file__).with_name("known_failures.yaml")
 MAX_KNOWN_FAILURES = 4
 
 
-def _known_failures() -> dict[str, str]:
-    loaded = yaml.safe_load(KNOWN_FAILURES_FILE.read_text(encoding="utf-8"))
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _params() -> list[object]:
-    known = _known_failures()
-    params: list[object] = []
-    for path in iter_case_files([CORPUS]):
-        rel = path.relative_to(CORPUS).as_posix()
-        reason = known.get(rel)
-        marks = [pytest.mark.xfail(strict=True, reason=str(reason))] if reason is not None else []
-        params.append(pytest.param(path, id=rel, marks=marks))
-    return params
-
-
 @pytest.mark.conformance
-@pytest.mark.parametrize("path", _params())
+@pytest.mark.parametrize("path", case_params({"": CORPUS}, KNOWN_FAILURES_FILE))
 def test_kai_case(path: Path) -> None:
     from tools.conformance.runner import run_case
 
@@ -48,12 +32,4 @@ def test_kai_case(path: Path) -> None:
 
 
 def test_known_failures_list_is_short_and_explained() -> None:
-    loaded = yaml.safe_load(KNOWN_FAILURES_FILE.read_text(encoding="utf-8"))
-    assert isinstance(loaded, dict), "known_failures.yaml must be a mapping (use {} when empty)"
-    assert len(loaded) <= MAX_KNOWN_FAILURES, f"{len(loaded)} known failures, at most {MAX_KNOWN_FAILURES}"
-    for rel, reason in loaded.items():
-        assert isinstance(rel, str), f"{rel!r}: the key must be a case path"
-        assert (CORPUS / rel).is_file(), f"{rel}: names no case under {CORPUS}"
-        assert isinstance(reason, str), f"{rel}: the reason must be a string"
-        assert reason.strip(), f"{rel}: empty reason"
-        assert "\n" not in reason.strip(), f"{rel}: the reason must be one line"
+    check_list(KNOWN_FAILURES_FILE, {"": CORPUS}, MAX_KNOWN_FAILURES)

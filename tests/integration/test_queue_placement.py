@@ -491,10 +491,9 @@ async def test_placement_waits_for_its_replica_and_drops_superseded_work(bus: Bu
 
 
 # --- end to end: an admin cycle through queue and placement, the binder simulated --------------------------------------
-async def test_admin_cycle_dispatches_one_whole_cycle_and_replies_with_its_outcome(
-    bus: Bus, start: Any
-) -> None:
-    await write(bus, cluster(gang("ga", "qa", 2, 1), gang("gb", "qb", 1, 1)))
+async def admin_stack(bus: Bus, start: Any) -> None:
+    """A placement worker and a queue leader in admin mode, with a stand-in binder that commits every
+    proposal as it is (its view included)."""
 
     async def binder(msg: Any) -> None:
         proposal = PROPOSALS.decode(msg.subject, msg.data)
@@ -513,6 +512,14 @@ async def test_admin_cycle_dispatches_one_whole_cycle_and_replies_with_its_outco
     await start("queue", queue.body, "q1", cycles="admin")
     await ready(bus, "placement", "p1")
     await eventually(lambda: current_lease(bus))
+
+
+async def test_admin_cycle_dispatches_one_whole_cycle_and_replies_with_its_outcome(
+    bus: Bus, start: Any
+) -> None:
+    await write(bus, cluster(gang("ga", "qa", 2, 1), gang("gb", "qb", 1, 1)))
+
+    await admin_stack(bus, start)
 
     request = CycleRequest(now=NOW, want_view=True)
     msg = await admin_cycle(bus, request, timeout=15)
@@ -531,23 +538,7 @@ async def test_an_admin_cycle_runs_only_the_actions_it_names(bus: Bus, start: An
     view is the session right after them (here no allocate, so the gangs stay pending)."""
     await write(bus, cluster(gang("ga", "qa", 2, 1)))
 
-    async def binder(msg: Any) -> None:
-        proposal = PROPOSALS.decode(msg.subject, msg.data)
-        outcome = Outcome(
-            proposal=proposal.id,
-            work=proposal.work,
-            shard=proposal.shard,
-            status="committed",
-            bound=tuple(b.pod for b in proposal.binds),
-            view=proposal.view,
-        )
-        await bus.nc.publish(s.outcomes(proposal.shard), encode(outcome))
-
-    await bus.nc.subscribe(s.proposals(SHARD), cb=binder)
-    await start("placement", placement.body, "p1")
-    await start("queue", queue.body, "q1", cycles="admin")
-    await ready(bus, "placement", "p1")
-    await eventually(lambda: current_lease(bus))
+    await admin_stack(bus, start)
 
     msg = await admin_cycle(bus, CycleRequest(now=NOW, want_view=True, actions=("reclaim",)), timeout=15)
     reply = CYCLE_REPLIES.decode(msg.subject, msg.data)
