@@ -7,6 +7,10 @@ read are ignored, so newer API servers and CRD versions decode. Quantities and t
 `translate` parses them and names the field when one is malformed. A document that does not match raises
 `InvalidObject` naming the kind, the object ("namespace/name") and the field path
 (``spec.containers[0].resources``).
+
+The SchedulingShard's spec is the exception to "unknown fields are ignored": it is configuration a user
+writes by hand, so a misspelt field there is an error naming it (``spec.placementStrategy.gpuu``) rather
+than a setting silently not applied.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "PriorityClass",
     "Queue",
     "ResourceList",
+    "SchedulingShard",
     "Topology",
     "convert",
     "decode",
@@ -40,6 +45,7 @@ __all__ = [
     "decode_podgroup",
     "decode_priority_class",
     "decode_queue",
+    "decode_scheduling_shard",
     "decode_topology",
     "object_name",
 ]
@@ -418,6 +424,86 @@ class Topology(_Object, frozen=True, kw_only=True):
     spec: TopologySpec = msgspec.field(default_factory=TopologySpec)
 
 
+# --- scheduling shards (kai.scheduler/v1) -----------------------------------------------------------------
+class _ShardConfig(_Wire, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of the SchedulingShard's spec structs: hand-written configuration, so unknown fields are errors."""
+
+
+class PlacementStrategy(_ShardConfig, frozen=True, kw_only=True):
+    """ "binpack" or "spread" for each resource; unset is binpack (checked by `shared.kube.scheduling_shard`)."""
+
+    gpu: str | None = None
+    cpu: str | None = None
+
+
+class MinRuntime(_ShardConfig, frozen=True, kw_only=True):
+    """Go duration strings ("5m", "1h30m")."""
+
+    preempt_min_runtime: str | None = None
+    reclaim_min_runtime: str | None = None
+
+
+class UsageParams(_ShardConfig, frozen=True, kw_only=True):
+    """How usage is aggregated for time-based fair share; durations are Go duration strings."""
+
+    half_life_period: str | None = None
+    window_size: str | None = None
+    window_type: str | None = None
+    tumbling_window_start_time: str | None = None
+    cron_string: str = ""
+    fetch_interval: str | None = None
+    staleness_period: str | None = None
+    wait_timeout: str | None = None
+    extra_params: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class UsageDBConfig(_ShardConfig, frozen=True, kw_only=True):
+    client_type: str = ""
+    connection_string: str = ""
+    connection_string_env_var: str = ""
+    usage_params: UsageParams | None = None
+
+
+class PluginConfig(_ShardConfig, frozen=True, kw_only=True):
+    """An override of one plugin: unset fields keep the default; `arguments` replaces the default ones."""
+
+    enabled: bool | None = None
+    priority: int | None = None
+    arguments: dict[str, str] | None = None
+
+
+class ActionConfig(_ShardConfig, frozen=True, kw_only=True):
+    enabled: bool | None = None
+    priority: int | None = None
+
+
+class SchedulingShardSpec(_ShardConfig, frozen=True, kw_only=True):
+    args: dict[str, str] = msgspec.field(default_factory=dict)
+    placement_strategy: PlacementStrategy | None = None
+    partition_label_value: str = ""
+    queue_depth_per_action: dict[str, int] = msgspec.field(default_factory=dict)
+    min_runtime: MinRuntime | None = None
+    k_value: float | None = None
+    usage_db_config: UsageDBConfig | None = msgspec.field(default=None, name="usageDBConfig")
+    plugins: dict[str, PluginConfig] = msgspec.field(default_factory=dict)
+    actions: dict[str, ActionConfig] = msgspec.field(default_factory=dict)
+
+
+class SchedulingShardStatus(_Wire, frozen=True, kw_only=True):
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
+class SchedulingShard(_Object, frozen=True, kw_only=True):
+    """One scheduling shard's configuration (cluster-scoped); `shared.kube.scheduling_shard` reads it."""
+
+    KIND = "SchedulingShard"
+    RESOURCE = "schedulingshards"
+    api_version: str = "kai.scheduler/v1"
+    kind: str = "SchedulingShard"
+    spec: SchedulingShardSpec = msgspec.field(default_factory=SchedulingShardSpec)
+    status: SchedulingShardStatus = msgspec.field(default_factory=SchedulingShardStatus)
+
+
 # --- workload owners (any kind) ----------------------------------------------------------------------------
 class Owner(_Object, frozen=True, kw_only=True):
     """A pod's owner of any kind (Job, Deployment, PyTorchJob, ...): what the pod-grouper reads of it."""
@@ -448,7 +534,17 @@ class Job(_Object, frozen=True, kw_only=True):
 # --- decoding --------------------------------------------------------------------------------------------
 T = TypeVar("T", bound=_Object)
 
-_TYPES: tuple[type[_Object], ...] = (Pod, Node, PriorityClass, Queue, PodGroup, Topology, Owner, Job)
+_TYPES: tuple[type[_Object], ...] = (
+    Pod,
+    Node,
+    PriorityClass,
+    Queue,
+    PodGroup,
+    Topology,
+    SchedulingShard,
+    Owner,
+    Job,
+)
 _BY_NAME: dict[str, type[_Object]] = {
     name: cls for cls in _TYPES for name in (cls.KIND, cls.KIND.lower(), cls.RESOURCE)
 }
@@ -466,6 +562,7 @@ class _Named(msgspec.Struct):
 
 _NAME_DECODER = msgspec.json.Decoder(_Named)
 _PATH = re.compile(r"^(?P<problem>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`$")
 
 
 def _type_of(kind: str | type[Any]) -> type[_Object]:
@@ -507,7 +604,12 @@ def _invalid(cls: type[_Object], name: str, exc: msgspec.MsgspecError) -> Invali
     if isinstance(exc, msgspec.ValidationError):
         match = _PATH.match(text)
         if match is not None:
-            return InvalidObject(cls.KIND, name, match["path"].lstrip("."), match["problem"])
+            path, problem = match["path"].lstrip("."), match["problem"]
+            unknown = _UNKNOWN_FIELD.match(problem)
+            if unknown is not None:  # name the field itself, as a user would look for it
+                path = f"{path}.{unknown['field']}" if path else unknown["field"]
+                problem = "unknown field"
+            return InvalidObject(cls.KIND, name, path, problem)
         return InvalidObject(cls.KIND, name, "", text)
     return InvalidObject(cls.KIND, name, "", f"not a valid JSON document: {text}")
 
@@ -551,4 +653,5 @@ decode_priority_class = _decoder_of(PriorityClass)
 decode_queue = _decoder_of(Queue)
 decode_podgroup = _decoder_of(PodGroup)
 decode_topology = _decoder_of(Topology)
+decode_scheduling_shard = _decoder_of(SchedulingShard)
 decode_owner = _decoder_of(Owner)

@@ -45,10 +45,11 @@ PLURALS = {
     "Queue": "queues",
     "PodGroup": "podgroups",
     "Topology": "topologies",
+    "SchedulingShard": "schedulingshards",
     "PriorityClass": "priorityclasses",
 }
 
-CLUSTER_SCOPED = frozenset({"Node", "Namespace", "Queue", "Topology", "PriorityClass"})
+CLUSTER_SCOPED = frozenset({"Node", "Namespace", "Queue", "Topology", "SchedulingShard", "PriorityClass"})
 
 
 def plural_of(kind: str) -> str:

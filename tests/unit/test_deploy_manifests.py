@@ -339,6 +339,7 @@ def test_base_renders_the_whole_install() -> None:
         ("CustomResourceDefinition", "queues.scheduling.run.ai"),
         ("CustomResourceDefinition", "podgroups.scheduling.run.ai"),
         ("CustomResourceDefinition", "topologies.kai.scheduler"),
+        ("CustomResourceDefinition", "schedulingshards.kai.scheduler"),
         *WORKLOADS,
         *(("ServiceAccount", name) for name in EXPECTED_PERMISSIONS),
         *(("PodDisruptionBudget", name) for kind, name in WORKLOADS if kind != "DaemonSet"),

@@ -193,6 +193,63 @@ def test_a_topology_reads_its_levels() -> None:
     assert [level.node_label for level in topology.spec.levels] == ["zone", "kubernetes.io/hostname"]
 
 
+# A SchedulingShard as KAI's docs write one (kubectl apply -f), every spec field set.
+SHARD = {
+    "apiVersion": "kai.scheduler/v1",
+    "kind": "SchedulingShard",
+    "metadata": {"name": "pool-a"},
+    "spec": {
+        "partitionLabelValue": "pool-a",
+        "placementStrategy": {"gpu": "spread", "cpu": "binpack"},
+        "queueDepthPerAction": {"allocate": 25, "reclaim": 8},
+        "minRuntime": {"preemptMinRuntime": "5m", "reclaimMinRuntime": "10m"},
+        "kValue": 2.5,
+        "usageDBConfig": {
+            "clientType": "prometheus",
+            "connectionString": "http://prometheus:9090",
+            "usageParams": {"halfLifePeriod": "30m", "windowSize": "1h", "windowType": "sliding"},
+        },
+        "plugins": {"elastic": {"enabled": False}, "proportion": {"arguments": {"kValue": "2.0"}}},
+        "actions": {"consolidation": {"enabled": True, "priority": 450}},
+        "args": {"detailed-fit-errors": "true"},
+    },
+}
+
+
+def test_a_scheduling_shard_reads_kai_s_whole_spec() -> None:
+    shard = wire.decode("schedulingshards", json.dumps(SHARD))
+    assert isinstance(shard, wire.SchedulingShard)
+    spec = shard.spec
+    assert spec.placement_strategy == wire.PlacementStrategy(gpu="spread", cpu="binpack")
+    assert (spec.partition_label_value, spec.k_value) == ("pool-a", 2.5)
+    assert spec.min_runtime == wire.MinRuntime(preempt_min_runtime="5m", reclaim_min_runtime="10m")
+    assert spec.usage_db_config is not None
+    assert spec.usage_db_config.usage_params is not None
+    assert spec.usage_db_config.usage_params.half_life_period == "30m"
+    assert spec.plugins["elastic"] == wire.PluginConfig(enabled=False)
+    assert spec.actions["consolidation"] == wire.ActionConfig(enabled=True, priority=450)
+    assert spec.queue_depth_per_action == {"allocate": 25, "reclaim": 8}
+    assert json.loads(wire.msgspec.json.encode(shard))["spec"] == SHARD["spec"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"kvalue": 1}, "spec.kvalue"),
+        ({"placementStrategy": {"gpuu": "spread"}}, "spec.placementStrategy.gpuu"),
+        # msgspec names a map value by "[...]", not by its key
+        ({"plugins": {"elastic": {"enable": False}}}, "spec.plugins[...].enable"),
+        ({"usageDBConfig": {"usageParams": {"halflife": "1h"}}}, "spec.usageDBConfig.usageParams.halflife"),
+    ],
+)
+def test_an_unknown_field_of_a_scheduling_shard_spec_is_named(spec: dict[str, Any], field: str) -> None:
+    raw = json.dumps({"kind": "SchedulingShard", "metadata": {"name": "s"}, "spec": spec})
+    with pytest.raises(InvalidObject) as info:
+        wire.decode_scheduling_shard(raw)
+    assert (info.value.kind, info.value.name, info.value.field) == ("SchedulingShard", "s", field)
+    assert info.value.problem == "unknown field"
+
+
 def test_an_owner_of_any_kind_keeps_its_spec_as_raw_json() -> None:
     raw = json.dumps(
         {

@@ -3,16 +3,21 @@ metadata, conflicts, status, deletion and garbage collection, binding and evicti
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from shared.kube import wire
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.config import read_manifests
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import parse_time
 from tools.kubesim.resources import ResourceType
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -422,6 +427,21 @@ def test_a_crd_serves_its_resource_and_deleting_it_removes_the_objects(cluster: 
     cluster.delete(crds, None, "queues.scheduling.run.ai")
     expect_error(404, "NotFound", cluster.lookup, "scheduling.run.ai", "v2", "queues")
     assert "scheduling.run.ai/queues" not in cluster.store.storages
+
+
+def test_kai_s_crds_from_deploy_are_served_and_keep_a_scheduling_shard_as_written(cluster: Cluster) -> None:
+    for doc in read_manifests(ROOT / "deploy" / "crds"):
+        if doc.get("kind") == "CustomResourceDefinition":
+            cluster.apply_manifest(doc)
+    shards = cluster.lookup("kai.scheduler", "v1", "schedulingshards")
+    assert not shards.namespaced
+    assert shards.has_status
+    spec = {"placementStrategy": {"gpu": "spread"}, "plugins": {"elastic": {"enabled": False}}, "kValue": 2}
+    body = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": "default"}}
+    cluster.create(shards, None, {**body, "spec": spec})
+    shard = wire.convert(wire.SchedulingShard, cluster.get(shards, None, "default"))
+    assert shard.spec.placement_strategy == wire.PlacementStrategy(gpu="spread")
+    assert shard.spec.plugins == {"elastic": wire.PluginConfig(enabled=False)}
 
 
 def test_events_written_as_core_v1_read_as_events_k8s_io_v1(cluster: Cluster) -> None:
