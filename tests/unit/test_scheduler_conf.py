@@ -74,6 +74,18 @@ def test_proportion_k_value_is_mapped() -> None:
     assert apply_scheduler_conf(conf(plugins), BASE, "c").k_value == 2.5
 
 
+def test_minruntime_defaults_are_mapped() -> None:
+    arguments = {
+        "defaultPreemptMinRuntime": "5m",
+        "defaultReclaimMinRuntime": "1h",
+        "reclaimResolveMethod": "lca",
+    }
+    policy = apply_scheduler_conf(
+        conf(replaced("minruntime", {"name": "minruntime", "arguments": arguments})), BASE, "c"
+    )
+    assert (policy.preempt_min_runtime, policy.reclaim_min_runtime) == (300.0, 3600.0)
+
+
 @pytest.mark.parametrize(
     ("plugins", "field", "words"),
     [
@@ -92,9 +104,14 @@ def test_proportion_k_value_is_mapped() -> None:
             ["'scatter'", "binpack, spread"],
         ),
         (
-            replaced("minruntime", {"name": "minruntime", "arguments": {"defaultPreemptMinRuntime": "5m"}}),
-            "harness.scheduler_conf.tiers[0].plugins[17].arguments.defaultPreemptMinRuntime",
-            ["not mapped"],
+            replaced("minruntime", {"name": "minruntime", "arguments": {"preemptMinRuntime": "5m"}}),
+            "harness.scheduler_conf.tiers[0].plugins[17].arguments.preemptMinRuntime",
+            ["'preemptMinRuntime' is not one Kairos maps", "defaultPreemptMinRuntime"],
+        ),
+        (
+            replaced("minruntime", {"name": "minruntime", "arguments": {"reclaimResolveMethod": "queue"}}),
+            "harness.scheduler_conf.tiers[0].plugins[17].arguments.reclaimResolveMethod",
+            ["lowest common ancestor"],
         ),
         (
             replaced("taskorder", {"name": "taskorder", "disableTaskOrder": True}),
