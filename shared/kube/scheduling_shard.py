@@ -1,0 +1,399 @@
+"""A SchedulingShard (kai.scheduler/v1) as the configuration of one Kairos shard, and the `Policy` its
+cycles run with; pure and deterministic.
+
+`shard_config` reads the wire object as KAI's operator does: the shard's plugins and actions are KAI's
+defaults for its placement strategy (``gpupack`` or ``gpuspread`` after ``placementStrategy.gpu``,
+``gpusharingorder`` only with GPU binpack, ``consolidation`` only when neither strategy is spread;
+``kValue`` and ``minRuntime`` become the ``proportion`` and ``minruntime`` arguments), merged with the
+spec's overrides (``enabled`` and ``priority`` per field, ``arguments`` as a whole; a plugin or action
+enabled that is not a default starts at priority 0), then ordered by priority, highest first, ties by
+name. `policy_of` turns the result into the `Policy` every cycle of the shard should use.
+
+Bad input raises `InvalidObject("SchedulingShard", name, field, problem)` naming the field
+(``spec.placementStrategy.gpu``): a placement other than binpack or spread, a negative or non-finite
+kValue, a malformed or negative duration, an unknown plugin or action, an argument a plugin does not take,
+a queue depth for an action that does not run, a malformed usageDBConfig. (Unknown fields are refused
+when the object is decoded, `shared.kube.wire`.)
+
+What is valid but the policy cannot honour yet is *reported, not refused*: `ShardConfig.not_applied`
+lists each such field with the reason, and the rest of the configuration applies. These are:
+
+- ``partitionLabelValue``: node pools are not split yet, the shard schedules every node;
+- ``queueDepthPerAction``: Kairos's actions try every job of a queue;
+- ``usageDBConfig``: usage over time is not fed into fair share yet;
+- ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
+  ``max-consolidation-preemptees`` and ``default-staleness-grace-period`` map);
+- a plugin the core always applies, disabled (`kai_plugins.ALWAYS_ON`); a plugin's priority other than its
+  default (Kairos applies its rules in a fixed order); anything but exactly one GPU device order enabled;
+  ``minruntime``'s ``reclaimResolveMethod: queue``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, cast
+
+import msgspec
+
+from shared.core.policy import KNOWN_ACTIONS, Placement, Policy
+from shared.errors import InvalidObject
+from shared.kube import kai_plugins, wire
+from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, PluginEntry
+from shared.kube.quantity import DurationError, parse_duration, parse_time
+
+__all__ = [
+    "DEFAULT_ACTION_PRIORITIES",
+    "NotApplied",
+    "PluginSetting",
+    "ShardConfig",
+    "UsageDb",
+    "policy_of",
+    "shard_config",
+]
+
+KIND = wire.SchedulingShard.KIND
+
+DEFAULT_ACTION_PRIORITIES: Mapping[str, int] = {
+    "allocate": 500,
+    "consolidation": 400,
+    "reclaim": 300,
+    "preempt": 200,
+    "stalegangeviction": 100,
+}
+"""KAI's actions and their default priorities (higher runs first; KAI operator's defaults)."""
+
+_BASE_PLUGINS = tuple(
+    name for name in DEFAULT_PRIORITIES if name not in ("gpupack", "gpuspread", "gpusharingorder")
+)
+"""The plugins every shard starts with, whatever its placement strategy."""
+
+WindowType = Literal["sliding", "tumbling", "cron"]
+_WINDOW_TYPES = ("sliding", "tumbling", "cron")
+
+_ARGS: Mapping[str, str] = {
+    "allow-consolidating-reclaim": "allow_consolidating_reclaim",
+    "max-consolidation-preemptees": "max_consolidation_preemptees",
+    "default-staleness-grace-period": "staleness_grace_period",
+}
+"""KAI scheduler flags (``spec.args``) that are policy fields."""
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+class NotApplied(msgspec.Struct, frozen=True, kw_only=True):
+    """A valid setting of the shard that Kairos does not honour (yet): the field and why."""
+
+    field: str
+    reason: str
+
+
+class PluginSetting(msgspec.Struct, frozen=True, kw_only=True):
+    """One enabled plugin of the shard, after merging the spec's override with KAI's default."""
+
+    name: str
+    priority: int
+    arguments: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class UsageDb(msgspec.Struct, frozen=True, kw_only=True):
+    """usageDBConfig, checked; durations in seconds (None: KAI's default)."""
+
+    client_type: str
+    connection_string: str = ""
+    connection_string_env_var: str = ""
+    half_life_period: float | None = None
+    """0 or None: usage does not decay."""
+    window_size: float | None = None
+    window_type: WindowType | None = None
+    tumbling_window_start_time: float | None = None
+    cron_string: str = ""
+    fetch_interval: float | None = None
+    staleness_period: float | None = None
+    wait_timeout: float | None = None
+    extra_params: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ShardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a SchedulingShard configures, checked and merged with KAI's defaults; `policy_of` reads it.
+
+    ``policy_changes`` are the `Policy` fields the shard sets (the rest keep the caller's base);
+    ``not_applied`` what the shard asks that Kairos does not honour, each with its reason.
+    """
+
+    name: str
+    partition_label_value: str = ""
+    gpu_placement: Placement = "binpack"
+    cpu_placement: Placement = "binpack"
+    actions: tuple[str, ...] = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+    """The enabled actions, in the order they run."""
+    plugins: tuple[PluginSetting, ...] = ()
+    """The enabled plugins, highest priority first."""
+    queue_depth_per_action: dict[str, int] = msgspec.field(default_factory=dict)
+    usage_db: UsageDb | None = None
+    args: dict[str, str] = msgspec.field(default_factory=dict)
+    policy_changes: dict[str, float | int | bool | str | tuple[str, ...]] = msgspec.field(
+        default_factory=dict
+    )
+    not_applied: tuple[NotApplied, ...] = ()
+
+
+def policy_of(config: ShardConfig, base: Policy | None = None) -> Policy:
+    """The policy every cycle of the shard runs with: `base` (KAI's defaults when None) with the shard's
+    settings; validated as any decoded Policy is."""
+    fields = msgspec.structs.asdict(base or Policy())
+    fields.update(config.policy_changes)
+    return msgspec.convert(fields, Policy)
+
+
+class _Reader:
+    """Reads one shard; every error names it."""
+
+    def __init__(self, shard: wire.SchedulingShard) -> None:
+        self.name = wire.object_name(shard.metadata.namespace, shard.metadata.name)
+        self.spec = shard.spec
+        self.notes: list[NotApplied] = []
+        self.changes: dict[str, float | int | bool | str | tuple[str, ...]] = {}
+
+    def error(self, field: str, problem: str) -> InvalidObject:
+        return InvalidObject(KIND, self.name, field, problem)
+
+    def note(self, field: str, reason: str) -> None:
+        self.notes.append(NotApplied(field=field, reason=reason))
+
+    def duration(self, field: str, text: str | None) -> float | None:
+        if text is None:
+            return None
+        try:
+            seconds = parse_duration(text)
+        except DurationError as exc:
+            raise self.error(field, str(exc)) from None
+        if seconds < 0:
+            raise self.error(field, f"{text!r} is negative")
+        return seconds
+
+
+def shard_config(shard: wire.SchedulingShard) -> ShardConfig:
+    """The shard's configuration; raises `InvalidObject` naming the field for bad input (module docstring)."""
+    r = _Reader(shard)
+    spec = shard.spec
+    gpu, cpu = _placement(r, spec.placement_strategy)
+    if spec.k_value is not None:
+        kai_plugins.k_value(spec.k_value, "spec.kValue", r.error)
+    minimum = spec.min_runtime or wire.MinRuntime()
+    r.duration("spec.minRuntime.preemptMinRuntime", minimum.preempt_min_runtime)
+    r.duration("spec.minRuntime.reclaimMinRuntime", minimum.reclaim_min_runtime)
+
+    plugins = _plugins(r, gpu, cpu)
+    actions = _actions(r, gpu, cpu)
+    r.changes["actions"] = actions
+    for name, depth in spec.queue_depth_per_action.items():
+        at = f"spec.queueDepthPerAction.{name}"
+        if name not in actions:
+            raise r.error(at, f"{name!r} is not one of the shard's actions ({', '.join(actions)})")
+        if depth < 0:
+            raise r.error(at, f"depth {depth} is negative")
+        r.note(at, "Kairos's actions try every job of a queue (no per-action depth yet)")
+    usage_db = _usage_db(r, spec.usage_db_config)
+    if usage_db is not None:
+        r.note("spec.usageDBConfig", "usage over time is not fed into fair share yet (time-based fair share)")
+    _args(r, spec.args)
+    if spec.partition_label_value:
+        r.note("spec.partitionLabelValue", "node pools are not split yet: the shard schedules every node")
+    return ShardConfig(
+        name=r.name,
+        partition_label_value=spec.partition_label_value,
+        gpu_placement=gpu,
+        cpu_placement=cpu,
+        actions=actions,
+        plugins=plugins,
+        queue_depth_per_action=dict(spec.queue_depth_per_action),
+        usage_db=usage_db,
+        args=dict(spec.args),
+        policy_changes=r.changes,
+        not_applied=tuple(r.notes),
+    )
+
+
+def _placement(r: _Reader, strategy: wire.PlacementStrategy | None) -> tuple[Placement, Placement]:
+    strategy = strategy or wire.PlacementStrategy()
+    out: list[Placement] = []
+    for key, value in (("gpu", strategy.gpu), ("cpu", strategy.cpu)):
+        if value is None:
+            out.append("binpack")
+        elif value in PLACEMENTS:
+            out.append(cast("Placement", value))
+        else:
+            raise r.error(
+                f"spec.placementStrategy.{key}", f"{value!r}, expected one of {', '.join(PLACEMENTS)}"
+            )
+    return out[0], out[1]
+
+
+class _Plugin(msgspec.Struct, kw_only=True):
+    enabled: bool
+    priority: int
+    arguments: dict[str, str]
+    argument_fields: dict[str, str] = msgspec.field(default_factory=dict)
+    """Where a default argument came from in the spec (``spec.kValue``)."""
+    arguments_field: str = ""
+
+
+def _default_plugins(r: _Reader, gpu: Placement) -> dict[str, _Plugin]:
+    spec = r.spec
+    plugins = {
+        name: _Plugin(enabled=True, priority=DEFAULT_PRIORITIES[name], arguments={}) for name in _BASE_PLUGINS
+    }
+    if spec.k_value is not None:
+        plugins["proportion"].arguments = {"kValue": repr(float(spec.k_value))}
+        plugins["proportion"].argument_fields = {"kValue": "spec.kValue"}
+    minimum = spec.min_runtime or wire.MinRuntime()
+    for key, value, field in (
+        ("defaultPreemptMinRuntime", minimum.preempt_min_runtime, "spec.minRuntime.preemptMinRuntime"),
+        ("defaultReclaimMinRuntime", minimum.reclaim_min_runtime, "spec.minRuntime.reclaimMinRuntime"),
+    ):
+        if value is not None:
+            plugins["minruntime"].arguments[key] = value
+            plugins["minruntime"].argument_fields[key] = field
+    device = "gpupack" if gpu == "binpack" else "gpuspread"
+    plugins[device] = _Plugin(enabled=True, priority=DEFAULT_PRIORITIES[device], arguments={})
+    strategy = spec.placement_strategy or wire.PlacementStrategy()
+    plugins["nodeplacement"].arguments = {"gpu": strategy.gpu or "binpack", "cpu": strategy.cpu or "binpack"}
+    plugins["nodeplacement"].argument_fields = {
+        "gpu": "spec.placementStrategy.gpu",
+        "cpu": "spec.placementStrategy.cpu",
+    }
+    if gpu == "binpack":
+        plugins["gpusharingorder"] = _Plugin(
+            enabled=True, priority=DEFAULT_PRIORITIES["gpusharingorder"], arguments={}
+        )
+    return plugins
+
+
+def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting, ...]:
+    plugins = _default_plugins(r, gpu)
+    for name, override in r.spec.plugins.items():
+        at = f"spec.plugins.{name}"
+        if name not in DEFAULT_PRIORITIES:
+            raise r.error(at, f"plugin {name!r} is not one Kairos implements")
+        plugin = plugins.setdefault(name, _Plugin(enabled=True, priority=0, arguments={}))
+        if override.enabled is not None:
+            plugin.enabled = override.enabled
+        if override.priority is not None:
+            plugin.priority = override.priority
+            if override.priority != DEFAULT_PRIORITIES[name]:
+                r.note(
+                    f"{at}.priority",
+                    "Kairos applies its plugins' rules in a fixed order (no plugin registry yet)",
+                )
+        if override.arguments is not None:
+            plugin.arguments = dict(override.arguments)
+            plugin.argument_fields = {}
+            plugin.arguments_field = f"{at}.arguments"
+    enabled = sorted(
+        ((n, p) for n, p in plugins.items() if p.enabled), key=lambda item: (-item[1].priority, item[0])
+    )
+    entries = [
+        PluginEntry(
+            name=name,
+            arguments=plugin.arguments,
+            name_field=f"spec.plugins.{name}",
+            arguments_field=plugin.arguments_field or f"spec.plugins.{name}.arguments",
+            argument_fields=plugin.argument_fields,
+        )
+        for name, plugin in enabled
+    ]
+    switches = kai_plugins.plugin_switches(entries, r.error)
+    # Kairos places by the strategy even where the spec disables the plugins that carry it (noted below).
+    r.changes.update(gpu_placement=gpu, cpu_placement=cpu, gpu_device_placement=gpu)
+    r.changes.update({k: v for k, v in switches.changes.items() if isinstance(v, float | int | bool | str)})
+    for item in switches.unexpressible:
+        r.note(item.field, item.reason)
+    for name in switches.missing:
+        if name in r.spec.plugins:  # disabled by the spec (KAI's defaults leave out only gpusharingorder)
+            r.note(
+                f"spec.plugins.{name}.enabled",
+                f"Kairos always applies {name} (its policy cannot switch it off)",
+            )
+    if len(switches.device_orders) != 1:
+        which = "both gpupack and gpuspread" if switches.device_orders else "neither gpupack nor gpuspread"
+        r.note(
+            "spec.plugins",
+            f"{which} enabled: Kairos orders a node's GPU devices one way ({gpu}, after the placement)",
+        )
+    return tuple(PluginSetting(name=n, priority=p.priority, arguments=p.arguments) for n, p in enabled)
+
+
+def _actions(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[str, ...]:
+    actions = {name: [True, priority] for name, priority in DEFAULT_ACTION_PRIORITIES.items()}
+    if "spread" in (gpu, cpu):
+        del actions["consolidation"]
+    for name, override in r.spec.actions.items():
+        if name not in KNOWN_ACTIONS:
+            raise r.error(
+                f"spec.actions.{name}",
+                f"action {name!r} is not one Kairos implements ({', '.join(KNOWN_ACTIONS)})",
+            )
+        action = actions.setdefault(name, [True, 0])
+        if override.enabled is not None:
+            action[0] = override.enabled
+        if override.priority is not None:
+            action[1] = override.priority
+    enabled = [(name, int(priority)) for name, (on, priority) in actions.items() if on]
+    return tuple(name for name, _ in sorted(enabled, key=lambda item: (-item[1], item[0])))
+
+
+def _usage_db(r: _Reader, config: wire.UsageDBConfig | None) -> UsageDb | None:
+    if config is None:
+        return None
+    at = "spec.usageDBConfig"
+    if not config.client_type:
+        raise r.error(f"{at}.clientType", "required: the kind of usage database (e.g. prometheus)")
+    params = config.usage_params or wire.UsageParams()
+    p = f"{at}.usageParams"
+    if params.window_type is not None and params.window_type not in _WINDOW_TYPES:
+        raise r.error(
+            f"{p}.windowType", f"{params.window_type!r}, expected one of {', '.join(_WINDOW_TYPES)}"
+        )
+    start = None
+    if params.tumbling_window_start_time is not None:
+        try:
+            start = parse_time(params.tumbling_window_start_time)
+        except ValueError as exc:
+            raise r.error(f"{p}.tumblingWindowStartTime", str(exc)) from None
+    window_type = cast("WindowType | None", params.window_type)
+    return UsageDb(
+        client_type=config.client_type,
+        connection_string=config.connection_string,
+        connection_string_env_var=config.connection_string_env_var,
+        half_life_period=r.duration(f"{p}.halfLifePeriod", params.half_life_period),
+        window_size=r.duration(f"{p}.windowSize", params.window_size),
+        window_type=window_type,
+        tumbling_window_start_time=start,
+        cron_string=params.cron_string,
+        fetch_interval=r.duration(f"{p}.fetchInterval", params.fetch_interval),
+        staleness_period=r.duration(f"{p}.stalenessPeriod", params.staleness_period),
+        wait_timeout=r.duration(f"{p}.waitTimeout", params.wait_timeout),
+        extra_params=dict(params.extra_params),
+    )
+
+
+def _args(r: _Reader, args: Mapping[str, str]) -> None:
+    for flag, text in args.items():
+        at = f"spec.args.{flag}"
+        field = _ARGS.get(flag)
+        if field is None:
+            r.note(at, "not a scheduler flag Kairos's policy has a switch for")
+        elif field == "allow_consolidating_reclaim":
+            if text not in _GO_TRUE and text not in _GO_FALSE:
+                raise r.error(at, f"{text!r} is not a boolean")
+            r.changes[field] = text in _GO_TRUE
+        elif field == "max_consolidation_preemptees":
+            try:
+                number = int(text)
+            except ValueError:
+                raise r.error(at, f"{text!r} is not an integer") from None
+            if number < -1:
+                raise r.error(at, f"{number} is out of range (-1 for unlimited, else >= 0)")
+            r.changes[field] = number
+        else:
+            r.changes[field] = r.duration(at, text) or 0.0
