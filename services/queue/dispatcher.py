@@ -45,11 +45,12 @@ from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
-from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
+from shared.contracts.messages import CycleReply, CycleRequest, Outcome, ShardRecord, WorkItem, encode
 from shared.core.policy import KNOWN_ACTIONS, Policy
 from shared.core.queue_plan import Resources, plan_queues
 from shared.core.quota_gate import QuotaVerdict
-from shared.errors import ConfigError
+from shared.errors import ConfigError, KairosError
+from shared.kube.scheduling_shard import policy_of
 from shared.model import Snapshot
 from shared.telemetry.metrics import QueueMetrics
 from shared.telemetry.spans import OrderTracer
@@ -255,6 +256,20 @@ class InFlight:
     """When it was published (the dispatcher's clock): the start of its round trip."""
 
 
+def shard_policy(base: Policy, record: ShardRecord | None) -> Policy:
+    """`base` under the shard's configuration (`policy_of`), its actions those of `base` the shard enables,
+    in the shard's order; `base` itself without a record, or with one the base cannot take (logged: the
+    record was checked against KAI's defaults when it was written)."""
+    if record is None:
+        return base
+    try:
+        policy = policy_of(record.config, base=base)
+        return msgspec.structs.replace(policy, actions=tuple(a for a in policy.actions if a in base.actions))
+    except (msgspec.ValidationError, KairosError) as exc:
+        log.warning("SchedulingShard %s not applied to the policy: %s", record.shard, exc)
+        return base
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -303,10 +318,14 @@ class Dispatcher:
     def now(self) -> float:
         return self.clock() + self._wall_offset
 
-    def policy(self, actions: tuple[str, ...] = ALL_ACTIONS) -> Policy:
-        """The policy work items run with, `actions` aside (a cycle request may bring its own): KAI's
-        defaults and the configured GPU usage scoring. The cycle's plan orders the podgroups under it."""
-        return Policy(actions=actions, gpu_usage_scoring=self.settings.gpu_usage_scoring)
+    def policy(self, actions: tuple[str, ...] | None = None) -> Policy:
+        """The policy work items run with: KAI's defaults and the configured GPU usage scoring, under the
+        shard's SchedulingShard when the replica holds its record (`shard_policy`), `actions` (all, or a
+        work item's or cycle request's own) limited to the shard's. The cycle's plan orders the podgroups under it. Read at every
+        call: a changed SchedulingShard applies at the next cycle."""
+        requested = ALL_ACTIONS if actions is None else actions
+        base = Policy(actions=requested, gpu_usage_scoring=self.settings.gpu_usage_scoring)
+        return shard_policy(base, self.replica.shard(self.shard))
 
     # --- leadership -------------------------------------------------------------------------------------
     def on_leadership(self, leading: bool) -> None:

@@ -36,6 +36,8 @@ The controllers, run by the Kubernetes owner after each flush:
 - `podwork`: the pod-work loop the pod-grouper and the gate keepers share.
 - `writeback`: Kairos's events written back as Kubernetes Events and statuses.
 - `problem_report`: Events and conditions for the objects the mirror holds back.
+- `shard_watch`: the SchedulingShard this shard serves, into KV as its `ShardRecord` (or a Warning Event
+  and condition naming the field), over `shards` (reading it, pure).
 
 And on every replica with `webhook_port`: `webhook`, the mutating admission webhook (GPU-sharing
 environment, scheduling gates), over `admission_review` (the AdmissionReview protocol, sans-I/O).

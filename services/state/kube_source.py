@@ -15,7 +15,9 @@ becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) u
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
 podgroup yet, the gate keeper (`services.state.gate_keepers`) for gated pods whose dependencies succeeded, and
-the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. A failed write
+the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. The owner also
+runs the shard watch (`services.state.shard_watch`, an eighth informer): the SchedulingShard this shard
+serves, kept in KV as its `ShardRecord` (full syncs leave that key alone). A failed write
 marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
 source does.
 """
@@ -41,6 +43,7 @@ from services.state.kv_writer import StateWriter
 from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
 from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
+from services.state.shard_watch import ShardWatch
 from services.state.writeback import WriteBack, WriteBackOptions
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder
@@ -205,7 +208,9 @@ class KubeSource:
         self._resync = True
         self.mirror.touch_nodes()
         self.mirror.flush(time.time())
-        await self.writer.sync(self.mirror.current, await self.ctx.bus.state.keys())
+        # The shard's configuration (`ShardRecord`) is the shard watch's to write, not an object of the mirror.
+        keys = [key for key in await self.ctx.bus.state.keys() if not key.startswith(s.SHARD_KEY_PREFIX)]
+        await self.writer.sync(self.mirror.current, keys)
         await self.writer.reconcile(o for o in self.mirror.current.values() if isinstance(o, Pod))
         self._resync = False
         await self._flushed()
@@ -281,6 +286,7 @@ class KubeOwner:
         self.grouper: PodGrouperLoop | None = None
         self.gates: GateKeeper | None = None
         self.quota_gates: QuotaGateKeeper | None = None
+        self.shard_watch: ShardWatch | None = None
         self._stamps_sub: Subscription | None = None
         self._why_sub: Subscription | None = None
 
@@ -304,6 +310,14 @@ class KubeOwner:
             ProblemReportOptions(component=self.options.scheduler_name, settle=self.options.problem_settle),
         )
         self.problems.start()
+        self.shard_watch = ShardWatch(
+            self.ctx,
+            self.kube,
+            self.replica,
+            component=self.options.scheduler_name,
+            resync_period=self.options.resync_period,
+        )
+        self.shard_watch.start()
         try:
             revision = await self.source.start()
             self.writeback = WriteBack(
@@ -397,6 +411,8 @@ class KubeOwner:
             await self.quota_gates.stop()
         if self.problems is not None:
             await self.problems.stop()
+        if self.shard_watch is not None:
+            await self.shard_watch.stop()
         if self.writeback is not None:
             await self.writeback.stop()
         if self.source is not None:

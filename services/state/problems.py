@@ -23,11 +23,12 @@ from services.state.dependencies import Verdict
 from shared.kube import wire
 from shared.kube.translate import rfc3339
 
-ProblemKind = Literal["Queue", "PodGroup", "Pod"]
+ProblemKind = Literal["Queue", "PodGroup", "Pod", "SchedulingShard"]
 
 INVALID_QUEUE = "InvalidQueue"
 INVALID_PODGROUP = "InvalidPodGroup"
 INVALID_POD = "InvalidPod"
+INVALID_SCHEDULING_SHARD = "InvalidSchedulingShard"
 WAITING_FOR_MIN_MEMBER = "WaitingForMinMember"
 """Not invalid: KAI keeps a gang with fewer pods than its min member pending until they exist."""
 
@@ -35,6 +36,7 @@ INVALID_REASONS: dict[ProblemKind, str] = {
     "Queue": INVALID_QUEUE,
     "PodGroup": INVALID_PODGROUP,
     "Pod": INVALID_POD,
+    "SchedulingShard": INVALID_SCHEDULING_SHARD,
 }
 
 WAITING_FOR_DEPENDENCIES = "WaitingForDependencies"
@@ -57,13 +59,15 @@ OWN_REASONS = frozenset({*INVALID_REASONS.values(), WAITING_FOR_MIN_MEMBER, *STA
 """The reasons Kairos writes on conditions: a condition with another reason is not Kairos's to set back."""
 
 ACCEPTED = "Accepted"
-"""The condition type on Queues and PodGroups: False while Kairos holds the object back."""
+"""The condition type on Queues, PodGroups and SchedulingShards: False while Kairos holds the object back
+(a SchedulingShard: while its configuration is not in force)."""
 POD_SCHEDULED = "PodScheduled"
 
 API_VERSIONS: dict[ProblemKind, str] = {
     "Queue": "scheduling.run.ai/v2",
     "PodGroup": "scheduling.run.ai/v2alpha2",
     "Pod": "v1",
+    "SchedulingShard": "kai.scheduler/v1",
 }
 
 

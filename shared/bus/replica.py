@@ -17,6 +17,7 @@ import msgspec
 from shared.bus.connection import Bus
 from shared.contracts.messages import (
     LEDGER_RECORDS,
+    SHARD_RECORDS,
     STATE_RECORDS,
     NodeLedger,
     NodeRecord,
@@ -25,9 +26,11 @@ from shared.contracts.messages import (
     PodRecord,
     QueueRecord,
     Reservation,
+    ShardRecord,
     StateRecord,
     TopologyRecord,
 )
+from shared.contracts.subjects import SHARD_KEY_PREFIX
 from shared.errors import MalformedMessage
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
 
@@ -38,6 +41,9 @@ class StateReplica:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.records: dict[str, StateRecord] = {}
+        self.shards: dict[str, ShardRecord] = {}
+        """`shard_key` -> the configuration in force for that shard (`ShardRecord`), kept apart from the
+        cluster's objects."""
         self.ledger: dict[str, NodeLedger] = {}
         self.claims: dict[str, PodClaim] = {}
         self.key_revisions: dict[str, int] = {}
@@ -86,9 +92,13 @@ class StateReplica:
             self.revision = max(self.revision, revision)
             if deleted:
                 self.records.pop(key, None)
+                self.shards.pop(key, None)
                 return
             try:
-                self.records[key] = STATE_RECORDS.decode(key, value or b"")
+                if key.startswith(SHARD_KEY_PREFIX):
+                    self.shards[key] = SHARD_RECORDS.decode(key, value or b"")
+                else:
+                    self.records[key] = STATE_RECORDS.decode(key, value or b"")
             except MalformedMessage as exc:
                 self.malformed += 1
                 log.warning("ignored malformed state record %s: %s", key, exc.problem)
@@ -119,6 +129,12 @@ class StateReplica:
 
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(caught_up), timeout)
+
+    def shard(self, shard: str) -> ShardRecord | None:
+        """The configuration in force for `shard`, or None (no SchedulingShard: KAI's defaults)."""
+        from shared.contracts.subjects import shard_key
+
+        return self.shards.get(shard_key(shard))
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
         from shared.contracts.subjects import ledger_node_key

@@ -7,7 +7,8 @@ decode error or unknown tag is a malformed message (`decode` raises `MalformedMe
 middleware logs with its subject, counts and drops).
 
 Who sends what:
-- state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object).
+- state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object), and a `ShardRecord` per
+  shard whose SchedulingShard exists (`shard.<shard>`).
 - binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod; state removes what left.
 - queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
   binder -> `outcomes.<shard>`: `Outcome`.
@@ -34,6 +35,7 @@ from shared.core.result import PendingExplanation as PendingExplanation
 from shared.core.result import PipelinedPod as PipelinedPod
 from shared.core.result import SessionView as SessionView
 from shared.errors import KairosError, MalformedMessage
+from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Node, Pod, PodGroup, Queue, Topology
 
 VERSION = 1
@@ -68,6 +70,19 @@ class TopologyRecord(_Msg, frozen=True, kw_only=True, tag="topology"):
 
 
 StateRecord = NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord
+
+
+class ShardRecord(_Msg, frozen=True, kw_only=True, tag="shard"):
+    """The configuration in force for one Kairos shard: its SchedulingShard (kai.scheduler/v1) as the
+    state service last read it valid, under `subjects.shard_key(shard)` in `STATE_BUCKET`. An invalid
+    SchedulingShard does not replace it; none at all means no record (the services run KAI's defaults)."""
+
+    shard: str
+    resource_version: str = ""
+    """The SchedulingShard's resourceVersion this record was read from."""
+    generation: int = 0
+    config: ShardConfig
+    """The shard's configuration, checked and merged with KAI's defaults (`policy_of` reads it)."""
 
 
 # --- ledger KV records --------------------------------------------------------------------------------------
@@ -291,6 +306,7 @@ class Codec(Generic[T]):
 
 STATE_RECORDS: Codec[StateRecord] = Codec(StateRecord)
 LEDGER_RECORDS: Codec[LedgerRecord] = Codec(LedgerRecord)
+SHARD_RECORDS: Codec[ShardRecord] = Codec(ShardRecord)
 LEASES: Codec[Lease] = Codec(Lease)
 WORK: Codec[WorkItem] = Codec(WorkItem)
 PROPOSALS: Codec[Proposal] = Codec(Proposal)

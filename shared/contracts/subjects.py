@@ -135,6 +135,15 @@ def topology_key(name: str) -> str:
     return f"topology.{key_token(name)}"
 
 
+SHARD_KEY_PREFIX = "shard."
+"""Keys of `ShardRecord`s in `STATE_BUCKET` (not `StateRecord`s: the replica keeps them apart)."""
+
+
+def shard_key(shard: str) -> str:
+    """The `ShardRecord` of the Kairos shard `shard` (its SchedulingShard's configuration) in `STATE_BUCKET`."""
+    return f"{SHARD_KEY_PREFIX}{key_token(shard)}"
+
+
 def ledger_node_key(node: str) -> str:
     return f"node.{key_token(node)}"
 
