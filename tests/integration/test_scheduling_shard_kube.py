@@ -1,0 +1,113 @@
+"""A SchedulingShard applied to the simulated API server is the queue's policy: the state service's
+Kubernetes owner keeps it in KV, the dispatcher's work items run with it; an invalid one gets a Warning Event
+naming the field and the previous configuration stays in force. Real nats-server and `tools.kubesim`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.queue.dispatcher import Dispatcher, QueueSettings
+from services.state.kube_source import KubeOwner, KubeSourceOptions
+from shared.bus.connection import Bus
+from shared.bus.lease import LeaseKeeper
+from shared.bus.middleware import Counters
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceConfig, ServiceContext
+from shared.kubeapi.client import connect
+from tests.integration.test_invalid_objects import REPO, events, eventually
+from tools.kubesim.cluster import SimOptions
+from tools.kubesim.server import KubeSim
+
+pytestmark = pytest.mark.integration
+
+
+def shard(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": "default"},
+        "spec": spec,
+    }
+
+
+async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
+    bus: Bus, tmp_path: Path
+) -> None:
+    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
+    sim.load_manifests(REPO / "deploy" / "crds")
+    await sim.start()
+    sim.write_kubeconfig(tmp_path / "kubeconfig")
+    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+    replica = StateReplica(bus)
+    await replica.start()
+    kube = await connect(str(tmp_path / "kubeconfig"))
+    owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
+    await owner.start()
+    loop = asyncio.get_running_loop()
+    lease = LeaseKeeper(bus.leases, "default", "queue-0", loop.time)
+    dispatcher = Dispatcher(bus, replica, lease, QueueSettings(), Counters(), loop.time)
+    try:
+        assert replica.shard("default") is None
+        assert dispatcher.policy().gpu_placement == "binpack"
+        create = kube.custom.create_cluster_custom_object
+        await kube.call(
+            "create shard",
+            create,
+            "kai.scheduler",
+            "v1",
+            "schedulingshards",
+            shard({"placementStrategy": {"gpu": "spread"}}),
+        )
+
+        async def spread() -> bool:
+            return dispatcher.policy().gpu_placement == "spread"
+
+        await eventually("the queue's policy spreads GPUs", spread)
+        assert "consolidation" not in dispatcher.policy().actions
+
+        patch = kube.custom.patch_cluster_custom_object
+        await kube.call(
+            "break shard",
+            patch,
+            "kai.scheduler",
+            "v1",
+            "schedulingshards",
+            "default",
+            {"spec": {"kValue": -1}},
+            _content_type="application/merge-patch+json",
+        )
+
+        async def warned() -> list[dict[str, Any]]:
+            return [e for e in await events(kube) if e.get("reason") == "InvalidSchedulingShard"]
+
+        found = await eventually("a Warning Event on the SchedulingShard", warned)
+        assert found[0]["type"] == "Warning"
+        assert found[0]["involvedObject"]["kind"] == "SchedulingShard"
+        assert "spec.kValue" in found[0]["message"]
+
+        async def condition() -> Any:
+            raw = await kube.call(
+                "get shard",
+                kube.custom.get_cluster_custom_object,
+                "kai.scheduler",
+                "v1",
+                "schedulingshards",
+                "default",
+            )
+            got = raw if isinstance(raw, dict) else json.loads(raw)
+            conds = got.get("status", {}).get("conditions", [])
+            return [c for c in conds if c["type"] == "Accepted" and c["status"] == "False"]
+
+        conds = await eventually("Accepted=False on the SchedulingShard", condition)
+        assert "spec.kValue" in conds[0]["message"]
+        assert dispatcher.policy().gpu_placement == "spread"  # the previous configuration stays in force
+    finally:
+        await owner.stop()
+        await kube.close()
+        await replica.stop()
+        await sim.stop()
