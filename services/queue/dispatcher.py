@@ -572,6 +572,10 @@ class Dispatcher:
         want_view: bool,
         policy: Policy | None = None,
     ) -> WorkItem:
+        if policy is None:
+            # Placement runs the item's actions: they must be the ones the shard's configuration leaves.
+            policy = self.policy(actions)
+            actions = policy.actions
         return WorkItem(
             id=uuid.uuid4().hex,
             shard=self.shard,
@@ -583,7 +587,7 @@ class Dispatcher:
             podgroups=podgroups,
             actions=actions,
             want_view=want_view,
-            policy=policy or self.policy(actions),
+            policy=policy,
         )
 
     async def _send(

@@ -113,11 +113,13 @@ class UsageDb(msgspec.Struct, frozen=True, kw_only=True):
     extra_params: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class ShardConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ShardConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a SchedulingShard configures, checked and merged with KAI's defaults; `policy_of` reads it.
 
     ``policy_changes`` are the `Policy` fields the shard sets (the rest keep the caller's base);
-    ``not_applied`` what the shard asks that Kairos does not honour, each with its reason.
+    ``not_applied`` what the shard asks that Kairos does not honour, each with its reason. Carried in KV
+    inside `ShardRecord`, so it ignores fields it does not know: a reader older than the writer keeps
+    the shard's configuration instead of dropping the record as malformed.
     """
 
     name: str
