@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.queue.dispatcher import Dispatcher, QueueSettings
+from services.queue.dispatcher import ALL_ACTIONS, Dispatcher, QueueSettings
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
@@ -69,6 +69,10 @@ async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
 
         await eventually("the queue's policy spreads GPUs", spread)
         assert "consolidation" not in dispatcher.policy().actions
+        # Placement runs a work item's own actions: the item carries the shard's too.
+        item = dispatcher._item(0.0, 0, 0, (), ALL_ACTIONS, want_view=False)
+        assert "consolidation" not in item.actions
+        assert item.actions == item.policy.actions
 
         patch = kube.custom.patch_cluster_custom_object
         await kube.call(
