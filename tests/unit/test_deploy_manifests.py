@@ -93,6 +93,9 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | grants("*", "scheduling.run.ai", "queues", "list", "watch")
         | grants("*", "scheduling.run.ai", "queues/status", "patch")
         | grants("*", "kai.scheduler", "topologies", "list", "watch")
+        # The shard's SchedulingShard: watched; Accepted=False naming the field when it is invalid.
+        | grants("*", "kai.scheduler", "schedulingshards", "list", "watch")
+        | grants("*", "kai.scheduler", "schedulingshards/status", "patch")
         | grants("*", "scheduling.k8s.io", "priorityclasses", "list", "watch")
         | grants("*", "", "events", "create")
         | {("*", group, resource, "get") for group, resource in OWNER_KINDS}
