@@ -540,4 +540,5 @@ def snapshot_reply(replica: StateReplica) -> SnapshotReply:
         pods=objects.pods,
         topologies=objects.topologies,
         ledger=tuple(sorted(replica.ledger.values(), key=lambda entry: entry.node)),
+        shards=tuple(sorted(replica.shards.values(), key=lambda record: record.shard)),
     )

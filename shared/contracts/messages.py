@@ -248,6 +248,8 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
     pods: tuple[Pod, ...] = ()
     topologies: tuple[Topology, ...] = ()
     ledger: tuple[NodeLedger, ...] = ()
+    shards: tuple[ShardRecord, ...] = ()
+    """The shards' configurations in force (their SchedulingShards as last read valid), by shard name."""
 
 
 class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):

@@ -7,6 +7,7 @@ One stack for the module (starting it costs seconds); each test reads what it ne
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -72,6 +73,21 @@ def test_default_queues_exist_as_kai_creates_them(stack: Stack) -> None:
     names = kubectl(stack, "get", "queues", "-o", "name").split()
     assert "queue.scheduling.run.ai/default-parent-queue" in names
     assert "queue.scheduling.run.ai/default-queue" in names
+
+
+def test_kai_s_default_shard_is_in_force_and_editing_it_reconfigures_the_scheduler(stack: Stack) -> None:
+    names = kubectl(stack, "get", "schedulingshards", "-o", "name").split()
+    assert names == ["schedulingshard.kai.scheduler/default"]
+
+    def shown(pattern: str) -> str | None:
+        status = kairos(stack, "status")
+        return status if re.search(pattern, status) else None
+
+    wait_for(stack, "the default shard in kairos status", lambda: shown(r"SchedulingShard default"))
+    kubectl(stack, "patch", "schedulingshard", "default", "--type=merge", "-p", '{"spec":{"kValue":2}}')
+    status = wait_for(stack, "kValue 2 in kairos status", lambda: shown(r"kValue\W+2\b"))
+    assert re.search(r"placement \(gpu / cpu\)\W+binpack / binpack", status), status
+    kubectl(stack, "patch", "schedulingshard", "default", "--type=merge", "-p", '{"spec":{"kValue":1}}')
 
 
 def test_quickstart_pods_are_bound_and_shown_with_their_nodes(stack: Stack, applied: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ grant beyond it fails here), and NATS's configuration passes `nats-server -t`.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -28,7 +29,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared.kube import gpu_sharing
+from shared.core.policy import Policy
+from shared.kube import gpu_sharing, wire
+from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.security.nats_config import deploy_authorization, password_env
 from shared.security.permissions import IDENTITIES
 
@@ -376,6 +379,17 @@ def test_default_queues_are_kai_s_two_level_hierarchy() -> None:
     assert {(q["apiVersion"], q["kind"]) for q in queues} == {("scheduling.run.ai/v2", "Queue")}
     parents = {q["metadata"]["name"]: q["spec"].get("parentQueue") for q in queues}
     assert parents == {"default-parent-queue": None, "default-queue": "default-parent-queue"}
+
+
+def test_the_default_shard_is_kai_s_and_valid_against_its_crd() -> None:
+    shards = render("shards")
+    assert [(s["apiVersion"], s["kind"], s["metadata"]["name"]) for s in shards] == [
+        ("kai.scheduler/v1", "SchedulingShard", "default")
+    ]
+    assert schema_errors(shards) == []
+    config = shard_config(wire.decode_scheduling_shard(json.dumps(shards[0]).encode()))
+    assert policy_of(config) == Policy()
+    assert config.not_applied == ()
 
 
 def test_the_crd_check_catches_a_field_the_api_server_would_drop() -> None:

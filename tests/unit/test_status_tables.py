@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import re
 
 from rich.console import Console
 
-from shared.contracts.messages import SnapshotReply
+from shared.contracts.messages import ShardRecord, SnapshotReply
+from shared.kube import wire
+from shared.kube.scheduling_shard import shard_config
 from shared.model import Node
 from shared.model.objects import DeviceUsage
 from tools.cli.cluster_cmds import status_tables
@@ -41,3 +45,33 @@ def test_no_device_table_without_measurements() -> None:
     node = Node(name="plain", cpu_millis=8000, memory_bytes=64e9, gpus=8)
     text = _render(status_tables(SnapshotReply(revision=1, ledger_revision=0, nodes=(node,))))
     assert "GPU devices measured" not in text
+
+
+def test_the_shard_configuration_in_force_is_shown_with_what_is_not_applied() -> None:
+    shard = wire.decode_scheduling_shard(
+        json.dumps(
+            {
+                "apiVersion": "kai.scheduler/v1",
+                "kind": "SchedulingShard",
+                "metadata": {"name": "default", "resourceVersion": "12"},
+                "spec": {
+                    "placementStrategy": {"gpu": "spread"},
+                    "kValue": 2,
+                    "queueDepthPerAction": {"reclaim": 5},
+                },
+            }
+        ).encode()
+    )
+    record = ShardRecord(shard="default", resource_version="12", config=shard_config(shard))
+    text = _render(status_tables(SnapshotReply(revision=1, ledger_revision=0, shards=(record,))))
+    assert "SchedulingShard default (shard default, resourceVersion 12)" in text
+    assert re.search(r"placement \(gpu / cpu\)\W+spread / binpack", text), text
+    assert re.search(r"kValue\W+2\b", text), text
+    actions = next(line for line in text.splitlines() if "actions" in line)
+    assert "consolidation" not in actions  # KAI drops it under a spread strategy
+    assert re.search(r"not applied: spec\.queueDepthPerAction\.reclaim", text), text
+
+
+def test_without_a_schedulingshard_status_says_kai_s_defaults_apply() -> None:
+    text = _render(status_tables(SnapshotReply(revision=1, ledger_revision=0)))
+    assert "none in force (KAI's defaults apply)" in text

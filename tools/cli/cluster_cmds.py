@@ -278,6 +278,47 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
                 d.gpu_group,
             )
         tables.append(devices)
+    tables.extend(shard_tables(reply))
+    return tables
+
+
+def shard_tables(reply: SnapshotReply) -> list[object]:
+    """Each shard's configuration in force, from its SchedulingShard: the policy fields it sets, the
+    actions in order, and what Kairos does not honour yet (with why); a line saying KAI's defaults apply
+    when the cluster has no SchedulingShard for the shard."""
+    from rich.table import Table
+
+    from shared.core.policy import Policy
+    from shared.kube.scheduling_shard import policy_of
+
+    if not reply.shards:
+        table = Table(title="SchedulingShard: none in force (KAI's defaults apply)")
+        table.add_column("setting")
+        table.add_column("value")
+        table.add_row("actions", ", ".join(Policy().actions))
+        return [table]
+    tables: list[object] = []
+    for record in reply.shards:
+        config = record.config
+        policy = policy_of(config)
+        table = Table(
+            title=f"SchedulingShard {config.name} (shard {record.shard}, resourceVersion {record.resource_version})"
+        )
+        table.add_column("setting")
+        table.add_column("value")
+        table.add_row("placement (gpu / cpu)", f"{policy.gpu_placement} / {policy.cpu_placement}")
+        table.add_row("GPU device placement", policy.gpu_device_placement)
+        table.add_row("actions", ", ".join(policy.actions))
+        table.add_row("kValue", _number(policy.k_value))
+        table.add_row(
+            "min runtime (preempt / reclaim)",
+            f"{_number(policy.preempt_min_runtime)} s / {_number(policy.reclaim_min_runtime)} s",
+        )
+        if config.partition_label_value:
+            table.add_row("partition", config.partition_label_value)
+        for note in config.not_applied:
+            table.add_row(f"not applied: {note.field}", note.reason)
+        tables.append(table)
     return tables
 
 

@@ -45,6 +45,8 @@ from tools.stack.nats_server import NatsServer, pid_alive, start_nats_server, wr
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
 DEFAULT_QUEUES = REPO / "examples" / "kai" / "queues.yaml"
+DEFAULT_SHARD = REPO / "deploy" / "shards" / "default-shard.yaml"
+"""KAI's default SchedulingShard, which a fresh install has (the services serve the shard of that name)."""
 KUBESIM = "kubesim"
 
 SERVICES = ("state", "queue", "placement", "binder")
@@ -314,6 +316,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
     from tools.stack.bootstrap import ensure_objects
 
     asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES))
+    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_SHARD))
     return kubeconfig
 
 
