@@ -31,6 +31,33 @@ from shared.kubeapi.client import ApiError, Kube
 log = logging.getLogger("kairos.state.writeback")
 
 
+async def write_event(
+    kube: Kube,
+    ctx: ServiceContext,
+    about: translate.InvolvedObject,
+    problem: Problem,
+    label: str,
+    component: str,
+) -> None:
+    """The Event that tells users of `problem` on the object `about` (`label` names it in logs): Normal
+    for the waiting reasons, else Warning. Also used by the shard watch for an invalid SchedulingShard."""
+    body = translate.event(
+        about,
+        reason=problem.reason,
+        message=problem.message,
+        now=event_time(),
+        type="Normal" if problem.reason in problems.NORMAL_REASONS else "Warning",
+        component=component,
+    )
+    await kube.call(
+        f"create event on {label}",
+        kube.core.create_namespaced_event,
+        about.namespace or "default",
+        body,
+    )
+    ctx.counters["kube_events"] += 1
+
+
 @dataclass(frozen=True)
 class ProblemReportOptions:
     component: str = "kai-scheduler"
@@ -211,21 +238,7 @@ class ProblemReport:
         await self._event(about, problem, f"{ref.kind} {group.metadata.namespace}/{ref.name}")
 
     async def _event(self, about: translate.InvolvedObject, problem: Problem, label: str) -> None:
-        body = translate.event(
-            about,
-            reason=problem.reason,
-            message=problem.message,
-            now=event_time(),
-            type="Normal" if problem.reason in problems.NORMAL_REASONS else "Warning",
-            component=self.options.component,
-        )
-        await self.kube.call(
-            f"create event on {label}",
-            self.kube.core.create_namespaced_event,
-            about.namespace or "default",
-            body,
-        )
-        self.ctx.counters["kube_events"] += 1
+        await write_event(self.kube, self.ctx, about, problem, label, self.options.component)
 
     async def _clear(self, problem: Problem) -> None:
         raw = self._raw(problem)

@@ -24,6 +24,7 @@ import logging
 import msgspec
 
 from services.state import problems, shards
+from services.state.problem_report import write_event
 from services.state.problems import Problem
 from services.state.writeback import event_time
 from shared.bus.replica import StateReplica
@@ -38,17 +39,6 @@ log = logging.getLogger("kairos.state.shard")
 
 GROUP, VERSION, PLURAL = "kai.scheduler", "v1", "schedulingshards"
 RETRY_AFTER_FAILURE = 1.0
-
-
-class _Meta(msgspec.Struct):
-    name: str = ""
-
-
-class _Name(msgspec.Struct):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
-
-
-_NAME = msgspec.json.Decoder(_Name)
 
 
 class ShardWatch:
@@ -99,10 +89,7 @@ class ShardWatch:
         self._task = self._informer_task = None
 
     def _ours(self, obj: msgspec.Raw) -> bool:
-        try:
-            return _NAME.decode(obj).metadata.name == self.shard
-        except msgspec.MsgspecError:
-            return False
+        return shards.seen(bytes(obj)).metadata.name == self.shard
 
     async def _on_relist(self, items: list[msgspec.Raw]) -> None:
         self.raw = next((bytes(item) for item in items if self._ours(item)), None)
@@ -170,21 +157,9 @@ class ShardWatch:
                 name=self.shard,
                 uid=seen.metadata.uid,
             )
-            body = translate.event(
-                about,
-                reason=problem.reason,
-                message=problem.message,
-                now=event_time(),
-                type="Warning",
-                component=self.component,
+            await write_event(
+                self.kube, self.ctx, about, problem, f"schedulingshard {self.shard}", self.component
             )
-            await self.kube.call(
-                f"create event on schedulingshard {self.shard}",
-                self.kube.core.create_namespaced_event,
-                "default",
-                body,
-            )
-            self.ctx.counters["kube_events"] += 1
             self.ctx.counters["problems_reported"] += 1
             await self._condition(seen, problem)
         self._shown = shown
