@@ -62,8 +62,6 @@ ALL_ACTIONS: tuple[str, ...] = KNOWN_ACTIONS
 PLACE_ACTIONS: tuple[str, ...] = tuple(a for a in KNOWN_ACTIONS if a != STALE_ACTION)
 """The actions of every focused work item but one: stale-gang eviction looks at every gang whatever the
 focus, so only one item in flight carries it (two would evict the same gang twice)."""
-RESOURCES = ("gpu", "cpu", "memory")
-"""Keys of the resource dicts in `QueueFairShare`, in the core's vector order (GPU, CPU, memory)."""
 
 
 # --- settings -------------------------------------------------------------------------------------------------
@@ -145,7 +143,7 @@ class Plan:
 
 
 def _resources(v: Resources) -> dict[str, float]:
-    return {name: v[r] for r, name in enumerate(RESOURCES)}
+    return dict(v._asdict())
 
 
 def plan_cycle(snapshot: Snapshot, now: float, policy: Policy) -> Plan:

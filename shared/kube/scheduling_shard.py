@@ -240,7 +240,7 @@ class _Plugin(msgspec.Struct, kw_only=True):
     arguments_field: str = ""
 
 
-def _default_plugins(r: _Reader, gpu: Placement) -> dict[str, _Plugin]:
+def _default_plugins(r: _Reader, gpu: Placement, cpu: Placement) -> dict[str, _Plugin]:
     spec = r.spec
     plugins = {
         name: _Plugin(enabled=True, priority=DEFAULT_PRIORITIES[name], arguments={}) for name in _BASE_PLUGINS
@@ -258,8 +258,7 @@ def _default_plugins(r: _Reader, gpu: Placement) -> dict[str, _Plugin]:
             plugins["minruntime"].argument_fields[key] = field
     device = "gpupack" if gpu == "binpack" else "gpuspread"
     plugins[device] = _Plugin(enabled=True, priority=DEFAULT_PRIORITIES[device], arguments={})
-    strategy = spec.placement_strategy or wire.PlacementStrategy()
-    plugins["nodeplacement"].arguments = {"gpu": strategy.gpu or "binpack", "cpu": strategy.cpu or "binpack"}
+    plugins["nodeplacement"].arguments = {"gpu": gpu, "cpu": cpu}
     plugins["nodeplacement"].argument_fields = {
         "gpu": "spec.placementStrategy.gpu",
         "cpu": "spec.placementStrategy.cpu",
@@ -272,7 +271,7 @@ def _default_plugins(r: _Reader, gpu: Placement) -> dict[str, _Plugin]:
 
 
 def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting, ...]:
-    plugins = _default_plugins(r, gpu)
+    plugins = _default_plugins(r, gpu, cpu)
     for name, override in r.spec.plugins.items():
         at = f"spec.plugins.{name}"
         if name not in DEFAULT_PRIORITIES:
