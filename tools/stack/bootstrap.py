@@ -1,7 +1,7 @@
-"""Create the objects a fresh cluster needs before Kairos schedules on it (KAI's default queues).
+"""Create the objects a fresh cluster needs before Kairos schedules on it (KAI's default queues and shard).
 
 Called by `kairos up` (`tools.stack.supervisor`) once the cluster's API answers, as KAI's installer does on a
-real cluster. Objects that already exist are left as they are: a user's edits to the default queues
+real cluster. Objects that already exist are left as they are: a user's edits to the default queues and shard
 survive a restart.
 """
 
@@ -33,13 +33,13 @@ def load_manifests(path: Path) -> list[dict[str, Any]]:
     return docs
 
 
-async def ensure_objects(kubeconfig: str, path: Path) -> list[str]:
-    """Create each object of the file unless it exists; returns the names of those created."""
-    manifests = load_manifests(path)
+async def ensure_objects(kubeconfig: str, *paths: Path) -> list[str]:
+    """Create each object of the files, in order, unless it exists; returns the names of those created."""
+    manifests = [(path, manifest) for path in paths for manifest in load_manifests(path)]
     kube = await connect(kubeconfig)
     created: list[str] = []
     try:
-        for manifest in manifests:
+        for path, manifest in manifests:
             meta = manifest.get("metadata") or {}
             where = f"{manifest['kind']} {meta.get('name')}"
             target = collection_path(

@@ -315,8 +315,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
     # Imported here: kubernetes-asyncio is slow to import and only the Kubernetes modes need it.
     from tools.stack.bootstrap import ensure_objects
 
-    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES))
-    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_SHARD))
+    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES, DEFAULT_SHARD))
     return kubeconfig
 
 
