@@ -41,6 +41,7 @@ __all__ = [
     "load_cluster",
     "parse_cluster",
     "run_seconds",
+    "yaml_problem",
 ]
 
 RUN_SECONDS_LABEL = "kairos.io/run-seconds"
@@ -102,7 +103,7 @@ def parse_cluster(text: str, where: str = "<cluster>") -> ClusterObjects:
     try:
         raw = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
-        raise InvalidObject(KIND, where, "", _yaml_problem(exc)) from exc
+        raise InvalidObject(KIND, where, "", yaml_problem(exc)) from exc
     if raw is None:
         return ClusterObjects()
     if not isinstance(raw, dict):
@@ -295,8 +296,10 @@ def _owner(raw: dict[str, Any], field: str) -> str:
     return f" ({_ITEM_KIND[match.group('list')]} {name!r})" if isinstance(name, str) else ""
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    # PyYAML's str() spans several lines with a source excerpt; errors here are one line.
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line, with its line and column (the cluster file's and the conformance cases'
+    loaders name the file before it)."""
+    # PyYAML's str() spans several lines with a source excerpt.
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

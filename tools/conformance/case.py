@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import yaml
 
+from shared.clusterfile import yaml_problem
 from shared.core.policy import KNOWN_ACTIONS
 from shared.errors import InvalidObject
 
@@ -447,7 +448,7 @@ def load_case(path: str | Path) -> Case:
     try:
         raw = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
-        raise InvalidObject("case", where, "", _yaml_problem(exc)) from exc
+        raise InvalidObject("case", where, "", yaml_problem(exc)) from exc
     if raw is None:
         raise InvalidObject("case", where, "", "empty file")
     try:
@@ -474,15 +475,6 @@ def iter_case_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(entry))
     return sorted(found)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    # PyYAML's str() spans several lines with a source excerpt; the CLI wants one line.
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        return f"invalid YAML: {at}{exc.problem or exc.context or 'syntax error'}"
-    return "invalid YAML: " + " ".join(str(exc).split())
 
 
 def _split_msgspec_error(message: str) -> tuple[str, str]:
