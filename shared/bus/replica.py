@@ -30,7 +30,7 @@ from shared.contracts.messages import (
     StateRecord,
     TopologyRecord,
 )
-from shared.contracts.subjects import SHARD_KEY_PREFIX
+from shared.contracts.subjects import SHARD_KEY_PREFIX, shard_key
 from shared.errors import MalformedMessage
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
 
@@ -132,8 +132,6 @@ class StateReplica:
 
     def shard(self, shard: str) -> ShardRecord | None:
         """The configuration in force for `shard`, or None (no SchedulingShard: KAI's defaults)."""
-        from shared.contracts.subjects import shard_key
-
         return self.shards.get(shard_key(shard))
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
