@@ -198,7 +198,7 @@ class Worker:
                 delay=0.5,
             ) from None
         # Snapshot and ledger revisions are read together, with no await between: they describe one state.
-        snapshot, revision = self.replica.snapshot(), self.replica.revision
+        snapshot, revision = self.replica.shard_snapshot(item.shard), self.replica.revision
         key_revisions = dict(self.replica.key_revisions)
         try:
             timer = self.metrics.action_timer if self.metrics is not None else None

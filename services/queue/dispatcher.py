@@ -458,7 +458,7 @@ class Dispatcher:
         self._last_planned = self.clock()
         self.counters["cycles"] += 1
         state_revision, ledger_revision = self.replica.revision, self.replica.ledger_revision
-        snapshot = self.replica.snapshot()
+        snapshot = self.replica.shard_snapshot(self.shard)
         now = self.now()
         started_ns = time.time_ns()
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.

@@ -55,6 +55,7 @@ from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.translate import podgroup_annotations_patch
 from shared.kubeapi.client import ApiError, Kube, connect
 from shared.kubeapi.informer import Informer
@@ -85,6 +86,8 @@ class KubeSourceOptions:
     resync_period: float = 600.0
     problem_settle: float = 5.0
     """Seconds a gang must stay short of its min member before it gets an Event (`ProblemReportOptions`)."""
+    node_pool_label_key: str = NODE_POOL_LABEL
+    """Copied from pods to their PodGroups, and written into every shard's record (`ShardWatch`)."""
 
 
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
@@ -294,7 +297,13 @@ class KubeOwner:
         self.kube = await connect(self.kubeconfig)
         self.source = KubeSource(self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed)
         self.grouper = PodGrouperLoop(
-            self.ctx, self.kube, self.source.mirror, GrouperConfig(scheduler_name=self.options.scheduler_name)
+            self.ctx,
+            self.kube,
+            self.source.mirror,
+            GrouperConfig(
+                scheduler_name=self.options.scheduler_name,
+                node_pool_label_key=self.options.node_pool_label_key,
+            ),
         )
         self.grouper.start()
         self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
@@ -316,6 +325,7 @@ class KubeOwner:
             self.replica,
             component=self.options.scheduler_name,
             resync_period=self.options.resync_period,
+            node_pool_label_key=self.options.node_pool_label_key,
         )
         self.shard_watch.start()
         try:
@@ -324,7 +334,10 @@ class KubeOwner:
                 self.ctx,
                 self.kube,
                 self.source.mirror,
-                WriteBackOptions(component=self.options.scheduler_name),
+                WriteBackOptions(
+                    component=self.options.scheduler_name,
+                    node_pool_label_key=self.options.node_pool_label_key,
+                ),
             )
             await self.writeback.start()
             self.quota_gates.follow()

@@ -76,6 +76,7 @@ from shared.contracts.messages import (
     encode,
 )
 from shared.errors import ConfigError, InvalidObject, MalformedMessage, TemporaryError
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as connect_kube
 from shared.telemetry.metrics import StateMetrics, count_kinds
@@ -106,6 +107,9 @@ class StateOptions:
     webhook_key: str | None = None
     quota_gate: bool = False
     """The webhook also sets the quota gate `kairos.io/admission` on every pod of ours (needs the webhook)."""
+    node_pool_label_key: str = NODE_POOL_LABEL
+    """KAI's ``nodePoolLabelKey``: the label that puts nodes, queues and podgroups in a shard's node pool
+    (copied from pods to their PodGroups; empty: no node pools, every shard schedules everything)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -125,6 +129,7 @@ class StateOptions:
         if (cert is None) != (key is None):
             raise ConfigError("service state: options 'webhook_cert' and 'webhook_key': give both or neither")
         cluster = get("cluster") or None
+        node_pool_key = get("node_pool_label_key")
         webhook_port = _port("webhook_port", get("webhook_port"))
         if quota_gate and (source == "sim" or not webhook_port):
             raise ConfigError(
@@ -145,6 +150,7 @@ class StateOptions:
             webhook_cert=cert,
             webhook_key=key,
             quota_gate=quota_gate,
+            node_pool_label_key=NODE_POOL_LABEL if node_pool_key is None else node_pool_key.strip(),
         )
 
 
@@ -218,7 +224,12 @@ async def body(ctx: ServiceContext) -> None:
             subs.append(await ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=owner.on_stamps))
         elif options.source == "kube":
             election = KubeElection(
-                ctx, replica, options.kubeconfig, KubeSourceOptions(scheduler_name=options.scheduler_name)
+                ctx,
+                replica,
+                options.kubeconfig,
+                KubeSourceOptions(
+                    scheduler_name=options.scheduler_name, node_pool_label_key=options.node_pool_label_key
+                ),
             )
             metrics.watch(informers=election.informers)
             election.start()

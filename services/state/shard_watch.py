@@ -1,16 +1,19 @@
-"""The shard watch: the SchedulingShard this Kairos shard serves, kept in KV as its `ShardRecord`.
+"""The shard watch: every SchedulingShard, each kept in KV as the `ShardRecord` of the Kairos shard named
+after it.
 
-Run by the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`). One informer lists and
-watches SchedulingShards (kai.scheduler/v1, cluster-scoped; a cluster without the CRD has none) and keeps the
-one named after the services' ``--shard``. After each change (`services.state.shards.read_shard`):
+Run by the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`): one state service
+serves every shard of the cluster. One informer lists and watches SchedulingShards (kai.scheduler/v1,
+cluster-scoped; a cluster without the CRD has none). After each change, all of them are read together
+(`services.state.shards.read_shards`, which also gives each node pool to one shard). For each:
 
-- valid: its `ShardRecord` is put under `subjects.shard_key(shard)` in `STATE_BUCKET` (the queue leader's
-  replica reads it at its next cycle) and an ``Accepted=False`` condition left by an earlier problem is set
-  back to True;
+- valid: its `ShardRecord` (with the state service's ``node_pool_label_key``) is put under
+  `subjects.shard_key(shard)` in `STATE_BUCKET` (the shard's queue leader and placement workers read it at
+  their next cycle) and an ``Accepted=False`` condition left by an earlier problem is set back to True;
 - invalid: the record is left as it is (the last valid configuration stays in force); the SchedulingShard
   gets a Warning Event ``InvalidSchedulingShard`` and ``Accepted=False`` naming the field, once per distinct
   problem (a condition that already shows it, from an earlier owner, gets no second Event);
-- gone: the record is deleted (the services run KAI's defaults).
+- gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
+  whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
 
 The API calls and KV writes run on the watch's own task; a failure is logged, counted and retried.
 """
@@ -32,6 +35,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import encode
 from shared.kube import translate
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.informer import Informer
 
@@ -50,17 +54,17 @@ class ShardWatch:
         *,
         component: str,
         resync_period: float = 600.0,
+        node_pool_label_key: str = NODE_POOL_LABEL,
     ) -> None:
         self.ctx = ctx
         self.kube = kube
-        self.shard = ctx.config.shard
-        self.key = s.shard_key(self.shard)
         self.component = component
-        self.raw: bytes | None = None
-        """The SchedulingShard's JSON as last seen; None while there is none."""
-        record = replica.shard(self.shard)
-        self._stored: bytes | None = encode(record) if record is not None else None
-        self._shown: tuple[str, str] | None = None
+        self.node_pool_label_key = node_pool_label_key
+        self.raw: dict[str, bytes] = {}
+        """Each SchedulingShard's JSON as last seen, by name."""
+        self._stored: dict[str, bytes] = {record.shard: encode(record) for record in replica.shards.values()}
+        """Each shard's record as this watch last wrote it (or found it in KV at start)."""
+        self._shown: dict[str, tuple[str, str]] = {}
         self._listed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -88,18 +92,20 @@ class ShardWatch:
                     await task
         self._task = self._informer_task = None
 
-    def _ours(self, obj: msgspec.Raw) -> bool:
-        return shards.seen(bytes(obj)).metadata.name == self.shard
-
     async def _on_relist(self, items: list[msgspec.Raw]) -> None:
-        self.raw = next((bytes(item) for item in items if self._ours(item)), None)
+        raws = {shards.seen(bytes(item)).metadata.name: bytes(item) for item in items}
+        self.raw = {name: data for name, data in raws.items() if name}
         self._listed = True
         self._wake.set()
 
     async def _on_change(self, event: str, obj: msgspec.Raw) -> None:
-        if not self._ours(obj):
+        name = shards.seen(bytes(obj)).metadata.name
+        if not name:
             return
-        self.raw = None if event == "DELETED" else bytes(obj)
+        if event == "DELETED":
+            self.raw.pop(name, None)
+        else:
+            self.raw[name] = bytes(obj)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -112,69 +118,65 @@ class ShardWatch:
                 await self.apply()
             except Exception:
                 self.ctx.counters["shard_failures"] += 1
-                log.exception("SchedulingShard %s: applying it failed; retrying", self.shard)
+                log.exception("SchedulingShards: applying them failed; retrying")
                 await asyncio.sleep(RETRY_AFTER_FAILURE)
                 self._wake.set()
 
     async def apply(self) -> None:
-        """Bring KV and the SchedulingShard's status in line with what was last seen of it."""
-        raw = self.raw
-        if raw is None:
-            self._shown = None
-            if self._stored is not None:
-                await self.ctx.bus.state.delete(self.key)
-                self._stored = None
-                log.info("SchedulingShard %s gone: KAI's defaults apply", self.shard)
-            return
-        verdict = shards.read_shard(self.shard, raw)
-        seen = shards.seen(raw)
-        if isinstance(verdict, Problem):
-            await self._show(verdict, seen)
-            return
-        data = encode(verdict)
-        if data != self._stored:
-            await self.ctx.bus.state.put(self.key, data)
-            self._stored = data
-            self.ctx.counters["shard_configs"] += 1
-            log.info(
-                "SchedulingShard %s in force (generation %d)%s",
-                self.shard,
-                verdict.generation,
-                "".join(f"; not applied: {n.field} ({n.reason})" for n in verdict.config.not_applied),
-            )
-        self._shown = None
-        await self._condition(seen, None)
+        """Bring KV and every SchedulingShard's status in line with what was last seen of them."""
+        raws = dict(self.raw)
+        for shard in sorted(set(self._stored) - set(raws)):
+            await self.ctx.bus.state.delete(s.shard_key(shard))
+            del self._stored[shard]
+            self._shown.pop(shard, None)
+            log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
+        for shard, verdict in shards.read_shards(raws, self.node_pool_label_key).items():
+            seen = shards.seen(raws[shard])
+            if isinstance(verdict, Problem):
+                await self._show(shard, verdict, seen)
+                continue
+            data = encode(verdict)
+            if data != self._stored.get(shard):
+                await self.ctx.bus.state.put(s.shard_key(shard), data)
+                self._stored[shard] = data
+                self.ctx.counters["shard_configs"] += 1
+                log.info(
+                    "SchedulingShard %s in force (generation %d)%s",
+                    shard,
+                    verdict.generation,
+                    "".join(f"; not applied: {n.field} ({n.reason})" for n in verdict.config.not_applied),
+                )
+            self._shown.pop(shard, None)
+            await self._condition(shard, seen, None)
 
-    async def _show(self, problem: Problem, seen: shards.Seen) -> None:
+    async def _show(self, shard: str, problem: Problem, seen: shards.Seen) -> None:
         shown = (problem.reason, problem.message)
-        if self._shown == shown:
+        if self._shown.get(shard) == shown:
             return
         if not problems.shows(seen.status.conditions, problem):
-            log.warning("SchedulingShard %s not applied: %s", self.shard, problem.message)
+            log.warning("SchedulingShard %s not applied: %s", shard, problem.message)
             about = translate.InvolvedObject(
                 api_version=problems.API_VERSIONS["SchedulingShard"],
                 kind="SchedulingShard",
-                name=self.shard,
+                name=shard,
                 uid=seen.metadata.uid,
             )
-            await write_event(
-                self.kube, self.ctx, about, problem, f"schedulingshard {self.shard}", self.component
-            )
+            await write_event(self.kube, self.ctx, about, problem, f"schedulingshard {shard}", self.component)
             self.ctx.counters["problems_reported"] += 1
-            await self._condition(seen, problem)
-        self._shown = shown
+            await self._condition(shard, seen, problem)
+        self._shown[shard] = shown
 
-    async def _condition(self, seen: shards.Seen, problem: Problem | None) -> None:
+    async def _condition(self, shard: str, seen: shards.Seen, problem: Problem | None) -> None:
         patch = problems.accepted_patch(seen.status.conditions, problem, event_time())
         if patch is None:
             return
         await self.kube.call(
-            f"patch schedulingshard {self.shard} status",
+            f"patch schedulingshard {shard} status",
             self.kube.custom.patch_cluster_custom_object_status,
             GROUP,
             VERSION,
             PLURAL,
-            self.shard,
+            shard,
             patch,
             _content_type="application/merge-patch+json",
         )

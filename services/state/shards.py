@@ -1,14 +1,17 @@
-"""The SchedulingShard this Kairos shard serves, read: the `ShardRecord` to keep in KV, or the problem to show.
+"""SchedulingShards read: for each, the `ShardRecord` to keep in KV, or the problem to show.
 
-Called by the shard watch (`services.state.shard_watch.ShardWatch`) with the raw JSON of the SchedulingShard
-named after the services' ``--shard`` (cluster-scoped, KAI's kai.scheduler/v1). A valid one becomes the
-`ShardRecord` the queue leader builds every cycle's `Policy` from (`shared.kube.scheduling_shard`); an invalid
-one (an unknown field, a bad value) becomes a `Problem` naming the field, shown as a Warning Event
-``InvalidSchedulingShard`` and ``Accepted=False`` on the object, while the last valid record stays in force.
-Pure: no I/O, no clock.
+Called by the shard watch (`services.state.shard_watch.ShardWatch`) with the raw JSON of every
+SchedulingShard (cluster-scoped, KAI's kai.scheduler/v1); each configures the Kairos shard of its name. A
+valid one becomes the `ShardRecord` the shard's queue leader builds every cycle's `Policy` from
+(`shared.kube.scheduling_shard`) and its services take their node pool from; an invalid one (an unknown
+field, a bad value, a node pool another shard already serves) becomes a `Problem` naming the field, shown
+as a Warning Event ``InvalidSchedulingShard`` and ``Accepted=False`` on the object, while the last valid
+record stays in force. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import msgspec
 
@@ -16,6 +19,7 @@ from services.state.problems import INVALID_SCHEDULING_SHARD, Problem
 from shared.contracts.messages import ShardRecord
 from shared.errors import InvalidObject
 from shared.kube import wire
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
 
 
@@ -37,19 +41,61 @@ def seen(data: bytes) -> Seen:
         return Seen()
 
 
-def read_shard(shard: str, data: bytes) -> ShardRecord | Problem:
+def read_shard(shard: str, data: bytes, node_pool_label_key: str = NODE_POOL_LABEL) -> ShardRecord | Problem:
     """The record of the shard's configuration, or the problem that keeps it out (naming the field)."""
     try:
         config = shard_config(wire.decode_scheduling_shard(data))
     except InvalidObject as exc:
-        return Problem(
-            kind="SchedulingShard",
-            namespace="",
-            name=shard,
-            reason=INVALID_SCHEDULING_SHARD,
-            message=str(exc),
-        )
+        return _problem(shard, str(exc))
     meta = seen(data).metadata
     return ShardRecord(
-        shard=shard, resource_version=meta.resource_version, generation=meta.generation, config=config
+        shard=shard,
+        resource_version=meta.resource_version,
+        generation=meta.generation,
+        config=config,
+        node_pool_label_key=node_pool_label_key,
+    )
+
+
+def read_shards(
+    raws: Mapping[str, bytes], node_pool_label_key: str = NODE_POOL_LABEL
+) -> dict[str, ShardRecord | Problem]:
+    """Every SchedulingShard (name -> JSON) read (`read_shard`), then each node pool given to one shard: of
+    two valid shards with the same ``partitionLabelValue`` (two with none both claim the unlabelled
+    objects), the older keeps it (by creation time, then name) and the other becomes a problem naming
+    ``spec.partitionLabelValue`` and the shard that holds the pool."""
+    verdicts = {name: read_shard(name, data, node_pool_label_key) for name, data in sorted(raws.items())}
+    holders: dict[str, str] = {}
+    order = sorted(
+        (name for name, verdict in verdicts.items() if isinstance(verdict, ShardRecord)),
+        key=lambda name: (seen(raws[name]).metadata.creation_timestamp or "", name),
+    )
+    for name in order:
+        record = verdicts[name]
+        assert isinstance(record, ShardRecord)
+        value = record.config.partition_label_value
+        holder = holders.setdefault(value, name)
+        if holder != name:
+            pool = f"node pool {value!r}" if value else "the unlabelled node pool (no partitionLabelValue)"
+            verdicts[name] = _problem(
+                name,
+                str(
+                    InvalidObject(
+                        "SchedulingShard",
+                        name,
+                        "spec.partitionLabelValue",
+                        f"{pool} is already served by SchedulingShard {holder!r}",
+                    )
+                ),
+            )
+    return verdicts
+
+
+def _problem(shard: str, message: str) -> Problem:
+    return Problem(
+        kind="SchedulingShard",
+        namespace="",
+        name=shard,
+        reason=INVALID_SCHEDULING_SHARD,
+        message=message,
     )

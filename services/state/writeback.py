@@ -62,7 +62,7 @@ from shared.contracts.events import (
 )
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
-from shared.kube import translate, wire
+from shared.kube import keys, translate, wire
 from shared.kubeapi.client import ApiError, Kube
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
@@ -89,6 +89,9 @@ class WriteBackOptions:
     watch_lag: float = 5.0
     """Seconds a pod's written condition may take to come back through the watch: until then its absence
     from the mirror is the watch lagging behind, after that someone removed or replaced it."""
+    node_pool_label_key: str = keys.NODE_POOL_LABEL
+    """The label naming a PodGroup's node pool in its ``UnschedulableOnNodePool`` condition (unlabelled:
+    ``default``)."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,10 @@ class WriteBack:
             return
         await self._event(translate.involved_object(group), "Unschedulable", text, "Warning")
         reasons = [(reason, text) for reason in event.reasons] or [("Unschedulable", text)]
-        patch = translate.podgroup_status_patch(group, now=event_time(), unschedulable=text, reasons=reasons)
+        pool = group.metadata.labels.get(self.options.node_pool_label_key) or keys.DEFAULT_NODE_POOL
+        patch = translate.podgroup_status_patch(
+            group, now=event_time(), unschedulable=text, reasons=reasons, node_pool=pool
+        )
         await self._patch_podgroup_status(group, patch)
 
     # --- PodScheduled=False on pending pods ----------------------------------------------------------------

@@ -30,7 +30,8 @@ from shared.contracts.messages import (
     StateRecord,
     TopologyRecord,
 )
-from shared.contracts.subjects import SHARD_KEY_PREFIX, shard_key
+from shared.contracts.subjects import DEFAULT_SHARD, SHARD_KEY_PREFIX, shard_key
+from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
 
@@ -133,6 +134,22 @@ class StateReplica:
     def shard(self, shard: str) -> ShardRecord | None:
         """The configuration in force for `shard`, or None (no SchedulingShard: KAI's defaults)."""
         return self.shards.get(shard_key(shard))
+
+    def pool(self, shard: str) -> NodePool | None:
+        """The node pool `shard` schedules: its record's; everything for the default shard without a
+        record (a cluster with one shard needs no SchedulingShard); None (nothing) for another shard
+        without one, whose pool is unknown."""
+        record = self.shard(shard)
+        if record is not None:
+            return record.pool
+        return EVERYTHING if shard == DEFAULT_SHARD else None
+
+    def shard_snapshot(self, shard: str) -> Snapshot:
+        """`snapshot()` limited to the node pool `shard` schedules (`shared.core.node_pool.in_pool`)."""
+        pool = self.pool(shard)
+        if pool is None:
+            return Snapshot()
+        return in_pool(self.snapshot(), pool)
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
         from shared.contracts.subjects import ledger_node_key

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from shared.core.node_pool import NodePool
 from shared.core.policy import Policy
 from shared.core.result import Binding as Binding
 from shared.core.result import EvictionOrder as EvictionOrder
@@ -35,6 +36,7 @@ from shared.core.result import PendingExplanation as PendingExplanation
 from shared.core.result import PipelinedPod as PipelinedPod
 from shared.core.result import SessionView as SessionView
 from shared.errors import KairosError, MalformedMessage
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Node, Pod, PodGroup, Queue, Topology
 
@@ -83,6 +85,14 @@ class ShardRecord(_Msg, frozen=True, kw_only=True, tag="shard"):
     generation: int = 0
     config: ShardConfig
     """The shard's configuration, checked and merged with KAI's defaults (`policy_of` reads it)."""
+    node_pool_label_key: str = NODE_POOL_LABEL
+    """The label that puts nodes, queues and podgroups in a node pool (the state service's
+    ``node_pool_label_key``, KAI's ``nodePoolLabelKey``); the shard's pool is the objects whose label
+    equals ``config.partition_label_value`` (`shared.core.node_pool`)."""
+
+    @property
+    def pool(self) -> NodePool:
+        return NodePool(label_key=self.node_pool_label_key, value=self.config.partition_label_value)
 
 
 # --- ledger KV records --------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ Public modules (what code outside shared.core may import):
 - `stamps`: `merged_stamps` and `KEEP`, how the stale and last-start stamps of parallel proposals merge
   (the binder and the state service).
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
+- `node_pool`: `NodePool` and `in_pool(snapshot, pool)`, the part of a snapshot one shard schedules (the
+  state replica's `shard_snapshot`).
 
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
 under tests/ may still look inside): the session and its statements (`session`, `statement`, `cycle`),

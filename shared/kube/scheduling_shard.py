@@ -18,7 +18,6 @@ when the object is decoded, `shared.kube.wire`.)
 What is valid but the policy cannot honour yet is *reported, not refused*: `ShardConfig.not_applied`
 lists each such field with the reason, and the rest of the configuration applies. These are:
 
-- ``partitionLabelValue``: node pools are not split yet, the shard schedules every node;
 - ``queueDepthPerAction``: Kairos's actions try every job of a queue;
 - ``usageDBConfig``: usage over time is not fed into fair share yet;
 - ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
@@ -199,8 +198,6 @@ def shard_config(shard: wire.SchedulingShard) -> ShardConfig:
     if usage_db is not None:
         r.note("spec.usageDBConfig", "usage over time is not fed into fair share yet (time-based fair share)")
     _args(r, spec.args)
-    if spec.partition_label_value:
-        r.note("spec.partitionLabelValue", "node pools are not split yet: the shard schedules every node")
     return ShardConfig(
         name=r.name,
         partition_label_value=spec.partition_label_value,

@@ -599,6 +599,7 @@ def queue_of(queue: wire.Queue, *, creation_index: int) -> Queue:
         memory=_queue_resource(where, "memory", resources.memory, MEGABYTE),
         preempt_min_runtime=_duration(where, "spec.preemptMinRuntime", spec.preempt_min_runtime),
         reclaim_min_runtime=_duration(where, "spec.reclaimMinRuntime", spec.reclaim_min_runtime),
+        labels=dict(queue.metadata.labels),
     )
 
 
@@ -659,6 +660,7 @@ def podgroup_of(
         stale_since=_annotation_time(where, meta, keys.STALE_SINCE_ANNOTATION),
         staleness_grace_period=grace,
         root=_root(where, spec),
+        labels=dict(meta.labels),
     )
 
 

@@ -200,6 +200,8 @@ class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     stale_since: float | None = None
     staleness_grace_period: float | None = None
     root: SubGroupSet = SubGroupSet(name="root")
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    """The PodGroup's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
 
     @property
     def key(self) -> str:
@@ -231,6 +233,8 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True):
     memory: QueueResource = QueueResource()
     preempt_min_runtime: float | None = None
     reclaim_min_runtime: float | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    """The Queue's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
 
 
 class DeviceUsage(msgspec.Struct, frozen=True, kw_only=True):

@@ -104,19 +104,18 @@ def _kv_read(bucket: str) -> list[str]:
     ]
 
 
-def _consume(stream: str, durable: str) -> list[str]:
-    """Pull from a durable consumer (`durable`, or `durable_<shard>` for other shards) and acknowledge."""
-    found = []
-    for name in (durable, f"{durable}_*"):
-        found += [
-            f"{JS_API}.CONSUMER.INFO.{stream}.{name}",
-            f"{JS_API}.CONSUMER.CREATE.{stream}.{name}",
-            f"{JS_API}.CONSUMER.CREATE.{stream}.{name}.>",
-            f"{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.{name}",
-            f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{name}",
-            f"$JS.ACK.{stream}.{name}.>",
-        ]
-    return found
+def _consume(stream: str) -> list[str]:
+    """Pull from the stream's durable consumers and acknowledge. Each shard has its own (``placement``,
+    ``placement_<shard>``, ...), and a NATS wildcard matches whole tokens only (``placement_*`` would match
+    nothing but itself), so the grant covers every consumer of this one stream."""
+    return [
+        f"{JS_API}.CONSUMER.INFO.{stream}.*",
+        f"{JS_API}.CONSUMER.CREATE.{stream}.*",
+        f"{JS_API}.CONSUMER.CREATE.{stream}.*.>",
+        f"{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.*",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.ACK.{stream}.*.>",
+    ]
 
 
 def _follow(stream: str) -> list[str]:
@@ -192,7 +191,7 @@ def permissions(identity: str) -> Permissions:
     if identity == STATE:
         publish += _replica()
         publish += [kv_subjects(s.STATE_BUCKET), kv_subjects(s.LEDGER_BUCKET), kv_subjects(s.LEASE_BUCKET)]
-        publish += _consume(s.EVENTS_STREAM, "state-writeback")
+        publish += _consume(s.EVENTS_STREAM)
         publish += _follow(s.EVENTS_STREAM)
         publish += _declare()
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
@@ -205,12 +204,12 @@ def permissions(identity: str) -> Permissions:
         subscribe += [s.OUTCOMES_WILDCARD, f"{s.PREFIX}.admin.*.cycle"]
     elif identity == PLACEMENT:
         publish += _replica()
-        publish += _consume(s.WORK_STREAM, s.PLACEMENT_CONSUMER)
+        publish += _consume(s.WORK_STREAM)
         publish += [s.PROPOSAL_WILDCARD, *_events("pod-unschedulable")]
     elif identity == BINDER:
         publish += _replica()
         publish += [kv_subjects(s.LEDGER_BUCKET)]
-        publish += _consume(s.PROPOSAL_STREAM, s.BINDER_CONSUMER)
+        publish += _consume(s.PROPOSAL_STREAM)
         publish += [s.OUTCOMES_WILDCARD, s.STAMPS_WILDCARD, s.cluster("bind"), s.cluster("evict")]
         publish += _events("pod-bound", "pod-evicted", "podgroup-state")
     elif identity == GPU_AGENT:

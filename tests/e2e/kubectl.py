@@ -43,14 +43,16 @@ def kubesim_stack(
     gpus_per_node: int,
     options: dict[str, dict[str, str]] | None = None,
     env: Mapping[str, str] | None = None,
+    shards: tuple[str, ...] = (),
 ) -> Iterator[Stack]:
     """A stack on the simulated API server with `nodes` generated nodes of `gpus_per_node` GPUs; `options`
-    are added to the queue's short cycle."""
+    are added to the queue's short cycle; `shards` run beside the default one (`start_stack`)."""
     stack = start_stack(
         state_dir,
         cluster=ClusterChoice(kind="kubesim", nodes=nodes, gpus_per_node=gpus_per_node, run_delay=RUN_DELAY),
         options={"queue": {"period": QUEUE_PERIOD}, **(options or {})},
         env=env,
+        shards=shards,
     )
     try:
         yield stack

@@ -18,7 +18,9 @@ from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import connect
+from shared.model.builders import gpu_nodes
 from tests.integration.test_invalid_objects import REPO, events, eventually
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
@@ -110,6 +112,66 @@ async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
         conds = await eventually("Accepted=False on the SchedulingShard", condition)
         assert "spec.kValue" in conds[0]["message"]
         assert dispatcher.policy().gpu_placement == "spread"  # the previous configuration stays in force
+    finally:
+        await owner.stop()
+        await kube.close()
+        await replica.stop()
+        await sim.stop()
+
+
+async def test_each_scheduling_shard_is_its_shard_s_node_pool_and_a_pool_has_one_shard(
+    bus: Bus, tmp_path: Path
+) -> None:
+    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
+    sim.add_nodes(gpu_nodes(1, prefix="a", labels={NODE_POOL_LABEL: "a"}) + gpu_nodes(2, prefix="plain"))
+    sim.load_manifests(REPO / "deploy" / "crds")
+    await sim.start()
+    sim.write_kubeconfig(tmp_path / "kubeconfig")
+    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+    replica = StateReplica(bus)
+    await replica.start()
+    kube = await connect(str(tmp_path / "kubeconfig"))
+    owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
+    await owner.start()
+    create = kube.custom.create_cluster_custom_object
+    try:
+        nodes = ["a-00000", "plain-00000", "plain-00001"]
+        for name, spec in (
+            ("default", {}),
+            ("pool-a", {"partitionLabelValue": "a", "placementStrategy": {"gpu": "spread"}}),
+        ):
+            body = {**shard(spec), "metadata": {"name": name}}
+            await kube.call("create shard", create, "kai.scheduler", "v1", "schedulingshards", body)
+
+        async def pools() -> bool:
+            return replica.shard("pool-a") is not None and replica.shard("default") is not None
+
+        await eventually("both shards' records", pools)
+
+        async def split() -> bool:
+            return [n.name for n in replica.shard_snapshot("pool-a").nodes] == nodes[:1]
+
+        await eventually("pool a is the labelled node", split)
+        assert [n.name for n in replica.shard_snapshot("default").nodes] == nodes[1:]
+        assert replica.shard_snapshot("nobody").nodes == ()
+
+        # A second shard for pool a is refused by name; the first keeps the pool, nothing else changes.
+        body = {**shard({"partitionLabelValue": "a"}), "metadata": {"name": "pool-a-again"}}
+        await kube.call("create shard", create, "kai.scheduler", "v1", "schedulingshards", body)
+
+        async def warned() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in await events(kube)
+                if e.get("reason") == "InvalidSchedulingShard"
+                and e["involvedObject"]["name"] == "pool-a-again"
+            ]
+
+        found = await eventually("a Warning Event on the second shard of pool a", warned)
+        assert "spec.partitionLabelValue" in found[0]["message"]
+        assert "'pool-a'" in found[0]["message"]
+        assert replica.shard("pool-a-again") is None
+        assert [n.name for n in replica.shard_snapshot("pool-a").nodes] == nodes[:1]
     finally:
         await owner.stop()
         await kube.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 import shared.core
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = {"scheduler", "result", "queue_plan", "quota_gate", "policy", "stamps", "fair_share"}
+PUBLIC = {"scheduler", "result", "queue_plan", "quota_gate", "policy", "stamps", "fair_share", "node_pool"}
 
 
 def _top_level_modules() -> set[str]:
@@ -45,4 +45,6 @@ def test_the_result_values_load_none_of_the_cores_machinery() -> None:
         "print(sorted(m for m in sys.modules if m.startswith('shared.core') or m == 'numpy'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "['shared.core', 'shared.core.policy', 'shared.core.result']"
+    assert out.stdout.strip() == (
+        "['shared.core', 'shared.core.node_pool', 'shared.core.policy', 'shared.core.result']"
+    )

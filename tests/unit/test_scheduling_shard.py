@@ -185,7 +185,6 @@ def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_a
     got = config(spec)
     assert sorted(fields(got.not_applied)) == [
         "spec.args.detailed-fit-errors",
-        "spec.partitionLabelValue",
         "spec.plugins.elastic.enabled",
         "spec.plugins.minruntime.arguments.reclaimResolveMethod",
         "spec.plugins.priority.priority",

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.queue.dispatcher import ALL_ACTIONS, shard_policy
 from services.state.problems import INVALID_SCHEDULING_SHARD, Problem
-from services.state.shards import read_shard, seen
+from services.state.shards import read_shard, read_shards, seen
 from shared.contracts import subjects as s
 from shared.contracts.messages import SHARD_RECORDS, ShardRecord, encode
 from shared.core.policy import Policy
@@ -32,10 +32,10 @@ def record(spec: dict[str, Any]) -> ShardRecord:
 
 
 def test_a_valid_shard_becomes_its_record_with_what_is_not_applied() -> None:
-    got = record({"placementStrategy": {"gpu": "spread"}, "partitionLabelValue": "pool-a"})
+    got = record({"placementStrategy": {"gpu": "spread"}, "queueDepthPerAction": {"allocate": 5}})
     assert (got.shard, got.resource_version, got.generation) == ("default", "7", 2)
     assert got.config.gpu_placement == "spread"
-    assert [n.field for n in got.config.not_applied] == ["spec.partitionLabelValue"]
+    assert [n.field for n in got.config.not_applied] == ["spec.queueDepthPerAction.allocate"]
     assert SHARD_RECORDS.decode(s.shard_key("default"), encode(got)) == got
 
 
@@ -90,3 +90,48 @@ def test_a_work_item_runs_only_the_actions_the_shard_enables() -> None:
     only = Policy(actions=("stalegangeviction",))
     assert shard_policy(only, record(spec)).actions == ("stalegangeviction",)
     assert shard_policy(Policy(actions=("reclaim",)), record(spec)).actions == ()
+
+
+def test_a_shard_record_names_its_node_pool() -> None:
+    got = read_shard(
+        "pool-a", raw({"partitionLabelValue": "a"}, name="pool-a"), node_pool_label_key="example/pool"
+    )
+    assert isinstance(got, ShardRecord)
+    assert not got.config.not_applied
+    assert (got.pool.label_key, got.pool.value, got.pool.name) == ("example/pool", "a", "a")
+    assert record({}).pool.name == "default"
+
+
+def test_two_shards_with_one_node_pool_the_older_keeps_it() -> None:
+    raws = {
+        "late": raw({"partitionLabelValue": "a"}, name="late", creationTimestamp="2026-12-03T10:00:00Z"),
+        "early": raw({"partitionLabelValue": "a"}, name="early", creationTimestamp="2026-12-03T09:00:00Z"),
+        "other": raw({"partitionLabelValue": "b"}, name="other", creationTimestamp="2026-12-03T11:00:00Z"),
+    }
+    verdicts = read_shards(raws)
+    assert isinstance(verdicts["early"], ShardRecord)
+    assert isinstance(verdicts["other"], ShardRecord)
+    late = verdicts["late"]
+    assert isinstance(late, Problem)
+    assert "SchedulingShard 'late'" in late.message
+    assert "spec.partitionLabelValue" in late.message
+    assert "'early'" in late.message
+
+
+def test_two_shards_without_a_partition_both_claim_the_unlabelled_pool() -> None:
+    verdicts = read_shards({"default": raw({}, name="default"), "second": raw({}, name="second")})
+    assert isinstance(verdicts["default"], ShardRecord)
+    second = verdicts["second"]
+    assert isinstance(second, Problem)
+    assert "unlabelled node pool" in second.message
+
+
+def test_an_invalid_shard_claims_no_pool() -> None:
+    verdicts = read_shards(
+        {
+            "a": raw({"partitionLabelValue": "a", "kValue": -1}, name="a"),
+            "b": raw({"partitionLabelValue": "a"}, name="b"),
+        }
+    )
+    assert isinstance(verdicts["a"], Problem)
+    assert isinstance(verdicts["b"], ShardRecord)

@@ -6,7 +6,7 @@ with an argv list. Subcommands::
     kairos conformance run CASE.yaml [--json] [--via-bus]   run one case, print result + verdict
     kairos conformance check PATH...                        run and judge every case under PATH
     kairos demo                                             the scripted demo
-    kairos up [--state-dir DIR] [--replicas S=N,...] [--detach]   the local stack; `ready` when up
+    kairos up [--state-dir DIR] [--replicas S=N,...] [--shards A,B] [--detach]   the local stack
     kairos down [--state-dir DIR]                           stop a detached stack
     kairos serve SERVICE [flags]                            run one service
     kairos submit FILE.yaml [--nats-url URL | --state-dir DIR]   apply a cluster file to the stack

@@ -32,6 +32,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     up = commands.add_parser("up", help="start nats-server and the services (the local stack)")
     up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     up.add_argument("--replicas", help="replica counts, e.g. placement=2,binder=2")
+    up.add_argument(
+        "--shards",
+        default="",
+        help="more Kairos shards besides default, e.g. pool-a,pool-b: each runs its own queue, placement and "
+        "binder, for the SchedulingShard of its name (its partitionLabelValue is its node pool)",
+    )
     up.add_argument("--cluster", type=Path, help="cluster file: the simulated cluster's nodes")
     up.add_argument(
         "--kubeconfig", type=Path, help="run against this real cluster instead of a simulated one"
@@ -98,7 +104,11 @@ def _cluster(args: argparse.Namespace) -> ClusterChoice:
 def cmd_up(args: argparse.Namespace) -> int:
     replicas = parse_replicas(args.replicas)
     state_dir: Path = args.state_dir
-    _options(args), _cluster(args)  # flag errors now, before a detached supervisor hides them in its log
+    (
+        _options(args),
+        _cluster(args),
+        _shards(args.shards),
+    )  # flag errors now, before a detached supervisor hides them in its log
     if args.otlp:
         otlp_env(args.otlp)
     if args.detach:
@@ -108,7 +118,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     options, cluster = _options(args), _cluster(args)
     env = otlp_env(args.otlp) if args.otlp else None
-    stack = start_stack(state_dir, replicas, options, port=args.port, cluster=cluster, env=env)
+    stack = start_stack(
+        state_dir, replicas, options, port=args.port, cluster=cluster, env=env, shards=_shards(args.shards)
+    )
     # The URL without credentials: the file is world-readable and only its existence means "ready".
     (state_dir / "ready").write_text(stack.nats.url + "\n")
     print("ready", flush=True)
@@ -123,6 +135,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         (state_dir / "ready").unlink(missing_ok=True)
     return 0
+
+
+def _shards(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def _detach(args: argparse.Namespace, state_dir: Path) -> int:
@@ -143,6 +159,8 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
         argv += ["--otlp", args.otlp]
     if args.replicas:
         argv += ["--replicas", args.replicas]
+    if args.shards:
+        argv += ["--shards", args.shards]
     if args.cluster is not None:
         argv += ["--cluster", str(args.cluster.resolve())]
     if args.kubeconfig is not None:

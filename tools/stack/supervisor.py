@@ -31,12 +31,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_USER
 from shared.bus.health import wait_ready
+from shared.contracts.subjects import DEFAULT_SHARD as DEFAULT_SHARD_NAME
 from shared.errors import ConfigError
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR
@@ -45,7 +46,7 @@ from tools.stack.nats_server import NatsServer, pid_alive, start_nats_server, wr
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
 DEFAULT_QUEUES = REPO / "examples" / "kai" / "queues.yaml"
-DEFAULT_SHARD = REPO / "deploy" / "shards" / "default-shard.yaml"
+DEFAULT_SHARD_FILE = REPO / "deploy" / "shards" / "default-shard.yaml"
 """KAI's default SchedulingShard, which a fresh install has (the services serve the shard of that name)."""
 KUBESIM = "kubesim"
 
@@ -102,6 +103,8 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict, repr=False)
     """Identity -> this start's NATS password (empty: the server takes anyone)."""
+    services: dict[str, str] = field(default_factory=dict)
+    """Each service replica's service (`queue-pool-a-0` -> `queue`): its NATS identity."""
 
     def restart(self, name: str) -> None:
         """Start replica `name` again with its command line (after it died or was killed); its log goes on."""
@@ -110,7 +113,7 @@ class Stack:
                 self.commands[name],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_service_env(self.env, self, name.rsplit("-", 1)[0]),
+                env=_service_env(self.env, self, self.services.get(name) or name.rsplit("-", 1)[0]),
                 start_new_session=True,
             )
         _write_pids(self)
@@ -210,8 +213,12 @@ def _service_env(base: Mapping[str, str], stack: Stack, service: str) -> dict[st
     return env
 
 
-def _service_args(service: str, replica: str, options: dict[str, str]) -> list[str]:
+def _service_args(
+    service: str, replica: str, options: dict[str, str], shard: str = DEFAULT_SHARD_NAME
+) -> list[str]:
     args = [sys.executable, "-m", f"services.{service}", "--replica", replica]
+    if shard != DEFAULT_SHARD_NAME:
+        args += ["--shard", shard]
     for key, value in options.items():
         args += ["--set", f"{key}={value}"]
     return args
@@ -226,11 +233,18 @@ def start_stack(
     cluster: ClusterChoice | None = None,
     env: Mapping[str, str] | None = None,
     auth: bool = True,
+    shards: Sequence[str] = (),
 ) -> Stack:
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
     every process's environment (`otlp_env`: export traces). `auth=False` runs NATS open to anyone
-    (loopback only), as before authentication existed."""
+    (loopback only), as before authentication existed. Each of `shards` (besides the default shard) gets its
+    own queue, placement and binder replicas (`queue-<shard>-0`, ...), as many as the default shard's; the
+    one state service serves them all."""
+    extra = [shard for shard in dict.fromkeys(shards) if shard != DEFAULT_SHARD_NAME]
+    for shard in extra:
+        if not shard or not all(c.isalnum() or c == "-" for c in shard):
+            raise ConfigError(f"--shards: {shard!r} is not a shard name (letters, digits and '-')")
     fresh = not state_dir.exists()
     state_dir.mkdir(parents=True, exist_ok=True)
     if fresh or (state_dir / "nats").is_dir():
@@ -259,15 +273,18 @@ def start_stack(
             if cluster.kind == KUBESIM and "webhook_port" not in options["state"]:
                 # kubesim calls each state replica's admission webhook directly (no Service in front).
                 webhook_ports = [free_port() for _ in range(counts.get("state", 1))]
-        for service in SERVICES:
+        placed = [(service, DEFAULT_SHARD_NAME) for service in SERVICES]
+        placed += [(service, shard) for shard in extra for service in SERVICES if service != "state"]
+        for service, shard in placed:
             for i in range(counts.get(service, 1)):
-                replica = f"{service}-{i}"
+                replica = f"{service}-{i}" if shard == DEFAULT_SHARD_NAME else f"{service}-{shard}-{i}"
                 opts = dict(options.get(service, {}))
                 if service == "state" and i > 0:
                     opts["source"] = "none"
                 if service == "state" and webhook_ports:
                     opts["webhook_port"] = str(webhook_ports[i])
-                stack.commands[replica] = _service_args(service, replica, opts)
+                stack.services[replica] = service
+                stack.commands[replica] = _service_args(service, replica, opts, shard)
                 with (logs / f"{replica}.log").open("ab") as log:
                     stack.processes[replica] = subprocess.Popen(
                         stack.commands[replica],
@@ -315,7 +332,7 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
     # Imported here: kubernetes-asyncio is slow to import and only the Kubernetes modes need it.
     from tools.stack.bootstrap import ensure_objects
 
-    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES, DEFAULT_SHARD))
+    asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES, DEFAULT_SHARD_FILE))
     return kubeconfig
 
 

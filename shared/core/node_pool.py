@@ -1,0 +1,82 @@
+"""Node pools: the part of a cluster snapshot one Kairos shard schedules.
+
+A SchedulingShard's ``partitionLabelValue`` names its node pool; the node-pool label key (KAI's
+``nodePoolLabelKey``, ``kai.scheduler/node-pool`` by default) says which label carries it. A `NodePool` selects
+objects by that label as KAI's label selector does: an empty key selects everything, an empty value selects
+the objects *without* the label (the default shard), any other value the objects whose label equals it.
+
+`in_pool(snapshot, pool)` keeps
+
+* the nodes the pool selects;
+* the podgroups the pool selects, and the queues it selects together with their ancestors (a parent queue
+  that carries no pool label still shapes its children's fair share);
+* the pods bound to a kept node (whatever their podgroup: a pod of another scheduler or shard still takes
+  room there), and the unbound pods of a kept podgroup.
+
+So two shards never see the same node, never place the same podgroup, and a shard's fair shares divide its
+own pool's resources. Called by the state replica's `shard_snapshot` (the queue leader's plan and the
+placement workers' sessions); pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from shared.model import Snapshot
+
+__all__ = ["EVERYTHING", "NodePool", "in_pool"]
+
+
+class NodePool(msgspec.Struct, frozen=True, kw_only=True):
+    """Which objects a shard schedules: those whose `label_key` label equals `value` (`value` empty: those
+    without the label; `label_key` empty: all)."""
+
+    label_key: str = ""
+    value: str = ""
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        if not self.label_key:
+            return True
+        if not self.value:
+            return self.label_key not in labels
+        return labels.get(self.label_key) == self.value
+
+    @property
+    def everything(self) -> bool:
+        return not self.label_key
+
+    @property
+    def name(self) -> str:
+        """The pool's name as KAI writes it in scheduling conditions (``default`` for the unlabelled pool)."""
+        return self.value or "default"
+
+
+EVERYTHING = NodePool()
+
+
+def in_pool(snapshot: Snapshot, pool: NodePool) -> Snapshot:
+    """The part of `snapshot` the pool's shard schedules (see the module docstring); order is kept."""
+    if pool.everything:
+        return snapshot
+    nodes = tuple(node for node in snapshot.nodes if pool.selects(node.labels))
+    podgroups = tuple(pg for pg in snapshot.podgroups if pool.selects(pg.labels))
+    node_names = {node.name for node in nodes}
+    kept_groups = {pg.key for pg in podgroups}
+    pods = tuple(
+        pod
+        for pod in snapshot.pods
+        if ((pod.node in node_names) if pod.node else (pod.podgroup in kept_groups))
+    )
+    parents = {queue.name: queue.parent for queue in snapshot.queues}
+    kept_queues: set[str] = set()
+    for queue in snapshot.queues:
+        if not pool.selects(queue.labels):
+            continue
+        name: str | None = queue.name
+        while name is not None and name not in kept_queues:
+            kept_queues.add(name)
+            name = parents.get(name)
+    queues = tuple(queue for queue in snapshot.queues if queue.name in kept_queues)
+    return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
