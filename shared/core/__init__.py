@@ -25,6 +25,9 @@ Public modules (what code outside shared.core may import):
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
 - `node_pool`: `NodePool` and `in_pool(snapshot, pool)`, the part of a snapshot one shard schedules (the
   state replica's `shard_snapshot`).
+- `usage`: time-based fair share: the `UsageLedger` of what each queue held over time (`sample`,
+  `record_interval`) and `usage_fractions`, its decayed, windowed usage as a fraction of the cluster's
+  capacity (`Policy.queue_usage`). Kept by the queue leader.
 
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
 under tests/ may still look inside): the session and its statements (`session`, `statement`, `cycle`),

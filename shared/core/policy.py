@@ -7,12 +7,23 @@ consolidation preemptees). Decoding a policy with `msgspec.convert` names the of
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
 
 Placement = Literal["binpack", "spread"]
 ReclaimStrategy = Literal["maintain-fair-share", "guarantee-deserved-quota"]
+
+
+class QueueUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One queue's historical usage as a fraction of the cluster's capacity over the usage window, per
+    resource (`shared.core.usage.usage_fractions`; KAI's usage database)."""
+
+    queue: str
+    gpu: float = 0.0
+    cpu: float = 0.0
+    memory: float = 0.0
 
 
 class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,6 +55,12 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     min_node_gpu_memory_mib: int = 100
     """GPU memory per device used to turn gpu-memory requests into GPU quota."""
     k_value: float = 1.0
+    """KAI's proportion ``kValue``: how much historical usage (`queue_usage`) shifts over-quota shares."""
+    queue_usage: tuple[QueueUsage, ...] = ()
+    """Time-based fair share: each queue's decayed usage over the shard's usage window, which makes the
+    over-quota weight `max(0, n + k_value * (n - usage))` (`shared.core.fair_share`). Empty (the default):
+    no usage, the plain weights. The queue leader fills it from its usage ledger when the shard's
+    SchedulingShard has a usageDBConfig, so its work items carry the same numbers to placement."""
     gpu_usage_scoring: bool = False
     """Fractional and GPU-memory pods prefer the devices and nodes with the lowest measured use and memory
     pressure (`Node.gpu_devices`, live telemetry). Off by default: KAI has no such score, and the
@@ -59,6 +76,9 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         unknown = [a for a in self.actions if a not in KNOWN_ACTIONS]
         if unknown:
             raise ValueError(f"policy: field 'actions': unknown action {unknown[0]!r}")
+        for u in self.queue_usage:
+            if not all(math.isfinite(v) and v >= 0 for v in (u.gpu, u.cpu, u.memory)):
+                raise ValueError(f"policy: field 'queue_usage': queue {u.queue!r}: must be finite and >= 0")
 
 
 KNOWN_ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")

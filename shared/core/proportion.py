@@ -8,7 +8,7 @@ and the capacity checks (limit; non-preemptible work only inside quota).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.core.fair_share import (
@@ -112,7 +112,14 @@ def ancestors_and_self(states: dict[str, QueueState], name: str) -> list[QueueSt
     return out
 
 
-def set_fair_shares(states: dict[str, QueueState], total: Vec) -> None:
+def set_fair_shares(
+    states: dict[str, QueueState],
+    total: Vec,
+    usage: Mapping[str, tuple[float, float, float]] | None = None,
+    k_value: float = 1.0,
+) -> None:
+    """Every queue's fair share (KAI's division); `usage` of queues not in `states` is ignored (a queue
+    deleted since its usage was recorded)."""
     specs = [
         QueueSpec(
             name=s.name,
@@ -130,7 +137,10 @@ def set_fair_shares(states: dict[str, QueueState], total: Vec) -> None:
         for s in states.values()
         if s.is_leaf
     }
-    shares = compute_fair_shares(specs, leaf_requests, (total[R_GPU], total[R_CPU], total[R_MEM]))
+    known = {q: v for q, v in (usage or {}).items() if q in states}
+    shares = compute_fair_shares(
+        specs, leaf_requests, (total[R_GPU], total[R_CPU], total[R_MEM]), usage=known, k_value=k_value
+    )
     for name, share in shares.items():
         states[name].fair_share = list(share.fair_share)
     for state in states.values():

@@ -5,7 +5,8 @@ Public. Called every cycle by the queue dispatcher (`services.queue.dispatcher.p
 policy its work items run with, and by `kairos status` for the queues' fair shares. `plan_queues(snapshot,
 now, policy)` builds a session of the core from the snapshot, runs no action, and reads:
 
-- every queue's fair share, allocation, request, deserved quota and non-preemptible allocation;
+- every queue's fair share, allocation, request, deserved quota and non-preemptible allocation (fair
+  shares under the policy's `queue_usage`, time-based fair share), and the cluster's capacity;
 - the podgroups allocate would take (pods to place, gangs complete; gated pods are not pending, so a
   podgroup counts for its ungated pods once they can form its gang), in the order allocate takes them:
   without allocations in between, draining the job order gives the order allocate starts with;
@@ -40,6 +41,9 @@ class Resources(NamedTuple):
     memory: float
 
 
+_NONE = Resources(0.0, 0.0, 0.0)
+
+
 @dataclass(frozen=True)
 class QueueShare:
     """One queue's numbers as the core's proportion plugin sees them before any action."""
@@ -68,6 +72,9 @@ class QueuePlan:
     """Pending podgroups whose placement a queue total bounds, somewhere up their queue chain."""
     admissions: tuple[QuotaVerdict, ...]
     """The quota gate's verdicts on the podgroups with gated pods."""
+    total: Resources = _NONE
+    """What the top-level queues share: the cluster's capacity as the fair-share division sees it (the
+    usage ledger's denominator)."""
 
 
 def plan_queues(snapshot: Snapshot, now: float, policy: Policy) -> QueuePlan:
@@ -80,7 +87,8 @@ def plan_queues(snapshot: Snapshot, now: float, policy: Policy) -> QueuePlan:
     pending = tuple(job.key for job in order.drain())
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
     guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
-    return QueuePlan(shares, pending, stale, guarded, quota_verdicts(snapshot, now, policy))
+    admissions = quota_verdicts(snapshot, now, policy)
+    return QueuePlan(shares, pending, stale, guarded, admissions, _resources(ssn.total))
 
 
 def _resources(v: Vec) -> Resources:

@@ -90,7 +90,8 @@ class Session:
             float(self.cluster.alloc[MEM].sum()),
         ]
         self._init_queue_usage()
-        set_fair_shares(self.queues, self.total)
+        usage = {u.queue: (u.gpu, u.cpu, u.memory) for u in policy.queue_usage}
+        set_fair_shares(self.queues, self.total, usage, policy.k_value)
 
     def _mig_total_gpus(self) -> float:
         total = 0.0

@@ -13,7 +13,17 @@ from pathlib import Path
 import shared.core
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = {"scheduler", "result", "queue_plan", "quota_gate", "policy", "stamps", "fair_share", "node_pool"}
+PUBLIC = {
+    "scheduler",
+    "result",
+    "queue_plan",
+    "quota_gate",
+    "policy",
+    "stamps",
+    "fair_share",
+    "node_pool",
+    "usage",
+}
 
 
 def _top_level_modules() -> set[str]:
