@@ -1,6 +1,6 @@
 """Connecting to NATS and declaring the JetStream streams and KV buckets Kairos needs.
 
-`connect()` returns a `Bus`: the client, its JetStream context and the three KV stores. Declaring is
+`connect()` returns a `Bus`: the client, its JetStream context and the four KV stores. Declaring is
 idempotent, so every service declares what it uses at start-up and the first one to run creates it;
 under authorization only the identities allowed to (`shared.security.permissions.declares`: the state
 service, the local stack's admin) declare, and the others wait until the streams and buckets exist.
@@ -46,6 +46,8 @@ class Bus:
     state: KvStore
     ledger: KvStore
     leases: KvStore
+    usage: KvStore
+    """The queues' usage ledgers (time-based fair share), one key per shard."""
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -81,6 +83,7 @@ _STREAMS = (
 _STATE = KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE)
 _LEDGER = KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE)
 _LEASES = KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE)
+_USAGE = KeyValueConfig(bucket=s.USAGE_BUCKET, history=1, storage=StorageType.FILE)
 
 
 async def declare(js: JetStreamContext) -> None:
@@ -205,7 +208,7 @@ class NatsAuth:
 
 async def _wait_declared(js: JetStreamContext, deadline: float) -> None:
     """Until the streams and buckets exist (an identity that may not declare them waits for one that may)."""
-    missing = [str(c.name) for c in _STREAMS] + [f"KV_{c.bucket}" for c in (_STATE, _LEDGER, _LEASES)]
+    missing = [str(c.name) for c in _STREAMS] + [f"KV_{c.bucket}" for c in (_STATE, _LEDGER, _LEASES, _USAGE)]
     while missing:
         try:
             await js.stream_info(missing[0])
@@ -278,7 +281,8 @@ async def connect(
         state = await _kv(js, _STATE, create)
         ledger = await _kv(js, _LEDGER, create)
         leases = await _kv(js, _LEASES, create)
+        usage = await _kv(js, _USAGE, create)
     except BaseException:
         await nc.close()
         raise
-    return Bus(nc, js, state, ledger, leases)
+    return Bus(nc, js, state, ledger, leases, usage)

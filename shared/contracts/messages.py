@@ -10,6 +10,7 @@ Who sends what:
 - state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object), and a `ShardRecord` per
   shard whose SchedulingShard exists (`shard.<shard>`).
 - binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod; state removes what left.
+- queue leader -> KV `USAGE_BUCKET`: a `UsageRecord` per shard (the queues' usage ledger).
 - queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
   binder -> `outcomes.<shard>`: `Outcome`.
 - anyone -> `cluster.<op>` (state answers): `ClusterRequest` -> `ClusterReply`.
@@ -35,6 +36,7 @@ from shared.core.result import EvictionOrder as EvictionOrder
 from shared.core.result import PendingExplanation as PendingExplanation
 from shared.core.result import PipelinedPod as PipelinedPod
 from shared.core.result import SessionView as SessionView
+from shared.core.usage import UsageLedger
 from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
@@ -122,6 +124,17 @@ class PodClaim(_Msg, frozen=True, kw_only=True, tag="pod-claim"):
 
 
 LedgerRecord = NodeLedger | PodClaim
+
+
+class UsageRecord(_Msg, frozen=True, kw_only=True, tag="usage"):
+    """A shard's usage ledger (time-based fair share), under `subjects.usage_key(shard)` in `USAGE_BUCKET`:
+    what each queue held over time, as the shard's queue leader sampled it. Written only by a leader,
+    with a compare-and-set on the revision it last read or wrote; `term` is the writer's lease term, and a
+    leader never overwrites a record of a later term."""
+
+    shard: str
+    term: int
+    ledger: UsageLedger
 
 
 class Lease(_Msg, frozen=True, kw_only=True, tag="lease"):
@@ -320,6 +333,7 @@ STATE_RECORDS: Codec[StateRecord] = Codec(StateRecord)
 LEDGER_RECORDS: Codec[LedgerRecord] = Codec(LedgerRecord)
 SHARD_RECORDS: Codec[ShardRecord] = Codec(ShardRecord)
 LEASES: Codec[Lease] = Codec(Lease)
+USAGE_RECORDS: Codec[UsageRecord] = Codec(UsageRecord)
 WORK: Codec[WorkItem] = Codec(WorkItem)
 PROPOSALS: Codec[Proposal] = Codec(Proposal)
 OUTCOMES: Codec[Outcome] = Codec(Outcome)

@@ -24,6 +24,9 @@ LEASE_BUCKET = "kairos_leases"
 LEASE_TTL_S = 10.0
 """Lease entries expire this long after their last write (see `shared.bus.lease` for the renewal timing:
 a leader survives renewals up to 6 s late, a standby takes over within 11 s of a leader's death)."""
+USAGE_BUCKET = "kairos_usage"
+"""Time-based fair share: one `UsageRecord` per shard, the queues' usage ledger, written only by the
+shard's queue leader (compare-and-set, fenced by its lease term) and read by its standbys on taking over."""
 
 # --- JetStream streams ----------------------------------------------------------------------------------
 WORK_STREAM = "KAIROS_WORK"
@@ -154,6 +157,11 @@ def ledger_claim_key(pod_key_: str) -> str:
 
 def lease_key(shard: str) -> str:
     return f"queue.{key_token(shard)}"
+
+
+def usage_key(shard: str) -> str:
+    """The shard's `UsageRecord` in `USAGE_BUCKET`."""
+    return f"usage.{key_token(shard)}"
 
 
 # --- GPU node agents ------------------------------------------------------------------------------------------

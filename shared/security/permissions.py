@@ -13,7 +13,7 @@ The table, in words (docs/security.md has it in full):
   node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
   the write-back (a durable consumer) and the quota gate (an ordered consumer of the podgroup-admission
   events); the one service that declares (creates, updates) the streams and buckets.
-- `queue`: the queue lease; publishes work items, fair-share and podgroup-admission events; hears outcomes
+- `queue`: the queue lease and the usage ledger (time-based fair share); publishes work items, fair-share and podgroup-admission events; hears outcomes
   and `cycle`.
 - `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
   leases but cannot write any bucket, and cannot ask for a bind.
@@ -59,7 +59,7 @@ SERVICE_IDENTITIES = (STATE, QUEUE, PLACEMENT, BINDER, GPU_AGENT)
 IDENTITIES = (*SERVICE_IDENTITIES, OPERATOR)
 """Everything a deployment needs (`admin` is the local stack's own)."""
 
-BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET)
+BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET, s.USAGE_BUCKET)
 GPU_TELEMETRY_WILDCARD = s.GPU_TELEMETRY_WILDCARD
 """The GPU agents' telemetry: published by the agents, read by the state service (device health and use
 for its Kubernetes source) and by operators."""
@@ -135,7 +135,7 @@ def _declare() -> list[str]:
 
 
 def _service_common(identity: str) -> tuple[list[str], list[str]]:
-    """What every service does: heartbeats (and health requests) under its own name, open the three KV
+    """What every service does: heartbeats (and health requests) under its own name, open the four KV
     stores and look up the streams at connect, read its inbox."""
     health = f"{s.PREFIX}.health.{s.token(identity)}.*"
     publish = [health, *_stream_info([*STREAMS, *(kv_stream(b) for b in BUCKETS)])]
@@ -200,6 +200,7 @@ def permissions(identity: str) -> Permissions:
     elif identity == QUEUE:
         publish += _replica()
         publish += [kv_subjects(s.LEASE_BUCKET), s.WORK_WILDCARD]
+        publish += [*_kv_read(s.USAGE_BUCKET), kv_subjects(s.USAGE_BUCKET)]
         publish += _events("queue-fair-share", "podgroup-admission")
         subscribe += [s.OUTCOMES_WILDCARD, f"{s.PREFIX}.admin.*.cycle"]
     elif identity == PLACEMENT:

@@ -56,5 +56,5 @@ def test_the_result_values_load_none_of_the_cores_machinery() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == (
-        "['shared.core', 'shared.core.node_pool', 'shared.core.policy', 'shared.core.result']"
+        "['shared.core', 'shared.core.node_pool', 'shared.core.policy', 'shared.core.result', 'shared.core.usage']"
     )
