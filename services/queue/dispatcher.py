@@ -6,7 +6,10 @@ the binders' outcomes, `admin_cycle()` answers `admin.<shard>.cycle`. The decisi
 
 A cycle: snapshot the replica, plan it with the core (`shared.core.queue_plan.plan_queues`: fair shares,
 the pending podgroups in allocate's order, the quota gate's verdicts) under the policy the work items run
-with, publish a `QueueFairShare` event for every queue whose numbers changed, then dispatch work. With `batch=all` (the
+with, publish a `QueueFairShare` event for every queue whose numbers changed, then dispatch work. When
+the shard's SchedulingShard has a usageDBConfig, the plan and the work items carry each queue's
+historical usage (`Policy.queue_usage`, from the ledger of `services.queue.usage`, sampled every cycle),
+so the fair shares are time-based as KAI's are. With `batch=all` (the
 default) that is one work item without a podgroup filter: the placement worker runs the whole cycle, as
 KAI runs one session per cycle, and decides exactly what the in-process core decides. With `batch=N` the
 pending podgroups, in the core's queue order, go out N per work item so that several placement replicas
@@ -39,6 +42,7 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
+from services.queue.usage import UsageKeeper
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Counters
@@ -46,11 +50,12 @@ from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
 from shared.contracts.messages import CycleReply, CycleRequest, Outcome, ShardRecord, WorkItem, encode
-from shared.core.policy import KNOWN_ACTIONS, Policy
+from shared.core.policy import KNOWN_ACTIONS, Policy, QueueUsage
 from shared.core.queue_plan import Resources, plan_queues
 from shared.core.quota_gate import QuotaVerdict
+from shared.core.usage import UsageParams
 from shared.errors import ConfigError, KairosError
-from shared.kube.scheduling_shard import policy_of
+from shared.kube.scheduling_shard import policy_of, usage_params
 from shared.model import Snapshot
 from shared.telemetry.metrics import QueueMetrics
 from shared.telemetry.spans import OrderTracer
@@ -92,6 +97,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     gpu_usage_scoring: bool = False
     """`Policy.gpu_usage_scoring` of the work items: fractional pods prefer the least used GPUs (live
     telemetry). Off like KAI unless asked; `kairos up` asks."""
+    usage_save: float = 10.0
+    """Seconds between writes of the usage ledger (time-based fair share) to KV: a crashed leader loses at
+    most this much of the record; a stopped one writes it before it lets the lease go."""
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> QueueSettings:
@@ -114,7 +122,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ConfigError(f"queue: option 'batch': must be >= 1, got {settings.batch}")
         if settings.cycles not in ("auto", "admin"):
             raise ConfigError(f"queue: option 'cycles': expected 'auto' or 'admin', got {settings.cycles!r}")
-        for name in ("period", "debounce", "work_timeout", "admin_timeout"):
+        for name in ("period", "debounce", "work_timeout", "admin_timeout", "usage_save"):
             if getattr(settings, name) <= 0:
                 raise ConfigError(f"queue: option {name!r}: must be > 0")
         if settings.max_inflight < 1:
@@ -122,6 +130,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if settings.window < 1:
             raise ConfigError("queue: option 'window': must be >= 1")
         return settings
+
+
+NO_RESOURCES = Resources(0.0, 0.0, 0.0)
 
 
 # --- pure decisions --------------------------------------------------------------------------------------
@@ -140,15 +151,32 @@ class Plan:
     per-node compare-and-set cannot see them, so two of these must never be placed concurrently."""
     admissions: tuple[QuotaVerdict, ...] = ()
     """The quota gate's verdicts on the podgroups with gated pods (`shared.core.quota_gate`)."""
+    total: Resources = NO_RESOURCES
+    """The cluster's capacity as the fair-share division saw it (the usage ledger samples it)."""
 
 
 def _resources(v: Resources) -> dict[str, float]:
     return dict(v._asdict())
 
 
+USAGE_DIGITS = 4
+"""Usage in the events is rounded to this many decimals: it moves a little every cycle, and an event goes
+out only when a queue's numbers change."""
+
+
 def plan_cycle(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
-    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`), fair shares as events."""
+    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`), fair shares as events
+    (with the policy's queue usage, time-based fair share)."""
     plan = plan_queues(snapshot, now, policy)
+    usage = {
+        u.queue: {
+            "gpu": round(u.gpu, USAGE_DIGITS),
+            "cpu": round(u.cpu, USAGE_DIGITS),
+            "memory": round(u.memory, USAGE_DIGITS),
+        }
+        for u in policy.queue_usage
+    }
+    zero = dict.fromkeys(Resources._fields, 0.0) if policy.queue_usage else {}
     shares = tuple(
         QueueFairShare(
             time=now,
@@ -159,10 +187,11 @@ def plan_cycle(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
             requested=_resources(q.requested),
             deserved=_resources(q.deserved),
             allocated_non_preemptible=_resources(q.allocated_non_preemptible),
+            usage=usage.get(q.queue, zero),
         )
         for q in plan.shares
     )
-    return Plan(shares, plan.pending, plan.stale, plan.guarded, plan.admissions)
+    return Plan(shares, plan.pending, plan.stale, plan.guarded, plan.admissions, plan.total)
 
 
 def admission_changed(last: QuotaVerdict | None, verdict: QuotaVerdict) -> bool:
@@ -300,6 +329,10 @@ class Dispatcher:
         """Pending podgroup -> when it was last dispatched (batch=N: `attempt_order`)."""
         """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
         self.traces = OrderTracer()
+        self.usage = UsageKeeper(bus, lease, settings.usage_save, clock)
+        """The shard's usage ledger (time-based fair share), used while the shard has a usageDBConfig."""
+        self._queue_usage: tuple[QueueUsage, ...] = ()
+        """`Policy.queue_usage` of this cycle's plan and work items (empty: time-based fair share off)."""
         self._published: dict[str, tuple[object, ...]] = {}
         self._admissions: dict[str, QuotaVerdict] = {}
         """Podgroup -> the quota verdict last published for it (podgroups that still have gated pods)."""
@@ -322,8 +355,50 @@ class Dispatcher:
         work item's or cycle request's own) limited to the shard's. The cycle's plan orders the podgroups under it. Read at every
         call: a changed SchedulingShard applies at the next cycle."""
         requested = ALL_ACTIONS if actions is None else actions
-        base = Policy(actions=requested, gpu_usage_scoring=self.settings.gpu_usage_scoring)
+        base = Policy(
+            actions=requested,
+            gpu_usage_scoring=self.settings.gpu_usage_scoring,
+            queue_usage=self._queue_usage,
+        )
         return shard_policy(base, self.replica.shard(self.shard))
+
+    def usage_params(self) -> UsageParams | None:
+        """The time-based fair share's parameters from the shard's SchedulingShard; None: off."""
+        record = self.replica.shard(self.shard)
+        return None if record is None else usage_params(record.config.usage_db)
+
+    async def _usage_before(self, now: float) -> UsageParams | None:
+        """This cycle's queue usage from the ledger (read first after a leader change); the parameters,
+        or None when time-based fair share is off. A ledger that cannot be read leaves the usage as it was
+        (logged and counted): the fair shares do not jump for a KV hiccup."""
+        params = self.usage_params()
+        if params is None:
+            self._queue_usage = ()
+            return None
+        if not self.usage.loaded:
+            try:
+                await self.usage.load()
+            except Exception:
+                self.counters["usage_errors"] += 1
+                log.exception("could not read the usage ledger")
+                return None
+        self._queue_usage = self.usage.fractions(now, params)
+        return params
+
+    async def _usage_after(self, plan: Plan, now: float, params: UsageParams | None) -> None:
+        """Sample what the queues hold now into the ledger and write it when due."""
+        if params is None or not self.usage.loaded or not self.lease.valid():
+            return
+        allocated = {
+            e.queue: (e.allocated["gpu"], e.allocated["cpu"], e.allocated["memory"]) for e in plan.fair_shares
+        }
+        self.usage.observe(now, allocated, (plan.total.gpu, plan.total.cpu, plan.total.memory), params)
+        try:
+            if await self.usage.save():
+                self.counters["usage_saves"] += 1
+        except Exception:
+            self.counters["usage_errors"] += 1
+            log.exception("could not write the usage ledger")
 
     # --- leadership -------------------------------------------------------------------------------------
     def on_leadership(self, leading: bool) -> None:
@@ -334,6 +409,7 @@ class Dispatcher:
         self.inflight.clear()
         self._published.clear()
         self._admissions.clear()
+        self.usage.forget()
         self._strikes.clear()
         self._cooldown.clear()
         self._tried.clear()
@@ -461,8 +537,10 @@ class Dispatcher:
         snapshot = self.replica.shard_snapshot(self.shard)
         now = self.now()
         started_ns = time.time_ns()
+        usage = await self._usage_before(now)
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
         plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy())
+        await self._usage_after(plan, now, usage)
         if self.metrics is not None and self.lease.valid():
             self.metrics.observe_plan(plan.fair_shares, len(plan.pending))
         await self._publish_fair_shares(plan)
@@ -511,7 +589,14 @@ class Dispatcher:
 
     async def _publish_fair_shares(self, plan: Plan) -> None:
         for event in plan.fair_shares:
-            key = (event.parent, event.fair_share, event.allocated, event.requested, event.deserved)
+            key = (
+                event.parent,
+                event.fair_share,
+                event.allocated,
+                event.requested,
+                event.deserved,
+                event.usage,
+            )
             if self._published.get(event.queue) == key:
                 continue
             if not self.lease.valid():

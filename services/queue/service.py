@@ -105,6 +105,9 @@ async def body(ctx: ServiceContext) -> None:
             await _unsubscribe(admin)
         await _unsubscribe(outcomes)
         if graceful:
+            # The usage ledger's latest samples go out while the lease is still ours.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(dispatcher.usage.save(force=True), 3.0)
             # SIGTERM: hand over now rather than after the TTL. Cancelled (a crash stand-in): let it expire.
             await lease.release()
         else:

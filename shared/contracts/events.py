@@ -72,6 +72,10 @@ class QueueFairShare(_Event, frozen=True, kw_only=True, tag="queue-fair-share"):
     requested: dict[str, float]
     deserved: dict[str, float]
     allocated_non_preemptible: dict[str, float] = msgspec.field(default_factory=dict)
+    usage: dict[str, float] = msgspec.field(default_factory=dict)
+    """Time-based fair share: the queue's decayed usage over the shard's usage window as a fraction of the
+    cluster's capacity (0 to 1), per resource, which shrank or grew its over-quota share with kValue. Empty
+    when the shard's SchedulingShard has no usageDBConfig."""
 
 
 class PodGroupAdmission(_Event, frozen=True, kw_only=True, tag="podgroup-admission"):

@@ -54,6 +54,7 @@ EXAMPLES: dict[str, events.Event] = {
         allocated={"gpu": 8.0, "cpu": 8000.0, "memory": 3.2e10},
         requested={"gpu": 24.0, "cpu": 24000.0, "memory": 9.6e10},
         deserved={"gpu": 16.0, "cpu": -1.0, "memory": -1.0},
+        usage={"gpu": 0.25, "cpu": 0.125, "memory": 0.0625},
     ),
     "podgroup-admission": events.PodGroupAdmission(
         time=1764000000.0,

@@ -7,7 +7,8 @@ defaults for its placement strategy (``gpupack`` or ``gpuspread`` after ``placem
 ``kValue`` and ``minRuntime`` become the ``proportion`` and ``minruntime`` arguments), merged with the
 spec's overrides (``enabled`` and ``priority`` per field, ``arguments`` as a whole; a plugin or action
 enabled that is not a default starts at priority 0), then ordered by priority, highest first, ties by
-name. `policy_of` turns the result into the `Policy` every cycle of the shard should use.
+name. `policy_of` turns the result into the `Policy` every cycle of the shard should use, and `usage_params`
+its usageDBConfig into the time-based fair share's `UsageParams` (None: off).
 
 Bad input raises `InvalidObject("SchedulingShard", name, field, problem)` naming the field
 (``spec.placementStrategy.gpu``): a placement other than binpack or spread, a negative or non-finite
@@ -19,7 +20,9 @@ What is valid but the policy cannot honour yet is *reported, not refused*: `Shar
 lists each such field with the reason, and the rest of the configuration applies. These are:
 
 - ``queueDepthPerAction``: Kairos's actions try every job of a queue;
-- ``usageDBConfig``: usage over time is not fed into fair share yet;
+- in ``usageDBConfig``: ``clientType`` and the connection (Kairos records usage itself, in JetStream, and
+  queries no usage database), a ``cron`` window type (the sliding window applies), ``waitTimeout`` and
+  ``extraParams`` (a usage database's settings); the usage parameters themselves apply (`usage_params`);
 - ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
   ``max-consolidation-preemptees`` and ``default-staleness-grace-period`` map);
 - a plugin the core always applies, disabled (`kai_plugins.ALWAYS_ON`); a plugin's priority other than its
@@ -35,6 +38,7 @@ from typing import Literal, cast
 import msgspec
 
 from shared.core.policy import KNOWN_ACTIONS, Placement, Policy
+from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import kai_plugins, wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, PluginEntry
@@ -48,6 +52,7 @@ __all__ = [
     "UsageDb",
     "policy_of",
     "shard_config",
+    "usage_params",
 ]
 
 KIND = wire.SchedulingShard.KIND
@@ -196,7 +201,7 @@ def shard_config(shard: wire.SchedulingShard) -> ShardConfig:
         r.note(at, "Kairos's actions try every job of a queue (no per-action depth yet)")
     usage_db = _usage_db(r, spec.usage_db_config)
     if usage_db is not None:
-        r.note("spec.usageDBConfig", "usage over time is not fed into fair share yet (time-based fair share)")
+        _usage_notes(r, usage_db)
     _args(r, spec.args)
     return ShardConfig(
         name=r.name,
@@ -372,6 +377,39 @@ def _usage_db(r: _Reader, config: wire.UsageDBConfig | None) -> UsageDb | None:
         staleness_period=r.duration(f"{p}.stalenessPeriod", params.staleness_period),
         wait_timeout=r.duration(f"{p}.waitTimeout", params.wait_timeout),
         extra_params=dict(params.extra_params),
+    )
+
+
+def _usage_notes(r: _Reader, db: UsageDb) -> None:
+    at = "spec.usageDBConfig"
+    r.note(
+        f"{at}.clientType",
+        f"Kairos records each queue's usage itself (KV kairos_usage, from its own scheduling) instead of"
+        f" querying {db.client_type}; the usage parameters apply",
+    )
+    if db.window_type == "cron":
+        r.note(f"{at}.usageParams.windowType", "cron windows are not supported: the sliding window applies")
+    if db.wait_timeout is not None:
+        r.note(f"{at}.usageParams.waitTimeout", "no usage database to wait for: the record is Kairos's own")
+    if db.extra_params:
+        r.note(f"{at}.usageParams.extraParams", "a usage database's settings: the record is Kairos's own")
+
+
+def usage_params(db: UsageDb | None) -> UsageParams | None:
+    """The time-based fair share's parameters from a checked usageDBConfig (KAI's defaults for what it
+    leaves out; a staleness period shorter than the fetch interval is the fetch interval, as in KAI);
+    None without a usageDBConfig (time-based fair share off)."""
+    if db is None:
+        return None
+    base = UsageParams()
+    fetch = db.fetch_interval or base.fetch_interval
+    return UsageParams(
+        half_life=db.half_life_period or 0.0,
+        window=db.window_size or base.window,
+        window_type="tumbling" if db.window_type == "tumbling" else "sliding",
+        tumbling_start=db.tumbling_window_start_time or 0.0,
+        fetch_interval=fetch,
+        staleness=max(db.staleness_period if db.staleness_period is not None else base.staleness, fetch),
     )
 
 

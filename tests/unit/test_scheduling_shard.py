@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.core.policy import Policy
+from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES
-from shared.kube.scheduling_shard import NotApplied, ShardConfig, policy_of, shard_config
+from shared.kube.scheduling_shard import NotApplied, ShardConfig, policy_of, shard_config, usage_params
 
 
 def shard(spec: dict[str, Any], name: str = "default") -> wire.SchedulingShard:
@@ -168,6 +169,29 @@ def test_usage_db_config_is_read_with_its_durations() -> None:
     )
 
 
+def test_usage_db_config_becomes_the_time_based_fair_shares_parameters() -> None:
+    usage = {
+        "clientType": "prometheus",
+        "usageParams": {
+            "halfLifePeriod": "30m",
+            "windowSize": "2h",
+            "fetchInterval": "10m",
+            "stalenessPeriod": "1m",
+        },
+    }
+    got = config({"usageDBConfig": usage})
+    # KAI: a staleness period below the fetch interval is the fetch interval.
+    assert usage_params(got.usage_db) == UsageParams(
+        half_life=1800.0, window=7200.0, fetch_interval=600.0, staleness=600.0
+    )
+    # KAI's defaults for what is left out: no decay, a 7-day sliding window, 1 minute, 5 minutes.
+    assert usage_params(config({"usageDBConfig": {"clientType": "prometheus"}}).usage_db) == UsageParams()
+    assert usage_params(config({}).usage_db) is None
+    cron = config({"usageDBConfig": {"clientType": "prometheus", "usageParams": {"windowType": "cron"}}})
+    assert usage_params(cron.usage_db) == UsageParams()
+    assert "spec.usageDBConfig.usageParams.windowType" in fields(cron.not_applied)
+
+
 # --- reported, not applied ----------------------------------------------------------------------------------
 def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_applies() -> None:
     spec = {
@@ -190,7 +214,7 @@ def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_a
         "spec.plugins.priority.priority",
         "spec.queueDepthPerAction.allocate",
         "spec.queueDepthPerAction.reclaim",
-        "spec.usageDBConfig",
+        "spec.usageDBConfig.clientType",
     ]
     assert all(note.reason for note in got.not_applied)
     assert policy_of(got).k_value == 3.0
