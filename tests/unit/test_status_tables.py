@@ -75,3 +75,59 @@ def test_the_shard_configuration_in_force_is_shown_with_what_is_not_applied() ->
 def test_without_a_schedulingshard_status_says_kai_s_defaults_apply() -> None:
     text = _render(status_tables(SnapshotReply(revision=1, ledger_revision=0)))
     assert "none in force (KAI's defaults apply)" in text
+
+
+def test_time_based_fair_share_shows_each_queues_usage_and_the_shares_it_makes() -> None:
+    from shared.contracts.events import QueueFairShare
+    from shared.kube.scheduling_shard import ShardConfig, UsageDb
+    from shared.model import GpuRequest, Pod, PodGroup, PodStatus, Queue, QueueResource
+    from shared.model.objects import PodSet, SubGroupSet
+
+    anything = QueueResource(quota=-1, over_quota_weight=0, limit=-1)
+    queues = tuple(
+        Queue(
+            name=q,
+            creation_index=i,
+            gpu=QueueResource(quota=0, over_quota_weight=1),
+            cpu=anything,
+            memory=anything,
+        )
+        for i, q in enumerate(("busy", "idle"))
+    )
+    groups = tuple(
+        PodGroup(name=q, namespace="ns", queue=q, root=SubGroupSet(name="root", pod_sets=(PodSet("p", 1),)))
+        for q in ("busy", "idle")
+    )
+    pods = tuple(
+        Pod(name=f"{q}-{i}", namespace="ns", podgroup=q, status=PodStatus.PENDING, gpu=GpuRequest(devices=1))
+        for q in ("busy", "idle")
+        for i in range(12)
+    )
+    config = ShardConfig(name="default", usage_db=UsageDb(client_type="prometheus", half_life_period=600.0))
+    reply = SnapshotReply(
+        revision=3,
+        ledger_revision=0,
+        nodes=(Node(name="n1", cpu_millis=48_000, memory_bytes=192e9, gpus=12),),
+        queues=queues,
+        podgroups=groups,
+        pods=pods,
+        shards=(ShardRecord(shard="default", config=config),),
+    )
+    # The leader's event says busy used half the GPUs over the window: weights 1/2 and 1, shares 4 and 8.
+    event = QueueFairShare(
+        time=1.0,
+        queue="busy",
+        parent=None,
+        fair_share={},
+        allocated={},
+        requested={},
+        deserved={},
+        usage={"gpu": 0.5, "cpu": 0.0, "memory": 0.0},
+    )
+    text = _render(status_tables(reply, fair_shares=[event]))
+    assert "GPU usage" in text
+    busy = next(line for line in text.splitlines() if line.startswith("│ busy "))
+    idle = next(line for line in text.splitlines() if line.startswith("│ idle "))
+    assert re.search(r"\b4\b.*0\.500", busy), busy
+    assert re.search(r"\b8\b.*-", idle), idle
+    assert re.search(r"time-based fair share\W+sliding window 604800 s, half-life 600 s", text), text

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ from tools.cli.up import DEFAULT_STATE_DIR
 if TYPE_CHECKING:
     from shared.bus.client import BusClient
     from shared.clusterfile import ClusterObjects
+    from shared.contracts.events import QueueFairShare
     from shared.contracts.messages import ClusterReply, SnapshotReply
     from shared.model import Pod, Snapshot
 
@@ -146,19 +147,24 @@ def _names(objects: ClusterObjects) -> dict[str, list[str]]:
 def cmd_status(args: argparse.Namespace) -> int:
     url = nats_url(args)
     try:
-        reply = _run(_snapshot(url))
+        reply, fair_shares = _run(_snapshot(url))
     except TemporaryError as exc:
         return _no_answer(str(exc))
     from rich.console import Console
 
     console = Console(width=None if sys.stdout.isatty() else 200)
-    for table in status_tables(reply, max_pods=None if args.all else DEFAULT_MAX_PODS):
+    for table in status_tables(
+        reply, max_pods=None if args.all else DEFAULT_MAX_PODS, fair_shares=fair_shares
+    ):
         console.print(table)
     return EXIT_OK
 
 
-async def _snapshot(url: str) -> SnapshotReply:
+async def _snapshot(url: str) -> tuple[SnapshotReply, list[QueueFairShare]]:
+    """The state service's snapshot, and the queue leaders' newest fair-share event of every queue (none
+    when the events cannot be read: the tables then go without the queues' usage)."""
     from shared.contracts import subjects as s
+    from shared.contracts.events import QueueFairShare
     from shared.contracts.messages import CLUSTER_REPLIES, SNAPSHOT_REPLIES, SnapshotRequest, encode
     from shared.errors import MalformedMessage
 
@@ -175,24 +181,49 @@ async def _snapshot(url: str) -> SnapshotReply:
                 f"no answer on {s.STATE_SNAPSHOT}: {str(exc) or type(exc).__name__}"
             ) from exc
         try:
-            return SNAPSHOT_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
+            reply = SNAPSHOT_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
         except MalformedMessage:
             refusal = CLUSTER_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
             raise TemporaryError(f"the state service could not answer: {refusal.error}") from None
+        try:
+            events = await client.last_events("queue-fair-share")
+        except Exception:  # noqa: BLE001 -- the events are extra: the snapshot is shown without them
+            events = []
+        return reply, [e for e in events if isinstance(e, QueueFairShare)]
     finally:
         await client.close()
 
 
-def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS) -> list[object]:
-    """The snapshot as rich tables: queues (with GPU fair share), podgroups, pods."""
+def status_tables(
+    reply: SnapshotReply,
+    max_pods: int | None = DEFAULT_MAX_PODS,
+    fair_shares: Sequence[QueueFairShare] = (),
+) -> list[object]:
+    """The snapshot as rich tables: queues (with GPU fair share), podgroups, pods.
+
+    `fair_shares` are the queue leader's newest `queue-fair-share` events: with time-based fair share on,
+    they carry each queue's usage, which the GPU usage column shows and the fair shares here are computed
+    with (under the default shard's policy, as the leader computes them)."""
     import time
 
+    import msgspec
     from rich.table import Table
 
-    from shared.core.policy import Policy
+    from shared.contracts.subjects import DEFAULT_SHARD
+    from shared.core.policy import Policy, QueueUsage
     from shared.core.queue_plan import plan_queues
+    from shared.kube.scheduling_shard import policy_of
     from shared.model import Snapshot
     from shared.model.validate import validate_snapshot
+
+    usage = {e.queue: e.usage for e in fair_shares if e.usage}
+    queue_usage = tuple(
+        QueueUsage(queue=q, gpu=u.get("gpu", 0.0), cpu=u.get("cpu", 0.0), memory=u.get("memory", 0.0))
+        for q, u in sorted(usage.items())
+    )
+    default = next((r for r in reply.shards if r.shard == DEFAULT_SHARD), None)
+    policy = Policy() if default is None else policy_of(default.config)
+    policy = msgspec.structs.replace(policy, queue_usage=queue_usage)
 
     reserved = {pod: entry.node for entry in reply.ledger for pod in entry.pods}
     snapshot = _with_reservations(
@@ -209,7 +240,7 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
     note = ""
     try:
         validate_snapshot(snapshot)
-        plan = plan_queues(snapshot, time.time(), Policy())
+        plan = plan_queues(snapshot, time.time(), policy)
         shares = {q.queue: (q.fair_share.gpu, q.allocated.gpu) for q in plan.shares}
     except InvalidObject as exc:
         note = f" (no fair share: {exc})"
@@ -224,6 +255,7 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
         "GPU weight",
         "GPU fair share",
         "GPU allocated",
+        *(("GPU usage",) if usage else ()),
     ):
         queues.add_column(column, justify="left" if column in ("queue", "parent") else "right")
     for q in reply.queues:
@@ -237,6 +269,7 @@ def status_tables(reply: SnapshotReply, max_pods: int | None = DEFAULT_MAX_PODS)
             _number(q.gpu.over_quota_weight),
             _number(share[0]) if share else "-",
             _number(share[1]) if share else "-",
+            *((f"{usage[q.name]['gpu']:.3f}" if q.name in usage else "-",) if usage else ()),
         )
 
     by_group: dict[str, list[Pod]] = {}
@@ -289,7 +322,7 @@ def shard_tables(reply: SnapshotReply) -> list[object]:
     from rich.table import Table
 
     from shared.core.policy import Policy
-    from shared.kube.scheduling_shard import policy_of
+    from shared.kube.scheduling_shard import policy_of, usage_params
 
     if not reply.shards:
         table = Table(title="SchedulingShard: none in force (KAI's defaults apply)")
@@ -310,6 +343,14 @@ def shard_tables(reply: SnapshotReply) -> list[object]:
         table.add_row("GPU device placement", policy.gpu_device_placement)
         table.add_row("actions", ", ".join(policy.actions))
         table.add_row("kValue", _number(policy.k_value))
+        params = usage_params(config.usage_db)
+        if params is not None:
+            table.add_row(
+                "time-based fair share",
+                f"{params.window_type} window {_number(params.window)} s, half-life"
+                f" {_number(params.half_life) + ' s' if params.half_life else 'none'}, resolution"
+                f" {_number(params.bucket_length())} s (usage recorded by the queue leader, KV kairos_usage)",
+            )
         table.add_row(
             "min runtime (preempt / reclaim)",
             f"{_number(policy.preempt_min_runtime)} s / {_number(policy.reclaim_min_runtime)} s",
