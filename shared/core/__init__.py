@@ -5,7 +5,7 @@ No I/O, no clock, no asyncio: time comes in as an argument, and what the core de
 Public modules (what code outside shared.core may import):
 
 - `scheduler`: `schedule(snapshot, now, policy, focus=None, *, around_action=None, want_view=False,
-  node_details=())` runs one cycle and returns a `CycleResult`; `ActionHook` is the type of
+  node_details=(), registry=None)` runs one cycle and returns a `CycleResult`; `ActionHook` is the type of
   `around_action`. Called by the placement worker, the simulator, the in-process benchmark and the
   conformance runner.
 - `result`: the values of a `CycleResult`: `BindProposal`s of `Binding`s (each pod's key, name, node,
@@ -19,7 +19,13 @@ Public modules (what code outside shared.core may import):
   quota gate's verdicts. Called by the queue dispatcher and `kairos status`.
 - `quota_gate`: `quota_verdicts(snapshot, now, policy)` and `QuotaVerdict` (which gated pods their queues
   have room for); part of the queue plan.
-- `policy`: `Policy`, the knobs of a cycle, and `KNOWN_ACTIONS`.
+- `policy`: `Policy`, the knobs of a cycle (with `PluginConfig`, one entry of its plugin list), and
+  `KNOWN_ACTIONS`.
+- `plugins`: the extension points (`plugins.points`, one `typing.Protocol` each), the registry value
+  (`plugins.registry`: `Plugin`, `PluginSpec`, `Registry`, `PluginConfigError`) and the session's chains
+  (`plugins.chain.resolve`). Third-party plugins implement these.
+- `builtin_plugins`: `DEFAULT_REGISTRY`, KAI's plugins wrapping the core's filters, scores and orders;
+  the shells extend it with the plugins they load (`shared.plugin_loader`) and pass it to `schedule`.
 - `stamps`: `merged_stamps` and `KEEP`, how the stale and last-start stamps of parallel proposals merge
   (the binder and the state service).
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
@@ -30,7 +36,7 @@ Public modules (what code outside shared.core may import):
   capacity (`Policy.queue_usage`). Kept by the queue leader.
 
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
-under tests/ may still look inside): the session and its statements (`session`, `statement`, `cycle`),
+under tests/ may still look inside): the session and its statements (`session`, `opening`, `statement`, `cycle`),
 the actions and what they share (`actions`, `allocation`, `solver`, `minruntime`, `reclaimable`), node
 filters and scores (`predicates`, `scoring`, `gpu_sharing`, `topology`), ordering and queue accounting
 (`ordering`, `proportion`), and the session's state (`tasks`, `cluster`). An `acyclic_siblings` contract

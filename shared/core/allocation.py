@@ -20,7 +20,7 @@ import numpy.typing as npt
 from shared.core import gpu_sharing, predicates, topology
 from shared.core.cluster import EPS, NodeState
 from shared.core.scoring import iter_nodes_in_order
-from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState, _pod_set_order_key
+from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState
 
 if TYPE_CHECKING:
     from shared.core.session import Session
@@ -95,7 +95,7 @@ def _allocate_set_on(
     own = [job.pod_sets[ps.name] for ps in group.pod_sets if ps.name in job.pod_sets]
     if group is job.root and DEFAULT_POD_SET in job.pod_sets and DEFAULT_POD_SET not in _pod_sets_of(group):
         own.append(job.pod_sets[DEFAULT_POD_SET])
-    for ps in sorted(own, key=_pod_set_order_key):
+    for ps in sorted(own, key=job.keys.pod_set):
         ps_tasks = _tasks_for({ps.name}, tasks)
         ok = False
         node_sets = topology.subset_nodes(
@@ -131,7 +131,7 @@ def allocate_task(
     ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], task: TaskState, pipeline_only: bool
 ) -> bool:
     node_errors: dict[str, list[str]] = {}
-    for node in iter_nodes_in_order(ssn, task, nodes, topology.preferred_scores(ssn, task)):
+    for node in iter_nodes_in_order(ssn, task, nodes):
         reason = predicates.fit_failure(ssn, task, node)
         if reason is not None:
             node_errors[node.name] = [reason]

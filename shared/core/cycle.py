@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 
 from shared.core.actions import allocate, consolidation, preempt, reclaim, stale_gang
+from shared.core.builtin_plugins import SessionRegistry
+from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.proportion import R_GPU
 from shared.core.result import (
@@ -57,15 +59,14 @@ def run_session(
     policy: Policy,
     focus: frozenset[str] | None = None,
     around_action: ActionHook | None = None,
+    registry: SessionRegistry | None = None,
 ) -> Session:
     """Run the policy's actions on a fresh session and return it. With `focus`, only those podgroups are
     placed (the stale-gang action still covers all). With `around_action`, each action runs inside
     `around_action(name)` (per-action metrics, spans)."""
-    ssn = Session(snapshot, now, policy, focus)
-    # Moving pods to pack nodes contradicts a spread placement, so KAI drops consolidation then.
-    spread = "spread" in (policy.gpu_placement, policy.cpu_placement)
+    ssn = open_session(snapshot, now, policy, focus, registry)
     for name in policy.actions:
-        if name == "consolidation" and spread:
+        if name in ssn.chains.skip_actions:  # e.g. consolidation under a spread nodeplacement
             continue
         if around_action is None:
             ACTIONS[name](ssn)

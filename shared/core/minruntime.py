@@ -1,18 +1,21 @@
 """Minimum runtime protection of victims (KAI `minruntime` plugin).
 
 A job that started less than its min-runtime ago may not be preempted or reclaimed. The preempt
-min-runtime is the victim queue's own (or its nearest ancestor's) override, else the policy's default; the
+min-runtime is the victim queue's own (or its nearest ancestor's) override, else the plugin's default; the
 reclaim min-runtime is taken where the reclaimer's and the victim's queue paths part (one level below the
 lowest common ancestor, on the victim's side, walking up from there to the first override; queues in
-different top-level trees use the victim's top-level queue), else the policy's default. Time is the
+different top-level trees use the victim's top-level queue), else the plugin's default (the `minruntime`
+plugin's arguments, `shared.core.builtin_plugins`; the policy's fields when not given). Time is the
 session's `now`; the job's start is `last_start_time`.
 
 Non-elastic victims are filtered out of the victims queue up front; elastic ones are judged per scenario
-(they may still lose the pods above their gang size). Called by the reclaim and preempt actions.
+(they may still lose the pods above their gang size). Called by the minruntime plugin, the victim filter
+the reclaim and preempt actions run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from shared.core.proportion import ancestors_and_self
@@ -20,34 +23,33 @@ from shared.core.tasks import DEFAULT_POD_SET
 from shared.model.status import ACTIVE_USED
 
 if TYPE_CHECKING:
+    from shared.core.plugins.points import VictimAction
     from shared.core.proportion import QueueState
     from shared.core.session import Session
-    from shared.core.solver.scenario import ByNodeScenario, VictimInfo
-    from shared.core.tasks import JobState
+    from shared.core.tasks import JobState, TaskState
 
 
-def preempt_enabled(ssn: Session) -> bool:
+def preempt_enabled(ssn: Session, default: float) -> bool:
     """Whether any preempt min-runtime is set (else the filters let everything through)."""
-    return ssn.policy.preempt_min_runtime > 0 or any(
+    return default > 0 or any(
         q.preempt_min_runtime is not None and q.preempt_min_runtime > 0 for q in ssn.queues.values()
     )
 
 
-def reclaim_enabled(ssn: Session) -> bool:
-    return ssn.policy.reclaim_min_runtime > 0 or any(
+def reclaim_enabled(ssn: Session, default: float) -> bool:
+    return default > 0 or any(
         q.reclaim_min_runtime is not None and q.reclaim_min_runtime > 0 for q in ssn.queues.values()
     )
 
 
-def preempt_min_runtime(ssn: Session, victim_queue: str) -> float:
+def preempt_min_runtime(ssn: Session, victim_queue: str, default: float) -> float:
     for q in ancestors_and_self(ssn.queues, victim_queue):
         if q.preempt_min_runtime is not None:
             return q.preempt_min_runtime
-    return ssn.policy.preempt_min_runtime
+    return default
 
 
-def reclaim_min_runtime(ssn: Session, reclaimer_queue: str, victim_queue: str) -> float:
-    default = ssn.policy.reclaim_min_runtime
+def reclaim_min_runtime(ssn: Session, reclaimer_queue: str, victim_queue: str, default: float) -> float:
     mine = list(reversed(ancestors_and_self(ssn.queues, reclaimer_queue)))
     theirs = list(reversed(ancestors_and_self(ssn.queues, victim_queue)))
     if not mine or not theirs:
@@ -78,31 +80,32 @@ def _protected(ssn: Session, victim: JobState, min_runtime: float) -> bool:
     return ssn.now < start + min_runtime
 
 
-def preempt_protected(ssn: Session, victim: JobState) -> bool:
-    return _protected(ssn, victim, preempt_min_runtime(ssn, victim.queue))
+def protected(
+    ssn: Session, action: VictimAction, attacker: JobState, victim: JobState, default: float
+) -> bool:
+    """Whether `victim` is still within its min-runtime against `attacker` for `action`."""
+    if action == "preempt":
+        return _protected(ssn, victim, preempt_min_runtime(ssn, victim.queue, default))
+    return _protected(ssn, victim, reclaim_min_runtime(ssn, attacker.queue, victim.queue, default))
 
 
-def reclaim_protected(ssn: Session, reclaimer: JobState, victim: JobState) -> bool:
-    return _protected(ssn, victim, reclaim_min_runtime(ssn, reclaimer.queue, victim.queue))
+def victim_filter(
+    ssn: Session, action: VictimAction, attacker: JobState, victim: JobState, default: float
+) -> bool:
+    """Non-elastic victims within their min-runtime are no candidates (elastic ones are judged per
+    scenario)."""
+    return victim.is_elastic() or not protected(ssn, action, attacker, victim, default)
 
 
-def preempt_victim_filter(ssn: Session, victim: JobState) -> bool:
-    return victim.is_elastic() or not preempt_protected(ssn, victim)
-
-
-def reclaim_victim_filter(ssn: Session, reclaimer: JobState, victim: JobState) -> bool:
-    return victim.is_elastic() or not reclaim_protected(ssn, reclaimer, victim)
-
-
-def keeps_min_available(victim: VictimInfo) -> bool:
+def keeps_min_available(job: JobState, tasks: Sequence[TaskState]) -> bool:
     """The victim keeps its gangs: per pod set, its active pods minus the scenario's victims of it stay at
     or above the gang size (KAI counts every victim pod of the scenario, evicted or not)."""
     counts: dict[str, int] = {}
-    for task in victim.tasks:
+    for task in tasks:
         name = task.pod.sub_group or DEFAULT_POD_SET
         counts[name] = counts.get(name, 0) + 1
     for name, count in counts.items():
-        ps = victim.job.pod_sets.get(name)
+        ps = job.pod_sets.get(name)
         if ps is None:
             continue
         running = sum(1 for t in ps.tasks if t.status in ACTIVE_USED)
@@ -111,20 +114,19 @@ def keeps_min_available(victim: VictimInfo) -> bool:
     return True
 
 
-def preempt_validator(ssn: Session, scenario: ByNodeScenario) -> bool:
-    for info in scenario.victims.values():
-        if info.job.is_elastic() and preempt_protected(ssn, info.job) and not keeps_min_available(info):
-            return False
-    return True
-
-
-def reclaim_validator(ssn: Session, scenario: ByNodeScenario) -> bool:
-    reclaimer = scenario.preemptor
-    for info in scenario.victims.values():
+def validator(
+    ssn: Session,
+    action: VictimAction,
+    attacker: JobState,
+    victims: Iterable[tuple[JobState, Sequence[TaskState]]],
+    default: float,
+) -> bool:
+    """An elastic victim within its min-runtime may lose only the pods above its gang size."""
+    for job, tasks in victims:
         if (
-            info.job.is_elastic()
-            and reclaim_protected(ssn, reclaimer, info.job)
-            and not keeps_min_available(info)
+            job.is_elastic()
+            and protected(ssn, action, attacker, job, default)
+            and not keeps_min_available(job, tasks)
         ):
             return False
     return True

@@ -2,7 +2,8 @@
 
 `JobsByQueue` is KAI's `JobsOrderByQueues`: a tree of heaps, queue nodes ordered by the proportion
 comparison (using each subtree's best job) and jobs ordered by priority, gang state and age. Popping marks
-the path for re-ordering, so queue order follows allocations made during the action. With
+the path for re-ordering, so queue order follows allocations made during the action. Both orders are
+the session's plugin chains (`Session.chains`: queue orders, and the job order through `JobState.keys`). With
 `victims=True` every order is reversed (the most over-served queue and the least important job first).
 """
 
@@ -12,8 +13,8 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from shared.core.proportion import QueueView, compare_views, queue_view
-from shared.core.tasks import JobState
+from shared.core.proportion import QueueView, queue_view
+from shared.core.tasks import JobState, OrderKey
 
 if TYPE_CHECKING:
     from shared.core.proportion import QueueState
@@ -82,30 +83,13 @@ class Heap(Generic[T]):
 
 
 def job_less(a: JobState, b: JobState) -> bool:
-    """KAI job order: priority (higher first), gang state (short of min member first), age, UID."""
+    """The session's job order (its job-order chain; KAI: priority, gang state, age, UID)."""
     return job_order_key(a) < job_order_key(b)
 
 
-def job_order_key(job: JobState) -> tuple[int, int, float, str]:
-    return job.cached(
-        "order_key", lambda: (-job.priority, _compute_min_available_state(job), job.creation_time, job.key)
-    )
-
-
-def _min_available_state(job: JobState) -> int:
-    """0: below min member, 1: exactly at it, 2: above it (KAI elastic plugin)."""
-    return job.cached("min_available_state", lambda: _compute_min_available_state(job))
-
-
-def _compute_min_available_state(job: JobState) -> int:
-    exactly = True
-    for ps in job.pod_sets.values():
-        n = ps.active_allocated
-        if n < ps.min_available:
-            return 0
-        if n > ps.min_available:
-            exactly = False
-    return 1 if exactly else 2
+def job_order_key(job: JobState) -> OrderKey:
+    """The job's key in its session's job order, cached until one of its pods changes status."""
+    return job.cached("order_key", lambda: job.keys.job(job))
 
 
 class _KeyedJobHeap:
@@ -116,7 +100,7 @@ class _KeyedJobHeap:
     tuple comparisons then replace a call into the order functions per comparison."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[tuple[int, int, float, str], JobState]] = []
+        self.items: list[tuple[OrderKey, JobState]] = []
 
     def __len__(self) -> int:
         return len(self.items)
@@ -232,7 +216,16 @@ class JobsByQueue:
             return not self.victims
         if len(b.children) == 0:
             return self.victims
-        result = compare_views(self._view(a), self._view(b)) < 0
+        orders = self.ssn.chains.queue_orders
+        if not orders:
+            return False
+        va, vb = self._view(a), self._view(b)
+        answer = 0
+        for order in orders:
+            answer = order.compare(self.ssn, va, vb)
+            if answer:
+                break
+        result = answer < 0
         return not result if self.victims else result
 
     def _view(self, node: _QueueNode) -> QueueView:

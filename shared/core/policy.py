@@ -14,6 +14,19 @@ import msgspec
 
 Placement = Literal["binpack", "spread"]
 ReclaimStrategy = Literal["maintain-fair-share", "guarantee-deserved-quota"]
+Argument = str | int | float | bool
+"""A plugin argument's value (durations in seconds, already parsed by the shell that read them)."""
+
+
+class PluginConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One entry of `Policy.plugins`: a registry plugin, whether it runs, its priority and arguments."""
+
+    name: str
+    enabled: bool = True
+    priority: int | None = None
+    """Higher runs first, ties by name; None: the registry's default priority (KAI's)."""
+    arguments: dict[str, Argument] = msgspec.field(default_factory=dict)
+    """Only the arguments the plugin takes (`PluginSpec.arguments`); missing ones take its defaults."""
 
 
 class QueueUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -65,6 +78,13 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Fractional and GPU-memory pods prefer the devices and nodes with the lowest measured use and memory
     pressure (`Node.gpu_devices`, live telemetry). Off by default: KAI has no such score, and the
     conformance corpus must place as KAI does; `kairos up` turns it on."""
+    plugins: tuple[PluginConfig, ...] | None = None
+    """The plugins the session runs (`shared.core.plugins`): None for the registry's defaults (KAI's
+    default plugins, with the switches above as their arguments: today's behaviour); a list replaces the
+    defaults as KAI's scheduler conf replaces its tiers: only its enabled entries run, in priority order.
+    Either way `predicates=False` leaves the predicates plugin out, and the placement switches are the
+    defaults of nodeplacement's arguments. Names and arguments are checked against the registry when a
+    session resolves its chains (`PluginConfigError` naming the plugin and the argument)."""
     tie_break_seed: int | None = None
     """Nodes with equal scores are tried by name (KAI's order) when None; otherwise in an order shuffled by
     this seed. Parallel placement workers pass different seeds so that, on a cluster of equal nodes, they
@@ -79,6 +99,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         for u in self.queue_usage:
             if not all(math.isfinite(v) and v >= 0 for v in (u.gpu, u.cpu, u.memory)):
                 raise ValueError(f"policy: field 'queue_usage': queue {u.queue!r}: must be finite and >= 0")
+        names = [p.name for p in self.plugins or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"policy: field 'plugins': plugin {twice[0]!r} is listed twice")
 
 
 KNOWN_ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")

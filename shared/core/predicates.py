@@ -6,9 +6,9 @@ unhealthy device has that many fewer GPUs, and no shared pod joins a device repo
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
 taints, pod affinity and anti-affinity).
 
-Private to the core: the allocation helper (`shared.core.allocation`) asks `fit_failure` of every node it
-tries (None for all with the policy's predicates off); the victim solver's node-affinity filter uses
-`node_affinity_matches`.
+Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
+allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
+node it tries; the victim solver's node-affinity filter uses `node_affinity_matches`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,18 @@ UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
 
 
 def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> str | None:
-    """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can (always
-    None with the policy's predicates off)."""
-    if not ssn.policy.predicates:
-        return None
-    return check(ssn, task, node)
+    """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can: the
+    session's node filters in chain order, the first reason wins (none at all without the predicates
+    plugin)."""
+    for node_filter in ssn.chains.node_filters:
+        reason = node_filter.filter(ssn, task, node)
+        if reason is not None:
+            return reason
+    return None
 
 
 def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    """KAI's predicates plugin: the filters above, in that order."""
     capacity = ssn.task_capacity_on_node(task, node)
     if not capacity.ok:
         return f"node does not have enough capacity. Reason: {capacity.reason}, Details: {capacity.message}"

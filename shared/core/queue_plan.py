@@ -20,16 +20,20 @@ now, policy)` builds a session of the core from the snapshot, runs no action, an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.core.actions.allocate import pending_jobs
+from shared.core.builtin_plugins import SessionRegistry
+from shared.core.opening import open_session
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
 from shared.core.proportion import R_CPU, R_GPU, R_MEM, QueueState, Vec, ancestors_and_self
 from shared.core.quota_gate import QuotaVerdict, quota_verdicts
-from shared.core.session import Session
 from shared.core.tasks import JobState
 from shared.model import Snapshot
+
+if TYPE_CHECKING:
+    from shared.core.session import Session
 from shared.model.objects import UNLIMITED
 
 
@@ -77,17 +81,19 @@ class QueuePlan:
     usage ledger's denominator)."""
 
 
-def plan_queues(snapshot: Snapshot, now: float, policy: Policy) -> QueuePlan:
+def plan_queues(
+    snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegistry | None = None
+) -> QueuePlan:
     """Fair shares, pending podgroups and verdicts of `snapshot`, exactly as a session of the core with
-    `policy` sees them."""
-    ssn = Session(snapshot, now, policy)
+    `policy` (and the plugins of `registry`, KAI's when None) sees them."""
+    ssn = open_session(snapshot, now, policy, registry=registry)
     shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     pending = tuple(job.key for job in order.drain())
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
     guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
-    admissions = quota_verdicts(snapshot, now, policy)
+    admissions = quota_verdicts(snapshot, now, policy, registry)
     return QueuePlan(shares, pending, stale, guarded, admissions, _resources(ssn.total))
 
 

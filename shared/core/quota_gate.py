@@ -34,10 +34,13 @@ like any other, the signal autoscalers should act on.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from shared.core.actions.allocate import pending_jobs
+from shared.core.builtin_plugins import SessionRegistry
+from shared.core.opening import open_session
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
 from shared.core.proportion import (
@@ -47,9 +50,11 @@ from shared.core.proportion import (
     check_non_preemptible_over_quota,
     check_over_limit,
 )
-from shared.core.session import Session
 from shared.core.tasks import JobState, TaskState
 from shared.model import Snapshot
+
+if TYPE_CHECKING:
+    from shared.core.session import Session
 from shared.model.status import PodStatus
 
 NOT_LEAF_QUEUE = "NotLeafQueue"
@@ -89,7 +94,9 @@ def gated_pods(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
     return {key: tuple(sorted(pods)) for key, pods in found.items()}
 
 
-def quota_verdicts(snapshot: Snapshot, now: float, policy: Policy | None = None) -> tuple[QuotaVerdict, ...]:
+def quota_verdicts(
+    snapshot: Snapshot, now: float, policy: Policy | None = None, registry: SessionRegistry | None = None
+) -> tuple[QuotaVerdict, ...]:
     """A verdict for every podgroup with gated pods whose gang is complete, in the order they were first
     decided (the core's job order; podgroups of queues the order cannot take last)."""
     gated = gated_pods(snapshot)
@@ -102,7 +109,7 @@ def quota_verdicts(snapshot: Snapshot, now: float, policy: Policy | None = None)
             for p in snapshot.pods
         ),
     )
-    ssn = Session(opened, now, policy or Policy())
+    ssn = open_session(opened, now, policy or Policy(), registry=registry)
     let_in: dict[str, list[str]] = {}
     refused: dict[str, tuple[CapacityResult, str]] = {}
     order = JobsByQueue(ssn)

@@ -1,6 +1,7 @@
 """Node and GPU-device ordering for a task: KAI's node-order plugins, vectorised over nodes.
 
-Scores add up as in KAI: placement (binpack or spread, on GPUs for GPU pods and CPU for CPU pods, up to 9),
+Each score below is one plugin's (`shared.core.builtin_plugins`); `node_scores` sums the session's
+node-score chain, so a plugin left out of the policy adds nothing. Scores add up as in KAI: placement (binpack or spread, on GPUs for GPU pods and CPU for CPU pods, up to 9),
 resource type (10: CPU pods prefer CPU-only nodes), availability (1000: fits without waiting for releasing
 pods), GPU sharing (10000: a shared device already has room), topology (100000: in the preferred domain).
 With `Policy.gpu_usage_scoring`, a fractional or GPU-memory pod also scores each node up to 40000 by the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +27,7 @@ from shared.core.tasks import CPU, GPU, TaskState
 
 if TYPE_CHECKING:
     from shared.core.cluster import ClusterState, NodeState
+    from shared.core.policy import Placement
     from shared.core.session import Session
 
 MAX_HIGH_DENSITY = 9.0
@@ -41,12 +43,30 @@ WHOLE_GPU = "-2"
 def node_scores(
     ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.float64]:
-    """The summed plugin score of every node for this task (nodes outside `node_set` included);
-    `idle_fit` marks the nodes whose idle resources fit the task."""
+    """The summed score of every node for this task (nodes outside `node_set` included): the session's
+    node-score chain, plus the measured-usage score with `Policy.gpu_usage_scoring`; `idle_fit` marks the
+    nodes whose idle resources fit the task."""
+    score: npt.NDArray[np.float64] | None = None
+    for scorer in ssn.chains.node_scores:
+        part = scorer.score(ssn, task, node_set, idle_fit)
+        if part is not None:
+            score = part if score is None else score + part
+    if score is None:
+        score = np.zeros(len(ssn.cluster.order))
+    if ssn.policy.gpu_usage_scoring and task.is_shared:
+        score = score + usage_scores(ssn, task)
+    return score
+
+
+def placement_scores(
+    ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], gpu: Placement, cpu: Placement
+) -> npt.NDArray[np.float64]:
+    """KAI nodeplacement: binpack (fullest first, up to 9) or spread (emptiest first, up to 1), on GPUs for
+    GPU pods and on CPU for CPU pods."""
     c = ssn.cluster
     cpu_only = task.is_cpu_only
     r = CPU if cpu_only else GPU
-    strategy = ssn.policy.cpu_placement if cpu_only else ssn.policy.gpu_placement
+    strategy = cpu if cpu_only else gpu
     non_alloc = c.idle[r] + c.releasing[r] if c.has_releasing else c.idle[r]
     has_resource = c.has_resource[r]
     if strategy == "binpack":
@@ -57,23 +77,34 @@ def node_scores(
         else:
             lo, hi = np.inf, 0.0
         if hi == 0:
-            score = np.zeros(len(non_alloc))
-        elif lo == hi:
-            score = has_resource * MAX_HIGH_DENSITY
-        else:
-            score = has_resource * (MAX_HIGH_DENSITY * (1 - (non_alloc - lo) / (hi - lo)))
-    else:
-        count = c.gpu_count if r == GPU else c.alloc[r]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            score = np.where(count == 0, 0.0, non_alloc / np.where(count == 0, 1, count))
-    if cpu_only:
-        score = score + c.cpu_only_nodes * RESOURCE_TYPE
-    score = score + idle_fit * AVAILABILITY
-    if c.sharing_nodes:
-        score = score + ssn.shared_group_fit(task) * GPU_SHARING
-    if ssn.policy.gpu_usage_scoring and task.is_shared:
-        score = score + usage_scores(ssn, task)
-    return score
+            return np.zeros(len(non_alloc))
+        if lo == hi:
+            flat: npt.NDArray[np.float64] = has_resource * MAX_HIGH_DENSITY
+            return flat
+        packed: npt.NDArray[np.float64] = has_resource * (
+            MAX_HIGH_DENSITY * (1 - (non_alloc - lo) / (hi - lo))
+        )
+        return packed
+    count = c.gpu_count if r == GPU else c.alloc[r]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(count == 0, 0.0, non_alloc / np.where(count == 0, 1, count))
+
+
+def resource_type_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
+    """KAI resourcetype: CPU pods prefer CPU-only nodes (10); no opinion on GPU pods."""
+    return ssn.cluster.cpu_only_nodes * RESOURCE_TYPE if task.is_cpu_only else None
+
+
+def availability_scores(idle_fit: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """KAI nodeavailability: nodes where the task fits without waiting for releasing pods (1000)."""
+    return cast("npt.NDArray[np.float64]", idle_fit * AVAILABILITY)
+
+
+def gpu_sharing_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
+    """KAI gpusharingorder: nodes with a shared device the task fits on already (10000)."""
+    if not ssn.cluster.sharing_nodes:
+        return None
+    return ssn.shared_group_fit(task) * GPU_SHARING
 
 
 @dataclass(frozen=True)
@@ -211,7 +242,8 @@ def iter_nodes_in_order(
 
 def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
     """KAI `FittingGPUs`: shared devices with room, plus one `WHOLE_GPU` marker per idle or releasing
-    whole device, best first (binpack: fullest shared device first; spread: whole devices first).
+    whole device, best first by the session's GPU device orders (gpupack: fullest shared device first;
+    gpuspread: whole devices first, then the emptiest shared one; none: listing order).
 
     Devices reported unhealthy are left out: shared groups on them, and as many whole devices as there
     are unhealthy devices holding no group. With `Policy.gpu_usage_scoring` the least measured pressure
@@ -223,13 +255,13 @@ def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
     whole = usable_whole_gpus(node)
     if whole > 0:
         options.extend([WHOLE_GPU] * whole)
-    spread = ssn.policy.gpu_device_placement == "spread"
+    orders = ssn.chains.device_orders
 
     def score(g: str) -> float:
-        if g == WHOLE_GPU:
-            return 1.0 if spread else 0.0
-        used = node.groups[g].used / node.gpu_memory if node.gpu_memory else 0.0
-        return 1.0 - used if spread else used
+        used: float | None = None
+        if g != WHOLE_GPU:
+            used = node.groups[g].used / node.gpu_memory if node.gpu_memory else 0.0
+        return sum(order.device_score(used) for order in orders)
 
     if ssn.policy.gpu_usage_scoring and node.node.gpu_devices:
 

@@ -1,9 +1,10 @@
 """The scheduling session: mutable state built from a snapshot, and the shared questions actions ask.
 
 Private to the core (callers get values from `shared.core.scheduler.schedule`). `Session(snapshot, now,
-policy)` copies the snapshot into task, job, node and queue states, computes fair shares, and answers:
-which nodes have room for a task, is a job within its queue's capacity, what a task counts for in its
-queue. Actions change the state only through `shared.core.statement.Statement`s (which sit above the
+policy, chains)` (opened by `shared.core.opening.open_session`, which resolves the plugin chains first)
+copies the snapshot into task, job, node and queue states, computes fair shares, and answers: which nodes
+have room for a task, is a job within its queue's capacity (the chains' quota checks), what a task counts
+for in its queue. Actions change the state only through `shared.core.statement.Statement`s (which sit above the
 session and call `record` on commit); node filters (`shared.core.predicates`) and scores
 (`shared.core.scoring`) also sit above it and read it. The session imports neither, so the core's modules
 form no import circle.
@@ -12,12 +13,14 @@ form no import circle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.policy import Policy
 from shared.core.proportion import (
+    OK,
     CapacityResult,
     QueueState,
     Vec,
@@ -27,9 +30,12 @@ from shared.core.proportion import (
     queue_states_from_model,
     set_fair_shares,
 )
-from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, TaskState, mig_gpu_portion
+from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, OrderKeys, TaskState, mig_gpu_portion
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
+
+if TYPE_CHECKING:
+    from shared.core.plugins.chain import Chains
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,18 @@ class SessionLog:
 
 class Session:
     def __init__(
-        self, snapshot: Snapshot, now: float, policy: Policy, focus: frozenset[str] | None = None
+        self,
+        snapshot: Snapshot,
+        now: float,
+        policy: Policy,
+        chains: Chains[Session],
+        focus: frozenset[str] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy = policy
+        self.chains = chains
+        """The plugins this session runs, per extension point (resolved once, before the session)."""
         self.focus = focus
         self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
         self._fit_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
@@ -67,8 +80,9 @@ class Session:
         self.log = SessionLog()
         # Bumped whenever a queue's allocation moves; keys cached queue-order views.
         self.alloc_version = 0
+        keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
         for pg in snapshot.podgroups:
-            self.jobs[pg.key] = JobState(pg)
+            self.jobs[pg.key] = JobState(pg, keys)
         for pod in snapshot.pods:
             job = self.jobs.get(pod.podgroup)
             if job is None:
@@ -161,6 +175,23 @@ class Session:
                     q.allocated_non_preemptible[r] += sign * v[r]
 
     def job_capacity(self, job: JobState, tasks: list[TaskState]) -> CapacityResult:
+        """Whether the job's next `tasks` fit what its queue may hold: the quota checks of the chains, the
+        first refusal wins (KAI's proportion: `queue_job_capacity`)."""
+        for check in self.chains.quota_checks:
+            result = check.job_capacity(self, job, tasks)
+            if not result.ok:
+                return result
+        return OK
+
+    def task_capacity_on_node(self, task: TaskState, node: NodeState) -> CapacityResult:
+        """As `job_capacity`, for one pod on one node (asked by the predicates filter)."""
+        for check in self.chains.quota_checks:
+            result = check.node_capacity(self, task, node)
+            if not result.ok:
+                return result
+        return OK
+
+    def queue_job_capacity(self, job: JobState, tasks: list[TaskState]) -> CapacityResult:
         """KAI `IsJobOverQueueCapacity`: the queue limit, and non-preemptible work only inside quota."""
         if job.queue not in self.queues:
             return CapacityResult(False, "QueueDoesNotExist", f"queue {job.queue} does not exist")
@@ -177,7 +208,8 @@ class Session:
             return result
         return check_non_preemptible_over_quota(chain, req, job.preemptible)
 
-    def task_capacity_on_node(self, task: TaskState, node: NodeState) -> CapacityResult:
+    def queue_node_capacity(self, task: TaskState, node: NodeState) -> CapacityResult:
+        """KAI proportion's per-node check: the quota the task would take on this node."""
         chain = ancestors_and_self(self.queues, task.job.queue)
         req = self.node_init_quota(task, node)
         result = check_over_limit(chain, req)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from shared.model import GpuRequest, Pod, PodGroup, SubGroupSet, TopologyConstraint
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, ALIVE, ALLOCATED, PodStatus
@@ -154,11 +154,25 @@ class PodSetState:
         return self.min_available < len(self.tasks)
 
 
+OrderKey = tuple[float | str, ...]
+
+
+class OrderKeys(NamedTuple):
+    """The sort keys a session orders jobs, pods and pod sets by (its plugin chains' job, task and
+    pod-set orders; `KAI_KEYS` are KAI's default plugins' keys)."""
+
+    job: Callable[[JobState], OrderKey]
+    task: Callable[[TaskState], OrderKey]
+    pod_set: Callable[[PodSetState], OrderKey]
+
+
 class JobState:
     """A podgroup during a session: its tasks, pod sets and the errors that explain why it is pending."""
 
-    def __init__(self, podgroup: PodGroup) -> None:
+    def __init__(self, podgroup: PodGroup, keys: OrderKeys | None = None) -> None:
         self.podgroup = podgroup
+        self.keys = keys or KAI_KEYS
+        """How this session orders jobs, pods and pod sets."""
         self.key = podgroup.key
         self.name = podgroup.name
         self.namespace = podgroup.namespace
@@ -252,7 +266,7 @@ class JobState:
         return self.cached(("tasks_to_allocate", real), lambda: self._tasks_to_allocate(real))
 
     def _tasks_to_allocate(self, real: bool) -> list[TaskState]:
-        sets = sorted(self.pod_sets.values(), key=_pod_set_order_key)
+        sets = sorted(self.pod_sets.values(), key=self.keys.pod_set)
         unsatisfied = sum(1 for ps in sets if ps.active_allocated < ps.min_available)
         max_sets = unsatisfied if unsatisfied > 0 else 1
         out: list[TaskState] = []
@@ -260,7 +274,7 @@ class JobState:
         for ps in sets:
             if taken >= max_sets:
                 break
-            candidates = sorted((t for t in ps.tasks if t.should_allocate(real)), key=task_order_key)
+            candidates = sorted((t for t in ps.tasks if t.should_allocate(real)), key=self.keys.task)
             if not candidates:
                 continue
             allocated = ps.active_allocated
@@ -276,16 +290,45 @@ class JobState:
         return f"Job({self.name})"
 
 
-def _pod_set_order_key(ps: PodSetState) -> tuple[int, float, str]:
-    """KAI subgrouporder: unsatisfied gangs first, then the lowest allocation ratio, then name."""
+def sub_group_order(ps: PodSetState) -> OrderKey:
+    """KAI subgrouporder: unsatisfied gangs first, then the lowest allocation ratio (then name)."""
     active = ps.active_allocated
     satisfied = active >= ps.min_available
     ratio = active / ps.min_available if ps.min_available > 0 else math.inf
-    return (1 if satisfied else 0, ratio if satisfied else 0.0, ps.name)
+    return (1 if satisfied else 0, ratio if satisfied else 0.0)
 
 
-def task_order_key(t: TaskState) -> tuple[int, int, float, str]:
-    """KAI taskorder: pods with a task-priority label first (higher first), then age, then UID."""
+def _pod_set_order_key(ps: PodSetState) -> OrderKey:
+    return (*sub_group_order(ps), ps.name)
+
+
+def task_priority_order(t: TaskState) -> OrderKey:
+    """KAI taskorder: pods with a task-priority label first, higher first (then age, then UID)."""
     if t.task_priority is None:
-        return (1, 0, t.creation_time, t.key)
-    return (0, -t.task_priority, t.creation_time, t.key)
+        return (1, 0)
+    return (0, -t.task_priority)
+
+
+def task_order_key(t: TaskState) -> OrderKey:
+    return (*task_priority_order(t), t.creation_time, t.key)
+
+
+def min_available_state(job: JobState) -> int:
+    """KAI elastic: 0 below min member, 1 exactly at it, 2 above it."""
+    exactly = True
+    for ps in job.pod_sets.values():
+        n = ps.active_allocated
+        if n < ps.min_available:
+            return 0
+        if n > ps.min_available:
+            exactly = False
+    return 1 if exactly else 2
+
+
+def _job_order_key(job: JobState) -> OrderKey:
+    return (-job.priority, min_available_state(job), job.creation_time, job.key)
+
+
+KAI_KEYS = OrderKeys(job=_job_order_key, task=task_order_key, pod_set=_pod_set_order_key)
+"""KAI's default plugins' orders (priority, elastic; taskorder; subgrouporder), for a `JobState` built
+outside a session."""

@@ -14,6 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.session import Session
 from shared.core.statement import Statement
@@ -163,7 +164,7 @@ def test_discard_restores_the_session_exactly(seed: int, n_ops: int) -> None:
     rng = random.Random(seed)
     sim = _simulator(seed, 4, 8)
     sim.step(0.0)
-    ssn = Session(sim.snapshot(), 60.0, sim.policy)
+    ssn = open_session(sim.snapshot(), 60.0, sim.policy)
     before = _state(ssn)
     stmt = Statement(ssn)
     for _ in range(n_ops):

@@ -23,6 +23,8 @@ PUBLIC = {
     "fair_share",
     "node_pool",
     "usage",
+    "plugins",
+    "builtin_plugins",
 }
 
 

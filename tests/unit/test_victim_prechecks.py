@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
-from shared.core.session import Session
 from shared.core.solver.jobs import fits_some_node_when_empty
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
@@ -24,7 +24,7 @@ def _snapshot(*gangs: tuple[object, list[object]], queues: list[Queue] | None = 
 def test_a_pod_larger_than_every_node_fits_no_empty_node() -> None:
     huge = gang("huge", "a", 1, 16.0)
     small = gang("small", "a", 2, 8.0)
-    ssn = Session(_snapshot(huge, small), 0.0, Policy())
+    ssn = open_session(_snapshot(huge, small), 0.0, Policy())
     assert not fits_some_node_when_empty(ssn, ssn.jobs["huge"])
     assert fits_some_node_when_empty(ssn, ssn.jobs["small"])
 

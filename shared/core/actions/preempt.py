@@ -3,7 +3,7 @@
 KAI `preempt` action. Pending jobs are visited in queue order; non-preemptible work that would put its
 queue over its deserved quota is skipped. The victim solver (`shared.core.solver`) looks for running
 preemptible jobs of the job's own queue with a lower priority (least important first), protected by their
-min-runtime (`shared.core.minruntime`), whose eviction lets the job be pipelined. Each success commits one
+min-runtime (the victim filters, `shared.core.minruntime`), whose eviction lets the job be pipelined. Each success commits one
 statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
 Called by the cycle runner (`shared.core.cycle`).
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core import minruntime
 from shared.core.ordering import JobsByQueue
 from shared.core.proportion import ancestors_and_self, check_non_preemptible_over_quota
 from shared.core.solver import ByNodeScenario, JobSolution, JobSolver
@@ -66,15 +65,18 @@ def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSo
     if non_preemptible_over_quota(ssn, job):
         return JobSolution(False, None, [])
     jobs = index if index is not None else JobIndex(ssn, lambda j: is_candidate(ssn, j))
-    protect = minruntime.preempt_enabled(ssn)
+    filters = [f for f in ssn.chains.victim_filters if f.applies(ssn, "preempt")]
 
     def validate(scenario: ByNodeScenario) -> bool:
-        return not protect or minruntime.preempt_validator(ssn, scenario)
+        if not filters:
+            return True
+        victims = scenario.victim_pods()
+        return all(f.validate(ssn, "preempt", job, victims) for f in filters)
 
     def keep(victim: JobState) -> bool:
         if victim.priority >= job.priority or victim.key == job.key:
             return False
-        return not protect or minruntime.preempt_victim_filter(ssn, victim)
+        return all(f.keep(ssn, "preempt", job, victim) for f in filters)
 
     def victims() -> JobsByQueue:
         return jobs.victims(keep, [job.queue])

@@ -4,7 +4,7 @@ KAI `reclaim` action. Pending jobs are visited in queue order; a job whose queue
 share with it (or, for non-preemptible work, past its deserved quota) is skipped. For the others the victim
 solver (`shared.core.solver`) looks for running preemptible jobs of *other* queues, most over-served queue
 first, whose eviction lets the job be pipelined, and accepts a scenario only when the reclaim rules
-(`shared.core.reclaimable`) and the victims' min-runtime (`shared.core.minruntime`) allow it. Each success
+(`shared.core.reclaimable`) and the victim filters (min-runtime, `shared.core.minruntime`) allow it. Each success
 commits one statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
 Called by the cycle runner (`shared.core.cycle`).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core import minruntime
 from shared.core.ordering import JobsByQueue
 from shared.core.reclaimable import Reclaimable, can_reclaim_resources, reclaimer_info, snapshot_queues
 from shared.core.solver import ByNodeScenario, JobSolver
@@ -49,19 +48,22 @@ def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSo
     """Look for victims for `job`; the returned statement is uncommitted."""
     jobs = index if index is not None else JobIndex(ssn, is_candidate)
     rules = Reclaimable(ssn, snapshot_queues(ssn))
-    protect = minruntime.reclaim_enabled(ssn)
+    filters = [f for f in ssn.chains.victim_filters if f.applies(ssn, "reclaim")]
 
     def validate(scenario: ByNodeScenario) -> bool:
         if not rules.validate(scenario):
             return False
-        return not protect or minruntime.reclaim_validator(ssn, scenario)
+        if not filters:
+            return True
+        victims = scenario.victim_pods()
+        return all(f.validate(ssn, "reclaim", job, victims) for f in filters)
 
     def keep(victim: JobState) -> bool:
-        return minruntime.reclaim_victim_filter(ssn, job, victim)
+        return all(f.keep(ssn, "reclaim", job, victim) for f in filters)
 
     def victims() -> JobsByQueue:
         others = [q for q in jobs.by_queue if q != job.queue]
-        return jobs.victims(keep if protect else None, others)
+        return jobs.victims(keep if filters else None, others)
 
     solver = JobSolver(ssn, feasible_nodes(ssn, job), validate, victims, "reclaim", jobs.pending)
     return solver.solve(job)

@@ -25,9 +25,7 @@ from shared.core.tasks import (
     JobState,
     PodSetState,
     TaskState,
-    _pod_set_order_key,
     mig_gpu_portion,
-    task_order_key,
 )
 from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
 
@@ -44,7 +42,7 @@ def clone_job(
     Built fresh, so it has its own caches: status changes bump only the session job's version, and the
     representative keeps what it derived while its pods were untouched, as KAI's clones do.
     """
-    clone = JobState(job.podgroup)
+    clone = JobState(job.podgroup, job.keys)
     for attr in ("queue", "priority", "preemptible", "creation_time", "last_start_time", "stale_since"):
         setattr(clone, attr, getattr(job, attr))
     for name, ps in job.pod_sets.items():
@@ -80,13 +78,13 @@ def tasks_to_evict(job: JobState) -> tuple[list[TaskState], bool]:
     A job with a pod set above its gang size gives up one pod (the least important one of the least
     important such set); otherwise whole pod sets go, least important first.
     """
-    sets = sorted(job.pod_sets.values(), key=_pod_set_order_key, reverse=True)
+    sets = sorted(job.pod_sets.values(), key=job.keys.pod_set, reverse=True)
     elastic = any(ps.active_allocated > ps.min_available for ps in sets)
     max_sets = 1 if elastic else len(sets)
     out: list[TaskState] = []
     for ps in sets[:max_sets]:
         active = sorted(
-            (t for t in ps.tasks if t.status in ACTIVE_ALLOCATED), key=task_order_key, reverse=True
+            (t for t in ps.tasks if t.status in ACTIVE_ALLOCATED), key=job.keys.task, reverse=True
         )
         limit = 1 if len(active) > ps.min_available else len(active)
         out.extend(active[:limit])

@@ -53,6 +53,10 @@ class ByNodeScenario:
                 self._append_group(group.tasks)
         self.recorded_victim_tasks: list[TaskState] = [t for g in recorded for t in g.tasks]
 
+    def victim_pods(self) -> list[tuple[JobState, list[TaskState]]]:
+        """Each victim job with the pods this scenario may take from it (what victim filters validate)."""
+        return [(info.job, info.tasks) for info in self.victims.values()]
+
     def _append_group(self, tasks: list[TaskState]) -> None:
         job = self.ssn.jobs[tasks[0].job.key]
         self.groups.setdefault(job.key, []).append(VictimGroup(job, list(tasks)))

@@ -1,0 +1,15 @@
+"""The core's plugin machinery: extension points, the registry value, and the chains a session runs.
+
+Public (the shells and third-party plugins may import it):
+
+- `points`: one `typing.Protocol` per extension point, each with its contract (`NodeFilter`,
+  `NodeScore`, `GpuDeviceOrder`, `JobOrder`, `TaskOrder`, `PodSetOrder`, `QueueOrder`, `QuotaCheck`,
+  `VictimFilter`);
+- `registry`: `Plugin` (what one plugin contributes), `PluginSpec` (name, factory, default priority,
+  arguments), `Registry` (a frozen name -> spec mapping that refuses duplicates), `PluginConfigError`;
+- `chain`: `resolve(policy, registry) -> Chains`, once per session.
+
+KAI's plugins, wrapping the core's own filters, scores and orders, are `shared.core.builtin_plugins`.
+This package imports nothing above the session's state (tasks, cluster, proportion, policy), so every
+core module may read the chains.
+"""
