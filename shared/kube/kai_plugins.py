@@ -1,41 +1,41 @@
-"""KAI's scheduler plugins as switches of Kairos's `Policy`: their names, default priorities, and what a
-list of enabled plugins with their arguments sets in the policy.
+"""A KAI plugin list (SchedulingShard plugins, a scheduler conf's tiers) as the core's `Policy.plugins`.
 
-Kairos has no plugin registry yet: its core always behaves like KAI's default plugins, with a few switches in
-:class:`shared.core.policy.Policy`. `plugin_switches` reads a resolved plugin list (enabled plugins, each
-with its arguments and where in its object it came from) and returns
+The core runs a plugin registry (`shared.core.builtin_plugins.DEFAULT_REGISTRY`: KAI's plugins, with
+their default priorities, `DEFAULT_PRIORITIES`). `plugin_switches` reads a resolved KAI plugin list
+(enabled plugins, each with its arguments as KAI's strings and where in its object it came from) and
+returns
 
-* the policy fields the list sets: ``nodeplacement`` (``gpu`` / ``cpu``: ``binpack`` | ``spread`` ->
-  ``gpu_placement`` / ``cpu_placement``), ``gpupack`` / ``gpuspread`` (``gpu_device_placement``),
-  ``predicates`` (absent: ``Policy.predicates`` off), ``proportion`` (``kValue`` -> ``k_value``),
-  ``minruntime`` (``defaultPreemptMinRuntime`` / ``defaultReclaimMinRuntime`` -> ``preempt_min_runtime`` /
-  ``reclaim_min_runtime``; ``reclaimResolveMethod: lca`` is how Kairos resolves already);
-* what the policy cannot express, for the caller to refuse or report: the always-applied plugins the list
-  lacks (`ALWAYS_ON`), the GPU device orders it holds when that is not exactly one, and arguments with a
-  valid value Kairos cannot honour (``reclaimResolveMethod: queue``);
+* `PluginSwitches.plugins`: the list as `PluginConfig`s for `Policy.plugins`, arguments parsed
+  (``kValue`` a number, ``defaultPreemptMinRuntime`` / ``defaultReclaimMinRuntime`` Go durations in
+  seconds, ``nodeplacement``'s ``gpu`` / ``cpu`` checked as ``binpack`` | ``spread``);
+* `PluginSwitches.changes`: the matching policy switches (``gpu_placement``, ``cpu_placement``, ``k_value``,
+  the min-runtimes, ``predicates`` off when the list lacks it), which the shard's status shows;
+* what the core cannot honour, for the caller to refuse or report: ``reclaimResolveMethod: queue`` (Kairos
+  resolves by lca), left out of the plugin's arguments;
 
 and raises `InvalidObject` (through the caller's `error`) for a plugin Kairos does not know, an argument a
 plugin does not take, and a malformed argument value, naming the field. Plugins with nothing to act on in
-Kairos (`NO_EFFECT`) are accepted as they are.
+Kairos (`NO_EFFECT`) are accepted and contribute nothing.
 
 Called by ``shared.kube.scheduling_shard`` (a SchedulingShard's plugins, merged with KAI's defaults) and by
-``tools.conformance.scheduler_conf`` (a conformance case's plugin tiers). A plugin registry would replace it.
+``tools.conformance.scheduler_conf`` (a conformance case's plugin tiers).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import msgspec
 
+from shared.core import builtin_plugins
+from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
 from shared.kube.quantity import DurationError, parse_duration
 
 __all__ = [
-    "ALWAYS_ON",
     "DEFAULT_PRIORITIES",
-    "DEVICE_ORDERS",
     "NO_EFFECT",
     "PLACEMENTS",
     "PluginEntry",
@@ -44,51 +44,13 @@ __all__ = [
     "plugin_switches",
 ]
 
-DEFAULT_PRIORITIES: Mapping[str, int] = {
-    "predicates": 1900,
-    "proportion": 1800,
-    "priority": 1700,
-    "nodeavailability": 1600,
-    "resourcetype": 1500,
-    "podaffinity": 1400,
-    "elastic": 1300,
-    "kubeflow": 1200,
-    "ray": 1100,
-    "subgrouporder": 1000,
-    "taskorder": 900,
-    "nominatednode": 800,
-    "dynamicresources": 700,
-    "minruntime": 600,
-    "topology": 500,
-    "snapshot": 400,
-    "gpupack": 300,
-    "gpuspread": 300,
-    "nodeplacement": 200,
-    "gpusharingorder": 100,
-}
-"""Every plugin Kairos knows, with KAI's default priority (higher runs first; KAI operator's defaults)."""
+DEFAULT_PRIORITIES: Mapping[str, int] = builtin_plugins.DEFAULT_PRIORITIES
+"""Every plugin Kairos knows, with KAI's default priority (higher runs first; the core's registry)."""
 
 NO_EFFECT = frozenset({"kubeflow", "ray", "dynamicresources", "nominatednode", "snapshot", "podaffinity"})
 """Plugins with nothing to switch in Kairos: no such workloads, no DRA, no nominations, no snapshot
 endpoint; ``podaffinity`` scores preferred pod affinity, which Kairos does not read (required pod affinity
 is one of its node filters, ``predicates``)."""
-
-ALWAYS_ON = (
-    "proportion",
-    "priority",
-    "elastic",
-    "nodeavailability",
-    "gpusharingorder",
-    "resourcetype",
-    "subgrouporder",
-    "taskorder",
-    "nodeplacement",
-    "topology",
-)
-"""Default plugins whose behaviour the core applies unconditionally: a list without one cannot be honoured."""
-
-DEVICE_ORDERS = ("gpupack", "gpuspread")
-"""The plugins that order a node's GPU devices; Kairos always orders them exactly one way."""
 
 PLACEMENTS = ("binpack", "spread")
 
@@ -101,12 +63,21 @@ _ARGUMENTS: Mapping[str, tuple[str, ...]] = {
 
 _RESOLVE_METHODS = ("lca", "queue")
 
+_TYPED: Mapping[tuple[str, str], str] = {
+    ("proportion", "kValue"): "k_value",
+    ("minruntime", "defaultPreemptMinRuntime"): "preempt_min_runtime",
+    ("minruntime", "defaultReclaimMinRuntime"): "reclaim_min_runtime",
+}
+"""(plugin, argument) -> the policy field holding its parsed value (a number, durations in seconds)."""
+
 
 class PluginEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One enabled plugin with its arguments, and where its parts are in the object being read."""
 
     name: str
     arguments: Mapping[str, str] = msgspec.field(default_factory=dict)
+    priority: int | None = None
+    """None: KAI's default priority."""
     name_field: str
     """The field naming the plugin (``tiers[0].plugins[2].name``, ``spec.plugins.fairy``)."""
     arguments_field: str
@@ -128,10 +99,9 @@ class Unexpressible(msgspec.Struct, frozen=True, kw_only=True):
 class PluginSwitches(msgspec.Struct, frozen=True, kw_only=True):
     changes: dict[str, object]
     """Policy field -> value, for `msgspec.structs.replace`."""
-    missing: tuple[str, ...]
-    """`ALWAYS_ON` plugins the list lacks, in `ALWAYS_ON`'s order."""
-    device_orders: tuple[str, ...]
-    """The `DEVICE_ORDERS` plugins the list holds (anything but one cannot be honoured)."""
+    plugins: tuple[PluginConfig, ...]
+    """The list as the core's `Policy.plugins`: each plugin with its arguments as typed values (durations
+    in seconds), less the arguments in `unexpressible`; priorities as given (None: KAI's default)."""
     unexpressible: tuple[Unexpressible, ...]
     """Arguments with a valid value the policy cannot honour."""
 
@@ -144,6 +114,7 @@ def plugin_switches(entries: Sequence[PluginEntry], error: Error) -> PluginSwitc
     """What `entries` (the enabled plugins) set in the policy; raises `error(...)` for bad input."""
     changes: dict[str, object] = {}
     unexpressible: list[Unexpressible] = []
+    configs: list[PluginConfig] = []
     listed = set()
     for entry in entries:
         if entry.name not in DEFAULT_PRIORITIES:
@@ -154,19 +125,21 @@ def plugin_switches(entries: Sequence[PluginEntry], error: Error) -> PluginSwitc
                 takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
                 problem = f"plugin {entry.name!r}: argument {key!r} is not one Kairos maps ({takes})"
                 raise error(entry.argument_field(key), problem)
-        changes.update(_argument_changes(entry, error, unexpressible))
+        before = len(unexpressible)
+        entry_changes = _argument_changes(entry, error, unexpressible)
+        changes.update(entry_changes)
+        dropped = {item.field for item in unexpressible[before:]}
+        arguments: dict[str, Argument] = {}
+        for key, value in entry.arguments.items():
+            if entry.argument_field(key) in dropped:
+                continue
+            typed = _TYPED.get((entry.name, key))
+            arguments[key] = value if typed is None else cast("Argument", entry_changes[typed])
+        configs.append(PluginConfig(name=entry.name, priority=entry.priority, arguments=arguments))
         listed.add(entry.name)
     if "predicates" not in listed:
         changes["predicates"] = False
-    devices = tuple(name for name in DEVICE_ORDERS if name in listed)
-    if len(devices) == 1:
-        changes["gpu_device_placement"] = "binpack" if devices[0] == "gpupack" else "spread"
-    return PluginSwitches(
-        changes=changes,
-        missing=tuple(name for name in ALWAYS_ON if name not in listed),
-        device_orders=devices,
-        unexpressible=tuple(unexpressible),
-    )
+    return PluginSwitches(changes=changes, plugins=tuple(configs), unexpressible=tuple(unexpressible))
 
 
 def _argument_changes(

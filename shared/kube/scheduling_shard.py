@@ -25,9 +25,11 @@ lists each such field with the reason, and the rest of the configuration applies
   ``extraParams`` (a usage database's settings); the usage parameters themselves apply (`usage_params`);
 - ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
   ``max-consolidation-preemptees`` and ``default-staleness-grace-period`` map);
-- a plugin the core always applies, disabled (`kai_plugins.ALWAYS_ON`); a plugin's priority other than its
-  default (Kairos applies its rules in a fixed order); anything but exactly one GPU device order enabled;
-  ``minruntime``'s ``reclaimResolveMethod: queue``.
+- ``minruntime``'s ``reclaimResolveMethod: queue`` (Kairos resolves by lca).
+
+Plugins disabled, priorities and GPU device orders are honoured: `policy_of` gives the policy the enabled
+plugins as `Policy.plugins` (`ShardConfig.policy_plugins`), which the core's registry runs in priority
+order.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Literal, cast
 
 import msgspec
 
-from shared.core.policy import KNOWN_ACTIONS, Placement, Policy
+from shared.core.policy import KNOWN_ACTIONS, Placement, PluginConfig, Policy
 from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import kai_plugins, wire
@@ -140,6 +142,9 @@ class ShardConfig(msgspec.Struct, frozen=True, kw_only=True):
     policy_changes: dict[str, float | int | bool | str | tuple[str, ...]] = msgspec.field(
         default_factory=dict
     )
+    policy_plugins: tuple[PluginConfig, ...] | None = None
+    """The enabled plugins as the core's `Policy.plugins` (arguments parsed); None in a record written
+    before the core had a plugin registry (the policy then keeps KAI's defaults)."""
     not_applied: tuple[NotApplied, ...] = ()
 
 
@@ -148,6 +153,8 @@ def policy_of(config: ShardConfig, base: Policy | None = None) -> Policy:
     settings; validated as any decoded Policy is."""
     fields = msgspec.structs.asdict(base or Policy())
     fields.update(config.policy_changes)
+    if config.policy_plugins is not None:
+        fields["plugins"] = msgspec.to_builtins(config.policy_plugins)
     return msgspec.convert(fields, Policy)
 
 
@@ -159,6 +166,7 @@ class _Reader:
         self.spec = shard.spec
         self.notes: list[NotApplied] = []
         self.changes: dict[str, float | int | bool | str | tuple[str, ...]] = {}
+        self.core_plugins: tuple[PluginConfig, ...] = ()
 
     def error(self, field: str, problem: str) -> InvalidObject:
         return InvalidObject(KIND, self.name, field, problem)
@@ -214,6 +222,7 @@ def shard_config(shard: wire.SchedulingShard) -> ShardConfig:
         usage_db=usage_db,
         args=dict(spec.args),
         policy_changes=r.changes,
+        policy_plugins=r.core_plugins,
         not_applied=tuple(r.notes),
     )
 
@@ -283,11 +292,6 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
             plugin.enabled = override.enabled
         if override.priority is not None:
             plugin.priority = override.priority
-            if override.priority != DEFAULT_PRIORITIES[name]:
-                r.note(
-                    f"{at}.priority",
-                    "Kairos applies its plugins' rules in a fixed order (no plugin registry yet)",
-                )
         if override.arguments is not None:
             plugin.arguments = dict(override.arguments)
             plugin.argument_fields = {}
@@ -299,6 +303,7 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
         PluginEntry(
             name=name,
             arguments=plugin.arguments,
+            priority=plugin.priority,
             name_field=f"spec.plugins.{name}",
             arguments_field=plugin.arguments_field or f"spec.plugins.{name}.arguments",
             argument_fields=plugin.argument_fields,
@@ -311,18 +316,7 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
     r.changes.update({k: v for k, v in switches.changes.items() if isinstance(v, float | int | bool | str)})
     for item in switches.unexpressible:
         r.note(item.field, item.reason)
-    for name in switches.missing:
-        if name in r.spec.plugins:  # disabled by the spec (KAI's defaults leave out only gpusharingorder)
-            r.note(
-                f"spec.plugins.{name}.enabled",
-                f"Kairos always applies {name} (its policy cannot switch it off)",
-            )
-    if len(switches.device_orders) != 1:
-        which = "both gpupack and gpuspread" if switches.device_orders else "neither gpupack nor gpuspread"
-        r.note(
-            "spec.plugins",
-            f"{which} enabled: Kairos orders a node's GPU devices one way ({gpu}, after the placement)",
-        )
+    r.core_plugins = switches.plugins
     return tuple(PluginSetting(name=n, priority=p.priority, arguments=p.arguments) for n, p in enabled)
 
 

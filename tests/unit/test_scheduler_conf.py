@@ -8,6 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from shared.core.builtin_plugins import DEFAULT_REGISTRY
+from shared.core.plugins.chain import resolve
 from shared.core.policy import Policy
 from shared.errors import InvalidObject
 from tools.conformance import corpus_dir
@@ -54,7 +56,19 @@ def replaced(name: str, plugin: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def test_the_default_tier_is_the_policy_as_it_is() -> None:
-    assert apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c") == BASE
+    got = apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c")
+    assert msgspec.structs.replace(got, plugins=None) == BASE
+    # KAI's default tier is the registry's defaults less podaffinity (which Kairos does not read anyway).
+    assert set(resolve(got, DEFAULT_REGISTRY).names) == set(resolve(BASE, DEFAULT_REGISTRY).names) - {
+        "podaffinity"
+    }
+
+
+def test_the_conf_s_plugins_replace_the_defaults() -> None:
+    got = apply_scheduler_conf(conf([{"name": "gpupack"}]), BASE, "c")
+    chains = resolve(got, DEFAULT_REGISTRY)
+    assert chains.names == ("gpupack",)
+    assert (chains.node_scores, chains.quota_checks, chains.queue_orders) == ((), (), ())
 
 
 def test_placement_plugins_map_onto_the_policy() -> None:
@@ -62,7 +76,10 @@ def test_placement_plugins_map_onto_the_policy() -> None:
     plugins = [p for p in plugins if p["name"] != "nodeplacement"]
     plugins.append({"name": "nodeplacement", "arguments": {"gpu": "spread", "cpu": "spread"}})
     policy = apply_scheduler_conf(conf(plugins), BASE, "c")
-    assert (policy.gpu_placement, policy.cpu_placement, policy.gpu_device_placement) == ("spread",) * 3
+    assert (policy.gpu_placement, policy.cpu_placement) == ("spread",) * 2
+    names = resolve(policy, DEFAULT_REGISTRY).names
+    assert "gpuspread" in names
+    assert "gpupack" not in names
 
 
 def test_a_conf_without_predicates_turns_the_filters_off() -> None:
@@ -89,14 +106,6 @@ def test_minruntime_defaults_are_mapped() -> None:
 @pytest.mark.parametrize(
     ("plugins", "field", "words"),
     [
-        (replaced("proportion", None), "harness.scheduler_conf.tiers", ["no proportion", "always applies"]),
-        ([{"name": "gpupack"}], "harness.scheduler_conf.tiers", ["no proportion, priority", "taskorder"]),
-        (replaced("gpupack", None), "harness.scheduler_conf.tiers", ["neither gpupack nor gpuspread"]),
-        (
-            [*DEFAULT_TIER, {"name": "gpuspread"}],
-            "harness.scheduler_conf.tiers",
-            ["both gpupack and gpuspread"],
-        ),
         ([*DEFAULT_TIER, {"name": "fairy"}], "harness.scheduler_conf.tiers[0].plugins[18].name", ["'fairy'"]),
         (
             replaced("nodeplacement", {"name": "nodeplacement", "arguments": {"gpu": "scatter"}}),

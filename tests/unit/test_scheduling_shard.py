@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.core.builtin_plugins import DEFAULT_REGISTRY
+from shared.core.plugins.chain import resolve
 from shared.core.policy import Policy
 from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
@@ -40,7 +42,9 @@ def fields(notes: tuple[NotApplied, ...]) -> list[str]:
 # --- KAI's default shard ------------------------------------------------------------------------------------
 def test_kai_s_default_shard_is_the_default_policy_with_nothing_left_out() -> None:
     default = config({})
-    assert policy_of(default) == Policy()
+    # The same switches, and the plugins KAI's operator enables by default, each at its default priority.
+    assert msgspec.structs.replace(policy_of(default), plugins=None) == Policy()
+    assert resolve(policy_of(default), DEFAULT_REGISTRY).names == resolve(Policy(), DEFAULT_REGISTRY).names
     assert default.not_applied == ()
     assert default.actions == ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
     assert (default.gpu_placement, default.cpu_placement, default.partition_label_value) == (
@@ -63,7 +67,8 @@ def test_the_default_shard_runs_kai_s_plugins_in_kai_s_order() -> None:
 
 def test_the_policy_keeps_the_callers_base_for_what_the_shard_does_not_set() -> None:
     base = Policy(gpu_usage_scoring=True, tie_break_seed=7)
-    assert policy({"kValue": 2}, base) == msgspec.structs.replace(base, k_value=2.0)
+    got = policy({"kValue": 2}, base)
+    assert msgspec.structs.replace(got, plugins=None) == msgspec.structs.replace(base, k_value=2.0)
 
 
 # --- each field ---------------------------------------------------------------------------------------------
@@ -114,8 +119,9 @@ def test_node_and_device_placement_are_independent_as_in_kai_s_example() -> None
         "plugins": {"gpuspread": {"enabled": False}, "gpupack": {"enabled": True}},
     }
     got = config(spec)
-    p = policy_of(got)
-    assert (p.gpu_placement, p.gpu_device_placement) == ("spread", "binpack")
+    chains = resolve(policy_of(got), DEFAULT_REGISTRY)
+    assert [type(order).__name__ for order in chains.device_orders] == ["GpuPack"]
+    assert policy_of(got).gpu_placement == "spread"
     assert got.not_applied == ()
 
 
@@ -200,8 +206,6 @@ def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_a
         "usageDBConfig": {"clientType": "prometheus"},
         "args": {"detailed-fit-errors": "true"},
         "plugins": {
-            "elastic": {"enabled": False},
-            "priority": {"priority": 50},
             "minruntime": {"arguments": {"reclaimResolveMethod": "queue"}},
         },
         "kValue": 3,
@@ -209,9 +213,7 @@ def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_a
     got = config(spec)
     assert sorted(fields(got.not_applied)) == [
         "spec.args.detailed-fit-errors",
-        "spec.plugins.elastic.enabled",
         "spec.plugins.minruntime.arguments.reclaimResolveMethod",
-        "spec.plugins.priority.priority",
         "spec.queueDepthPerAction.allocate",
         "spec.queueDepthPerAction.reclaim",
         "spec.usageDBConfig.clientType",
@@ -226,22 +228,27 @@ def test_a_plugin_priority_equal_to_its_default_is_nothing_to_report() -> None:
     assert config({"plugins": {"proportion": {"priority": 1800}}}).not_applied == ()
 
 
-def test_no_gpu_device_order_is_reported() -> None:
-    got = config({"plugins": {"gpupack": {"enabled": False}}})
-    assert fields(got.not_applied) == ["spec.plugins"]
-    assert "neither gpupack nor gpuspread" in got.not_applied[0].reason
-    assert policy_of(got).gpu_device_placement == "binpack"
-
-
-def test_disabling_the_placement_plugins_is_reported_and_the_strategy_still_places() -> None:
+def test_disabled_plugins_priorities_and_device_orders_reach_the_core_s_plugin_list() -> None:
     spec = {
         "placementStrategy": {"gpu": "spread"},
-        "plugins": {"nodeplacement": {"enabled": False}, "gpuspread": {"enabled": False}},
+        "plugins": {
+            "elastic": {"enabled": False},
+            "priority": {"priority": 50},
+            "nodeplacement": {"enabled": False},
+            "gpuspread": {"enabled": False},
+        },
     }
     got = config(spec)
-    assert fields(got.not_applied) == ["spec.plugins.nodeplacement.enabled", "spec.plugins"]
-    p = policy_of(got)
-    assert (p.gpu_placement, p.gpu_device_placement) == ("spread", "spread")
+    assert got.not_applied == ()
+    names = resolve(policy_of(got), DEFAULT_REGISTRY).names
+    assert not {"elastic", "nodeplacement", "gpuspread", "gpupack"} & set(names)
+    assert names.index("priority") == len(names) - 1  # priority 50: after every default (>= 100)
+
+
+def test_no_gpu_device_order_is_honoured_not_reported() -> None:
+    got = config({"plugins": {"gpupack": {"enabled": False}}})
+    assert got.not_applied == ()
+    assert resolve(policy_of(got), DEFAULT_REGISTRY).device_orders == ()
 
 
 # --- bad input ----------------------------------------------------------------------------------------------

@@ -1,15 +1,14 @@
 """A case's ``harness.scheduler_conf`` (KAI plugin tiers) as a Kairos `Policy`, or a clear refusal.
 
-KAI's ``Mocks.SchedulerConf`` *replaces* the default plugin tiers (SEMANTICS §2.1, §13.1). Kairos has
-no plugin registry: its core always behaves like KAI's default tier, with a few switches in
-:class:`shared.core.policy.Policy`. The mapping of plugins and their arguments onto those switches is the
-runtime's (`shared.kube.kai_plugins`, shared with the SchedulingShard); this module feeds it the tiers'
-plugins in order and raises :class:`InvalidObject` naming the tier entry (or the missing plugin) for
-everything the policy cannot express: a ``disable*`` switch, an always-applied plugin the conf lacks
-(``kai_plugins.ALWAYS_ON``), anything but exactly one GPU device order (``gpupack`` or ``gpuspread``), and an
-argument value the policy cannot honour; unknown plugins and arguments are refused by the mapping itself.
+KAI's ``Mocks.SchedulerConf`` *replaces* the default plugin tiers (SEMANTICS §2.1, §13.1), and so does the
+policy this module returns: its `Policy.plugins` lists exactly the tiers' plugins (in the order of their
+KAI default priorities), so the core's registry runs only them. The reading of plugins and their
+arguments is the runtime's (`shared.kube.kai_plugins`, shared with the SchedulingShard); this module feeds
+it the tiers' plugins in order and raises :class:`InvalidObject` naming the tier entry for what Kairos
+cannot run: a ``disable*`` switch and an argument value the core cannot honour
+(``reclaimResolveMethod: queue``); unknown plugins and arguments are refused by the mapping itself.
 
-Called by ``tools.conformance.runner`` for single-session cases; a plugin registry would replace it.
+Called by ``tools.conformance.runner`` for single-session cases.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube.kai_plugins import ALWAYS_ON, NO_EFFECT, PluginEntry, plugin_switches
+from shared.kube.kai_plugins import NO_EFFECT, PluginEntry, plugin_switches
 
 if TYPE_CHECKING:
     from shared.core.policy import Policy
     from tools.conformance.case import SchedulerConf
 
-__all__ = ["ALWAYS_ON", "NO_EFFECT", "apply_scheduler_conf"]
+__all__ = ["NO_EFFECT", "apply_scheduler_conf"]
 
 FIELD = "harness.scheduler_conf"
 
@@ -55,15 +54,4 @@ def apply_scheduler_conf(conf: SchedulerConf, policy: Policy, where: str) -> Pol
     switches = plugin_switches(entries, error)
     for item in switches.unexpressible:
         raise error(item.field, item.reason)
-    if switches.missing:
-        missing = switches.missing
-        problem = (
-            f"no {', '.join(missing)}: Kairos always applies {'this plugin' if len(missing) == 1 else 'these plugins'}"
-            " (its policy cannot switch them off)"
-        )
-        raise error(f"{FIELD}.tiers", problem)
-    if len(switches.device_orders) != 1:
-        which = "both gpupack and gpuspread" if switches.device_orders else "neither gpupack nor gpuspread"
-        problem = f"{which}: Kairos always orders a node's GPU devices one way (its policy picks which)"
-        raise error(f"{FIELD}.tiers", problem)
-    return msgspec.structs.replace(policy, **switches.changes)
+    return msgspec.structs.replace(policy, **switches.changes, plugins=switches.plugins)
