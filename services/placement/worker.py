@@ -35,10 +35,12 @@ from shared.bus.trace_context import carried
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Proposal, WorkItem, encode
+from shared.core.builtin_plugins import SessionRegistry
 from shared.core.result import CycleResult
 from shared.core.scheduler import ActionHook, schedule
 from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
+from shared.plugin_loader import load_registry
 from shared.telemetry.metrics import PlacementMetrics
 from shared.telemetry.spans import ActionTimes, PlaceDetail, place_details, placement_spans
 
@@ -123,6 +125,7 @@ def place(
     tie_break_seed: int | None = None,
     around_action: ActionHook | None = None,
     traced: frozenset[str] = frozenset(),
+    registry: SessionRegistry | None = None,
 ) -> Placed:
     """Run the core for `item` on a snapshot taken at `state_revision`, whose ledger keys were at
     `key_revisions` (CPU work: the worker runs it in a thread, so it reads nothing that moves).
@@ -144,6 +147,7 @@ def place(
         around_action=around_action,
         want_view=item.want_view,
         node_details=traced,
+        registry=registry,
     )
     proposal = build_proposal(
         item,
@@ -170,8 +174,11 @@ class Worker:
         fence: bool = True,
         tie_break_seed: int | None = None,
         metrics: PlacementMetrics | None = None,
+        registry: SessionRegistry | None = None,
     ) -> None:
         self.bus = bus
+        self.registry = load_registry() if registry is None else registry
+        """KAI's plugins plus the third-party ones installed, loaded once at start-up."""
         self.metrics = metrics
         self.tie_break_seed = tie_break_seed
         self.replica = replica
@@ -215,6 +222,7 @@ class Worker:
                     self.tie_break_seed,
                     times or timer,
                     frozenset(received.traceparents),
+                    self.registry,
                 ),
                 msg,
             )

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
 from shared.core import minruntime, predicates, scoring, topology
+from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
 from shared.core.policy import Placement
 from shared.core.proportion import compare_views
@@ -275,41 +276,47 @@ _NOTHING: SessionPlugin = Plugin()
 
 DEFAULT_REGISTRY: SessionRegistry = Registry(
     [
-        PluginSpec("predicates", _predicates, 1900),
-        PluginSpec("proportion", _proportion, 1800, ("kValue",)),
-        PluginSpec("priority", _constant(Plugin(job_order=PriorityOrder())), 1700),
-        PluginSpec("nodeavailability", _constant(Plugin(node_score=AvailabilityScore())), 1600),
-        PluginSpec("resourcetype", _constant(Plugin(node_score=ResourceTypeScore())), 1500),
-        PluginSpec("podaffinity", _constant(_NOTHING), 1400, summary="preferred pod affinity: not read"),
-        PluginSpec("elastic", _constant(Plugin(job_order=ElasticOrder())), 1300),
-        PluginSpec("kubeflow", _constant(_NOTHING), 1200, summary="no Kubeflow workloads"),
-        PluginSpec("ray", _constant(_NOTHING), 1100, summary="no Ray workloads"),
-        PluginSpec("subgrouporder", _constant(Plugin(pod_set_order=SubGroupOrder())), 1000),
-        PluginSpec("taskorder", _constant(Plugin(task_order=TaskPriorityOrder())), 900),
-        PluginSpec("nominatednode", _constant(_NOTHING), 800, summary="no nominated nodes"),
-        PluginSpec("dynamicresources", _constant(_NOTHING), 700, summary="no DRA"),
+        PluginSpec("predicates", _predicates, KAI["predicates"]),
+        PluginSpec("proportion", _proportion, KAI["proportion"], ("kValue",)),
+        PluginSpec("priority", _constant(Plugin(job_order=PriorityOrder())), KAI["priority"]),
+        PluginSpec(
+            "nodeavailability", _constant(Plugin(node_score=AvailabilityScore())), KAI["nodeavailability"]
+        ),
+        PluginSpec("resourcetype", _constant(Plugin(node_score=ResourceTypeScore())), KAI["resourcetype"]),
+        PluginSpec(
+            "podaffinity", _constant(_NOTHING), KAI["podaffinity"], summary="preferred pod affinity: not read"
+        ),
+        PluginSpec("elastic", _constant(Plugin(job_order=ElasticOrder())), KAI["elastic"]),
+        PluginSpec("kubeflow", _constant(_NOTHING), KAI["kubeflow"], summary="no Kubeflow workloads"),
+        PluginSpec("ray", _constant(_NOTHING), KAI["ray"], summary="no Ray workloads"),
+        PluginSpec("subgrouporder", _constant(Plugin(pod_set_order=SubGroupOrder())), KAI["subgrouporder"]),
+        PluginSpec("taskorder", _constant(Plugin(task_order=TaskPriorityOrder())), KAI["taskorder"]),
+        PluginSpec("nominatednode", _constant(_NOTHING), KAI["nominatednode"], summary="no nominated nodes"),
+        PluginSpec("dynamicresources", _constant(_NOTHING), KAI["dynamicresources"], summary="no DRA"),
         PluginSpec(
             "minruntime",
             _min_runtime,
-            600,
+            KAI["minruntime"],
             ("defaultPreemptMinRuntime", "defaultReclaimMinRuntime", "reclaimResolveMethod"),
         ),
-        PluginSpec("topology", _constant(Plugin(node_score=TopologyScore())), 500),
-        PluginSpec("snapshot", _constant(_NOTHING), 400, summary="no snapshot endpoint"),
+        PluginSpec("topology", _constant(Plugin(node_score=TopologyScore())), KAI["topology"]),
+        PluginSpec("snapshot", _constant(_NOTHING), KAI["snapshot"], summary="no snapshot endpoint"),
         PluginSpec(
             "gpupack",
             _constant(Plugin(device_order=GpuPack())),
-            300,
+            KAI["gpupack"],
             enabled_by_default=lambda policy: policy.gpu_device_placement == "binpack",
         ),
         PluginSpec(
             "gpuspread",
             _constant(Plugin(device_order=GpuSpread())),
-            300,
+            KAI["gpuspread"],
             enabled_by_default=lambda policy: policy.gpu_device_placement == "spread",
         ),
-        PluginSpec("nodeplacement", _node_placement, 200, ("gpu", "cpu")),
-        PluginSpec("gpusharingorder", _constant(Plugin(node_score=GpuSharingScore())), 100),
+        PluginSpec("nodeplacement", _node_placement, KAI["nodeplacement"], ("gpu", "cpu")),
+        PluginSpec(
+            "gpusharingorder", _constant(Plugin(node_score=GpuSharingScore())), KAI["gpusharingorder"]
+        ),
     ]
 )
 """KAI's plugins. A policy without a plugin list enables all of them, except the GPU device order its

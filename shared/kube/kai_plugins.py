@@ -29,7 +29,7 @@ from typing import cast
 
 import msgspec
 
-from shared.core import builtin_plugins
+from shared.core.plugins.priorities import KAI_PRIORITIES
 from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
 from shared.kube.quantity import DurationError, parse_duration
@@ -44,7 +44,7 @@ __all__ = [
     "plugin_switches",
 ]
 
-DEFAULT_PRIORITIES: Mapping[str, int] = builtin_plugins.DEFAULT_PRIORITIES
+DEFAULT_PRIORITIES: Mapping[str, int] = KAI_PRIORITIES
 """Every plugin Kairos knows, with KAI's default priority (higher runs first; the core's registry)."""
 
 NO_EFFECT = frozenset({"kubeflow", "ray", "dynamicresources", "nominatednode", "snapshot", "podaffinity"})
