@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 from tools.cli.main import main
 from tools.conformance import corpus_dir
@@ -95,18 +96,32 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "conformance" in capsys.readouterr().out
 
 
-# A single-session case whose scheduler conf drops plugins Kairos always applies.
-REFUSED_CONF_CASE = next(corpus_dir("actions-config").glob("allocate/allocate__017__*.yaml"))
+# A single-session case whose scheduler conf Kairos runs (a tier of one plugin: the registry leaves the rest
+# out), and the same case with a per-extension-point switch Kairos has no equivalent for.
+CONF_CASE = next(corpus_dir("actions-config").glob("allocate/allocate__017__*.yaml"))
+
+
+def _refused_conf_case(tmp_path: Path) -> Path:
+    case = yaml.safe_load(CONF_CASE.read_text())
+    case["harness"]["scheduler_conf"]["tiers"][0]["plugins"][0]["disableNodeOrder"] = True
+    path = tmp_path / CONF_CASE.name
+    path.write_text(yaml.safe_dump(case, sort_keys=False))
+    return path
+
+
+def test_run_runs_a_scheduler_conf_of_one_plugin(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "run", str(CONF_CASE)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "PASS"
 
 
 @pytest.mark.parametrize("extra", [["--json"], ["--via-bus"]])
 def test_run_refuses_a_scheduler_conf_the_policy_cannot_express(
-    capsys: pytest.CaptureFixture[str], extra: list[str]
+    capsys: pytest.CaptureFixture[str], extra: list[str], tmp_path: Path
 ) -> None:
-    assert main(["conformance", "run", str(REFUSED_CONF_CASE), *extra]) == 2
+    assert main(["conformance", "run", str(_refused_conf_case(tmp_path)), *extra]) == 2
     captured = capsys.readouterr()
     line = _one_error_line(captured.err)
-    assert "harness.scheduler_conf.tiers: no proportion" in line
+    assert "harness.scheduler_conf.tiers[0].plugins[0].disableNodeOrder" in line
     assert captured.out == ""
 
 
