@@ -26,9 +26,12 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import msgspec
 import pytest
 import yaml
 
+from shared.core.builtin_plugins import DEFAULT_REGISTRY
+from shared.core.plugins.chain import resolve
 from shared.core.policy import Policy
 from shared.kube import gpu_sharing, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
@@ -388,7 +391,10 @@ def test_the_default_shard_is_kai_s_and_valid_against_its_crd() -> None:
     ]
     assert schema_errors(shards) == []
     config = shard_config(wire.decode_scheduling_shard(json.dumps(shards[0]).encode()))
-    assert policy_of(config) == Policy()
+    policy = policy_of(config)
+    # KAI's defaults: the default policy, and its plugin list (spelled out) the registry's default chain.
+    assert msgspec.structs.replace(policy, plugins=None) == Policy()
+    assert resolve(policy, DEFAULT_REGISTRY).names == resolve(Policy(), DEFAULT_REGISTRY).names
     assert config.not_applied == ()
 
 
