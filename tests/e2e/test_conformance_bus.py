@@ -45,6 +45,7 @@ SESSION_SUBSET = (
     "actions/preempt/preemptGang__003__preempt_gang_job.yaml",
     "actions/reclaim/reclaim_elastic__001__reclaim_several_tasks_from_elastic_job.yaml",
     "actions-config/stalegangeviction/stalegangeviction__002__evict_long_ago_stale_job.yaml",
+    "actions-config/allocate/allocateFractionalGpu__020__pack_nodes_spread_gpus.yaml",
 )
 
 
