@@ -6,8 +6,10 @@ point's name (``mine = "my_package.module:SPEC"`` in the package's ``[project.en
 with them added; a plugin that fails to import, an object that is not a `PluginSpec`, a name that differs
 from the entry point's, or a name already registered raises `PluginConfigError` naming the plugin, so a
 service with a broken plugin fails at start-up, not in a cycle. The core itself reads no entry points (it
-does no I/O): the placement worker (`services.placement.worker.Worker`) calls this once and passes the
-registry to `shared.core.scheduler.schedule`. See docs/plugins.md.
+does no I/O): the placement worker (`services.placement.worker.Worker`) and the queue leader
+(`services.queue.dispatcher.Dispatcher`) call this once and pass the registry to the core
+(`schedule`, `plan_queues`); the state service reads SchedulingShards against `extra_plugins(registry)`,
+so a shard may enable an installed plugin by name. Install a plugin in all three. See docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Callable, Iterable
 from importlib import metadata
 
 from shared.core.builtin_plugins import DEFAULT_REGISTRY, SessionRegistry, SessionSpec
+from shared.core.plugins.priorities import KAI_PRIORITIES
 from shared.core.plugins.registry import PluginConfigError, PluginSpec
+from shared.kube.kai_plugins import ExtraPlugin
 
-__all__ = ["GROUP", "load_registry"]
+__all__ = ["GROUP", "extra_plugins", "load_registry"]
 
 GROUP = "kairos.plugins"
 
@@ -43,3 +47,13 @@ def load_registry(
             raise PluginConfigError(point.name, f"entry point {point.value!r} names plugin {spec.name!r}")
         specs.append(spec)
     return base.with_plugins(specs)
+
+
+def extra_plugins(registry: SessionRegistry) -> dict[str, ExtraPlugin]:
+    """The plugins of `registry` beyond KAI's, as a SchedulingShard may name them (the state service reads
+    shards against these, `shared.kube.scheduling_shard.shard_config`)."""
+    return {
+        name: ExtraPlugin(priority=spec.priority, arguments=tuple(spec.arguments))
+        for name, spec in registry.items()
+        if name not in KAI_PRIORITIES
+    }

@@ -36,6 +36,7 @@ from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Proposal, WorkItem, encode
 from shared.core.builtin_plugins import SessionRegistry
+from shared.core.plugins.registry import PluginConfigError
 from shared.core.result import CycleResult
 from shared.core.scheduler import ActionHook, schedule
 from shared.errors import MalformedMessage, TemporaryError
@@ -139,16 +140,19 @@ def place(
     except ValueError as exc:  # an unknown action name: the item can never be run
         raise MalformedMessage(s.work(item.shard), str(exc)) from exc
     focus = frozenset(item.podgroups) or None
-    result = schedule(
-        snapshot,
-        item.now,
-        policy,
-        focus,
-        around_action=around_action,
-        want_view=item.want_view,
-        node_details=traced,
-        registry=registry,
-    )
+    try:
+        result = schedule(
+            snapshot,
+            item.now,
+            policy,
+            focus,
+            around_action=around_action,
+            want_view=item.want_view,
+            node_details=traced,
+            registry=registry,
+        )
+    except PluginConfigError as exc:  # a plugin list this worker's registry cannot run: never will
+        raise MalformedMessage(s.work(item.shard), f"policy.plugins: {exc}") from exc
     proposal = build_proposal(
         item,
         result,

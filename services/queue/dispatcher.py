@@ -50,6 +50,7 @@ from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
 from shared.contracts.messages import CycleReply, CycleRequest, Outcome, ShardRecord, WorkItem, encode
+from shared.core.builtin_plugins import SessionRegistry
 from shared.core.policy import KNOWN_ACTIONS, Policy, QueueUsage
 from shared.core.queue_plan import Resources, plan_queues
 from shared.core.quota_gate import QuotaVerdict
@@ -57,6 +58,7 @@ from shared.core.usage import UsageParams
 from shared.errors import ConfigError, KairosError
 from shared.kube.scheduling_shard import policy_of, usage_params
 from shared.model import Snapshot
+from shared.plugin_loader import load_registry
 from shared.telemetry.metrics import QueueMetrics
 from shared.telemetry.spans import OrderTracer
 
@@ -164,10 +166,13 @@ USAGE_DIGITS = 4
 out only when a queue's numbers change."""
 
 
-def plan_cycle(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
-    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`), fair shares as events
-    (with the policy's queue usage, time-based fair share)."""
-    plan = plan_queues(snapshot, now, policy)
+def plan_cycle(
+    snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegistry | None = None
+) -> Plan:
+    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`) with the plugins of
+    `registry` (KAI's when None), fair shares as events (with the policy's queue usage, time-based fair
+    share)."""
+    plan = plan_queues(snapshot, now, policy, registry)
     usage = {
         u.queue: {
             "gpu": round(u.gpu, USAGE_DIGITS),
@@ -307,9 +312,12 @@ class Dispatcher:
         counters: Counters,
         clock: Callable[[], float],
         metrics: QueueMetrics | None = None,
+        registry: SessionRegistry | None = None,
     ) -> None:
         self.bus = bus
         self.metrics = metrics
+        self.registry = load_registry() if registry is None else registry
+        """KAI's plugins and the installed ones (`shared.plugin_loader`): placement plans with the same."""
         self.replica = replica
         self.lease = lease
         self.settings = settings
@@ -539,7 +547,7 @@ class Dispatcher:
         started_ns = time.time_ns()
         usage = await self._usage_before(now)
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
-        plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy())
+        plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy(), self.registry)
         await self._usage_after(plan, now, usage)
         if self.metrics is not None and self.lease.valid():
             self.metrics.observe_plan(plan.fair_shares, len(plan.pending))

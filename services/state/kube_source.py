@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -55,6 +55,7 @@ from shared.contracts.inventory import INVENTORIES
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
+from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.translate import podgroup_annotations_patch
 from shared.kubeapi.client import ApiError, Kube, connect
@@ -88,6 +89,8 @@ class KubeSourceOptions:
     """Seconds a gang must stay short of its min member before it gets an Event (`ProblemReportOptions`)."""
     node_pool_label_key: str = NODE_POOL_LABEL
     """Copied from pods to their PodGroups, and written into every shard's record (`ShardWatch`)."""
+    extra_plugins: Mapping[str, ExtraPlugin] = field(default_factory=dict)
+    """The installed plugins beyond KAI's a SchedulingShard may enable (`shared.plugin_loader`)."""
 
 
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
@@ -326,6 +329,7 @@ class KubeOwner:
             component=self.options.scheduler_name,
             resync_period=self.options.resync_period,
             node_pool_label_key=self.options.node_pool_label_key,
+            extra_plugins=self.options.extra_plugins,
         )
         self.shard_watch.start()
         try:

@@ -79,6 +79,7 @@ from shared.errors import ConfigError, InvalidObject, MalformedMessage, Temporar
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as connect_kube
+from shared.plugin_loader import extra_plugins, load_registry
 from shared.telemetry.metrics import StateMetrics, count_kinds
 
 QUEUE_GROUP = "state"
@@ -228,7 +229,9 @@ async def body(ctx: ServiceContext) -> None:
                 replica,
                 options.kubeconfig,
                 KubeSourceOptions(
-                    scheduler_name=options.scheduler_name, node_pool_label_key=options.node_pool_label_key
+                    scheduler_name=options.scheduler_name,
+                    node_pool_label_key=options.node_pool_label_key,
+                    extra_plugins=extra_plugins(load_registry()),
                 ),
             )
             metrics.watch(informers=election.informers)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 import msgspec
 
@@ -35,6 +36,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import encode
 from shared.kube import translate
+from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.informer import Informer
@@ -55,11 +57,14 @@ class ShardWatch:
         component: str,
         resync_period: float = 600.0,
         node_pool_label_key: str = NODE_POOL_LABEL,
+        extra_plugins: Mapping[str, ExtraPlugin] | None = None,
     ) -> None:
         self.ctx = ctx
         self.kube = kube
         self.component = component
         self.node_pool_label_key = node_pool_label_key
+        self.extra_plugins = dict(extra_plugins or {})
+        """The installed plugins beyond KAI's a SchedulingShard may enable (`shared.plugin_loader`)."""
         self.raw: dict[str, bytes] = {}
         """Each SchedulingShard's JSON as last seen, by name."""
         self._stored: dict[str, bytes] = {record.shard: encode(record) for record in replica.shards.values()}
@@ -130,7 +135,7 @@ class ShardWatch:
             del self._stored[shard]
             self._shown.pop(shard, None)
             log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
-        for shard, verdict in shards.read_shards(raws, self.node_pool_label_key).items():
+        for shard, verdict in shards.read_shards(raws, self.node_pool_label_key, self.extra_plugins).items():
             seen = shards.seen(raws[shard])
             if isinstance(verdict, Problem):
                 await self._show(shard, verdict, seen)

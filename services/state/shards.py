@@ -19,6 +19,7 @@ from services.state.problems import INVALID_SCHEDULING_SHARD, Problem
 from shared.contracts.messages import ShardRecord
 from shared.errors import InvalidObject
 from shared.kube import wire
+from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
 
@@ -41,10 +42,16 @@ def seen(data: bytes) -> Seen:
         return Seen()
 
 
-def read_shard(shard: str, data: bytes, node_pool_label_key: str = NODE_POOL_LABEL) -> ShardRecord | Problem:
-    """The record of the shard's configuration, or the problem that keeps it out (naming the field)."""
+def read_shard(
+    shard: str,
+    data: bytes,
+    node_pool_label_key: str = NODE_POOL_LABEL,
+    extra_plugins: Mapping[str, ExtraPlugin] | None = None,
+) -> ShardRecord | Problem:
+    """The record of the shard's configuration, or the problem that keeps it out (naming the field).
+    `extra_plugins`: the installed plugins beyond KAI's the shard may enable."""
     try:
-        config = shard_config(wire.decode_scheduling_shard(data))
+        config = shard_config(wire.decode_scheduling_shard(data), extra_plugins)
     except InvalidObject as exc:
         return _problem(shard, str(exc))
     meta = seen(data).metadata
@@ -58,13 +65,18 @@ def read_shard(shard: str, data: bytes, node_pool_label_key: str = NODE_POOL_LAB
 
 
 def read_shards(
-    raws: Mapping[str, bytes], node_pool_label_key: str = NODE_POOL_LABEL
+    raws: Mapping[str, bytes],
+    node_pool_label_key: str = NODE_POOL_LABEL,
+    extra_plugins: Mapping[str, ExtraPlugin] | None = None,
 ) -> dict[str, ShardRecord | Problem]:
     """Every SchedulingShard (name -> JSON) read (`read_shard`), then each node pool given to one shard: of
     two valid shards with the same ``partitionLabelValue`` (two with none both claim the unlabelled
     objects), the older keeps it (by creation time, then name) and the other becomes a problem naming
     ``spec.partitionLabelValue`` and the shard that holds the pool."""
-    verdicts = {name: read_shard(name, data, node_pool_label_key) for name, data in sorted(raws.items())}
+    verdicts = {
+        name: read_shard(name, data, node_pool_label_key, extra_plugins)
+        for name, data in sorted(raws.items())
+    }
     holders: dict[str, str] = {}
     order = sorted(
         (name for name, verdict in verdicts.items() if isinstance(verdict, ShardRecord)),

@@ -38,10 +38,12 @@ __all__ = [
     "DEFAULT_PRIORITIES",
     "NO_EFFECT",
     "PLACEMENTS",
+    "ExtraPlugin",
     "PluginEntry",
     "PluginSwitches",
     "Unexpressible",
     "plugin_switches",
+    "unknown_plugin",
 ]
 
 DEFAULT_PRIORITIES: Mapping[str, int] = KAI_PRIORITIES
@@ -89,6 +91,15 @@ class PluginEntry(msgspec.Struct, frozen=True, kw_only=True):
         return self.argument_fields.get(key) or f"{self.arguments_field}.{key}"
 
 
+class ExtraPlugin(msgspec.Struct, frozen=True, kw_only=True):
+    """A plugin beyond KAI's that the services have installed (a third-party one, `shared.plugin_loader`):
+    its default priority and the arguments it takes. Its arguments reach it as the strings the object
+    gives; its factory checks their values when a session resolves the plugin list."""
+
+    priority: int
+    arguments: tuple[str, ...] = ()
+
+
 class Unexpressible(msgspec.Struct, frozen=True, kw_only=True):
     """A valid setting Kairos's policy cannot honour: the field holding it and why."""
 
@@ -110,16 +121,20 @@ Error = Callable[[str, str], InvalidObject]
 """(field, problem) -> the InvalidObject naming the caller's object."""
 
 
-def plugin_switches(entries: Sequence[PluginEntry], error: Error) -> PluginSwitches:
-    """What `entries` (the enabled plugins) set in the policy; raises `error(...)` for bad input."""
+def plugin_switches(
+    entries: Sequence[PluginEntry], error: Error, extra: Mapping[str, ExtraPlugin] | None = None
+) -> PluginSwitches:
+    """What `entries` (the enabled plugins) set in the policy; raises `error(...)` for bad input. `extra`
+    are the installed plugins beyond KAI's, which may be listed too."""
+    extra = extra or {}
     changes: dict[str, object] = {}
     unexpressible: list[Unexpressible] = []
     configs: list[PluginConfig] = []
     listed = set()
     for entry in entries:
-        if entry.name not in DEFAULT_PRIORITIES:
-            raise error(entry.name_field, f"plugin {entry.name!r} is not one Kairos implements")
-        allowed = _ARGUMENTS.get(entry.name, ())
+        if entry.name not in DEFAULT_PRIORITIES and entry.name not in extra:
+            raise error(entry.name_field, unknown_plugin(entry.name, extra))
+        allowed = extra[entry.name].arguments if entry.name in extra else _ARGUMENTS.get(entry.name, ())
         for key in entry.arguments:
             if key not in allowed:
                 takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
@@ -140,6 +155,12 @@ def plugin_switches(entries: Sequence[PluginEntry], error: Error) -> PluginSwitc
     if "predicates" not in listed:
         changes["predicates"] = False
     return PluginSwitches(changes=changes, plugins=tuple(configs), unexpressible=tuple(unexpressible))
+
+
+def unknown_plugin(name: str, extra: Mapping[str, ExtraPlugin]) -> str:
+    """The problem with a plugin name neither KAI's nor installed."""
+    installed = f"; installed beyond KAI's: {', '.join(sorted(extra))}" if extra else ""
+    return f"plugin {name!r} is not one Kairos implements{installed}"
 
 
 def _argument_changes(

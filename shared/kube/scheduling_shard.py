@@ -43,7 +43,7 @@ from shared.core.policy import KNOWN_ACTIONS, Placement, PluginConfig, Policy
 from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import kai_plugins, wire
-from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, PluginEntry
+from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, ExtraPlugin, PluginEntry
 from shared.kube.quantity import DurationError, parse_duration, parse_time
 
 __all__ = [
@@ -167,6 +167,7 @@ class _Reader:
         self.notes: list[NotApplied] = []
         self.changes: dict[str, float | int | bool | str | tuple[str, ...]] = {}
         self.core_plugins: tuple[PluginConfig, ...] = ()
+        self.extra: dict[str, ExtraPlugin] = {}
 
     def error(self, field: str, problem: str) -> InvalidObject:
         return InvalidObject(KIND, self.name, field, problem)
@@ -186,9 +187,14 @@ class _Reader:
         return seconds
 
 
-def shard_config(shard: wire.SchedulingShard) -> ShardConfig:
-    """The shard's configuration; raises `InvalidObject` naming the field for bad input (module docstring)."""
+def shard_config(
+    shard: wire.SchedulingShard, extra_plugins: Mapping[str, ExtraPlugin] | None = None
+) -> ShardConfig:
+    """The shard's configuration; raises `InvalidObject` naming the field for bad input (module docstring).
+    `extra_plugins` are the plugins beyond KAI's the services have installed (entry points), which the
+    spec may enable and give arguments like KAI's own."""
     r = _Reader(shard)
+    r.extra = dict(extra_plugins or {})
     spec = shard.spec
     gpu, cpu = _placement(r, spec.placement_strategy)
     if spec.k_value is not None:
@@ -285,9 +291,11 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
     plugins = _default_plugins(r, gpu, cpu)
     for name, override in r.spec.plugins.items():
         at = f"spec.plugins.{name}"
-        if name not in DEFAULT_PRIORITIES:
-            raise r.error(at, f"plugin {name!r} is not one Kairos implements")
-        plugin = plugins.setdefault(name, _Plugin(enabled=True, priority=0, arguments={}))
+        if name not in DEFAULT_PRIORITIES and name not in r.extra:
+            raise r.error(at, kai_plugins.unknown_plugin(name, r.extra))
+        installed = r.extra.get(name)
+        start = 0 if installed is None else installed.priority
+        plugin = plugins.setdefault(name, _Plugin(enabled=True, priority=start, arguments={}))
         if override.enabled is not None:
             plugin.enabled = override.enabled
         if override.priority is not None:
@@ -310,7 +318,7 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
         )
         for name, plugin in enabled
     ]
-    switches = kai_plugins.plugin_switches(entries, r.error)
+    switches = kai_plugins.plugin_switches(entries, r.error, r.extra)
     # Kairos places by the strategy even where the spec disables the plugins that carry it (noted below).
     r.changes.update(gpu_placement=gpu, cpu_placement=cpu, gpu_device_placement=gpu)
     r.changes.update({k: v for k, v in switches.changes.items() if isinstance(v, float | int | bool | str)})

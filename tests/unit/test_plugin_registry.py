@@ -5,8 +5,10 @@ effect, priorities order the chains, arguments reach the plugins); third-party p
 
 from __future__ import annotations
 
+import json
 import shutil
-import tomllib
+import subprocess
+import sys
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -14,14 +16,19 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from services.placement.worker import place
+from shared.contracts.messages import WorkItem
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.plugins.chain import plugin_configs, resolve
 from shared.core.plugins.registry import DuplicatePluginError, Plugin, PluginConfigError, PluginSpec, Registry
 from shared.core.policy import Argument, PluginConfig, Policy
 from shared.core.scheduler import schedule
+from shared.errors import InvalidObject, MalformedMessage
+from shared.kube import wire
+from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Node, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang
-from shared.plugin_loader import GROUP, load_registry
+from shared.plugin_loader import extra_plugins, load_registry
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "label-score-plugin"
 UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
@@ -131,30 +138,27 @@ def test_a_priority_reorders_the_chain() -> None:
 
 
 # --- third-party plugins --------------------------------------------------------------------------------------
-def _install(target: Path) -> None:
-    """Install the example package into `target` as pip would lay it out: the package, and a dist-info
-    holding its entry points (read from its pyproject.toml; no wheel tooling needed offline)."""
-    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
-    shutil.copytree(EXAMPLE / "src" / "kairos_label_score", target / "kairos_label_score")
-    info = target / f"kairos_label_score-{project['version']}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
-    )
-    points = project["entry-points"][GROUP]
-    (info / "entry_points.txt").write_text(
-        f"[{GROUP}]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
-    )
+def _install(target: Path, tmp_path: Path) -> None:
+    """`pip install` the example package into `target`, offline (no index, no build isolation: the dev
+    environment's setuptools builds it), from a copy so that no build files land in the repository."""
+    source = tmp_path / "source"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps"]
+    command += ["--no-index", "--disable-pip-version-check", "--target", str(target), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_an_installed_plugin_loads_through_its_entry_point_and_changes_a_placement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _install(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    site = tmp_path / "site"
+    _install(site, tmp_path)
+    assert (site / "kairos_label_score").is_dir()
+    monkeypatch.syspath_prepend(str(site))
 
     def entry_points(group: str) -> list[metadata.EntryPoint]:
-        found = metadata.distributions(path=[str(tmp_path)])
+        found = metadata.distributions(path=[str(site)])
         return [p for d in found for p in d.entry_points if p.group == group]
 
     registry = load_registry(entry_points=entry_points)
@@ -169,3 +173,35 @@ def test_an_installed_plugin_loads_through_its_entry_point_and_changes_a_placeme
     assert placed_on(fast, registry=registry) == "b"
     with pytest.raises(PluginConfigError):
         resolve(fast, DEFAULT_REGISTRY)  # without the loaded registry the name is unknown
+
+    # A SchedulingShard enables it by name, as KAI's own plugins are enabled, once the state service
+    # knows it is installed; without that, the name is refused, naming the field.
+    body = {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": "default"},
+        "spec": {"plugins": {"labelscore": {"enabled": True, "arguments": {"label": "tier=fast"}}}},
+    }
+    shard = wire.decode_scheduling_shard(json.dumps(body).encode())
+    config = shard_config(shard, extra_plugins(registry))
+    assert placed_on(policy_of(config), registry=registry) == "b"
+    with pytest.raises(InvalidObject, match=r"spec\.plugins\.labelscore"):
+        shard_config(shard)
+    body["spec"]["plugins"]["labelscore"]["arguments"] = {"colour": "blue"}
+    with pytest.raises(InvalidObject, match=r"spec\.plugins\.labelscore\.arguments\.colour"):
+        shard_config(wire.decode_scheduling_shard(json.dumps(body).encode()), extra_plugins(registry))
+
+
+def test_a_work_item_whose_plugins_the_worker_cannot_run_is_malformed_naming_the_plugin() -> None:
+    item = WorkItem(
+        id="w1",
+        shard="default",
+        term=1,
+        leader="q",
+        now=0.0,
+        state_revision=0,
+        actions=("allocate",),
+        policy=Policy(plugins=(PluginConfig(name="labelscore"),)),
+    )
+    with pytest.raises(MalformedMessage, match="labelscore"):
+        place(item, Snapshot(nodes=(node("a"),), queues=QUEUES), 0, {})
