@@ -319,7 +319,8 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
         for name, plugin in enabled
     ]
     switches = kai_plugins.plugin_switches(entries, r.error, r.extra)
-    # Kairos places by the strategy even where the spec disables the plugins that carry it (noted below).
+    # The strategy's policy fields are the defaults of the plugins that carry it; with those plugins
+    # disabled, no placement score runs (the registry runs exactly the enabled list).
     r.changes.update(gpu_placement=gpu, cpu_placement=cpu, gpu_device_placement=gpu)
     r.changes.update({k: v for k, v in switches.changes.items() if isinstance(v, float | int | bool | str)})
     for item in switches.unexpressible:
