@@ -27,6 +27,23 @@ class PluginConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Higher runs first, ties by name; None: the registry's default priority (KAI's)."""
     arguments: dict[str, Argument] = msgspec.field(default_factory=dict)
     """Only the arguments the plugin takes (`PluginSpec.arguments`); missing ones take its defaults."""
+    disabled: tuple[str, ...] = ()
+    """Extension points of the plugin left out of the chains (`EXTENSION_POINTS`: KAI's per-plugin
+    ``disableJobOrder``, ``disableNodeOrder``, ...); the plugin's other points still run."""
+
+
+EXTENSION_POINTS = (
+    "node_filter",
+    "node_score",
+    "device_order",
+    "job_order",
+    "task_order",
+    "pod_set_order",
+    "queue_order",
+    "quota_check",
+    "victim_filter",
+)
+"""The extension points a plugin fills (`shared.core.plugins.registry.Plugin`'s fields)."""
 
 
 class QueueUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

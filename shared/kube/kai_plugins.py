@@ -86,6 +86,8 @@ class PluginEntry(msgspec.Struct, frozen=True, kw_only=True):
     """The field holding its arguments; an argument's field is this plus ``.<key>`` ..."""
     argument_fields: Mapping[str, str] = msgspec.field(default_factory=dict)
     """... unless listed here (an argument the caller derived from another field, such as ``spec.kValue``)."""
+    disabled: tuple[str, ...] = ()
+    """Extension points of the plugin switched off (`PluginConfig.disabled`)."""
 
     def argument_field(self, key: str) -> str:
         return self.argument_fields.get(key) or f"{self.arguments_field}.{key}"
@@ -150,7 +152,11 @@ def plugin_switches(
                 continue
             typed = _TYPED.get((entry.name, key))
             arguments[key] = value if typed is None else cast("Argument", entry_changes[typed])
-        configs.append(PluginConfig(name=entry.name, priority=entry.priority, arguments=arguments))
+        configs.append(
+            PluginConfig(
+                name=entry.name, priority=entry.priority, arguments=arguments, disabled=entry.disabled
+            )
+        )
         listed.add(entry.name)
     if "predicates" not in listed:
         changes["predicates"] = False

@@ -103,7 +103,7 @@ CONF_CASE = next(corpus_dir("actions-config").glob("allocate/allocate__017__*.ya
 
 def _refused_conf_case(tmp_path: Path) -> Path:
     case = yaml.safe_load(CONF_CASE.read_text())
-    case["harness"]["scheduler_conf"]["tiers"][0]["plugins"][0]["disableNodeOrder"] = True
+    case["harness"]["scheduler_conf"]["tiers"][0]["plugins"][0]["disableJobPipelined"] = True
     path = tmp_path / CONF_CASE.name
     path.write_text(yaml.safe_dump(case, sort_keys=False))
     return path
@@ -121,7 +121,7 @@ def test_run_refuses_a_scheduler_conf_the_policy_cannot_express(
     assert main(["conformance", "run", str(_refused_conf_case(tmp_path)), *extra]) == 2
     captured = capsys.readouterr()
     line = _one_error_line(captured.err)
-    assert "harness.scheduler_conf.tiers[0].plugins[0].disableNodeOrder" in line
+    assert "harness.scheduler_conf.tiers[0].plugins[0].disableJobPipelined" in line
     assert captured.out == ""
 
 

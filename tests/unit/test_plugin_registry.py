@@ -205,3 +205,17 @@ def test_a_work_item_whose_plugins_the_worker_cannot_run_is_malformed_naming_the
     )
     with pytest.raises(MalformedMessage, match="labelscore"):
         place(item, Snapshot(nodes=(node("a"),), queues=QUEUES), 0, {})
+
+
+def test_an_extension_point_of_a_plugin_can_be_left_out_and_its_others_still_run() -> None:
+    spread = defaults_with(Policy(), "nodeplacement", arguments={"gpu": "spread"})
+    assert placed_on(spread) == "b"
+    without_score = defaults_with(spread, "nodeplacement", disabled=("node_score",))
+    assert "nodeplacement" in resolve(without_score, DEFAULT_REGISTRY).names
+    assert placed_on(without_score) == "a"  # no spread score: the nodes tie, and a comes first by name
+
+
+def test_disabling_an_extension_point_that_does_not_exist_names_the_plugin() -> None:
+    bad = defaults_with(Policy(), "nodeplacement", disabled=("node_order",))
+    with pytest.raises(PluginConfigError, match=r"plugin 'nodeplacement'.*node_order"):
+        resolve(bad, DEFAULT_REGISTRY)

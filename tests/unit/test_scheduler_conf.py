@@ -71,6 +71,19 @@ def test_the_conf_s_plugins_replace_the_defaults() -> None:
     assert (chains.node_scores, chains.quota_checks, chains.queue_orders) == ((), (), ())
 
 
+def test_kai_s_disable_switches_leave_out_one_extension_point_of_a_plugin() -> None:
+    plugins = replaced("nodeplacement", {"name": "nodeplacement", "disableNodeOrder": True})
+    plugins = [{**p, "disableJobOrder": True} if p["name"] == "priority" else p for p in plugins]
+    got = apply_scheduler_conf(conf(plugins), BASE, "c")
+    entries = {c.name: c.disabled for c in got.plugins or ()}
+    assert entries["nodeplacement"] == ("node_score",)
+    assert entries["priority"] == ("job_order",)
+    full = resolve(apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c"), DEFAULT_REGISTRY)
+    less = resolve(got, DEFAULT_REGISTRY)
+    assert "nodeplacement" in less.names
+    assert len(less.node_scores) == len(full.node_scores) - 1
+
+
 def test_placement_plugins_map_onto_the_policy() -> None:
     plugins = replaced("gpupack", {"name": "gpuspread"})
     plugins = [p for p in plugins if p["name"] != "nodeplacement"]
@@ -123,8 +136,8 @@ def test_minruntime_defaults_are_mapped() -> None:
             ["lowest common ancestor"],
         ),
         (
-            replaced("taskorder", {"name": "taskorder", "disableTaskOrder": True}),
-            "harness.scheduler_conf.tiers[0].plugins[17].disableTaskOrder",
+            replaced("taskorder", {"name": "taskorder", "disableJobReady": True}),
+            "harness.scheduler_conf.tiers[0].plugins[17].disableJobReady",
             ["no equivalent"],
         ),
         (

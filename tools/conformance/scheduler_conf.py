@@ -4,8 +4,9 @@ KAI's ``Mocks.SchedulerConf`` *replaces* the default plugin tiers (SEMANTICS §2
 policy this module returns: its `Policy.plugins` lists exactly the tiers' plugins (in the order of their
 KAI default priorities), so the core's registry runs only them. The reading of plugins and their
 arguments is the runtime's (`shared.kube.kai_plugins`, shared with the SchedulingShard); this module feeds
-it the tiers' plugins in order and raises :class:`InvalidObject` naming the tier entry for what Kairos
-cannot run: a ``disable*`` switch and an argument value the core cannot honour
+it the tiers' plugins in order, with KAI's per-plugin ``disable*`` switches as the extension points they
+leave out (`DISABLE_POINTS`), and raises :class:`InvalidObject` naming the tier entry for what Kairos
+cannot run: a ``disable*`` switch with no Kairos equivalent and an argument value the core cannot honour
 (``reclaimResolveMethod: queue``); unknown plugins and arguments are refused by the mapping itself.
 
 Called by ``tools.conformance.runner`` for single-session cases.
@@ -28,6 +29,18 @@ __all__ = ["NO_EFFECT", "apply_scheduler_conf"]
 
 FIELD = "harness.scheduler_conf"
 
+DISABLE_POINTS = {
+    "disableJobOrder": "job_order",
+    "disableTaskOrder": "task_order",
+    "disableQueueOrder": "queue_order",
+    "disablePredicate": "node_filter",
+    "disableNodeOrder": "node_score",
+}
+"""KAI's per-plugin switches (``conf.PluginOption``) and the registry's extension point each leaves out of
+the chains (`PluginConfig.disabled`). ``disablePreemptable`` and ``disableReclaimable`` split what one
+Kairos victim filter does for both actions, and Kairos has no job-ready or job-pipelined point: those are
+refused, naming the field."""
+
 
 def apply_scheduler_conf(conf: SchedulerConf, policy: Policy, where: str) -> Policy:
     """`policy` with the switches the conf sets; raises `InvalidObject` for what Kairos cannot run."""
@@ -35,9 +48,10 @@ def apply_scheduler_conf(conf: SchedulerConf, policy: Policy, where: str) -> Pol
     for t, tier in enumerate(conf.tiers):
         for p, plugin in enumerate(tier.plugins):
             at = f"{FIELD}.tiers[{t}].plugins[{p}]"
-            if plugin.disabled:
-                problem = f"plugin {plugin.name!r}: {plugin.disabled[0]} has no equivalent in Kairos's policy"
-                raise InvalidObject("case", where, f"{at}.{plugin.disabled[0]}", problem)
+            refused = [key for key in plugin.disabled if key not in DISABLE_POINTS]
+            if refused:
+                problem = f"plugin {plugin.name!r}: {refused[0]} has no equivalent in Kairos's registry"
+                raise InvalidObject("case", where, f"{at}.{refused[0]}", problem)
             arguments = {key: str(value) for key, value in (plugin.arguments or {}).items()}
             entries.append(
                 PluginEntry(
@@ -45,6 +59,7 @@ def apply_scheduler_conf(conf: SchedulerConf, policy: Policy, where: str) -> Pol
                     arguments=arguments,
                     name_field=f"{at}.name",
                     arguments_field=f"{at}.arguments",
+                    disabled=tuple(DISABLE_POINTS[key] for key in plugin.disabled),
                 )
             )
 

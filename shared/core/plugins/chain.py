@@ -10,12 +10,13 @@ first, ties by name, as KAI does) and returns the `Chains`. Called once per sess
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from shared.core.plugins.registry import DuplicatePluginError, Plugin, PluginConfigError, Registry
-from shared.core.policy import PluginConfig, Policy
+from shared.core.policy import EXTENSION_POINTS, PluginConfig, Policy
 
 if TYPE_CHECKING:
     from shared.core.plugins.points import (
@@ -92,13 +93,29 @@ def resolve(policy: Policy, registry: Registry[S]) -> Chains[S]:
             if key not in spec.arguments:
                 takes = f"it takes {', '.join(spec.arguments)}" if spec.arguments else "it takes none"
                 raise PluginConfigError(config.name, f"not an argument of this plugin ({takes})", key)
+        for point in config.disabled:
+            if point not in EXTENSION_POINTS:
+                raise PluginConfigError(
+                    config.name,
+                    f"cannot disable {point!r}: extension points are {', '.join(EXTENSION_POINTS)}",
+                )
         if config.enabled:
             priority = spec.priority if config.priority is None else config.priority
             chosen.append((priority, config.name, config))
     chosen.sort(key=lambda item: (-item[0], item[1]))
     names = tuple(name for _, name, _ in chosen)
-    plugins = [registry[name].factory(config.arguments, policy) for _, name, config in chosen]
+    plugins = [
+        _without(registry[name].factory(config.arguments, policy), config) for _, name, config in chosen
+    ]
     return _chains(names, plugins)
+
+
+def _without(plugin: Plugin[S], config: PluginConfig) -> Plugin[S]:
+    """`plugin` less the extension points its entry disables."""
+    if not config.disabled:
+        return plugin
+    cleared: dict[str, Any] = dict.fromkeys(config.disabled)
+    return dataclasses.replace(plugin, **cleared)
 
 
 def _chains(names: tuple[str, ...], plugins: list[Plugin[S]]) -> Chains[S]:
