@@ -5,6 +5,16 @@ comparison (using each subtree's best job) and jobs ordered by priority, gang st
 the path for re-ordering, so queue order follows allocations made during the action. Both orders are
 the session's plugin chains (`Session.chains`: queue orders, and the job order through `JobState.keys`). With
 `victims=True` every order is reversed (the most over-served queue and the least important job first).
+
+`depth` is KAI's ``MaxJobsQueueDepth`` (``Policy.queue_depth_per_action``, read by allocate, consolidation,
+reclaim and preempt): each leaf queue holds at most that many jobs, the rest of its jobs are not in the
+order at all (so the action never tries them this session); None holds them all, 0 none (no leaf is
+made). When a push makes a leaf one too long, Kairos drops the leaf's *worst* job in job order, so a
+leaf keeps its `depth` best jobs. KAI's bounded priority queue (``scheduler_util.PriorityQueue.Push``)
+instead removes the heap's element at index `depth`, a leaf of the heap: the best job is always kept,
+but which others are depends on the order the jobs were pushed (Go map order, so it varies between
+runs); Kairos's choice is KAI's outcome when the jobs come best first. Victim orders are never bounded
+(KAI builds them with ``QueueCapacityInfinite``).
 """
 
 from __future__ import annotations
@@ -115,6 +125,14 @@ class _KeyedJobHeap:
     def pop(self) -> JobState:
         return heapq.heappop(self.items)[1]
 
+    def drop_worst(self) -> None:
+        """Remove the job last in job order (a bounded leaf one job too long)."""
+        items = self.items
+        worst = max(range(len(items)), key=lambda i: items[i][0])
+        items[worst] = items[-1]
+        items.pop()
+        heapq.heapify(items)
+
 
 class _QueueNode:
     __slots__ = ("children", "is_leaf", "needs_reorder", "parent", "queue")
@@ -130,9 +148,15 @@ class _QueueNode:
 class JobsByQueue:
     """Pending jobs (or victim jobs) in the order an action should consider them."""
 
-    def __init__(self, ssn: Session, victims: bool = False) -> None:
+    def __init__(self, ssn: Session, victims: bool = False, depth: int | None = None) -> None:
+        if victims and depth is not None:
+            raise ValueError("a victim order is never bounded (KAI: QueueCapacityInfinite)")
+        if depth is not None and depth < 0:
+            raise ValueError(f"depth {depth} is negative")
         self.ssn = ssn
         self.victims = victims
+        self.depth = depth
+        """At most this many jobs per leaf queue (None: all); see the module docstring."""
         self.roots: Heap[_QueueNode] = Heap(self._node_less)
         self.nodes: dict[str, _QueueNode] = {}
         self.popped: dict[str, list[JobState]] = {}
@@ -166,7 +190,7 @@ class JobsByQueue:
 
     def push(self, job: JobState) -> None:
         queue = self.ssn.queues.get(job.queue)
-        if queue is None or not queue.is_leaf:
+        if queue is None or not queue.is_leaf or self.depth == 0:
             return
         leaf = self.nodes.get(queue.name)
         new = leaf is None
@@ -175,6 +199,9 @@ class JobsByQueue:
             leaf = _QueueNode(queue, True, jobs)
             self.nodes[queue.name] = leaf
         leaf.children.push(job)
+        if self.depth is not None and len(leaf.children) > self.depth:
+            assert isinstance(leaf.children, _KeyedJobHeap)
+            leaf.children.drop_worst()
         if new:
             self._link(leaf)
         self._mark(leaf)

@@ -106,6 +106,16 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Nodes with equal scores are tried by name (KAI's order) when None; otherwise in an order shuffled by
     this seed. Parallel placement workers pass different seeds so that, on a cluster of equal nodes, they
     start filling different nodes instead of all proposing the same ones."""
+    queue_depth_per_action: dict[str, int] = msgspec.field(default_factory=dict)
+    """KAI's ``queueDepthPerAction``: action name -> how many jobs of each leaf queue the action considers
+    in one session (`queue_depth`). An action without an entry considers them all (the default: no
+    entry, KAI's ``QueueCapacityInfinite``); 0 makes it consider none. allocate, consolidation, reclaim and
+    preempt read it; stale-gang eviction orders no jobs and ignores its entry, as KAI does. Victims are
+    never bounded (`shared.core.ordering`)."""
+
+    def queue_depth(self, action: str) -> int | None:
+        """How many jobs of each leaf queue `action` considers in one session; None: all of them."""
+        return self.queue_depth_per_action.get(action)
 
     def __post_init__(self) -> None:
         if self.reclaimer_utilization_multiplier < 1.0:
@@ -120,6 +130,12 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"policy: field 'plugins': plugin {twice[0]!r} is listed twice")
+        for action, depth in self.queue_depth_per_action.items():
+            at = f"policy: field 'queue_depth_per_action': action {action!r}"
+            if action not in KNOWN_ACTIONS:
+                raise ValueError(f"{at}: not a known action ({', '.join(KNOWN_ACTIONS)})")
+            if depth < 0:
+                raise ValueError(f"{at}: depth {depth} is negative")
 
 
 KNOWN_ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")

@@ -9,7 +9,13 @@ now, policy)` builds a session of the core from the snapshot, runs no action, an
   shares under the policy's `queue_usage`, time-based fair share), and the cluster's capacity;
 - the podgroups allocate would take (pods to place, gangs complete; gated pods are not pending, so a
   podgroup counts for its ungated pods once they can form its gang), in the order allocate takes them:
-  without allocations in between, draining the job order gives the order allocate starts with;
+  without allocations in between, draining the job order gives the order allocate starts with. Under a
+  ``Policy.queue_depth_per_action`` the list keeps only the podgroups at least one of the policy's
+  placing actions would consider (allocate, consolidation, reclaim, preempt, each over its own
+  candidates and within its own depth, `shared.core.ordering`): the rest no session of this cycle would
+  try, as KAI's sessions would not, so they are not dispatched. The bound is not allocate's alone
+  (KAI's ``joborder`` plugin reports allocate's bounded order) because the work items also carry the
+  victim actions, which may look deeper than allocate (or allocate not at all, with depth 0);
 - whether stale-gang eviction has anything to do (a gang below its min member, or still marked stale);
 - which of those podgroups a queue total bounds (a limit, or quota for non-preemptible work, somewhere
   up their queue chain): placement checks such totals on its own replica and the binder's per-node
@@ -29,6 +35,7 @@ from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
 from shared.core.proportion import R_CPU, R_GPU, R_MEM, QueueState, Vec, ancestors_and_self
 from shared.core.quota_gate import QuotaVerdict, quota_verdicts
+from shared.core.solver.jobs import pending_jobs as solver_pending_jobs
 from shared.core.tasks import JobState
 from shared.model import Snapshot
 
@@ -69,7 +76,8 @@ class QueuePlan:
     shares: tuple[QueueShare, ...]
     """Every queue, by name."""
     pending: tuple[str, ...]
-    """Podgroups with pods to place, in the order the core's allocate action takes them."""
+    """Podgroups with pods to place, in the order the core's allocate action takes them (under a queue
+    depth, only those some placing action would consider: module docstring)."""
     stale: bool
     """Some gang is below its min member (or still marked stale): stale-gang eviction has something to do."""
     guarded: frozenset[str]
@@ -91,10 +99,31 @@ def plan_queues(
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))
     pending = tuple(job.key for job in order.drain())
+    if policy.queue_depth_per_action:
+        considered = _considered(ssn, policy)
+        pending = tuple(key for key in pending if key in considered)
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
     guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
     admissions = quota_verdicts(snapshot, now, policy, registry)
     return QueuePlan(shares, pending, stale, guarded, admissions, _resources(ssn.total))
+
+
+def _considered(ssn: Session, policy: Policy) -> set[str]:
+    """The podgroups some placing action of `policy` would consider, each action within its depth."""
+    keys: set[str] = set()
+    for action in policy.actions:
+        if action == "allocate":
+            candidates = pending_jobs(ssn)
+        elif action in ("reclaim", "preempt"):
+            candidates = solver_pending_jobs(ssn)
+        elif action == "consolidation":
+            candidates = solver_pending_jobs(ssn, preemptible_only=True)
+        else:
+            continue
+        order = JobsByQueue(ssn, depth=policy.queue_depth(action))
+        order.extend(candidates)
+        keys.update(job.key for job in order.drain())
+    return keys
 
 
 def _resources(v: Vec) -> Resources:

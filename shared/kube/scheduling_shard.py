@@ -7,8 +7,9 @@ defaults for its placement strategy (``gpupack`` or ``gpuspread`` after ``placem
 ``kValue`` and ``minRuntime`` become the ``proportion`` and ``minruntime`` arguments), merged with the
 spec's overrides (``enabled`` and ``priority`` per field, ``arguments`` as a whole; a plugin or action
 enabled that is not a default starts at priority 0), then ordered by priority, highest first, ties by
-name. `policy_of` turns the result into the `Policy` every cycle of the shard should use, and `usage_params`
-its usageDBConfig into the time-based fair share's `UsageParams` (None: off).
+name. `policy_of` turns the result into the `Policy` every cycle of the shard should use (with
+``queueDepthPerAction`` as `Policy.queue_depth_per_action`), and `usage_params` its usageDBConfig into
+the time-based fair share's `UsageParams` (None: off).
 
 Bad input raises `InvalidObject("SchedulingShard", name, field, problem)` naming the field
 (``spec.placementStrategy.gpu``): a placement other than binpack or spread, a negative or non-finite
@@ -19,7 +20,6 @@ when the object is decoded, `shared.kube.wire`.)
 What is valid but the policy cannot honour yet is *reported, not refused*: `ShardConfig.not_applied`
 lists each such field with the reason, and the rest of the configuration applies. These are:
 
-- ``queueDepthPerAction``: Kairos's actions try every job of a queue;
 - in ``usageDBConfig``: ``clientType`` and the connection (Kairos records usage itself, in JetStream, and
   queries no usage database), a ``cron`` window type (the sliding window applies), ``waitTimeout`` and
   ``extraParams`` (a usage database's settings); the usage parameters themselves apply (`usage_params`);
@@ -153,6 +153,8 @@ def policy_of(config: ShardConfig, base: Policy | None = None) -> Policy:
     settings; validated as any decoded Policy is."""
     fields = msgspec.structs.asdict(base or Policy())
     fields.update(config.policy_changes)
+    if config.queue_depth_per_action:
+        fields["queue_depth_per_action"] = dict(config.queue_depth_per_action)
     if config.policy_plugins is not None:
         fields["plugins"] = msgspec.to_builtins(config.policy_plugins)
     return msgspec.convert(fields, Policy)
@@ -212,7 +214,6 @@ def shard_config(
             raise r.error(at, f"{name!r} is not one of the shard's actions ({', '.join(actions)})")
         if depth < 0:
             raise r.error(at, f"depth {depth} is negative")
-        r.note(at, "Kairos's actions try every job of a queue (no per-action depth yet)")
     usage_db = _usage_db(r, spec.usage_db_config)
     if usage_db is not None:
         _usage_notes(r, usage_db)

@@ -72,6 +72,16 @@ def test_the_policy_keeps_the_callers_base_for_what_the_shard_does_not_set() -> 
 
 
 # --- each field ---------------------------------------------------------------------------------------------
+def test_queue_depth_per_action_reaches_the_policy_as_it_is() -> None:
+    got = config({"queueDepthPerAction": {"allocate": 25, "reclaim": 0}})
+    assert got.not_applied == ()
+    assert policy_of(got).queue_depth_per_action == {"allocate": 25, "reclaim": 0}
+    assert policy_of(got).queue_depth("preempt") is None
+    base = Policy(queue_depth_per_action={"preempt": 3})
+    assert policy_of(config({}), base).queue_depth_per_action == {"preempt": 3}
+    assert policy_of(got, base).queue_depth_per_action == {"allocate": 25, "reclaim": 0}
+
+
 def test_gpu_spread_spreads_nodes_and_devices_and_drops_consolidation() -> None:
     got = config({"placementStrategy": {"gpu": "spread"}})
     p = policy_of(got)
@@ -214,8 +224,6 @@ def test_what_the_policy_cannot_honour_is_reported_with_its_field_and_the_rest_a
     assert sorted(fields(got.not_applied)) == [
         "spec.args.detailed-fit-errors",
         "spec.plugins.minruntime.arguments.reclaimResolveMethod",
-        "spec.queueDepthPerAction.allocate",
-        "spec.queueDepthPerAction.reclaim",
         "spec.usageDBConfig.clientType",
     ]
     assert all(note.reason for note in got.not_applied)
@@ -360,6 +368,9 @@ _VALID_SPECS = st.fixed_dictionaries(
         "args": st.dictionaries(
             st.sampled_from(["leader-elect", "default-staleness-grace-period"]), _DURATIONS
         ),
+        "queueDepthPerAction": st.dictionaries(
+            st.sampled_from(["allocate", "reclaim", "preempt"]), st.integers(0, 50)
+        ),
     },
 )
 
@@ -367,8 +378,12 @@ _VALID_SPECS = st.fixed_dictionaries(
 @settings(max_examples=150, deadline=None)
 @given(_VALID_SPECS)
 def test_any_valid_shard_yields_a_policy_that_validates(spec: dict[str, Any]) -> None:
+    depths = spec.pop("queueDepthPerAction", {})
+    enabled = config(spec).actions  # a depth may only name an action the shard runs
+    spec["queueDepthPerAction"] = {a: d for a, d in depths.items() if a in enabled}
     got = config(spec)
     p = policy_of(got)
     assert msgspec.convert(msgspec.to_builtins(p), Policy) == p
     assert p.actions == got.actions
     assert len(set(p.actions)) == len(p.actions)
+    assert p.queue_depth_per_action == got.queue_depth_per_action

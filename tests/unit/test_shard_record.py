@@ -32,10 +32,10 @@ def record(spec: dict[str, Any]) -> ShardRecord:
 
 
 def test_a_valid_shard_becomes_its_record_with_what_is_not_applied() -> None:
-    got = record({"placementStrategy": {"gpu": "spread"}, "queueDepthPerAction": {"allocate": 5}})
+    got = record({"placementStrategy": {"gpu": "spread"}, "args": {"detailed-fit-errors": "true"}})
     assert (got.shard, got.resource_version, got.generation) == ("default", "7", 2)
     assert got.config.gpu_placement == "spread"
-    assert [n.field for n in got.config.not_applied] == ["spec.queueDepthPerAction.allocate"]
+    assert [n.field for n in got.config.not_applied] == ["spec.args.detailed-fit-errors"]
     assert SHARD_RECORDS.decode(s.shard_key("default"), encode(got)) == got
 
 

@@ -57,7 +57,7 @@ def test_the_shard_configuration_in_force_is_shown_with_what_is_not_applied() ->
                 "spec": {
                     "placementStrategy": {"gpu": "spread"},
                     "kValue": 2,
-                    "queueDepthPerAction": {"reclaim": 5},
+                    "args": {"detailed-fit-errors": "true"},
                 },
             }
         ).encode()
@@ -69,7 +69,7 @@ def test_the_shard_configuration_in_force_is_shown_with_what_is_not_applied() ->
     assert re.search(r"kValue\W+2\b", text), text
     actions = next(line for line in text.splitlines() if "actions" in line)
     assert "consolidation" not in actions  # KAI drops it under a spread strategy
-    assert re.search(r"not applied: spec\.queueDepthPerAction\.reclaim", text), text
+    assert re.search(r"not applied: spec\.args\.detailed-fit-errors", text), text
 
 
 def test_without_a_schedulingshard_status_says_kai_s_defaults_apply() -> None:

@@ -1,7 +1,8 @@
 """Allocate: place pending jobs on free (or soon free) resources, queue by queue, whole gangs only.
 
-Called by the cycle runner (`shared.core.cycle`). `pending_jobs` is also what the queue plan
-(`shared.core.queue_plan`) and the quota gate (`shared.core.quota_gate`) count as pending.
+Each leaf queue's jobs are tried best first, at most ``Policy.queue_depth('allocate')`` of them
+(`shared.core.ordering`). Called by the cycle runner (`shared.core.cycle`). `pending_jobs` is also what the
+queue plan (`shared.core.queue_plan`) and the quota gate (`shared.core.quota_gate`) count as pending.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def pending_jobs(ssn: Session) -> list[JobState]:
 
 
 def run(ssn: Session) -> None:
-    order = JobsByQueue(ssn)
+    order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("allocate"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
         stmt = Statement(ssn)

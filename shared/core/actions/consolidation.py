@@ -1,11 +1,12 @@
 """Consolidation: move running preemptible pods so that a pending job fits, evicting nobody for good.
 
-KAI `consolidation` action. Pending preemptible jobs are visited in queue order; a job the cluster's free
-and releasing GPUs could not hold anyway, one with a pod larger than any node, or one its queue's limit holds
-back is skipped (no move could change that). The victim solver (`shared.core.solver`) tries running
-preemptible jobs of any queue (at most `Policy.max_consolidation_preemptees` + 1 candidate jobs per
-attempt, -1 for no limit; 0 turns the action off) and accepts a scenario only when every victim pod was
-placed again elsewhere: the committed statement evicts the moved pods and pipelines them and the job.
+KAI `consolidation` action. Pending preemptible jobs are visited in queue order (at most
+``Policy.queue_depth('consolidation')`` per leaf queue, `shared.core.ordering`); a job the cluster's free and
+releasing GPUs could not hold anyway, one with a pod larger than any node, or one its queue's limit holds back
+is skipped (no move could change that). The victim solver (`shared.core.solver`) tries running preemptible
+jobs of any queue (at most `Policy.max_consolidation_preemptees` + 1 candidate jobs per attempt, -1 for no
+limit; 0 turns the action off) and accepts a scenario only when every victim pod was placed again elsewhere:
+the committed statement evicts the moved pods and pipelines them and the job.
 Called by the cycle runner (`shared.core.cycle`).
 """
 
@@ -37,7 +38,7 @@ def run(ssn: Session) -> None:
     if ssn.policy.max_consolidation_preemptees == 0:
         return
     index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
-    order = JobsByQueue(ssn)
+    order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("consolidation"))
     order.extend(pending_jobs(ssn, preemptible_only=True))
     for job in order.drain():
         if not enough_gpus_allocatable(ssn, job) or not fits_some_node_when_empty(ssn, job):

@@ -1,10 +1,11 @@
 """Preempt: evict lower-priority preemptible jobs of the same queue for a pending job.
 
-KAI `preempt` action. Pending jobs are visited in queue order; non-preemptible work that would put its
-queue over its deserved quota is skipped. The victim solver (`shared.core.solver`) looks for running
-preemptible jobs of the job's own queue with a lower priority (least important first), protected by their
-min-runtime (the victim filters, `shared.core.minruntime`), whose eviction lets the job be pipelined. Each success commits one
-statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
+KAI `preempt` action. Pending jobs are visited in queue order (at most ``Policy.queue_depth('preempt')`` per
+leaf queue, `shared.core.ordering`); non-preemptible work that would put its queue over its deserved quota is
+skipped. The victim solver (`shared.core.solver`) looks for running preemptible jobs of the job's own queue
+with a lower priority (least important first), protected by their min-runtime (the victim filters,
+`shared.core.minruntime`), whose eviction lets the job be pipelined. Each success commits one statement: the
+evictions and the pipelined pods (victims that fit elsewhere move there).
 Called by the cycle runner (`shared.core.cycle`).
 """
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 def run(ssn: Session) -> None:
     index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
-    order = JobsByQueue(ssn)
+    order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("preempt"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
         if not fits_some_node_when_empty(ssn, job):

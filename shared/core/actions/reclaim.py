@@ -1,11 +1,12 @@
 """Reclaim: take resources back from queues above their share for pending jobs of queues below theirs.
 
-KAI `reclaim` action. Pending jobs are visited in queue order; a job whose queue would go past its fair
-share with it (or, for non-preemptible work, past its deserved quota) is skipped. For the others the victim
-solver (`shared.core.solver`) looks for running preemptible jobs of *other* queues, most over-served queue
-first, whose eviction lets the job be pipelined, and accepts a scenario only when the reclaim rules
-(`shared.core.reclaimable`) and the victim filters (min-runtime, `shared.core.minruntime`) allow it. Each success
-commits one statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
+KAI `reclaim` action. Pending jobs are visited in queue order (at most ``Policy.queue_depth('reclaim')`` per
+leaf queue, `shared.core.ordering`); a job whose queue would go past its fair share with it (or, for
+non-preemptible work, past its deserved quota) is skipped. For the others the victim solver
+(`shared.core.solver`) looks for running preemptible jobs of *other* queues, most over-served queue first,
+whose eviction lets the job be pipelined, and accepts a scenario only when the reclaim rules
+(`shared.core.reclaimable`) and the victim filters (min-runtime, `shared.core.minruntime`) allow it. Each
+success commits one statement: the evictions and the pipelined pods (victims that fit elsewhere move there).
 Called by the cycle runner (`shared.core.cycle`).
 """
 
@@ -32,7 +33,7 @@ def is_candidate(job: JobState) -> bool:
 
 def run(ssn: Session) -> None:
     index = JobIndex(ssn, is_candidate)
-    order = JobsByQueue(ssn)
+    order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("reclaim"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
         if not fits_some_node_when_empty(ssn, job) or not can_reclaim_resources(
