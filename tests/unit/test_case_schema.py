@@ -273,6 +273,18 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
         (CONF_CASE, _set("harness.scheduler_conf.tiers", []), "harness.scheduler_conf.tiers", ["no tier"]),
         (
             CONF_CASE,
+            _set("harness.scheduler_conf.queueDepthPerAction", {"allocate": -2}),
+            "harness.scheduler_conf.queueDepthPerAction.allocate",
+            ["negative"],
+        ),
+        (
+            CONF_CASE,
+            _set("harness.scheduler_conf.queueDepthPerAction", {"backfill": 2}),
+            "harness.scheduler_conf.queueDepthPerAction.backfill",
+            ["unknown action 'backfill'"],
+        ),
+        (
+            CONF_CASE,
             _set("harness.scheduler_conf.tiers[0].plugins[0].name", ""),
             "harness.scheduler_conf.tiers[0].plugins[0].name",
             ["empty plugin name"],

@@ -14,7 +14,7 @@ from shared.core.policy import Policy
 from shared.errors import InvalidObject
 from tools.conformance import corpus_dir
 from tools.conformance.case import SchedulerConf, load_case
-from tools.conformance.runner import harness_policy, session_policy
+from tools.conformance.runner import harness_policy, run_case, session_policy
 from tools.conformance.scheduler_conf import apply_scheduler_conf
 
 # KAI's default tier (SEMANTICS §2.1), as a case would write it.
@@ -169,3 +169,40 @@ def test_the_staleness_grace_period_override_reaches_the_policy() -> None:
     assert harness_policy(case).staleness_grace_period == 0.0
     policy = session_policy(case)
     assert (policy.actions, policy.staleness_grace_period) == (("stalegangeviction",), 60.0)
+
+
+# --- queueDepthPerAction --------------------------------------------------------------------------------------
+def test_the_conf_s_queue_depth_per_action_reaches_the_policy() -> None:
+    depths = {"allocate": 2, "reclaim": 0}
+    with_depths = msgspec.structs.replace(conf(DEFAULT_TIER), queue_depth_per_action=depths)
+    got = apply_scheduler_conf(with_depths, BASE, "c")
+    assert got.queue_depth_per_action == depths
+    assert apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c").queue_depth_per_action == {}
+
+
+@pytest.mark.parametrize(
+    ("depths", "field", "words"),
+    [
+        ({"allocate": -1}, "harness.scheduler_conf.queueDepthPerAction.allocate", ["negative"]),
+        ({"backfill": 1}, "harness.scheduler_conf.queueDepthPerAction.backfill", ["unknown action"]),
+    ],
+)
+def test_a_bad_queue_depth_is_refused_naming_the_field(
+    depths: dict[str, int], field: str, words: list[str]
+) -> None:
+    bad = msgspec.structs.replace(conf(DEFAULT_TIER), queue_depth_per_action=depths)
+    with pytest.raises(InvalidObject) as info:
+        apply_scheduler_conf(bad, BASE, "case.yaml")
+    assert (info.value.name, info.value.field) == ("case.yaml", field)
+    for word in words:
+        assert word in info.value.problem
+
+
+def test_a_case_s_allocate_depth_0_leaves_its_pending_job_untried() -> None:
+    case = load_case(next(corpus_dir("actions-config").glob("allocate/allocate__017__*.yaml")))
+    assert run_case(case).rounds[0].binds == 1
+    harness = case.harness
+    assert harness.scheduler_conf is not None
+    bounded = msgspec.structs.replace(harness.scheduler_conf, queue_depth_per_action={"allocate": 0})
+    case = msgspec.structs.replace(case, harness=msgspec.structs.replace(harness, scheduler_conf=bounded))
+    assert run_case(case).rounds[0].binds == 0

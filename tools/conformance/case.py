@@ -378,6 +378,9 @@ class SchedulerConf(_Spec, frozen=True, kw_only=True):
 
     actions: str | None = None
     tiers: list[Tier]
+    queue_depth_per_action: dict[str, int] | None = msgspec.field(default=None, name="queueDepthPerAction")
+    """KAI's ``queueDepthPerAction`` (``conf.SchedulerConfiguration``, read through ``Session.GetJobsDepth``):
+    action -> jobs per leaf queue the action considers; applied as `Policy.queue_depth_per_action`."""
 
 
 class Harness(_Spec, frozen=True, kw_only=True):
@@ -612,6 +615,11 @@ def _check_mode(case: Case, check: _Checker) -> None:
                     raise check.fail(
                         f"harness.scheduler_conf.tiers[{t}].plugins[{p}].name", "empty plugin name"
                     )
+        for action, depth in (conf.queue_depth_per_action or {}).items():
+            field = f"harness.scheduler_conf.queueDepthPerAction.{action}"
+            if action not in KNOWN_ACTIONS:
+                raise check.fail(field, f"unknown action {action!r} (known: {', '.join(KNOWN_ACTIONS)})")
+            check.at_least(depth, 0, field, "harness")
 
 
 def _check_nodes(case: Case, check: _Checker) -> None:

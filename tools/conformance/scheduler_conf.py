@@ -7,7 +7,9 @@ arguments is the runtime's (`shared.kube.kai_plugins`, shared with the Schedulin
 it the tiers' plugins in order, with KAI's per-plugin ``disable*`` switches as the extension points they
 leave out (`DISABLE_POINTS`), and raises :class:`InvalidObject` naming the tier entry for what Kairos
 cannot run: a ``disable*`` switch with no Kairos equivalent and an argument value the core cannot honour
-(``reclaimResolveMethod: queue``); unknown plugins and arguments are refused by the mapping itself.
+(``reclaimResolveMethod: queue``); unknown plugins and arguments are refused by the mapping itself. The
+conf's ``queueDepthPerAction`` becomes `Policy.queue_depth_per_action` (an unknown action or a negative
+depth is refused naming ``harness.scheduler_conf.queueDepthPerAction.<action>``).
 
 Called by ``tools.conformance.runner`` for single-session cases.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from shared.core.policy import KNOWN_ACTIONS
 from shared.errors import InvalidObject
 from shared.kube.kai_plugins import NO_EFFECT, PluginEntry, plugin_switches
 
@@ -69,4 +72,13 @@ def apply_scheduler_conf(conf: SchedulerConf, policy: Policy, where: str) -> Pol
     switches = plugin_switches(entries, error)
     for item in switches.unexpressible:
         raise error(item.field, item.reason)
-    return msgspec.structs.replace(policy, **switches.changes, plugins=switches.plugins)
+    policy = msgspec.structs.replace(policy, **switches.changes, plugins=switches.plugins)
+    if conf.queue_depth_per_action is None:
+        return policy
+    for action, depth in conf.queue_depth_per_action.items():
+        at = f"{FIELD}.queueDepthPerAction.{action}"
+        if action not in KNOWN_ACTIONS:
+            raise error(at, f"unknown action {action!r} (known: {', '.join(KNOWN_ACTIONS)})")
+        if depth < 0:
+            raise error(at, f"depth {depth} is negative")
+    return msgspec.structs.replace(policy, queue_depth_per_action=dict(conf.queue_depth_per_action))
