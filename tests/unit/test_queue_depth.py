@@ -1,5 +1,6 @@
 """KAI's ``queueDepthPerAction`` (`Policy.queue_depth_per_action`), as specifications: how many jobs of
-each leaf queue allocate, preempt and reclaim consider in one session; victims are never bounded."""
+each leaf queue allocate, consolidation, preempt and reclaim consider in one session; victims are never
+bounded."""
 
 from __future__ import annotations
 
@@ -115,6 +116,28 @@ def test_reclaim_depth_1_reclaims_for_one_job_of_the_queue() -> None:
     assert {p.podgroup for p in unbounded.pipelined} == {"a80", "a70"}  # up to a's quota of 2 GPUs
     got = schedule(reclaim_case(), 0.0, Policy(actions=("reclaim",), queue_depth_per_action={"reclaim": 1}))
     assert {p.podgroup for p in got.pipelined} == {"a80"}
+    assert len(got.evictions) == 1
+
+
+# --- consolidation ----------------------------------------------------------------------------------------------
+def consolidation_case() -> Snapshot:
+    """Four 2-GPU nodes, each holding one of queue a's 1-GPU jobs; a's c80 and c70 need a whole node each."""
+    running = [
+        gang(f"r{i}", "a", 1, 1.0, priority=10, status=PodStatus.RUNNING, nodes=[f"node-{i:05d}"])
+        for i in range(4)
+    ]
+    return snapshot(
+        gpu_nodes(4, gpus=2), ["a"], *running, *(gang(f"c{p}", "a", 1, 2.0, priority=p) for p in (70, 80))
+    )
+
+
+def test_consolidation_depth_1_moves_pods_for_one_job_of_the_queue() -> None:
+    unbounded = schedule(consolidation_case(), 0.0, Policy(actions=("consolidation",)))
+    assert {"c80", "c70"} <= {p.podgroup for p in unbounded.pipelined}
+    depth = Policy(actions=("consolidation",), queue_depth_per_action={"consolidation": 1})
+    got = schedule(consolidation_case(), 0.0, depth)
+    assert "c80" in {p.podgroup for p in got.pipelined}
+    assert "c70" not in {p.podgroup for p in got.pipelined}
     assert len(got.evictions) == 1
 
 
