@@ -26,7 +26,19 @@ from tools.bench.manifests import (
     queue_manifest,
     topology_manifest,
 )
-from tools.bench.report import MemoryResult, Record, Report, encode, plot, targets
+from tools.bench.report import (
+    REPORT_VERSION,
+    MemoryResult,
+    Record,
+    Report,
+    cpu_per_pod,
+    cpu_table,
+    encode,
+    per_pod_ms,
+    plot,
+    process_group,
+    targets,
+)
 from tools.cli.main import main
 from tools.kubesim.nodes import generated_nodes
 
@@ -307,6 +319,155 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# --- CPU per pod (issue 16) -----------------------------------------------------------------------------------
+BUS_CPU_S = {
+    "state-0": 3.3,
+    "queue-0": 1.0,
+    "placement-0": 0.9,
+    "placement-1": 0.5,
+    "binder-0": 1.6,
+    "kubesim": 2.0,
+    "nats": 0.6,
+}
+"""CPU seconds of a bus run of 1,000 pods: issue 16's SchedulingBasic figures, two placement replicas."""
+
+
+def _cpu_report() -> Report:
+    bus = msgspec.structs.replace(
+        _record("SchedulingBasic", "bus", 5000, 180.0),
+        pods=1000,
+        bound=1000,
+        cpu_s=7.3,
+        cpu_s_by_process=BUS_CPU_S,
+    )
+    inproc = msgspec.structs.replace(
+        _record("SchedulingBasic", "inprocess", 5000, 3000.0),
+        pods=1000,
+        bound=1000,
+        cpu_s=0.33,
+        cpu_s_by_process={"inprocess": 0.33},
+    )
+    only_inproc = msgspec.structs.replace(_record("Gang", "inprocess", 40, 50.0), cpu_s=0.2)
+    return Report(records=[bus, inproc, only_inproc])
+
+
+def test_replicas_count_towards_their_service() -> None:
+    assert [process_group(n) for n in ("state-0", "placement-1", "queue-pool-a-0", "kubesim", "nats")] == [
+        "state",
+        "placement",
+        "queue",
+        "kubesim",
+        "nats",
+    ]
+
+
+def test_cpu_per_pod_is_each_process_cpu_over_the_bound_pods() -> None:
+    assert per_pod_ms({"state-0": 3.3, "nats": 0.6}, 1000) == {"state-0": 3.3, "nats": 0.6}
+    assert per_pod_ms({"inprocess": 0.5}, 200) == {"inprocess": 2.5}
+    assert per_pod_ms({"state-0": 3.3}, 0) == {}
+
+
+def test_the_overhead_is_the_services_cpu_per_pod_over_the_in_process_cpu_per_pod() -> None:
+    basic, gang = cpu_per_pod(_cpu_report())
+    assert basic.inprocess_ms == pytest.approx(0.33)
+    assert basic.by_process_ms == pytest.approx(
+        {"state": 3.3, "queue": 1.0, "placement": 1.4, "binder": 1.6, "kubesim": 2.0, "nats": 0.6}
+    )
+    # The simulated API server and nats-server are reported, not summed into the services.
+    assert basic.services_ms == pytest.approx(7.3)
+    assert basic.overhead == pytest.approx(7.3 / 0.33, abs=0.01)
+    assert (basic.nodes, basic.pods) == (5000, 1000)
+    # A workload measured in one mode only has no overhead and no bus figures.
+    assert (gang.inprocess_ms, gang.services_ms, gang.overhead, gang.by_process_ms) == (2.0, None, None, {})
+
+
+def test_a_mode_that_bound_nothing_has_no_cpu_per_pod() -> None:
+    report = _cpu_report()
+    report.records[0] = msgspec.structs.replace(report.records[0], bound=0)
+    basic = cpu_per_pod(report)[0]
+    assert (basic.services_ms, basic.overhead, basic.by_process_ms) == (None, None, {})
+
+
+def test_the_cpu_table_has_a_column_per_process_and_a_line_per_workload() -> None:
+    header, basic, gang = cpu_table(cpu_per_pod(_cpu_report()))
+    columns = header.split()
+    assert columns == [
+        "workload",
+        "nodes",
+        "pods",
+        "in-proc",
+        "state",
+        "queue",
+        "placement",
+        "binder",
+        "services",
+        "overhead",
+        "kubesim",
+        "nats-server",
+    ]
+    assert basic.split() == [
+        "SchedulingBasic",
+        "5000",
+        "1000",
+        "0.33",
+        "3.30",
+        "1.00",
+        "1.40",
+        "1.60",
+        "7.30",
+        "22.12x",
+        "2.00",
+        "0.60",
+    ]
+    assert gang.split()[3:] == ["2.00", *["-"] * 8]
+    # Columns line up: each cell ends where its header does.
+    assert len({len(line) for line in (header, basic, gang)}) == 1
+
+
+def test_the_json_carries_cpu_per_pod_and_reads_back() -> None:
+    report = _cpu_report()
+    report.records = [
+        msgspec.structs.replace(r, cpu_ms_per_pod=per_pod_ms(r.cpu_s_by_process, r.bound))
+        for r in report.records
+    ]
+    report.cpu_per_pod = cpu_per_pod(report)
+    data = json.loads(encode(report))
+    assert data["version"] == REPORT_VERSION == 2
+    assert data["records"][0]["cpu_ms_per_pod"]["state-0"] == pytest.approx(3.3)
+    row = data["cpu_per_pod"][0]
+    assert set(row) == {
+        "workload",
+        "nodes",
+        "pods",
+        "inprocess_ms",
+        "services_ms",
+        "by_process_ms",
+        "overhead",
+    }
+    assert row["overhead"] == pytest.approx(22.12)
+    assert msgspec.json.decode(encode(report), type=Report) == report
+
+
+def test_a_version_1_report_still_decodes() -> None:
+    old = json.loads(encode(Report(records=[_record("Gang", "bus", 10, 5.0)])))
+    old["version"] = 1
+    for record in old["records"]:
+        record.pop("cpu_ms_per_pod", None)
+    old.pop("cpu_per_pod")
+    report = msgspec.json.decode(json.dumps(old), type=Report)
+    assert report.version == 1
+    assert report.cpu_per_pod == []
+    assert report.records[0].cpu_ms_per_pod == {}
+
+
+def test_the_plot_draws_the_cpu_per_pod(tmp_path: Path) -> None:
+    report = _cpu_report()
+    report.cpu_per_pod = cpu_per_pod(report)
+    out = tmp_path / "bench.png"
+    plot(report, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- the command ----------------------------------------------------------------------------------------------
 def test_kairos_bench_in_process_writes_the_report_and_the_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -337,7 +498,15 @@ def test_kairos_bench_in_process_writes_the_report_and_the_plot(
         ("Topology", "inprocess"),
     ]
     assert png.exists()
-    assert "targets:" in capsys.readouterr().out
+    assert [(r["workload"], r["overhead"]) for r in data["cpu_per_pod"]] == [
+        ("Gang", None),
+        ("Topology", None),
+    ]
+    assert all(r["inprocess_ms"] > 0 for r in data["cpu_per_pod"])
+    assert all(set(r["cpu_ms_per_pod"]) == {"inprocess"} for r in data["records"])
+    printed = capsys.readouterr().out
+    assert "targets:" in printed
+    assert "CPU ms per bound pod" in printed
 
 
 def test_kairos_bench_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,7 +51,7 @@ from tools.bench.manifests import (
 )
 from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
 from tools.bench.procstats import Usage
-from tools.bench.report import Record
+from tools.bench.report import INFRASTRUCTURE, Record, per_pod_ms
 from tools.bench.workloads import Group, Workload
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
@@ -60,8 +60,6 @@ __all__ = ["BusOptions", "run_bus"]
 
 log = logging.getLogger("kairos.bench.bus")
 
-INFRASTRUCTURE = ("kubesim", "nats")
-"""Processes of the stack that are not Kairos (reported, not summed into `cpu_s`)."""
 ALREADY_EXISTS = 409
 STOP_GRACE = 3.0
 """Seconds the stack's processes get to exit on SIGTERM after a run before they are killed."""
@@ -406,6 +404,7 @@ class _Run:
             decision_s=None if decision is None else round(decision, 4),
             scheduling_throughput=sampled_throughput(start, bound),
             cpu_s_by_process=cpu,
+            cpu_ms_per_pod=per_pod_ms(cpu, len(bound)),
             proposals=self.proposals,
             conflict_rate=round(self.conflicts / self.proposals, 4) if self.proposals else 0.0,
             replicas=self.options.replicas,

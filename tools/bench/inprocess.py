@@ -20,7 +20,7 @@ from shared.core.scheduler import schedule
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
 from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
 from tools.bench.procstats import peak_rss_mib, reset_peak
-from tools.bench.report import Record
+from tools.bench.report import Record, per_pod_ms
 from tools.bench.workloads import Workload
 
 __all__ = ["run_inprocess"]
@@ -104,6 +104,7 @@ def run_inprocess(workload: Workload, policy: Policy | None = None, timeout: flo
         decision_s=None if decision is None else round(decision - start, 4),
         scheduling_throughput=sampled_throughput(start, list(bound.values())),
         cpu_s_by_process={"inprocess": round(cpu, 3)},
+        cpu_ms_per_pod=per_pod_ms({"inprocess": cpu}, len(bound)),
         cycles=cycles,
         timeline=timeline(start, list(bound.values())),
         note=note,

@@ -1,27 +1,61 @@
 """The benchmark report: one record per workload and mode, the scaling curves, the memory target, the
-targets' verdicts; written as JSON and drawn as one PNG.
+targets' verdicts, the CPU each process spends per scheduled pod; written as JSON and drawn as one PNG.
 
 `Record` is issue 6's record (`workload`, `mode`, `nodes`, `pods`, `throughput_pods_s`, `p50_ms`, `p99_ms`,
 `cpu_s`, `peak_rss_mib` per process, `conflicts`) with the extra figures a workload has as extra keys
-(`verdict_s`, `decision_s`, scheduler_perf's sampled `scheduling_throughput`, ...). `Report` gathers them;
-`encode` gives the JSON; `targets(report)` judges issue 6's targets; `plot(report, path)` draws throughput
-over time per workload (bus against in-process) and the two scaling curves. matplotlib is imported inside
-`plot` only (Agg backend), so importing this module stays light. Built by `tools.bench.suite`.
+(`verdict_s`, `decision_s`, scheduler_perf's sampled `scheduling_throughput`, `cpu_ms_per_pod`, ...).
+`Report` gathers them; `encode` gives the JSON; `targets(report)` judges issue 6's targets;
+`cpu_per_pod(report)` gives issue 16's figures per workload (CPU milliseconds per bound pod per service and
+process over the bus, in-process, and the overhead factor) and `cpu_table` prints them; `plot(report,
+path)` draws throughput over time per workload (bus against in-process), the per-service CPU per pod and
+the two scaling curves. matplotlib is imported inside `plot` only (Agg backend), so importing this module
+stays light. Built by `tools.bench.suite`.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from tools.bench.measure import Sampled
 
-__all__ = ["MODES", "MemoryResult", "Record", "Report", "ScalingPoint", "Target", "encode", "plot", "targets"]
+__all__ = [
+    "COLUMNS",
+    "MODES",
+    "REPORT_VERSION",
+    "SERVICES",
+    "CpuPerPod",
+    "MemoryResult",
+    "Record",
+    "Report",
+    "ScalingPoint",
+    "Target",
+    "cpu_per_pod",
+    "cpu_table",
+    "encode",
+    "per_pod_ms",
+    "plot",
+    "process_group",
+    "targets",
+]
 
 MODES = ("inprocess", "bus")
 """The two ways a workload runs: on the core in this process, and through the services over NATS."""
+
+SERVICES = ("state", "queue", "placement", "binder")
+"""Kairos's four services: their CPU summed is the bus side of the overhead factor."""
+INFRASTRUCTURE = ("kubesim", "nats")
+"""The stack's other processes over the bus: the simulated API server and nats-server (reported, not summed
+into the services' CPU)."""
+COLUMNS = (*SERVICES, *INFRASTRUCTURE)
+"""The per-process columns of the CPU-per-pod table, in order."""
+
+REPORT_VERSION = 2
+"""1: issue 6's report. 2: adds `Record.cpu_ms_per_pod` and `Report.cpu_per_pod` (issue 16); every version-1
+key is still there with the same meaning, so a version-1 reader reads a version-2 report."""
 
 
 class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -50,6 +84,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     decision_s: float | None = None
     scheduling_throughput: Sampled | None = None
     cpu_s_by_process: dict[str, float] = msgspec.field(default_factory=dict)
+    """CPU seconds per process during the measured phase: `inprocess`; or each service replica (`state-0`,
+    `placement-1`, ...), `kubesim` and `nats` (nats-server)."""
+    cpu_ms_per_pod: dict[str, float] = msgspec.field(default_factory=dict)
+    """`cpu_s_by_process` in milliseconds per bound measured pod (empty when nothing was bound; absent from
+    version-1 reports)."""
     proposals: int | None = None
     conflict_rate: float | None = None
     cycles: int | None = None
@@ -92,8 +131,27 @@ class Target(msgspec.Struct, kw_only=True):
     """None when the run did not measure it (a workload left out, or a reduced size)."""
 
 
+class CpuPerPod(msgspec.Struct, kw_only=True):
+    """Issue 16's figures for one workload: CPU milliseconds per bound measured pod, each mode's CPU over its
+    own bound pods. None where the run did not measure it (a mode left out, or nothing bound)."""
+
+    workload: str
+    nodes: int
+    pods: int
+    """Measured pods the bus run bound (the in-process run's count when there was no bus run)."""
+    inprocess_ms: float | None
+    """The pure core in this process (the whole benchmark process's CPU: snapshot building included)."""
+    services_ms: float | None
+    """The four services over the bus, summed (every replica)."""
+    by_process_ms: dict[str, float]
+    """Over the bus, per service (its replicas summed: `state`, `queue`, `placement`, `binder`) and per
+    other process (`kubesim`, `nats`)."""
+    overhead: float | None
+    """`services_ms / inprocess_ms`: what running the core as four services over NATS costs in CPU."""
+
+
 class Report(msgspec.Struct, kw_only=True):
-    version: int = 1
+    version: int = REPORT_VERSION
     quick: bool = False
     machine: dict[str, str | int | float] = msgspec.field(default_factory=dict)
     records: list[Record] = msgspec.field(default_factory=list)
@@ -101,6 +159,8 @@ class Report(msgspec.Struct, kw_only=True):
     scaling_replicas: list[ScalingPoint] = msgspec.field(default_factory=list)
     memory: MemoryResult | None = None
     targets: list[Target] = msgspec.field(default_factory=list)
+    cpu_per_pod: list[CpuPerPod] = msgspec.field(default_factory=list)
+    """One per workload measured in either mode, in the records' order (version 2)."""
     notes: list[str] = msgspec.field(default_factory=list)
 
     def record(self, workload: str, mode: str) -> Record | None:
@@ -112,6 +172,83 @@ class Report(msgspec.Struct, kw_only=True):
 
 def encode(report: Report) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
+
+
+def process_group(name: str) -> str:
+    """The service or process a `cpu_s_by_process` key belongs to: `placement-1` -> `placement`,
+    `queue-pool-a-0` -> `queue`; `kubesim`, `nats` and `inprocess` are their own."""
+    return name.split("-", 1)[0]
+
+
+def per_pod_ms(cpu_s_by_process: dict[str, float], pods: int) -> dict[str, float]:
+    """CPU seconds per process -> milliseconds per pod (empty when no pod was bound)."""
+    if pods <= 0:
+        return {}
+    return {name: round(cpu * 1000.0 / pods, 3) for name, cpu in cpu_s_by_process.items()}
+
+
+def _grouped_ms(r: Record) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, cpu in r.cpu_s_by_process.items():
+        group = process_group(name)
+        out[group] = out.get(group, 0.0) + cpu
+    return {group: round(cpu * 1000.0 / r.bound, 3) for group, cpu in out.items()}
+
+
+def cpu_per_pod(report: Report) -> list[CpuPerPod]:
+    """Issue 16's CPU per pod for each workload of `report` (see `CpuPerPod`)."""
+    out: list[CpuPerPod] = []
+    for name in dict.fromkeys(r.workload for r in report.records):
+        bus, inproc = report.record(name, "bus"), report.record(name, "inprocess")
+        inprocess_ms = None
+        if inproc is not None and inproc.bound > 0:
+            inprocess_ms = round(inproc.cpu_s * 1000.0 / inproc.bound, 3)
+        by_process: dict[str, float] = {}
+        services_ms = None
+        if bus is not None and bus.bound > 0:
+            by_process = _grouped_ms(bus)
+            services_ms = round(sum(by_process.get(s, 0.0) for s in SERVICES), 3)
+        overhead = None
+        if services_ms is not None and inprocess_ms:
+            overhead = round(services_ms / inprocess_ms, 2)
+        shown = bus if bus is not None else inproc
+        assert shown is not None
+        out.append(
+            CpuPerPod(
+                workload=name,
+                nodes=shown.nodes,
+                pods=shown.bound,
+                inprocess_ms=inprocess_ms,
+                services_ms=services_ms,
+                by_process_ms=by_process,
+                overhead=overhead,
+            )
+        )
+    return out
+
+
+def _cell(value: float | None, width: int, suffix: str = "") -> str:
+    text = "-" if value is None else f"{value:,.2f}{suffix}"
+    return f"{text:>{width}}"
+
+
+def cpu_table(rows: list[CpuPerPod]) -> list[str]:
+    """The CPU-per-pod table as printed by `kairos bench`: one header line and one line per workload."""
+    names = ("in-proc", *COLUMNS[:4], "services", "overhead", "kubesim", "nats-server")
+    header = f"{'workload':<18} {'nodes':>6} {'pods':>6} " + " ".join(f"{n:>11}" for n in names)
+    lines = [header]
+    for row in rows:
+        cells = [_cell(row.inprocess_ms, 11)]
+        cells += [
+            _cell(row.by_process_ms.get(s) if row.services_ms is not None else None, 11) for s in SERVICES
+        ]
+        cells += [_cell(row.services_ms, 11), _cell(row.overhead, 11, "x")]
+        cells += [
+            _cell(row.by_process_ms.get(p) if row.services_ms is not None else None, 11)
+            for p in INFRASTRUCTURE
+        ]
+        lines.append(f"{row.workload:<18} {row.nodes:>6} {row.pods:>6} " + " ".join(cells))
+    return lines
 
 
 def _at(nodes: int, full: int) -> str:
@@ -201,16 +338,46 @@ def _cumulative(bins: list[tuple[float, float]]) -> tuple[list[float], list[floa
     return xs, ys
 
 
+def _cpu_panel(ax: Any, rows: list[CpuPerPod]) -> None:
+    """Per workload, two bars: in-process, and over the bus stacked per service and process."""
+    xs = range(len(rows))
+    width = 0.38
+    ax.bar(
+        [x - width / 2 for x in xs],
+        [row.inprocess_ms or 0.0 for row in rows],
+        width,
+        label="in-process",
+        color="0.6",
+    )
+    bottom = [0.0] * len(rows)
+    for column in COLUMNS:
+        heights = [row.by_process_ms.get(column, 0.0) for row in rows]
+        label = "nats-server" if column == "nats" else column
+        ax.bar([x + width / 2 for x in xs], heights, width, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    for x, row in zip(xs, rows, strict=True):
+        if row.overhead is not None:
+            ax.annotate(
+                f"{row.overhead:.0f}x", (x + width / 2, bottom[x]), ha="center", va="bottom", fontsize=7
+            )
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([row.workload for row in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_title("CPU per pod (bus: stacked per process; label: overhead)", fontsize=10)
+    ax.set_ylabel("CPU ms per bound pod")
+    ax.legend(fontsize=7, ncol=2)
+
+
 def plot(report: Report, path: Path) -> None:
     """One PNG: a panel per workload (pods bound over time, bus and in-process: the slope is the throughput,
-    the legend gives it) and the two scaling curves."""
+    the legend gives it), the CPU per pod (a stacked bar per workload over the bus, one segment per service
+    and process, next to the in-process bar) and the two scaling curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r.workload for r in report.records))
-    panels = len(names) + 2
+    panels = len(names) + 3
     cols = 3
     rows = math.ceil(panels / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
@@ -226,7 +393,8 @@ def plot(report: Report, path: Path) -> None:
         ax.set_xlabel("s since the first measured pod's creation")
         ax.set_ylabel("pods bound")
         ax.legend(fontsize=8)
-    scaling = flat[len(names)]
+    _cpu_panel(flat[len(names)], report.cpu_per_pod or cpu_per_pod(report))
+    scaling = flat[len(names) + 1]
     if report.scaling_nodes:
         pts = sorted(report.scaling_nodes, key=lambda p: p.nodes)
         scaling.plot([p.nodes for p in pts], [p.throughput_pods_s for p in pts], "o-")
@@ -234,7 +402,7 @@ def plot(report: Report, path: Path) -> None:
     scaling.set_title("bus throughput vs nodes", fontsize=10)
     scaling.set_xlabel("nodes")
     scaling.set_ylabel("pods/s")
-    replicas = flat[len(names) + 1]
+    replicas = flat[len(names) + 2]
     if report.scaling_replicas:
         pts = sorted(report.scaling_replicas, key=lambda p: p.placement_replicas)
         replicas.plot([p.placement_replicas for p in pts], [p.throughput_pods_s for p in pts], "o-")

@@ -21,7 +21,7 @@ from tools.bench import workloads
 from tools.bench.bus import BusOptions, run_bus
 from tools.bench.inprocess import run_inprocess
 from tools.bench.memory import measure_replica
-from tools.bench.report import MODES, Record, Report, ScalingPoint, targets
+from tools.bench.report import MODES, Record, Report, ScalingPoint, cpu_per_pod, targets
 
 __all__ = ["MODES", "Plan", "run"]
 
@@ -108,10 +108,11 @@ def describe(r: Record) -> str:
     if r.conflicts:
         extra += f", {r.conflicts} conflicts"
     note = f" [{r.note}]" if r.note else ""
+    per_pod = f" ({r.cpu_s * 1000 / r.bound:,.2f} ms/pod)" if r.bound else ""
     return (
         f"{r.workload:<18} {r.mode:<9} {r.nodes:>6} nodes {r.bound:>6}/{r.pods:<6} pods "
         f"{r.throughput_pods_s:>9,.1f} pods/s  p50 {r.p50_ms:>8,.1f} ms  p99 {r.p99_ms:>8,.1f} ms  "
-        f"cpu {r.cpu_s:>6.2f} s{extra}{note}"
+        f"cpu {r.cpu_s:>6.2f} s{per_pod}{extra}{note}"
     )
 
 
@@ -169,6 +170,7 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
             report.notes.append(f"memory measurement failed: {exc}")
             say(f"memory measurement failed: {exc}")
     report.targets = targets(report)
+    report.cpu_per_pod = cpu_per_pod(report)
     report.notes.append(f"whole run: {time.monotonic() - began:.0f} s")
     return report
 

@@ -43,7 +43,7 @@ def _say(line: str) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from tools.bench import suite, workloads
-    from tools.bench.report import encode, plot
+    from tools.bench.report import cpu_table, encode, plot
 
     plan = suite.Plan(
         quick=args.quick,
@@ -53,6 +53,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         memory=not args.no_memory,
     )
     report = suite.run(plan, _say)
+    if report.cpu_per_pod:
+        _say("")
+        _say(
+            "CPU ms per bound pod (measured phase; bus: per service and process; overhead: services / in-proc):"
+        )
+        for line in cpu_table(report.cpu_per_pod):
+            _say("  " + line)
     _say("")
     _say("targets:")
     for t in report.targets:
