@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from shared.clusterfile import parse_cluster
+from shared.errors import ConfigError
 from shared.kube import translate, wire
 from shared.model import PodStatus
 from tests.admitted_pods import admitted
@@ -26,6 +30,8 @@ from tools.bench.manifests import (
     queue_manifest,
     topology_manifest,
 )
+from tools.bench.profiles import Profiler, Profiling, top_self
+from tools.bench.profiles import _main as profiles_main
 from tools.bench.report import (
     REPORT_VERSION,
     MemoryResult,
@@ -468,6 +474,84 @@ def test_the_plot_draws_the_cpu_per_pod(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# --- profiles ----------------------------------------------------------------------------------------------
+def _speedscope(path: Path) -> Path:
+    """Two threads: `loop` on top for 0.3 s, `decode` for 0.1 s, `main` (only ever below them) for none."""
+    doc = {
+        "shared": {
+            "frames": [
+                {"name": "main", "file": "app.py", "line": 1},
+                {"name": "loop", "file": "app.py", "line": 5},
+                {"name": "decode", "file": "msgspec.py", "line": 9},
+            ]
+        },
+        "profiles": [
+            {"type": "sampled", "samples": [[0, 1], [0, 1], [0, 1, 2]], "weights": [0.1, 0.1, 0.1]},
+            {"type": "sampled", "samples": [[0, 1], []], "weights": [0.1, 0.1]},
+        ],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_self_time_is_the_top_frame_of_each_sample_over_every_thread(tmp_path: Path) -> None:
+    frames = top_self(_speedscope(tmp_path / "x.speedscope.json"), 5)
+    assert [(f.function, f.file) for f in frames] == [("loop", "app.py"), ("decode", "msgspec.py")]
+    assert [f.self_s for f in frames] == pytest.approx([0.3, 0.1])
+    assert [f.share for f in frames] == pytest.approx([0.6, 0.2])
+    assert len(top_self(tmp_path / "x.speedscope.json", 1)) == 1
+
+
+def test_the_profiles_command_prints_the_top_functions_per_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _speedscope(tmp_path / "Gang-state-0.speedscope.json")
+    assert profiles_main([str(tmp_path), "--top", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Gang-state-0.speedscope.json")
+    assert "loop" in out[1]
+    assert "decode" in out[2]
+    assert profiles_main([str(tmp_path / "empty")]) == 1
+
+
+@pytest.mark.parametrize(("rate", "fmt"), [(0, "speedscope"), (50, "pprof")])
+def test_profiling_options_are_checked_naming_the_flag(rate: int, fmt: str) -> None:
+    with pytest.raises(ConfigError, match="--profile-"):
+        Profiling(directory="x", rate=rate, format=fmt)
+
+
+def test_a_process_that_is_gone_gets_no_profile_and_no_failure(tmp_path: Path) -> None:
+    profiler = Profiler(Profiling(directory=str(tmp_path)))
+    try:
+        profiler.start({"ghost": 2**22 + 7}, "Gang")
+    except ConfigError:
+        pytest.skip("py-spy is not installed")
+    [line] = profiler.stop()
+    assert line.startswith("ghost: no profile")
+
+
+def test_a_busy_process_is_profiled_into_a_readable_file(tmp_path: Path) -> None:
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef spin():\n    while True: sum(range(1000))\nspin()"]
+    )
+    try:
+        profiler = Profiler(Profiling(directory=str(tmp_path), rate=100))
+        try:
+            profiler.start({"busy": busy.pid}, "Spin")
+        except ConfigError:
+            pytest.skip("py-spy is not installed")
+        time.sleep(1.5)
+        [line] = profiler.stop()
+    finally:
+        busy.kill()
+        busy.wait()
+    if "no profile" in line:
+        pytest.skip(f"py-spy cannot attach here (ptrace refused?): {line}")
+    path = tmp_path / "Spin-busy.speedscope.json"
+    assert line == f"busy: {path}"
+    assert top_self(path, 1)[0].function in {"spin", "<module>"}
+
+
 # --- the command ----------------------------------------------------------------------------------------------
 def test_kairos_bench_in_process_writes_the_report_and_the_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -512,3 +596,8 @@ def test_kairos_bench_in_process_writes_the_report_and_the_plot(
 def test_kairos_bench_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--workload", "Nope"]) == 2
     assert "Nope" in capsys.readouterr().err
+
+
+def test_kairos_bench_refuses_a_bad_profile_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--profile", str(tmp_path), "--profile-rate", "0"]) == 2
+    assert "--profile-rate" in capsys.readouterr().err

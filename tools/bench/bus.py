@@ -10,7 +10,8 @@ costs no API round trip per pod; scheduler_perf creates its pods directly too), 
 a kubernetes-asyncio informer: a pod's end-to-end latency runs from just before its create request to the
 moment its `spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the
 unschedulable verdict from the `pod-unschedulable` public event, the reclaim decision from the victims'
-deletion on the watch. CPU and peak RSS are read from /proc per process for the measured phase.
+deletion on the watch. CPU and peak RSS are read from /proc per process for the measured phase; with
+`profile`, py-spy samples each Python process of the stack for that phase too (`tools.bench.profiles`).
 
 Called by `tools.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
 """
@@ -51,6 +52,7 @@ from tools.bench.manifests import (
 )
 from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
 from tools.bench.procstats import Usage
+from tools.bench.profiles import Profiler, Profiling
 from tools.bench.report import INFRASTRUCTURE, Record, per_pod_ms
 from tools.bench.workloads import Group, Workload
 from tools.stack.pod_watch import pod_watch
@@ -89,9 +91,15 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         return {"state": 1, "queue": 1, "placement": self.placement, "binder": self.binder}
 
 
-def run_bus(workload: Workload, options: BusOptions | None = None, keep: Path | None = None) -> Record:
+def run_bus(
+    workload: Workload,
+    options: BusOptions | None = None,
+    keep: Path | None = None,
+    profile: Profiling | None = None,
+) -> Record:
     """Start a stack for `workload`, run it, stop the stack; the record of the measured phase. With `keep`,
-    the stack's state directory (logs) goes there instead of being removed."""
+    the stack's state directory (logs) goes there instead of being removed; with `profile`, each Python
+    process is profiled for the measured phase (the record's `profiles` say where)."""
     options = options or BusOptions()
     state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-bench-"))
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +132,7 @@ def run_bus(workload: Workload, options: BusOptions | None = None, keep: Path | 
         raise
     log.info("%s: stack up in %.1f s", workload.name, time.monotonic() - started)
     try:
-        return asyncio.run(_Run(stack, workload, options).run())
+        return asyncio.run(_Run(stack, workload, options, profile).run())
     finally:
         stopping = time.monotonic()
         # The measurement is over: a service still draining (the state service sometimes waits out the whole
@@ -146,10 +154,13 @@ _UNSCHEDULABLE = msgspec.json.Decoder(_Unschedulable)
 class _Run:
     """One measured run against a started stack."""
 
-    def __init__(self, stack: Stack, workload: Workload, options: BusOptions) -> None:
+    def __init__(
+        self, stack: Stack, workload: Workload, options: BusOptions, profile: Profiling | None = None
+    ) -> None:
         self.stack = stack
         self.workload = workload
         self.options = options
+        self.profiler = None if profile is None else Profiler(profile)
         self.counted = {p.name for p in workload.counted}
         self.initial = {p.name for g in workload.initial for p in g.pods}
         self.created: dict[str, float] = {}
@@ -284,8 +295,20 @@ class _Run:
     async def _measure(self, http: aiohttp.ClientSession) -> Record:
         w = self.workload
         pids = {name: proc.pid for name, proc in self.stack.processes.items()}
-        pids["nats"] = self.stack.nats.process.pid
-        usage = Usage(pids)
+        if self.profiler is None:
+            return await self._measured(http, pids)
+        # The profilers attach just before the measured phase and stop just after it (nats-server is not
+        # Python: only the services and the simulated API server are profiled).
+        self.profiler.start(pids, w.name)
+        try:
+            record = await self._measured(http, pids)
+        finally:
+            profiles = await asyncio.to_thread(self.profiler.stop)
+        return msgspec.structs.replace(record, profiles=profiles)
+
+    async def _measured(self, http: aiohttp.ClientSession, pids: dict[str, int]) -> Record:
+        w = self.workload
+        usage = Usage({**pids, "nats": self.stack.nats.process.pid})
         usage.start()
         self.measuring = True
         sem = asyncio.Semaphore(self.options.concurrency)

@@ -97,6 +97,8 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Bus: seconds the benchmark took to create the measured objects through the API."""
     timeline: list[tuple[float, float]] = msgspec.field(default_factory=list)
     """(seconds since the first creation, pods/s) per bin."""
+    profiles: list[str] = msgspec.field(default_factory=list)
+    """Bus with `--profile`: one line per profiled process, `name: file` (or why it has none)."""
     note: str = ""
 
 

@@ -1,10 +1,11 @@
 """The benchmark plan: which workloads, modes, scaling points and memory size a run measures, and the run.
 
-`Plan` is what `kairos bench` asks for (`--quick`, `--workload`, `--mode`); `run(plan, say)` runs each
+`Plan` is what `kairos bench` asks for (`--quick`, `--workload`, `--mode`, `--profile`); `run(plan, say)` runs each
 workload in each mode (in-process first, then over the bus), the two scaling curves on SchedulingBasic-like
 load (bus throughput against nodes, then against placement replicas), the state replica's memory target,
 and judges issue 6's targets; `say` gets one line per finished measurement. A measurement that fails is
-recorded as a note and the run goes on. Called by `tools.cli.bench`.
+recorded as a note and the run goes on. With `profile`, each workload's bus run is profiled (the scaling
+points and the memory measurement are not). Called by `tools.cli.bench`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tools.bench import workloads
 from tools.bench.bus import BusOptions, run_bus
 from tools.bench.inprocess import run_inprocess
 from tools.bench.memory import measure_replica
+from tools.bench.profiles import Profiling
 from tools.bench.report import MODES, Record, Report, ScalingPoint, cpu_per_pod, targets
 
 __all__ = ["MODES", "Plan", "run"]
@@ -72,6 +74,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     modes: tuple[str, ...] = MODES
     scaling: bool = True
     memory: bool = True
+    profile: Profiling | None = None
+    """Profile each workload's bus run with py-spy (`kairos bench --profile DIR`)."""
 
     def __post_init__(self) -> None:
         for name in self.workloads:
@@ -139,13 +143,18 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
             if mode not in plan.modes:
                 continue
             try:
-                record = run_inprocess(workload) if mode == "inprocess" else run_bus(workload)
+                if mode == "inprocess":
+                    record = run_inprocess(workload)
+                else:
+                    record = run_bus(workload, profile=plan.profile)
             except KairosError as exc:
                 report.notes.append(f"{name} {mode} failed: {exc}")
                 say(f"{name:<18} {mode:<9} failed: {exc}")
                 continue
             report.records.append(record)
             say(describe(record))
+            for line in record.profiles:
+                say(f"  profile {line}")
     scale = plan.scale
     if plan.scaling and "bus" in plan.modes:
         for nodes in scale.curve_nodes:

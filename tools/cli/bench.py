@@ -7,6 +7,8 @@ Registered by `tools.cli.main`; the measurements live in `tools.bench` (imported
     kairos bench --json OUT --plot OUT.png write the report as JSON and draw it
     kairos bench --workload Gang --mode inprocess       one workload, one mode (repeat either flag)
     kairos bench --no-scaling --no-memory               skip the scaling curves or the memory target
+    kairos bench --profile DIR             py-spy profile of each Python process per workload's bus run
+                                           (`python -m tools.bench.profiles DIR` prints the top functions)
 
 Prints one line per measurement as it finishes, then the targets. Exit codes: 0 measured (a missed target
 is reported, not an error); 2 bad arguments.
@@ -20,6 +22,7 @@ from pathlib import Path
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from tools.bench.profiles import FORMATS
     from tools.bench.report import MODES
     from tools.bench.workloads import NAMES
 
@@ -33,6 +36,22 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     bench.add_argument("--mode", action="append", choices=MODES, help="only this mode (inprocess or bus)")
     bench.add_argument("--no-scaling", action="store_true", help="skip the scaling curves")
     bench.add_argument("--no-memory", action="store_true", help="skip the state replica's memory target")
+    bench.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="profile each service and the simulated API server with py-spy during each workload's bus run, "
+        "one file per process in DIR (see docs/performance.md)",
+    )
+    bench.add_argument(
+        "--profile-rate", type=int, default=50, metavar="HZ", help="py-spy samples per second (default 50)"
+    )
+    bench.add_argument(
+        "--profile-format",
+        choices=FORMATS,
+        default="speedscope",
+        help="speedscope JSON (default; what `python -m tools.bench.profiles` reads) or a flamegraph SVG",
+    )
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -43,14 +62,20 @@ def _say(line: str) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from tools.bench import suite, workloads
+    from tools.bench.profiles import Profiling, py_spy
     from tools.bench.report import cpu_table, encode, plot
 
+    profile = None
+    if args.profile is not None:
+        profile = Profiling(directory=str(args.profile), rate=args.profile_rate, format=args.profile_format)
+        py_spy()  # Missing py-spy fails now, not after the first workload's stack is up.
     plan = suite.Plan(
         quick=args.quick,
         workloads=tuple(args.workload or workloads.NAMES),
         modes=tuple(args.mode or suite.MODES),
         scaling=not args.no_scaling,
         memory=not args.no_memory,
+        profile=profile,
     )
     report = suite.run(plan, _say)
     if report.cpu_per_pod:
