@@ -1,5 +1,5 @@
 """The benchmark never rots: `kairos bench --quick` runs every workload in both modes, end to end over NATS
-against the simulated API server included, and writes a report with a throughput for each.
+against the simulated API server included, and writes a report with a throughput and a CPU per pod for each.
 
 No speed is asserted (this machine is shared); the numbers are the benchmark's business, not the test's.
 """
@@ -45,3 +45,12 @@ def test_the_quick_benchmark_measures_every_workload_in_both_modes(tmp_path: Pat
     assert {p["nodes"] for p in report["scaling_nodes"]} == {1000, 5000, 10_000}
     assert {p["placement_replicas"] for p in report["scaling_replicas"]} == {1, 2, 4}
     assert report["memory"]["rss_mib"] > 0
+    # Issue 16's CPU per pod: every process of the stack has a figure, and so has the overhead factor.
+    per_pod = {row["workload"]: row for row in report["cpu_per_pod"]}
+    assert set(per_pod) == set(NAMES)
+    for workload, row in per_pod.items():
+        assert set(row["by_process_ms"]) == {"state", "queue", "placement", "binder", "kubesim", "nats"}, (
+            workload
+        )
+        assert row["services_ms"] > 0, f"{workload}: {row}"
+        assert row["overhead"] is not None, f"{workload}: {row}"
