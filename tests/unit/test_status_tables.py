@@ -6,12 +6,15 @@ import io
 import json
 import re
 
+import msgspec
 from rich.console import Console
 
 from shared.contracts.messages import ShardRecord, SnapshotReply
 from shared.kube import wire
+from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
-from shared.model import Node
+from shared.model import Node, Queue, QueueResource
+from shared.model.builders import flat_queues, gang, gpu_nodes
 from shared.model.objects import DeviceUsage
 from tools.cli.cluster_cmds import status_tables
 
@@ -131,3 +134,47 @@ def test_time_based_fair_share_shows_each_queues_usage_and_the_shares_it_makes()
     assert re.search(r"\b4\b.*0\.500", busy), busy
     assert re.search(r"\b8\b.*-", idle), idle
     assert re.search(r"time-based fair share\W+sliding window 604800 s, half-life 600 s", text), text
+
+
+def _shard(name: str, spec: dict[str, object]) -> ShardRecord:
+    body = {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    return ShardRecord(
+        shard=name, config=shard_config(wire.decode_scheduling_shard(json.dumps(body).encode()))
+    )
+
+
+def test_with_node_pools_each_shard_s_queues_get_the_fair_shares_of_its_own_pool() -> None:
+    pool_a = {NODE_POOL_LABEL: "a"}
+    nodes = (*gpu_nodes(1, prefix="a", labels=pool_a), *gpu_nodes(3, prefix="plain"))
+    queues = [*flat_queues(["team"])]
+    queues.append(Queue(name="team-a", parent="dept", labels=pool_a, gpu=QueueResource(quota=0, limit=-1)))
+    groups, pods = [], []
+    for name, queue, labels in (("big", "team", {}), ("big-a", "team-a", pool_a)):
+        group, members = gang(name, queue, 32)
+        groups.append(msgspec.structs.replace(group, labels=labels))
+        pods += members
+    reply = SnapshotReply(
+        revision=1,
+        ledger_revision=0,
+        nodes=nodes,
+        queues=tuple(queues),
+        podgroups=tuple(groups),
+        pods=tuple(pods),
+        shards=(_shard("default", {}), _shard("pool-a", {"partitionLabelValue": "a"})),
+    )
+    rows = {
+        tuple(cells[:2]): cells
+        for line in _render(status_tables(reply)).splitlines()
+        if len(cells := [c.strip() for c in re.split(r"[│┃]", line) if c.strip()]) > 7
+    }
+    # columns: shard, queue, parent, priority, quota, limit, weight, fair share, allocated
+    assert rows[("default", "team")][7] == "24"  # the three unlabelled nodes
+    assert rows[("pool-a", "team-a")][7] == "8"  # the one node of pool a
+    assert ("default", "team-a") not in rows
+    assert ("pool-a", "team") not in rows
+    assert ("pool-a", "dept") in rows  # the pool's queues keep their parent

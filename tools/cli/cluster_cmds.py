@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from shared.clusterfile import ClusterObjects
     from shared.contracts.events import QueueFairShare
     from shared.contracts.messages import ClusterReply, SnapshotReply
-    from shared.model import Pod, Snapshot
+    from shared.model import Pod, Queue, Snapshot
 
 __all__ = ["add_commands", "cmd_status", "cmd_submit", "nats_url", "status_tables"]
 
@@ -210,6 +210,7 @@ def status_tables(
     from rich.table import Table
 
     from shared.contracts.subjects import DEFAULT_SHARD
+    from shared.core.node_pool import EVERYTHING, NodePool, in_pool
     from shared.core.policy import Policy, QueueUsage
     from shared.core.queue_plan import plan_queues
     from shared.kube.scheduling_shard import policy_of
@@ -221,9 +222,14 @@ def status_tables(
         QueueUsage(queue=q, gpu=u.get("gpu", 0.0), cpu=u.get("cpu", 0.0), memory=u.get("memory", 0.0))
         for q, u in sorted(usage.items())
     )
-    default = next((r for r in reply.shards if r.shard == DEFAULT_SHARD), None)
-    policy = Policy() if default is None else policy_of(default.config)
-    policy = msgspec.structs.replace(policy, queue_usage=queue_usage)
+    # One plan per shard over its node pool, as each shard's queue leader computes it (the default shard
+    # without a record: the whole cluster, `StateReplica.pool`).
+    shards: list[tuple[str, NodePool, Policy]] = [
+        (record.shard, record.pool, policy_of(record.config))
+        for record in sorted(reply.shards, key=lambda r: (r.shard != DEFAULT_SHARD, r.shard))
+    ]
+    if not any(shard == DEFAULT_SHARD for shard, _, _ in shards):
+        shards.insert(0, (DEFAULT_SHARD, EVERYTHING, Policy()))
 
     reserved = {pod: entry.node for entry in reply.ledger for pod in entry.pods}
     snapshot = _with_reservations(
@@ -236,17 +242,23 @@ def status_tables(
         ),
         reserved,
     )
-    shares: dict[str, tuple[float, float]] = {}
+    plans: list[tuple[str, dict[str, tuple[float, float]]]] = []
     note = ""
     try:
         validate_snapshot(snapshot)
-        plan = plan_queues(snapshot, time.time(), policy)
-        shares = {q.queue: (q.fair_share.gpu, q.allocated.gpu) for q in plan.shares}
+        for shard, pool, base in shards:
+            policy = msgspec.structs.replace(base, queue_usage=queue_usage)
+            plan = plan_queues(in_pool(snapshot, pool), time.time(), policy)
+            plans.append((shard, {q.queue: (q.fair_share.gpu, q.allocated.gpu) for q in plan.shares}))
     except InvalidObject as exc:
         note = f" (no fair share: {exc})"
+    by_shard = len(plans) > 1
+    if not plans:
+        plans = [(DEFAULT_SHARD, {})]
 
     queues = Table(title=f"queues at state revision {reply.revision}{note}")
     for column in (
+        *(("shard",) if by_shard else ()),
         "queue",
         "parent",
         "priority",
@@ -257,20 +269,13 @@ def status_tables(
         "GPU allocated",
         *(("GPU usage",) if usage else ()),
     ):
-        queues.add_column(column, justify="left" if column in ("queue", "parent") else "right")
-    for q in reply.queues:
-        share = shares.get(q.name)
-        queues.add_row(
-            q.name,
-            q.parent or "",
-            str(q.priority),
-            _bound(q.gpu.quota),
-            _bound(q.gpu.limit),
-            _number(q.gpu.over_quota_weight),
-            _number(share[0]) if share else "-",
-            _number(share[1]) if share else "-",
-            *((f"{usage[q.name]['gpu']:.3f}" if q.name in usage else "-",) if usage else ()),
-        )
+        queues.add_column(column, justify="left" if column in ("shard", "queue", "parent") else "right")
+    for shard, shares in plans:
+        for q in reply.queues:
+            share = shares.get(q.name)
+            if by_shard and share is None:
+                continue  # not in this shard's node pool
+            queues.add_row(*((shard,) if by_shard else ()), *_queue_cells(q, share, usage))
 
     by_group: dict[str, list[Pod]] = {}
     for pod in reply.pods:
@@ -361,6 +366,23 @@ def shard_tables(reply: SnapshotReply) -> list[object]:
             table.add_row(f"not applied: {note.field}", note.reason)
         tables.append(table)
     return tables
+
+
+def _queue_cells(
+    q: Queue, share: tuple[float, float] | None, usage: Mapping[str, Mapping[str, float]]
+) -> list[str]:
+    """One queue's cells of the queues table (fair share and allocated from its shard's plan)."""
+    return [
+        q.name,
+        q.parent or "",
+        str(q.priority),
+        _bound(q.gpu.quota),
+        _bound(q.gpu.limit),
+        _number(q.gpu.over_quota_weight),
+        _number(share[0]) if share else "-",
+        _number(share[1]) if share else "-",
+        *((f"{usage[q.name]['gpu']:.3f}" if q.name in usage else "-",) if usage else ()),
+    ]
 
 
 def _with_reservations(snapshot: Snapshot, reserved: dict[str, str]) -> Snapshot:
