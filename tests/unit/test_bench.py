@@ -126,6 +126,14 @@ def test_the_full_sizes_are_the_issues() -> None:
     reclaim = workloads.build("Reclaim")
     assert len(reclaim.nodes) == 1000
     assert len(reclaim.measured) == 100
+    large = workloads.build("ReclaimLarge")
+    assert (large.name, len(large.nodes), len(large.initial), len(large.measured)) == (
+        "ReclaimLarge",
+        5000,
+        20_000,
+        100,
+    )
+    assert large.reclaim
     fair = workloads.build("FairShare")
     parents = {q.name: q.parent for q in fair.queues}
 
@@ -283,6 +291,8 @@ def test_targets_judge_only_what_was_measured_at_full_size() -> None:
             _record("SchedulingBasic", "bus", 5000, 2500.0),
             _record("SchedulingBasic", "inprocess", 5000, 4000.0),
             _record("Reclaim", "bus", 200, 5.0, decision_s=0.5),
+            _record("ReclaimLarge", "inprocess", 5000, 5.0, decision_s=1.9),
+            _record("ReclaimLarge", "bus", 5000, 5.0, decision_s=4.2),
             _record("UnschedulableGang", "inprocess", 1000, 5.0, verdict_s=0.2),
             _record("UnschedulableGang", "bus", 100, 5.0, verdict_s=0.2),
         ],
@@ -296,6 +306,8 @@ def test_targets_judge_only_what_was_measured_at_full_size() -> None:
     assert verdicts["SchedulingBasic: end to end >= 50 % of in-process"] is True
     assert verdicts["Reclaim decision at 1,000 nodes, bus"] is None
     assert verdicts["Reclaim decision at 1,000 nodes, inprocess"] is None
+    assert verdicts["Reclaim decision at 5,000 full nodes (20,000 running jobs), inprocess"] is True
+    assert verdicts["Reclaim decision at 5,000 full nodes (20,000 running jobs), bus"] is False
     assert verdicts["UnschedulableGang verdict, inprocess"] is True
     assert verdicts["UnschedulableGang verdict, bus"] is None
     assert verdicts["state replica holding 10k nodes and 100k pods"] is True

@@ -4,7 +4,8 @@ and the podgroups created during it, as model objects built by pure functions.
 Both modes run exactly these objects: the in-process runner (`tools.bench.inprocess`) feeds them to the
 core, the bus runner (`tools.bench.bus`) turns them into Kubernetes manifests (`tools.bench.manifests`)
 for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
-(issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare.
+(issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare; and
+ReclaimLarge (issue 16: Reclaim at 5,000 full nodes).
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
 curves. Deterministic: no randomness, no clock.
 """
@@ -154,7 +155,7 @@ def fractional_gpu(nodes: int, pods: int) -> Workload:
     )
 
 
-def reclaim(nodes: int, pending: int, per_node: int = 4) -> Workload:
+def reclaim(nodes: int, pending: int, per_node: int = 4, name: str = "Reclaim") -> Workload:
     """Queue `busy` fills every GPU with `per_node` jobs per node; queue `starved`, with the same quota
     (half the cluster) and nothing running, gets `pending` jobs of the same size: they fit only by
     reclaiming from `busy` (KAI's fair-share reclaim)."""
@@ -171,7 +172,7 @@ def reclaim(nodes: int, pending: int, per_node: int = 4) -> Workload:
         for j in range(pending)
     ]
     return Workload(
-        name="Reclaim",
+        name=name,
         nodes=tuple(node_list),
         queues=tuple(flat_queues(["busy", "starved"], gpu_quota=nodes * 4.0)),
         initial=tuple(running),
@@ -258,6 +259,8 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "Gang": lambda: gang_workload(1000),
     "FractionalGPU": lambda: fractional_gpu(1000, 6000),
     "Reclaim": lambda: reclaim(1000, 100),
+    # Issue 16: 5,000 full nodes, 20,000 running jobs (KAI's own reclaim benchmark did not finish at 1,000).
+    "ReclaimLarge": lambda: reclaim(5000, 100, name="ReclaimLarge"),
     "UnschedulableGang": lambda: unschedulable_gang(1000, 1000),
     "Topology": lambda: topology(128, 200),
     "FairShare": lambda: fair_share(1000, 4),
@@ -267,6 +270,7 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "Gang": lambda: gang_workload(40),
     "FractionalGPU": lambda: fractional_gpu(100, 300),
     "Reclaim": lambda: reclaim(100, 10),
+    "ReclaimLarge": lambda: reclaim(200, 10, name="ReclaimLarge"),
     "UnschedulableGang": lambda: unschedulable_gang(100, 100),
     "Topology": lambda: topology(8, 12),
     "FairShare": lambda: fair_share(100, 1, fanout=6),
