@@ -304,28 +304,21 @@ def targets(report: Report) -> list[Target]:
                 met=None if r is None or r.verdict_s is None or r.nodes != 1000 else r.verdict_s < 1.0,
             )
         )
-        r = report.record("Reclaim", mode)
-        out.append(
-            Target(
-                target=f"Reclaim decision at 1,000 nodes, {mode}",
-                goal="< 2 s",
-                measured="not run"
-                if r is None or r.decision_s is None
-                else f"{r.decision_s:.3f} s (all reclaimers bound: {r.duration_s:.3f} s){_at(r.nodes, 1000)}",
-                met=None if r is None or r.decision_s is None or r.nodes != 1000 else r.decision_s < 2.0,
+        for workload, nodes, size in (
+            ("Reclaim", 1000, "1,000 nodes"),
+            ("ReclaimLarge", 5000, "5,000 full nodes (20,000 running jobs)"),
+        ):
+            r = report.record(workload, mode)
+            out.append(
+                Target(
+                    target=f"Reclaim decision at {size}, {mode}",
+                    goal="< 2 s",
+                    measured="not run"
+                    if r is None or r.decision_s is None
+                    else f"{r.decision_s:.3f} s (all reclaimers bound: {r.duration_s:.3f} s){_at(r.nodes, nodes)}",
+                    met=None if r is None or r.decision_s is None or r.nodes != nodes else r.decision_s < 2.0,
+                )
             )
-        )
-        r = report.record("ReclaimLarge", mode)
-        out.append(
-            Target(
-                target=f"Reclaim decision at 5,000 full nodes (20,000 running jobs), {mode}",
-                goal="< 2 s",
-                measured="not run"
-                if r is None or r.decision_s is None
-                else f"{r.decision_s:.3f} s (all reclaimers bound: {r.duration_s:.3f} s){_at(r.nodes, 5000)}",
-                met=None if r is None or r.decision_s is None or r.nodes != 5000 else r.decision_s < 2.0,
-            )
-        )
     m = report.memory
     out.append(
         Target(
