@@ -5,7 +5,9 @@ naming the field and the previous configuration stays in force. Real nats-server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube.keys import NODE_POOL_LABEL
-from shared.kubeapi.client import connect
+from shared.kubeapi.client import Kube, connect
+from shared.model import Node
 from shared.model.builders import gpu_nodes
 from tests.integration.test_invalid_objects import REPO, events, eventually
 from tools.kubesim.cluster import SimOptions
@@ -37,10 +40,14 @@ def shard(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
-    bus: Bus, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def state_owner(
+    bus: Bus, tmp_path: Path, nodes: Sequence[Node] = ()
+) -> AsyncIterator[tuple[StateReplica, Kube]]:
+    """The simulated API server (with `nodes` and Kairos's CRDs) and the state service's Kubernetes owner
+    on it: the state replica it writes, and a client of the API server."""
     sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
+    sim.add_nodes(nodes)
     sim.load_manifests(REPO / "deploy" / "crds")
     await sim.start()
     sim.write_kubeconfig(tmp_path / "kubeconfig")
@@ -50,10 +57,22 @@ async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
     kube = await connect(str(tmp_path / "kubeconfig"))
     owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
     await owner.start()
-    loop = asyncio.get_running_loop()
-    lease = LeaseKeeper(bus.leases, "default", "queue-0", loop.time)
-    dispatcher = Dispatcher(bus, replica, lease, QueueSettings(), Counters(), loop.time)
     try:
+        yield replica, kube
+    finally:
+        await owner.stop()
+        await kube.close()
+        await replica.stop()
+        await sim.stop()
+
+
+async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
+    bus: Bus, tmp_path: Path
+) -> None:
+    async with state_owner(bus, tmp_path) as (replica, kube):
+        loop = asyncio.get_running_loop()
+        lease = LeaseKeeper(bus.leases, "default", "queue-0", loop.time)
+        dispatcher = Dispatcher(bus, replica, lease, QueueSettings(), Counters(), loop.time)
         assert replica.shard("default") is None
         assert dispatcher.policy().gpu_placement == "binpack"
         create = kube.custom.create_cluster_custom_object
@@ -112,29 +131,15 @@ async def test_a_scheduling_shard_is_the_queue_s_policy_and_a_bad_one_is_named(
         conds = await eventually("Accepted=False on the SchedulingShard", condition)
         assert "spec.kValue" in conds[0]["message"]
         assert dispatcher.policy().gpu_placement == "spread"  # the previous configuration stays in force
-    finally:
-        await owner.stop()
-        await kube.close()
-        await replica.stop()
-        await sim.stop()
 
 
 async def test_each_scheduling_shard_is_its_shard_s_node_pool_and_a_pool_has_one_shard(
     bus: Bus, tmp_path: Path
 ) -> None:
-    sim = KubeSim(SimOptions(run_delay=0.0, seed=7))
-    sim.add_nodes(gpu_nodes(1, prefix="a", labels={NODE_POOL_LABEL: "a"}) + gpu_nodes(2, prefix="plain"))
-    sim.load_manifests(REPO / "deploy" / "crds")
-    await sim.start()
-    sim.write_kubeconfig(tmp_path / "kubeconfig")
-    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
-    replica = StateReplica(bus)
-    await replica.start()
-    kube = await connect(str(tmp_path / "kubeconfig"))
-    owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
-    await owner.start()
-    create = kube.custom.create_cluster_custom_object
-    try:
+    async with state_owner(
+        bus, tmp_path, gpu_nodes(1, prefix="a", labels={NODE_POOL_LABEL: "a"}) + gpu_nodes(2, prefix="plain")
+    ) as (replica, kube):
+        create = kube.custom.create_cluster_custom_object
         nodes = ["a-00000", "plain-00000", "plain-00001"]
         for name, spec in (
             ("default", {}),
@@ -172,8 +177,3 @@ async def test_each_scheduling_shard_is_its_shard_s_node_pool_and_a_pool_has_one
         assert "'pool-a'" in found[0]["message"]
         assert replica.shard("pool-a-again") is None
         assert [n.name for n in replica.shard_snapshot("pool-a").nodes] == nodes[:1]
-    finally:
-        await owner.stop()
-        await kube.close()
-        await replica.stop()
-        await sim.stop()
