@@ -1,4 +1,5 @@
-"""Builders of model objects for synthetic clusters and workloads: GPU nodes, flat queues, gangs.
+"""Builders of model objects for synthetic clusters and workloads: GPU nodes, flat queues, gangs, and the
+two sibling queues time-based fair share is shown on.
 
 Deterministic for a given seed. Called by the state service's simulated cluster (its demo cluster), the
 tools (the demo, the benchmarks) and tests.
@@ -7,9 +8,20 @@ tools (the demo, the benchmarks) and tests.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, SubGroupSet
+from shared.model import (
+    GpuRequest,
+    Node,
+    Pod,
+    PodGroup,
+    PodSet,
+    PodStatus,
+    Queue,
+    QueueResource,
+    Snapshot,
+    SubGroupSet,
+)
 
 GIB = 1024**3
 
@@ -91,6 +103,42 @@ def gang(
         for i in range(size)
     ]
     return pg, pods
+
+
+def busy_and_idle(nodes: Sequence[Node], pending: int = 12) -> Snapshot:
+    """`nodes`, and sibling queues `busy` and `idle` (no GPU quota, GPU over-quota weight 1; CPU and memory
+    unbounded with weight 0), each with one podgroup of `pending` pending one-GPU pods (0.1 CPU, 1 GB):
+    with no usage they split the GPUs evenly, so usage alone moves the split."""
+    unbounded = QueueResource(quota=-1, over_quota_weight=0, limit=-1)
+    names = ("busy", "idle")
+    queues = tuple(
+        Queue(
+            name=name,
+            creation_index=i,
+            gpu=QueueResource(quota=0, over_quota_weight=1, limit=-1),
+            cpu=unbounded,
+            memory=unbounded,
+        )
+        for i, name in enumerate(names)
+    )
+    groups = tuple(
+        PodGroup(name=q, namespace="ns", queue=q, root=SubGroupSet(name="root", pod_sets=(PodSet("p", 1),)))
+        for q in names
+    )
+    pods = tuple(
+        Pod(
+            name=f"{q}-{i}",
+            namespace="ns",
+            podgroup=q,
+            status=PodStatus.PENDING,
+            cpu_millis=100,
+            memory_bytes=1e9,
+            gpu=GpuRequest(devices=1),
+        )
+        for q in names
+        for i in range(pending)
+    )
+    return Snapshot(nodes=tuple(nodes), queues=queues, podgroups=groups, pods=pods)
 
 
 def random_workload(

@@ -20,8 +20,8 @@ from shared.contracts.events import EVENT_DECODER, QueueFairShare
 from shared.contracts.messages import USAGE_RECORDS, ShardRecord, UsageRecord, encode
 from shared.core.usage import UsageLedger, UsageParams, record_interval
 from shared.kube.scheduling_shard import ShardConfig, UsageDb
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.objects import PodSet, SubGroupSet
+from shared.model import Node, Snapshot
+from shared.model.builders import busy_and_idle
 from tests.integration.test_queue_placement import SHARD, Inbox, events_of, eventually, write
 from tests.integration.test_queue_placement import start as start  # noqa: PLC0414 -- the fixture `start`
 
@@ -31,36 +31,7 @@ CAPACITY = (12.0, 48_000.0, 192e9)
 
 def cluster() -> Snapshot:
     """One 12-GPU node; queues `busy` and `idle` (no quota, GPU weight 1), 12 pending 1-GPU pods each."""
-    anything = QueueResource(quota=-1, over_quota_weight=0, limit=-1)
-    queues = tuple(
-        Queue(
-            name=q,
-            creation_index=i,
-            gpu=QueueResource(quota=0, over_quota_weight=1, limit=-1),
-            cpu=anything,
-            memory=anything,
-        )
-        for i, q in enumerate(("busy", "idle"))
-    )
-    groups = tuple(
-        PodGroup(name=q, namespace="ns", queue=q, root=SubGroupSet(name="root", pod_sets=(PodSet("p", 1),)))
-        for q in ("busy", "idle")
-    )
-    pods = tuple(
-        Pod(
-            name=f"{q}-{i}",
-            namespace="ns",
-            podgroup=q,
-            status=PodStatus.PENDING,
-            cpu_millis=100,
-            memory_bytes=1e9,
-            gpu=GpuRequest(devices=1),
-        )
-        for q in ("busy", "idle")
-        for i in range(12)
-    )
-    node = Node(name="n1", cpu_millis=48_000, memory_bytes=192e9, gpus=12)
-    return Snapshot(nodes=(node,), queues=queues, podgroups=groups, pods=pods)
+    return busy_and_idle((Node(name="n1", cpu_millis=48_000, memory_bytes=192e9, gpus=12),))
 
 
 async def usage_on(bus: Bus) -> None:

@@ -14,7 +14,7 @@ from shared.kube import wire
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
 from shared.model import Node, Queue, QueueResource
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from shared.model.builders import busy_and_idle, flat_queues, gang, gpu_nodes
 from shared.model.objects import DeviceUsage
 from tools.cli.cluster_cmds import status_tables
 
@@ -83,37 +83,16 @@ def test_without_a_schedulingshard_status_says_kai_s_defaults_apply() -> None:
 def test_time_based_fair_share_shows_each_queues_usage_and_the_shares_it_makes() -> None:
     from shared.contracts.events import QueueFairShare
     from shared.kube.scheduling_shard import ShardConfig, UsageDb
-    from shared.model import GpuRequest, Pod, PodGroup, PodStatus, Queue, QueueResource
-    from shared.model.objects import PodSet, SubGroupSet
 
-    anything = QueueResource(quota=-1, over_quota_weight=0, limit=-1)
-    queues = tuple(
-        Queue(
-            name=q,
-            creation_index=i,
-            gpu=QueueResource(quota=0, over_quota_weight=1),
-            cpu=anything,
-            memory=anything,
-        )
-        for i, q in enumerate(("busy", "idle"))
-    )
-    groups = tuple(
-        PodGroup(name=q, namespace="ns", queue=q, root=SubGroupSet(name="root", pod_sets=(PodSet("p", 1),)))
-        for q in ("busy", "idle")
-    )
-    pods = tuple(
-        Pod(name=f"{q}-{i}", namespace="ns", podgroup=q, status=PodStatus.PENDING, gpu=GpuRequest(devices=1))
-        for q in ("busy", "idle")
-        for i in range(12)
-    )
+    cluster = busy_and_idle((Node(name="n1", cpu_millis=48_000, memory_bytes=192e9, gpus=12),))
     config = ShardConfig(name="default", usage_db=UsageDb(client_type="prometheus", half_life_period=600.0))
     reply = SnapshotReply(
         revision=3,
         ledger_revision=0,
-        nodes=(Node(name="n1", cpu_millis=48_000, memory_bytes=192e9, gpus=12),),
-        queues=queues,
-        podgroups=groups,
-        pods=pods,
+        nodes=cluster.nodes,
+        queues=cluster.queues,
+        podgroups=cluster.podgroups,
+        pods=cluster.pods,
         shards=(ShardRecord(shard="default", config=config),),
     )
     # The leader's event says busy used half the GPUs over the window: weights 1/2 and 1, shares 4 and 8.

@@ -27,8 +27,8 @@ from shared.core.usage import (
     usage_fractions,
     window_start,
 )
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.objects import PodSet, SubGroupSet
+from shared.model import Node, Snapshot
+from shared.model.builders import busy_and_idle
 
 HOUR = 3600.0
 NOW = 100 * HOUR
@@ -45,37 +45,7 @@ def node(name: str) -> Node:
 
 def snapshot() -> Snapshot:
     """12 GPUs on two nodes; `busy` and `idle` each with 12 pending one-GPU pods."""
-    open_cpu = QueueResource(quota=-1, over_quota_weight=0, limit=-1)
-    queues = tuple(
-        Queue(
-            name=name,
-            creation_index=i,
-            gpu=QueueResource(quota=0, over_quota_weight=1, limit=-1),
-            cpu=open_cpu,
-            memory=open_cpu,
-        )
-        for i, name in enumerate(("busy", "idle"))
-    )
-    groups, pods = [], []
-    for q in ("busy", "idle"):
-        groups.append(
-            PodGroup(
-                name=q, namespace="ns", queue=q, root=SubGroupSet(name="root", pod_sets=(PodSet("p", 1),))
-            )
-        )
-        pods += [
-            Pod(
-                name=f"{q}-{i}",
-                namespace="ns",
-                podgroup=q,
-                status=PodStatus.PENDING,
-                cpu_millis=100,
-                memory_bytes=1e9,
-                gpu=GpuRequest(devices=1),
-            )
-            for i in range(12)
-        ]
-    return Snapshot(nodes=(node("n1"), node("n2")), queues=queues, podgroups=tuple(groups), pods=tuple(pods))
+    return busy_and_idle((node("n1"), node("n2")))
 
 
 def gpu_fair_shares(usage: dict[str, tuple[float, float, float]], k_value: float = 1.0) -> dict[str, float]:
