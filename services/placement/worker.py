@@ -63,7 +63,7 @@ def build_proposal(
     state_revision: int,
     node_revision: Callable[[str], int],
     proposal_id: str,
-    stale_before: Mapping[str, float | None] | None = None,
+    stale_before: Mapping[str, float | None],
 ) -> Proposal:
     """The proposal for `item` from the core's result.
 
@@ -72,17 +72,11 @@ def build_proposal(
     stale stamp in that snapshot: only the podgroups whose stamp the session changes are `stamped` (and
     carried in `stale_since`), so the binder's work per proposal follows what changed, not the cluster's
     size (with every podgroup stamped, a cycle of 10,000 podgroups cost the binder O(podgroups) per
-    proposal). None: every podgroup the session decided is stamped."""
+    proposal)."""
     binds = tuple(binding for proposal in result.binds for binding in proposal.bindings)
     decided = item.podgroups or tuple(result.podgroups)
-    if stale_before is None:
-        stamped = tuple(sorted(decided))
-        stale_since = dict(result.stale_since)
-    else:
-        stamped = tuple(
-            sorted(key for key in decided if result.stale_since.get(key) != stale_before.get(key))
-        )
-        stale_since = {key: result.stale_since[key] for key in stamped if key in result.stale_since}
+    stamped = tuple(sorted(key for key in decided if result.stale_since.get(key) != stale_before.get(key)))
+    stale_since = {key: result.stale_since[key] for key in stamped if key in result.stale_since}
     return Proposal(
         id=proposal_id,
         work=item.id,

@@ -60,6 +60,7 @@ from shared.contracts.events import (
     PodUnschedulable,
     QueueFairShare,
 )
+from shared.core.node_pool import NodePool
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import keys, translate, wire
@@ -255,7 +256,8 @@ class WriteBack:
             return
         await self._event(translate.involved_object(group), "Unschedulable", text, "Warning")
         reasons = [(reason, text) for reason in event.reasons] or [("Unschedulable", text)]
-        pool = group.metadata.labels.get(self.options.node_pool_label_key) or keys.DEFAULT_NODE_POOL
+        key = self.options.node_pool_label_key
+        pool = NodePool(label_key=key, value=group.metadata.labels.get(key, "")).name
         patch = translate.podgroup_status_patch(
             group, now=event_time(), unschedulable=text, reasons=reasons, node_pool=pool
         )

@@ -38,6 +38,15 @@ from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topolo
 log = logging.getLogger("kairos.replica")
 
 
+def pool_of(shard: str, record: ShardRecord | None) -> NodePool | None:
+    """The node pool `shard` schedules: its record's; everything for the default shard without a record
+    (a cluster with one shard needs no SchedulingShard); None (nothing) for another shard without one,
+    whose pool is unknown. The replica's services and `kairos status` read pools through this."""
+    if record is not None:
+        return record.pool
+    return EVERYTHING if shard == DEFAULT_SHARD else None
+
+
 class StateReplica:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -136,13 +145,8 @@ class StateReplica:
         return self.shards.get(shard_key(shard))
 
     def pool(self, shard: str) -> NodePool | None:
-        """The node pool `shard` schedules: its record's; everything for the default shard without a
-        record (a cluster with one shard needs no SchedulingShard); None (nothing) for another shard
-        without one, whose pool is unknown."""
-        record = self.shard(shard)
-        if record is not None:
-            return record.pool
-        return EVERYTHING if shard == DEFAULT_SHARD else None
+        """The node pool `shard` schedules (`pool_of` its record)."""
+        return pool_of(shard, self.shard(shard))
 
     def shard_snapshot(self, shard: str) -> Snapshot:
         """`snapshot()` limited to the node pool `shard` schedules (`shared.core.node_pool.in_pool`)."""

@@ -37,7 +37,10 @@ def test_only_the_podgroups_whose_stale_stamp_changed_are_stamped() -> None:
     assert proposal.node_revisions == {"n1": 3}
 
 
-def test_without_the_snapshot_s_stamps_every_decided_podgroup_is_stamped() -> None:
-    proposal = build_proposal(ITEM, result(), state_revision=5, node_revision=lambda _: 0, proposal_id="p")
-    assert proposal.stamped == ("fresh", "healed", "new", "quiet", "still")
-    assert proposal.stale_since == {"fresh": 100.0, "still": 50.0}
+def test_a_session_that_changes_no_stamp_stamps_nothing() -> None:
+    before = {"fresh": 100.0, "healed": None, "still": 50.0, "quiet": None, "new": None}
+    proposal = build_proposal(
+        ITEM, result(), state_revision=5, node_revision=lambda _: 0, proposal_id="p", stale_before=before
+    )
+    assert proposal.stamped == ()
+    assert proposal.stale_since == {}

@@ -209,8 +209,9 @@ def status_tables(
     import msgspec
     from rich.table import Table
 
+    from shared.bus.replica import pool_of
     from shared.contracts.subjects import DEFAULT_SHARD
-    from shared.core.node_pool import EVERYTHING, NodePool, in_pool
+    from shared.core.node_pool import NodePool, in_pool
     from shared.core.policy import Policy, QueueUsage
     from shared.core.queue_plan import plan_queues
     from shared.kube.scheduling_shard import policy_of
@@ -222,14 +223,15 @@ def status_tables(
         QueueUsage(queue=q, gpu=u.get("gpu", 0.0), cpu=u.get("cpu", 0.0), memory=u.get("memory", 0.0))
         for q, u in sorted(usage.items())
     )
-    # One plan per shard over its node pool, as each shard's queue leader computes it (the default shard
-    # without a record: the whole cluster, `StateReplica.pool`).
-    shards: list[tuple[str, NodePool, Policy]] = [
-        (record.shard, record.pool, policy_of(record.config))
-        for record in sorted(reply.shards, key=lambda r: (r.shard != DEFAULT_SHARD, r.shard))
-    ]
-    if not any(shard == DEFAULT_SHARD for shard, _, _ in shards):
-        shards.insert(0, (DEFAULT_SHARD, EVERYTHING, Policy()))
+    # One plan per shard over its node pool, as each shard's queue leader computes it (`pool_of`: the
+    # default shard without a record plans the whole cluster).
+    records = {record.shard: record for record in reply.shards}
+    shards: list[tuple[str, NodePool, Policy]] = []
+    for shard in sorted(records.keys() | {DEFAULT_SHARD}, key=lambda name: (name != DEFAULT_SHARD, name)):
+        record = records.get(shard)
+        pool = pool_of(shard, record)
+        if pool is not None:
+            shards.append((shard, pool, Policy() if record is None else policy_of(record.config)))
 
     reserved = {pod: entry.node for entry in reply.ledger for pod in entry.pods}
     snapshot = _with_reservations(

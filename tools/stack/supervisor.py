@@ -113,7 +113,7 @@ class Stack:
                 self.commands[name],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_service_env(self.env, self, self.services.get(name) or name.rsplit("-", 1)[0]),
+                env=_service_env(self.env, self, self.services[name]),
                 start_new_session=True,
             )
         _write_pids(self)
