@@ -190,7 +190,7 @@ def _argument_changes(
                 ("defaultReclaimMinRuntime", "reclaim_min_runtime"),
             ):
                 if key in args:
-                    changes[field] = min_runtime(args[key], entry.argument_field(key), error)
+                    changes[field] = duration(args[key], entry.argument_field(key), error)
             method = args.get("reclaimResolveMethod", "lca")
             at = entry.argument_field("reclaimResolveMethod")
             if method not in _RESOLVE_METHODS:
@@ -216,8 +216,8 @@ def k_value(raw: str | float, field: str, error: Error) -> float:
     return value
 
 
-def min_runtime(text: str, field: str, error: Error) -> float:
-    """A min-runtime: a Go duration >= 0, in seconds."""
+def duration(text: str, field: str, error: Error) -> float:
+    """A Go duration >= 0, in seconds (a min-runtime; the SchedulingShard's durations too)."""
     try:
         seconds = parse_duration(text)
     except DurationError as exc:

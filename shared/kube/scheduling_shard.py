@@ -44,7 +44,7 @@ from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import kai_plugins, wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, ExtraPlugin, PluginEntry
-from shared.kube.quantity import DurationError, parse_duration, parse_time
+from shared.kube.quantity import parse_time
 
 __all__ = [
     "DEFAULT_ACTION_PRIORITIES",
@@ -178,15 +178,7 @@ class _Reader:
         self.notes.append(NotApplied(field=field, reason=reason))
 
     def duration(self, field: str, text: str | None) -> float | None:
-        if text is None:
-            return None
-        try:
-            seconds = parse_duration(text)
-        except DurationError as exc:
-            raise self.error(field, str(exc)) from None
-        if seconds < 0:
-            raise self.error(field, f"{text!r} is negative")
-        return seconds
+        return None if text is None else kai_plugins.duration(text, field, self.error)
 
 
 def shard_config(
