@@ -9,7 +9,9 @@ session builder call the mutating methods.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -65,30 +67,54 @@ class NodeMemento:
 class ClusterState:
     """All nodes of a session: per-resource arrays plus a `NodeState` per node."""
 
-    def __init__(self, nodes: tuple[Node, ...], tie_break_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        nodes: tuple[Node, ...],
+        tie_break_seed: int | None = None,
+        placed: Iterable[TaskState] = (),
+    ) -> None:
+        """`placed`: the snapshot's pods that hold resources on a node of `nodes`, in the order the nodes
+        take them (`NodeState.add_task` for each)."""
         n = len(nodes)
         self.names: list[str] = [nd.name for nd in nodes]
-        self.alloc: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
-        self.idle: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
-        self.used: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
-        self.releasing: list[FloatArray] = [np.zeros(n) for _ in range(N_BASE)]
         self.nodes: dict[str, NodeState] = {}
         self.order: list[NodeState] = []
         # Nodes that have (or had) a shared GPU group: the only ones the GPU-sharing score looks at.
         self.sharing_nodes: set[int] = set()
         # Set once any node has releasing resources; until then idle-only and idle+releasing fits agree.
         self.has_releasing = False
+        # The accounting starts in Python lists and becomes NumPy arrays once the snapshot's pods are on
+        # their nodes: element access to a list is several times cheaper than to an array, and float
+        # arithmetic on either is IEEE double, so the arrays come out bit for bit the same. Only
+        # `NodeState.add_task` runs in between, and it reads and writes single elements.
+        alloc: list[list[float]] = [[0.0] * n for _ in range(N_BASE)]
+        for i, nd in enumerate(nodes):
+            alloc[CPU][i] = float(nd.cpu_millis)
+            alloc[MEM][i] = float(nd.memory_bytes)
+            alloc[GPU][i] = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
+            alloc[PODS][i] = float(nd.max_pods)
+        idle = [list(row) for row in alloc]
+        used = [[0.0] * n for _ in range(N_BASE)]
+        releasing = [[0.0] * n for _ in range(N_BASE)]
+        versions = [0] * n
+        self.alloc = cast("list[FloatArray]", alloc)
+        self.idle = cast("list[FloatArray]", idle)
+        self.used = cast("list[FloatArray]", used)
+        self.releasing = cast("list[FloatArray]", releasing)
         # Bumped whenever a node's accounting changes (a task added or removed, a restore), so per-node
         # answers computed in Python can be cached until their node changes (`Session.resource_fit_mask`).
-        self.versions = np.zeros(n, dtype=np.int64)
+        self.versions = cast("npt.NDArray[np.int64]", versions)
         for i, nd in enumerate(nodes):
-            gpus = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
-            for r, v in ((CPU, nd.cpu_millis), (MEM, nd.memory_bytes), (GPU, gpus), (PODS, nd.max_pods)):
-                self.alloc[r][i] = v
-                self.idle[r][i] = v
             state = NodeState(self, i, nd)
             self.nodes[nd.name] = state
             self.order.append(state)
+        for task in placed:
+            self.nodes[cast(str, task.node)].add_task(task)
+        self.alloc = [np.array(row, dtype=np.float64) for row in alloc]
+        self.idle = [np.array(row, dtype=np.float64) for row in idle]
+        self.used = [np.array(row, dtype=np.float64) for row in used]
+        self.releasing = [np.array(row, dtype=np.float64) for row in releasing]
+        self.versions = np.array(versions, dtype=np.int64)
         # Static per-node facts the scores read on every pod.
         self.has_resource = [self.alloc[r] != 0 for r in range(N_BASE)]
         self.gpu_count = np.array([float(nd.gpus) for nd in nodes])

@@ -71,7 +71,6 @@ class Session:
         self.chains = chains
         """The plugins this session runs, per extension point (resolved once, before the session)."""
         self.focus = focus
-        self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
         self._fit_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
         """Task shape -> (node versions, fit answers) of `_cached_fit_mask`."""
         self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
@@ -91,10 +90,13 @@ class Session:
             job.add_task(task)
             self.tasks[task.key] = task
         # Nodes take their pods in pod-key order (KAI adds them sorted by UID).
-        for key in sorted(self.tasks):
-            task = self.tasks[key]
-            if task.status in ACTIVE_USED and task.node in self.cluster.nodes:
-                self.cluster.nodes[task.node].add_task(task)
+        names = {nd.name for nd in snapshot.nodes}
+        placed = (
+            task
+            for key in sorted(self.tasks)
+            if (task := self.tasks[key]).status in ACTIVE_USED and task.node in names
+        )
+        self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed, placed)
         # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
         self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
