@@ -126,6 +126,8 @@ class Mirror:
     """The next flush recomputes everything (`desired`): at start, after a relist, and when a queue, priority
     class or topology changed (they reach every podgroup). Otherwise a flush recomputes only the podgroups,
     pods and nodes that changed, and what depends on them."""
+    full_flushes: int = 0
+    """Flushes that recomputed everything (the rest recomputed only what changed)."""
     _queues: dict[str, Queue] = field(default_factory=dict)
     """The valid queues as of the last flush."""
     _groups: dict[str, PodGroup] = field(default_factory=dict)
@@ -190,7 +192,7 @@ class Mirror:
             self.stages.group_changed(name, before, after)
         elif kind == JOBS:
             self.stages.job_changed(name)
-        elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES):
+        elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES) and not _only_status(before, after):
             self._full = True
         self._dirty[kind].add(name)
 
@@ -349,6 +351,7 @@ class Mirror:
             for dirty in self._dirty.values():
                 dirty.clear()
             self._full = False
+            self.full_flushes += 1
             want = self.desired(now)
             changes = [
                 Change(key, self.current.get(key), obj)
@@ -662,6 +665,20 @@ _SINGULAR = {
 def _merged(raw_node: wire.Node, inventory: GpuInventory | None) -> Node:
     """The node translated, corrected by its agent's fresh inventory (`services.state.gpu_inventory`)."""
     return merge_inventory(translate.node_of(raw_node), inventory)
+
+
+def _only_status(before: RawObject | None, after: RawObject | None) -> bool:
+    """Whether an update changed only what no translation reads: the status and the resource version. The
+    write-back patches a Queue's status whenever its fair share moves, and a full recompute reads the
+    whole cluster."""
+    if before is None or after is None or type(before) is not type(after):
+        return False
+    unread = ("status", "metadata")
+    return all(
+        getattr(before, f) == getattr(after, f) for f in before.__struct_fields__ if f not in unread
+    ) and msgspec.structs.replace(before.metadata, resource_version="") == msgspec.structs.replace(
+        after.metadata, resource_version=""
+    )
 
 
 def _same(cached: object, source: object) -> bool:

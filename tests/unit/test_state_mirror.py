@@ -143,6 +143,27 @@ def test_nothing_changed_writes_nothing() -> None:
     assert m.flush(NOW) == []
 
 
+def test_a_queue_status_update_recomputes_nothing_but_a_spec_change_recomputes_everything() -> None:
+    # The write-back patches a Queue's status whenever its fair share moves: that must not make every
+    # flush read the whole cluster again.
+    m = cluster()
+    m.flush(NOW)
+    assert m.full_flushes == 1
+    patched = json.loads(queue("research", "org"))
+    patched["metadata"]["resourceVersion"] = "7"
+    patched["status"] = {"allocated": {"gpu": "1"}, "requested": {"gpu": "2"}}
+    m.change(QUEUES, "MODIFIED", js(patched))
+    assert m.flush(NOW) == []
+    assert m.full_flushes == 1
+    moved = json.loads(queue("research", "org"))
+    moved["spec"]["resources"]["gpu"]["quota"] = 4
+    m.change(QUEUES, "MODIFIED", js(moved))
+    research = by_key(m.flush(NOW))[s.queue_key("research")]
+    assert m.full_flushes == 2
+    assert isinstance(research, Queue)
+    assert research.gpu.quota == 4
+
+
 def test_a_pod_waits_for_its_podgroup_and_appears_with_it() -> None:
     m = cluster()
     m.change(PODS, "ADDED", pod("eval-0", "eval"))
