@@ -28,7 +28,8 @@ from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding, EvictionOrder
 from shared.kube import wire
 from shared.kubeapi.client import ApiError, Kube
-from shared.telemetry.spans import counting_retries
+from shared.kubeapi.paths import object_path
+from shared.telemetry.spans import counting_retries, note_retry
 
 CONFLICT = 409
 NOT_FOUND = 404
@@ -66,12 +67,9 @@ class KubeClusterClient:
                 "metadata": {"name": binding.name, "namespace": binding.namespace},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": binding.node},
             }
-            await self._retrying(
-                f"bind {what}",
-                self.kube.core.create_namespaced_pod_binding,
-                binding.name,
-                binding.namespace,
-                body,
+            path = object_path("v1", "Pod", binding.namespace, binding.name) + "/binding"
+            await self.kube.request_with_retries(
+                f"bind {what}", "POST", path, body, backoff=self.backoff, rng=self.rng, on_retry=note_retry
             )
         except ApiError as exc:
             if exc.status == CONFLICT:

@@ -48,7 +48,7 @@ __all__ = [
 TRAIN = "train"
 INFERENCE = "inference"
 BUILD = "build"
-PODGROUP_API_VERSION = "scheduling.run.ai/v2alpha2"
+PODGROUP_API_VERSION = keys.PODGROUP_API_VERSION
 
 
 class GrouperConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -64,7 +64,8 @@ from shared.core.node_pool import NodePool
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import keys, translate, wire
-from shared.kubeapi.client import ApiError, Kube
+from shared.kubeapi.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, Kube
+from shared.kubeapi.paths import collection_path, object_path
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
 log = logging.getLogger("kairos.state.writeback")
@@ -192,9 +193,8 @@ class WriteBack:
             component=self.options.component,
         )
         namespace = about.namespace or "default"
-        await self.kube.call(
-            f"create event on {about.name}", self.kube.core.create_namespaced_event, namespace, body
-        )
+        path = collection_path("v1", "Event", namespace)
+        await self.kube.request(f"create event on {about.name}", "POST", path, body)
         self.ctx.counters["kube_events"] += 1
 
     def _pod_ref(self, namespace: str, name: str) -> translate.InvolvedObject:
@@ -358,16 +358,13 @@ class WriteBack:
         if patch is None:
             return
         meta = group.metadata
-        await self.kube.call(
+        path = object_path(keys.PODGROUP_API_VERSION, "PodGroup", meta.namespace, meta.name) + "/status"
+        await self.kube.request(
             f"patch podgroup {meta.namespace}/{meta.name} status",
-            self.kube.custom.patch_namespaced_custom_object_status,
-            "scheduling.run.ai",
-            "v2alpha2",
-            meta.namespace,
-            "podgroups",
-            meta.name,
+            "PATCH",
+            path,
             patch,
-            _content_type="application/merge-patch+json",
+            content_type=MERGE_PATCH,
         )
         self.ctx.counters["kube_status_patches"] += 1
 
@@ -386,15 +383,9 @@ class WriteBack:
         )
         if self._queue_status.get(event.queue) == patch:
             return
-        await self.kube.call(
-            f"patch queue {event.queue} status",
-            self.kube.custom.patch_cluster_custom_object_status,
-            "scheduling.run.ai",
-            "v2",
-            "queues",
-            event.queue,
-            patch,
-            _content_type="application/merge-patch+json",
+        path = object_path(keys.QUEUE_API_VERSION, "Queue", None, event.queue) + "/status"
+        await self.kube.request(
+            f"patch queue {event.queue} status", "PATCH", path, patch, content_type=MERGE_PATCH
         )
         self._queue_status[event.queue] = patch
         self.ctx.counters["kube_status_patches"] += 1
@@ -416,11 +407,5 @@ def _first_failure(results: Iterable[object]) -> BaseException | None:
 async def patch_pod_status(kube: Kube, pod: Problem, patch: dict[str, Any]) -> None:
     """Patch a pod's status with a strategic merge patch of its PodScheduled condition (as kube-scheduler
     does): the unschedulable pods' and the held-back pods' conditions go through here."""
-    await kube.call(
-        f"patch {pod.label} status",
-        kube.core.patch_namespaced_pod_status,
-        pod.name,
-        pod.namespace,
-        patch,
-        _content_type="application/strategic-merge-patch+json",
-    )
+    path = object_path("v1", "Pod", pod.namespace, pod.name) + "/status"
+    await kube.request(f"patch {pod.label} status", "PATCH", path, patch, content_type=STRATEGIC_MERGE_PATCH)

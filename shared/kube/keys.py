@@ -7,6 +7,10 @@ the state service's pod-grouper (`services.state.grouping`) and the shells that 
 
 from __future__ import annotations
 
+# --- KAI's API versions -----------------------------------------------------------------------------------
+QUEUE_API_VERSION = "scheduling.run.ai/v2"
+PODGROUP_API_VERSION = "scheduling.run.ai/v2alpha2"
+
 # --- resources -------------------------------------------------------------------------------------------
 CPU = "cpu"
 MEMORY = "memory"

@@ -6,7 +6,8 @@ none inside a pod, the in-cluster service account. Calls go through kubernetes-a
 methods with `_preload_content=False`: the raw body is decoded by `shared.kube.wire` (msgspec, much faster
 than the generated models) and a non-2xx answer does not raise inside the library (stack-notes: the
 binding call raises ValueError *after* the server bound the pod when it tries to read the Status as a
-V1Binding).
+V1Binding). The calls made for every pod go through `request` instead: the same session, authentication
+and TLS, a body encoded by msgspec, none of the generated client's per-call work.
 
 `call` turns every outcome into bytes or an `ApiError` that names the object and says whether asking again
 may help (`temporary`: no answer, 429, 5xx); `call_with_retries` retries the temporary ones with backoff
@@ -23,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
@@ -39,6 +41,9 @@ log = logging.getLogger("kairos.kubeapi")
 REQUEST_TIMEOUT = 30.0
 """Seconds one ordinary API call may take before it counts as no answer."""
 TEMPORARY_STATUSES = frozenset({429, 500, 502, 503, 504})
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 NO_ANSWER = 0
 """The `status` of an ApiError raised when the server could not be reached or did not answer."""
 
@@ -127,6 +132,53 @@ class Kube:
             raise api_error(what, status, body)
         return body
 
+    async def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = JSON,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> bytes:
+        """One call on `path` with `body` encoded by msgspec; the answer's body on 2xx, else `ApiError`, as
+        `call`. For the calls made for every pod (Events, status patches, bindings, owner reads): it goes
+        through the generated client's session, authentication, TLS and proxy settings, but not through its
+        per-call body sanitising, stdlib JSON encoding and parameter handling, which cost more CPU than the
+        HTTP exchange itself (docs/performance.md)."""
+        headers = {"Accept": JSON, "Content-Type": content_type, **self.api.default_headers}
+        queries: list[tuple[str, str]] = []
+        await self.api.update_params_for_auth(headers, queries, ["BearerToken"])
+        rest = self.api.rest_client
+        url = self.server + path
+        if queries:
+            url += "?" + urlencode(queries)
+        options: dict[str, Any] = {}
+        if rest.proxy:
+            options["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            options["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            options["server_hostname"] = rest.server_hostname
+        data = None if body is None else msgspec.json.encode(body)
+        try:
+            async with rest.pool_manager.request(
+                method,
+                url,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                **options,
+            ) as response:
+                answer = await response.read()
+                status = int(response.status)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
+        if status >= 300:
+            raise api_error(what, status, answer)
+        return answer
+
     async def call_with_retries(
         self,
         what: str,
@@ -137,19 +189,49 @@ class Kube:
         **kwargs: Any,
     ) -> bytes:
         """`call`, retrying temporary errors with `backoff`; `TemporaryError` when the attempts run out."""
-        rng = rng or random.Random()
-        last: ApiError | None = None
-        for attempt in range(max(1, backoff.attempts)):
-            if attempt:
-                await asyncio.sleep(backoff.delay(attempt - 1, rng))
-            try:
-                return await self.call(what, method, *args, **kwargs)
-            except ApiError as exc:
-                if not exc.temporary:
-                    raise
-                last = exc
-                log.debug("%s: attempt %d: %s", what, attempt + 1, exc)
-        raise TemporaryError(f"{last} (after {backoff.attempts} attempts)", delay=backoff.cap) from last
+        return await _with_retries(what, lambda: self.call(what, method, *args, **kwargs), backoff, rng)
+
+    async def request_with_retries(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        backoff: Backoff,
+        rng: random.Random | None = None,
+        on_retry: Callable[[], None] | None = None,
+    ) -> bytes:
+        """`request`, retrying temporary errors as `call_with_retries` does; `on_retry` is told of each
+        attempt after the first."""
+        attempts = 0
+
+        async def attempt() -> bytes:
+            nonlocal attempts
+            if attempts and on_retry is not None:
+                on_retry()
+            attempts += 1
+            return await self.request(what, method, path, body)
+
+        return await _with_retries(what, attempt, backoff, rng)
+
+
+async def _with_retries(
+    what: str, attempt: Callable[[], Awaitable[bytes]], backoff: Backoff, rng: random.Random | None
+) -> bytes:
+    rng = rng or random.Random()
+    last: ApiError | None = None
+    for number in range(max(1, backoff.attempts)):
+        if number:
+            await asyncio.sleep(backoff.delay(number - 1, rng))
+        try:
+            return await attempt()
+        except ApiError as exc:
+            if not exc.temporary:
+                raise
+            last = exc
+            log.debug("%s: attempt %d: %s", what, number + 1, exc)
+    raise TemporaryError(f"{last} (after {backoff.attempts} attempts)", delay=backoff.cap) from last
 
 
 async def connect(kubeconfig: str | None) -> Kube:

@@ -3,8 +3,9 @@
 Used by the pod-grouper (fetching a pod's owners, whatever their kind: Job, ReplicaSet, JobSet,
 PyTorchJob...) and by `kairos up` (creating KAI's default queues). The generated API classes of
 kubernetes-asyncio cover one kind each; the owners of a pod can be any workload kind, so these calls go
-through the same `ApiClient.call_api` the generated methods use, on the path the kind's group and plural
-give.
+to the path the kind's group and plural give: `get_object` and `create_object` through `Kube.request`
+(the pod-grouper and the webhook read an owner per pod), `raw_call` through the generated client's
+`ApiClient.call_api` (start-up work, where its generality costs nothing).
 
 Plurals come from a table of the kinds Kairos meets; any other kind falls back to the lower-cased kind
 plus "s", which is what CRDs nearly always declare (the pod-grouper then treats a 404 like a missing
@@ -85,7 +86,7 @@ async def get_object(kube: Kube, api_version: str, kind: str, namespace: str | N
     """The object's JSON; `ApiError` (404 when it does not exist) otherwise."""
     path = object_path(api_version, kind, namespace, name)
     where = f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
-    return await kube.call(f"get {where}", raw_call, kube, "GET", path)
+    return await kube.request(f"get {where}", "GET", path)
 
 
 async def create_object(kube: Kube, manifest: dict[str, Any]) -> bytes:
@@ -95,4 +96,4 @@ async def create_object(kube: Kube, manifest: dict[str, Any]) -> bytes:
     namespace = meta.get("namespace")
     path = collection_path(str(manifest.get("apiVersion", "")), kind, namespace)
     where = f"{kind} {namespace}/{meta.get('name')}" if namespace else f"{kind} {meta.get('name')}"
-    return await kube.call(f"create {where}", raw_call, kube, "POST", path, manifest)
+    return await kube.request(f"create {where}", "POST", path, manifest)
