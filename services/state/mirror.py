@@ -132,6 +132,11 @@ class Mirror:
     """The valid queues as of the last flush."""
     _groups: dict[str, PodGroup] = field(default_factory=dict)
     """The podgroups in KV as of the last flush, by "ns/name"."""
+    _short: dict[str, Problem] = field(default_factory=dict)
+    """Label -> the WaitingForMinMember problem of each podgroup in KV with fewer pods than its min member."""
+    _recount: set[str] = field(default_factory=set)
+    """Podgroups whose members or translation changed since `reportable` last counted them (counting every
+    podgroup every round cost more than any other part of the report)."""
     _keys: dict[tuple[str, str], str] = field(default_factory=dict)
     """(kind, name) -> the KV key its object is under, for podgroups and nodes in KV."""
     _pod_keys: dict[str, str] = field(default_factory=dict)
@@ -164,6 +169,7 @@ class Mirror:
         self.raw[kind] = fresh
         self._full = True
         if kind == PODS:
+            self._recount.update(self._members)
             self._members.clear()
             self._ungrouped.clear()
             self._gated.clear()
@@ -244,6 +250,7 @@ class Mirror:
         new = _group_of(after)
         if old == new:
             return
+        self._recount.update(g for g in (old, new) if g is not None)
         if old is not None:
             self._members[old].discard(name)
             if not self._members[old]:
@@ -339,6 +346,7 @@ class Mirror:
                 self._keys[("node", name)] = key_of(node)
                 out[key_of(node)] = node
         self._queues = queues
+        self._recount.update(self._groups.keys() | groups.keys())
         self._groups = groups
         return out
 
@@ -411,25 +419,39 @@ class Mirror:
                 reason=self._held_reasons.get(label, INVALID_REASONS[kind]),
                 message=message,
             )
-        for name, group in self._groups.items():
-            # Every pod counts, finished ones too (a Job whose pods completed is not short of its gang), as in
-            # `shared.model.validate`.
-            have = len(self._members.get(name, ()))
-            if have == 0:
-                continue
-            need = sum(ps.min_available for ps in group.root.all_pod_sets())
-            if have < need:
-                found[f"podgroup {name}"] = Problem(
-                    kind="PodGroup",
-                    namespace=group.namespace,
-                    name=group.name,
-                    reason=WAITING_FOR_MIN_MEMBER,
-                    message=(
-                        f"PodGroup {name!r}: spec.minMember: waiting for min member: {have} of {need} pods "
-                        "exist; the gang is placed whole or not at all"
-                    ),
-                )
+        for name in self._recount:
+            problem = self._short_of(name)
+            if problem is None:
+                self._short.pop(f"podgroup {name}", None)
+            else:
+                self._short[f"podgroup {name}"] = problem
+        self._recount.clear()
+        found.update(self._short)
         return found
+
+    def _short_of(self, name: str) -> Problem | None:
+        """The WaitingForMinMember problem of podgroup `name` if it is in KV with fewer pods than it needs."""
+        group = self._groups.get(name)
+        if group is None:
+            return None
+        # Every pod counts, finished ones too (a Job whose pods completed is not short of its gang), as in
+        # `shared.model.validate`.
+        have = len(self._members.get(name, ()))
+        if have == 0:
+            return None
+        need = sum(ps.min_available for ps in group.root.all_pod_sets())
+        if have >= need:
+            return None
+        return Problem(
+            kind="PodGroup",
+            namespace=group.namespace,
+            name=group.name,
+            reason=WAITING_FOR_MIN_MEMBER,
+            message=(
+                f"PodGroup {name!r}: spec.minMember: waiting for min member: {have} of {need} pods "
+                "exist; the gang is placed whole or not at all"
+            ),
+        )
 
     # --- helpers ----------------------------------------------------------------------------------------
     def _changed(self, now: float) -> dict[str, Obj | None]:
@@ -439,6 +461,7 @@ class Mirror:
         translate_group = self._podgroup_translator()
         pods = set(self._dirty[PODS])
         nodes = set(self._dirty[NODES])
+        self._recount.update(self._dirty[PODGROUPS])
         for name in self._dirty[PODGROUPS]:
             pods.update(self._members.get(name, ()))
             self._groups.pop(name, None)

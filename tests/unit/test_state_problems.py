@@ -119,6 +119,31 @@ def test_a_gang_short_of_its_min_member_is_waiting_not_invalid() -> None:
     assert "podgroup team/gang" not in reasons(m)
 
 
+def test_a_gang_is_short_again_when_a_pod_goes_and_not_once_its_podgroup_is_gone_or_needs_fewer() -> None:
+    m = cluster()
+    spec = json.loads(podgroup("gang", "research"))
+    spec["spec"]["minMember"] = 2
+    m.change(PODGROUPS, "ADDED", js(spec))
+    m.change(PODS, "ADDED", pod("gang-0", "gang"))
+    m.change(PODS, "ADDED", pod("gang-1", "gang"))
+    m.flush(NOW)
+    assert "podgroup team/gang" not in reasons(m)
+    m.change(PODS, "DELETED", pod("gang-1", "gang"))
+    m.flush(NOW)
+    assert "1 of 2 pods exist" in reasons(m)["podgroup team/gang"][1]
+    spec["spec"]["minMember"] = 1
+    m.change(PODGROUPS, "MODIFIED", js(spec))
+    m.flush(NOW)
+    assert "podgroup team/gang" not in reasons(m)
+    spec["spec"]["minMember"] = 3
+    m.change(PODGROUPS, "MODIFIED", js(spec))
+    m.flush(NOW)
+    assert "1 of 3 pods exist" in reasons(m)["podgroup team/gang"][1]
+    m.change(PODGROUPS, "DELETED", js(spec))
+    m.flush(NOW)
+    assert "podgroup team/gang" not in reasons(m)
+
+
 def test_a_gang_whose_pods_finished_is_not_short_of_its_min_member() -> None:
     m = cluster()
     spec = json.loads(podgroup("job", "research"))
