@@ -41,9 +41,9 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from services.binder.cluster_client import ClusterClient, ClusterRefused
 from shared.bus.connection import Bus
@@ -78,6 +78,7 @@ from shared.telemetry.spans import event_headers
 log = logging.getLogger("kairos.binder")
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 Lookup = Callable[[str], PodGroup | None]
 """A podgroup by key (for the queue and name the public events carry); None when unknown."""
@@ -320,28 +321,50 @@ async def commit_ledger(
     ledger: KvStore, proposal: Proposal, capacity: CapacityLookup | None = None
 ) -> LedgerWrite:
     """Steps 2-3: claim every pod, then reserve on every node, all or nothing (`LedgerConflict`).
-    With `capacity`, a node whose revision moved is re-checked for room instead of conflicting."""
+    With `capacity`, a node whose revision moved is re-checked for room instead of conflicting.
+
+    Each step writes its keys concurrently (every key is its own compare-and-set, so their order does not
+    matter): a proposal of n pods costs a few round trips to JetStream, not 2n in a row. After a lost
+    compare-and-set everything this proposal wrote is taken back; the conflicts counted are the keys that
+    lost plus, when the claims lost, every node that would have."""
     write = LedgerWrite(proposal.id)
     binds = sorted(proposal.binds, key=lambda b: b.pod)
     by_node = binds_by_node(proposal)
-    claimed = 0
-    reserved = 0
-    try:
-        for b in binds:
-            write.claims[b.pod] = await _claim(ledger, b, proposal.id)
-            claimed += 1
-        for node, node_binds in by_node.items():
-            write.nodes.append(await _reserve(ledger, node, node_binds, proposal, capacity))
-            reserved += 1
-    except ConflictError as exc:
-        # Counted before the rollback: restoring a node moves its revision, which would read as a conflict.
-        if claimed < len(binds):  # lost a claim: no node was written yet, so every node is still a question
-            rest = await _would_conflict(ledger, proposal, binds[claimed + 1 :], list(by_node))
-        else:
-            rest = await _would_conflict(ledger, proposal, (), list(by_node)[reserved + 1 :])
+    claimed = await _concurrently(binds, lambda b: _claim(ledger, b, proposal.id))
+    for b, result in zip(binds, claimed, strict=True):
+        if isinstance(result, int):
+            write.claims[b.pod] = result
+    lost = [r for r in claimed if isinstance(r, ConflictError)]
+    if lost:
+        rest = await _would_conflict(ledger, proposal, (), list(by_node))
         await rollback(ledger, write)
-        raise LedgerConflict(exc, 1 + rest) from exc
+        raise LedgerConflict(lost[0], len(lost) + rest) from lost[0]
+    nodes = list(by_node.items())
+    reserved = await _concurrently(nodes, lambda item: _reserve(ledger, item[0], item[1], proposal, capacity))
+    write.nodes.extend(r for r in reserved if isinstance(r, NodeWrite))
+    lost = [r for r in reserved if isinstance(r, ConflictError)]
+    if lost:
+        # Counted before the rollback: restoring a node moves its revision, which would read as a conflict.
+        await rollback(ledger, write)
+        raise LedgerConflict(lost[0], len(lost)) from lost[0]
     return write
+
+
+async def _concurrently(items: Sequence[T], call: Callable[[T], Awaitable[R]]) -> list[R | ConflictError]:
+    """`call` on every item, `_CONCURRENCY` at a time, each result or the `ConflictError` it raised, in the
+    items' order. Any other failure is raised once all calls have ended (what they wrote stays: recovery
+    takes back an incomplete commit)."""
+    gate = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(item: T) -> R:
+        async with gate:
+            return await call(item)
+
+    results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, ConflictError):
+            raise r
+    return cast("list[R | ConflictError]", results)
 
 
 async def strip_reservations(ledger: KvStore, node: str, pods: Collection[str], proposal: str) -> bool:

@@ -266,7 +266,7 @@ async def test_rollback_leaves_the_ledger_byte_identical(bus: Bus) -> None:
         s.ledger_claim_key("ns/x"), encode(PodClaim(pod="ns/x", node="n1", proposal="earlier"))
     )
     before = await dump(bus.ledger)
-    # Sorted order: n0 is created, n1 updated, then n2 conflicts (stamped one revision too old).
+    # n0 is created and n1 updated while n2 conflicts (stamped one revision too old): all taken back.
     p = proposal(
         "p",
         (bind("ns/a", "n0"), bind("ns/b", "n1"), bind("ns/c", "n2")),
