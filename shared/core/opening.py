@@ -1,6 +1,6 @@
 """Opening a session: the policy's plugin chains resolved against a registry, then the session built on them.
 
-`open_session(snapshot, now, policy, focus, registry)` is the one way the core opens a session: the cycle
+`open_session(snapshot, now, policy, focus, registry, accounting_only=...)` is the one way the core opens a session: the cycle
 runner (`shared.core.cycle`), the queue plan (`shared.core.queue_plan`) and the quota gate
 (`shared.core.quota_gate`) call it. `registry=None` means KAI's plugins
 (`shared.core.builtin_plugins.DEFAULT_REGISTRY`). Raises `PluginConfigError` for a plugin list the registry
@@ -24,6 +24,8 @@ def open_session(
     policy: Policy,
     focus: frozenset[str] | None = None,
     registry: SessionRegistry | None = None,
+    *,
+    accounting_only: bool = False,
 ) -> Session:
     chains = resolve(policy, DEFAULT_REGISTRY if registry is None else registry)
-    return Session(snapshot, now, policy, chains, focus)
+    return Session(snapshot, now, policy, chains, focus, accounting_only=accounting_only)

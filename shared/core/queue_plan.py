@@ -94,7 +94,8 @@ def plan_queues(
 ) -> QueuePlan:
     """Fair shares, pending podgroups and verdicts of `snapshot`, exactly as a session of the core with
     `policy` (and the plugins of `registry`, KAI's when None) sees them."""
-    ssn = open_session(snapshot, now, policy, registry=registry)
+    # Nothing here reads what a node holds: the nodes stay empty (`Session`'s accounting_only).
+    ssn = open_session(snapshot, now, policy, registry=registry, accounting_only=True)
     shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))
     order = JobsByQueue(ssn)
     order.extend(pending_jobs(ssn))

@@ -64,7 +64,13 @@ class Session:
         policy: Policy,
         chains: Chains[Session],
         focus: frozenset[str] | None = None,
+        *,
+        accounting_only: bool = False,
     ) -> None:
+        """`accounting_only`: a session for readers of queue accounting and job order alone (the queue
+        plan), which never place anything: its nodes hold no pods (`accepted_quota` reads a pod's node,
+        not what the node holds). Putting every pod on its node is most of what building a session
+        costs."""
         self.snapshot = snapshot
         self.now = now
         self.policy = policy
@@ -89,14 +95,17 @@ class Session:
             task = TaskState(pod, job)
             job.add_task(task)
             self.tasks[task.key] = task
-        # Nodes take their pods in pod-key order (KAI adds them sorted by UID).
-        names = {nd.name for nd in snapshot.nodes}
-        placed = (
-            task
-            for key in sorted(self.tasks)
-            if (task := self.tasks[key]).status in ACTIVE_USED and task.node in names
-        )
-        self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed, placed)
+        if accounting_only:
+            self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
+        else:
+            # Nodes take their pods in pod-key order (KAI adds them sorted by UID).
+            names = {nd.name for nd in snapshot.nodes}
+            placed = (
+                task
+                for key in sorted(self.tasks)
+                if (task := self.tasks[key]).status in ACTIVE_USED and task.node in names
+            )
+            self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed, placed)
         # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
         self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)

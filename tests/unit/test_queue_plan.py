@@ -7,11 +7,15 @@ import random
 import msgspec
 import pytest
 
+from shared.core.actions.allocate import pending_jobs
+from shared.core.opening import open_session
+from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
 from shared.core.queue_plan import QueueShare, Resources, plan_queues
 from shared.core.scheduler import schedule
+from shared.core.session import Session
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from shared.model.builders import flat_queues, gang, gpu_nodes, random_workload
 from shared.model.objects import UNLIMITED
 
 NOW = 10_000.0
@@ -161,3 +165,54 @@ def test_the_plan_counts_requests_under_the_policy_it_is_given() -> None:
     assert plan_queues(snap, NOW, Policy(gpu_usage_scoring=True, actions=("allocate",))) == plan_queues(
         snap, NOW, Policy()
     )
+
+
+def test_the_plans_session_without_pods_on_nodes_accounts_queues_exactly_as_a_full_one() -> None:
+    # The plan opens its session with `accounting_only` (nodes stay empty): every queue figure and the
+    # order of the pending podgroups must be what a session with every pod on its node gives.
+    rng = random.Random(7)
+    names = ["q0", "q1", "q2"]
+    groups, pods = random_workload(rng, names, 20)
+    # A second node type with smaller devices, so GPU-memory requests count differently per node.
+    nodes = (
+        *gpu_nodes(6, gpus=4),
+        *[msgspec.structs.replace(n, gpu_memory_mib=40_960) for n in gpu_nodes(2, prefix="small")],
+    )
+    memory_pg, memory_pods = gang("mem", "q1", 1, 1.0, priority=75, created=-1.0)
+    memory_pods = [
+        msgspec.structs.replace(p, gpu=GpuRequest(devices=1, memory_mib=20_480)) for p in memory_pods
+    ]
+    first = Snapshot(
+        nodes=nodes,
+        queues=tuple(flat_queues(names, gpu_quota=4.0)),
+        podgroups=(*groups, memory_pg),
+        pods=(*pods, *memory_pods),
+    )
+    placed = {b.name: b for proposal in schedule(first, NOW, Policy()).binds for b in proposal.bindings}
+    assert placed
+    assert len(placed) < len(first.pods)  # some pods run, some wait
+    assert any(p.gpu.memory_mib and p.name in placed for p in first.pods)
+    running = tuple(
+        msgspec.structs.replace(
+            p, status=PodStatus.RUNNING, node=placed[p.name].node, gpu_groups=placed[p.name].gpu_groups
+        )
+        if p.name in placed
+        else p
+        for p in first.pods
+    )
+    snap = msgspec.structs.replace(first, pods=running)
+    full = open_session(snap, NOW, Policy())
+    light = open_session(snap, NOW, Policy(), accounting_only=True)
+    assert light.total == full.total
+    for name, q in full.queues.items():
+        other = light.queues[name]
+        for attr in ("allocated", "requested", "allocated_non_preemptible", "fair_share", "deserved"):
+            assert list(getattr(other, attr)) == list(getattr(q, attr)), (name, attr)
+
+    def order(ssn: Session) -> list[str]:
+        jobs = JobsByQueue(ssn)
+        jobs.extend(pending_jobs(ssn))
+        return [job.key for job in jobs.drain()]
+
+    assert order(light) == order(full)
+    assert all(not node.tasks for node in light.cluster.order)
