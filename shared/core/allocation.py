@@ -12,6 +12,7 @@ the actions and the solver do not import each other.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -130,7 +131,7 @@ def _allocate_tasks(
 def allocate_task(
     ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], task: TaskState, pipeline_only: bool
 ) -> bool:
-    node_errors: dict[str, list[str]] = {}
+    node_errors: dict[str, Sequence[str]] = {}
     for node in iter_nodes_in_order(ssn, task, nodes):
         reason = predicates.fit_failure(ssn, task, node)
         if reason is not None:
@@ -156,7 +157,7 @@ def _allocate_on_node(
 
 
 def _record_node_errors(
-    ssn: Session, task: TaskState, nodes: npt.NDArray[np.bool_], node_errors: dict[str, list[str]]
+    ssn: Session, task: TaskState, nodes: npt.NDArray[np.bool_], node_errors: dict[str, Sequence[str]]
 ) -> None:
     """Why each node of the set refused the task, merged into what earlier attempts found (KAI keeps the
     latest reason per node)."""
@@ -174,7 +175,7 @@ def _record_node_errors(
 
 def _insufficient_regular(
     ssn: Session, task: TaskState, candidates: npt.NDArray[np.intp]
-) -> dict[str, list[str]]:
+) -> dict[str, Sequence[str]]:
     """`insufficient_resources` for every candidate node that the task does not fit on idle resources,
     as vector expressions (a job that fits nowhere asks every node of a large cluster, task after task)."""
     if task.is_best_effort or not len(candidates):
@@ -195,20 +196,22 @@ def _insufficient_regular(
     cpu = int(task.cpu) > np.trunc(c.alloc[CPU][failing] - c.used[CPU][failing])
     mem = task.mem > c.alloc[MEM][failing] - c.used[MEM][failing] + EPS
     pods = c.alloc[PODS][failing] - c.used[PODS][failing] < 1
-    out: dict[str, list[str]] = {}
-    rows = zip(failing.tolist(), gpus.tolist(), cpu.tolist(), mem.tolist(), pods.tolist(), strict=True)
-    for i, no_gpu, no_cpu, no_mem, no_pods in rows:
-        reasons = []
-        if no_gpu:
-            reasons.append("node(s) didn't have enough resources: GPUs")
-        if no_cpu:
-            reasons.append("node(s) didn't have enough resources: CPU cores")
-        if no_mem:
-            reasons.append("node(s) didn't have enough resources: memory")
-        if no_pods:
-            reasons.append("node(s) didn't have enough resources: pods")
-        out[c.names[i]] = reasons
-    return out
+    # One code per node (a bit per reason), the reasons of each code built once: a task that fits
+    # nowhere explains itself for every node of the cluster.
+    codes = gpus * 1 + cpu * 2 + mem * 4 + pods * 8
+    names = c.names
+    return {names[i]: _REASONS[code] for i, code in zip(failing.tolist(), codes.tolist(), strict=True)}
+
+
+_REASONS: tuple[tuple[str, ...], ...] = tuple(
+    tuple(
+        f"node(s) didn't have enough resources: {what}"
+        for bit, what in enumerate(("GPUs", "CPU cores", "memory", "pods"))
+        if code & (1 << bit)
+    )
+    for code in range(16)
+)
+"""The reasons of `_insufficient_regular` by code: bit 0 GPUs, 1 CPU cores, 2 memory, 3 pods."""
 
 
 def insufficient_resources(task: TaskState, node: NodeState) -> list[str]:

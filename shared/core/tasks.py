@@ -8,7 +8,7 @@ Built by `shared.core.session.Session` from a snapshot; changed only through a `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -194,7 +194,8 @@ class JobState:
         self.version = 0
         self._cache: dict[object, tuple[int, object]] = {}
         self.fit_errors: list[tuple[str, list[str]]] = []
-        self.task_fit_errors: dict[str, dict[str, list[str]]] = {}
+        self.task_fit_errors: dict[str, dict[str, Sequence[str]]] = {}
+        """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
 
     def add_task(self, task: TaskState) -> None:
         self.tasks[task.key] = task

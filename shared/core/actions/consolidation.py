@@ -18,6 +18,7 @@ from shared.core.actions.preempt import is_candidate
 from shared.core.ordering import JobsByQueue
 from shared.core.solver import ByNodeScenario, JobSolver
 from shared.core.solver.jobs import (
+    AllocatableGpus,
     JobIndex,
     enough_gpus_allocatable,
     feasible_nodes,
@@ -41,8 +42,9 @@ def run(ssn: Session) -> None:
     index: JobIndex | None = None
     order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("consolidation"))
     order.extend(pending_jobs(ssn, preemptible_only=True))
+    gpus = AllocatableGpus(ssn)
     for job in order.drain():
-        if not enough_gpus_allocatable(ssn, job) or not fits_some_node_when_empty(ssn, job):
+        if not enough_gpus_allocatable(ssn, job, gpus) or not fits_some_node_when_empty(ssn, job):
             continue
         if not ssn.job_capacity(job, job.tasks_to_allocate(real=False)).ok:
             # Consolidation re-places every pod it moves, so no queue's allocation changes: a job its

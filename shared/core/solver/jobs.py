@@ -178,16 +178,39 @@ def fits_some_node_when_empty(ssn: Session, job: JobState) -> bool:
     return all(t.whole_gpus <= most for t in job.tasks_to_allocate(real=False))
 
 
-def enough_gpus_allocatable(ssn: Session, job: JobState) -> bool:
+class AllocatableGpus:
+    """The cluster's free and releasing GPUs and GPU memory (`idle_gpus` plus `releasing_gpus` over every
+    node), for one action run: a node's figures are recomputed only after its accounting changed (its
+    version moved), so asking for every pending job costs a pass over cached numbers, not over every
+    node's devices (5,000 nodes, 100 jobs: a second per consolidation run)."""
+
+    def __init__(self, ssn: Session) -> None:
+        self.ssn = ssn
+        n = len(ssn.cluster.order)
+        self._versions = np.full(n, -1, dtype=np.int64)
+        self._per_node: list[tuple[float, float]] = [(0.0, 0.0)] * n
+
+    def totals(self) -> tuple[float, float]:
+        c = self.ssn.cluster
+        for i in np.flatnonzero(self._versions != c.versions).tolist():
+            node = c.order[i]
+            idle, idle_mem = idle_gpus(node)
+            rel, rel_mem = releasing_gpus(node)
+            self._per_node[i] = (idle + rel, idle_mem + rel_mem)
+            self._versions[i] = c.versions[i]
+        # Summed in node order, as node after node, so the totals are the same to the last bit.
+        total = 0.0
+        total_mem = 0.0
+        for gpus, memory in self._per_node:
+            total += gpus
+            total_mem += memory
+        return total, total_mem
+
+
+def enough_gpus_allocatable(ssn: Session, job: JobState, gpus: AllocatableGpus | None = None) -> bool:
     """KAI `IsEnoughGPUsAllocatableForJob`: the cluster's free and releasing GPUs (and GPU memory) cover
-    what the job's next pods ask for."""
-    total = 0.0
-    total_mem = 0.0
-    for node in ssn.cluster.order:
-        idle, idle_mem = idle_gpus(node)
-        rel, rel_mem = releasing_gpus(node)
-        total += idle + rel
-        total_mem += idle_mem + rel_mem
+    what the job's next pods ask for. `gpus`: the action run's cache of the cluster's figures."""
+    total, total_mem = (gpus or AllocatableGpus(ssn)).totals()
     need = 0.0
     need_mem = 0.0
     for task in job.tasks_to_allocate(real=False):
