@@ -55,15 +55,15 @@ from shared.contracts.messages import Binding
 from shared.errors import InvalidObject, TemporaryError
 from shared.kube import gpu_sharing as gs
 from shared.kube import keys, translate, wire
-from shared.kubeapi.client import ApiError, Kube
+from shared.kubeapi.client import JSON, MERGE_PATCH, ApiError, Kube
 from shared.kubeapi.informer import Informer
-from shared.telemetry.spans import counting_retries
+from shared.kubeapi.paths import collection_path, object_path
+from shared.telemetry.spans import counting_retries, note_retry
 
 log = logging.getLogger("kairos.binder.reservations")
 
 CONFLICT = 409
 NOT_FOUND = 404
-MERGE_PATCH = "application/merge-patch+json"
 EVENT_COMPONENT = "kairos-binder"
 
 
@@ -311,8 +311,8 @@ class GpuSharing:
         what = f"pod {binding.namespace}/{binding.name}"
         try:
             pod = wire.decode_pod(
-                await self._call(
-                    f"get {what}", self.kube.core.read_namespaced_pod, binding.name, binding.namespace
+                await self._send(
+                    f"get {what}", "GET", object_path("v1", "Pod", binding.namespace, binding.name)
                 )
             )
             if pod.spec.node_name and pod.spec.node_name != binding.node:
@@ -360,14 +360,8 @@ class GpuSharing:
             raise ClusterRefused("bind", binding.pod, str(exc)) from exc
 
     async def _merge_patch_pod(self, what: str, binding: Binding, patch: dict[str, Any]) -> None:
-        await self._call(
-            f"label {what}",
-            self.kube.core.patch_namespaced_pod,
-            binding.name,
-            binding.namespace,
-            patch,
-            _content_type=MERGE_PATCH,
-        )
+        path = object_path("v1", "Pod", binding.namespace, binding.name)
+        await self._send(f"label {what}", "PATCH", path, patch, content_type=MERGE_PATCH)
 
     async def reserve(
         self, node: str, group: str, *, tolerations: Iterable[Mapping[str, Any]], sharer: str
@@ -380,13 +374,12 @@ class GpuSharing:
         async with self.locks(f"{node}/{group}"):
             created = False
             try:
-                raw = await self._call(
+                raw = await self._send(
                     f"touch {what}",
-                    self.kube.core.patch_namespaced_pod,
-                    name,
-                    ns,
+                    "PATCH",
+                    object_path("v1", "Pod", ns, name),
                     sharing.touch_patch(sharer, self.clock()),
-                    _content_type=MERGE_PATCH,
+                    content_type=MERGE_PATCH,
                 )
             except ApiError as exc:
                 if exc.status != NOT_FOUND:
@@ -414,8 +407,8 @@ class GpuSharing:
         )
         name = body["metadata"]["name"]
         try:
-            raw = await self._call(
-                f"create {what}", self.kube.core.create_namespaced_pod, gs.RESERVATION_NAMESPACE, body
+            raw = await self._send(
+                f"create {what}", "POST", collection_path("v1", "Pod", gs.RESERVATION_NAMESPACE), body
             )
         except ApiError as exc:
             if exc.status == NOT_FOUND:
@@ -427,8 +420,8 @@ class GpuSharing:
                 raise
             self.counters["reservations_reused_on_create"] += 1  # another binder created it just now
             try:
-                raw = await self._call(
-                    f"get {what}", self.kube.core.read_namespaced_pod, name, gs.RESERVATION_NAMESPACE
+                raw = await self._send(
+                    f"get {what}", "GET", object_path("v1", "Pod", gs.RESERVATION_NAMESPACE, name)
                 )
             except ApiError as again:
                 if again.status == NOT_FOUND:
@@ -508,10 +501,10 @@ class GpuSharing:
         ns = pod.metadata.namespace
         what = f"configmap {ns}/{name}"
         try:
-            await self._call(
+            await self._send(
                 f"create {what}",
-                self.kube.core.create_namespaced_config_map,
-                ns,
+                "POST",
+                collection_path("v1", "ConfigMap", ns),
                 gs.configmap_body(pod, name, data),
             )
         except ApiError as exc:
@@ -524,23 +517,37 @@ class GpuSharing:
         return True
 
     async def _patch_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
-        await self._call(
+        await self._send(
             f"patch configmap {namespace}/{name}",
-            self.kube.core.patch_namespaced_config_map,
-            name,
-            namespace,
+            "PATCH",
+            object_path("v1", "ConfigMap", namespace, name),
             {"data": dict(data)},
-            _content_type=MERGE_PATCH,
+            content_type=MERGE_PATCH,
         )
 
     async def _device_memory(self, node: str) -> int | None:
         """MiB per device of `node` as the core reads it (label ``nvidia.com/gpu.memory``); None if unknown."""
         try:
-            raw = await self._call(f"get node {node}", self.kube.core.read_node, node)
+            raw = await self._send(f"get node {node}", "GET", object_path("v1", "Node", None, node))
             return translate.node_of(wire.decode_node(raw)).gpu_memory_mib
         except (ApiError, InvalidObject) as exc:
             log.warning("cannot read the device memory of node %s: %s", node, exc)
             return None
+
+    async def _send(
+        self, what: str, method: str, path: str, body: Any = None, *, content_type: str = JSON
+    ) -> bytes:
+        """A per-pod call (`Kube.request`), retried like `_call`."""
+        return await self.kube.request_with_retries(
+            what,
+            method,
+            path,
+            body,
+            backoff=self.backoff,
+            rng=self.rng,
+            on_retry=note_retry,
+            content_type=content_type,
+        )
 
     async def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> bytes:
         return await self.kube.call_with_retries(

@@ -201,6 +201,7 @@ class Kube:
         backoff: Backoff,
         rng: random.Random | None = None,
         on_retry: Callable[[], None] | None = None,
+        content_type: str = JSON,
     ) -> bytes:
         """`request`, retrying temporary errors as `call_with_retries` does; `on_retry` is told of each
         attempt after the first."""
@@ -211,7 +212,7 @@ class Kube:
             if attempts and on_retry is not None:
                 on_retry()
             attempts += 1
-            return await self.request(what, method, path, body)
+            return await self.request(what, method, path, body, content_type=content_type)
 
         return await _with_retries(what, attempt, backoff, rng)
 

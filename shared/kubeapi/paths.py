@@ -23,6 +23,7 @@ PLURALS = {
     "Node": "nodes",
     "Namespace": "namespaces",
     "Event": "events",
+    "ConfigMap": "configmaps",
     "ReplicationController": "replicationcontrollers",
     "Job": "jobs",
     "CronJob": "cronjobs",
