@@ -330,7 +330,7 @@ async def commit_ledger(
     write = LedgerWrite(proposal.id)
     binds = sorted(proposal.binds, key=lambda b: b.pod)
     by_node = binds_by_node(proposal)
-    claimed = await _concurrently(binds, lambda b: _claim(ledger, b, proposal.id))
+    claimed = await _concurrently(binds, lambda b: _claim(ledger, b, proposal.id), (ConflictError,))
     for b, result in zip(binds, claimed, strict=True):
         if isinstance(result, int):
             write.claims[b.pod] = result
@@ -340,7 +340,9 @@ async def commit_ledger(
         await rollback(ledger, write)
         raise LedgerConflict(lost[0], len(lost) + rest) from lost[0]
     nodes = list(by_node.items())
-    reserved = await _concurrently(nodes, lambda item: _reserve(ledger, item[0], item[1], proposal, capacity))
+    reserved = await _concurrently(
+        nodes, lambda item: _reserve(ledger, item[0], item[1], proposal, capacity), (ConflictError,)
+    )
     write.nodes.extend(r for r in reserved if isinstance(r, NodeWrite))
     lost = [r for r in reserved if isinstance(r, ConflictError)]
     if lost:
@@ -350,10 +352,12 @@ async def commit_ledger(
     return write
 
 
-async def _concurrently(items: Sequence[T], call: Callable[[T], Awaitable[R]]) -> list[R | ConflictError]:
-    """`call` on every item, `_CONCURRENCY` at a time, each result or the `ConflictError` it raised, in the
-    items' order. Any other failure is raised once all calls have ended (what they wrote stays: recovery
-    takes back an incomplete commit)."""
+async def _concurrently(
+    items: Sequence[T], call: Callable[[T], Awaitable[R]], expected: tuple[type[Exception], ...]
+) -> list[R | Exception]:
+    """`call` on every item, `_CONCURRENCY` at a time, each result or the `expected` failure it raised, in
+    the items' order. Any other failure is raised once all calls have ended (what they did stays: recovery
+    takes back an incomplete ledger commit)."""
     gate = asyncio.Semaphore(_CONCURRENCY)
 
     async def one(item: T) -> R:
@@ -362,9 +366,9 @@ async def _concurrently(items: Sequence[T], call: Callable[[T], Awaitable[R]]) -
 
     results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
     for r in results:
-        if isinstance(r, BaseException) and not isinstance(r, ConflictError):
-            raise r
-    return cast("list[R | ConflictError]", results)
+        if isinstance(r, BaseException) and not isinstance(r, expected):
+            raise r  # cancellation and the like are not a cluster's or a ledger's answer
+    return cast("list[R | Exception]", results)
 
 
 async def strip_reservations(ledger: KvStore, node: str, pods: Collection[str], proposal: str) -> bool:
@@ -425,18 +429,8 @@ async def release(ledger: KvStore, binding: Binding, proposal: str, claim_revisi
 
 # --- step 4: the cluster ----------------------------------------------------------------------------------
 async def _each(items: list[T], call: Callable[[T], Awaitable[None]]) -> list[BaseException | None]:
-    gate = asyncio.Semaphore(_CONCURRENCY)
-
-    async def one(item: T) -> None:
-        async with gate:
-            await call(item)
-
-    results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException) and not isinstance(r, Exception):
-            raise r  # cancellation and the like are not a cluster's answer
-        if isinstance(r, Exception) and not isinstance(r, ClusterRefused | TemporaryError):
-            raise r
+    """`call` on every item concurrently: None where it succeeded, else what the cluster refused."""
+    results = await _concurrently(items, call, (ClusterRefused, TemporaryError))
     return [r if isinstance(r, BaseException) else None for r in results]
 
 

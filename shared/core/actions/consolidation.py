@@ -38,8 +38,7 @@ UNLIMITED_PREEMPTEES = -1
 def run(ssn: Session) -> None:
     if ssn.policy.max_consolidation_preemptees == 0:
         return
-    # Built at the first attempt: most cycles have no job that gets that far (the index files every job).
-    index: JobIndex | None = None
+    index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
     order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("consolidation"))
     order.extend(pending_jobs(ssn, preemptible_only=True))
     gpus = AllocatableGpus(ssn)
@@ -50,8 +49,6 @@ def run(ssn: Session) -> None:
             # Consolidation re-places every pod it moves, so no queue's allocation changes: a job its
             # queue's limit (or non-preemptible quota) holds back stays held back whatever moves.
             continue
-        if index is None:
-            index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())

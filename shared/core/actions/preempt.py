@@ -31,15 +31,12 @@ if TYPE_CHECKING:
 
 
 def run(ssn: Session) -> None:
-    # Built at the first attempt: most cycles have no job that gets that far (the index files every job).
-    index: JobIndex | None = None
+    index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
     order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("preempt"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
         if not fits_some_node_when_empty(ssn, job):
             continue
-        if index is None:
-            index = JobIndex(ssn, lambda j: is_candidate(ssn, j))
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())

@@ -32,8 +32,7 @@ def is_candidate(job: JobState) -> bool:
 
 
 def run(ssn: Session) -> None:
-    # Built at the first attempt: most cycles have no job that gets that far (the index files every job).
-    index: JobIndex | None = None
+    index = JobIndex(ssn, is_candidate)
     order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("reclaim"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
@@ -41,8 +40,6 @@ def run(ssn: Session) -> None:
             ssn, reclaimer_info(ssn, job)
         ):
             continue
-        if index is None:
-            index = JobIndex(ssn, is_candidate)
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())

@@ -257,27 +257,46 @@ def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]
 class JobIndex:
     """What the victim actions would otherwise rescan for every scenario, kept for one action run:
     the jobs with a pending pod, and the victim candidates of each leaf queue in job order. After a
-    commit, `refresh` re-files only the jobs whose pods the statement touched."""
+    commit, `refresh` re-files only the jobs whose pods the statement touched.
+
+    Filed at first use, not when made: it files every job of the session, and most action runs never get
+    as far as an attempt."""
 
     def __init__(self, ssn: Session, candidate: Callable[[JobState], bool]) -> None:
         self.ssn = ssn
         self.candidate = candidate
-        self.pending: dict[str, JobState] = {}
-        # Per leaf queue, ascending in job order (the most important job first).
-        self.by_queue: dict[str, list[JobState]] = {}
-        for job in ssn.jobs.values():
-            self.by_queue.setdefault(job.queue, [])
-            self._file(job)
-        for jobs in self.by_queue.values():
-            jobs.sort(key=job_order_key)
+        self._pending: dict[str, JobState] | None = None
+        self._by_queue: dict[str, list[JobState]] = {}
+
+    @property
+    def pending(self) -> dict[str, JobState]:
+        """Jobs with a pending pod, by key."""
+        return self._filed()
+
+    @property
+    def by_queue(self) -> dict[str, list[JobState]]:
+        """Per leaf queue, the victim candidates ascending in job order (the most important job first)."""
+        self._filed()
+        return self._by_queue
+
+    def _filed(self) -> dict[str, JobState]:
+        if self._pending is None:
+            self._pending = {}
+            for job in self.ssn.jobs.values():
+                self._by_queue.setdefault(job.queue, [])
+                self._file(job)
+            for jobs in self._by_queue.values():
+                jobs.sort(key=job_order_key)
+        return self._pending
 
     def _file(self, job: JobState) -> None:
+        assert self._pending is not None
         if any(t.status == PodStatus.PENDING for t in job.tasks.values()):
-            self.pending[job.key] = job
+            self._pending[job.key] = job
         else:
-            self.pending.pop(job.key, None)
+            self._pending.pop(job.key, None)
         if self.candidate(job):
-            self.by_queue[job.queue].append(job)
+            self._by_queue[job.queue].append(job)
 
     def refresh(self, jobs: Iterable[JobState]) -> None:
         for job in {j.key: j for j in jobs}.values():
