@@ -285,9 +285,12 @@ class Mirror:
         return len(self.raw.nodes)
 
     def ungrouped(self) -> list[wire.Pod]:
-        """Pods of this scheduler, alive and without a podgroup: the pod-grouper's work."""
+        """Pods of this scheduler, alive and without a podgroup: the pod-grouper's work, oldest first (by
+        creation time, then name), so the order does not depend on the order the watch told of them."""
         pods = self.raw.pods
-        return [pods[name] for name in self._ungrouped if name in pods]
+        waiting = [(name, pods[name]) for name in self._ungrouped if name in pods]
+        waiting.sort(key=lambda item: (item[1].metadata.creation_timestamp or "", item[0]))
+        return [pod for _, pod in waiting]
 
     def ungatable(self) -> list[wire.Pod]:
         """Pods carrying the `kairos.io/after` gate whose podgroup may run (its dependencies succeeded, or it
