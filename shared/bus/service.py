@@ -34,6 +34,7 @@ from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
+from shared.gc_settings import tune as tune_gc
 from shared.telemetry.logs import JsonFormatter, text_format
 from shared.telemetry.metrics import ServiceMetrics
 from shared.telemetry.tracing import setup_tracing
@@ -270,6 +271,7 @@ def main(
         print(f"kairos: {exc}", file=sys.stderr)
         return 2
     setup_logging(service, config.replica, config.log_format)
+    tune_gc()
     # `kill -USR1 PID` writes every thread's stack to the log: how a process that hangs says where.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:

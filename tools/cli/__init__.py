@@ -1,1 +1,1 @@
-"""The ``kairos`` command-line tool; its entry point is ``tools.cli.main:main``."""
+"""The ``kairos`` command-line tool; its entry point is ``tools.cli.main:run``."""

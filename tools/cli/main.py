@@ -1,6 +1,6 @@
 """The ``kairos`` command: argument parsing and the subcommands' thin shells.
 
-Console-script entry point ``kairos = tools.cli.main:main``; tests call :func:`main` in-process
+Console-script entry point ``kairos = tools.cli.main:run``; tests call :func:`main` in-process
 with an argv list. Subcommands::
 
     kairos conformance run CASE.yaml [--json] [--via-bus]   run one case, print result + verdict
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared.errors import InvalidObject, KairosError
+from shared.gc_settings import tune as tune_gc
 from tools.conformance.case import Case, iter_case_files, load_case
 from tools.conformance.judge import judge
 from tools.conformance.result import CaseResult, encode_result
@@ -189,5 +190,13 @@ def _cmd_demo(_args: argparse.Namespace) -> int:
     return demo.main()
 
 
+def run() -> int:
+    """The ``kairos`` program (its console script): `main` in a process of its own, with the garbage
+    collector set for long runs (`shared.gc_settings`; the in-process benchmark runs the core here).
+    Callers in a process of theirs, such as tests, call `main`, which leaves the collector alone."""
+    tune_gc()
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

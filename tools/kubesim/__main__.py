@@ -14,6 +14,7 @@ import signal
 import sys
 
 from shared.errors import KairosError
+from shared.gc_settings import tune as tune_gc
 from tools.kubesim.config import KubeSimConfig, initial_nodes, parse_args
 from tools.kubesim.faults import read_plan_file
 from tools.kubesim.server import KubeSim
@@ -44,6 +45,7 @@ async def serve(config: KubeSimConfig) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tune_gc()
     try:
         config = parse_args(argv)
         asyncio.run(serve(config))
