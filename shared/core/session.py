@@ -109,6 +109,7 @@ class Session:
         # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
         self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
+        self._queue_chains: dict[str, list[QueueState]] = {}
         self.total: Vec = [
             float(self.cluster.alloc[GPU].sum()) + self._mig_total_gpus(),
             float(self.cluster.alloc[CPU].sum()),
@@ -127,23 +128,47 @@ class Session:
         return total
 
     # --- queue accounting (proportion) ------------------------------------------------------------------
+    def queue_chain(self, queue: str) -> list[QueueState]:
+        """The queue and its ancestors, leaf first (`ancestors_and_self`); the tree does not change within a
+        session, so each queue's chain is walked once. Callers must not change the list."""
+        chain = self._queue_chains.get(queue)
+        if chain is None:
+            chain = self._queue_chains[queue] = ancestors_and_self(self.queues, queue)
+        return chain
+
     def _init_queue_usage(self) -> None:
+        # Per element, the same additions in the same order as one `accepted_quota`/`request_quota` vector
+        # per task would make: the sums come out bit for bit the same, without a list per task.
+        min_gpu_memory = self.policy.min_node_gpu_memory_mib
         for job in self.jobs.values():
-            chain = ancestors_and_self(self.queues, job.queue)
+            chain = self.queue_chain(job.queue)
+            if not chain:
+                continue
+            non_preemptible = not job.preemptible
             for task in job.tasks.values():
-                if task.status in ALLOCATED:
-                    v = self.accepted_quota(task)
+                status = task.status
+                if status in ALLOCATED:
+                    gpus, cpu, mem = self.accepted_quota(task)
                     for q in chain:
-                        for r in range(3):
-                            q.allocated[r] += v[r]
-                            q.requested[r] += v[r]
-                            if not job.preemptible:
-                                q.allocated_non_preemptible[r] += v[r]
-                elif task.status == PodStatus.PENDING:
-                    v = self.request_quota(task)
+                        allocated, requested = q.allocated, q.requested
+                        allocated[0] += gpus
+                        allocated[1] += cpu
+                        allocated[2] += mem
+                        requested[0] += gpus
+                        requested[1] += cpu
+                        requested[2] += mem
+                        if non_preemptible:
+                            held = q.allocated_non_preemptible
+                            held[0] += gpus
+                            held[1] += cpu
+                            held[2] += mem
+                elif status == PodStatus.PENDING:
+                    gpus, cpu, mem = task.quota_gpus(min_gpu_memory), task.cpu, task.mem
                     for q in chain:
-                        for r in range(3):
-                            q.requested[r] += v[r]
+                        requested = q.requested
+                        requested[0] += gpus
+                        requested[1] += cpu
+                        requested[2] += mem
 
     def request_quota(self, task: TaskState) -> Vec:
         """What a pending task asks of its queue: (GPU, CPU, memory), gpu-memory as a share of a device."""
@@ -178,7 +203,7 @@ class Session:
         self.alloc_version += 1
         v = self.accepted_quota(task)
         np_ = not task.job.preemptible
-        for q in ancestors_and_self(self.queues, task.job.queue):
+        for q in self.queue_chain(task.job.queue):
             q.version += 1
             for r in range(3):
                 q.allocated[r] += sign * v[r]
@@ -213,7 +238,7 @@ class Session:
                 v[0] = t.quota_gpus(self.policy.min_node_gpu_memory_mib)
             for r in range(3):
                 req[r] += v[r]
-        chain = ancestors_and_self(self.queues, job.queue)
+        chain = self.queue_chain(job.queue)
         result = check_over_limit(chain, req)
         if not result.ok:
             return result
@@ -221,7 +246,7 @@ class Session:
 
     def queue_node_capacity(self, task: TaskState, node: NodeState) -> CapacityResult:
         """KAI proportion's per-node check: the quota the task would take on this node."""
-        chain = ancestors_and_self(self.queues, task.job.queue)
+        chain = self.queue_chain(task.job.queue)
         req = self.node_init_quota(task, node)
         result = check_over_limit(chain, req)
         if not result.ok:
