@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from cachetools import TTLCache
 
 from services.state import admission_review, gate_patches
 from services.state.grouping import owner_refs_to_follow
@@ -55,6 +56,9 @@ log = logging.getLogger("kairos.state.admission")
 PATH = "/mutate-pods"
 OWNER_TTL = 10.0
 """Seconds an owner's annotations are reused for the next pods it creates."""
+OWNER_CACHE_SIZE = 4096
+"""Owners remembered at most; past it the least recently used goes first (a burst of pods of as many
+podgroups, each read once)."""
 LOOKUP_TIMEOUT = 2.0
 """Seconds one owner read may take: the API server's own call to us times out at 5 s (deploy/)."""
 MAX_OWNER_DEPTH = 8
@@ -86,7 +90,10 @@ class AdmissionServer:
         self.kube = kube
         self.options = options
         self._runner: web.AppRunner | None = None
-        self._owners: dict[tuple[str, str, str, str], tuple[float, asyncio.Task[dict[str, Any] | None]]] = {}
+        self._owners: TTLCache[tuple[str, str, str, str], asyncio.Task[dict[str, Any] | None]] = TTLCache(
+            maxsize=OWNER_CACHE_SIZE, ttl=OWNER_TTL, timer=lambda: asyncio.get_running_loop().time()
+        )
+        """Owner reads, done or under way, by (namespace, apiVersion, kind, name)."""
         self.port = options.port
         self._context: ssl.SSLContext | None = None
         self._cert_stamp: tuple[int, int] | None = None
@@ -145,7 +152,8 @@ class AdmissionServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._cert_task
             self._cert_task = None
-        for _, task in self._owners.values():
+        self._owners.expire()
+        for task in self._owners.values():
             task.cancel()
         self._owners.clear()
         if self._runner is not None:
@@ -249,16 +257,11 @@ class AdmissionServer:
     async def _owner(
         self, namespace: str, api_version: str, kind: str, name: str, uid: str
     ) -> wire.Owner | None:
-        now = asyncio.get_running_loop().time()
         key = (namespace, api_version, kind, name)
-        cached = self._owners.get(key)
-        if cached is None or cached[0] < now or (cached[1].done() and cached[1].exception() is not None):
+        task = self._owners.get(key)
+        if task is None or (task.done() and task.exception() is not None):
             task = asyncio.create_task(self._read(namespace, api_version, kind, name))
-            self._owners[key] = (now + OWNER_TTL, task)
-            if len(self._owners) > 4096:
-                self._owners = {k: v for k, v in self._owners.items() if v[0] >= now}
-        else:
-            task = cached[1]
+            self._owners[key] = task
         raw = await asyncio.shield(task)
         if raw is None:
             return None
