@@ -1,13 +1,15 @@
-"""KAI's scheduler plugins as registry entries: `DEFAULT_REGISTRY`, one literal keyed by plugin name.
+"""The built-in scheduler plugins as registry entries: `DEFAULT_REGISTRY`, one literal keyed by plugin name:
+KAI's, and Kairos's own kube-scheduler scores KAI does not run (nodeaffinity, tainttoleration).
 
 Each entry wraps the core's existing implementation (no logic lives here beyond argument checks): the
-predicates filter (`shared.core.predicates.check`), the node scores (`shared.core.scoring`, and
-`shared.core.topology.preferred_scores`), the GPU device orders (`shared.core.scoring.fitting_gpus`
+predicates filter (`shared.core.predicates.check`), the node scores (`shared.core.scoring`,
+`shared.core.pod_affinity.scores` and `shared.core.topology.preferred_scores`), the GPU device orders (`shared.core.scoring.fitting_gpus`
 sums them), the job, task and pod-set orders (`shared.core.tasks`), the queue order and quota checks
 (`shared.core.proportion`, `Session.queue_job_capacity`), and the min-runtime victim filter
-(`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's); arguments are those of KAI's
-plugins that Kairos honours. Plugins with nothing to act on in Kairos (no such workloads, no DRA, no
-nominations, no snapshot endpoint, preferred pod affinity unread) are accepted and contribute nothing.
+(`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's) and Kairos's
+(`shared.core.plugins.priorities`); arguments are those of KAI's plugins that Kairos honours. Plugins with
+nothing to act on in Kairos (no such workloads, no DRA, no nominations, no snapshot endpoint) are accepted
+and contribute nothing.
 
 Public: the shells extend `DEFAULT_REGISTRY` with third-party plugins (`Registry.with_plugins`) and pass
 it to `shared.core.scheduler.schedule`. `SessionRegistry` / `SessionPlugin` / `SessionSpec` name the
@@ -20,8 +22,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
-from shared.core import minruntime, predicates, scoring, topology
+from shared.core import minruntime, pod_affinity, predicates, scoring, topology
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
+from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
 from shared.core.policy import Placement
 from shared.core.proportion import compare_views
@@ -187,6 +190,36 @@ class GpuSharingScore:
         return scoring.gpu_sharing_scores(ssn, task)
 
 
+class PodAffinityScore:
+    """KAI podaffinity: kube-scheduler's InterPodAffinity score (preferred terms, both ways), unnormalised,
+    times KAI's k8s-plugin weight (`shared.core.pod_affinity`)."""
+
+    def score(
+        self, ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float64] | None:
+        raw = pod_affinity.scores(ssn, task)
+        return None if raw is None else raw * scoring.K8S_PLUGINS
+
+
+class NodeAffinityScore:
+    """Kairos nodeaffinity: preferred node affinity (`scoring.preferred_node_affinity_scores`)."""
+
+    def score(
+        self, ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float64] | None:
+        return scoring.preferred_node_affinity_scores(ssn, task)
+
+
+class TaintTolerationScore:
+    """Kairos tainttoleration: nodes with PreferNoSchedule taints the pod does not tolerate score lower
+    (`scoring.taint_toleration_scores`)."""
+
+    def score(
+        self, ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float64] | None:
+        return scoring.taint_toleration_scores(ssn, task)
+
+
 class TopologyScore:
     """KAI topology's preference: nodes in the pod's preferred topology domain."""
 
@@ -283,8 +316,18 @@ DEFAULT_REGISTRY: SessionRegistry = Registry(
             "nodeavailability", _constant(Plugin(node_score=AvailabilityScore())), KAI["nodeavailability"]
         ),
         PluginSpec("resourcetype", _constant(Plugin(node_score=ResourceTypeScore())), KAI["resourcetype"]),
+        PluginSpec("podaffinity", _constant(Plugin(node_score=PodAffinityScore())), KAI["podaffinity"]),
         PluginSpec(
-            "podaffinity", _constant(_NOTHING), KAI["podaffinity"], summary="preferred pod affinity: not read"
+            "nodeaffinity",
+            _constant(Plugin(node_score=NodeAffinityScore())),
+            KAIROS["nodeaffinity"],
+            summary="Kairos: preferred node affinity",
+        ),
+        PluginSpec(
+            "tainttoleration",
+            _constant(Plugin(node_score=TaintTolerationScore())),
+            KAIROS["tainttoleration"],
+            summary="Kairos: PreferNoSchedule taints",
         ),
         PluginSpec("elastic", _constant(Plugin(job_order=ElasticOrder())), KAI["elastic"]),
         PluginSpec("kubeflow", _constant(_NOTHING), KAI["kubeflow"], summary="no Kubeflow workloads"),
@@ -338,6 +381,9 @@ _s: tuple[NodeScore[Session], ...] = (
     AvailabilityScore(),
     GpuSharingScore(),
     TopologyScore(),
+    PodAffinityScore(),
+    NodeAffinityScore(),
+    TaintTolerationScore(),
 )
 _d: tuple[GpuDeviceOrder, ...] = (GpuPack(), GpuSpread())
 _v: VictimFilter[Session] = MinRuntime(0.0, 0.0)

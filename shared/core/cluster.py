@@ -83,6 +83,10 @@ class ClusterState:
         self.sharing_nodes: set[int] = set()
         # Set once any node has releasing resources; until then idle-only and idle+releasing fits agree.
         self.has_releasing = False
+        self.generation = 0
+        """Moves whenever any node takes, releases or restores pods: answers computed from where pods are
+        (inter-pod affinity) are cached until it moves."""
+        self._label_columns: dict[str, npt.NDArray[np.object_]] = {}
         # The accounting starts in Python lists and becomes NumPy arrays once the snapshot's pods are on
         # their nodes: element access to a list is several times cheaper than to an array, and float
         # arithmetic on either is IEEE double, so the arrays come out bit for bit the same. Only
@@ -118,12 +122,25 @@ class ClusterState:
         # Static per-node facts the scores read on every pod.
         self.has_resource = [self.alloc[r] != 0 for r in range(N_BASE)]
         self.gpu_count = np.array([float(nd.gpus) for nd in nodes])
+        self.prefer_no_schedule_nodes = [
+            i for i, nd in enumerate(nodes) if any(t.effect == "PreferNoSchedule" for t in nd.taints)
+        ]
+        """Nodes with a PreferNoSchedule taint: the only ones the TaintToleration score looks at."""
         mig = np.array([nd.mig_enabled for nd in nodes], dtype=bool)
         self.cpu_only_nodes = (self.alloc[GPU] <= 0) & ~mig
         # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
         self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object))) if n else np.zeros(0)
         if tie_break_seed is not None and n:
             self.name_rank = np.random.default_rng(tie_break_seed).permutation(n)
+
+    def label_column(self, key: str) -> npt.NDArray[np.object_]:
+        """Every node's value of label `key` (None where it has none), in node order; labels do not change
+        within a session, so each key's column is built once."""
+        column = self._label_columns.get(key)
+        if column is None:
+            column = np.array([node.labels.get(key) for node in self.order], dtype=object)
+            self._label_columns[key] = column
+        return column
 
 
 class NodeState:
@@ -188,6 +205,7 @@ class NodeState:
         if task.key in self.tasks:
             raise ValueError(f"task {task.name} already on node {self.name}")
         self.cluster.versions[self.idx] += 1
+        self.cluster.generation += 1
         vec, scalars = self._vector(task)
         entry = _Entry(
             status=task.status,
@@ -236,6 +254,7 @@ class NodeState:
     def remove_task(self, task: TaskState) -> None:
         entry = self.tasks.pop(task.key)
         self.cluster.versions[self.idx] += 1
+        self.cluster.generation += 1
         self.legacy_mig_tasks.discard(task.key)
         c = self.cluster
         for r in range(N_BASE):
@@ -294,6 +313,7 @@ class NodeState:
         c = self.cluster
         i = self.idx
         c.versions[i] += 1
+        c.generation += 1
         for r, (idle, used, releasing) in enumerate(m.arrays):
             c.idle[r][i] = idle
             c.used[r][i] = used

@@ -4,7 +4,7 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 (MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
-taints, pod affinity and anti-affinity).
+taints, inter-pod affinity and anti-affinity: `shared.core.pod_affinity`), in kube-scheduler's words.
 
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.core import pod_affinity, selectors
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
 from shared.core.tasks import PODS, TaskState
-from shared.model import NodeSelectorRequirement
-from shared.model.status import ACTIVE_USED, PodStatus
+from shared.model.objects import Taint
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 NODE_POD_NUMBER_EXCEEDED = "node(s) pod number exceeded"
 NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 TAINTS = "node(s) had untolerated taint"
-POD_AFFINITY = "node(s) didn't match pod affinity rules"
-POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
 
 
@@ -66,9 +64,10 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return reason
     if not node_affinity_matches(task, node):
         return NODE_AFFINITY
-    if not tolerates(task, node):
-        return TAINTS
-    return pod_affinity(ssn, task, node)
+    taint = untolerated_taint(task, node)
+    if taint is not None:
+        return taint_reason(taint)
+    return pod_affinity.reason(ssn, task, node)
 
 
 def resource_type(task: TaskState, node: NodeState) -> str | None:
@@ -125,122 +124,21 @@ def _needs_new_gpu_group(ssn: Session, task: TaskState, node: NodeState) -> bool
     return True
 
 
-def _requirement_matches(req: NodeSelectorRequirement, labels: dict[str, str]) -> bool:
-    value = labels.get(req.key)
-    match req.operator:
-        case "In":
-            return value is not None and value in req.values
-        case "NotIn":
-            return value is None or value not in req.values
-        case "Exists":
-            return value is not None
-        case "DoesNotExist":
-            return value is None
-        case "Gt" | "Lt":
-            try:
-                v = int(value) if value is not None else None
-                bound = int(req.values[0])
-            except (ValueError, IndexError):
-                return False
-            if v is None:
-                return False
-            return v > bound if req.operator == "Gt" else v < bound
-    return False
-
-
 def node_affinity_matches(task: TaskState, node: NodeState) -> bool:
-    labels = node.labels
-    for key, value in task.pod.node_selector.items():
-        if labels.get(key) != value:
-            return False
-    terms = task.pod.node_affinity
-    if not terms:
-        return True
-    return any(all(_requirement_matches(r, labels) for r in term.requirements) for term in terms)
+    """The pod's nodeSelector and required node affinity hold on the node (`shared.core.selectors`)."""
+    return selectors.node_affinity_matches(task.pod, node.labels)
 
 
-def tolerates(task: TaskState, node: NodeState) -> bool:
+def untolerated_taint(task: TaskState, node: NodeState) -> Taint | None:
+    """The node's first NoSchedule or NoExecute taint none of the pod's tolerations tolerates, or None."""
     for taint in node.node.taints:
         if taint.effect not in ("NoSchedule", "NoExecute"):
             continue
-        ok = False
-        for tol in task.pod.tolerations:
-            if tol.effect and tol.effect != taint.effect:
-                continue
-            if tol.operator == "Exists" and (not tol.key or tol.key == taint.key):
-                ok = True
-                break
-            if tol.key == taint.key and tol.value == taint.value:
-                ok = True
-                break
-        if not ok:
-            return False
-    return True
-
-
-def _labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _domain_pods(ssn: Session, node: NodeState, key: str) -> list[TaskState]:
-    """Pods counted for inter-pod affinity in the node's domain of `key` (this session's own evictions
-    excluded: their resources are already treated as free)."""
-    value = node.labels.get(key)
-    if value is None:
-        return []
-    out: list[TaskState] = []
-    for other in ssn.cluster.order:
-        if other.labels.get(key) != value:
-            continue
-        for entry in other.tasks.values():
-            t = entry.task
-            if t.status not in ACTIVE_USED:
-                continue
-            if t.status == PodStatus.RELEASING and t.is_virtual:
-                continue
-            out.append(t)
-    return out
-
-
-def pod_affinity(ssn: Session, task: TaskState, node: NodeState) -> str | None:
-    pod = task.pod
-    for term in pod.pod_affinity:
-        matches = [t for t in _domain_pods(ssn, node, term.topology_key) if t is not task]
-        if any(_labels_match(term.match_labels, t.pod.labels) for t in matches):
-            continue
-        # The first pod of a group may land anywhere its own labels satisfy the term.
-        anywhere = any(
-            _labels_match(term.match_labels, e.task.pod.labels)
-            for n in ssn.cluster.order
-            for e in n.tasks.values()
-            if e.task is not task and e.task.status in ACTIVE_USED
-        )
-        if (
-            anywhere
-            or not _labels_match(term.match_labels, pod.labels)
-            or term.topology_key not in node.labels
-        ):
-            return POD_AFFINITY
-    for term in pod.pod_anti_affinity:
-        for t in _domain_pods(ssn, node, term.topology_key):
-            if t is not task and _labels_match(term.match_labels, t.pod.labels):
-                return POD_ANTI_AFFINITY
-    if not ssn.any_anti_affinity:
-        return None
-    # Existing pods' anti-affinity against the incoming pod is symmetric.
-    for other in ssn.cluster.order:
-        for entry in other.tasks.values():
-            t = entry.task
-            if t is task or t.status not in ACTIVE_USED or not t.pod.pod_anti_affinity:
-                continue
-            if t.status == PodStatus.RELEASING and t.is_virtual:
-                continue
-            for term in t.pod.pod_anti_affinity:
-                key = term.topology_key
-                if (
-                    _labels_match(term.match_labels, pod.labels)
-                    and key in node.labels
-                    and other.labels.get(key) == node.labels.get(key)
-                ):
-                    return POD_ANTI_AFFINITY
+        if not any(selectors.tolerates(toleration, taint) for toleration in task.pod.tolerations):
+            return taint
     return None
+
+
+def taint_reason(taint: Taint) -> str:
+    """kube-scheduler's TaintToleration reason, naming the taint."""
+    return f"{TAINTS} {{{taint.key}: {taint.value}}}"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import numpy.typing as npt
 
+from shared.core.selectors import preferred_node_weight, tolerates
 from shared.core.tasks import CPU, GPU, TaskState
 
 if TYPE_CHECKING:
@@ -36,6 +37,14 @@ AVAILABILITY = 1000.0
 GPU_SHARING = 10000.0
 TOPOLOGY = 100000.0
 GPU_USAGE = 40000.0
+K8S_PLUGINS = 1000000.0
+"""KAI's weight for kube-scheduler's scores (its podaffinity plugin): per unit of the plugin's raw,
+unnormalised score, above every score of KAI's own."""
+PREFER_NO_SCHEDULE_TAINT = 100.0
+"""What one PreferNoSchedule taint the pod does not tolerate costs a node, in the same units as a preferred
+affinity term's weight (1-100): as much as the heaviest preference, so a pod avoids such a node unless a
+full-weight preference draws it there (kube-scheduler weighs TaintToleration 3 against NodeAffinity's
+and InterPodAffinity's 2)."""
 
 WHOLE_GPU = "-2"
 
@@ -56,6 +65,37 @@ def node_scores(
     if ssn.policy.gpu_usage_scoring and task.is_shared:
         score = score + usage_scores(ssn, task)
     return score
+
+
+def preferred_node_affinity_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
+    """kube-scheduler's NodeAffinity score in KAI's k8s-plugin band: the summed weights of the pod's
+    preferred node-affinity terms each node meets, times `K8S_PLUGINS` (None: the pod prefers nothing).
+    KAI does not run it; Kairos weighs it as KAI weighs the pod-affinity score, unnormalised."""
+    terms = task.pod.preferred_node_affinity
+    if not terms:
+        return None
+    weights = [float(preferred_node_weight(task.pod, node.labels)) for node in ssn.cluster.order]
+    return np.array(weights) * K8S_PLUGINS
+
+
+def taint_toleration_scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
+    """kube-scheduler's TaintToleration score in KAI's k8s-plugin band: minus `PREFER_NO_SCHEDULE_TAINT`
+    per PreferNoSchedule taint of the node the pod does not tolerate, times `K8S_PLUGINS` (None: no node
+    has such a taint)."""
+    c = ssn.cluster
+    tainted = c.prefer_no_schedule_nodes
+    if not tainted:
+        return None
+    out = np.zeros(len(c.order))
+    tolerations = task.pod.tolerations
+    for i in tainted:
+        untolerated = sum(
+            1
+            for taint in c.order[i].node.taints
+            if taint.effect == "PreferNoSchedule" and not any(tolerates(t, taint) for t in tolerations)
+        )
+        out[i] = -untolerated * PREFER_NO_SCHEDULE_TAINT * K8S_PLUGINS
+    return out
 
 
 def placement_scores(

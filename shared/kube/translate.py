@@ -50,6 +50,8 @@ from shared.kube.quantity import (
 )
 from shared.model import (
     GpuRequest,
+    LabelRequirement,
+    LabelSelector,
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
@@ -58,6 +60,7 @@ from shared.model import (
     PodGroup,
     PodSet,
     PodStatus,
+    PreferredNodeTerm,
     Queue,
     QueueResource,
     SubGroupSet,
@@ -381,11 +384,12 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         labels=dict(meta.labels),
         node_selector=dict(pod.spec.node_selector),
         node_affinity=_node_affinity(where, pod.spec.affinity),
-        pod_affinity=_pod_affinity(where, pod.spec.affinity, anti=False),
-        pod_anti_affinity=_pod_affinity(where, pod.spec.affinity, anti=True),
-        tolerations=tuple(
-            Toleration(t.key, t.operator or "Equal", t.value, t.effect) for t in pod.spec.tolerations
-        ),
+        preferred_node_affinity=_preferred_node_affinity(where, pod.spec.affinity),
+        pod_affinity=_pod_affinity(where, pod, anti=False, preferred=False),
+        pod_anti_affinity=_pod_affinity(where, pod, anti=True, preferred=False),
+        preferred_pod_affinity=_pod_affinity(where, pod, anti=False, preferred=True),
+        preferred_pod_anti_affinity=_pod_affinity(where, pod, anti=True, preferred=True),
+        tolerations=_tolerations(where, pod.spec.tolerations),
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
     )
@@ -506,6 +510,49 @@ def _task_priority(where: _Where, raw: str | None) -> int | None:
 _NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
 """A requirement no node meets (an empty In list)."""
 
+_NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+_LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+_TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
+
+
+def _requirement_values(
+    where: _Where, at: str, operator: str, values: list[str], operators: frozenset[str]
+) -> tuple[str, ...]:
+    """A selector requirement's values, checked as the API server validates them."""
+    if operator not in operators:
+        raise where.error(
+            f"{at}.operator", f"must be one of {', '.join(sorted(operators))}, got {operator!r}"
+        )
+    if operator in ("In", "NotIn") and not values:
+        raise where.error(f"{at}.values", f"must not be empty for {operator}")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise where.error(f"{at}.values", f"must be empty for {operator}")
+    if operator in ("Gt", "Lt") and (len(values) != 1 or _INT.fullmatch(values[0]) is None):
+        raise where.error(f"{at}.values", f"{operator} takes one integer, got {values!r}")
+    return tuple(values)
+
+
+def _node_term(where: _Where, at: str, term: wire.NodeSelectorTerm) -> LabelSelectorTerm | None:
+    """A node selector term (None for Kubernetes' empty term, which matches no node)."""
+    requirements = [
+        NodeSelectorRequirement(
+            r.key,
+            r.operator,
+            _requirement_values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _NODE_OPERATORS),
+        )
+        for j, r in enumerate(term.match_expressions)
+    ]
+    for j, f in enumerate(term.match_fields):
+        field_at = f"{at}.matchFields[{j}]"
+        if f.key != "metadata.name":
+            raise where.error(f"{field_at}.key", f"only metadata.name is supported, got {f.key!r}")
+        if f.operator not in ("In", "NotIn") or len(f.values) != 1:
+            raise where.error(
+                field_at, f"metadata.name takes In or NotIn with one value, got {f.operator} {f.values}"
+            )
+        requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
+    return LabelSelectorTerm(tuple(requirements)) if requirements else None
+
 
 def _node_affinity(where: _Where, affinity: wire.Affinity | None) -> tuple[LabelSelectorTerm, ...]:
     """Required node affinity. Terms are ORed; Kubernetes' empty term matches no node, so it is dropped,
@@ -516,60 +563,142 @@ def _node_affinity(where: _Where, affinity: wire.Affinity | None) -> tuple[Label
     if selector is None:
         return ()
     at = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    terms: list[LabelSelectorTerm] = []
-    for i, term in enumerate(selector.node_selector_terms):
-        requirements = [
-            NodeSelectorRequirement(r.key, r.operator, tuple(r.values)) for r in term.match_expressions
-        ]
-        for j, f in enumerate(term.match_fields):
-            if f.key != "metadata.name":
-                raise where.error(
-                    f"{at}[{i}].matchFields[{j}].key", f"only metadata.name is supported, got {f.key!r}"
-                )
-            requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
-        if requirements:
-            terms.append(LabelSelectorTerm(tuple(requirements)))
-    if not terms:
-        return (LabelSelectorTerm((_NEVER,)),)
-    return tuple(terms)
+    terms = [_node_term(where, f"{at}[{i}]", term) for i, term in enumerate(selector.node_selector_terms)]
+    kept = tuple(term for term in terms if term is not None)
+    return kept or (LabelSelectorTerm((_NEVER,)),)
+
+
+def _preferred_node_affinity(where: _Where, affinity: wire.Affinity | None) -> tuple[PreferredNodeTerm, ...]:
+    """Preferred node affinity: weighted terms (an empty term matches no node and is dropped)."""
+    if affinity is None or affinity.node_affinity is None:
+        return ()
+    at = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    out: list[PreferredNodeTerm] = []
+    for i, preferred in enumerate(
+        affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    ):
+        _weight(where, f"{at}[{i}].weight", preferred.weight)
+        term = _node_term(where, f"{at}[{i}].preference", preferred.preference)
+        if term is not None:
+            out.append(PreferredNodeTerm(preferred.weight, term))
+    return tuple(out)
+
+
+def _weight(where: _Where, at: str, weight: int) -> None:
+    if not 1 <= weight <= 100:
+        raise where.error(at, f"must be within 1-100, got {weight}")
+
+
+def _label_selector(where: _Where, at: str, selector: wire.LabelSelector) -> LabelSelector:
+    return LabelSelector(
+        match_labels=dict(selector.match_labels),
+        match_expressions=tuple(
+            LabelRequirement(
+                r.key,
+                r.operator,
+                _requirement_values(
+                    where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _LABEL_OPERATORS
+                ),
+            )
+            for j, r in enumerate(selector.match_expressions)
+        ),
+    )
+
+
+def _affinity_term(
+    where: _Where, at: str, pod: wire.Pod, term: wire.PodAffinityTerm, weight: int
+) -> PodAffinityTerm | None:
+    """One pod (anti-)affinity term, its namespaces resolved and its label keys merged (None: a term
+    without a label selector, which selects no pod)."""
+    if not term.topology_key:
+        raise where.error(f"{at}.topologyKey", "missing")
+    if term.label_selector is None:
+        return None
+    selector = _label_selector(where, f"{at}.labelSelector", term.label_selector)
+    labels = pod.metadata.labels
+    # kube-scheduler merges these keys into the selector with the pod's own values; a key the pod does not
+    # carry is left out.
+    merged = [LabelRequirement(key, "In", (labels[key],)) for key in term.match_label_keys if key in labels]
+    merged += [
+        LabelRequirement(key, "NotIn", (labels[key],)) for key in term.mismatch_label_keys if key in labels
+    ]
+    overlap = set(term.match_label_keys) & set(term.mismatch_label_keys)
+    if overlap:
+        raise where.error(f"{at}.mismatchLabelKeys", f"keys also in matchLabelKeys: {sorted(overlap)}")
+    if merged:
+        selector = msgspec.structs.replace(
+            selector, match_expressions=selector.match_expressions + tuple(merged)
+        )
+    namespaces = tuple(term.namespaces)
+    all_namespaces = False
+    if term.namespace_selector is not None:
+        ns_selector = term.namespace_selector
+        if ns_selector.match_labels or ns_selector.match_expressions:
+            raise where.error(
+                f"{at}.namespaceSelector",
+                "only the empty selector (every namespace) is supported; list the namespaces in namespaces",
+            )
+        all_namespaces = True
+    elif not namespaces:
+        namespaces = (pod.metadata.namespace,)
+    return PodAffinityTerm(
+        selector=selector,
+        topology_key=term.topology_key,
+        namespaces=namespaces,
+        all_namespaces=all_namespaces,
+        weight=weight,
+    )
 
 
 def _pod_affinity(
-    where: _Where, affinity: wire.Affinity | None, *, anti: bool
+    where: _Where, pod: wire.Pod, *, anti: bool, preferred: bool
 ) -> tuple[PodAffinityTerm, ...]:
-    """Required pod (anti-)affinity as match-labels terms. ``matchExpressions`` are supported where they
-    say the same as a label match (``In`` with one value); anything else is an error rather than a
-    constraint silently dropped. An anti-affinity term without a selector selects nothing and is dropped."""
+    """Pod (anti-)affinity terms, required or preferred, with every operator kube-scheduler knows."""
+    affinity = pod.spec.affinity
     if affinity is None:
         return ()
     spec = affinity.pod_anti_affinity if anti else affinity.pod_affinity
     if spec is None:
         return ()
     name = "podAntiAffinity" if anti else "podAffinity"
-    at = f"spec.affinity.{name}.requiredDuringSchedulingIgnoredDuringExecution"
     out: list[PodAffinityTerm] = []
-    for i, term in enumerate(spec.required_during_scheduling_ignored_during_execution):
-        selector = term.label_selector
-        if selector is None:
+    if preferred:
+        at = f"spec.affinity.{name}.preferredDuringSchedulingIgnoredDuringExecution"
+        for i, weighted in enumerate(spec.preferred_during_scheduling_ignored_during_execution):
+            _weight(where, f"{at}[{i}].weight", weighted.weight)
+            term = _affinity_term(
+                where, f"{at}[{i}].podAffinityTerm", pod, weighted.pod_affinity_term, weighted.weight
+            )
+            if term is not None:
+                out.append(term)
+        return tuple(out)
+    at = f"spec.affinity.{name}.requiredDuringSchedulingIgnoredDuringExecution"
+    for i, raw in enumerate(spec.required_during_scheduling_ignored_during_execution):
+        term = _affinity_term(where, f"{at}[{i}]", pod, raw, 0)
+        if term is None:
             if anti:
                 continue
             raise where.error(f"{at}[{i}].labelSelector", "missing: a pod affinity term must select pods")
-        if not term.topology_key:
-            raise where.error(f"{at}[{i}].topologyKey", "missing")
-        labels = dict(selector.match_labels)
-        for j, expr in enumerate(selector.match_expressions):
-            if expr.operator != "In" or len(expr.values) != 1:
-                raise where.error(
-                    f"{at}[{i}].labelSelector.matchExpressions[{j}]",
-                    f"only 'In' with one value is supported, got {expr.operator!r} {expr.values!r}",
-                )
-            if labels.get(expr.key, expr.values[0]) != expr.values[0]:
-                raise where.error(
-                    f"{at}[{i}].labelSelector.matchExpressions[{j}]",
-                    f"contradicts matchLabels[{expr.key}]",
-                )
-            labels[expr.key] = expr.values[0]
-        out.append(PodAffinityTerm(labels, term.topology_key))
+        out.append(term)
+    return tuple(out)
+
+
+def _tolerations(where: _Where, tolerations: list[wire.Toleration]) -> tuple[Toleration, ...]:
+    out: list[Toleration] = []
+    for i, t in enumerate(tolerations):
+        at = f"spec.tolerations[{i}]"
+        operator = t.operator or "Equal"
+        if operator not in ("Equal", "Exists"):
+            raise where.error(f"{at}.operator", f"must be Equal or Exists, got {t.operator!r}")
+        if operator == "Exists" and t.value:
+            raise where.error(f"{at}.value", "must be empty when the operator is Exists")
+        if not t.key and operator != "Exists":
+            raise where.error(f"{at}.operator", "must be Exists when the key is empty")
+        if t.effect and t.effect not in _TAINT_EFFECTS:
+            raise where.error(
+                f"{at}.effect", f"must be one of {', '.join(sorted(_TAINT_EFFECTS))}, got {t.effect!r}"
+            )
+        out.append(Toleration(t.key, operator, t.value, t.effect))
     return tuple(out)
 
 

@@ -154,8 +154,16 @@ class NodeSelector(_Wire, frozen=True, kw_only=True):
     node_selector_terms: list[NodeSelectorTerm] = msgspec.field(default_factory=list)
 
 
+class PreferredSchedulingTerm(_Wire, frozen=True, kw_only=True):
+    weight: int = 0
+    preference: NodeSelectorTerm = msgspec.field(default_factory=NodeSelectorTerm)
+
+
 class NodeAffinity(_Wire, frozen=True, kw_only=True):
     required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = msgspec.field(
+        default_factory=list
+    )
 
 
 class LabelSelectorRequirement(_Wire, frozen=True, kw_only=True):
@@ -173,10 +181,21 @@ class PodAffinityTerm(_Wire, frozen=True, kw_only=True):
     label_selector: LabelSelector | None = None
     topology_key: str = ""
     namespaces: list[str] = msgspec.field(default_factory=list)
+    namespace_selector: LabelSelector | None = None
+    match_label_keys: list[str] = msgspec.field(default_factory=list)
+    mismatch_label_keys: list[str] = msgspec.field(default_factory=list)
+
+
+class WeightedPodAffinityTerm(_Wire, frozen=True, kw_only=True):
+    weight: int = 0
+    pod_affinity_term: PodAffinityTerm = msgspec.field(default_factory=PodAffinityTerm)
 
 
 class PodAffinity(_Wire, frozen=True, kw_only=True):
     required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = msgspec.field(
+        default_factory=list
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] = msgspec.field(
         default_factory=list
     )
 

@@ -8,6 +8,8 @@ the tools and tests.
 
 from shared.model.objects import (
     GpuRequest,
+    LabelRequirement,
+    LabelSelector,
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
@@ -15,6 +17,7 @@ from shared.model.objects import (
     PodAffinityTerm,
     PodGroup,
     PodSet,
+    PreferredNodeTerm,
     Queue,
     QueueResource,
     Snapshot,
@@ -26,6 +29,8 @@ from shared.model.status import PodStatus
 
 __all__ = [
     "GpuRequest",
+    "LabelRequirement",
+    "LabelSelector",
     "LabelSelectorTerm",
     "Node",
     "NodeSelectorRequirement",
@@ -34,6 +39,7 @@ __all__ = [
     "PodGroup",
     "PodSet",
     "PodStatus",
+    "PreferredNodeTerm",
     "Queue",
     "QueueResource",
     "Snapshot",

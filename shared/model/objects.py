@@ -93,16 +93,49 @@ class NodeSelectorRequirement(msgspec.Struct, frozen=True):
 
 
 class LabelSelectorTerm(msgspec.Struct, frozen=True):
-    """A required node-affinity term: every requirement must hold (terms are ORed)."""
+    """A node-affinity term: every requirement must hold (required terms are ORed)."""
 
     requirements: tuple[NodeSelectorRequirement, ...] = ()
 
 
-class PodAffinityTerm(msgspec.Struct, frozen=True):
-    """A required pod (anti-)affinity term: pods whose labels match `match_labels`, over `topology_key`."""
+class PreferredNodeTerm(msgspec.Struct, frozen=True):
+    """A preferred node-affinity term: a node meeting `term` scores `weight` (1-100)."""
 
-    match_labels: dict[str, str]
+    weight: int
+    term: LabelSelectorTerm
+
+
+class LabelRequirement(msgspec.Struct, frozen=True):
+    """One `matchExpressions` entry of a label selector."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist
+    values: tuple[str, ...] = ()
+
+
+class LabelSelector(msgspec.Struct, frozen=True, kw_only=True):
+    """A Kubernetes label selector: every `match_labels` pair and every expression must hold; the empty
+    selector selects every set of labels."""
+
+    match_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+
+class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod (anti-)affinity term: the pods `selector` selects in the term's namespaces, counted per value
+    of `topology_key` among the nodes they run on.
+
+    The namespaces are resolved when the pod is translated, relative to the pod that declares the term:
+    `namespaces` as listed (Kubernetes' "the pod's own namespace" when the term names none and has no
+    namespace selector), or every namespace with `all_namespaces` (an empty `namespaceSelector`).
+    `matchLabelKeys` and `mismatchLabelKeys` are already merged into `selector`. `weight` is a preferred
+    term's (1-100); 0 for a required one."""
+
+    selector: LabelSelector
     topology_key: str
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    weight: int = 0
 
 
 class Toleration(msgspec.Struct, frozen=True):
@@ -136,8 +169,14 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     node_selector: dict[str, str] = msgspec.field(default_factory=dict)
     node_affinity: tuple[LabelSelectorTerm, ...] = ()
+    """Required node affinity: the node must meet one of the terms (none: any node)."""
+    preferred_node_affinity: tuple[PreferredNodeTerm, ...] = ()
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    """Required pod affinity: every term must find a selected pod in the node's domain."""
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    """Required pod anti-affinity: no term may find a selected pod in the node's domain."""
+    preferred_pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred_pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     legacy_mig: bool = False
     creation_time: float = 0.0

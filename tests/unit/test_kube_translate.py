@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
-from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodAffinityTerm, PodStatus
+from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodStatus
 from shared.model.objects import Taint, Toleration
 from tests.admitted_pods import admitted
 
@@ -505,34 +505,6 @@ def test_match_fields_on_anything_but_the_name_are_invalid() -> None:
     affinity = required_node_affinity({"matchFields": [{"key": "spec.x", "operator": "In", "values": ["a"]}]})
     with pytest.raises(InvalidObject, match=r"metadata\.name"):
         translate.pod_of(pod(pod_doc(affinity=affinity)))
-
-
-def test_required_pod_affinity_and_anti_affinity_become_label_terms() -> None:
-    term = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}
-    folded = {
-        "labelSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]},
-        "topologyKey": "zone",
-    }
-    affinity = {
-        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [folded, {"topologyKey": "zone"}]
-        },
-    }
-    p = translate.pod_of(pod(pod_doc(affinity=affinity)))
-    assert p.pod_affinity == (PodAffinityTerm({"app": "db"}, "kubernetes.io/hostname"),)
-    assert p.pod_anti_affinity == (PodAffinityTerm({"tier": "web"}, "zone"),)
-
-
-def test_pod_affinity_expressions_that_are_not_label_matches_are_invalid() -> None:
-    term = {
-        "labelSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["db"]}]},
-        "topologyKey": "zone",
-    }
-    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    with pytest.raises(InvalidObject) as info:
-        translate.pod_of(pod(pod_doc(affinity=affinity)))
-    assert info.value.field.endswith("labelSelector.matchExpressions[0]")
 
 
 def test_tolerations_default_to_the_equal_operator() -> None:

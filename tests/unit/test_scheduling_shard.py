@@ -54,9 +54,11 @@ def test_kai_s_default_shard_is_the_default_policy_with_nothing_left_out() -> No
     )
 
 
-def test_the_default_shard_runs_kai_s_plugins_in_kai_s_order() -> None:
+def test_the_default_shard_runs_kai_s_plugins_and_kairos_s_own_by_priority() -> None:
     plugins = config({}).plugins
-    expected = [name for name in DEFAULT_PRIORITIES if name != "gpuspread"]
+    names = [name for name in DEFAULT_PRIORITIES if name != "gpuspread"]
+    expected = sorted(names, key=lambda name: (-DEFAULT_PRIORITIES[name], name))
+    assert {"nodeaffinity", "tainttoleration"} <= set(expected)
     assert [p.name for p in plugins] == expected
     assert [p.priority for p in plugins] == [DEFAULT_PRIORITIES[name] for name in expected]
     assert next(p for p in plugins if p.name == "nodeplacement").arguments == {

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from shared.model import (
     GpuRequest,
+    LabelSelector,
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
@@ -225,10 +226,22 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
             labels = dict(t.pod_affinity_labels)
             affinity: tuple[PodAffinityTerm, ...] = ()
             anti: tuple[PodAffinityTerm, ...] = ()
+            # KAI's test pods name no namespaces in their terms: Kubernetes reads that as the pod's own.
+            selector = LabelSelector(match_labels=dict(t.pod_affinity_labels))
             if t.pod_affinity_topology_key:
-                affinity = (PodAffinityTerm(dict(t.pod_affinity_labels), t.pod_affinity_topology_key),)
+                affinity = (
+                    PodAffinityTerm(
+                        selector=selector, topology_key=t.pod_affinity_topology_key, namespaces=(namespace,)
+                    ),
+                )
             if t.pod_anti_affinity_topology_key:
-                anti = (PodAffinityTerm(dict(t.pod_affinity_labels), t.pod_anti_affinity_topology_key),)
+                anti = (
+                    PodAffinityTerm(
+                        selector=selector,
+                        topology_key=t.pod_anti_affinity_topology_key,
+                        namespaces=(namespace,),
+                    ),
+                )
             node_affinity: tuple[LabelSelectorTerm, ...] = ()
             if t.node_affinity:
                 node_affinity = (

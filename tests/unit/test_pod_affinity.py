@@ -1,0 +1,242 @@
+"""Inter-pod affinity, taints and node preferences, as specifications: kube-scheduler's rules inside
+KAI's session (`shared.core.pod_affinity`, `shared.core.predicates`, `shared.core.scoring`).
+
+Small clusters, one decision each; pods come from the shared `gang` builder and get their constraints
+with `msgspec.structs.replace`."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.core.policy import Policy
+from shared.core.result import CycleResult
+from shared.core.scheduler import schedule
+from shared.model import (
+    LabelRequirement,
+    LabelSelector,
+    LabelSelectorTerm,
+    Node,
+    NodeSelectorRequirement,
+    Pod,
+    PodAffinityTerm,
+    PodGroup,
+    PodStatus,
+    PreferredNodeTerm,
+    Snapshot,
+)
+from shared.model.builders import gang
+from shared.model.objects import Taint, Toleration
+from tests.unit.test_allocate import queues
+
+HOST = "kubernetes.io/hostname"
+ALLOCATE = Policy(actions=("allocate",))
+
+
+def node(name: str, zone: str = "z1", taints: tuple[Taint, ...] = ()) -> Node:
+    return Node(
+        name=name,
+        cpu_millis=64_000,
+        memory_bytes=512e9,
+        gpus=8,
+        gpu_memory_mib=80_000,
+        labels={HOST: name, "zone": zone},
+        taints=taints,
+    )
+
+
+def term(
+    *expressions: LabelRequirement, key: str = HOST, labels: dict[str, str] | None = None, weight: int = 0
+) -> PodAffinityTerm:
+    selector = LabelSelector(match_labels=labels or {}, match_expressions=expressions)
+    return PodAffinityTerm(selector=selector, topology_key=key, namespaces=("",), weight=weight)
+
+
+def workload(
+    name: str,
+    size: int = 1,
+    *,
+    labels: dict[str, str] | None = None,
+    nodes: list[str] | None = None,
+    **fields: object,
+) -> tuple[PodGroup, list[Pod]]:
+    status = PodStatus.RUNNING if nodes else PodStatus.PENDING
+    group, pods = gang(name, "team", size, 1.0, status=status, nodes=nodes)
+    return group, [msgspec.structs.replace(p, labels=labels or {}, **fields) for p in pods]
+
+
+def run(nodes: list[Node], *workloads: tuple[PodGroup, list[Pod]]) -> CycleResult:
+    snap = Snapshot(
+        nodes=tuple(nodes),
+        pods=tuple(p for _, pods in workloads for p in pods),
+        podgroups=tuple(g for g, _ in workloads),
+        queues=queues(gpu_quota=64),
+    )
+    return schedule(snap, 0.0, ALLOCATE)
+
+
+def placed(result: CycleResult) -> dict[str, str]:
+    return {b.name: b.node for proposal in result.binds for b in proposal.bindings}
+
+
+WEB = {"app": "web"}
+APART = term(LabelRequirement("app", "Exists"))
+
+
+# --- required anti-affinity -------------------------------------------------------------------------------
+def test_a_gang_whose_pods_repel_each_other_lands_one_pod_per_node() -> None:
+    result = run(
+        [node("a"), node("b"), node("c")], workload("web", 3, labels=WEB, pod_anti_affinity=(APART,))
+    )
+    assert sorted(placed(result).values()) == ["a", "b", "c"]
+
+
+def test_a_pod_that_repels_what_runs_everywhere_waits_with_kube_schedulers_reason() -> None:
+    running = workload("old", 2, labels=WEB, nodes=["a", "b"])
+    result = run([node("a"), node("b")], running, workload("new", labels=WEB, pod_anti_affinity=(APART,)))
+    assert placed(result) == {}
+    (pending,) = result.pending
+    assert "2 node(s) didn't match pod anti-affinity rules" in pending.message
+
+
+def test_a_running_pods_anti_affinity_keeps_a_selected_pod_out_of_its_domain() -> None:
+    running = workload("guard", labels={"role": "guard"}, nodes=["a"], pod_anti_affinity=(term(labels=WEB),))
+    result = run([node("a"), node("b")], running, workload("web", labels=WEB))
+    assert placed(result) == {"web-0": "b"}
+    blocked = run([node("a")], running, workload("web", labels=WEB))
+    assert "1 node(s) didn't satisfy existing pods anti-affinity rules" in blocked.pending[0].message
+
+
+def test_anti_affinity_over_zones_repels_every_node_of_the_zone() -> None:
+    running = workload("old", labels=WEB, nodes=["a1"])
+    zoned = term(LabelRequirement("app", "In", ("web", "api")), key="zone")
+    nodes = [node("a1", "za"), node("a2", "za"), node("b1", "zb")]
+    result = run(nodes, running, workload("new", labels=WEB, pod_anti_affinity=(zoned,)))
+    assert placed(result) == {"new-0": "b1"}
+
+
+def test_a_term_sees_only_its_namespaces() -> None:
+    elsewhere = workload("old", labels=WEB, nodes=["a"], namespace="other")
+    result = run([node("a")], elsewhere, workload("new", labels=WEB, pod_anti_affinity=(APART,)))
+    assert placed(result) == {"new-0": "a"}
+    everywhere = msgspec.structs.replace(APART, namespaces=(), all_namespaces=True)
+    result = run([node("a")], elsewhere, workload("new", labels=WEB, pod_anti_affinity=(everywhere,)))
+    assert placed(result) == {}
+
+
+# --- required affinity ------------------------------------------------------------------------------------
+def test_a_pod_follows_the_pods_its_affinity_selects_into_their_zone() -> None:
+    db = workload("db", labels={"app": "db"}, nodes=["b1"])
+    near_db = term(LabelRequirement("app", "In", ("db", "cache")), key="zone")
+    nodes = [node("a1", "za"), node("b1", "zb"), node("b2", "zb")]
+    result = run(nodes, db, workload("api", 2, pod_affinity=(near_db,)))
+    assert sorted(placed(result).values()) in (["b1", "b1"], ["b1", "b2"], ["b2", "b2"])
+
+
+def test_the_first_of_a_group_with_affinity_to_itself_may_start_anywhere() -> None:
+    together = term(LabelRequirement("app", "Exists"), key="zone")
+    result = run(
+        [node("a1", "za"), node("b1", "zb")], workload("web", 3, labels=WEB, pod_affinity=(together,))
+    )
+    zones = {"a1": "za", "b1": "zb"}
+    assert len({zones[n] for n in placed(result).values()}) == 1
+    assert len(placed(result)) == 3
+
+
+def test_affinity_to_pods_that_do_not_exist_and_do_not_match_itself_waits() -> None:
+    result = run([node("a")], workload("api", pod_affinity=(term(labels={"app": "db"}),)))
+    assert placed(result) == {}
+    assert "1 node(s) didn't match pod affinity rules" in result.pending[0].message
+
+
+def test_a_node_without_the_affinity_topology_key_is_refused() -> None:
+    db = workload("db", labels={"app": "db"}, nodes=["a"])
+    result = run([node("a")], db, workload("api", pod_affinity=(term(labels={"app": "db"}, key="rack"),)))
+    assert placed(result) == {}
+
+
+# --- taints -----------------------------------------------------------------------------------------------
+def test_an_untolerated_taint_is_named_in_the_reason() -> None:
+    tainted = node("a", taints=(Taint("dedicated", "ml", "NoSchedule"),))
+    result = run([tainted], workload("job"))
+    assert "1 node(s) had untolerated taint {dedicated: ml}" in result.pending[0].message
+    tolerant = (Toleration("dedicated", "Equal", "ml", "NoSchedule"),)
+    assert placed(run([tainted], workload("job", tolerations=tolerant))) == {"job-0": "a"}
+    any_taint = (Toleration("", "Exists", "", ""),)
+    assert placed(run([tainted], workload("job", tolerations=any_taint))) == {"job-0": "a"}
+
+
+def test_a_prefer_no_schedule_taint_is_avoided_unless_tolerated_or_alone() -> None:
+    busy = workload("busy", nodes=["a"])  # binpack would prefer the busier node a
+    soft = node("a", taints=(Taint("spot", "", "PreferNoSchedule"),))
+    assert placed(run([soft, node("b")], busy, workload("job"))) == {"job-0": "b"}
+    tolerant = (Toleration("spot", "Exists", "", "PreferNoSchedule"),)
+    assert placed(run([soft, node("b")], busy, workload("job", tolerations=tolerant))) == {"job-0": "a"}
+    assert placed(run([soft], busy, workload("job"))) == {"job-0": "a"}
+
+
+# --- preferences ------------------------------------------------------------------------------------------
+def test_preferred_node_affinity_outweighs_bin_packing() -> None:
+    busy = workload("busy", nodes=["a"])
+    wants_b = (PreferredNodeTerm(10, LabelSelectorTerm((NodeSelectorRequirement(HOST, "In", ("b",)),))),)
+    assert placed(run([node("a"), node("b")], busy, workload("job"))) == {"job-0": "a"}
+    assert placed(run([node("a"), node("b")], busy, workload("job", preferred_node_affinity=wants_b))) == {
+        "job-0": "b"
+    }
+
+
+def test_preferred_pod_affinity_and_anti_affinity_steer_a_pod_by_weight() -> None:
+    busy = workload("busy", nodes=["a"])
+    db = workload("db", labels={"app": "db"}, nodes=["b"])
+    near_db = term(labels={"app": "db"}, weight=50)
+    result = run([node("a"), node("b")], busy, db, workload("api", preferred_pod_affinity=(near_db,)))
+    assert placed(result) == {"api-0": "b"}
+    result = run([node("b"), node("c")], db, workload("api", preferred_pod_anti_affinity=(near_db,)))
+    assert placed(result) == {"api-0": "c"}
+
+
+def test_a_running_pods_preferred_anti_affinity_also_counts() -> None:
+    loner = workload("loner", nodes=["a"], preferred_pod_anti_affinity=(term(labels=WEB, weight=100),))
+    busy_a = workload("busy", nodes=["a"])  # bin-packing alone would pick a
+    assert placed(run([node("a"), node("b")], loner, busy_a, workload("web", labels=WEB))) == {"web-0": "b"}
+
+
+# --- properties -------------------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    zones=st.lists(st.sampled_from(["za", "zb", "zc"]), min_size=1, max_size=6),
+    running=st.lists(st.integers(min_value=0, max_value=5), max_size=4),
+    pending=st.integers(min_value=1, max_value=6),
+    key=st.sampled_from([HOST, "zone"]),
+)
+def test_no_placement_ever_breaks_a_required_anti_affinity(
+    zones: list[str], running: list[int], pending: int, key: str
+) -> None:
+    nodes = [node(f"n{i}", zone) for i, zone in enumerate(zones)]
+    apart = term(LabelRequirement("app", "In", ("web",)), key=key)
+    olds = [
+        workload(f"old{j}", labels=WEB, nodes=[nodes[i % len(nodes)].name], pod_anti_affinity=(apart,))
+        for j, i in enumerate(running)
+    ]
+    result = run(nodes, *olds, workload("new", pending, labels=WEB, pod_anti_affinity=(apart,)))
+    domain = {n.name: n.labels[key] for n in nodes}
+    old_nodes = [p.node for _, pods in olds for p in pods]
+    # Running pods may already break the rule among themselves; what the session adds must not.
+    taken = [domain[n] for n in old_nodes if n is not None]
+    for bound in placed(result).values():
+        assert domain[bound] not in taken
+        taken.append(domain[bound])
+
+
+@settings(max_examples=30, deadline=None)
+@given(weights=st.lists(st.integers(min_value=1, max_value=100), min_size=1, max_size=3), n=st.integers(1, 4))
+def test_a_preferred_term_never_makes_a_feasible_pod_infeasible(weights: list[int], n: int) -> None:
+    nodes = [node(f"n{i}") for i in range(n)]
+    prefs = tuple(
+        PreferredNodeTerm(w, LabelSelectorTerm((NodeSelectorRequirement(HOST, "In", (f"n{i}",)),)))
+        for i, w in enumerate(weights)
+    )
+    plain = placed(run(nodes, workload("job", 2)))
+    preferring = placed(run(nodes, workload("job", 2, preferred_node_affinity=prefs)))
+    assert len(preferring) == len(plain)
