@@ -99,6 +99,8 @@ class Facts:
     """Why the state service holds the object back from scheduling, if it does."""
     admission: PodGroupAdmission | None = None
     """The quota gate's latest verdict on the podgroup, if it has had one."""
+    ahead: tuple[str, ...] = ()
+    """The pending podgroups of the same queue the scheduler takes before this one, in its order."""
 
 
 @dataclass
@@ -106,9 +108,14 @@ class Explanation:
     subject: str
     status: str
     reasons: list[str] = field(default_factory=list)
+    ahead: list[str] = field(default_factory=list)
+    """The podgroups ahead of it in its queue (listed with `kairos explain --verbose`)."""
 
-    def lines(self) -> list[str]:
-        return [f"{self.subject}: {self.status}", *(f"  - {r}" for r in self.reasons)]
+    def lines(self, verbose: bool = False) -> list[str]:
+        out = [f"{self.subject}: {self.status}", *(f"  - {r}" for r in self.reasons)]
+        if verbose and self.ahead:
+            out += ["  ahead of it in its queue, in order:", *(f"    {key}" for key in self.ahead)]
+        return out
 
 
 def when(epoch: float) -> str:
@@ -154,7 +161,7 @@ def _explain_pod(facts: Facts, pod: Pod) -> Explanation:
             f"earlier evicted from {facts.evicted.node} at {when(facts.evicted.time)}: "
             f"{plain_eviction(facts.evicted.reason)}"
         )
-    return Explanation(subject, str(pod.status), reasons)
+    return Explanation(subject, str(pod.status), reasons, list(facts.ahead))
 
 
 def _explain_group(facts: Facts, group: PodGroup) -> Explanation:
@@ -164,7 +171,7 @@ def _explain_group(facts: Facts, group: PodGroup) -> Explanation:
     reasons = [f"{running} of {len(facts.members)} pods placed (min member {_min_member(group)})"]
     if running < len(facts.members):
         reasons += _pending_reasons(facts, group)
-    return Explanation(subject, status, reasons)
+    return Explanation(subject, status, reasons, list(facts.ahead))
 
 
 def _min_member(group: PodGroup) -> int:
@@ -184,6 +191,12 @@ def _pending_reasons(facts: Facts, group: PodGroup | None) -> list[str]:
             )
     if facts.queue is None and group is not None:
         reasons.append(f"queue {group.queue} does not exist")
+    if group is not None and facts.ahead:
+        count = len(facts.ahead)
+        reasons.append(
+            f"{count} podgroup{'s' if count > 1 else ''} of queue {group.queue} "
+            f"{'are' if count > 1 else 'is'} ahead of it (kairos explain --verbose lists them)"
+        )
     verdict = facts.admission
     if verdict is not None:
         gated = {p.name for p in facts.members if p.status == PodStatus.GATED}

@@ -11,7 +11,9 @@ from shared.explain import (
     failed_scheduling_message,
     plain_eviction,
 )
-from shared.model import Pod, PodGroup, PodSet, PodStatus, Queue, SubGroupSet
+from shared.model import Pod, PodGroup, PodSet, PodStatus, Queue, Snapshot, SubGroupSet
+from shared.model.builders import flat_queues, gang, gpu_nodes
+from tools.cli.explain import queue_ahead
 
 T = 1_800_000_000.0
 NODE_MESSAGE = (
@@ -132,3 +134,46 @@ def test_eviction_reasons_name_the_action() -> None:
         == "StaleGang"
     )
     assert plain_eviction("Pod a was preempted by higher priority podgroup b").startswith("preempted by")
+
+
+def test_a_pending_pod_says_how_many_podgroups_of_its_queue_are_ahead_and_verbose_lists_them() -> None:
+    facts = Facts(
+        namespace="team",
+        name="p",
+        pod=pod(),
+        podgroup=group(),
+        members=[pod()],
+        queue=Queue(name="research"),
+        ahead=("team/a", "team/b"),
+    )
+    answer = explain(facts)
+    assert (
+        "2 podgroups of queue research are ahead of it (kairos explain --verbose lists them)"
+        in answer.reasons
+    )
+    assert answer.lines(verbose=True)[-3:] == [
+        "  ahead of it in its queue, in order:",
+        "    team/a",
+        "    team/b",
+    ]
+    assert "team/a" not in "\n".join(answer.lines())
+
+
+def test_queue_ahead_is_the_core_s_order_within_the_podgroup_s_queue() -> None:
+    nodes = gpu_nodes(1, gpus=1)
+    queues = flat_queues(["research", "vision"], gpu_quota=1)
+    workloads = [
+        gang("urgent", "research", 1, priority=90, created=3.0),
+        gang("early", "research", 1, created=1.0),
+        gang("late", "research", 1, created=2.0),
+        gang("other", "vision", 1, created=0.0),
+    ]
+    snap = Snapshot(
+        nodes=tuple(nodes),
+        queues=tuple(queues),
+        podgroups=tuple(g for g, _ in workloads),
+        pods=tuple(p for _, pods in workloads for p in pods),
+    )
+    assert queue_ahead(snap, "late", 10.0) == ("urgent", "early")
+    assert queue_ahead(snap, "urgent", 10.0) == ()
+    assert queue_ahead(snap, "nope", 10.0) == ()

@@ -3,13 +3,15 @@
 Registered by `tools.cli.main`. Gathers, from the running stack (found as `kairos status` finds it):
 the cluster as the state service holds it (a snapshot), the newest public events about the pod and its
 podgroup (pod-unschedulable, pod-evicted, pod-bound, podgroup-state, and the quota gate's
-podgroup-admission, kept in the `KAIROS_EVENTS` stream), and the state service's reason for holding the object back when it does; then
-`shared.explain.explain` words the answer. The same words reach kubectl through the write-back's Events
+podgroup-admission, kept in the `KAIROS_EVENTS` stream), the state service's reason for holding the
+object back when it does, and, for a pending podgroup, the podgroups of its queue ahead of it (the core's
+queue plan run on the snapshot); then `shared.explain.explain` words the answer. The same words reach kubectl through the write-back's Events
 and PodGroup status.
 
     kairos explain too-big                 a pod (or, failing that, a podgroup) in namespace default
     kairos explain pod/train-0 -n team     kubectl-style kind prefixes: pod/, podgroup/ (or pg/)
     kairos explain podgroup/train --json   the same answer as JSON
+    kairos explain train -v                also list the podgroups ahead of it in its queue
 
 Exit codes: 0 answered; 1 the stack did not answer; 2 bad arguments.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import TYPE_CHECKING
 
 from shared.errors import ConfigError, TemporaryError
@@ -26,6 +29,7 @@ from tools.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments,
 if TYPE_CHECKING:
     from shared.bus.client import BusClient
     from shared.explain import Explanation, Facts
+    from shared.model import Snapshot
 
 KINDS = {
     "pod": "pod",
@@ -42,6 +46,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     explain.add_argument("target", metavar="POD|PODGROUP", help="name, or pod/NAME, podgroup/NAME")
     explain.add_argument("-n", "--namespace", default="default")
     explain.add_argument("--json", action="store_true", help="print the answer as JSON")
+    explain.add_argument(
+        "-v", "--verbose", action="store_true", help="also list the podgroups ahead of it in its queue"
+    )
     _stack_arguments(explain)
     explain.set_defaults(handler=cmd_explain)
 
@@ -64,9 +71,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except TemporaryError as exc:
         return _no_answer(str(exc))
     if args.json:
-        print(json.dumps({"subject": answer.subject, "status": answer.status, "reasons": answer.reasons}))
+        print(
+            json.dumps(
+                {
+                    "subject": answer.subject,
+                    "status": answer.status,
+                    "reasons": answer.reasons,
+                    "ahead": answer.ahead,
+                }
+            )
+        )
     else:
-        print("\n".join(answer.lines()))
+        print("\n".join(answer.lines(verbose=args.verbose)))
     return 0
 
 
@@ -91,6 +107,7 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
         PodUnschedulable,
     )
     from shared.explain import Facts
+    from shared.model import PodStatus, Snapshot
 
     snapshot = await client.snapshot()
     pod = next((p for p in snapshot.pods if p.namespace == namespace and p.name == name), None)
@@ -122,6 +139,16 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
             if isinstance(event, PodEvicted) and event.namespace == namespace and event.pod == name:
                 evicted = event
                 break
+    ahead: tuple[str, ...] = ()
+    if group is not None and (pod is None or pod.status == PodStatus.PENDING):
+        cluster = Snapshot(
+            nodes=snapshot.nodes,
+            pods=snapshot.pods,
+            podgroups=snapshot.podgroups,
+            queues=snapshot.queues,
+            topologies=snapshot.topologies,
+        )
+        ahead = queue_ahead(cluster, group.key, time.time())
     held = ""
     if pod is None and group is None:
         held = await client.why(kind or "pod", f"{namespace}/{name}")
@@ -143,4 +170,21 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
         state=state,
         held=held,
         admission=admission,
+        ahead=ahead,
     )
+
+
+def queue_ahead(snapshot: Snapshot, podgroup: str, now: float) -> tuple[str, ...]:
+    """The pending podgroups of `podgroup`'s queue that the core's allocate takes before it (its queue
+    plan, `shared.core.queue_plan`: within a queue the order is the job order, priority first, which the
+    shard's fair-share settings do not change); empty when it is not pending."""
+    from shared.core.policy import Policy
+    from shared.core.queue_plan import plan_queues
+
+    pending = plan_queues(snapshot, now, Policy()).pending
+    if podgroup not in pending:
+        return ()
+    queue_of = {g.key: g.queue for g in snapshot.podgroups}
+    mine = queue_of[podgroup]
+    before = pending[: pending.index(podgroup)]
+    return tuple(key for key in before if queue_of.get(key) == mine)
