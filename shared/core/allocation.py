@@ -132,7 +132,8 @@ def allocate_task(
     ssn: Session, stmt: Statement, nodes: npt.NDArray[np.bool_], task: TaskState, pipeline_only: bool
 ) -> bool:
     node_errors: dict[str, Sequence[str]] = {}
-    for node in iter_nodes_in_order(ssn, task, nodes):
+    refused = _refused(ssn, task)
+    for node in iter_nodes_in_order(ssn, task, nodes, skip=refused):
         reason = predicates.fit_failure(ssn, task, node)
         if reason is not None:
             node_errors[node.name] = [reason]
@@ -140,8 +141,26 @@ def allocate_task(
         if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
             return True
     if not pipeline_only:
+        if refused is not None:
+            # The nodes not tried get the reason trying them would have given (the first filter's).
+            fit = ssn.resource_fit_mask(task, with_releasing=True)
+            for idx in np.flatnonzero(nodes & refused & fit):
+                node = ssn.cluster.order[int(idx)]
+                reason = predicates.fit_failure(ssn, task, node)
+                if reason is not None:
+                    node_errors[node.name] = [reason]
         _record_node_errors(ssn, task, nodes, node_errors)
     return False
+
+
+def _refused(ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
+    """The nodes the chain's pre-filters refuse the task, together (None: none)."""
+    out: npt.NDArray[np.bool_] | None = None
+    for prefilter in ssn.chains.node_prefilters:
+        mask = prefilter.refused(ssn, task)
+        if mask is not None:
+            out = mask if out is None else out | mask
+    return out
 
 
 def _allocate_on_node(

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         GpuDeviceOrder,
         JobOrder,
         NodeFilter,
+        NodePreFilter,
         NodeScore,
         OrderKey,
         PodSetOrder,
@@ -72,10 +73,17 @@ class Predicates:
     def filter(self, ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return predicates.check(ssn, task, node)
 
+    def refused(self, ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
+        """The nodes inter-pod affinity refuses, at once (`shared.core.pod_affinity.refused`)."""
+        return pod_affinity.refused(ssn, task)
+
 
 def _predicates(arguments: Mapping[str, Argument], policy: Policy) -> SessionPlugin:
     # `Policy.predicates = False` (KAI's test harness without cache mocks) leaves the filter out.
-    return Plugin(node_filter=Predicates()) if policy.predicates else Plugin()
+    if not policy.predicates:
+        return Plugin()
+    checks = Predicates()
+    return Plugin(node_filter=checks, node_prefilter=checks)
 
 
 # --- proportion -------------------------------------------------------------------------------------------
@@ -370,6 +378,7 @@ DEFAULT_PRIORITIES: Mapping[str, int] = {name: spec.priority for name, spec in D
 
 # Each wrapper fills its extension point (checked by mypy).
 _f: NodeFilter[Session] = Predicates()
+_pf: NodePreFilter[Session] = Predicates()
 _q: QueueOrder[Session] = ProportionQueueOrder()
 _c: QuotaCheck[Session] = ProportionQuota()
 _j: tuple[JobOrder, ...] = (PriorityOrder(), ElasticOrder())

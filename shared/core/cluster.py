@@ -84,9 +84,12 @@ class ClusterState:
         # Set once any node has releasing resources; until then idle-only and idle+releasing fits agree.
         self.has_releasing = False
         self.generation = 0
+        self.changed_nodes: set[int] | None = None
+        """Indices of the nodes that took, released or restored pods since an index over placed pods
+        (`shared.core.pod_affinity`) last looked; None while no such index exists."""
         """Moves whenever any node takes, releases or restores pods: answers computed from where pods are
         (inter-pod affinity) are cached until it moves."""
-        self._label_columns: dict[str, npt.NDArray[np.object_]] = {}
+        self._label_codes: dict[str, tuple[npt.NDArray[np.int64], dict[str, int]]] = {}
         # The accounting starts in Python lists and becomes NumPy arrays once the snapshot's pods are on
         # their nodes: element access to a list is several times cheaper than to an array, and float
         # arithmetic on either is IEEE double, so the arrays come out bit for bit the same. Only
@@ -133,14 +136,30 @@ class ClusterState:
         if tie_break_seed is not None and n:
             self.name_rank = np.random.default_rng(tie_break_seed).permutation(n)
 
-    def label_column(self, key: str) -> npt.NDArray[np.object_]:
-        """Every node's value of label `key` (None where it has none), in node order; labels do not change
-        within a session, so each key's column is built once."""
-        column = self._label_columns.get(key)
-        if column is None:
-            column = np.array([node.labels.get(key) for node in self.order], dtype=object)
-            self._label_columns[key] = column
-        return column
+    def label_codes(self, key: str) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
+        """Every node's value of label `key` as a code (0: the node has no such label), in node order, and
+        the codes of the values; labels do not change within a session, so each key is coded once. A set
+        of values becomes a node mask with one lookup: `domain_mask`."""
+        coded = self._label_codes.get(key)
+        if coded is None:
+            vocabulary: dict[str, int] = {}
+            codes = np.zeros(len(self.order), dtype=np.int64)
+            for i, node in enumerate(self.order):
+                value = node.labels.get(key)
+                if value is not None:
+                    codes[i] = vocabulary.setdefault(value, len(vocabulary) + 1)
+            coded = self._label_codes[key] = (codes, vocabulary)
+        return coded
+
+    def domain_mask(self, key: str, values: Iterable[str]) -> npt.NDArray[np.bool_]:
+        """The nodes whose label `key` has one of `values`."""
+        codes, vocabulary = self.label_codes(key)
+        table = np.zeros(len(vocabulary) + 1, dtype=bool)
+        for value in values:
+            code = vocabulary.get(value)
+            if code is not None:
+                table[code] = True
+        return table[codes]
 
 
 class NodeState:
@@ -206,6 +225,8 @@ class NodeState:
             raise ValueError(f"task {task.name} already on node {self.name}")
         self.cluster.versions[self.idx] += 1
         self.cluster.generation += 1
+        if self.cluster.changed_nodes is not None:
+            self.cluster.changed_nodes.add(self.idx)
         vec, scalars = self._vector(task)
         entry = _Entry(
             status=task.status,
@@ -255,6 +276,8 @@ class NodeState:
         entry = self.tasks.pop(task.key)
         self.cluster.versions[self.idx] += 1
         self.cluster.generation += 1
+        if self.cluster.changed_nodes is not None:
+            self.cluster.changed_nodes.add(self.idx)
         self.legacy_mig_tasks.discard(task.key)
         c = self.cluster
         for r in range(N_BASE):
@@ -314,6 +337,8 @@ class NodeState:
         i = self.idx
         c.versions[i] += 1
         c.generation += 1
+        if c.changed_nodes is not None:
+            c.changed_nodes.add(i)
         for r, (idle, used, releasing) in enumerate(m.arrays):
             c.idle[r][i] = idle
             c.used[r][i] = used

@@ -25,20 +25,25 @@ each preferred term of the existing pod that selects the incoming pod does the s
 sum over the domains it is in. Required terms of existing pods add nothing: KAI runs the plugin with a
 hard pod-affinity weight of 0.
 
-Both are computed once per pod and cluster generation (`ClusterState.generation` moves whenever a node
-takes or releases a pod) and kept in the session, so trying 5,000 nodes costs one pass over the
-existing pods, not one per node.
+The existing pods are kept in an index by kind (pods alike in namespace, labels and terms), counted per
+domain of every topology key the session's terms use, and brought up to date from the nodes that changed
+(`ClusterState.changed_nodes`); a pod's filter facts are computed once per cluster generation
+(`ClusterState.generation` moves whenever a node takes or releases a pod) from the kinds, and the nodes
+they refuse become one mask (`refused`, the predicates plugin's pre-filter), so placing a pod among
+5,000 nodes and thousands of existing pods costs a pass over the kinds and a few vector operations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from shared.core.selectors import term_selects
+from shared.model import Pod
 from shared.model.status import ACTIVE_USED, PodStatus
 
 if TYPE_CHECKING:
@@ -54,17 +59,116 @@ Pair = tuple[str, str]
 """A topology domain: (label key, value)."""
 
 
-@dataclass
-class _Existing:
-    """The existing pods with anything affinity reads, gathered once per cluster generation."""
+class _Kind:
+    """Existing pods alike in everything affinity reads (namespace, labels, their own terms), counted per
+    value of every topology key the session's terms use."""
 
-    generation: int
-    pods: list[tuple[TaskState, NodeState]] = field(default_factory=list)
-    """Every existing pod with its node."""
-    with_anti: list[tuple[TaskState, NodeState]] = field(default_factory=list)
-    """Existing pods that declare required anti-affinity."""
-    with_preferred: list[tuple[TaskState, NodeState]] = field(default_factory=list)
-    """Existing pods that declare preferred affinity or anti-affinity."""
+    __slots__ = ("counts", "pod")
+
+    def __init__(self, pod: Pod) -> None:
+        self.pod = pod
+        """One of them: what a term reads of each."""
+        self.counts: dict[str, dict[str, int]] = {}
+        """Topology key -> value -> how many of these pods run on a node with that value."""
+
+
+class _Index:
+    """The existing pods by kind, kept up to date from the nodes that changed since it last looked
+    (`ClusterState.changed_nodes`), so a pod's facts cost a pass over the kinds, not over every pod."""
+
+    def __init__(self, ssn: Session) -> None:
+        self.cluster = ssn.cluster
+        keys: set[str] = set()
+        for t in ssn.tasks.values():
+            pod = t.pod
+            for terms in (
+                pod.pod_affinity,
+                pod.pod_anti_affinity,
+                pod.preferred_pod_affinity,
+                pod.preferred_pod_anti_affinity,
+            ):
+                keys.update(term.topology_key for term in terms)
+        self.keys = tuple(sorted(keys))
+        self.kinds: dict[bytes, _Kind] = {}
+        self._kind_of: dict[str, bytes] = {}
+        self._on_node: dict[int, list[bytes]] = {}
+        self.cluster.changed_nodes = set(range(len(self.cluster.order)))
+        self.sync()
+
+    def kind_of(self, task: TaskState) -> bytes:
+        signature = self._kind_of.get(task.key)
+        if signature is None:
+            pod = task.pod
+            signature = msgspec.json.encode(
+                (
+                    pod.namespace,
+                    pod.labels,
+                    pod.pod_anti_affinity,
+                    pod.preferred_pod_affinity,
+                    pod.preferred_pod_anti_affinity,
+                )
+            )
+            self._kind_of[task.key] = signature
+            if signature not in self.kinds:
+                self.kinds[signature] = _Kind(pod)
+        return signature
+
+    def sync(self) -> None:
+        changed = self.cluster.changed_nodes
+        if not changed:
+            return
+        order = self.cluster.order
+        for idx in changed:
+            node = order[idx]
+            for signature in self._on_node.pop(idx, ()):
+                self._count(signature, node, -1)
+            counted = [self.kind_of(t) for t in placed_on(node)]
+            for signature in counted:
+                self._count(signature, node, 1)
+            if counted:
+                self._on_node[idx] = counted
+        changed.clear()
+
+    def _count(self, signature: bytes, node: NodeState, delta: int) -> None:
+        counts = self.kinds[signature].counts
+        for key in self.keys:
+            value = node.labels.get(key)
+            if value is None:
+                continue
+            per_value = counts.setdefault(key, {})
+            left = per_value.get(value, 0) + delta
+            if left:
+                per_value[value] = left
+            else:
+                per_value.pop(value, None)
+
+    def counts(self, signature: bytes, key: str, own: tuple[bytes, NodeState] | None) -> dict[str, int]:
+        """Value -> pods of this kind in that domain of `key`, the pod asking left out (`own`: its kind
+        and node when it is itself placed)."""
+        counts = self.kinds[signature].counts.get(key, {})
+        if own is None or own[0] != signature:
+            return counts
+        value = own[1].labels.get(key)
+        if value is None or value not in counts:
+            return counts
+        less = dict(counts)
+        if less[value] > 1:
+            less[value] -= 1
+        else:
+            del less[value]
+        return less
+
+
+def placed_on(node: NodeState) -> list[TaskState]:
+    """The node's existing pods: in an active status, not evicted by this session, and placed on this
+    node now (a pod evicted and placed again elsewhere in one statement is still listed on its old node)."""
+    return [
+        t
+        for entry in node.tasks.values()
+        if (t := entry.task).status in ACTIVE_USED
+        and t.node == node.name
+        and not (t.status == PodStatus.RELEASING and t.is_virtual)
+    ]
 
 
 @dataclass(frozen=True)
@@ -82,25 +186,21 @@ class _Facts:
     """Domains of existing pods whose required anti-affinity selects this pod."""
 
 
-def _existing(ssn: Session) -> _Existing:
-    generation = ssn.cluster.generation
-    cached = ssn.affinity_cache.get("existing")
-    if isinstance(cached, _Existing) and cached.generation == generation:
-        return cached
-    found = _Existing(generation)
-    for node in ssn.cluster.order:
-        for entry in node.tasks.values():
-            t = entry.task
-            if t.status not in ACTIVE_USED or (t.status == PodStatus.RELEASING and t.is_virtual):
-                continue
-            found.pods.append((t, node))
-            pod = t.pod
-            if pod.pod_anti_affinity:
-                found.with_anti.append((t, node))
-            if pod.preferred_pod_affinity or pod.preferred_pod_anti_affinity:
-                found.with_preferred.append((t, node))
-    ssn.affinity_cache["existing"] = found
-    return found
+def _index(ssn: Session) -> _Index:
+    index = ssn.affinity_cache.get("index")
+    if not isinstance(index, _Index):
+        index = _Index(ssn)
+        ssn.affinity_cache["index"] = index
+    index.sync()
+    return index
+
+
+def _own(index: _Index, task: TaskState) -> tuple[bytes, NodeState] | None:
+    """The task's own kind and node when it is itself one of the existing pods."""
+    node = index.cluster.nodes.get(task.node) if task.node is not None else None
+    if node is None or task.key not in node.tasks or task not in placed_on(node):
+        return None
+    return index.kind_of(task), node
 
 
 def _facts(ssn: Session, task: TaskState) -> _Facts:
@@ -109,30 +209,24 @@ def _facts(ssn: Session, task: TaskState) -> _Facts:
     cached = ssn.affinity_cache.get(key)
     if isinstance(cached, _Facts) and cached.generation == generation:
         return cached
-    existing = _existing(ssn)
+    index = _index(ssn)
+    own = _own(index, task)
     pod = task.pod
     affinity: list[set[str]] = [set() for _ in pod.pod_affinity]
     anti: list[set[str]] = [set() for _ in pod.pod_anti_affinity]
-    if pod.pod_affinity or pod.pod_anti_affinity:
-        for other, node in existing.pods:
-            if other is task:
-                continue
-            for i, term in enumerate(pod.pod_affinity):
-                value = node.labels.get(term.topology_key)
-                if value is not None and term_selects(term, other.pod):
-                    affinity[i].add(value)
-            for i, term in enumerate(pod.pod_anti_affinity):
-                value = node.labels.get(term.topology_key)
-                if value is not None and term_selects(term, other.pod):
-                    anti[i].add(value)
     existing_anti: set[Pair] = set()
-    for other, node in existing.with_anti:
-        if other is task:
-            continue
-        for term in other.pod.pod_anti_affinity:
-            value = node.labels.get(term.topology_key)
-            if value is not None and term_selects(term, pod):
-                existing_anti.add((term.topology_key, value))
+    for signature, kind in index.kinds.items():
+        for i, term in enumerate(pod.pod_affinity):
+            if term_selects(term, kind.pod):
+                affinity[i].update(index.counts(signature, term.topology_key, own))
+        for i, term in enumerate(pod.pod_anti_affinity):
+            if term_selects(term, kind.pod):
+                anti[i].update(index.counts(signature, term.topology_key, own))
+        for term in kind.pod.pod_anti_affinity:
+            if term_selects(term, pod):
+                existing_anti.update(
+                    (term.topology_key, v) for v in index.counts(signature, term.topology_key, own)
+                )
     facts = _Facts(
         generation,
         tuple(frozenset(values) for values in affinity),
@@ -177,41 +271,65 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     return None
 
 
+def refused(ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
+    """The nodes `reason` refuses, as one mask over the session's nodes (None: it refuses none), so the
+    allocation need not try them one by one (kube-scheduler's PreFilter does the same)."""
+    if not declared(ssn, task):
+        return None
+    facts = _facts(ssn, task)
+    c = ssn.cluster
+    pod = task.pod
+    out = np.zeros(len(c.order), dtype=bool)
+    if pod.pod_affinity:
+        first_of_its_kind = not facts.any_affinity_match and all(
+            term_selects(t, pod) for t in pod.pod_affinity
+        )
+        for term, found in zip(pod.pod_affinity, facts.affinity_counts, strict=True):
+            codes, _ = c.label_codes(term.topology_key)
+            out |= codes == 0
+            if not first_of_its_kind:
+                out |= ~c.domain_mask(term.topology_key, found)
+    for term, found in zip(pod.pod_anti_affinity, facts.anti_values, strict=True):
+        if found:
+            out |= c.domain_mask(term.topology_key, found)
+    by_key: dict[str, list[str]] = {}
+    for key, value in facts.existing_anti:
+        by_key.setdefault(key, []).append(value)
+    for key, values in by_key.items():
+        out |= c.domain_mask(key, values)
+    return out if out.any() else None
+
+
 def scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
     """Every node's raw InterPodAffinity score for the pod (None when no preferred term is involved)."""
-    existing = _existing(ssn)
-    pod = task.pod
-    own = pod.preferred_pod_affinity or pod.preferred_pod_anti_affinity
-    if not own and not existing.with_preferred:
+    if not ssn.any_preferred_affinity:
         return None
+    index = _index(ssn)
+    own = _own(index, task)
+    pod = task.pod
     by_domain: dict[Pair, float] = {}
 
-    def add(key: str, node: NodeState, weight: float) -> None:
-        value = node.labels.get(key)
-        if value is not None:
-            by_domain[(key, value)] = by_domain.get((key, value), 0.0) + weight
+    def add(signature: bytes, key: str, weight: float) -> None:
+        for value, count in index.counts(signature, key, own).items():
+            by_domain[(key, value)] = by_domain.get((key, value), 0.0) + weight * count
 
-    if own:
-        for other, node in existing.pods:
-            if other is task:
-                continue
-            for term in pod.preferred_pod_affinity:
-                if term_selects(term, other.pod):
-                    add(term.topology_key, node, term.weight)
-            for term in pod.preferred_pod_anti_affinity:
-                if term_selects(term, other.pod):
-                    add(term.topology_key, node, -term.weight)
-    for other, node in existing.with_preferred:
-        if other is task:
-            continue
-        for term in other.pod.preferred_pod_affinity:
+    for signature, kind in index.kinds.items():
+        for term in pod.preferred_pod_affinity:
+            if term_selects(term, kind.pod):
+                add(signature, term.topology_key, term.weight)
+        for term in pod.preferred_pod_anti_affinity:
+            if term_selects(term, kind.pod):
+                add(signature, term.topology_key, -term.weight)
+        for term in kind.pod.preferred_pod_affinity:
             if term_selects(term, pod):
-                add(term.topology_key, node, term.weight)
-        for term in other.pod.preferred_pod_anti_affinity:
+                add(signature, term.topology_key, term.weight)
+        for term in kind.pod.preferred_pod_anti_affinity:
             if term_selects(term, pod):
-                add(term.topology_key, node, -term.weight)
+                add(signature, term.topology_key, -term.weight)
+    if not any(by_domain.values()):
+        return None
     out = np.zeros(len(ssn.cluster.order))
     for (key, value), weight in by_domain.items():
         if weight:
-            out += np.where(ssn.cluster.label_column(key) == value, weight, 0.0)
+            out[ssn.cluster.domain_mask(key, (value,))] += weight
     return out

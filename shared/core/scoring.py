@@ -261,8 +261,11 @@ def iter_nodes_in_order(
     task: TaskState,
     node_set: npt.NDArray[np.bool_],
     extra_score: npt.NDArray[np.float64] | None = None,
+    skip: npt.NDArray[np.bool_] | None = None,
 ) -> Iterator[NodeState]:
-    """Nodes of `node_set` that fit on releasing-or-idle resources, best score first, ties by name."""
+    """Nodes of `node_set` that fit on releasing-or-idle resources, best score first, ties by name;
+    nodes in `skip` are scored with the others (scores such as bin-packing's are relative to the set) but
+    not yielded."""
     c = ssn.cluster
     idle_fit = ssn.resource_fit_mask(task, with_releasing=False)
     scores = node_scores(ssn, task, node_set, idle_fit)
@@ -270,6 +273,8 @@ def iter_nodes_in_order(
         scores = scores + extra_score
     fit = ssn.resource_fit_mask(task, with_releasing=True) if c.has_releasing else idle_fit
     candidates = node_set & fit
+    if skip is not None:
+        candidates &= ~skip
     rank = c.name_rank
     while candidates.any():
         masked = np.where(candidates, scores, -np.inf)

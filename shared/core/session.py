@@ -108,6 +108,9 @@ class Session:
             self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed, placed)
         # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
         self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
+        self.any_preferred_affinity = any(
+            t.pod.preferred_pod_affinity or t.pod.preferred_pod_anti_affinity for t in self.tasks.values()
+        )
         self.affinity_cache: dict[object, object] = {}
         """Inter-pod affinity's answers per cluster generation (`shared.core.pod_affinity`)."""
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)

@@ -240,3 +240,48 @@ def test_a_preferred_term_never_makes_a_feasible_pod_infeasible(weights: list[in
     plain = placed(run(nodes, workload("job", 2)))
     preferring = placed(run(nodes, workload("job", 2, preferred_node_affinity=prefs)))
     assert len(preferring) == len(plain)
+
+
+def test_a_gang_that_could_not_fit_leaves_nothing_behind_for_the_next_pod() -> None:
+    big = workload("big", 3, labels=WEB, pod_anti_affinity=(APART,))
+    group, pods = workload("small", labels=WEB, pod_anti_affinity=(APART,))
+    small = (msgspec.structs.replace(group, creation_time=1.0), pods)
+    result = run([node("a"), node("b")], big, small)
+    assert list(placed(result)) == ["small-0"]
+    assert [p.podgroup for p in result.pending] == ["big"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    hosts=st.lists(st.sampled_from(["za", "zb"]), min_size=1, max_size=5),
+    groups=st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from(["web", "db"]), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_whatever_the_session_places_meets_every_required_term_of_every_placed_pod(
+    hosts: list[str], groups: list[tuple[int, str, bool, bool]]
+) -> None:
+    nodes = [node(f"n{i}", zone) for i, zone in enumerate(hosts)]
+    workloads = []
+    for j, (size, app, repel, attract) in enumerate(groups):
+        anti = (term(labels={"app": app}),) if repel else ()
+        near = (term(labels={"app": app}, key="zone"),) if attract else ()
+        workloads.append(
+            workload(f"g{j}", size, labels={"app": app}, pod_anti_affinity=anti, pod_affinity=near)
+        )
+    result = run(nodes, *workloads)
+    where = placed(result)
+    pods = {p.name: p for _, ps in workloads for p in ps}
+    zone = {n.name: n.labels["zone"] for n in nodes}
+    for name, host in where.items():
+        others = [(pods[o], h) for o, h in where.items() if o != name]
+        for t in pods[name].pod_anti_affinity:
+            assert not any(o.labels == t.selector.match_labels and h == host for o, h in others)
+        for t in pods[name].pod_affinity:
+            same_zone = [
+                o for o, h in others if zone[h] == zone[host] and o.labels == t.selector.match_labels
+            ]
+            first = not any(o.labels == t.selector.match_labels for o, _ in others)
+            assert same_zone or first

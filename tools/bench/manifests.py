@@ -18,7 +18,7 @@ import msgspec
 
 from shared.clusterfile import ClusterObjects
 from shared.kube import keys
-from shared.model import Node, Pod, PodGroup, Queue, QueueResource, Topology
+from shared.model import Node, Pod, PodAffinityTerm, PodGroup, Queue, QueueResource, Topology
 from shared.model.objects import UNLIMITED
 
 __all__ = [
@@ -136,14 +136,47 @@ def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Ob
     }
     if pod.node is not None:
         spec["nodeName"] = pod.node
+    affinity = _affinity(pod, namespace)
+    if affinity:
+        spec["affinity"] = affinity
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod.name,
             "namespace": namespace,
-            "labels": {keys.QUEUE_LABEL: podgroup.queue},
+            "labels": {**pod.labels, keys.QUEUE_LABEL: podgroup.queue},
             "annotations": annotations,
         },
         "spec": spec,
     }
+
+
+def _affinity(pod: Pod, namespace: str) -> Obj:
+    """The pod's required pod (anti-)affinity as Kubernetes writes it; a term whose only namespace is the
+    pod's own names none (Kubernetes' default)."""
+
+    def term(t: PodAffinityTerm) -> Obj:
+        selector: Obj = {"matchLabels": dict(t.selector.match_labels)}
+        if t.selector.match_expressions:
+            selector["matchExpressions"] = [
+                {"key": r.key, "operator": r.operator, "values": list(r.values)}
+                for r in t.selector.match_expressions
+            ]
+        out: Obj = {"labelSelector": selector, "topologyKey": t.topology_key}
+        if t.all_namespaces:
+            out["namespaceSelector"] = {}
+        elif t.namespaces != (namespace,):
+            out["namespaces"] = list(t.namespaces)
+        return out
+
+    affinity: Obj = {}
+    if pod.pod_affinity:
+        affinity["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [term(t) for t in pod.pod_affinity]
+        }
+    if pod.pod_anti_affinity:
+        affinity["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [term(t) for t in pod.pod_anti_affinity]
+        }
+    return affinity

@@ -4,8 +4,9 @@ and the podgroups created during it, as model objects built by pure functions.
 Both modes run exactly these objects: the in-process runner (`tools.bench.inprocess`) feeds them to the
 core, the bus runner (`tools.bench.bus`) turns them into Kubernetes manifests (`tools.bench.manifests`)
 for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
-(issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare; and
-ReclaimLarge (issue 16: Reclaim at 5,000 full nodes).
+(issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare;
+ReclaimLarge (issue 16: Reclaim at 5,000 full nodes); PodAntiAffinity and PodAffinity (issue 17:
+scheduler_perf's SchedulingPodAntiAffinity and SchedulingPodAffinity).
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
 curves. Deterministic: no randomness, no clock.
 """
@@ -16,8 +17,20 @@ from collections.abc import Callable
 
 import msgspec
 
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Topology, TopologyConstraint
+from shared.model import (
+    LabelSelector,
+    Node,
+    Pod,
+    PodAffinityTerm,
+    PodGroup,
+    PodStatus,
+    Queue,
+    QueueResource,
+    Topology,
+    TopologyConstraint,
+)
 from shared.model.builders import flat_queues, gang
+from tools.bench.manifests import NAMESPACE
 from tools.kubesim.nodes import generated_nodes
 
 __all__ = [
@@ -33,6 +46,8 @@ UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 TOPOLOGY = "bench-topology"
 BLOCK_LABEL = "kairos.io/bench-block"
 RACK_LABEL = "kairos.io/bench-rack"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 class Group(msgspec.Struct, frozen=True):
@@ -220,6 +235,111 @@ def topology(racks: int, gangs: int, nodes_per_rack: int = 8, racks_per_block: i
     )
 
 
+def _labelled(nodes: list[Node], zones: int = 1) -> list[Node]:
+    """Nodes with the labels kubelet and the cloud provider give them: hostname, and a zone (round robin
+    over `zones`)."""
+    return [
+        msgspec.structs.replace(n, labels={HOSTNAME_LABEL: n.name, ZONE_LABEL: f"zone{i % zones + 1}"})
+        for i, n in enumerate(nodes)
+    ]
+
+
+def _with_affinity(
+    group: Group,
+    labels: dict[str, str],
+    *,
+    affinity: tuple[PodAffinityTerm, ...] = (),
+    anti_affinity: tuple[PodAffinityTerm, ...] = (),
+) -> Group:
+    pods = tuple(
+        msgspec.structs.replace(
+            p, namespace=NAMESPACE, labels=labels, pod_affinity=affinity, pod_anti_affinity=anti_affinity
+        )
+        for p in group.pods
+    )
+    return Group(group.podgroup, pods)
+
+
+def _term(labels: dict[str, str], key: str) -> PodAffinityTerm:
+    return PodAffinityTerm(
+        selector=LabelSelector(match_labels=labels), topology_key=key, namespaces=(NAMESPACE,)
+    )
+
+
+def pod_anti_affinity(nodes: int, initial: int, measured: int) -> Workload:
+    """scheduler_perf's SchedulingPodAntiAffinity: every pod carries `color: green` and a required
+    anti-affinity to `color: green` over the hostname, so no two share a node; `initial` of them already
+    run, one per node, then `measured` more single-pod podgroups (CPU-only, as scheduler_perf's)."""
+    node_list = _labelled(plain_nodes(nodes))
+    green = {"color": "green"}
+    apart = (_term(green, HOSTNAME_LABEL),)
+    names = _names(4)
+    running = [
+        _with_affinity(
+            _group(f"anti-init-{j:05d}", names[j % 4], 1, 0.0, created=float(j), nodes=[node_list[j].name]),
+            green,
+            anti_affinity=apart,
+        )
+        for j in range(initial)
+    ]
+    later = [
+        _with_affinity(
+            _group(f"anti-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j)),
+            green,
+            anti_affinity=apart,
+        )
+        for j in range(measured)
+    ]
+    return Workload(
+        name="PodAntiAffinity",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(names)),
+        initial=tuple(running),
+        measured=tuple(later),
+        generated=False,
+    )
+
+
+def pod_affinity(nodes: int, initial: int, measured: int) -> Workload:
+    """scheduler_perf's SchedulingPodAffinity: every pod carries `foo: ""` and a required affinity to
+    `foo: ""` over the zone (every node in one zone), so each must find one already in its zone; `initial`
+    run before, spread over the nodes, then `measured` more single-pod podgroups (CPU-only)."""
+    node_list = _labelled(plain_nodes(nodes))
+    foo = {"foo": ""}
+    together = (_term(foo, ZONE_LABEL),)
+    names = _names(4)
+    stride = max(1, nodes // max(initial, 1))
+    running = [
+        _with_affinity(
+            _group(
+                f"aff-init-{j:05d}",
+                names[j % 4],
+                1,
+                0.0,
+                created=float(j),
+                nodes=[node_list[(j * stride) % nodes].name],
+            ),
+            foo,
+            affinity=together,
+        )
+        for j in range(initial)
+    ]
+    later = [
+        _with_affinity(
+            _group(f"aff-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j)), foo, affinity=together
+        )
+        for j in range(measured)
+    ]
+    return Workload(
+        name="PodAffinity",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(names)),
+        initial=tuple(running),
+        measured=tuple(later),
+        generated=False,
+    )
+
+
 def fair_share(nodes: int, pods_per_leaf: int, fanout: int = 10, leaf_quota: float = 4.0) -> Workload:
     """`fanout`^3 leaf queues under `fanout`^2 sub-departments under `fanout` departments (1,110 queues at
     10), each leaf with a GPU quota, and `pods_per_leaf` one-GPU pods in every leaf."""
@@ -264,6 +384,9 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "UnschedulableGang": lambda: unschedulable_gang(1000, 1000),
     "Topology": lambda: topology(128, 200),
     "FairShare": lambda: fair_share(1000, 4),
+    # Issue 17: scheduler_perf's affinity workloads (kube-scheduler's CI minimums: 60 and 35 pods/s).
+    "PodAntiAffinity": lambda: pod_anti_affinity(5000, 1000, 1000),
+    "PodAffinity": lambda: pod_affinity(5000, 1000, 5000),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
@@ -274,6 +397,8 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "UnschedulableGang": lambda: unschedulable_gang(100, 100),
     "Topology": lambda: topology(8, 12),
     "FairShare": lambda: fair_share(100, 1, fanout=6),
+    "PodAntiAffinity": lambda: pod_anti_affinity(200, 50, 100),
+    "PodAffinity": lambda: pod_affinity(200, 50, 200),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 

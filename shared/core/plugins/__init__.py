@@ -3,7 +3,7 @@
 Public (the shells and third-party plugins may import it):
 
 - `points`: one `typing.Protocol` per extension point, each with its contract (`NodeFilter`,
-  `NodeScore`, `GpuDeviceOrder`, `JobOrder`, `TaskOrder`, `PodSetOrder`, `QueueOrder`, `QuotaCheck`,
+  `NodePreFilter`, `NodeScore`, `GpuDeviceOrder`, `JobOrder`, `TaskOrder`, `PodSetOrder`, `QueueOrder`, `QuotaCheck`,
   `VictimFilter`);
 - `registry`: `Plugin` (what one plugin contributes), `PluginSpec` (name, factory, default priority,
   arguments), `Registry` (a frozen name -> spec mapping that refuses duplicates), `PluginConfigError`;

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shared.core.plugins.points import (
         GpuDeviceOrder,
         NodeFilter,
+        NodePreFilter,
         NodeScore,
         OrderKey,
         QueueOrder,
@@ -55,6 +56,7 @@ class Chains(Generic[S]):
     names: tuple[str, ...]
     """The enabled plugins, in chain order."""
     node_filters: tuple[NodeFilter[S], ...]
+    node_prefilters: tuple[NodePreFilter[S], ...]
     node_scores: tuple[NodeScore[S], ...]
     device_orders: tuple[GpuDeviceOrder, ...]
     queue_orders: tuple[QueueOrder[S], ...]
@@ -122,6 +124,9 @@ def _chains(names: tuple[str, ...], plugins: list[Plugin[S]]) -> Chains[S]:
     return Chains(
         names=names,
         node_filters=tuple(p.node_filter for p in plugins if p.node_filter is not None),
+        node_prefilters=tuple(
+            p.node_prefilter for p in plugins if p.node_prefilter is not None and p.node_filter is not None
+        ),
         node_scores=tuple(p.node_score for p in plugins if p.node_score is not None),
         device_orders=tuple(p.device_order for p in plugins if p.device_order is not None),
         queue_orders=tuple(p.queue_order for p in plugins if p.queue_order is not None),

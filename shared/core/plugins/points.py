@@ -62,6 +62,18 @@ class NodeFilter(Protocol[S_contra]):
     def filter(self, ssn: S_contra, task: TaskState, node: NodeState) -> str | None: ...
 
 
+class NodePreFilter(Protocol[S_contra]):
+    """The nodes a plugin's node filter would refuse a pod, all at once (kube-scheduler's PreFilter).
+
+    `refused` returns a mask over the session's nodes (`ssn.cluster.order`), True where the plugin's
+    `NodeFilter.filter` would return a reason, or None when it refuses none. It must never mark a node the
+    filter would pass. Runner: the allocation does not try refused nodes; when the pod fits nowhere, their
+    reasons are asked of the filter chain as before, so a pod's fit error does not change. Called once
+    per pod placement attempt."""
+
+    def refused(self, ssn: S_contra, task: TaskState) -> npt.NDArray[np.bool_] | None: ...
+
+
 class NodeScore(Protocol[S_contra]):
     """How much a pod prefers each node, vectorised over the session's nodes (`ssn.cluster.order`).
 

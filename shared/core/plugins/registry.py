@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         GpuDeviceOrder,
         JobOrder,
         NodeFilter,
+        NodePreFilter,
         NodeScore,
         PodSetOrder,
         QueueOrder,
@@ -61,6 +62,8 @@ class Plugin(Generic[S]):
     """What one enabled plugin contributes: its implementation of each extension point it fills."""
 
     node_filter: NodeFilter[S] | None = None
+    node_prefilter: NodePreFilter[S] | None = None
+    """The same filter's refusals as one vector (it goes with `node_filter`: disabling one disables both)."""
     node_score: NodeScore[S] | None = None
     device_order: GpuDeviceOrder | None = None
     job_order: JobOrder | None = None
