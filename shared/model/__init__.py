@@ -18,9 +18,12 @@ from shared.model.objects import (
     Queue,
     QueueResource,
     Snapshot,
+    SpreadSelector,
+    SpreadSelectorRequirement,
     SubGroupSet,
     Topology,
     TopologyConstraint,
+    TopologySpreadConstraint,
 )
 from shared.model.status import PodStatus
 
@@ -37,7 +40,10 @@ __all__ = [
     "Queue",
     "QueueResource",
     "Snapshot",
+    "SpreadSelector",
+    "SpreadSelectorRequirement",
     "SubGroupSet",
     "Topology",
     "TopologyConstraint",
+    "TopologySpreadConstraint",
 ]
