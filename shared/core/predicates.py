@@ -4,7 +4,8 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 (MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
-taints, pod affinity and anti-affinity).
+taints, pod affinity and anti-affinity), and last Kubernetes' pod topology spread (`shared.core.spread`:
+a pod's DoNotSchedule constraints; a pod without any pays one tuple test).
 
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.core import spread
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
@@ -68,7 +70,10 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return NODE_AFFINITY
     if not tolerates(task, node):
         return TAINTS
-    return pod_affinity(ssn, task, node)
+    reason = pod_affinity(ssn, task, node)
+    if reason:
+        return reason
+    return spread.filter_reason(ssn, task, node, affinity=node_affinity_matches, tolerates=tolerates)
 
 
 def resource_type(task: TaskState, node: NodeState) -> str | None:

@@ -29,7 +29,7 @@ from typing import cast
 
 import msgspec
 
-from shared.core.plugins.priorities import KAI_PRIORITIES
+from shared.core.plugins.priorities import BUILTIN_PRIORITIES
 from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
 from shared.kube.quantity import DurationError, parse_duration
@@ -46,8 +46,9 @@ __all__ = [
     "unknown_plugin",
 ]
 
-DEFAULT_PRIORITIES: Mapping[str, int] = KAI_PRIORITIES
-"""Every plugin Kairos knows, with KAI's default priority (higher runs first; the core's registry)."""
+DEFAULT_PRIORITIES: Mapping[str, int] = BUILTIN_PRIORITIES
+"""Every plugin Kairos knows, with its default priority (higher runs first; the core's registry): KAI's,
+and Kairos's own beyond KAI (``podtopologyspread``)."""
 
 NO_EFFECT = frozenset({"kubeflow", "ray", "dynamicresources", "nominatednode", "snapshot", "podaffinity"})
 """Plugins with nothing to switch in Kairos: no such workloads, no DRA, no nominations, no snapshot

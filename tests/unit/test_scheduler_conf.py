@@ -10,6 +10,7 @@ import pytest
 
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.plugins.chain import resolve
+from shared.core.plugins.priorities import KAIROS_PRIORITIES
 from shared.core.policy import Policy
 from shared.errors import InvalidObject
 from tools.conformance import corpus_dir
@@ -58,9 +59,11 @@ def replaced(name: str, plugin: dict[str, Any] | None) -> list[dict[str, Any]]:
 def test_the_default_tier_is_the_policy_as_it_is() -> None:
     got = apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c")
     assert msgspec.structs.replace(got, plugins=None) == BASE
-    # KAI's default tier is the registry's defaults less podaffinity (which Kairos does not read anyway).
+    # KAI's default tier is the registry's defaults less podaffinity (which Kairos does not read anyway)
+    # and less Kairos's own plugins, which a KAI scheduler conf cannot name.
     assert set(resolve(got, DEFAULT_REGISTRY).names) == set(resolve(BASE, DEFAULT_REGISTRY).names) - {
-        "podaffinity"
+        "podaffinity",
+        *KAIROS_PRIORITIES,
     }
 
 

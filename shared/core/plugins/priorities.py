@@ -1,15 +1,18 @@
-"""KAI's scheduler plugins and their default priorities (higher runs first; the KAI operator's defaults).
+"""The built-in scheduler plugins and their default priorities (higher runs first): KAI's (the KAI operator's
+defaults) and Kairos's own beyond KAI.
 
 A plain table with no imports, so the wire contract and the shells (`shared.kube.kai_plugins`) can read it
 without loading the core's machinery; `shared.core.builtin_plugins.DEFAULT_REGISTRY` registers each plugin
-at this priority.
+at this priority. A plugin of Kairos's own goes in `KAIROS_PRIORITIES`: `BUILTIN_PRIORITIES` then makes it
+a name a SchedulingShard may use and one of a shard's default plugins, like KAI's, and the plugin loader
+does not take it for a third-party plugin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["KAI_PRIORITIES"]
+__all__ = ["BUILTIN_PRIORITIES", "KAIROS_PRIORITIES", "KAI_PRIORITIES"]
 
 KAI_PRIORITIES: Mapping[str, int] = {
     "predicates": 1900,
@@ -33,3 +36,16 @@ KAI_PRIORITIES: Mapping[str, int] = {
     "nodeplacement": 200,
     "gpusharingorder": 100,
 }
+
+KAIROS_PRIORITIES: Mapping[str, int] = {
+    # Kubernetes' PodTopologySpread (`shared.core.spread`), next to KAI's other Kubernetes-derived plugin,
+    # podaffinity. Its filter runs inside predicates; only its score is this plugin, and node scores add
+    # up, so the priority orders nothing but the chain's listing.
+    "podtopologyspread": 1350,
+}
+"""Kairos's own plugins, beyond KAI's (none shares a name with one of KAI's)."""
+
+BUILTIN_PRIORITIES: Mapping[str, int] = dict(
+    sorted({**KAI_PRIORITIES, **KAIROS_PRIORITIES}.items(), key=lambda item: -item[1])
+)
+"""Every built-in plugin, highest priority first (ties keep KAI's listing order)."""
