@@ -20,12 +20,14 @@ from shared.core import predicates
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.cycle import run_session
 from shared.core.opening import open_session
-from shared.core.plugins.chain import plugin_configs
+from shared.core.plugins.chain import plugin_configs, resolve
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.spread import CONSTRAINTS_NOT_MATCH, MISSING_LABEL, preference_scores
 from shared.core.statement import Statement
 from shared.errors import InvalidObject
+from shared.kube import wire
+from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import (
     LabelSelectorTerm,
     Node,
@@ -269,6 +271,17 @@ def test_a_gang_that_cannot_spread_evenly_enough_waits_and_says_why() -> None:
     assert f"1 {CONSTRAINTS_NOT_MATCH}" in explanation.message
 
 
+def test_preempt_makes_room_for_a_spread_gang_in_both_zones() -> None:
+    # Both zones are full of lower-priority work; without the constraint the gang would take zone b alone.
+    full = [
+        gang(f"low-{z}", "team", 2, 4.0, status=PodStatus.RUNNING, nodes=[f"{z}-00000"] * 2) for z in "ab"
+    ]
+    snap = snapshot(zoned_nodes({"a": 1, "b": 1}), *full, pending("high", 2, spread(1), gpus=4.0))
+    high = msgspec.structs.replace(snap.podgroups[-1], priority=99)
+    result = schedule(msgspec.structs.replace(snap, podgroups=(*snap.podgroups[:-1], high)), 0.0, Policy())
+    assert zones_of([p.node for p in result.pipelined if p.podgroup == "high"]) == {"a": 1, "b": 1}
+
+
 # --- the score (ScheduleAnyway) ------------------------------------------------------------------------------
 def test_schedule_anyway_scores_the_emptiest_zone_highest() -> None:
     pg, pods = pending("new", 1, spread(1, when="ScheduleAnyway"))
@@ -312,6 +325,22 @@ def test_schedule_anyway_still_places_a_pod_when_every_zone_it_fits_is_skewed() 
     assert bound_nodes(soft) == ["a-00000"]
     hard = snapshot(nodes, *running({"a": 3}), full, pending("new", 1, spread(1)))
     assert bound_nodes(hard) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "runs"), [({}, True), ({"plugins": {"podtopologyspread": {"enabled": False}}}, False)]
+)
+def test_a_scheduling_shard_scores_spread_by_default_and_may_turn_it_off(
+    spec: dict[str, object], runs: bool
+) -> None:
+    doc = {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": "s"},
+        "spec": spec,
+    }
+    policy = policy_of(shard_config(wire.convert(wire.SchedulingShard, doc)))
+    assert ("podtopologyspread" in resolve(policy, DEFAULT_REGISTRY).names) is runs
 
 
 def test_a_pod_without_constraints_gets_no_spread_score() -> None:
