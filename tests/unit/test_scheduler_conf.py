@@ -60,7 +60,7 @@ def test_the_default_tier_is_the_policy_as_it_is() -> None:
     got = apply_scheduler_conf(conf(DEFAULT_TIER), BASE, "c")
     assert msgspec.structs.replace(got, plugins=None) == BASE
     # KAI's default tier is the registry's defaults less podaffinity (which Kairos does not read anyway)
-    # and less Kairos's own plugins, which a KAI scheduler conf cannot name.
+    # and less Kairos's own plugins, which KAI's default tier does not list.
     assert set(resolve(got, DEFAULT_REGISTRY).names) == set(resolve(BASE, DEFAULT_REGISTRY).names) - {
         "podaffinity",
         *KAIROS_PRIORITIES,
