@@ -1,15 +1,16 @@
 """The built-in scheduler plugins as registry entries: `DEFAULT_REGISTRY`, one literal keyed by plugin name:
-KAI's, and Kairos's own kube-scheduler scores KAI does not run (nodeaffinity, tainttoleration).
+KAI's, and Kairos's own beyond KAI (kube-scheduler's scores KAI does not run: ``nodeaffinity``,
+``tainttoleration``, ``podtopologyspread``).
 
 Each entry wraps the core's existing implementation (no logic lives here beyond argument checks): the
 predicates filter (`shared.core.predicates.check`), the node scores (`shared.core.scoring`,
 `shared.core.pod_affinity.scores` and `shared.core.topology.preferred_scores`), the GPU device orders (`shared.core.scoring.fitting_gpus`
 sums them), the job, task and pod-set orders (`shared.core.tasks`), the queue order and quota checks
 (`shared.core.proportion`, `Session.queue_job_capacity`), and the min-runtime victim filter
-(`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's) and Kairos's
-(`shared.core.plugins.priorities`); arguments are those of KAI's plugins that Kairos honours. Plugins with
-nothing to act on in Kairos (no such workloads, no DRA, no nominations, no snapshot endpoint) are accepted
-and contribute nothing.
+(`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's) and Kairos's own
+(`shared.core.plugins.priorities.KAIROS_PRIORITIES`); arguments are those of KAI's plugins that Kairos
+honours. Plugins with nothing to act on in Kairos (no such workloads, no DRA, no nominations, no snapshot
+endpoint) are accepted and contribute nothing.
 
 Public: the shells extend `DEFAULT_REGISTRY` with third-party plugins (`Registry.with_plugins`) and pass
 it to `shared.core.scheduler.schedule`. `SessionRegistry` / `SessionPlugin` / `SessionSpec` name the
@@ -22,7 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
-from shared.core import minruntime, pod_affinity, predicates, scoring, topology
+from shared.core import minruntime, pod_affinity, predicates, scoring, spread, topology
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
 from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
@@ -237,6 +238,19 @@ class TopologyScore:
         return topology.preferred_scores(ssn, task)
 
 
+class PodTopologySpreadScore:
+    """Kubernetes' PodTopologySpread score (Kairos's, not KAI's): nodes in the domains with the fewest pods
+    matching the pod's ScheduleAnyway constraints (`shared.core.spread.preference_scores`). The
+    DoNotSchedule constraints are a filter inside predicates, as Kubernetes' filters are in KAI."""
+
+    def score(
+        self, ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float64] | None:
+        return spread.preference_scores(
+            ssn, task, node_set, affinity=predicates.node_affinity_matches, tolerates=predicates.tolerated
+        )
+
+
 # --- GPU device orders ------------------------------------------------------------------------------------
 class GpuPack:
     """KAI gpupack: the fullest shared device first, whole free devices last."""
@@ -368,13 +382,20 @@ DEFAULT_REGISTRY: SessionRegistry = Registry(
         PluginSpec(
             "gpusharingorder", _constant(Plugin(node_score=GpuSharingScore())), KAI["gpusharingorder"]
         ),
+        # Kairos's own, beyond KAI.
+        PluginSpec(
+            "podtopologyspread",
+            _constant(Plugin(node_score=PodTopologySpreadScore())),
+            KAIROS["podtopologyspread"],
+            summary="Kubernetes' pod topology spread: the ScheduleAnyway score (DoNotSchedule is in predicates)",
+        ),
     ]
 )
-"""KAI's plugins. A policy without a plugin list enables all of them, except the GPU device order its
-`gpu_device_placement` does not name (gpupack for binpack, gpuspread for spread)."""
+"""KAI's plugins and Kairos's own. A policy without a plugin list enables all of them, except the GPU device
+order its `gpu_device_placement` does not name (gpupack for binpack, gpuspread for spread)."""
 
 DEFAULT_PRIORITIES: Mapping[str, int] = {name: spec.priority for name, spec in DEFAULT_REGISTRY.items()}
-"""KAI's plugins with their default priorities (higher runs first)."""
+"""The built-in plugins with their default priorities (higher runs first)."""
 
 # Each wrapper fills its extension point (checked by mypy).
 _f: NodeFilter[Session] = Predicates()
@@ -393,6 +414,7 @@ _s: tuple[NodeScore[Session], ...] = (
     PodAffinityScore(),
     NodeAffinityScore(),
     TaintTolerationScore(),
+    PodTopologySpreadScore(),
 )
 _d: tuple[GpuDeviceOrder, ...] = (GpuPack(), GpuSpread())
 _v: VictimFilter[Session] = MinRuntime(0.0, 0.0)

@@ -4,7 +4,9 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 (MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
-taints, inter-pod affinity and anti-affinity: `shared.core.pod_affinity`), in kube-scheduler's words.
+taints, inter-pod affinity and anti-affinity: `shared.core.pod_affinity`), in kube-scheduler's words,
+and last Kubernetes' pod topology spread (`shared.core.spread`: a pod's DoNotSchedule constraints; a pod
+without any pays one tuple test).
 
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core import pod_affinity, selectors
+from shared.core import pod_affinity, selectors, spread
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
@@ -67,7 +69,10 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     taint = untolerated_taint(task, node)
     if taint is not None:
         return taint_reason(taint)
-    return pod_affinity.reason(ssn, task, node)
+    reason = pod_affinity.reason(ssn, task, node)
+    if reason:
+        return reason
+    return spread.filter_reason(ssn, task, node, affinity=node_affinity_matches, tolerates=tolerated)
 
 
 def resource_type(task: TaskState, node: NodeState) -> str | None:
@@ -137,6 +142,11 @@ def untolerated_taint(task: TaskState, node: NodeState) -> Taint | None:
         if not any(selectors.tolerates(toleration, taint) for toleration in task.pod.tolerations):
             return taint
     return None
+
+
+def tolerated(task: TaskState, node: NodeState) -> bool:
+    """No NoSchedule or NoExecute taint of the node is left untolerated by the pod."""
+    return untolerated_taint(task, node) is None
 
 
 def taint_reason(taint: Taint) -> str:

@@ -3,7 +3,8 @@
 Each score below is one plugin's (`shared.core.builtin_plugins`); `node_scores` sums the session's
 node-score chain, so a plugin left out of the policy adds nothing. Scores add up as in KAI: placement (binpack or spread, on GPUs for GPU pods and CPU for CPU pods, up to 9),
 resource type (10: CPU pods prefer CPU-only nodes), availability (1000: fits without waiting for releasing
-pods), GPU sharing (10000: a shared device already has room), topology (100000: in the preferred domain).
+pods), GPU sharing (10000: a shared device already has room), topology (100000: in the preferred domain);
+Kairos adds pod topology spread (up to 100: ScheduleAnyway constraints, `POD_TOPOLOGY_SPREAD`).
 With `Policy.gpu_usage_scoring`, a fractional or GPU-memory pod also scores each node up to 40000 by the
 lowest measured pressure among the devices it could use there (`Node.gpu_devices`), so it shares a device
 only where it is really free: a shared device more than 25 points busier than an idle one elsewhere
@@ -45,6 +46,13 @@ PREFER_NO_SCHEDULE_TAINT = 100.0
 affinity term's weight (1-100): as much as the heaviest preference, so a pod avoids such a node unless a
 full-weight preference draws it there (kube-scheduler weighs TaintToleration 3 against NodeAffinity's
 and InterPodAffinity's 2)."""
+POD_TOPOLOGY_SPREAD = 100.0
+"""Kairos's ``podtopologyspread`` score (`shared.core.spread`), not KAI's: a pod's ScheduleAnyway
+constraints, normalised to 0..1 over the candidate nodes, times this. 100 is more than bin-packing and
+resource type together (9 + 10), so a user who asks to spread sees the emptiest domain win over a fuller
+one whenever the two differ by a fifth of the normalised range or more; and it is a tenth of availability
+(1000), so a soft spread never makes a pod wait for releasing resources when it could run now elsewhere,
+nor outweighs GPU sharing or a preferred topology domain."""
 
 WHOLE_GPU = "-2"
 

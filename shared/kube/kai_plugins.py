@@ -29,7 +29,7 @@ from typing import cast
 
 import msgspec
 
-from shared.core.plugins import priorities
+from shared.core.plugins.priorities import BUILTIN_PRIORITIES
 from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
 from shared.kube.quantity import DurationError, parse_duration
@@ -46,9 +46,9 @@ __all__ = [
     "unknown_plugin",
 ]
 
-DEFAULT_PRIORITIES: Mapping[str, int] = priorities.DEFAULT_PRIORITIES
-"""Every built-in plugin, KAI's and Kairos's own, with its default priority (higher runs first; the core's
-registry)."""
+DEFAULT_PRIORITIES: Mapping[str, int] = BUILTIN_PRIORITIES
+"""Every plugin Kairos knows, with its default priority (higher runs first; the core's registry): KAI's,
+and Kairos's own beyond KAI (``nodeaffinity``, ``tainttoleration``, ``podtopologyspread``)."""
 
 NO_EFFECT = frozenset({"kubeflow", "ray", "dynamicresources", "nominatednode", "snapshot"})
 """Plugins with nothing to switch in Kairos: no such workloads, no DRA, no nominations, no snapshot

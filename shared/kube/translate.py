@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -63,11 +63,21 @@ from shared.model import (
     PreferredNodeTerm,
     Queue,
     QueueResource,
+    SpreadSelector,
+    SpreadSelectorRequirement,
     SubGroupSet,
     Topology,
     TopologyConstraint,
+    TopologySpreadConstraint,
 )
-from shared.model.objects import UNLIMITED, Taint, Toleration
+from shared.model.objects import (
+    UNLIMITED,
+    NodeInclusionPolicy,
+    SpreadOperator,
+    Taint,
+    Toleration,
+    WhenUnsatisfiable,
+)
 
 __all__ = [
     "DEFAULT_POD_SET",
@@ -390,6 +400,7 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         preferred_pod_affinity=_pod_affinity(where, pod, anti=False, preferred=True),
         preferred_pod_anti_affinity=_pod_affinity(where, pod, anti=True, preferred=True),
         tolerations=_tolerations(where, pod.spec.tolerations),
+        topology_spread=_topology_spread(where, pod.spec.topology_spread_constraints, meta.labels),
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
     )
@@ -700,6 +711,112 @@ def _tolerations(where: _Where, tolerations: list[wire.Toleration]) -> tuple[Tol
             )
         out.append(Toleration(t.key, operator, t.value, t.effect))
     return tuple(out)
+
+
+_WHEN_UNSATISFIABLE: tuple[WhenUnsatisfiable, ...] = ("DoNotSchedule", "ScheduleAnyway")
+_INCLUSION_POLICIES: tuple[NodeInclusionPolicy, ...] = ("Honor", "Ignore")
+_SELECTOR_OPERATORS: tuple[SpreadOperator, ...] = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _topology_spread(
+    where: _Where, constraints: Sequence[wire.TopologySpreadConstraint], labels: Mapping[str, str]
+) -> tuple[TopologySpreadConstraint, ...]:
+    """``spec.topologySpreadConstraints`` as kube-scheduler reads them: unset optional fields take its
+    defaults (minDomains 1, nodeAffinityPolicy Honor, nodeTaintsPolicy Ignore) and ``matchLabelKeys``
+    are merged into the selector with the pod's own values (a key the pod lacks is skipped, as there).
+    Input the API server's validation refuses is an error naming the field."""
+    out: list[TopologySpreadConstraint] = []
+    seen: set[tuple[str, str]] = set()
+    for i, c in enumerate(constraints):
+        at = f"spec.topologySpreadConstraints[{i}]"
+        if c.max_skew is None:
+            raise where.error(f"{at}.maxSkew", "missing")
+        if c.max_skew < 1:
+            raise where.error(f"{at}.maxSkew", f"must be >= 1, got {c.max_skew}")
+        if not c.topology_key:
+            raise where.error(f"{at}.topologyKey", "missing")
+        when = _one_of(where, f"{at}.whenUnsatisfiable", c.when_unsatisfiable, _WHEN_UNSATISFIABLE)
+        if (c.topology_key, when) in seen:
+            raise where.error(
+                f"{at}.topologyKey", f"a second {when} constraint on {c.topology_key!r} (duplicate)"
+            )
+        seen.add((c.topology_key, when))
+        min_domains = 1
+        if c.min_domains is not None:
+            if c.min_domains < 1:
+                raise where.error(f"{at}.minDomains", f"must be >= 1, got {c.min_domains}")
+            if when != "DoNotSchedule":
+                raise where.error(f"{at}.minDomains", "only allowed with whenUnsatisfiable DoNotSchedule")
+            min_domains = c.min_domains
+        affinity_policy: NodeInclusionPolicy = "Honor"
+        if c.node_affinity_policy is not None:
+            affinity_policy = _one_of(
+                where, f"{at}.nodeAffinityPolicy", c.node_affinity_policy, _INCLUSION_POLICIES
+            )
+        taints_policy: NodeInclusionPolicy = "Ignore"
+        if c.node_taints_policy is not None:
+            taints_policy = _one_of(
+                where, f"{at}.nodeTaintsPolicy", c.node_taints_policy, _INCLUSION_POLICIES
+            )
+        selector = _spread_selector(where, f"{at}.labelSelector", c.label_selector)
+        if c.match_label_keys:
+            if selector is None:
+                raise where.error(f"{at}.matchLabelKeys", "must not be set without a labelSelector")
+            selector = _with_label_keys(selector, c.match_label_keys, labels)
+        out.append(
+            TopologySpreadConstraint(
+                max_skew=c.max_skew,
+                topology_key=c.topology_key,
+                when_unsatisfiable=when,
+                selector=selector,
+                min_domains=min_domains,
+                node_affinity_policy=affinity_policy,
+                node_taints_policy=taints_policy,
+            )
+        )
+    return tuple(out)
+
+
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def _one_of(where: _Where, field: str, value: str, allowed: tuple[_Choice, ...]) -> _Choice:
+    for choice in allowed:
+        if value == choice:
+            return choice
+    if not value:
+        raise where.error(field, f"missing: expected one of {', '.join(allowed)}")
+    raise where.error(field, f"{value!r}, expected one of {', '.join(allowed)}")
+
+
+def _spread_selector(where: _Where, at: str, selector: wire.LabelSelector | None) -> SpreadSelector | None:
+    if selector is None:
+        return None
+    expressions: list[SpreadSelectorRequirement] = []
+    for j, expr in enumerate(selector.match_expressions):
+        field = f"{at}.matchExpressions[{j}]"
+        operator = _one_of(where, f"{field}.operator", expr.operator, _SELECTOR_OPERATORS)
+        if not expr.key:
+            raise where.error(f"{field}.key", "missing")
+        if operator in ("In", "NotIn") and not expr.values:
+            raise where.error(f"{field}.values", f"must not be empty with operator {operator}")
+        if operator in ("Exists", "DoesNotExist") and expr.values:
+            raise where.error(f"{field}.values", f"must be empty with operator {operator}")
+        expressions.append(SpreadSelectorRequirement(expr.key, operator, tuple(expr.values)))
+    return SpreadSelector(dict(selector.match_labels), tuple(expressions))
+
+
+def _with_label_keys(
+    selector: SpreadSelector, label_keys: Sequence[str], labels: Mapping[str, str]
+) -> SpreadSelector:
+    """kube-scheduler's ``matchLabelKeys``: each key the pod carries narrows the selector to the pod's
+    value. A key the selector already names is left alone: newer API servers merge the keys into the
+    stored ``labelSelector`` themselves, so merging again would only repeat it."""
+    named = set(selector.match_labels) | {e.key for e in selector.match_expressions}
+    extra = {k: labels[k] for k in label_keys if k in labels and k not in named}
+    if not extra:
+        return selector
+    return SpreadSelector({**selector.match_labels, **extra}, selector.match_expressions)
 
 
 # --- priority classes ------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ __all__ = [
     "ResourceList",
     "SchedulingShard",
     "Topology",
+    "TopologySpreadConstraint",
     "convert",
     "decode",
     "decode_node",
@@ -214,6 +215,21 @@ class Toleration(_Wire, frozen=True, kw_only=True):
     toleration_seconds: int | None = None
 
 
+class TopologySpreadConstraint(_Wire, frozen=True, kw_only=True):
+    """One ``spec.topologySpreadConstraints`` entry. Every field may be missing here so that
+    `shared.kube.translate.pod_of` can name the one at fault (``maxSkew`` and ``topologyKey`` are
+    required by the API server; ``None`` is kube-scheduler's default for the optional ones)."""
+
+    max_skew: int | None = None
+    topology_key: str = ""
+    when_unsatisfiable: str = ""
+    label_selector: LabelSelector | None = None
+    min_domains: int | None = None
+    node_affinity_policy: str | None = None
+    node_taints_policy: str | None = None
+    match_label_keys: list[str] = msgspec.field(default_factory=list)
+
+
 class PodSchedulingGate(_Wire, frozen=True, kw_only=True):
     name: str
 
@@ -227,6 +243,7 @@ class PodSpec(_Wire, frozen=True, kw_only=True):
     node_selector: dict[str, str] = msgspec.field(default_factory=dict)
     affinity: Affinity | None = None
     tolerations: list[Toleration] = msgspec.field(default_factory=list)
+    topology_spread_constraints: list[TopologySpreadConstraint] = msgspec.field(default_factory=list)
     priority_class_name: str = ""
     priority: int | None = None
     scheduling_gates: list[PodSchedulingGate] = msgspec.field(default_factory=list)

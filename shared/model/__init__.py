@@ -21,9 +21,12 @@ from shared.model.objects import (
     Queue,
     QueueResource,
     Snapshot,
+    SpreadSelector,
+    SpreadSelectorRequirement,
     SubGroupSet,
     Topology,
     TopologyConstraint,
+    TopologySpreadConstraint,
 )
 from shared.model.status import PodStatus
 
@@ -43,7 +46,10 @@ __all__ = [
     "Queue",
     "QueueResource",
     "Snapshot",
+    "SpreadSelector",
+    "SpreadSelectorRequirement",
     "SubGroupSet",
     "Topology",
     "TopologyConstraint",
+    "TopologySpreadConstraint",
 ]

@@ -1,5 +1,6 @@
-"""Builders of model objects for synthetic clusters and workloads: GPU nodes, flat queues, gangs, and the
-two sibling queues time-based fair share is shown on.
+"""Builders of model objects for synthetic clusters and workloads: GPU nodes (also spread over zones), flat
+queues, gangs (also with topology spread constraints), and the two sibling queues time-based fair share is
+shown on.
 
 Deterministic for a given seed. Called by the state service's simulated cluster (its demo cluster), the
 tools (the demo, the benchmarks) and tests.
@@ -8,7 +9,9 @@ tools (the demo, the benchmarks) and tests.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
 
 from shared.model import (
     GpuRequest,
@@ -21,9 +24,12 @@ from shared.model import (
     QueueResource,
     Snapshot,
     SubGroupSet,
+    TopologySpreadConstraint,
 )
 
 GIB = 1024**3
+ZONE = "topology.kubernetes.io/zone"
+"""Kubernetes' well-known zone label."""
 
 
 def gpu_nodes(
@@ -42,6 +48,11 @@ def gpu_nodes(
         )
         for i in range(count)
     ]
+
+
+def zoned_nodes(per_zone: Mapping[str, int], gpus: int = 8) -> list[Node]:
+    """`gpu_nodes` in zones: `per_zone[z]` nodes named ``z-00000``... labelled `ZONE` = z."""
+    return [node for zone, count in per_zone.items() for node in gpu_nodes(count, gpus, zone, {ZONE: zone})]
 
 
 def flat_queues(names: Iterable[str], gpu_quota: float = 0.0, weight: float = 1.0) -> list[Queue]:
@@ -160,3 +171,13 @@ def random_workload(
         groups.append(pg)
         pods.extend(ps)
     return groups, pods
+
+
+def with_spread(
+    pods: Iterable[Pod], labels: Mapping[str, str], *constraints: TopologySpreadConstraint
+) -> list[Pod]:
+    """`pods` carrying `labels` and declaring `constraints` (``topologySpreadConstraints``)."""
+    return [
+        msgspec.structs.replace(p, labels={**p.labels, **labels}, topology_spread=tuple(constraints))
+        for p in pods
+    ]

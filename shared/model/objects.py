@@ -8,6 +8,7 @@ cycle reads; the core never mutates it (it copies what it changes into its own s
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import msgspec
 
@@ -138,6 +139,65 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True):
     weight: int = 0
 
 
+SpreadOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+class SpreadSelectorRequirement(msgspec.Struct, frozen=True):
+    """One ``matchExpressions`` entry of a topology spread constraint's pod selector."""
+
+    key: str
+    operator: SpreadOperator
+    values: tuple[str, ...] = ()
+
+
+class SpreadSelector(msgspec.Struct, frozen=True):
+    """The pods a topology spread constraint counts: every ``match_labels`` pair and every expression
+    must hold (Kubernetes' ``LabelSelector``; an empty selector selects every pod of the namespace)."""
+
+    match_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    match_expressions: tuple[SpreadSelectorRequirement, ...] = ()
+
+
+WhenUnsatisfiable = Literal["DoNotSchedule", "ScheduleAnyway"]
+NodeInclusionPolicy = Literal["Honor", "Ignore"]
+
+
+class TopologySpreadConstraint(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``topologySpreadConstraints`` entry, kube-scheduler's PodTopologySpread
+    (`shared.core.spread`): the pods `selector` matches, counted per value of `topology_key`, may differ
+    between domains by at most `max_skew`. Defaults are kube-scheduler's for an unset field."""
+
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: WhenUnsatisfiable = "DoNotSchedule"
+    """DoNotSchedule: a node filter; ScheduleAnyway: a node score."""
+    selector: SpreadSelector | None = None
+    """None (no ``labelSelector``) selects no pod, as in Kubernetes; ``matchLabelKeys`` are already merged
+    in (`shared.kube.translate.pod_of`)."""
+    min_domains: int = 1
+    """With fewer eligible domains than this, the global minimum counts as 0 (DoNotSchedule only)."""
+    node_affinity_policy: NodeInclusionPolicy = "Honor"
+    """Honor: only nodes the pod's node selector and required node affinity admit are counted."""
+    node_taints_policy: NodeInclusionPolicy = "Ignore"
+    """Honor: only nodes whose NoSchedule/NoExecute taints the pod tolerates are counted."""
+
+    def __post_init__(self) -> None:
+        if self.max_skew < 1:
+            raise InvalidObject(
+                "topology spread constraint",
+                self.topology_key,
+                "max_skew",
+                f"must be >= 1, got {self.max_skew}",
+            )
+        if self.min_domains < 1:
+            raise InvalidObject(
+                "topology spread constraint",
+                self.topology_key,
+                "min_domains",
+                f"must be >= 1, got {self.min_domains}",
+            )
+
+
 class Toleration(msgspec.Struct, frozen=True):
     key: str = ""
     operator: str = "Equal"
@@ -178,6 +238,8 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     preferred_pod_affinity: tuple[PodAffinityTerm, ...] = ()
     preferred_pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    topology_spread: tuple[TopologySpreadConstraint, ...] = ()
+    """``topologySpreadConstraints``, in the pod's order (`shared.core.spread`)."""
     legacy_mig: bool = False
     creation_time: float = 0.0
 

@@ -272,16 +272,18 @@ def test_whatever_the_session_places_meets_every_required_term_of_every_placed_p
             workload(f"g{j}", size, labels={"app": app}, pod_anti_affinity=anti, pod_affinity=near)
         )
     result = run(nodes, *workloads)
-    where = placed(result)
+    order = [(b.name, b.node) for proposal in result.binds for b in proposal.bindings]
     pods = {p.name: p for _, ps in workloads for p in ps}
     zone = {n.name: n.labels["zone"] for n in nodes}
-    for name, host in where.items():
-        others = [(pods[o], h) for o, h in where.items() if o != name]
+    # Replayed in the order the session placed them: affinity is judged against the pods placed before
+    # (kube-scheduler's "IgnoredDuringExecution"), anti-affinity both ways against all of them.
+    for i, (name, host) in enumerate(order):
+        before = [(pods[o], h) for o, h in order[:i]]
         for t in pods[name].pod_anti_affinity:
-            assert not any(o.labels == t.selector.match_labels and h == host for o, h in others)
+            assert not any(o.labels == t.selector.match_labels and h == host for o, h in before)
+        for other, h in before:
+            for t in other.pod_anti_affinity:
+                assert not (pods[name].labels == t.selector.match_labels and h == host)
         for t in pods[name].pod_affinity:
-            same_zone = [
-                o for o, h in others if zone[h] == zone[host] and o.labels == t.selector.match_labels
-            ]
-            first = not any(o.labels == t.selector.match_labels for o, _ in others)
-            assert same_zone or first
+            selected = [h for o, h in before if o.labels == t.selector.match_labels]
+            assert not selected or zone[host] in {zone[h] for h in selected}

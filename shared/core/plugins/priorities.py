@@ -1,16 +1,18 @@
-"""The built-in scheduler plugins and their default priorities (higher runs first): KAI's (the KAI
-operator's defaults) and Kairos's own.
+"""The built-in scheduler plugins and their default priorities (higher runs first): KAI's (the KAI operator's
+defaults) and Kairos's own beyond KAI.
 
 A plain table with no imports, so the wire contract and the shells (`shared.kube.kai_plugins`) can read it
 without loading the core's machinery; `shared.core.builtin_plugins.DEFAULT_REGISTRY` registers each plugin
-at this priority.
+at this priority. A plugin of Kairos's own goes in `KAIROS_PRIORITIES`: `BUILTIN_PRIORITIES` then makes it
+a name a SchedulingShard may use and one of a shard's default plugins, like KAI's, and the plugin loader
+does not take it for a third-party plugin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_PRIORITIES", "KAIROS_PRIORITIES", "KAI_PRIORITIES"]
+__all__ = ["BUILTIN_PRIORITIES", "KAIROS_PRIORITIES", "KAI_PRIORITIES"]
 
 KAI_PRIORITIES: Mapping[str, int] = {
     "predicates": 1900,
@@ -38,9 +40,14 @@ KAI_PRIORITIES: Mapping[str, int] = {
 KAIROS_PRIORITIES: Mapping[str, int] = {
     "nodeaffinity": 1390,
     "tainttoleration": 1380,
+    "podtopologyspread": 1350,
 }
-"""Kairos's plugins beyond KAI's, on by default like KAI's own: kube-scheduler's scores KAI does not run
-(preferred node affinity; PreferNoSchedule taints), placed just after podaffinity."""
+"""Kairos's own plugins, beyond KAI's (none shares a name with one of KAI's), on by default like KAI's:
+kube-scheduler's scores KAI does not run (preferred node affinity; PreferNoSchedule taints) and
+PodTopologySpread's score (`shared.core.spread`; its filter runs inside predicates). Node scores add up,
+so these priorities order nothing but the chain's listing."""
 
-DEFAULT_PRIORITIES: Mapping[str, int] = {**KAI_PRIORITIES, **KAIROS_PRIORITIES}
-"""Every built-in plugin with its default priority."""
+BUILTIN_PRIORITIES: Mapping[str, int] = dict(
+    sorted({**KAI_PRIORITIES, **KAIROS_PRIORITIES}.items(), key=lambda item: -item[1])
+)
+"""Every built-in plugin, highest priority first (ties keep KAI's listing order)."""
