@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.core.scoring import POD_TOPOLOGY_SPREAD
+from shared.core.selectors import label_selector_matches
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from shared.core.cluster import ClusterState, NodeState
     from shared.core.session import Session
     from shared.core.tasks import TaskState
-    from shared.model import SpreadSelector, SpreadSelectorRequirement, TopologySpreadConstraint
+    from shared.model import LabelSelector, TopologySpreadConstraint
 
 CONSTRAINTS_NOT_MATCH = "node(s) didn't match pod topology spread constraints"
 MISSING_LABEL = "node(s) didn't match pod topology spread constraints (missing required label)"
@@ -80,27 +81,10 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 
-def selects(selector: SpreadSelector | None, labels: Mapping[str, str]) -> bool:
-    """Whether a pod with `labels` matches the constraint's selector (Kubernetes' label selector rules;
-    no selector matches nothing)."""
-    if selector is None:
-        return False
-    for key, wanted in selector.match_labels.items():
-        if labels.get(key) != wanted:
-            return False
-    return all(_requirement_holds(expr, labels.get(expr.key)) for expr in selector.match_expressions)
-
-
-def _requirement_holds(expr: SpreadSelectorRequirement, value: str | None) -> bool:
-    match expr.operator:
-        case "In":
-            return value is not None and value in expr.values
-        case "NotIn":
-            return value is None or value not in expr.values
-        case "Exists":
-            return value is not None
-        case "DoesNotExist":
-            return value is None
+def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """Whether a pod with `labels` matches the constraint's selector (Kubernetes' label selector rules,
+    `shared.core.selectors`; no selector matches nothing)."""
+    return selector is not None and label_selector_matches(selector, labels)
 
 
 # --- what the session keeps ------------------------------------------------------------------------------
@@ -148,7 +132,7 @@ def _stamp(cluster: ClusterState) -> int:
     return int(cluster.versions.sum())
 
 
-def _matches(ssn: Session, cache: _SpreadCache, namespace: str, selector: SpreadSelector) -> _Matches:
+def _matches(ssn: Session, cache: _SpreadCache, namespace: str, selector: LabelSelector) -> _Matches:
     key: SelectorKey = (namespace, tuple(sorted(selector.match_labels.items())), selector.match_expressions)
     found = cache.matches.get(key)
     if found is not None:

@@ -63,8 +63,6 @@ from shared.model import (
     PreferredNodeTerm,
     Queue,
     QueueResource,
-    SpreadSelector,
-    SpreadSelectorRequirement,
     SubGroupSet,
     Topology,
     TopologyConstraint,
@@ -73,7 +71,6 @@ from shared.model import (
 from shared.model.objects import (
     UNLIMITED,
     NodeInclusionPolicy,
-    SpreadOperator,
     Taint,
     Toleration,
     WhenUnsatisfiable,
@@ -715,7 +712,6 @@ def _tolerations(where: _Where, tolerations: list[wire.Toleration]) -> tuple[Tol
 
 _WHEN_UNSATISFIABLE: tuple[WhenUnsatisfiable, ...] = ("DoNotSchedule", "ScheduleAnyway")
 _INCLUSION_POLICIES: tuple[NodeInclusionPolicy, ...] = ("Honor", "Ignore")
-_SELECTOR_OPERATORS: tuple[SpreadOperator, ...] = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
 def _topology_spread(
@@ -789,26 +785,13 @@ def _one_of(where: _Where, field: str, value: str, allowed: tuple[_Choice, ...])
     raise where.error(field, f"{value!r}, expected one of {', '.join(allowed)}")
 
 
-def _spread_selector(where: _Where, at: str, selector: wire.LabelSelector | None) -> SpreadSelector | None:
-    if selector is None:
-        return None
-    expressions: list[SpreadSelectorRequirement] = []
-    for j, expr in enumerate(selector.match_expressions):
-        field = f"{at}.matchExpressions[{j}]"
-        operator = _one_of(where, f"{field}.operator", expr.operator, _SELECTOR_OPERATORS)
-        if not expr.key:
-            raise where.error(f"{field}.key", "missing")
-        if operator in ("In", "NotIn") and not expr.values:
-            raise where.error(f"{field}.values", f"must not be empty with operator {operator}")
-        if operator in ("Exists", "DoesNotExist") and expr.values:
-            raise where.error(f"{field}.values", f"must be empty with operator {operator}")
-        expressions.append(SpreadSelectorRequirement(expr.key, operator, tuple(expr.values)))
-    return SpreadSelector(dict(selector.match_labels), tuple(expressions))
+def _spread_selector(where: _Where, at: str, selector: wire.LabelSelector | None) -> LabelSelector | None:
+    return None if selector is None else _label_selector(where, at, selector)
 
 
 def _with_label_keys(
-    selector: SpreadSelector, label_keys: Sequence[str], labels: Mapping[str, str]
-) -> SpreadSelector:
+    selector: LabelSelector, label_keys: Sequence[str], labels: Mapping[str, str]
+) -> LabelSelector:
     """kube-scheduler's ``matchLabelKeys``: each key the pod carries narrows the selector to the pod's
     value. A key the selector already names is left alone: newer API servers merge the keys into the
     stored ``labelSelector`` themselves, so merging again would only repeat it."""
@@ -816,7 +799,7 @@ def _with_label_keys(
     extra = {k: labels[k] for k in label_keys if k in labels and k not in named}
     if not extra:
         return selector
-    return SpreadSelector({**selector.match_labels, **extra}, selector.match_expressions)
+    return msgspec.structs.replace(selector, match_labels={**selector.match_labels, **extra})
 
 
 # --- priority classes ------------------------------------------------------------------------------------

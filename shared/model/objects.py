@@ -139,25 +139,6 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True):
     weight: int = 0
 
 
-SpreadOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
-
-
-class SpreadSelectorRequirement(msgspec.Struct, frozen=True):
-    """One ``matchExpressions`` entry of a topology spread constraint's pod selector."""
-
-    key: str
-    operator: SpreadOperator
-    values: tuple[str, ...] = ()
-
-
-class SpreadSelector(msgspec.Struct, frozen=True):
-    """The pods a topology spread constraint counts: every ``match_labels`` pair and every expression
-    must hold (Kubernetes' ``LabelSelector``; an empty selector selects every pod of the namespace)."""
-
-    match_labels: dict[str, str] = msgspec.field(default_factory=dict)
-    match_expressions: tuple[SpreadSelectorRequirement, ...] = ()
-
-
 WhenUnsatisfiable = Literal["DoNotSchedule", "ScheduleAnyway"]
 NodeInclusionPolicy = Literal["Honor", "Ignore"]
 
@@ -171,7 +152,7 @@ class TopologySpreadConstraint(msgspec.Struct, frozen=True, kw_only=True):
     topology_key: str
     when_unsatisfiable: WhenUnsatisfiable = "DoNotSchedule"
     """DoNotSchedule: a node filter; ScheduleAnyway: a node score."""
-    selector: SpreadSelector | None = None
+    selector: LabelSelector | None = None
     """None (no ``labelSelector``) selects no pod, as in Kubernetes; ``matchLabelKeys`` are already merged
     in (`shared.kube.translate.pod_of`)."""
     min_domains: int = 1

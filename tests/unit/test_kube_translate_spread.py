@@ -10,7 +10,7 @@ import pytest
 
 from shared.errors import InvalidObject
 from shared.kube import translate
-from shared.model import SpreadSelector, SpreadSelectorRequirement, TopologySpreadConstraint
+from shared.model import LabelRequirement, LabelSelector, TopologySpreadConstraint
 from tests.unit.test_kube_translate import pod, pod_doc
 
 ZONE = "topology.kubernetes.io/zone"
@@ -36,7 +36,7 @@ def test_unset_optional_fields_take_kube_scheduler_s_defaults() -> None:
             max_skew=1,
             topology_key=ZONE,
             when_unsatisfiable="DoNotSchedule",
-            selector=SpreadSelector({"app": "web"}),
+            selector=LabelSelector(match_labels={"app": "web"}),
             min_domains=1,
             node_affinity_policy="Honor",
             node_taints_policy="Ignore",
@@ -58,7 +58,9 @@ def test_every_field_is_carried_over() -> None:
     assert got == TopologySpreadConstraint(
         max_skew=2,
         topology_key=ZONE,
-        selector=SpreadSelector({"app": "web"}, (SpreadSelectorRequirement("tier", "Exists"),)),
+        selector=LabelSelector(
+            match_labels={"app": "web"}, match_expressions=(LabelRequirement("tier", "Exists"),)
+        ),
         min_domains=3,
         node_affinity_policy="Ignore",
         node_taints_policy="Honor",
@@ -77,7 +79,7 @@ def test_no_label_selector_selects_no_pod() -> None:
 def test_match_label_keys_narrow_the_selector_to_the_pod_s_own_values() -> None:
     labels = {"app": "web", "pod-template-hash": "7f9c"}
     (got,) = spread_of(constraint(matchLabelKeys=["pod-template-hash", "not-on-the-pod"]), labels=labels)
-    assert got.selector == SpreadSelector({"app": "web", "pod-template-hash": "7f9c"})
+    assert got.selector == LabelSelector(match_labels={"app": "web", "pod-template-hash": "7f9c"})
 
 
 def test_a_match_label_key_the_selector_already_names_is_not_merged_twice() -> None:
@@ -89,7 +91,9 @@ def test_a_match_label_key_the_selector_already_names_is_not_merged_twice() -> N
     (got,) = spread_of(
         constraint(labelSelector=merged, matchLabelKeys=["h"]), labels={"app": "web", "h": "1"}
     )
-    assert got.selector == SpreadSelector({"app": "web"}, (SpreadSelectorRequirement("h", "In", ("1",)),))
+    assert got.selector == LabelSelector(
+        match_labels={"app": "web"}, match_expressions=(LabelRequirement("h", "In", ("1",)),)
+    )
 
 
 AT = "spec.topologySpreadConstraints"
@@ -106,7 +110,7 @@ BAD = [
     (
         constraint(labelSelector={"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}),
         f"{AT}[0].labelSelector.matchExpressions[0].operator",
-        "'Gt', expected one of In, NotIn, Exists, DoesNotExist",
+        "must be one of DoesNotExist, Exists, In, NotIn, got 'Gt'",
     ),
     (
         constraint(labelSelector={"matchExpressions": [{"key": "app", "operator": "In"}]}),

@@ -29,6 +29,8 @@ from shared.errors import InvalidObject
 from shared.kube import wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import (
+    LabelRequirement,
+    LabelSelector,
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
@@ -36,8 +38,6 @@ from shared.model import (
     PodGroup,
     PodStatus,
     Snapshot,
-    SpreadSelector,
-    SpreadSelectorRequirement,
     TopologySpreadConstraint,
 )
 from shared.model.builders import ZONE, flat_queues, gang, gpu_nodes, with_spread, zoned_nodes
@@ -46,7 +46,7 @@ from shared.model.objects import NodeInclusionPolicy, Taint, WhenUnsatisfiable
 ALLOCATE = Policy(actions=("allocate",))
 HOSTNAME = "kubernetes.io/hostname"
 WEB = {"app": "web"}
-WEB_PODS = SpreadSelector(WEB)
+WEB_PODS = LabelSelector(match_labels=WEB)
 SKEW = CONSTRAINTS_NOT_MATCH
 INFRA_TAINT = f"{predicates.TAINTS} {{dedicated: infra}}"
 MISSING = MISSING_LABEL
@@ -59,7 +59,7 @@ def spread(
     key: str = ZONE,
     *,
     when: WhenUnsatisfiable = "DoNotSchedule",
-    selector: SpreadSelector | None = WEB_PODS,
+    selector: LabelSelector | None = WEB_PODS,
     min_domains: int = 1,
     affinity_policy: NodeInclusionPolicy = "Honor",
     taints_policy: NodeInclusionPolicy = "Ignore",
@@ -161,10 +161,10 @@ CASES = [
          existing_status=PodStatus.RELEASING),
     Case("no selector counts no pod, not even the pod itself", {"a": 3}, spread(1, selector=None), ALL_FIT),
     Case("matchExpressions select as labels do", {"a": 2}, spread(
-        1, selector=SpreadSelector(match_expressions=(SpreadSelectorRequirement("app", "In", ("web", "db")),))),
+        1, selector=LabelSelector(match_expressions=(LabelRequirement("app", "In", ("web", "db")),))),
          {"a": SKEW, "b": None, "c": None}, existing_labels={"app": "db"}),
     Case("NotIn leaves the named values out", {"a": 2}, spread(
-        1, selector=SpreadSelector(match_expressions=(SpreadSelectorRequirement("app", "NotIn", ("db",)),))),
+        1, selector=LabelSelector(match_expressions=(LabelRequirement("app", "NotIn", ("db",)),))),
          ALL_FIT, existing_labels={"app": "db"}),
     Case("minDomains above the domains there are: the global minimum is 0", {"a": 1, "b": 1, "c": 1},
          spread(1, min_domains=4), {"a": SKEW, "b": SKEW, "c": SKEW}),
