@@ -18,7 +18,17 @@ import msgspec
 
 from shared.clusterfile import ClusterObjects
 from shared.kube import keys
-from shared.model import Node, Pod, PodAffinityTerm, PodGroup, Queue, QueueResource, Topology
+from shared.model import (
+    LabelSelector,
+    Node,
+    Pod,
+    PodAffinityTerm,
+    PodGroup,
+    Queue,
+    QueueResource,
+    Topology,
+    TopologySpreadConstraint,
+)
 from shared.model.objects import UNLIMITED
 
 __all__ = [
@@ -139,6 +149,8 @@ def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Ob
     affinity = _affinity(pod, namespace)
     if affinity:
         spec["affinity"] = affinity
+    if pod.topology_spread:
+        spec["topologySpreadConstraints"] = [_spread(c) for c in pod.topology_spread]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -150,6 +162,29 @@ def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Ob
         },
         "spec": spec,
     }
+
+
+def _selector(selector: LabelSelector) -> Obj:
+    out: Obj = {"matchLabels": dict(selector.match_labels)}
+    if selector.match_expressions:
+        out["matchExpressions"] = [
+            {"key": r.key, "operator": r.operator, "values": list(r.values)}
+            for r in selector.match_expressions
+        ]
+    return out
+
+
+def _spread(c: TopologySpreadConstraint) -> Obj:
+    out: Obj = {
+        "maxSkew": c.max_skew,
+        "topologyKey": c.topology_key,
+        "whenUnsatisfiable": c.when_unsatisfiable,
+    }
+    if c.selector is not None:
+        out["labelSelector"] = _selector(c.selector)
+    if c.min_domains != 1:
+        out["minDomains"] = c.min_domains
+    return out
 
 
 def _affinity(pod: Pod, namespace: str) -> Obj:

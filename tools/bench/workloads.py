@@ -5,8 +5,8 @@ Both modes run exactly these objects: the in-process runner (`tools.bench.inproc
 core, the bus runner (`tools.bench.bus`) turns them into Kubernetes manifests (`tools.bench.manifests`)
 for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
 (issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare;
-ReclaimLarge (issue 16: Reclaim at 5,000 full nodes); PodAntiAffinity and PodAffinity (issue 17:
-scheduler_perf's SchedulingPodAntiAffinity and SchedulingPodAffinity).
+ReclaimLarge (issue 16: Reclaim at 5,000 full nodes); PodAntiAffinity, PodAffinity and TopologySpreading
+(issue 17: scheduler_perf's SchedulingPodAntiAffinity, SchedulingPodAffinity and TopologySpreading).
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
 curves. Deterministic: no randomness, no clock.
 """
@@ -28,6 +28,7 @@ from shared.model import (
     QueueResource,
     Topology,
     TopologyConstraint,
+    TopologySpreadConstraint,
 )
 from shared.model.builders import flat_queues, gang
 from tools.bench.manifests import NAMESPACE
@@ -340,6 +341,46 @@ def pod_affinity(nodes: int, initial: int, measured: int) -> Workload:
     )
 
 
+def topology_spreading(nodes: int, initial: int, measured: int, zones: int = 3) -> Workload:
+    """scheduler_perf's TopologySpreading: nodes in `zones` zones; `initial` plain pods already running,
+    then `measured` single-pod podgroups labelled `color: blue` with a DoNotSchedule constraint of max skew
+    1 over the zone on `color: blue` pods (CPU-only, as scheduler_perf's)."""
+    node_list = _labelled(plain_nodes(nodes), zones)
+    names = _names(4)
+    stride = max(1, nodes // max(initial, 1))
+    running = [
+        _group(
+            f"spread-init-{j:05d}",
+            names[j % 4],
+            1,
+            0.0,
+            created=float(j),
+            nodes=[node_list[(j * stride) % nodes].name],
+        )
+        for j in range(initial)
+    ]
+    blue = {"color": "blue"}
+    constraint = TopologySpreadConstraint(
+        max_skew=1, topology_key=ZONE_LABEL, selector=LabelSelector(match_labels=blue)
+    )
+    later = []
+    for j in range(measured):
+        group = _group(f"spread-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j))
+        pods = tuple(
+            msgspec.structs.replace(p, namespace=NAMESPACE, labels=blue, topology_spread=(constraint,))
+            for p in group.pods
+        )
+        later.append(Group(group.podgroup, pods))
+    return Workload(
+        name="TopologySpreading",
+        nodes=tuple(node_list),
+        queues=tuple(flat_queues(names)),
+        initial=tuple(running),
+        measured=tuple(later),
+        generated=False,
+    )
+
+
 def fair_share(nodes: int, pods_per_leaf: int, fanout: int = 10, leaf_quota: float = 4.0) -> Workload:
     """`fanout`^3 leaf queues under `fanout`^2 sub-departments under `fanout` departments (1,110 queues at
     10), each leaf with a GPU quota, and `pods_per_leaf` one-GPU pods in every leaf."""
@@ -387,6 +428,7 @@ _FULL: dict[str, Callable[[], Workload]] = {
     # Issue 17: scheduler_perf's affinity workloads (kube-scheduler's CI minimums: 60 and 35 pods/s).
     "PodAntiAffinity": lambda: pod_anti_affinity(5000, 1000, 1000),
     "PodAffinity": lambda: pod_affinity(5000, 1000, 5000),
+    "TopologySpreading": lambda: topology_spreading(5000, 1000, 5000),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
@@ -399,6 +441,7 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "FairShare": lambda: fair_share(100, 1, fanout=6),
     "PodAntiAffinity": lambda: pod_anti_affinity(200, 50, 100),
     "PodAffinity": lambda: pod_affinity(200, 50, 200),
+    "TopologySpreading": lambda: topology_spreading(200, 50, 200),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 
