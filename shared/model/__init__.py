@@ -8,6 +8,7 @@ the tools and tests.
 
 from shared.model.objects import (
     GpuRequest,
+    HostPort,
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
@@ -26,6 +27,7 @@ from shared.model.status import PodStatus
 
 __all__ = [
     "GpuRequest",
+    "HostPort",
     "LabelSelectorTerm",
     "Node",
     "NodeSelectorRequirement",
