@@ -4,7 +4,7 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 (MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
-taints, pod affinity and anti-affinity).
+taints, host ports, pod affinity and anti-affinity).
 
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
@@ -32,6 +32,8 @@ TAINTS = "node(s) had untolerated taint"
 POD_AFFINITY = "node(s) didn't match pod affinity rules"
 POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
+NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
+"""kube-scheduler's NodePorts reason (``ErrReason``)."""
 
 
 def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> str | None:
@@ -68,6 +70,8 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return NODE_AFFINITY
     if not tolerates(task, node):
         return TAINTS
+    if not ports_free(task, node):
+        return NODE_PORTS
     return pod_affinity(ssn, task, node)
 
 
@@ -175,6 +179,25 @@ def tolerates(task: TaskState, node: NodeState) -> bool:
                 break
         if not ok:
             return False
+    return True
+
+
+def ports_free(task: TaskState, node: NodeState) -> bool:
+    """kube-scheduler's NodePorts filter: no active pod on the node (this session's own evictions excluded,
+    as for pod affinity) binds a host port that conflicts with one the task asks for. Only a task that asks
+    for host ports scans the node's pods."""
+    wanted = task.pod.host_ports
+    if not wanted:
+        return True
+    for entry in node.tasks.values():
+        t = entry.task
+        if t is task or not t.pod.host_ports or t.status not in ACTIVE_USED:
+            continue
+        if t.status == PodStatus.RELEASING and t.is_virtual:
+            continue
+        for used in t.pod.host_ports:
+            if any(port.conflicts(used) for port in wanted):
+                return False
     return True
 
 
