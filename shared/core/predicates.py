@@ -184,11 +184,14 @@ def tolerates(task: TaskState, node: NodeState) -> bool:
 
 def ports_free(task: TaskState, node: NodeState) -> bool:
     """kube-scheduler's NodePorts filter: no active pod on the node (this session's own evictions excluded,
-    as for pod affinity) binds a host port that conflicts with one the task asks for. Only a task that asks
-    for host ports scans the node's pods."""
+    as for pod affinity) nor a pod outside the snapshot (`Node.used_host_ports`) binds a host port that
+    conflicts with one the task asks for. Only a task that asks for host ports scans the node's pods."""
     wanted = task.pod.host_ports
     if not wanted:
         return True
+    for used in node.node.used_host_ports:
+        if any(port.conflicts(used) for port in wanted):
+            return False
     for entry in node.tasks.values():
         t = entry.task
         if t is task or not t.pod.host_ports or t.status not in ACTIVE_USED:

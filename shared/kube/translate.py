@@ -1,7 +1,7 @@
 """Kubernetes objects to Kairos's model, and the JSON Kairos writes back; pure and deterministic.
 
 Called by the state service's mirror (`node_of`, `pod_of`, `podgroup_of`, `queue_of`, `topology_of`,
-`pod_requests`) and by the write-back paths of the state service and the binder (`event`,
+`pod_requests`, `host_ports_of`) and by the write-back paths of the state service and the binder (`event`,
 `podgroup_status_patch`, `podgroup_annotations_patch`, `queue_status_patch`, `gpu_groups_patch`). Input is
 `shared.kube.wire`; output is `shared.model` objects or JSON-ready dicts. Every function raises
 `InvalidObject(kind, "namespace/name", field, problem)` for input it cannot translate faithfully, never
@@ -76,6 +76,7 @@ __all__ = [
     "default_priority",
     "event",
     "gpu_groups_patch",
+    "host_ports_of",
     "involved_object",
     "node_of",
     "parse_time",
@@ -405,14 +406,16 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
         scalars={r: float(n) for r, n in requests.scalars.items()},
-        host_ports=_host_ports(where, pod.spec),
+        host_ports=host_ports_of(pod),
     )
 
 
-def _host_ports(where: _Where, spec: wire.PodSpec) -> tuple[HostPort, ...]:
+def host_ports_of(pod: wire.Pod) -> tuple[HostPort, ...]:
     """The ports the pod binds on its node, as kube-scheduler collects them (``GetHostPorts``): container
     ports with a ``hostPort``, of the containers and of the init containers that run as long as the pod
     (``restartPolicy: Always``, sidecars). An unset protocol is TCP and an unset host IP every address."""
+    where = _where(pod)
+    spec = pod.spec
     found: list[HostPort] = []
     groups = (("spec.initContainers", spec.init_containers), ("spec.containers", spec.containers))
     for at, containers in groups:

@@ -321,6 +321,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     mig_strategy: str | None = None
     gpu_devices: tuple[DeviceUsage, ...] = ()
     """Measured use and health per GPU (live telemetry); empty when nobody measures this node."""
+    used_host_ports: tuple[HostPort, ...] = ()
+    """Host ports bound on the node by pods outside the snapshot (another scheduler's, the state service's
+    foreign pods), which no pod of the snapshot may bind again."""
 
     def __post_init__(self) -> None:
         for i, device in enumerate(self.gpu_devices):

@@ -199,6 +199,12 @@ def test_a_port_conflict_is_reported_with_kube_schedulers_reason() -> None:
     )
 
 
+def test_a_port_bound_by_a_pod_outside_the_snapshot_is_not_free() -> None:
+    taken = msgspec.structs.replace(node("a"), used_host_ports=(HostPort(9100),))
+    snap = snapshot([taken, node("b")], pending("exporter", host_ports=[HostPort(9100)]))
+    assert bound_nodes(snap) == {"exporter-0": "b"}
+
+
 def test_two_pods_asking_for_the_same_host_port_never_share_a_node() -> None:
     # Binpack would put both pods on one node; the first one's tentative placement holds the port.
     snap = snapshot([node("a"), node("b")], pending("web", size=2, host_ports=[HostPort(443)]))
