@@ -19,7 +19,8 @@ from shared.kube.scheduling_gates import ADMISSION_GATE
 from shared.model import Pod, PodGroup, PodStatus, Queue
 from shared.model.status import ACTIVE_USED
 
-_NODE_DETAIL = re.compile(r"\d+ node\(s\)[^.\n]*")
+# Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``).
+_NODE_DETAIL = re.compile(r"\d+ node\(s\)(?:[^.\n]|\.(?=[^\s.]))*")
 _RECLAIMED = re.compile(r"reclaimed by podgroup (?P<who>\S+) of queue (?P<queue>\S+)")
 
 QUEUE_REASONS = {

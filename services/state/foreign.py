@@ -2,7 +2,8 @@
 
 Owned by the mirror (`services.state.mirror.Mirror`). A pod that does not go to KV as a pod of ours but
 sits on a node and has not finished — another scheduler's pod, or a pod of ours whose podgroup is gone or
-held back — holds that node's CPU, memory, GPUs and a pod slot (`holding`); the mirror counts it here
+held back — holds that node's CPU, memory, GPUs, a pod slot, its other countable resources (extended
+resources, huge pages, ephemeral storage) and its host ports (`holding`); the mirror counts it here
 (`count`, `uncount`) and takes each node's total (`on`) off its capacity (`subtract`).
 
 The binder's GPU reservation pods are the exception: the device one holds is its GPU group's, already
@@ -14,13 +15,14 @@ it. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, wire
-from shared.model import Node
+from shared.model import HostPort, Node
 
 
 @dataclass
@@ -31,12 +33,24 @@ class Footprint:
     memory_bytes: float = 0.0
     gpus: int = 0
     pods: int = 0
+    scalars: dict[str, float] = field(default_factory=dict)
+    """`Node.scalars` taken (`Pod.scalars`)."""
+    host_ports: Counter[HostPort] = field(default_factory=Counter)
+    """Host ports bound, each as often as bound."""
 
     def add(self, other: Footprint, sign: int) -> None:
         self.cpu_millis += sign * other.cpu_millis
         self.memory_bytes += sign * other.memory_bytes
         self.gpus += sign * other.gpus
         self.pods += sign * other.pods
+        for name, amount in other.scalars.items():
+            self.scalars[name] = self.scalars.get(name, 0.0) + sign * amount
+        if other.host_ports:
+            if sign > 0:
+                self.host_ports.update(other.host_ports)
+            else:
+                self.host_ports.subtract(other.host_ports)
+                self.host_ports = +self.host_ports  # drops the ports no pod binds any more
 
 
 class ForeignPods:
@@ -114,9 +128,13 @@ class ForeignPods:
             return None
         try:
             usage = translate.pod_requests(pod)
+            ports = translate.host_ports_of(pod)
         except InvalidObject:
             return None
-        return node, Footprint(usage.cpu_millis, usage.memory_bytes, int(usage.gpus), 1)
+        scalars = {name: float(amount) for name, amount in (*usage.mig.items(), *usage.scalars.items())}
+        return node, Footprint(
+            usage.cpu_millis, usage.memory_bytes, int(usage.gpus), 1, scalars, Counter(ports)
+        )
 
     # --- the totals ---------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -148,11 +166,16 @@ class ForeignPods:
 
 
 def subtract(node: Node, used: Footprint) -> Node:
-    """The node less what foreign pods hold on it (never below zero)."""
+    """The node less what foreign pods hold on it (never below zero), with the host ports they bind."""
+    scalars = node.scalars
+    if any(used.scalars.values()):
+        scalars = {name: max(0.0, have - used.scalars.get(name, 0.0)) for name, have in node.scalars.items()}
     return msgspec.structs.replace(
         node,
         cpu_millis=max(0.0, node.cpu_millis - used.cpu_millis),
         memory_bytes=max(0.0, node.memory_bytes - used.memory_bytes),
         gpus=max(0, node.gpus - used.gpus),
         max_pods=max(0, node.max_pods - used.pods),
+        scalars=scalars,
+        used_host_ports=tuple(sorted(used.host_ports, key=lambda p: (p.port, p.protocol, p.ip))),
     )

@@ -182,7 +182,7 @@ def _record_node_errors(
     latest reason per node)."""
     fit = ssn.resource_fit_mask(task, with_releasing=True)
     candidates = np.flatnonzero(nodes & ~fit)
-    if task.kind == "regular" and not task.gpu.mig:
+    if task.kind == "regular" and not task.gpu.mig and not task.scalars:
         node_errors.update(_insufficient_regular(ssn, task, candidates))
     else:
         for idx in candidates:
@@ -254,6 +254,11 @@ def insufficient_resources(task: TaskState, node: NodeState) -> list[str]:
         reasons.append("node(s) didn't have enough resources: CPU cores")
     if task.mem > node.alloc(MEM) - node.used(MEM) + EPS:
         reasons.append("node(s) didn't have enough resources: memory")
+    for name in sorted(task.scalars):
+        # KAI's own resource fit (not kube's NodeResourcesFit) words it; capacity minus everything placed.
+        available = node.alloc_scalars.get(name, 0.0) - node.used_scalars.get(name, 0.0)
+        if available < task.scalars[name]:
+            reasons.append(f"node(s) didn't have enough resources: {name}")
     if node.alloc(PODS) - node.used(PODS) < 1:
         reasons.append("node(s) didn't have enough resources: pods")
     return reasons

@@ -69,7 +69,7 @@ _RESOLVE_METHODS = ("lca",)
 # --- predicates -------------------------------------------------------------------------------------------
 class Predicates:
     """KAI predicates: queue capacity on the node, GPU resource type, synced GPU memory, healthy devices,
-    pod slots, node affinity, taints, pod (anti-)affinity (`shared.core.predicates.check`)."""
+    pod slots, node affinity, taints, host ports, pod (anti-)affinity (`shared.core.predicates.check`)."""
 
     def filter(self, ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return predicates.check(ssn, task, node)

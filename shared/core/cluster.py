@@ -1,9 +1,11 @@
-"""Session-time node accounting: idle, used and releasing resources, shared GPU groups and MIG.
+"""Session-time node accounting: idle, used and releasing resources, shared GPU groups and scalars.
 
 Per-resource NumPy arrays over all nodes (CPU, memory, whole GPUs, pod slots) make the resource-fit
 filter one vector expression; shared (fractional) GPUs are tracked per node and per GPU group the way
-KAI does it, so that idle/releasing whole-GPU counts come out identical. Only `Statement` and the
-session builder call the mutating methods.
+KAI does it, so that idle/releasing whole-GPU counts come out identical. The node's other countable
+resources (`Node.scalars`: MIG instances, extended resources, huge pages, ephemeral storage) are per-node
+dicts (`alloc_scalars`, `idle_scalars`, `used_scalars`, `releasing_scalars`) that a pod's MIG instances and
+`Pod.scalars` fill. Only `Statement` and the session builder call the mutating methods.
 """
 
 from __future__ import annotations
@@ -180,6 +182,8 @@ class NodeState:
         self.used_scalars: dict[str, float] = {}
         self.releasing_scalars: dict[str, float] = {}
         self.legacy_mig_tasks: set[str] = set()
+        self.has_mig = any("mig-" in name for name in node.scalars)
+        """Whether the node reports MIG instances (the only scalars that count as GPUs)."""
 
     # --- array views ---------------------------------------------------------------------------------
     def idle(self, r: int) -> float:
@@ -217,6 +221,11 @@ class NodeState:
         scalars = tuple(
             (name, float(cnt)) for name, cnt in task.gpu.mig.items() if self.alloc_scalars.get(name, 0) > 0
         )
+        if task.scalars:
+            # As for MIG: a node that does not report the resource holds none of it for the pod.
+            scalars += tuple(
+                (name, cnt) for name, cnt in task.scalars.items() if self.alloc_scalars.get(name, 0) > 0
+            )
         return (vec[0], vec[1], vec[2], vec[3]), scalars
 
     # --- add / remove (KAI addTask / RemoveTask) -------------------------------------------------------
@@ -480,6 +489,13 @@ class NodeState:
                 self.releasing_scalars.get(name, 0.0) if with_releasing else 0.0
             )
             if cnt > avail + EPS:
+                return False
+        # A resource the node does not report has nothing idle: the pod never fits.
+        for name, amount in task.scalars.items():
+            avail = self.idle_scalars.get(name, 0.0) + (
+                self.releasing_scalars.get(name, 0.0) if with_releasing else 0.0
+            )
+            if amount > avail + EPS:
                 return False
         return True
 

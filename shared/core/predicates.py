@@ -4,9 +4,9 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 (MIG/fraction compatibility), GPU memory synced, healthy GPU devices (live telemetry: a node with an
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
-taints, inter-pod affinity and anti-affinity: `shared.core.pod_affinity`), in kube-scheduler's words,
-and last Kubernetes' pod topology spread (`shared.core.spread`: a pod's DoNotSchedule constraints; a pod
-without any pays one tuple test).
+taints, host ports (kube-scheduler's NodePorts), inter-pod affinity and anti-affinity:
+`shared.core.pod_affinity`), in kube-scheduler's words, and last Kubernetes' pod topology spread
+(`shared.core.spread`: a pod's DoNotSchedule constraints; a pod without any pays one tuple test).
 
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
@@ -23,6 +23,7 @@ from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
 from shared.core.tasks import PODS, TaskState
 from shared.model.objects import Taint
+from shared.model.status import ACTIVE_USED, PodStatus
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
@@ -32,6 +33,8 @@ NODE_POD_NUMBER_EXCEEDED = "node(s) pod number exceeded"
 NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 TAINTS = "node(s) had untolerated taint"
 UNHEALTHY_GPU_DEVICES = "node(s) had unhealthy GPU devices"
+NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
+"""kube-scheduler's NodePorts reason (``ErrReason``)."""
 
 
 def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> str | None:
@@ -69,6 +72,8 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     taint = untolerated_taint(task, node)
     if taint is not None:
         return taint_reason(taint)
+    if not ports_free(task, node):
+        return NODE_PORTS
     reason = pod_affinity.reason(ssn, task, node)
     if reason:
         return reason
@@ -152,3 +157,25 @@ def tolerated(task: TaskState, node: NodeState) -> bool:
 def taint_reason(taint: Taint) -> str:
     """kube-scheduler's TaintToleration reason, naming the taint."""
     return f"{TAINTS} {{{taint.key}: {taint.value}}}"
+
+
+def ports_free(task: TaskState, node: NodeState) -> bool:
+    """kube-scheduler's NodePorts filter: no active pod on the node (this session's own evictions excluded,
+    as for pod affinity) nor a pod outside the snapshot (`Node.used_host_ports`) binds a host port that
+    conflicts with one the task asks for. Only a task that asks for host ports scans the node's pods."""
+    wanted = task.pod.host_ports
+    if not wanted:
+        return True
+    for used in node.node.used_host_ports:
+        if any(port.conflicts(used) for port in wanted):
+            return False
+    for entry in node.tasks.values():
+        t = entry.task
+        if t is task or not t.pod.host_ports or t.status not in ACTIVE_USED or t.node != node.name:
+            continue
+        if t.status == PodStatus.RELEASING and t.is_virtual:
+            continue
+        for used in t.pod.host_ports:
+            if any(port.conflicts(used) for port in wanted):
+                return False
+    return True

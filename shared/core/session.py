@@ -297,7 +297,7 @@ class Session:
         n = len(c.order)
         if with_releasing and not c.has_releasing:
             with_releasing = False
-        if task.kind == "regular" and not task.gpu.mig:
+        if task.kind == "regular" and not task.gpu.mig and not task.scalars:
             if task.is_best_effort:
                 return np.ones(n, dtype=bool)
             mask = np.ones(n, dtype=bool)
@@ -310,9 +310,9 @@ class Session:
         return self._cached_fit_mask(task, with_releasing)
 
     def _cached_fit_mask(self, task: TaskState, with_releasing: bool) -> np.ndarray:
-        """`NodeState.fits` on every node for shared-GPU and MIG tasks, which need each node's device
-        groups: answers are kept per task shape and recomputed only on nodes that changed since (a
-        session of fractional pods otherwise asks every node again for every pod)."""
+        """`NodeState.fits` on every node for shared-GPU, MIG and scalar-requesting tasks, which need each
+        node's device groups or scalars: answers are kept per task shape and recomputed only on nodes that
+        changed since (a session of fractional pods otherwise asks every node again for every pod)."""
         c = self.cluster
         gpu = task.gpu
         shape = (
@@ -324,6 +324,7 @@ class Session:
             gpu.fraction,
             gpu.memory_mib,
             tuple(sorted(gpu.mig.items())),
+            tuple(sorted(task.scalars.items())) if task.scalars else (),
             with_releasing,
         )
         cached = self._fit_cache.get(shape)

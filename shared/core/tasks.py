@@ -41,6 +41,7 @@ class TaskState:
         "node",
         "pod",
         "pod_set",
+        "scalars",
         "status",
         "task_priority",
         "whole_gpus",
@@ -62,6 +63,8 @@ class TaskState:
         self.cpu = float(pod.cpu_millis)
         self.mem = float(pod.memory_bytes)
         self.gpu: GpuRequest = pod.gpu
+        self.scalars: dict[str, float] = pod.scalars
+        """Extended resources, huge pages, ephemeral storage (`Pod.scalars`; MIG instances are in `gpu`)."""
         self.task_priority = pod.task_priority
         self.creation_time = pod.creation_time
         if pod.gpu.is_mig:
@@ -91,7 +94,14 @@ class TaskState:
 
     @property
     def is_best_effort(self) -> bool:
-        return self.cpu == 0 and self.mem == 0 and self.kind == "regular" and self.whole_gpus == 0
+        """KAI `ResReq.IsEmpty()`: asks for nothing a node counts (such a pod fits any node)."""
+        return (
+            self.cpu == 0
+            and self.mem == 0
+            and self.kind == "regular"
+            and self.whole_gpus == 0
+            and not self.scalars
+        )
 
     def should_allocate(self, real: bool) -> bool:
         """KAI `ShouldAllocate`: pending, or (for a simulation) evicted earlier in this session."""

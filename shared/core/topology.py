@@ -50,7 +50,8 @@ EPS = 1e-9
 
 @dataclass
 class _Res:
-    """KAI `Resource`: millicores, bytes, GPUs (whole or fractional) and countable scalars (pods, MIG)."""
+    """KAI `Resource`: millicores, bytes, GPUs (whole or fractional) and countable scalars (pods, MIG,
+    extended resources, huge pages, ephemeral storage)."""
 
     cpu: float = 0.0
     mem: float = 0.0
@@ -156,10 +157,13 @@ def _tree(ssn: Session, name: str) -> _Tree | None:
 
 # --- resources -----------------------------------------------------------------------------------------
 def _task_res(task: TaskState) -> _Res:
-    """A pod's request as KAI sums it (`AddResourceRequirements`): GPUs() plus MIG and one pod slot."""
+    """A pod's request as KAI sums it (`AddResourceRequirements`): GPUs() plus MIG, the other scalars and
+    one pod slot."""
     scalars: dict[str, float] = {PODS_RESOURCE: 1.0}
     for name, cnt in task.gpu.mig.items():
         scalars[name] = scalars.get(name, 0.0) + float(cnt)
+    for name, amount in task.scalars.items():
+        scalars[name] = scalars.get(name, 0.0) + amount
     return _Res(task.cpu, task.mem, task.requested_gpus, scalars)
 
 
@@ -180,10 +184,12 @@ def _node_free(ssn: Session, idx: int) -> _Res:
 class _Free:
     """Every node's idle-or-releasing resources, read from the arrays once per placement: summing them per
     domain then costs a list lookup per node instead of a `_node_free` (the same values, added in the same
-    order, so the sums are identical)."""
+    order, so the sums are identical). Of the nodes' scalars only those the pods ask for are summed: no
+    other is read, and most nodes report some (ephemeral storage, at least)."""
 
-    def __init__(self, ssn: Session) -> None:
+    def __init__(self, ssn: Session, tasks: list[TaskState]) -> None:
         c = ssn.cluster
+        self.scalar_names: frozenset[str] = frozenset(n for t in tasks for n in (*t.gpu.mig, *t.scalars))
         self.cpu: list[float] = (c.idle[CPU] + c.releasing[CPU]).tolist()
         self.mem: list[float] = (c.idle[MEM] + c.releasing[MEM]).tolist()
         self.gpus: list[float] = (c.idle[GPU] + c.releasing[GPU]).tolist()
@@ -200,8 +206,10 @@ def _calc_free(ssn: Session, dom: _Domain, free: _Free) -> _Res:
             total.gpus += free.gpus[idx]
             total.scalars[PODS_RESOURCE] = total.scalars.get(PODS_RESOURCE, 0.0) + free.pods[idx]
             node = order[idx]
-            if node.idle_scalars or node.releasing_scalars:
-                for name in set(node.idle_scalars) | set(node.releasing_scalars):
+            if free.scalar_names and (node.idle_scalars or node.releasing_scalars):
+                for name in free.scalar_names:
+                    if name not in node.idle_scalars and name not in node.releasing_scalars:
+                        continue
                     v = node.idle_scalars.get(name, 0.0) + node.releasing_scalars.get(name, 0.0)
                     total.scalars[name] = total.scalars.get(name, 0.0) + v
         return total
@@ -217,7 +225,7 @@ def _alike(tasks: list[TaskState]) -> bool:
         return False
     counts: dict[str, int] = {}
     for t in tasks:
-        for name in t.gpu.mig:
+        for name in (*t.gpu.mig, *t.scalars):
             counts[name] = counts.get(name, 0) + 1
     return all(n == len(tasks) for n in counts.values())
 
@@ -231,14 +239,15 @@ class _MaxPod:
     whole: float
     shared_devices: int
     shared: bool
-    mig: dict[str, float]
+    scalars: dict[str, float]
+    """MIG instances and the other scalars (`Pod.scalars`)."""
 
 
 def _max_pod(tasks: list[TaskState]) -> _MaxPod:
-    mig: dict[str, float] = {}
+    scalars: dict[str, float] = {}
     for t in tasks:
-        for name, cnt in t.gpu.mig.items():
-            mig[name] = max(mig.get(name, 0.0), float(cnt))
+        for name, cnt in (*t.gpu.mig.items(), *t.scalars.items()):
+            scalars[name] = max(scalars.get(name, 0.0), float(cnt))
     shared = [t for t in tasks if t.is_shared]
     return _MaxPod(
         cpu=max(t.cpu for t in tasks),
@@ -246,13 +255,13 @@ def _max_pod(tasks: list[TaskState]) -> _MaxPod:
         whole=max(t.whole_gpus for t in tasks),
         shared_devices=max((t.gpu.devices for t in shared), default=0),
         shared=bool(shared),
-        mig=mig,
+        scalars=scalars,
     )
 
 
 def _node_accommodation(ssn: Session, rep: _MaxPod, sample: TaskState | None, idx: int, n_tasks: int) -> int:
     """KAI `calcNodeAccommodation`: how many copies of the largest pod fit on idle-or-releasing resources."""
-    if rep.cpu <= 0 and rep.mem <= 0 and rep.whole <= 0 and rep.shared_devices <= 0 and not rep.mig:
+    if rep.cpu <= 0 and rep.mem <= 0 and rep.whole <= 0 and rep.shared_devices <= 0 and not rep.scalars:
         return n_tasks
     c = ssn.cluster
     node = c.order[idx]
@@ -260,7 +269,7 @@ def _node_accommodation(ssn: Session, rep: _MaxPod, sample: TaskState | None, id
     for r, need in ((CPU, rep.cpu), (MEM, rep.mem), (GPU, rep.whole)):
         if need > 0:
             bounds.append((c.idle[r][idx] + c.releasing[r][idx] + EPS) / need)
-    for name, cnt in rep.mig.items():
+    for name, cnt in rep.scalars.items():
         if cnt > 0:
             avail = node.idle_scalars.get(name, 0.0) + node.releasing_scalars.get(name, 0.0)
             bounds.append((avail + EPS) / cnt)
@@ -277,7 +286,7 @@ def _accommodations(ssn: Session, rep: _MaxPod, sample: TaskState | None, n_task
     """`_node_accommodation` of every node; one vector expression when only CPU, memory, whole GPUs and
     pod slots bound it (the same operations per node, so the same answers)."""
     c = ssn.cluster
-    if rep.mig or (rep.shared and rep.shared_devices > 0 and sample is not None):
+    if rep.scalars or (rep.shared and rep.shared_devices > 0 and sample is not None):
         return [_node_accommodation(ssn, rep, sample, idx, n_tasks) for idx in range(len(c.order))]
     if rep.cpu <= 0 and rep.mem <= 0 and rep.whole <= 0 and rep.shared_devices <= 0:
         return [n_tasks] * len(c.order)
@@ -533,7 +542,7 @@ def subset_nodes(
         for d in level_domains.values():
             d.allocatable = -1
             d.free = _Res()
-    _calc_free(ssn, domain, _Free(ssn))
+    _calc_free(ssn, domain, _Free(ssn, tasks))
     if _alike(tasks):
         sample = next((t for t in tasks if t.is_shared), None)
         _calc_allocatable(domain, _accommodations(ssn, _max_pod(tasks), sample, len(tasks)))

@@ -19,6 +19,9 @@ NVIDIA_GPU = "nvidia.com/gpu"
 AMD_GPU = "amd.com/gpu"
 GPU_RESOURCES = (NVIDIA_GPU, AMD_GPU)
 MIG_PREFIX = "nvidia.com/mig-"
+EPHEMERAL_STORAGE = "ephemeral-storage"
+HUGEPAGES_PREFIX = "hugepages-"
+"""Huge pages of one size (``hugepages-2Mi``), in bytes."""
 
 # --- pods ------------------------------------------------------------------------------------------------
 PODGROUP_ANNOTATION = "pod-group-name"

@@ -1,7 +1,7 @@
 """Kubernetes objects to Kairos's model, and the JSON Kairos writes back; pure and deterministic.
 
 Called by the state service's mirror (`node_of`, `pod_of`, `podgroup_of`, `queue_of`, `topology_of`,
-`pod_requests`) and by the write-back paths of the state service and the binder (`event`,
+`pod_requests`, `host_ports_of`) and by the write-back paths of the state service and the binder (`event`,
 `podgroup_status_patch`, `podgroup_annotations_patch`, `queue_status_patch`, `gpu_groups_patch`). Input is
 `shared.kube.wire`; output is `shared.model` objects or JSON-ready dicts. Every function raises
 `InvalidObject(kind, "namespace/name", field, problem)` for input it cannot translate faithfully, never
@@ -10,12 +10,15 @@ another exception.
 The rules are KAI's (``pkg/scheduler/api/{pod_info,node_info,podgroup_info,queue_info}``, the proportion
 plugin, the status updater), with these deliberate choices:
 
-- Units: CPU millicores (``MilliValue``, rounded up), memory bytes (rounded up), GPUs devices; queue memory
-  quota and limit are megabytes (10^6 bytes) in the Queue and bytes in the model; -1 stays -1.
+- Units: CPU millicores (``MilliValue``, rounded up), memory bytes (rounded up), GPUs devices; extended
+  resources, ``hugepages-<size>`` and ``ephemeral-storage`` (bytes) whole units rounded up, on nodes and
+  pods alike (``scalars``); queue memory quota and limit are megabytes (10^6 bytes) in the Queue and bytes
+  in the model; -1 stays -1.
 - Model keys: a podgroup's model ``uid`` is ``"namespace/name"`` (`podgroup_key`), because a pod names
   its podgroup by name in its own namespace (annotation ``pod-group-name``); a pod's is its API uid.
 - Input KAI would silently ignore is an error here: an unparsable or out-of-range ``gpu-fraction``, a
-  negative ``gpu-memory``, a fraction together with whole GPUs, a negative quota, a malformed timestamp.
+  negative ``gpu-memory``, a fraction together with whole GPUs, a negative quota, a malformed timestamp, a
+  ``hostPort`` outside 1-65535 or with a protocol other than TCP, UDP or SCTP.
 - Nodes that must not get work are tainted the way Kubernetes' node controller taints them (so a pod's
   tolerations decide, as with KAI): ``spec.unschedulable`` adds ``node.kubernetes.io/unschedulable``; a
   ``Ready`` condition of ``False`` adds ``node.kubernetes.io/not-ready`` and ``Unknown`` adds
@@ -69,7 +72,10 @@ from shared.model import (
     TopologySpreadConstraint,
 )
 from shared.model.objects import (
+    ANY_HOST_IP,
+    HOST_PORT_PROTOCOLS,
     UNLIMITED,
+    HostPort,
     NodeInclusionPolicy,
     Taint,
     Toleration,
@@ -83,6 +89,7 @@ __all__ = [
     "default_priority",
     "event",
     "gpu_groups_patch",
+    "host_ports_of",
     "involved_object",
     "node_of",
     "parse_time",
@@ -175,6 +182,16 @@ def _is_extended(resource: str) -> bool:
     return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
 
 
+def _is_scalar(resource: str) -> bool:
+    """A countable node resource a pod's request must fit besides CPU, memory, GPUs and MIG instances
+    (`Node.scalars`, `Pod.scalars`): extended resources, huge pages of each size, ephemeral storage."""
+    return (
+        _is_extended(resource)
+        or resource.startswith(keys.HUGEPAGES_PREFIX)
+        or resource == keys.EPHEMERAL_STORAGE
+    )
+
+
 # --- nodes -----------------------------------------------------------------------------------------------
 def node_of(node: wire.Node) -> Node:
     """The model node: allocatable resources, GPU memory and MIG layout from the GFD labels, taints."""
@@ -200,7 +217,7 @@ def node_of(node: wire.Node) -> Node:
         elif _is_mig(resource):
             scalars[resource] = float(_whole(where, field, raw))
             has_mig = True
-        elif _is_extended(resource):
+        elif _is_scalar(resource):
             scalars[resource] = float(ceil_int(_quantity(where, field, raw)))
     gpu_memory, synced = _node_gpu_memory(where, labels.get(keys.GPU_MEMORY_LABEL), gpus)
     mig_enabled = _mig_enabled(labels.get(keys.MIG_ENABLED_LABEL), has_mig)
@@ -280,6 +297,8 @@ class PodRequests(msgspec.Struct, frozen=True, kw_only=True):
     memory_bytes: float = 0.0
     gpus: int = 0
     mig: dict[str, int] = msgspec.field(default_factory=dict)
+    scalars: dict[str, int] = msgspec.field(default_factory=dict)
+    """Extended resources, huge pages and ephemeral storage (`Pod.scalars`), rounded up to whole units."""
 
 
 def _container_requests(c: wire.Container) -> wire.ResourceList:
@@ -315,6 +334,7 @@ def pod_requests(pod: wire.Pod) -> PodRequests:
         memory_bytes=float(summed.get(keys.MEMORY, 0)),
         gpus=sum(summed.get(r, 0) for r in keys.GPU_RESOURCES),
         mig={r: n for r, n in sorted(summed.items()) if _is_mig(r) and n > 0},
+        scalars={r: n for r, n in sorted(summed.items()) if _is_scalar(r) and n > 0},
     )
 
 
@@ -400,7 +420,36 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         topology_spread=_topology_spread(where, pod.spec.topology_spread_constraints, meta.labels),
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
+        scalars={r: float(n) for r, n in requests.scalars.items()},
+        host_ports=host_ports_of(pod),
     )
+
+
+def host_ports_of(pod: wire.Pod) -> tuple[HostPort, ...]:
+    """The ports the pod binds on its node, as kube-scheduler collects them (``GetHostPorts``): container
+    ports with a ``hostPort``, of the containers and of the init containers that run as long as the pod
+    (``restartPolicy: Always``, sidecars). An unset protocol is TCP and an unset host IP every address."""
+    where = _where(pod)
+    spec = pod.spec
+    found: list[HostPort] = []
+    groups = (("spec.initContainers", spec.init_containers), ("spec.containers", spec.containers))
+    for at, containers in groups:
+        for i, c in enumerate(containers):
+            if at == "spec.initContainers" and c.restart_policy != "Always":
+                continue
+            for j, port in enumerate(c.ports):
+                if port.host_port == 0:
+                    continue
+                field = f"{at}[{i}].ports[{j}]"
+                if not 1 <= port.host_port <= 65535:
+                    raise where.error(f"{field}.hostPort", f"must be within 1-65535, got {port.host_port}")
+                protocol = port.protocol or "TCP"
+                if protocol not in HOST_PORT_PROTOCOLS:
+                    raise where.error(
+                        f"{field}.protocol", f"must be one of TCP, UDP, SCTP, got {port.protocol!r}"
+                    )
+                found.append(HostPort(port.host_port, protocol, port.host_ip or ANY_HOST_IP))
+    return tuple(found)
 
 
 def _check_sharing_env(where: _Where, pod: wire.Pod) -> None:

@@ -26,6 +26,7 @@ from shared.errors import InvalidObject
 __all__ = [
     "Affinity",
     "Container",
+    "ContainerPort",
     "Node",
     "ObjectMeta",
     "Owner",
@@ -126,12 +127,23 @@ class EnvFromSource(_Wire, frozen=True, kw_only=True):
     config_map_ref: ConfigMapEnvSource | None = None
 
 
+class ContainerPort(_Wire, frozen=True, kw_only=True):
+    """A container port; only one with a ``hostPort`` binds a port on the node (kube-scheduler's NodePorts)."""
+
+    name: str = ""
+    container_port: int = 0
+    host_port: int = 0
+    protocol: str = "TCP"
+    host_ip: str = msgspec.field(default="", name="hostIP")
+
+
 class Container(_Wire, frozen=True, kw_only=True):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
     restart_policy: str | None = None
     env: list[EnvVar] = msgspec.field(default_factory=list)
     env_from: list[EnvFromSource] = msgspec.field(default_factory=list)
+    ports: list[ContainerPort] = msgspec.field(default_factory=list)
 
 
 class Volume(_Wire, frozen=True, kw_only=True):

@@ -8,6 +8,7 @@ the tools and tests.
 
 from shared.model.objects import (
     GpuRequest,
+    HostPort,
     LabelRequirement,
     LabelSelector,
     LabelSelectorTerm,
@@ -30,6 +31,7 @@ from shared.model.status import PodStatus
 
 __all__ = [
     "GpuRequest",
+    "HostPort",
     "LabelRequirement",
     "LabelSelector",
     "LabelSelectorTerm",

@@ -15,6 +15,7 @@ import msgspec
 
 from shared.model import (
     GpuRequest,
+    HostPort,
     Node,
     Pod,
     PodGroup,
@@ -85,8 +86,11 @@ def gang(
     cpu_millis: float = 1000.0,
     memory_bytes: float = 4.0 * GIB,
     min_available: int | None = None,
+    scalars: dict[str, float] | None = None,
+    host_ports: Sequence[HostPort] = (),
 ) -> tuple[PodGroup, list[Pod]]:
-    """A podgroup of `size` identical pods (whole GPUs, or a fraction when `gpus` < 1)."""
+    """A podgroup of `size` identical pods (whole GPUs, or a fraction when `gpus` < 1), each asking for
+    `scalars` (extended resources and the like) and binding `host_ports` on its node."""
     req = GpuRequest(devices=int(gpus)) if float(gpus).is_integer() else GpuRequest(devices=1, fraction=gpus)
     pg = PodGroup(
         name=name,
@@ -110,6 +114,8 @@ def gang(
             memory_bytes=memory_bytes,
             gpu=req,
             creation_time=created,
+            scalars=dict(scalars or {}),
+            host_ports=tuple(host_ports),
         )
         for i in range(size)
     ]

@@ -192,6 +192,37 @@ class Taint(msgspec.Struct, frozen=True):
     effect: str = "NoSchedule"
 
 
+HOST_PORT_PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
+"""The protocols a container port may name (Kubernetes' ``Protocol``)."""
+ANY_HOST_IP = "0.0.0.0"
+"""The host IP of a port bound on every address (Kubernetes' default when ``hostIP`` is unset)."""
+
+
+class HostPort(msgspec.Struct, frozen=True):
+    """A port a pod binds on its node (a container port with a ``hostPort``), as kube-scheduler's NodePorts
+    filter compares them: two conflict when protocol and port are equal and the IPs are equal or either is
+    `ANY_HOST_IP`."""
+
+    port: int
+    protocol: str = "TCP"
+    ip: str = ANY_HOST_IP
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise InvalidObject("host port", "", "port", f"must be within 1-65535, got {self.port}")
+        if self.protocol not in HOST_PORT_PROTOCOLS:
+            raise InvalidObject(
+                "host port", "", "protocol", f"must be one of TCP, UDP, SCTP, got {self.protocol!r}"
+            )
+
+    def conflicts(self, other: HostPort) -> bool:
+        return (
+            self.port == other.port
+            and self.protocol == other.protocol
+            and (self.ip == other.ip or ANY_HOST_IP in (self.ip, other.ip))
+        )
+
+
 class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """A pod (KAI: task) of a podgroup, with its requests, status and placement."""
 
@@ -223,10 +254,18 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """``topologySpreadConstraints``, in the pod's order (`shared.core.spread`)."""
     legacy_mig: bool = False
     creation_time: float = 0.0
+    scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    """Requests of the node's countable resources other than CPU, memory, GPUs and MIG instances
+    (extended resources such as ``rdma/ib``, ``hugepages-<size>`` in bytes, ``ephemeral-storage`` in
+    bytes), in the units of `Node.scalars`; a node without enough of one cannot take the pod."""
+    host_ports: tuple[HostPort, ...] = ()
+    """The ports the pod binds on its node; a node where an active pod binds a conflicting one refuses it."""
 
     def __post_init__(self) -> None:
         _non_negative("pod", self.name, "cpu_millis", self.cpu_millis)
         _non_negative("pod", self.name, "memory_bytes", self.memory_bytes)
+        for res, value in self.scalars.items():
+            _non_negative("pod", self.name, f"scalars[{res}]", value)
 
     @property
     def key(self) -> str:
@@ -356,12 +395,17 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_synced: bool = True
     max_pods: int = 110
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    """Allocatable countable resources besides CPU, memory and GPUs, by Kubernetes name: MIG instances,
+    extended resources, ``hugepages-<size>`` and ``ephemeral-storage`` (bytes), whole numbers."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     mig_enabled: bool = False
     mig_strategy: str | None = None
     gpu_devices: tuple[DeviceUsage, ...] = ()
     """Measured use and health per GPU (live telemetry); empty when nobody measures this node."""
+    used_host_ports: tuple[HostPort, ...] = ()
+    """Host ports bound on the node by pods outside the snapshot (another scheduler's, the state service's
+    foreign pods), which no pod of the snapshot may bind again."""
 
     def __post_init__(self) -> None:
         for i, device in enumerate(self.gpu_devices):

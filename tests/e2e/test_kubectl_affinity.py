@@ -60,12 +60,18 @@ def running_nodes(stack: Stack, app: str, count: int) -> list[str] | None:
 
 def unschedulable_message(pod: dict[str, Any]) -> str | None:
     for condition in pod["status"].get("conditions", []):
-        if condition["type"] == "PodScheduled" and condition["status"] == "False" and condition.get("message"):
+        if (
+            condition["type"] == "PodScheduled"
+            and condition["status"] == "False"
+            and condition.get("message")
+        ):
             return str(condition["message"])
     return None
 
 
-def deployment(name: str, replicas: int, spec: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+def deployment(
+    name: str, replicas: int, spec: dict[str, Any], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A Deployment for KAI's scheduler in `default-queue`, its pods labelled `app: name`."""
     pod_labels = {"app": name, manifests.QUEUE_LABEL: manifests.DEFAULT_QUEUE, **(labels or {})}
     return {
@@ -94,7 +100,9 @@ def pod(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[st
     return out
 
 
-def test_an_anti_affinity_deployment_puts_one_pod_per_untainted_node_and_the_next_says_why(stack: Stack) -> None:
+def test_an_anti_affinity_deployment_puts_one_pod_per_untainted_node_and_the_next_says_why(
+    stack: Stack,
+) -> None:
     apart = {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -123,7 +131,10 @@ def test_an_exists_affinity_follows_the_selected_pod_into_its_zone(stack: Stack)
     near_db = {
         "podAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchExpressions": [{"key": "role", "operator": "Exists"}]}, "topologyKey": ZONE}
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "role", "operator": "Exists"}]},
+                    "topologyKey": ZONE,
+                }
             ]
         }
     }
@@ -132,7 +143,11 @@ def test_an_exists_affinity_follows_the_selected_pod_into_its_zone(stack: Stack)
     def follower_node() -> str | None:
         now = pods(stack)
         follower = now.get("follower", {})
-        return follower.get("spec", {}).get("nodeName") if follower.get("status", {}).get("phase") == "Running" else None
+        return (
+            follower.get("spec", {}).get("nodeName")
+            if follower.get("status", {}).get("phase") == "Running"
+            else None
+        )
 
     node = wait_for(stack, "the follower Running", follower_node)
     assert ZONES[node] == "b"
@@ -142,7 +157,11 @@ def test_an_exists_affinity_follows_the_selected_pod_into_its_zone(stack: Stack)
 def test_only_a_pod_that_tolerates_the_taint_lands_on_the_tainted_node(stack: Stack) -> None:
     pinned = {"kubernetes.io/hostname": TAINTED}
     tolerating = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
-    apply(stack, pod("tolerant", nodeSelector=pinned, tolerations=tolerating), pod("intolerant", nodeSelector=pinned))
+    apply(
+        stack,
+        pod("tolerant", nodeSelector=pinned, tolerations=tolerating),
+        pod("intolerant", nodeSelector=pinned),
+    )
 
     def both_decided() -> tuple[str, str] | None:
         now = pods(stack)

@@ -45,6 +45,18 @@ def test_node_reasons_are_worded_as_kube_scheduler_words_them() -> None:
     )
 
 
+def test_a_resource_name_with_dots_is_kept_whole_in_the_node_reasons() -> None:
+    message = (
+        "\nPodSchedulingErrors.\nResources were not found for pod team/p due to: no nodes with enough resources "
+        "were found: 2 node(s) didn't have enough resources: example.com/foo. \n"
+        "6 node(s) didn't have free ports for the requested pod ports.."
+    )
+    assert failed_scheduling_message(message, 8) == (
+        "0/8 nodes are available: 2 node(s) didn't have enough resources: example.com/foo, "
+        "6 node(s) didn't have free ports for the requested pod ports."
+    )
+
+
 def test_other_reasons_keep_kais_words_on_one_line() -> None:
     message = "\nOverLimit.\nGPU quota has reached the allowable limit of 2 GPUs."
     assert (

@@ -179,7 +179,7 @@ def test_an_unknown_mig_strategy_is_none() -> None:
     assert (n.mig_enabled, n.mig_strategy) == (True, None)
 
 
-def test_extended_resources_are_scalars_and_kubernetes_io_ones_are_not() -> None:
+def test_extended_resources_huge_pages_and_ephemeral_storage_are_scalars_kubernetes_io_ones_are_not() -> None:
     doc = node_doc(
         **{
             "cpu": "8",
@@ -188,9 +188,14 @@ def test_extended_resources_are_scalars_and_kubernetes_io_ones_are_not() -> None
             "rdma/hca": "1k",
             "ephemeral-storage": "1Ti",
             "hugepages-2Mi": "0",
+            "kubernetes.io/batteries": "4",
         }
     )
-    assert translate.node_of(node(doc)).scalars == {"rdma/hca": 1000.0}
+    assert translate.node_of(node(doc)).scalars == {
+        "ephemeral-storage": float(2**40),
+        "hugepages-2Mi": 0.0,
+        "rdma/hca": 1000.0,
+    }
 
 
 def test_a_node_without_a_pods_allocatable_takes_no_pods_as_in_kai() -> None:

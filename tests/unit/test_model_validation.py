@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import InvalidObject
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, Queue, QueueResource, Snapshot, SubGroupSet
+from shared.model import (
+    GpuRequest,
+    HostPort,
+    Node,
+    Pod,
+    PodGroup,
+    PodSet,
+    Queue,
+    QueueResource,
+    Snapshot,
+    SubGroupSet,
+)
 from shared.model.validate import validate_snapshot
 
 
@@ -22,6 +33,26 @@ def test_gpu_fraction_outside_unit_interval() -> None:
 def test_negative_pod_memory() -> None:
     with pytest.raises(InvalidObject, match=r"pod 'p': memory_bytes"):
         Pod(name="p", podgroup="g", memory_bytes=-5)
+
+
+def test_a_negative_scalar_request_names_pod_and_resource() -> None:
+    with pytest.raises(InvalidObject, match=r"pod 'p': scalars\[rdma/ib\]: must be a finite number >= 0"):
+        Pod(name="p", podgroup="g", scalars={"rdma/ib": -1.0})
+
+
+@pytest.mark.parametrize(
+    ("port", "protocol", "problem"),
+    [
+        (0, "TCP", "port: must be within 1-65535"),
+        (65536, "TCP", "port"),
+        (80, "HTTP", "protocol: must be one of"),
+    ],
+)
+def test_a_host_port_outside_the_range_or_of_an_unknown_protocol(
+    port: int, protocol: str, problem: str
+) -> None:
+    with pytest.raises(InvalidObject, match=problem):
+        HostPort(port, protocol)
 
 
 def test_quota_below_unlimited() -> None:

@@ -13,7 +13,7 @@ from services.state.kv_objects import Change
 from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue
+from shared.model import HostPort, Node, Pod, PodGroup, PodStatus, Queue
 from tests.admitted_pods import admitted
 
 NOW = 1_800_000_000.0
@@ -217,6 +217,24 @@ def test_a_pod_of_another_scheduler_takes_its_share_of_the_node() -> None:
     assert n1.max_pods == 109
     m.change(PODS, "DELETED", pod("web", group=None, scheduler="default-scheduler", node_name="n1", gpus=3))
     assert by_key(m.flush(NOW))[s.node_key("n1")].gpus == 8
+
+
+def test_a_pod_of_another_scheduler_takes_its_extended_resources_and_host_ports_off_the_node() -> None:
+    m = cluster()
+    n1 = json.loads(node("n1"))
+    n1["status"]["allocatable"].update({"rdma/ib": "4", "ephemeral-storage": "100Gi"})
+    m.change(NODES, "MODIFIED", js(n1))
+    web = json.loads(pod("web", group=None, scheduler="default-scheduler", node_name="n1", gpus=0))
+    web["spec"]["containers"][0]["resources"]["requests"] = {"rdma/ib": "1", "ephemeral-storage": "10Gi"}
+    web["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+    m.change(PODS, "ADDED", js(web))
+    taken = by_key(m.flush(NOW))[s.node_key("n1")]
+    assert taken.scalars == {"ephemeral-storage": 90.0 * 2**30, "rdma/ib": 3.0}
+    assert taken.used_host_ports == (HostPort(8080),)
+    m.change(PODS, "DELETED", js(web))
+    freed = by_key(m.flush(NOW))[s.node_key("n1")]
+    assert freed.scalars == {"ephemeral-storage": 100.0 * 2**30, "rdma/ib": 4.0}
+    assert freed.used_host_ports == ()
 
 
 def test_a_gpu_reservation_pod_counts_only_while_no_live_pod_shares_its_device() -> None:

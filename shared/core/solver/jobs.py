@@ -144,7 +144,7 @@ def gpu_capacity(ssn: Session) -> list[float]:
     c = ssn.cluster
     out: list[float] = (c.idle[GPU] + c.releasing[GPU]).tolist()
     for node in c.order:
-        if node.groups or node.idle_scalars or node.releasing_scalars:
+        if node.groups or node.has_mig:
             out[node.idx] = idle_or_releasing_gpus(node)
     return out
 
@@ -157,7 +157,7 @@ def feasible_nodes(ssn: Session, job: JobState) -> npt.NDArray[np.bool_]:
         return np.ones(len(c.order), dtype=bool)
     mask = (c.idle[GPU] > 0) | (c.releasing[GPU] > 0)
     for node in c.order:
-        if not mask[node.idx] and (node.groups or node.idle_scalars or node.releasing_scalars):
+        if not mask[node.idx] and (node.groups or node.has_mig):
             mask[node.idx] = idle_or_releasing_gpus(node) > 0
     return mask
 
