@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,10 +198,3 @@ def test_nothing_else_was_left_unexplained(stack: Stack) -> None:
     for name, item in pods(stack).items():
         placed = bool(item["spec"].get("nodeName"))
         assert placed or unschedulable_message(item), f"{name} is neither placed nor explained"
-
-
-def test_the_manifests_here_are_what_a_kube_scheduler_user_writes(tmp_path: Path) -> None:
-    # The shapes above go through the API server's own validation (kubectl apply --dry-run=client would
-    # need a server; the translation's refusals are covered in tests/unit/test_kube_translate_affinity.py).
-    doc = manifests.documents(deployment("web", 1, {}))
-    assert "schedulerName: kai-scheduler" in doc
