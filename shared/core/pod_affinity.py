@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.core.selectors import term_selects
-from shared.model import Pod
+from shared.model import Pod, PodAffinityTerm
 from shared.model.status import ACTIVE_USED, PodStatus
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     if pod.pod_affinity:
         values = [labels.get(term.topology_key) for term in pod.pod_affinity]
         if any(value is None for value in values):
-            return POD_AFFINITY
+            return _missing_key(ssn, pod.pod_affinity) or POD_AFFINITY
         if not all(value in found for value, found in zip(values, facts.affinity_counts, strict=True)):
             first_of_its_kind = not facts.any_affinity_match and all(
                 term_selects(term, pod) for term in pod.pod_affinity
@@ -268,6 +268,18 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     for key, value in facts.existing_anti:
         if labels.get(key) == value:
             return EXISTING_ANTI_AFFINITY
+    return None
+
+
+def _missing_key(ssn: Session, terms: tuple[PodAffinityTerm, ...]) -> str | None:
+    """The reason naming the field, when a required term's topology key is on no node at all (a typo, or
+    nodes not labelled yet): the pod waits, and its events and condition say which term."""
+    for i, term in enumerate(terms):
+        if not ssn.cluster.label_codes(term.topology_key)[1]:
+            return (
+                f"{POD_AFFINITY}: no node has the label {term.topology_key} "
+                f"(spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[{i}].topologyKey)"
+            )
     return None
 
 

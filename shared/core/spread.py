@@ -299,6 +299,16 @@ def filter_reason(
     constraints = task.pod.topology_spread
     if not constraints:
         return None
+    for i, constraint in enumerate(constraints):
+        if (
+            constraint.when_unsatisfiable == "DoNotSchedule"
+            and not ssn.cluster.label_codes(constraint.topology_key)[1]
+        ):
+            # A key on no node at all (a typo, or nodes not labelled yet): say which constraint.
+            return (
+                f"{MISSING_LABEL}: no node has the label {constraint.topology_key} "
+                f"(spec.topologySpreadConstraints[{i}].topologyKey)"
+            )
     cache = _cache(ssn)
     stamp = _stamp(ssn.cluster)
     last = cache.last_filter

@@ -193,6 +193,47 @@ def test_a_zone_spread_constraint_is_honoured(stack: Stack) -> None:
     assert Counter(ZONES[n] for n in placed) == {"a": 2, "b": 2}
 
 
+def test_bad_affinity_input_is_a_warning_event_and_a_condition_naming_the_pod_and_field(stack: Stack) -> None:
+    unknown_operator = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "role", "operator": "Near"}]},
+                    "topologyKey": ZONE,
+                }
+            ]
+        }
+    }
+    no_such_key = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"role": "db"}}, "topologyKey": "rack"}
+            ]
+        }
+    }
+    apply(stack, pod("bad-operator", affinity=unknown_operator), pod("bad-key", affinity=no_such_key))
+    operator_field = (
+        "requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"
+    )
+    key_field = "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey"
+
+    def warned() -> str | None:
+        events = kubectl(stack, "get", "events", "-o", "json")
+        text = " ".join(
+            f"{e['type']} {e['involvedObject']['name']} {e['message']}" for e in json.loads(events)["items"]
+        )
+        return text if operator_field in text and key_field in text else None
+
+    events = wait_for(stack, "Warning events naming both fields", warned)
+    assert "Warning bad-operator" in events
+    assert "Warning bad-key" in events
+    now = pods(stack)
+    assert operator_field in (unschedulable_message(now["bad-operator"]) or "")
+    assert key_field in (unschedulable_message(now["bad-key"]) or "")
+    assert not now["bad-operator"]["spec"].get("nodeName")
+    assert not now["bad-key"]["spec"].get("nodeName")
+
+
 def test_nothing_else_was_left_unexplained(stack: Stack) -> None:
     # Every pod the module created is either placed or says why not: none is silently dropped.
     for name, item in pods(stack).items():

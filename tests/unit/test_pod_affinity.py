@@ -287,3 +287,21 @@ def test_whatever_the_session_places_meets_every_required_term_of_every_placed_p
         for t in pods[name].pod_affinity:
             selected = [h for o, h in before if o.labels == t.selector.match_labels]
             assert not selected or zone[host] in {zone[h] for h in selected}
+
+
+def test_a_topology_key_no_node_has_holds_the_pod_and_names_the_field() -> None:
+    db = workload("db", labels={"app": "db"}, nodes=["a"])
+    result = run([node("a")], db, workload("api", pod_affinity=(term(labels={"app": "db"}, key="rack"),)))
+    assert placed(result) == {}
+    assert (
+        "no node has the label rack "
+        "(spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey)"
+    ) in result.pending[0].message
+
+
+def test_an_anti_affinity_key_no_node_has_cannot_be_broken_and_holds_nothing() -> None:
+    running = workload("old", labels=WEB, nodes=["a"])
+    result = run(
+        [node("a")], running, workload("new", labels=WEB, pod_anti_affinity=(term(labels=WEB, key="rack"),))
+    )
+    assert placed(result) == {"new-0": "a"}

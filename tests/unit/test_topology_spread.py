@@ -238,7 +238,10 @@ def test_a_topology_key_no_node_has_keeps_the_pod_pending_with_the_reason() -> N
     )
     assert result.binds == ()
     (explanation,) = result.pending
-    assert f"2 {MISSING_LABEL}" in explanation.message
+    assert (
+        f"2 {MISSING_LABEL}: no node has the label rack (spec.topologySpreadConstraints[0].topologyKey)"
+        in (explanation.message)
+    )
 
 
 @pytest.mark.parametrize(
