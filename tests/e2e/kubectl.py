@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.e2e.manifests import Manifest, documents
-from tools.stack.supervisor import ClusterChoice, Stack, start_stack
+from tools.stack.supervisor import DEFAULT_REPLICAS, ClusterChoice, Stack, start_stack
 
 T = TypeVar("T")
 SETTLE = 60.0
@@ -44,11 +44,14 @@ def kubesim_stack(
     options: dict[str, dict[str, str]] | None = None,
     env: Mapping[str, str] | None = None,
     shards: tuple[str, ...] = (),
+    replicas: Mapping[str, int] | None = None,
 ) -> Iterator[Stack]:
     """A stack on the simulated API server with `nodes` generated nodes of `gpus_per_node` GPUs; `options`
-    are added to the queue's short cycle; `shards` run beside the default one (`start_stack`)."""
+    are added to the queue's short cycle; `shards` run beside the default one; `replicas` per service beyond
+    one (`start_stack`)."""
     stack = start_stack(
         state_dir,
+        replicas={**DEFAULT_REPLICAS, **(replicas or {})},
         cluster=ClusterChoice(kind="kubesim", nodes=nodes, gpus_per_node=gpus_per_node, run_delay=RUN_DELAY),
         options={"queue": {"period": QUEUE_PERIOD}, **(options or {})},
         env=env,

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +71,26 @@ def test_up_submit_status_down(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, status.stdout
             time.sleep(1)
+        # A replica that dies is started again; the stack goes on.
+        os.kill(record["services"]["placement-0"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            status = kairos("status", "--state-dir", str(state))
+            rows = [line for line in status.stdout.splitlines() if "placement-0" in line]
+            if status.returncode == 0 and rows and "running" in rows[0]:
+                break
+            assert time.monotonic() < deadline, status.stdout + status.stderr
+            time.sleep(0.5)
+        assert "Processes restarted by kairos up" in status.stdout
+        assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["placement-0", "1", "-9", "running"], (
+            rows
+        )
+        restarted = json.loads((state / "stack.json").read_text())["services"]
+        assert restarted["placement-0"] != record["services"]["placement-0"]
+        pids.append(restarted["placement-0"])
+        assert all(
+            restarted[name] == pid for name, pid in record["services"].items() if name != "placement-0"
+        )
     finally:
         down = kairos("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr

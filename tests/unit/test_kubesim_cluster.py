@@ -389,6 +389,15 @@ def test_a_watch_older_than_the_history_window_is_410_expired(clock: Clock) -> N
     assert error.status()["code"] == 410
 
 
+def test_a_watch_from_a_version_the_server_never_gave_out_is_410_so_the_client_lists_again(
+    cluster: Cluster,
+) -> None:
+    # What a client of a restarted simulator holds: a version from the earlier incarnation's history.
+    ahead = str(cluster.store.rv + 100)
+    error = expect_error(410, "Expired", cluster.watch, pods(cluster), "default", resource_version=ahead)
+    assert "too large resource version" in error.status()["message"]
+
+
 def test_a_filtered_watch_sees_an_object_leave_its_selector_as_deleted(cluster: Cluster) -> None:
     cluster.create(pods(cluster), "default", pod_body("a", labels={"app": "x"}))
     labels, _ = cluster.selectors(pods(cluster), "app=x", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,8 +26,11 @@ from urllib.parse import urlsplit
 from shared.errors import ConfigError, InvalidObject, TemporaryError
 from shared.security.redact import redact_url
 from tools.cli.up import DEFAULT_STATE_DIR
+from tools.stack.supervision import Restarts, read_restarts
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from shared.bus.client import BusClient
     from shared.clusterfile import ClusterObjects
     from shared.contracts.events import QueueFairShare
@@ -145,14 +149,18 @@ def _names(objects: ClusterObjects) -> dict[str, list[str]]:
 
 # --- status ----------------------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    # The supervisor's record first: while nats-server itself restarts, it is all there is to show.
+    restarts = restarts_table(read_restarts(args.state_dir), time.time())
+    if restarts is not None:
+        console.print(restarts)
     url = nats_url(args)
     try:
         reply, fair_shares = _run(_snapshot(url))
     except TemporaryError as exc:
         return _no_answer(str(exc))
-    from rich.console import Console
-
-    console = Console(width=None if sys.stdout.isatty() else 200)
     for table in status_tables(
         reply, max_pods=None if args.all else DEFAULT_MAX_PODS, fair_shares=fair_shares
     ):
@@ -192,6 +200,24 @@ async def _snapshot(url: str) -> tuple[SnapshotReply, list[QueueFairShare]]:
         return reply, [e for e in events if isinstance(e, QueueFairShare)]
     finally:
         await client.close()
+
+
+def restarts_table(records: Mapping[str, Restarts], now: float) -> Table | None:
+    """`kairos up`'s supervised processes with their restarts (None when nothing was ever restarted)."""
+    if not any(r.count or r.due is not None for r in records.values()):
+        return None
+    from rich.table import Table
+
+    table = Table(title="Processes restarted by kairos up")
+    for column in ("process", "restarts", "last exit", "now"):
+        table.add_column(column)
+    for name, record in sorted(records.items()):
+        if not record.count and record.due is None:
+            continue
+        state = "running" if record.due is None else f"restarting in {max(0.0, record.due - now):.0f} s"
+        last = "" if record.last_exit is None else str(record.last_exit)
+        table.add_row(name, str(record.count), last, state)
+    return table
 
 
 def status_tables(

@@ -1,7 +1,9 @@
 """`kairos up`, `kairos down`, `kairos serve`: the local stack from the command line.
 
 `up` starts the cluster, nats-server and the four services, prints one line `ready` when every replica
-reports healthy, and stops everything on Ctrl-C or SIGTERM. The cluster is, by default, the simulated
+reports healthy, keeps them running as a kubelet would (a replica, kubesim or nats-server that exits is
+started again after a back-off, 1 s doubling to 30 s, `tools.stack.supervision`; the others keep
+running), and stops everything on Ctrl-C or SIGTERM. The cluster is, by default, the simulated
 Kubernetes API server (`tools.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
 `--gpus-per-node`), its kubeconfig written to `DIR/kubeconfig` so that kubectl works against it at once;
 `--kubeconfig FILE` uses a real cluster instead; `--memory` keeps the cluster inside the state service
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 from shared.errors import ConfigError
+from tools.stack.supervision import Supervisor
 from tools.stack.supervisor import ClusterChoice, otlp_env, parse_replicas, start_stack, stop_recorded
 
 DEFAULT_STATE_DIR = Path(".kairos")
@@ -124,12 +127,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     # The URL without credentials: the file is world-readable and only its existence means "ready".
     (state_dir / "ready").write_text(stack.nats.url + "\n")
     print("ready", flush=True)
+    supervisor = Supervisor(
+        stack, time.monotonic(), say=lambda line: print(f"kairos: {line}", file=sys.stderr, flush=True)
+    )
     try:
+        # Only Ctrl-C, SIGTERM or `kairos down` stops the stack: a process that exits is started again.
         while not stop.is_set():
-            dead = [n for n, p in stack.processes.items() if p.poll() is not None]
-            if dead:
-                print(f"kairos: service {dead[0]} exited; stopping", file=sys.stderr)
-                return 1
+            supervisor.poll(time.time())
             stop.wait(0.5)
     finally:
         stack.stop()

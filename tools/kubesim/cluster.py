@@ -36,6 +36,7 @@ from tools.kubesim.errors import (
     bad_request,
     conflict,
     forbidden,
+    gone,
     invalid,
     not_found,
     status_success,
@@ -464,6 +465,11 @@ class Cluster:
                 since = int(str(resource_version))
             except ValueError as exc:
                 raise bad_request(f"invalid resource version {resource_version!r}") from exc
+            if since > self.store.rv:
+                # A version this server never gave out: the client watched an earlier incarnation of it (a
+                # restarted simulator starts its history again). kube-apiserver refuses such a watch too
+                # ("Too large resource version"); clients list again, as after a 410.
+                raise gone(f"too large resource version: {since}, current {self.store.rv}")
             for change in storage.changes_after(since):
                 stream.on_change(change)
         storage.listeners.append(stream.on_change)

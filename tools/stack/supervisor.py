@@ -105,6 +105,8 @@ class Stack:
     """Identity -> this start's NATS password (empty: the server takes anyone)."""
     services: dict[str, str] = field(default_factory=dict)
     """Each service replica's service (`queue-pool-a-0` -> `queue`): its NATS identity."""
+    webhook_ports: list[int] = field(default_factory=list)
+    """The state replicas' admission webhook ports kubesim calls (registered again after its restart)."""
 
     def restart(self, name: str) -> None:
         """Start replica `name` again with its command line (after it died or was killed); its log goes on."""
@@ -116,6 +118,18 @@ class Stack:
                 env=_service_env(self.env, self, self.services[name]),
                 start_new_session=True,
             )
+        _write_pids(self)
+
+    def restart_kubesim(self, timeout: float = 30.0) -> None:
+        """Start the simulated API server again on the port it had (the services' kubeconfig stays right),
+        and give it KAI's default queues and shard and the webhooks again: its objects lived in its memory
+        and are gone, as a cluster whose etcd was wiped."""
+        kubeconfig = self.state_dir / "kubeconfig"
+        kubeconfig.unlink(missing_ok=True)
+        _launch_kubesim(self, self.commands[KUBESIM], timeout)
+        _bootstrap(kubeconfig)
+        if self.webhook_ports:
+            _register_webhook(kubeconfig, self.webhook_ports)
         _write_pids(self)
 
     def restart_nats(self) -> None:
@@ -267,7 +281,7 @@ def start_stack(
     kubeconfig: Path | None = None
     try:
         if cluster.kind != "memory":
-            kubeconfig = _start_cluster(stack, cluster, env, timeout)
+            kubeconfig = _start_cluster(stack, cluster, timeout)
             options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
             options.setdefault("binder", {}).update(cluster="kube", kubeconfig=str(kubeconfig))
             if cluster.kind == KUBESIM and "webhook_port" not in options["state"]:
@@ -298,13 +312,14 @@ def start_stack(
         asyncio.run(wait_ready(stack.url, services, timeout, stack.first_exit))
         if webhook_ports and kubeconfig is not None:
             _register_webhook(kubeconfig, webhook_ports)
+            stack.webhook_ports = webhook_ports
     except BaseException:
         stack.stop()
         raise
     return stack
 
 
-def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], timeout: float) -> Path:
+def _start_cluster(stack: Stack, cluster: ClusterChoice, timeout: float) -> Path:
     """Start the simulated API server (unless a real cluster is given) and create KAI's default queues;
     returns the kubeconfig the services use."""
     if cluster.kind == "kubeconfig":
@@ -313,27 +328,47 @@ def _start_cluster(stack: Stack, cluster: ClusterChoice, env: dict[str, str], ti
         kubeconfig = cluster.kubeconfig.resolve()
     else:
         kubeconfig = stack.state_dir / "kubeconfig"
-        argv = [sys.executable, "-m", "tools.kubesim", "--port", "0", "--kubeconfig-out", str(kubeconfig)]
-        argv += ["--crds", str(CRDS), "--run-delay", str(cluster.run_delay)]
+        # A fixed port, so that a restarted simulator is where the services' kubeconfig says.
+        argv = [sys.executable, "-m", "tools.kubesim", "--port", str(free_port())]
+        argv += [
+            "--kubeconfig-out",
+            str(kubeconfig),
+            "--crds",
+            str(CRDS),
+            "--run-delay",
+            str(cluster.run_delay),
+        ]
         if cluster.cluster_file is not None:
             argv += ["--cluster", str(cluster.cluster_file.resolve())]
         else:
             argv += ["--nodes", str(cluster.nodes), "--gpus-per-node", str(cluster.gpus_per_node)]
-        log_path = stack.state_dir / "logs" / f"{KUBESIM}.log"
-        with log_path.open("ab") as log:
-            stack.processes[KUBESIM] = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while not kubeconfig.exists():
-            if stack.processes[KUBESIM].poll() is not None or time.monotonic() > deadline:
-                raise ConfigError(f"the simulated API server did not start; see {log_path}")
-            time.sleep(0.05)
+        stack.commands[KUBESIM] = argv
+        _launch_kubesim(stack, argv, timeout)
+    _bootstrap(kubeconfig)
+    return kubeconfig
+
+
+def _launch_kubesim(stack: Stack, argv: list[str], timeout: float) -> None:
+    """Start the simulated API server; return once it has written its kubeconfig."""
+    kubeconfig = stack.state_dir / "kubeconfig"
+    log_path = stack.state_dir / "logs" / f"{KUBESIM}.log"
+    with log_path.open("ab") as log:
+        stack.processes[KUBESIM] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=stack.env, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout
+    while not kubeconfig.exists():
+        if stack.processes[KUBESIM].poll() is not None or time.monotonic() > deadline:
+            raise ConfigError(f"the simulated API server did not start; see {log_path}")
+        time.sleep(0.05)
+
+
+def _bootstrap(kubeconfig: Path) -> None:
+    """KAI's default queues and shard, as a fresh install has them."""
     # Imported here: kubernetes-asyncio is slow to import and only the Kubernetes modes need it.
     from tools.stack.bootstrap import ensure_objects
 
     asyncio.run(ensure_objects(str(kubeconfig), DEFAULT_QUEUES, DEFAULT_SHARD_FILE))
-    return kubeconfig
 
 
 def free_port() -> int:

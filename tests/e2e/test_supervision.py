@@ -1,0 +1,143 @@
+"""`kairos up`'s supervision under faults: kill -9 of one replica of every service, the only state and
+queue replicas included, while kubectl's pods wait to be scheduled. The supervisor (`tools.stack.supervision`,
+the loop `kairos up` runs) starts each again after its back-off; the replicas not killed keep running;
+every pod ends bound exactly once and no node holds more GPUs than it has.
+
+The stack runs on the simulated API server (the pods live there, not in a service); the test drives the
+supervisor's loop in a thread, as `kairos up` does in its main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import manifests
+from tests.e2e.invariants import BOUND, Observer
+from tests.e2e.kubectl import apply, kubectl, kubesim_stack
+from tools.stack.supervision import Supervisor
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PODS = 24
+KILLED = ("state-0", "queue-0", "placement-0", "binder-0")
+SPARED = ("placement-1", "binder-1")
+
+
+def running_pods(stack: Any) -> dict[str, str]:
+    listed = json.loads(kubectl(stack, "get", "pods", "-o", "json"))["items"]
+    return {
+        p["metadata"]["name"]: p["spec"]["nodeName"]
+        for p in listed
+        if p["status"].get("phase") == "Running" and p["spec"].get("nodeName")
+    }
+
+
+@pytest.mark.timeout(300)
+def test_every_service_loses_a_replica_under_load_and_every_pod_is_bound_once(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with kubesim_stack(
+        tmp_path / "kairos", nodes=4, gpus_per_node=8, replicas={"placement": 2, "binder": 2}
+    ) as stack:
+        supervisor = Supervisor(stack, time.time(), say=lines.append)
+        stop = threading.Event()
+
+        def supervise() -> None:
+            while not stop.is_set():
+                supervisor.poll(time.time())
+                stop.wait(0.2)
+
+        loop = threading.Thread(target=supervise, daemon=True)
+        loop.start()
+        try:
+            spared = {name: stack.processes[name].pid for name in SPARED}
+            half = PODS // 2
+            apply(stack, *(manifests.pod(f"load-{i:02d}", gpus="1") for i in range(half)))
+            for name in KILLED:
+                os.kill(stack.processes[name].pid, signal.SIGKILL)
+            # The rest arrive while the killed replicas are down or coming back.
+            apply(stack, *(manifests.pod(f"load-{i:02d}", gpus="1") for i in range(half, PODS)))
+
+            deadline = time.monotonic() + 180
+            while len(placed := running_pods(stack)) < PODS:
+                assert time.monotonic() < deadline, f"{len(placed)} of {PODS} pods running; {lines}"
+                time.sleep(1)
+            per_node = Counter(placed.values())
+            assert all(count <= 8 for count in per_node.values()), per_node
+
+            async def ledger_check() -> dict[str, int]:
+                observer = await Observer.open(stack.url, "supervision-test")
+                try:
+                    await observer.until(
+                        "every pod bound in the state bucket", lambda: observer.count(*BOUND) >= PODS, 60
+                    )
+                    return observer.check()
+                finally:
+                    await observer.close()
+
+            statuses = asyncio.run(ledger_check())
+            assert sum(statuses.values()) == PODS
+        finally:
+            stop.set()
+            loop.join(5)
+        for name in KILLED:
+            assert supervisor.records[name].count >= 1, lines
+            assert supervisor.records[name].last_exit == -signal.SIGKILL
+            assert any(line.startswith(f"{name} restarted") for line in lines), lines
+        for name, pid in spared.items():
+            assert supervisor.records[name].count == 0, lines
+            assert stack.processes[name].pid == pid
+        record = json.loads((stack.state_dir / "restarts.json").read_text())
+        assert {name: record[name]["count"] for name in KILLED} == dict.fromkeys(KILLED, 1)
+
+
+@pytest.mark.timeout(300)
+def test_nats_server_and_kubesim_killed_are_restarted_and_scheduling_goes_on(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with kubesim_stack(tmp_path / "kairos", nodes=4, gpus_per_node=8) as stack:
+        supervisor = Supervisor(stack, time.time(), say=lines.append)
+        stop = threading.Event()
+
+        def supervise() -> None:
+            while not stop.is_set():
+                supervisor.poll(time.time())
+                stop.wait(0.2)
+
+        loop = threading.Thread(target=supervise, daemon=True)
+        loop.start()
+        try:
+            apply(stack, *(manifests.pod(f"before-{i}", gpus="1") for i in range(4)))
+            stack.nats.process.kill()
+            deadline = time.monotonic() + 120
+            while len(running_pods(stack)) < 4:
+                assert time.monotonic() < deadline, lines
+                time.sleep(1)
+            # The simulated API server's objects live in its memory: a restarted one is a fresh cluster
+            # (KAI's default queues and shard are created again), where new pods are scheduled.
+            stack.processes["kubesim"].kill()
+            while supervisor.records["kubesim"].count < 1:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.5)
+            apply(stack, *(manifests.pod(f"after-{i}", gpus="1") for i in range(4)))
+            while len(placed := running_pods(stack)) < 4 or not all(n.startswith("after-") for n in placed):
+                assert time.monotonic() < deadline, (placed, lines)
+                time.sleep(1)
+        finally:
+            stop.set()
+            loop.join(5)
+        assert supervisor.records["nats-server"].count == 1, lines
+        assert supervisor.records["kubesim"].count == 1, lines
+        assert all(
+            record.count == 0
+            for name, record in supervisor.records.items()
+            if name not in ("nats-server", "kubesim")
+        )
