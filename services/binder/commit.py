@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from services.binder.cluster_client import ClusterClient, ClusterRefused
+from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.bus.kv import KvStore
 from shared.bus.middleware import Counters
@@ -76,6 +78,14 @@ from shared.model import Pod, PodGroup, PodStatus
 from shared.telemetry.spans import event_headers
 
 log = logging.getLogger("kairos.binder")
+
+NATS_MSG_ID = "Nats-Msg-Id"
+"""JetStream's de-duplication header: a message stored again under the same id within the stream's
+duplicate window is acknowledged and not stored twice."""
+OUTCOME_BACKOFF = Backoff(base=0.2, cap=2.0)
+OUTCOME_RETRY_S = 30.0
+"""Seconds a binder keeps trying to store an outcome (a NATS restart takes a few)."""
+_RNG = random.Random()
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -484,14 +494,34 @@ class Committer:
             self.in_flight.discard(proposal.id)
         self.counters[_COUNTER_OF_STATUS[outcome.status]] += 1
         await self._publish_events(events)
-        try:
-            await self.bus.nc.publish(s.outcomes(proposal.shard), encode(outcome))
-        except Exception:
-            log.exception("could not publish the outcome of %s", proposal.id)
-            self.counters["outcome_errors"] += 1
+        await self._publish_outcome(proposal, outcome)
         if outcome.status in ("committed", "conflict"):
             await self._publish_stamps(proposal, outcome)
         return outcome
+
+    async def _publish_outcome(self, proposal: Proposal, outcome: Outcome) -> None:
+        """Store the outcome in the outcome stream, trying again while NATS is away (a restart): the
+        queue must hear it, or the podgroups of the work item wait for its timeout. Stored under the
+        proposal's id, so a retry after a lost acknowledgement is stored once. Given up after
+        `OUTCOME_RETRY_S`: the queue's work timeout then recovers the item."""
+        data = encode(outcome)
+        deadline = time.monotonic() + OUTCOME_RETRY_S
+        attempt = 0
+        while True:
+            try:
+                await self.bus.js.publish(
+                    s.outcomes(proposal.shard), data, headers={NATS_MSG_ID: f"outcome-{proposal.id}"}
+                )
+            except Exception:  # every failure here means "not stored yet"
+                if time.monotonic() >= deadline:
+                    log.exception("could not store the outcome of %s", proposal.id)
+                    self.counters["outcome_errors"] += 1
+                    return
+                self.counters["outcome_retries"] += 1
+                await asyncio.sleep(OUTCOME_BACKOFF.delay(attempt, _RNG))
+                attempt += 1
+            else:
+                return
 
     async def _publish_stamps(self, proposal: Proposal, outcome: Outcome) -> None:
         """Tell the state service which podgroup stamps the session changed (stale since, last start): the

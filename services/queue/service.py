@@ -56,7 +56,9 @@ async def body(ctx: ServiceContext) -> None:
     async def on_admin(msg: Msg) -> None:
         await handle(msg, CYCLE_REQUESTS, answer, ctx.counters, jetstream=False)
 
-    outcomes = await ctx.bus.nc.subscribe(s.outcomes(ctx.config.shard), cb=on_outcome)
+    # From the outcome stream, not core NATS: an outcome published while this replica's connection (or
+    # nats-server) was away is delivered once it is back; the ordered consumer resumes where it stopped.
+    outcomes = await ctx.bus.follow(s.outcomes(ctx.config.shard), s.OUTCOME_STREAM, on_outcome)
 
     async def follow(leading: bool) -> None:
         nonlocal admin

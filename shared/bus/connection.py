@@ -18,16 +18,24 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import AuthorizationError
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError
 
 from shared.bus.kv import KvStore
@@ -48,6 +56,20 @@ class Bus:
     leases: KvStore
     usage: KvStore
     """The queues' usage ledgers (time-based fair share), one key per shard."""
+
+    async def follow(
+        self, subject: str, stream: str, cb: Callable[[Msg], Awaitable[None]]
+    ) -> JetStreamContext.PushSubscription:
+        """Every message stored on `subject` in `stream` from now on, through an ordered consumer: a message
+        stored while this connection or nats-server was away is delivered once it is back (the consumer
+        resumes after the last one delivered), and nothing needs acknowledging."""
+        return await self.js.subscribe(
+            subject,
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+            cb=cb,
+        )
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -78,6 +100,15 @@ _STREAMS = (
         max_age=24 * 3600.0,
         max_msgs=1_000_000,
         storage=StorageType.FILE,
+    ),
+    StreamConfig(
+        name=s.OUTCOME_STREAM,
+        subjects=[s.OUTCOMES_WILDCARD],
+        retention=RetentionPolicy.LIMITS,
+        max_age=s.OUTCOME_MAX_AGE_S,
+        storage=StorageType.FILE,
+        # A binder that publishes an outcome again (its ack was lost) gives it the same id: stored once.
+        duplicate_window=120.0,
     ),
 )
 _STATE = KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FILE)

@@ -36,12 +36,19 @@ PROPOSAL_WILDCARD = f"{PREFIX}.proposals.>"
 EVENTS_STREAM = "KAIROS_EVENTS"
 EVENTS_WILDCARD = f"{PREFIX}.events.>"
 """The public events users subscribe to (`nats sub 'kairos.events.>'`), JSON, documented in docs/events.md."""
+OUTCOME_STREAM = "KAIROS_OUTCOMES"
+"""The binders' outcomes (`outcomes(shard)`): kept on disk so that none is lost while NATS restarts; the
+queue replicas follow it with an ordered consumer from the moment they start."""
+OUTCOME_MAX_AGE_S = 600.0
+"""How long an outcome is kept: it matters only while the work item it answers is in flight (the queue's
+`work_timeout`, 10 s by default), so ten minutes covers any restart with room to spare."""
 
 PLACEMENT_CONSUMER = "placement"
 BINDER_CONSUMER = "binder"
 
-# --- core subjects -------------------------------------------------------------------------------------------
 OUTCOMES_WILDCARD = f"{PREFIX}.outcomes.*"
+
+# --- core subjects -------------------------------------------------------------------------------------------
 STATE_WHY = f"{PREFIX}.state.why"
 """Why the state service holds an object back (request/reply; answered by the source's owner)."""
 STAMPS_WILDCARD = f"{PREFIX}.stamps.*"

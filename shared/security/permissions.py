@@ -13,8 +13,8 @@ The table, in words (docs/security.md has it in full):
   node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
   the write-back (a durable consumer) and the quota gate (an ordered consumer of the podgroup-admission
   events); the one service that declares (creates, updates) the streams and buckets.
-- `queue`: the queue lease and the usage ledger (time-based fair share); publishes work items, fair-share and podgroup-admission events; hears outcomes
-  and `cycle`.
+- `queue`: the queue lease and the usage ledger (time-based fair share); publishes work items, fair-share and
+  podgroup-admission events; follows the outcome stream (an ordered consumer) and hears `cycle`.
 - `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
   leases but cannot write any bucket, and cannot ask for a bind.
 - `binder`: consumes proposals, the only service writing the ledger besides the state's cleanup, the
@@ -63,7 +63,7 @@ BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET, s.USAGE_BUCKET)
 GPU_TELEMETRY_WILDCARD = s.GPU_TELEMETRY_WILDCARD
 """The GPU agents' telemetry: published by the agents, read by the state service (device health and use
 for its Kubernetes source) and by operators."""
-STREAMS = (s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM)
+STREAMS = (s.WORK_STREAM, s.PROPOSAL_STREAM, s.EVENTS_STREAM, s.OUTCOME_STREAM)
 
 
 def kv_stream(bucket: str) -> str:
@@ -202,7 +202,8 @@ def permissions(identity: str) -> Permissions:
         publish += [kv_subjects(s.LEASE_BUCKET), s.WORK_WILDCARD]
         publish += [*_kv_read(s.USAGE_BUCKET), kv_subjects(s.USAGE_BUCKET)]
         publish += _events("queue-fair-share", "podgroup-admission")
-        subscribe += [s.OUTCOMES_WILDCARD, f"{s.PREFIX}.admin.*.cycle"]
+        publish += _follow(s.OUTCOME_STREAM)
+        subscribe += [f"{s.PREFIX}.admin.*.cycle"]
     elif identity == PLACEMENT:
         publish += _replica()
         publish += _consume(s.WORK_STREAM)
