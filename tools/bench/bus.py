@@ -287,7 +287,8 @@ class _Run:
                 self.progress.set()
 
         return [
-            await bus.nc.subscribe(s.OUTCOMES_WILDCARD, cb=on_outcome),
+            # From the stream: an outcome a binder published twice (its acknowledgement was lost) is stored once.
+            await bus.follow(s.OUTCOMES_WILDCARD, s.OUTCOME_STREAM, on_outcome),
             await bus.nc.subscribe(f"{s.PREFIX}.events.pod-unschedulable.>", cb=on_unschedulable),
         ]
 

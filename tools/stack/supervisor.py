@@ -132,9 +132,13 @@ class Stack:
             _register_webhook(kubeconfig, self.webhook_ports)
         _write_pids(self)
 
-    def restart_nats(self) -> None:
-        """Stop nats-server (SIGTERM) and start it again on the same port with the same JetStream store."""
-        self.nats.stop()
+    def restart_nats(self, *, kill: bool = False) -> None:
+        """Stop nats-server (SIGTERM, or SIGKILL with `kill`: no chance to flush or say goodbye) and start it
+        again on the same port with the same JetStream store."""
+        if kill:
+            self.nats.kill()
+        else:
+            self.nats.stop()
         self.nats = start_nats_server(
             self.state_dir, port=self.nats.port, authorization=_authorization(self.passwords)
         )
