@@ -83,7 +83,7 @@ class StateReplica:
 
     async def _watch(self, which: str) -> None:
         store = self.bus.state if which == "state" else self.bus.ledger
-        watcher = await store.raw.watchall()
+        watcher = await store.watch_all()
         try:
             async for entry in watcher:
                 if entry is None:
