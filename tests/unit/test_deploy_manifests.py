@@ -50,6 +50,8 @@ RESERVATION_OBJECTS = {
     ("RoleBinding", "kairos-reservation"),
     ("Role", "kairos-binder-reservations"),
     ("RoleBinding", "kairos-binder-reservations"),
+    ("NetworkPolicy", "kairos-reservation-default-deny"),
+    ("NetworkPolicy", "kairos-reservation"),
 }
 """Every namespaced object of the base in the reservation namespace (all others are in kai-scheduler)."""
 KUBERNETES_VERSION = "1.32"
@@ -358,6 +360,7 @@ def test_base_renders_the_whole_install() -> None:
         ("Issuer", "kairos-selfsigned"),
         ("Certificate", "kairos-state-webhook"),
         ("MutatingWebhookConfiguration", "kairos-after-gate"),
+        *(("NetworkPolicy", name) for name in NETWORK_POLICIES),
     }
     assert expected <= rendered
 
@@ -642,6 +645,24 @@ def test_services_without_api_access_mount_no_token(account: str) -> None:
     ]
     assert len(users) == 1
     assert pod_spec(users[0])["automountServiceAccountToken"] is False
+
+
+# --- NetworkPolicies ---------------------------------------------------------------------------------------
+NETWORK_POLICIES = [
+    "kairos-default-deny",
+    "nats",
+    "kairos-state",
+    "kairos-state-webhook",
+    "kairos-queue",
+    "kairos-placement",
+    "kairos-binder",
+    "kairos-gpu-agent",
+    "kairos-dns",
+    "kairos-traces",
+    "kairos-metrics",
+    "kairos-reservation-default-deny",
+    "kairos-reservation",
+]
 
 
 # --- GPU sharing: the reservation namespace and the binder's reservation options ---------------------------
