@@ -7,12 +7,16 @@ kustomize) and validates every object against the Kubernetes JSON schemas bundle
 default Queues are validated against the Queue CRD's own openAPIV3Schema. Then reads the rendered objects
 as specifications: each workload is probed, bounded and locked down (the "restricted" Pod Security
 Standard), each service account holds exactly the permissions in the RBAC table of deploy/README.md (a
-grant beyond it fails here), and NATS's configuration passes `nats-server -t`.
+grant beyond it fails here), the NetworkPolicies let through exactly the connections in its network table
+(a model of NetworkPolicy's semantics run over the rendered policies), and NATS's configuration passes
+`nats-server -t`.
 """
 
 from __future__ import annotations
 
 import copy
+import ipaddress
+import itertools
 import json
 import os
 import re
@@ -20,9 +24,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -50,6 +58,8 @@ RESERVATION_OBJECTS = {
     ("RoleBinding", "kairos-reservation"),
     ("Role", "kairos-binder-reservations"),
     ("RoleBinding", "kairos-binder-reservations"),
+    ("NetworkPolicy", "kairos-reservation-default-deny"),
+    ("NetworkPolicy", "kairos-reservation"),
 }
 """Every namespaced object of the base in the reservation namespace (all others are in kai-scheduler)."""
 KUBERNETES_VERSION = "1.32"
@@ -153,10 +163,11 @@ def render(path: str) -> tuple[Obj, ...]:
 
 
 def user_overlay(
-    path: str, *, component: str | None = None, image: tuple[str, str] | None = None
+    path: str, *, component: str | None = None, image: tuple[str, str] | None = None, extra: str = ""
 ) -> tuple[Obj, ...]:
-    """`deploy/<path>` under an overlay of a user's own, adding the component `deploy/<component>` or
-    pointing the `kairos` image elsewhere (`image`: its new name and tag)."""
+    """`deploy/<path>` under an overlay of a user's own, adding the component `deploy/<component>`,
+    pointing the `kairos` image elsewhere (`image`: its new name and tag) or with `extra` (YAML, e.g. a
+    `patches:` field) appended to its kustomization."""
     with tempfile.TemporaryDirectory() as overlay:
         # Kustomize takes only relative paths to other kustomizations.
         lines = [
@@ -168,7 +179,7 @@ def user_overlay(
             lines.append(f"components: [{os.path.relpath(DEPLOY / component, overlay)}]")
         if image is not None:
             lines.append(f"images: [{{name: kairos, newName: {image[0]}, newTag: {image[1]}}}]")
-        (Path(overlay) / "kustomization.yaml").write_text("".join(f"{line}\n" for line in lines))
+        (Path(overlay) / "kustomization.yaml").write_text("".join(f"{line}\n" for line in lines) + extra)
         return kustomize(Path(overlay), f"(deploy/{path} + {component or 'images'})")
 
 
@@ -358,6 +369,7 @@ def test_base_renders_the_whole_install() -> None:
         ("Issuer", "kairos-selfsigned"),
         ("Certificate", "kairos-state-webhook"),
         ("MutatingWebhookConfiguration", "kairos-after-gate"),
+        *(("NetworkPolicy", name) for name in NETWORK_POLICIES),
     }
     assert expected <= rendered
 
@@ -642,6 +654,489 @@ def test_services_without_api_access_mount_no_token(account: str) -> None:
     ]
     assert len(users) == 1
     assert pod_spec(users[0])["automountServiceAccountToken"] is False
+
+
+# --- NetworkPolicies: who may reach whom --------------------------------------------------------------------
+# The rendered policies are run through a model of NetworkPolicy's semantics (`admits`) over a set of pods
+# and addresses (`universe`): Kairos's own, and the cluster's around them. What they let through is
+# compared with the network table of deploy/README.md, expanded over the same set.
+NETWORK_POLICIES = [
+    "kairos-default-deny",
+    "nats",
+    "kairos-state",
+    "kairos-state-webhook",
+    "kairos-queue",
+    "kairos-placement",
+    "kairos-binder",
+    "kairos-gpu-agent",
+    "kairos-dns",
+    "kairos-traces",
+    "kairos-metrics",
+    "kairos-reservation-default-deny",
+    "kairos-reservation",
+]
+KAIROS_NAMESPACES = (NAMESPACE, RESERVATION_NAMESPACE)
+"""The namespaces whose pods Kairos's policies hold; every pod or address outside them is `anywhere`."""
+ANYWHERE = "anywhere"
+API_SERVER_PORTS = (443, 6443)
+KAIROS_CLIENTS = ("state", "queue", "placement", "binder", "gpu-agent")
+"""The pods that connect to NATS as clients: every Kairos workload's."""
+
+Connection = tuple[str, str, int, str]
+"""(from, to, port, protocol), the ends named as in the network table."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a connection: a pod (its namespace and labels), or an address no pod has (namespace None:
+    a node, the API server, a host outside the cluster)."""
+
+    name: str
+    namespace: str | None
+    labels: dict[str, str]
+    ip: str
+
+    @property
+    def held(self) -> bool:
+        """Whether Kairos's policies hold it (a pod in one of Kairos's namespaces)."""
+        return self.namespace in KAIROS_NAMESPACES
+
+
+PROMETHEUS = Endpoint(
+    "prometheus",
+    "monitoring",
+    {"app.kubernetes.io/name": "prometheus", "prometheus": "kube-prometheus-stack-prometheus"},
+    "10.244.9.2",
+)
+"""The Prometheus Operator's Prometheus (its pods' labels), where kube-prometheus-stack is usually put."""
+TRACE_COLLECTOR = Endpoint(
+    "trace-collector", "observability", {"app.kubernetes.io/name": "jaeger"}, "10.244.9.3"
+)
+"""The collector the base's OTEL_EXPORTER_OTLP_ENDPOINT names."""
+OUTSIDE = (
+    Endpoint("kube-dns", "kube-system", {"k8s-app": "kube-dns"}, "10.244.9.1"),
+    PROMETHEUS,
+    TRACE_COLLECTOR,
+    # An address no pod has: the API server on a control-plane node (kind's) or outside the cluster.
+    Endpoint("api-server", None, {}, "172.18.0.2"),
+    # Pods that must not pass for Kairos's or for Prometheus: someone's workload, one labelled as the state
+    # service, a Prometheus outside the namespace monitoring.
+    Endpoint("workload", "default", {"app": "web"}, "10.244.9.4"),
+    Endpoint(
+        "look-alike",
+        "default",
+        {"app.kubernetes.io/name": "kairos", "app.kubernetes.io/component": "state"},
+        "10.244.9.5",
+    ),
+    Endpoint("other-prometheus", "default", {"app.kubernetes.io/name": "prometheus"}, "10.244.9.6"),
+)
+STRAY = Endpoint("stray", NAMESPACE, {"run": "debug"}, "10.244.0.99")
+"""A pod of someone's in kai-scheduler (a debugging shell): held by the namespace's default, granted nothing."""
+
+
+def kairos_endpoints(objects: tuple[Obj, ...]) -> list[Endpoint]:
+    """A pod of each Kairos workload as rendered (named as in the table: `state`, ..., `nats`), and a
+    reservation pod as the binder creates it."""
+    found = []
+    for index, (kind, name) in enumerate(WORKLOADS):
+        workload = find(objects, kind, name)
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        namespace = workload["metadata"]["namespace"]
+        found.append(Endpoint(name.removeprefix("kairos-"), namespace, labels, f"10.244.0.{index + 1}"))
+    reservation = gpu_sharing.reservation_pod("node-0", "group-1", image="kairos")["metadata"]
+    found.append(Endpoint("reservation", reservation["namespace"], reservation["labels"], "10.244.1.1"))
+    return found
+
+
+def universe(objects: tuple[Obj, ...], extra: tuple[Endpoint, ...] = ()) -> list[Endpoint]:
+    return [*kairos_endpoints(objects), STRAY, *OUTSIDE, *extra]
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """A LabelSelector's verdict on `labels` (the empty selector selects everything)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, values = expression["key"], expression.get("values", [])
+        verdict = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[expression["operator"]]
+        if not verdict:
+            return False
+    return True
+
+
+def peer_matches(peer: Obj, policy_namespace: str, end: Endpoint) -> bool:
+    """Whether a rule's peer (`from`/`to` entry) names `end`."""
+    if "ipBlock" in peer:
+        # Applied to pod addresses too, as Calico does (the API leaves that to the CNI): the broader reading.
+        address = ipaddress.ip_address(end.ip)
+
+        def inside(cidr: str) -> bool:
+            network = ipaddress.ip_network(cidr)
+            return address.version == network.version and address in network
+
+        block = peer["ipBlock"]
+        return inside(block["cidr"]) and not any(inside(cidr) for cidr in block.get("except", []))
+    if end.namespace is None:
+        return False
+    namespaces = peer.get("namespaceSelector")
+    in_namespace = (
+        end.namespace == policy_namespace
+        if namespaces is None
+        else selects(namespaces, {"kubernetes.io/metadata.name": end.namespace})
+    )
+    return in_namespace and selects(peer.get("podSelector", {}), end.labels)
+
+
+def port_matches(ports: list[Obj] | None, port: int, protocol: str) -> bool:
+    if not ports:
+        return True  # a rule without ports allows every port
+    for spec in ports:
+        number = spec.get("port")
+        assert not isinstance(number, str), f"named port {number!r}: the table reads numbers"
+        if spec.get("protocol", "TCP") == protocol and (
+            number is None or number <= port <= spec.get("endPort", number)
+        ):
+            return True
+    return False
+
+
+def policy_types(policy: Obj) -> list[str]:
+    spec = policy["spec"]
+    types: list[str] = spec.get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in spec else [])]
+    return types
+
+
+def holding(policies: list[Obj], direction: str, pod: Endpoint) -> list[Obj]:
+    """The policies that isolate `pod` for `direction` ("Ingress" or "Egress")."""
+    return [
+        policy
+        for policy in policies
+        if policy["metadata"]["namespace"] == pod.namespace
+        and direction in policy_types(policy)
+        and selects(policy["spec"]["podSelector"], pod.labels)
+    ]
+
+
+def admits(held_by: list[Obj], direction: str, peer: Endpoint, port: int, protocol: str) -> bool:
+    """Whether a pod held by the policies `held_by` may send to (Egress) or receive from (Ingress) `peer`:
+    any traffic if none holds it, else what some rule of theirs allows."""
+    if not held_by:
+        return True
+    rules, peers = ("egress", "to") if direction == "Egress" else ("ingress", "from")
+    return any(
+        port_matches(rule.get("ports"), port, protocol)
+        and (
+            not rule.get(peers)
+            or any(peer_matches(p, policy["metadata"]["namespace"], peer) for p in rule[peers])
+        )
+        for policy in held_by
+        for rule in policy["spec"].get(rules, [])
+    )
+
+
+def probe_ports(objects: tuple[Obj, ...]) -> set[tuple[int, str]]:
+    """Every port a policy, a Kairos container or the table names, and one nothing names (a rule without
+    ports shows up there), each over TCP and UDP."""
+    numbers = {1234, *(port for row in network_table() for port, _ in row.ports)}
+    for policy in of_kind(objects, "NetworkPolicy"):
+        for rule in [*policy["spec"].get("ingress", []), *policy["spec"].get("egress", [])]:
+            numbers |= {p["port"] for p in rule.get("ports", []) if isinstance(p.get("port"), int)}
+    for kind, name in WORKLOADS:
+        numbers |= {p["containerPort"] for p in container(find(objects, kind, name)).get("ports", [])}
+    return {(number, protocol) for number in numbers for protocol in ("TCP", "UDP")}
+
+
+def connections(objects: tuple[Obj, ...], extra: tuple[Endpoint, ...] = ()) -> set[Connection]:
+    """Every connection with an end in Kairos's namespaces that the rendered policies let through: the
+    sender's egress and the receiver's ingress both allow it."""
+    policies = of_kind(objects, "NetworkPolicy")
+    ends = universe(objects, extra)
+    egress = {end.name: holding(policies, "Egress", end) for end in ends}
+    ingress = {end.name: holding(policies, "Ingress", end) for end in ends}
+    return {
+        (source.name, destination.name, port, protocol)
+        for source in ends
+        for destination in ends
+        if source.held or destination.held
+        for port, protocol in probe_ports(objects)
+        if admits(egress[source.name], "Egress", destination, port, protocol)
+        and admits(ingress[destination.name], "Ingress", source, port, protocol)
+    }
+
+
+def variant(path: str, component: str | None = None) -> tuple[Obj, ...]:
+    """`deploy/<path>`, with the component `deploy/<component>` if one is named."""
+    return render(path) if component is None else with_component(path, component)
+
+
+@cache
+def variant_connections(path: str, component: str | None = None) -> frozenset[Connection]:
+    return frozenset(connections(variant(path, component)))
+
+
+# The network table of deploy/README.md.
+@dataclass(frozen=True)
+class NetworkRow:
+    sources: tuple[str, ...]
+    destinations: tuple[str, ...]
+    ports: tuple[tuple[int, str], ...]
+
+
+WEBHOOK_ROW = NetworkRow((ANYWHERE,), ("state",), ((WEBHOOK_PORT, "TCP"),))
+
+
+def network_section() -> str:
+    text = (DEPLOY / "README.md").read_text()
+    return re.split(r"\n##+ ", text.split("### Network: what each pod may reach\n", 1)[1], maxsplit=1)[0]
+
+
+@cache
+def network_table() -> tuple[NetworkRow, ...]:
+    lines = network_section().splitlines()
+    start = lines.index("| From | To | Ports | Why |") + 2
+    rows = []
+    for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:]):
+        sources, destinations, ports = line.strip("|").split(" | ")[:3]
+        rows.append(
+            NetworkRow(
+                tuple(re.findall(r"`([^`]+)`", sources)),
+                tuple(re.findall(r"`([^`]+)`", destinations)),
+                tuple((int(n), protocol) for n, protocol in re.findall(r"(\d+)/(TCP|UDP|SCTP)", ports)),
+            )
+        )
+    return tuple(rows)
+
+
+def table_connections(rows: tuple[NetworkRow, ...], ends: list[Endpoint]) -> set[Connection]:
+    """The table's rows as connections between `ends`: `anywhere` is every end outside Kairos's namespaces."""
+    names = {end.name for end in ends}
+
+    def expand(name: str) -> list[str]:
+        if name == ANYWHERE:
+            return [end.name for end in ends if not end.held]
+        assert name in names, f"the table names {name!r}, which no pod here is"
+        return [name]
+
+    return {
+        (source, destination, port, protocol)
+        for row in rows
+        for source in itertools.chain.from_iterable(map(expand, row.sources))
+        for destination in itertools.chain.from_iterable(map(expand, row.destinations))
+        for port, protocol in row.ports
+    }
+
+
+def test_the_network_table_is_read_from_deploy_readme() -> None:
+    rows = network_table()
+    assert len(rows) == 7
+    assert WEBHOOK_ROW in rows
+    assert all(row.sources and row.destinations and row.ports for row in rows)
+    assert table_connections(rows, universe(base()))  # every name in it is a pod or address known here
+
+
+@pytest.mark.parametrize(
+    ("path", "component"),
+    [
+        ("base", None),
+        ("overlays/dev", None),
+        ("base", "tls"),
+        ("base", "monitoring"),
+        ("overlays/dev", "monitoring"),
+    ],
+)
+def test_the_policies_let_through_exactly_the_connections_of_the_network_table(
+    path: str, component: str | None
+) -> None:
+    found = variant_connections(path, component)
+    expected = table_connections(network_table(), universe(variant(path, component)))
+    assert sorted(found - expected) == [], "let through beyond the table"
+    assert sorted(expected - found) == [], "in the table but refused"
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
+def test_without_the_webhook_its_port_closes_and_the_rest_of_the_table_holds(path: str) -> None:
+    rows = tuple(row for row in network_table() if row != WEBHOOK_ROW)
+    expected = table_connections(rows, universe(variant(path, "no-webhook")))
+    found = variant_connections(path, "no-webhook")
+    assert sorted(found ^ expected) == []
+    assert [c for c in found if c[2] == WEBHOOK_PORT] == []
+
+
+def senders(to: str, port: int) -> set[str]:
+    return {
+        source for source, destination, p, _ in variant_connections("base") if (destination, p) == (to, port)
+    }
+
+
+def inbound(to: str) -> set[tuple[str, int, str]]:
+    return {
+        (source, p, protocol)
+        for source, destination, p, protocol in variant_connections("base")
+        if destination == to
+    }
+
+
+def outbound(of: str) -> set[tuple[str, int, str]]:
+    return {(dest, p, protocol) for source, dest, p, protocol in variant_connections("base") if source == of}
+
+
+OUTSIDE_NAMES = {end.name for end in OUTSIDE}
+
+
+def test_every_pod_in_kairos_s_namespaces_is_denied_everything_by_default() -> None:
+    for namespace in KAIROS_NAMESPACES:
+        everyone = [
+            policy["spec"]
+            for policy in of_kind(base(), "NetworkPolicy")
+            if policy["metadata"]["namespace"] == namespace and policy["spec"]["podSelector"] == {}
+        ]
+        assert everyone == [{"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}], namespace
+
+
+def test_only_the_state_service_the_binder_and_reservation_pods_reach_the_api_server() -> None:
+    # The service accounts with RBAC (the table above it in deploy/README.md); placement, the queue
+    # service, the GPU agent and NATS hold no token and get no route to it either.
+    reach = {(s, p, protocol) for s, d, p, protocol in variant_connections("base") if d == "api-server"}
+    assert reach == {(s, p, "TCP") for s in ("state", "binder", "reservation") for p in API_SERVER_PORTS}
+
+
+def test_only_the_nats_servers_reach_the_route_port() -> None:
+    assert senders("nats", 6222) == {"nats"}
+
+
+def test_only_the_kairos_pods_reach_the_nats_client_port() -> None:
+    # Not a pod labelled as the state service in another namespace, a stray pod in kai-scheduler or a
+    # reservation pod.
+    assert senders("nats", 4222) == set(KAIROS_CLIENTS)
+
+
+def test_nothing_reaches_nats_s_monitoring_port() -> None:
+    # It answers only the kubelet's probes, which come from the node (not held by NetworkPolicy).
+    assert senders("nats", 8222) == set()
+
+
+@pytest.mark.parametrize("service", ["queue", "placement", "binder", "gpu-agent"])
+def test_the_services_accept_nothing_but_prometheus_on_the_health_port(service: str) -> None:
+    assert inbound(service) == {("prometheus", HEALTH_PORT, "TCP")}
+
+
+def test_the_state_service_accepts_prometheus_and_the_webhook_calls_from_anywhere() -> None:
+    webhook_callers = {(name, WEBHOOK_PORT, "TCP") for name in OUTSIDE_NAMES}
+    assert inbound("state") == {("prometheus", HEALTH_PORT, "TCP")} | webhook_callers
+
+
+def test_kairos_pods_reach_each_other_only_through_nats() -> None:
+    ours = {end.name for end in kairos_endpoints(base())}
+    between = {(s, d, p) for s, d, p, _ in variant_connections("base") if s in ours and d in ours}
+    assert between == {(client, "nats", 4222) for client in KAIROS_CLIENTS} | {("nats", "nats", 6222)}
+
+
+def test_reservation_pods_accept_nothing_and_reach_only_the_api_server() -> None:
+    assert inbound("reservation") == set()
+    assert outbound("reservation") == {(name, p, "TCP") for name in OUTSIDE_NAMES for p in API_SERVER_PORTS}
+
+
+def test_a_pod_of_someone_else_s_in_the_namespace_gets_nothing() -> None:
+    assert inbound(STRAY.name) == outbound(STRAY.name) == set()
+
+
+def test_the_table_s_ports_are_the_ports_its_pods_listen_on() -> None:
+    listening = {
+        name.removeprefix("kairos-"): {
+            (p["containerPort"], p["protocol"]) for p in container(find(base(), kind, name))["ports"]
+        }
+        for kind, name in WORKLOADS
+    }
+    for row in network_table():
+        for destination in row.destinations:
+            if destination in listening:
+                assert set(row.ports) <= listening[destination], (row, destination)
+
+
+def test_the_trace_and_nats_rows_follow_the_configured_addresses() -> None:
+    env = config_map_data(base(), "kairos-env")
+    collector = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert collector.hostname is not None
+    # <service>.<namespace>.svc: the policy opens the collector's namespace on its port.
+    assert collector.hostname.split(".")[1] == TRACE_COLLECTOR.namespace
+    (trace_row,) = [row for row in network_table() if row.destinations == ("trace-collector",)]
+    assert trace_row.ports == ((collector.port, "TCP"),)
+    (nats_row,) = [
+        row for row in network_table() if row.destinations == ("nats",) and row.sources != ("nats",)
+    ]
+    assert nats_row.sources == KAIROS_CLIENTS
+    assert nats_row.ports == ((urlsplit(env["KAIROS_NATS_URL"]).port, "TCP"),)
+
+
+@pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
+def test_prometheus_may_scrape_the_port_each_service_monitor_scrapes(kind: str, name: str) -> None:
+    combined = with_monitoring("base")
+    monitor = next(m for m in service_monitors(combined) if m["metadata"]["name"] == name)
+    (service,) = monitored(monitor, combined)
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (service_port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    container_ports = {p["name"]: p["containerPort"] for p in container(find(combined, kind, name))["ports"]}
+    scraped = container_ports[service_port["targetPort"]]
+    assert ("prometheus", name.removeprefix("kairos-"), scraped, "TCP") in variant_connections(
+        "base", "monitoring"
+    )
+
+
+def with_policy(objects: tuple[Obj, ...], name: str, change: Callable[[Obj], None]) -> tuple[Obj, ...]:
+    """`objects` with the NetworkPolicy `name` of kai-scheduler changed in place by `change`."""
+    changed = copy.deepcopy(list(objects))
+    (policy,) = [o for o in changed if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == name]
+    change(policy["spec"])
+    return tuple(changed)
+
+
+def test_the_check_catches_a_grant_beyond_the_table() -> None:
+    objects = with_policy(
+        base(),
+        "kairos-placement",
+        lambda spec: spec["egress"].append({"ports": [{"port": 443, "protocol": "TCP"}]}),
+    )
+    beyond = connections(objects) - table_connections(network_table(), universe(objects))
+    assert ("placement", "api-server", 443, "TCP") in beyond
+
+
+def test_the_check_catches_a_connection_allowed_on_one_side_only() -> None:
+    # NATS no longer admits clients: the clients' egress rules alone let nothing through.
+    objects = with_policy(base(), "nats", lambda spec: spec["ingress"].pop(0))
+    missing = table_connections(network_table(), universe(objects)) - connections(objects)
+    assert {(s, d, p) for s, d, p, _ in missing} == {(client, "nats", 4222) for client in KAIROS_CLIENTS}
+
+
+def test_an_ip_block_narrowed_to_the_api_server_s_address_lets_through_only_that() -> None:
+    # deploy/README.md's advice where the CNI matches the API server by its address (the model's is
+    # 172.18.0.2, a kind control-plane node's).
+    def narrow(spec: Obj) -> None:
+        spec["egress"][1]["to"] = [{"ipBlock": {"cidr": "172.18.0.2/32"}}]
+
+    reach = {
+        (d, p) for s, d, p, _ in connections(with_policy(base(), "kairos-state", narrow)) if s == "state"
+    }
+    assert {d for d, p in reach if p in API_SERVER_PORTS} == {"api-server"}
+
+
+def readme_example(after: str) -> str:
+    """The YAML block that follows the words `after` in deploy/README.md's network section, unindented."""
+    rest = network_section().split(after, 1)[1]
+    return textwrap.dedent(rest.split("```yaml\n", 1)[1].split("```", 1)[0])
+
+
+def test_the_readme_s_example_moves_the_metrics_rule_to_another_prometheus_namespace() -> None:
+    objects = user_overlay(
+        "base", extra=readme_example("For example, Prometheus in the namespace `observability`:")
+    )
+    moved = Endpoint("prometheus-in-observability", "observability", PROMETHEUS.labels, "10.244.9.7")
+    scrapers = {s for s, d, p, _ in connections(objects, extra=(moved,)) if (d, p) == ("queue", HEALTH_PORT)}
+    assert scrapers == {moved.name}
 
 
 # --- GPU sharing: the reservation namespace and the binder's reservation options ---------------------------

@@ -154,6 +154,7 @@ WEBHOOK_OBJECTS = {
     ("Service", SERVICE),
     ("Certificate", "kairos-state-webhook"),
     ("Issuer", "kairos-selfsigned"),
+    ("NetworkPolicy", "kairos-state-webhook"),
 }
 
 
