@@ -1,10 +1,11 @@
 """The state service's Kubernetes source (`--set source=kube`): informers in, KV out.
 
-Run by `services.state.service` in the one replica that owns the source. Seven informers
-(`shared.kubeapi.informer`) list and watch nodes, pods, podgroups, queues, priority classes, topologies and
-Jobs (whose end decides the stages that wait on them) through kubernetes-asyncio and feed the `Mirror`; a flusher turns what changed into model objects and
-writes them through `StateWriter` (which also keeps the binders' ledger true to the cluster: a pod that
-left its node frees its reservation). Events that arrive together are written together: the flusher waits
+Run by `services.state.service` in the one replica that owns the source. Eight informers
+(`shared.kubeapi.informer`) list and watch nodes, pods, podgroups, queues, priority classes, topologies,
+Jobs (whose end decides the stages that wait on them) and namespaces (their labels, for pod affinity
+namespace selectors) through kubernetes-asyncio and feed the `Mirror`; a flusher turns what changed into
+model objects and writes them through `StateWriter` (which also keeps the binders' ledger true to the
+cluster: a pod that left its node frees its reservation). Events that arrive together are written together: the flusher waits
 `debounce` seconds after the first one, so a Job's 100 pods cost one batch, not 100.
 
 Node agents' GPU inventories (`kairos.gpu.inventory.<node>`) are merged into their nodes while fresh; an
@@ -16,7 +17,7 @@ becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) u
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
 podgroup yet, the gate keeper (`services.state.gate_keepers`) for gated pods whose dependencies succeeded, and
 the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. The owner also
-runs the shard watch (`services.state.shard_watch`, an eighth informer): the SchedulingShard this shard
+runs the shard watch (`services.state.shard_watch`, a ninth informer): the SchedulingShard this shard
 serves, kept in KV as its `ShardRecord` (full syncs leave that key alone). A failed write
 marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
 source does.
@@ -40,7 +41,17 @@ from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.grouping import GrouperConfig
 from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
-from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, TOPOLOGIES, Mirror
+from services.state.mirror import (
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    PRIORITY_CLASSES,
+    QUEUES,
+    TOPOLOGIES,
+    Mirror,
+)
 from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
 from services.state.shard_watch import ShardWatch
@@ -154,6 +165,8 @@ class KubeSource:
             ),
             # Jobs say whether a stage succeeded or failed, for the stages that wait on it.
             Informer(kube, JOBS, kube.batch.list_job_for_all_namespaces, *feed(JOBS), resync_period=period),
+            # Namespaces' labels, which pod (anti-)affinity namespace selectors match.
+            Informer(kube, NAMESPACES, kube.core.list_namespace, *feed(NAMESPACES), resync_period=period),
         ]
         for kind, group, version, plural in CUSTOM:
             informers.append(

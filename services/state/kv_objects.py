@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
+    NamespaceRecord,
     NodeRecord,
     PodGroupRecord,
     PodRecord,
@@ -20,10 +21,10 @@ from shared.contracts.messages import (
     StateRecord,
     TopologyRecord,
 )
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Topology
+from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Topology
 from shared.model.status import ACTIVE_USED
 
-Obj = Node | Pod | PodGroup | Queue | Topology
+Obj = Node | Pod | PodGroup | Queue | Topology | Namespace
 
 HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
 """Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
@@ -52,6 +53,8 @@ def key_of(obj: Obj) -> str:
             return s.queue_key(name)
         case Topology(name=name):
             return s.topology_key(name)
+        case Namespace(name=name):
+            return s.namespace_key(name)
 
 
 def record_of(obj: Obj) -> StateRecord:
@@ -67,6 +70,8 @@ def record_of(obj: Obj) -> StateRecord:
             return QueueRecord(queue=obj)
         case Topology():
             return TopologyRecord(topology=obj)
+        case Namespace():
+            return NamespaceRecord(namespace=obj)
 
 
 def object_of(record: StateRecord) -> Obj:
@@ -82,3 +87,5 @@ def object_of(record: StateRecord) -> Obj:
             return queue
         case TopologyRecord(topology=topology):
             return topology
+        case NamespaceRecord(namespace=namespace):
+            return namespace

@@ -23,6 +23,9 @@ when it had one (a running pod must stay counted on its node) and is otherwise h
 problem is recorded under the object's name (`problems`), and `reportable` gives the write-back what to
 show.
 
+Namespaces go to KV as their names and labels alone (`shared.model.Namespace`, what pod affinity
+namespace selectors read); a namespace's change rewrites its own key only, and only when its labels moved.
+
 Two concerns are delegated: a node's GPUs are corrected by its agent's fresh inventory and carry its
 telemetry (`gpus`, `services.state.gpu_overlay`), and what pods Kairos does not schedule hold on a node is
 taken off its capacity (`foreign`, `services.state.foreign`).
@@ -66,12 +69,22 @@ QUEUES = "queues"
 PRIORITY_CLASSES = "priorityclasses"
 TOPOLOGIES = "topologies"
 JOBS = "jobs"
-KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS)
+NAMESPACES = "namespaces"
+KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS, NAMESPACES)
 
 _STAGE_HOLDS = frozenset(STAGE_REASONS.values())
 _T = TypeVar("_T")
 
-RawObject = wire.Node | wire.Pod | wire.PodGroup | wire.Queue | wire.PriorityClass | wire.Topology | wire.Job
+RawObject = (
+    wire.Node
+    | wire.Pod
+    | wire.PodGroup
+    | wire.Queue
+    | wire.PriorityClass
+    | wire.Topology
+    | wire.Job
+    | wire.Namespace
+)
 
 
 @dataclass
@@ -85,6 +98,7 @@ class RawObjects:
     priorityclasses: dict[str, wire.PriorityClass] = field(default_factory=dict)
     topologies: dict[str, wire.Topology] = field(default_factory=dict)
     jobs: dict[str, wire.Job] = field(default_factory=dict)
+    namespaces: dict[str, wire.Namespace] = field(default_factory=dict)
 
     def __getitem__(self, kind: str) -> dict[str, Any]:
         """The objects of `kind` (one of `KINDS`), for code that handles every kind alike."""
@@ -125,7 +139,7 @@ class Mirror:
     _full: bool = True
     """The next flush recomputes everything (`desired`): at start, after a relist, and when a queue, priority
     class or topology changed (they reach every podgroup). Otherwise a flush recomputes only the podgroups,
-    pods and nodes that changed, and what depends on them."""
+    pods, nodes and namespaces that changed, and what depends on them (a namespace: nothing else)."""
     full_flushes: int = 0
     """Flushes that recomputed everything (the rest recomputed only what changed)."""
     _queues: dict[str, Queue] = field(default_factory=dict)
@@ -316,6 +330,9 @@ class Mirror:
         self._keys = {}
         self._pod_keys = {}
         self.foreign.reset()
+        for raw_namespace in self.raw.namespaces.values():
+            namespace = translate.namespace_of(raw_namespace)
+            out[key_of(namespace)] = namespace
         for topology in self.raw.topologies.values():
             translated = self._translate(
                 "topology", _name_of(topology), topology, partial(translate.topology_of, topology)
@@ -372,7 +389,7 @@ class Mirror:
             changes += [Change(key, obj, None) for key, obj in self.current.items() if key not in want]
             self.current = want
             return changes
-        # Only podgroups, pods and nodes changed: recompute those (and the pods of changed podgroups, the
+        # Only namespaces, podgroups, pods and nodes changed: recompute those (and the pods of changed podgroups, the
         # nodes whose foreign usage moved), not the whole cluster on every flush.
         touched = self._changed(now)
         for dirty in self._dirty.values():
@@ -458,9 +475,14 @@ class Mirror:
 
     # --- helpers ----------------------------------------------------------------------------------------
     def _changed(self, now: float) -> dict[str, Obj | None]:
-        """What KV should hold under the keys the dirty podgroups, pods and nodes touch (None: nothing),
-        with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
+        """What KV should hold under the keys the dirty namespaces, podgroups, pods and nodes touch (None:
+        nothing), with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
         out: dict[str, Obj | None] = {}
+        for name in self._dirty[NAMESPACES]:
+            raw_namespace = self.raw.namespaces.get(name)
+            out[s.namespace_key(name)] = (
+                None if raw_namespace is None else translate.namespace_of(raw_namespace)
+            )
         translate_group = self._podgroup_translator()
         pods = set(self._dirty[PODS])
         nodes = set(self._dirty[NODES])
@@ -685,6 +707,7 @@ _SINGULAR = {
     PRIORITY_CLASSES: "priorityclass",
     TOPOLOGIES: "topology",
     JOBS: "job",
+    NAMESPACES: "namespace",
 }
 
 

@@ -553,6 +553,7 @@ def snapshot_reply(replica: StateReplica) -> SnapshotReply:
         podgroups=objects.podgroups,
         pods=objects.pods,
         topologies=objects.topologies,
+        namespaces=objects.namespaces,
         ledger=tuple(sorted(replica.ledger.values(), key=lambda entry: entry.node)),
         shards=tuple(sorted(replica.shards.values(), key=lambda record: record.shard)),
     )

@@ -42,7 +42,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import KairosError
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
+from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.builders import gang, gpu_nodes
 from shared.model.validate import validate_snapshot
 
@@ -333,6 +333,7 @@ def _snapshot(objects: Iterable[Obj]) -> Snapshot:
     groups: list[PodGroup] = []
     queues: list[Queue] = []
     topologies: list[Topology] = []
+    namespaces: list[Namespace] = []
     for obj in objects:
         match obj:
             case Node():
@@ -345,12 +346,15 @@ def _snapshot(objects: Iterable[Obj]) -> Snapshot:
                 queues.append(obj)
             case Topology():
                 topologies.append(obj)
+            case Namespace():
+                namespaces.append(obj)
     return Snapshot(
         nodes=tuple(nodes),
         pods=tuple(pods),
         podgroups=tuple(groups),
         queues=tuple(queues),
         topologies=tuple(topologies),
+        namespaces=tuple(namespaces),
     )
 
 

@@ -19,6 +19,7 @@ from shared.contracts.messages import (
     LEDGER_RECORDS,
     SHARD_RECORDS,
     STATE_RECORDS,
+    NamespaceRecord,
     NodeLedger,
     NodeRecord,
     PodClaim,
@@ -33,7 +34,7 @@ from shared.contracts.messages import (
 from shared.contracts.subjects import DEFAULT_SHARD, SHARD_KEY_PREFIX, shard_key
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
+from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
 
 log = logging.getLogger("kairos.replica")
 
@@ -168,6 +169,7 @@ class StateReplica:
         groups: list[PodGroup] = []
         queues: list[Queue] = []
         topologies: list[Topology] = []
+        namespaces: list[Namespace] = []
         for record in self.records.values():
             match record:
                 case NodeRecord(node=node):
@@ -180,6 +182,8 @@ class StateReplica:
                     queues.append(q)
                 case TopologyRecord(topology=t):
                     topologies.append(t)
+                case NamespaceRecord(namespace=ns):
+                    namespaces.append(ns)
         # A stable order makes sessions (and snapshot replies) deterministic.
         return Snapshot(
             nodes=tuple(sorted(nodes, key=lambda n: n.name)),
@@ -187,6 +191,7 @@ class StateReplica:
             podgroups=tuple(sorted(groups, key=lambda g: g.key)),
             queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
             topologies=tuple(sorted(topologies, key=lambda t: t.name)),
+            namespaces=tuple(sorted(namespaces, key=lambda ns: ns.name)),
         )
 
     def snapshot(self) -> Snapshot:

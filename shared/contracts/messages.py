@@ -40,7 +40,7 @@ from shared.core.usage import UsageLedger
 from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
-from shared.model import Node, Pod, PodGroup, Queue, Topology
+from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
 
 VERSION = 1
 
@@ -73,7 +73,14 @@ class TopologyRecord(_Msg, frozen=True, kw_only=True, tag="topology"):
     topology: Topology
 
 
-StateRecord = NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord
+class NamespaceRecord(_Msg, frozen=True, kw_only=True, tag="namespace"):
+    """A namespace's name and labels (what pod affinity namespace selectors read); only the Kubernetes
+    source writes them."""
+
+    namespace: Namespace
+
+
+StateRecord = NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord | NamespaceRecord
 
 
 class ShardRecord(_Msg, frozen=True, kw_only=True, tag="shard"):
@@ -270,6 +277,7 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
     podgroups: tuple[PodGroup, ...] = ()
     pods: tuple[Pod, ...] = ()
     topologies: tuple[Topology, ...] = ()
+    namespaces: tuple[Namespace, ...] = ()
     ledger: tuple[NodeLedger, ...] = ()
     shards: tuple[ShardRecord, ...] = ()
     """The shards' configurations in force (their SchedulingShards as last read valid), by shard name."""

@@ -15,7 +15,8 @@ DEFAULT_SHARD = "default"
 
 # --- KV buckets ---------------------------------------------------------------------------------------------
 STATE_BUCKET = "kairos_state"
-"""The materialised cluster: one key per node, pod, podgroup, queue and topology (written by `state`)."""
+"""The materialised cluster: one key per node, pod, podgroup, queue, topology and namespace (written by
+`state`)."""
 LEDGER_BUCKET = "kairos_ledger"
 """Placements the binders committed: per-node reservations and per-pod claims, changed only by
 compare-and-set (written by `binder`, cleaned by `state` when pods leave their node)."""
@@ -143,6 +144,10 @@ def pod_key(namespace: str, name: str) -> str:
 
 def topology_key(name: str) -> str:
     return f"topology.{key_token(name)}"
+
+
+def namespace_key(name: str) -> str:
+    return f"namespace.{key_token(name)}"
 
 
 SHARD_KEY_PREFIX = "shard."

@@ -25,6 +25,11 @@ each preferred term of the existing pod that selects the incoming pod does the s
 sum over the domains it is in. Required terms of existing pods add nothing: KAI runs the plugin with a
 hard pod-affinity weight of 0.
 
+A term selects a pod in its namespaces: those it lists, every one for an empty namespace selector, and
+those whose labels its namespace selector matches (`shared.core.selectors.term_selects`, reading the
+session's `namespace_labels`); an existing pod's term is matched against the incoming pod's namespace,
+as kube-scheduler matches it against that namespace's labels.
+
 The existing pods are kept in an index by kind (pods alike in namespace, labels and terms), counted per
 domain of every topology key the session's terms use, and brought up to date from the nodes that changed
 (`ClusterState.changed_nodes`); a pod's filter facts are computed once per cluster generation
@@ -212,18 +217,19 @@ def _facts(ssn: Session, task: TaskState) -> _Facts:
     index = _index(ssn)
     own = _own(index, task)
     pod = task.pod
+    ns_labels = ssn.namespace_labels
     affinity: list[set[str]] = [set() for _ in pod.pod_affinity]
     anti: list[set[str]] = [set() for _ in pod.pod_anti_affinity]
     existing_anti: set[Pair] = set()
     for signature, kind in index.kinds.items():
         for i, term in enumerate(pod.pod_affinity):
-            if term_selects(term, kind.pod):
+            if term_selects(term, kind.pod, ns_labels):
                 affinity[i].update(index.counts(signature, term.topology_key, own))
         for i, term in enumerate(pod.pod_anti_affinity):
-            if term_selects(term, kind.pod):
+            if term_selects(term, kind.pod, ns_labels):
                 anti[i].update(index.counts(signature, term.topology_key, own))
         for term in kind.pod.pod_anti_affinity:
-            if term_selects(term, pod):
+            if term_selects(term, pod, ns_labels):
                 existing_anti.update(
                     (term.topology_key, v) for v in index.counts(signature, term.topology_key, own)
                 )
@@ -250,6 +256,7 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         return None
     facts = _facts(ssn, task)
     pod = task.pod
+    ns_labels = ssn.namespace_labels
     labels = node.labels
     if pod.pod_affinity:
         values = [labels.get(term.topology_key) for term in pod.pod_affinity]
@@ -257,7 +264,7 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
             return _missing_key(ssn, pod.pod_affinity) or POD_AFFINITY
         if not all(value in found for value, found in zip(values, facts.affinity_counts, strict=True)):
             first_of_its_kind = not facts.any_affinity_match and all(
-                term_selects(term, pod) for term in pod.pod_affinity
+                term_selects(term, pod, ns_labels) for term in pod.pod_affinity
             )
             if not first_of_its_kind:
                 return POD_AFFINITY
@@ -291,10 +298,11 @@ def refused(ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
     facts = _facts(ssn, task)
     c = ssn.cluster
     pod = task.pod
+    ns_labels = ssn.namespace_labels
     out = np.zeros(len(c.order), dtype=bool)
     if pod.pod_affinity:
         first_of_its_kind = not facts.any_affinity_match and all(
-            term_selects(t, pod) for t in pod.pod_affinity
+            term_selects(t, pod, ns_labels) for t in pod.pod_affinity
         )
         for term, found in zip(pod.pod_affinity, facts.affinity_counts, strict=True):
             codes, _ = c.label_codes(term.topology_key)
@@ -319,6 +327,7 @@ def scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
     index = _index(ssn)
     own = _own(index, task)
     pod = task.pod
+    ns_labels = ssn.namespace_labels
     by_domain: dict[Pair, float] = {}
 
     def add(signature: bytes, key: str, weight: float) -> None:
@@ -327,16 +336,16 @@ def scores(ssn: Session, task: TaskState) -> npt.NDArray[np.float64] | None:
 
     for signature, kind in index.kinds.items():
         for term in pod.preferred_pod_affinity:
-            if term_selects(term, kind.pod):
+            if term_selects(term, kind.pod, ns_labels):
                 add(signature, term.topology_key, term.weight)
         for term in pod.preferred_pod_anti_affinity:
-            if term_selects(term, kind.pod):
+            if term_selects(term, kind.pod, ns_labels):
                 add(signature, term.topology_key, -term.weight)
         for term in kind.pod.preferred_pod_affinity:
-            if term_selects(term, pod):
+            if term_selects(term, pod, ns_labels):
                 add(signature, term.topology_key, term.weight)
         for term in kind.pod.preferred_pod_anti_affinity:
-            if term_selects(term, pod):
+            if term_selects(term, pod, ns_labels):
                 add(signature, term.topology_key, -term.weight)
     if not any(by_domain.values()):
         return None

@@ -69,11 +69,20 @@ def preferred_node_weight(pod: Pod, labels: Mapping[str, str]) -> int:
     return sum(p.weight for p in pod.preferred_node_affinity if node_term_matches(p.term, labels))
 
 
-def term_selects(term: PodAffinityTerm, pod: Pod) -> bool:
+_NO_LABELS: Mapping[str, str] = {}
+
+
+def term_selects(term: PodAffinityTerm, pod: Pod, namespace_labels: Mapping[str, Mapping[str, str]]) -> bool:
     """Whether an affinity term (its namespaces already resolved against the pod declaring it) selects
-    `pod`: the pod is in one of the term's namespaces and its labels meet the term's selector."""
+    `pod`: the pod is in one of the term's namespaces (`namespaces`, every one with `all_namespaces`, or
+    one whose labels in `namespace_labels` meet `namespace_selector`: Kubernetes' union of the two) and
+    its labels meet the term's selector. A namespace missing from `namespace_labels` has no labels."""
     if not term.all_namespaces and pod.namespace not in term.namespaces:
-        return False
+        chosen = term.namespace_selector
+        if chosen is None or not label_selector_matches(
+            chosen, namespace_labels.get(pod.namespace, _NO_LABELS)
+        ):
+            return False
     return label_selector_matches(term.selector, pod.labels)
 
 

@@ -80,6 +80,9 @@ class Session:
         self._fit_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
         """Task shape -> (node versions, fit answers) of `_cached_fit_mask`."""
         self.topologies: dict[str, Topology] = {t.name: t for t in snapshot.topologies}
+        self.namespace_labels: dict[str, dict[str, str]] = {ns.name: ns.labels for ns in snapshot.namespaces}
+        """Namespace -> its labels, what a pod affinity term's namespace selector reads
+        (`shared.core.selectors.term_selects`)."""
         self.jobs: dict[str, JobState] = {}
         self.tasks: dict[str, TaskState] = {}
         self.log = SessionLog()

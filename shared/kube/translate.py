@@ -1,11 +1,11 @@
 """Kubernetes objects to Kairos's model, and the JSON Kairos writes back; pure and deterministic.
 
 Called by the state service's mirror (`node_of`, `pod_of`, `podgroup_of`, `queue_of`, `topology_of`,
-`pod_requests`, `host_ports_of`) and by the write-back paths of the state service and the binder (`event`,
-`podgroup_status_patch`, `podgroup_annotations_patch`, `queue_status_patch`, `gpu_groups_patch`). Input is
-`shared.kube.wire`; output is `shared.model` objects or JSON-ready dicts. Every function raises
-`InvalidObject(kind, "namespace/name", field, problem)` for input it cannot translate faithfully, never
-another exception.
+`namespace_of`, `pod_requests`, `host_ports_of`) and by the write-back paths of the state service and the
+binder (`event`, `podgroup_status_patch`, `podgroup_annotations_patch`, `queue_status_patch`,
+`gpu_groups_patch`). Input is `shared.kube.wire`; output is `shared.model` objects or JSON-ready dicts.
+Every function raises `InvalidObject(kind, "namespace/name", field, problem)` for input it cannot
+translate faithfully, never another exception.
 
 The rules are KAI's (``pkg/scheduler/api/{pod_info,node_info,podgroup_info,queue_info}``, the proportion
 plugin, the status updater), with these deliberate choices:
@@ -56,6 +56,7 @@ from shared.model import (
     LabelRequirement,
     LabelSelector,
     LabelSelectorTerm,
+    Namespace,
     Node,
     NodeSelectorRequirement,
     Pod,
@@ -686,16 +687,18 @@ def _affinity_term(
         selector = msgspec.structs.replace(
             selector, match_expressions=selector.match_expressions + tuple(merged)
         )
+    # Kubernetes: the listed namespaces and those the namespace selector matches (the empty selector: all);
+    # neither given, the pod's own namespace. The selector is matched in the session, against the labels the
+    # namespaces have then.
     namespaces = tuple(term.namespaces)
     all_namespaces = False
+    namespace_selector: LabelSelector | None = None
     if term.namespace_selector is not None:
-        ns_selector = term.namespace_selector
-        if ns_selector.match_labels or ns_selector.match_expressions:
-            raise where.error(
-                f"{at}.namespaceSelector",
-                "only the empty selector (every namespace) is supported; list the namespaces in namespaces",
-            )
-        all_namespaces = True
+        given = term.namespace_selector
+        if given.match_labels or given.match_expressions:
+            namespace_selector = _label_selector(where, f"{at}.namespaceSelector", given)
+        else:
+            all_namespaces = True
     elif not namespaces:
         namespaces = (pod.metadata.namespace,)
     return PodAffinityTerm(
@@ -703,6 +706,7 @@ def _affinity_term(
         topology_key=term.topology_key,
         namespaces=namespaces,
         all_namespaces=all_namespaces,
+        namespace_selector=namespace_selector,
         weight=weight,
     )
 
@@ -1018,6 +1022,12 @@ def topology_of(topology: wire.Topology) -> Topology:
             raise where.error(f"spec.levels[{i}].nodeLabel", f"duplicate level {level.node_label!r}")
         levels.append(level.node_label)
     return Topology(topology.metadata.name, tuple(levels))
+
+
+# --- namespaces ------------------------------------------------------------------------------------------
+def namespace_of(namespace: wire.Namespace) -> Namespace:
+    """The model namespace: its name and labels (what a pod affinity term's namespace selector reads)."""
+    return Namespace(namespace.metadata.name, dict(namespace.metadata.labels))
 
 
 # --- write-back ------------------------------------------------------------------------------------------

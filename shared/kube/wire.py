@@ -27,6 +27,7 @@ __all__ = [
     "Affinity",
     "Container",
     "ContainerPort",
+    "Namespace",
     "Node",
     "ObjectMeta",
     "Owner",
@@ -41,6 +42,7 @@ __all__ = [
     "TopologySpreadConstraint",
     "convert",
     "decode",
+    "decode_namespace",
     "decode_node",
     "decode_owner",
     "decode_pod",
@@ -322,6 +324,16 @@ class Node(_Object, frozen=True, kw_only=True):
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
 
+# --- namespaces ------------------------------------------------------------------------------------------
+class Namespace(_Object, frozen=True, kw_only=True):
+    """A namespace: only its name and labels are read (a pod affinity term's namespace selector)."""
+
+    KIND = "Namespace"
+    RESOURCE = "namespaces"
+    api_version: str = "v1"
+    kind: str = "Namespace"
+
+
 # --- priority classes ------------------------------------------------------------------------------------
 class PriorityClass(_Object, frozen=True, kw_only=True):
     KIND = "PriorityClass"
@@ -592,6 +604,7 @@ _TYPES: tuple[type[_Object], ...] = (
     SchedulingShard,
     Owner,
     Job,
+    Namespace,
 )
 _BY_NAME: dict[str, type[_Object]] = {
     name: cls for cls in _TYPES for name in (cls.KIND, cls.KIND.lower(), cls.RESOURCE)
@@ -697,6 +710,7 @@ def _decoder_of(cls: type[T]) -> Callable[[bytes | str], T]:
 
 decode_pod = _decoder_of(Pod)
 decode_node = _decoder_of(Node)
+decode_namespace = _decoder_of(Namespace)
 decode_priority_class = _decoder_of(PriorityClass)
 decode_queue = _decoder_of(Queue)
 decode_podgroup = _decoder_of(PodGroup)

@@ -1,7 +1,7 @@
 """List-then-watch of one Kubernetes resource, the way client-go's reflector does it, as raw JSON objects.
 
 Run by the state service's Kubernetes source, one `Informer` per resource (nodes, pods, queues, podgroups,
-priority classes, topologies). It lists (in pages), hands the whole list to `on_relist`, then watches from
+priority classes, topologies, Jobs, namespaces). It lists (in pages), hands the whole list to `on_relist`, then watches from
 the list's resourceVersion and hands every ADDED/MODIFIED/DELETED object to `on_change`. It keeps the
 newest resourceVersion it saw (objects and BOOKMARKs), so a watch that ends (server timeout, dropped
 connection) resumes where it stopped; a 410 Gone (the server no longer has that history) or the resync

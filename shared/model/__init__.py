@@ -1,6 +1,6 @@
 """The domain model: the cluster as the scheduling core sees it.
 
-Immutable msgspec Structs (nodes, pods, podgroups, queues, topologies) gathered in a `Snapshot`.
+Immutable msgspec Structs (nodes, pods, podgroups, queues, topologies, namespaces) gathered in a `Snapshot`.
 Built by the conformance case builder today and by the state service later; read by `shared.core`.
 `builders` makes synthetic ones (GPU nodes, flat queues, gangs) for the state service's demo cluster,
 the tools and tests.
@@ -12,6 +12,7 @@ from shared.model.objects import (
     LabelRequirement,
     LabelSelector,
     LabelSelectorTerm,
+    Namespace,
     Node,
     NodeSelectorRequirement,
     Pod,
@@ -35,6 +36,7 @@ __all__ = [
     "LabelRequirement",
     "LabelSelector",
     "LabelSelectorTerm",
+    "Namespace",
     "Node",
     "NodeSelectorRequirement",
     "Pod",

@@ -128,14 +128,19 @@ class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True):
 
     The namespaces are resolved when the pod is translated, relative to the pod that declares the term:
     `namespaces` as listed (Kubernetes' "the pod's own namespace" when the term names none and has no
-    namespace selector), or every namespace with `all_namespaces` (an empty `namespaceSelector`).
-    `matchLabelKeys` and `mismatchLabelKeys` are already merged into `selector`. `weight` is a preferred
-    term's (1-100); 0 for a required one."""
+    namespace selector), or every namespace with `all_namespaces` (an empty `namespaceSelector`). A
+    non-empty `namespaceSelector` is kept as `namespace_selector` and read in the session against the
+    namespaces' labels (`Snapshot.namespaces`): the term then selects pods in `namespaces` and in every
+    namespace whose labels it matches, as Kubernetes does. `matchLabelKeys` and `mismatchLabelKeys` are
+    already merged into `selector`. `weight` is a preferred term's (1-100); 0 for a required one."""
 
     selector: LabelSelector
     topology_key: str
     namespaces: tuple[str, ...] = ()
     all_namespaces: bool = False
+    namespace_selector: LabelSelector | None = None
+    """A non-empty ``namespaceSelector`` as given (None: the term has none, or its selector is empty and
+    `all_namespaces` says so); a namespace the snapshot does not know has no labels."""
     weight: int = 0
 
 
@@ -432,6 +437,14 @@ class Topology(msgspec.Struct, frozen=True):
     levels: tuple[str, ...]
 
 
+class Namespace(msgspec.Struct, frozen=True):
+    """A Kubernetes namespace as the core reads it: its name and labels, which a pod (anti-)affinity term's
+    `namespace_selector` matches."""
+
+    name: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Everything one scheduling cycle reads."""
 
@@ -440,3 +453,6 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     podgroups: tuple[PodGroup, ...] = ()
     queues: tuple[Queue, ...] = ()
     topologies: tuple[Topology, ...] = ()
+    namespaces: tuple[Namespace, ...] = ()
+    """The cluster's namespaces with their labels (only namespace selectors read them; a source without
+    namespaces, such as the simulated cluster, has none)."""

@@ -616,7 +616,7 @@ class StateMetrics:
     def _collect(self) -> Iterator[Metric]:
         objects = GaugeMetricFamily(
             "kairos_state_objects",
-            "Objects in the state KV by kind (node, pod, podgroup, queue, topology)",
+            "Objects in the state KV by kind (node, pod, podgroup, queue, topology, namespace)",
             labels=["kind"],
         )
         for kind, count in sorted(self._objects().items()):

@@ -1,7 +1,8 @@
 """kube-scheduler's placement rules through the real kubectl against `kairos up`: a Deployment with pod
 anti-affinity puts one pod per node, an affinity with the Exists operator follows the pod it selects, a
-NoSchedule taint keeps out every pod that does not tolerate it, and a topology spread constraint is
-honoured; a pod that cannot be placed says why in kube-scheduler's words.
+NoSchedule taint keeps out every pod that does not tolerate it, a topology spread constraint is honoured,
+and an anti-affinity term's namespaceSelector reads the labels `kubectl label namespace` set; a pod that
+cannot be placed says why in kube-scheduler's words.
 
 Four generated nodes; the test labels two zones and taints one node with kubectl first. One stack for
 the module.
@@ -232,6 +233,57 @@ def test_bad_affinity_input_is_a_warning_event_and_a_condition_naming_the_pod_an
     assert key_field in (unschedulable_message(now["bad-key"]) or "")
     assert not now["bad-operator"]["spec"].get("nodeName")
     assert not now["bad-key"]["spec"].get("nodeName")
+
+
+def test_a_namespace_selector_reads_the_labels_kubectl_put_on_namespaces(stack: Stack) -> None:
+    # Two namespaces labelled with kubectl, a cache pod in each, on the two nodes of zone a; a pod that
+    # repels the caches of the namespaces labelled team=red (resp. blue) takes the other node of the zone.
+    # (Label values that YAML 1.1 does not read as booleans, unlike "y".)
+    caches = {"red": ("team-red", "node-1"), "blue": ("team-blue", "node-0")}
+    for team, (namespace, node) in caches.items():
+        kubectl(stack, "create", "namespace", namespace)
+        kubectl(stack, "label", "namespace", namespace, f"team={team}")
+        pinned = pod("cache", {"role": "cache"}, nodeSelector={"kubernetes.io/hostname": node})
+        apply(stack, pinned, namespace=namespace)
+
+    def caches_running() -> dict[str, str] | None:
+        found = {}
+        for team, (namespace, _) in caches.items():
+            listed = json.loads(kubectl(stack, "get", "pods", "-n", namespace, "-o", "json"))["items"]
+            running = [p for p in listed if p["status"].get("phase") == "Running"]
+            if not running:
+                return None
+            found[team] = running[0]["spec"]["nodeName"]
+        return found
+
+    running = kubectl_wait_for("both caches Running", caches_running, settle=SETTLE)
+    assert running == {team: node for team, (_, node) in caches.items()}
+
+    def avoiding(team: str) -> dict[str, Any]:
+        term = {
+            "labelSelector": {"matchLabels": {"role": "cache"}},
+            "topologyKey": "kubernetes.io/hostname",
+            "namespaceSelector": {"matchLabels": {"team": team}},
+        }
+        return pod(
+            f"avoid-{team}",
+            nodeSelector={ZONE: "a"},
+            affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+        )
+
+    apply(stack, avoiding("red"), avoiding("blue"))
+
+    def avoiders_running() -> dict[str, str] | None:
+        now = pods(stack)
+        found = {
+            team: now[f"avoid-{team}"]["spec"].get("nodeName")
+            for team in caches
+            if now.get(f"avoid-{team}", {}).get("status", {}).get("phase") == "Running"
+        }
+        return found if len(found) == len(caches) else None
+
+    placed = wait_for(stack, "both avoiders Running", avoiders_running)
+    assert placed == {"red": running["blue"], "blue": running["red"]}
 
 
 def test_nothing_else_was_left_unexplained(stack: Stack) -> None:

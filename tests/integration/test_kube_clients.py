@@ -24,7 +24,7 @@ from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.messages import Binding, EvictionOrder, PodRecord
+from shared.contracts.messages import Binding, EvictionOrder, NamespaceRecord, PodRecord
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Expired, Informer
 from shared.model import Node
@@ -222,6 +222,43 @@ async def test_the_state_service_mirrors_the_cluster_into_kv(bus: Bus, sim: Kube
         assert s.queue_key("default-queue") in replica.records
         pod = await read_pod(kube, "loose")
         assert pod["metadata"]["annotations"]["pod-group-name"] == record.pod.podgroup.split("/", 1)[1]
+    finally:
+        await owner.stop()
+        await kube.close()
+        await replica.stop()
+
+
+async def test_namespaces_and_their_labels_reach_the_replicas_snapshot(
+    bus: Bus, sim: KubeSim, tmp_path: Path
+) -> None:
+    ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+    replica = StateReplica(bus)
+    await replica.start()
+    kube = await connect(str(tmp_path / "kubeconfig"))
+    owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
+
+    async def namespaces_become(want: dict[str, str] | None) -> None:
+        while True:
+            found = {ns.name: ns.labels for ns in replica.snapshot().namespaces}
+            if found.get("team-a") == want and "default" in found:
+                return
+            await asyncio.sleep(0.05)
+
+    try:
+        await owner.start()
+        await kube.call("create namespace", kube.core.create_namespace, {"metadata": {"name": "team-a"}})
+        await kube.call(
+            "label namespace",
+            kube.core.patch_namespace,
+            "team-a",
+            {"metadata": {"labels": {"team": "a"}}},
+            _content_type="application/merge-patch+json",
+        )
+        await asyncio.wait_for(namespaces_become({"kubernetes.io/metadata.name": "team-a", "team": "a"}), 15)
+        record = replica.records[s.namespace_key("team-a")]
+        assert isinstance(record, NamespaceRecord)
+        await kube.call("delete namespace", kube.core.delete_namespace, "team-a")
+        await asyncio.wait_for(namespaces_become(None), 15)
     finally:
         await owner.stop()
         await kube.close()

@@ -12,7 +12,7 @@ from shared.contracts import messages as m
 from shared.contracts import subjects as s
 from shared.contracts.schema import DOC, render
 from shared.errors import MalformedMessage
-from shared.model import Node
+from shared.model import Namespace, Node
 
 
 def matches(subject: str, wildcard: str) -> bool:
@@ -42,6 +42,7 @@ def test_kv_keys_use_only_characters_jetstream_accepts(name: str) -> None:
         s.node_key(name),
         s.pod_key(name, name),
         s.podgroup_key(name, name),
+        s.namespace_key(name),
         s.ledger_claim_key(name),
     ):
         assert all(ch.isalnum() or ch in "_-/=." for ch in key), key
@@ -51,6 +52,8 @@ def test_kv_keys_use_only_characters_jetstream_accepts(name: str) -> None:
 def test_records_round_trip() -> None:
     record = m.NodeRecord(node=Node(name="a", cpu_millis=1000, memory_bytes=1e9, gpus=2))
     assert m.STATE_RECORDS.decode("k", m.encode(record)) == record
+    labelled = m.NamespaceRecord(namespace=Namespace("team-a", {"team": "a"}))
+    assert m.STATE_RECORDS.decode("k", m.encode(labelled)) == labelled
 
 
 @pytest.mark.parametrize(

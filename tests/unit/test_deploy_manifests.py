@@ -102,6 +102,8 @@ def grants(scope: str, group: str, resource: str, *verbs: str) -> set[tuple[str,
 EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "kairos-state": (
         grants("*", "", "nodes", "list", "watch")
+        # Namespace labels, for pod (anti-)affinity terms with a namespaceSelector.
+        | grants("*", "", "namespaces", "list", "watch")
         | grants("*", "", "pods", "list", "watch", "patch")
         | grants("*", "", "pods/status", "patch")
         | grants("*", "scheduling.run.ai", "podgroups", "list", "watch", "create", "patch")

@@ -1,5 +1,5 @@
 """Fuzzing the CRD and pod translation, and the state service's mirror that runs it: random Queue,
-PodGroup, Pod, Node and Topology objects (the wire shape, with wrong values at any depth, KAI's annotations
+PodGroup, Pod, Node, Topology and Namespace objects (the wire shape, with wrong values at any depth, KAI's annotations
 and resource names with random text) decode and translate or raise `InvalidObject` naming the kind, the
 object and the field; fed as watch events into `services.state.mirror.Mirror`, they never make a flush or
 the problem report raise, and whatever reaches KV refers only to objects KV holds.
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.mirror import NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES, Mirror
+from services.state.mirror import NAMESPACES, NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES, Mirror
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import Pod, PodGroup, Queue
@@ -61,6 +61,7 @@ KINDS: dict[str, type[Any]] = {
     PODS: wire.Pod,
     NODES: wire.Node,
     TOPOLOGIES: wire.Topology,
+    NAMESPACES: wire.Namespace,
 }
 
 
@@ -110,6 +111,8 @@ def translate_one(kind: type[Any], obj: Any) -> object:
         return translate.pod_of(obj, podgroup="ns/a")
     if kind is wire.Node:
         return translate.node_of(obj)
+    if kind is wire.Namespace:
+        return translate.namespace_of(obj)
     return translate.topology_of(obj)
 
 

@@ -79,6 +79,31 @@ def test_an_empty_namespace_selector_selects_every_namespace() -> None:
     term = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone", "namespaceSelector": {}}
     (kept,) = translated(required("podAffinity", term)).pod_affinity
     assert kept.all_namespaces
+    assert kept.namespace_selector is None
+
+
+def test_a_namespace_selector_is_kept_as_given_beside_the_listed_namespaces() -> None:
+    # Kubernetes: the listed namespaces and those the selector matches; not the pod's own one as well.
+    chosen = {
+        "matchLabels": {"team": "a"},
+        "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["dev"]}],
+    }
+    alone = {
+        "labelSelector": {"matchLabels": {"app": "db"}},
+        "topologyKey": "zone",
+        "namespaceSelector": chosen,
+    }
+    listed = {**alone, "namespaces": ["team-c"]}
+    p = translated({**required("podAntiAffinity", alone, listed), **preferred("podAffinity", (10, alone))})
+    selector = LabelSelector(
+        match_labels={"team": "a"}, match_expressions=(LabelRequirement("tier", "NotIn", ("dev",)),)
+    )
+    assert [(t.namespaces, t.namespace_selector, t.all_namespaces) for t in p.pod_anti_affinity] == [
+        ((), selector, False),
+        (("team-c",), selector, False),
+    ]
+    (weighted,) = p.preferred_pod_affinity
+    assert (weighted.weight, weighted.namespaces, weighted.namespace_selector) == (10, (), selector)
 
 
 def test_match_label_keys_and_mismatch_label_keys_are_merged_with_the_pods_own_values() -> None:
@@ -205,12 +230,12 @@ NA = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.
                     {
                         "labelSelector": {},
                         "topologyKey": "z",
-                        "namespaceSelector": {"matchLabels": {"team": "a"}},
+                        "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Gt"}]},
                     },
                 )
             },
-            f"{PA}.namespaceSelector",
-            "only the empty selector",
+            f"{PA}.namespaceSelector.matchExpressions[0].operator",
+            "must be one of",
         ),
         (
             {

@@ -17,6 +17,7 @@ from shared.model import (
     LabelRequirement,
     LabelSelector,
     LabelSelectorTerm,
+    Namespace,
     Node,
     NodeSelectorRequirement,
     Pod,
@@ -66,12 +67,15 @@ def workload(
     return group, [msgspec.structs.replace(p, labels=labels or {}, **fields) for p in pods]
 
 
-def run(nodes: list[Node], *workloads: tuple[PodGroup, list[Pod]]) -> CycleResult:
+def run(
+    nodes: list[Node], *workloads: tuple[PodGroup, list[Pod]], namespaces: tuple[Namespace, ...] = ()
+) -> CycleResult:
     snap = Snapshot(
         nodes=tuple(nodes),
         pods=tuple(p for _, pods in workloads for p in pods),
         podgroups=tuple(g for g, _ in workloads),
         queues=queues(gpu_quota=64),
+        namespaces=namespaces,
     )
     return schedule(snap, 0.0, ALLOCATE)
 
@@ -123,6 +127,94 @@ def test_a_term_sees_only_its_namespaces() -> None:
     everywhere = msgspec.structs.replace(APART, namespaces=(), all_namespaces=True)
     result = run([node("a")], elsewhere, workload("new", labels=WEB, pod_anti_affinity=(everywhere,)))
     assert placed(result) == {}
+
+
+# --- namespace selectors ----------------------------------------------------------------------------------
+TEAMS = (
+    Namespace("team-a", {"team": "a"}),
+    Namespace("team-a2", {"team": "a", "tier": "dev"}),
+    Namespace("team-b", {"team": "b"}),
+    Namespace("listed"),
+)
+
+
+def in_namespaces(t: PodAffinityTerm, *, team: str, namespaces: tuple[str, ...] = ()) -> PodAffinityTerm:
+    """`t` selecting in the namespaces labelled `team: <team>`, and in `namespaces`."""
+    chosen = LabelSelector(match_labels={"team": team})
+    return msgspec.structs.replace(t, namespaces=namespaces, namespace_selector=chosen)
+
+
+def test_a_namespace_selector_sees_pods_in_the_namespaces_it_matches_and_no_others() -> None:
+    apart = in_namespaces(APART, team="a")
+    for namespace, seen in [("team-a", True), ("team-a2", True), ("team-b", False), ("listed", False)]:
+        running = workload("old", labels=WEB, nodes=["a"], namespace=namespace)
+        result = run(
+            [node("a")], running, workload("new", labels=WEB, pod_anti_affinity=(apart,)), namespaces=TEAMS
+        )
+        assert (placed(result) == {}) is seen, namespace
+        if seen:
+            assert "1 node(s) didn't match pod anti-affinity rules" in result.pending[0].message
+
+
+def test_a_namespace_selector_adds_to_the_listed_namespaces() -> None:
+    apart = in_namespaces(APART, team="a", namespaces=("listed",))
+    for namespace, seen in [("listed", True), ("team-a", True), ("team-b", False), ("", False)]:
+        running = workload("old", labels=WEB, nodes=["a"], namespace=namespace)
+        result = run(
+            [node("a")], running, workload("new", labels=WEB, pod_anti_affinity=(apart,)), namespaces=TEAMS
+        )
+        assert (placed(result) == {}) is seen, namespace
+
+
+def test_a_namespace_the_snapshot_does_not_know_has_no_labels() -> None:
+    running = workload("old", labels=WEB, nodes=["a"], namespace="unknown")
+    # A selector on a label: no match (the namespace has none).
+    result = run(
+        [node("a")], running, workload("new", labels=WEB, pod_anti_affinity=(in_namespaces(APART, team="a"),))
+    )
+    assert placed(result) == {"new-0": "a"}
+    # A selector every unlabelled namespace meets: a match.
+    untagged = LabelSelector(match_expressions=(LabelRequirement("team", "DoesNotExist"),))
+    apart = msgspec.structs.replace(APART, namespaces=(), namespace_selector=untagged)
+    result = run(
+        [node("a")], running, workload("new", labels=WEB, pod_anti_affinity=(apart,)), namespaces=TEAMS
+    )
+    assert placed(result) == {}
+
+
+def test_a_running_pods_namespace_selector_reads_the_incoming_pods_namespace() -> None:
+    guard_term = in_namespaces(term(labels=WEB), team="a")
+    guard = workload("guard", labels={"role": "guard"}, nodes=["a"], pod_anti_affinity=(guard_term,))
+    for namespace, kept_out in [("team-a2", True), ("team-b", False)]:
+        result = run([node("a")], guard, workload("web", labels=WEB, namespace=namespace), namespaces=TEAMS)
+        assert (placed(result) == {}) is kept_out, namespace
+        if kept_out:
+            assert "1 node(s) didn't satisfy existing pods anti-affinity rules" in result.pending[0].message
+
+
+def test_required_affinity_follows_only_the_pods_in_the_selected_namespaces() -> None:
+    db_a = workload("db-a", labels={"app": "db"}, nodes=["a1"], namespace="team-a")
+    db_b = workload("db-b", labels={"app": "db"}, nodes=["b1"], namespace="team-b")
+    nodes = [node("a1", "za"), node("a2", "za"), node("b1", "zb"), node("b2", "zb")]
+    for team, zone in [("a", "za"), ("b", "zb")]:
+        near_db = in_namespaces(term(labels={"app": "db"}, key="zone"), team=team)
+        result = run(nodes, db_a, db_b, workload("api", 2, pod_affinity=(near_db,)), namespaces=TEAMS)
+        assert {n.labels["zone"] for n in nodes if n.name in placed(result).values()} == {zone}, team
+
+
+def test_preferred_affinity_weighs_only_the_pods_in_the_selected_namespaces() -> None:
+    db_a = workload("db-a", labels={"app": "db"}, nodes=["b"], namespace="team-a")
+    db_b = workload("db-b", labels={"app": "db"}, nodes=["c"], namespace="team-b")
+    for team, where in [("a", "b"), ("b", "c")]:
+        near_db = in_namespaces(term(labels={"app": "db"}, weight=50), team=team)
+        result = run(
+            [node("a"), node("b"), node("c")],
+            db_a,
+            db_b,
+            workload("api", preferred_pod_affinity=(near_db,)),
+            namespaces=TEAMS,
+        )
+        assert placed(result) == {"api-0": where}, team
 
 
 # --- required affinity ------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import json
 from typing import Any
 
 from services.state.kv_objects import Change
-from services.state.mirror import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory
-from shared.model import HostPort, Node, Pod, PodGroup, PodStatus, Queue
+from shared.model import HostPort, Namespace, Node, Pod, PodGroup, PodStatus, Queue
 from tests.admitted_pods import admitted
 
 NOW = 1_800_000_000.0
@@ -294,6 +294,49 @@ def test_deletions_and_missed_deletions_leave_kv() -> None:
     assert by_key(m.flush(NOW)) == {s.pod_key("team", "train-0"): None}
     m.relist(NODES, [node("n1")])  # n2 was deleted while the watch was down
     assert by_key(m.flush(NOW)) == {s.node_key("n2"): None}
+
+
+def namespace(name: str, labels: dict[str, str] | None = None, version: str = "1") -> bytes:
+    return js(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "resourceVersion": version,
+                "labels": {"kubernetes.io/metadata.name": name, **(labels or {})},
+                "annotations": {"note": version},
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }
+    )
+
+
+def test_namespaces_reach_kv_as_names_and_labels_and_a_label_change_rewrites_only_its_key() -> None:
+    m = cluster()
+    m.relist(NAMESPACES, [namespace("team", {"team": "a"}), namespace("other")])
+    written = by_key(m.flush(NOW))
+    assert written[s.namespace_key("team")] == Namespace(
+        "team", {"kubernetes.io/metadata.name": "team", "team": "a"}
+    )
+    assert written[s.namespace_key("other")] == Namespace("other", {"kubernetes.io/metadata.name": "other"})
+    full = m.full_flushes
+    # What the core does not read (annotations, status, the resource version) writes nothing.
+    m.change(NAMESPACES, "MODIFIED", namespace("team", {"team": "a"}, version="2"))
+    assert m.flush(NOW) == []
+    m.change(NAMESPACES, "MODIFIED", namespace("team", {"team": "b"}, version="3"))
+    assert by_key(m.flush(NOW)) == {
+        s.namespace_key("team"): Namespace("team", {"kubernetes.io/metadata.name": "team", "team": "b"})
+    }
+    m.change(NAMESPACES, "ADDED", namespace("new"))
+    assert by_key(m.flush(NOW)) == {
+        s.namespace_key("new"): Namespace("new", {"kubernetes.io/metadata.name": "new"})
+    }
+    m.change(NAMESPACES, "DELETED", namespace("other"))
+    assert by_key(m.flush(NOW)) == {s.namespace_key("other"): None}
+    # None of it recomputed the cluster.
+    assert m.full_flushes == full
 
 
 def test_a_priority_class_sets_the_podgroups_priority_and_preemptibility() -> None:

@@ -191,16 +191,23 @@ def _affinity(pod: Pod, namespace: str) -> Obj:
     """The pod's required pod (anti-)affinity as Kubernetes writes it; a term whose only namespace is the
     pod's own names none (Kubernetes' default)."""
 
-    def term(t: PodAffinityTerm) -> Obj:
-        selector: Obj = {"matchLabels": dict(t.selector.match_labels)}
-        if t.selector.match_expressions:
+    def selector_of(given: LabelSelector) -> Obj:
+        selector: Obj = {"matchLabels": dict(given.match_labels)}
+        if given.match_expressions:
             selector["matchExpressions"] = [
                 {"key": r.key, "operator": r.operator, "values": list(r.values)}
-                for r in t.selector.match_expressions
+                for r in given.match_expressions
             ]
-        out: Obj = {"labelSelector": selector, "topologyKey": t.topology_key}
+        return selector
+
+    def term(t: PodAffinityTerm) -> Obj:
+        out: Obj = {"labelSelector": selector_of(t.selector), "topologyKey": t.topology_key}
         if t.all_namespaces:
             out["namespaceSelector"] = {}
+        elif t.namespace_selector is not None:
+            out["namespaceSelector"] = selector_of(t.namespace_selector)
+            if t.namespaces:
+                out["namespaces"] = list(t.namespaces)
         elif t.namespaces != (namespace,):
             out["namespaces"] = list(t.namespaces)
         return out

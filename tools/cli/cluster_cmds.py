@@ -267,6 +267,7 @@ def status_tables(
             podgroups=reply.podgroups,
             queues=reply.queues,
             topologies=reply.topologies,
+            namespaces=reply.namespaces,
         ),
         reserved,
     )

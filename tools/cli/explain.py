@@ -147,6 +147,7 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
             podgroups=snapshot.podgroups,
             queues=snapshot.queues,
             topologies=snapshot.topologies,
+            namespaces=snapshot.namespaces,
         )
         ahead = queue_ahead(cluster, group.key, time.time())
     held = ""
