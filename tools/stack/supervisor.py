@@ -6,6 +6,10 @@ Used by `kairos up` / `kairos down` (the embedded default of `make run`), the co
 directory (owner-only, 0700, when the stack made it): `nats.url`, `stack.json` (the pids), `logs/`,
 JetStream's data, and `kubeconfig`.
 
+With `nats_cluster=N` NATS is N servers in one JetStream cluster (`NatsCluster`), Kairos's streams and
+buckets are declared at N replicas (up to 5) before the services start, and `KAIROS_NATS_URL` lists every
+server.
+
 NATS requires authentication by default: each start generates one random password per identity of
 `shared.security.permissions` into `auth/<identity>.password` (0600), the server's configuration grants
 each identity its subjects, and every service connects as itself (`KAIROS_NATS_USER` and
