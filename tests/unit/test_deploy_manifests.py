@@ -583,6 +583,13 @@ def test_dev_overlay_runs_one_replica_of_each_service_with_debug_logs() -> None:
     assert find(dev, "StatefulSet", "nats")["spec"]["replicas"] == 3
 
 
+@pytest.mark.parametrize("where", ["base", "overlays/dev"])
+def test_streams_and_buckets_have_one_replica_per_nats_server(where: str) -> None:
+    objects = base() if where == "base" else render(where)
+    servers = find(objects, "StatefulSet", "nats")["spec"]["replicas"]
+    assert config_map_data(objects, "kairos-env")["KAIROS_NATS_REPLICAS"] == str(servers)
+
+
 # --- RBAC ---------------------------------------------------------------------------------------------------
 def permissions(objects: tuple[Obj, ...]) -> dict[str, set[tuple[str, str, str, str]]]:
     """What each service account may do: every rule of every role bound to it, expanded."""
