@@ -143,9 +143,8 @@ async def declare(js: JetStreamContext, replicas: int | None = None, timeout: fl
                 break
             except (NatsTimeoutError, APIError) as exc:
                 if not _not_ready(exc) or asyncio.get_running_loop().time() > deadline:
-                    raise ConfigError(
-                        f"{REPLICAS_FIELD}={replicas}: cannot declare stream {config.name}: {exc}"
-                    ) from exc
+                    setting = f" with {REPLICAS_FIELD}={replicas}" if replicas is not None else ""
+                    raise ConfigError(f"cannot declare stream {config.name}{setting}: {exc}") from exc
                 await asyncio.sleep(0.5)
 
 
