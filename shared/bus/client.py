@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from shared.bus.connection import NatsAuth
+from shared.bus.connection import NatsAuth, server_urls
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENTS, Event
 from shared.contracts.messages import (
@@ -57,7 +57,7 @@ class BusClient:
         """Connect as the URL's user (the local stack's `nats.url` names the operator) or as `auth`
         (default: from the environment, `NatsAuth.from_env`)."""
         auth = NatsAuth.from_env() if auth is None else auth
-        return cls(await nats.connect(url, connect_timeout=5, **auth.options(url)))
+        return cls(await nats.connect(server_urls(url), connect_timeout=5, **auth.options(url)))
 
     async def close(self) -> None:
         await self.nc.drain()

@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import AuthorizationError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     ConsumerConfig,
@@ -36,7 +37,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
 
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
@@ -83,11 +84,16 @@ FOLLOW_HEARTBEAT_S = 1.0
 """The idle heartbeat of `Bus.follow`'s ordered consumers."""
 
 
-async def _stream(js: JetStreamContext, config: StreamConfig) -> None:
+async def _stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> None:
+    """Create the stream with `replicas` (None: 1), or update an existing one; None keeps its replicas, so
+    a client that declares without knowing the cluster (a test's admin) never shrinks them."""
     try:
-        await js.add_stream(config)
+        await js.add_stream(replace(config, num_replicas=replicas or 1))
     except BadRequestError:
-        await js.update_stream(config)
+        if replicas is None:
+            current = await js.stream_info(str(config.name))
+            replicas = current.config.num_replicas or 1
+        await js.update_stream(replace(config, num_replicas=replicas))
 
 
 def _work_queue(name: str, wildcard: str) -> StreamConfig:
@@ -124,19 +130,54 @@ _LEASES = KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, st
 _USAGE = KeyValueConfig(bucket=s.USAGE_BUCKET, history=1, storage=StorageType.FILE)
 
 
-async def declare(js: JetStreamContext) -> None:
-    """Create (or update) the streams and buckets; safe to run from every replica."""
+async def declare(js: JetStreamContext, replicas: int | None = None, timeout: float = 30.0) -> None:
+    """Create (or update) the streams; safe to run from every replica. `replicas`: each stream's copies on
+    a JetStream cluster (None: 1 for a new stream, an existing one keeps its own). A cluster just started
+    has no meta leader yet and refuses for a few seconds ("no suitable peers for placement"): retried
+    until `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
     for config in _STREAMS:
-        await _stream(js, config)
+        while True:
+            try:
+                await _stream(js, config, replicas)
+                break
+            except (NatsTimeoutError, APIError) as exc:
+                if not _not_ready(exc) or asyncio.get_running_loop().time() > deadline:
+                    setting = f" with {REPLICAS_FIELD}={replicas}" if replicas is not None else ""
+                    raise ConfigError(f"cannot declare stream {config.name}{setting}: {exc}") from exc
+                await asyncio.sleep(0.5)
 
 
-async def _kv(js: JetStreamContext, config: KeyValueConfig, create: bool = True) -> KvStore:
+def _not_ready(exc: Exception) -> bool:
+    """JetStream's answers while a cluster elects its leaders (or none at all, a timeout)."""
+    if isinstance(exc, NatsTimeoutError | ServiceUnavailableError):
+        return True
+    text = str(exc).lower()
+    return (
+        "no suitable peers" in text or "temporarily unavailable" in text or "insufficient resources" in text
+    )
+
+
+REPLICAS_FIELD = "nats_replicas"
+"""The setting that names the streams' and buckets' replica count in errors (env KAIROS_NATS_REPLICAS)."""
+ENV_REPLICAS = "KAIROS_NATS_REPLICAS"
+
+
+async def _kv(
+    js: JetStreamContext, config: KeyValueConfig, create: bool = True, replicas: int | None = None
+) -> KvStore:
     try:
         return KvStore(await js.key_value(config.bucket))
     except Exception:  # nats-py raises several types for "no such bucket"
         if not create:
             raise
-        return KvStore(await js.create_key_value(config))
+        return KvStore(await js.create_key_value(replace(config, replicas=replicas or 1)))
+
+
+def server_urls(url: str) -> list[str]:
+    """`KAIROS_NATS_URL` may list several servers, comma-separated (a cluster's): nats-py takes them as a
+    list, and reconnects to another when its server dies."""
+    return [one.strip() for one in url.split(",") if one.strip()]
 
 
 async def _log_error(exc: Exception) -> None:
@@ -267,10 +308,12 @@ async def connect(
     timeout: float = 10.0,
     auth: NatsAuth | None = None,
     declared_timeout: float = 60.0,
+    replicas: int | None = None,
 ) -> Bus:
     """Connect (retrying until `timeout`), declare streams and buckets (or, without the right to, wait up
     to `declared_timeout` for them), open the KV stores. `auth` defaults to `NatsAuth.from_env()`;
-    `credentials` (a credentials file, the runner's `--credentials`) is added to it."""
+    `credentials` (a credentials file, the runner's `--credentials`) is added to it. `url` may list several
+    servers, comma-separated; `replicas` is what `declare` creates streams and buckets with."""
     auth = NatsAuth.from_env() if auth is None else auth
     if credentials:
         auth = replace(auth, credentials=credentials)
@@ -285,7 +328,7 @@ async def connect(
             # the client reconnects forever on its own.
             await asyncio.wait_for(
                 client.connect(
-                    url,
+                    server_urls(url),
                     name=name,
                     connect_timeout=2,
                     max_reconnect_attempts=-1,
@@ -313,13 +356,13 @@ async def connect(
     create = declares(auth.identity(url))
     try:
         if create:
-            await declare(js)
+            await declare(js, replicas, declared_timeout)
         else:
             await _wait_declared(js, asyncio.get_running_loop().time() + declared_timeout)
-        state = await _kv(js, _STATE, create)
-        ledger = await _kv(js, _LEDGER, create)
-        leases = await _kv(js, _LEASES, create)
-        usage = await _kv(js, _USAGE, create)
+        state = await _kv(js, _STATE, create, replicas)
+        ledger = await _kv(js, _LEDGER, create, replicas)
+        leases = await _kv(js, _LEASES, create, replicas)
+        usage = await _kv(js, _USAGE, create, replicas)
     except BaseException:
         await nc.close()
         raise

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import nats
 from nats.aio.msg import Msg
 
+from shared.bus.connection import server_urls
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS
 from shared.errors import ConfigError, MalformedMessage
@@ -19,7 +20,7 @@ async def wait_ready(
 ) -> None:
     """Return once each replica id has published a ready heartbeat; raise `ConfigError` on timeout or
     when `failed()` reports a reason (a process died)."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(server_urls(url))
     ready: set[str] = set()
     done = asyncio.Event()
 

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from shared.bus.connection import Bus, connect
+from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
@@ -45,6 +45,10 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Where NATS listens (env KAIROS_NATS_URL)."""
     credentials: str | None = None
     """A NATS credentials file (env KAIROS_NATS_CREDS)."""
+    nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] | None = None
+    """Copies of each stream and KV bucket this replica creates on a JetStream cluster (env
+    KAIROS_NATS_REPLICAS; the local stack sets 3 on its 3-server cluster). None: 1 for what it creates,
+    and what exists keeps its own."""
     replica: str = ""
     """This replica's id (env KAIROS_REPLICA); defaults to host-pid."""
     shard: str = s.DEFAULT_SHARD
@@ -73,6 +77,7 @@ def parse_config(
     )
     parser.add_argument("--nats-url", default=os.environ.get("KAIROS_NATS_URL", "nats://127.0.0.1:4222"))
     parser.add_argument("--credentials", default=os.environ.get("KAIROS_NATS_CREDS"))
+    parser.add_argument("--nats-replicas", default=os.environ.get(ENV_REPLICAS) or None)
     parser.add_argument("--replica", default=os.environ.get("KAIROS_REPLICA", ""))
     parser.add_argument("--shard", default=os.environ.get("KAIROS_SHARD", s.DEFAULT_SHARD))
     parser.add_argument(
@@ -103,6 +108,7 @@ def parse_config(
             {
                 "nats_url": args.nats_url,
                 "credentials": args.credentials,
+                "nats_replicas": args.nats_replicas,
                 "replica": replica,
                 "shard": args.shard,
                 "health_interval": args.health_interval,
@@ -185,7 +191,12 @@ async def serve(service: str, config: ServiceConfig, body: Body) -> None:
 async def _serve(
     service: str, config: ServiceConfig, body: Body, probes: ServiceProbes, metrics: ServiceMetrics
 ) -> None:
-    bus = await connect(config.nats_url, f"kairos-{service}-{config.replica}", config.credentials)
+    bus = await connect(
+        config.nats_url,
+        f"kairos-{service}-{config.replica}",
+        config.credentials,
+        replicas=config.nats_replicas,
+    )
     ctx = ServiceContext(service, config, bus, metrics=metrics)
     probes.target = ctx
     loop = asyncio.get_running_loop()

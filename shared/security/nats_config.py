@@ -35,7 +35,8 @@ def password_env(identity: str) -> str:
     return f"KAIROS_NATS_PASSWORD_{identity.upper()}"
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
+    """A quoted string in NATS's configuration syntax."""
     # JSON string syntax is NATS's quoted-string syntax; quoting also keeps `$JS...` from being read as a
     # variable reference.
     return json.dumps(text)
@@ -45,7 +46,7 @@ def _allow(kind: str, items: tuple[str, ...]) -> list[str]:
     return [
         f"        {kind}: {{",
         "          allow: [",
-        *(f"            {_quote(i)}" for i in items),
+        *(f"            {quote(i)}" for i in items),
         "          ]",
         "        }",
     ]
@@ -57,10 +58,10 @@ def authorization(passwords: Mapping[str, str | EnvRef]) -> str:
     lines = ["authorization {", "  users: ["]
     for identity, secret in passwords.items():
         p = permissions(identity)
-        password = f"${secret.name}" if isinstance(secret, EnvRef) else _quote(secret)
+        password = f"${secret.name}" if isinstance(secret, EnvRef) else quote(secret)
         lines += [
             "    {",
-            f"      user: {_quote(identity)}",
+            f"      user: {quote(identity)}",
             f"      password: {password}",
             "      permissions: {",
             *_allow("publish", p.publish),
@@ -88,9 +89,9 @@ def tls(files: TlsFiles) -> str:
     """A `tls` block: the server then accepts TLS connections only."""
     lines = [
         "tls {",
-        f"  cert_file: {_quote(files.cert)}",
-        f"  key_file: {_quote(files.key)}",
-        f"  ca_file: {_quote(files.ca)}",
+        f"  cert_file: {quote(files.cert)}",
+        f"  key_file: {quote(files.key)}",
+        f"  ca_file: {quote(files.ca)}",
         "  timeout: 5",
     ]
     if files.verify_clients:

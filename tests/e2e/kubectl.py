@@ -45,10 +45,11 @@ def kubesim_stack(
     env: Mapping[str, str] | None = None,
     shards: tuple[str, ...] = (),
     replicas: Mapping[str, int] | None = None,
+    nats_cluster: int = 1,
 ) -> Iterator[Stack]:
     """A stack on the simulated API server with `nodes` generated nodes of `gpus_per_node` GPUs; `options`
     are added to the queue's short cycle; `shards` run beside the default one; `replicas` per service beyond
-    one (`start_stack`)."""
+    one (`start_stack`); `nats_cluster` nats-servers as one JetStream cluster."""
     stack = start_stack(
         state_dir,
         replicas={**DEFAULT_REPLICAS, **(replicas or {})},
@@ -56,6 +57,7 @@ def kubesim_stack(
         options={"queue": {"period": QUEUE_PERIOD}, **(options or {})},
         env=env,
         shards=shards,
+        nats_cluster=nats_cluster,
     )
     try:
         yield stack

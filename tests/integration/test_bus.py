@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from shared.bus.connection import Bus
+from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import NodeLedger, NodeRecord, PodRecord, Reservation, encode
-from shared.errors import ConflictError
+from shared.errors import ConfigError, ConflictError
 from shared.model import Node, Pod, PodStatus
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +48,10 @@ async def test_replica_follows_state_and_overlays_ledger_reservations(bus: Bus) 
         assert replica.node_ledger("n1")[1] == lrev
     finally:
         await replica.stop()
+
+
+async def test_replicas_a_single_server_cannot_hold_are_refused_naming_the_setting(
+    nats_server: NatsServer,
+) -> None:
+    with pytest.raises(ConfigError, match=r"KAIROS_WORK with nats_replicas=3: .*non-clustered"):
+        await connect(nats_server.url, "test-replicas", replicas=3, declared_timeout=2.0)

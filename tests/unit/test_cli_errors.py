@@ -136,3 +136,18 @@ def test_run_prints_one_round_and_one_checkpoint_for_a_single_session_case(
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("rounds: 1 (single session: reclaim); ")
     assert out[-1] == "PASS"
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--nats-cluster", "2"], "--nats-cluster: 1 (one server) or at least 3 servers, got 2"),
+        (["--nats-cluster", "3", "--port", "4222"], "--nats-cluster with --port"),
+    ],
+)
+def test_up_refuses_a_nats_cluster_it_cannot_run(
+    argv: list[str], names: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["up", "--memory", "--state-dir", str(tmp_path / "k"), *argv]) == 2
+    assert names in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "k").exists()  # refused before anything started

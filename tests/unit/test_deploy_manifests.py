@@ -585,6 +585,13 @@ def test_dev_overlay_runs_one_replica_of_each_service_with_debug_logs() -> None:
     assert find(dev, "StatefulSet", "nats")["spec"]["replicas"] == 3
 
 
+@pytest.mark.parametrize("where", ["base", "overlays/dev"])
+def test_streams_and_buckets_have_one_replica_per_nats_server(where: str) -> None:
+    objects = base() if where == "base" else render(where)
+    servers = find(objects, "StatefulSet", "nats")["spec"]["replicas"]
+    assert config_map_data(objects, "kairos-env")["KAIROS_NATS_REPLICAS"] == str(servers)
+
+
 # --- RBAC ---------------------------------------------------------------------------------------------------
 def permissions(objects: tuple[Obj, ...]) -> dict[str, set[tuple[str, str, str, str]]]:
     """What each service account may do: every rule of every role bound to it, expanded."""
@@ -1240,10 +1247,22 @@ def nats_conf() -> str:
     return config_map_data(base(), "nats-config")["nats.conf"]
 
 
-def test_nats_routes_name_every_server_of_the_statefulset() -> None:
+ROUTE_PASSWORD = "KAIROS_NATS_ROUTE_PASSWORD"
+
+
+def test_nats_routes_name_every_server_of_the_statefulset_and_authenticate() -> None:
     conf = nats_conf()
-    for i in range(find(base(), "StatefulSet", "nats")["spec"]["replicas"]):
-        assert f"nats://nats-{i}.nats-headless:6222" in conf
+    nats = find(base(), "StatefulSet", "nats")
+    names = [item["name"] for item in container(nats)["env"]]
+    env = env_of(nats)
+    for i in range(nats["spec"]["replicas"]):
+        route = f"KAIROS_NATS_ROUTE_{i}"
+        assert f"${route}" in conf
+        assert env[route]["value"] == f"nats://route:$({ROUTE_PASSWORD})@nats-{i}.nats-headless:6222"
+        # Kubernetes expands $(VAR) only from variables listed before it.
+        assert names.index(ROUTE_PASSWORD) < names.index(route)
+    cluster = conf[conf.index("cluster {") :]
+    assert f"user: route\n    password: ${ROUTE_PASSWORD}" in cluster
     assert "store_dir: /data" in conf
 
 
@@ -1260,6 +1279,11 @@ def test_nats_configuration_is_accepted_by_nats_server(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text)
     # Passwords as deploy/README.md makes them: a letter first (NATS reads "123456" or "64k" as a number).
     passwords = {password_env(identity): f"kairos-{identity}-0a1b2c" for identity in IDENTITIES}
+    passwords[ROUTE_PASSWORD] = "kairos-route-0a1b2c"
+    passwords |= {
+        f"KAIROS_NATS_ROUTE_{i}": f"nats://route:kairos-route-0a1b2c@nats-{i}.nats-headless:6222"
+        for i in range(3)
+    }
     result = subprocess.run(
         [nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")],
         capture_output=True,
@@ -1318,8 +1342,8 @@ def test_each_kairos_pod_connects_as_its_own_identity_with_only_its_own_password
 def test_nats_reads_every_identity_s_password_from_the_secret() -> None:
     nats = find(base(), "StatefulSet", "nats")
     expected = sorted((password_env(identity), SECRET, identity) for identity in IDENTITIES)
-    assert sorted(secret_refs(nats)) == expected
-    # The configuration refers to each of them, and to nothing else.
+    assert sorted(secret_refs(nats)) == sorted([*expected, (ROUTE_PASSWORD, SECRET, "route")])
+    # The clients' configuration refers to each identity's, and to nothing else.
     conf = config_map_data(base(), "nats-config")["nats-auth.conf"]
     assert sorted(re.findall(r"password: \$(\w+)", conf)) == sorted(v for v, _, _ in expected)
 

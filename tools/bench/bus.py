@@ -309,7 +309,9 @@ class _Run:
 
     async def _measured(self, http: aiohttp.ClientSession, pids: dict[str, int]) -> Record:
         w = self.workload
-        usage = Usage({**pids, "nats": self.stack.nats.process.pid})
+        # The report's infrastructure column `nats` (the first server of a cluster).
+        nats = next(iter(self.stack.nats_nodes.values()))
+        usage = Usage({**pids, "nats": nats.process.pid})
         usage.start()
         self.measuring = True
         sem = asyncio.Semaphore(self.options.concurrency)

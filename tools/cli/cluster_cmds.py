@@ -506,18 +506,21 @@ async def _connect(url: str) -> BusClient:
 
 
 def _reachable(url: str) -> None:
+    """One of the servers `url` lists (a cluster's, comma-separated) accepts a connection."""
     import socket
 
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    host, port = parts.hostname or "127.0.0.1", parts.port or 4222
-    try:
-        with socket.create_connection((host, port), timeout=2.0):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise TemporaryError(
-            f"cannot reach NATS at {redact_url(url)} ({reason}); is the stack up (kairos up)?"
-        ) from exc
+    from shared.bus.connection import server_urls
+
+    reason = "no server"
+    for one in server_urls(url):
+        parts = urlsplit(one if "://" in one else f"nats://{one}")
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                return
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+    raise TemporaryError(f"cannot reach NATS at {redact_url(url)} ({reason}); is the stack up (kairos up)?")
 
 
 def _no_answer(message: str) -> int:

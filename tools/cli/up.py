@@ -7,7 +7,8 @@ running), and stops everything on Ctrl-C or SIGTERM. The cluster is, by default,
 Kubernetes API server (`tools.kubesim`, with `--cluster FILE`'s nodes or `--nodes` x
 `--gpus-per-node`), its kubeconfig written to `DIR/kubeconfig` so that kubectl works against it at once;
 `--kubeconfig FILE` uses a real cluster instead; `--memory` keeps the cluster inside the state service
-(no Kubernetes API; `kairos submit` feeds it). `--otlp URL` sends every service's traces to an OTLP/HTTP
+(no Kubernetes API; `kairos submit` feeds it). `--nats-cluster 3` runs three nats-servers as one
+JetStream cluster with every stream and bucket at 3 replicas, as deploy/ does; each is supervised alone. `--otlp URL` sends every service's traces to an OTLP/HTTP
 collector (docs/tracing.md). With `--detach` it runs the same supervisor in the
 background and returns once it is ready; `down` stops it.
 `serve NAME` runs one service in this process (what the stack starts, and what a Deployment runs).
@@ -54,6 +55,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         "--run-delay", type=float, default=0.5, help="seconds a bound pod takes to turn Running (default 0.5)"
     )
     up.add_argument("--port", type=int, default=-1, help="NATS port (default: a free one)")
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N nats-servers as one JetStream cluster, streams and buckets at N replicas (default 1)",
+    )
     up.add_argument("--detach", action="store_true", help="run in the background; stop with kairos down")
     up.add_argument("--batch", default="all", help="podgroups per work item: all (one per cycle) or N")
     up.add_argument(
@@ -111,6 +119,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         _options(args),
         _cluster(args),
         _shards(args.shards),
+        _nats_cluster(args),
     )  # flag errors now, before a detached supervisor hides them in its log
     if args.otlp:
         otlp_env(args.otlp)
@@ -122,7 +131,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     options, cluster = _options(args), _cluster(args)
     env = otlp_env(args.otlp) if args.otlp else None
     stack = start_stack(
-        state_dir, replicas, options, port=args.port, cluster=cluster, env=env, shards=_shards(args.shards)
+        state_dir,
+        replicas,
+        options,
+        port=args.port,
+        cluster=cluster,
+        env=env,
+        shards=_shards(args.shards),
+        nats_cluster=_nats_cluster(args),
     )
     # The URL without credentials: the file is world-readable and only its existence means "ready".
     (state_dir / "ready").write_text(stack.nats.url + "\n")
@@ -139,6 +155,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         (state_dir / "ready").unlink(missing_ok=True)
     return 0
+
+
+def _nats_cluster(args: argparse.Namespace) -> int:
+    """`--nats-cluster N`: 1 (one server) or a cluster of at least 3 (a cluster of 2 stops on either's
+    death: JetStream needs a majority)."""
+    size: int = args.nats_cluster
+    if size != 1 and size < 3:
+        raise ConfigError(f"--nats-cluster: 1 (one server) or at least 3 servers, got {size}")
+    if size > 1 and args.port != -1:
+        raise ConfigError("--nats-cluster with --port: a cluster's servers take free ports; drop --port")
+    return size
 
 
 def _shards(text: str) -> tuple[str, ...]:
@@ -158,7 +185,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
         "--port",
         str(args.port),
     ]
-    argv += ["--batch", str(args.batch)]
+    argv += ["--batch", str(args.batch), "--nats-cluster", str(args.nats_cluster)]
     if args.otlp:
         argv += ["--otlp", args.otlp]
     if args.replicas:

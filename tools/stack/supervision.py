@@ -1,7 +1,7 @@
 """Restarting the local stack's processes as a kubelet restarts a pod's containers.
 
 `Supervisor` is driven by `kairos up`'s loop (`tools.cli.up`): each `poll(now)` notices every service
-replica, kubesim or nats-server that has exited, waits its back-off, and starts it again the way it was
+replica, kubesim or nats-server (each of a cluster's) that has exited, waits its back-off, and starts it again the way it was
 started (`Stack.restart`, `Stack.restart_nats`, `Stack.restart_kubesim`); the rest keep running. Each exit
 and each restart is logged, and `restarts.json` in the state directory records every process's restarts
 for `kairos status`.
@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tools.stack.supervisor import KUBESIM, Stack
+from tools.stack.supervisor import KUBESIM, NATS_SERVER, Stack
 
 log = logging.getLogger("kairos.up")
 
 BASE_DELAY = 1.0
 MAX_DELAY = 30.0
 RESET_AFTER = 60.0
-NATS = "nats-server"
+NATS = NATS_SERVER
 RECORD = "restarts.json"
 
 
@@ -61,13 +61,16 @@ class Supervisor:
     def __init__(self, stack: Stack, now: float, say: Callable[[str], None] = log.warning) -> None:
         self.stack = stack
         self.say = say
-        self.records: dict[str, Restarts] = {name: Restarts(now) for name in (*stack.processes, NATS)}
+        self.records: dict[str, Restarts] = {
+            name: Restarts(now) for name in (*stack.processes, *stack.nats_nodes)
+        }
         self._write()
 
     def _exit_code(self, name: str) -> int | None:
         """The process's exit code when it has exited, else None."""
-        if name == NATS:
-            return self.stack.nats.process.poll()
+        nats = self.stack.nats_nodes
+        if name in nats:
+            return nats[name].process.poll()
         return self.stack.processes[name].poll()
 
     def poll(self, now: float) -> None:
@@ -96,8 +99,9 @@ class Supervisor:
             self._write()
 
     def _start(self, name: str) -> None:
-        if name == NATS:
-            self.stack.restart_nats()
+        nats = list(self.stack.nats_nodes)
+        if name in nats:
+            self.stack.restart_nats(node=nats.index(name))
         elif name == KUBESIM:
             self.stack.restart_kubesim()
         else:

@@ -6,6 +6,10 @@ Used by `kairos up` / `kairos down` (the embedded default of `make run`), the co
 directory (owner-only, 0700, when the stack made it): `nats.url`, `stack.json` (the pids), `logs/`,
 JetStream's data, and `kubeconfig`.
 
+With `nats_cluster=N` NATS is N servers in one JetStream cluster (`NatsCluster`), Kairos's streams and
+buckets are declared at N replicas (up to 5) before the services start, and `KAIROS_NATS_URL` lists every
+server.
+
 NATS requires authentication by default: each start generates one random password per identity of
 `shared.security.permissions` into `auth/<identity>.password` (0600), the server's configuration grants
 each identity its subjects, and every service connects as itself (`KAIROS_NATS_USER` and
@@ -35,13 +39,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_USER
+from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_REPLICAS, ENV_USER, connect
 from shared.bus.health import wait_ready
 from shared.contracts.subjects import DEFAULT_SHARD as DEFAULT_SHARD_NAME
 from shared.errors import ConfigError
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR
-from tools.stack.nats_server import NatsServer, pid_alive, start_nats_server, write_private
+from tools.stack.nats_server import (
+    NatsCluster,
+    NatsServer,
+    pid_alive,
+    start_nats_cluster,
+    start_nats_server,
+    write_private,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
@@ -49,6 +60,8 @@ DEFAULT_QUEUES = REPO / "examples" / "kai" / "queues.yaml"
 DEFAULT_SHARD_FILE = REPO / "deploy" / "shards" / "default-shard.yaml"
 """KAI's default SchedulingShard, which a fresh install has (the services serve the shard of that name)."""
 KUBESIM = "kubesim"
+NATS_SERVER = "nats-server"
+"""The single nats-server's name in supervision's records (a cluster's servers are `nats-<i>`)."""
 
 SERVICES = ("state", "queue", "placement", "binder")
 DEFAULT_REPLICAS = {"state": 1, "queue": 1, "placement": 1, "binder": 1}
@@ -96,7 +109,8 @@ class ClusterChoice:
 @dataclass
 class Stack:
     state_dir: Path
-    nats: NatsServer
+    nats: NatsServer | NatsCluster
+    """The one nats-server (the default), or the cluster of them (`start_stack(nats_cluster=N)`)."""
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
     """Each service replica's command line, so that `restart` starts it again as it was."""
@@ -132,9 +146,22 @@ class Stack:
             _register_webhook(kubeconfig, self.webhook_ports)
         _write_pids(self)
 
-    def restart_nats(self, *, kill: bool = False) -> None:
+    @property
+    def nats_nodes(self) -> dict[str, NatsServer]:
+        """Each nats-server by the name supervision and logs use: `nats-server` alone, `nats-<i>` in a
+        cluster."""
+        if isinstance(self.nats, NatsCluster):
+            return {f"nats-{i}": node for i, node in enumerate(self.nats.nodes)}
+        return {NATS_SERVER: self.nats}
+
+    def restart_nats(self, *, kill: bool = False, node: int = 0) -> None:
         """Stop nats-server (SIGTERM, or SIGKILL with `kill`: no chance to flush or say goodbye) and start it
-        again on the same port with the same JetStream store."""
+        again on the same port with the same JetStream store. In a cluster this is node `node` alone; the
+        others keep serving."""
+        if isinstance(self.nats, NatsCluster):
+            self.nats.restart_node(node, kill=kill)
+            _write_pids(self)
+            return
         if kill:
             self.nats.kill()
         else:
@@ -201,7 +228,10 @@ def otlp_env(url: str) -> dict[str, str]:
 
 
 def with_credentials(url: str, user: str, password: str) -> str:
-    """`nats://host:port` -> `nats://user:password@host:port` (the passwords we generate are URL-safe)."""
+    """`nats://host:port` -> `nats://user:password@host:port` (the passwords we generate are URL-safe);
+    each URL of a comma-separated list (a cluster's) gets them."""
+    if "," in url:
+        return ",".join(with_credentials(one.strip(), user, password) for one in url.split(","))
     scheme, sep, rest = url.partition("://")
     return f"{scheme}{sep}{user}:{password}@{rest}" if sep else f"{user}:{password}@{url}"
 
@@ -252,13 +282,16 @@ def start_stack(
     env: Mapping[str, str] | None = None,
     auth: bool = True,
     shards: Sequence[str] = (),
+    nats_cluster: int = 1,
 ) -> Stack:
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
     every process's environment (`otlp_env`: export traces). `auth=False` runs NATS open to anyone
     (loopback only), as before authentication existed. Each of `shards` (besides the default shard) gets its
     own queue, placement and binder replicas (`queue-<shard>-0`, ...), as many as the default shard's; the
-    one state service serves them all."""
+    one state service serves them all. `nats_cluster` > 1 runs that many nats-servers as one JetStream
+    cluster (`tools.stack.nats_server.NatsCluster`), and Kairos's streams and buckets get one replica per
+    server, up to JetStream's 5 (`cluster_replicas`); every service is given every server's URL."""
     extra = [shard for shard in dict.fromkeys(shards) if shard != DEFAULT_SHARD_NAME]
     for shard in extra:
         if not shard or not all(c.isalnum() or c == "-" for c in shard):
@@ -275,15 +308,26 @@ def start_stack(
     logs.mkdir(exist_ok=True)
     (state_dir / "kubeconfig").unlink(missing_ok=True)
     passwords = _generate_passwords(state_dir) if auth else {}
-    server = start_nats_server(state_dir, port=port, authorization=_authorization(passwords))
+    server: NatsServer | NatsCluster
+    extra_env: dict[str, str] = {}
+    if nats_cluster > 1:
+        server = start_nats_cluster(state_dir, nats_cluster, authorization=_authorization(passwords))
+        extra_env[ENV_REPLICAS] = str(cluster_replicas(nats_cluster))
+    else:
+        server = start_nats_server(state_dir, port=port, authorization=_authorization(passwords))
     stack = Stack(state_dir, server, passwords=passwords)
     write_private(state_dir / "nats.url", stack.url_as(OPERATOR) + "\n")
-    env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url}
+    env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url, **extra_env}
     stack.env = env
     options = {name: dict(opts) for name, opts in (options or {}).items()}
     webhook_ports: list[int] = []
     kubeconfig: Path | None = None
     try:
+        if isinstance(server, NatsCluster):
+            # Declared here, before any service connects, at the cluster's replica count: JetStream answers
+            # once the servers have elected a meta leader, and a reader that declares (the admin) keeps
+            # what exists.
+            asyncio.run(_declare_replicated(stack.url, cluster_replicas(nats_cluster), timeout))
         if cluster.kind != "memory":
             kubeconfig = _start_cluster(stack, cluster, timeout)
             options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
@@ -321,6 +365,16 @@ def start_stack(
         stack.stop()
         raise
     return stack
+
+
+def cluster_replicas(servers: int) -> int:
+    """Replicas of each stream and bucket on a cluster of `servers` nats-servers (JetStream allows 5)."""
+    return min(servers, 5)
+
+
+async def _declare_replicated(url: str, replicas: int, timeout: float) -> None:
+    bus = await connect(url, "kairos-up", timeout=timeout, replicas=replicas, declared_timeout=timeout)
+    await bus.close()
 
 
 def _start_cluster(stack: Stack, cluster: ClusterChoice, timeout: float) -> Path:
@@ -391,8 +445,10 @@ def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
 
 
 def _write_pids(stack: Stack) -> None:
+    pids = [node.process.pid for node in stack.nats_nodes.values()]
     data = {
-        "nats": stack.nats.process.pid,
+        "nats": pids[0],
+        "nats_nodes": pids,
         "url": stack.nats.url,
         "services": {k: p.pid for k, p in stack.processes.items()},
     }
@@ -415,7 +471,7 @@ def stop_recorded(state_dir: Path, timeout: float = 15.0) -> bool:
     record = state_dir / "stack.json"
     if record.exists():
         data = json.loads(record.read_text())
-        pids = [*data.get("services", {}).values(), data.get("nats")]
+        pids = [*data.get("services", {}).values(), *data.get("nats_nodes", [data.get("nats")])]
         for pid in pids:
             if pid and pid_alive(pid):
                 os.kill(pid, signal.SIGTERM)
