@@ -494,9 +494,11 @@ class Committer:
             self.in_flight.discard(proposal.id)
         self.counters[_COUNTER_OF_STATUS[outcome.status]] += 1
         await self._publish_events(events)
-        await self._publish_outcome(proposal, outcome)
+        # The stamps go out before the outcome: whoever acts on the outcome (the queue's next cycle, an
+        # operator's next change) must find them already sent, not racing it.
         if outcome.status in ("committed", "conflict"):
             await self._publish_stamps(proposal, outcome)
+        await self._publish_outcome(proposal, outcome)
         return outcome
 
     async def _publish_outcome(self, proposal: Proposal, outcome: Outcome) -> None:
