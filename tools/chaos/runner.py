@@ -52,6 +52,7 @@ from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
+from tools.stack.nats_server import CLUSTER_NAME
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
@@ -76,6 +77,17 @@ FAULTS = (
     "drop-watch",
     "watch-410",
 )
+CLUSTER_FAULTS = tuple(
+    fault
+    for kind in FAULTS
+    for fault in (("nats-kill:follower", "nats-kill:leader") if kind == "nats-kill" else (kind,))
+)
+"""With a NATS cluster: one node that does not lead the work stream killed, then the node that leads it."""
+
+
+def faults(options: ChaosOptions) -> tuple[str, ...]:
+    """The faults a run injects, in order."""
+    return CLUSTER_FAULTS if options.nats_cluster > 1 else FAULTS
 
 
 class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -93,6 +105,9 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     timeout: float = 1800.0
     """Seconds the whole load may take."""
     run_delay: float = 0.2
+    nats_cluster: int = 1
+    """nats-servers in one JetStream cluster (streams and buckets then at 3 replicas, as deploy/ runs them);
+    1: a single server."""
 
 
 class FaultRecord(msgspec.Struct, kw_only=True):
@@ -131,7 +146,7 @@ def run(
 ) -> ChaosReport:
     """Start a stack, run the chaos load, check, stop the stack. With `keep` the state directory (logs)
     stays there; otherwise a temporary one is removed."""
-    workload = build(options.pods, waves=len(FAULTS) + 1, seed=options.seed)
+    workload = build(options.pods, waves=len(faults(options)) + 1, seed=options.seed)
     state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-chaos-"))
     replicas = dict.fromkeys(SERVICES, max(2, options.replicas))
     say(
@@ -149,6 +164,7 @@ def run(
         cluster=ClusterChoice(
             kind="kubesim", nodes=workload.nodes, gpus_per_node=8, run_delay=options.run_delay
         ),
+        nats_cluster=options.nats_cluster,
     )
     say(f"chaos: stack up in {time.monotonic() - started:.1f} s")
     try:
@@ -194,8 +210,9 @@ class _Run:
             for queue in self.workload.queues:
                 await self._post(http, queue)
             self.t0 = time.monotonic()
+            planned = faults(self.options)
             for i, wave in enumerate(self.workload.waves):
-                if i >= len(FAULTS):
+                if i >= len(planned):
                     await self._create(http, wave)
                     break
                 # A third of the wave before the fault (binding is under way when it strikes), a third
@@ -204,7 +221,7 @@ class _Run:
                 before = len(self.binds)
                 creating = asyncio.create_task(self._create(http, wave[:third]))
                 await self._wait_for_progress(before, 60.0)
-                await self._fault(http, FAULTS[i], wave[third : 2 * third], wave[2 * third :])
+                await self._fault(http, bus, planned[i], wave[third : 2 * third], wave[2 * third :])
                 await creating
             await self._settle()
             duration = time.monotonic() - self.t0
@@ -257,8 +274,26 @@ class _Run:
         self.say(f"chaos: gave up waiting after {self.options.timeout:.0f} s")
 
     # --- faults -----------------------------------------------------------------------------------------------
+    async def _nats_node(self, bus: Bus, kind: str) -> int | None:
+        """The cluster node a `nats-kill:leader` or `nats-kill:follower` fault kills: the one leading the
+        work stream, or another (None: a single server)."""
+        if self.options.nats_cluster <= 1:
+            return None
+        info = await bus.js.stream_info(s.WORK_STREAM)
+        leader = info.cluster.leader if info.cluster is not None else None
+        names = [f"{CLUSTER_NAME}-{i}" for i in range(self.options.nats_cluster)]
+        leading = names.index(leader) if leader in names else 0
+        if kind.endswith(":leader"):
+            return leading
+        return next(i for i in range(len(names)) if i != leading)
+
     async def _fault(
-        self, http: aiohttp.ClientSession, kind: str, during: tuple[Group, ...], after: tuple[Group, ...]
+        self,
+        http: aiohttp.ClientSession,
+        bus: Bus,
+        kind: str,
+        during: tuple[Group, ...],
+        after: tuple[Group, ...],
     ) -> None:
         """Inject one fault, create `during` meanwhile, undo it, create `after`, and record how long until
         pods were bound again."""
@@ -280,9 +315,10 @@ class _Run:
             self.stack.restart(target)
             record.duration_s = round(restarted - began, 2)
             healthy = await self._healthy({target}, restarted)
-        elif kind == "nats-kill":
-            record.target = "nats-server"
-            await asyncio.to_thread(self.stack.restart_nats, kill=True)
+        elif kind.startswith("nats-kill"):
+            node = await self._nats_node(bus, kind)
+            record.target = "nats-server" if node is None else f"{CLUSTER_NAME}-{node}"
+            await asyncio.to_thread(self.stack.restart_nats, kill=True, node=node or 0)
             restarted = time.monotonic()
             record.duration_s = round(restarted - began, 2)
             replicas = {name for name in self.stack.processes if name != "kubesim"}
@@ -321,7 +357,7 @@ class _Run:
         if later:
             record.next_bind_after_s = round(later[0] - ended, 2)
         self.faults.append(record)
-        process_fault = kind.startswith("kill:") or kind == "nats-kill"
+        process_fault = kind.startswith(("kill:", "nats-kill"))
         healthy_text = f", healthy again {_secs(record.healthy_s)}" if process_fault else ""
         self.say(
             f"chaos: {kind} {record.target} at {record.at_s:.1f} s for {record.duration_s:.1f} s: next bind "

@@ -28,6 +28,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     chaos.add_argument("--seed", type=int, default=7, help="seed of the workload and of the faults")
     chaos.add_argument("--json", type=Path, metavar="OUT", help="write the report as JSON to OUT")
     chaos.add_argument("--keep", type=Path, metavar="DIR", help="keep the stack's state and logs in DIR")
+    chaos.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run NATS as N servers in one JetStream cluster (3: as deploy/); kills a follower, then the leader",
+    )
     chaos.set_defaults(handler=cmd_chaos)
 
 
@@ -49,10 +56,18 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         raise ConfigError(f"--replicas: a kill must leave one replica standing: >= 2, got {args.replicas}")
     if args.quick:
         options = ChaosOptions(
-            pods=pods, replicas=args.replicas, seed=args.seed, fault_seconds=3.0, quiet=15.0, timeout=600.0
+            pods=pods,
+            replicas=args.replicas,
+            seed=args.seed,
+            fault_seconds=3.0,
+            quiet=15.0,
+            timeout=600.0,
+            nats_cluster=args.nats_cluster,
         )
     else:
-        options = ChaosOptions(pods=pods, replicas=args.replicas, seed=args.seed)
+        options = ChaosOptions(
+            pods=pods, replicas=args.replicas, seed=args.seed, nats_cluster=args.nats_cluster
+        )
     report = run(options, _say, keep=args.keep)
     _say(
         f"chaos: {report.bound} of {report.pods} pods bound, {report.unschedulable} reported unschedulable, "
