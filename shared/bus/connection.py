@@ -240,8 +240,7 @@ class NatsAuth:
         """The user this client connects as: the configured one, else the URL's."""
         if self.user:
             return self.user
-        first = url.split(",", maxsplit=1)[0].strip()
-        user = urlsplit(first if "://" in first else f"nats://{first}").username
+        user = urlsplit(_with_scheme(url.split(",", maxsplit=1)[0].strip())).username
         return unquote(user) if user else None
 
     def options(self, url: str) -> dict[str, Any]:
@@ -261,6 +260,13 @@ class NatsAuth:
             if not self.user:
                 raise ConfigError(f"{ENV_PASSWORD}: a password needs a user ({ENV_USER})")
             options["password"] = password
+        elif not self.user:
+            # Credentials written in the URL (the local stack's `admin`, the CLI's `operator`) also go as
+            # options: nats-py tries the servers a cluster announces too, and those carry no credentials.
+            first = urlsplit(_with_scheme(url.split(",", maxsplit=1)[0].strip()))
+            if first.username and first.password:
+                options["user"] = unquote(first.username)
+                options["password"] = unquote(first.password)
         if self.credentials:
             options["user_credentials"] = self.credentials
         if self.nkey_seed_file:
@@ -283,6 +289,10 @@ class NatsAuth:
                 f"{ENV_TLS_CA}/{ENV_TLS_CERT}/{ENV_TLS_KEY}: cannot load {self.tls_ca}, {self.tls_cert}: {exc}"
             ) from exc
         return context
+
+
+def _with_scheme(url: str) -> str:
+    return url if "://" in url else f"nats://{url}"
 
 
 async def _wait_declared(js: JetStreamContext, deadline: float) -> None:
