@@ -48,7 +48,12 @@ def test_the_url_s_user_is_the_identity_when_none_is_configured() -> None:
     url = with_credentials("nats://127.0.0.1:4222", "operator", "pw-2")
     assert url == "nats://operator:pw-2@127.0.0.1:4222"
     assert NatsAuth().identity(url) == "operator"
-    assert NatsAuth().options(url) == {"inbox_prefix": "_INBOX.operator"}
+    # The URL's credentials also go as options: nats-py tries the servers a cluster announces with them.
+    assert NatsAuth().options(url) == {
+        "inbox_prefix": "_INBOX.operator",
+        "user": "operator",
+        "password": "pw-2",
+    }
     assert NatsAuth(user="binder").identity(url) == "binder"
     assert NatsAuth().identity("nats://127.0.0.1:4222") is None
     assert NatsAuth().options("nats://127.0.0.1:4222") == {}
