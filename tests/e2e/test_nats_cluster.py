@@ -10,35 +10,22 @@ the leader of KAIROS_WORK (JetStream elects another; publishes stop for a few se
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shared.bus.connection import connect
 from shared.contracts import subjects as s
 from tests.e2e import manifests
-from tests.e2e.invariants import BOUND, Observer
-from tests.e2e.kubectl import apply, kubectl, kubesim_stack
-from tools.stack.supervision import Supervisor
+from tests.e2e.kubectl import apply, kubesim_stack
+from tests.e2e.supervised import bound_once, running_pods, supervised
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PODS = 16
 SERVERS = 3
-
-
-def running_pods(stack: Any) -> dict[str, str]:
-    listed = json.loads(kubectl(stack, "get", "pods", "-o", "json"))["items"]
-    return {
-        p["metadata"]["name"]: p["spec"]["nodeName"]
-        for p in listed
-        if p["status"].get("phase") == "Running" and p["spec"].get("nodeName")
-    }
 
 
 async def replicas_and_leader(url: str) -> tuple[dict[str, int], str]:
@@ -68,17 +55,7 @@ def test_a_nats_server_killed_under_load_loses_no_pod(tmp_path: Path, victim: st
 
         names = [f"kairos-{i}" for i in range(SERVERS)]  # NatsCluster's server_name per node
         index = names.index(leader) if victim == "leader" else (names.index(leader) + 1) % SERVERS
-        supervisor = Supervisor(stack, time.time(), say=lines.append)
-        stop = threading.Event()
-
-        def supervise() -> None:
-            while not stop.is_set():
-                supervisor.poll(time.time())
-                stop.wait(0.2)
-
-        loop = threading.Thread(target=supervise, daemon=True)
-        loop.start()
-        try:
+        with supervised(stack, lines) as supervisor:
             half = PODS // 2
             apply(stack, *(manifests.pod(f"load-{i:02d}", gpus="1") for i in range(half)))
             stack.nats_nodes[f"nats-{index}"].process.send_signal(signal.SIGKILL)
@@ -90,24 +67,11 @@ def test_a_nats_server_killed_under_load_loses_no_pod(tmp_path: Path, victim: st
                 assert time.monotonic() < deadline, f"{len(placed)} of {PODS} pods running; {lines}"
                 time.sleep(1)
 
-            async def ledger_check() -> dict[str, int]:
-                observer = await Observer.open(stack.url, "nats-cluster-test")
-                try:
-                    await observer.until(
-                        "every pod bound in the state bucket", lambda: observer.count(*BOUND) >= PODS, 60
-                    )
-                    return observer.check()
-                finally:
-                    await observer.close()
-
-            statuses = asyncio.run(ledger_check())
+            statuses = bound_once(stack, PODS, "nats-cluster-test")
             assert sum(statuses.values()) == PODS
             while supervisor.records[f"nats-{index}"].count < 1:
                 assert time.monotonic() < deadline, lines
                 time.sleep(0.5)
-        finally:
-            stop.set()
-            loop.join(5)
         record = supervisor.records[f"nats-{index}"]
         assert (record.count, record.last_exit) == (1, -signal.SIGKILL), lines
         others = [f"nats-{i}" for i in range(SERVERS) if i != index]

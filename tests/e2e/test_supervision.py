@@ -9,22 +9,18 @@ supervisor's loop in a thread, as `kairos up` does in its main loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e import manifests
-from tests.e2e.invariants import BOUND, Observer
-from tests.e2e.kubectl import apply, kubectl, kubesim_stack
-from tools.stack.supervision import Supervisor
+from tests.e2e.kubectl import apply, kubesim_stack
+from tests.e2e.supervised import bound_once, running_pods, supervised
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,32 +29,13 @@ KILLED = ("state-0", "queue-0", "placement-0", "binder-0")
 SPARED = ("placement-1", "binder-1")
 
 
-def running_pods(stack: Any) -> dict[str, str]:
-    listed = json.loads(kubectl(stack, "get", "pods", "-o", "json"))["items"]
-    return {
-        p["metadata"]["name"]: p["spec"]["nodeName"]
-        for p in listed
-        if p["status"].get("phase") == "Running" and p["spec"].get("nodeName")
-    }
-
-
 @pytest.mark.timeout(300)
 def test_every_service_loses_a_replica_under_load_and_every_pod_is_bound_once(tmp_path: Path) -> None:
     lines: list[str] = []
     with kubesim_stack(
         tmp_path / "kairos", nodes=4, gpus_per_node=8, replicas={"placement": 2, "binder": 2}
     ) as stack:
-        supervisor = Supervisor(stack, time.time(), say=lines.append)
-        stop = threading.Event()
-
-        def supervise() -> None:
-            while not stop.is_set():
-                supervisor.poll(time.time())
-                stop.wait(0.2)
-
-        loop = threading.Thread(target=supervise, daemon=True)
-        loop.start()
-        try:
+        with supervised(stack, lines) as supervisor:
             spared = {name: stack.processes[name].pid for name in SPARED}
             half = PODS // 2
             apply(stack, *(manifests.pod(f"load-{i:02d}", gpus="1") for i in range(half)))
@@ -74,21 +51,8 @@ def test_every_service_loses_a_replica_under_load_and_every_pod_is_bound_once(tm
             per_node = Counter(placed.values())
             assert all(count <= 8 for count in per_node.values()), per_node
 
-            async def ledger_check() -> dict[str, int]:
-                observer = await Observer.open(stack.url, "supervision-test")
-                try:
-                    await observer.until(
-                        "every pod bound in the state bucket", lambda: observer.count(*BOUND) >= PODS, 60
-                    )
-                    return observer.check()
-                finally:
-                    await observer.close()
-
-            statuses = asyncio.run(ledger_check())
+            statuses = bound_once(stack, PODS, "supervision-test")
             assert sum(statuses.values()) == PODS
-        finally:
-            stop.set()
-            loop.join(5)
         for name in KILLED:
             assert supervisor.records[name].count >= 1, lines
             assert supervisor.records[name].last_exit == -signal.SIGKILL
@@ -104,17 +68,7 @@ def test_every_service_loses_a_replica_under_load_and_every_pod_is_bound_once(tm
 def test_nats_server_and_kubesim_killed_are_restarted_and_scheduling_goes_on(tmp_path: Path) -> None:
     lines: list[str] = []
     with kubesim_stack(tmp_path / "kairos", nodes=4, gpus_per_node=8) as stack:
-        supervisor = Supervisor(stack, time.time(), say=lines.append)
-        stop = threading.Event()
-
-        def supervise() -> None:
-            while not stop.is_set():
-                supervisor.poll(time.time())
-                stop.wait(0.2)
-
-        loop = threading.Thread(target=supervise, daemon=True)
-        loop.start()
-        try:
+        with supervised(stack, lines) as supervisor:
             apply(stack, *(manifests.pod(f"before-{i}", gpus="1") for i in range(4)))
             stack.nats.process.kill()
             deadline = time.monotonic() + 120
@@ -131,9 +85,6 @@ def test_nats_server_and_kubesim_killed_are_restarted_and_scheduling_goes_on(tmp
             while len(placed := running_pods(stack)) < 4 or not all(n.startswith("after-") for n in placed):
                 assert time.monotonic() < deadline, (placed, lines)
                 time.sleep(1)
-        finally:
-            stop.set()
-            loop.join(5)
         assert supervisor.records["nats-server"].count == 1, lines
         assert supervisor.records["kubesim"].count == 1, lines
         assert all(
