@@ -35,10 +35,10 @@ from shared.core.result import (
     SessionView,
     TaskView,
 )
-from shared.core.session import Session
+from shared.core.session import Decisions, Session
 from shared.core.tasks import GPU, JobState, TaskState
 from shared.model import Snapshot
-from shared.model.status import PodStatus
+from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
 
 ActionFn = Callable[[Session], None]
 ActionHook = Callable[[str], AbstractContextManager[object]]
@@ -73,7 +73,35 @@ def run_session(
             continue
         with around_action(name):
             ACTIONS[name](ssn)
+    hold_broken_gangs(ssn)
     return ssn
+
+
+def hold_broken_gangs(ssn: Session) -> None:
+    """Whole gangs or nothing, across actions: a podgroup that one action bound and a later one took pods
+    from (a victim of reclaim or preempt) would go out with fewer pods than its gang. Its binds wait
+    instead, as pipelined pods on the same nodes (KAI's `ConvertAllAllocatedToPipelined`, here for the
+    session as a whole); the next cycle places the gang again.
+
+    A podgroup with a finished pod is exempt: the last pods of a gang may run alone (KAI's stale rule)."""
+    bound_here = {t.job.key: t.job for t, _ in ssn.log.binds if t.status == PodStatus.BINDING}
+    for job in bound_here.values():
+        if any(t.status == PodStatus.SUCCEEDED for t in job.tasks.values()):
+            continue
+        if all(ps.count(ALLOCATED) >= ps.min_available for ps in job.pod_sets.values()):
+            continue
+        held: list[tuple[TaskState, str]] = []
+        for task in job.tasks.values():
+            if task.status != PodStatus.BINDING or task.node is None:
+                continue
+            node = ssn.cluster.nodes[task.node]
+            node.remove_task(task)
+            ssn.on_deallocate(task)
+            ssn.set_status(task, PodStatus.PIPELINED)
+            node.add_task(task)
+            ssn.on_allocate(task)
+            held.append((task, task.node))
+        ssn.record(Decisions(pipelines=tuple(held)))
 
 
 def fit_error_message(reasons: list[tuple[str, list[str]]]) -> str | None:
@@ -98,9 +126,15 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         EvictionOrder(
             pod=t.key, namespace=t.job.namespace, name=t.name, podgroup=t.job.key, node=node, message=msg
         )
-        for t, node, msg in ssn.log.evictions
+        for t, node, msg in _cluster_evictions(ssn)
     )
-    pipelined = tuple(PipelinedPod(pod=t.key, podgroup=t.job.key, node=node) for t, node in ssn.log.pipelines)
+    # A pod pipelined and then evicted or pipelined elsewhere by a later action waits where it ended up.
+    last_pipeline = {t.key: (t, node) for t, node in ssn.log.pipelines}
+    pipelined = tuple(
+        PipelinedPod(pod=t.key, podgroup=t.job.key, node=node)
+        for t, node in last_pipeline.values()
+        if t.status == PodStatus.PIPELINED and t.node == node
+    )
     detailed = frozenset(node_details)
     statuses = {job.key: _status(job, job.key in detailed) for job in ssn.jobs.values()}
     pending = tuple(
@@ -121,6 +155,26 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         committed=Committed(len(ssn.log.binds), len(ssn.log.evictions), len(ssn.log.pipelines)),
         view=session_view(ssn, statuses) if want_view else None,
     )
+
+
+# A pod in one of these statuses when the snapshot was taken occupies its node in the cluster.
+HOLDS_NODE = ACTIVE_USED - {PodStatus.PIPELINED}
+
+
+def _cluster_evictions(ssn: Session) -> list[tuple[TaskState, str, str]]:
+    """The session's evictions the cluster has to carry out: once per pod, from the node it holds.
+
+    KAI's statement may also evict a pod that only this session placed (pipelined by one action, taken as
+    a victim by a later one). In the cluster that pod is pending and holds nothing; evicting it would
+    delete a pod nobody asked to stop, so it is left pending and only the session's bookkeeping moves."""
+    out: list[tuple[TaskState, str, str]] = []
+    seen: set[str] = set()
+    for task, node, msg in ssn.log.evictions:
+        if task.pod.status not in HOLDS_NODE or task.key in seen:
+            continue
+        seen.add(task.key)
+        out.append((task, node, msg))
+    return out
 
 
 def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
