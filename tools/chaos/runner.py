@@ -35,6 +35,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from tools.stack.nats_server import CLUSTER_NAME
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
-__all__ = ["ChaosOptions", "ChaosReport", "FaultRecord", "run"]
+__all__ = ["ChaosOptions", "ChaosReport", "ChaosRun", "FaultRecord", "run", "start"]
 
 log = logging.getLogger("kairos.chaos")
 
@@ -108,6 +109,9 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     nats_cluster: int = 1
     """nats-servers in one JetStream cluster (streams and buckets then at 3 replicas, as deploy/ runs them);
     1: a single server."""
+    kill_replica: int | None = None
+    """The replica a `kill:` fault kills (None: a random one). The soak always kills replica 1, so replica
+    0 of every service runs the whole soak and its memory is comparable from start to end."""
 
 
 class FaultRecord(msgspec.Struct, kw_only=True):
@@ -148,10 +152,44 @@ def run(
     stays there; otherwise a temporary one is removed."""
     workload = build(options.pods, waves=len(faults(options)) + 1, seed=options.seed)
     state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-chaos-"))
+    say(f"chaos: {len(workload.pod_keys)} pods on {workload.nodes} nodes, in {state_dir}")
+    stack = start(options, workload.nodes, state_dir, say)
+    try:
+        report = asyncio.run(ChaosRun(stack, workload, options, say).run())
+        report.state_dir = str(state_dir) if keep else ""
+        return report
+    finally:
+        stack.stop(timeout=5.0)
+        if keep is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@dataclass
+class Connections:
+    """What a chaos run talks through; `close` ends them all."""
+
+    kube: Kube
+    bus: Bus
+    http: aiohttp.ClientSession
+    subs: list[Any]
+    watching: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.watching.cancel()
+        with contextlib.suppress(BaseException):
+            await self.watching
+        for sub in self.subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        await self.http.close()
+        await self.bus.close()
+        await self.kube.close()
+
+
+def start(options: ChaosOptions, nodes: int, state_dir: Path, say: Callable[[str], None]) -> Stack:
+    """The stack a chaos run breaks: kubesim with `nodes` 8-GPU nodes, NATS, `options.replicas` (at least 2)
+    of every service."""
     replicas = dict.fromkeys(SERVICES, max(2, options.replicas))
-    say(
-        f"chaos: {len(workload.pod_keys)} pods on {workload.nodes} nodes, replicas {replicas}, in {state_dir}"
-    )
     started = time.monotonic()
     stack = start_stack(
         state_dir,
@@ -161,23 +199,16 @@ def run(
             "binder": {"conflicts": "fit"},
         },
         timeout=180.0,
-        cluster=ClusterChoice(
-            kind="kubesim", nodes=workload.nodes, gpus_per_node=8, run_delay=options.run_delay
-        ),
+        cluster=ClusterChoice(kind="kubesim", nodes=nodes, gpus_per_node=8, run_delay=options.run_delay),
         nats_cluster=options.nats_cluster,
     )
-    say(f"chaos: stack up in {time.monotonic() - started:.1f} s")
-    try:
-        report = asyncio.run(_Run(stack, workload, options, say).run())
-        report.state_dir = str(state_dir) if keep else ""
-        return report
-    finally:
-        stack.stop(timeout=5.0)
-        if keep is None:
-            shutil.rmtree(state_dir, ignore_errors=True)
+    say(f"chaos: stack up in {time.monotonic() - started:.1f} s, replicas {replicas}")
+    return stack
 
 
-class _Run:
+class ChaosRun:
+    """One chaos load against a started stack; `tools.chaos.soak.Soak` drives its faults and checker too."""
+
     def __init__(
         self, stack: Stack, workload: Workload, options: ChaosOptions, say: Callable[[str], None]
     ) -> None:
@@ -193,20 +224,44 @@ class _Run:
         """Replica -> when its last ready heartbeat arrived."""
         self.outcomes: list[OutcomeSeen] = []
         self.faults: list[FaultRecord] = []
+        self._synced = asyncio.Event()
 
     # --- the run ----------------------------------------------------------------------------------------------
-    async def run(self) -> ChaosReport:
-        kubeconfig = self.stack.kubeconfig
-        if kubeconfig is None:
-            raise TemporaryError("the stack wrote no kubeconfig")
+    async def open(self, kubeconfig: Path) -> Connections:
+        """Connect to the API server and NATS, follow heartbeats, outcomes and the pods' binds."""
         kube = await kube_connect(str(kubeconfig))
         bus = await connect(self.stack.url, "kairos-chaos")
         http = aiohttp.ClientSession(base_url=kube.server.rstrip("/"))
         subs = await self._subscribe(bus)
-        informer = self._informer(kube)
-        watching = asyncio.create_task(informer.run())
+        watching = asyncio.create_task(self._informer(kube).run())
+        connections = Connections(kube, bus, http, subs, watching)
         try:
-            await asyncio.wait_for(informer.synced.wait(), 60.0)
+            await asyncio.wait_for(self._synced.wait(), 60.0)
+        except BaseException:
+            await connections.close()
+            raise
+        return connections
+
+    def expected(self) -> list[str]:
+        """Every pod the checker must find (a missing one is lost)."""
+        return self.workload.pod_keys
+
+    def _done(self) -> bool:
+        return len(self.bound) >= len(self.workload.pod_keys)
+
+    def outcome_counts(self) -> dict[str, int]:
+        statuses: dict[str, int] = {}
+        for o in self.outcomes:
+            statuses[o.status] = statuses.get(o.status, 0) + 1
+        return statuses
+
+    async def run(self) -> ChaosReport:
+        kubeconfig = self.stack.kubeconfig
+        if kubeconfig is None:
+            raise TemporaryError("the stack wrote no kubeconfig")
+        connections = await self.open(kubeconfig)
+        http, bus = connections.http, connections.bus
+        try:
             for queue in self.workload.queues:
                 await self._post(http, queue)
             self.t0 = time.monotonic()
@@ -227,18 +282,7 @@ class _Run:
             duration = time.monotonic() - self.t0
             verdict, injected = await self._check(http, bus)
         finally:
-            watching.cancel()
-            with contextlib.suppress(BaseException):
-                await watching
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-            await http.close()
-            await bus.close()
-            await kube.close()
-        statuses: dict[str, int] = {}
-        for o in self.outcomes:
-            statuses[o.status] = statuses.get(o.status, 0) + 1
+            await connections.close()
         return ChaosReport(
             pods=verdict.pods,
             nodes=self.workload.nodes,
@@ -250,7 +294,7 @@ class _Run:
             violations=verdict.violations,
             clean=verdict.clean,
             injected=injected,
-            outcomes=statuses,
+            outcomes=self.outcome_counts(),
         )
 
     def _now(self) -> float:
@@ -265,10 +309,9 @@ class _Run:
     async def _settle(self) -> None:
         """Until no pod was bound for `quiet` seconds (or the run's timeout)."""
         deadline = self.t0 + self.options.timeout
-        total = len(self.workload.pod_keys)
         while time.monotonic() < deadline:
             last = self.binds[-1] if self.binds else self.t0
-            if len(self.bound) >= total or time.monotonic() - last > self.options.quiet:
+            if self._done() or time.monotonic() - last > self.options.quiet:
                 return
             await asyncio.sleep(0.5)
         self.say(f"chaos: gave up waiting after {self.options.timeout:.0f} s")
@@ -305,7 +348,10 @@ class _Run:
         creating = asyncio.create_task(self._create_soon(http, during))
         if kind.startswith("kill:"):
             service = kind.partition(":")[2]
-            target = f"{service}-{self.rng.randrange(self.options.replicas)}"
+            index = self.options.kill_replica
+            if index is None:
+                index = self.rng.randrange(self.options.replicas)
+            target = f"{service}-{index}"
             record.target = target
             process = self.stack.processes[target]
             os.kill(process.pid, signal.SIGKILL)
@@ -347,7 +393,7 @@ class _Run:
             record.healthy_s = round(healthy - began, 2)
         deadline = began + self.options.recover_timeout
         while time.monotonic() < deadline and (len(self.binds) <= binds_before or self.binds[-1] < ended):
-            if len(self.bound) >= len(self.workload.pod_keys):
+            if self._done():
                 break
             await asyncio.sleep(0.1)
         since = self.binds[binds_before:]
@@ -420,7 +466,9 @@ class _Run:
                 self.bound.add(name)
                 self.binds.append(time.monotonic())
 
-        return pod_watch(kube, NAMESPACE, on_pod)
+        informer = pod_watch(kube, NAMESPACE, on_pod)
+        self._synced = informer.synced
+        return informer
 
     async def _subscribe(self, bus: Bus) -> list[Any]:
         async def on_beat(msg: Any) -> None:
@@ -470,7 +518,7 @@ class _Run:
             bindings=bindings,
             claims=claims,
             outcomes=self.outcomes,
-            expected=self.workload.pod_keys,
+            expected=self.expected(),
         )
         return check(observed), injected
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["NAMESPACE", "Group", "Workload", "build"]
+from tools.kubesim.nodesim import RUN_SECONDS
+
+__all__ = ["MEAN_GPUS", "NAMESPACE", "QUEUES", "Group", "Workload", "build", "churn_group"]
 
 Obj = dict[str, Any]
 NAMESPACE = "default"
@@ -62,8 +64,13 @@ def _queue(name: str, parent: str = "", gpu_limit: int = -1) -> Obj:
     return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
 
 
-def _pod(name: str, group: str, queue: str, *, gpus: int = 0, fraction: str | None = None) -> Obj:
+def _pod(
+    name: str, group: str, queue: str, *, gpus: int = 0, fraction: str | None = None, run_seconds: int = 0
+) -> Obj:
     annotations = {"pod-group-name": group}
+    labels = {"kai.scheduler/queue": queue}
+    if run_seconds:
+        labels[RUN_SECONDS] = str(run_seconds)
     resources: Obj = {"requests": {"cpu": "100m", "memory": "128Mi"}}
     if fraction is not None:
         annotations["gpu-fraction"] = fraction
@@ -75,7 +82,7 @@ def _pod(name: str, group: str, queue: str, *, gpus: int = 0, fraction: str | No
         "metadata": {
             "name": name,
             "namespace": NAMESPACE,
-            "labels": {"kai.scheduler/queue": queue},
+            "labels": labels,
             "annotations": annotations,
         },
         "spec": {
@@ -85,8 +92,9 @@ def _pod(name: str, group: str, queue: str, *, gpus: int = 0, fraction: str | No
     }
 
 
-def _group(index: int, shape: str, queue: str) -> tuple[Group, float]:
-    """The group of `shape` (and the GPUs it asks for)."""
+def _group(index: int, shape: str, queue: str, run_seconds: int = 0) -> tuple[Group, float]:
+    """The group of `shape` (and the GPUs it asks for); with `run_seconds` its pods succeed that long after
+    they start."""
     name = f"chaos-{index:05d}"
     if shape == "gang4":
         count, gpus, fraction = 4, 1, None
@@ -98,7 +106,10 @@ def _group(index: int, shape: str, queue: str) -> tuple[Group, float]:
         count, gpus, fraction = 1, GPUS_PER_NODE * 2, None
     else:
         count, gpus, fraction = 1, 1, None
-    pods = tuple(_pod(f"{name}-{i}", name, queue, gpus=gpus, fraction=fraction) for i in range(count))
+    pods = tuple(
+        _pod(f"{name}-{i}", name, queue, gpus=gpus, fraction=fraction, run_seconds=run_seconds)
+        for i in range(count)
+    )
     podgroup = {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",
@@ -109,27 +120,47 @@ def _group(index: int, shape: str, queue: str) -> tuple[Group, float]:
     return Group(podgroup, pods), 0.0 if shape == "too-big" else demand
 
 
+QUEUES = (
+    _queue("chaos"),
+    _queue("chaos-a", parent="chaos"),
+    _queue("chaos-b", parent="chaos"),
+    _queue(LIMITED_QUEUE, parent="chaos", gpu_limit=LIMITED_GPUS),
+)
+
+
+def _shape(index: int, rng: random.Random) -> tuple[str, str]:
+    """The shape and queue of the `index`-th group: mostly a random mix, with the limited queue and the
+    too-big pods at their fixed shares."""
+    if index % TOO_BIG_EVERY == TOO_BIG_EVERY - 1:
+        return "too-big", "chaos-a"
+    if index % LIMITED_EVERY == LIMITED_EVERY // 2:
+        return "single", LIMITED_QUEUE
+    return rng.choice(SHAPES), rng.choice(("chaos-a", "chaos-b"))
+
+
+SHAPES = ("single", "single", "gang4", "gang2x2", "shared", "shared")
+MEAN_GPUS = (1 + 1 + 4 + 4 + 0.5 + 0.5) / len(SHAPES)
+"""The GPUs a group of the random mix asks for, on average."""
+
+
+def churn_group(index: int, rng: random.Random, run_seconds: tuple[int, int]) -> Group:
+    """The soak's `index`-th group: the same mix as `build`, each pod running a time drawn from
+    `run_seconds` (inclusive) and then succeeding."""
+    shape, queue = _shape(index, rng)
+    group, _ = _group(index, shape, queue, run_seconds=rng.randint(*run_seconds))
+    return group
+
+
 def build(pods: int, waves: int, seed: int = 7) -> Workload:
     """About `pods` pods in `waves` waves (the first holds a third, so work is pending from the start)."""
     rng = random.Random(seed)
-    queues = (
-        _queue("chaos"),
-        _queue("chaos-a", parent="chaos"),
-        _queue("chaos-b", parent="chaos"),
-        _queue(LIMITED_QUEUE, parent="chaos", gpu_limit=LIMITED_GPUS),
-    )
+    queues = QUEUES
     groups: list[Group] = []
     demand = 0.0
     made = 0
     index = 0
     while made < pods:
-        if index % TOO_BIG_EVERY == TOO_BIG_EVERY - 1:
-            shape, queue = "too-big", "chaos-a"
-        elif index % LIMITED_EVERY == LIMITED_EVERY // 2:
-            shape, queue = "single", LIMITED_QUEUE
-        else:
-            shape = rng.choice(("single", "single", "gang4", "gang2x2", "shared", "shared"))
-            queue = rng.choice(("chaos-a", "chaos-b"))
+        shape, queue = _shape(index, rng)
         group, gpus = _group(index, shape, queue)
         groups.append(group)
         demand += gpus

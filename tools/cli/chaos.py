@@ -6,9 +6,12 @@ Registered by `tools.cli.main`; the suite is imported when the command runs.
     kairos chaos                    5,000 pods, 2 replicas of every service (the full run)
     kairos chaos --quick            a few hundred pods, shorter faults (the CI test's size)
     kairos chaos --pods N --json OUT --keep DIR
+    kairos chaos --soak MINUTES     a steady churn of jobs for MINUTES with a fault every few minutes and
+                                    every process's memory sampled (docs/chaos.md; 30 for the full soak)
 
-Prints one line per fault (recovery times), then the verdict. Exit codes: 0 the checker found nothing;
-1 it found violations (listed); 2 bad arguments.
+Prints one line per fault (recovery times), then the verdict (a soak: then each service's memory at the
+baseline and at the end). Exit codes: 0 the checker found nothing (and, soaking, every service's memory
+stayed within the tolerance); 1 it found violations (listed) or memory grew; 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="run NATS as N servers in one JetStream cluster (3: as deploy/); kills a follower, then the leader",
     )
+    chaos.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="a soak: jobs arriving and finishing for MINUTES, a fault every few minutes, memory sampled",
+    )
+    chaos.add_argument("--rate", type=float, default=2.0, help="soak: podgroups arriving per second")
     chaos.set_defaults(handler=cmd_chaos)
 
 
@@ -49,6 +59,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from shared.errors import ConfigError
     from tools.chaos.runner import ChaosOptions, run
 
+    if args.soak is not None:
+        return _soak(args)
     pods = args.pods if args.pods is not None else (QUICK_PODS if args.quick else 5000)
     if pods < 1:
         raise ConfigError(f"--pods: must be >= 1, got {pods}")
@@ -80,3 +92,44 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
         _say(f"wrote {args.json}")
     return 0 if report.clean else 1
+
+
+def _soak(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from shared.errors import ConfigError
+    from tools.chaos.runner import ChaosOptions
+    from tools.chaos.soak import SoakOptions, soak
+
+    if args.soak <= 0:
+        raise ConfigError(f"--soak: minutes must be > 0, got {args.soak}")
+    if args.rate <= 0:
+        raise ConfigError(f"--rate: podgroups per second must be > 0, got {args.rate}")
+    if args.replicas < 2:
+        raise ConfigError(f"--replicas: a kill must leave one replica standing: >= 2, got {args.replicas}")
+    chaos = ChaosOptions(
+        replicas=args.replicas,
+        seed=args.seed,
+        fault_seconds=3.0 if args.quick else 5.0,
+        quiet=30.0,
+        nats_cluster=args.nats_cluster,
+    )
+    report = soak(SoakOptions(minutes=args.soak, rate=args.rate), chaos, _say, keep=args.keep)
+    _say(
+        f"soak: {report.created_groups} podgroups ({report.created_pods} pods) created, "
+        f"{report.succeeded_and_deleted_pods} pods succeeded and deleted, {len(report.faults)} faults, "
+        f"{report.duration_s:.0f} s"
+    )
+    for v in report.violations:
+        _say(f"VIOLATION {v.rule}: {v.object}: {v.detail}")
+    _say("verdict: clean" if report.clean else f"verdict: {len(report.violations)} violations")
+    _say(f"memory (RSS MiB) after {report.baseline_s:.0f} s and at the end:")
+    for m in report.memory:
+        change = "" if m.change is None else f"{m.change * 100:+.1f} %"
+        _say(
+            f"  {m.process:12} {m.baseline_mib!s:>8} {m.end_mib!s:>8} {change:>9} {'ok' if m.ok else 'OUTSIDE'} {m.detail}"
+        )
+    if args.json:
+        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
+        _say(f"wrote {args.json}")
+    return 0 if report.clean and report.memory_ok else 1
