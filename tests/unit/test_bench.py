@@ -40,9 +40,11 @@ from tools.bench.report import (
     cpu_per_pod,
     cpu_table,
     encode,
+    nats_processes,
     per_pod_ms,
     plot,
     process_group,
+    services_cpu_s,
     targets,
 )
 from tools.cli.main import main
@@ -377,6 +379,19 @@ def test_replicas_count_towards_their_service() -> None:
         "kubesim",
         "nats",
     ]
+
+
+def test_every_server_of_a_nats_cluster_counts_in_the_nats_column() -> None:
+    assert nats_processes([41]) == {"nats": 41}
+    assert nats_processes([41, 42, 43]) == {"nats-0": 41, "nats-1": 42, "nats-2": 43}
+    on_cluster = {name: cpu for name, cpu in BUS_CPU_S.items() if name != "nats"}
+    on_cluster |= {"nats-0": 0.3, "nats-1": 0.2, "nats-2": 0.1}
+    assert services_cpu_s(on_cluster) == services_cpu_s(BUS_CPU_S) == pytest.approx(7.3)
+    report = _cpu_report()
+    report.records[0] = msgspec.structs.replace(report.records[0], cpu_s_by_process=on_cluster)
+    basic = cpu_per_pod(report)[0]
+    assert basic.by_process_ms["nats"] == pytest.approx(0.6)
+    assert basic.services_ms == pytest.approx(7.3)
 
 
 def test_cpu_per_pod_is_each_process_cpu_over_the_bound_pods() -> None:
