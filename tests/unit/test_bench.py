@@ -24,6 +24,7 @@ from tests.admitted_pods import admitted
 from tools.bench import measure, procstats, workloads
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import (
+    NAMESPACE,
     cluster_file_text,
     pod_manifest,
     podgroup_manifest,
@@ -178,6 +179,59 @@ def test_every_workload_builds_at_both_sizes(name: str) -> None:
     assert quick.counted
     assert len(quick.counted) <= len(full.counted)
     assert quick.name == full.name == name
+
+
+@pytest.mark.parametrize("name", ["SchedulingBasic", "PodAntiAffinity", "PodAffinity", "TopologySpreading"])
+def test_scheduler_perf_workloads_run_single_pods_one_per_node_then_create_pending_ones(name: str) -> None:
+    w = workloads.build(name, quick=True)
+    groups = (*w.initial, *w.measured)
+    assert {len(g.pods) for g in groups} == {1}
+    running = [g.pods[0] for g in w.initial]
+    assert {p.status for p in running} == {PodStatus.RUNNING}
+    assert len({p.node for p in running}) == len(running) > 0
+    assert {(p.status, p.node) for g in w.measured for p in g.pods} == {(PodStatus.PENDING, None)}
+    assert [g.podgroup.creation_time for g in groups] == [float(j) for j in range(len(groups))]
+    queues = [q.name for q in w.queues if q.parent is not None]  # the leaves, in order
+    for phase in (w.initial, w.measured):
+        assert [g.podgroup.queue for g in phase] == [queues[j % len(queues)] for j in range(len(phase))]
+
+
+def test_scheduler_perf_workloads_pods_carry_their_templates() -> None:
+    basic = workloads.build("SchedulingBasic", quick=True)
+    assert {(p.gpu.devices, p.namespace, p.pod_affinity) for g in basic.measured for p in g.pods} == {
+        (1, "", ())
+    }
+
+    anti = workloads.build("PodAntiAffinity", quick=True)
+    # One per node on the first nodes, where the others spread theirs evenly.
+    assert [g.pods[0].node for g in anti.initial] == [n.name for n in anti.nodes[: len(anti.initial)]]
+    for pod in (p for g in (*anti.initial, *anti.measured) for p in g.pods):
+        assert (pod.namespace, pod.labels, pod.pod_affinity, pod.gpu.gpus) == (
+            NAMESPACE,
+            {"color": "green"},
+            (),
+            0,
+        )
+        assert [(t.selector.match_labels, t.topology_key) for t in pod.pod_anti_affinity] == [
+            ({"color": "green"}, "kubernetes.io/hostname")
+        ]
+
+    affinity = workloads.build("PodAffinity", quick=True)
+    for pod in (p for g in (*affinity.initial, *affinity.measured) for p in g.pods):
+        assert (pod.namespace, pod.labels, pod.pod_anti_affinity) == (NAMESPACE, {"foo": ""}, ())
+        assert [(t.selector.match_labels, t.topology_key) for t in pod.pod_affinity] == [
+            ({"foo": ""}, "topology.kubernetes.io/zone")
+        ]
+
+    spreading = workloads.build("TopologySpreading", quick=True)
+    assert {(p.labels.get("color"), p.topology_spread) for g in spreading.initial for p in g.pods} == {
+        (None, ())
+    }
+    for pod in (p for g in spreading.measured for p in g.pods):
+        assert (pod.namespace, pod.labels) == (NAMESPACE, {"color": "blue"})
+        assert [(c.max_skew, c.topology_key, c.selector.match_labels) for c in pod.topology_spread] == [
+            (1, "topology.kubernetes.io/zone", {"color": "blue"})
+        ]
 
 
 # --- manifests ------------------------------------------------------------------------------------------------
