@@ -235,7 +235,18 @@ def test_scheduler_perf_workloads_pods_carry_their_templates() -> None:
 
 
 # --- manifests ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["SchedulingBasic", "FractionalGPU", "Topology", "Reclaim"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SchedulingBasic",
+        "FractionalGPU",
+        "Topology",
+        "Reclaim",
+        "PodAntiAffinity",
+        "PodAffinity",
+        "TopologySpreading",
+    ],
+)
 def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
     w = workloads.build(name, quick=True)
     for group in (*w.initial, *w.measured)[:20]:
@@ -257,6 +268,11 @@ def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
             )
             assert back.node == pod.node
             assert back.podgroup == f"default/{group.podgroup.name}"
+            assert (back.pod_affinity, back.pod_anti_affinity, back.topology_spread) == (
+                pod.pod_affinity,
+                pod.pod_anti_affinity,
+                pod.topology_spread,
+            )
 
 
 def test_queue_manifests_keep_quotas_and_parents() -> None:
