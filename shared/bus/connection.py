@@ -20,6 +20,7 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -37,7 +38,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
@@ -85,15 +86,62 @@ FOLLOW_HEARTBEAT_S = 1.0
 
 
 async def _stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> None:
-    """Create the stream with `replicas` (None: 1), or update an existing one; None keeps its replicas, so
-    a client that declares without knowing the cluster (a test's admin) never shrinks them."""
+    """Create the stream with `replicas` (None: 1), or update an existing one to `config` with the replicas
+    `existing_replicas` gives it."""
     try:
         await js.add_stream(replace(config, num_replicas=replicas or 1))
-    except BadRequestError:
-        if replicas is None:
-            current = await js.stream_info(str(config.name))
-            replicas = current.config.num_replicas or 1
-        await js.update_stream(replace(config, num_replicas=replicas))
+    except BadRequestError:  # it exists with another configuration, or `replicas` cannot be had
+        current = await _replicas_of(js, str(config.name))
+        if current is None:
+            raise
+        kept = existing_replicas(str(config.name), replicas, current)
+        await js.update_stream(replace(config, num_replicas=kept))
+
+
+async def _bucket(js: JetStreamContext, config: KeyValueConfig, replicas: int | None) -> None:
+    """Create the KV bucket with `replicas` (None: 1), or give an existing one the replicas
+    `existing_replicas` says, its own configuration otherwise kept."""
+    stream = f"KV_{config.bucket}"
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        await js.create_key_value(replace(config, replicas=replicas or 1))
+        return
+    current = info.config.num_replicas or 1
+    kept = existing_replicas(stream, replicas, current)
+    if kept != current:
+        await js.update_stream(replace(info.config, num_replicas=kept))
+
+
+async def _replicas_of(js: JetStreamContext, stream: str) -> int | None:
+    """The stream's replicas; None when it does not exist."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return None
+    return info.config.num_replicas or 1
+
+
+def existing_replicas(stream: str, configured: int | None, current: int) -> int:
+    """The replicas an existing stream (a bucket's too) is given: `configured` when it is more than
+    `current`, as for a bucket made at 1 before the cluster grew or by a version that kept what existed.
+    Fewer are logged and not applied: one replica started with a stale setting would otherwise take copies
+    from every other replica's streams; shrinking is the operator's to do (`nats stream edit`). None (a
+    client that does not know the cluster: a test, the bench) keeps `current`."""
+    if configured is None or configured == current:
+        return current
+    if configured < current:
+        log.warning(
+            "stream %s has %d replicas, more than %s=%d: kept at %d",
+            stream,
+            current,
+            ENV_REPLICAS,
+            configured,
+            current,
+        )
+        return current
+    log.info("stream %s: replicas raised from %d to %d (%s)", stream, current, configured, ENV_REPLICAS)
+    return configured
 
 
 def _work_queue(name: str, wildcard: str) -> StreamConfig:
@@ -128,24 +176,36 @@ _STATE = KeyValueConfig(bucket=s.STATE_BUCKET, history=1, storage=StorageType.FI
 _LEDGER = KeyValueConfig(bucket=s.LEDGER_BUCKET, history=1, storage=StorageType.FILE)
 _LEASES = KeyValueConfig(bucket=s.LEASE_BUCKET, history=1, ttl=s.LEASE_TTL_S, storage=StorageType.FILE)
 _USAGE = KeyValueConfig(bucket=s.USAGE_BUCKET, history=1, storage=StorageType.FILE)
+_BUCKETS = (_STATE, _LEDGER, _LEASES, _USAGE)
 
 
 async def declare(js: JetStreamContext, replicas: int | None = None, timeout: float = 30.0) -> None:
-    """Create (or update) the streams; safe to run from every replica. `replicas`: each stream's copies on
-    a JetStream cluster (None: 1 for a new stream, an existing one keeps its own). A cluster just started
-    has no meta leader yet and refuses for a few seconds ("no suitable peers for placement"): retried
-    until `timeout`."""
+    """Create (or update) the streams and KV buckets; safe to run from every replica. `replicas`: each
+    one's copies on a JetStream cluster (None: 1 for a new one, an existing one keeps its own; see
+    `existing_replicas`). A cluster just started has no meta leader yet and refuses for a few seconds
+    ("no suitable peers for placement"): retried until `timeout`."""
     deadline = asyncio.get_running_loop().time() + timeout
     for config in _STREAMS:
-        while True:
-            try:
-                await _stream(js, config, replicas)
-                break
-            except (NatsTimeoutError, APIError) as exc:
-                if not _not_ready(exc) or asyncio.get_running_loop().time() > deadline:
-                    setting = f" with {REPLICAS_FIELD}={replicas}" if replicas is not None else ""
-                    raise ConfigError(f"cannot declare stream {config.name}{setting}: {exc}") from exc
-                await asyncio.sleep(0.5)
+        await _retried(f"stream {config.name}", replicas, deadline, partial(_stream, js, config, replicas))
+    for bucket in _BUCKETS:
+        await _retried(
+            f"KV bucket {bucket.bucket}", replicas, deadline, partial(_bucket, js, bucket, replicas)
+        )
+
+
+async def _retried(
+    what: str, replicas: int | None, deadline: float, attempt: Callable[[], Awaitable[None]]
+) -> None:
+    while True:
+        try:
+            await attempt()
+        except (NatsTimeoutError, APIError) as exc:
+            if not _not_ready(exc) or asyncio.get_running_loop().time() > deadline:
+                setting = f" with {REPLICAS_FIELD}={replicas}" if replicas is not None else ""
+                raise ConfigError(f"cannot declare {what}{setting}: {exc}") from exc
+            await asyncio.sleep(0.5)
+        else:
+            return
 
 
 def _not_ready(exc: Exception) -> bool:
@@ -161,17 +221,6 @@ def _not_ready(exc: Exception) -> bool:
 REPLICAS_FIELD = "nats_replicas"
 """The setting that names the streams' and buckets' replica count in errors (env KAIROS_NATS_REPLICAS)."""
 ENV_REPLICAS = "KAIROS_NATS_REPLICAS"
-
-
-async def _kv(
-    js: JetStreamContext, config: KeyValueConfig, create: bool = True, replicas: int | None = None
-) -> KvStore:
-    try:
-        return KvStore(await js.key_value(config.bucket))
-    except Exception:  # nats-py raises several types for "no such bucket"
-        if not create:
-            raise
-        return KvStore(await js.create_key_value(replace(config, replicas=replicas or 1)))
 
 
 def server_urls(url: str) -> list[str]:
@@ -297,7 +346,7 @@ def _with_scheme(url: str) -> str:
 
 async def _wait_declared(js: JetStreamContext, deadline: float) -> None:
     """Until the streams and buckets exist (an identity that may not declare them waits for one that may)."""
-    missing = [str(c.name) for c in _STREAMS] + [f"KV_{c.bucket}" for c in (_STATE, _LEDGER, _LEASES, _USAGE)]
+    missing = [str(c.name) for c in _STREAMS] + [f"KV_{c.bucket}" for c in _BUCKETS]
     while missing:
         try:
             await js.stream_info(missing[0])
@@ -369,10 +418,7 @@ async def connect(
             await declare(js, replicas, declared_timeout)
         else:
             await _wait_declared(js, asyncio.get_running_loop().time() + declared_timeout)
-        state = await _kv(js, _STATE, create, replicas)
-        ledger = await _kv(js, _LEDGER, create, replicas)
-        leases = await _kv(js, _LEASES, create, replicas)
-        usage = await _kv(js, _USAGE, create, replicas)
+        state, ledger, leases, usage = [KvStore(await js.key_value(c.bucket)) for c in _BUCKETS]
     except BaseException:
         await nc.close()
         raise

@@ -46,9 +46,10 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     credentials: str | None = None
     """A NATS credentials file (env KAIROS_NATS_CREDS)."""
     nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] | None = None
-    """Copies of each stream and KV bucket this replica creates on a JetStream cluster (env
-    KAIROS_NATS_REPLICAS; the local stack sets 3 on its 3-server cluster). None: 1 for what it creates,
-    and what exists keeps its own."""
+    """Copies of each stream and KV bucket on a JetStream cluster (env KAIROS_NATS_REPLICAS; the local
+    stack sets 3 on its 3-server cluster): what this replica creates gets them, and one that exists with
+    fewer is raised to them, never lowered (`shared.bus.connection.existing_replicas`). None: 1 for what it
+    creates, and what exists keeps its own."""
     replica: str = ""
     """This replica's id (env KAIROS_REPLICA); defaults to host-pid."""
     shard: str = s.DEFAULT_SHARD

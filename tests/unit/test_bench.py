@@ -24,6 +24,7 @@ from tests.admitted_pods import admitted
 from tools.bench import measure, procstats, workloads
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import (
+    NAMESPACE,
     cluster_file_text,
     pod_manifest,
     podgroup_manifest,
@@ -40,9 +41,11 @@ from tools.bench.report import (
     cpu_per_pod,
     cpu_table,
     encode,
+    nats_processes,
     per_pod_ms,
     plot,
     process_group,
+    services_cpu_s,
     targets,
 )
 from tools.cli.main import main
@@ -178,8 +181,72 @@ def test_every_workload_builds_at_both_sizes(name: str) -> None:
     assert quick.name == full.name == name
 
 
+@pytest.mark.parametrize("name", ["SchedulingBasic", "PodAntiAffinity", "PodAffinity", "TopologySpreading"])
+def test_scheduler_perf_workloads_run_single_pods_one_per_node_then_create_pending_ones(name: str) -> None:
+    w = workloads.build(name, quick=True)
+    groups = (*w.initial, *w.measured)
+    assert {len(g.pods) for g in groups} == {1}
+    running = [g.pods[0] for g in w.initial]
+    assert {p.status for p in running} == {PodStatus.RUNNING}
+    assert len({p.node for p in running}) == len(running) > 0
+    assert {(p.status, p.node) for g in w.measured for p in g.pods} == {(PodStatus.PENDING, None)}
+    assert [g.podgroup.creation_time for g in groups] == [float(j) for j in range(len(groups))]
+    queues = [q.name for q in w.queues if q.parent is not None]  # the leaves, in order
+    for phase in (w.initial, w.measured):
+        assert [g.podgroup.queue for g in phase] == [queues[j % len(queues)] for j in range(len(phase))]
+
+
+def test_scheduler_perf_workloads_pods_carry_their_templates() -> None:
+    basic = workloads.build("SchedulingBasic", quick=True)
+    assert {(p.gpu.devices, p.namespace, p.pod_affinity) for g in basic.measured for p in g.pods} == {
+        (1, "", ())
+    }
+
+    anti = workloads.build("PodAntiAffinity", quick=True)
+    # One per node on the first nodes, where the others spread theirs evenly.
+    assert [g.pods[0].node for g in anti.initial] == [n.name for n in anti.nodes[: len(anti.initial)]]
+    for pod in (p for g in (*anti.initial, *anti.measured) for p in g.pods):
+        assert (pod.namespace, pod.labels, pod.pod_affinity, pod.gpu.gpus) == (
+            NAMESPACE,
+            {"color": "green"},
+            (),
+            0,
+        )
+        assert [(t.selector.match_labels, t.topology_key) for t in pod.pod_anti_affinity] == [
+            ({"color": "green"}, "kubernetes.io/hostname")
+        ]
+
+    affinity = workloads.build("PodAffinity", quick=True)
+    for pod in (p for g in (*affinity.initial, *affinity.measured) for p in g.pods):
+        assert (pod.namespace, pod.labels, pod.pod_anti_affinity) == (NAMESPACE, {"foo": ""}, ())
+        assert [(t.selector.match_labels, t.topology_key) for t in pod.pod_affinity] == [
+            ({"foo": ""}, "topology.kubernetes.io/zone")
+        ]
+
+    spreading = workloads.build("TopologySpreading", quick=True)
+    assert {(p.labels.get("color"), p.topology_spread) for g in spreading.initial for p in g.pods} == {
+        (None, ())
+    }
+    for pod in (p for g in spreading.measured for p in g.pods):
+        assert (pod.namespace, pod.labels) == (NAMESPACE, {"color": "blue"})
+        assert [(c.max_skew, c.topology_key, c.selector.match_labels) for c in pod.topology_spread] == [
+            (1, "topology.kubernetes.io/zone", {"color": "blue"})
+        ]
+
+
 # --- manifests ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["SchedulingBasic", "FractionalGPU", "Topology", "Reclaim"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SchedulingBasic",
+        "FractionalGPU",
+        "Topology",
+        "Reclaim",
+        "PodAntiAffinity",
+        "PodAffinity",
+        "TopologySpreading",
+    ],
+)
 def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
     w = workloads.build(name, quick=True)
     for group in (*w.initial, *w.measured)[:20]:
@@ -201,6 +268,11 @@ def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
             )
             assert back.node == pod.node
             assert back.podgroup == f"default/{group.podgroup.name}"
+            assert (back.pod_affinity, back.pod_anti_affinity, back.topology_spread) == (
+                pod.pod_affinity,
+                pod.pod_anti_affinity,
+                pod.topology_spread,
+            )
 
 
 def test_queue_manifests_keep_quotas_and_parents() -> None:
@@ -377,6 +449,19 @@ def test_replicas_count_towards_their_service() -> None:
         "kubesim",
         "nats",
     ]
+
+
+def test_every_server_of_a_nats_cluster_counts_in_the_nats_column() -> None:
+    assert nats_processes([41]) == {"nats": 41}
+    assert nats_processes([41, 42, 43]) == {"nats-0": 41, "nats-1": 42, "nats-2": 43}
+    on_cluster = {name: cpu for name, cpu in BUS_CPU_S.items() if name != "nats"}
+    on_cluster |= {"nats-0": 0.3, "nats-1": 0.2, "nats-2": 0.1}
+    assert services_cpu_s(on_cluster) == services_cpu_s(BUS_CPU_S) == pytest.approx(7.3)
+    report = _cpu_report()
+    report.records[0] = msgspec.structs.replace(report.records[0], cpu_s_by_process=on_cluster)
+    basic = cpu_per_pod(report)[0]
+    assert basic.by_process_ms["nats"] == pytest.approx(0.6)
+    assert basic.services_ms == pytest.approx(7.3)
 
 
 def test_cpu_per_pod_is_each_process_cpu_over_the_bound_pods() -> None:

@@ -4,12 +4,13 @@ each node's file."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from shared.bus.connection import server_urls
+from shared.bus.connection import existing_replicas, server_urls
 from shared.bus.service import parse_config
 from shared.errors import ConfigError
 from shared.security.nats_config import authorization
@@ -67,3 +68,27 @@ def test_the_replica_setting_is_validated_naming_its_field() -> None:
     assert parse_config("state", []).nats_replicas is None
     with pytest.raises(ConfigError, match=r"\$\.nats_replicas"):
         parse_config("state", ["--nats-replicas", "6"])
+
+
+@pytest.mark.parametrize(
+    ("configured", "current", "kept"),
+    [
+        (3, 1, 3),  # made before the cluster grew: raised
+        (3, 3, 3),
+        (None, 3, 3),  # a client that does not know the cluster
+        (None, 1, 1),
+        (1, 3, 3),  # never lowered
+    ],
+)
+def test_an_existing_stream_is_raised_to_the_setting_and_never_lowered(
+    configured: int | None, current: int, kept: int
+) -> None:
+    assert existing_replicas("KV_kairos_state", configured, current) == kept
+
+
+def test_a_setting_below_a_streams_replicas_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="kairos.bus"):
+        existing_replicas("KAIROS_WORK", 1, 3)
+    assert [r.getMessage() for r in caplog.records] == [
+        "stream KAIROS_WORK has 3 replicas, more than KAIROS_NATS_REPLICAS=1: kept at 3"
+    ]

@@ -53,7 +53,7 @@ from tools.bench.manifests import (
 from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
 from tools.bench.procstats import Usage
 from tools.bench.profiles import Profiler, Profiling
-from tools.bench.report import INFRASTRUCTURE, Record, per_pod_ms
+from tools.bench.report import Record, nats_processes, per_pod_ms, services_cpu_s
 from tools.bench.workloads import Group, Workload
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
@@ -309,9 +309,8 @@ class _Run:
 
     async def _measured(self, http: aiohttp.ClientSession, pids: dict[str, int]) -> Record:
         w = self.workload
-        # The report's infrastructure column `nats` (the first server of a cluster).
-        nats = next(iter(self.stack.nats_nodes.values()))
-        usage = Usage({**pids, "nats": nats.process.pid})
+        nats = nats_processes([node.process.pid for node in self.stack.nats_nodes.values()])
+        usage = Usage({**pids, **nats})
         usage.start()
         self.measuring = True
         sem = asyncio.Semaphore(self.options.concurrency)
@@ -422,7 +421,7 @@ class _Run:
             throughput_pods_s=round(overall_throughput(created, bound), 1),
             p50_ms=round(percentile(lat, 50), 2),
             p99_ms=round(percentile(lat, 99), 2),
-            cpu_s=round(sum(v for k, v in cpu.items() if k not in INFRASTRUCTURE), 3),
+            cpu_s=services_cpu_s(cpu),
             peak_rss_mib=dict(usage.peak_mib),
             conflicts=self.conflicts,
             duration_s=round(max(bound, default=start) - start, 4),

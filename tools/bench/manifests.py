@@ -188,37 +188,26 @@ def _spread(c: TopologySpreadConstraint) -> Obj:
 
 
 def _affinity(pod: Pod, namespace: str) -> Obj:
-    """The pod's required pod (anti-)affinity as Kubernetes writes it; a term whose only namespace is the
-    pod's own names none (Kubernetes' default)."""
-
-    def selector_of(given: LabelSelector) -> Obj:
-        selector: Obj = {"matchLabels": dict(given.match_labels)}
-        if given.match_expressions:
-            selector["matchExpressions"] = [
-                {"key": r.key, "operator": r.operator, "values": list(r.values)}
-                for r in given.match_expressions
-            ]
-        return selector
-
-    def term(t: PodAffinityTerm) -> Obj:
-        out: Obj = {"labelSelector": selector_of(t.selector), "topologyKey": t.topology_key}
-        if t.all_namespaces:
-            out["namespaceSelector"] = {}
-        elif t.namespace_selector is not None:
-            out["namespaceSelector"] = selector_of(t.namespace_selector)
-            if t.namespaces:
-                out["namespaces"] = list(t.namespaces)
-        elif t.namespaces != (namespace,):
-            out["namespaces"] = list(t.namespaces)
-        return out
-
+    """The pod's required pod affinity and anti-affinity as Kubernetes writes them."""
     affinity: Obj = {}
-    if pod.pod_affinity:
-        affinity["podAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term(t) for t in pod.pod_affinity]
-        }
-    if pod.pod_anti_affinity:
-        affinity["podAntiAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term(t) for t in pod.pod_anti_affinity]
-        }
+    for kind, terms in (("podAffinity", pod.pod_affinity), ("podAntiAffinity", pod.pod_anti_affinity)):
+        if terms:
+            affinity[kind] = {
+                "requiredDuringSchedulingIgnoredDuringExecution": [_term(t, namespace) for t in terms]
+            }
     return affinity
+
+
+def _term(term: PodAffinityTerm, namespace: str) -> Obj:
+    """One (anti-)affinity term; one whose only namespace is the pod's own (`namespace`) names none
+    (Kubernetes' default)."""
+    out: Obj = {"labelSelector": _selector(term.selector), "topologyKey": term.topology_key}
+    if term.all_namespaces:
+        out["namespaceSelector"] = {}
+    elif term.namespace_selector is not None:
+        out["namespaceSelector"] = _selector(term.namespace_selector)
+        if term.namespaces:
+            out["namespaces"] = list(term.namespaces)
+    elif term.namespaces != (namespace,):
+        out["namespaces"] = list(term.namespaces)
+    return out

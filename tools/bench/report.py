@@ -15,6 +15,7 @@ stays light. Built by `tools.bench.suite`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,11 @@ __all__ = [
     "cpu_per_pod",
     "cpu_table",
     "encode",
+    "nats_processes",
     "per_pod_ms",
     "plot",
     "process_group",
+    "services_cpu_s",
     "targets",
 ]
 
@@ -85,7 +88,7 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     scheduling_throughput: Sampled | None = None
     cpu_s_by_process: dict[str, float] = msgspec.field(default_factory=dict)
     """CPU seconds per process during the measured phase: `inprocess`; or each service replica (`state-0`,
-    `placement-1`, ...), `kubesim` and `nats` (nats-server)."""
+    `placement-1`, ...), `kubesim` and `nats` (nats-server; each server of a NATS cluster, `nats-0`, ...)."""
     cpu_ms_per_pod: dict[str, float] = msgspec.field(default_factory=dict)
     """`cpu_s_by_process` in milliseconds per bound measured pod (empty when nothing was bound; absent from
     version-1 reports)."""
@@ -180,6 +183,22 @@ def process_group(name: str) -> str:
     """The service or process a `cpu_s_by_process` key belongs to: `placement-1` -> `placement`,
     `queue-pool-a-0` -> `queue`; `kubesim`, `nats` and `inprocess` are their own."""
     return name.split("-", 1)[0]
+
+
+def nats_processes(pids: Sequence[int]) -> dict[str, int]:
+    """The nats-server processes under their `cpu_s_by_process` names: `nats` for one server, `nats-0`,
+    `nats-1`, ... for a cluster's, which `process_group` sums into the `nats` column."""
+    if len(pids) == 1:
+        return {"nats": pids[0]}
+    return {f"nats-{i}": pid for i, pid in enumerate(pids)}
+
+
+def services_cpu_s(cpu_s_by_process: Mapping[str, float]) -> float:
+    """The services' CPU seconds summed over their replicas, without the simulated API server and
+    nats-server (`Record.cpu_s` over the bus)."""
+    return round(
+        sum(cpu for name, cpu in cpu_s_by_process.items() if process_group(name) not in INFRASTRUCTURE), 3
+    )
 
 
 def per_pod_ms(cpu_s_by_process: dict[str, float], pods: int) -> dict[str, float]:

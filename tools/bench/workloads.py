@@ -122,29 +122,15 @@ def _names(count: int, prefix: str = "q") -> list[str]:
 def scheduling_basic(nodes: int, initial: int, measured: int, queues: int = 10) -> Workload:
     """scheduler_perf's SchedulingBasic with GPUs: `initial` one-GPU pods already running, one per node
     spread evenly, then `measured` one-GPU single-pod podgroups over `queues` flat queues."""
-    names = _names(queues)
-    node_list = plain_nodes(nodes)
-    stride = max(1, nodes // max(initial, 1))
-    first = [
-        _group(
-            f"init-{j:06d}",
-            names[j % queues],
-            1,
-            1.0,
-            created=float(j),
-            nodes=[node_list[(j * stride) % nodes].name],
-        )
-        for j in range(initial)
-    ]
-    later = [
-        _group(f"pod-{j:06d}", names[j % queues], 1, 1.0, created=float(initial + j)) for j in range(measured)
-    ]
-    return Workload(
-        name="SchedulingBasic",
-        nodes=tuple(node_list),
-        queues=tuple(flat_queues(names)),
-        initial=tuple(first),
-        measured=tuple(later),
+    return _single_pods(
+        "SchedulingBasic",
+        plain_nodes(nodes),
+        _names(queues),
+        initial,
+        measured,
+        names=("init-{:06d}", "pod-{:06d}"),
+        gpus=1.0,
+        generated=True,
     )
 
 
@@ -245,20 +231,78 @@ def _labelled(nodes: list[Node], zones: int = 1) -> list[Node]:
     ]
 
 
-def _with_affinity(
-    group: Group,
-    labels: dict[str, str],
-    *,
-    affinity: tuple[PodAffinityTerm, ...] = (),
-    anti_affinity: tuple[PodAffinityTerm, ...] = (),
-) -> Group:
-    pods = tuple(
-        msgspec.structs.replace(
-            p, namespace=NAMESPACE, labels=labels, pod_affinity=affinity, pod_anti_affinity=anti_affinity
+class _PodFields(msgspec.Struct, frozen=True, kw_only=True):
+    """What a scheduler_perf pod template gives its pods, in the benchmark's namespace: labels, and the
+    required affinity, anti-affinity and spread constraints that select them by those labels."""
+
+    labels: dict[str, str]
+    affinity: tuple[PodAffinityTerm, ...] = ()
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    spread: tuple[TopologySpreadConstraint, ...] = ()
+
+    def dress(self, group: Group) -> Group:
+        pods = tuple(
+            msgspec.structs.replace(
+                p,
+                namespace=NAMESPACE,
+                labels=self.labels,
+                pod_affinity=self.affinity,
+                pod_anti_affinity=self.anti_affinity,
+                topology_spread=self.spread,
+            )
+            for p in group.pods
         )
-        for p in group.pods
+        return Group(group.podgroup, pods)
+
+
+def _single_pods(
+    name: str,
+    nodes: list[Node],
+    queues: list[str],
+    initial: int,
+    measured: int,
+    *,
+    names: tuple[str, str],
+    gpus: float = 0.0,
+    packed: bool = False,
+    initial_pods: _PodFields | None = None,
+    measured_pods: _PodFields | None = None,
+    generated: bool = False,
+) -> Workload:
+    """scheduler_perf's shape: `initial` single-pod podgroups already running, one per node (spread evenly
+    over `nodes`, or on the first ones when `packed`), then `measured` pending single-pod podgroups, each
+    pod asking `gpus`. The j-th group of each phase goes to queue j % len(queues) and `names` formats its
+    name from j (the initial phase's, the measured phase's); the groups are created at 0, 1, ..., the
+    measured after the initial. `initial_pods` and `measured_pods` dress their pods (None: as `gang` makes
+    them)."""
+    stride = 1 if packed else max(1, len(nodes) // max(initial, 1))
+    running = [
+        _group(
+            names[0].format(j),
+            queues[j % len(queues)],
+            1,
+            gpus,
+            created=float(j),
+            nodes=[nodes[(j * stride) % len(nodes)].name],
+        )
+        for j in range(initial)
+    ]
+    later = [
+        _group(names[1].format(j), queues[j % len(queues)], 1, gpus, created=float(initial + j))
+        for j in range(measured)
+    ]
+    if initial_pods is not None:
+        running = [initial_pods.dress(g) for g in running]
+    if measured_pods is not None:
+        later = [measured_pods.dress(g) for g in later]
+    return Workload(
+        name=name,
+        nodes=tuple(nodes),
+        queues=tuple(flat_queues(queues)),
+        initial=tuple(running),
+        measured=tuple(later),
+        generated=generated,
     )
-    return Group(group.podgroup, pods)
 
 
 def _term(labels: dict[str, str], key: str) -> PodAffinityTerm:
@@ -271,33 +315,18 @@ def pod_anti_affinity(nodes: int, initial: int, measured: int) -> Workload:
     """scheduler_perf's SchedulingPodAntiAffinity: every pod carries `color: green` and a required
     anti-affinity to `color: green` over the hostname, so no two share a node; `initial` of them already
     run, one per node, then `measured` more single-pod podgroups (CPU-only, as scheduler_perf's)."""
-    node_list = _labelled(plain_nodes(nodes))
     green = {"color": "green"}
-    apart = (_term(green, HOSTNAME_LABEL),)
-    names = _names(4)
-    running = [
-        _with_affinity(
-            _group(f"anti-init-{j:05d}", names[j % 4], 1, 0.0, created=float(j), nodes=[node_list[j].name]),
-            green,
-            anti_affinity=apart,
-        )
-        for j in range(initial)
-    ]
-    later = [
-        _with_affinity(
-            _group(f"anti-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j)),
-            green,
-            anti_affinity=apart,
-        )
-        for j in range(measured)
-    ]
-    return Workload(
-        name="PodAntiAffinity",
-        nodes=tuple(node_list),
-        queues=tuple(flat_queues(names)),
-        initial=tuple(running),
-        measured=tuple(later),
-        generated=False,
+    apart = _PodFields(labels=green, anti_affinity=(_term(green, HOSTNAME_LABEL),))
+    return _single_pods(
+        "PodAntiAffinity",
+        _labelled(plain_nodes(nodes)),
+        _names(4),
+        initial,
+        measured,
+        names=("anti-init-{:05d}", "anti-{:05d}"),
+        packed=True,
+        initial_pods=apart,
+        measured_pods=apart,
     )
 
 
@@ -305,39 +334,17 @@ def pod_affinity(nodes: int, initial: int, measured: int) -> Workload:
     """scheduler_perf's SchedulingPodAffinity: every pod carries `foo: ""` and a required affinity to
     `foo: ""` over the zone (every node in one zone), so each must find one already in its zone; `initial`
     run before, spread over the nodes, then `measured` more single-pod podgroups (CPU-only)."""
-    node_list = _labelled(plain_nodes(nodes))
     foo = {"foo": ""}
-    together = (_term(foo, ZONE_LABEL),)
-    names = _names(4)
-    stride = max(1, nodes // max(initial, 1))
-    running = [
-        _with_affinity(
-            _group(
-                f"aff-init-{j:05d}",
-                names[j % 4],
-                1,
-                0.0,
-                created=float(j),
-                nodes=[node_list[(j * stride) % nodes].name],
-            ),
-            foo,
-            affinity=together,
-        )
-        for j in range(initial)
-    ]
-    later = [
-        _with_affinity(
-            _group(f"aff-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j)), foo, affinity=together
-        )
-        for j in range(measured)
-    ]
-    return Workload(
-        name="PodAffinity",
-        nodes=tuple(node_list),
-        queues=tuple(flat_queues(names)),
-        initial=tuple(running),
-        measured=tuple(later),
-        generated=False,
+    together = _PodFields(labels=foo, affinity=(_term(foo, ZONE_LABEL),))
+    return _single_pods(
+        "PodAffinity",
+        _labelled(plain_nodes(nodes)),
+        _names(4),
+        initial,
+        measured,
+        names=("aff-init-{:05d}", "aff-{:05d}"),
+        initial_pods=together,
+        measured_pods=together,
     )
 
 
@@ -345,39 +352,18 @@ def topology_spreading(nodes: int, initial: int, measured: int, zones: int = 3) 
     """scheduler_perf's TopologySpreading: nodes in `zones` zones; `initial` plain pods already running,
     then `measured` single-pod podgroups labelled `color: blue` with a DoNotSchedule constraint of max skew
     1 over the zone on `color: blue` pods (CPU-only, as scheduler_perf's)."""
-    node_list = _labelled(plain_nodes(nodes), zones)
-    names = _names(4)
-    stride = max(1, nodes // max(initial, 1))
-    running = [
-        _group(
-            f"spread-init-{j:05d}",
-            names[j % 4],
-            1,
-            0.0,
-            created=float(j),
-            nodes=[node_list[(j * stride) % nodes].name],
-        )
-        for j in range(initial)
-    ]
     blue = {"color": "blue"}
     constraint = TopologySpreadConstraint(
         max_skew=1, topology_key=ZONE_LABEL, selector=LabelSelector(match_labels=blue)
     )
-    later = []
-    for j in range(measured):
-        group = _group(f"spread-{j:05d}", names[j % 4], 1, 0.0, created=float(initial + j))
-        pods = tuple(
-            msgspec.structs.replace(p, namespace=NAMESPACE, labels=blue, topology_spread=(constraint,))
-            for p in group.pods
-        )
-        later.append(Group(group.podgroup, pods))
-    return Workload(
-        name="TopologySpreading",
-        nodes=tuple(node_list),
-        queues=tuple(flat_queues(names)),
-        initial=tuple(running),
-        measured=tuple(later),
-        generated=False,
+    return _single_pods(
+        "TopologySpreading",
+        _labelled(plain_nodes(nodes), zones),
+        _names(4),
+        initial,
+        measured,
+        names=("spread-init-{:05d}", "spread-{:05d}"),
+        measured_pods=_PodFields(labels=blue, spread=(constraint,)),
     )
 
 
