@@ -4,9 +4,9 @@ Run by the state service's Kubernetes source, one `Informer` per resource (nodes
 priority classes, topologies, Jobs, namespaces). It lists (in pages), hands the whole list to `on_relist`, then watches from
 the list's resourceVersion and hands every ADDED/MODIFIED/DELETED object to `on_change`. It keeps the
 newest resourceVersion it saw (objects and BOOKMARKs), so a watch that ends (server timeout, dropped
-connection) resumes where it stopped; a 410 Gone (the server no longer has that history) or the resync
-period makes it list again, and `on_relist` then replaces everything the consumer held for this resource,
-deletions missed while disconnected included.
+connection) resumes where it stopped; a 410 Gone (the server no longer has that history), a server it could
+not connect to (`Unreachable`) or the resync period makes it list again, and `on_relist` then replaces
+everything the consumer held for this resource, deletions missed while disconnected included.
 
 Objects are passed as `msgspec.Raw` JSON: the consumer decodes them with `shared.kube.wire` into the types
 it needs. No decoding problem of one object stops the informer; a callback that raises is logged and
@@ -70,6 +70,17 @@ class Expired(Exception):  # noqa: N818 -- the server's word (410 Expired)
     """The server answered 410 Gone: the resourceVersion held is too old; `run` lists again."""
 
 
+class Unreachable(ApiError):  # noqa: N818 -- says what happened, as Expired does
+    """No connection to the server could be made for a watch; `run` lists again once it answers.
+
+    A server that was not there may come back as another incarnation that counts resourceVersions from
+    scratch (kubesim restarted, an API server on a wiped or restored etcd). As soon as its counter has passed
+    the resourceVersion held it accepts a watch from it, and the objects it made at or below that version
+    would never reach the informer. Nothing in the answers tells the two apart, so only a list is safe. A
+    watch cut off mid-stream still resumes when the next one connects: proxies and load balancers cut long
+    connections of a server that keeps its history."""
+
+
 @dataclass
 class Informer:
     """Lists and watches one resource through a generated list method (`kube.core.list_node`, ...)."""
@@ -122,6 +133,11 @@ class Informer:
                 log.info("%s: resourceVersion %s expired, listing again", self.what, self.resource_version)
                 need_list = True
             except ApiError as exc:
+                if isinstance(exc, Unreachable) and not need_list:
+                    log.info(
+                        "%s: the API server could not be reached; listing again once it answers", self.what
+                    )
+                    need_list = True
                 if need_list and exc.status == NOT_FOUND and self.missing_ok:
                     if not self.synced.is_set():
                         log.info("%s: not served by this API server; treating it as empty", self.what)
@@ -169,6 +185,8 @@ class Informer:
                 _preload_content=False,
                 _request_timeout=aiohttp.ClientTimeout(total=timeout + 30, sock_read=timeout + 30),
             )
+        except aiohttp.ClientConnectorError as exc:
+            raise Unreachable(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(what, NO_ANSWER, type(exc).__name__, str(exc)) from exc
         async with response:

@@ -9,6 +9,7 @@ supervisor's loop in a thread, as `kairos up` does in its main loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import manifests
+from tests.e2e.invariants import Observer
 from tests.e2e.kubectl import apply, kubesim_stack
 from tests.e2e.supervised import bound_once, running_pods, supervised
+from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -85,6 +88,8 @@ def test_nats_server_and_kubesim_killed_are_restarted_and_scheduling_goes_on(tmp
             while len(placed := running_pods(stack)) < 4 or not all(n.startswith("after-") for n in placed):
                 assert time.monotonic() < deadline, (placed, lines)
                 time.sleep(1)
+            # What the state service holds is the new cluster: the pods and podgroups of the wiped one left.
+            forgotten(stack, "before-")
         assert supervisor.records["nats-server"].count == 1, lines
         assert supervisor.records["kubesim"].count == 1, lines
         assert all(
@@ -92,3 +97,22 @@ def test_nats_server_and_kubesim_killed_are_restarted_and_scheduling_goes_on(tmp
             for name, record in supervisor.records.items()
             if name not in ("nats-server", "kubesim")
         )
+
+
+def forgotten(stack: Stack, word: str) -> None:
+    """Wait until no key of the state bucket names `word`."""
+
+    async def check() -> None:
+        observer = await Observer.open(stack.url, "supervision-test")
+
+        def left() -> list[str]:
+            return sorted(key for key in observer.replica.records if word in key)
+
+        try:
+            await observer.until(f"no key naming {word!r} in the state bucket", lambda: not left(), 60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; still there: {left()}") from None
+        finally:
+            await observer.close()
+
+    asyncio.run(check())

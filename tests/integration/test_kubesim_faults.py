@@ -170,10 +170,11 @@ async def pod_informer(kube: Kube, seen: dict[str, str]) -> Informer:
     )
 
 
-async def wait_until(condition: Any, timeout: float = 30.0) -> None:
+async def wait_until(condition: Any, timeout: float = 30.0, shown: Any = lambda: "") -> None:
+    """Poll `condition()`; fail after `timeout` seconds with what `shown()` says."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
+        assert time.monotonic() < deadline, f"condition not reached {shown()}"
         await asyncio.sleep(0.05)
 
 
@@ -205,6 +206,58 @@ async def test_the_informer_resumes_after_a_dropped_watch_and_relists_after_410(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_informer_lists_again_when_the_server_it_could_not_reach_comes_back_without_its_history(
+    tmp_path: Path,
+) -> None:
+    """A restarted kubesim (an API server on a wiped etcd) counts resourceVersions from scratch. Once its
+    counter has passed the informer's resourceVersion it accepts a watch from it, and would never send the
+    objects it made below it: an informer that could not reach its server lists again instead of resuming."""
+    first = KubeSim(SimOptions(run_delay=0.0, seed=3))
+    port = int((await first.start()).rsplit(":", 1)[1])
+    first.write_kubeconfig(tmp_path / "kubeconfig")
+    second = KubeSim(SimOptions(run_delay=0.0, seed=3))
+    kube = await kube_connect(str(tmp_path / "kubeconfig"))
+    seen: dict[str, str] = {}
+    refused = asyncio.Event()
+
+    async def list_pods(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await kube.core.list_namespaced_pod(*args, **kwargs)
+        except aiohttp.ClientConnectorError:
+            refused.set()
+            raise
+
+    informer = await pod_informer(kube, seen)
+    informer.method = list_pods
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 30)
+        rt = first.cluster.type_of("pods")
+        for i in range(3):
+            first.cluster.create(rt, "default", pod(f"old-{i}"))
+        await wait_until(lambda: len(seen) == 3)
+        held = int(informer.resource_version)
+        await first.stop()
+        await asyncio.wait_for(refused.wait(), 30)
+
+        # Made before the server listens, so that none of them can reach the informer through a watch
+        # that began earlier; most get a resourceVersion at or below the one the informer holds.
+        new: set[str] = set()
+        while second.cluster.store.rv <= held + 1:
+            name = f"new-{len(new)}"
+            second.cluster.create(rt, "default", pod(name))
+            new.add(name)
+        await second.start(port=port)
+        await wait_until(lambda: set(seen) == new, shown=lambda: f"the informer holds {sorted(seen)}")
+        assert informer.relists == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+        await first.stop()
+        await second.stop()
 
 
 async def test_the_binder_binds_through_5xx_and_429_and_the_binding_record_shows_one_call(
