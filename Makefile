@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 CONFORMANCE_ROOT := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai,tests/conformance/kai)
 CONFORMANCE_CASES := $(addprefix $(CONFORMANCE_ROOT)/,cases actions actions-config)
 
-.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos fmt
+.PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos soak fmt
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench-quick:
 # The chaos suite (issue 7): 5,000 pods, 2 replicas of every service, kills, a NATS restart, API faults.
 chaos:
 	$(BIN)/kairos chaos --json chaos-full.json
+
+# The soak (issue 18): 30 minutes of jobs arriving and finishing, every fault once, memory per service.
+soak:
+	$(BIN)/kairos chaos --soak 30 --json soak.json
 
 fmt:
 	$(BIN)/ruff format .

@@ -52,6 +52,8 @@ KILLED_REPLICA = 1
 BASELINE_SECONDS = 300.0
 WINDOW_SECONDS = 30.0
 END_WINDOW_SECONDS = 60.0
+SETTLE_SECONDS = 300.0
+"""How long the work left when the arrivals stop may take to settle (the last pods run up to 90 s)."""
 
 
 class SoakOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -186,7 +188,10 @@ def soak(
         f"soak: {options.minutes:g} min, {options.rate:g} podgroups/s running {options.run_seconds[0]}-"
         f"{options.run_seconds[1]} s, {nodes} nodes, in {state_dir}"
     )
-    chaos = msgspec.structs.replace(chaos, kill_replica=KILLED_REPLICA)
+    # The run's timeout counts from the first arrival: the soak itself, then the settling after it.
+    chaos = msgspec.structs.replace(
+        chaos, kill_replica=KILLED_REPLICA, timeout=options.minutes * 60.0 + SETTLE_SECONDS
+    )
     stack = start(chaos, nodes, state_dir, say)
     try:
         workload = Workload(queues=QUEUES, waves=(), nodes=nodes)
