@@ -36,6 +36,7 @@ from shared.core.result import (
     TaskView,
 )
 from shared.core.session import Decisions, Session
+from shared.core.statement import pipeline_in_place
 from shared.core.tasks import GPU, JobState, TaskState
 from shared.model import Snapshot
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
@@ -94,12 +95,7 @@ def hold_broken_gangs(ssn: Session) -> None:
         for task in job.tasks.values():
             if task.status != PodStatus.BINDING or task.node is None:
                 continue
-            node = ssn.cluster.nodes[task.node]
-            node.remove_task(task)
-            ssn.on_deallocate(task)
-            ssn.set_status(task, PodStatus.PIPELINED)
-            node.add_task(task)
-            ssn.on_allocate(task)
+            pipeline_in_place(ssn, task, task.node)
             held.append((task, task.node))
         ssn.record(Decisions(pipelines=tuple(held)))
 

@@ -70,6 +70,17 @@ class UnevictOp:
 Operation = AllocateOp | PipelineOp | EvictOp | UnevictOp
 
 
+def pipeline_in_place(ssn: Session, task: TaskState, node_name: str) -> None:
+    """A pod placed on `node_name` this session waits there instead: it is pipelined, its node and queue
+    accounting moved from placed to pipelined."""
+    node = ssn.cluster.nodes[node_name]
+    node.remove_task(task)
+    ssn.on_deallocate(task)
+    ssn.set_status(task, PodStatus.PIPELINED)
+    node.add_task(task)
+    ssn.on_allocate(task)
+
+
 class Statement:
     """The operation log of one job's attempt: `Statement(ssn)`."""
 
@@ -170,15 +181,9 @@ class Statement:
         """KAI `ConvertAllAllocatedToPipelined`: a gang that needs pipelined pods waits as a whole."""
         for i, op in enumerate(self.ops):
             if isinstance(op, AllocateOp) and op.task.job.key == job_key:
-                task = op.task
-                node = self.ssn.cluster.nodes[op.node]
-                node.remove_task(task)
-                self.ssn.on_deallocate(task)
-                self.ssn.set_status(task, PodStatus.PIPELINED)
-                node.add_task(task)
-                self.ssn.on_allocate(task)
+                pipeline_in_place(self.ssn, op.task, op.node)
                 # The original memento still describes the state before this pod was placed.
-                self.ops[i] = PipelineOp(op.memento, task, op.node)
+                self.ops[i] = PipelineOp(op.memento, op.task, op.node)
 
     # --- undo --------------------------------------------------------------------------------------------
     def _undo(self, op: Operation) -> None:

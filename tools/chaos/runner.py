@@ -34,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from tools.stack.nats_server import CLUSTER_NAME
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
-__all__ = ["ChaosOptions", "ChaosReport", "ChaosRun", "FaultRecord", "run", "start"]
+__all__ = ["ChaosOptions", "ChaosReport", "ChaosRun", "FaultRecord", "run", "start", "started"]
 
 log = logging.getLogger("kairos.chaos")
 
@@ -151,13 +151,23 @@ def run(
     """Start a stack, run the chaos load, check, stop the stack. With `keep` the state directory (logs)
     stays there; otherwise a temporary one is removed."""
     workload = build(options.pods, waves=len(faults(options)) + 1, seed=options.seed)
-    state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-chaos-"))
-    say(f"chaos: {len(workload.pod_keys)} pods on {workload.nodes} nodes, in {state_dir}")
-    stack = start(options, workload.nodes, state_dir, say)
-    try:
+    with started(options, workload.nodes, keep, say) as stack:
+        say(f"chaos: {len(workload.pod_keys)} pods on {workload.nodes} nodes, in {stack.state_dir}")
         report = asyncio.run(ChaosRun(stack, workload, options, say).run())
-        report.state_dir = str(state_dir) if keep else ""
+        report.state_dir = str(stack.state_dir) if keep else ""
         return report
+
+
+@contextlib.contextmanager
+def started(
+    options: ChaosOptions, nodes: int, keep: Path | None, say: Callable[[str], None], prefix: str = "chaos"
+) -> Iterator[Stack]:
+    """`start` in `keep` (or a temporary directory `kairos-<prefix>-*`, removed afterwards), stopped when
+    the block ends."""
+    state_dir = keep or Path(tempfile.mkdtemp(prefix=f"kairos-{prefix}-"))
+    stack = start(options, nodes, state_dir, say)
+    try:
+        yield stack
     finally:
         stack.stop(timeout=5.0)
         if keep is None:

@@ -1,7 +1,7 @@
 """The soak: the chaos stack under a steady churn of jobs for many minutes, with a fault every few minutes,
 while every process's resident memory is sampled.
 
-`soak(options, minutes)` starts the same stack as a chaos run (`tools.chaos.runner.start`: kubesim, NATS,
+`soak(options, chaos)` starts the same stack as a chaos run (`tools.chaos.runner.started`: kubesim, NATS,
 two or more replicas of every service) and then, for `minutes`:
 
 - **churn**: `rate` podgroups a second arrive through the API (the chaos mix of `tools.chaos.workload`),
@@ -27,9 +27,7 @@ import asyncio
 import contextlib
 import math
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -41,7 +39,7 @@ import msgspec
 import psutil
 
 from tools.chaos.checker import Violation
-from tools.chaos.runner import SERVICES, ChaosOptions, ChaosRun, FaultRecord, faults, start
+from tools.chaos.runner import SERVICES, ChaosOptions, ChaosRun, FaultRecord, faults, started
 from tools.chaos.workload import MEAN_GPUS, NAMESPACE, QUEUES, Workload, churn_group
 from tools.stack.supervisor import Stack
 
@@ -183,25 +181,19 @@ def soak(
 ) -> SoakReport:
     """Start a stack, soak it, judge, stop it. With `keep` the state directory (logs) stays there."""
     nodes = nodes_for(options)
-    state_dir = keep or Path(tempfile.mkdtemp(prefix="kairos-soak-"))
-    say(
-        f"soak: {options.minutes:g} min, {options.rate:g} podgroups/s running {options.run_seconds[0]}-"
-        f"{options.run_seconds[1]} s, {nodes} nodes, in {state_dir}"
-    )
     # The run's timeout counts from the first arrival: the soak itself, then the settling after it.
     chaos = msgspec.structs.replace(
         chaos, kill_replica=KILLED_REPLICA, timeout=options.minutes * 60.0 + SETTLE_SECONDS
     )
-    stack = start(chaos, nodes, state_dir, say)
-    try:
+    with started(chaos, nodes, keep, say, prefix="soak") as stack:
+        say(
+            f"soak: {options.minutes:g} min, {options.rate:g} podgroups/s running {options.run_seconds[0]}-"
+            f"{options.run_seconds[1]} s, {nodes} nodes, in {stack.state_dir}"
+        )
         workload = Workload(queues=QUEUES, waves=(), nodes=nodes)
         report = asyncio.run(Soak(stack, workload, chaos, say, options).soak())
-        report.state_dir = str(state_dir) if keep else ""
+        report.state_dir = str(stack.state_dir) if keep else ""
         return report
-    finally:
-        stack.stop(timeout=5.0)
-        if keep is None:
-            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 class Soak(ChaosRun):
