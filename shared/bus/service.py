@@ -35,6 +35,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
 from shared.gc_settings import tune as tune_gc
+from shared.telemetry import heap
 from shared.telemetry.logs import JsonFormatter, text_format
 from shared.telemetry.metrics import ServiceMetrics
 from shared.telemetry.tracing import setup_tracing
@@ -286,6 +287,7 @@ def main(
     tune_gc()
     # `kill -USR1 PID` writes every thread's stack to the log: how a process that hangs says where.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    heap.install(service, config.replica)
     try:
         tracing = setup_tracing(service, config.replica)
     except KairosError as exc:

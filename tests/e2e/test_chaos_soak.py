@@ -1,8 +1,9 @@
 """The soak's short form (CI): three minutes of jobs arriving through the Kubernetes path and finishing
 (`kairos.io/run-seconds`, then deleted), two replicas of every service, every chaos fault once, the memory
-of every process sampled. The checker must find nothing; the memory verdict is printed, and judged here
-only against gross growth (half again): three minutes are mostly warm-up, the 10 % bound is the 30-minute
-soak's (`kairos chaos --soak 30`, docs/chaos.md)."""
+of every process sampled and binder-0's heap snapshotted at the baseline and at the end. The checker must
+find nothing; the memory verdict is printed, and judged here only against gross growth (half again): three
+minutes are mostly warm-up, the 10 % bound is the 30-minute soak's (`kairos chaos --soak 30`,
+docs/chaos.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.telemetry.heap import growth
 from tools.chaos.runner import FAULTS, SERVICES, ChaosOptions
 from tools.chaos.soak import MEASURED_REPLICA, SoakOptions, soak
 
@@ -19,7 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.mark.timeout(600)
 def test_three_minutes_of_churn_and_faults_leave_a_clean_cluster(tmp_path: Path) -> None:
     report = soak(
-        SoakOptions(minutes=3.0, rate=2.0),
+        SoakOptions(minutes=3.0, rate=2.0, heap_dir=str(tmp_path / "heap"), heap_of=("binder",)),
         ChaosOptions(fault_seconds=3.0, quiet=30.0),
         print,
         keep=tmp_path / "stack",
@@ -42,5 +44,9 @@ def test_three_minutes_of_churn_and_faults_leave_a_clean_cluster(tmp_path: Path)
     for m in report.memory:
         assert m.change is not None, m
         assert m.change < 0.5, m
+    # binder-0 traced its allocations and wrote a snapshot at the baseline and at the end, which compare.
+    assert list(report.heap) == ["binder-0"]
+    old, new = report.heap["binder-0"]
+    assert growth(Path(old), Path(new), 3)[0].endswith("KiB)")
     sampled = {x.process for x in report.samples}
     assert {"kubesim", "nats-server"} | {f"{s}-{i}" for s in SERVICES for i in (0, 1)} <= sampled

@@ -34,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,12 +160,17 @@ def run(
 
 @contextlib.contextmanager
 def started(
-    options: ChaosOptions, nodes: int, keep: Path | None, say: Callable[[str], None], prefix: str = "chaos"
+    options: ChaosOptions,
+    nodes: int,
+    keep: Path | None,
+    say: Callable[[str], None],
+    prefix: str = "chaos",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Stack]:
     """`start` in `keep` (or a temporary directory `kairos-<prefix>-*`, removed afterwards), stopped when
     the block ends."""
     state_dir = keep or Path(tempfile.mkdtemp(prefix=f"kairos-{prefix}-"))
-    stack = start(options, nodes, state_dir, say)
+    stack = start(options, nodes, state_dir, say, env)
     try:
         yield stack
     finally:
@@ -196,9 +201,15 @@ class Connections:
         await self.kube.close()
 
 
-def start(options: ChaosOptions, nodes: int, state_dir: Path, say: Callable[[str], None]) -> Stack:
+def start(
+    options: ChaosOptions,
+    nodes: int,
+    state_dir: Path,
+    say: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+) -> Stack:
     """The stack a chaos run breaks: kubesim with `nodes` 8-GPU nodes, NATS, `options.replicas` (at least 2)
-    of every service."""
+    of every service; `env` is added to every process's environment."""
     replicas = dict.fromkeys(SERVICES, max(2, options.replicas))
     started = time.monotonic()
     stack = start_stack(
@@ -211,6 +222,7 @@ def start(options: ChaosOptions, nodes: int, state_dir: Path, say: Callable[[str
         timeout=180.0,
         cluster=ClusterChoice(kind="kubesim", nodes=nodes, gpus_per_node=8, run_delay=options.run_delay),
         nats_cluster=options.nats_cluster,
+        env=env,
     )
     say(f"chaos: stack up in {time.monotonic() - started:.1f} s, replicas {replicas}")
     return stack

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import math
 import random
+import signal
 import statistics
 import time
 from collections import defaultdict
@@ -38,6 +39,7 @@ import aiohttp
 import msgspec
 import psutil
 
+from shared.telemetry import heap
 from tools.chaos.checker import Violation
 from tools.chaos.runner import SERVICES, ChaosOptions, ChaosRun, FaultRecord, faults, started
 from tools.chaos.workload import MEAN_GPUS, NAMESPACE, QUEUES, Workload, churn_group
@@ -67,6 +69,11 @@ class SoakOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """How far a service's RSS at the end may be from its value after the baseline time."""
     reap_every: float = 5.0
     """Seconds between two sweeps that delete the podgroups whose pods all succeeded."""
+    heap_dir: str = ""
+    """Where the measured replicas of `heap_of` write heap snapshots (`shared.telemetry.heap`): one at
+    the baseline time and one when the arrivals stop. Empty: none taken, nothing traced."""
+    heap_of: tuple[str, ...] = ("state",)
+    """The services whose measured replica traces its allocations (tracing costs each of them CPU)."""
 
 
 class RssSample(msgspec.Struct, frozen=True, array_like=True):
@@ -105,6 +112,9 @@ class SoakReport(msgspec.Struct, kw_only=True):
     injected: dict[str, int] = msgspec.field(default_factory=dict)
     outcomes: dict[str, int] = msgspec.field(default_factory=dict)
     state_dir: str = ""
+    heap: dict[str, tuple[str, str]] = msgspec.field(default_factory=dict)
+    """Measured replica -> its heap snapshots at the baseline and at the end (`kairos heap-diff` reads
+    them); empty without `heap_dir`."""
 
     @property
     def clean(self) -> bool:
@@ -185,7 +195,11 @@ def soak(
     chaos = msgspec.structs.replace(
         chaos, kill_replica=KILLED_REPLICA, timeout=options.minutes * 60.0 + SETTLE_SECONDS
     )
-    with started(chaos, nodes, keep, say, prefix="soak") as stack:
+    env: dict[str, str] = {}
+    if options.heap_dir:
+        env[heap.ENV_DIR] = options.heap_dir
+        env[heap.ENV_REPLICAS] = ",".join(f"{service}-{MEASURED_REPLICA}" for service in options.heap_of)
+    with started(chaos, nodes, keep, say, prefix="soak", env=env) as stack:
         say(
             f"soak: {options.minutes:g} min, {options.rate:g} podgroups/s running {options.run_seconds[0]}-"
             f"{options.run_seconds[1]} s, {nodes} nodes, in {stack.state_dir}"
@@ -215,6 +229,7 @@ class Soak(ChaosRun):
         self.reaped: set[str] = set()
         self.samples: list[RssSample] = []
         self._processes: dict[int, psutil.Process] = {}
+        self.heap: dict[str, tuple[str, str]] = {}
 
     def _done(self) -> bool:
         return False  # a soak never runs out of work while it lasts
@@ -234,6 +249,7 @@ class Soak(ChaosRun):
                 asyncio.create_task(self._arrivals(http, length)),
                 asyncio.create_task(self._reaper(http)),
                 asyncio.create_task(self._sampler()),
+                asyncio.create_task(self._heap_snapshots(length)),
             ]
             try:
                 # Each fault once, evenly spread: the first after one interval, none in the last one.
@@ -243,6 +259,7 @@ class Soak(ChaosRun):
                     await self._fault(http, session.bus, kind, (), ())
                 await self._until(length)
                 await background[0]
+                await background[3]
                 await self._settle()
                 await self._reap(http)
                 duration = time.monotonic() - self.t0
@@ -272,6 +289,7 @@ class Soak(ChaosRun):
             baseline_s=baseline,
             injected=injected,
             outcomes=self.outcome_counts(),
+            heap=self.heap,
         )
 
     def expected(self) -> list[str]:
@@ -334,6 +352,31 @@ class Soak(ChaosRun):
             return resp.status < 300 or resp.status == 404
 
     # --- memory -----------------------------------------------------------------------------------------------
+    async def _heap_snapshots(self, length: float) -> None:
+        """With `heap_dir`: SIGUSR2 to each traced replica at the baseline time and when the arrivals stop,
+        then wait (up to a minute: a snapshot of a big heap takes seconds) for each file to be written."""
+        options = self.soak_options
+        if not options.heap_dir:
+            return
+        folder = Path(options.heap_dir)
+        replicas = {f"{service}-{MEASURED_REPLICA}": service for service in options.heap_of}
+        taken: dict[str, list[str]] = defaultdict(list)
+        for number, at in enumerate((baseline_seconds(options.minutes), length), start=1):
+            await self._until(at)
+            for replica, service in replicas.items():
+                process = self.stack.processes.get(replica)
+                if process is None or process.poll() is not None:
+                    continue
+                path = heap.snapshot_path(folder, service, replica, number)
+                path.unlink(missing_ok=True)
+                process.send_signal(signal.SIGUSR2)
+                for _ in range(600):
+                    if path.is_file():
+                        taken[replica].append(str(path))
+                        break
+                    await asyncio.sleep(0.1)
+        self.heap = {replica: (paths[0], paths[1]) for replica, paths in taken.items() if len(paths) == 2}
+
     async def _sampler(self) -> None:
         while True:
             self._sample()

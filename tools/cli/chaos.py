@@ -8,6 +8,8 @@ Registered by `tools.cli.main`; the suite is imported when the command runs.
     kairos chaos --pods N --json OUT --keep DIR
     kairos chaos --soak MINUTES     a steady churn of jobs for MINUTES with a fault every few minutes and
                                     every process's memory sampled (docs/chaos.md; 30 for the full soak)
+    kairos chaos --soak MINUTES --heap DIR [--heap-of state,queue]
+                                    ... and heap snapshots of those replicas 0, and where they grew
 
 Prints one line per fault (recovery times), then the verdict (a soak: then each service's memory at the
 baseline and at the end). Exit codes: 0 the checker found nothing (and, soaking, every service's memory
@@ -21,6 +23,8 @@ import sys
 from pathlib import Path
 
 QUICK_PODS = 300
+HEAP_TOP = 8
+"""Places printed per traced replica after a soak with --heap."""
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,6 +49,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         help="a soak: jobs arriving and finishing for MINUTES, a fault every few minutes, memory sampled",
     )
     chaos.add_argument("--rate", type=float, default=2.0, help="soak: podgroups arriving per second")
+    chaos.add_argument(
+        "--heap",
+        type=Path,
+        metavar="DIR",
+        help="soak: heap snapshots of the measured replicas in DIR at the baseline and at the end, and where they grew",
+    )
+    chaos.add_argument(
+        "--heap-of",
+        default="state",
+        metavar="S,S",
+        help="soak: the services whose replica 0 traces allocations for --heap (default state; tracing costs CPU)",
+    )
     chaos.set_defaults(handler=cmd_chaos)
 
 
@@ -98,7 +114,8 @@ def _soak(args: argparse.Namespace) -> int:
     import msgspec
 
     from shared.errors import ConfigError
-    from tools.chaos.runner import ChaosOptions
+    from shared.telemetry.heap import growth
+    from tools.chaos.runner import SERVICES, ChaosOptions
     from tools.chaos.soak import SoakOptions, soak
 
     if args.soak <= 0:
@@ -114,7 +131,14 @@ def _soak(args: argparse.Namespace) -> int:
         quiet=30.0,
         nats_cluster=args.nats_cluster,
     )
-    report = soak(SoakOptions(minutes=args.soak, rate=args.rate), chaos, _say, keep=args.keep)
+    heap_of = tuple(s.strip() for s in args.heap_of.split(",") if s.strip())
+    unknown = sorted(set(heap_of) - set(SERVICES))
+    if unknown:
+        raise ConfigError(f"--heap-of: {', '.join(unknown)} is not a service ({', '.join(SERVICES)})")
+    options = SoakOptions(
+        minutes=args.soak, rate=args.rate, heap_dir=str(args.heap or ""), heap_of=heap_of or ("state",)
+    )
+    report = soak(options, chaos, _say, keep=args.keep)
     _say(
         f"soak: {report.created_groups} podgroups ({report.created_pods} pods) created, "
         f"{report.succeeded_and_deleted_pods} pods succeeded and deleted, {len(report.faults)} faults, "
@@ -129,6 +153,10 @@ def _soak(args: argparse.Namespace) -> int:
         _say(
             f"  {m.process:12} {m.baseline_mib!s:>8} {m.end_mib!s:>8} {change:>9} {'ok' if m.ok else 'OUTSIDE'} {m.detail}"
         )
+    for replica, (old, new) in sorted(report.heap.items()):
+        _say(f"heap of {replica}, grown most from the baseline to the end (kairos heap-diff {old} {new}):")
+        for line in growth(Path(old), Path(new), HEAP_TOP):
+            _say("  " + line)
     if args.json:
         args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report)))
         _say(f"wrote {args.json}")

@@ -13,6 +13,7 @@ with an argv list. Subcommands::
     kairos status [--nats-url URL | --state-dir DIR] [--all]     queues, podgroups, pods as tables
     kairos explain POD|PODGROUP [-n NS] [--json]                  why it is pending, running or evicted
     kairos bench [--quick] [--json OUT] [--plot OUT.png]          the benchmark suite (tools.bench)
+    kairos heap-diff OLD NEW [--top N]                            where a service's memory grew (tools.cli.heap)
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
 failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing
@@ -80,13 +81,14 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
 
-    from tools.cli import bench, chaos, cluster_cmds, explain, up
+    from tools.cli import bench, chaos, cluster_cmds, explain, heap, up
 
     up.add_commands(commands)
     cluster_cmds.add_commands(commands)
     explain.add_commands(commands)
     bench.add_commands(commands)
     chaos.add_commands(commands)
+    heap.add_commands(commands)
     return parser
 
 
