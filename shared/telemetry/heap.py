@@ -2,8 +2,8 @@
 
 Who calls it: the service runner (`shared.bus.service.main`) calls `install(service, replica)` once at
 start. With `KAIROS_HEAP_SNAPSHOTS=DIR` in the environment (and, if `KAIROS_HEAP_REPLICAS` lists replicas,
-only in those) it starts `tracemalloc` (which costs CPU and
-memory on every allocation, so it is off unless asked for) and writes a snapshot to
+only in those) it starts `tracemalloc` (which costs CPU and memory on every allocation, so it is off
+unless asked for) and writes a snapshot to
 `DIR/<service>-<replica>-<n>.tracemalloc` on each `kill -USR2 PID`. Two snapshots from the same process,
 taken some minutes of load apart, are compared with `kairos heap-diff OLD NEW`: the lines that hold more
 memory in the second are where the growth is. Without the variable nothing happens and SIGUSR2 keeps its
@@ -28,6 +28,8 @@ for it. Unset or empty: every process that has `KAIROS_HEAP_SNAPSHOTS`."""
 FRAMES = 12
 """Frames kept per allocation: enough to see past msgspec, dict and list internals to the caller that
 keeps the object."""
+SHOWN_FRAMES = 6
+"""Frames printed per place by `growth`, the innermost ones."""
 
 _log = logging.getLogger("kairos.heap")
 
@@ -81,7 +83,5 @@ def growth(old: Path, new: Path, limit: int = 25) -> list[str]:
         lines.append(
             f"{stat.size_diff / 1024:+.1f} KiB in {stat.count_diff:+d} blocks (now {stat.size / 1024:.1f} KiB)"
         )
-        lines.extend(
-            f"    {line}" for line in stat.traceback.format(limit=FRAMES, most_recent_first=False)[-2 * 6 :]
-        )
+        lines.extend(f"    {line}" for line in stat.traceback.format(limit=SHOWN_FRAMES))
     return lines
