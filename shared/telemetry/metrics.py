@@ -28,7 +28,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -157,6 +165,10 @@ class ServiceMetrics:
         self._ready: Callable[[], bool] = lambda: False
         self._info: dict[str, str] = {}
         self.registry.register(_FromCallback(self._runner_series))
+        # The process's own: resident memory and CPU (process_*), and the collector's work per generation
+        # (python_gc_*): how an operator watches a long-running replica's memory.
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def attach(
         self, service: str, replica: str, shard: str, counters: CounterSource, ready: Callable[[], bool]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import signal
 import tracemalloc
@@ -63,6 +65,30 @@ def test_sigusr2_writes_numbered_snapshots_and_the_diff_names_the_growth(
     assert top.startswith("+")
     assert float(top.split()[0]) >= len(kept) * 4  # KiB: the 200 blocks of 4 KiB this test kept
     assert "_kept_by_this_test" in out or "test_heap_snapshots.py" in out
+
+
+def _cycles_dropped_by_this_test() -> None:
+    for _ in range(200):
+        cycle: list[object] = [bytes(4096)]
+        cycle.append(cycle)
+
+
+def test_a_snapshot_leaves_out_cycles_waiting_for_the_collector(
+    tracing: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gc.disable()  # as the long thresholds of shared.gc_settings would, for minutes
+    try:
+        _cycles_dropped_by_this_test()
+        with caplog.at_level(logging.WARNING, logger="kairos.heap"):
+            os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        gc.enable()
+    snapshot = tracemalloc.Snapshot.load(str(tracing / "state-state-0-1.tracemalloc"))
+    here = snapshot.filter_traces([tracemalloc.Filter(True, __file__)])
+    assert sum(trace.size for trace in here.traces) < 200 * 4096 // 10
+    freed = caplog.records[-1].args
+    assert isinstance(freed, tuple)
+    assert int(str(freed[1])) >= 200  # the cycles' lists (bytes are not tracked by the collector)
 
 
 def test_heap_diff_names_a_missing_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,9 +74,10 @@ def test_a_subject_family_keeps_the_bounded_tokens_and_drops_names(subject: str,
 
 
 # --- the runner's series ------------------------------------------------------------------------------------
-def test_before_a_service_attaches_only_readiness_is_exposed_as_not_ready() -> None:
+def test_before_a_service_attaches_only_readiness_and_the_process_are_exposed() -> None:
     families = scrape(ServiceMetrics())
-    assert set(families) == {"kairos_service_ready"}
+    own = {name for name in families if not name.startswith(("process_", "python_gc_"))}
+    assert own == {"kairos_service_ready"}
     assert value(families, "kairos_service_ready") == 0
 
 
@@ -96,6 +97,13 @@ def test_the_info_series_names_service_replica_and_shard_without_a_service_label
         value(families, "kairos_service_info", kairos_service="placement", replica="p-1", shard="default")
         == 1
     )
+
+
+def test_every_service_exports_its_resident_memory_and_the_collectors_work() -> None:
+    families = scrape(attached())
+    assert value(families, "process_resident_memory_bytes") > 0
+    collections = families["python_gc_collections"]
+    assert {s.labels["generation"] for s in collections.samples} == {"0", "1", "2"}
 
 
 def test_every_heartbeat_counter_is_a_prometheus_counter_by_name() -> None:
