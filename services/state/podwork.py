@@ -2,7 +2,8 @@
 keeper's common shape.
 
 Each round takes the mirror's current candidates (`candidates`), leaves out pods being worked on and pods
-whose work was refused at their current resourceVersion (tried again once the pod changes), and works on
+whose work was refused at their current resourceVersion (tried again once the pod changes; forgotten once
+the pod is no longer a candidate, deleted or done by other means), and works on
 the rest concurrently (at most `concurrency` API calls at once is the subclass's business). A round in
 which some work failed for a temporary reason is followed by another after `RETRY_AFTER_TEMPORARY`
 seconds, so a failing API server is not asked again in a tight loop. Run by the state service's
@@ -59,9 +60,14 @@ class PodWorkLoop:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            candidates = self.candidates()
+            if self._refused:
+                present = {p.metadata.uid for p in candidates}
+                for uid in self._refused.keys() - present:
+                    del self._refused[uid]
             pods = [
                 p
-                for p in self.candidates()
+                for p in candidates
                 if p.metadata.uid not in self._busy
                 and self._refused.get(p.metadata.uid) != p.metadata.resource_version
             ]

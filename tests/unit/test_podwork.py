@@ -1,0 +1,69 @@
+"""The pod-work loop (`services.state.podwork.PodWorkLoop`), the pod-grouper's and gate keeper's shape: a
+pod whose work was refused waits for a change to the pod, and is forgotten once it is no longer a candidate."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.state.podwork import PodWorkLoop
+from shared.kube import wire
+
+
+def _pod(uid: str, version: str) -> wire.Pod:
+    return wire.convert(
+        wire.Pod,
+        {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid, "resourceVersion": version}},
+    )
+
+
+class Refusing(PodWorkLoop):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: list[wire.Pod] = []
+        self.worked: list[tuple[str, str]] = []
+        self.rounds = asyncio.Queue[None]()
+
+    def candidates(self) -> list[wire.Pod]:
+        self.rounds.put_nowait(None)
+        return list(self.pods)
+
+    async def work(self, pod: wire.Pod) -> bool:
+        self.worked.append((pod.metadata.uid, pod.metadata.resource_version))
+        self.refuse(pod)
+        return False
+
+
+async def _round(loop: Refusing) -> None:
+    loop.wake()
+    await asyncio.wait_for(loop.rounds.get(), 5)
+    for _ in range(3):  # let the round's work run
+        await asyncio.sleep(0)
+
+
+async def test_a_refused_pod_is_tried_again_only_when_it_changes() -> None:
+    loop = Refusing()
+    loop.pods = [_pod("a", "1")]
+    loop.start()
+    try:
+        await _round(loop)
+        await _round(loop)
+        loop.pods = [_pod("a", "2")]
+        await _round(loop)
+    finally:
+        await loop.stop()
+    assert loop.worked == [("a", "1"), ("a", "2")]
+
+
+async def test_a_refused_pod_that_is_no_longer_a_candidate_is_forgotten() -> None:
+    loop = Refusing()
+    loop.pods = [_pod(str(i), "1") for i in range(50)]
+    loop.start()
+    try:
+        await _round(loop)
+        assert len(loop._refused) == 50
+        loop.pods = [_pod("7", "1")]  # the others were deleted
+        await _round(loop)
+    finally:
+        await loop.stop()
+    assert loop._refused == {"7": "1"}
+    assert len(loop.worked) == 50
