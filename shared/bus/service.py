@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from shared import memory_release
 from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
@@ -67,6 +68,9 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Service-specific settings (`--set key=value`, env KAIROS_<KEY>)."""
     log_format: Literal["text", "json"] = "text"
     """`text` lines, or one JSON object per line with trace and span ids (env KAIROS_LOG_FORMAT)."""
+    memory_release_interval: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    """Seconds between two releases of freed memory to the operating system (`shared.memory_release`;
+    env KAIROS_MEMORY_RELEASE_INTERVAL); 0: never."""
 
 
 def parse_config(
@@ -93,6 +97,11 @@ def parse_config(
     parser.add_argument(
         "--log-format", default=os.environ.get("KAIROS_LOG_FORMAT", "text"), help="text (default) or json"
     )
+    parser.add_argument(
+        "--memory-release-interval",
+        default=os.environ.get("KAIROS_MEMORY_RELEASE_INTERVAL") or 60.0,
+        help="seconds between releases of freed memory to the OS (0: never)",
+    )
     for flag, option in (switches or {}).items():
         parser.add_argument(
             flag, dest="set", action="append_const", const=f"{option}=true", help=f"--set {option}=true"
@@ -118,6 +127,7 @@ def parse_config(
                 "health_host": args.health_host,
                 "options": options,
                 "log_format": args.log_format.strip().lower() or "text",
+                "memory_release_interval": args.memory_release_interval,
             },
             ServiceConfig,
             strict=False,
@@ -172,6 +182,25 @@ async def _heartbeats(ctx: ServiceContext) -> None:
             await asyncio.wait_for(ctx.stopping.wait(), ctx.config.health_interval)
 
 
+async def _memory_releases(ctx: ServiceContext) -> None:
+    interval = ctx.config.memory_release_interval
+    if interval <= 0:
+        return
+    while not ctx.stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.stopping.wait(), interval)
+            return
+        done = memory_release.release()
+        ctx.counters["memory_releases"] += 1
+        ctx.counters["memory_released_bytes"] += done.released
+        ctx.log.debug(
+            "memory release: %d unreachable objects collected, RSS %.1f -> %.1f MiB",
+            done.unreachable,
+            done.rss_before / 2**20,
+            done.rss_after / 2**20,
+        )
+
+
 async def serve(service: str, config: ServiceConfig, body: Body) -> None:
     probes = ServiceProbes()
     metrics = ServiceMetrics()
@@ -213,11 +242,13 @@ async def _serve(
 
     sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
     beats = asyncio.create_task(_heartbeats(ctx))
+    releases = asyncio.create_task(_memory_releases(ctx))
     try:
         await _run_body(ctx, body)
     finally:
         ctx.stopping.set()
         await beats
+        await releases
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         try:

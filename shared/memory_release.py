@@ -1,0 +1,78 @@
+"""Giving freed memory back to the operating system: what keeps a long-running service's RSS flat.
+
+Called by the service runner (`shared.bus.service`), every `ServiceConfig.memory_release_interval` seconds
+(60 by default; 0 turns it off) between two awaits of the event loop.
+
+Why: a service's live Python heap stays flat under a steady churn, yet its RSS ratchets up at every burst
+(a relist after a dropped watch, a slow API server that lets requests pile up, a heap snapshot) and never
+comes back down (docs/chaos.md, the soak). Two things hold the freed memory. Reference cycles (an
+exception's traceback and the future that raised it) wait for a full collection, which the thresholds of
+`shared.gc_settings` make rare. And what is freed goes back to glibc's heap, which returns to the kernel
+only what lies above its last chunk in use; `malloc_trim(0)` hands back every whole free page inside the
+heap as well. So a release is a full collection, then `malloc_trim` where the C library has it (glibc;
+musl and other platforms skip that step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+from collections.abc import Callable
+
+from msgspec import Struct
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Release(Struct, frozen=True):
+    """What one release did: unreachable objects the collection freed, and the resident memory before
+    and after (bytes; 0 where /proc is not there to read)."""
+
+    unreachable: int
+    rss_before: int
+    rss_after: int
+
+    @property
+    def released(self) -> int:
+        return max(0, self.rss_before - self.rss_after)
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def can_trim() -> bool:
+    """Whether this C library has `malloc_trim` (glibc)."""
+    return _malloc_trim is not None
+
+
+def resident_bytes() -> int:
+    """This process's resident set from /proc/self/statm; 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def release() -> Release:
+    """Collect every generation, then give the C library's free pages back to the kernel."""
+    before = resident_bytes()
+    unreachable = gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    return Release(unreachable=unreachable, rss_before=before, rss_after=resident_bytes())

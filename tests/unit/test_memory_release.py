@@ -1,0 +1,49 @@
+"""Giving freed memory back (`shared.memory_release`): a release collects the reference cycles the long
+collector thresholds leave waiting, and hands glibc's free pages back, so a heap left full of holes by a
+burst no longer counts in the resident set. The interval is a runner setting that names its field."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from shared import memory_release
+from shared.bus.service import parse_config
+from shared.errors import ConfigError
+
+
+def test_a_release_collects_cycles_waiting_for_the_collector() -> None:
+    gc.disable()  # as the thresholds of shared.gc_settings would, for minutes
+    try:
+        for _ in range(500):
+            cycle: list[object] = []
+            cycle.append(cycle)
+        done = memory_release.release()
+    finally:
+        gc.enable()
+    assert done.unreachable >= 500
+
+
+@pytest.mark.skipif(not memory_release.can_trim(), reason="no malloc_trim in this C library (not glibc)")
+def test_a_release_gives_a_heap_full_of_holes_back_to_the_kernel() -> None:
+    blocks = [bytes(1000) for _ in range(100_000)]  # ~100 MiB from glibc's heap, not pymalloc's arenas
+    kept = blocks[::50]  # one block in fifty stays: the heap cannot shrink from its top
+    del blocks
+    done = memory_release.release()
+    assert len(kept) == 2_000
+    assert done.rss_before > 0
+    assert done.released > 40 * 2**20, done
+
+
+def test_the_resident_set_is_read_from_proc() -> None:
+    assert memory_release.resident_bytes() > 2**20
+
+
+def test_the_release_interval_is_a_runner_setting_naming_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config("state", []).memory_release_interval == 60.0
+    assert parse_config("state", ["--memory-release-interval", "0"]).memory_release_interval == 0.0
+    monkeypatch.setenv("KAIROS_MEMORY_RELEASE_INTERVAL", "15")
+    assert parse_config("state", []).memory_release_interval == 15.0
+    with pytest.raises(ConfigError, match=r"\$\.memory_release_interval"):
+        parse_config("state", ["--memory-release-interval", "-1"])
