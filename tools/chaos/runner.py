@@ -521,6 +521,14 @@ class ChaosRun:
                 listed: list[dict[str, Any]] = (await resp.json())["items"]
                 return listed
 
+        # The stack keeps running while it is judged: the cluster is read first, the records after, so a
+        # pod that shows a node had its binding call and ledger claim recorded before it was read (the
+        # other order once reported a pod bound between the two reads as bound without a call).
+        pods = await items(f"/api/v1/namespaces/{NAMESPACE}/pods")
+        nodes = await items("/api/v1/nodes")
+        podgroups = await items(f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NAMESPACE}/podgroups")
+        queues = await items("/apis/scheduling.run.ai/v2/queues")
+        events = await items(f"/api/v1/namespaces/{NAMESPACE}/events")
         async with http.get("/kubesim/bindings") as resp:
             bindings = (await resp.json())["bindings"]
         async with http.get("/kubesim/faults") as resp:
@@ -532,11 +540,11 @@ class ChaosRun:
         finally:
             await replica.stop()
         observed = Observed(
-            pods=await items(f"/api/v1/namespaces/{NAMESPACE}/pods"),
-            nodes=await items("/api/v1/nodes"),
-            podgroups=await items(f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NAMESPACE}/podgroups"),
-            queues=await items("/apis/scheduling.run.ai/v2/queues"),
-            events=await items(f"/api/v1/namespaces/{NAMESPACE}/events"),
+            pods=pods,
+            nodes=nodes,
+            podgroups=podgroups,
+            queues=queues,
+            events=events,
             bindings=bindings,
             claims=claims,
             outcomes=self.outcomes,
