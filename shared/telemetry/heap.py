@@ -10,8 +10,8 @@ memory in the second are where the growth is. Each snapshot is taken after a ful
 what the process keeps, not reference cycles still waiting for the collector (which, with the thresholds
 `shared.gc_settings` sets, can wait for minutes); the log line says how many unreachable objects that
 collection freed. Writing one allocates a copy of every trace; that memory is released to the operating
-system afterwards (`shared.memory_release`), so a snapshot does not raise the RSS it is meant to explain. Without the variable nothing happens and SIGUSR2 keeps its
-default action.
+system afterwards (`shared.memory_release`), so a snapshot does not raise the RSS it is meant to explain.
+Without the variable nothing happens and SIGUSR2 keeps its default action.
 """
 
 from __future__ import annotations
