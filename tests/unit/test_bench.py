@@ -679,6 +679,7 @@ def test_kairos_bench_in_process_writes_the_report_and_the_plot(
         ("Topology", "inprocess"),
     ]
     assert png.exists()
+    assert data["machine"]["nats_servers"] == 1
     assert [(r["workload"], r["overhead"]) for r in data["cpu_per_pod"]] == [
         ("Gang", None),
         ("Topology", None),
@@ -698,3 +699,8 @@ def test_kairos_bench_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[
 def test_kairos_bench_refuses_a_bad_profile_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--profile", str(tmp_path), "--profile-rate", "0"]) == 2
     assert "--profile-rate" in capsys.readouterr().err
+
+
+def test_kairos_bench_refuses_a_nats_cluster_of_two(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--mode", "bus", "--nats-cluster", "2"]) == 2
+    assert "--nats-cluster: 1 (one server) or at least 3 servers, got 2" in capsys.readouterr().err

@@ -81,6 +81,8 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Seconds the simulated kubelet takes from binding to Running."""
     concurrency: int = 32
     """Create requests in flight at once."""
+    nats_cluster: int = 1
+    """nats-servers in one JetStream cluster (`start_stack(nats_cluster=...)`; 3: as deploy/ runs NATS)."""
     timeout: float = 600.0
     """Seconds the measured phase may take before the run gives up on pods still pending."""
     settle_timeout: float = 300.0
@@ -125,6 +127,7 @@ def run_bus(
             },
             timeout=120.0,
             cluster=cluster,
+            nats_cluster=options.nats_cluster,
         )
     except BaseException:
         if keep is None:

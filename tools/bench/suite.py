@@ -76,8 +76,15 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     memory: bool = True
     profile: Profiling | None = None
     """Profile each workload's bus run with py-spy (`kairos bench --profile DIR`)."""
+    nats_cluster: int = 1
+    """The bus runs' NATS: one server, or this many in one JetStream cluster (`kairos bench --nats-cluster`)."""
 
     def __post_init__(self) -> None:
+        if self.nats_cluster != 1 and self.nats_cluster < 3:
+            # A cluster of 2 has no majority once either server is gone: JetStream stops.
+            raise ConfigError(
+                f"--nats-cluster: 1 (one server) or at least 3 servers, got {self.nats_cluster}"
+            )
         for name in self.workloads:
             if name not in workloads.NAMES:
                 raise ConfigError(
@@ -135,7 +142,7 @@ def _point(record: Record, placement: int) -> ScalingPoint:
 
 def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
     """Measure everything `plan` asks for (see the module docstring)."""
-    report = Report(quick=plan.quick, machine=_machine())
+    report = Report(quick=plan.quick, machine={**_machine(), "nats_servers": plan.nats_cluster})
     began = time.monotonic()
     for name in plan.workloads:
         workload = workloads.build(name, plan.quick)
@@ -146,7 +153,9 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
                 if mode == "inprocess":
                     record = run_inprocess(workload)
                 else:
-                    record = run_bus(workload, profile=plan.profile)
+                    record = run_bus(
+                        workload, BusOptions(nats_cluster=plan.nats_cluster), profile=plan.profile
+                    )
             except KairosError as exc:
                 report.notes.append(f"{name} {mode} failed: {exc}")
                 say(f"{name:<18} {mode:<9} failed: {exc}")
@@ -159,12 +168,16 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
     if plan.scaling and "bus" in plan.modes:
         for nodes in scale.curve_nodes:
             workload = workloads.scheduling_basic(nodes, 0, scale.curve_pods)
-            options = BusOptions(timeout=SCALING_TIMEOUT)
+            options = BusOptions(timeout=SCALING_TIMEOUT, nats_cluster=plan.nats_cluster)
             _scaling(report.scaling_nodes, report.notes, say, workload, options, 1, "nodes")
         for placement in scale.replicas:
             workload = workloads.scheduling_basic(scale.replicas_nodes, 0, scale.replicas_pods)
             options = BusOptions(
-                placement=placement, batch=str(scale.replicas_batch), conflicts="fit", timeout=SCALING_TIMEOUT
+                placement=placement,
+                batch=str(scale.replicas_batch),
+                conflicts="fit",
+                timeout=SCALING_TIMEOUT,
+                nats_cluster=plan.nats_cluster,
             )
             _scaling(report.scaling_replicas, report.notes, say, workload, options, placement, "replicas")
     if plan.memory:

@@ -52,6 +52,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         default="speedscope",
         help="speedscope JSON (default; what `python -m tools.bench.profiles` reads) or a flamegraph SVG",
     )
+    bench.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the bus measurements on N nats-servers in one JetStream cluster (3: as deploy/)",
+    )
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -76,6 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         scaling=not args.no_scaling,
         memory=not args.no_memory,
         profile=profile,
+        nats_cluster=args.nats_cluster,
     )
     report = suite.run(plan, _say)
     if report.cpu_per_pod:
