@@ -18,17 +18,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import os
 from collections.abc import Callable
 
+import psutil
 from msgspec import Struct
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Release(Struct, frozen=True):
     """What one release did: unreachable objects the collection freed, and the resident memory before
-    and after (bytes; 0 where /proc is not there to read)."""
+    and after (bytes)."""
 
     unreachable: int
     rss_before: int
@@ -61,18 +59,19 @@ def can_trim() -> bool:
 
 
 def resident_bytes() -> int:
-    """This process's resident set from /proc/self/statm; 0 where there is none."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
+    """This process's resident set (psutil)."""
+    return int(psutil.Process().memory_info().rss)
+
+
+def trim() -> None:
+    """Give the C library's free pages back to the kernel (nothing where it has no `malloc_trim`)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def release() -> Release:
-    """Collect every generation, then give the C library's free pages back to the kernel."""
+    """Collect every generation, then `trim`."""
     before = resident_bytes()
     unreachable = gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    trim()
     return Release(unreachable=unreachable, rss_before=before, rss_after=resident_bytes())

@@ -36,7 +36,7 @@ def test_a_release_gives_a_heap_full_of_holes_back_to_the_kernel() -> None:
     assert done.released > 40 * 2**20, done
 
 
-def test_the_resident_set_is_read_from_proc() -> None:
+def test_the_resident_set_is_read() -> None:
     assert memory_release.resident_bytes() > 2**20
 
 
