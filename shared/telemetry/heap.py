@@ -61,7 +61,7 @@ def install(service: str, replica: str, environ: Mapping[str, str] | None = None
         unreachable = gc.collect()
         tracemalloc.take_snapshot().dump(str(partial))
         partial.replace(path)
-        memory_release.release()
+        memory_release.trim()  # the snapshot's copy is freed by now; the collection above was the full one
         _log.warning(
             "heap snapshot written to %s (a full collection first freed %d unreachable objects)",
             path,
