@@ -24,6 +24,7 @@ from tools.bench.inprocess import run_inprocess
 from tools.bench.memory import measure_replica
 from tools.bench.profiles import Profiling
 from tools.bench.report import MODES, Record, Report, ScalingPoint, cpu_per_pod, targets
+from tools.stack.supervisor import check_nats_cluster
 
 __all__ = ["MODES", "Plan", "run"]
 
@@ -80,11 +81,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """The bus runs' NATS: one server, or this many in one JetStream cluster (`kairos bench --nats-cluster`)."""
 
     def __post_init__(self) -> None:
-        if self.nats_cluster != 1 and self.nats_cluster < 3:
-            # A cluster of 2 has no majority once either server is gone: JetStream stops.
-            raise ConfigError(
-                f"--nats-cluster: 1 (one server) or at least 3 servers, got {self.nats_cluster}"
-            )
+        check_nats_cluster(self.nats_cluster)
         for name in self.workloads:
             if name not in workloads.NAMES:
                 raise ConfigError(

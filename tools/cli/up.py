@@ -27,7 +27,14 @@ from pathlib import Path
 
 from shared.errors import ConfigError
 from tools.stack.supervision import Supervisor
-from tools.stack.supervisor import ClusterChoice, otlp_env, parse_replicas, start_stack, stop_recorded
+from tools.stack.supervisor import (
+    ClusterChoice,
+    check_nats_cluster,
+    otlp_env,
+    parse_replicas,
+    start_stack,
+    stop_recorded,
+)
 
 DEFAULT_STATE_DIR = Path(".kairos")
 
@@ -158,11 +165,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _nats_cluster(args: argparse.Namespace) -> int:
-    """`--nats-cluster N`: 1 (one server) or a cluster of at least 3 (a cluster of 2 stops on either's
-    death: JetStream needs a majority)."""
-    size: int = args.nats_cluster
-    if size != 1 and size < 3:
-        raise ConfigError(f"--nats-cluster: 1 (one server) or at least 3 servers, got {size}")
+    """`--nats-cluster N` (`check_nats_cluster`), which takes its own ports."""
+    size = check_nats_cluster(args.nats_cluster)
     if size > 1 and args.port != -1:
         raise ConfigError("--nats-cluster with --port: a cluster's servers take free ports; drop --port")
     return size

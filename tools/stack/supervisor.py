@@ -367,6 +367,14 @@ def start_stack(
     return stack
 
 
+def check_nats_cluster(servers: int) -> int:
+    """`--nats-cluster N`, returned when it is 1 (one server) or at least 3: a cluster of 2 stops on either's
+    death (JetStream needs a majority), so it is refused with a `ConfigError` naming the flag."""
+    if servers != 1 and servers < 3:
+        raise ConfigError(f"--nats-cluster: 1 (one server) or at least 3 servers, got {servers}")
+    return servers
+
+
 def cluster_replicas(servers: int) -> int:
     """Replicas of each stream and bucket on a cluster of `servers` nats-servers (JetStream allows 5)."""
     return min(servers, 5)
