@@ -451,8 +451,10 @@ class KubeOwner:
             await self.kube.close()
 
 
-LEASE_NAME = "state-kube-source"
-"""The lease (in the leases bucket) whose holder owns the Kubernetes source."""
+LEASE_NAME = "kube-source"
+"""The lease whose holder owns the Kubernetes source."""
+LEASE_KEY = s.state_lease_key(LEASE_NAME)
+"""Its key in the leases bucket, in the state service's key space: no shard's queue lease can take it."""
 RETRY_AFTER_FAILED_START = 5.0
 
 
@@ -473,7 +475,7 @@ class KubeElection:
         self.kubeconfig = kubeconfig
         self.options = options
         loop = asyncio.get_running_loop()
-        self.lease = LeaseKeeper(ctx.bus.leases, LEASE_NAME, ctx.config.replica, loop.time)
+        self.lease = LeaseKeeper(ctx.bus.leases, LEASE_NAME, ctx.config.replica, loop.time, key=LEASE_KEY)
         self._owning: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self.owner: KubeOwner | None = None

@@ -4,12 +4,14 @@ One `LeaseKeeper` per replica. The queue service keeps one per shard (`services.
 `step()` every `interval()` seconds and its dispatcher asks `valid()` before dispatching); the state
 service keeps one for its Kubernetes source, so that exactly one replica mirrors the cluster into KV.
 
-The lease is one key (`lease_key(shard)`) in the `kairos_leases` bucket, whose entries expire
-`LEASE_TTL_S` seconds after their last write. A standby acquires it with a KV *create* (which succeeds for
-exactly one contender once the key is absent), writing the last term it saw plus one; the leader renews it
-with a compare-and-set on its own revision, keeping its term. Losing a compare-and-set, or not managing to
-renew for nearly a TTL, means stepping down at once. The term is the fencing token: work items and
-proposals carry it and the binder refuses any whose term is not the lease's current one.
+The lease is one key in the `kairos_leases` bucket: a shard's (`lease_key(shard)`, the default) or the
+state service's (`state_lease_key(name)`, a key space of its own, so that no shard name reaches it). Its
+entries expire `LEASE_TTL_S` seconds after their last write. A standby acquires it with a KV *create*
+(which succeeds for exactly one contender once the key is absent), writing the last term it saw plus one;
+the leader renews it with a compare-and-set on its own revision, keeping its term. Losing a
+compare-and-set, or not managing to renew for nearly a TTL, means stepping down at once. The term is the
+fencing token: work items and proposals carry it and the binder refuses any whose term is not the lease's
+current one.
 """
 
 from __future__ import annotations
@@ -73,11 +75,14 @@ class LeaseKeeper:
         holder: str,
         clock: Callable[[], float],
         ttl: float = s.LEASE_TTL_S,
+        key: str | None = None,
     ) -> None:
         self.store = store
         self.shard = shard
+        """The name the lease is written under (`Lease.shard`): a shard's, or the state lease's name."""
         self.holder = holder
-        self.key = s.lease_key(shard)
+        self.key = s.lease_key(shard) if key is None else key
+        """The lease's key: the shard's queue lease unless the caller names another (`state_lease_key`)."""
         self.clock = clock
         self.ttl = ttl
         self.leading = False

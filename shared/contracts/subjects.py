@@ -21,7 +21,9 @@ LEDGER_BUCKET = "kairos_ledger"
 """Placements the binders committed: per-node reservations and per-pod claims, changed only by
 compare-and-set (written by `binder`, cleaned by `state` when pods leave their node)."""
 LEASE_BUCKET = "kairos_leases"
-"""One lease per shard for the active queue dispatcher; entries expire after `LEASE_TTL_S`."""
+"""Leases (`shared.bus.lease`), one key space per kind: each shard's active queue dispatcher
+(`lease_key`) and the state service's Kubernetes source (`state_lease_key`); entries expire after
+`LEASE_TTL_S`."""
 LEASE_TTL_S = 10.0
 """Lease entries expire this long after their last write (see `shared.bus.lease` for the renewal timing:
 a leader survives renewals up to 6 s late, a standby takes over within 11 s of a leader's death)."""
@@ -167,8 +169,23 @@ def ledger_claim_key(pod_key_: str) -> str:
     return f"claim.{key_token(pod_key_)}"
 
 
+SHARD_LEASE_PREFIX = "queue."
+"""Keys of the shards' queue leases in `LEASE_BUCKET`: the key they always had, so that queues, placement
+workers and binders of two versions agree on a shard's lease during an upgrade."""
+STATE_LEASE_PREFIX = "state."
+"""Keys of the state service's leases in `LEASE_BUCKET`. Before this prefix the Kubernetes source's lease
+was `queue.state-kube-source`, which a shard of that name shared: a state Deployment upgraded from then
+must not run old and new replicas side by side (scale it to 0 first), or both would own the source."""
+
+
 def lease_key(shard: str) -> str:
-    return f"queue.{key_token(shard)}"
+    """The queue lease of `shard` in `LEASE_BUCKET` (one token: any name, dots included, stays one)."""
+    return f"{SHARD_LEASE_PREFIX}{key_token(shard)}"
+
+
+def state_lease_key(name: str) -> str:
+    """A state service lease in `LEASE_BUCKET`, apart from every shard's (`lease_key`)."""
+    return f"{STATE_LEASE_PREFIX}{key_token(name)}"
 
 
 def usage_key(shard: str) -> str:
