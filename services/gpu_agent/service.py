@@ -10,6 +10,12 @@ and one read at a time. Ready once the first inventory is read. Besides, every `
 (default 5) the devices' use, memory, temperature, power and health go to `subjects.gpu_telemetry(node)`
 as a `GpuTelemetry` (`telemetry_period=0` turns that off). Counters: `inventories`, `requests`,
 `publish_failures`, `unhealthy_devices` (the latest inventory's), `telemetry`, `xid_errors`.
+
+An agent speaks only for its own node: its subjects name the node, the state service refuses a report
+whose body names another, and a per-node NATS identity (`gpu_agent@<node>` in `KAIROS_NATS_USER`) may
+publish only that node's subjects, so the agent refuses to start when its identity names another node than
+its `node` setting. Periods are bounded by `shared.contracts.inventory.MAX_PERIOD` (a reader honours no
+longer one).
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from collections.abc import Callable, Mapping, Sequence
 import msgspec
 
 from services.gpu_agent.nvml import NvmlModule, NvmlReader, NvmlUnavailable
+from shared.bus.connection import ENV_USER
 from shared.bus.service import ServiceContext, main, parse_config
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
-from shared.contracts.inventory import GpuInventory
+from shared.contracts.inventory import MAX_PERIOD, GpuInventory
 from shared.contracts.messages import encode
 from shared.errors import ConfigError, KairosError
+from shared.security.permissions import node_of_agent
 from shared.telemetry.metrics import GpuAgentMetrics
 
 SERVICE = "gpu_agent"
@@ -62,12 +70,23 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 f"{SERVICE}: option 'node': missing; pass --set node=NAME or set NODE_NAME "
                 "(a DaemonSet sets it from spec.nodeName through the downward API)"
             )
-        if not (math.isfinite(settings.period) and settings.period > 0):
-            raise ConfigError(f"{SERVICE}: option 'period': must be seconds > 0, got {settings.period!r}")
-        if not (math.isfinite(settings.telemetry_period) and settings.telemetry_period >= 0):
+        if not (math.isfinite(settings.period) and 0 < settings.period <= MAX_PERIOD):
             raise ConfigError(
-                f"{SERVICE}: option 'telemetry_period': must be seconds >= 0 (0: off), "
+                f"{SERVICE}: option 'period': must be seconds > 0, at most {MAX_PERIOD:.0f}, got {settings.period!r}"
+            )
+        if not (math.isfinite(settings.telemetry_period) and 0 <= settings.telemetry_period <= MAX_PERIOD):
+            raise ConfigError(
+                f"{SERVICE}: option 'telemetry_period': must be seconds >= 0 (0: off), at most {MAX_PERIOD:.0f}, "
                 f"got {settings.telemetry_period!r}"
+            )
+        user = environ.get(ENV_USER, "")
+        try:
+            speaks_for = node_of_agent(user)
+        except KeyError as exc:
+            raise ConfigError(f"{SERVICE}: {ENV_USER}: {exc.args[0]}") from exc
+        if speaks_for is not None and speaks_for != settings.node:
+            raise ConfigError(
+                f"{SERVICE}: {ENV_USER} {user!r} may speak only for node {speaks_for!r}, not for {settings.node!r}"
             )
         return settings
 

@@ -12,13 +12,17 @@ it lowers the count to the devices that are healthy and sets the per-device memo
   without MIG (`mixed`, whose MIG devices are `nvidia.com/mig-*` resources); a healthy GPU without MIG or a
   healthy MIG device of a healthy GPU (`single`).
 - `gpu_memory_mib` = the smallest healthy unit's memory (a fractional or memory request must fit on any
-  device), and `gpu_memory_synced = True` once the agent has reported it.
+  device), capped by what the node's GFD label (`nvidia.com/gpu.memory`) says: the agent lowers the
+  memory, never raises it. Without the label (`gpu_memory_synced` False) the agent's measurement is the
+  only one and is taken; `gpu_memory_synced = True` once the agent has reported it.
 - `mig_enabled` = any device has MIG mode on now.
 - each `nvidia.com/mig-<profile>` scalar = `min(allocatable, healthy MIG devices of that profile on healthy
   GPUs)`; left as Kubernetes says when a healthy MIG device has a profile the agent could not name.
 
 No inventory, or one whose `error` says NVML could not be used, tells nothing about the devices: the node
-stays as Kubernetes describes it. A stale inventory (`is_stale`) should be treated as no inventory.
+stays as Kubernetes describes it. A stale inventory (`is_stale`) should be treated as no inventory; so is
+one dated more than `MAX_CLOCK_SKEW` ahead of the reader, or whose period is not seconds up to
+`MAX_PERIOD` (either would otherwise stay fresh for ever).
 
 `mark_excluded` tells the live telemetry's devices (`Node.gpu_devices`) which of them the inventory already
 took out of `gpus`, so that the core's unhealthy-device filter does not take them out twice.
@@ -32,7 +36,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
+from shared.contracts.inventory import MAX_CLOCK_SKEW, MAX_PERIOD, GpuDevice, GpuInventory, MigDevice
 from shared.errors import InvalidObject
 from shared.model import Node
 from shared.model.objects import DeviceUsage
@@ -84,10 +88,14 @@ def merge_inventory(node: Node, inventory: GpuInventory | None) -> Node:
         )
     units = _units(inventory.devices, node.mig_strategy)
     memories = [unit.memory_mib for unit in units if unit.memory_mib > 0]
+    memory = node.gpu_memory_mib
+    if memories:
+        # The label (synced) caps what the agent measured; without one the measurement is all there is.
+        memory = min(memory, *memories) if node.gpu_memory_synced else min(memories)
     return msgspec.structs.replace(
         node,
         gpus=min(node.gpus, len(units)),
-        gpu_memory_mib=min(memories) if memories else node.gpu_memory_mib,
+        gpu_memory_mib=memory,
         gpu_memory_synced=True if memories else node.gpu_memory_synced,
         mig_enabled=any(d.mig_enabled for d in inventory.devices),
         scalars=_mig_scalars(node, inventory.devices),
@@ -97,11 +105,15 @@ def merge_inventory(node: Node, inventory: GpuInventory | None) -> Node:
 def is_stale(inventory: GpuInventory, now: float, periods: float = STALE_PERIODS) -> bool:
     """Whether more than `periods` of the agent's periods have passed since `inventory.time`.
 
-    `now` is on the same clock as the agent's (wall clock, seconds since the epoch); an inventory from the
-    future (clock skew) is not stale.
+    `now` is on the same clock as the agent's (wall clock, seconds since the epoch); an inventory up to
+    `MAX_CLOCK_SKEW` from the future is not stale (clock skew), one further ahead is, and so is one whose
+    period is not seconds in (0, `MAX_PERIOD`].
     """
     age = now - inventory.time
-    return not math.isfinite(age) or age > periods * inventory.period
+    period = inventory.period
+    if not (math.isfinite(age) and math.isfinite(period) and 0 < period <= MAX_PERIOD):
+        return True
+    return age < -MAX_CLOCK_SKEW or age > periods * period
 
 
 def stale_nodes(

@@ -9,16 +9,47 @@ device carries its decayed use and health (`devices`, from `services.state.gpu_u
 a device moved by `REWRITE_POINTS` or its health changed, so telemetry every few seconds does not churn KV.
 An agent not heard from for three of its periods no longer counts. Pure: no I/O; `now` (epoch seconds, the
 agents' clock) is an argument.
+
+Before a report reaches the overlay, the Kubernetes source asks `refusal` whether to believe it: an agent
+speaks only for the node its subject names (the subject is what NATS lets the agent's user publish on),
+only about now (`MAX_CLOCK_SKEW`) and with a period of at most `MAX_PERIOD`; docs/security.md, "Trust
+boundaries".
 """
 
 from __future__ import annotations
 
+import math
+
 from services.state.gpu_inventory import is_stale, mark_excluded
 from services.state.gpu_usage import NodeUsage, needs_rewrite, observe, settle, usage_of
 from services.state.gpu_usage import is_stale as usage_is_stale
+from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
-from shared.contracts.inventory import GpuInventory
+from shared.contracts.inventory import MAX_CLOCK_SKEW, MAX_PERIOD, GpuInventory
 from shared.model.objects import DeviceUsage
+
+
+def refusal(subject: str, report: GpuInventory | GpuTelemetry, now: float) -> str | None:
+    """Why a node agent's `report`, received on `subject`, must not be used (None: use it). Refused: a report
+    whose node is not the one its subject names (an agent may speak only for its own node), one dated more
+    than `MAX_CLOCK_SKEW` seconds ahead of `now` or not dated at all, and one whose period is not seconds in
+    (0, `MAX_PERIOD`]."""
+    own = s.gpu_inventory(report.node) if isinstance(report, GpuInventory) else s.gpu_telemetry(report.node)
+    if subject != own:
+        return (
+            f"published on {subject}, not on the subject of node {report.node!r} ({own}): "
+            "an agent speaks only for its own node"
+        )
+    if not math.isfinite(report.time):
+        return f"time {report.time!r}: not a time"
+    if report.time - now > MAX_CLOCK_SKEW:
+        return (
+            f"dated {report.time - now:.0f} s ahead of this clock (at most {MAX_CLOCK_SKEW:.0f} s of clock skew "
+            "is allowed): check the node's time synchronisation"
+        )
+    if not (math.isfinite(report.period) and 0 < report.period <= MAX_PERIOD):
+        return f"period {report.period!r}: expected seconds in (0, {MAX_PERIOD:.0f}]"
+    return None
 
 
 class GpuOverlay:

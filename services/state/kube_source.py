@@ -38,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
+from services.state.gpu_overlay import refusal
 from services.state.grouping import GrouperConfig
 from services.state.kv_objects import object_of
 from services.state.kv_writer import StateWriter
@@ -61,8 +62,8 @@ from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.gpu_telemetry import TELEMETRY
-from shared.contracts.inventory import INVENTORIES
+from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
+from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import MalformedMessage, TemporaryError
@@ -258,7 +259,7 @@ class KubeSource:
 
     async def _on_inventory(self, msg: Msg) -> None:
         inventory = decoded(self.ctx, INVENTORIES, msg)
-        if inventory is None:
+        if inventory is None or self._refused(msg.subject, inventory):
             return
         self.mirror.inventory(inventory)
         self.ctx.counters["gpu_inventories"] += 1
@@ -266,11 +267,20 @@ class KubeSource:
 
     async def _on_telemetry(self, msg: Msg) -> None:
         telemetry = decoded(self.ctx, TELEMETRY, msg)
-        if telemetry is None:
+        if telemetry is None or self._refused(msg.subject, telemetry):
             return
         self.mirror.telemetry(telemetry)
         self.ctx.counters["gpu_telemetry"] += 1
         self._wake.set()
+
+    def _refused(self, subject: str, report: GpuInventory | GpuTelemetry) -> bool:
+        """Count and log a node agent's report that must not be believed (`gpu_overlay.refusal`)."""
+        why = refusal(subject, report, time.time())
+        if why is None:
+            return False
+        self.ctx.counters.message("gpu_reports_refused", subject)
+        log.warning("refused the GPU report of node %r: %s", report.node, why)
+        return True
 
     async def _staleness(self) -> None:
         """Look at every node again now and then: an agent that stopped reporting makes its inventory stale."""

@@ -6,6 +6,11 @@ the same message). Read by the state service, which folds it into its `Node` wit
 `services.state.gpu_inventory.merge_inventory`. Internal, so msgpack, versioned and evolved by the rules of
 `shared.contracts.messages` (new fields get a default, a field never changes type or meaning, tags are
 fixed); `INVENTORIES.decode` raises `MalformedMessage` naming the subject.
+
+What a reader trusts (docs/security.md, "Trust boundaries"): a report counts only on its own node's subject
+(the subject is what NATS permissions tie to an agent's user), only when it is dated no more than
+`MAX_CLOCK_SKEW` seconds ahead of the reader's clock, and only with a `period` of at most `MAX_PERIOD`
+seconds; the same holds for `shared.contracts.gpu_telemetry`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,14 @@ import msgspec
 
 from shared.contracts.messages import VERSION, Codec
 
-__all__ = ["INVENTORIES", "GpuDevice", "GpuInventory", "MigDevice"]
+__all__ = ["INVENTORIES", "MAX_CLOCK_SKEW", "MAX_PERIOD", "GpuDevice", "GpuInventory", "MigDevice"]
+
+MAX_CLOCK_SKEW = 10.0
+"""Seconds a report's `time` may be ahead of its reader's clock (the agents' and the state service's nodes
+keep time with NTP); one dated further ahead is refused, so that it cannot stay fresh for ever."""
+MAX_PERIOD = 600.0
+"""The longest `period` a reader honours, in seconds: a report stays fresh for a few periods, so an
+unbounded period would keep it fresh for ever. The agent refuses to start with a longer one."""
 
 
 class MigDevice(msgspec.Struct, frozen=True, kw_only=True):

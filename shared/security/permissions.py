@@ -19,7 +19,10 @@ The table, in words (docs/security.md has it in full):
   leases but cannot write any bucket, and cannot ask for a bind.
 - `binder`: consumes proposals, the only service writing the ledger besides the state's cleanup, the
   only one asking for binds and evictions; publishes outcomes, stamps and bind/evict events.
-- `gpu_agent`: publishes its node's inventory and telemetry, answers refresh requests.
+- `gpu_agent`: publishes its node's inventory and telemetry, answers refresh requests. One user shared
+  by every node's agent may publish for any node; `gpu_agent@<node>` (`node_agent`) is the same grant
+  narrowed to that one node's subjects, for deployments that can hand each node its own credentials
+  (docs/security.md, "Trust boundaries").
 - `operator` (the `kairos` CLI): applies objects, asks for snapshots, explanations and cycles, reads
   the public events, heartbeats and GPU telemetry. It writes no bucket and cannot bind.
 - `admin` (only in the local stack, for tests and benchmarks): everything.
@@ -58,6 +61,8 @@ SERVICE_IDENTITIES = (STATE, QUEUE, PLACEMENT, BINDER, GPU_AGENT)
 """One identity per service; the identity's name is the service's name (`kairos serve <name>`)."""
 IDENTITIES = (*SERVICE_IDENTITIES, OPERATOR)
 """Everything a deployment needs (`admin` is the local stack's own)."""
+NODE_AGENT_SEPARATOR = "@"
+"""Between `gpu_agent` and the node in a per-node agent identity (`gpu_agent@node-1`)."""
 
 BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET, s.LEASE_BUCKET, s.USAGE_BUCKET)
 GPU_TELEMETRY_WILDCARD = s.GPU_TELEMETRY_WILDCARD
@@ -134,12 +139,13 @@ def _declare() -> list[str]:
     return [f"{JS_API}.STREAM.{verb}.{name}" for verb in ("CREATE", "UPDATE") for name in names]
 
 
-def _service_common(identity: str) -> tuple[list[str], list[str]]:
+def _service_common(service: str, identity: str | None = None) -> tuple[list[str], list[str]]:
     """What every service does: heartbeats (and health requests) under its own name, open the four KV
-    stores and look up the streams at connect, read its inbox."""
-    health = f"{s.PREFIX}.health.{s.token(identity)}.*"
+    stores and look up the streams at connect, read its inbox (the identity's: the service's name unless
+    the identity is a per-node agent's)."""
+    health = f"{s.PREFIX}.health.{s.token(service)}.*"
     publish = [health, *_stream_info([*STREAMS, *(kv_stream(b) for b in BUCKETS)])]
-    subscribe = [health, f"{inbox_prefix(identity)}.>"]
+    subscribe = [health, f"{inbox_prefix(identity or service)}.>"]
     return publish, subscribe
 
 
@@ -152,8 +158,42 @@ def _sorted(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(items)))
 
 
+def node_agent(node: str) -> str:
+    """The identity of the GPU agent of `node` alone: it may publish only that node's inventory and
+    telemetry and hear only that node's refresh requests."""
+    return f"{GPU_AGENT}{NODE_AGENT_SEPARATOR}{node}"
+
+
+def node_of_agent(identity: str) -> str | None:
+    """The node a per-node agent identity (`node_agent`) speaks for; None for any other identity (the
+    shared `gpu_agent` included). An empty node is a `KeyError`."""
+    prefix = GPU_AGENT + NODE_AGENT_SEPARATOR
+    if not identity.startswith(prefix):
+        return None
+    node = identity[len(prefix) :]
+    if not node:
+        raise KeyError(f"no NATS identity {identity!r}: a per-node GPU agent is {prefix}<node>")
+    return node
+
+
+def _gpu_agent(node: str | None) -> tuple[list[str], list[str]]:
+    """A GPU agent's own grants: every node's subjects (the shared identity) or one node's."""
+    if node is None:
+        return [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD], [s.GPU_INVENTORY_REQUEST_WILDCARD]
+    return [s.gpu_inventory(node), s.gpu_telemetry(node)], [s.gpu_inventory_request(node)]
+
+
 def permissions(identity: str) -> Permissions:
-    """The permissions of one identity; a name outside `IDENTITIES` and `admin` is a `KeyError`."""
+    """The permissions of one identity; a name outside `IDENTITIES`, `admin` and the per-node agents
+    (`node_agent`) is a `KeyError`."""
+    node = node_of_agent(identity)
+    if node is not None:
+        # Heartbeats go out under the service's name (`gpu_agent`), as every replica's do.
+        publish, subscribe = _service_common(GPU_AGENT, identity)
+        own_publish, own_subscribe = _gpu_agent(node)
+        return Permissions(
+            publish=_sorted(publish + own_publish), subscribe=_sorted(subscribe + own_subscribe)
+        )
     if identity == ADMIN:
         return Permissions(publish=(">",), subscribe=(">",), declares=True)
     if identity == OPERATOR:
@@ -215,15 +255,18 @@ def permissions(identity: str) -> Permissions:
         publish += [s.OUTCOMES_WILDCARD, s.STAMPS_WILDCARD, s.cluster("bind"), s.cluster("evict")]
         publish += _events("pod-bound", "pod-evicted", "podgroup-state")
     elif identity == GPU_AGENT:
-        publish += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
-        subscribe += [s.GPU_INVENTORY_REQUEST_WILDCARD]
+        own_publish, own_subscribe = _gpu_agent(None)
+        publish += own_publish
+        subscribe += own_subscribe
     return Permissions(publish=_sorted(publish), subscribe=_sorted(subscribe), declares=declares)
 
 
 def declares(identity: str | None) -> bool:
     """Whether a client connecting as `identity` creates the streams and buckets: yes without an identity
     (no authorization) or with one this table does not know (the deployment's own), else as the table
-    says."""
+    says (a per-node GPU agent never does)."""
+    if identity is not None and node_of_agent(identity) is not None:
+        return False
     if identity is None or identity not in (*IDENTITIES, ADMIN):
         return True
     return permissions(identity).declares
