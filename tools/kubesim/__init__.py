@@ -64,7 +64,13 @@ authentication, JSON only:
   (admissionregistration.k8s.io/v1) are called on create, update (subresources included) and delete, as
   the real server calls them (rules, namespace and object selectors, failurePolicy, timeoutSeconds, JSON
   patches, denials; https verified against caBundle, plain http also accepted; a ``service`` client config
-  is unreachable); scheduling gates hold a pod (SchedulingGated; binding it is refused).
+  is unreachable); scheduling gates hold a pod (SchedulingGated; binding it is refused);
+- PodDisruptionBudgets (policy/v1) on the Eviction endpoint (`disruption`): minAvailable or
+  maxUnavailable, a number or a percentage of the pods' controllers' scale, over the Ready pods of the
+  budget's namespace its selector matches; an eviction that would leave too few is 429 TooManyRequests
+  with a ``DisruptionBudget`` cause naming the budget, a pod two budgets select is a 500, and a pod that is
+  not running goes regardless; the uid (and resourceVersion) preconditions of a binding's metadata and of
+  an eviction's deleteOptions answer 409 Conflict, worded as the real server words them.
 
 **Fault injection** (`faults`, for the chaos suite): a plan of rules makes a fraction of the requests of a
 verb and resource answer 5xx or 429 (with Retry-After), answer late, or answer a watch resume 410 Gone;
@@ -74,7 +80,9 @@ plan at run time, ``/kubesim/bindings`` lists every accepted (and refused) pods/
 **What is not.** Authentication and authorisation; protobuf beyond what kubectl's ``create <kind>``
 generators send (namespace, configmap, secret, serviceaccount, priorityclass, deployment, job, cronjob,
 service, poddisruptionbudget, quota, role(binding), clusterrole(binding)) and CBOR; webhooks on
-deletecollection, CONNECT and the legacy ``bindings`` resource, PodDisruptionBudgets (evictions always succeed), resource quotas, CRD schema
+deletecollection, CONNECT and the legacy ``bindings`` resource; the disruption controller (a budget's
+status is never written: the eviction counts it on the spot, so a new budget is never "still being
+processed" unless its pods' controller cannot be counted); resource quotas, CRD schema
 validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
 (deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
 first; container restarts, probes, logs, exec and port-forward; variables from secrets, the downward API

@@ -29,7 +29,7 @@ import msgspec
 import yaml
 
 from shared.errors import ConfigError
-from tools.kubesim import kinds
+from tools.kubesim import disruption, kinds
 from tools.kubesim.errors import (
     ApiError,
     already_exists,
@@ -107,6 +107,7 @@ BOOKMARK = "BOOKMARK"
 # Kinds that PUT may create when missing, as the real registry allows.
 _CREATE_ON_UPDATE = frozenset(("events", "coordination.k8s.io/leases"))
 _CRD_STORAGE = "apiextensions.k8s.io/customresourcedefinitions"
+_PDB_STORAGE = "policy/poddisruptionbudgets"
 _SPEC_FIELDS_IGNORED = frozenset(("metadata", "status", "kind", "apiVersion"))
 
 
@@ -801,21 +802,23 @@ class Cluster:
         opts = options if isinstance(options, dict) else {}
         existing = self.get_stored(rt, namespace, name)
         pre = opts.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != existing["metadata"].get("uid"):
+        # Worded as the registry's BeforeDelete, which names the kind, not the resource.
+        uid = existing["metadata"].get("uid")
+        if pre.get("uid") and pre["uid"] != uid:
             raise conflict(
-                rt.plural,
+                rt.kind,
                 name,
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {existing['metadata'].get('uid')}",
+                f"the UID in the precondition ({pre['uid']}) does not match the UID in record ({uid}). "
+                "The object might have been deleted and then recreated",
                 rt.group,
             )
-        if pre.get("resourceVersion") and pre["resourceVersion"] != existing["metadata"].get(
-            "resourceVersion"
-        ):
+        rv = existing["metadata"].get("resourceVersion")
+        if pre.get("resourceVersion") and pre["resourceVersion"] != rv:
             raise conflict(
-                rt.plural,
+                rt.kind,
                 name,
-                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
-                f"ResourceVersion in object meta: {existing['metadata'].get('resourceVersion')}",
+                f"the ResourceVersion in the precondition ({pre['resourceVersion']}) does not match the "
+                f"ResourceVersion in record ({rv}). The object might have been modified",
                 rt.group,
             )
         policy = opts.get("propagationPolicy")
@@ -932,12 +935,17 @@ class Cluster:
         node_name = target.get("name") if isinstance(target, dict) else None
         if not node_name or not isinstance(node_name, str):
             raise invalid("Binding", name, "target.name", "Required value")
-        if md.get("uid") and md["uid"] != pod["metadata"].get("uid"):
-            raise conflict(
-                "pods/binding",
-                name,
-                f"Precondition failed: UID in precondition: {md['uid']}, UID in object meta: {pod['metadata'].get('uid')}",
-            )
+        # The binding's uid and resourceVersion are preconditions of the storage update, whose failure the
+        # registry answers as a Conflict on the pod carrying the storage error.
+        for field, what in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            if md.get(field) and md[field] != pod["metadata"].get(field):
+                raise conflict(
+                    "pods",
+                    name,
+                    f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/{name}, "
+                    f"ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {what} in precondition: "
+                    f"{md[field]}, {what} in object meta: {pod['metadata'].get(field)}",
+                )
         if pod["metadata"].get("deletionTimestamp"):
             raise conflict("pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host")
         current = (pod.get("spec") or {}).get("nodeName")
@@ -967,13 +975,28 @@ class Cluster:
         return self.store.put("pods", new)
 
     def evict(self, namespace: str, name: str, body: Any) -> Obj:
-        """POST pods/eviction: delete the pod (no PodDisruptionBudgets exist to answer 429)."""
+        """POST pods/eviction: delete the pod unless a PodDisruptionBudget refuses (429, `disruption`);
+        the eviction's deleteOptions (preconditions) apply to the delete."""
         eviction = body if isinstance(body, dict) else {}
-        if self.store.storage("pods").get(namespace, name) is None:
+        md = eviction.get("metadata") or {}
+        pod = self.store.storage("pods").get(namespace, name)
+        if pod is None:
             raise not_found("pods", name)
-        options = eviction.get("deleteOptions")
-        self.delete(self.type_of("pods"), namespace, name, options)
+        if md.get("name") not in (None, "", name):
+            raise bad_request("name in URL does not match name in Eviction object")
+        budgets = self.store.storage(_PDB_STORAGE).iter(namespace)
+        refused = disruption.refusal(pod, budgets, self.store.storage("pods").iter(namespace), self._owner)
+        if refused is not None:
+            raise refused
+        self.delete(self.type_of("pods"), namespace, name, eviction.get("deleteOptions"))
         return status_success(201)
+
+    def _owner(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """A pod's controller as the disruption controller finds it (`disruption.Lookup`)."""
+        rt = self.registry.by_kind(api_version, kind)
+        if rt is None or "scale" not in rt.subresources:
+            raise disruption.Unscalable(f"{kind} does not implement the scale subresource")
+        return self.find(rt.storage, namespace, name)
 
     def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         obj = self.get_stored(rt, namespace, name)

@@ -20,6 +20,7 @@ __all__ = [
     "invalid",
     "not_found",
     "status_success",
+    "too_many_requests",
 ]
 
 Obj = dict[str, Any]
@@ -38,6 +39,7 @@ class ApiError(Exception):
         group: str = "",
         kind: str = "",
         causes: list[Obj] | None = None,
+        retry_after: int = 0,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -47,6 +49,9 @@ class ApiError(Exception):
         self.group = group
         self.kind = kind
         self.causes = causes or []
+        self.retry_after = retry_after
+        """Seconds a client should wait before asking again (details.retryAfterSeconds and the
+        Retry-After header); 0: none said."""
 
     def status(self) -> Obj:
         """The metav1 Status object the server answers with."""
@@ -59,6 +64,8 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:  # a Status the registry answers itself (two budgets' 500) names none
+            del out["reason"]
         details: Obj = {}
         if self.name:
             details["name"] = self.name
@@ -68,6 +75,8 @@ class ApiError(Exception):
             details["kind"] = self.kind
         if self.causes:
             details["causes"] = self.causes
+        if self.retry_after:
+            details["retryAfterSeconds"] = self.retry_after
         if details:
             out["details"] = details
         return out
@@ -153,3 +162,8 @@ def forbidden(plural: str, name: str, problem: str, group: str = "") -> ApiError
 
 def gone(message: str) -> ApiError:
     return ApiError(410, "Expired", message)
+
+
+def too_many_requests(message: str, causes: list[Obj], retry_after: int = 0) -> ApiError:
+    """429 TooManyRequests as the registry words it (`errors.NewTooManyRequests`), with its causes."""
+    return ApiError(429, "TooManyRequests", message, causes=causes, retry_after=retry_after)

@@ -137,7 +137,10 @@ def _warned(response: web.Response, warnings: list[str]) -> web.Response:
 
 
 def _error(exc: ApiError) -> web.Response:
-    return _respond(exc.status(), exc.code)
+    response = _respond(exc.status(), exc.code)
+    if exc.retry_after:
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 class _Request:
