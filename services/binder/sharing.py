@@ -32,7 +32,7 @@ import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing as gs
-from shared.kube import keys, wire
+from shared.kube import keys, values, wire
 from shared.kube.translate import gpu_groups_patch
 
 __all__ = [
@@ -107,18 +107,15 @@ def share_from_annotations(annotations: Mapping[str, str], device_memory_mib: in
     raw = annotations.get(keys.GPU_FRACTION)
     if raw is not None:
         try:
-            fraction = float(raw)
-        except ValueError:
+            return values.decimal(raw, low=0.0, high=1.0, low_open=True)
+        except values.InvalidValueError:
             return None
-        return fraction if 0 < fraction <= 1 else None
     raw = annotations.get(keys.GPU_MEMORY)
     if raw is None or not device_memory_mib or device_memory_mib <= 0:
         return None
     try:
-        memory = int(raw)
-    except ValueError:
-        return None
-    if memory <= 0:
+        memory = values.whole(raw, low=1, high=2**31 - 1)
+    except values.InvalidValueError:
         return None
     return min(1.0, math.ceil(memory / device_memory_mib * 100) / 100)
 

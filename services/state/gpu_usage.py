@@ -26,6 +26,7 @@ import msgspec
 
 from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import InvalidObject
+from shared.kube import values
 from shared.model import Node, Pod
 from shared.model.objects import DeviceUsage
 
@@ -302,8 +303,10 @@ def _unhealthy_indexes(node: Node) -> set[int]:
     raw = node.labels.get(UNHEALTHY_GPUS_LABEL, "")
     out: set[int] = set()
     for part in raw.split(","):
-        if part.strip().isdigit():
-            out.add(int(part.strip()))
+        try:
+            out.add(values.whole(part.strip(), low=0, high=1023))
+        except values.InvalidValueError:
+            continue
     return out
 
 

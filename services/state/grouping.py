@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube import keys, wire
+from shared.kube import keys, values, wire
 
 __all__ = [
     "GrouperConfig",
@@ -287,11 +287,21 @@ def _batch_job(ctx: _Ctx, top: wire.Owner) -> _Metadata:
     md = _default(ctx, top, [top])
     raw = top.metadata.annotations.get(keys.BATCH_MIN_MEMBER_ANNOTATION)
     if raw is not None:
-        if re.fullmatch(r"[+-]?[0-9]+", raw) is None or not 0 <= int(raw) < 2**31:
-            field_path = f"metadata.annotations[{keys.BATCH_MIN_MEMBER_ANNOTATION}]"
-            raise _error(top, field_path, f"must be a whole number of pods, got {raw!r}")
-        md.min_available = int(raw)
+        field_path = f"metadata.annotations[{keys.BATCH_MIN_MEMBER_ANNOTATION}]"
+        md.min_available = _parsed(
+            top,
+            field_path,
+            lambda: values.whole(raw, low=0, high=values.INT32_MAX, what="a whole number of pods"),
+        )
     return md
+
+
+def _parsed(obj: wire.Owner, field_path: str, parse: Callable[[], int]) -> int:
+    """`parse()`, its `InvalidValueError` turned into the error naming `obj` and the field."""
+    try:
+        return parse()
+    except values.InvalidValueError as exc:
+        raise _error(obj, field_path, str(exc)) from None
 
 
 def _cron_job(ctx: _Ctx, top: wire.Owner) -> _Metadata:
@@ -309,10 +319,8 @@ def _int_at(obj: wire.Owner, path: Sequence[str], root: Mapping[str, Any] | None
         if not isinstance(value, Mapping) or part not in value:
             return None
         value = value[part]
-    if isinstance(value, bool) or not isinstance(value, int):
-        where = "spec." + ".".join(path) if root is None else ".".join(path)
-        raise _error(obj, where, f"must be an integer, got {value!r}")
-    return value
+    where = "spec." + ".".join(path) if root is None else ".".join(path)
+    return _parsed(obj, where, lambda: values.whole_of(value, low=0, high=values.INT32_MAX))
 
 
 def _map_at(
@@ -406,24 +414,25 @@ def _pytorch_workers(
     raw_size = worker_annotation(keys.SEGMENT_SIZE_ANNOTATION)
     if not raw_size:
         return [_SubGroup("worker", worker_min, pods=pods)]
-    if not raw_size.isdigit() or int(raw_size) <= 0:
-        field_path = f"metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]"
-        raise _error(top, field_path, f"must be a whole number of pods > 0, got {raw_size!r}")
-    size = int(raw_size)
+    size = _parsed(
+        top,
+        f"metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]",
+        lambda: values.whole(raw_size, low=1, high=values.INT32_MAX, what="a whole number of pods"),
+    )
     segments, partial = divmod(workers, size)
     if partial:
         segments += 1
     index = -1
     if is_worker:
         raw_index = ctx.pod.metadata.labels.get(PYTORCH_REPLICA_INDEX_LABEL, "")
-        if not raw_index.isdigit():
-            pod = _pod_as_owner(ctx.pod)
-            raise _error(
-                pod,
+        index = (
+            _parsed(
+                _pod_as_owner(ctx.pod),
                 f"metadata.labels[{PYTORCH_REPLICA_INDEX_LABEL}]",
-                f"must be a replica index, got {raw_index!r}",
+                lambda: values.whole(raw_index, low=0, high=values.INT32_MAX, what="a replica index"),
             )
-        index = int(raw_index) // size
+            // size
+        )
     topology = (
         pod_annotations.get(keys.TOPOLOGY_ANNOTATION)
         or _str_at(template, (keys.TOPOLOGY_ANNOTATION,))

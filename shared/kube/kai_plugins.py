@@ -32,6 +32,7 @@ import msgspec
 from shared.core.plugins.priorities import BUILTIN_PRIORITIES
 from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
+from shared.kube import values
 from shared.kube.quantity import DurationError, parse_duration
 
 __all__ = [
@@ -207,13 +208,12 @@ def _argument_changes(
 
 def k_value(raw: str | float, field: str, error: Error) -> float:
     """A kValue: a finite number >= 0."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        raw = repr(raw)
     try:
-        value = float(raw)
-    except ValueError:
-        raise error(field, f"kValue {raw!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise error(field, f"kValue {raw!r} must be a finite number >= 0")
-    return value
+        return values.decimal(raw, low=0.0, high=math.inf, what="a kValue")
+    except values.InvalidValueError as exc:
+        raise error(field, str(exc)) from None
 
 
 def duration(text: str, field: str, error: Error) -> float:

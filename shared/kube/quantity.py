@@ -18,7 +18,10 @@ import re
 from datetime import UTC, datetime
 from fractions import Fraction
 
+from shared.kube.values import shown
+
 __all__ = [
+    "MAX_QUANTITY",
     "DurationError",
     "QuantityError",
     "ceil_int",
@@ -51,6 +54,11 @@ _QUANTITY = re.compile(
 )
 # Kubernetes itself caps quantities far below this; the bound keeps "1e999999999" from eating memory.
 _MAX_EXPONENT = 100
+# A number of more digits than this is refused before Python converts it (int() refuses 4,300 digits with
+# a bare ValueError; long before that such a text is no resource amount).
+_MAX_DIGITS = 40
+MAX_QUANTITY = 2**63 - 1
+"""The largest amount a quantity may have in its base unit: Kubernetes counts ``Value()`` in an int64."""
 
 
 class QuantityError(ValueError):
@@ -69,26 +77,36 @@ def parse_quantity(text: str | int | float) -> Fraction:
     if isinstance(text, bool):
         raise QuantityError(f"{text!r} is not a quantity")
     if isinstance(text, int):
-        return Fraction(text)
+        return _bounded(Fraction(text), text)
     if isinstance(text, float):
         if not math.isfinite(text):
             raise QuantityError(f"{text!r} is not a quantity")
-        return Fraction(repr(text))
+        return _bounded(Fraction(repr(text)), text)
+    if not isinstance(text, str):
+        raise QuantityError(f"{shown(text)} is not a quantity")
     match = _QUANTITY.fullmatch(text)
     if match is None:
-        raise QuantityError(f"{text!r} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
+        raise QuantityError(f"{shown(text)} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
+    if len(match["number"]) > _MAX_DIGITS:
+        raise QuantityError(f"{shown(text)}: more than {_MAX_DIGITS} digits")
     number = Fraction(match["number"] + ("0" if match["number"].endswith(".") else ""))
     if match["sign"] == "-":
         number = -number
     if match["exp"] is not None:
-        exponent = int(match["exp"][1:])
+        exponent = int(match["exp"][1:]) if len(match["exp"]) <= 6 else _MAX_EXPONENT + 1
         if abs(exponent) > _MAX_EXPONENT:
-            raise QuantityError(f"{text!r}: exponent out of range")
-        return number * Fraction(10) ** exponent
+            raise QuantityError(f"{shown(text)}: exponent out of range")
+        return _bounded(number * Fraction(10) ** exponent, text)
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    return number * _DECIMAL[suffix]
+        return _bounded(number * _BINARY[suffix], text)
+    return _bounded(number * _DECIMAL[suffix], text)
+
+
+def _bounded(amount: Fraction, text: str | int | float) -> Fraction:
+    if abs(amount) > MAX_QUANTITY:
+        raise QuantityError(f"{shown(text)} is beyond the largest quantity Kubernetes counts (2^63 - 1)")
+    return amount
 
 
 def ceil_int(value: Fraction) -> int:
@@ -132,10 +150,14 @@ _DURATION_UNITS = {
     "h": Fraction(3600),
 }
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+MAX_DURATION = (2**63 - 1) / 10**9
+"""Go's longest duration (int64 nanoseconds, about 292 years), in seconds."""
 
 
 def parse_duration(text: str) -> float:
     """Seconds of a Go duration string ("90s", "1h30m", "1.5h", "-5m"); "0" is zero."""
+    if not isinstance(text, str):
+        raise DurationError(f"{shown(text)} is not a duration (expected e.g. 90s, 5m, 1h30m)")
     rest = text
     negative = False
     if rest[:1] in ("+", "-"):
@@ -144,21 +166,27 @@ def parse_duration(text: str) -> float:
     if rest == "0":
         return 0.0
     if not rest:
-        raise DurationError(f"{text!r} is not a duration (expected e.g. 90s, 5m, 1h30m)")
+        raise DurationError(f"{shown(text)} is not a duration (expected e.g. 90s, 5m, 1h30m)")
     total = Fraction(0)
     pos = 0
     while pos < len(rest):
         match = _DURATION_PART.match(rest, pos)
         if match is None:
-            raise DurationError(f"{text!r} is not a duration (expected e.g. 90s, 5m, 1h30m)")
+            raise DurationError(f"{shown(text)} is not a duration (expected e.g. 90s, 5m, 1h30m)")
+        if len(match[1]) > _MAX_DIGITS:
+            raise DurationError(f"{shown(text)}: more than {_MAX_DIGITS} digits")
         number = match[1] + ("0" if match[1].endswith(".") else "")
         total += Fraction(number) * _DURATION_UNITS[match[2]]
+        if total > MAX_DURATION:
+            raise DurationError(f"{shown(text)} is beyond Go's longest duration (about 292 years)")
         pos = match.end()
     return float(-total if negative else total)
 
 
 # --- time ------------------------------------------------------------------------------------------------
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
 
 
 def rfc3339(epoch: float) -> str:
@@ -172,5 +200,8 @@ def parse_time(text: str) -> float:
     Raises ValueError for anything else (a date alone, a time without a zone).
     """
     if _RFC3339.fullmatch(text) is None:
-        raise ValueError(f"{text!r} is not an RFC 3339 timestamp (e.g. 2026-01-02T03:04:05Z)")
-    return datetime.fromisoformat(text.upper()).timestamp()
+        raise ValueError(f"{shown(text)} is not an RFC 3339 timestamp (e.g. 2026-01-02T03:04:05Z)")
+    try:
+        return datetime.fromisoformat(text.upper()).timestamp()
+    except ValueError as exc:  # the shape is right, a day or an hour is not (2026-02-30, 25:00)
+        raise ValueError(f"{shown(text)} is not an RFC 3339 timestamp: {exc}") from None

@@ -42,7 +42,7 @@ import msgspec
 from shared.core.policy import KNOWN_ACTIONS, Placement, PluginConfig, Policy
 from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
-from shared.kube import kai_plugins, wire
+from shared.kube import kai_plugins, values, wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, ExtraPlugin, PluginEntry
 from shared.kube.quantity import parse_time
 
@@ -82,8 +82,6 @@ _ARGS: Mapping[str, str] = {
     "default-staleness-grace-period": "staleness_grace_period",
 }
 """KAI scheduler flags (``spec.args``) that are policy fields."""
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 class NotApplied(msgspec.Struct, frozen=True, kw_only=True):
@@ -416,16 +414,16 @@ def _args(r: _Reader, args: Mapping[str, str]) -> None:
         if field is None:
             r.note(at, "not a scheduler flag Kairos's policy has a switch for")
         elif field == "allow_consolidating_reclaim":
-            if text not in _GO_TRUE and text not in _GO_FALSE:
-                raise r.error(at, f"{text!r} is not a boolean")
-            r.changes[field] = text in _GO_TRUE
+            try:
+                r.changes[field] = values.boolean(text)
+            except values.InvalidValueError as exc:
+                raise r.error(at, str(exc)) from None
         elif field == "max_consolidation_preemptees":
             try:
-                number = int(text)
-            except ValueError:
-                raise r.error(at, f"{text!r} is not an integer") from None
-            if number < -1:
-                raise r.error(at, f"{number} is out of range (-1 for unlimited, else >= 0)")
-            r.changes[field] = number
+                r.changes[field] = values.whole(
+                    text, low=-1, high=values.INT32_MAX, what="-1 (unlimited) or a count"
+                )
+            except values.InvalidValueError as exc:
+                raise r.error(at, str(exc)) from None
         else:
             r.changes[field] = r.duration(at, text) or 0.0

@@ -32,15 +32,14 @@ plugin, the status updater), with these deliberate choices:
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube import gpu_sharing, keys, wire
+from shared.kube import gpu_sharing, keys, values, wire
 from shared.kube.quantity import (
     DurationError,
     QuantityError,
@@ -114,11 +113,6 @@ DEFAULT_POD_SET = "default"
 """The pod set of a podgroup without sub-groups (KAI's ``DefaultSubGroup``); pods without a sub-group."""
 MAX_EVENT_MESSAGE = 1024
 """Kubernetes' event recorder truncates messages to this many bytes."""
-
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 class _Where(msgspec.Struct, frozen=True):
@@ -241,9 +235,10 @@ def node_of(node: wire.Node) -> Node:
 
 def _node_gpu_memory(where: _Where, label: str | None, gpus: int) -> tuple[int, bool]:
     """KAI ``getNodeGpuMemory``: MiB per GPU from GFD, floored to 100; values >= 1 TiB in MiB are bytes."""
-    if label is None or _INT.fullmatch(label) is None:
+    try:
+        mib = values.whole(label or "", low=-(2**63), high=2**63 - 1)
+    except values.InvalidValueError:
         return 100, False
-    mib = int(label)
     if mib >= 1024 * 1024:
         mib //= 1024 * 1024
     mib -= mib % 100
@@ -256,7 +251,7 @@ def _node_gpu_memory(where: _Where, label: str | None, gpus: int) -> tuple[int, 
 def _mig_enabled(label: str | None, has_mig_resources: bool) -> bool:
     """KAI ``IsMIGEnabled``: the mig-enabled role label when present, else any MIG resource."""
     if label is not None:
-        return label in _GO_TRUE
+        return label in values.GO_TRUE
     return has_mig_resources
 
 
@@ -486,25 +481,19 @@ def _gpu_request(
     fraction = 0.0
     raw_fraction = annotations.get(keys.GPU_FRACTION)
     if raw_fraction is not None:
-        field = _annotation_field(keys.GPU_FRACTION)
-        if _FLOAT.fullmatch(raw_fraction) is None:
-            raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
-        fraction = float(raw_fraction)
-        if fraction > 1:
-            raise where.error(
-                field,
-                f"must be a number in (0, 1], got {raw_fraction!r}: a share of one device; for more than one "
-                f"device set {keys.GPU_FRACTION_NUM_DEVICES} as well",
-            )
-        if fraction <= 0:
-            raise where.error(field, f"must be a number in (0, 1], got {raw_fraction!r}")
+        fraction = _value(
+            where,
+            keys.GPU_FRACTION,
+            lambda: values.decimal(raw_fraction, low=0.0, high=1.0, low_open=True, what=_SHARE),
+        )
     memory = 0
     raw_memory = annotations.get(keys.GPU_MEMORY)
     if raw_memory is not None:
-        field = _annotation_field(keys.GPU_MEMORY)
-        if _INT.fullmatch(raw_memory) is None or int(raw_memory) < 0:
-            raise where.error(field, f"must be a whole number of MiB >= 0, got {raw_memory!r}")
-        memory = int(raw_memory)
+        memory = _value(
+            where,
+            keys.GPU_MEMORY,
+            lambda: values.whole(raw_memory, low=0, high=MAX_GPU_MEMORY_MIB, what="a whole number of MiB"),
+        )
     if fraction and memory:
         raise where.error(
             _annotation_field(keys.GPU_FRACTION), f"set together with {keys.GPU_MEMORY}: ask for one of them"
@@ -516,10 +505,11 @@ def _gpu_request(
     devices = 1
     raw_devices = annotations.get(keys.GPU_FRACTION_NUM_DEVICES)
     if shared and raw_devices is not None:
-        field = _annotation_field(keys.GPU_FRACTION_NUM_DEVICES)
-        if _INT.fullmatch(raw_devices) is None or int(raw_devices) < 1:
-            raise where.error(field, f"must be a whole number of devices >= 1, got {raw_devices!r}")
-        devices = int(raw_devices)
+        devices = _value(
+            where,
+            keys.GPU_FRACTION_NUM_DEVICES,
+            lambda: values.whole(raw_devices, low=1, high=MAX_DEVICES, what="a whole number of devices"),
+        )
     legacy = {key: _legacy_mig_count(where, key, value) for key, value in annotations.items() if _is_mig(key)}
     mig = dict(sorted(legacy.items())) if legacy else dict(requests.mig)
     if mig and (shared or requests.gpus):
@@ -535,10 +525,27 @@ def _gpu_request(
     return GpuRequest(devices=requests.gpus), False
 
 
+_SHARE = f"a share of one device (for more, set {keys.GPU_FRACTION_NUM_DEVICES} too)"
+MAX_DEVICES = 1024
+"""More GPUs (or MIG instances of a profile) than any node has: a request above it is refused as written."""
+MAX_GPU_MEMORY_MIB = 2**31 - 1
+"""About 2 PiB of GPU memory per device: far beyond any device, small enough for every later sum."""
+
+
+def _value(where: _Where, key: str, parse: Callable[[], _V]) -> _V:
+    """`parse()` of an annotation's text, its `InvalidValueError` turned into the error naming the pod."""
+    try:
+        return parse()
+    except values.InvalidValueError as exc:
+        raise where.error(_annotation_field(key), str(exc)) from None
+
+
 def _legacy_mig_count(where: _Where, key: str, value: str) -> int:
-    if _INT.fullmatch(value) is None or int(value) < 0:
-        raise where.error(_annotation_field(key), f"must be a whole number of MIG instances, got {value!r}")
-    return int(value)
+    return _value(
+        where,
+        key,
+        lambda: values.whole(value, low=0, high=MAX_DEVICES, what="a whole number of MIG instances"),
+    )
 
 
 def _gpu_groups(meta: wire.ObjectMeta) -> tuple[str, ...]:
@@ -560,9 +567,10 @@ def _gpu_groups(meta: wire.ObjectMeta) -> tuple[str, ...]:
 def _task_priority(where: _Where, raw: str | None) -> int | None:
     if raw is None:
         return None
-    if _INT.fullmatch(raw) is None:
-        raise where.error(f"metadata.labels[{keys.TASK_PRIORITY_LABEL}]", f"must be an integer, got {raw!r}")
-    return int(raw)
+    try:
+        return values.whole(raw, low=-values.INT32_MAX - 1, high=values.INT32_MAX, what="an integer")
+    except values.InvalidValueError as exc:
+        raise where.error(f"metadata.labels[{keys.TASK_PRIORITY_LABEL}]", str(exc)) from None
 
 
 _NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
@@ -574,20 +582,28 @@ _TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 
 
 def _requirement_values(
-    where: _Where, at: str, operator: str, values: list[str], operators: frozenset[str]
+    where: _Where, at: str, operator: str, given: list[str], operators: frozenset[str]
 ) -> tuple[str, ...]:
     """A selector requirement's values, checked as the API server validates them."""
     if operator not in operators:
         raise where.error(
             f"{at}.operator", f"must be one of {', '.join(sorted(operators))}, got {operator!r}"
         )
-    if operator in ("In", "NotIn") and not values:
+    if operator in ("In", "NotIn") and not given:
         raise where.error(f"{at}.values", f"must not be empty for {operator}")
-    if operator in ("Exists", "DoesNotExist") and values:
+    if operator in ("Exists", "DoesNotExist") and given:
         raise where.error(f"{at}.values", f"must be empty for {operator}")
-    if operator in ("Gt", "Lt") and (len(values) != 1 or _INT.fullmatch(values[0]) is None):
-        raise where.error(f"{at}.values", f"{operator} takes one integer, got {values!r}")
-    return tuple(values)
+    if operator in ("Gt", "Lt") and (len(given) != 1 or not _is_int64(given[0])):
+        raise where.error(f"{at}.values", f"{operator} takes one integer, got {values.shown(given)}")
+    return tuple(given)
+
+
+def _is_int64(text: str) -> bool:
+    try:
+        values.whole(text, low=-(2**63), high=2**63 - 1)
+    except values.InvalidValueError:
+        return False
+    return True
 
 
 def _node_term(where: _Where, at: str, term: wire.NodeSelectorTerm) -> LabelSelectorTerm | None:
@@ -827,6 +843,7 @@ def _topology_spread(
 
 
 _Choice = TypeVar("_Choice", bound=str)
+_V = TypeVar("_V")
 
 
 def _one_of(where: _Where, field: str, value: str, allowed: tuple[_Choice, ...]) -> _Choice:
@@ -1176,9 +1193,12 @@ def _scheduling_conditions(
 
 
 def _transition(c: wire.SchedulingCondition | None) -> int:
-    if c is None or _INT.fullmatch(c.transition_id) is None:
+    if c is None:
         return -1
-    return int(c.transition_id)
+    try:
+        return values.whole(c.transition_id, low=0, high=2**63 - 1)
+    except values.InvalidValueError:
+        return -1
 
 
 def podgroup_annotations_patch(

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.kube.quantity import (
+    MAX_QUANTITY,
     DurationError,
     QuantityError,
     format_quantity,
@@ -128,12 +129,33 @@ def test_an_integer_with_a_suffix_is_that_integer_times_the_suffix(
     number: int, suffix: tuple[str, int]
 ) -> None:
     text, scale = suffix
-    assert parse_quantity(f"{number}{text}") == number * Fraction(scale)
+    if number * scale > MAX_QUANTITY:
+        with pytest.raises(QuantityError, match="beyond the largest quantity"):
+            parse_quantity(f"{number}{text}")
+    else:
+        assert parse_quantity(f"{number}{text}") == number * Fraction(scale)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["9" * 5000, "9" * 41, "1e9999999999", "8Ei", "-8Ei", "9223372036854775808", 2**63, "٣", "²", "1_000"],
+)
+def test_a_quantity_beyond_kubernetes_bounds_or_not_in_ascii_digits_is_a_quantity_error(
+    text: str | int,
+) -> None:
+    with pytest.raises(QuantityError) as caught:
+        parse_quantity(text)
+    assert len(str(caught.value)) < 120
 
 
 @given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=-20, max_value=20))
 def test_a_decimal_exponent_scales_by_a_power_of_ten(number: int, exponent: int) -> None:
-    assert parse_quantity(f"{number}e{exponent}") == number * Fraction(10) ** exponent
+    expected = number * Fraction(10) ** exponent
+    if expected > MAX_QUANTITY:
+        with pytest.raises(QuantityError, match="beyond the largest quantity"):
+            parse_quantity(f"{number}e{exponent}")
+    else:
+        assert parse_quantity(f"{number}e{exponent}") == expected
 
 
 @given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=999))

@@ -146,7 +146,7 @@ def test_minruntime_defaults_are_mapped() -> None:
         (
             replaced("proportion", {"name": "proportion", "arguments": {"kValue": "much"}}),
             "harness.scheduler_conf.tiers[0].plugins[17].arguments.kValue",
-            ["not a number"],
+            ["must be a kValue >= 0", "'much'"],
         ),
     ],
 )

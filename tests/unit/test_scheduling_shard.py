@@ -283,7 +283,7 @@ def test_no_gpu_device_order_is_honoured_not_reported() -> None:
         (
             {"plugins": {"proportion": {"arguments": {"kValue": "much"}}}},
             "spec.plugins.proportion.arguments.kValue",
-            ["not a number"],
+            ["must be a kValue >= 0", "'much'"],
         ),
         (
             {"plugins": {"elastic": {"arguments": {"x": "1"}}}},
@@ -315,12 +315,12 @@ def test_no_gpu_device_order_is_honoured_not_reported() -> None:
         (
             {"args": {"allow-consolidating-reclaim": "yes"}},
             "spec.args.allow-consolidating-reclaim",
-            ["not a boolean"],
+            ["must be true or false", "'yes'"],
         ),
         (
             {"args": {"max-consolidation-preemptees": "-2"}},
             "spec.args.max-consolidation-preemptees",
-            ["out of range"],
+            ["between -1 and", "'-2'"],
         ),
     ],
 )
