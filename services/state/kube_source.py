@@ -228,6 +228,7 @@ class KubeSource:
         self._resync = True
         self.mirror.touch_nodes()
         self.mirror.flush(time.time())
+        self._log_unforeseen()
         # The shard's configuration (`ShardRecord`) is the shard watch's to write, not an object of the mirror.
         keys = [key for key in await self.ctx.bus.state.keys() if not key.startswith(s.SHARD_KEY_PREFIX)]
         await self.writer.sync(self.mirror.current, keys)
@@ -245,6 +246,7 @@ class KubeSource:
                     await self._full_sync()
                     continue
                 changes = self.mirror.flush(time.time())
+                self._log_unforeseen()
                 if changes:
                     await self.writer.write(changes)
                     self.ctx.counters["kube_changes"] += len(changes)
@@ -256,6 +258,14 @@ class KubeSource:
                 await asyncio.sleep(RETRY_AFTER_FAILED_WRITE)
                 continue
             await self._flushed()
+
+    def _log_unforeseen(self) -> None:
+        """Log the objects the mirror could not handle for an unforeseen reason (held back, named in their
+        Events), once each, with the traceback that says where Kairos failed."""
+        self.ctx.counters["unforeseen_object_failures"] = self.mirror.unforeseen_total
+        for trace in self.mirror.unforeseen:
+            log.error("an object could not be handled and is held back: %s", trace)
+        self.mirror.unforeseen.clear()
 
     async def _on_inventory(self, msg: Msg) -> None:
         inventory = decoded(self.ctx, INVENTORIES, msg)
@@ -334,6 +344,7 @@ class KubeOwner:
         self.grouper.start()
         self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
         self.gates.start()
+        self.source.mirror.refusal_sources = [self.grouper.refusals, self.gates.refusals]
         self.quota_gates = QuotaGateKeeper(
             self.ctx, self.kube, self.source.mirror, component=self.options.scheduler_name
         )

@@ -21,7 +21,9 @@ consistent cluster for the core:
 An object that does not translate (a bad annotation, a negative quota) keeps its last good translation
 when it had one (a running pod must stay counted on its node) and is otherwise held back; either way the
 problem is recorded under the object's name (`problems`), and `reportable` gives the write-back what to
-show.
+show. A decoding or translation that fails with any other exception (a Kairos bug that an object's content
+reaches) is handled the same way for that object alone, its traceback kept in `unforeseen` for the owner's
+log: no object a tenant can write stops the flush for the others.
 
 Namespaces go to KV as their names and labels alone (`shared.model.Namespace`, what pod affinity
 namespace selectors read); a namespace's change rewrites its own key only, and only when its labels moved.
@@ -33,6 +35,7 @@ taken off its capacity (`foreign`, `services.state.foreign`).
 
 from __future__ import annotations
 
+import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +63,7 @@ from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
 from shared.kube import translate, wire
+from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
 
 NODES = "nodes"
@@ -73,6 +77,9 @@ NAMESPACES = "namespaces"
 KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS, NAMESPACES)
 
 _STAGE_HOLDS = frozenset(STAGE_REASONS.values())
+_KEPT_TRACEBACKS = 20
+"""Unforeseen failures kept for the log between two drains (the count goes on: `unforeseen_total`)."""
+_TRACEBACK_FRAMES = 8
 _T = TypeVar("_T")
 
 RawObject = (
@@ -159,6 +166,15 @@ class Mirror:
     """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
     _undecodable: set[str] = field(default_factory=set)
     """Labels whose problem is that the object did not decode."""
+    unforeseen: list[str] = field(default_factory=list)
+    """Tracebacks of decodings and translations that failed with an exception other than `InvalidObject`
+    (a Kairos bug that one object's content reaches) since the owner last drained them to its log; the
+    object is held back like an invalid one, and everything else goes on."""
+    unforeseen_total: int = 0
+    refusal_sources: list[Mapping[str, str]] = field(default_factory=list)
+    """The pod-work loops' refusals ("pod ns/name" -> why), reported on the pods like a translation problem
+    (`services.state.podwork.PodWorkLoop.refusals`): a pod the pod-grouper cannot group is held back as
+    ungrouped, and this is what tells its owner why."""
     _held_reasons: dict[str, str] = field(default_factory=dict)
     """Footprint label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _gated: dict[str, None] = field(default_factory=dict)
@@ -279,6 +295,9 @@ class Mirror:
             label = f"{_SINGULAR[kind]} {exc.name}"
             self.problems[label] = str(exc)
             self._undecodable.add(label)
+            return None
+        except Exception as exc:  # noqa: BLE001 -- one object's bytes must never stop the feed of every other
+            self._unforeseen(f"{_SINGULAR[kind]} (undecodable)", exc)
             return None
         # Decoding again clears a decoding problem (only that: a translation problem stays until the next
         # flush translates the object again, or the write-back would see it come and go).
@@ -418,7 +437,9 @@ class Mirror:
         is left out (the podgroup carries the problem)."""
         found: dict[str, Problem] = {}
         kinds: dict[str, ProblemKind] = {"queue": "Queue", "podgroup": "PodGroup", "pod": "Pod"}
-        for label, message in (*self.problems.items(), *self.held.items()):
+        refused = [item for source in self.refusal_sources for item in source.items()]
+        refused_labels = {label for label, _ in refused}
+        for label, message in (*refused, *self.problems.items(), *self.held.items()):
             singular, _, name = label.partition(" ")
             kind = kinds.get(singular)
             if kind is None or label in found:
@@ -426,7 +447,7 @@ class Mirror:
             if kind == "Pod":
                 raw_pod = self.raw.pods.get(name)
                 if (
-                    label in self.held
+                    (label in self.held and label not in refused_labels)
                     or raw_pod is None
                     or raw_pod.spec.scheduler_name != self.scheduler_name
                 ):
@@ -687,9 +708,19 @@ class Mirror:
         except InvalidObject as exc:
             self.problems[label] = str(exc)
             return cast(_T, cached[1]) if cached is not None else None
+        except Exception as exc:  # noqa: BLE001 -- one object's content must never stop the flush of every other
+            self.problems[label] = f"{label}: cannot be translated ({type(exc).__name__}: {shown(str(exc))})"
+            self._unforeseen(label, exc)
+            return cast(_T, cached[1]) if cached is not None else None
         self.problems.pop(label, None)
         self._cache[label] = (source, obj)
         return obj
+
+    def _unforeseen(self, label: str, exc: Exception) -> None:
+        self.unforeseen_total += 1
+        if len(self.unforeseen) < _KEPT_TRACEBACKS:
+            trace = "".join(traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES))
+            self.unforeseen.append(f"{label}: {trace}")
 
     def _forget(self, kind: str, name: str) -> None:
         """Drop what is remembered of an object that is gone."""

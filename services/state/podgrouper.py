@@ -8,8 +8,9 @@ Deployment, a JobSet, a PyTorchJob...: any kind, `shared.kubeapi.paths`), lets t
 it into KV. Owners are fetched once per pass however many of their pods are waiting; an owner that cannot
 be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read.
 
-A pod the decision refuses (a malformed owner spec or label) is logged, counted and left alone until the
-pod changes; temporary API failures are retried a second later (`services.state.podwork`).
+A pod the decision refuses (a malformed owner spec or label) is logged, counted, reported on the pod (a
+Warning Event and PodScheduled=False naming the owner and the field, through the mirror's problems) and left
+alone until the pod changes; temporary API failures are retried a second later (`services.state.podwork`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class PodGrouperLoop(PodWorkLoop):
                     grouping.grouper,
                 )
         except InvalidObject as exc:
-            self.refuse(pod)
+            self.refuse(pod, str(exc))
             self.ctx.counters["podgrouper_refused"] += 1
             log.warning("pod %s/%s cannot be grouped: %s", meta.namespace, meta.name, exc)
         except ApiError as exc:

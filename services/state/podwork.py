@@ -8,13 +8,23 @@ the rest concurrently (at most `concurrency` API calls at once is the subclass's
 which some work failed for a temporary reason is followed by another after `RETRY_AFTER_TEMPORARY`
 seconds, so a failing API server is not asked again in a tight loop. Run by the state service's
 Kubernetes owner (`services.state.kube_source.KubeOwner`).
+
+A refusal can say why (`refuse(pod, why)`): the reasons are kept in `refusals` by the pod's label, which the
+mirror reports (`Mirror.refusal_sources`) as the pod's Warning Event and PodScheduled=False, until the pod is
+worked on again or is no longer a candidate. Work that fails with an unforeseen exception (a bug one pod's
+owner or labels reach) refuses that pod alone, saying so, and the loop goes on: no pod a tenant can
+write stops the loop for the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from shared.kube import wire
+from shared.kube.values import shown
+
+log = logging.getLogger("kairos.state.podwork")
 
 RETRY_AFTER_TEMPORARY = 1.0
 
@@ -23,8 +33,12 @@ class PodWorkLoop:
     def __init__(self) -> None:
         self._wake = asyncio.Event()
         self._busy: set[str] = set()
-        self._refused: dict[str, str] = {}
-        """Pod uid -> the resourceVersion whose work was refused."""
+        self._refused: dict[str, tuple[str, str]] = {}
+        """Pod uid -> (the resourceVersion whose work was refused, the pod's label)."""
+        self.refusals: dict[str, str] = {}
+        """Pod label ("pod ns/name") -> why its work was refused, for the refusals that said why."""
+        self.unforeseen = 0
+        """Pods whose work failed with an unforeseen exception (each one refused and logged)."""
         self._task: asyncio.Task[None] | None = None
 
     # --- what a loop defines ------------------------------------------------------------------------------
@@ -41,8 +55,12 @@ class PodWorkLoop:
         raise NotImplementedError
 
     # --- the loop -----------------------------------------------------------------------------------------
-    def refuse(self, pod: wire.Pod) -> None:
-        self._refused[pod.metadata.uid] = pod.metadata.resource_version
+    def refuse(self, pod: wire.Pod, why: str = "") -> None:
+        """Leave `pod` alone until it changes; `why`, when given, is reported on the pod."""
+        label = _label(pod)
+        self._refused[pod.metadata.uid] = (pod.metadata.resource_version, label)
+        if why:
+            self.refusals[label] = why
 
     def wake(self) -> None:
         self._wake.set()
@@ -60,29 +78,50 @@ class PodWorkLoop:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            candidates = self.candidates()
-            if self._refused:
-                present = {p.metadata.uid for p in candidates}
-                for uid in self._refused.keys() - present:
-                    del self._refused[uid]
-            pods = [
-                p
-                for p in candidates
-                if p.metadata.uid not in self._busy
-                and self._refused.get(p.metadata.uid) != p.metadata.resource_version
-            ]
-            if not pods:
-                continue
-            self.begin_round()
-            for pod in pods:
-                self._busy.add(pod.metadata.uid)
-            retry = await asyncio.gather(*(self._one(pod) for pod in pods))
-            if any(retry):
-                await asyncio.sleep(RETRY_AFTER_TEMPORARY)
-                self._wake.set()
+            try:
+                await self._round()
+            except Exception:  # the loop outlives any one round; the next wake tries again
+                log.exception("a round of pod work failed; waiting for the next flush")
+
+    async def _round(self) -> None:
+        candidates = self.candidates()
+        if self._refused:
+            present = {p.metadata.uid for p in candidates}
+            for uid in self._refused.keys() - present:
+                _, label = self._refused.pop(uid)
+                self.refusals.pop(label, None)
+        pods = [
+            p
+            for p in candidates
+            if p.metadata.uid not in self._busy
+            and self._refused.get(p.metadata.uid, ("", ""))[0] != p.metadata.resource_version
+        ]
+        if not pods:
+            return
+        self.begin_round()
+        for pod in pods:
+            self._busy.add(pod.metadata.uid)
+        retry = await asyncio.gather(*(self._one(pod) for pod in pods))
+        if any(retry):
+            await asyncio.sleep(RETRY_AFTER_TEMPORARY)
+            self._wake.set()
 
     async def _one(self, pod: wire.Pod) -> bool:
+        label = _label(pod)
         try:
-            return await self.work(pod)
+            retry = await self.work(pod)
+        except Exception as exc:  # one pod's content must never stop the loop for the others
+            self.unforeseen += 1
+            log.exception("%s: its work failed unforeseen; it is left alone until it changes", label)
+            why = f"could not be handled ({type(exc).__name__}: {shown(str(exc))})"
+            self.refuse(pod, f"Pod {label.removeprefix('pod ')!r}: {why}")
+            return False
         finally:
             self._busy.discard(pod.metadata.uid)
+        if self._refused.get(pod.metadata.uid, ("", ""))[0] != pod.metadata.resource_version:
+            self.refusals.pop(label, None)
+        return retry
+
+
+def _label(pod: wire.Pod) -> str:
+    return f"pod {pod.metadata.namespace}/{pod.metadata.name}"

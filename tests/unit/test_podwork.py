@@ -65,5 +65,5 @@ async def test_a_refused_pod_that_is_no_longer_a_candidate_is_forgotten() -> Non
         await _round(loop)
     finally:
         await loop.stop()
-    assert loop._refused == {"7": "1"}
+    assert loop._refused == {"7": ("1", "pod ns/pod-7")}
     assert len(loop.worked) == 50
