@@ -120,7 +120,13 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
     binds = tuple(BindProposal(key, ssn.jobs[key].queue, tuple(items)) for key, items in by_group.items())
     evictions = tuple(
         EvictionOrder(
-            pod=t.key, namespace=t.job.namespace, name=t.name, podgroup=t.job.key, node=node, message=msg
+            pod=t.key,
+            namespace=t.job.namespace,
+            name=t.name,
+            podgroup=t.job.key,
+            node=node,
+            message=msg,
+            uid=t.pod.uid,
         )
         for t, node, msg in _cluster_evictions(ssn)
     )
@@ -184,6 +190,7 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
         cpu_millis=task.cpu,
         memory_bytes=task.mem,
         gpus=float(ssn.accepted_quota(task)[R_GPU]),
+        uid=task.pod.uid,
     )
 
 

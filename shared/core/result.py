@@ -28,6 +28,10 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     gpus: float = 0.0
     """What the pod holds in its queue's GPU quota: fractions and GPU memory as placed on its node, MIG
     instances as GPU shares (KAI's accepted resources)."""
+    uid: str = ""
+    """The pod's API uid ("": unknown, as for a pod of the in-memory cluster or a proposal from before this
+    field): the binder's binding carries it as a precondition, so a pod deleted and created again under
+    the same name is not bound on a decision taken for its predecessor."""
 
 
 class BindProposal(msgspec.Struct, frozen=True):
@@ -48,6 +52,9 @@ class EvictionOrder(msgspec.Struct, frozen=True, kw_only=True):
     podgroup: str
     node: str
     message: str
+    uid: str = ""
+    """The pod's API uid ("": unknown): the eviction's precondition, so a pod created again under the same
+    name is not evicted on a decision taken for its predecessor."""
 
 
 class PipelinedPod(msgspec.Struct, frozen=True, kw_only=True):
