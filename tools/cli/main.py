@@ -7,7 +7,7 @@ with an argv list. Subcommands::
     kairos conformance check PATH...                        run and judge every case under PATH
     kairos demo                                             the scripted demo
     kairos up [--state-dir DIR] [--replicas S=N,...] [--shards A,B] [--detach]   the local stack
-    kairos down [--state-dir DIR]                           stop a detached stack
+    kairos down [--state-dir DIR]                           stop the stack (detached or foreground)
     kairos serve SERVICE [flags]                            run one service
     kairos submit FILE.yaml [--nats-url URL | --state-dir DIR]   apply a cluster file to the stack
     kairos status [--nats-url URL | --state-dir DIR] [--all]     queues, podgroups, pods as tables
@@ -16,9 +16,9 @@ with an argv list. Subcommands::
     kairos heap-diff OLD NEW [--top N]                            where a service's memory grew (tools.cli.heap)
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
-failing case, 2 bad input or usage. Bad input (an invalid or unreadable case file, a missing
-path) is one ``kairos: <message>`` line on stderr, never a traceback; any other exception is a
-bug and propagates with its traceback.
+failing case or ``down`` left a process running (each named on stderr), 2 bad input or usage.
+Bad input (an invalid or unreadable case file, a missing path) is one ``kairos: <message>`` line
+on stderr, never a traceback; any other exception is a bug and propagates with its traceback.
 """
 
 from __future__ import annotations

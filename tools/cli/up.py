@@ -10,7 +10,10 @@ Kubernetes API server (`tools.kubesim`, with `--cluster FILE`'s nodes or `--node
 (no Kubernetes API; `kairos submit` feeds it). `--nats-cluster 3` runs three nats-servers as one
 JetStream cluster with every stream and bucket at 3 replicas, as deploy/ does; each is supervised alone. `--otlp URL` sends every service's traces to an OTLP/HTTP
 collector (docs/tracing.md). With `--detach` it runs the same supervisor in the
-background and returns once it is ready; `down` stops it.
+background and returns once it is ready. Either way the supervisor's pid is in `DIR/supervisor.pid`, and
+`down` stops the stack through it (`tools.stack.down`): the supervisor stops every process and restarts
+none (one still starting gives up); `down` says what it could not stop, naming the process and why, and
+then exits 1.
 `serve NAME` runs one service in this process (what the stack starts, and what a Deployment runs).
 """
 
@@ -26,14 +29,16 @@ import time
 from pathlib import Path
 
 from shared.errors import ConfigError
+from tools.stack.down import SUPERVISOR_PID, Stopped, stop_recorded
 from tools.stack.supervision import Supervisor
 from tools.stack.supervisor import (
     ClusterChoice,
+    Stack,
+    StartStoppedError,
     check_nats_cluster,
     otlp_env,
     parse_replicas,
     start_stack,
-    stop_recorded,
 )
 
 DEFAULT_STATE_DIR = Path(".kairos")
@@ -77,7 +82,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         help="export every service's traces to this OTLP/HTTP collector (Jaeger: :4318)",
     )
     up.set_defaults(handler=cmd_up)
-    down = commands.add_parser("down", help="stop a stack started with kairos up --detach")
+    down = commands.add_parser("down", help="stop the stack kairos up runs (detached or in the foreground)")
     down.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     down.set_defaults(handler=cmd_down)
     serve = commands.add_parser("serve", help="run one service in this process")
@@ -137,31 +142,64 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     options, cluster = _options(args), _cluster(args)
     env = otlp_env(args.otlp) if args.otlp else None
-    stack = start_stack(
-        state_dir,
-        replicas,
-        options,
-        port=args.port,
-        cluster=cluster,
-        env=env,
-        shards=_shards(args.shards),
-        nats_cluster=_nats_cluster(args),
-    )
+    _make_state_dir(state_dir)
+    # Before anything starts: `kairos down` finds this supervisor (and stops it) from the first moment.
+    pid_file = state_dir / SUPERVISOR_PID
+    pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        stack = start_stack(
+            state_dir,
+            replicas,
+            options,
+            port=args.port,
+            cluster=cluster,
+            env=env,
+            shards=_shards(args.shards),
+            nats_cluster=_nats_cluster(args),
+            stop=stop,
+        )
+    except StartStoppedError:
+        print("kairos: stopped before the stack was ready", file=sys.stderr, flush=True)
+        _forget_pid(pid_file)
+        return 0
+    except BaseException:
+        _forget_pid(pid_file)
+        raise
+    try:
+        _supervise(stack, stop)
+    finally:
+        stack.stop()
+        (state_dir / "ready").unlink(missing_ok=True)
+        _forget_pid(pid_file)
+    return 0
+
+
+def _supervise(stack: Stack, stop: threading.Event) -> None:
     # The URL without credentials: the file is world-readable and only its existence means "ready".
-    (state_dir / "ready").write_text(stack.nats.url + "\n")
+    (stack.state_dir / "ready").write_text(stack.nats.url + "\n")
     print("ready", flush=True)
     supervisor = Supervisor(
         stack, time.monotonic(), say=lambda line: print(f"kairos: {line}", file=sys.stderr, flush=True)
     )
+    # Only Ctrl-C, SIGTERM or `kairos down` stops the stack: a process that exits is started again.
+    while not stop.is_set():
+        supervisor.poll(time.time())
+        stop.wait(0.5)
+
+
+def _make_state_dir(state_dir: Path) -> None:
+    """The state directory, made owner-only when it is new (it will hold the passwords and the logs)."""
+    if not state_dir.exists():
+        state_dir.mkdir(mode=0o700, parents=True)
+
+
+def _forget_pid(pid_file: Path) -> None:
+    """Remove the supervisor's pid file if it still names this process."""
     try:
-        # Only Ctrl-C, SIGTERM or `kairos down` stops the stack: a process that exits is started again.
-        while not stop.is_set():
-            supervisor.poll(time.time())
-            stop.wait(0.5)
-    finally:
-        stack.stop()
-        (state_dir / "ready").unlink(missing_ok=True)
-    return 0
+        if pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+    except OSError:
+        return
 
 
 def _nats_cluster(args: argparse.Namespace) -> int:
@@ -177,7 +215,7 @@ def _shards(text: str) -> tuple[str, ...]:
 
 
 def _detach(args: argparse.Namespace, state_dir: Path) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _make_state_dir(state_dir)
     (state_dir / "ready").unlink(missing_ok=True)
     argv = [
         sys.executable,
@@ -206,7 +244,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     argv += ["--run-delay", str(args.run_delay)]
     with (state_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    (state_dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+    (state_dir / SUPERVISOR_PID).write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if (state_dir / "ready").exists():
@@ -222,10 +260,18 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    if not stop_recorded(args.state_dir):
-        print(f"nothing running under {args.state_dir}")
-    else:
-        print("stopped")
+    return report_down(stop_recorded(args.state_dir), args.state_dir)
+
+
+def report_down(result: Stopped, state_dir: Path) -> int:
+    """Print what `kairos down` did; 1 when something is still running (each named, with why), else 0."""
+    for line in result.forced:
+        print(f"kairos: {line}", file=sys.stderr)
+    if result.left:
+        for line in result.left:
+            print(f"kairos: not stopped: {line}", file=sys.stderr)
+        return 1
+    print("stopped" if result.found else f"nothing running under {state_dir}")
     return 0
 
 

@@ -1,9 +1,9 @@
 """The local stack: nats-server plus the four services as separate processes, started and stopped together.
 
-Used by `kairos up` / `kairos down` (the embedded default of `make run`), the conformance runner's
-`--via-bus` mode and the end-to-end tests. Readiness comes from the services' own heartbeats:
-`start_stack` returns once every expected replica has reported ready. Everything lives under a state
-directory (owner-only, 0700, when the stack made it): `nats.url`, `stack.json` (the pids), `logs/`,
+Used by `kairos up` (the embedded default of `make run`; `kairos down` is `tools.stack.down`), the
+conformance runner's `--via-bus` mode and the end-to-end tests. Readiness comes from the services' own
+heartbeats: `start_stack` returns once every expected replica has reported ready. Everything lives under a
+state directory (owner-only, 0700, when the stack made it): `nats.url`, `stack.json` (the pids), `logs/`,
 JetStream's data, and `kubeconfig`.
 
 With `nats_cluster=N` NATS is N servers in one JetStream cluster (`NatsCluster`), Kairos's streams and
@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,13 +43,12 @@ from pathlib import Path
 from shared.bus.connection import ENV_NAMES, ENV_PASSWORD_FILE, ENV_REPLICAS, ENV_USER, connect
 from shared.bus.health import wait_ready
 from shared.contracts.subjects import DEFAULT_SHARD as DEFAULT_SHARD_NAME
-from shared.errors import ConfigError
+from shared.errors import ConfigError, KairosError
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, IDENTITIES, OPERATOR
 from tools.stack.nats_server import (
     NatsCluster,
     NatsServer,
-    pid_alive,
     start_nats_cluster,
     start_nats_server,
     write_private,
@@ -86,6 +86,14 @@ def parse_replicas(text: str | None) -> dict[str, int]:
             raise ConfigError(f"--replicas: {name}: must be >= 1, got {n}")
         counts[name] = n
     return counts
+
+
+STOP_REASON = "asked to stop while starting"
+
+
+class StartStoppedError(KairosError):
+    """`start_stack` was asked to stop (its `stop` event) before the stack was ready; what it had started is
+    stopped."""
 
 
 @dataclass(frozen=True)
@@ -283,6 +291,7 @@ def start_stack(
     auth: bool = True,
     shards: Sequence[str] = (),
     nats_cluster: int = 1,
+    stop: threading.Event | None = None,
 ) -> Stack:
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
@@ -291,7 +300,9 @@ def start_stack(
     own queue, placement and binder replicas (`queue-<shard>-0`, ...), as many as the default shard's; the
     one state service serves them all. `nats_cluster` > 1 runs that many nats-servers as one JetStream
     cluster (`tools.stack.nats_server.NatsCluster`), and Kairos's streams and buckets get one replica per
-    server, up to JetStream's 5 (`cluster_replicas`); every service is given every server's URL."""
+    server, up to JetStream's 5 (`cluster_replicas`); every service is given every server's URL. `stop`
+    set while starting (`kairos up` got SIGTERM or Ctrl-C, from `kairos down`) stops what was started and
+    raises `StartStoppedError`."""
     extra = [shard for shard in dict.fromkeys(shards) if shard != DEFAULT_SHARD_NAME]
     for shard in extra:
         if not shard or not all(c.isalnum() or c == "-" for c in shard):
@@ -316,6 +327,14 @@ def start_stack(
     else:
         server = start_nats_server(state_dir, port=port, authorization=_authorization(passwords))
     stack = Stack(state_dir, server, passwords=passwords)
+
+    def stopping() -> str | None:
+        return STOP_REASON if stop is not None and stop.is_set() else None
+
+    def check_stop() -> None:
+        if reason := stopping():
+            raise StartStoppedError(reason)
+
     write_private(state_dir / "nats.url", stack.url_as(OPERATOR) + "\n")
     env = {**os.environ, **(env or {}), "KAIROS_NATS_URL": server.url, **extra_env}
     stack.env = env
@@ -328,6 +347,7 @@ def start_stack(
             # once the servers have elected a meta leader, and a reader that declares (the admin) keeps
             # what exists.
             asyncio.run(_declare_replicated(stack.url, cluster_replicas(nats_cluster), timeout))
+        check_stop()
         if cluster.kind != "memory":
             kubeconfig = _start_cluster(stack, cluster, timeout)
             options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
@@ -338,6 +358,7 @@ def start_stack(
         placed = [(service, DEFAULT_SHARD_NAME) for service in SERVICES]
         placed += [(service, shard) for shard in extra for service in SERVICES if service != "state"]
         for service, shard in placed:
+            check_stop()
             for i in range(counts.get(service, 1)):
                 replica = f"{service}-{i}" if shard == DEFAULT_SHARD_NAME else f"{service}-{shard}-{i}"
                 opts = dict(options.get(service, {}))
@@ -357,12 +378,15 @@ def start_stack(
                     )
         _write_pids(stack)
         services = {name for name in stack.processes if name != KUBESIM}
-        asyncio.run(wait_ready(stack.url, services, timeout, stack.first_exit))
+        asyncio.run(wait_ready(stack.url, services, timeout, lambda: stopping() or stack.first_exit()))
+        check_stop()
         if webhook_ports and kubeconfig is not None:
             _register_webhook(kubeconfig, webhook_ports)
             stack.webhook_ports = webhook_ports
-    except BaseException:
+    except BaseException as exc:
         stack.stop()
+        if stopping() and not isinstance(exc, StartStoppedError):
+            raise StartStoppedError(STOP_REASON) from exc
         raise
     return stack
 
@@ -461,34 +485,3 @@ def _write_pids(stack: Stack) -> None:
         "services": {k: p.pid for k, p in stack.processes.items()},
     }
     (stack.state_dir / "stack.json").write_text(json.dumps(data, indent=2))
-
-
-def stop_recorded(state_dir: Path, timeout: float = 15.0) -> bool:
-    """`kairos down`: stop what `stack.json` (or the supervisor pid) records. False when nothing ran."""
-    supervisor = state_dir / "supervisor.pid"
-    stopped = False
-    if supervisor.exists():
-        pid = int(supervisor.read_text().strip() or 0)
-        if pid and pid_alive(pid):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            stopped = True
-        supervisor.unlink(missing_ok=True)
-    record = state_dir / "stack.json"
-    if record.exists():
-        data = json.loads(record.read_text())
-        pids = [*data.get("services", {}).values(), *data.get("nats_nodes", [data.get("nats")])]
-        for pid in pids:
-            if pid and pid_alive(pid):
-                os.kill(pid, signal.SIGTERM)
-                stopped = True
-        deadline = time.monotonic() + timeout
-        for pid in pids:
-            while pid and pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if pid and pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        record.unlink(missing_ok=True)
-    return stopped
