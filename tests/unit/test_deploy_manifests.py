@@ -429,6 +429,8 @@ def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace_but_the_gp
         "ClusterRole",
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     in_reservation_namespace = set()
     for obj in base():
