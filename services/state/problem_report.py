@@ -215,15 +215,18 @@ class ProblemReport:
         )
         await self._event(about, problem, problem.label)
         self.ctx.counters["problems_reported"] += 1
-        if problem.reason in problems.STAGE_REASONS.values() and raw is not None:
+        if (
+            problem.reason in problems.STAGE_REASONS.values() or problem.reason == problems.INVALID_PODGROUP
+        ) and raw is not None:
             await self._tell_workload(raw, problem)
         if problem.kind == "Pod" and raw is not None and raw.spec.node_name:
             return  # a pod already on its node keeps its PodScheduled; the Event says what is wrong
         await self._condition(problem, conditions, problem)
 
     async def _tell_workload(self, group: Any, problem: Problem) -> None:
-        """A stage's wait also goes on the workload the user created (the PodGroup's owner: a Job, or the
-        pod of a Deployment), where `kubectl describe` shows it."""
+        """A stage's wait, and a PodGroup's refusal (an annotation its top owner passed on), also go on the
+        workload the user created (the PodGroup's owner: a Job, or the pod of a Deployment or a bare pod),
+        where `kubectl describe` shows them."""
         refs = group.metadata.owner_references
         if not refs:
             return
