@@ -25,6 +25,7 @@ from enum import StrEnum
 import msgspec
 
 from shared.errors import InvalidObject
+from shared.kube.values import shown
 
 AFTER_ANNOTATION = "kairos.io/after"
 
@@ -73,21 +74,28 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """In plain words, naming the dependencies concerned ("" when ready)."""
 
 
+MAX_DEPENDENCIES = 256
+"""More stages than any pipeline waits for; the bound keeps one annotation from costing every flush."""
+
+
 def parse_after(value: str, namespace: str, *, kind: str = "podgroup", name: str = "") -> tuple[Ref, ...]:
     """The references of a `kairos.io/after` value; `InvalidObject` naming the annotation when an entry
-    is empty or not `[namespace/]name`. Duplicates are dropped; order is kept."""
+    is empty or not `[namespace/]name`, or when it names more than `MAX_DEPENDENCIES`. Duplicates are
+    dropped; order is kept."""
     field = f"metadata.annotations[{AFTER_ANNOTATION}]"
-    refs: list[Ref] = []
-    for raw in value.split(","):
+    entries = value.split(",")
+    if len(entries) > MAX_DEPENDENCIES:
+        raise InvalidObject(kind, name, field, f"{len(entries):,} entries, at most {MAX_DEPENDENCIES}")
+    refs: dict[Ref, None] = {}
+    for raw in entries:
         entry = raw.strip()
         if not entry:
-            raise InvalidObject(kind, name, field, f"an empty entry in {value!r}")
+            raise InvalidObject(kind, name, field, f"an empty entry in {shown(value)}")
         parts = entry.split("/")
         if len(parts) > 2 or not all(p.strip() for p in parts):
-            raise InvalidObject(kind, name, field, f"{entry!r} is not [namespace/]name")
+            raise InvalidObject(kind, name, field, f"{shown(entry)} is not [namespace/]name")
         ref = Ref(parts[0].strip(), parts[1].strip()) if len(parts) == 2 else Ref(namespace, entry)
-        if ref not in refs:
-            refs.append(ref)
+        refs[ref] = None
     return tuple(refs)
 
 

@@ -18,11 +18,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.state import mirror as mirror_module
+from services.state.dependencies import AFTER_ANNOTATION, MAX_DEPENDENCIES, parse_after
 from services.state.grouping import group_pod
 from services.state.mirror import NODES, PODGROUPS, PODS, QUEUES, Mirror
 from services.state.podwork import PodWorkLoop
 from shared.errors import InvalidObject
-from shared.kube import keys, translate, values, wire
+from shared.kube import gpu_sharing, keys, translate, values, wire
 from shared.model import Pod
 from tests.hostile import (
     HOSTILE_JSON,
@@ -175,6 +176,31 @@ def test_a_pod_translates_or_is_refused_naming_it(
         translate.pod_of(pod, podgroup="team-a/pg")
     except InvalidObject as exc:
         _assert_names(exc, "Pod", "team-a/p")
+
+
+@given(annotations=st.dictionaries(st.sampled_from(POD_ANNOTATIONS), HOSTILE_TEXT, max_size=4))
+@example(annotations={keys.GPU_FRACTION: LONG_DIGITS})
+@example(annotations={keys.GPU_MEMORY: "²"})
+@HOSTILE
+def test_the_admission_webhook_patches_a_pod_or_refuses_it_naming_it(annotations: dict[str, str]) -> None:
+    pod = _pod(pod_doc("p", annotations=annotations))
+    _, error = _outcome(lambda: gpu_sharing.admission_patch(pod, "abcde"))
+    if error is not None:
+        _assert_names(error, "Pod", "team-a/p")
+
+
+@given(value=st.one_of(HOSTILE_TEXT, st.lists(HOSTILE_TEXT, max_size=5).map(",".join)))
+@example(value=",".join(["stage"] * 100_000))
+@example(value=",".join(f"s{i}" for i in range(100_000)))
+@HOSTILE
+def test_a_dependency_list_parses_or_is_refused_naming_the_annotation(value: str) -> None:
+    refs, error = _outcome(lambda: parse_after(value, "team-a", name="team-a/train"))
+    if error is not None:
+        assert error.field == f"metadata.annotations[{AFTER_ANNOTATION}]"
+        assert len(str(error)) < MESSAGE_LIMIT
+    else:
+        assert refs is not None
+        assert len(refs) <= MAX_DEPENDENCIES
 
 
 @st.composite
