@@ -8,7 +8,10 @@ Called by `services.binder.commit` after a proposal's ledger commit and by its r
 Contract of an implementation: return normally when the cluster accepted (binding a pod that is already
 bound to the same node counts as accepted: the operation must be idempotent, because a redelivered
 proposal or the recovery scan re-issues it); raise `ClusterRefused` when the cluster answered no and
-asking again will not help; raise `TemporaryError` when it could not get an answer after its retries.
+asking again will not help: a pod bound elsewhere, a pod that is not the one decided on (a binding's or an
+eviction's `uid`, when set, names it; another pod created under the same name is refused, never taken
+for already bound), an eviction a disruption budget refuses; raise `TemporaryError` when it could not get
+an answer after its retries.
 """
 
 from __future__ import annotations
@@ -39,13 +42,21 @@ log = logging.getLogger("kairos.binder.cluster")
 
 
 class ClusterRefused(KairosError):  # noqa: N818 -- named like the tree's MalformedMessage: the cluster's answer
-    """The cluster answered and refused (pod already bound elsewhere, pod gone, node gone): permanent."""
+    """The cluster answered and refused (pod already bound elsewhere, pod gone or created again under its
+    name, node gone, an eviction its disruption budget refuses): permanent for this proposal."""
 
     def __init__(self, operation: str, pod: str, reason: str) -> None:
         self.operation = operation
         self.pod = pod
         self.reason = reason
         super().__init__(f"{operation} {pod}: {reason}")
+
+
+def pod_replaced(operation: str, pod: str, decided: str, found: str = "") -> ClusterRefused:
+    """The refusal for a pod deleted and created again under its name since the decision: `decided` is the
+    uid the decision names, `found` the uid under that name now (when known)."""
+    now = f" as uid {found}" if found else ""
+    return ClusterRefused(operation, pod, f"not the pod decided on (uid {decided}): re-created since{now}")
 
 
 class ClusterClient(Protocol):

@@ -16,10 +16,16 @@ by the tests directly against a real nats-server. The steps, for one proposal:
    the revision we wrote, claims deleted) and the outcome is `conflict`, counting the conflicting keys.
    Then the lease is read again, and a term that moved meanwhile rolls the commit back as `fenced`: this
    does not close the window (nothing can, short of a transaction), it narrows it to the cluster calls.
-4. **Cluster.** Evictions first, then binds, through a `ClusterClient`. A refused bind releases that
-   pod's claim and reservation and is named in `reason` (status `failed`); a bind without an answer keeps
-   them, and the recovery scan below binds the pod later. An eviction without an answer raises
-   `TemporaryError` before any bind, so the proposal is redelivered and step 2-3 find their own entries.
+4. **Cluster.** Evictions first, then binds, through a `ClusterClient`; each carries the pod's uid, so a
+   pod created again under the same name since the decision is refused, not bound or evicted. A refused
+   bind releases that pod's claim and reservation and is named in `reason` (status `failed`); a bind
+   without an answer keeps them, and the recovery scan below binds the pod later. A refused eviction (a
+   disruption budget's 429, a victim created again) is named in `reason` (status `failed`) at once and
+   never retried: the podgroup it was to make room for is pipelined, not bound, so the queue's next cycle
+   decides for it again on the cluster as it then is; the evictions that went through are reported, and
+   the proposal's binds still go out, since none of them relies on a victim's room (the core pipelines a
+   pod that fits only on room being freed). An eviction without an answer raises `TemporaryError` before
+   any bind, so the proposal is redelivered and step 2-3 find their own entries.
 5. **Report.** Public events on the `KAIROS_EVENTS` stream (PodBound, PodEvicted, PodGroupState), then the
    `Outcome` on `outcomes.<shard>`.
 
@@ -626,6 +632,7 @@ class Committer:
                 carried.evicted.append(eviction)
             elif isinstance(result, ClusterRefused):
                 carried.refused.append(str(result))
+                self.counters["evictions_refused"] += 1
             else:
                 unanswered.append(eviction.pod)
         if unanswered:
@@ -801,6 +808,7 @@ class Committer:
                     cpu_millis=r.cpu_millis,
                     memory_bytes=r.memory_bytes,
                     gpus=r.gpus,
+                    uid=pod.uid,
                 )
             )
         bound: list[Binding] = []

@@ -48,7 +48,7 @@ from typing import Any, Literal
 import msgspec
 
 from services.binder import sharing
-from services.binder.cluster_client import ClusterRefused
+from services.binder.cluster_client import ClusterRefused, pod_replaced
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding
@@ -315,6 +315,8 @@ class GpuSharing:
                     f"get {what}", "GET", object_path("v1", "Pod", binding.namespace, binding.name)
                 )
             )
+            if binding.uid and pod.metadata.uid != binding.uid:  # nothing is written on its successor
+                raise pod_replaced("bind", binding.pod, binding.uid, pod.metadata.uid)
             if pod.spec.node_name and pod.spec.node_name != binding.node:
                 raise ClusterRefused(
                     "bind", binding.pod, f"already bound to {pod.spec.node_name}, not {binding.node}"

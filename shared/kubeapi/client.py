@@ -10,7 +10,8 @@ V1Binding). The calls made for every pod go through `request` instead: the same 
 and TLS, a body encoded by msgspec, none of the generated client's per-call work.
 
 `call` turns every outcome into bytes or an `ApiError` that names the object and says whether asking again
-may help (`temporary`: no answer, 429, 5xx); `call_with_retries` retries the temporary ones with backoff
+may help (`temporary`: no answer, 429, 5xx, except a PodDisruptionBudget's refusal of an eviction, which
+holds until the cluster changes: `budget`); `call_with_retries` retries the temporary ones with backoff
 and raises `TemporaryError` when they run out.
 """
 
@@ -46,6 +47,20 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 NO_ANSWER = 0
 """The `status` of an ApiError raised when the server could not be reached or did not answer."""
+TOO_MANY_REQUESTS = 429
+INTERNAL_ERROR = 500
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
+"""The Status cause (policy/v1 DisruptionBudgetCause) the Eviction API names a refusing budget with."""
+MULTIPLE_BUDGETS = "This pod has more than one PodDisruptionBudget"
+"""How the Eviction API's 500 for a pod that several budgets select begins."""
+
+
+class StatusCause(msgspec.Struct, frozen=True):
+    """One cause of a metav1 Status (`details.causes[]`)."""
+
+    reason: str = ""
+    message: str = ""
+    field: str = ""
 
 
 class ApiError(KairosError):
@@ -55,18 +70,42 @@ class ApiError(KairosError):
     AlreadyExists, Expired, TooManyRequests...) when the server sent one.
     """
 
-    def __init__(self, what: str, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, what: str, status: int, reason: str, message: str, causes: tuple[StatusCause, ...] = ()
+    ) -> None:
         self.what = what
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes
         answer = f"{status} {reason}".strip() if status else "no answer"
         super().__init__(f"{what}: {answer}: {message}" if message else f"{what}: {answer}")
 
     @property
     def temporary(self) -> bool:
-        """Whether asking again later may succeed."""
+        """Whether asking again at once may succeed: no answer, throttling (429) or a server error, but not
+        a disruption budget's refusal (`budget`), which holds until the budget's pods change."""
+        if self.budget:
+            return False
         return self.status == NO_ANSWER or self.status in TEMPORARY_STATUSES
+
+    @property
+    def budget(self) -> str:
+        """What a PodDisruptionBudget said when it refused an eviction, "" for any other answer: the Eviction
+        API's 429 with a DisruptionBudget cause (the message and the cause, which names the budget:
+        "... The disruption budget web needs 2 healthy pods and has 2 currently"), or its 500 for a pod
+        that several budgets select. A 429 without such a cause is API Priority and Fairness throttling."""
+        if self.status == TOO_MANY_REQUESTS:
+            said = [c.message for c in self.causes if c.reason == DISRUPTION_BUDGET_CAUSE]
+            if said:
+                return " ".join([self.message, *said]).strip()
+        if self.status == INTERNAL_ERROR and self.message.startswith(MULTIPLE_BUDGETS):
+            return self.message
+        return ""
+
+
+class _Details(msgspec.Struct):
+    causes: tuple[StatusCause, ...] = ()
 
 
 class _Status(msgspec.Struct):
@@ -74,18 +113,20 @@ class _Status(msgspec.Struct):
 
     reason: str = ""
     message: str = ""
+    details: _Details | None = None
 
 
 _STATUS = msgspec.json.Decoder(_Status)
 
 
 def api_error(what: str, status: int, body: bytes) -> ApiError:
-    """The ApiError for a non-2xx answer, with the Status's reason and message when the body is one."""
+    """The ApiError for a non-2xx answer; the Status's reason, message and causes when the body is one."""
     try:
         parsed = _STATUS.decode(body)
-    except msgspec.DecodeError:
+    except msgspec.DecodeError:  # a ValidationError too: a body that is not a Status
         parsed = _Status(message=body[:200].decode(errors="replace").strip())
-    return ApiError(what, status, parsed.reason, parsed.message)
+    causes = parsed.details.causes if parsed.details is not None else ()
+    return ApiError(what, status, parsed.reason, parsed.message, causes)
 
 
 @dataclass
