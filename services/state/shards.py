@@ -6,7 +6,8 @@ valid one becomes the `ShardRecord` the shard's queue leader builds every cycle'
 (`shared.kube.scheduling_shard`) and its services take their node pool from; an invalid one (an unknown
 field, a bad value, a node pool another shard already serves) becomes a `Problem` naming the field, shown
 as a Warning Event ``InvalidSchedulingShard`` and ``Accepted=False`` on the object, while the last valid
-record stays in force. Pure: no I/O, no clock.
+record stays in force; so does one whose reading fails with an unforeseen exception (a Kairos bug its content
+reaches), which keeps no other shard from being applied. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shared.kube import wire
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
+from shared.kube.values import shown
 
 
 class Seen(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +56,9 @@ def read_shard(
         config = shard_config(wire.decode_scheduling_shard(data), extra_plugins)
     except InvalidObject as exc:
         return _problem(shard, str(exc))
+    except Exception as exc:  # noqa: BLE001 -- one shard's content must never keep the others from being applied
+        why = f"cannot be read ({type(exc).__name__}: {shown(str(exc))})"
+        return _problem(shard, f"SchedulingShard {shard!r}: {why}")
     meta = seen(data).metadata
     return ShardRecord(
         shard=shard,

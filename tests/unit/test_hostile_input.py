@@ -13,17 +13,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.state import mirror as mirror_module
+from services.state import shards
 from services.state.dependencies import AFTER_ANNOTATION, MAX_DEPENDENCIES, parse_after
 from services.state.grouping import group_pod
 from services.state.mirror import NODES, PODGROUPS, PODS, QUEUES, Mirror
 from services.state.podwork import PodWorkLoop
+from services.state.problems import Problem
+from shared.contracts.messages import ShardRecord
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire
+from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod
 from tests.hostile import (
     HOSTILE_JSON,
@@ -41,6 +46,7 @@ from tests.hostile import (
     podgroup_doc,
     queue_doc,
 )
+from tests.unit.test_fuzz_contracts import shaped
 
 HOSTILE = settings(
     derandomize=True,
@@ -201,6 +207,44 @@ def test_a_dependency_list_parses_or_is_refused_naming_the_annotation(value: str
     else:
         assert refs is not None
         assert len(refs) <= MAX_DEPENDENCIES
+
+
+@st.composite
+def hostile_shard(draw: st.DrawFn) -> dict[str, Any]:
+    """A SchedulingShard of any shape, with hostile text in the flags and plugin arguments it reads."""
+    spec = draw(shaped(mi.type_info(wire.SchedulingShardSpec)))
+    if not isinstance(spec, dict):
+        spec = {}
+    flags = ["allow-consolidating-reclaim", "max-consolidation-preemptees", "default-staleness-grace-period"]
+    spec["args"] = draw(st.dictionaries(st.sampled_from(flags), HOSTILE_TEXT, max_size=3))
+    arguments = draw(
+        st.dictionaries(st.sampled_from(["kValue", "reclaimResolveMethod", "minruntime"]), HOSTILE_TEXT)
+    )
+    spec["plugins"] = {"proportion": {"arguments": arguments}}
+    spec["kValue"] = draw(st.one_of(st.none(), st.floats(allow_nan=False), st.integers(-(2**63), 2**63 - 1)))
+    return {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": "s"},
+        "spec": spec,
+    }
+
+
+@given(doc=hostile_shard())
+@example(
+    doc={
+        "kind": "SchedulingShard",
+        "metadata": {"name": "s"},
+        "spec": {"args": {"max-consolidation-preemptees": LONG_DIGITS}},
+    }
+)
+@HOSTILE
+def test_a_scheduling_shard_configures_or_is_refused_naming_its_field(doc: dict[str, Any]) -> None:
+    shard, error = _outcome(lambda: wire.decode(wire.SchedulingShard, msgspec.json.encode(doc)))
+    if shard is not None:
+        _, error = _outcome(lambda: policy_of(shard_config(shard)))
+    if error is not None:
+        _assert_names(error, "SchedulingShard", "s")
 
 
 @st.composite
@@ -397,3 +441,27 @@ def test_a_refused_pod_is_reported_though_it_is_held_back_as_ungrouped() -> None
     m.refusal_sources = [{"pod team-b/work-0": why}]
     problem = m.reportable()["pod team-b/work-0"]
     assert (problem.kind, problem.reason, problem.message) == ("Pod", "InvalidPod", why)
+
+
+def test_a_scheduling_shard_whose_reading_fails_unforeseen_keeps_no_other_shard_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shards.shard_config
+
+    def failing(shard: wire.SchedulingShard, *args: Any) -> Any:
+        if shard.metadata.name == "bad":
+            raise ZeroDivisionError("division by zero")  # what a bug reached by content raises
+        return real(shard, *args)
+
+    monkeypatch.setattr(shards, "shard_config", failing)
+
+    def doc(name: str, pool: str) -> bytes:
+        spec = {"partitionLabelValue": pool}
+        return msgspec.json.encode({"kind": "SchedulingShard", "metadata": {"name": name}, "spec": spec})
+
+    verdicts = shards.read_shards({"good": doc("good", "a"), "bad": doc("bad", "b")})
+    assert isinstance(verdicts["good"], ShardRecord)
+    problem = verdicts["bad"]
+    assert isinstance(problem, Problem)
+    assert "ZeroDivisionError" in problem.message
+    assert problem.reason == "InvalidSchedulingShard"
