@@ -19,7 +19,6 @@ refer to objects already in the cluster, so the state service checks them agains
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import msgspec.inspect as mi
 import yaml
 
 from shared.errors import InvalidObject
+from shared.kube import values
 from shared.model import Node, Pod, PodGroup, Queue, Topology
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
 
 RUN_SECONDS_LABEL = "kairos.io/run-seconds"
 """A pod label: the simulated cluster lets the pod succeed this many seconds after it starts running."""
+MAX_RUN_SECONDS = 10.0**9
+"""About 30 years: longer than any simulated pod runs."""
 
 KIND = "cluster file"
 
@@ -149,14 +151,9 @@ def run_seconds(pod: Pod) -> float | None:
     if value is None:
         return None
     try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidObject(
-            "pod", pod.key, f"labels[{RUN_SECONDS_LABEL}]", f"must be a number of seconds >= 0, got {value!r}"
-        )
-    return seconds
+        return values.decimal(value, low=0.0, high=MAX_RUN_SECONDS, what="a number of seconds")
+    except values.InvalidValueError as exc:
+        raise InvalidObject("pod", pod.key, f"labels[{RUN_SECONDS_LABEL}]", str(exc)) from None
 
 
 def _compact(value: Any, info: mi.Type | None) -> Any:

@@ -157,7 +157,7 @@ def test_an_empty_file_is_an_empty_cluster() -> None:
         (
             "pods: [{name: p, podgroup: g, labels: {kairos.io/run-seconds: soon}}]",
             (
-                f"cluster file 'f.yaml': pods[0].labels[{RUN_SECONDS_LABEL}]: must be a number of seconds >= 0, "
+                f"cluster file 'f.yaml': pods[0].labels[{RUN_SECONDS_LABEL}]: must be a number of seconds between 0 and 1e+09, "
                 "got 'soon' (pod 'p')"
             ),
         ),
