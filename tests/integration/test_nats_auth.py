@@ -329,10 +329,11 @@ async def test_a_client_that_does_not_trust_the_ca_is_refused(
 
 
 def tls_component_flags() -> list[str]:
-    """The flags deploy/tls adds to the NATS container's command."""
-    component = yaml.safe_load((ROOT / "deploy" / "tls" / "kustomization.yaml").read_text())
-    nats = next(p for p in component["patches"] if p["target"].get("name") == "nats")
-    return [op["value"] for op in yaml.safe_load(nats["patch"]) if op["path"].endswith("/command/-")]
+    """The TLS flags deploy/base's NATS container adds to its command (TLS is the base's default)."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "base" / "nats.yaml").read_text())
+    nats = next(d for d in docs if d and d["kind"] == "StatefulSet")
+    command: list[str] = nats["spec"]["template"]["spec"]["containers"][0]["command"]
+    return [flag for flag in command if flag.startswith("--tls")]
 
 
 async def _tls_handshakes(url: str, ca: str) -> None:
@@ -344,7 +345,7 @@ async def _tls_handshakes(url: str, ca: str) -> None:
 
 
 def test_the_tls_component_s_server_flags_serve_tls(tmp_path: Path) -> None:
-    """What deploy/tls makes the NATS pods run, here with the throwaway CA's files where the Secret goes."""
+    """What deploy/base makes the NATS pods run, here with the throwaway CA's files where the Secret goes."""
     files = throwaway_pki(tmp_path / "pki")
     mounted = tmp_path / "etc-nats-tls"
     mounted.mkdir()

@@ -511,7 +511,7 @@ def test_each_kairos_pod_names_itself_in_its_traces_and_heartbeats(kind: str, na
 
 def test_every_kairos_process_finds_nats_and_the_trace_collector() -> None:
     data = config_map_data(base(), "kairos-env")
-    assert data["KAIROS_NATS_URL"] == "nats://nats:4222"
+    assert data["KAIROS_NATS_URL"] == "tls://nats:4222"
     assert data["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://")
     nats = find(base(), "Service", "nats")
     assert [p["port"] for p in nats["spec"]["ports"]] == [4222]
@@ -955,7 +955,6 @@ def test_the_network_table_is_read_from_deploy_readme() -> None:
     [
         ("base", None),
         ("overlays/dev", None),
-        ("base", "tls"),
         ("base", "monitoring"),
         ("overlays/dev", "monitoring"),
     ],
@@ -1523,7 +1522,7 @@ def test_the_selector_check_catches_a_monitor_that_selects_no_service() -> None:
     assert monitored(monitor, combined) == []
 
 
-# --- TLS (deploy/tls, an optional component) ----------------------------------------------------------------
+# --- TLS to NATS, the base's default ---------------------------------------------------------------------------
 TLS_SECRET = "kairos-nats-tls"
 
 
@@ -1535,10 +1534,9 @@ def volumes_of(workload: Obj) -> dict[str, Obj]:
     return {v["name"]: v for v in pod_spec(workload)["volumes"]}
 
 
-def test_the_tls_component_makes_nats_require_tls_with_the_secret_s_certificate() -> None:
-    objects = with_component("base", "tls")
-    assert schema_errors(objects) == []
-    nats = find(objects, "StatefulSet", "nats")
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
+def test_nats_requires_tls_with_the_secret_s_certificate(path: str) -> None:
+    nats = find(render(path), "StatefulSet", "nats")
     command = container(nats)["command"]
     assert command[:3] == ["nats-server", "--config", "/etc/nats/nats.conf"]
     assert command[3:] == [
@@ -1552,24 +1550,43 @@ def test_the_tls_component_makes_nats_require_tls_with_the_secret_s_certificate(
     # Readable by the server's group (fsGroup) only.
     assert volumes_of(nats)["tls"]["secret"]["defaultMode"] == 0o440
     assert pod_spec(nats)["securityContext"]["fsGroup"] == pod_spec(nats)["securityContext"]["runAsUser"]
-    assert [
-        p
-        for w in objects
-        if w["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
-        for p in lockdown_problems(w)
-    ] == []
 
 
+@pytest.mark.parametrize("path", ["base", "overlays/dev"])
 @pytest.mark.parametrize(("kind", "name"), KAIROS_WORKLOADS)
-def test_the_tls_component_gives_every_kairos_pod_the_ca_and_nothing_more(kind: str, name: str) -> None:
-    objects = with_component("base", "tls")
+def test_every_kairos_pod_connects_over_tls_with_the_ca_and_nothing_more(
+    path: str, kind: str, name: str
+) -> None:
+    objects = render(path)
     workload = find(objects, kind, name)
     data = config_map_data(objects, "kairos-env")
-    assert data["KAIROS_NATS_URL"] == "tls://nats:4222"
+    assert urlsplit(data["KAIROS_NATS_URL"]).scheme == "tls"
     mount = mounts_of(workload)["nats-ca"]
     assert mount["readOnly"] is True
     assert data["KAIROS_NATS_TLS_CA"] == f"{mount['mountPath']}/ca.crt"
     secret = volumes_of(workload)["nats-ca"]["secret"]
     assert secret == {"secretName": TLS_SECRET, "items": [{"key": "ca.crt", "path": "ca.crt"}]}
-    # The base alone stays on plain NATS (TLS needs a certificate the repository cannot hold).
-    assert config_map_data(base(), "kairos-env")["KAIROS_NATS_URL"] == "nats://nats:4222"
+    # No other key of that Secret (the server's private key) reaches a Kairos pod.
+    assert [s for s in secret_volumes(workload) if s["secretName"] == TLS_SECRET] == [secret]
+
+
+def secret_volumes(workload: Obj) -> list[Obj]:
+    return [v["secret"] for v in pod_spec(workload).get("volumes", []) if "secret" in v]
+
+
+def test_only_the_nats_servers_mount_the_tls_key() -> None:
+    holders = [
+        o["metadata"]["name"]
+        for o in base()
+        if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+        for s in secret_volumes(o)
+        if s["secretName"] == TLS_SECRET and "items" not in s
+    ]
+    assert holders == ["nats"]
+
+
+def test_the_readme_creates_the_tls_secret_the_pods_mount() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    assert f"create secret generic {TLS_SECRET}" in readme
+    assert "--from-file=tls.crt --from-file=tls.key --from-file=ca.crt" in readme
+    assert not (DEPLOY / "tls").exists()  # the component it replaces
