@@ -3,12 +3,14 @@
 TLS to NATS is on by default in deploy/ (issue 27, finding 12), with the Secret `kairos-nats-tls` created
 at install. The README's commands run here as written (OpenSSL, and a stand-in `kubectl` that records the
 Secret it is asked to create); the certificate they make names what the pods connect to and chains to the
-CA the pods mount; nats-server serves it with the flags the StatefulSet passes, a client that trusts the CA
-and asks for `nats` connects, and a plain-text client or one that does not trust the CA is refused.
+CA the pods mount; nats-server serves it, a client that trusts the CA and asks for `nats` connects, so does
+an operator's `kairos` CLI through `kubectl port-forward` (127.0.0.1, the CA in `KAIROS_NATS_TLS_CA`), and
+a plain-text client or one that does not trust the CA is refused.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import ssl
 import stat
@@ -21,6 +23,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
+from shared.bus.connection import NatsAuth, connect
 from shared.security.nats_config import TlsFiles
 from tests.unit.test_deploy_manifests import DEPLOY, base, container, find
 from tools.stack.nats_server import NatsServer, start_nats_server
@@ -88,6 +91,13 @@ def test_the_certificate_names_the_service_and_chains_to_the_ca(made: Path, name
     assert chain[-1] == ca
 
 
+def test_the_certificate_names_the_loopback_address_a_port_forward_listens_on(made: Path) -> None:
+    ca = x509.load_pem_x509_certificate((made / "ca.crt").read_bytes())
+    leaf = x509.load_pem_x509_certificate((made / "tls.crt").read_bytes())
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    PolicyBuilder().store(Store([ca])).build_server_verifier(loopback).verify(leaf, [])
+
+
 def test_the_certificate_does_not_name_anything_else(made: Path) -> None:
     ca = x509.load_pem_x509_certificate((made / "ca.crt").read_bytes())
     leaf = x509.load_pem_x509_certificate((made / "tls.crt").read_bytes())
@@ -146,3 +156,15 @@ async def test_a_plain_text_client_and_one_without_the_ca_are_refused(
             max_reconnect_attempts=0,
             connect_timeout=2,
         )
+
+
+async def test_an_operator_connects_through_a_port_forward_with_the_ca(
+    made: Path, tls_server: NatsServer
+) -> None:
+    # As deploy/README.md has `kairos status` do: tls://127.0.0.1:<forwarded port>, KAIROS_NATS_TLS_CA.
+    auth = NatsAuth.from_env({"KAIROS_NATS_TLS_CA": str(made / "ca.crt")})
+    bus = await connect(tls_server.url, "operator-cli", auth=auth, timeout=5.0)
+    try:
+        assert bus.nc.is_connected
+    finally:
+        await bus.close()
