@@ -2,7 +2,8 @@
 service, while one replica of each service is killed with SIGKILL (and restarted), nats-server is killed
 with SIGKILL and restarts on its JetStream store (in a 3-node NATS cluster: a follower, then the work
 stream's leader), and the simulated API server answers 500s, 429s, slow answers, drops its watches and
-answers their resumes 410 Gone. The independent checker (`tools.chaos.checker`) must find nothing: every
+answers their resumes 410 Gone, and a PodDisruptionBudget refuses a preemption's eviction until it is
+deleted. The independent checker (`tools.chaos.checker`) must find nothing: every
 pod bound exactly once or reported unschedulable with a reason, no node or GPU over capacity, no partial
 gang, no queue over its limit, no proposal committed twice. Recovery times are printed."""
 
@@ -45,3 +46,8 @@ def test_a_short_chaos_run_leaves_a_clean_cluster(
     assert {"500", "429", "410", "delay", "dropped-watch"} <= set(report.injected), report.injected
     assert all(f.next_bind_s is not None for f in report.faults), report.faults
     assert all(f.healthy_s is not None for f in report.faults if f.kind.startswith(("kill:", "nats-kill")))
+    # The disruption budget refused the eviction (reported, not pushed through), and once it was gone the
+    # preemptor was bound.
+    budget = next(f for f in report.faults if f.kind == "budget-refusal")
+    assert budget.refused, budget
+    assert budget.preemptor_bound_s is not None, budget

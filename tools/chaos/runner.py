@@ -12,7 +12,11 @@ third while it is on and the last third once it is over:
   seconds: the first two binding calls, then half of them and a tenth of everything else answer 500; a third of all requests
   answer 429 with Retry-After; half the answers come half a second late;
 - `drop-watch`: every open watch closed at once; `watch-410`: the watches closed and their resumes
-  answered 410 Gone, so every informer lists again.
+  answered 410 Gone, so every informer lists again;
+- `budget-refusal`: a preemption a PodDisruptionBudget refuses (`tools.chaos.budget`): the victim must stay
+  while the budget holds (the binder reports the refusal and does not push it through), and the preemptor
+  must be bound once the budget is deleted; either failing is a violation (`budget-broken`,
+  `budget-stuck`).
 
 For each fault it records when it happened and how long until the system made progress again: the next
 pod bound (seen on a watch of pods) after the fault began and after it ended, and, for a killed replica
@@ -51,6 +55,9 @@ from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
+from tools.chaos.budget import NAMESPACE as BUDGET_NAMESPACE
+from tools.chaos.budget import VICTIM as BUDGET_VICTIM
+from tools.chaos.budget import BudgetScenario
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
 from tools.stack.nats_server import CLUSTER_NAME
@@ -77,6 +84,7 @@ FAULTS = (
     *API_FAULTS,
     "drop-watch",
     "watch-410",
+    "budget-refusal",
 )
 CLUSTER_FAULTS = tuple(
     fault
@@ -127,6 +135,10 @@ class FaultRecord(msgspec.Struct, kw_only=True):
     """From its end to the next pod bound."""
     healthy_s: float | None = None
     """From its start until every replica reported ready again (process faults)."""
+    refused: int | None = None
+    """`budget-refusal`: the evictions the binder reported refused while the budget held."""
+    preemptor_bound_s: float | None = None
+    """`budget-refusal`: from the budget's removal until the preemptor was bound."""
 
 
 class ChaosReport(msgspec.Struct, kw_only=True):
@@ -246,6 +258,8 @@ class ChaosRun:
         """Replica -> when its last ready heartbeat arrived."""
         self.outcomes: list[OutcomeSeen] = []
         self.faults: list[FaultRecord] = []
+        self.violations: list[Violation] = []
+        """What the faults themselves found wrong (the budget fault), added to the checker's verdict."""
         self._synced = asyncio.Event()
 
     # --- the run ----------------------------------------------------------------------------------------------
@@ -397,6 +411,9 @@ class ChaosRun:
             await asyncio.sleep(self.options.fault_seconds)
             await self._plan(http, [])
             record.duration_s = round(time.monotonic() - began, 2)
+        elif kind == "budget-refusal":
+            await self._budget(http, record)
+            record.duration_s = round(time.monotonic() - began, 2)
         else:
             record.target = "watches"
             if kind == "watch-410":
@@ -427,10 +444,29 @@ class ChaosRun:
         self.faults.append(record)
         process_fault = kind.startswith(("kill:", "nats-kill"))
         healthy_text = f", healthy again {_secs(record.healthy_s)}" if process_fault else ""
+        if kind == "budget-refusal":
+            healthy_text = f", preemptor bound {_secs(record.preemptor_bound_s)} after the budget went"
         self.say(
             f"chaos: {kind} {record.target} at {record.at_s:.1f} s for {record.duration_s:.1f} s: next bind "
             f"{_secs(record.next_bind_s)}, after its end {_secs(record.next_bind_after_s)}{healthy_text}"
         )
+
+    async def _budget(self, http: aiohttp.ClientSession, record: FaultRecord) -> None:
+        scenario = BudgetScenario(http, self._post, self.options.recover_timeout)
+        await scenario.arm()
+        record.refused = await scenario.refused()
+        await asyncio.sleep(self.options.fault_seconds)  # held on: a refusal must not be pushed through
+        result = await scenario.disarm()
+        record.target = f"{result.refused} eviction(s) refused"
+        record.refused = result.refused
+        record.preemptor_bound_s = result.preemptor_bound_s
+        where = f"{BUDGET_NAMESPACE}/{BUDGET_VICTIM}"
+        if not result.victim_kept:
+            self.violations.append(Violation("budget-broken", where, "evicted while its budget held"))
+        if result.preemptor_bound_s is None:
+            self.violations.append(
+                Violation("budget-stuck", where, "the preemptor was not bound once the budget was gone")
+            )
 
     async def _healthy(self, replicas: set[str], since: float) -> float | None:
         """When every replica of `replicas` had sent a ready heartbeat after `since` (None: not in time)."""
@@ -550,7 +586,9 @@ class ChaosRun:
             outcomes=self.outcomes,
             expected=self.expected(),
         )
-        return check(observed), injected
+        verdict = check(observed)
+        verdict.violations.extend(self.violations)
+        return verdict, injected
 
 
 def _secs(value: float | None) -> str:
