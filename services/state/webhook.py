@@ -178,7 +178,21 @@ class AdmissionServer:
     async def decide(
         self, review: admission_review.AdmissionRequest
     ) -> tuple[list[dict[str, Any]] | None, str]:
-        """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none)."""
+        """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none). A pod
+        whose examination fails unforeseen (a bug its content reaches) is admitted as it is, with a warning,
+        and logged: the webhook answers for every other pod as before."""
+        try:
+            return await self._decide(review)
+        except Exception as exc:  # one pod's content must never fail the webhook for the others
+            self.ctx.counters["admission_unforeseen"] += 1
+            log.exception(
+                "admission review %s: examining the pod failed unforeseen; admitted as it is", review.uid
+            )
+            return None, f"kairos: pod not examined ({type(exc).__name__}); admitted as it is"
+
+    async def _decide(
+        self, review: admission_review.AdmissionRequest
+    ) -> tuple[list[dict[str, Any]] | None, str]:
         try:
             pod = admission_review.pod_of_request(review)
         except InvalidObject as exc:
