@@ -465,3 +465,29 @@ def test_a_scheduling_shard_whose_reading_fails_unforeseen_keeps_no_other_shard_
     assert isinstance(problem, Problem)
     assert "ZeroDivisionError" in problem.message
     assert problem.reason == "InvalidSchedulingShard"
+
+
+@pytest.mark.parametrize(
+    ("resource", "field"),
+    [
+        ({"gpu": {"quota": 1e308, "limit": -1, "overQuotaWeight": 1}}, "spec.resources.gpu.quota"),
+        ({"memory": {"quota": 1, "limit": 1e300, "overQuotaWeight": 1}}, "spec.resources.memory.limit"),
+        ({"cpu": {"quota": 1, "limit": -1, "overQuotaWeight": 1e300}}, "spec.resources.cpu.overQuotaWeight"),
+    ],
+)
+def test_a_queue_amount_that_would_make_the_fair_share_sums_infinite_is_refused(
+    resource: dict[str, Any], field: str
+) -> None:
+    queue = wire.decode(wire.Queue, msgspec.json.encode(queue_doc("huge", **resource)))
+    with pytest.raises(InvalidObject) as caught:
+        translate.queue_of(queue, creation_index=0)
+    _assert_names(caught.value, "Queue", "huge")
+    assert caught.value.field == field
+
+
+def test_a_queue_priority_beyond_32_bits_is_refused() -> None:
+    doc = queue_doc("loud")
+    doc["spec"]["priority"] = 2**40
+    with pytest.raises(InvalidObject) as caught:
+        translate.queue_of(wire.decode(wire.Queue, msgspec.json.encode(doc)), creation_index=0)
+    assert caught.value.field == "spec.priority"
