@@ -40,6 +40,12 @@ authentication, JSON only:
 - the node simulator (`nodesim`): nodes from a cluster file or generated, with GPU and MIG resources and
   GPU feature discovery labels; a bound pod runs ``--run-delay`` seconds later (podIP, hostIP,
   container statuses), and succeeds after ``kairos.io/run-seconds`` (label or annotation) when set;
+  graceful termination for a pod with ``kairos.io/stop-seconds: N`` (its containers take N s to exit after
+  SIGTERM): deleted on its node with a grace period, it stays Running with ``deletionTimestamp`` set, holding
+  its devices, until min(N, grace), then turns Succeeded (or Failed, killed at the grace's end) and its
+  kubelet deletes it; an image from a registry host ending in ``.invalid`` cannot be pulled (the container
+  waits ``ErrImagePull``, then ``ImagePullBackOff``; the pod stays Pending with the devices it was
+  admitted with);
 - the kubelet's device plugin and container start (`kubelet`, `devices`, `containerenv`): a node with
   ``nvidia.com/gpu: N`` has N devices with fixed UUIDs (``GPU-`` + uuid5 of node name and index); a
   starting container asking for ``nvidia.com/gpu`` (limits, else requests) gets that many devices of its
@@ -84,7 +90,8 @@ deletecollection, CONNECT and the legacy ``bindings`` resource; the disruption c
 status is never written: the eviction counts it on the spot, so a new budget is never "still being
 processed" unless its pods' controller cannot be counted); resource quotas, CRD schema
 validation, defaulting and pruning, conversion between a CRD's versions; graceful pod termination
-(deletion is immediate unless finalizers are set); a dependent with several owners is deleted with the
+for pods without ``kairos.io/stop-seconds`` (their deletion is immediate unless finalizers are set); a
+dependent with several owners is deleted with the
 first; container restarts, probes, logs, exec and port-forward; variables from secrets, the downward API
 and resource fields, and ``$(VAR)`` expansion (not resolved); devices other than ``nvidia.com/gpu`` (MIG
 instances are counted by the scheduler only) and device health; kube-proxy, services' cluster IPs and

@@ -9,7 +9,8 @@ timer-driven work (a bound pod starting, a pod finishing) is due next. Tests dri
 with a fake clock. Time is the injected `clock` (seconds since the epoch): the shell passes the event
 loop's clock shifted to wall time, so that timestamps read true and tests can use `looptime`.
 
-Simplifications (also in the package docstring): deletion is immediate unless an object has finalizers;
+Simplifications (also in the package docstring): deletion is immediate unless an object has finalizers
+or is a pod that terminates gracefully (`tools.kubesim.nodesim`: ``kairos.io/stop-seconds``);
 both Foreground and Background propagation delete dependents synchronously (Foreground first); a
 dependent is deleted even when it has other owners; list pages are served from the current state, not a
 snapshot; custom resources are stored without schema validation or pruning.
@@ -781,7 +782,13 @@ class Cluster:
 
     def _commit(self, rt: ResourceType, existing: Obj, new: Obj) -> Obj:
         md = new["metadata"]
-        if md.get("deletionTimestamp") and not md.get("finalizers"):
+        if (
+            md.get("deletionTimestamp")
+            and not md.get("finalizers")
+            and not md.get("deletionGracePeriodSeconds")
+        ):
+            # The last finalizer of an object being deleted went: it goes now (a pod still terminating
+            # gracefully is removed by its kubelet instead).
             removed = self._remove(rt.storage, md.get("namespace", ""), md["name"], "Background")
             return removed if removed is not None else existing
         if _same_except_rv(existing, new):
@@ -835,6 +842,10 @@ class Cluster:
             raise forbidden("namespaces", name, "this namespace may not be deleted")
         if dry_run:
             return self.view(rt, existing)
+        if rt.storage == "pods" and not existing["metadata"].get("finalizers"):
+            grace = self.nodesim.termination_grace(existing, opts)
+            if grace is not None:
+                return self.view(rt, self._terminate(existing, grace))
         if existing["metadata"].get("finalizers"):
             if existing["metadata"].get("deletionTimestamp"):
                 return self.view(rt, existing)
@@ -847,6 +858,17 @@ class Cluster:
         if rt.storage == "namespaces":
             removed = {**removed, "status": {"phase": "Terminating"}}
         return self.view(rt, removed)
+
+    def _terminate(self, pod: Obj, grace: int) -> Obj:
+        """Graceful deletion: the pod stays, marked for deletion `grace` seconds from now, until its kubelet
+        has stopped its containers (`tools.kubesim.nodesim`); a longer grace than one given before does not
+        extend it."""
+        md = dict(pod["metadata"])
+        if md.get("deletionTimestamp") and int(md.get("deletionGracePeriodSeconds") or 0) <= grace:
+            return pod
+        md["deletionTimestamp"] = rfc3339(self.now() + grace)
+        md["deletionGracePeriodSeconds"] = grace
+        return self.store.put("pods", {**pod, "metadata": md})
 
     def delete_collection(
         self,

@@ -8,11 +8,14 @@ pod without any of this. `Kubelet.start` decides, in the kubelet's order:
 1. **Admission** (`tools.kubesim.devices`): the containers get their devices, or the pod is refused
    (`Rejected`: phase Failed, reason ``UnexpectedAdmissionError``, message ``Pod was rejected: Allocate
    failed due to requested number of devices unavailable ...``), as the kubelet rejects a pod.
-2. **Environment** (`tools.kubesim.containerenv`): a required ConfigMap or key that is missing keeps the
+2. **Images** (`tools.kubesim.images`): a container whose image cannot be pulled (a registry host ending
+   in ``.invalid``) keeps the pod Pending (`Waiting`) with the container waiting ``ErrImagePull``, then
+   ``ImagePullBackOff`` from the next try on; the pod keeps its devices (admitted before the pull).
+3. **Environment** (`tools.kubesim.containerenv`): a required ConfigMap or key that is missing keeps the
    pod Pending (`Waiting`) with the container waiting, reason ``CreateContainerConfigError``; the pod keeps
    its devices, and the node simulator tries again when a ConfigMap of its namespace changes and every
-   `CONFIG_RETRY_SECONDS`, as the kubelet's pod worker does.
-3. **Start** (`Started`): what each container sees is recorded (`ContainerView`: the UUIDs the device
+   `CONFIG_RETRY_SECONDS`, as the kubelet's pod worker does (and as it backs off an image pull).
+4. **Start** (`Started`): what each container sees is recorded (`ContainerView`: the UUIDs the device
    plugin gave it, its resolved ``NVIDIA_VISIBLE_DEVICES``, which the device plugin sets for a container
    that asked for devices and the pod spec sets otherwise). The container ``resource-reservation`` of a pod
    in namespace ``kai-resource-reservation`` runs the reservation program (`reservation_patch`): NVML
@@ -51,6 +54,13 @@ from tools.kubesim.devices import (
     device_uuid,
     node_device_uuids,
     requests_gpus,
+)
+from tools.kubesim.images import (
+    ERR_IMAGE_PULL,
+    IMAGE_PULL_BACKOFF,
+    backoff_message,
+    pull_failure,
+    pulls_failing,
 )
 
 if TYPE_CHECKING:
@@ -110,12 +120,16 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A container's configuration cannot be built: the pod stays Pending."""
+    """A container's image cannot be pulled or its configuration cannot be built: the pod stays Pending."""
 
     problems: dict[tuple[bool, str], str]
     """(init container?, name) -> the kubelet's message, for the containers that cannot be created."""
     init_blocked: bool
     """An init container cannot be created, so nothing after it starts."""
+    reasons: dict[tuple[bool, str], str] = field(default_factory=dict)
+    """(init container?, name) -> the waiting reason where it is not ``CreateContainerConfigError``."""
+    events: tuple[tuple[str, str, str], ...] = ()
+    """(type, reason, message) of the Events the kubelet records for the image pulls of this try."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,8 @@ class Kubelet:
             or requests_gpus(inits)
             or references_configmaps(containers)
             or references_configmaps(inits)
+            or pulls_failing(containers)
+            or pulls_failing(inits)
         )
 
     def start(self, pod: Obj) -> Rejected | Waiting | Started:
@@ -187,11 +203,28 @@ class Kubelet:
             return configmaps.get(ns, name)
 
         problems: dict[tuple[bool, str], str] = {}
+        reasons: dict[tuple[bool, str], str] = {}
+        events: list[tuple[str, str, str]] = []
+        waited = _waiting_reasons(pod)
         views: list[ContainerView] = []
         init_blocked = False
         for init, containers in ((True, inits), (False, apps)):
             for container in containers:
                 name = str(container.get("name", ""))
+                image = str(container.get("image", ""))
+                failure = pull_failure(image)
+                if failure is not None:
+                    key = (init, name)
+                    if waited.get(key) in (ERR_IMAGE_PULL, IMAGE_PULL_BACKOFF):
+                        reasons[key], problems[key] = IMAGE_PULL_BACKOFF, backoff_message(image)
+                        events.append(("Normal", "BackOff", backoff_message(image)))
+                    else:
+                        reasons[key], problems[key] = ERR_IMAGE_PULL, failure
+                        events.append(("Warning", "Failed", f'Failed to pull image "{image}": {failure}'))
+                    if init:
+                        init_blocked = True
+                        break
+                    continue
                 try:
                     env = resolve_env(container, ns, lookup)
                 except ContainerConfigError as exc:
@@ -209,7 +242,7 @@ class Kubelet:
         if problems:
             self.waiting.setdefault(ns, {})[uid] = str(md["name"])
             self.tracked[uid] = ns
-            return Waiting(problems, init_blocked)
+            return Waiting(problems, init_blocked, reasons, tuple(events))
         self._unwait(ns, uid)
         record = PodRecord(uid, ns, str(md["name"]), node, tuple(views))
         self.records[uid] = record
@@ -290,6 +323,18 @@ class Kubelet:
 
 
 # --- the pod statuses the kubelet writes --------------------------------------------------------------------
+def _waiting_reasons(pod: Obj) -> dict[tuple[bool, str], str]:
+    """(init container?, name) -> the reason its status says it waits for, for the waiting containers."""
+    status = pod.get("status") or {}
+    out: dict[tuple[bool, str], str] = {}
+    for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses")):
+        for cs in status.get(key) or ():
+            waiting = (cs.get("state") or {}).get("waiting")
+            if isinstance(waiting, dict) and waiting.get("reason"):
+                out[init, str(cs.get("name", ""))] = str(waiting["reason"])
+    return out
+
+
 def rejected_pod(pod: Obj, refusal: Refusal) -> Obj:
     """The pod as the kubelet leaves a pod it refused: Failed, with the reason and message."""
     status = {
@@ -327,8 +372,9 @@ def _condition(type_: str, state: str, ts: str, reason: str = "", message: str =
 
 
 def waiting_pod(pod: Obj, waiting: Waiting, ts: str) -> Obj:
-    """The pod as the kubelet reports it while containers wait for their configuration (Pending): the
-    failing containers waiting ``CreateContainerConfigError``, the others ``ContainerCreating`` (or
+    """The pod as the kubelet reports it while containers wait for their image or configuration (Pending):
+    the failing containers waiting ``ErrImagePull``, ``ImagePullBackOff`` or ``CreateContainerConfigError``,
+    the others ``ContainerCreating`` (or
     ``PodInitializing`` behind an init container); init containers before a failing one completed."""
     spec = pod["spec"]
     old = pod.get("status") or {}
@@ -338,7 +384,9 @@ def waiting_pod(pod: Obj, waiting: Waiting, ts: str) -> Obj:
         name = container.get("name", "")
         problem = waiting.problems.get((True, name))
         if problem is not None:
-            init_statuses.append(_waiting(container, CONFIG_ERROR, problem))
+            init_statuses.append(
+                _waiting(container, waiting.reasons.get((True, name), CONFIG_ERROR), problem)
+            )
             failing_seen = True
         elif failing_seen:
             init_statuses.append(_waiting(container, "PodInitializing"))
@@ -352,9 +400,10 @@ def waiting_pod(pod: Obj, waiting: Waiting, ts: str) -> Obj:
             )
     statuses = []
     for container in spec.get("containers") or ():
-        problem = waiting.problems.get((False, container.get("name", "")))
+        key = (False, str(container.get("name", "")))
+        problem = waiting.problems.get(key)
         if problem is not None:
-            statuses.append(_waiting(container, CONFIG_ERROR, problem))
+            statuses.append(_waiting(container, waiting.reasons.get(key, CONFIG_ERROR), problem))
         else:
             statuses.append(
                 _waiting(container, "PodInitializing" if waiting.init_blocked else "ContainerCreating")

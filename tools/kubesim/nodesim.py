@@ -15,6 +15,15 @@
 - A running pod with the label or annotation `kairos.io/run-seconds: "N"` turns Succeeded N seconds after it
   started (containerStatuses terminated with exit code 0, reason Completed); without it, it runs until
   deleted. Restart policies are not simulated: the pod of a Deployment succeeds too.
+- Graceful termination, for a pod with the label or annotation `kairos.io/stop-seconds: "N"` (its
+  containers take N seconds to exit after the kubelet's SIGTERM): deleted on its node with a grace period
+  (the DELETE's ``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``, else 30;
+  `termination_grace`), it stays, Running, with ``deletionTimestamp`` and ``deletionGracePeriodSeconds``
+  set, holding its devices. min(N, grace) seconds later its containers have stopped: phase Succeeded (they
+  exited 0 by themselves) or Failed (killed at the end of the grace period, exit code 137), and the kubelet
+  deletes it with grace 0, as its status manager does. A DELETE with grace 0 removes it at once (``kubectl
+  delete --force``); a shorter grace shortens the wait. A pod without the label, an unbound pod or a
+  finished one is deleted at once (containers that exit as soon as they are told).
 
 Time is the cluster's clock; `run_once(now)` fires what is due and `next_deadline()` says when the next
 timer is due, so tests drive it without sleeping. Called from `Cluster.settle`. Pure: no I/O.
@@ -49,20 +58,58 @@ from tools.kubesim.store import Change, Key
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
 
-__all__ = ["RUN_SECONDS", "NodeSimulator", "run_seconds_of"]
+__all__ = [
+    "RUN_SECONDS",
+    "STOP_SECONDS",
+    "NodeSimulator",
+    "run_seconds_of",
+    "stop_seconds_of",
+    "termination_grace",
+]
 
 Obj = dict[str, Any]
 
 RUN_SECONDS = "kairos.io/run-seconds"
 """Pod label or annotation: seconds the pod runs before it succeeds (shared.clusterfile.RUN_SECONDS_LABEL)."""
+STOP_SECONDS = "kairos.io/stop-seconds"
+"""Pod label or annotation: seconds its containers take to exit after SIGTERM (graceful termination)."""
+DEFAULT_GRACE_SECONDS = 30
+"""The API server's default ``terminationGracePeriodSeconds``."""
+KILLED_EXIT_CODE = 137
+"""A container killed (SIGKILL) at the end of its grace period."""
 _KWOK_DEFAULT_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}
 _TERMINATED = ("Succeeded", "Failed")
 
 
 def run_seconds_of(pod: Obj) -> float | None:
     """The pod's simulated run time, None when it runs until deleted (or the value is not a number >= 0)."""
+    return _seconds(pod, RUN_SECONDS)
+
+
+def stop_seconds_of(pod: Obj) -> float | None:
+    """How long the pod's containers take to exit after SIGTERM; None: at once (no graceful termination)."""
+    return _seconds(pod, STOP_SECONDS)
+
+
+def termination_grace(pod: Obj, options: Obj) -> int | None:
+    """The grace period a DELETE with `options` (DeleteOptions) gives `pod`: seconds it stays terminating
+    on its node; None when it is removed at once (see the module docstring)."""
+    spec = pod.get("spec") or {}
+    if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in _TERMINATED:
+        return None
+    if stop_seconds_of(pod) is None:
+        return None
+    grace = options.get("gracePeriodSeconds")
+    if grace is None:
+        grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not math.isfinite(grace):
+        return None
+    return int(grace) if grace > 0 else None
+
+
+def _seconds(pod: Obj, key: str) -> float | None:
     md = meta(pod)
-    value = (md.get("labels") or {}).get(RUN_SECONDS) or (md.get("annotations") or {}).get(RUN_SECONDS)
+    value = (md.get("labels") or {}).get(key) or (md.get("annotations") or {}).get(key)
     if value is None:
         return None
     try:
@@ -94,6 +141,8 @@ class NodeSimulator:
         self.scheduled: set[tuple[str, str]] = set()
         """(pod uid, action) already on the heap."""
         self.started_at: dict[str, float] = {}
+        self.stop_at: dict[str, float] = {}
+        """Pod uid -> when the containers of a terminating pod have stopped (its earliest planned stop)."""
         self.dirty_pods: dict[Key, None] = {}
         self.dirty_nodes: dict[str, None] = {}
         self._pod_ips = itertools.count(1)
@@ -114,6 +163,7 @@ class NodeSimulator:
             self.scheduled.discard((uid, "start"))
             self.scheduled.discard((uid, "retry"))
             self.scheduled.discard((uid, "finish"))
+            self.stop_at.pop(uid, None)
             if tracked:
                 self.kubelet.forget(uid)
             return
@@ -135,6 +185,11 @@ class NodeSimulator:
     def _node_change(self, change: Change) -> None:
         if change.type != "DELETED":
             self.dirty_nodes[change.obj["metadata"]["name"]] = None
+
+    @staticmethod
+    def termination_grace(pod: Obj, options: Obj) -> int | None:
+        """`termination_grace`: the cluster's DELETE asks the kubelet whether the pod terminates gracefully."""
+        return termination_grace(pod, options)
 
     def next_deadline(self) -> float | None:
         return self.timers[0][0] if self.timers else None
@@ -235,9 +290,13 @@ class NodeSimulator:
         self.dirty_pods.clear()
         for key in keys:
             pod = storage.get(*key)
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
+            if pod is None:
                 continue
             phase = (pod.get("status") or {}).get("phase")
+            if pod["metadata"].get("deletionTimestamp"):
+                if pod["metadata"].get("deletionGracePeriodSeconds") and phase not in _TERMINATED:
+                    self._plan_stop(pod, phase, now)
+                continue
             if phase == "Pending" and pod["spec"].get("nodeName"):
                 self._push(now + self.run_delay, "start", pod)
             elif phase == "Running":
@@ -249,6 +308,35 @@ class NodeSimulator:
                         start = parse_time((pod.get("status") or {}).get("startTime")) or now
                     self._push(start + seconds, "finish", pod)
 
+    def _plan_stop(self, pod: Obj, phase: str | None, now: float) -> None:
+        """A terminating pod: its containers stop `stop_seconds_of` after SIGTERM, at most its grace."""
+        md = pod["metadata"]
+        uid = md.get("uid", "")
+        grace = float(md.get("deletionGracePeriodSeconds") or 0)
+        running = phase == "Running"
+        at = now + (min(stop_seconds_of(pod) or 0.0, grace) if running else 0.0)
+        if uid in self.stop_at and self.stop_at[uid] <= at:
+            return
+        self.stop_at[uid] = at
+        heapq.heappush(self.timers, (at, next(self._seq), "stop", md.get("namespace", ""), md["name"], uid))
+
+    def _stop(self, pod: Obj, now: float) -> None:
+        """The terminating pod's containers have stopped: its terminal status, then the kubelet's delete."""
+        md = pod["metadata"]
+        uid = md.get("uid", "")
+        self.stop_at.pop(uid, None)
+        stop = stop_seconds_of(pod)
+        grace = float(md.get("deletionGracePeriodSeconds") or 0)
+        killed = (pod.get("status") or {}).get("phase") != "Running" or stop is None or stop >= grace
+        self.cluster.store.put("pods", self._finished(pod, now, KILLED_EXIT_CODE if killed else 0))
+        self.started_at.pop(uid, None)
+        self.cluster.delete(
+            self.cluster.type_of("pods"),
+            md.get("namespace", ""),
+            md["name"],
+            {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+        )
+
     def run_once(self, now: float) -> bool:
         """Complete new nodes, plan timers for changed pods, fire the timers due at `now`."""
         progressed = self._adopt_nodes()
@@ -259,7 +347,12 @@ class NodeSimulator:
             _, _, action, ns, name, uid = heapq.heappop(self.timers)
             self.scheduled.discard((uid, action))
             pod = storage.get(ns, name)
-            if pod is None or pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
+            if pod is None or pod["metadata"].get("uid") != uid:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                if action == "stop" and self.stop_at.get(uid, math.inf) <= now:
+                    self._stop(pod, now)
+                    progressed = True
                 continue
             phase = (pod.get("status") or {}).get("phase")
             if action in ("start", "retry") and phase == "Pending" and pod["spec"].get("nodeName"):
@@ -270,7 +363,7 @@ class NodeSimulator:
                     self.started_at[uid] = now
                     progressed = True
             elif action == "finish" and phase == "Running":
-                self.cluster.store.put("pods", self._succeeded(pod, now))
+                self.cluster.store.put("pods", self._finished(pod, now, 0))
                 self.started_at.pop(uid, None)
                 progressed = True
         return progressed
@@ -291,8 +384,11 @@ class NodeSimulator:
                 if all(new.get(k) == old.get(k) for k in ("containerStatuses", "initContainerStatuses")):
                     return False  # waiting as before: nothing to report again
                 store.put("pods", waiting)
-                message = next(iter(outcome.problems.values()))
-                self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", "kubelet")
+                for type_, reason, message in outcome.events:
+                    self.cluster.record_event(pod, type_, reason, message, "kubelet")
+                if not outcome.events:
+                    message = next(iter(outcome.problems.values()))
+                    self.cluster.record_event(pod, "Warning", "Failed", f"Error: {message}", "kubelet")
                 return True
             case Started(record, reservation):
                 running = store.put("pods", self._running(pod, now))
@@ -414,7 +510,8 @@ class NodeSimulator:
             ]
         return {**pod, "metadata": dict(pod["metadata"]), "status": status}
 
-    def _succeeded(self, pod: Obj, now: float) -> Obj:
+    def _finished(self, pod: Obj, now: float, exit_code: int) -> Obj:
+        """The pod once its containers exited with `exit_code`: Succeeded for 0, else Failed."""
         ts = rfc3339(now)
         old = pod.get("status") or {}
         conditions = []
@@ -436,8 +533,8 @@ class NodeSimulator:
                     "started": False,
                     "state": {
                         "terminated": {
-                            "exitCode": 0,
-                            "reason": "Completed",
+                            "exitCode": exit_code,
+                            "reason": "Completed" if exit_code == 0 else "Error",
                             "startedAt": started,
                             "finishedAt": ts,
                             "containerID": cs.get("containerID", ""),
@@ -445,5 +542,6 @@ class NodeSimulator:
                     },
                 }
             )
-        status = {**old, "phase": "Succeeded", "conditions": conditions, "containerStatuses": statuses}
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        status = {**old, "phase": phase, "conditions": conditions, "containerStatuses": statuses}
         return {**pod, "metadata": dict(pod["metadata"]), "status": status}

@@ -572,6 +572,9 @@ class KubeSim:
             options: Obj = dict(body) if isinstance(body, dict) else {}
             if "propagationPolicy" in query:
                 options["propagationPolicy"] = query["propagationPolicy"]
+            grace = query.get("gracePeriodSeconds", "")
+            if grace.isascii() and grace.lstrip("-").isdigit() and len(grace) < 19:
+                options["gracePeriodSeconds"] = int(grace)
             if name is None:
                 labels, fields = cluster.selectors(rt, query.get("labelSelector"), query.get("fieldSelector"))
                 items = cluster.delete_collection(rt, ns, labels=labels, fields=fields, options=options)
