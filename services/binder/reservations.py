@@ -26,7 +26,9 @@ The sync (at start, every `reservation_sync` seconds, and `reservation_grace` se
 deleted or finishes, seen by an informer on ``kairos.io/gpu-sharing=true`` pods): reservations first, then
 sharers, are listed; `gpu_sharing.orphaned_reservations` (groups this binder is binding count as live) are
 deleted with their uid and resourceVersion as preconditions (a 404 or 409 means someone else decided
-first). For each bound sharer, a missing reservation pod is recreated and its device written into the
+first). A sharer being deleted counts until its containers have stopped (`gpu_sharing.is_live_sharer`: it
+is gone, or its phase is terminal): its container still uses the device, so the sync that follows its
+deletionTimestamp keeps its reservation, and the one that follows its end deletes it. For each bound sharer, a missing reservation pod is recreated and its device written into the
 sharer's capabilities ConfigMap, with a Warning Event `GPUReservationMissing` naming the reservation pod
 (and, when the device changed, saying the running container keeps the old one until restarted); a missing
 ConfigMap is recreated with a Warning Event `GPUSharingConfigMapMissing` naming it. Events are

@@ -151,7 +151,9 @@ def decode_configmaps(body: bytes) -> dict[tuple[str, str], ConfigMap]:
 
 
 def is_bound_sharer(pod: wire.Pod) -> bool:
-    """A sharer that keeps its reservations and is on its node (Pending or Running, not being deleted)."""
+    """A sharer the sync repairs: on its node, Pending or Running, not being deleted (one being deleted
+    keeps its reservations until its containers stop, `gpu_sharing.is_live_sharer`, but nothing missing
+    is recreated for a pod on its way out)."""
     return (
         bool(pod.spec.node_name)
         and pod.status.phase in gs.LIVE_PHASES

@@ -7,7 +7,9 @@ resources, huge pages, ephemeral storage) and its host ports (`holding`); the mi
 (`count`, `uncount`) and takes each node's total (`on`) off its capacity (`subtract`).
 
 The binder's GPU reservation pods are the exception: the device one holds is its GPU group's, already
-counted by the group's sharers. The live sharers and the reservation pods of each group are indexed here
+counted by the group's sharers. The live sharers (`gpu_sharing.is_live_sharer`: Pending or Running, one
+being deleted included, which KV holds as Releasing with its groups until its containers have stopped)
+and the reservation pods of each group are indexed here
 (`track`), and a group that gains its first sharer or loses its last has its reservation pods recounted.
 Without live sharers a reservation pod counts as what it is, a pod holding a GPU, until the binder deletes
 it. Pure: no I/O, no clock.
@@ -90,11 +92,7 @@ class ForeignPods:
                     if not members:
                         del self._reservations[group]
                 continue
-            live = (
-                sign > 0
-                and pod.status.phase in gpu_sharing.LIVE_PHASES
-                and pod.metadata.deletion_timestamp is None
-            )
+            live = sign > 0 and gpu_sharing.is_live_sharer(pod)
             for group in gpu_sharing.groups_of_labels(labels):
                 sharers = self._sharers.get(group, set())
                 was = bool(sharers)

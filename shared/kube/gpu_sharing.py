@@ -19,8 +19,9 @@ for name so existing tooling works:
 3. **Binding** (the binder): the pod's ConfigMaps get ``NVIDIA_VISIBLE_DEVICES`` (the groups' devices,
    comma-separated, in group order) and ``GPU_PORTION`` (`configmap_body`), the pod gets its group
    labels (`group_labels_patch`: ``runai-gpu-group=<group>``, or one ``runai-gpu-group/<group>`` label
-   per device for a multi-device pod), then it is bound. When no live pod names a group any more, its
-   reservation pod is deleted (`sharers_by_group`).
+   per device for a multi-device pod), then it is bound. When no live sharer names a group any more, its
+   reservation pod is deleted (`orphaned_reservations`). A sharer is live until its containers have
+   stopped (`is_live_sharer`): one deleted with a grace period still runs, and still uses the device.
 
 Who calls it: `services.state.webhook` (step 1), `shared.kube.translate` (the pod's own mistakes),
 `services.binder` (steps 2-3 and the sync), the reservation program and kubesim's stand-in for it
@@ -65,6 +66,7 @@ __all__ = [
     "group_labels_patch",
     "groups_of_labels",
     "is_fractional",
+    "is_live_sharer",
     "is_reservation_pod",
     "orphaned_reservations",
     "reservation_pod",
@@ -424,11 +426,21 @@ LIVE_PHASES = ("Pending", "Running")
 """A sharer in these phases keeps its group's reservation (KAI's rule)."""
 
 
+def is_live_sharer(pod: wire.Pod) -> bool:
+    """Whether a pod labelled with GPU groups may still use their devices: its phase is Pending or Running,
+    being deleted or not. A pod deleted with a grace period keeps running until its containers stop (then
+    the kubelet writes a terminal phase and deletes it), and its container keeps the device its group's
+    reservation pod holds until then: deleting the reservation at the deletionTimestamp would let the
+    kubelet give that device to another pod while it is still in use."""
+    return pod.status.phase in LIVE_PHASES
+
+
 def orphaned_reservations(
     pods: Iterable[wire.Pod], *, now: float, grace: float, busy: Iterable[str] = ()
 ) -> list[wire.Pod]:
-    """The reservation pods among `pods` whose group no live sharer names: to delete. `pods` are every pod
-    carrying a group label (sharers in any namespace and the reservations). A reservation younger than
+    """The reservation pods among `pods` whose group no live sharer (`is_live_sharer`) names: to delete.
+    `pods` are every pod carrying a group label (sharers in any namespace and the reservations), as
+    listed: a sharer missing from them is gone. A reservation younger than
     `grace` seconds (``now`` and creation times as Unix seconds) is kept: a binder between creating it and
     labelling its pod; so are the groups in `busy` (binds in flight in the caller)."""
     live: set[str] = set(busy)
@@ -437,7 +449,7 @@ def orphaned_reservations(
         labels = pod.metadata.labels
         if is_reservation_pod(pod.metadata.namespace, labels):
             reservations.append(pod)
-        elif pod.status.phase in LIVE_PHASES and not pod.metadata.deletion_timestamp:
+        elif is_live_sharer(pod):
             live.update(groups_of_labels(labels))
     orphans = []
     for pod in reservations:
