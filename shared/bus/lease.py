@@ -11,7 +11,9 @@ entries expire `LEASE_TTL_S` seconds after their last write. A standby acquires 
 the leader renews it with a compare-and-set on its own revision, keeping its term. Losing a
 compare-and-set, or not managing to renew for nearly a TTL, means stepping down at once. The term is the
 fencing token: work items and proposals carry it and the binder refuses any whose term is not the lease's
-current one.
+current one. The state service's Kubernetes source fences its own KV writes (`shared.bus.fence`): none is
+sent after the holder's `deadline()`, and a fence key that does not expire keeps the terms growing even
+when the lease key expired unseen (`learn_term`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,20 @@ class LeaseKeeper:
     def valid(self) -> bool:
         """Leading, and the last successful write is recent enough that the key cannot have expired yet."""
         return self.leading and self.clock() - self._renewed_at < self.ttl - SAFETY_MARGIN_S
+
+    def deadline(self) -> float:
+        """When, on `clock`, leadership lapses unless renewed: the start of the last successful write plus
+        `ttl - SAFETY_MARGIN_S`. A successor can take the key no sooner than `SAFETY_MARGIN_S` after it, so a
+        write sent before the deadline reaches the server before any successor leads unless it spends longer
+        than the margin on the way. The clock is monotonic and keeps running while the process is stopped:
+        a process resumed after a pause past the deadline sees it passed before it sends anything."""
+        return self._renewed_at + self.ttl - SAFETY_MARGIN_S
+
+    def learn_term(self, term: int) -> None:
+        """A term seen outside the lease key (a write fence raised under it, `shared.bus.fence`): the next
+        acquisition writes a term above it. The lease key expires, and a contender that never saw it would
+        otherwise start again from term 1."""
+        self.last_term = max(self.last_term, term)
 
     def interval(self) -> float:
         return RENEW_INTERVAL_S if self.leading else RETRY_INTERVAL_S
