@@ -19,6 +19,15 @@ new trace (`shared.telemetry.attempts`) whose context its `PodGroupRecord` carri
 The ledger is written before the state: once a caller has seen the state revision a reply names, the
 ledger already agrees with it. A node ledger that ends up empty is kept (written with no pods) rather than
 deleted, so that its revision only ever grows.
+
+A writer made with a `WriteFence` (`shared.bus.fence`; the Kubernetes source's, under its lease) writes only
+while its lease holds, and raises `LeaseLost` (a `FencedError`) for the first write it refuses; its caller
+stands down. State puts and deletes go through the fence, which the server checks with each of them: none
+lands after a successor raised its fence. Ledger writes cannot carry it (each is a compare-and-set on its
+own key): `write` and `reconcile` read the lease key before they touch the ledger, and every ledger
+compare-and-set is preceded by the fence's check of this replica's keeper and clock, so none is sent after
+the lease's deadline; one already on its way may still land (`shared.bus.fence` says how long that window
+is). A writer without a fence (the simulated source, which has no lease) writes unconditionally.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import TypeVar
 
 from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, record_of
 from shared.bus.connection import Bus
+from shared.bus.fence import KvWrites, WriteFence
 from shared.bus.kv import Entry
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
@@ -45,7 +55,7 @@ from shared.contracts.messages import (
     StateRecord,
     encode,
 )
-from shared.errors import ConflictError, MalformedMessage, TemporaryError
+from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup
 from shared.telemetry import tracing
 from shared.telemetry.attempts import AttemptTracker
@@ -86,9 +96,15 @@ class _NodeEdit:
 
 
 class StateWriter:
-    def __init__(self, bus: Bus, counters: Counters, source: str = "sim") -> None:
+    def __init__(
+        self, bus: Bus, counters: Counters, source: str = "sim", fence: WriteFence | None = None
+    ) -> None:
         self.bus = bus
         self.counters = counters
+        self.fence = fence
+        """The lease this writer writes under (None: unconditionally)."""
+        self.state: KvWrites = bus.state if fence is None else fence
+        """Where state puts and deletes go: through the fence when there is one."""
         self.attempts = AttemptTracker(source) if tracing.enabled() else None
         """Podgroups' scheduling attempts and their traces (only while tracing is on)."""
         self.revision = 0
@@ -106,6 +122,8 @@ class StateWriter:
     # --- state --------------------------------------------------------------------------------------------
     async def write(self, changes: Sequence[Change]) -> int:
         """Write a batch of changes: ledger effects first, then the objects. Returns the state revision."""
+        if self.fence is not None:
+            await self.fence.confirm()
         try:
             await self._ledger_effects(changes)
             await self._put_and_delete(self._puts(changes), [c.key for c in changes if c.after is None])
@@ -144,12 +162,12 @@ class StateWriter:
         pending = [(k, data) for k, data in pending if self._stored.get(k) != data]
         for start in range(0, len(pending), PARALLEL_PUTS):
             chunk = pending[start : start + PARALLEL_PUTS]
-            revisions = await asyncio.gather(*(self.bus.state.put(k, data) for k, data in chunk))
+            revisions = await asyncio.gather(*(self.state.put(k, data) for k, data in chunk))
             for (k, data), revision in zip(chunk, revisions, strict=True):
                 self._stored[k] = data
                 self.revision = max(self.revision, revision)
         for k in deletes:
-            await self.bus.state.delete(k)
+            await self.state.delete(k)
             self._stored.pop(k, None)
         if deletes:
             # A delete does not report its sequence; the stream's last one is at least it.
@@ -192,8 +210,12 @@ class StateWriter:
 
         A reservation is dropped when its pod is gone, finished, or holds another node; a claim when its
         pod is gone, finished, or holds another node than the claim names. Every pod holding a node gets
-        a reservation there. Pending pods' reservations and claims stay (binds in flight).
+        a reservation there. Pending pods' reservations and claims stay (binds in flight). Under a fence,
+        the lease key is read before the reservations and again before the claims (a large ledger takes a
+        while).
         """
+        if self.fence is not None:
+            await self.fence.confirm()
         by_key = {p.key: p for p in pods}
         keys = await self.bus.ledger.keys()
         ensure: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
@@ -225,6 +247,8 @@ class StateWriter:
             await self._edit_node(ledger.node, partial(_apply_edit, edit=edit))
         for node, edit in sorted(ensure.items()):
             await self._edit_node(node, partial(_apply_edit, edit=edit))
+        if self.fence is not None:
+            await self.fence.confirm()
         for key in sorted(k for k in keys if k.startswith("claim.")):
             entry = entries.get(key)
             claim = _decode_claim(key, entry.value if entry else None)
@@ -250,6 +274,7 @@ class StateWriter:
             pods = dict(current.pods) if current is not None else {}
             if not edit(pods):
                 return
+            self._check()
             try:
                 await self.bus.ledger.update(
                     key, encode(NodeLedger(node=node, pods=pods)), last=entry.revision if entry else 0
@@ -271,6 +296,7 @@ class StateWriter:
             claim = _decode_claim(key, entry.value)
             if claim is not None and not should(claim):
                 return
+            self._check()
             try:
                 await self.bus.ledger.delete(key, last=entry.revision)
             except ConflictError:
@@ -280,15 +306,21 @@ class StateWriter:
             return
         raise TemporaryError(f"ledger {key}: still conflicting after {CAS_ATTEMPTS} attempts")
 
+    def _check(self) -> None:
+        """Right before a ledger compare-and-set: refuse it once the lease may be lost (`WriteFence`)."""
+        if self.fence is not None:
+            self.fence.check()
+
 
 async def _side_by_side(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
-    """Run `calls`, `PARALLEL_PUTS` at a time; once all have ended, raise the first failure."""
+    """Run `calls`, `PARALLEL_PUTS` at a time; once all have ended, raise the first failure (a refusal by
+    the fence before any other: it decides what the caller does next)."""
     for start in range(0, len(calls), PARALLEL_PUTS):
         chunk = calls[start : start + PARALLEL_PUTS]
         results = await asyncio.gather(*(call() for call in chunk), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        failures = [result for result in results if isinstance(result, BaseException)]
+        for failure in sorted(failures, key=lambda f: not isinstance(f, FencedError)):
+            raise failure
 
 
 def _claims_node(claim: PodClaim, node: str) -> bool:

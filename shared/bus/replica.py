@@ -31,7 +31,7 @@ from shared.contracts.messages import (
     StateRecord,
     TopologyRecord,
 )
-from shared.contracts.subjects import DEFAULT_SHARD, SHARD_KEY_PREFIX, shard_key
+from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY_PREFIX, shard_key
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
@@ -101,6 +101,8 @@ class StateReplica:
         deleted = operation in ("DEL", "PURGE") or not value
         if which == "state":
             self.revision = max(self.revision, revision)
+            if key.startswith(FENCE_KEY_PREFIX):
+                return  # a lease holder's write fence (`shared.bus.fence`), not an object
             if deleted:
                 self.records.pop(key, None)
                 self.shards.pop(key, None)

@@ -161,6 +161,16 @@ def shard_key(shard: str) -> str:
     return f"{SHARD_KEY_PREFIX}{key_token(shard)}"
 
 
+FENCE_KEY_PREFIX = "fence."
+"""Keys of lease holders' write fences in `STATE_BUCKET` (`shared.bus.fence`): not objects, replicas skip
+them, and a source's full sync leaves them alone."""
+
+
+def fence_key(lease_key_: str) -> str:
+    """The write fence in `STATE_BUCKET` of the lease under `lease_key_` in `LEASE_BUCKET`."""
+    return f"{FENCE_KEY_PREFIX}{lease_key_}"
+
+
 def ledger_node_key(node: str) -> str:
     return f"node.{key_token(node)}"
 

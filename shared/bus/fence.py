@@ -1,0 +1,243 @@
+"""A lease holder's writes to KV, fenced by its lease term: what a holder that lost its lease can still write.
+
+Used by the state service's Kubernetes source: `services.state.kube_source.KubeOwner` makes a `WriteFence`
+from the `state.kube-source` lease (`shared.bus.lease.LeaseKeeper`) it was elected under, raises it before
+its first write, and every KV write of the source goes through it: the `StateWriter`'s state puts and
+deletes and its ledger compare-and-sets, and the shard watch's shard records. A refused write raises
+`LeaseLost`, a `FencedError`, and the owner stands down.
+
+NATS KV has no transaction across keys, let alone across buckets, and the lease is in another bucket than
+the writes it fences. What holds, and what does not:
+
+- **Nothing is sent after the deadline.** `check()`, run right before each request, refuses it when this
+  replica's keeper no longer leads under the fence's term, or when its monotonic clock is past the lease's
+  deadline (`LeaseKeeper.deadline`: the start of the last successful renewal + TTL - `SAFETY_MARGIN_S`).
+  That clock runs on while the process is stopped, so a process resumed after a pause past its lease has
+  its first write refused unsent. A request that passed the check is sent. A successor can lead no sooner
+  than `SAFETY_MARGIN_S` (2 s) after the deadline, so such a request lands while no one else leads unless
+  it takes longer than that to reach the server (a process stopped between the check and the socket
+  write counts as such a delay): that is the window the rest of this list closes where NATS allows.
+- **State bucket: refused by the server once a successor has raised its fence.** `raise_fence()` (at
+  takeover, before the first write) compare-and-sets the key `fence.<lease key>` in `STATE_BUCKET` to this
+  holder and term and keeps the revision it got. Every put and delete made through the fence carries
+  `Nats-Expected-Last-Subject-Sequence: <that revision>` with `Nats-Expected-Last-Subject-Sequence-Subject:
+  <the fence key's subject>`: the server stores the write only if the fence key has not moved since, in
+  the same step as the write (nats-server 2.11 and later; `raise_fence` refuses an older server, which
+  would refuse nearly every write). Once a successor's fence is up, no write of a predecessor lands in the
+  state bucket, however late it arrives. Between the successor's lease and its fence, a predecessor's
+  request already on its way can still land; the successor reads the bucket through a replica caught up
+  to its own fence, so it starts from whatever such a request wrote.
+- **Terms only grow.** The fence key does not expire: it keeps the highest term raised, and a raise under
+  a term not above it (a contender that never saw the expired lease key starts again from term 1) is
+  refused, the keeper learning the term to go above (`LeaseKeeper.learn_term`); `prime` teaches it before
+  a first acquisition.
+- **Ledger: checked, not enforced.** The ledger's writes are compare-and-sets on their own keys (binders
+  write the same keys) and a message carries one such condition, so the fence cannot ride along: the
+  server cannot refuse a predecessor's ledger write. `confirm()` reads the lease key before each batch
+  (this holder, this term) and `check()` runs before each compare-and-set, so a ledger write lands after
+  the lease was lost only as a request already on its way (the first point's window). Such a write can
+  release a reservation or delete a claim a successor's binder relies on; the successor's start-up
+  reconcile puts back the reservation of every pod holding a node, not the claim of a pod still binding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Protocol
+
+from nats.js.errors import BadRequestError
+
+from shared.bus.connection import Bus
+from shared.bus.lease import LeaseKeeper
+from shared.contracts import subjects as s
+from shared.contracts.messages import LEASES, Lease, encode
+from shared.errors import ConfigError, ConflictError, FencedError, MalformedMessage, TemporaryError
+
+log = logging.getLogger("kairos.fence")
+
+EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+"""With it, the server compares `EXPECTED_LAST_SUBJECT_SEQUENCE` with the last sequence of this subject
+instead of the message's own (nats-server 2.11)."""
+KV_OPERATION, KV_DELETE = "KV-Operation", "DEL"
+"""How a KV delete is written: an empty message with this header (as nats-py's `KeyValue.delete`)."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a failed expected-sequence check."""
+FENCING_SERVER = (2, 11)
+"""The first nats-server that reads `EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT`. An older one would compare the
+fence's revision with each written key's own last sequence and refuse nearly every write, for ever."""
+RAISE_ATTEMPTS = 8
+"""Lost compare-and-sets on the fence key before raising it gives up (only contenders move it)."""
+
+
+class KvWrites(Protocol):
+    """The writes a fenced writer makes to a bucket: `shared.bus.kv.KvStore` (unfenced) or a `WriteFence`."""
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
+class LeaseLost(FencedError):  # noqa: N818 -- a FencedError, named for why the write was refused
+    """A write refused because its lease is not held under the fence's term any more: by this replica's
+    keeper, by its clock, by the lease key, or by the server's check of the fence key."""
+
+    def __init__(self, key: str, term: int, current: int, why: str) -> None:
+        super().__init__(key, term, current)
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"lease {self.shard}: term {self.term}: {self.why}; not written"
+
+
+class WriteFence:
+    """The right of one lease holder, under one term, to write; `put` and `delete` write the state bucket."""
+
+    def __init__(self, bus: Bus, keeper: LeaseKeeper) -> None:
+        self.bus = bus
+        self.keeper = keeper
+        self.key = s.fence_key(keeper.key)
+        """The fence's key in `STATE_BUCKET`."""
+        self.subject = f"$KV.{s.STATE_BUCKET}.{self.key}"
+        self.term = 0
+        """The term the fence was raised under (0: not raised, every write refused)."""
+        self.revision = 0
+        """The fence key's revision after this holder raised it: every state write is conditional on it."""
+
+    # --- taking over -------------------------------------------------------------------------------------
+    async def prime(self) -> None:
+        """Teach the keeper the fence's term before it competes for the lease (a replica that starts after
+        the lease key expired would otherwise acquire under a term already raised)."""
+        entry = await self.bus.state.get(self.key)
+        held = _decode(self.key, entry.value if entry is not None else None)
+        if held is not None:
+            self.keeper.learn_term(held.term)
+
+    async def raise_fence(self) -> int:
+        """Write this holder's term into the fence key (compare-and-set), before any other write; returns
+        the key's revision. `LeaseLost` when the keeper does not lead, or the fence holds this term or a
+        later one raised by another holder (the keeper learns it: its next term is above)."""
+        self._require_fencing_server()
+        keeper = self.keeper
+        term = keeper.term
+        for _ in range(RAISE_ATTEMPTS):
+            self._check(term)
+            entry = await self.bus.state.get(self.key)
+            held = _decode(self.key, entry.value if entry is not None else None)
+            ours = held is not None and held.holder == keeper.holder and held.term == term
+            if held is not None and held.term >= term and not ours:
+                keeper.learn_term(held.term)
+                raise LeaseLost(
+                    keeper.key, term, held.term, f"{held.holder} raised the fence under term {held.term}"
+                )
+            value = encode(Lease(shard=keeper.shard, holder=keeper.holder, term=term))
+            self._check(term)
+            try:
+                revision = await self.bus.state.update(
+                    self.key, value, last=entry.revision if entry is not None else 0
+                )
+            except ConflictError:
+                continue  # another holder's fence moved meanwhile: look again
+            self.term, self.revision = term, revision
+            log.info("fence %s raised under term %d (revision %d)", self.key, term, revision)
+            return revision
+        raise TemporaryError(f"fence {self.key}: still moving after {RAISE_ATTEMPTS} attempts")
+
+    def _require_fencing_server(self) -> None:
+        version = self.bus.nc.connected_server_version
+        try:
+            found = (version.major, version.minor)
+        except ValueError:  # not a semantic version: an unknown server
+            found = (0, 0)
+        if found < FENCING_SERVER:
+            need = ".".join(map(str, FENCING_SERVER))
+            raise ConfigError(
+                f"nats-server {found[0]}.{found[1]} cannot check a write against a lease's fence "
+                f"(Nats-Expected-Last-Subject-Sequence-Subject): {need} or later is needed"
+            )
+
+    # --- before each write -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Refuse (`LeaseLost`) unless the fence is raised, the keeper leads under its term and the lease's
+        deadline has not passed by this replica's clock. Synchronous: run it right before the request."""
+        if self.revision == 0:
+            raise LeaseLost(self.keeper.key, self.term, -1, "the fence was never raised")
+        self._check(self.term)
+
+    async def confirm(self) -> None:
+        """`check()`, then read the lease key: it must name this holder under this term. The server's word
+        before a batch of ledger writes, which the server cannot fence."""
+        self.check()
+        keeper = self.keeper
+        entry = await keeper.store.get(keeper.key)
+        lease = _decode(keeper.key, entry.value if entry is not None else None)
+        if lease is None or lease.holder != keeper.holder or lease.term != self.term:
+            current = lease.term if lease is not None else 0
+            who = f"{lease.holder} under term {lease.term}" if lease is not None else "no one"
+            raise LeaseLost(keeper.key, self.term, current, f"the lease key names {who}")
+        self.check()  # the read may have taken long
+
+    def _check(self, term: int) -> None:
+        keeper = self.keeper
+        if not keeper.leading or keeper.term != term:
+            current = keeper.term if keeper.leading else -1
+            raise LeaseLost(keeper.key, term, current, "this replica no longer leads under it")
+        late = keeper.clock() - keeper.deadline()
+        if late >= 0:
+            raise LeaseLost(
+                keeper.key,
+                term,
+                -1,
+                f"its deadline passed {late:.1f} s ago by this replica's clock (no renewal since: renewals "
+                "stopped, or the process was paused)",
+            )
+
+    # --- the state bucket's writes -----------------------------------------------------------------------
+    async def put(self, key: str, value: bytes) -> int:
+        """Put `key` in `STATE_BUCKET` if the fence has not moved; returns its revision."""
+        return await self._publish(key, value, {})
+
+    async def delete(self, key: str) -> None:
+        """Delete `key` from `STATE_BUCKET` if the fence has not moved."""
+        await self._publish(key, b"", {KV_OPERATION: KV_DELETE})
+
+    async def _publish(self, key: str, payload: bytes, headers: dict[str, str]) -> int:
+        self.check()
+        fenced = {
+            **headers,
+            EXPECTED_LAST_SUBJECT_SEQUENCE: str(self.revision),
+            EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: self.subject,
+        }
+        try:
+            ack = await self.bus.js.publish(f"$KV.{s.STATE_BUCKET}.{key}", payload, headers=fenced)
+        except BadRequestError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            current = await self._fence_term()
+            raise LeaseLost(
+                self.keeper.key,
+                self.term,
+                current,
+                f"the server refused it: the fence moved (term {current})",
+            ) from exc
+        return int(ack.seq)
+
+    async def _fence_term(self) -> int:
+        """The term the fence key holds now (-1: unreadable), to name in a refusal."""
+        with contextlib.suppress(Exception):
+            entry = await self.bus.state.get(self.key)
+            held = _decode(self.key, entry.value if entry is not None else None)
+            return held.term if held is not None else 0
+        return -1
+
+
+def _decode(key: str, value: bytes | None) -> Lease | None:
+    """The lease (or fence) under `key`; None when absent or unreadable (which proves no one's right)."""
+    if not value:
+        return None
+    try:
+        return LEASES.decode(key, value)
+    except MalformedMessage as exc:
+        log.warning("unreadable %s: %s", key, exc.problem)
+        return None
