@@ -21,6 +21,16 @@ runs the shard watch (`services.state.shard_watch`, a ninth informer): the Sched
 serves, kept in KV as its `ShardRecord` (full syncs leave that key alone). A failed write
 marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
 source does.
+
+Fencing. The owner runs under the `state.kube-source` lease (`KubeElection`), and every KV write it makes,
+to the state bucket (objects, shard records) and to the ledger, goes through a `WriteFence` made from that
+lease and raised before anything else (`shared.bus.fence` says exactly what that guarantees and where NATS
+KV stops it: state writes are refused by the server once a successor raised its fence; ledger writes are
+checked, not enforced). So an owner paused past its lease's TTL, whose mirror missed what happened
+meanwhile, resumes and writes nothing: its first write is refused (`LeaseLost`) before it is sent, the
+flusher stops, and the election stands down at once and competes again with a fresh mirror. A successor
+reads the bucket from a replica caught up to its own fence. The controllers' Kubernetes writes
+(pod-grouper, gate keepers, write-back) are not fenced: they stop when the owner does.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
 from services.state.shard_watch import ShardWatch
 from services.state.writeback import WriteBack, WriteBackOptions
+from shared.bus.fence import WriteFence
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica
@@ -66,7 +77,7 @@ from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
 from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, merged_stamps
-from shared.errors import MalformedMessage, TemporaryError
+from shared.errors import FencedError, MalformedMessage, TemporaryError
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.translate import podgroup_annotations_patch
@@ -123,15 +134,18 @@ class KubeSource:
         replica: StateReplica,
         options: KubeSourceOptions,
         on_flushed: Callable[[Mirror], Awaitable[None]] | None = None,
+        fence: WriteFence | None = None,
     ) -> None:
         self.ctx = ctx
         self.kube = kube
         self.replica = replica
         self.options = options
         self.mirror = Mirror(scheduler_name=options.scheduler_name)
-        self.writer = StateWriter(ctx.bus, ctx.counters, source="kube")
+        self.writer = StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence)
         self.on_flushed = on_flushed
         self.informers = self._informers()
+        self._refusal: asyncio.Future[FencedError] = asyncio.get_running_loop().create_future()
+        """The write the fence refused, once it has: the flusher writes nothing more."""
         self._wake = asyncio.Event()
         self._resync = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -229,8 +243,13 @@ class KubeSource:
         self.mirror.touch_nodes()
         self.mirror.flush(time.time())
         self._log_unforeseen()
-        # The shard's configuration (`ShardRecord`) is the shard watch's to write, not an object of the mirror.
-        keys = [key for key in await self.ctx.bus.state.keys() if not key.startswith(s.SHARD_KEY_PREFIX)]
+        # The shard's configuration (`ShardRecord`) is the shard watch's to write, not an object of the
+        # mirror; a lease's write fence is no object either.
+        keys = [
+            key
+            for key in await self.ctx.bus.state.keys()
+            if not key.startswith((s.SHARD_KEY_PREFIX, s.FENCE_KEY_PREFIX))
+        ]
         await self.writer.sync(self.mirror.current, keys)
         await self.writer.reconcile(o for o in self.mirror.current.values() if isinstance(o, Pod))
         self._resync = False
@@ -250,6 +269,13 @@ class KubeSource:
                 if changes:
                     await self.writer.write(changes)
                     self.ctx.counters["kube_changes"] += len(changes)
+            except FencedError as exc:
+                # The lease is lost (or may be): this mirror may have missed what a successor wrote. Stop
+                # writing for good; the election stands down (`fenced`).
+                self.ctx.counters["writes_fenced"] += 1
+                log.warning("the Kubernetes source stops writing: %s", exc)
+                self._refusal.set_result(exc)
+                return
             except Exception:
                 self.ctx.counters["write_errors"] += 1
                 log.exception("writing the Kubernetes source's changes failed; resyncing KV")
@@ -258,6 +284,10 @@ class KubeSource:
                 await asyncio.sleep(RETRY_AFTER_FAILED_WRITE)
                 continue
             await self._flushed()
+
+    async def fenced(self) -> FencedError:
+        """Wait until the fence refuses a write of the flusher; the refusal."""
+        return await asyncio.shield(self._refusal)
 
     def _log_unforeseen(self) -> None:
         """Log the objects the mirror could not handle for an unforeseen reason (held back, named in their
@@ -309,15 +339,27 @@ class KubeSource:
 
 
 class KubeOwner:
-    """The replica that owns the Kubernetes source: the API connection, the source and its helpers."""
+    """The replica that owns the Kubernetes source: the API connection, the source and its helpers.
+
+    Given the `lease` it owns the source under, it raises that lease's `WriteFence` before anything else,
+    waits for its replica to reach the fence (so that it starts from every write a predecessor made before
+    it), and makes every KV write through the fence. Without one (tests of the mirror alone) it writes
+    unfenced."""
 
     def __init__(
-        self, ctx: ServiceContext, replica: StateReplica, kubeconfig: str | None, options: KubeSourceOptions
+        self,
+        ctx: ServiceContext,
+        replica: StateReplica,
+        kubeconfig: str | None,
+        options: KubeSourceOptions,
+        lease: LeaseKeeper | None = None,
     ) -> None:
         self.ctx = ctx
         self.replica = replica
         self.kubeconfig = kubeconfig
         self.options = options
+        self.lease = lease
+        self.fence: WriteFence | None = None
         self.kube: Kube | None = None
         self.source: KubeSource | None = None
         self.writeback: WriteBack | None = None
@@ -330,8 +372,13 @@ class KubeOwner:
         self._why_sub: Subscription | None = None
 
     async def start(self) -> int:
+        if self.lease is not None:
+            self.fence = WriteFence(self.ctx.bus, self.lease)
+            await self.replica.wait_for(await self.fence.raise_fence())
         self.kube = await connect(self.kubeconfig)
-        self.source = KubeSource(self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed)
+        self.source = KubeSource(
+            self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed, fence=self.fence
+        )
         self.grouper = PodGrouperLoop(
             self.ctx,
             self.kube,
@@ -364,6 +411,7 @@ class KubeOwner:
             resync_period=self.options.resync_period,
             node_pool_label_key=self.options.node_pool_label_key,
             extra_plugins=self.options.extra_plugins,
+            state=self.fence,
         )
         self.shard_watch.start()
         try:
@@ -385,6 +433,13 @@ class KubeOwner:
             await self.stop()
             raise
         return revision
+
+    async def fenced(self) -> FencedError:
+        """After `start`: wait until the fence refuses one of the source's writes (never, while the lease
+        holds); the refusal."""
+        if self.source is None:
+            raise RuntimeError("the Kubernetes owner is not started")
+        return await self.source.fenced()
 
     async def _on_stamps(self, msg: Msg) -> None:
         """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup."""
@@ -485,6 +540,9 @@ class KubeElection:
     The lease is renewed on its own loop, never behind the owner's start-up (which waits for the first
     lists), so a slow API server cannot make the lease lapse under a healthy owner. Losing the lease stops
     the owner at once; an owner that fails to start gives the lease up so that another replica may try.
+    The owner writes under the lease's term (`KubeOwner`, `shared.bus.fence`): a write the fence refuses
+    ends the owner, and the election stands down at once (without waiting for its next renewal), counted
+    as `source_fenced`, and competes again after `RETRY_AFTER_FAILED_START` with a fresh owner.
     Standbys keep serving snapshots from their replicas.
     """
 
@@ -518,13 +576,22 @@ class KubeElection:
         await self.lease.release()
 
     async def _run(self) -> None:
+        try:
+            await WriteFence(self.ctx.bus, self.lease).prime()
+        except Exception as exc:  # noqa: BLE001 -- a refused raise teaches the term later anyway
+            log.warning("could not read the source's write fence: %s", exc)
         while True:
             leading = await self.lease.step()
             if self._owning is not None and self._owning.done():
                 failure = self._owning.exception()
                 self._owning = None
-                log.error("the Kubernetes source stopped: %s; giving up the lease", failure)
-                self.ctx.counters["source_failures"] += 1
+                if isinstance(failure, FencedError):
+                    log.warning("the Kubernetes source was fenced: %s; standing down", failure)
+                    self.ctx.counters["source_fenced"] += 1
+                else:
+                    log.error("the Kubernetes source stopped: %s; giving up the lease", failure)
+                    self.ctx.counters["source_failures"] += 1
+                # A compare-and-set on our own revision: a successor's lease is left alone.
                 await self.lease.release()
                 self.ctx.detail = "source=kube (standby)"
                 await asyncio.sleep(RETRY_AFTER_FAILED_START)
@@ -535,14 +602,23 @@ class KubeElection:
             elif not leading and self._owning is not None:
                 log.warning("lost the Kubernetes source's lease; stopping the source")
                 await self._disown()
-            await asyncio.sleep(self.lease.interval())
+            # Until the next step, or until the owner ends (a refused write: stand down now).
+            await self._pause(self.lease.interval())
+
+    async def _pause(self, seconds: float) -> None:
+        if self._owning is None:
+            await asyncio.sleep(seconds)
+        else:
+            await asyncio.wait([self._owning], timeout=seconds)
 
     async def _own(self) -> None:
-        owner = self.owner = KubeOwner(self.ctx, self.replica, self.kubeconfig, self.options)
+        owner = self.owner = KubeOwner(
+            self.ctx, self.replica, self.kubeconfig, self.options, lease=self.lease
+        )
         try:
             await owner.start()
             self.ctx.detail = f"source=kube (leader, term {self.lease.term})"
-            await asyncio.Event().wait()
+            raise await owner.fenced()
         finally:
             self.owner = None
             await owner.stop()

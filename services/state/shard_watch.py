@@ -15,7 +15,8 @@ cluster-scoped; a cluster without the CRD has none). After each change, all of t
 - gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
   whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
 
-The API calls and KV writes run on the watch's own task; a failure is logged, counted and retried.
+The API calls and KV writes run on the watch's own task; a failure is logged, counted and retried. The KV
+writes go through `state` when given (the owner's `WriteFence`: none lands once the lease is lost).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from services.state import problems, shards
 from services.state.problem_report import write_event
 from services.state.problems import Problem
 from services.state.writeback import event_time
+from shared.bus.fence import KvWrites
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
@@ -58,9 +60,12 @@ class ShardWatch:
         resync_period: float = 600.0,
         node_pool_label_key: str = NODE_POOL_LABEL,
         extra_plugins: Mapping[str, ExtraPlugin] | None = None,
+        state: KvWrites | None = None,
     ) -> None:
         self.ctx = ctx
         self.kube = kube
+        self.state: KvWrites = ctx.bus.state if state is None else state
+        """Where the records are written (the owner's fence, or the bucket itself)."""
         self.component = component
         self.node_pool_label_key = node_pool_label_key
         self.extra_plugins = dict(extra_plugins or {})
@@ -131,7 +136,7 @@ class ShardWatch:
         """Bring KV and every SchedulingShard's status in line with what was last seen of them."""
         raws = dict(self.raw)
         for shard in sorted(set(self._stored) - set(raws)):
-            await self.ctx.bus.state.delete(s.shard_key(shard))
+            await self.state.delete(s.shard_key(shard))
             del self._stored[shard]
             self._shown.pop(shard, None)
             log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
@@ -142,7 +147,7 @@ class ShardWatch:
                 continue
             data = encode(verdict)
             if data != self._stored.get(shard):
-                await self.ctx.bus.state.put(s.shard_key(shard), data)
+                await self.state.put(s.shard_key(shard), data)
                 self._stored[shard] = data
                 self.ctx.counters["shard_configs"] += 1
                 log.info(
