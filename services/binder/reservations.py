@@ -16,8 +16,13 @@ binder binding the same pod again end with one reservation per group and the pod
    see `sharing.touch_patch`), or create it when absent (409: another binder just did; reuse it), then
    wait for ``run.ai/reserve_for_gpu_index`` by watching that one pod, at most `reservation_timeout`
    seconds. A timeout, a Failed reservation (the kubelet's UnexpectedAdmissionError) or its deletion
-   meanwhile deletes it and raises `ReservationFailed`, a `TemporaryError`: the bind is deferred and the
-   recovery scan binds again later.
+   meanwhile deletes it and raises `ReservationFailed`, a `TemporaryError` saying why (after a timeout,
+   what the pod's container waits for, e.g. ``ErrImagePull`` and the runtime's message): the bind is
+   deferred and the recovery scan binds again later. A bind whose reservations failed `attempts` times in
+   a row in this binder gives up instead (a device that never comes: an image that cannot be pulled, a
+   runtime class the node lacks): a Warning Event ``GPUReservationFailed`` on the pod names the reservation
+   pod and why, and `ClusterRefused` makes the binder release the pod's claim and reservation, so the pod
+   goes back to the scheduler instead of holding the node for ever.
 4. The capabilities ConfigMap (``NVIDIA_VISIBLE_DEVICES``, ``GPU_PORTION``, ``RUNAI_NUM_OF_GPUS``) and the
    envFrom one, owned by the pod: created, or patched on 409. Skipped (and counted,
    ``gpu_sharing_without_configmap``) for a pod admitted without ``runai/shared-gpu-configmap``.
@@ -80,6 +85,8 @@ class ReservationSettings:
     timeout: float = 60.0
     sync: float = 30.0
     grace: float = 5.0
+    attempts: int = 3
+    """Reservation tries of one bind (a pod on a node) before it gives up (see the module docstring)."""
 
 
 class ReservationFailed(TemporaryError):  # noqa: N818 -- a TemporaryError, named for what failed
@@ -93,10 +100,25 @@ class ReservationFailed(TemporaryError):  # noqa: N818 -- a TemporaryError, name
         super().__init__(f"GPU group {group} on {node}: reservation pod {where} {problem}", delay=delay)
 
 
-class _Status(msgspec.Struct, frozen=True):
+class _Waiting(msgspec.Struct, frozen=True):
+    reason: str = ""
+    message: str = ""
+
+
+class _ContainerState(msgspec.Struct, frozen=True):
+    waiting: _Waiting | None = None
+
+
+class _ContainerStatus(msgspec.Struct, frozen=True):
+    name: str = ""
+    state: _ContainerState = msgspec.field(default_factory=_ContainerState)
+
+
+class _Status(msgspec.Struct, frozen=True, rename="camel"):
     phase: str = ""
     reason: str = ""
     message: str = ""
+    container_statuses: list[_ContainerStatus] | None = None
 
 
 class _Reservation(msgspec.Struct, frozen=True):
@@ -104,6 +126,18 @@ class _Reservation(msgspec.Struct, frozen=True):
 
     metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
     status: _Status = msgspec.field(default_factory=_Status)
+
+    def stuck(self) -> str:
+        """Why it has reported no device, as its status says: what a container waits for, else its phase."""
+        for container in self.status.container_statuses or ():
+            waiting = container.state.waiting
+            if waiting is not None and waiting.reason:
+                detail = f": {waiting.message}" if waiting.message else ""
+                return f"its container {container.name} is waiting: {waiting.reason}{detail}"
+        phase = self.status.phase or "Pending"
+        if phase == "Running":
+            return "it runs but has not written its device"
+        return f"it is {phase}" + (f" ({self.status.reason})" if self.status.reason else "")
 
 
 _RESERVATION = msgspec.json.Decoder(_Reservation)
@@ -282,6 +316,8 @@ class GpuSharing:
     locks: _Locks = field(default_factory=_Locks)
     busy: Counter[str] = field(default_factory=Counter)
     """Group label values of the binds in flight in this binder: live for the sync."""
+    tries: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(pod key, node) -> reservation tries of that bind that failed in a row (see `settings.attempts`)."""
     first_sync: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     """Set once `run`'s first full sync has finished (or failed)."""
     _due: dict[str, float] = field(default_factory=dict, init=False)
@@ -336,10 +372,14 @@ class GpuSharing:
             await self.checkpoint("labelled")
             sharer = f"{binding.namespace}/{binding.name}"
             tolerations = [msgspec.to_builtins(t) for t in pod.spec.tolerations]
-            devices = [
-                (await self.reserve(binding.node, group, tolerations=tolerations, sharer=sharer))[0]
-                for group in binding.gpu_groups
-            ]
+            try:
+                devices = [
+                    (await self.reserve(binding.node, group, tolerations=tolerations, sharer=sharer))[0]
+                    for group in binding.gpu_groups
+                ]
+            except ReservationFailed as exc:
+                raise await self._failed_try(binding, pod, exc) from exc
+            self.tries.pop((binding.pod, binding.node), None)
             if not prefix or ref is None:
                 self.counters["gpu_sharing_without_configmap"] += 1
                 log.warning(
@@ -362,6 +402,22 @@ class GpuSharing:
             await self.checkpoint("configmaps")
         except (InvalidObject, ApiError) as exc:
             raise ClusterRefused("bind", binding.pod, str(exc)) from exc
+
+    async def _failed_try(
+        self, binding: Binding, pod: wire.Pod, failure: ReservationFailed
+    ) -> ReservationFailed | ClusterRefused:
+        """One more failed reservation try of this bind: `failure` itself (the bind is tried again later),
+        or, the tries used up, a refusal after a Warning Event on the pod saying why."""
+        key = (binding.pod, binding.node)
+        tries = self.tries.get(key, 0) + 1
+        if tries < self.settings.attempts:
+            self.tries[key] = tries
+            return failure
+        self.tries.pop(key, None)
+        self.counters["reservation_binds_given_up"] += 1
+        message = sharing.reservation_failed_message(binding.node, tries, str(failure))
+        await self._warn(pod, sharing.RESERVATION_FAILED, message)
+        return ClusterRefused("bind", binding.pod, message)
 
     async def _merge_patch_pod(self, what: str, binding: Binding, patch: dict[str, Any]) -> None:
         path = object_path("v1", "Pod", binding.namespace, binding.name)
@@ -470,13 +526,27 @@ class GpuSharing:
             return await self.devices.until(name, uid, look, self.settings.timeout)
         except TimeoutError:
             self.counters["reservation_timeouts"] += 1
+            why = await self._stuck(name)
             await self._delete_reservation(name, uid=uid)
-            problem = f"reported no device within {self.settings.timeout:g} s; deleted"
+            problem = f"reported no device within {self.settings.timeout:g} s{why}; deleted"
             raise ReservationFailed(node, group, name, problem, self.backoff.cap) from None
         except (ReservationFailed, InvalidObject):
             self.counters["reservations_failed"] += 1
             await self._delete_reservation(name, uid=uid)
             raise
+
+    async def _stuck(self, name: str) -> str:
+        """Why a reservation pod reported no device, read from its status now, as ` (why)`; empty when its
+        status cannot be read."""
+        what = f"reservation pod {gs.RESERVATION_NAMESPACE}/{name}"
+        try:
+            raw = await self._send(
+                f"get {what}", "GET", object_path("v1", "Pod", gs.RESERVATION_NAMESPACE, name)
+            )
+            return f" ({self._decode_reservation(raw, what).stuck()})"
+        except (ApiError, TemporaryError, InvalidObject) as exc:
+            log.info("could not read why %s reported no device: %s", what, exc)
+            return ""
 
     async def _delete_reservation(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
         """Delete one reservation pod (only that incarnation: uid, and resourceVersion when given); False

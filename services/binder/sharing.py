@@ -37,6 +37,7 @@ from shared.kube.translate import gpu_groups_patch
 
 __all__ = [
     "CONFIGMAP_MISSING",
+    "RESERVATION_FAILED",
     "RESERVATION_MISSING",
     "TOUCH_ANNOTATION",
     "ConfigMap",
@@ -49,6 +50,7 @@ __all__ = [
     "groups_of_sharer",
     "is_bound_sharer",
     "plan_repairs",
+    "reservation_failed_message",
     "reservation_missing_message",
     "share_from_annotations",
     "share_per_device",
@@ -61,6 +63,8 @@ RESERVATION_MISSING = "GPUReservationMissing"
 """Warning Event reason on a sharer whose reservation pod the sync had to recreate."""
 CONFIGMAP_MISSING = "GPUSharingConfigMapMissing"
 """Warning Event reason on a sharer whose GPU-sharing ConfigMap the sync had to recreate."""
+RESERVATION_FAILED = "GPUReservationFailed"
+"""Warning Event reason on a fractional pod whose bind gave up: its reservation pods got no device."""
 TOUCH_ANNOTATION = "kairos.io/last-sharer"
 """On a reservation pod: the sharer whose bind last reused it, and when (see `touch_patch`)."""
 
@@ -263,6 +267,14 @@ def reservation_missing_message(reservation: str, old: str | None, new: str) -> 
             f"another pod may be given it) until it is restarted"
         )
     return message
+
+
+def reservation_failed_message(node: str, tries: int, failure: str) -> str:
+    """The GPUReservationFailed Event's message: `failure` names the reservation pod and why it failed."""
+    return (
+        f"not bound to {node}: {failure}; gave up after {tries} tries, the pod goes back to the scheduler "
+        f"(its place on {node} is released)"
+    )
 
 
 def configmap_missing_message(namespace: str, name: str) -> str:

@@ -1,0 +1,99 @@
+"""A fractional bind whose device never comes gives up, says why, and lets go of the node, against the
+simulated API server (through the real kubernetes-asyncio client) and, for the recovery scan, a real
+nats-server.
+
+The reservation pod's image cannot be pulled (kubesim: a registry host ending in ``.invalid``), so its
+container waits ``ErrImagePull`` and it never reports a device. Each try waits `reservation_timeout` (short
+here), deletes the reservation and says why; after `attempts` tries in a row the bind is refused: a
+Warning Event ``GPUReservationFailed`` on the pod names the reservation pod and the container's waiting
+reason, and the binder releases the pod's claim and reservation, so it goes back to the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.binder.cluster_client import ClusterRefused
+from services.binder.reservations import ReservationFailed
+from shared.kube import gpu_sharing as gs
+from shared.kubeapi.client import Kube
+from tests.integration.kube_session import kube_client, kubesim
+from tests.integration.test_binder_reservations import (
+    NODES,
+    bind_of,
+    binder,
+    create,
+    pod,
+    reservations,
+    sharer_manifest,
+    warnings,
+)
+from tools.kubesim.server import KubeSim
+
+pytestmark = pytest.mark.integration
+
+UNPULLABLE = "registry.kairos.invalid/kairos:1.0"
+RESERVATION = gs.reservation_pod_name("n0", "g1")
+
+
+@pytest.fixture
+async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
+    async with kubesim(tmp_path, NODES) as server:
+        yield server
+
+
+@pytest.fixture
+async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
+    async with kube_client(tmp_path) as client:
+        yield client
+
+
+async def test_a_reservation_whose_image_cannot_be_pulled_gives_up_after_its_tries_and_says_why(
+    kube: Kube, sim: KubeSim
+) -> None:
+    await create(kube, sharer_manifest("a"))
+    client = binder(kube, image=UNPULLABLE, timeout=0.3, attempts=2)
+    binding = bind_of("a", "n0", ("g1",), 0.5)
+
+    with pytest.raises(ReservationFailed) as first:
+        await client.bind(binding)
+    # Why, in the first try's words: the reservation pod, and what its container waits for.
+    assert f"{gs.RESERVATION_NAMESPACE}/{RESERVATION}" in str(first.value)
+    assert "its container resource-reservation is waiting: ErrImagePull" in str(first.value)
+    assert "lookup registry.kairos.invalid: no such host" in str(first.value)
+    assert reservations(sim) == []
+    assert warnings(sim, "a") == []
+
+    with pytest.raises(ClusterRefused) as given_up:
+        await client.bind(binding)
+    assert "gave up after 2 tries" in str(given_up.value)
+    [event] = warnings(sim, "a")
+    assert event["reason"] == "GPUReservationFailed"
+    assert f"{gs.RESERVATION_NAMESPACE}/{RESERVATION}" in event["message"]
+    assert "ErrImagePull" in event["message"]
+    assert "not bound to n0" in event["message"]
+    assert reservations(sim) == []
+    assert "nodeName" not in pod(sim, "a")["spec"]
+    assert client.counters["reservation_binds_given_up"] == 1
+    assert client.sharing.tries == {}
+
+    # Placed again (on the same node or another), the pod's bind has its tries afresh.
+    with pytest.raises(ReservationFailed):
+        await client.bind(binding)
+
+
+async def test_a_try_that_succeeds_starts_the_count_again(kube: Kube, sim: KubeSim) -> None:
+    await create(kube, sharer_manifest("a"))
+    failing = binder(kube, image=UNPULLABLE, timeout=0.3, attempts=2)
+    binding = bind_of("a", "n0", ("g1",), 0.5)
+    with pytest.raises(ReservationFailed):
+        await failing.bind(binding)
+    assert failing.sharing.tries == {("default/a", "n0"): 1}
+    failing.sharing.settings = dataclasses.replace(failing.sharing.settings, image="kairos", timeout=10.0)
+    await failing.bind(binding)
+    assert pod(sim, "a")["spec"]["nodeName"] == "n0"
+    assert failing.sharing.tries == {}
