@@ -31,6 +31,10 @@ Public modules (what code outside shared.core may import):
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
 - `node_pool`: `NodePool` and `in_pool(snapshot, pool)`, the part of a snapshot one shard schedules (the
   state replica's `shard_snapshot`).
+- `recheck`: `refusals(snapshot, placements, now, policy, registry=None)`: placements decided on an
+  older state put again through the allocation's node pre-filters, filters and resource fit on the
+  snapshot given (the pods that no longer pass, with the first reason). Called by the binder's resource-fit
+  conflict mode.
 - `usage`: time-based fair share: the `UsageLedger` of what each queue held over time (`sample`,
   `record_interval`) and `usage_fractions`, its decayed, windowed usage as a fraction of the cluster's
   capacity (`Policy.queue_usage`). Kept by the queue leader.

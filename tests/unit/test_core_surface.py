@@ -23,6 +23,7 @@ PUBLIC = {
     "fair_share",
     "node_pool",
     "usage",
+    "recheck",
     "plugins",
     "builtin_plugins",
 }
