@@ -6,16 +6,22 @@ by the tests directly against a real nats-server. The steps, for one proposal:
 
 1. **Fencing.** The shard's `Lease` must exist with `term == proposal.term`; otherwise the outcome is
    `fenced` and nothing is written.
-2. **Claims.** For every bind, in pod-key order, KV-create `claim.<pod>` = `PodClaim(pod, node, proposal)`.
-   Create fails when any other proposal claimed the pod, so a pod is never bound twice.
+2. **Claims.** For every bind, in pod-key order, KV-create `claim.<pod>` = `PodClaim(pod, node, proposal,
+   binder, commit_timeout)`. Create fails when any other proposal claimed the pod, so a pod is never bound
+   twice.
 3. **Reservations.** For every node the binds touch, in name order, compare-and-set the node's
    `NodeLedger` adding one `Reservation` per pod, on the revision the proposal was stamped with
-   (`node_revisions[node]`; 0: the key must not exist). Evictions write nothing: the victim's reservation
-   stays until the state service sees the pod leave its node.
+   (`node_revisions[node]`; 0: the key must not exist). In the resource-fit mode (binder option
+   `conflicts=fit`) a node that moved is read again and re-checked instead (room: `still_fits`; every
+   filter of the core: a `FitCheck`), and written on the revision re-checked. Evictions write nothing: the
+   victim's reservation stays until the state service sees the pod leave its node.
    Any conflict in 2 or 3 rolls back what this proposal wrote (node values restored byte for byte by CAS on
    the revision we wrote, claims deleted) and the outcome is `conflict`, counting the conflicting keys.
    Then the lease is read again, and a term that moved meanwhile rolls the commit back as `fenced`: this
    does not close the window (nothing can, short of a transaction), it narrows it to the cluster calls.
+   Last, the commit's deadline: steps 2-3 took longer than the binder's `commit_timeout` (counted from
+   before the claims, on its own clock), another binder's recovery scan may be taking them back, so they
+   are taken back here too and the outcome is `conflict` (`commits_overdue`).
 4. **Cluster.** Evictions first, then binds, through a `ClusterClient`; each carries the pod's uid, so a
    pod created again under the same name since the decision is refused, not bound or evicted. A refused
    bind releases that pod's claim and reservation and is named in `reason` (status `failed`); a bind
@@ -31,14 +37,27 @@ by the tests directly against a real nats-server. The steps, for one proposal:
 
 Redelivery is safe: a claim or node entry that already holds this proposal's own records (written by an
 earlier delivery that crashed or was not acknowledged) counts as written, so the second delivery finishes
-the first one's work instead of conflicting with it.
+the first one's work instead of conflicting with it. It takes the claims over (rewritten on the revision
+found, as its own): a scan that judged them abandoned no longer matches them, and an overdue first
+delivery that wakes up leaves alone a commit taken over.
 
-Recovery (`Committer.recover`, run at start-up and every few seconds): once the ledger commit is complete
-the binder owes the binds. A claim whose pod the state still shows `Pending` after a grace period means a
-binder died (or lost the cluster) between commit and bind. Claims are grouped by proposal: a proposal
-whose every claim has its reservation, or one of whose pods already left `Pending`, completed its commit,
-and its pending pods are bound again (idempotent in the cluster); any other proposal died half-way through
-step 2-3 and its claims and reservations are removed, so a gang is never half bound.
+Recovery (`Committer.scan`, every few seconds on the replica's view; `Committer.recover`, the scan on a
+view): once the ledger commit is complete the binder owes the binds. A claim whose pod the state still
+shows `Pending` after a grace period means a binder died (or lost the cluster) between commit and bind.
+Claims are grouped by proposal: a proposal whose every claim has its reservation, or one of whose pods
+already left `Pending`, completed its commit, and its pending pods are bound again (idempotent in the
+cluster); any other proposal died half-way through step 2-3 and its claims and reservations are removed,
+so a gang is never half bound. Safe across binder replicas, each scanning on its own:
+- a scan acts only on a view that has reached the ledger's last sequence as read when the scan starts
+  (a watch that lags or froze would show a whole commit half-finished), else it is skipped and counted;
+- a claim's age is how long this scan has seen it at its revision (a claim created again is young
+  again), and a proposal is acted on once every claim of it is older than the grace and than its
+  binder's `commit_timeout` plus a margin: its binder has by then finished or taken its commit back, so
+  no live binder is still writing it (no clocks are compared across machines);
+- what the view nominates is read again, claims and node ledgers, and decided on that: a claim found at
+  another revision leaves the proposal to a later scan, and every delete is a compare-and-set on the
+  revision read.
+Claims from binders before `PodClaim.commit_timeout` (0) are judged by the grace alone, as before.
 """
 
 from __future__ import annotations
@@ -50,7 +69,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from services.binder.cluster_client import ClusterClient, ClusterRefused
 from shared.backoff import Backoff
@@ -81,6 +100,7 @@ from shared.contracts.messages import (
 from shared.core.stamps import KEEP, merged_stamps
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
+from shared.security.permissions import kv_stream, kv_subjects
 from shared.telemetry.spans import event_headers
 
 log = logging.getLogger("kairos.binder")
@@ -102,6 +122,13 @@ Lookup = Callable[[str], PodGroup | None]
 _CONCURRENCY = 32
 """Cluster calls in flight at once for one proposal: a large gang binds in parallel, within reason."""
 _STRIP_ATTEMPTS = 8
+COMMIT_TIMEOUT_S = 8.0
+"""Default seconds a binder gives itself for a proposal's ledger commit (claims, then node reservations,
+then the lease read again): a few round trips to JetStream normally; 8 s outlasts a JetStream cluster's
+leader election (4-7 s measured). Binder option `commit_timeout`."""
+COMMIT_MARGIN_S = 2.0
+"""Default seconds the recovery scan waits beyond a claim's `commit_timeout` before taking back an
+incomplete commit: a write its binder sent before the deadline lands by then."""
 _COUNTER_OF_STATUS = {
     "committed": "committed",
     "conflict": "conflicts",
@@ -197,16 +224,37 @@ def _holds(ledger: NodeLedger | None, pods: Iterable[str], proposal: str) -> boo
     return all((r := ledger.pods.get(pod)) is not None and r.proposal == proposal for pod in pods)
 
 
-async def _claim(ledger: KvStore, binding: Binding, proposal: str) -> int:
+@dataclass(frozen=True)
+class Owner:
+    """Who writes a proposal's claims: the binder replica, and the seconds it gives itself to finish the
+    ledger commit (`PodClaim.binder`, `PodClaim.commit_timeout`; "" and 0: unstated, as older binders)."""
+
+    binder: str = ""
+    commit_timeout: float = 0.0
+
+
+def _same_claim(a: PodClaim | None, b: PodClaim) -> bool:
+    """The same pod, node and proposal, whoever wrote it (another delivery of the same proposal)."""
+    return a is not None and (a.pod, a.node, a.proposal) == (b.pod, b.node, b.proposal)
+
+
+async def _claim(ledger: KvStore, binding: Binding, proposal: str, owner: Owner = Owner()) -> int:
     key = s.ledger_claim_key(binding.pod)
-    claim = PodClaim(pod=binding.pod, node=binding.node, proposal=proposal)
+    claim = PodClaim(
+        pod=binding.pod,
+        node=binding.node,
+        proposal=proposal,
+        binder=owner.binder,
+        commit_timeout=owner.commit_timeout,
+    )
     try:
         return await ledger.create(key, encode(claim))
     except ConflictError:
         entry = await ledger.get(key)
-    held = _claim_of(key, entry.value) if entry is not None else None
-    if entry is not None and held == claim:
-        return entry.revision  # an earlier delivery of this proposal created it
+    if entry is not None and _same_claim(_claim_of(key, entry.value), claim):
+        # An earlier delivery of this proposal created it: take it over (a new revision, on the revision
+        # found), so that a recovery scan that judged the old one as abandoned no longer acts on it.
+        return await ledger.update(key, encode(claim), last=entry.revision)
     raise ConflictError(key, 0, entry.revision if entry is not None else -1)
 
 
@@ -246,19 +294,28 @@ def still_fits(current: NodeLedger | None, ours: dict[str, Reservation], capacit
     )
 
 
+class FitCheck(Protocol):
+    """The resource-fit conflict mode's full re-check (`services.binder.fit`): None when `binds` still pass
+    every filter of the core on `node`, its ledger being `current` (read just now, and written only on
+    that revision), else why not. Asked after `capacity`, only of a node whose ledger moved."""
+
+    async def __call__(self, node: str, current: NodeLedger, binds: Sequence[Binding]) -> str | None: ...
+
+
 async def _reserve(
     ledger: KvStore,
     node: str,
     binds: list[Binding],
     proposal: Proposal,
     capacity: CapacityLookup | None = None,
+    fit: FitCheck | None = None,
 ) -> NodeWrite:
-    # Without a capacity lookup one attempt: any move is a conflict. With one, a write that lost a race
-    # re-reads the node and re-checks the room, a few times.
-    attempts = 1 if capacity is None else _FIT_ATTEMPTS
+    # Without a re-check one attempt: any move is a conflict. With one, a write that lost a race re-reads
+    # the node and re-checks it, a few times.
+    attempts = 1 if capacity is None and fit is None else _FIT_ATTEMPTS
     for attempt in range(attempts):
         try:
-            return await _reserve_once(ledger, node, binds, proposal, capacity)
+            return await _reserve_once(ledger, node, binds, proposal, capacity, fit)
         except ConflictError:
             if attempt + 1 == attempts:
                 raise
@@ -274,6 +331,7 @@ async def _reserve_once(
     binds: list[Binding],
     proposal: Proposal,
     capacity: CapacityLookup | None,
+    fit: FitCheck | None = None,
 ) -> NodeWrite:
     key = s.ledger_node_key(node)
     ours = {b.pod: reservation_of(b, proposal.id) for b in binds}
@@ -285,10 +343,19 @@ async def _reserve_once(
     if found != stamp:
         if entry is not None and _holds(current, pods, proposal.id):
             return NodeWrite(node, pods, entry.revision, None, inherited=True)
-        cap = capacity(node) if capacity is not None else None
-        if cap is None or entry is None or current is None or not still_fits(current, ours, cap):
+        if (capacity is None and fit is None) or entry is None or current is None:
             raise ConflictError(key, stamp, found)
-        # Resource-fit mode: the node moved but still has room for these pods; commit on what is there now.
+        cap = capacity(node) if capacity is not None else None
+        if capacity is not None and (cap is None or not still_fits(current, ours, cap)):
+            raise ConflictError(key, stamp, found)
+        refused = await fit(node, current, binds) if fit is not None else None
+        if refused is not None:
+            log.info(
+                "proposal %s: node %s moved and no longer takes its pods: %s", proposal.id, node, refused
+            )
+            raise ConflictError(key, stamp, found)
+        # Resource-fit mode: the node moved but still takes these pods; commit on what is there now (the
+        # compare-and-set is on the revision just re-checked).
         stamp = found
     if entry is None:
         revision = await ledger.create(key, encode(NodeLedger(node=node, pods=ours)))
@@ -317,8 +384,8 @@ async def _would_conflict(
     for b in claims:
         key = s.ledger_claim_key(b.pod)
         entry = await ledger.get(key)
-        if entry is not None and _claim_of(key, entry.value) != PodClaim(
-            pod=b.pod, node=b.node, proposal=proposal.id
+        if entry is not None and not _same_claim(
+            _claim_of(key, entry.value), PodClaim(pod=b.pod, node=b.node, proposal=proposal.id)
         ):
             count += 1
     for node in nodes:
@@ -334,10 +401,16 @@ async def _would_conflict(
 
 
 async def commit_ledger(
-    ledger: KvStore, proposal: Proposal, capacity: CapacityLookup | None = None
+    ledger: KvStore,
+    proposal: Proposal,
+    capacity: CapacityLookup | None = None,
+    *,
+    fit: FitCheck | None = None,
+    owner: Owner = Owner(),
 ) -> LedgerWrite:
-    """Steps 2-3: claim every pod, then reserve on every node, all or nothing (`LedgerConflict`).
-    With `capacity`, a node whose revision moved is re-checked for room instead of conflicting.
+    """Steps 2-3: claim every pod (as `owner`), then reserve on every node, all or nothing
+    (`LedgerConflict`). With `capacity` or `fit`, a node whose revision moved is re-checked (room; every
+    filter of the core) instead of conflicting.
 
     Each step writes its keys concurrently (every key is its own compare-and-set, so their order does not
     matter): a proposal of n pods costs a few round trips to JetStream, not 2n in a row. After a lost
@@ -346,7 +419,7 @@ async def commit_ledger(
     write = LedgerWrite(proposal.id)
     binds = sorted(proposal.binds, key=lambda b: b.pod)
     by_node = binds_by_node(proposal)
-    claimed = await _concurrently(binds, lambda b: _claim(ledger, b, proposal.id), (ConflictError,))
+    claimed = await _concurrently(binds, lambda b: _claim(ledger, b, proposal.id, owner), (ConflictError,))
     for b, result in zip(binds, claimed, strict=True):
         if isinstance(result, int):
             write.claims[b.pod] = result
@@ -357,7 +430,7 @@ async def commit_ledger(
         raise LedgerConflict(lost[0], len(lost) + rest) from lost[0]
     nodes = list(by_node.items())
     reserved = await _concurrently(
-        nodes, lambda item: _reserve(ledger, item[0], item[1], proposal, capacity), (ConflictError,)
+        nodes, lambda item: _reserve(ledger, item[0], item[1], proposal, capacity, fit), (ConflictError,)
     )
     write.nodes.extend(r for r in reserved if isinstance(r, NodeWrite))
     lost = [r for r in reserved if isinstance(r, ConflictError)]
@@ -474,6 +547,22 @@ def _no_lookup(_: str) -> PodGroup | None:
     return None
 
 
+class LedgerView(Protocol):
+    """A replica's view of the ledger, kept current by a KV watch (`shared.bus.replica.StateReplica`):
+    what the recovery scan reads, and how it waits for the view to reach a sequence of the ledger."""
+
+    @property
+    def claims(self) -> Mapping[str, PodClaim]: ...
+    @property
+    def ledger(self) -> Mapping[str, NodeLedger]: ...
+    @property
+    def key_revisions(self) -> Mapping[str, int]: ...
+    @property
+    def ledger_revision(self) -> int: ...
+
+    async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None: ...
+
+
 @dataclass
 class Committer:
     """The protocol with its dependencies; one per binder replica."""
@@ -484,11 +573,24 @@ class Committer:
     lookup: Lookup = _no_lookup
     clock: Callable[[], float] = time.time
     in_flight: set[str] = field(default_factory=set)
-    """Proposals this replica is committing now (the recovery scan leaves their claims alone)."""
+    """Proposals this replica is committing now (its own recovery scan leaves their claims alone)."""
     capacity: CapacityLookup | None = None
-    """Set for the resource-fit conflict mode (binder option `conflicts=fit`)."""
-    pending_since: dict[str, float] = field(default_factory=dict)
-    """Claim key -> when the recovery scan first saw its pod pending (this replica's monotonic clock)."""
+    """Set for the resource-fit conflict mode (binder option `conflicts=fit`): room on a moved node."""
+    fit: FitCheck | None = None
+    """Set for the resource-fit conflict mode: every filter of the core on a moved node."""
+    binder: str = ""
+    """This replica's id, written in its claims (`PodClaim.binder`)."""
+    commit_timeout: float = COMMIT_TIMEOUT_S
+    """Seconds this binder gives itself to finish a proposal's ledger commit (binder option
+    `commit_timeout`); written in its claims, and past it the commit is taken back instead of bound."""
+    commit_margin: float = COMMIT_MARGIN_S
+    """How much longer than a claim's `commit_timeout` the recovery scan waits before it takes back
+    an incomplete commit (a write sent before its binder's deadline may land a little after it)."""
+    monotonic: Callable[[], float] = time.monotonic
+    """The clock a commit's deadline is measured on (its start and end, in this process)."""
+    first_seen: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Claim key -> (its revision, when this replica's recovery scan first saw it at that revision, on the
+    scan's monotonic clock): a claim created again under the same key is young again."""
 
     async def process(self, proposal: Proposal) -> Outcome:
         """Run steps 1-5 for one proposal and return the published outcome. Raises `TemporaryError` (the
@@ -598,8 +700,10 @@ class Committer:
             await check_term(self.bus.leases, proposal.shard, proposal.term)
         except FencedError as exc:
             return self._outcome(proposal, "fenced", reason=str(exc)), []
+        started = self.monotonic()
+        owner = Owner(self.binder, self.commit_timeout)
         try:
-            write = await commit_ledger(self.bus.ledger, proposal, self.capacity)
+            write = await commit_ledger(self.bus.ledger, proposal, self.capacity, fit=self.fit, owner=owner)
         except LedgerConflict as exc:
             reason = f"{exc.conflicts} ledger key(s) moved; first: {exc}"
             return self._outcome(proposal, "conflict", reason, conflicts=exc.conflicts), []
@@ -609,6 +713,18 @@ class Committer:
             except FencedError as exc:
                 await rollback(self.bus.ledger, write)
                 return self._outcome(proposal, "fenced", reason=str(exc)), []
+        elapsed = self.monotonic() - started
+        if write.claims and elapsed > self.commit_timeout:
+            # Past our deadline another binder's recovery scan may have taken this commit back (or be
+            # doing so): binding now could bind pods nothing holds. Take it back ourselves; the podgroups
+            # are dispatched again, as after any conflict.
+            await self._abandon(write)
+            self.counters["commits_overdue"] += 1
+            reason = (
+                f"the ledger commit took {elapsed:.1f} s, more than commit_timeout "
+                f"({self.commit_timeout:g} s): taken back, not bound"
+            )
+            return self._outcome(proposal, "conflict", reason, conflicts=len(write.claims)), []
         carried = await self._carry_out(proposal, write)
         reasons = list(carried.refused)
         if carried.deferred:
@@ -622,6 +738,21 @@ class Committer:
             evicted=tuple(e.pod for e in carried.evicted),
         )
         return outcome, self._events(proposal, carried)
+
+    async def _abandon(self, write: LedgerWrite) -> None:
+        """Take back an overdue commit, unless another delivery of the same proposal has taken its claims
+        over (a claim of the proposal at another revision): that delivery owns the commit now, and its
+        reservations are the same entries as ours."""
+        for pod, revision in write.claims.items():
+            key = s.ledger_claim_key(pod)
+            entry = await self.bus.ledger.get(key)
+            held = _claim_of(key, entry.value) if entry is not None else None
+            if entry is not None and entry.revision != revision and held and held.proposal == write.proposal:
+                log.warning(
+                    "overdue commit of %s was taken over by another delivery; left to it", write.proposal
+                )
+                return
+        await rollback(self.bus.ledger, write)
 
     async def _carry_out(self, proposal: Proposal, write: LedgerWrite) -> Carried:
         carried = Carried()
@@ -732,54 +863,155 @@ class Committer:
             log.warning("could not publish %d of %d events: %s", len(failed), len(events), failed[0])
 
     # --- recovery ---------------------------------------------------------------------------------------------
+    async def scan(
+        self,
+        view: LedgerView,
+        pods: Callable[[], Mapping[str, Pod]],
+        now: float,
+        grace: float,
+        catch_up: float,
+    ) -> list[str]:
+        """One recovery scan on a replica's view of the ledger, if that view is current: it must have
+        reached the ledger's last sequence as read now (waiting up to `catch_up` seconds), else the scan
+        acts on nothing (a watch that lags or froze shows half of a commit that is whole by now) and counts
+        `recovery_view_behind` (`recovery_position_unknown` when the ledger's sequence cannot be read).
+        `pods()` is read once the view is current. Returns the pods bound."""
+        if not view.claims:
+            self.first_seen.clear()
+            return []
+        position = await self._ledger_position()
+        if position is None:
+            self.counters["recovery_position_unknown"] += 1
+            return []
+        try:
+            await view.wait_for(0, position, catch_up)
+        except TimeoutError:
+            self.counters["recovery_view_behind"] += 1
+            log.warning(
+                "recovery scan skipped: this replica's ledger view is at %d, the ledger at %d",
+                view.ledger_revision,
+                position,
+            )
+            return []
+        # Copies: the replica's watchers keep applying changes while the scan awaits the ledger.
+        return await self.recover(
+            dict(view.claims), dict(view.key_revisions), dict(view.ledger), pods(), now, grace
+        )
+
+    async def _ledger_position(self) -> int | None:
+        """The ledger's last sequence (its newest write or delete), read from the server; None when it
+        cannot be read (nothing to compare the view with)."""
+        try:
+            last = await self.bus.js.get_last_msg(kv_stream(s.LEDGER_BUCKET), kv_subjects(s.LEDGER_BUCKET))
+        except Exception as exc:  # noqa: BLE001 -- any failure means "position unknown": skip this scan
+            log.info("recovery scan skipped: the ledger's position could not be read: %s", exc)
+            return None
+        return int(last.seq or 0)
+
     async def recover(
         self,
         claims: Mapping[str, PodClaim],
         revisions: Mapping[str, int],
-        nodes: Mapping[str, NodeLedger],
+        nodes: Mapping[str, NodeLedger],  # noqa: ARG002 -- the view's; what decides is read again
         pods: Mapping[str, Pod],
         now: float,
         grace: float,
     ) -> list[str]:
         """One recovery scan over a view of the ledger (`claims` and `nodes` by ledger key, `revisions` of
-        ledger keys) and the cluster's pods by pod key; `now` on a monotonic clock. Returns the pods bound."""
+        ledger keys) and the cluster's pods by pod key; `now` on a monotonic clock. Returns the pods bound.
+
+        The view only nominates (its node ledgers are not relied on): a proposal is acted on once every claim of it has been seen at its
+        revision for `grace`, and, when the claim states its binder's `commit_timeout`, for that plus
+        `commit_margin` (its binder has then finished or taken its commit back). The claims and node
+        ledgers are then read again; a claim at another revision than the view's (taken back, created
+        again, taken over) leaves the proposal to a later scan, and what is decided (take back, bind
+        again) is decided on what was read, every delete a compare-and-set on the revision read."""
         by_proposal: dict[str, list[tuple[str, PodClaim]]] = defaultdict(list)
         for key, claim in sorted(claims.items()):
             by_proposal[claim.proposal].append((key, claim))
-        waiting: set[str] = set()
+        seen: set[str] = set()
         recovered: list[str] = []
         for proposal, members in by_proposal.items():
+            for key, _ in members:
+                seen.add(key)
+                revision = revisions.get(key, 0)
+                first = self.first_seen.get(key)
+                if first is None or first[0] != revision:
+                    self.first_seen[key] = (revision, now)
             if proposal in self.in_flight:
                 continue
             statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
-            pending = [(k, c) for k, c in members if statuses[c.pod] == PodStatus.PENDING]
-            for key, _ in pending:
-                waiting.add(key)
-                self.pending_since.setdefault(key, now)
-            if not pending or any(now - self.pending_since[k] < grace for k, _ in pending):
+            if not any(st == PodStatus.PENDING for st in statuses.values()):
                 continue
-            reservations = {
-                c.pod: r
-                for _, c in members
-                if (ledger := nodes.get(s.ledger_node_key(c.node))) is not None
-                and (r := ledger.pods.get(c.pod)) is not None
-                and r.proposal == proposal
-            }
+            if not all(self._old_enough(key, claim, now, grace) for key, claim in members):
+                continue
+            fresh = await self._read_again(members, revisions)
+            if fresh is None:
+                continue
+            claim_revisions, reservations = fresh
+            pending = [(k, c) for k, c in members if statuses[c.pod] == PodStatus.PENDING]
             started = any(st is not None and st != PodStatus.PENDING for st in statuses.values())
             if not started and len(reservations) < len(members):
                 # Died half-way through the ledger commit: nothing of it was bound, take it all back.
-                log.warning("removing the incomplete ledger commit of proposal %s", proposal)
-                write = LedgerWrite(proposal, claims={c.pod: revisions.get(k, 0) for k, c in members})
+                log.warning(
+                    "removing the incomplete ledger commit of proposal %s (binder %s)",
+                    proposal,
+                    members[0][1].binder or "unknown",
+                )
+                write = LedgerWrite(proposal, claims={c.pod: claim_revisions[k] for k, c in members})
                 for node in sorted({c.node for _, c in members}):
                     pods_here = tuple(c.pod for _, c in members if c.node == node)
                     write.nodes.append(NodeWrite(node, pods_here, 0, None, inherited=True))
                 await rollback(self.bus.ledger, write)
                 self.counters["recovery_rollbacks"] += 1
                 continue
-            recovered.extend(await self._rebind(proposal, pending, reservations, pods, revisions))
-        for key in set(self.pending_since) - waiting:
-            del self.pending_since[key]
+            recovered.extend(await self._rebind(proposal, pending, reservations, pods, claim_revisions))
+        for key in set(self.first_seen) - seen:
+            del self.first_seen[key]
         return recovered
+
+    def _old_enough(self, key: str, claim: PodClaim, now: float, grace: float) -> bool:
+        wait = grace
+        if claim.commit_timeout > 0:
+            wait = max(grace, claim.commit_timeout + self.commit_margin)
+        return now - self.first_seen[key][1] >= wait
+
+    async def _read_again(
+        self, members: Sequence[tuple[str, PodClaim]], revisions: Mapping[str, int]
+    ) -> tuple[dict[str, int], dict[str, Reservation]] | None:
+        """The proposal's claims and node ledgers as the bucket holds them now: each claim's revision (by
+        key) and the proposal's reservations (by pod); None when a claim is no longer at the view's
+        revision or a node ledger cannot be read."""
+        entries = await asyncio.gather(*(self.bus.ledger.get(k) for k, _ in members))
+        claim_revisions: dict[str, int] = {}
+        for (key, claim), entry in zip(members, entries, strict=True):
+            if (
+                entry is None
+                or entry.revision != revisions.get(key)
+                or not _same_claim(_claim_of(key, entry.value), claim)
+            ):
+                return None
+            claim_revisions[key] = entry.revision
+        proposal = members[0][1].proposal
+        node_keys = sorted({s.ledger_node_key(c.node) for _, c in members})
+        ledgers: dict[str, NodeLedger] = {}
+        for key, entry in zip(
+            node_keys, await asyncio.gather(*(self.bus.ledger.get(k) for k in node_keys)), strict=True
+        ):
+            if entry is None:
+                continue
+            ledger = _node_ledger(key, entry.value)
+            if ledger is None:
+                return None
+            ledgers[key] = ledger
+        reservations = {
+            c.pod: r
+            for _, c in members
+            if (ledger := ledgers.get(s.ledger_node_key(c.node))) is not None
+            and (r := ledger.pods.get(c.pod)) is not None
+            and r.proposal == proposal
+        }
+        return claim_revisions, reservations
 
     async def _rebind(
         self,

@@ -10,7 +10,12 @@ call a `binder.bind`/`binder.evict` child (`shared.telemetry.spans`, docs/tracin
 
 Options (`--set key=value`): `batch` (proposals per fetch, 16), `fetch_timeout` (s, 1),
 `cluster_timeout` (s per cluster request, 2), `cluster_attempts` (5), `recovery_grace` (s a claimed pod
-may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2), `stop_grace`
+may stay pending before the scan re-binds it, 10), `recovery_interval` (s between scans, 2; also the
+longest a scan waits for the replica's ledger view to reach the ledger's last sequence before it skips),
+`commit_timeout` (s a binder gives itself to finish a proposal's ledger commit before it takes it back
+instead of binding; written in its claims, and no other binder's scan takes back a claim younger than
+that plus a margin: 8), `conflicts` (`revision`, or `fit`: a moved node is re-checked with every filter of
+the core, `services.binder.fit`), `stop_grace`
 (s a proposal in progress may still take after SIGTERM, 3; the fetched ones not started go back at
 once), `cluster`
 (`nats`: ask the state service's simulated cluster; `kube`: the Kubernetes API through `kubeconfig`).
@@ -39,7 +44,8 @@ from typing import Protocol
 import msgspec
 
 from services.binder.cluster_client import ClusterClient, NatsClusterClient
-from services.binder.commit import Capacity, Committer
+from services.binder.commit import COMMIT_TIMEOUT_S, Capacity, Committer
+from services.binder.fit import ReplicaFit
 from services.binder.kube_client import KubeClusterClient
 from services.binder.reservations import ReservationSettings
 from shared.backoff import Backoff
@@ -59,6 +65,7 @@ from shared.contracts.messages import (
 from shared.errors import ConfigError
 from shared.kubeapi.client import Kube, connect
 from shared.model import Pod, PodGroup
+from shared.plugin_loader import load_registry
 from shared.telemetry.metrics import BinderMetrics
 from shared.telemetry.metrics_kv import CountedKv
 from shared.telemetry.spans import TracedCluster, commit_trace, noting_cas
@@ -79,7 +86,12 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Seconds between in-progress acks while one proposal is handled (the consumer's ack wait is 30 s)."""
     conflicts: str = "revision"
     """`revision`: any change to a node's ledger key since placement read it rejects the proposal.
-    `fit`: a moved node is re-checked and the proposal commits if the node still has room."""
+    `fit`: a moved node is re-checked (room, then every filter of the core on the node as the ledger now
+    holds it: `services.binder.fit`) and the proposal commits if the node still takes its pods; what
+    cannot be re-checked (pods sharing a GPU, MIG nodes) conflicts as under `revision`."""
+    commit_timeout: float = COMMIT_TIMEOUT_S
+    """Seconds a binder gives itself to finish a proposal's ledger commit; past it, it takes the commit
+    back instead of binding, and another binder's recovery scan may take back what it left."""
     cluster: str = "nats"
     """`nats`: bind and evict by asking the state service (the simulated in-memory cluster).
     `kube`: call the Kubernetes API (pods/binding, the Eviction API) with `kubeconfig`."""
@@ -134,7 +146,7 @@ def parse_options(options: dict[str, str]) -> BinderOptions:
         )
     if not parsed.reservation_image.strip():
         raise ConfigError(f"service {SERVICE}: option 'reservation_image': must not be empty")
-    for name in ("reservation_timeout", "reservation_sync"):
+    for name in ("reservation_timeout", "reservation_sync", "commit_timeout"):
         if getattr(parsed, name) <= 0:
             raise ConfigError(f"service {SERVICE}: option {name!r}: must be > 0, got {getattr(parsed, name)}")
     if parsed.reservation_grace < 0:
@@ -245,22 +257,21 @@ async def _finish_or_abandon(work: Awaitable[None], ctx: ServiceContext, grace: 
                 await waiting
 
 
+def _pods(replica: StateReplica) -> dict[str, Pod]:
+    return {r.pod.key: r.pod for r in list(replica.records.values()) if isinstance(r, PodRecord)}
+
+
 async def _recover_forever(
     ctx: ServiceContext, committer: Committer, replica: StateReplica, options: BinderOptions
 ) -> None:
     while not ctx.stopping.is_set():
         try:
-            pods: dict[str, Pod] = {
-                r.pod.key: r.pod for r in list(replica.records.values()) if isinstance(r, PodRecord)
-            }
-            # Copies: the replica's watchers keep applying changes while the scan awaits the ledger.
-            await committer.recover(
-                dict(replica.claims),
-                dict(replica.key_revisions),
-                dict(replica.ledger),
-                pods,
+            await committer.scan(
+                replica,
+                lambda: _pods(replica),
                 time.monotonic(),
                 options.recovery_grace,
+                catch_up=options.recovery_interval,
             )
         except Exception:
             log.exception("recovery scan failed; next scan in %.1f s", options.recovery_interval)
@@ -300,6 +311,9 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             ctx.counters,
             lookup=_PodGroups(replica),
             capacity=_Capacities(replica) if options.conflicts == "fit" else None,
+            fit=ReplicaFit(replica, shard, load_registry()) if options.conflicts == "fit" else None,
+            binder=ctx.config.replica,
+            commit_timeout=options.commit_timeout,
         )
         sub = await ctx.bus.js.pull_subscribe(
             s.proposals(shard), durable=durable_name(shard), stream=s.PROPOSAL_STREAM

@@ -128,6 +128,13 @@ class PodClaim(_Msg, frozen=True, kw_only=True, tag="pod-claim"):
     pod: str
     node: str
     proposal: str
+    binder: str = ""
+    """The binder replica that wrote the claim ("": a binder from before this field)."""
+    commit_timeout: float = 0.0
+    """Seconds its binder gives itself to finish the proposal's ledger commit, counted from before the
+    claim was written; a binder past it takes its commit back itself instead of binding, so the recovery
+    scan of another binder takes a claim back only once it has seen it, unchanged, for longer (plus a
+    margin). 0: a claim from before this field, judged by the scan's grace alone."""
 
 
 LedgerRecord = NodeLedger | PodClaim
