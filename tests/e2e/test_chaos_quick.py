@@ -2,8 +2,8 @@
 service, while one replica of each service is killed with SIGKILL (and restarted), nats-server is killed
 with SIGKILL and restarts on its JetStream store (in a 3-node NATS cluster: a follower, then the work
 stream's leader), and the simulated API server answers 500s, 429s, slow answers, drops its watches and
-answers their resumes 410 Gone, and a PodDisruptionBudget refuses a preemption's eviction until it is
-deleted. The independent checker (`tools.chaos.checker`) must find nothing: every
+answers their resumes 410 Gone, a PodDisruptionBudget refuses a preemption's eviction until it is
+deleted, and a GPU sharer takes seconds to stop after its deletion. The independent checker (`tools.chaos.checker`) must find nothing: every
 pod bound exactly once or reported unschedulable with a reason, no node or GPU over capacity, no partial
 gang, no queue over its limit, no proposal committed twice. Recovery times are printed."""
 
@@ -51,3 +51,6 @@ def test_a_short_chaos_run_leaves_a_clean_cluster(
     budget = next(f for f in report.faults if f.kind == "budget-refusal")
     assert budget.refused, budget
     assert budget.preemptor_bound_s is not None, budget
+    # A whole-GPU pod got the terminating sharer's device only once the sharer had stopped.
+    sharer = next(f for f in report.faults if f.kind == "terminating-sharer")
+    assert sharer.waiter_bound_s is not None, sharer

@@ -13,10 +13,13 @@ third while it is on and the last third once it is over:
   answer 429 with Retry-After; half the answers come half a second late;
 - `drop-watch`: every open watch closed at once; `watch-410`: the watches closed and their resumes
   answered 410 Gone, so every informer lists again;
-- `budget-refusal`: a preemption a PodDisruptionBudget refuses (`tools.chaos.budget`): the victim must stay
-  while the budget holds (the binder reports the refusal and does not push it through), and the preemptor
-  must be bound once the budget is deleted; either failing is a violation (`budget-broken`,
-  `budget-stuck`).
+- `budget-refusal`: a preemption a PodDisruptionBudget refuses (`tools.chaos.scenarios`): the victim must
+  stay while the budget holds (the binder reports the refusal and does not push it through), and the
+  preemptor must be bound once the budget is deleted; either failing is a violation (`budget-broken`,
+  `budget-stuck`);
+- `terminating-sharer`: a GPU sharer deleted with a grace period while its container takes
+  `fault_seconds` + 6 s to stop, on a node of one GPU; a whole-GPU pod created meanwhile must not get the node
+  until the sharer has stopped (`sharer-overlapped`) and must get it then (`sharer-stuck`).
 
 For each fault it records when it happened and how long until the system made progress again: the next
 pod bound (seen on a watch of pods) after the fault began and after it ended, and, for a killed replica
@@ -55,10 +58,8 @@ from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
-from tools.chaos.budget import NAMESPACE as BUDGET_NAMESPACE
-from tools.chaos.budget import VICTIM as BUDGET_VICTIM
-from tools.chaos.budget import BudgetScenario
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
+from tools.chaos.scenarios import BudgetScenario, SharerScenario
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
 from tools.stack.nats_server import CLUSTER_NAME
 from tools.stack.pod_watch import pod_watch
@@ -69,6 +70,8 @@ __all__ = ["ChaosOptions", "ChaosReport", "ChaosRun", "FaultRecord", "run", "sta
 log = logging.getLogger("kairos.chaos")
 
 SERVICES = ("state", "queue", "placement", "binder")
+SHARER_STOP_MARGIN = 6.0
+"""Seconds a terminating sharer's container takes to stop beyond `fault_seconds`."""
 API_FAULTS: dict[str, list[dict[str, Any]]] = {
     "api-500": [
         {"verb": "create", "resource": "pods/binding", "status": 500, "limit": 2},
@@ -85,6 +88,7 @@ FAULTS = (
     "drop-watch",
     "watch-410",
     "budget-refusal",
+    "terminating-sharer",
 )
 CLUSTER_FAULTS = tuple(
     fault
@@ -139,6 +143,8 @@ class FaultRecord(msgspec.Struct, kw_only=True):
     """`budget-refusal`: the evictions the binder reported refused while the budget held."""
     preemptor_bound_s: float | None = None
     """`budget-refusal`: from the budget's removal until the preemptor was bound."""
+    waiter_bound_s: float | None = None
+    """`terminating-sharer`: from the sharer's stop until the whole-GPU pod was bound."""
 
 
 class ChaosReport(msgspec.Struct, kw_only=True):
@@ -414,6 +420,9 @@ class ChaosRun:
         elif kind == "budget-refusal":
             await self._budget(http, record)
             record.duration_s = round(time.monotonic() - began, 2)
+        elif kind == "terminating-sharer":
+            await self._sharer(http, record)
+            record.duration_s = round(time.monotonic() - began, 2)
         else:
             record.target = "watches"
             if kind == "watch-410":
@@ -446,6 +455,8 @@ class ChaosRun:
         healthy_text = f", healthy again {_secs(record.healthy_s)}" if process_fault else ""
         if kind == "budget-refusal":
             healthy_text = f", preemptor bound {_secs(record.preemptor_bound_s)} after the budget went"
+        elif kind == "terminating-sharer":
+            healthy_text = f", whole-GPU pod bound {_secs(record.waiter_bound_s)} after the sharer stopped"
         self.say(
             f"chaos: {kind} {record.target} at {record.at_s:.1f} s for {record.duration_s:.1f} s: next bind "
             f"{_secs(record.next_bind_s)}, after its end {_secs(record.next_bind_after_s)}{healthy_text}"
@@ -460,13 +471,28 @@ class ChaosRun:
         record.target = f"{result.refused} eviction(s) refused"
         record.refused = result.refused
         record.preemptor_bound_s = result.preemptor_bound_s
-        where = f"{BUDGET_NAMESPACE}/{BUDGET_VICTIM}"
+        where = f"{scenario.namespace}/{scenario.victim}"
         if not result.victim_kept:
             self.violations.append(Violation("budget-broken", where, "evicted while its budget held"))
         if result.preemptor_bound_s is None:
             self.violations.append(
                 Violation("budget-stuck", where, "the preemptor was not bound once the budget was gone")
             )
+
+    async def _sharer(self, http: aiohttp.ClientSession, record: FaultRecord) -> None:
+        # Longer than the 5 s after which the binder once took a deleted sharer's reservation back.
+        stop = self.options.fault_seconds + SHARER_STOP_MARGIN
+        scenario = SharerScenario(http, self._post, self.options.recover_timeout, stop)
+        result = await scenario.run()
+        record.target = f"sharer stopping {result.terminating_s:.1f} s"
+        record.waiter_bound_s = result.whole_bound_s
+        where = f"{scenario.namespace}/{scenario.whole}"
+        if result.overlapped:
+            self.violations.append(
+                Violation("sharer-overlapped", where, "given the node's GPU while the sharer's container ran")
+            )
+        if result.whole_bound_s is None:
+            self.violations.append(Violation("sharer-stuck", where, "not bound once the sharer had stopped"))
 
     async def _healthy(self, replicas: set[str], since: float) -> float | None:
         """When every replica of `replicas` had sent a ready heartbeat after `since` (None: not in time)."""
