@@ -58,6 +58,11 @@ so a gang is never half bound. Safe across binder replicas, each scanning on its
   another revision leaves the proposal to a later scan, and every delete is a compare-and-set on the
   revision read.
 Claims from binders before `PodClaim.commit_timeout` (0) are judged by the grace alone, as before.
+Each proposal's binds run in a task of their own (`services.binder.recovery_binds`): a bind that waits
+long (a fractional pod's reservation, up to `reservation_timeout` per try) holds back no other recovery,
+and later scans leave that proposal alone while it runs. Every scan also sweeps the reservations a
+rollback or a release could not strip and whose claims it deleted all the same
+(`services.binder.leftovers`): nothing a binder writes outlives every scan.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
 from services.binder.cluster_client import ClusterClient, ClusterRefused
+from services.binder.leftovers import Leftovers
+from services.binder.recovery_binds import RecoveryBinds
 from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.bus.kv import KvStore
@@ -491,7 +498,9 @@ async def _drop_claim(ledger: KvStore, pod: str, revision: int) -> None:
 
 
 async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
-    """Undo `write`: node values first (so no reservation is left without its claim), then claims."""
+    """Undo `write`: node values first (so no reservation is left without its claim), then claims. A
+    reservation that cannot be stripped (the node keeps changing, its value cannot be read) outlives its
+    claim; the recovery scan's sweep removes it (`services.binder.leftovers`)."""
     for w in reversed(write.nodes):
         key = s.ledger_node_key(w.node)
         if not w.inherited:
@@ -511,7 +520,8 @@ async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
 
 
 async def release(ledger: KvStore, binding: Binding, proposal: str, claim_revision: int) -> None:
-    """Give back one pod's reservation and claim (its bind was refused)."""
+    """Give back one pod's reservation and claim (its bind was refused); a reservation that cannot be
+    stripped is left to the recovery scan's sweep, as in `rollback`."""
     await strip_reservations(ledger, binding.node, (binding.pod,), proposal)
     await _drop_claim(ledger, binding.pod, claim_revision)
 
@@ -591,6 +601,14 @@ class Committer:
     first_seen: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Claim key -> (its revision, when this replica's recovery scan first saw it at that revision, on the
     scan's monotonic clock): a claim created again under the same key is young again."""
+    leftovers: Leftovers = field(default_factory=Leftovers)
+    """Reservations no claim backs, as this replica's scans have seen them (`services.binder.leftovers`)."""
+    rebinds: RecoveryBinds = field(default_factory=RecoveryBinds)
+    """The recovery scan's binds still running, a task per proposal (`services.binder.recovery_binds`)."""
+
+    async def close(self) -> None:
+        """Stop the recovery binds still running (the binder is stopping; their claims stay for a scan)."""
+        await self.rebinds.close()
 
     async def process(self, proposal: Proposal) -> Outcome:
         """Run steps 1-5 for one proposal and return the published outcome. Raises `TemporaryError` (the
@@ -875,7 +893,11 @@ class Committer:
         reached the ledger's last sequence as read now (waiting up to `catch_up` seconds), else the scan
         acts on nothing (a watch that lags or froze shows half of a commit that is whole by now) and counts
         `recovery_view_behind` (`recovery_position_unknown` when the ledger's sequence cannot be read).
-        `pods()` is read once the view is current. Returns the pods bound."""
+        `pods()` is read once the view is current. Returns the pods bound.
+
+        Whatever the view, reservations no claim backs are swept first (`services.binder.leftovers`): the
+        view only nominates them, and the sweep reads each claim again before it strips."""
+        await self._sweep_leftovers(view, pods, now, grace)
         if not view.claims:
             self.first_seen.clear()
             return []
@@ -897,6 +919,17 @@ class Committer:
         return await self.recover(
             dict(view.claims), dict(view.key_revisions), dict(view.ledger), pods(), now, grace
         )
+
+    async def _sweep_leftovers(
+        self, view: LedgerView, pods: Callable[[], Mapping[str, Pod]], now: float, grace: float
+    ) -> None:
+        try:
+            await self.leftovers.sweep(
+                self.bus.ledger, strip_reservations, view.claims, view.ledger, pods, now, grace, self.counters
+            )
+        except Exception:  # a failed sweep must not keep the claims' recovery from running; next scan again
+            self.counters["leftover_sweep_errors"] += 1
+            log.exception("sweeping unclaimed reservations failed; the next scan tries again")
 
     async def _ledger_position(self) -> int | None:
         """The ledger's last sequence (its newest write or delete), read from the server; None when it
@@ -930,7 +963,7 @@ class Committer:
         for key, claim in sorted(claims.items()):
             by_proposal[claim.proposal].append((key, claim))
         seen: set[str] = set()
-        recovered: list[str] = []
+        rebinding: list[asyncio.Task[list[str]]] = []
         for proposal, members in by_proposal.items():
             for key, _ in members:
                 seen.add(key)
@@ -938,7 +971,7 @@ class Committer:
                 first = self.first_seen.get(key)
                 if first is None or first[0] != revision:
                     self.first_seen[key] = (revision, now)
-            if proposal in self.in_flight:
+            if proposal in self.in_flight or proposal in self.rebinds:
                 continue
             statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
             if not any(st == PodStatus.PENDING for st in statuses.values()):
@@ -965,10 +998,16 @@ class Committer:
                 await rollback(self.bus.ledger, write)
                 self.counters["recovery_rollbacks"] += 1
                 continue
-            recovered.extend(await self._rebind(proposal, pending, reservations, pods, claim_revisions))
+            # In a task of its own: a bind can wait long (a reservation's device), and no other proposal's
+            # recovery, in this scan or the next, waits for it (`services.binder.recovery_binds`).
+            rebinding.append(
+                self.rebinds.start(
+                    proposal, self._rebind(proposal, pending, reservations, pods, claim_revisions)
+                )
+            )
         for key in set(self.first_seen) - seen:
             del self.first_seen[key]
-        return recovered
+        return await self.rebinds.collect(rebinding)
 
     def _old_enough(self, key: str, claim: PodClaim, now: float, grace: float) -> bool:
         wait = grace

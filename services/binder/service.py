@@ -366,6 +366,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
+            await committer.close()  # the recovery binds still running
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
     finally:

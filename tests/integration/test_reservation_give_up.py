@@ -11,17 +11,29 @@ reason, and the binder releases the pod's claim and reservation, so it goes back
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from services.binder.cluster_client import ClusterRefused
+from services.binder.commit import Committer, commit_ledger
+from services.binder.recovery_binds import RecoveryBinds
 from services.binder.reservations import ReservationFailed
+from shared.bus.connection import Bus
+from shared.bus.kv import Entry
+from shared.contracts import subjects as s
+from shared.contracts.messages import Binding
 from shared.kube import gpu_sharing as gs
 from shared.kubeapi.client import Kube
+from shared.model import Pod, PodStatus
 from tests.integration.kube_session import kube_client, kubesim
+from tests.integration.test_binder import node_pods, proposal
+from tests.integration.test_binder_recovery_races import ledger_view
 from tests.integration.test_binder_reservations import (
     NODES,
     bind_of,
@@ -30,6 +42,7 @@ from tests.integration.test_binder_reservations import (
     pod,
     reservations,
     sharer_manifest,
+    until,
     warnings,
 )
 from tools.kubesim.server import KubeSim
@@ -97,3 +110,62 @@ async def test_a_try_that_succeeds_starts_the_count_again(kube: Kube, sim: KubeS
     await failing.bind(binding)
     assert pod(sim, "a")["spec"]["nodeName"] == "n0"
     assert failing.sharing.tries == {}
+
+
+# --- in the recovery scan -----------------------------------------------------------------------------------
+def plain_pod(name: str) -> dict[str, Any]:
+    manifest = sharer_manifest(name, admitted=False)
+    del manifest["metadata"]["annotations"]
+    return manifest
+
+
+def claimed(bus: Bus, pod_key: str) -> Awaitable[Entry | None]:
+    return bus.ledger.get(s.ledger_claim_key(pod_key))
+
+
+async def test_recovery_gives_a_stuck_fractional_bind_up_without_holding_back_any_other(
+    bus: Bus, kube: Kube, sim: KubeSim
+) -> None:
+    """Two proposals committed, then their binder died before binding: a fractional pod whose reservation
+    never gets its device, and an ordinary pod. One scan starts both binds; the ordinary pod is bound
+    while the other bind still waits, later scans leave that one alone while it runs, and after its tries
+    it is given up and its claim and reservation released."""
+    await create(kube, sharer_manifest("a"))
+    await create(kube, plain_pod("w"))
+    client = binder(kube, image=UNPULLABLE, timeout=3.0, attempts=2)
+    committer = Committer(bus, client, rebinds=RecoveryBinds(wait=0.5))
+    stuck = proposal("pa", (bind_of("a", "n0", ("g1",), 0.5),))
+    ordinary = proposal(
+        "pw", (Binding(pod="default/w", namespace="default", name="w", podgroup="g", node="n1"),)
+    )
+    for p in (stuck, ordinary):
+        await commit_ledger(bus.ledger, p)
+    pods = {
+        key: Pod(name=key.split("/")[1], namespace="default", podgroup="g", status=PodStatus.PENDING)
+        for key in ("default/a", "default/w")
+    }
+    try:
+        await committer.recover(*await ledger_view(bus), pods, now=100.0, grace=0.0)
+        await until(sim, lambda: pod(sim, "w")["spec"].get("nodeName") == "n1", "the ordinary pod is bound")
+        assert "pa" in committer.rebinds  # still waiting for its device meanwhile
+        assert "pw" not in committer.rebinds
+        pods["default/w"] = msgspec.structs.replace(pods["default/w"], status=PodStatus.BOUND, node="n1")
+
+        # A scan while it waits does not start a second bind of it.
+        await committer.recover(*await ledger_view(bus), pods, now=101.0, grace=0.0)
+        assert client.counters["reservations_created"] == 1
+
+        await asyncio.wait_for(committer.rebinds.running["pa"], 10)
+        assert await claimed(bus, "default/a") is not None  # one try: deferred, the claim kept
+        await committer.recover(*await ledger_view(bus), pods, now=102.0, grace=0.0)
+        await asyncio.wait_for(committer.rebinds.running["pa"], 10)
+    finally:
+        await committer.close()
+
+    assert await claimed(bus, "default/a") is None  # given up: claim and reservation released
+    assert "default/a" not in await node_pods(bus, "n0")
+    assert committer.counters["released"] == 1
+    [event] = warnings(sim, "a")
+    assert event["reason"] == "GPUReservationFailed"
+    assert "ErrImagePull" in event["message"]
+    assert "nodeName" not in pod(sim, "a")["spec"]
