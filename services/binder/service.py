@@ -24,7 +24,9 @@ GPU sharing with `cluster=kube` (`services.binder.reservations`): `reservation_i
 image, `kairos`), `reservation_command` (its command, split on spaces, `python -m
 services.gpu_agent.reservation`), `reservation_service_account` (`kairos-reservation`),
 `reservation_runtime_class` (empty: the node's default), `reservation_timeout` (s a reservation pod may take
-to report its device before it is deleted and the bind retried, 60), `reservation_sync` (s between syncs of
+to report its device before it is deleted and the bind retried, 60), `reservation_attempts` (tries of one
+bind before it is given up, released and reported with a Warning Event `GPUReservationFailed`, 3),
+`reservation_sync` (s between syncs of
 reservations and sharers' ConfigMaps, 30), `reservation_grace` (s a reservation without sharers is kept, and
 a finished sharer's groups wait before their sync, 5: short, because a delete is guarded by the reservation's
 resourceVersion, which every reuse changes, and the state service counts a reservation without sharers as a
@@ -112,6 +114,9 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_timeout: float = 60.0
     """Seconds a reservation pod may take to report its device (image pull, kubelet admission) before it
     is deleted and the bind retried, as KAI waits."""
+    reservation_attempts: int = 3
+    """Reservation tries of one fractional bind (each up to `reservation_timeout`) before the binder gives
+    it up: a Warning Event on the pod says why, and its claim and reservation are released."""
     reservation_sync: float = 30.0
     """Seconds between syncs of reservations and sharers' ConfigMaps; a finished sharer is also seen at once
     through a watch, so this only bounds how long a missed change or a deleted object lasts."""
@@ -128,6 +133,7 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             timeout=self.reservation_timeout,
             sync=self.reservation_sync,
             grace=self.reservation_grace,
+            attempts=self.reservation_attempts,
         )
 
 
@@ -146,7 +152,7 @@ def parse_options(options: dict[str, str]) -> BinderOptions:
         )
     if not parsed.reservation_image.strip():
         raise ConfigError(f"service {SERVICE}: option 'reservation_image': must not be empty")
-    for name in ("reservation_timeout", "reservation_sync", "commit_timeout"):
+    for name in ("reservation_timeout", "reservation_sync", "commit_timeout", "reservation_attempts"):
         if getattr(parsed, name) <= 0:
             raise ConfigError(f"service {SERVICE}: option {name!r}: must be > 0, got {getattr(parsed, name)}")
     if parsed.reservation_grace < 0:

@@ -1,7 +1,8 @@
 """When a GPU reservation may go, as values: a sharer counts until its containers have stopped (the pod is
 gone, or its phase is terminal), being deleted or not. The binder's sync (`orphaned_reservations`) and the
 state service's accounting (`ForeignPods`: a reservation whose group has live sharers is not counted again
-on its node) follow the one rule, `is_live_sharer`."""
+on its node) follow the one rule, `is_live_sharer`. And how many tries a fractional bind's reservation gets
+before the binder gives it up (`reservation_attempts`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from services.binder.service import parse_options
 from services.state.foreign import ForeignPods
+from shared.errors import ConfigError
 from shared.kube import gpu_sharing as gs
 from shared.kube import wire
 
@@ -91,3 +94,15 @@ def test_the_state_service_counts_the_device_once_while_the_sharer_is_live(pod: 
         assert held is not None
         assert (held[0], held[1].gpus) == ("n0", 1)
         assert recount == {"kai-resource-reservation/r"}
+
+
+# --- how long a bind waits for its devices --------------------------------------------------------------------
+def test_a_fractional_bind_gets_three_tries_unless_the_binder_option_says_otherwise() -> None:
+    assert parse_options({}).reservations().attempts == 3
+    assert parse_options({"reservation_attempts": "1"}).reservations().attempts == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_a_bad_number_of_tries_is_refused_naming_the_option(value: str) -> None:
+    with pytest.raises(ConfigError, match="reservation_attempts"):
+        parse_options({"reservation_attempts": value})
