@@ -6,6 +6,13 @@ its first write, and every KV write of the source goes through it: the `StateWri
 deletes and its ledger compare-and-sets, and the shard watch's shard records. A refused write raises
 `LeaseLost`, a `FencedError`, and the owner stands down.
 
+The queue's shard leases keep their terms by the fence key's rule (`LeaseTerms`, `reserving_terms`, made by
+`services.queue.service.shard_lease`), in a record of their own in the queue's usage bucket (the queue may
+not write the state bucket): the keeper reserves each term there before it writes the lease key under
+it, and leads only if the record still names it under that term once the key is written. The binder
+fences proposals by the lease key's term, so that term must never be handed out twice; the record, unlike
+the lease key, does not expire.
+
 NATS KV has no transaction across keys, let alone across buckets, and the lease is in another bucket than
 the writes it fences. What holds, and what does not:
 
@@ -30,7 +37,10 @@ the writes it fences. What holds, and what does not:
 - **Terms only grow.** The fence key does not expire: it keeps the highest term raised, and a raise under
   a term not above it (a contender that never saw the expired lease key starts again from term 1) is
   refused, the keeper learning the term to go above (`LeaseKeeper.learn_term`); `prime` teaches it before
-  a first acquisition.
+  a first acquisition. `LeaseTerms.reserve` goes above by itself, before the lease key is written: each
+  term is one compare-and-set on the record, so no term is reserved twice. Nothing else keeps them: once
+  the record is deleted (or unreadable), they start again above the highest one a contender saw in the
+  lease key.
 - **Ledger: checked, not enforced.** The ledger's writes are compare-and-sets on their own keys (binders
   write the same keys) and a message carries one such condition, so the fence cannot ride along: the
   server cannot refuse a predecessor's ledger write. `confirm()` reads the lease key before each batch
@@ -49,6 +59,7 @@ from typing import Protocol
 from nats.js.errors import BadRequestError
 
 from shared.bus.connection import Bus
+from shared.bus.kv import KvStore
 from shared.bus.lease import LeaseKeeper
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES, Lease, encode
@@ -230,6 +241,66 @@ class WriteFence:
             held = _decode(self.key, entry.value if entry is not None else None)
             return held.term if held is not None else 0
         return -1
+
+
+class LeaseTerms:
+    """A lease's terms recorded where they do not expire, by the fence key's rule without the writes it
+    fences: a `Lease` record (holder, term) moved only by compare-and-set, never to a term not above the one
+    it holds. A `LeaseKeeper` given one (`terms`) reserves each term here before it writes the lease key
+    under it, and leads only if the record still names it under that term once the key is written."""
+
+    def __init__(self, store: KvStore, keeper: LeaseKeeper, key: str) -> None:
+        self.store = store
+        self.keeper = keeper
+        self.key = key
+        self._unseen_at = 0
+        """The record's revision when it last named a contender's term the keeper had not seen in the lease
+        key (`reserve` gives way to it once)."""
+
+    async def reserve(self, term: int) -> int | None:
+        """Record this holder under `term`, or under the next term above the one recorded; returns that
+        term. Each term is one compare-and-set, so no two holders ever reserve the same term.
+
+        None, to give way for this step: the compare-and-set was lost (another contender reserved at the
+        same moment), or the record names another holder under a term the keeper never saw in the lease
+        key, not seen here the step before either (a contender between its reservation and its lease
+        write: reserving above would overtake it, and neither would lead). At the next step the same record
+        is stale (that contender died, or was slow) and is gone above."""
+        keeper = self.keeper
+        entry = await self.store.get(self.key)
+        held = _decode(self.key, entry.value if entry is not None else None)
+        revision = entry.revision if entry is not None else 0
+        if held is not None:
+            if held.holder != keeper.holder and held.term > keeper.last_term and revision != self._unseen_at:
+                self._unseen_at = revision
+                log.info("terms %s: %s reserved term %d: giving way", self.key, held.holder, held.term)
+                return None
+            keeper.learn_term(held.term)
+            term = max(term, held.term + 1)
+        value = encode(Lease(shard=keeper.shard, holder=keeper.holder, term=term))
+        try:
+            await self.store.update(self.key, value, last=revision)
+        except ConflictError:
+            return None
+        log.info("terms %s: term %d reserved", self.key, term)
+        return term
+
+    async def holds(self, term: int) -> bool:
+        """Whether the record still names this holder under `term`; the keeper learns the term it holds."""
+        entry = await self.store.get(self.key)
+        held = _decode(self.key, entry.value if entry is not None else None)
+        if held is None:
+            return False
+        self.keeper.learn_term(held.term)
+        return held.holder == self.keeper.holder and held.term == term
+
+
+def reserving_terms(bus: Bus, keeper: LeaseKeeper) -> LeaseKeeper:
+    """`keeper`, a queue shard's lease, reserving each term in `USAGE_BUCKET` (`lease_terms_key`) before it
+    writes the lease key under it: the binder fences proposals by the lease key's term, which must never be
+    handed out twice. The usage bucket does not expire, and the queue alone writes it."""
+    keeper.terms = LeaseTerms(bus.usage, keeper, s.lease_terms_key(keeper.key))
+    return keeper
 
 
 def _decode(key: str, value: bytes | None) -> Lease | None:

@@ -11,9 +11,16 @@ entries expire `LEASE_TTL_S` seconds after their last write. A standby acquires 
 the leader renews it with a compare-and-set on its own revision, keeping its term. Losing a
 compare-and-set, or not managing to renew for nearly a TTL, means stepping down at once. The term is the
 fencing token: work items and proposals carry it and the binder refuses any whose term is not the lease's
-current one. The state service's Kubernetes source fences its own KV writes (`shared.bus.fence`): none is
-sent after the holder's `deadline()`, and a fence key that does not expire keeps the terms growing even
-when the lease key expired unseen (`learn_term`).
+current one.
+
+The key expires, and a contender that never saw it (started after it expired, or every replica restarted)
+would start again from term 1, the term a paused predecessor may still hold. A keeper given a `TermRecord`
+(the queue's: `shared.bus.fence.reserving_terms`) reserves each term in a record that does not expire,
+before the lease key carries it: no two holders ever write the same term, and a holder whose
+reserved term was overtaken before it wrote the key (it was slow or paused) leads under none until it has
+reserved a later one, so the terms led under only grow. The state service's Kubernetes source fences its
+own KV writes (`shared.bus.fence`): none is sent after the holder's `deadline()`, and raising its fence
+teaches the keeper the terms already raised (`learn_term`).
 """
 
 from __future__ import annotations
@@ -59,6 +66,20 @@ class LeaseStore(Protocol):
     async def delete(self, key: str, last: int | None = None) -> None: ...
 
 
+class TermRecord(Protocol):
+    """Where a lease's terms outlive its key (`shared.bus.fence.LeaseTerms`): a keeper given one writes no
+    term into the lease key that it has not reserved here first."""
+
+    async def reserve(self, term: int) -> int | None:
+        """Record this holder under `term`, or under the next term above the highest recorded; returns the
+        term recorded, or None when another contender is taking the lease over now (give way this step)."""
+        ...
+
+    async def holds(self, term: int) -> bool:
+        """Whether the record still names this holder under `term` (no contender reserved a later one)."""
+        ...
+
+
 class _EntryLike(Protocol):
     @property
     def value(self) -> bytes | None: ...
@@ -78,6 +99,7 @@ class LeaseKeeper:
         clock: Callable[[], float],
         ttl: float = s.LEASE_TTL_S,
         key: str | None = None,
+        terms: TermRecord | None = None,
     ) -> None:
         self.store = store
         self.shard = shard
@@ -92,6 +114,9 @@ class LeaseKeeper:
         """The term this replica leads under (meaningful while `leading`)."""
         self.last_term = 0
         """The highest term seen in the lease, held or not: the next acquisition writes this plus one."""
+        self.terms = terms
+        """Where terms are reserved before the lease key carries them (None: the key alone, whose terms
+        start again from 1 once it expired unseen)."""
         self.revision = 0
         """The lease key's revision after our last write (the compare-and-set base of the next renewal)."""
         self.current_holder: str | None = None
@@ -179,14 +204,23 @@ class LeaseKeeper:
             self.current_holder = current.holder
             if current.holder != self.holder:
                 return
-            # Our own lease from an earlier life (a restart under the same replica id, or a renewal we
-            # gave up on): take it back under a new term, so that anything sent under the old one is fenced.
-            term = self.last_term + 1
-            revision = await self._write(term, last=entry.revision)
+            # Our own lease from an earlier life (a restart under the same replica id, a renewal we gave
+            # up on, or a term a contender overtook): take it back under a new term, so that anything sent
+            # under the old one is fenced.
+            last = entry.revision
         else:
-            term = self.last_term + 1
-            revision = await self._write(term, last=0)
+            last = 0
+        term = await self._next_term()
+        if term is None:
+            return
+        revision = await self._write(term, last=last)
         if revision is None:
+            return
+        if self.terms is not None and not await self.terms.holds(term):
+            # A contender reserved a later term between our reservation and our write (we were slow, or
+            # paused): never lead under a term older than one already given out. The key names us, so
+            # the next step takes it back under a term above.
+            log.info("lease %s: term %d was overtaken before it was written; taking another", self.key, term)
             return
         self.leading = True
         self.term = self.last_term = term
@@ -194,6 +228,18 @@ class LeaseKeeper:
         self.current_holder = self.holder
         self._renewed_at = started
         log.info("lease %s: leading under term %d", self.key, term)
+
+    async def _next_term(self) -> int | None:
+        """The term of the next acquisition: above every term seen, and reserved in `terms` when there is
+        one (None: a contender is taking over now)."""
+        term = self.last_term + 1
+        if self.terms is not None:
+            reserved = await self.terms.reserve(term)
+            if reserved is None:
+                return None
+            term = reserved
+        self.last_term = max(self.last_term, term)
+        return term
 
     async def _renew(self) -> None:
         started = self.clock()

@@ -29,7 +29,8 @@ LEASE_TTL_S = 10.0
 a leader survives renewals up to 6 s late, a standby takes over within 11 s of a leader's death)."""
 USAGE_BUCKET = "kairos_usage"
 """Time-based fair share: one `UsageRecord` per shard, the queues' usage ledger, written only by the
-shard's queue leader (compare-and-set, fenced by its lease term) and read by its standbys on taking over."""
+shard's queue leader (compare-and-set, fenced by its lease term) and read by its standbys on taking over.
+Also the record of each shard lease's terms (`lease_terms_key`), which must outlive the lease key."""
 
 # --- JetStream streams ----------------------------------------------------------------------------------
 WORK_STREAM = "KAIROS_WORK"
@@ -201,6 +202,15 @@ def state_lease_key(name: str) -> str:
 def usage_key(shard: str) -> str:
     """The shard's `UsageRecord` in `USAGE_BUCKET`."""
     return f"usage.{key_token(shard)}"
+
+
+TERMS_KEY_PREFIX = "terms."
+"""Keys of the queue leases' term records in `USAGE_BUCKET` (`shared.bus.fence.LeaseTerms`)."""
+
+
+def lease_terms_key(lease_key_: str) -> str:
+    """The record in `USAGE_BUCKET` of the terms given out under the lease `lease_key_` of `LEASE_BUCKET`."""
+    return f"{TERMS_KEY_PREFIX}{lease_key_}"
 
 
 # --- GPU node agents ------------------------------------------------------------------------------------------
