@@ -1,7 +1,8 @@
 """The queue service's body: one replica of the shard's dispatcher, active only while it holds the lease.
 
 Run by `python -m services.queue` (and `kairos serve queue`) through `shared.bus.service.main`. Every
-replica keeps a state replica (so a standby takes over with warm state) and competes for the shard lease;
+replica keeps a state replica (so a standby takes over with warm state) and competes for the shard lease
+(`shard_lease`: each term reserved where it does not expire first, so none is handed out twice);
 the holder runs the `Dispatcher` loop and answers `admin.<shard>.cycle`, the others only wait. Ready once
 the replica has synced, leader or standby; the heartbeat says which (`leader term N` / `standby`, or
 `lapsed term N` for a leader whose last renewal is too old to dispatch under, e.g. resumed after a pause)
@@ -13,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from services.queue.dispatcher import Dispatcher, QueueSettings
+from shared.bus.connection import Bus
+from shared.bus.fence import reserving_terms
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
@@ -38,7 +42,7 @@ async def body(ctx: ServiceContext) -> None:
     loop = asyncio.get_running_loop()
     replica = StateReplica(ctx.bus)
     await replica.start(timeout=30.0)
-    lease = LeaseKeeper(ctx.bus.leases, ctx.config.shard, ctx.config.replica, loop.time)
+    lease = shard_lease(ctx.bus, ctx.config.shard, ctx.config.replica, loop.time)
     metrics = QueueMetrics(ctx.metrics)
     dispatcher = Dispatcher(ctx.bus, replica, lease, settings, ctx.counters, loop.time, metrics)
     ctx.ready = True
@@ -116,6 +120,14 @@ async def body(ctx: ServiceContext) -> None:
             lease.abandon()
         ctx.ready = False
         await replica.stop()
+
+
+def shard_lease(bus: Bus, shard: str, replica: str, clock: Callable[[], float]) -> LeaseKeeper:
+    """The shard's lease as every queue replica keeps it: each term reserved in a record that does not
+    expire (`shared.bus.fence.reserving_terms`) before the lease key carries it, so a term is never handed
+    out twice, even once the lease key expired unseen or every replica restarted, and the binder's check of
+    the lease's term tells a paused leader's work from its successor's."""
+    return reserving_terms(bus, LeaseKeeper(bus.leases, shard, replica, clock))
 
 
 async def _watch_loop_lag(ctx: ServiceContext, every: float = 0.25) -> None:
