@@ -359,7 +359,9 @@ class SourceOwner:
 
     async def _full_sync(self) -> None:
         self._resync = True
-        await self.writer.sync(self.cluster.objects, await self.ctx.bus.state.keys())
+        # A fence key is a lease holder's, not an object of the cluster: a full sync leaves it alone.
+        keys = [key for key in await self.ctx.bus.state.keys() if not key.startswith(s.FENCE_KEY_PREFIX)]
+        await self.writer.sync(self.cluster.objects, keys)
         await self.writer.reconcile(self.cluster.pods())
         self._resync = False
 

@@ -152,8 +152,9 @@ class UsageRecord(_Msg, frozen=True, kw_only=True, tag="usage"):
 
 
 class Lease(_Msg, frozen=True, kw_only=True, tag="lease"):
-    """The shard's active dispatcher. `term` grows by one each time another holder takes the lease and is
-    the fencing token every work item and proposal carries."""
+    """The shard's active dispatcher. `term` grows each time another holder takes the lease (never repeats,
+    and may skip a number: a term is reserved in a record that never expires before the lease key is
+    written, `shared.bus.fence.LeaseTerms`) and is the fencing token every work item and proposal carries."""
 
     shard: str
     holder: str

@@ -483,6 +483,7 @@ async def test_a_cluster_file_replaces_what_kv_held(
     old = Node(name="old", cpu_millis=1, memory_bytes=1)
     await bus.state.put(s.node_key("old"), encode(NodeRecord(node=old)))
     await bus.state.put("node.garbage", b"\x00not msgpack")
+    await bus.state.put(s.fence_key("elsewhere"), b"a lease holder's fence")
     request = cluster()
     path = tmp_path / "cluster.yaml"
     path.write_text(
@@ -497,6 +498,7 @@ async def test_a_cluster_file_replaces_what_kv_held(
         assert [n.name for n in snap.nodes] == ["n1", "n2"]
         assert await bus.state.get(s.node_key("old")) is None
         assert await bus.state.get("node.garbage") is None
+        assert await bus.state.get(s.fence_key("elsewhere")) is not None, "a fence key is not the cluster's"
 
 
 async def test_a_bad_cluster_file_stops_the_service_naming_the_field(
