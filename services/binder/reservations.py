@@ -21,8 +21,9 @@ binder binding the same pod again end with one reservation per group and the pod
    deferred and the recovery scan binds again later. A bind whose reservations failed `attempts` times in
    a row in this binder gives up instead (a device that never comes: an image that cannot be pulled, a
    runtime class the node lacks): a Warning Event ``GPUReservationFailed`` on the pod names the reservation
-   pod and why, and `ClusterRefused` makes the binder release the pod's claim and reservation, so the pod
-   goes back to the scheduler instead of holding the node for ever.
+   pod and why, the pod's group labels are taken back (`sharing.unshare_patch`, so the sync deletes its
+   groups' other reservations), and `ClusterRefused` makes the binder release the pod's claim and
+   reservation, so the pod goes back to the scheduler instead of holding the node for ever.
 4. The capabilities ConfigMap (``NVIDIA_VISIBLE_DEVICES``, ``GPU_PORTION``, ``RUNAI_NUM_OF_GPUS``) and the
    envFrom one, owned by the pod: created, or patched on 409. Skipped (and counted,
    ``gpu_sharing_without_configmap``) for a pod admitted without ``runai/shared-gpu-configmap``.
@@ -417,6 +418,13 @@ class GpuSharing:
         self.counters["reservation_binds_given_up"] += 1
         message = sharing.reservation_failed_message(binding.node, tries, str(failure))
         await self._warn(pod, sharing.RESERVATION_FAILED, message)
+        try:  # no longer a sharer: its groups' other reservations go with the next sync
+            what = f"pod {binding.namespace}/{binding.name}"
+            await self._merge_patch_pod(
+                what, binding, sharing.unshare_patch(pod.metadata.labels, binding.gpu_groups)
+            )
+        except (ApiError, TemporaryError) as exc:
+            log.warning("could not take the GPU-sharing labels off %s: %s", binding.pod, exc)
         return ClusterRefused("bind", binding.pod, message)
 
     async def _merge_patch_pod(self, what: str, binding: Binding, patch: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ only the binder's decisions on top of them:
 
 - `sharer_patch`: the one merge patch that makes a pod a live sharer before anything is reserved for it:
   KAI's group labels, Kairos's `SHARING_LABEL`, the ``kairos.io/gpu-groups`` annotation, and ``null`` for
-  group labels an earlier placement left (else the sync would keep that group's reservation alive).
+  group labels an earlier placement left (else the sync would keep that group's reservation alive);
+  `unshare_patch` takes them all back from a pod whose bind was given up.
 - `share_per_device`: ``GPU_PORTION``. The binding carries what the pod holds in its queue (`Binding.gpus`,
   placement's accepted quota: fraction x devices, or devices x the memory's portion of the node's device)
   so the share is ``gpus / devices``; without it (a sync, an old message) the pod's annotations decide:
@@ -57,6 +58,7 @@ __all__ = [
     "sharer_of",
     "sharer_patch",
     "touch_patch",
+    "unshare_patch",
 ]
 
 RESERVATION_MISSING = "GPUReservationMissing"
@@ -80,6 +82,14 @@ def sharer_patch(labels: Mapping[str, str], groups: Sequence[str]) -> dict[str, 
             wanted[key] = None
     annotations = gpu_groups_patch(groups)["metadata"]["annotations"]
     return {"metadata": {"labels": wanted, "annotations": annotations}}
+
+
+def unshare_patch(labels: Mapping[str, str], groups: Sequence[str]) -> dict[str, Any]:
+    """Merge patch taking back `sharer_patch(labels, groups)` from a pod whose bind was given up: a pending
+    pod that still named its groups would keep their reservation pods, and so devices, alive for as long
+    as it waits to be placed again."""
+    gone = dict.fromkeys(sharer_patch(labels, groups)["metadata"]["labels"])
+    return {"metadata": {"labels": gone, "annotations": gpu_groups_patch(())["metadata"]["annotations"]}}
 
 
 def groups_of_sharer(meta: wire.ObjectMeta) -> list[str]:

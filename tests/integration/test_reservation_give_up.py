@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,31 @@ async def test_a_try_that_succeeds_starts_the_count_again(kube: Kube, sim: KubeS
     await failing.bind(binding)
     assert pod(sim, "a")["spec"]["nodeName"] == "n0"
     assert failing.sharing.tries == {}
+
+
+async def test_a_pod_given_up_no_longer_keeps_the_reservations_of_its_groups(
+    kube: Kube, sim: KubeSim
+) -> None:
+    """A two-device pod: its first group's reservation is there (another sharer made it), its second never
+    gets a device. Given up, the pod loses its group labels, so the sync deletes the first reservation too
+    instead of keeping it (and its device) for as long as the pod waits to be placed again."""
+    await create(kube, sharer_manifest("b"))
+    await binder(kube).bind(bind_of("b", "n0", ("g1",), 0.5))
+    await kube.call("delete pod b", kube.core.delete_namespaced_pod, "b", "default")
+    await create(
+        kube, sharer_manifest("a", annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"})
+    )
+    client = binder(kube, image=UNPULLABLE, timeout=0.3, attempts=1, grace=0.0)
+
+    with pytest.raises(ClusterRefused, match="gave up after 1 tries"):
+        await client.bind(bind_of("a", "n0", ("g1", "g2"), 1.0))
+
+    metadata = pod(sim, "a")["metadata"]
+    assert not [k for k in metadata["labels"] if k.startswith("runai-gpu-group") or k == gs.SHARING_LABEL]
+    assert "kairos.io/gpu-groups" not in metadata["annotations"]
+    deleted = await client.sharing.sync(time.time())
+    assert [r.metadata.name for r in deleted] == [RESERVATION]
+    assert reservations(sim) == []
 
 
 # --- in the recovery scan -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from services.binder import sharing
 from services.binder.service import parse_options
 from services.state.foreign import ForeignPods
 from shared.errors import ConfigError
@@ -106,3 +107,18 @@ def test_a_fractional_bind_gets_three_tries_unless_the_binder_option_says_otherw
 def test_a_bad_number_of_tries_is_refused_naming_the_option(value: str) -> None:
     with pytest.raises(ConfigError, match="reservation_attempts"):
         parse_options({"reservation_attempts": value})
+
+
+def test_a_bind_given_up_takes_back_every_label_and_annotation_its_sharer_patch_wrote() -> None:
+    labels = {"runai-gpu-group": "old", "team": "x"}
+    assert sharing.unshare_patch(labels, ["g1", "g2"]) == {
+        "metadata": {
+            "labels": {
+                "runai-gpu-group": None,
+                "runai-gpu-group/g1": None,
+                "runai-gpu-group/g2": None,
+                gs.SHARING_LABEL: None,
+            },
+            "annotations": {"kairos.io/gpu-groups": None},
+        }
+    }
