@@ -47,9 +47,18 @@ shows `Pending` after a grace period means a binder died (or lost the cluster) b
 Claims are grouped by proposal: a proposal whose every claim has its reservation, or one of whose pods
 already left `Pending`, completed its commit, and its pending pods are bound again (idempotent in the
 cluster); any other proposal died half-way through step 2-3 and its claims and reservations are removed,
-so a gang is never half bound. Safe across binder replicas, each scanning on its own:
+so a gang is never half bound. A claim whose pod the state no longer shows at all is owed no bind: the pod
+was deleted, or created again under its name (a pod's key, which its claim names, is its uid whenever it
+has one, so the new pod is another key and can be claimed at once). In a completed commit such a claim is
+taken back with its reservation, as the refused bind would have been (`claims_of_gone_pods_released`).
+The scan is the one owner of that rule: the state service sees a deletion first, but once, and a claim
+can be written after it (a proposal decided before the deletion, committed after it by a binder that
+then died); only a scan over every claim sees that one. Safe across binder replicas, each scanning on its
+own:
 - a scan acts only on a view that has reached the ledger's last sequence as read when the scan starts
-  (a watch that lags or froze would show a whole commit half-finished), else it is skipped and counted;
+  (a watch that lags or froze would show a whole commit half-finished), and, when the view lacks a
+  claimed pod, the state bucket's too (it would show a pod just placed as gone); else it is skipped and
+  counted;
 - a claim's age is how long this scan has seen it at its revision (a claim created again is young
   again), and a proposal is acted on once every claim of it is older than the grace and than its
   binder's `commit_timeout` plus a margin: its binder has by then finished or taken its commit back, so
@@ -136,6 +145,8 @@ leader election (4-7 s measured). Binder option `commit_timeout`."""
 COMMIT_MARGIN_S = 2.0
 """Default seconds the recovery scan waits beyond a claim's `commit_timeout` before taking back an
 incomplete commit: a write its binder sent before the deadline lands by then."""
+_NOT_FOUND = 404
+"""JetStream's answer to a request for the last message of a stream that holds none."""
 _COUNTER_OF_STATUS = {
     "committed": "committed",
     "conflict": "conflicts",
@@ -489,12 +500,15 @@ async def strip_reservations(ledger: KvStore, node: str, pods: Collection[str], 
     return False
 
 
-async def _drop_claim(ledger: KvStore, pod: str, revision: int) -> None:
+async def _drop_claim(ledger: KvStore, pod: str, revision: int) -> bool:
+    """Delete `pod`'s claim if it is still at `revision`; whether it was."""
     try:
         await ledger.delete(s.ledger_claim_key(pod), last=revision)
     except ConflictError:
         # Someone else (the state service cleaning up) changed the claim since: it is no longer ours.
         log.info("claim on %s moved before we could release it; left as is", pod)
+        return False
+    return True
 
 
 async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
@@ -522,8 +536,14 @@ async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
 async def release(ledger: KvStore, binding: Binding, proposal: str, claim_revision: int) -> None:
     """Give back one pod's reservation and claim (its bind was refused); a reservation that cannot be
     stripped is left to the recovery scan's sweep, as in `rollback`."""
-    await strip_reservations(ledger, binding.node, (binding.pod,), proposal)
-    await _drop_claim(ledger, binding.pod, claim_revision)
+    await _release(ledger, binding.pod, binding.node, proposal, claim_revision)
+
+
+async def _release(ledger: KvStore, pod: str, node: str, proposal: str, claim_revision: int) -> bool:
+    """`proposal`'s reservation of `pod` off `node`, then its claim by compare-and-set on `claim_revision`;
+    whether the claim was still there to delete."""
+    await strip_reservations(ledger, node, (pod,), proposal)
+    return await _drop_claim(ledger, pod, claim_revision)
 
 
 # --- step 4: the cluster ----------------------------------------------------------------------------------
@@ -559,7 +579,8 @@ def _no_lookup(_: str) -> PodGroup | None:
 
 class LedgerView(Protocol):
     """A replica's view of the ledger, kept current by a KV watch (`shared.bus.replica.StateReplica`):
-    what the recovery scan reads, and how it waits for the view to reach a sequence of the ledger."""
+    what the recovery scan reads, and how it waits for the view to reach a sequence of the ledger (and of
+    the state bucket, whose pods the scan reads through the same replica)."""
 
     @property
     def claims(self) -> Mapping[str, PodClaim]: ...
@@ -569,6 +590,10 @@ class LedgerView(Protocol):
     def key_revisions(self) -> Mapping[str, int]: ...
     @property
     def ledger_revision(self) -> int: ...
+    @property
+    def revision(self) -> int:
+        """The last sequence of the state bucket the view has applied (its pods are as of then)."""
+        ...
 
     async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None: ...
 
@@ -893,7 +918,9 @@ class Committer:
         reached the ledger's last sequence as read now (waiting up to `catch_up` seconds), else the scan
         acts on nothing (a watch that lags or froze shows half of a commit that is whole by now) and counts
         `recovery_view_behind` (`recovery_position_unknown` when the ledger's sequence cannot be read).
-        `pods()` is read once the view is current. Returns the pods bound.
+        `pods()` is read once the view is current; when it lacks the pod of a claim, the view must also
+        reach the state bucket's last sequence as read then, and `pods()` is read again. Returns the pods
+        bound.
 
         Whatever the view, reservations no claim backs are swept first (`services.binder.leftovers`): the
         view only nominates them, and the sweep reads each claim again before it strips."""
@@ -901,7 +928,7 @@ class Committer:
         if not view.claims:
             self.first_seen.clear()
             return []
-        position = await self._ledger_position()
+        position = await self._position(s.LEDGER_BUCKET)
         if position is None:
             self.counters["recovery_position_unknown"] += 1
             return []
@@ -916,9 +943,34 @@ class Committer:
             )
             return []
         # Copies: the replica's watchers keep applying changes while the scan awaits the ledger.
-        return await self.recover(
-            dict(view.claims), dict(view.key_revisions), dict(view.ledger), pods(), now, grace
-        )
+        claims, revisions, nodes = dict(view.claims), dict(view.key_revisions), dict(view.ledger)
+        current = pods()
+        if any(claim.pod not in current for claim in claims.values()):
+            # The claims of pods the view does not hold are taken back: first the view must hold every pod
+            # the state bucket holds now, or a watch that lags would show a pod just placed as gone.
+            if not await self._caught_up(view, s.STATE_BUCKET, position, catch_up):
+                return []
+            current = pods()
+        return await self.recover(claims, revisions, nodes, current, now, grace)
+
+    async def _caught_up(self, view: LedgerView, bucket: str, ledger: int, catch_up: float) -> bool:
+        """Whether `view` reaches the last sequence of `bucket` as read now (and `ledger` in the ledger)
+        within `catch_up` seconds; counted and logged when it does not or the sequence cannot be read."""
+        position = await self._position(bucket)
+        if position is None:
+            self.counters["recovery_position_unknown"] += 1
+            return False
+        try:
+            await view.wait_for(position, ledger, catch_up)
+        except TimeoutError:
+            self.counters["recovery_view_behind"] += 1
+            log.warning(
+                "recovery scan skipped: this replica's view of the cluster is at %d, the state bucket at %d",
+                view.revision,
+                position,
+            )
+            return False
+        return True
 
     async def _sweep_leftovers(
         self, view: LedgerView, pods: Callable[[], Mapping[str, Pod]], now: float, grace: float
@@ -931,13 +983,15 @@ class Committer:
             self.counters["leftover_sweep_errors"] += 1
             log.exception("sweeping unclaimed reservations failed; the next scan tries again")
 
-    async def _ledger_position(self) -> int | None:
-        """The ledger's last sequence (its newest write or delete), read from the server; None when it
+    async def _position(self, bucket: str) -> int | None:
+        """A bucket's last sequence (its newest write or delete), read from the server; None when it
         cannot be read (nothing to compare the view with)."""
         try:
-            last = await self.bus.js.get_last_msg(kv_stream(s.LEDGER_BUCKET), kv_subjects(s.LEDGER_BUCKET))
+            last = await self.bus.js.get_last_msg(kv_stream(bucket), kv_subjects(bucket))
         except Exception as exc:  # noqa: BLE001 -- any failure means "position unknown": skip this scan
-            log.info("recovery scan skipped: the ledger's position could not be read: %s", exc)
+            if getattr(exc, "code", None) == _NOT_FOUND:
+                return 0  # nothing was ever written there: any view is current
+            log.info("recovery scan skipped: the position of bucket %s could not be read: %s", bucket, exc)
             return None
         return int(last.seq or 0)
 
@@ -958,7 +1012,10 @@ class Committer:
         `commit_margin` (its binder has then finished or taken its commit back). The claims and node
         ledgers are then read again; a claim at another revision than the view's (taken back, created
         again, taken over) leaves the proposal to a later scan, and what is decided (take back, bind
-        again) is decided on what was read, every delete a compare-and-set on the revision read."""
+        again) is decided on what was read, every delete a compare-and-set on the revision read. A
+        proposal is looked at only while one of its pods is pending or missing from `pods` (the cluster no
+        longer has it: its claim is taken back, with its reservation; `scan` makes sure the view is not
+        merely behind)."""
         by_proposal: dict[str, list[tuple[str, PodClaim]]] = defaultdict(list)
         for key, claim in sorted(claims.items()):
             by_proposal[claim.proposal].append((key, claim))
@@ -974,8 +1031,8 @@ class Committer:
             if proposal in self.in_flight or proposal in self.rebinds:
                 continue
             statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
-            if not any(st == PodStatus.PENDING for st in statuses.values()):
-                continue
+            if not any(st is None or st == PodStatus.PENDING for st in statuses.values()):
+                continue  # every pod left pending: the binds happened
             if not all(self._old_enough(key, claim, now, grace) for key, claim in members):
                 continue
             fresh = await self._read_again(members, revisions)
@@ -983,6 +1040,7 @@ class Committer:
                 continue
             claim_revisions, reservations = fresh
             pending = [(k, c) for k, c in members if statuses[c.pod] == PodStatus.PENDING]
+            gone = [(k, c) for k, c in members if statuses[c.pod] is None]
             started = any(st is not None and st != PodStatus.PENDING for st in statuses.values())
             if not started and len(reservations) < len(members):
                 # Died half-way through the ledger commit: nothing of it was bound, take it all back.
@@ -998,6 +1056,10 @@ class Committer:
                 await rollback(self.bus.ledger, write)
                 self.counters["recovery_rollbacks"] += 1
                 continue
+            if gone:
+                await self._give_back_gone(proposal, gone, claim_revisions)
+            if not pending:
+                continue
             # In a task of its own: a bind can wait long (a reservation's device), and no other proposal's
             # recovery, in this scan or the next, waits for it (`services.binder.recovery_binds`).
             rebinding.append(
@@ -1008,6 +1070,27 @@ class Committer:
         for key in set(self.first_seen) - seen:
             del self.first_seen[key]
         return await self.rebinds.collect(rebinding)
+
+    async def _give_back_gone(
+        self, proposal: str, gone: Sequence[tuple[str, PodClaim]], revisions: Mapping[str, int]
+    ) -> None:
+        """Take back the claims of a completed commit whose pods the cluster no longer has (deleted, or
+        created again under their names: another uid, another key), with their reservations, each by
+        compare-and-set on the revision read: the bind its binder owed would have been refused."""
+        released = [
+            claim.pod
+            for key, claim in gone
+            if await _release(self.bus.ledger, claim.pod, claim.node, proposal, revisions[key])
+        ]
+        if not released:
+            return
+        log.warning(
+            "took back the claims of proposal %s (binder %s) whose pods the cluster no longer has: %s",
+            proposal,
+            gone[0][1].binder or "unknown",
+            ", ".join(released),
+        )
+        self.counters["claims_of_gone_pods_released"] += len(released)
 
     def _old_enough(self, key: str, claim: PodClaim, now: float, grace: float) -> bool:
         wait = grace
