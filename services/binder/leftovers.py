@@ -17,8 +17,10 @@ seen so for the scan's grace period, after reading each one's claim again from t
 the proposal may have claimed the pod since and taken the reservation as its own); a strip that loses its
 races again is tried by the next scan, so nothing stays that no scan removes.
 
-Called by `services.binder.commit.Committer.recover`. `unclaimed_reservations` is pure; the sweep reads
-claims and strips through the ledger it is given.
+Called by `services.binder.commit.Committer.scan`, before the claims are looked at. `unclaimed_reservations`
+is pure; the sweep reads claims and strips through the ledger it is given. A reservation whose claim the
+scan took back because the cluster no longer has its pod, and which a lost race kept on its node, is one
+of these too.
 """
 
 from __future__ import annotations
