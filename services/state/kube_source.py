@@ -292,7 +292,7 @@ class KubeSource:
     def _log_unforeseen(self) -> None:
         """Log the objects the mirror could not handle for an unforeseen reason (held back, named in their
         Events), once each, with the traceback that says where Kairos failed."""
-        self.ctx.counters["unforeseen_object_failures"] = self.mirror.unforeseen_total
+        self.ctx.counters["unforeseen_object_failures"] += len(self.mirror.unforeseen)
         for trace in self.mirror.unforeseen:
             log.error("an object could not be handled and is held back: %s", trace)
         self.mirror.unforeseen.clear()

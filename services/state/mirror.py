@@ -78,7 +78,7 @@ KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS, NAM
 
 _STAGE_HOLDS = frozenset(STAGE_REASONS.values())
 _KEPT_TRACEBACKS = 20
-"""Unforeseen failures kept for the log between two drains (the count goes on: `unforeseen_total`)."""
+"""Unforeseen failures whose traceback is kept for the log between two drains (the others: one line)."""
 _TRACEBACK_FRAMES = 8
 _T = TypeVar("_T")
 
@@ -718,9 +718,13 @@ class Mirror:
 
     def _unforeseen(self, label: str, exc: Exception) -> None:
         self.unforeseen_total += 1
-        if len(self.unforeseen) < _KEPT_TRACEBACKS:
-            trace = "".join(traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES))
-            self.unforeseen.append(f"{label}: {trace}")
+        # Beyond the kept number only a line: the owner counts every entry, and logs it.
+        trace = (
+            "".join(traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES))
+            if (len(self.unforeseen) < _KEPT_TRACEBACKS)
+            else f"{type(exc).__name__} (traceback not kept)"
+        )
+        self.unforeseen.append(f"{label}: {trace}")
 
     def _forget(self, kind: str, name: str) -> None:
         """Drop what is remembered of an object that is gone."""
