@@ -63,6 +63,13 @@ def test_a_json_patch_that_is_not_a_list_is_a_400() -> None:
     assert caught.value.code == 400
 
 
+@pytest.mark.parametrize("index", ["\u00b2", "9" * 5000, "\u0663"])
+def test_an_array_index_not_in_ascii_digits_or_too_long_is_refused_not_a_crash(index: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        json_patch(POD, [{"op": "replace", "path": f"/spec/containers/{index}/image", "value": "x"}])
+    assert caught.value.code in (400, 422)
+
+
 def test_strategic_merge_merges_containers_by_name_and_keeps_the_others() -> None:
     out = strategic_merge_patch(POD, {"spec": {"containers": [{"name": "main", "image": "v2"}]}})
     assert [(c["name"], c["image"]) for c in out["spec"]["containers"]] == [("main", "v2"), ("side", "s1")]

@@ -538,7 +538,7 @@ class Controllers:
                     break
         for pod_name, pod in owned.items():
             ordinal = pod_name.rsplit("-", 1)[-1]
-            if ordinal.isdigit() and int(ordinal) >= want:
+            if ordinal.isascii() and ordinal.isdigit() and len(ordinal) <= 18 and int(ordinal) >= want:
                 self._delete_pod(pod)
         active = [p for p in self._owned(sts) if _is_active(p)]
         ready = sum(1 for p in active if _is_ready(p))

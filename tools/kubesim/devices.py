@@ -64,7 +64,7 @@ def node_device_uuids(node: str, count: int) -> tuple[str, ...]:
 
 
 def _whole(value: Any) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
         return int(value)  # the usual form, without parsing a quantity
     amount = quantity(value)
     return int(amount) if amount is not None and amount > 0 else 0

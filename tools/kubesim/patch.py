@@ -61,7 +61,7 @@ def _pointer(path: str) -> list[str]:
 def _index(container: list[Any], token: str, path: str, *, for_add: bool = False) -> int:
     if for_add and token == "-":
         return len(container)
-    if not token.isdigit():
+    if not (token.isascii() and token.isdigit() and len(token) <= 18):  # "²" is a digit to isdigit()
         raise PatchError(f"invalid array index {token!r} in {path!r}")
     i = int(token)
     limit = len(container) + (1 if for_add else 0)
