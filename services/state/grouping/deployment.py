@@ -1,0 +1,20 @@
+"""KAI's Deployment plugin (``deployment``): one PodGroup per pod, owned by the pod, ``inference`` by default.
+
+Named in the registry (`registry.PLUGINS`) for ``apps/v1`` Deployments; called by `decision.group_pod`.
+"""
+
+from __future__ import annotations
+
+from services.state.grouping.default import INFERENCE, default_metadata, priority_class_of
+from services.state.grouping.model import Ctx, Metadata
+from shared.kube import wire
+
+
+def deployment_plugin(ctx: Ctx, top: wire.Owner) -> Metadata:
+    """One PodGroup per pod, owned by the pod, priority class ``inference`` by default."""
+    md = default_metadata(ctx, top, [top])
+    pod = ctx.pod.metadata
+    md.owner = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
+    md.priority_class = priority_class_of(ctx, [top], INFERENCE)
+    md.name = f"pg-{pod.name}-{pod.uid}"
+    return md
