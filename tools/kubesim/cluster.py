@@ -60,6 +60,7 @@ from tools.kubesim.selectors import (
     parse_labels,
 )
 from tools.kubesim.store import Change, Store
+from tools.kubesim.training import TRAINING_CRDS
 
 __all__ = [
     "BOOKMARK",
@@ -300,6 +301,8 @@ class Cluster:
                 None,
                 {"metadata": {"name": name}, "value": value, "description": description},
             )
+        for crd in TRAINING_CRDS:
+            self.create(self.type_of(_CRD_STORAGE), None, clone(crd))
         self.settle()
 
     # --- helpers --------------------------------------------------------------------------------------------
@@ -625,6 +628,7 @@ class Cluster:
                 )
             self.registry.add(rt)
             self.store.add_storage(rt.storage, namespaced=rt.namespaced)
+            self.controllers.storage_added(rt.storage)
 
     def replace(
         self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, subresource: str = ""

@@ -11,6 +11,7 @@
 - **StatefulSet**: pods `<statefulset>-0..N-1`, all created at once (as with podManagementPolicy
   Parallel), recreated with the same name after deletion, highest ordinals removed on scale-down.
 - DaemonSets are stored only.
+- **Kubeflow training jobs** (PyTorchJob, TFJob, XGBoostJob, JAXJob, MPIJob): `tools.kubesim.training`.
 
 Pods keep everything their template says (schedulerName, labels, annotations, priorityClassName, ...).
 Each controller reacts to changes of its objects and of the pods they own: storage listeners mark keys
@@ -31,6 +32,7 @@ from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
 from tools.kubesim.store import Change
+from tools.kubesim.training import TrainingOperator, training_kind_of_owner, training_kind_of_storage
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -58,6 +60,12 @@ _COMPONENT = {
     _STATEFULSETS: "statefulset-controller",
     _DEPLOYMENTS: "deployment-controller",
 }
+
+
+def _component(storage: str) -> str:
+    """The controller that reports on an owner kept in `storage` (the source of its events)."""
+    training = training_kind_of_storage(storage)
+    return training.operator_name if training is not None else _COMPONENT[storage]
 
 
 def template_hash(template: Obj) -> str:
@@ -117,6 +125,19 @@ class Controllers:
         for key in (_JOBS, _DEPLOYMENTS, _REPLICASETS, _STATEFULSETS):
             store.storage(key).listeners.append(self._own_change(key))
         store.storage("pods").listeners.append(self._pod_change)
+        self.training = TrainingOperator(self)
+        self._watched: dict[str, object] = {}
+        """storage key -> the training-job storage this controller listens to (a recreated CRD has a new one)."""
+
+    def storage_added(self, key: str) -> None:
+        """A CRD's storage was registered: listen to it when it holds a training job kind (`training`)."""
+        if training_kind_of_storage(key) is None:
+            return
+        storage = self.cluster.store.storage(key)
+        if self._watched.get(key) is storage:
+            return
+        self._watched[key] = storage
+        storage.listeners.append(self._own_change(key))
 
     def _own_change(self, storage: str) -> Any:
         def listener(change: Change) -> None:
@@ -125,7 +146,7 @@ class Controllers:
                 self.job_finished.pop(md.get("uid", ""), None)
                 return
             self.dirty[storage, md.get("namespace", ""), md["name"]] = None
-            if storage == _REPLICASETS:
+            if storage in (_REPLICASETS, _JOBS):
                 self._mark_owner(change.obj)
 
         return listener
@@ -138,6 +159,9 @@ class Controllers:
         if ref is None:
             return
         storage = _OWNER_STORAGE.get((ref.get("apiVersion", ""), ref.get("kind", "")))
+        if storage is None:
+            training = training_kind_of_owner(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+            storage = training.storage if training is not None else None
         if storage is not None:
             self.dirty[storage, obj["metadata"].get("namespace", ""), str(ref.get("name", ""))] = None
 
@@ -159,7 +183,26 @@ class Controllers:
                 self._replicaset(obj)
             elif storage == _STATEFULSETS:
                 self._statefulset(obj)
+            elif (training := training_kind_of_storage(storage)) is not None:
+                self.training.reconcile(training, obj)
         return True
+
+    # --- for `tools.kubesim.training` -------------------------------------------------------------------------
+    def owned_pods(self, owner: Obj) -> list[Obj]:
+        """The pods `owner` controls."""
+        return self._owned(owner)
+
+    def waiting_for(self, owner: Obj) -> set[str]:
+        """Names of the pods `owner` created that still wait for admission webhooks."""
+        return self._waiting(owner)
+
+    def create_pod_from(self, owner: Obj, storage: str, name: str, template: Obj) -> bool:
+        """Create the pod `name` from a pod `template`, owned by `owner` (stored in `storage`)."""
+        return self._create_pod(owner, storage, name, {}, template=template)
+
+    def write_status(self, storage: str, obj: Obj, status: Obj) -> None:
+        """Store `obj` with `status` unless it already has it."""
+        self._write_status(storage, obj, status)
 
     # --- shared -----------------------------------------------------------------------------------------------
     def _owned(self, owner: Obj, storage: str = "pods") -> list[Obj]:
@@ -176,9 +219,18 @@ class Controllers:
         return out
 
     def _create_pod(
-        self, owner: Obj, storage: str, name: str, extra_labels: dict[str, str], spec_extra: Obj | None = None
+        self,
+        owner: Obj,
+        storage: str,
+        name: str,
+        extra_labels: dict[str, str],
+        spec_extra: Obj | None = None,
+        *,
+        template: Obj | None = None,
     ) -> bool:
-        template = clone((owner.get("spec") or {}).get("template") or {})
+        template = clone(
+            template if template is not None else (owner.get("spec") or {}).get("template") or {}
+        )
         template_md = template.get("metadata") or {}
         md: Obj = {
             "name": name,
@@ -203,7 +255,7 @@ class Controllers:
             self.cluster.create(self.cluster.type_of("pods"), md["namespace"], pod)
         except ApiError as exc:
             self.cluster.record_event(
-                owner, "Warning", "FailedCreate", f"Error creating: {exc.message}", _COMPONENT[storage]
+                owner, "Warning", "FailedCreate", f"Error creating: {exc.message}", _component(storage)
             )
             return False
         return True
@@ -223,7 +275,7 @@ class Controllers:
                 "Warning",
                 "FailedCreate",
                 f"Error creating: {error.message}",
-                _COMPONENT[item.storage],
+                _component(item.storage),
             )
         if error is None or retry:
             md = item.owner["metadata"]

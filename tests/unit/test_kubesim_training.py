@@ -1,0 +1,266 @@
+"""Kubeflow training jobs in the simulated cluster: their CRDs are served from the start and a simulated
+training operator creates each replica's pods, named and labelled as Kubeflow's operators do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.kubesim_support import Clock, two_node_cluster
+from tools.kubesim.cluster import Cluster, SimOptions
+
+T = "training.kubeflow.org/"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cluster(clock: Clock) -> Cluster:
+    return two_node_cluster(clock, SimOptions(run_delay=1.0, seed=7))
+
+
+def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:
+    end = clock.now + seconds
+    while (deadline := cluster.next_deadline()) is not None and deadline <= end:
+        clock.now = max(clock.now, deadline)
+        cluster.settle()
+    clock.now = end
+    cluster.settle()
+
+
+def replica(replicas: int, scheduler: str = "kai-scheduler", run_seconds: str = "") -> dict[str, Any]:
+    labels = {"app": "train"}
+    if run_seconds:
+        labels["kairos.io/run-seconds"] = run_seconds
+    return {
+        "replicas": replicas,
+        "restartPolicy": "OnFailure",
+        "template": {
+            "metadata": {"labels": labels, "annotations": {"note": "kept"}},
+            "spec": {
+                "schedulerName": scheduler,
+                "priorityClassName": "train",
+                "containers": [{"name": "pytorch", "image": "busybox"}],
+            },
+        },
+    }
+
+
+def create(
+    cluster: Cluster, api_version: str, kind: str, plural: str, name: str, spec: dict[str, Any]
+) -> Any:
+    group, version = api_version.split("/")
+    body = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "labels": {"kai.scheduler/queue": "research"}},
+        "spec": spec,
+    }
+    obj = cluster.create(cluster.lookup(group, version, plural), "default", body)
+    cluster.settle()
+    return obj
+
+
+def pods(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in cluster.objects("pods", "default")}
+
+
+def job(cluster: Cluster, plural: str, name: str) -> Any:
+    return cluster.find(f"kubeflow.org/{plural}", "default", name)
+
+
+def conditions(obj: Any) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in obj["status"]["conditions"]}
+
+
+def test_the_kubeflow_training_crds_are_served_from_the_start(cluster: Cluster) -> None:
+    crds = {c["metadata"]["name"] for c in cluster.objects("apiextensions.k8s.io/customresourcedefinitions")}
+    assert crds >= {
+        "pytorchjobs.kubeflow.org",
+        "tfjobs.kubeflow.org",
+        "xgboostjobs.kubeflow.org",
+        "jaxjobs.kubeflow.org",
+        "mpijobs.kubeflow.org",
+    }
+    for version, plural in (
+        ("v1", "pytorchjobs"),
+        ("v1", "tfjobs"),
+        ("v1", "xgboostjobs"),
+        ("v1", "jaxjobs"),
+        ("v2beta1", "mpijobs"),
+    ):
+        rt = cluster.lookup("kubeflow.org", version, plural)
+        assert rt.namespaced
+        assert rt.has_status
+
+
+def test_a_pytorchjob_gets_one_pod_per_replica_labelled_and_owned_as_the_training_operator_does(
+    cluster: Cluster,
+) -> None:
+    created = create(
+        cluster,
+        "kubeflow.org/v1",
+        "PyTorchJob",
+        "pytorchjobs",
+        "mnist",
+        {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(2)}},
+    )
+    by_name = pods(cluster)
+    assert set(by_name) == {"mnist-master-0", "mnist-worker-0", "mnist-worker-1"}
+    master = by_name["mnist-master-0"]
+    assert master["metadata"]["labels"] == {
+        "app": "train",
+        T + "operator-name": "pytorchjob-controller",
+        T + "job-name": "mnist",
+        T + "replica-type": "master",
+        T + "replica-index": "0",
+        T + "job-role": "master",
+    }
+    worker = by_name["mnist-worker-1"]["metadata"]["labels"]
+    assert worker[T + "replica-type"] == "worker"
+    assert worker[T + "replica-index"] == "1"
+    assert T + "job-role" not in worker
+    assert master["metadata"]["annotations"] == {"note": "kept"}
+    assert master["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": "mnist",
+            "uid": created["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert master["spec"]["schedulerName"] == "kai-scheduler"
+    assert master["spec"]["priorityClassName"] == "train"
+    assert master["spec"]["restartPolicy"] == "OnFailure"
+    status = job(cluster, "pytorchjobs", "mnist")["status"]
+    assert conditions(job(cluster, "pytorchjobs", "mnist")) == {"Created": "True"}
+    assert status["replicaStatuses"]["Worker"] == {"active": 2, "succeeded": 0, "failed": 0}
+
+
+def test_a_pytorchjob_runs_and_succeeds_with_its_master_and_a_deleted_pod_is_recreated(
+    cluster: Cluster, clock: Clock
+) -> None:
+    create(
+        cluster,
+        "kubeflow.org/v1",
+        "PyTorchJob",
+        "pytorchjobs",
+        "mnist",
+        {
+            "pytorchReplicaSpecs": {
+                "Master": replica(1, "default-scheduler", run_seconds="10"),
+                "Worker": replica(1, "default-scheduler"),
+            }
+        },
+    )
+    cluster._remove("pods", "default", "mnist-worker-0", "Background")
+    cluster.settle()
+    assert "mnist-worker-0" in pods(cluster)
+    advance(cluster, clock, 2)
+    assert conditions(job(cluster, "pytorchjobs", "mnist")) == {"Created": "True", "Running": "True"}
+    advance(cluster, clock, 10)
+    done = job(cluster, "pytorchjobs", "mnist")
+    assert conditions(done) == {"Created": "True", "Running": "False", "Succeeded": "True"}
+    assert done["status"]["completionTime"]
+    assert done["status"]["replicaStatuses"]["Master"]["succeeded"] == 1
+    cluster._remove("pods", "default", "mnist-worker-0", "Background")
+    cluster.settle()
+    assert "mnist-worker-0" not in pods(cluster)
+
+
+def test_deleting_the_job_deletes_its_pods(cluster: Cluster) -> None:
+    create(
+        cluster,
+        "kubeflow.org/v1",
+        "XGBoostJob",
+        "xgboostjobs",
+        "boost",
+        {"xgbReplicaSpecs": {"Master": replica(1), "Worker": replica(1)}},
+    )
+    labels = pods(cluster)["boost-master-0"]["metadata"]["labels"]
+    assert labels[T + "operator-name"] == "xgboostjob-controller"
+    assert labels[T + "job-role"] == "master"
+    cluster.delete(cluster.lookup("kubeflow.org", "v1", "xgboostjobs"), "default", "boost", None)
+    cluster.settle()
+    assert pods(cluster) == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "plural", "field", "specs", "masters"),
+    [
+        ("TFJob", "tfjobs", "tfReplicaSpecs", {"PS": 1, "Worker": 2}, {"t-worker-0"}),
+        ("TFJob", "tfjobs", "tfReplicaSpecs", {"Chief": 1, "Worker": 1}, {"t-chief-0"}),
+        ("JAXJob", "jaxjobs", "jaxReplicaSpecs", {"Worker": 2}, {"t-worker-0"}),
+    ],
+)
+def test_the_master_role_follows_each_operator(
+    cluster: Cluster, kind: str, plural: str, field: str, specs: dict[str, int], masters: set[str]
+) -> None:
+    create(
+        cluster, "kubeflow.org/v1", kind, plural, "t", {field: {rt: replica(n) for rt, n in specs.items()}}
+    )
+    by_name = pods(cluster)
+    assert len(by_name) == sum(specs.values())
+    assert {
+        n for n, p in by_name.items() if p["metadata"]["labels"].get(T + "job-role") == "master"
+    } == masters
+
+
+def test_an_mpijob_gets_worker_pods_and_a_launcher_job(cluster: Cluster, clock: Clock) -> None:
+    create(
+        cluster,
+        "kubeflow.org/v2beta1",
+        "MPIJob",
+        "mpijobs",
+        "pi",
+        {
+            "slotsPerWorker": 1,
+            "mpiReplicaSpecs": {
+                "Launcher": replica(1, "default-scheduler", run_seconds="5"),
+                "Worker": replica(2, "default-scheduler"),
+            },
+        },
+    )
+    by_name = pods(cluster)
+    workers = {n: p for n, p in by_name.items() if n.startswith("pi-worker-")}
+    assert set(workers) == {"pi-worker-0", "pi-worker-1"}
+    labels = workers["pi-worker-1"]["metadata"]["labels"]
+    assert labels[T + "job-role"] == "worker"
+    assert labels[T + "replica-index"] == "1"
+    assert labels[T + "operator-name"] == "mpi-operator"
+    assert labels[T + "job-name"] == "pi"
+    launcher_job = cluster.find("batch/jobs", "default", "pi-launcher")
+    assert launcher_job is not None
+    assert launcher_job["metadata"]["ownerReferences"][0]["kind"] == "MPIJob"
+    launchers = [p for n, p in by_name.items() if n.startswith("pi-launcher-")]
+    assert len(launchers) == 1
+    assert launchers[0]["metadata"]["labels"][T + "job-role"] == "launcher"
+    advance(cluster, clock, 2)
+    assert conditions(job(cluster, "mpijobs", "pi"))["Running"] == "True"
+    advance(cluster, clock, 6)
+    assert conditions(job(cluster, "mpijobs", "pi"))["Succeeded"] == "True"
+
+
+def test_a_failed_pod_fails_the_job(cluster: Cluster, clock: Clock) -> None:
+    create(
+        cluster,
+        "kubeflow.org/v1",
+        "PyTorchJob",
+        "pytorchjobs",
+        "bad",
+        {"pytorchReplicaSpecs": {"Master": replica(1, "default-scheduler")}},
+    )
+    advance(cluster, clock, 2)
+    pod = cluster.find("pods", "default", "bad-master-0")
+    assert pod is not None
+    cluster.store.put("pods", {**pod, "status": {**pod["status"], "phase": "Failed"}})
+    cluster.settle()
+    failed = job(cluster, "pytorchjobs", "bad")
+    assert conditions(failed) == {"Created": "True", "Running": "False", "Failed": "True"}
+    assert failed["status"]["conditions"][-1]["reason"] == "PyTorchJobFailed"

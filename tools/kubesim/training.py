@@ -1,0 +1,374 @@
+"""Kubeflow training jobs in the simulated API server: their CRDs, served from the start, and a simulated
+training operator that creates their replicas' pods, so that a PyTorchJob written for KAI applies unchanged.
+
+**CRDs** (`TRAINING_CRDS`, created by `Cluster` at start like the built-in priority classes): PyTorchJob,
+TFJob, XGBoostJob and JAXJob (kubeflow.org/v1, Kubeflow Training Operator v1) and MPIJob
+(kubeflow.org/v2beta1, MPI Operator v2); namespaced, schema-less, with the status subresource.
+
+**Controller** (`TrainingOperator`, run by `tools.kubesim.controllers.Controllers`):
+
+- Training Operator v1 kinds: one pod per replica index of each replica spec (``spec.pytorchReplicaSpecs``,
+  ``tfReplicaSpecs``, ``xgbReplicaSpecs``, ``jaxReplicaSpecs``), named ``<job>-<replica type lowercased>-<i>``
+  and labelled ``training.kubeflow.org/job-name``, ``replica-type`` (lowercased), ``replica-index`` and
+  ``operator-name`` (``pytorchjob-controller``, ...), plus ``training.kubeflow.org/job-role: master`` where
+  the operator's ``IsMasterRole`` says so: the Master of a PyTorchJob or XGBoostJob, the Chief or Master of a
+  TFJob (worker 0 when it has neither), index 0 of a JAXJob.
+- MPIJob: the workers as pods ``<job>-worker-<i>`` (``job-role: worker``, ``replica-index``) and the
+  launcher as a batch/v1 Job ``<job>-launcher`` (``job-role: launcher``) whose pod kubesim's Job controller
+  creates, as MPI Operator v2 does; labels ``training.kubeflow.org/job-name`` and ``operator-name:
+  mpi-operator``.
+- Every object carries the template's labels, annotations and spec (schedulerName, priorityClassName, ...)
+  and a controller ownerReference to the job (blockOwnerDeletion); a replica spec's ``restartPolicy`` becomes
+  the pod's (``ExitCode`` as ``Never``). A deleted pod is recreated while the job is not finished.
+- Status: ``replicaStatuses`` (active/succeeded/failed per replica type), ``startTime``, and the conditions
+  Created, then Running (the leader's pod runs: Master, Chief, the job-role master or the launcher; without
+  one, every pod runs), then Succeeded (the leader succeeded; without one, every pod) with Running set to
+  False, or Failed when a pod fails; ``completionTime`` once finished. Pods are kept when the job finishes
+  (cleanPodPolicy None).
+
+Not simulated: the per-replica headless Services, the framework environment variables (MASTER_ADDR, RANK,
+TF_CONFIG, ...), the MPI hostfile ConfigMap and SSH Secret, elastic and suspend policies, restarts by exit
+code, backoffLimit and activeDeadlineSeconds. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tools.kubesim.errors import ApiError
+from tools.kubesim.objects import clone, rfc3339
+
+if TYPE_CHECKING:
+    from tools.kubesim.controllers import Controllers
+
+__all__ = [
+    "JOB_NAME_LABEL",
+    "JOB_ROLE_LABEL",
+    "OPERATOR_NAME_LABEL",
+    "REPLICA_INDEX_LABEL",
+    "REPLICA_TYPE_LABEL",
+    "TRAINING_CRDS",
+    "TRAINING_KINDS",
+    "TrainingKind",
+    "TrainingOperator",
+]
+
+Obj = dict[str, Any]
+
+GROUP = "kubeflow.org"
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class TrainingKind:
+    """One kind of training job: its API and how its operator names and labels its replicas."""
+
+    kind: str
+    version: str
+    plural: str
+    replica_specs: str
+    """The spec field holding {replica type: replica spec}."""
+    operator_name: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{GROUP}/{self.version}"
+
+    @property
+    def storage(self) -> str:
+        return f"{GROUP}/{self.plural}"
+
+    def is_master(self, types: list[str], rtype: str, index: int) -> bool:
+        """The training operator's ``IsMasterRole`` for this kind."""
+        if self.kind == "TFJob":
+            if "Chief" in types or "Master" in types:
+                return rtype in ("Chief", "Master")
+            return rtype == "Worker" and index == 0
+        if self.kind == "JAXJob":
+            return index == 0
+        return rtype == "Master"
+
+
+TRAINING_KINDS: tuple[TrainingKind, ...] = (
+    TrainingKind("PyTorchJob", "v1", "pytorchjobs", "pytorchReplicaSpecs", "pytorchjob-controller"),
+    TrainingKind("TFJob", "v1", "tfjobs", "tfReplicaSpecs", "tfjob-controller"),
+    TrainingKind("XGBoostJob", "v1", "xgboostjobs", "xgbReplicaSpecs", "xgboostjob-controller"),
+    TrainingKind("JAXJob", "v1", "jaxjobs", "jaxReplicaSpecs", "jaxjob-controller"),
+    TrainingKind("MPIJob", "v2beta1", "mpijobs", "mpiReplicaSpecs", "mpi-operator"),
+)
+_BY_STORAGE = {k.storage: k for k in TRAINING_KINDS}
+_BY_OWNER = {(k.api_version, k.kind): k for k in TRAINING_KINDS}
+
+
+def _crd(k: TrainingKind) -> Obj:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{k.plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": k.kind,
+                "listKind": f"{k.kind}List",
+                "plural": k.plural,
+                "singular": k.kind.lower(),
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": k.version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+                    ],
+                }
+            ],
+        },
+    }
+
+
+TRAINING_CRDS: tuple[Obj, ...] = tuple(_crd(k) for k in TRAINING_KINDS)
+"""The CustomResourceDefinitions kubesim serves from its start."""
+
+
+def training_kind_of_owner(api_version: str, kind: str) -> TrainingKind | None:
+    """The training kind an ownerReference names, if any."""
+    return _BY_OWNER.get((api_version, kind))
+
+
+def training_kind_of_storage(storage: str) -> TrainingKind | None:
+    return _BY_STORAGE.get(storage)
+
+
+def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastUpdateTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+def _phase(obj: Obj) -> str:
+    return str((obj.get("status") or {}).get("phase") or "")
+
+
+class TrainingOperator:
+    """Kubeflow's training-operator and MPI operator, reconciling one job at a time for `Controllers`."""
+
+    def __init__(self, controllers: Controllers) -> None:
+        self.controllers = controllers
+
+    def reconcile(self, kind: TrainingKind, job: Obj) -> None:
+        status = job.get("status") or {}
+        finished = any(
+            c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or ()
+        )
+        specs = (job.get("spec") or {}).get(kind.replica_specs) or {}
+        if not isinstance(specs, dict):
+            specs = {}
+        if not finished:
+            if kind.kind == "MPIJob":
+                self._mpi_objects(kind, job, specs)
+            else:
+                self._pods(kind, job, specs)
+        self._status(kind, job, specs)
+
+    # --- creating replicas ------------------------------------------------------------------------------------
+    def _base_labels(self, kind: TrainingKind, job: Obj) -> dict[str, str]:
+        return {OPERATOR_NAME_LABEL: kind.operator_name, JOB_NAME_LABEL: job["metadata"]["name"]}
+
+    def _replica_template(self, spec: Obj, labels: dict[str, str]) -> Obj:
+        template: Obj = clone(spec.get("template") or {})
+        md = template.setdefault("metadata", {})
+        md["labels"] = {**(md.get("labels") or {}), **labels}
+        pod_spec = template.setdefault("spec", {})
+        policy = spec.get("restartPolicy")
+        if policy:
+            pod_spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
+        return template
+
+    def _pods(self, kind: TrainingKind, job: Obj, specs: Obj) -> None:
+        types = list(specs)
+        for rtype, spec in specs.items():
+            if not isinstance(spec, dict):
+                continue
+            for index in range(int(spec.get("replicas", 1))):
+                labels = {
+                    **self._base_labels(kind, job),
+                    REPLICA_TYPE_LABEL: rtype.lower(),
+                    REPLICA_INDEX_LABEL: str(index),
+                }
+                if kind.is_master(types, rtype, index):
+                    labels[JOB_ROLE_LABEL] = "master"
+                name = f"{job['metadata']['name']}-{rtype.lower()}-{index}"
+                if not self._ensure_pod(kind, job, name, self._replica_template(spec, labels)):
+                    return
+
+    def _mpi_objects(self, kind: TrainingKind, job: Obj, specs: Obj) -> None:
+        name = job["metadata"]["name"]
+        worker = specs.get("Worker")
+        if isinstance(worker, dict):
+            for index in range(int(worker.get("replicas", 1))):
+                labels = {
+                    **self._base_labels(kind, job),
+                    JOB_ROLE_LABEL: "worker",
+                    REPLICA_INDEX_LABEL: str(index),
+                }
+                if not self._ensure_pod(
+                    kind, job, f"{name}-worker-{index}", self._replica_template(worker, labels)
+                ):
+                    return
+        launcher = specs.get("Launcher")
+        if not isinstance(launcher, dict):
+            return
+        ns = job["metadata"]["namespace"]
+        cluster = self.controllers.cluster
+        if cluster.store.storage("batch/jobs").get(ns, f"{name}-launcher") is not None:
+            return
+        template = self._replica_template(
+            launcher, {**self._base_labels(kind, job), JOB_ROLE_LABEL: "launcher"}
+        )
+        template["spec"].setdefault("restartPolicy", "Never")
+        launcher_job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": f"{name}-launcher",
+                "namespace": ns,
+                "labels": dict(template["metadata"]["labels"]),
+                "ownerReferences": [self._owner_ref(job)],
+            },
+            "spec": {"backoffLimit": 0, "template": template},
+        }
+        try:
+            cluster.create(cluster.type_of("batch/jobs"), ns, launcher_job)
+        except ApiError as exc:
+            cluster.record_event(
+                job, "Warning", "FailedCreate", f"Error creating: {exc.message}", kind.operator_name
+            )
+
+    def _owner_ref(self, job: Obj) -> Obj:
+        md = job["metadata"]
+        return {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "name": md["name"],
+            "uid": md["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def _ensure_pod(self, kind: TrainingKind, job: Obj, name: str, template: Obj) -> bool:
+        """Create the pod `name` from `template` unless it exists or waits for admission; False on a refusal."""
+        ctl = self.controllers
+        ns = job["metadata"]["namespace"]
+        if ctl.cluster.store.storage("pods").get(ns, name) is not None or name in ctl.waiting_for(job):
+            return True
+        return ctl.create_pod_from(job, kind.storage, name, template)
+
+    # --- status -----------------------------------------------------------------------------------------------
+    def _status(self, kind: TrainingKind, job: Obj, specs: Obj) -> None:
+        ctl = self.controllers
+        md = job["metadata"]
+        pods = ctl.owned_pods(job)
+        by_type: dict[str, list[Obj]] = {}
+        for pod in pods:
+            labels = pod["metadata"].get("labels") or {}
+            rtype = labels.get(REPLICA_TYPE_LABEL) or labels.get(JOB_ROLE_LABEL) or ""
+            by_type.setdefault(rtype, []).append(pod)
+        leaders: list[Obj] = []
+        replica_statuses: Obj = {}
+        for rtype in specs:
+            key = rtype.lower()
+            group = by_type.get(key, [])
+            if kind.kind == "MPIJob" and rtype == "Launcher":
+                group = self._launcher_pods(job)
+                leaders = group
+            replica_statuses[rtype] = {
+                "active": sum(1 for p in group if _phase(p) not in _TERMINAL),
+                "succeeded": sum(1 for p in group if _phase(p) == "Succeeded"),
+                "failed": sum(1 for p in group if _phase(p) == "Failed"),
+            }
+        if kind.kind != "MPIJob":
+            leaders = [p for p in pods if (p["metadata"].get("labels") or {}).get(JOB_ROLE_LABEL) == "master"]
+            if kind.kind == "JAXJob":
+                leaders = []
+        all_pods = pods + (self._launcher_pods(job) if kind.kind == "MPIJob" else [])
+        expected = sum(int(s.get("replicas", 1)) for s in specs.values() if isinstance(s, dict))
+        watched = leaders or all_pods
+        complete = len(all_pods) >= expected
+        running = (
+            bool(watched)
+            and (bool(leaders) or complete)
+            and all(_phase(p) in ("Running", "Succeeded") for p in watched)
+        )
+        succeeded = (
+            bool(watched) and (bool(leaders) or complete) and all(_phase(p) == "Succeeded" for p in watched)
+        )
+        failed = [p for p in all_pods if _phase(p) == "Failed"]
+
+        old = job.get("status") or {}
+        now = rfc3339(ctl.cluster.now())
+        conditions: list[Obj] = [dict(c) for c in old.get("conditions") or ()]
+        ref = f"{kind.kind} {md['namespace']}/{md['name']}"
+
+        def set_condition(type_: str, status: str, reason: str, message: str) -> None:
+            """Set a condition (a False one only replaces an existing one, as the operator does)."""
+            for c in conditions:
+                if c.get("type") == type_:
+                    if c.get("status") != status:
+                        c.update(_condition(type_, status, reason, message, now))
+                    return
+            if status == "True":
+                conditions.append(_condition(type_, status, reason, message, now))
+
+        done = any(c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True" for c in conditions)
+        set_condition("Created", "True", f"{kind.kind}Created", f"{ref} is created.")
+        if not done:
+            if succeeded:
+                set_condition("Running", "False", f"{kind.kind}Running", f"{ref} is running.")
+                set_condition("Succeeded", "True", f"{kind.kind}Succeeded", f"{ref} successfully completed.")
+            elif failed:
+                set_condition("Running", "False", f"{kind.kind}Running", f"{ref} is running.")
+                pod_name = failed[0]["metadata"]["name"]
+                set_condition(
+                    "Failed", "True", f"{kind.kind}Failed", f"{ref} is failed because pod {pod_name} failed."
+                )
+            elif running:
+                set_condition("Running", "True", f"{kind.kind}Running", f"{ref} is running.")
+        status: Obj = {"conditions": conditions, "replicaStatuses": replica_statuses}
+        if old.get("startTime") or all_pods:
+            status["startTime"] = old.get("startTime") or now
+        finished_now = any(
+            c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True" for c in conditions
+        )
+        if finished_now:
+            status["completionTime"] = old.get("completionTime") or now
+        current = ctl.cluster.store.storage(kind.storage).get(md["namespace"], md["name"])
+        if current is not None and current["metadata"].get("uid") == md.get("uid"):
+            ctl.write_status(kind.storage, current, status)
+
+    def _launcher_pods(self, job: Obj) -> list[Obj]:
+        md = job["metadata"]
+        launcher = self.controllers.cluster.store.storage("batch/jobs").get(
+            md["namespace"], f"{md['name']}-launcher"
+        )
+        if launcher is None:
+            return []
+        return self.controllers.owned_pods(launcher)
