@@ -928,19 +928,8 @@ class Committer:
         if not view.claims:
             self.first_seen.clear()
             return []
-        position = await self._position(s.LEDGER_BUCKET)
+        position = await self._caught_up(view, s.LEDGER_BUCKET, catch_up)
         if position is None:
-            self.counters["recovery_position_unknown"] += 1
-            return []
-        try:
-            await view.wait_for(0, position, catch_up)
-        except TimeoutError:
-            self.counters["recovery_view_behind"] += 1
-            log.warning(
-                "recovery scan skipped: this replica's ledger view is at %d, the ledger at %d",
-                view.ledger_revision,
-                position,
-            )
             return []
         # Copies: the replica's watchers keep applying changes while the scan awaits the ledger.
         claims, revisions, nodes = dict(view.claims), dict(view.key_revisions), dict(view.ledger)
@@ -948,29 +937,32 @@ class Committer:
         if any(claim.pod not in current for claim in claims.values()):
             # The claims of pods the view does not hold are taken back: first the view must hold every pod
             # the state bucket holds now, or a watch that lags would show a pod just placed as gone.
-            if not await self._caught_up(view, s.STATE_BUCKET, position, catch_up):
+            if await self._caught_up(view, s.STATE_BUCKET, catch_up, ledger=position) is None:
                 return []
             current = pods()
         return await self.recover(claims, revisions, nodes, current, now, grace)
 
-    async def _caught_up(self, view: LedgerView, bucket: str, ledger: int, catch_up: float) -> bool:
-        """Whether `view` reaches the last sequence of `bucket` as read now (and `ledger` in the ledger)
-        within `catch_up` seconds; counted and logged when it does not or the sequence cannot be read."""
+    async def _caught_up(self, view: LedgerView, bucket: str, catch_up: float, ledger: int = 0) -> int | None:
+        """The last sequence of `bucket` (the ledger or the state bucket) as read now, once `view` has reached
+        it (and `ledger` in the ledger) within `catch_up` seconds; None, counted and logged, when it does not
+        or the sequence cannot be read."""
         position = await self._position(bucket)
         if position is None:
             self.counters["recovery_position_unknown"] += 1
-            return False
+            return None
+        on_ledger = bucket == s.LEDGER_BUCKET
         try:
-            await view.wait_for(position, ledger, catch_up)
+            await view.wait_for(0 if on_ledger else position, position if on_ledger else ledger, catch_up)
         except TimeoutError:
             self.counters["recovery_view_behind"] += 1
             log.warning(
-                "recovery scan skipped: this replica's view of the cluster is at %d, the state bucket at %d",
-                view.revision,
+                "recovery scan skipped: this replica's view of %s is at %d, the bucket at %d",
+                bucket,
+                view.ledger_revision if on_ledger else view.revision,
                 position,
             )
-            return False
-        return True
+            return None
+        return position
 
     async def _sweep_leftovers(
         self, view: LedgerView, pods: Callable[[], Mapping[str, Pod]], now: float, grace: float
