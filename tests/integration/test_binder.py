@@ -396,9 +396,10 @@ async def test_an_unanswered_bind_keeps_its_claim_for_recovery(bus: Bus) -> None
     assert set(await node_pods(bus, "n1")) == {"ns/a", "ns/b"}
 
 
-async def _ledger_view(
+async def ledger_view(
     bus: Bus,
 ) -> tuple[dict[str, PodClaim], dict[str, int], dict[str, NodeLedger]]:
+    """The ledger as the bucket holds it now: claims and node ledgers by key, and every key's revision."""
     claims: dict[str, PodClaim] = {}
     revisions: dict[str, int] = {}
     nodes: dict[str, NodeLedger] = {}
@@ -428,9 +429,9 @@ async def test_recovery_binds_committed_pods_left_pending_after_the_grace_period
     cluster = FakeCluster()
     committer = Committer(bus, cluster)
     pods = _pods({"ns/a": PodStatus.PENDING, "ns/b": PodStatus.PENDING})
-    assert await committer.recover(*await _ledger_view(bus), pods, now=100.0, grace=5.0) == []
+    assert await committer.recover(*await ledger_view(bus), pods, now=100.0, grace=5.0) == []
     assert cluster.calls == []  # within the grace period: the original binder may still be binding
-    assert await committer.recover(*await _ledger_view(bus), pods, now=106.0, grace=5.0) == ["ns/a", "ns/b"]
+    assert await committer.recover(*await ledger_view(bus), pods, now=106.0, grace=5.0) == ["ns/a", "ns/b"]
     assert cluster.calls == [("bind", "ns/a"), ("bind", "ns/b")]
     assert committer.counters["recovered"] == 2
     bound = [e for e in await events(bus, 2) if isinstance(e, PodBound)]
@@ -449,11 +450,11 @@ async def test_recovery_takes_back_a_commit_that_died_half_way(bus: Bus) -> None
     cluster = FakeCluster()
     committer = Committer(bus, cluster)
     pods = _pods({"ns/a": PodStatus.PENDING, "ns/b": PodStatus.PENDING})
-    first = await _ledger_view(bus)
+    first = await ledger_view(bus)
     # The scan can only take back what its view holds (one CI run ended with both claims still there).
     assert set(first[0]) == {s.ledger_claim_key("ns/a"), s.ledger_claim_key("ns/b")}, first
     await committer.recover(*first, pods, now=0.0, grace=1.0)
-    assert await committer.recover(*await _ledger_view(bus), pods, now=2.0, grace=1.0) == []
+    assert await committer.recover(*await ledger_view(bus), pods, now=2.0, grace=1.0) == []
     assert cluster.calls == []
     after = await dump(bus.ledger)
     assert {k for k in after if k.startswith("claim.")} == {k for k in before if k.startswith("claim.")}

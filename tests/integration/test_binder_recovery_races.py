@@ -25,11 +25,11 @@ from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.kv import KvStore
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, Outcome, PodClaim, Proposal, encode
+from shared.contracts.messages import LEDGER_RECORDS, Outcome, PodClaim, Proposal, encode
 from shared.model import Pod, PodStatus
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, BINDER
-from tests.integration.test_binder import FakeCluster, bind, lease, node_pods, proposal
+from tests.integration.test_binder import FakeCluster, bind, lease, ledger_view, node_pods, proposal
 from tools.stack.nats_server import start_nats_server
 
 pytestmark = pytest.mark.integration
@@ -110,24 +110,6 @@ async def held_binder(bus: Bus, **options: Any) -> AsyncIterator[HeldBinder]:
     finally:
         if a.task is not None and not a.task.done():
             await a.die()
-
-
-async def ledger_view(bus: Bus) -> tuple[dict[str, PodClaim], dict[str, int], dict[str, NodeLedger]]:
-    """The ledger as the bucket holds it now: claims and node ledgers by key, and every key's revision."""
-    claims: dict[str, PodClaim] = {}
-    revisions: dict[str, int] = {}
-    nodes: dict[str, NodeLedger] = {}
-    for key in await bus.ledger.keys():
-        entry = await bus.ledger.get(key)
-        if entry is None:
-            continue
-        revisions[key] = entry.revision
-        record = LEDGER_RECORDS.decode(key, entry.value or b"")
-        if isinstance(record, PodClaim):
-            claims[key] = record
-        else:
-            nodes[key] = record
-    return claims, revisions, nodes
 
 
 def pending(*keys: str) -> dict[str, Pod]:

@@ -39,14 +39,13 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import ApplyRequest, Binding, Outcome, PodClaim, PodRecord, encode
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
-from shared.kubeapi.paths import create_object
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, SubGroupSet
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, BINDER
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_binder import FakeCluster, binder_running, lease, node_pods, outcomes, proposal
 from tests.integration.test_state import ask, state_service
-from tests.integration.test_state_fencing import OPTIONS, REPO, create_pod
+from tests.integration.test_state_fencing import OPTIONS, REPO, create_pod, create_pod_alone
 from tools.kubesim.cluster import SimOptions
 from tools.stack.nats_server import NatsServer, start_nats_server
 
@@ -348,7 +347,7 @@ async def test_kubernetes_a_statefulset_pod_created_again_leaves_no_claim_of_the
 
         # Its StatefulSet's pod is deleted, and created again under the same name.
         await delete_pod(kube, "web-0")
-        await create_again(kube, "web-0")
+        await create_pod_alone(kube, "web-0")  # as a StatefulSet creates it again
         await until("web-0 created again in KV", lambda: shown(not_uid=old.uid))
         new = web_0(not_uid=old.uid)
         assert new is not None
@@ -375,24 +374,3 @@ async def test_kubernetes_a_statefulset_pod_created_again_leaves_no_claim_of_the
             return p is not None and p.node == node and p.status != PodStatus.PENDING
 
         await until("web-0 on its node", bound_there)
-
-
-async def create_again(kube: Kube, name: str) -> None:
-    """The pod under the same name, as a StatefulSet's controller creates it again (its PodGroup stays)."""
-    await create_object(
-        kube,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "labels": {"kai.scheduler/queue": "default-queue"},
-                "annotations": {"pod-group-name": f"pg-{name}"},
-            },
-            "spec": {
-                "schedulerName": "kai-scheduler",
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": {"cpu": "1"}}}],
-            },
-        },
-    )

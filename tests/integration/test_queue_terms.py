@@ -45,6 +45,7 @@ from shared.contracts.messages import (
 from shared.errors import FencedError
 from shared.security.nats_config import authorization
 from shared.security.permissions import ADMIN, QUEUE
+from tests.clocks import Clock
 from tools.stack.nats_server import NatsServer, start_nats_server
 
 pytestmark = pytest.mark.integration
@@ -56,16 +57,6 @@ WAIT = 30.0
 SHORT_TTL_S = 3.0
 """The leases bucket's TTL where nats-server expires the key itself: a keeper stays valid for
 `SHORT_TTL_S - SAFETY_MARGIN_S` after a renewal."""
-
-
-class Clock:
-    """A replica's monotonic clock, moved on by hand (a paused process's keeps running)."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass

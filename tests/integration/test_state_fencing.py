@@ -42,6 +42,7 @@ from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.paths import create_object
 from shared.model import Pod
+from tests.clocks import Clock
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.stack.nats_server import NatsServer
@@ -53,16 +54,6 @@ WAIT = 30.0
 """Generous: the machine running the tests may be loaded."""
 NODE = "node-0"
 OPTIONS = KubeSourceOptions(debounce=0.01, problem_settle=0.5)
-
-
-class Clock:
-    """A replica's monotonic clock, moved on by hand (a paused process's keeps running)."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass
@@ -142,6 +133,11 @@ async def create_pod(kube: Kube, name: str) -> None:
             "spec": {"minMember": 1, "queue": "default-queue"},
         },
     )
+    await create_pod_alone(kube, name)
+
+
+async def create_pod_alone(kube: Kube, name: str) -> None:
+    """The pod of `create_pod` without its PodGroup (a pod created again under its name: the PodGroup stays)."""
     await create_object(
         kube,
         {

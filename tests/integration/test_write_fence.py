@@ -26,6 +26,7 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import NodeLedger, PodClaim, encode
 from shared.errors import FencedError
 from shared.model import Node, Pod, PodStatus
+from tests.clocks import Clock
 from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -35,14 +36,6 @@ NODE = Node(name="n1", cpu_millis=8000, memory_bytes=64e9)
 RUNNING = Pod(name="running", namespace="ns", podgroup="ns/pg", status=PodStatus.RUNNING, node="n1")
 BINDING = Pod(name="binding", namespace="ns", podgroup="ns/pg-2", status=PodStatus.PENDING)
 """A pod a binder has claimed on n1 and is binding: its claim and reservation stand until the pod holds n1."""
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass

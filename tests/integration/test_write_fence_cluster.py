@@ -14,7 +14,8 @@ import pytest
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import REASSERT_S, LeaseLost
 from shared.contracts import subjects as s
-from tests.integration.test_write_fence import Clock, holder, successor
+from tests.clocks import Clock
+from tests.integration.test_write_fence import holder, successor
 from tools.stack.nats_server import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
