@@ -9,6 +9,7 @@ import pytest
 
 from tests.unit.kubesim_support import Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.training import replicas_of
 
 T = "training.kubeflow.org/"
 
@@ -264,3 +265,25 @@ def test_a_failed_pod_fails_the_job(cluster: Cluster, clock: Clock) -> None:
     failed = job(cluster, "pytorchjobs", "bad")
     assert conditions(failed) == {"Created": "True", "Running": "False", "Failed": "True"}
     assert failed["status"]["conditions"][-1]["reason"] == "PyTorchJobFailed"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "pods"),
+    [
+        ("2", 0),
+        ("²", 0),
+        ("9" * 5000, 0),
+        (-3, 0),
+        (2.5, 0),
+        (True, 0),
+        (None, 0),
+        (float("nan"), 0),
+        (3, 3),
+        (10**9, 1000),
+    ],
+)
+def test_a_hostile_replica_count_creates_no_pod_or_at_most_the_simulators_bound(
+    replicas: object, pods: int
+) -> None:
+    assert replicas_of({"replicas": replicas}) == pods
+    assert replicas_of({}) == 1

@@ -143,6 +143,21 @@ TRAINING_CRDS: tuple[Obj, ...] = tuple(_crd(k) for k in TRAINING_KINDS)
 """The CustomResourceDefinitions kubesim serves from its start."""
 
 
+MAX_REPLICAS = 1000
+"""The most pods kubesim creates for one replica spec: it has no CRD schema to refuse a hostile count, and
+a count of a billion would fill its memory."""
+
+
+def replicas_of(spec: Obj) -> int:
+    """A replica spec's ``replicas`` (1 when absent); what the real API server's schema (an int32 >= 0) would
+    refuse (text, a bool, a float, a negative, "²", 5,000 digits) creates no pod, and a count beyond
+    `MAX_REPLICAS` creates that many."""
+    raw = spec.get("replicas", 1)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        return 0
+    return min(raw, MAX_REPLICAS)
+
+
 def training_kind_of_owner(api_version: str, kind: str) -> TrainingKind | None:
     """The training kind an ownerReference names, if any."""
     return _BY_OWNER.get((api_version, kind))
@@ -208,7 +223,7 @@ class TrainingOperator:
         for rtype, spec in specs.items():
             if not isinstance(spec, dict):
                 continue
-            for index in range(int(spec.get("replicas", 1))):
+            for index in range(replicas_of(spec)):
                 labels = {
                     **self._base_labels(kind, job),
                     REPLICA_TYPE_LABEL: rtype.lower(),
@@ -224,7 +239,7 @@ class TrainingOperator:
         name = job["metadata"]["name"]
         worker = specs.get("Worker")
         if isinstance(worker, dict):
-            for index in range(int(worker.get("replicas", 1))):
+            for index in range(replicas_of(worker)):
                 labels = {
                     **self._base_labels(kind, job),
                     JOB_ROLE_LABEL: "worker",
@@ -310,7 +325,7 @@ class TrainingOperator:
             if kind.kind == "JAXJob":
                 leaders = []
         all_pods = pods + (self._launcher_pods(job) if kind.kind == "MPIJob" else [])
-        expected = sum(int(s.get("replicas", 1)) for s in specs.values() if isinstance(s, dict))
+        expected = sum(replicas_of(s) for s in specs.values() if isinstance(s, dict))
         watched = leaders or all_pods
         complete = len(all_pods) >= expected
         running = (
