@@ -6,7 +6,9 @@ Deployment, a JobSet, a PyTorchJob...: any kind, `shared.kubeapi.paths`), lets t
 `services.state.grouping.group_pod` decide, creates that PodGroup (or brings an existing one in line with
 `podgroup_update`), and then annotates the pod with `pod-group-name`: the pod's next watch event carries
 it into KV. Owners are fetched once per pass however many of their pods are waiting; an owner that cannot
-be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read.
+be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read. A plugin
+that reads more of the cluster (an MPIJob's launcher pods, a RayJob's RayCluster, ...) says what it needs
+(`ReadsNeeded`); the loop reads it, once per pass too, and asks again, at most `MAX_READ_ROUNDS` times.
 
 A pod the decision refuses (a malformed owner spec or label) is logged, counted, reported on the pod (a
 Warning Event and PodScheduled=False naming the owner and the field, through the mirror's problems) and left
@@ -18,8 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+from urllib.parse import quote
+
+import msgspec
 
 from services.state.grouping import GrouperConfig, OwnerRef, group_pod, owner_refs_to_follow, podgroup_update
+from services.state.grouping.model import Grouping, ObjectRead, PodsRead, Read, ReadsNeeded
 from services.state.mirror import Mirror
 from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
@@ -31,6 +37,7 @@ from shared.kubeapi.paths import create_object, get_object
 log = logging.getLogger("kairos.state.podgrouper")
 
 MAX_OWNER_DEPTH = 8
+MAX_READ_ROUNDS = 8
 ALREADY_EXISTS = 409
 UNREADABLE_OWNER = frozenset({403, 404})
 
@@ -46,12 +53,14 @@ class PodGrouperLoop(PodWorkLoop):
         self.config = config
         self._limit = asyncio.Semaphore(concurrency)
         self._owners: dict[tuple[str, OwnerRef], asyncio.Task[wire.Owner | None]] = {}
+        self._reads: dict[Read, asyncio.Task[Any]] = {}
 
     def candidates(self) -> list[wire.Pod]:
         return self.mirror.ungrouped()
 
     def begin_round(self) -> None:
         self._owners.clear()
+        self._reads.clear()
 
     async def work(self, pod: wire.Pod) -> bool:
         return await self._group(pod)
@@ -61,9 +70,7 @@ class PodGrouperLoop(PodWorkLoop):
         try:
             async with self._limit:
                 owners = await self._chain(pod)
-                grouping = group_pod(
-                    pod, owners, priority_classes=set(self.mirror.raw.priorityclasses), config=self.config
-                )
+                grouping = await self._decide(pod, owners)
                 if grouping is None:
                     return False
                 existing = self.mirror.raw.podgroups.get(f"{grouping.namespace}/{grouping.name}")
@@ -108,6 +115,50 @@ class PodGrouperLoop(PodWorkLoop):
             log.warning("pod %s/%s: grouping failed, will retry: %s", meta.namespace, meta.name, exc)
             return exc.temporary
         return False
+
+    async def _decide(self, pod: wire.Pod, owners: list[wire.Owner]) -> Grouping | None:
+        """`group_pod`, with the reads its plugin asks for."""
+        classes = set(self.mirror.raw.priorityclasses)
+        reads: dict[Read, Any] = {}
+        for _ in range(MAX_READ_ROUNDS):
+            try:
+                return group_pod(pod, owners, priority_classes=classes, config=self.config, reads=reads)
+            except ReadsNeeded as needed:
+                for read in needed.reads:
+                    task = self._reads.get(read)
+                    if task is None:
+                        task = asyncio.create_task(self._read(read))
+                        self._reads[read] = task
+                    reads[read] = await task
+        name = wire.object_name(pod.metadata.namespace, pod.metadata.name)
+        raise InvalidObject(
+            "Pod", name, "metadata.ownerReferences", "its owner's plugin kept asking for reads"
+        )
+
+    async def _read(self, read: Read) -> Any:
+        if isinstance(read, ObjectRead):
+            try:
+                raw = await get_object(self.kube, read.api_version, read.kind, read.namespace, read.name)
+            except ApiError as exc:
+                if exc.status in UNREADABLE_OWNER:
+                    return None
+                raise
+            found = msgspec.json.decode(raw)
+            return found if isinstance(found, dict) else None
+        return await self._list_pods(read)
+
+    async def _list_pods(self, read: PodsRead) -> list[wire.Pod]:
+        selector = ",".join(f"{key}={value}" for key, value in read.selector)
+        path = f"/api/v1/namespaces/{read.namespace}/pods?labelSelector={quote(selector, safe='=,')}"
+        raw = await self.kube.request(f"list pods {read.namespace} {selector}", "GET", path)
+        items = msgspec.json.decode(raw).get("items") or []
+        pods: list[wire.Pod] = []
+        for item in items:
+            try:
+                pods.append(wire.convert(wire.Pod, item))
+            except InvalidObject:
+                continue  # a pod the mirror holds back for its own problem: not one the plugin counts
+        return pods
 
     async def _create(self, manifest: dict[str, Any]) -> None:
         try:

@@ -30,6 +30,7 @@ from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod
+from tests.grouping import group_or_none
 from tests.hostile import (
     HOSTILE_JSON,
     HOSTILE_TEXT,
@@ -265,7 +266,7 @@ def test_a_pod_of_any_owner_is_grouped_or_refused_naming_the_owner_or_the_pod(
         decoded = _owner(owner)
     except InvalidObject:
         return
-    _, error = _outcome(lambda: group_pod(pod, [decoded], priority_classes=CLASSES))
+    _, error = _outcome(lambda: group_or_none(pod, decoded, priority_classes=CLASSES))
     if error is not None:
         assert (error.kind, error.name) in ((owner["kind"], "team-a/work"), ("Pod", "team-a/work-0"))
         assert len(str(error)) < MESSAGE_LIMIT

@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.kubesim_support import Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
-from tools.kubesim.training import replicas_of
+from tools.kubesim.operators.training import replicas_of
 
 T = "training.kubeflow.org/"
 

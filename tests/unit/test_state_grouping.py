@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.state.grouping import (
@@ -14,84 +15,10 @@ from services.state.grouping import (
     owner_refs_to_follow,
     podgroup_update,
 )
+from services.state.grouping.model import PodsRead, ReadsNeeded
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
-
-CLASSES = frozenset({"train", "build", "inference", "high", "low"})
-
-
-# --- builders: objects as the API server returns them ------------------------------------------------------
-def ref(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def make_pod(
-    owner: dict[str, Any] | None = None,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    name: str = "worker-0",
-    **spec: Any,
-) -> wire.Pod:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ml",
-        "uid": f"uid-{name}",
-        "labels": labels or {},
-        "annotations": annotations or {},
-        "creationTimestamp": "2026-01-01T00:00:00Z",
-    }
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    body = {"schedulerName": "kai-scheduler", "containers": [{"name": "main"}], **spec}
-    return wire.convert(
-        wire.Pod,
-        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body, "status": {"phase": "Pending"}},
-    )
-
-
-def make_owner(
-    api_version: str,
-    kind: str,
-    name: str,
-    spec: dict[str, Any] | None = None,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    owner: dict[str, Any] | None = None,
-) -> wire.Owner:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ml",
-        "uid": f"uid-{name}",
-        "labels": labels or {},
-        "annotations": annotations or {},
-    }
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    doc = {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spec or {}, "status": {}}
-    return wire.convert(wire.Owner, doc)
-
-
-def owned_by(owner: wire.Owner) -> dict[str, Any]:
-    return ref(owner.api_version, owner.kind, owner.metadata.name, owner.metadata.uid)
-
-
-def group(pod: wire.Pod, *owners: wire.Owner, **kwargs: Any) -> Grouping:
-    kwargs.setdefault("priority_classes", CLASSES)
-    result = group_pod(pod, list(owners), **kwargs)
-    assert result is not None
-    return result
-
-
-def spec_of(grouping: Grouping) -> dict[str, Any]:
-    spec: dict[str, Any] = grouping.podgroup["spec"]
-    return spec
+from tests.grouping import CLASSES, group, make_owner, make_pod, owned_by, ref, spec_of
 
 
 # --- bare pods and the default plugin ----------------------------------------------------------------------
@@ -396,15 +323,47 @@ def test_an_mpi_job_gangs_launcher_and_workers() -> None:
     assert (g.grouper, spec_of(g)["minMember"]) == ("mpi", 3)
 
 
+def mpi_launcher(owner: wire.Owner, deleted_at: str | None = None) -> tuple[wire.Pod, wire.Owner]:
+    """The launcher pod of an MPIJob and the batch Job the MPI operator creates it through."""
+    job = make_owner("batch/v1", "Job", f"{owner.metadata.name}-launcher", owner=owned_by(owner))
+    labels = {
+        "training.kubeflow.org/job-role": "launcher",
+        "training.kubeflow.org/job-name": owner.metadata.name,
+    }
+    pod = make_pod(owned_by(job), labels=labels, name=f"{owner.metadata.name}-launcher-x")
+    if deleted_at is not None:
+        pod = msgspec.structs.replace(
+            pod, metadata=msgspec.structs.replace(pod.metadata, deletion_timestamp=deleted_at)
+        )
+    return pod, job
+
+
 def test_an_mpi_job_waiting_for_workers_does_not_count_a_launcher_that_does_not_exist_yet() -> None:
     owner = mpi_job("WaitForWorkersReady")
     worker = make_pod(owned_by(owner), labels={"training.kubeflow.org/job-role": "worker"})
+    launcher, launcher_job = mpi_launcher(owner)
     assert spec_of(group(worker, owner))["minMember"] == 2
-    assert spec_of(group(worker, owner, mpi_launcher_exists=True))["minMember"] == 3
-    launcher = make_pod(
-        owned_by(owner), labels={"training.kubeflow.org/job-role": "launcher"}, name="launcher"
+    assert spec_of(group(worker, owner, pods=[launcher]))["minMember"] == 3
+    assert spec_of(group(launcher, launcher_job, owner, pods=[launcher]))["minMember"] == 3
+
+
+def test_an_mpi_job_waiting_for_workers_does_not_count_a_launcher_being_deleted() -> None:
+    owner = mpi_job("WaitForWorkersReady")
+    worker = make_pod(owned_by(owner), labels={"training.kubeflow.org/job-role": "worker"})
+    leaving, _ = mpi_launcher(owner, deleted_at="2026-01-01T00:01:00Z")
+    assert spec_of(group(worker, owner, pods=[leaving]))["minMember"] == 2
+
+
+def test_a_plugin_that_reads_the_cluster_asks_for_its_reads_before_it_decides() -> None:
+    owner = mpi_job("WaitForWorkersReady")
+    worker = make_pod(owned_by(owner))
+    with pytest.raises(ReadsNeeded) as needed:
+        group_pod(worker, [owner], priority_classes=CLASSES)
+    selector = (
+        ("training.kubeflow.org/job-name", "allreduce"),
+        ("training.kubeflow.org/job-role", "launcher"),
     )
-    assert spec_of(group(launcher, owner))["minMember"] == 3
+    assert needed.value.reads == (PodsRead("ml", selector),)
 
 
 def test_an_mpi_job_without_a_launcher_spec_is_invalid() -> None:

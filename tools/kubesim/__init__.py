@@ -63,10 +63,11 @@ authentication, JSON only:
   "init", "devices": [UUIDs], "visible": NVIDIA_VISIBLE_DEVICES or null}]}`` for the containers of the
   node's running pods (404 for an unknown node); ``visible`` is the device plugin's value for a container
   with devices, else the pod spec's (literal or ConfigMap);
-- Kubeflow training jobs (`training`): the CRDs of PyTorchJob, TFJob, XGBoostJob, JAXJob (kubeflow.org/v1)
-  and MPIJob (kubeflow.org/v2beta1) exist at start, and a simulated training operator creates each
-  replica's pods (``<job>-<replica type>-<i>``, the ``training.kubeflow.org/*`` labels, owned by the job;
-  an MPIJob's launcher as a batch Job) and writes the job's Created/Running/Succeeded/Failed conditions;
+- operators of workload CRDs (`operators`, a module each): their CRDs exist at start and a simulated
+  operator creates what the real one does. Kubeflow training jobs (`operators.training`): PyTorchJob,
+  TFJob, XGBoostJob, JAXJob (kubeflow.org/v1) and MPIJob (kubeflow.org/v2beta1), each replica's pods
+  (``<job>-<replica type>-<i>``, the ``training.kubeflow.org/*`` labels, owned by the job; an MPIJob's
+  launcher as a batch Job) and the job's Created/Running/Succeeded/Failed conditions;
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
   through pods/binding (Kairos's binder);

@@ -43,6 +43,7 @@ from tools.kubesim.errors import (
     status_success,
 )
 from tools.kubesim.objects import clone, meta, new_uid, random_suffix, rfc3339
+from tools.kubesim.operators import crds
 from tools.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
 from tools.kubesim.resources import (
     EVENTS_V1_VIEW,
@@ -60,7 +61,6 @@ from tools.kubesim.selectors import (
     parse_labels,
 )
 from tools.kubesim.store import Change, Store
-from tools.kubesim.training import TRAINING_CRDS
 
 __all__ = [
     "BOOKMARK",
@@ -301,7 +301,7 @@ class Cluster:
                 None,
                 {"metadata": {"name": name}, "value": value, "description": description},
             )
-        for crd in TRAINING_CRDS:
+        for crd in crds():
             self.create(self.type_of(_CRD_STORAGE), None, clone(crd))
         self.settle()
 

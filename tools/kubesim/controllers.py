@@ -11,7 +11,8 @@
 - **StatefulSet**: pods `<statefulset>-0..N-1`, all created at once (as with podManagementPolicy
   Parallel), recreated with the same name after deletion, highest ordinals removed on scale-down.
 - DaemonSets are stored only.
-- **Kubeflow training jobs** (PyTorchJob, TFJob, XGBoostJob, JAXJob, MPIJob): `tools.kubesim.training`.
+- **Operators of workload CRDs** (Kubeflow Training, ...): `tools.kubesim.operators`, each started here,
+  its storages listened to, its objects reconciled in `run_once` like the built-in kinds.
 
 Pods keep everything their template says (schedulerName, labels, annotations, priorityClassName, ...).
 Each controller reacts to changes of its objects and of the pods they own: storage listeners mark keys
@@ -31,8 +32,8 @@ from tools.kubesim.cluster import DeferredCreate
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
+from tools.kubesim.operators import OPERATORS, Operator, operator_of_storage, storage_of_owner
 from tools.kubesim.store import Change
-from tools.kubesim.training import TrainingOperator, training_kind_of_owner, training_kind_of_storage
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -64,8 +65,8 @@ _COMPONENT = {
 
 def _component(storage: str) -> str:
     """The controller that reports on an owner kept in `storage` (the source of its events)."""
-    training = training_kind_of_storage(storage)
-    return training.operator_name if training is not None else _COMPONENT[storage]
+    operator = operator_of_storage(storage)
+    return operator.storages[storage] if operator is not None else _COMPONENT[storage]
 
 
 def template_hash(template: Obj) -> str:
@@ -125,13 +126,13 @@ class Controllers:
         for key in (_JOBS, _DEPLOYMENTS, _REPLICASETS, _STATEFULSETS):
             store.storage(key).listeners.append(self._own_change(key))
         store.storage("pods").listeners.append(self._pod_change)
-        self.training = TrainingOperator(self)
+        self.operators: dict[str, Operator] = {spec.name: spec.start(self) for spec in OPERATORS}
         self._watched: dict[str, object] = {}
-        """storage key -> the training-job storage this controller listens to (a recreated CRD has a new one)."""
+        """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
 
     def storage_added(self, key: str) -> None:
-        """A CRD's storage was registered: listen to it when it holds a training job kind (`training`)."""
-        if training_kind_of_storage(key) is None:
+        """A CRD's storage was registered: listen to it when an operator reconciles its kind (`operators`)."""
+        if operator_of_storage(key) is None:
             return
         storage = self.cluster.store.storage(key)
         if self._watched.get(key) is storage:
@@ -158,10 +159,8 @@ class Controllers:
         ref = controller_of(obj)
         if ref is None:
             return
-        storage = _OWNER_STORAGE.get((ref.get("apiVersion", ""), ref.get("kind", "")))
-        if storage is None:
-            training = training_kind_of_owner(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
-            storage = training.storage if training is not None else None
+        api_version, kind = str(ref.get("apiVersion", "")), str(ref.get("kind", ""))
+        storage = _OWNER_STORAGE.get((api_version, kind)) or storage_of_owner(api_version, kind)
         if storage is not None:
             self.dirty[storage, obj["metadata"].get("namespace", ""), str(ref.get("name", ""))] = None
 
@@ -183,11 +182,11 @@ class Controllers:
                 self._replicaset(obj)
             elif storage == _STATEFULSETS:
                 self._statefulset(obj)
-            elif (training := training_kind_of_storage(storage)) is not None:
-                self.training.reconcile(training, obj)
+            elif (operator := operator_of_storage(storage)) is not None:
+                self.operators[operator.name].reconcile(storage, obj)
         return True
 
-    # --- for `tools.kubesim.training` -------------------------------------------------------------------------
+    # --- for the operators (`tools.kubesim.operators`) -----------------------------------------------------
     def owned_pods(self, owner: Obj) -> list[Obj]:
         """The pods `owner` controls."""
         return self._owned(owner)
@@ -199,6 +198,20 @@ class Controllers:
     def create_pod_from(self, owner: Obj, storage: str, name: str, template: Obj) -> bool:
         """Create the pod `name` from a pod `template`, owned by `owner` (stored in `storage`)."""
         return self._create_pod(owner, storage, name, {}, template=template)
+
+    def create_owned(self, owner: Obj, owner_storage: str, storage: str, manifest: Obj) -> bool:
+        """Create the object `manifest` describes in `storage` (a Job, a Deployment, another operator's
+        custom object), for `owner` (kept in `owner_storage`); a refusal is a FailedCreate Warning on the
+        owner, as a real controller reports it. False on a refusal."""
+        cluster = self.cluster
+        try:
+            cluster.create(cluster.type_of(storage), manifest["metadata"].get("namespace"), manifest)
+        except ApiError as exc:
+            cluster.record_event(
+                owner, "Warning", "FailedCreate", f"Error creating: {exc.message}", _component(owner_storage)
+            )
+            return False
+        return True
 
     def write_status(self, storage: str, obj: Obj, status: Obj) -> None:
         """Store `obj` with `status` unless it already has it."""

@@ -7,14 +7,15 @@ manifest and the patch (`manifest`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from services.state.grouping.chain import check_chain
 from services.state.grouping.fields import group_version, pod_as_owner
 from services.state.grouping.manifest import pod_patch_for, podgroup_manifest
-from services.state.grouping.model import Ctx, GrouperConfig, Grouping
-from services.state.grouping.registry import SKIPPED_TOP_OWNERS, plugin_for
-from services.state.grouping.skip import skip_top_owner
+from services.state.grouping.model import Ctx, GrouperConfig, Grouping, Read
+from services.state.grouping.registry import plugin_for
+from services.state.grouping.skip import is_skipped, skip_top_owner
 from shared.kube import keys, wire
 
 
@@ -24,14 +25,15 @@ def group_pod(
     *,
     priority_classes: Collection[str],
     config: GrouperConfig | None = None,
-    mpi_launcher_exists: bool | None = None,
+    reads: Mapping[Read, Any] | None = None,
 ) -> Grouping | None:
     """The PodGroup `pod` belongs to, or None when the pod is not the pod-grouper's to group.
 
     `owners` is the pod's owner chain from its own owner up to the top owner (fetched with
     `owner_refs_to_follow`; a shorter chain, when an owner cannot be read, is grouped by its last owner);
-    `priority_classes` the names of the PriorityClasses that exist. `mpi_launcher_exists` says whether a
-    live launcher pod exists for an MPIJob (None: only when `pod` is the launcher). Left alone (None): a pod
+    `priority_classes` the names of the PriorityClasses that exist; `reads` what the caller read of the
+    cluster for the plugins so far (`model.Reads`): a plugin that needs more raises `ReadsNeeded` naming
+    the reads, and the caller decides again with them. Left alone (None): a pod
     of another scheduler, one that already names its podgroup, one that asks to be skipped
     (``kai.scheduler/skip-podgrouper: "true"``). Raises InvalidObject when an owner's spec or a label
     the plugin needs is malformed.
@@ -48,9 +50,9 @@ def group_pod(
     chain = list(owners)
     top = chain[-1] if chain else pod_as_owner(pod)
     group, version = group_version(top.api_version)
-    if (group, version, top.kind) in SKIPPED_TOP_OWNERS:
+    if is_skipped((group, version, top.kind)):
         top, chain = skip_top_owner(pod, top, chain)
-    ctx = Ctx(pod, chain, priority_classes, config, mpi_launcher_exists)
+    ctx = Ctx(pod, chain, priority_classes, config, reads or {})
     grouper, plugin = plugin_for(top)
     md = plugin(ctx, top)
     key = config.node_pool_label_key

@@ -1,12 +1,14 @@
 """KAI's Deployment plugin (``deployment``): one PodGroup per pod, owned by the pod, ``inference`` by default.
 
-Named in the registry (`registry.PLUGINS`) for ``apps/v1`` Deployments; called by `decision.group_pod`.
+Claims (`KINDS`, merged by `registry`) ``apps/v1`` Deployments; called by `decision.group_pod`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from services.state.grouping.default import INFERENCE, default_metadata, priority_class_of
-from services.state.grouping.model import Ctx, Metadata
+from services.state.grouping.model import GVK, Ctx, Metadata, Plugin
 from shared.kube import wire
 
 
@@ -18,3 +20,8 @@ def deployment_plugin(ctx: Ctx, top: wire.Owner) -> Metadata:
     md.priority_class = priority_class_of(ctx, [top], INFERENCE)
     md.name = f"pg-{pod.name}-{pod.uid}"
     return md
+
+
+KINDS: Mapping[GVK, tuple[str, Plugin]] = {
+    ("apps", "v1", "Deployment"): ("deployment", deployment_plugin),
+}

@@ -1,6 +1,6 @@
 """KAI's JobSet plugin (``jobset``): one PodGroup per replicated job in order, else one for the JobSet.
 
-Named in the registry (`registry.PLUGINS`) for ``jobset.x-k8s.io/v1alpha2`` JobSets; called by
+Claims (`KINDS`, merged by `registry`) ``jobset.x-k8s.io/v1alpha2`` JobSets; called by
 `decision.group_pod`.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from services.state.grouping.default import default_metadata
 from services.state.grouping.fields import int_at, owner_error, pod_as_owner, str_at
-from services.state.grouping.model import Ctx, Metadata
+from services.state.grouping.model import GVK, Ctx, Metadata, Plugin
 from shared.kube import wire
 
 JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -48,3 +48,8 @@ def _replicated_job_min(top: wire.Owner, job: Mapping[str, Any]) -> int:
     if completions is not None and 0 < completions < parallelism:
         parallelism = completions
     return max(replicas, 1) * max(parallelism, 1)
+
+
+KINDS: Mapping[GVK, tuple[str, Plugin]] = {
+    ("jobset.x-k8s.io", "v1alpha2", "JobSet"): ("jobset", jobset_plugin),
+}

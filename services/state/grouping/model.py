@@ -4,11 +4,16 @@
 `services.state.grouping`, used by `services.state.podgrouper`, `services.state.kube_source` and the webhook);
 `Metadata` (KAI ``podgroup.Metadata``), its `Constraint` and `SubGroup`, and the plugin context `Ctx` are
 what the plugins (`default` and the per-kind modules) pass around and `manifest` turns into objects.
+
+A plugin that reads more of the cluster than the owner chain (KAI's plugins hold a client: the MPI plugin
+lists launcher pods, the RayJob plugin reads the RayCluster, the Job plugin looks for legacy PodGroups)
+asks its `Ctx` (`Ctx.get`, `Ctx.pods`). The decision stays pure: a read the caller has not supplied raises
+`ReadsNeeded`, the loop performs the reads and decides again with their results (`Reads`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -35,6 +40,38 @@ class OwnerRef(NamedTuple):
     kind: str
     name: str
     uid: str
+
+
+class ObjectRead(NamedTuple):
+    """An object a plugin reads beside the owner chain, by apiVersion, kind, namespace and name."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+class PodsRead(NamedTuple):
+    """The pods of a namespace that carry every label of `selector` (sorted pairs, so a read is a key)."""
+
+    namespace: str
+    selector: tuple[tuple[str, str], ...]
+
+
+Read = ObjectRead | PodsRead
+
+
+Reads = Mapping[Read, Any]
+"""What the caller read for a decision: an `ObjectRead` gives the object's JSON as a mapping, or None when
+it does not exist or cannot be read; a `PodsRead` gives a list of `wire.Pod`."""
+
+
+class ReadsNeeded(Exception):  # noqa: N818 - a request to the caller, not a failure
+    """Raised by `Ctx.get` and `Ctx.pods` for reads the caller has not supplied; `group_pod` passes it on."""
+
+    def __init__(self, reads: Collection[Read]) -> None:
+        super().__init__(f"{len(reads)} read(s) needed")
+        self.reads = tuple(reads)
 
 
 class Grouping(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,8 +129,41 @@ class Metadata:
 
 @dataclass
 class Ctx:
+    """What a plugin decides from: the pod, its owner chain, the PriorityClasses, the settings, and reads."""
+
     pod: wire.Pod
     owners: list[wire.Owner]
     priority_classes: Collection[str]
     config: GrouperConfig
-    mpi_launcher_exists: bool | None
+    reads: Reads = field(default_factory=dict)
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Mapping[str, Any] | None:
+        """The object's JSON (None when it does not exist or cannot be read); in the pod's namespace unless
+        `namespace` names another. Raises `ReadsNeeded` when the caller has not read it yet."""
+        ns = self.pod.metadata.namespace if namespace is None else namespace
+        read = ObjectRead(api_version, kind, ns, name)
+        if read not in self.reads:
+            raise ReadsNeeded([read])
+        found = self.reads[read]
+        return found if isinstance(found, Mapping) else None
+
+    def pods(self, selector: Mapping[str, str]) -> list[wire.Pod]:
+        """The pods of the pod's namespace carrying every label of `selector`. Raises `ReadsNeeded` when the
+        caller has not listed them yet."""
+        read = PodsRead(self.pod.metadata.namespace, tuple(sorted(selector.items())))
+        if read not in self.reads:
+            raise ReadsNeeded([read])
+        found = self.reads[read]
+        return [p for p in found if isinstance(p, wire.Pod)] if isinstance(found, list) else []
+
+
+GVK = tuple[str, str, str]
+"""(group, version, kind) of a top owner; version ``"*"`` in a module's ``KINDS`` matches any version."""
+
+
+Plugin = Callable[[Ctx, wire.Owner], Metadata]
+"""A kind's plugin: the PodGroup metadata for `Ctx.pod`, whose top owner is the second argument (KAI's
+``Grouper.GetPodGroupMetadata``). Raises `InvalidObject` naming the owner and field for a malformed spec,
+`ReadsNeeded` (through `Ctx`) for cluster state it reads beside the chain; no I/O."""

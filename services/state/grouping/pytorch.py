@@ -1,6 +1,6 @@
 """KAI's PyTorchJob plugin (``kubeflow/pytorch``): the Kubeflow minimum, ``master`` and ``worker`` sub-groups.
 
-Named in the registry (`registry.PLUGINS`) for ``kubeflow.org/v1`` PyTorchJobs; called by
+Claims (`KINDS`, merged by `registry`) ``kubeflow.org/v1`` PyTorchJobs; called by
 `decision.group_pod`. Workers are split into ``worker-<i>`` segments when a segment size is asked for.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from services.state.grouping.fields import int_at, map_at, parsed, pod_as_owner, str_at
 from services.state.grouping.kubeflow import kubeflow_distributed
-from services.state.grouping.model import Constraint, Ctx, Metadata, SubGroup
+from services.state.grouping.model import GVK, Constraint, Ctx, Metadata, Plugin, SubGroup
 from shared.kube import keys, values, wire
 
 PYTORCH_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
@@ -92,3 +92,8 @@ def _pytorch_workers(
         members = partial if partial and i == segments - 1 else size
         out.append(SubGroup(f"worker-{i}", members, "worker", constraint, pods if i == index else []))
     return out
+
+
+KINDS: Mapping[GVK, tuple[str, Plugin]] = {
+    ("kubeflow.org", "v1", "PyTorchJob"): ("pytorch", pytorch_plugin),
+}

@@ -1,6 +1,6 @@
 """KAI's Ray plugin (``ray``) for a RayCluster: the head and each worker group's minimum as sub-groups.
 
-Named in the registry (`registry.PLUGINS`) for ``ray.io`` RayClusters (v1 and v1alpha1); called by
+Claims (`KINDS`, merged by `registry`) ``ray.io`` RayClusters (v1 and v1alpha1); called by
 `decision.group_pod`. RayJob and RayService are not handled (KAI reads their RayCluster).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from services.state.grouping.default import default_metadata
 from services.state.grouping.fields import int_at, map_at, owner_error, str_at
-from services.state.grouping.model import Constraint, Ctx, Metadata, SubGroup
+from services.state.grouping.model import GVK, Constraint, Ctx, Metadata, Plugin, SubGroup
 from shared.kube import keys, wire
 
 RAY_GROUP_LABEL = "ray.io/group"
@@ -74,3 +74,9 @@ def _template_constraint(top: wire.Owner, group: Mapping[str, Any] | None, at: s
         field_path = f"spec.{at}.template.metadata.annotations[{keys.TOPOLOGY_ANNOTATION}]"
         raise owner_error(top, field_path, "required when a topology placement annotation is set")
     return Constraint(topology, required, preferred)
+
+
+KINDS: Mapping[GVK, tuple[str, Plugin]] = {
+    ("ray.io", "v1", "RayCluster"): ("ray-cluster", ray_cluster_plugin),
+    ("ray.io", "v1alpha1", "RayCluster"): ("ray-cluster", ray_cluster_plugin),
+}

@@ -1,53 +1,51 @@
-"""The table from a top owner's (group, version, kind) to its plugin, as a value in one place.
+"""The table from a top owner's (group, version, kind) to its plugin: every kind module's `KINDS`, merged.
 
-`PLUGINS` maps each kind handled to the plugin's name (for logs) and function; any other kind gets the
-default plugin. `SKIPPED_TOP_OWNERS` are the kinds KAI's skip-top-owner plugin passes over. Read by
-`decision.group_pod` through `plugin_for`.
+A module of this package that handles a kind says so with a module-level ``KINDS`` mapping, from
+``(group, version, kind)`` to ``(plugin name, plugin)``; a version of ``"*"`` matches every version of that
+group and kind, as in KAI's hub. `PLUGINS` merges them once, at import, in module-name order; a kind two
+modules claim fails there, naming both (`DuplicateKindError`). Adding a kind is adding its module. Any kind
+no module claims gets the default plugin. Read by `decision.group_pod` through `plugin_for`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from pathlib import Path
 
-from services.state.grouping.cronjob import cron_job_plugin
 from services.state.grouping.default import default_plugin
-from services.state.grouping.deployment import deployment_plugin
 from services.state.grouping.fields import group_version
-from services.state.grouping.job import batch_job_plugin
-from services.state.grouping.jobset import jobset_plugin
-from services.state.grouping.model import Ctx, Metadata
-from services.state.grouping.mpi import mpi_plugin
-from services.state.grouping.pytorch import pytorch_plugin
-from services.state.grouping.ray import ray_cluster_plugin
+from services.state.grouping.model import GVK, Plugin
 from shared.kube import wire
 
-Plugin = Callable[[Ctx, wire.Owner], Metadata]
+ANY_VERSION = "*"
 
 
-PLUGINS: dict[tuple[str, str, str], tuple[str, Plugin]] = {
-    ("", "v1", "Pod"): ("pod", default_plugin),
-    ("apps", "v1", "Deployment"): ("deployment", deployment_plugin),
-    ("apps", "v1", "StatefulSet"): ("default", default_plugin),
-    ("apps", "v1", "ReplicaSet"): ("default", default_plugin),
-    ("batch", "v1", "Job"): ("batch-job", batch_job_plugin),
-    ("batch", "v1", "CronJob"): ("cron-job", cron_job_plugin),
-    ("kubeflow.org", "v1", "PyTorchJob"): ("pytorch", pytorch_plugin),
-    ("kubeflow.org", "v1", "MPIJob"): ("mpi", mpi_plugin),
-    ("kubeflow.org", "v2beta1", "MPIJob"): ("mpi", mpi_plugin),
-    ("jobset.x-k8s.io", "v1alpha2", "JobSet"): ("jobset", jobset_plugin),
-    ("ray.io", "v1", "RayCluster"): ("ray-cluster", ray_cluster_plugin),
-    ("ray.io", "v1alpha1", "RayCluster"): ("ray-cluster", ray_cluster_plugin),
-}
+class DuplicateKindError(RuntimeError):
+    """Two modules of the grouping package claim the same (group, version, kind)."""
 
 
-SKIPPED_TOP_OWNERS = frozenset(
-    {
-        ("argoproj.io", "v1alpha1", "Workflow"),
-        ("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
-    }
-)
+def _collect() -> dict[GVK, tuple[str, Plugin]]:
+    table: dict[GVK, tuple[str, Plugin]] = {}
+    claimed_by: dict[GVK, str] = {}
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        kinds: Mapping[GVK, tuple[str, Plugin]] = getattr(module, "KINDS", {})
+        for gvk, entry in kinds.items():
+            if gvk in table:
+                raise DuplicateKindError(f"{gvk} is claimed by both {claimed_by[gvk]} and {info.name}")
+            table[gvk] = entry
+            claimed_by[gvk] = info.name
+    return table
+
+
+PLUGINS: Mapping[GVK, tuple[str, Plugin]] = _collect()
 
 
 def plugin_for(top: wire.Owner) -> tuple[str, Plugin]:
+    """The plugin for the top owner's kind: an exact (group, version, kind), else the group and kind at
+    any version, else the default plugin."""
     group, version = group_version(top.api_version)
-    return PLUGINS.get((group, version, top.kind), ("default", default_plugin))
+    found = PLUGINS.get((group, version, top.kind)) or PLUGINS.get((group, ANY_VERSION, top.kind))
+    return found or ("default", default_plugin)

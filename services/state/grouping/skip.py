@@ -1,7 +1,9 @@
 """KAI's skip-top-owner plugin (``skiptopowner``): the owner below a skipped top owner becomes the top owner.
 
-Called by `decision.group_pod` when the top owner is in `registry.SKIPPED_TOP_OWNERS` (Argo Workflows,
-Kubeflow TrainJobs); the plugin for the new top owner then decides.
+Called by `decision.group_pod` when the top owner is one of `SKIPPED_TOP_OWNERS` (`is_skipped`): Argo
+Workflows, Kubeflow TrainJobs (a TrainJob wraps a JobSet), Run:ai's workload kinds and WorkloadRunner at
+any version, and NVIDIA Dynamo's DynamoGraphDeployment at any version (its Grove objects decide); the
+plugin for the new top owner then decides.
 """
 
 from __future__ import annotations
@@ -9,7 +11,31 @@ from __future__ import annotations
 import msgspec
 
 from services.state.grouping.fields import pod_as_owner
+from services.state.grouping.model import GVK
 from shared.kube import wire
+
+ANY_VERSION = "*"
+
+
+SKIPPED_TOP_OWNERS: frozenset[GVK] = frozenset(
+    {
+        ("argoproj.io", "v1alpha1", "Workflow"),
+        ("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+        ("nvidia.com", ANY_VERSION, "DynamoGraphDeployment"),
+        ("run.ai", ANY_VERSION, "TrainingWorkload"),
+        ("run.ai", ANY_VERSION, "InteractiveWorkload"),
+        ("run.ai", ANY_VERSION, "DistributedWorkload"),
+        ("run.ai", ANY_VERSION, "InferenceWorkload"),
+        ("run.ai", ANY_VERSION, "DistributedInferenceWorkload"),
+        ("run.ai", ANY_VERSION, "WorkloadRunner"),
+    }
+)
+
+
+def is_skipped(gvk: GVK) -> bool:
+    """Whether KAI's skip-top-owner plugin passes over a top owner of this (group, version, kind)."""
+    group, _, kind = gvk
+    return gvk in SKIPPED_TOP_OWNERS or (group, ANY_VERSION, kind) in SKIPPED_TOP_OWNERS
 
 
 def skip_top_owner(

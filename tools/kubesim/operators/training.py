@@ -1,11 +1,11 @@
 """Kubeflow training jobs in the simulated API server: their CRDs, served from the start, and a simulated
 training operator that creates their replicas' pods, so that a PyTorchJob written for KAI applies unchanged.
 
-**CRDs** (`TRAINING_CRDS`, created by `Cluster` at start like the built-in priority classes): PyTorchJob,
+**CRDs** (`TRAINING_CRDS`, created by `Cluster` at start like the built-in priority classes, through `OPERATOR`): PyTorchJob,
 TFJob, XGBoostJob and JAXJob (kubeflow.org/v1, Kubeflow Training Operator v1) and MPIJob
 (kubeflow.org/v2beta1, MPI Operator v2); namespaced, schema-less, with the status subresource.
 
-**Controller** (`TrainingOperator`, run by `tools.kubesim.controllers.Controllers`):
+**Controller** (`TrainingOperator`, started by `tools.kubesim.controllers.Controllers` through `OPERATOR`):
 
 - Training Operator v1 kinds: one pod per replica index of each replica spec (``spec.pytorchReplicaSpecs``,
   ``tfReplicaSpecs``, ``xgbReplicaSpecs``, ``jaxReplicaSpecs``), named ``<job>-<replica type lowercased>-<i>``
@@ -36,8 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, rfc3339
+from tools.kubesim.operators import OperatorSpec
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -104,7 +104,6 @@ TRAINING_KINDS: tuple[TrainingKind, ...] = (
     TrainingKind("MPIJob", "v2beta1", "mpijobs", "mpiReplicaSpecs", "mpi-operator"),
 )
 _BY_STORAGE = {k.storage: k for k in TRAINING_KINDS}
-_BY_OWNER = {(k.api_version, k.kind): k for k in TRAINING_KINDS}
 
 
 def _crd(k: TrainingKind) -> Obj:
@@ -158,15 +157,6 @@ def replicas_of(spec: Obj) -> int:
     return min(raw, MAX_REPLICAS)
 
 
-def training_kind_of_owner(api_version: str, kind: str) -> TrainingKind | None:
-    """The training kind an ownerReference names, if any."""
-    return _BY_OWNER.get((api_version, kind))
-
-
-def training_kind_of_storage(storage: str) -> TrainingKind | None:
-    return _BY_STORAGE.get(storage)
-
-
 def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
     return {
         "type": type_,
@@ -188,7 +178,8 @@ class TrainingOperator:
     def __init__(self, controllers: Controllers) -> None:
         self.controllers = controllers
 
-    def reconcile(self, kind: TrainingKind, job: Obj) -> None:
+    def reconcile(self, storage: str, job: Obj) -> None:
+        kind = _BY_STORAGE[storage]
         status = job.get("status") or {}
         finished = any(
             c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
@@ -253,8 +244,7 @@ class TrainingOperator:
         if not isinstance(launcher, dict):
             return
         ns = job["metadata"]["namespace"]
-        cluster = self.controllers.cluster
-        if cluster.store.storage("batch/jobs").get(ns, f"{name}-launcher") is not None:
+        if self.controllers.cluster.store.storage("batch/jobs").get(ns, f"{name}-launcher") is not None:
             return
         template = self._replica_template(
             launcher, {**self._base_labels(kind, job), JOB_ROLE_LABEL: "launcher"}
@@ -271,12 +261,7 @@ class TrainingOperator:
             },
             "spec": {"backoffLimit": 0, "template": template},
         }
-        try:
-            cluster.create(cluster.type_of("batch/jobs"), ns, launcher_job)
-        except ApiError as exc:
-            cluster.record_event(
-                job, "Warning", "FailedCreate", f"Error creating: {exc.message}", kind.operator_name
-            )
+        self.controllers.create_owned(job, kind.storage, "batch/jobs", launcher_job)
 
     def _owner_ref(self, job: Obj) -> Obj:
         md = job["metadata"]
@@ -387,3 +372,12 @@ class TrainingOperator:
         if launcher is None:
             return []
         return self.controllers.owned_pods(launcher)
+
+
+OPERATOR = OperatorSpec(
+    name="training",
+    crds=TRAINING_CRDS,
+    storages={k.storage: k.operator_name for k in TRAINING_KINDS},
+    owners={(k.api_version, k.kind): k.storage for k in TRAINING_KINDS},
+    start=TrainingOperator,
+)

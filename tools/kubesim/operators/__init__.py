@@ -1,0 +1,109 @@
+"""Simulated operators of workload CRDs: the contract each fulfils, and every one kubesim runs.
+
+An operator module of this package (Kubeflow Training's in `training`, and one per further project) serves
+its CRDs from kubesim's start and creates what the real operator creates (pods, Jobs, Deployments, other
+custom objects) for each object of its kinds, so that a manifest written for that operator applies and runs
+unchanged. It says so with a module-level ``OPERATOR`` (`OperatorSpec`); `OPERATORS` holds every module's,
+in module-name order, and a storage or an owner kind two of them claim fails at import, naming both. Adding
+an operator is adding its module.
+
+`tools.kubesim.cluster.Cluster` creates `crds()` at start; `tools.kubesim.controllers.Controllers` starts
+each operator (`OperatorSpec.start`), listens to its storages, marks an object dirty when a pod (or any
+object) it controls changes (`storage_of_owner`), and calls `Operator.reconcile` from its `run_once`. An
+operator reads and writes through the `Controllers` it was started with (`owned_pods`, `create_pod_from`,
+`create_owned`, `write_status`, the cluster's store). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tools.kubesim.controllers import Controllers
+
+__all__ = [
+    "OPERATORS",
+    "Operator",
+    "OperatorSpec",
+    "crds",
+    "operator_of_storage",
+    "storage_of_owner",
+]
+
+Obj = dict[str, Any]
+
+
+class Operator(Protocol):
+    """One simulated operator, started for one cluster."""
+
+    def reconcile(self, storage: str, obj: Obj) -> None:
+        """Bring what `obj` (an object of one of this operator's storages) asks for into being: create its
+        missing children, write its status. Called whenever it or an object it controls changed; must be
+        idempotent, and must not raise on a malformed spec (a real operator reports it and carries on)."""
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """What an operator module declares: its name, CRDs, kinds and how to start it."""
+
+    name: str
+    crds: tuple[Obj, ...]
+    """The CustomResourceDefinitions served from kubesim's start."""
+    storages: Mapping[str, str]
+    """Storage key (``<group>/<plural>``) of each kind it reconciles -> the component its Events name."""
+    owners: Mapping[tuple[str, str], str]
+    """(apiVersion, kind) of each kind it reconciles -> its storage key; a change to an object this owner
+    controls marks the owner dirty."""
+    start: Callable[[Controllers], Operator]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class DuplicateOperatorError(RuntimeError):
+    """Two operator modules claim the same storage or owner kind."""
+
+
+def _collect() -> tuple[OperatorSpec, ...]:
+    found: list[OperatorSpec] = []
+    storages: dict[str, str] = {}
+    owners: dict[tuple[str, str], str] = {}
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        spec: OperatorSpec | None = getattr(
+            importlib.import_module(f"{__name__}.{info.name}"), "OPERATOR", None
+        )
+        if spec is None:
+            continue
+        for key in spec.storages:
+            if key in storages:
+                raise DuplicateOperatorError(f"storage {key} is claimed by {storages[key]} and {spec.name}")
+            storages[key] = spec.name
+        for owner in spec.owners:
+            if owner in owners:
+                raise DuplicateOperatorError(f"kind {owner} is claimed by {owners[owner]} and {spec.name}")
+            owners[owner] = spec.name
+        found.append(spec)
+    return tuple(found)
+
+
+OPERATORS: tuple[OperatorSpec, ...] = _collect()
+_BY_STORAGE = {key: spec for spec in OPERATORS for key in spec.storages}
+_OWNER_STORAGE = {owner: key for spec in OPERATORS for owner, key in spec.owners.items()}
+
+
+def crds() -> tuple[Obj, ...]:
+    """Every operator's CRDs, to create at start."""
+    return tuple(crd for spec in OPERATORS for crd in spec.crds)
+
+
+def operator_of_storage(storage: str) -> OperatorSpec | None:
+    """The operator that reconciles objects kept in `storage`, if any."""
+    return _BY_STORAGE.get(storage)
+
+
+def storage_of_owner(api_version: str, kind: str) -> str | None:
+    """The storage of an operator's kind an ownerReference names, if any."""
+    return _OWNER_STORAGE.get((api_version, kind))
