@@ -31,6 +31,16 @@ class GrouperConfig(msgspec.Struct, frozen=True, kw_only=True):
     node_pool_label_key: str = keys.NODE_POOL_LABEL
     """A pod's node-pool label is copied to its PodGroup when the top owner has none; empty disables."""
     default_queue: str = keys.DEFAULT_QUEUE
+    search_legacy_podgroups: bool = True
+    """KAI's ``--search-legacy-pg``: a Job (or RunaiJob) whose pod already belongs to a PodGroup of the
+    legacy per-pod name keeps it instead of getting one of the current name."""
+    knative_gang_schedule: bool = True
+    """KAI's ``--knative-gang-schedule``: a Knative Revision's pods are one gang of its minimum scale."""
+    defaults_configmap: str = ""
+    """KAI's ``--default-priorities-configmap-name``: the ConfigMap of per-kind default priority class and
+    preemptibility; empty reads none."""
+    defaults_configmap_namespace: str = ""
+    """KAI's ``--default-priorities-configmap-namespace``."""
 
 
 class OwnerRef(NamedTuple):
