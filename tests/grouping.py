@@ -2,7 +2,7 @@
 and `group`, which decides for a pod the way the pod-grouper loop does, answering the plugins' reads
 (`ReadsNeeded`) from the objects and pods a test gives.
 
-Used by tests/unit/test_state_grouping.py and the per-kind grouping specs (tests/unit/test_grouping_*.py).
+Used by the grouping specs: tests/unit/test_grouping.py (every kind's common rules) and one tests/unit/test_grouping_<kind>.py per kind.
 """
 
 from __future__ import annotations
