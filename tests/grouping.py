@@ -2,7 +2,8 @@
 and `group`, which decides for a pod the way the pod-grouper loop does, answering the plugins' reads
 (`ReadsNeeded`) from the objects and pods a test gives.
 
-Used by the grouping specs: tests/unit/test_grouping.py (every kind's common rules) and one tests/unit/test_grouping_<kind>.py per kind.
+Used by the grouping specs: tests/unit/test_grouping.py (the rules every kind shares) and one
+tests/unit/test_grouping_<kind>.py per kind.
 """
 
 from __future__ import annotations
