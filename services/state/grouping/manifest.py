@@ -15,6 +15,8 @@ PODGROUP_API_VERSION = keys.PODGROUP_API_VERSION
 
 def podgroup_manifest(md: Metadata) -> dict[str, Any]:
     spec: dict[str, Any] = {"minMember": md.min_available, "queue": md.queue}
+    if md.min_sub_group is not None:
+        spec["minSubGroup"] = md.min_sub_group
     if md.priority_class:
         spec["priorityClassName"] = md.priority_class
     if md.preemptibility:
@@ -25,7 +27,11 @@ def podgroup_manifest(md: Metadata) -> dict[str, Any]:
     if md.sub_groups:
         sub_groups: list[dict[str, Any]] = []
         for sg in md.sub_groups:
-            item: dict[str, Any] = {"name": sg.name, "minMember": sg.min_available}
+            item: dict[str, Any] = {"name": sg.name}
+            if sg.min_sub_group is not None:
+                item["minSubGroup"] = sg.min_sub_group
+            else:
+                item["minMember"] = sg.min_available
             if sg.parent is not None:
                 item["parent"] = sg.parent
             sg_constraint = sg.constraint.manifest() if sg.constraint is not None else None
@@ -33,6 +39,7 @@ def podgroup_manifest(md: Metadata) -> dict[str, Any]:
                 item["topologyConstraint"] = sg_constraint
             sub_groups.append(item)
         spec["subGroups"] = sub_groups
+    spec.update(md.extra_spec)
     metadata: dict[str, Any] = {
         "name": md.name,
         "namespace": md.namespace,

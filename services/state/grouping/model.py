@@ -115,11 +115,15 @@ class Constraint:
 
 @dataclass
 class SubGroup:
+    """A PodGroup sub-group: a gang of `min_available` pods, or, when `min_sub_group` is set, of that many
+    satisfied direct children (KAI v0.17's ``minSubGroup``; then `min_available` is not written)."""
+
     name: str
     min_available: int
     parent: str | None = None
     constraint: Constraint | None = None
     pods: list[str] = field(default_factory=list)
+    min_sub_group: int | None = None
 
 
 @dataclass
@@ -135,6 +139,11 @@ class Metadata:
     min_available: int
     constraint: Constraint
     sub_groups: list[SubGroup] = field(default_factory=list)
+    min_sub_group: int | None = None
+    """The PodGroup's ``minSubGroup``: how many top-level sub-groups must be satisfied (None: not set)."""
+    extra_spec: dict[str, Any] = field(default_factory=dict)
+    """Further PodGroup spec fields a plugin sets as KAI's does (``preemptionDelay``, ``markUnschedulable``,
+    ``schedulingBackoff``, ...), written as they are."""
 
 
 @dataclass

@@ -13,7 +13,14 @@ import msgspec
 from services.state.grouping.model import GrouperConfig, Grouping
 from shared.kube import wire
 
-_MANAGED_SPEC = ("minMember", "priorityClassName", "preemptibility", "topologyConstraint", "subGroups")
+_MANAGED_SPEC = (
+    "minMember",
+    "minSubGroup",
+    "priorityClassName",
+    "preemptibility",
+    "topologyConstraint",
+    "subGroups",
+)
 
 
 def _spec_view(spec: wire.PodGroupSpec) -> tuple[Any, ...]:
@@ -23,7 +30,14 @@ def _spec_view(spec: wire.PodGroupSpec) -> tuple[Any, ...]:
     ):
         constraint = None
     sub_groups = [msgspec.structs.replace(sg, parent=sg.parent or None) for sg in spec.sub_groups]
-    return (spec.min_member, spec.priority_class_name, spec.preemptibility, constraint, sub_groups)
+    return (
+        spec.min_member,
+        spec.min_sub_group,
+        spec.priority_class_name,
+        spec.preemptibility,
+        constraint,
+        sub_groups,
+    )
 
 
 def podgroup_update(
