@@ -307,6 +307,7 @@ def test_a_changed_gang_replaces_the_managed_spec_but_keeps_the_queue() -> None:
     assert patch == {
         "spec": {
             "minMember": 4,
+            "minSubGroup": None,
             "priorityClassName": "train",
             "preemptibility": None,
             "topologyConstraint": None,
