@@ -26,7 +26,6 @@ def test_a_bare_pod_is_its_own_top_owner_with_one_member_and_train_priority() ->
     g = group(pod)
     assert g.name == "pg-notebook-uid-notebook"
     assert g.namespace == "ml"
-    assert g.grouper == "pod"
     assert g.podgroup["apiVersion"] == "scheduling.run.ai/v2alpha2"
     assert g.podgroup["kind"] == "PodGroup"
     assert g.podgroup["metadata"]["ownerReferences"] == [

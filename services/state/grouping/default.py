@@ -10,10 +10,10 @@ and change what their kind decides. `top_owner_metadata` is public (re-exported 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from services.state.grouping.fields import group_version
-from services.state.grouping.model import GVK, Constraint, Ctx, Metadata, Plugin
+from services.state.grouping.model import Constraint, Ctx, Metadata
 from shared.kube import keys, wire
 
 TRAIN = "train"
@@ -129,10 +129,3 @@ def default_metadata(
 
 def default_plugin(ctx: Ctx, top: wire.Owner) -> Metadata:
     return default_metadata(ctx, top, ctx.owners)
-
-
-KINDS: Mapping[GVK, tuple[str, Plugin]] = {
-    ("", "v1", "Pod"): ("pod", default_plugin),
-    ("apps", "v1", "StatefulSet"): ("default", default_plugin),
-    ("apps", "v1", "ReplicaSet"): ("default", default_plugin),
-}
