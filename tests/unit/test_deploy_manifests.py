@@ -38,11 +38,14 @@ import msgspec
 import pytest
 import yaml
 
+from services.state.grouping.registry import PLUGINS
+from services.state.grouping.skip import SKIPPED_TOP_OWNERS
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.plugins.chain import resolve
 from shared.core.policy import Policy
 from shared.kube import gpu_sharing, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
+from shared.kubeapi.paths import plural_of
 from shared.security.nats_config import deploy_authorization, password_env
 from shared.security.permissions import IDENTITIES
 
@@ -85,13 +88,53 @@ OWNER_KINDS = [
     ("apps", "deployments"),
     ("apps", "statefulsets"),
     ("jobset.x-k8s.io", "jobsets"),
-    ("kubeflow.org", "pytorchjobs"),
-    ("kubeflow.org", "mpijobs"),
-    ("kubeflow.org", "tfjobs"),
+    *(
+        ("kubeflow.org", plural)
+        for plural in (
+            "pytorchjobs",
+            "mpijobs",
+            "tfjobs",
+            "xgboostjobs",
+            "jaxjobs",
+            "notebooks",
+            "scheduledworkflows",
+        )
+    ),
     ("ray.io", "rayclusters"),
     ("ray.io", "rayjobs"),
+    ("ray.io", "rayservices"),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+    ("serving.knative.dev", "services"),
+    ("serving.knative.dev", "configurations"),
+    ("serving.knative.dev", "revisions"),
+    ("grove.io", "podgangsets"),
+    ("grove.io", "podcliquesets"),
+    ("grove.io", "podcliques"),
+    ("grove.io", "podcliquescalinggroups"),
+    ("scheduler.grove.io", "podgangs"),
+    ("run.ai", "runaijobs"),
+    ("amlarc.azureml.com", "amljobs"),
+    ("egx.nvidia.io", "spotrequests"),
+    ("machinelearning.seldon.io", "seldondeployments"),
+    ("kubevirt.io", "virtualmachineinstances"),
+    ("kubevirt.io", "virtualmachines"),
+    ("workspace.devfile.io", "devworkspaces"),
+    ("tekton.dev", "pipelineruns"),
+    ("tekton.dev", "taskruns"),
     ("argoproj.io", "workflows"),
     ("trainer.kubeflow.org", "trainjobs"),
+    *(
+        ("run.ai", plural)
+        for plural in (
+            "trainingworkloads",
+            "interactiveworkloads",
+            "distributedworkloads",
+            "inferenceworkloads",
+            "distributedinferenceworkloads",
+            "workloadrunners",
+        )
+    ),
+    ("nvidia.com", "dynamographdeployments"),
 ]
 
 
@@ -632,6 +675,17 @@ def test_each_service_account_holds_exactly_the_permissions_it_needs() -> None:
     missing = {sa: sorted(EXPECTED_PERMISSIONS[sa] - found[sa]) for sa in found}
     assert {sa: grants for sa, grants in beyond.items() if grants} == {}, "granted beyond the table"
     assert {sa: grants for sa, grants in missing.items() if grants} == {}, "needed but not granted"
+
+
+def test_the_state_service_may_read_every_kind_the_pod_grouper_has_a_plugin_for_or_skips() -> None:
+    state = permissions(base())["kairos-state"]
+    kinds = [*PLUGINS, *SKIPPED_TOP_OWNERS]
+    unreadable = [
+        (group, kind)
+        for group, _, kind in kinds
+        if ("*", group, plural_of(kind), "get") not in state and kind != "Pod"
+    ]
+    assert unreadable == []
 
 
 def test_a_grant_beyond_the_table_is_caught() -> None:
