@@ -6,7 +6,9 @@ would: it creates the workload's Topologies and Queues, then its running pods (c
 `spec.nodeName`, as already placed) and their PodGroups, and waits until Kairos's state holds them
 (a `StateReplica` of its own). The measured phase then creates the measured objects through the API,
 each podgroup's pods first and its PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper
-costs no API round trip per pod; scheduler_perf creates its pods directly too), and watches the pods with
+costs no API round trip per pod; scheduler_perf creates its pods directly too), or, for a group with an
+owner (MixedWorkloads), the owner alone: the simulated operator makes its pods (counted by the owner's name
+at the start of theirs, their creation time the owner's) and the pod-grouper their PodGroup; and watches the pods with
 a kubernetes-asyncio informer: a pod's end-to-end latency runs from just before its create request to the
 moment its `spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the
 unschedulable verdict from the `pod-unschedulable` public event, the reclaim decision from the victims'
@@ -54,7 +56,7 @@ from tools.bench.measure import latencies_ms, overall_throughput, percentile, sa
 from tools.bench.procstats import Usage
 from tools.bench.profiles import Profiler, Profiling
 from tools.bench.report import Record, nats_processes, per_pod_ms, services_cpu_s
-from tools.bench.workloads import Group, Workload
+from tools.bench.workload import Group, Workload, owner_of_pod
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
@@ -164,7 +166,12 @@ class _Run:
         self.workload = workload
         self.options = options
         self.profiler = None if profile is None else Profiler(profile)
-        self.counted = {p.name for p in workload.counted}
+        self.counted = {p.name for p in workload.counted if p.name not in _owned_pods(workload)}
+        """Measured pods known by name (those created here, not by an operator)."""
+        self.expected = len(workload.counted)
+        """How many measured pods must be bound: the named ones and those the owners' operators make."""
+        self.owners_created: dict[str, float] = {}
+        """Owner name -> when its create request went out (its pods' creation time)."""
         self.initial = {p.name for g in workload.initial for p in g.pods}
         self.created: dict[str, float] = {}
         self.bound: dict[str, float] = {}
@@ -257,7 +264,13 @@ class _Run:
                     self.deleted.setdefault(name, now)
                     self.progress.set()
                 return
-            if node and name in self.counted and name not in self.bound:
+            if not node or name in self.bound:
+                return
+            if name in self.counted:
+                self.bound[name] = now
+                self.progress.set()
+            elif (owner := owner_of_pod(name)) in self.owners_created:
+                self.created[name] = self.owners_created[owner]
                 self.bound[name] = now
                 self.progress.set()
 
@@ -341,18 +354,30 @@ class _Run:
 
     def _done(self) -> bool:
         w = self.workload
-        if len(self.bound) < len(self.counted):
+        if len(self.bound) < self.expected:
             return False
         return w.verdict_for is None or self.verdict_at is not None
 
     async def _create_groups(
         self, http: aiohttp.ClientSession, sem: asyncio.Semaphore, groups: Iterable[Group], *, record: bool
     ) -> float:
-        """Create each group's pods, then its PodGroup, `concurrency` groups at a time; seconds taken."""
+        """Create each group's pods, then its PodGroup (or only its owner, whose operator makes its pods and
+        the pod-grouper their PodGroup), `concurrency` groups at a time; seconds taken."""
         started = time.time()
         pending = iter(groups)
 
         async def one(group: Group) -> None:
+            if group.owner is not None:
+                if not record:
+                    raise ValueError(
+                        f"{self.workload.name}: a group running before the measurement has an owner"
+                    )
+
+                def stamp_owner(name: str) -> None:
+                    self.owners_created[name] = time.time()
+
+                await self._post(http, sem, group.owner, stamp_owner, group.owner["metadata"]["name"])
+                return
             stamp: Callable[[str], None] | None = None
             if record:
 
@@ -398,7 +423,10 @@ class _Run:
     # --- the record --------------------------------------------------------------------------------------
     def _record(self, usage: Usage, create_s: float | None, timed_out: bool) -> Record:
         w = self.workload
-        created = [self.created[n] for n in self.counted if n in self.created]
+        created = [
+            *(self.created[n] for n in self.counted if n in self.created),
+            *self.owners_created.values(),
+        ]
         bound = list(self.bound.values())
         start = min(created, default=time.time())
         lat = latencies_ms(self.created, self.bound)
@@ -412,14 +440,14 @@ class _Run:
         notes = []
         if timed_out:
             notes.append(
-                f"gave up after {self.options.timeout:.0f} s: {len(self.counted) - len(bound)} pods unbound"
+                f"gave up after {self.options.timeout:.0f} s: {self.expected - len(bound)} pods unbound"
             )
         cpu = dict(usage.cpu_s)
         return Record(
             workload=w.name,
             mode="bus",
             nodes=len(w.nodes),
-            pods=len(self.counted),
+            pods=self.expected,
             bound=len(bound),
             throughput_pods_s=round(overall_throughput(created, bound), 1),
             p50_ms=round(percentile(lat, 50), 2),
@@ -440,3 +468,8 @@ class _Run:
             timeline=timeline(start, bound),
             note="; ".join(notes),
         )
+
+
+def _owned_pods(workload: Workload) -> set[str]:
+    """The measured pods an owner's operator makes: their names over the bus are the operator's own."""
+    return {p.name for g in workload.measured if g.owner is not None for p in g.pods}

@@ -6,7 +6,8 @@ core, the bus runner (`tools.bench.bus`) turns them into Kubernetes manifests (`
 for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf and KAI's scale tests
 (issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare;
 ReclaimLarge (issue 16: Reclaim at 5,000 full nodes); PodAntiAffinity, PodAffinity and TopologySpreading
-(issue 17: scheduler_perf's SchedulingPodAntiAffinity, SchedulingPodAffinity and TopologySpreading).
+(issue 17: scheduler_perf's SchedulingPodAntiAffinity, SchedulingPodAffinity and TopologySpreading);
+MixedWorkloads (issue 28: owners of every workload kind, grouped by KAI's rules; built in `tools.bench.mixed`).
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
 curves. Deterministic: no randomness, no clock.
 """
@@ -20,9 +21,7 @@ import msgspec
 from shared.model import (
     LabelSelector,
     Node,
-    Pod,
     PodAffinityTerm,
-    PodGroup,
     PodStatus,
     Queue,
     QueueResource,
@@ -32,7 +31,8 @@ from shared.model import (
 )
 from shared.model.builders import flat_queues, gang
 from tools.bench.manifests import NAMESPACE
-from tools.kubesim.nodes import generated_nodes
+from tools.bench.mixed import mixed_workloads
+from tools.bench.workload import Group, Workload, plain_nodes
 
 __all__ = [
     "NAMES",
@@ -49,49 +49,6 @@ BLOCK_LABEL = "kairos.io/bench-block"
 RACK_LABEL = "kairos.io/bench-rack"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ZONE_LABEL = "topology.kubernetes.io/zone"
-
-
-class Group(msgspec.Struct, frozen=True):
-    """One podgroup and its pods."""
-
-    podgroup: PodGroup
-    pods: tuple[Pod, ...]
-
-
-class Workload(msgspec.Struct, frozen=True, kw_only=True):
-    """What one benchmark runs. `initial` groups run (placed on the nodes they name) before the
-    measurement starts; `measured` groups are created when it starts, in this order."""
-
-    name: str
-    nodes: tuple[Node, ...]
-    queues: tuple[Queue, ...]
-    topologies: tuple[Topology, ...] = ()
-    initial: tuple[Group, ...] = ()
-    measured: tuple[Group, ...] = ()
-    verdict_for: str | None = None
-    """A measured podgroup that cannot fit: the time until it is reported unschedulable is `verdict_s`;
-    its pods are not counted in the throughput."""
-    reclaim: bool = False
-    """The measured pods fit only by reclaiming: `decision_s` is the time until the last victim is gone."""
-    generated: bool = True
-    """The nodes are exactly `plain_nodes(len(nodes), gpus_per_node)`, which the simulated API server
-    generates itself (`--nodes N --gpus-per-node G`); otherwise they go to it as a cluster file."""
-
-    @property
-    def counted(self) -> tuple[Pod, ...]:
-        """The measured pods whose binding the throughput and latencies count."""
-        return tuple(p for g in self.measured if g.podgroup.name != self.verdict_for for p in g.pods)
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.nodes[0].gpus if self.nodes else 0
-
-
-def plain_nodes(count: int, gpus: int = 8) -> list[Node]:
-    """`count` identical GPU nodes exactly as the simulated API server generates them (`--nodes`, through
-    `tools.kubesim.nodes.generated_nodes`). A cluster file of 10,000 nodes takes the server half a minute to
-    read; generated ones cost nothing."""
-    return generated_nodes(count, gpus)
 
 
 def _group(
@@ -415,6 +372,8 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "PodAntiAffinity": lambda: pod_anti_affinity(5000, 1000, 1000),
     "PodAffinity": lambda: pod_affinity(5000, 1000, 5000),
     "TopologySpreading": lambda: topology_spreading(5000, 1000, 5000),
+    # Issue 28: owners of every kind with a simulated operator, grouped by the pod-grouper (4,000 pods).
+    "MixedWorkloads": lambda: mixed_workloads(500, 1000),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
@@ -428,6 +387,7 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "PodAntiAffinity": lambda: pod_anti_affinity(200, 50, 100),
     "PodAffinity": lambda: pod_affinity(200, 50, 200),
     "TopologySpreading": lambda: topology_spreading(200, 50, 200),
+    "MixedWorkloads": lambda: mixed_workloads(10, 20),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 
