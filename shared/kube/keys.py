@@ -80,3 +80,6 @@ NON_PREEMPTIBLE_PRIORITY = 100
 """Podgroups at or above this priority are non-preemptible unless they say otherwise (KAI's build class)."""
 DEFAULT_NODE_POOL = "default"
 SCHEDULER_NAME = "kai-scheduler"
+PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
+"""KAI v0.17: on a workload or its pods, how long a pending gang waits before it may evict others (a Go
+duration); the pod-grouper writes it to the PodGroup's ``spec.preemptionDelay``."""
