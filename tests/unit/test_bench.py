@@ -245,6 +245,7 @@ def test_scheduler_perf_workloads_pods_carry_their_templates() -> None:
         "PodAntiAffinity",
         "PodAffinity",
         "TopologySpreading",
+        "MixedWorkloadsPregrouped",
     ],
 )
 def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
@@ -256,8 +257,7 @@ def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
         )
         assert pg.queue == group.podgroup.queue
         assert pg.priority == group.podgroup.priority
-        assert pg.root.all_pod_sets()[0].min_available == group.podgroup.root.all_pod_sets()[0].min_available
-        assert pg.root.topology_constraint == group.podgroup.root.topology_constraint
+        assert pg.root == group.podgroup.root
         for pod in group.pods:
             manifest = admitted(pod_manifest(pod, group.podgroup))
             back = translate.pod_of(wire.decode("pods", json.dumps(manifest)))
@@ -267,6 +267,7 @@ def test_manifests_translate_back_to_the_workloads_objects(name: str) -> None:
                 pod.gpu,
             )
             assert back.node == pod.node
+            assert back.sub_group == pod.sub_group
             assert back.podgroup == f"default/{group.podgroup.name}"
             assert (back.pod_affinity, back.pod_anti_affinity, back.topology_spread) == (
                 pod.pod_affinity,

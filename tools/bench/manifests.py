@@ -18,15 +18,19 @@ import msgspec
 
 from shared.clusterfile import ClusterObjects
 from shared.kube import keys
+from shared.kube.translate import DEFAULT_POD_SET
 from shared.model import (
     LabelSelector,
     Node,
     Pod,
     PodAffinityTerm,
     PodGroup,
+    PodSet,
     Queue,
     QueueResource,
+    SubGroupSet,
     Topology,
+    TopologyConstraint,
     TopologySpreadConstraint,
 )
 from shared.model.objects import UNLIMITED
@@ -98,22 +102,46 @@ def topology_manifest(topology: Topology) -> Obj:
     }
 
 
+def _constraint(constraint: TopologyConstraint) -> Obj:
+    tc: Obj = {"topology": constraint.topology}
+    if constraint.required_level:
+        tc["requiredTopologyLevel"] = constraint.required_level
+    if constraint.preferred_level:
+        tc["preferredTopologyLevel"] = constraint.preferred_level
+    return tc
+
+
+def _sub_groups(node: SubGroupSet, parent: str | None) -> list[Obj]:
+    out: list[Obj] = []
+    items: list[PodSet | SubGroupSet] = [*node.pod_sets, *node.children]
+    for item in items:
+        sg: Obj = {"name": item.name}
+        if isinstance(item, PodSet):
+            sg["minMember"] = item.min_available
+        if parent is not None:
+            sg["parent"] = parent
+        if item.topology_constraint is not None:
+            sg["topologyConstraint"] = _constraint(item.topology_constraint)
+        out.append(sg)
+        if isinstance(item, SubGroupSet):
+            out.extend(_sub_groups(item, item.name))
+    return out
+
+
 def podgroup_manifest(podgroup: PodGroup, namespace: str = NAMESPACE) -> Obj:
-    """A PodGroup with one pod set (the root's), its queue, priority class and topology constraint."""
-    sets = podgroup.root.all_pod_sets()
+    """A PodGroup: its queue, priority class, topology constraint and minimum, and its sub-groups when the
+    root holds more than the one default pod set (a grouped MixedWorkloads owner's)."""
+    root = podgroup.root
+    sets = root.all_pod_sets()
     spec: Obj = {
         "minMember": sum(s.min_available for s in sets),
         "queue": podgroup.queue,
         "priorityClassName": PRIORITY_CLASSES.get(podgroup.priority, "train"),
     }
-    constraint = podgroup.root.topology_constraint
-    if constraint is not None:
-        tc: Obj = {"topology": constraint.topology}
-        if constraint.required_level:
-            tc["requiredTopologyLevel"] = constraint.required_level
-        if constraint.preferred_level:
-            tc["preferredTopologyLevel"] = constraint.preferred_level
-        spec["topologyConstraint"] = tc
+    if root.topology_constraint is not None:
+        spec["topologyConstraint"] = _constraint(root.topology_constraint)
+    if root.children or [s.name for s in root.pod_sets] != [DEFAULT_POD_SET]:
+        spec["subGroups"] = _sub_groups(root, None)
     return {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",

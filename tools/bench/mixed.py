@@ -172,9 +172,18 @@ class _Grouper:
 
 
 def mixed_workloads(
-    nodes: int, groups: int, queues: int = 10, kinds: tuple[OwnerKind, ...] = MIXED_KINDS
+    nodes: int,
+    groups: int,
+    queues: int = 10,
+    kinds: tuple[OwnerKind, ...] = MIXED_KINDS,
+    *,
+    pregrouped: bool = False,
 ) -> Workload:
-    """`groups` owners of `kinds` in turn over `queues` flat queues, on `nodes` plain 8-GPU nodes."""
+    """`groups` owners of `kinds` in turn over `queues` flat queues, on `nodes` plain 8-GPU nodes.
+
+    `pregrouped` (MixedWorkloadsPregrouped) keeps the same pods and podgroups but drops the owners, so over
+    the bus they are created already grouped, as the other workloads' are: the difference between the two
+    runs' state-service CPU per pod is what grouping costs."""
     cluster = Cluster(SimOptions(seed=1), clock=lambda: 0.0)
     grouper = _Grouper(cluster)
     priorities = {name: value for name, value, _ in KAI_PRIORITY_CLASSES}
@@ -200,9 +209,9 @@ def mixed_workloads(
             wire.convert(wire.PodGroup, manifests[-1][0]), priority_classes=priorities, creation_time=float(i)
         )
         pods = tuple(translate.pod_of(pod, podgroup=podgroup.key) for _, pod in manifests)
-        out.append(Group(podgroup, pods, owner=owner))
+        out.append(Group(podgroup, pods, owner=None if pregrouped else owner))
     return Workload(
-        name="MixedWorkloads",
+        name="MixedWorkloadsPregrouped" if pregrouped else "MixedWorkloads",
         nodes=tuple(plain_nodes(nodes)),
         queues=tuple(flat_queues(names)),
         measured=tuple(out),

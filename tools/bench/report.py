@@ -256,7 +256,8 @@ def _cell(value: float | None, width: int, suffix: str = "") -> str:
 def cpu_table(rows: list[CpuPerPod]) -> list[str]:
     """The CPU-per-pod table as printed by `kairos bench`: one header line and one line per workload."""
     names = ("in-proc", *COLUMNS[:4], "services", "overhead", "kubesim", "nats-server")
-    header = f"{'workload':<18} {'nodes':>6} {'pods':>6} " + " ".join(f"{n:>11}" for n in names)
+    width = max([18, *(len(row.workload) for row in rows)])
+    header = f"{'workload':<{width}} {'nodes':>6} {'pods':>6} " + " ".join(f"{n:>11}" for n in names)
     lines = [header]
     for row in rows:
         cells = [_cell(row.inprocess_ms, 11)]
@@ -268,7 +269,7 @@ def cpu_table(rows: list[CpuPerPod]) -> list[str]:
             _cell(row.by_process_ms.get(p) if row.services_ms is not None else None, 11)
             for p in INFRASTRUCTURE
         ]
-        lines.append(f"{row.workload:<18} {row.nodes:>6} {row.pods:>6} " + " ".join(cells))
+        lines.append(f"{row.workload:<{width}} {row.nodes:>6} {row.pods:>6} " + " ".join(cells))
     return lines
 
 

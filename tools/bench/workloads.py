@@ -374,6 +374,8 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "TopologySpreading": lambda: topology_spreading(5000, 1000, 5000),
     # Issue 28: owners of every kind with a simulated operator, grouped by the pod-grouper (4,000 pods).
     "MixedWorkloads": lambda: mixed_workloads(500, 1000),
+    # The same pods and podgroups created already grouped: the difference is the pod-grouper's cost.
+    "MixedWorkloadsPregrouped": lambda: mixed_workloads(500, 1000, pregrouped=True),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
@@ -388,6 +390,7 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "PodAffinity": lambda: pod_affinity(200, 50, 200),
     "TopologySpreading": lambda: topology_spreading(200, 50, 200),
     "MixedWorkloads": lambda: mixed_workloads(10, 20),
+    "MixedWorkloadsPregrouped": lambda: mixed_workloads(10, 20, pregrouped=True),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 
