@@ -1,6 +1,9 @@
 """KAI's CronJob plugin (``cronjobs``): the Job the CronJob created is the top owner.
 
-Claims (`KINDS`, merged by `registry`) ``batch/v1`` CronJobs; called by `decision.group_pod`.
+Claims (`KINDS`, merged by `registry`) ``batch/v1`` CronJobs; called by `decision.group_pod`. KAI fetches
+the Job a pod's owner reference names and gives it the default grouping (PodGroup ``pg-<job>-<uid>`` owned
+by the Job, min member 1): neither the Job plugin's ``kai.scheduler/batch-min-member`` nor its legacy
+PodGroup search applies to a CronJob's Jobs. The Job here is the one in the pod's owner chain.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from shared.kube import wire
 
 
 def cron_job_plugin(ctx: Ctx, top: wire.Owner) -> Metadata:
-    """The Job the CronJob created is the top owner (KAI's CronJob plugin)."""
+    """The default grouping of the Job the CronJob created (KAI ``CronJobGrouper``)."""
     job = next((o for o in ctx.owners if o.kind == "Job"), None)
     if job is None:
-        raise owner_error(top, "", f"pod {name_of(pod_as_owner(ctx.pod))} has no Job owner")
+        raise owner_error(
+            pod_as_owner(ctx.pod), "metadata.ownerReferences", f"names no Job of CronJob {name_of(top)}"
+        )
     return default_metadata(ctx, job, [job])
 
 
