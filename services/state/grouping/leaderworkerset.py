@@ -69,6 +69,8 @@ _SIZE_FIELD = "spec.leaderWorkerTemplate.size"
 
 _POLICY = ("leaderWorkerTemplate", "subGroupPolicy")
 
+_SET_SEGMENT_SIZE_FIELD = f"metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]"
+
 _WORKER_SEGMENT_SIZE_FIELD = (
     f"spec.leaderWorkerTemplate.workerTemplate.metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]"
 )
@@ -221,32 +223,23 @@ def _leader_and_workers(pod: str, gang: int, worker: int | None) -> list[SubGrou
 
 
 def _segment_size(top: wire.Owner) -> tuple[int, str] | None:
-    """The segment size and the field it came from: ``subGroupPolicy.subGroupSize``, else the
-    LeaderWorkerSet's segment-size annotation, else its worker template's; None when none is set."""
-    found: tuple[object, str] | None = None
+    """The segment size and the field it came from: ``subGroupPolicy.subGroupSize`` (a number), else the
+    LeaderWorkerSet's segment-size annotation, else its worker template's (text); None when none is set."""
+    what = "a segment size"
     policy = map_at(top, _POLICY)
     if policy is not None and "subGroupSize" in policy:
-        found = policy["subGroupSize"], "spec.leaderWorkerTemplate.subGroupPolicy.subGroupSize"
-    elif keys.SEGMENT_SIZE_ANNOTATION in top.metadata.annotations:
-        found = (
-            top.metadata.annotations[keys.SEGMENT_SIZE_ANNOTATION],
-            f"metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]",
-        )
-    else:
-        worker_annotations = map_at(top, (*_TEMPLATE, "workerTemplate", "metadata", "annotations")) or {}
-        if keys.SEGMENT_SIZE_ANNOTATION in worker_annotations:
-            found = (
-                worker_annotations[keys.SEGMENT_SIZE_ANNOTATION],
-                _WORKER_SEGMENT_SIZE_FIELD,
-            )
-    if found is None:
-        return None
-    raw, field_path = found
-    what = "a segment size"
-    if isinstance(raw, str):
-        size = _read(top, field_path, lambda: values.whole(raw, low=2, high=values.INT32_MAX, what=what))
-    else:
+        raw: object = policy["subGroupSize"]
+        field_path = "spec.leaderWorkerTemplate.subGroupPolicy.subGroupSize"
         size = _read(top, field_path, lambda: values.whole_of(raw, low=2, high=values.INT32_MAX, what=what))
+        return size, field_path
+    annotations = map_at(top, (*_TEMPLATE, "workerTemplate", "metadata", "annotations")) or {}
+    if keys.SEGMENT_SIZE_ANNOTATION in top.metadata.annotations:
+        raw, field_path = top.metadata.annotations[keys.SEGMENT_SIZE_ANNOTATION], _SET_SEGMENT_SIZE_FIELD
+    elif keys.SEGMENT_SIZE_ANNOTATION in annotations:
+        raw, field_path = annotations[keys.SEGMENT_SIZE_ANNOTATION], _WORKER_SEGMENT_SIZE_FIELD
+    else:
+        return None
+    size = _read(top, field_path, lambda: values.whole(raw, low=2, high=values.INT32_MAX, what=what))
     return size, field_path
 
 
