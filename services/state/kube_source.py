@@ -15,8 +15,10 @@ until its agent's next report (30 s by default). Their telemetry (`kairos.gpu.te
 becomes each node's `gpu_devices` (decayed use and health, `Mirror.telemetry`) under the same staleness rule.
 
 After every flush the pod-grouper (`services.state.podgrouper`) is woken for the pods that have no
-podgroup yet, the gate keeper (`services.state.gate_keepers`) for gated pods whose dependencies succeeded, and
-the quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`. The owner also
+podgroup yet, the gate keeper (`services.state.gate_keepers`) for gated pods whose dependencies succeeded, the
+quota gate keeper for admitted podgroups whose pods still carry `kairos.io/admission`, and, with the state
+option `cluster_autoscaling`, the node-scale-adjuster (`services.state.scale_adjuster`), which keeps a
+scaling pod for each fractional pod that waits for a GPU node. The owner also
 runs the shard watch (`services.state.shard_watch`, a ninth informer): the SchedulingShard this shard
 serves, kept in KV as its `ShardRecord` (full syncs leave that key alone). A failed write
 marks KV for a full resync (`StateWriter.sync` + ledger reconcile) before the next one, as the simulated
@@ -65,6 +67,8 @@ from services.state.mirror import (
 )
 from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
+from services.state.scale_adjuster import ScaleAdjuster
+from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.shard_watch import ShardWatch
 from services.state.writeback import WriteBack, WriteBackOptions
 from shared.bus.fence import WriteFence
@@ -114,6 +118,8 @@ class KubeSourceOptions:
     """Copied from pods to their PodGroups, and written into every shard's record (`ShardWatch`)."""
     extra_plugins: Mapping[str, ExtraPlugin] = field(default_factory=dict)
     """The installed plugins beyond KAI's a SchedulingShard may enable (`shared.plugin_loader`)."""
+    scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
+    """KAI's node-scale-adjuster (`services.state.scale_adjuster`), run by the owner when enabled."""
 
 
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
@@ -368,6 +374,7 @@ class KubeOwner:
         self.gates: GateKeeper | None = None
         self.quota_gates: QuotaGateKeeper | None = None
         self.shard_watch: ShardWatch | None = None
+        self.scale_adjuster: ScaleAdjuster | None = None
         self._stamps_sub: Subscription | None = None
         self._why_sub: Subscription | None = None
 
@@ -403,6 +410,15 @@ class KubeOwner:
             ProblemReportOptions(component=self.options.scheduler_name, settle=self.options.problem_settle),
         )
         self.problems.start()
+        if self.options.scale_adjust.enabled:
+            self.scale_adjuster = ScaleAdjuster(
+                self.ctx,
+                self.kube,
+                self.source.mirror,
+                self.options.scale_adjust,
+                scheduler_name=self.options.scheduler_name,
+            )
+            self.scale_adjuster.start()
         self.shard_watch = ShardWatch(
             self.ctx,
             self.kube,
@@ -488,6 +504,8 @@ class KubeOwner:
             self.gates.wake()
         if self.quota_gates is not None and self.quota_gates.lifting:
             self.quota_gates.wake()
+        if self.scale_adjuster is not None:
+            self.scale_adjuster.wake()
 
     async def _on_why(self, msg: Msg) -> None:
         """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
@@ -517,6 +535,8 @@ class KubeOwner:
             await self.quota_gates.stop()
         if self.problems is not None:
             await self.problems.stop()
+        if self.scale_adjuster is not None:
+            await self.scale_adjuster.stop()
         if self.shard_watch is not None:
             await self.shard_watch.stop()
         if self.writeback is not None:

@@ -25,6 +25,20 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   the scheduling gate `kairos.io/admission`, lifted once the queue leader says its queues have room for
   its gang (`podgroup-admission` events), so pods their queue's limit or quota holds back stay
   SchedulingGated instead of Unschedulable and cluster autoscalers do not add nodes for them.
+- `gpu_fraction_runtime_class_name=NAME` (default `nvidia`; empty: none; needs `webhook_port`): the
+  runtime class the webhook gives fractional pods that name none (KAI's `--gpu-fraction-runtime-class-name`,
+  fractional pods only since KAI v0.16); `gpu_pod_runtime_class_name`, KAI's deprecated name of the switch,
+  is read when the new one is not given.
+- `cluster_autoscaling=true|false` (default false, as KAI's `global.clusterAutoscaling`; source kube): the
+  source's owner runs KAI's node-scale-adjuster (`services.state.scale_adjuster`): a scaling pod asking for
+  whole GPUs for fractional pods left Unschedulable, so Cluster Autoscaler or Karpenter adds a GPU node,
+  deleted once they are placed or gone. Its switches, KAI's flags: `scale_adjust_namespace` (default
+  `kai-scale-adjust`, which must exist), `scaling_pod_image` (default `kairos`, whose entrypoint exits at
+  once), `scaling_pod_app_label` (default `scaling-pod`), `scaling_pod_service_account` (default
+  `kai-scale-adjust`, as KAI's operator sets it; empty: the namespace's default),
+  `gpu_memory_to_fraction_ratio` (default 0.1: the share a `gpu-memory` pod counts for, in (0, 1]) and
+  `scale_adjust_cooldown` (seconds after a scaling pod is deleted before another is created; default 60,
+  KAI's constant).
 - `run_delay=SECONDS` (default 0): a bound pod starts Running this long after its bind (0: at once).
 - `snapshot_wait=SECONDS` (default 5): how long a snapshot request may wait for its `min_revision`.
 
@@ -48,8 +62,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -57,8 +72,9 @@ from nats.aio.subscription import Subscription
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
+from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
-from services.state.webhook import AdmissionServer, WebhookOptions
+from services.state.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster
@@ -111,6 +127,11 @@ class StateOptions:
     node_pool_label_key: str = NODE_POOL_LABEL
     """KAI's ``nodePoolLabelKey``: the label that puts nodes, queues and podgroups in a shard's node pool
     (copied from pods to their PodGroups; empty: no node pools, every shard schedules everything)."""
+    gpu_fraction_runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    """The runtime class the webhook gives fractional pods naming none (KAI's default ``nvidia``; empty:
+    none)."""
+    scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
+    """KAI's node-scale-adjuster (`cluster_autoscaling` and its switches); off by default, as KAI's."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -139,6 +160,12 @@ class StateOptions:
             )
         if source == "sim" and demo and cluster:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
+        scale_adjust = _scale_adjust(get)
+        if scale_adjust.enabled and source != "kube":
+            raise ConfigError(
+                "service state: option 'cluster_autoscaling': needs source kube (the source's owner runs the "
+                "node-scale-adjuster)"
+            )
         return cls(
             source=source,
             cluster=cluster,
@@ -152,7 +179,77 @@ class StateOptions:
             webhook_key=key,
             quota_gate=quota_gate,
             node_pool_label_key=NODE_POOL_LABEL if node_pool_key is None else node_pool_key.strip(),
+            gpu_fraction_runtime_class_name=_runtime_class(get),
+            scale_adjust=scale_adjust,
         )
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _runtime_class(get: Callable[[str], str | None]) -> str:
+    """`gpu_fraction_runtime_class_name`, else the deprecated `gpu_pod_runtime_class_name`, else KAI's
+    default (KAI's admission reads its two flags in the same order)."""
+    key = "gpu_fraction_runtime_class_name"
+    text = get(key)
+    if text is None:
+        key = "gpu_pod_runtime_class_name"
+        text = get(key)
+    if text is None:
+        return DEFAULT_RUNTIME_CLASS
+    name = text.strip()
+    if name and _DNS_SUBDOMAIN.fullmatch(name) is None:
+        raise ConfigError(
+            f"service state: option {key!r}: expected a RuntimeClass name (a DNS subdomain) or empty, got "
+            f"{text!r}"
+        )
+    return name
+
+
+def _scale_adjust(get: Callable[[str], str | None]) -> ScaleAdjustOptions:
+    """KAI's node-scale-adjuster switches; errors name the option."""
+    default = ScaleAdjustOptions()
+
+    def named(key: str, pattern: re.Pattern[str], fallback: str, what: str) -> str:
+        text = get(key)
+        if text is None:
+            return fallback
+        value = text.strip()
+        if pattern.fullmatch(value) is None:
+            raise ConfigError(f"service state: option {key!r}: expected {what}, got {text!r}")
+        return value
+
+    image = (get("scaling_pod_image") or "").strip() or default.image
+    if any(c.isspace() for c in image):
+        raise ConfigError(f"service state: option 'scaling_pod_image': expected an image, got {image!r}")
+    ratio_text = get("gpu_memory_to_fraction_ratio")
+    ratio = default.gpu_memory_to_fraction_ratio
+    if ratio_text is not None and ratio_text.strip():
+        try:
+            ratio = float(ratio_text)
+        except ValueError:
+            ratio = -1.0
+        if not 0 < ratio <= 1:
+            raise ConfigError(
+                "service state: option 'gpu_memory_to_fraction_ratio': expected a share of a GPU in (0, 1], "
+                f"got {ratio_text!r}"
+            )
+    return ScaleAdjustOptions(
+        enabled=_flag("cluster_autoscaling", get("cluster_autoscaling")),
+        namespace=named("scale_adjust_namespace", _DNS_LABEL, default.namespace, "a namespace name"),
+        image=image,
+        app_label=named("scaling_pod_app_label", _LABEL_VALUE, default.app_label, "a label value"),
+        service_account=named(
+            "scaling_pod_service_account",
+            re.compile(f"({_DNS_SUBDOMAIN.pattern})?"),
+            default.service_account,
+            "a service account name or empty",
+        ),
+        gpu_memory_to_fraction_ratio=ratio,
+        cooldown=_seconds("scale_adjust_cooldown", get("scale_adjust_cooldown"), default.cooldown),
+    )
 
 
 def _flag(key: str, text: str | None) -> bool:
@@ -232,6 +329,7 @@ async def body(ctx: ServiceContext) -> None:
                     scheduler_name=options.scheduler_name,
                     node_pool_label_key=options.node_pool_label_key,
                     extra_plugins=extra_plugins(load_registry()),
+                    scale_adjust=options.scale_adjust,
                 ),
             )
             metrics.watch(informers=election.informers)
@@ -249,6 +347,7 @@ async def body(ctx: ServiceContext) -> None:
                     key=options.webhook_key,
                     scheduler_name=options.scheduler_name,
                     quota_gate=options.quota_gate,
+                    fraction_runtime_class=options.gpu_fraction_runtime_class_name,
                 ),
             )
             await webhook.start()

@@ -14,7 +14,11 @@ gates in one patch when both apply); the owner's quota gate keeper
 room for its gang. A fractional pod of ours (``gpu-fraction``, ``gpu-memory``) also gets KAI's GPU-sharing
 environment (`shared.kube.gpu_sharing.admission_patch`: ``NVIDIA_VISIBLE_DEVICES`` and ``GPU_PORTION`` from a
 ConfigMap the binder fills at bind time); a replica that sees the pod already mutated by another leaves it
-alone.
+alone. It also gets ``spec.runtimeClassName`` (`runtime_class_patch`): the state option
+`gpu_fraction_runtime_class_name`, KAI's ``--gpu-fraction-runtime-class-name`` (default ``nvidia``, the
+NVIDIA container runtime that gives a container without a device request the GPU its environment names;
+empty: none), only for fractional pods since KAI v0.16 (whole-GPU pods get their device from the device
+plugin and run as the cluster runs them), never replacing a runtime class the pod names.
 
 Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's hundred
 pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not decode) admits
@@ -35,6 +39,7 @@ import logging
 import os
 import secrets
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,12 +69,28 @@ LOOKUP_TIMEOUT = 2.0
 MAX_OWNER_DEPTH = 8
 CERT_CHECK = 60.0
 """Seconds between looks at the certificate files for a renewal."""
+DEFAULT_RUNTIME_CLASS = "nvidia"
+"""KAI's ``DefaultRuntimeClassName``: the RuntimeClass the NVIDIA GPU Operator installs."""
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 """Characters of the random part of a GPU-sharing ConfigMap name (no vowels: no words by chance)."""
 
 
 def _random_chars() -> str:
     return "".join(secrets.choice(_NAME_ALPHABET) for _ in range(7))
+
+
+def runtime_class_patch(pod: wire.Pod, obj: Mapping[str, Any], runtime_class: str) -> list[dict[str, Any]]:
+    """JSON patch setting ``spec.runtimeClassName`` of a fractional pod being created (`obj`, the pod as the
+    API server sent it: the decoded `pod` does not keep the field) to `runtime_class`; empty when the switch
+    is off (`runtime_class` empty), the pod asks for no share of a GPU, or it names a runtime class itself
+    (KAI counts an empty name as none). KAI also leaves its GPU reservation pods alone; Kairos's binder
+    creates them bound, and the webhook never looks at a bound pod."""
+    if not runtime_class or not gpu_sharing.is_fractional(pod):
+        return []
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping) and spec.get("runtimeClassName"):
+        return []
+    return [{"op": "add", "path": "/spec/runtimeClassName", "value": runtime_class}]
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,8 @@ class WebhookOptions:
     scheduler_name: str = keys.SCHEDULER_NAME
     quota_gate: bool = False
     """Give every pod of ours the `kairos.io/admission` gate (the state option `quota_gate`)."""
+    fraction_runtime_class: str = DEFAULT_RUNTIME_CLASS
+    """The runtime class a fractional pod of ours gets (`runtime_class_patch`); empty: none."""
 
 
 class AdmissionServer:
@@ -200,6 +223,10 @@ class AdmissionServer:
         if pod is None or pod.spec.scheduler_name != self.options.scheduler_name or pod.spec.node_name:
             return None, ""
         patch, warning = self._sharing_patch(pod)
+        runtime_class = runtime_class_patch(pod, review.object or {}, self.options.fraction_runtime_class)
+        if runtime_class:
+            patch += runtime_class
+            self.ctx.counters["pods_given_runtime_class"] += 1
         gates: list[str] = []
         if gate_patches.may_gate(pod, self.options.scheduler_name):
             after, gate_warning = await self._declares_after(pod)
