@@ -16,19 +16,27 @@ TFJob, XGBoostJob and JAXJob (kubeflow.org/v1, Kubeflow Training Operator v1) an
 - MPIJob: the workers as pods ``<job>-worker-<i>`` (``job-role: worker``, ``replica-index``) and the
   launcher as a batch/v1 Job ``<job>-launcher`` (``job-role: launcher``) whose pod kubesim's Job controller
   creates, as MPI Operator v2 does; labels ``training.kubeflow.org/job-name`` and ``operator-name:
-  mpi-operator``.
+  mpi-operator``. With ``launcherCreationPolicy: WaitForWorkersReady`` the launcher Job is created only
+  once every worker pod is Ready (the operator's default, ``AtStartup``, creates it with the workers).
 - Every object carries the template's labels, annotations and spec (schedulerName, priorityClassName, ...)
   and a controller ownerReference to the job (blockOwnerDeletion); a replica spec's ``restartPolicy`` becomes
   the pod's (``ExitCode`` as ``Never``). A deleted pod is recreated while the job is not finished.
 - Status: ``replicaStatuses`` (active/succeeded/failed per replica type), ``startTime``, and the conditions
   Created, then Running (the leader's pod runs: Master, Chief, the job-role master or the launcher; without
   one, every pod runs), then Succeeded (the leader succeeded; without one, every pod) with Running set to
-  False, or Failed when a pod fails; ``completionTime`` once finished. Pods are kept when the job finishes
-  (cleanPodPolicy None).
+  False, or Failed when a pod fails; ``completionTime`` once finished. An elastic PyTorchJob
+  (``spec.elasticPolicy``) without a Master runs once any worker runs and succeeds once any worker
+  succeeded, as the training operator decides for it. Pods are kept when the job finishes (cleanPodPolicy
+  None).
+- A malformed replica spec (the replica specs or one of them not an object, ``replicas`` not a whole
+  number from 0 to 2^31-1), which the real API server's schema refuses, creates nothing for the job and
+  records a Warning Event ``<Kind>FailedValidation`` naming the field, as the operator reports a job that
+  fails its validation; kubesim has no CRD schema.
 
 Not simulated: the per-replica headless Services, the framework environment variables (MASTER_ADDR, RANK,
-TF_CONFIG, ...), the MPI hostfile ConfigMap and SSH Secret, elastic and suspend policies, restarts by exit
-code, backoffLimit and activeDeadlineSeconds. Pure: no I/O.
+TF_CONFIG, PET_NNODES, ...), the MPI hostfile ConfigMap and SSH Secret, an elastic job's
+HorizontalPodAutoscaler (``elasticPolicy.metrics``) and the scale subresource it drives, suspend policies,
+restarts by exit code, backoffLimit and activeDeadlineSeconds. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -64,6 +72,9 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 
 _TERMINAL = ("Succeeded", "Failed")
+
+WAIT_FOR_WORKERS = "WaitForWorkersReady"
+"""MPI Operator v2's ``launcherCreationPolicy`` that creates the launcher once every worker is ready."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,30 @@ MAX_REPLICAS = 1000
 a count of a billion would fill its memory."""
 
 
+INT32_MAX = 2**31 - 1
+
+
+def replica_spec_problem(specs: object, field: str) -> tuple[str, str] | None:
+    """The first (field, problem) of a malformed replica specs field, which the real API server's schema
+    would refuse; None when every replica spec is an object whose ``replicas`` (when set) is a whole
+    number from 0 to 2^31-1."""
+    if specs is None:
+        return None
+    if not isinstance(specs, dict):
+        return f"spec.{field}", "must be an object of replica specs"
+    for rtype, spec in specs.items():
+        if not isinstance(spec, dict):
+            return f"spec.{field}.{rtype}", "must be a replica spec object"
+        raw = spec.get("replicas", 1)
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= INT32_MAX:
+            shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:40] + "..."
+            return (
+                f"spec.{field}.{rtype}.replicas",
+                f"must be a whole number from 0 to {INT32_MAX}, got {shown}",
+            )
+    return None
+
+
 def replicas_of(spec: Obj) -> int:
     """A replica spec's ``replicas`` (1 when absent); what the real API server's schema (an int32 >= 0) would
     refuse (text, a bool, a float, a negative, "²", 5,000 digits) creates no pod, and a count beyond
@@ -168,6 +203,15 @@ def _condition(type_: str, status: str, reason: str, message: str, now: str) -> 
     }
 
 
+def _elastic_without_master(kind: TrainingKind, job: Obj, specs: Obj) -> bool:
+    """A PyTorchJob with an elastic policy and no Master replica."""
+    return (
+        kind.kind == "PyTorchJob"
+        and isinstance((job.get("spec") or {}).get("elasticPolicy"), dict)
+        and "Master" not in specs
+    )
+
+
 def _phase(obj: Obj) -> str:
     return str((obj.get("status") or {}).get("phase") or "")
 
@@ -185,9 +229,15 @@ class TrainingOperator:
             c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
             for c in status.get("conditions") or ()
         )
-        specs = (job.get("spec") or {}).get(kind.replica_specs) or {}
-        if not isinstance(specs, dict):
-            specs = {}
+        raw_specs = (job.get("spec") or {}).get(kind.replica_specs)
+        problem = replica_spec_problem(raw_specs, kind.replica_specs)
+        if problem is not None:
+            field, message = problem
+            self.controllers.cluster.record_event(
+                job, "Warning", f"{kind.kind}FailedValidation", f"{field}: {message}", kind.operator_name
+            )
+            return
+        specs: Obj = raw_specs or {}
         if not finished:
             if kind.kind == "MPIJob":
                 self._mpi_objects(kind, job, specs)
@@ -229,6 +279,7 @@ class TrainingOperator:
     def _mpi_objects(self, kind: TrainingKind, job: Obj, specs: Obj) -> None:
         name = job["metadata"]["name"]
         worker = specs.get("Worker")
+        workers = replicas_of(worker) if isinstance(worker, dict) else 0
         if isinstance(worker, dict):
             for index in range(replicas_of(worker)):
                 labels = {
@@ -246,6 +297,9 @@ class TrainingOperator:
         ns = job["metadata"]["namespace"]
         if self.controllers.cluster.store.storage("batch/jobs").get(ns, f"{name}-launcher") is not None:
             return
+        policy = (job.get("spec") or {}).get("launcherCreationPolicy")
+        if policy == WAIT_FOR_WORKERS and self._ready_workers(job) < workers:
+            return
         template = self._replica_template(
             launcher, {**self._base_labels(kind, job), JOB_ROLE_LABEL: "launcher"}
         )
@@ -262,6 +316,19 @@ class TrainingOperator:
             "spec": {"backoffLimit": 0, "template": template},
         }
         self.controllers.create_owned(job, kind.storage, "batch/jobs", launcher_job)
+
+    def _ready_workers(self, job: Obj) -> int:
+        """The job's worker pods that are Ready (the MPI operator's ``countReadyWorkerPods``)."""
+        return sum(
+            1
+            for pod in self.controllers.owned_pods(job)
+            if (pod["metadata"].get("labels") or {}).get(JOB_ROLE_LABEL) == "worker"
+            and not pod["metadata"].get("deletionTimestamp")
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (pod.get("status") or {}).get("conditions") or ()
+            )
+        )
 
     def _owner_ref(self, job: Obj) -> Obj:
         md = job["metadata"]
@@ -321,6 +388,10 @@ class TrainingOperator:
         succeeded = (
             bool(watched) and (bool(leaders) or complete) and all(_phase(p) == "Succeeded" for p in watched)
         )
+        if _elastic_without_master(kind, job, specs):
+            # The training operator: an elastic job runs while any worker runs, and is done once one is.
+            running = any(_phase(p) == "Running" for p in all_pods)
+            succeeded = any(_phase(p) == "Succeeded" for p in all_pods)
         failed = [p for p in all_pods if _phase(p) == "Failed"]
 
         old = job.get("status") or {}
