@@ -189,3 +189,35 @@ async def test_an_unschedulable_half_gpu_pod_gets_a_scaling_pod_until_a_gpu_node
         return await scaling_pod() is None
 
     assert await eventually(deleted, timeout=WAIT, every=0.1)
+
+
+async def test_a_scaling_pod_goes_with_the_pod_it_stood_for(stack: tuple[KubeSim, Kube]) -> None:
+    _, kube = stack
+    await kube.call(
+        "create pod",
+        kube.core.create_namespaced_pod,
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": POD,
+                "labels": {keys.QUEUE_LABEL: "default-queue"},
+                "annotations": {keys.GPU_MEMORY: "4096"},
+            },
+            "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "x"}]},
+        },
+    )
+
+    async def scaling_pod() -> dict[str, Any] | None:
+        return await read_pod(kube, SCALE_NAMESPACE, SCALING_POD)
+
+    made = await eventually(scaling_pod, timeout=WAIT, every=0.1)
+    (container,) = made["spec"]["containers"]
+    assert container["resources"]["requests"] == {keys.NVIDIA_GPU: "1"}, "a gpu-memory pod counts for 0.1"
+    await kube.call("delete pod", kube.core.delete_namespaced_pod, POD, "default")
+
+    async def deleted() -> bool:
+        return await scaling_pod() is None
+
+    assert await eventually(deleted, timeout=WAIT, every=0.1)
