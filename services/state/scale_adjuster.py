@@ -105,11 +105,13 @@ class ScaleAdjuster:
     def _wake_in(self, seconds: float) -> None:
         """Wake the loop in `seconds` (the earliest of the wakes asked for wins)."""
         loop = asyncio.get_running_loop()
-        when = loop.time() + seconds
-        if self._timer is not None and not self._timer.cancelled() and self._timer.when() <= when:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
+        now = loop.time()
+        when = now + seconds
+        timer = self._timer
+        if timer is not None and not timer.cancelled() and now < timer.when() <= when:
+            return  # an earlier wake is still to come
+        if timer is not None:
+            timer.cancel()
         self._timer = loop.call_at(when, self.wake)
 
     async def _run(self) -> None:

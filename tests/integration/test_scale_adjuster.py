@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from shared.kubeapi.paths import create_object
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_queue_placement import Running, current_lease, eventually, ready
 from tools.kubesim.cluster import SimOptions
+from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.nodes import generated_nodes
 from tools.kubesim.server import KubeSim
 from tools.stack.nats_server import NatsServer
@@ -52,8 +54,15 @@ POD = "half"
 SCALING_POD = f"default-{POD}"
 
 
+@dataclass
+class Stack:
+    sim: KubeSim
+    kube: Kube
+    state: ServiceContext
+
+
 @pytest.fixture
-async def stack(bus: Bus, nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[KubeSim, Kube]]:
+async def stack(bus: Bus, nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Stack]:
     """One node without GPUs and the four services."""
     options = SimOptions(run_delay=0.0, seed=11, default_scheduler=False)
     async with running_kubesim(
@@ -102,12 +111,35 @@ async def stack(bus: Bus, nats_server: NatsServer, tmp_path: Path) -> AsyncItera
             await start("placement", placement.body)
             await start("queue", queue.body)
             await eventually(lambda: current_lease(bus), timeout=WAIT)
-            yield sim, kube
+            yield Stack(sim, kube, services[0].ctx)
         finally:
             for running in reversed(services):
                 if not running.task.done():
                     await running.stop()
             await kube.close()
+
+
+async def create_half_gpu_pod(kube: Kube, **annotations: str) -> None:
+    await kube.call(
+        "create pod",
+        kube.core.create_namespaced_pod,
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": POD,
+                "labels": {keys.QUEUE_LABEL: "default-queue"},
+                "annotations": annotations or {keys.GPU_FRACTION: "0.5"},
+            },
+            "spec": {
+                "schedulerName": "kai-scheduler",
+                "containers": [
+                    {"name": "main", "image": "x", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+                ],
+            },
+        },
+    )
 
 
 async def read_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
@@ -128,29 +160,10 @@ def pod_scheduled(pod: dict[str, Any]) -> tuple[str, str] | None:
 
 
 async def test_an_unschedulable_half_gpu_pod_gets_a_scaling_pod_until_a_gpu_node_joins_and_it_is_bound(
-    stack: tuple[KubeSim, Kube],
+    stack: Stack,
 ) -> None:
-    sim, kube = stack
-    await kube.call(
-        "create pod",
-        kube.core.create_namespaced_pod,
-        "default",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": POD,
-                "labels": {keys.QUEUE_LABEL: "default-queue"},
-                "annotations": {keys.GPU_FRACTION: "0.5"},
-            },
-            "spec": {
-                "schedulerName": "kai-scheduler",
-                "containers": [
-                    {"name": "main", "image": "x", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
-                ],
-            },
-        },
-    )
+    sim, kube = stack.sim, stack.kube
+    await create_half_gpu_pod(kube)
     admitted = await read_pod(kube, "default", POD)
     assert admitted is not None
     assert admitted["spec"]["runtimeClassName"] == "nvidia", "KAI's runtime class for a fractional pod"
@@ -181,7 +194,8 @@ async def test_an_unschedulable_half_gpu_pod_gets_a_scaling_pod_until_a_gpu_node
 
     async def bound() -> str | None:
         pod = await read_pod(kube, "default", POD)
-        return (pod or {}).get("spec", {}).get("nodeName")
+        node: str | None = (pod or {}).get("spec", {}).get("nodeName")
+        return node
 
     assert await eventually(bound, timeout=WAIT, every=0.1) == "gpu-0"
 
@@ -191,33 +205,36 @@ async def test_an_unschedulable_half_gpu_pod_gets_a_scaling_pod_until_a_gpu_node
     assert await eventually(deleted, timeout=WAIT, every=0.1)
 
 
-async def test_a_scaling_pod_goes_with_the_pod_it_stood_for(stack: tuple[KubeSim, Kube]) -> None:
-    _, kube = stack
-    await kube.call(
-        "create pod",
-        kube.core.create_namespaced_pod,
-        "default",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": POD,
-                "labels": {keys.QUEUE_LABEL: "default-queue"},
-                "annotations": {keys.GPU_MEMORY: "4096"},
-            },
-            "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "x"}]},
-        },
-    )
+async def test_a_scaling_pod_goes_with_the_pod_it_stood_for(stack: Stack) -> None:
+    kube = stack.kube
+    await create_half_gpu_pod(kube, **{keys.GPU_MEMORY: "4096"})
 
     async def scaling_pod() -> dict[str, Any] | None:
         return await read_pod(kube, SCALE_NAMESPACE, SCALING_POD)
 
     made = await eventually(scaling_pod, timeout=WAIT, every=0.1)
     (container,) = made["spec"]["containers"]
-    assert container["resources"]["requests"] == {keys.NVIDIA_GPU: "1"}, "a gpu-memory pod counts for 0.1"
+    assert container["resources"]["requests"][keys.NVIDIA_GPU] == "1", "a gpu-memory pod counts for 0.1"
     await kube.call("delete pod", kube.core.delete_namespaced_pod, POD, "default")
 
     async def deleted() -> bool:
         return await scaling_pod() is None
 
     assert await eventually(deleted, timeout=WAIT, every=0.1)
+
+
+async def test_a_failing_api_server_costs_a_retry_never_a_second_scaling_pod(stack: Stack) -> None:
+    kube = stack.kube
+    await create_half_gpu_pod(kube)
+    # The next two pod creations (the scaling pod's) answer 503; the adjuster asks again a second later.
+    stack.sim.faults.set_plan(
+        FaultPlan(rules=(FaultRule(verb="create", resource="pods", status=503, limit=2),))
+    )
+
+    async def scaling_pods() -> list[str]:
+        raw = await kube.call("list pods", kube.core.list_namespaced_pod, SCALE_NAMESPACE)
+        return [p["metadata"]["name"] for p in json.loads(raw)["items"]]
+
+    assert await eventually(scaling_pods, timeout=WAIT, every=0.1) == [SCALING_POD]
+    assert stack.state.counters["scale_adjust_api_errors"] == 2
+    assert stack.state.counters["scaling_pods_created"] == 1
