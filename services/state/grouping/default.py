@@ -2,9 +2,19 @@
 
 `default_metadata` is KAI ``DefaultGrouper.GetPodGroupMetadata``: PodGroup ``pg-<top owner>-<uid>`` owned
 by the top owner, labels and annotations inherited from it, the queue, the priority class, the
-preemptibility and the topology constraint. `default_plugin` is the plugin for Pods, StatefulSets,
-ReplicaSets and every kind the registry does not name; the per-kind modules call `default_metadata`
-and change what their kind decides. `top_owner_metadata` is public (re-exported by the package).
+preemptibility, the topology constraint, and (KAI v0.17) the preemption delay and staleness grace period.
+`default_plugin` is the plugin for Pods, StatefulSets, ReplicaSets and every kind the registry does not
+name; the per-kind modules call `default_metadata` and change what their kind decides.
+`top_owner_metadata` is public (re-exported by the package).
+
+Priority class and preemptibility: an owner's label, else the pod's; else the per-kind defaults ConfigMap
+(`kind_defaults`), per owner; else the kind's built-in default (a priority class) or none. The
+``kai.scheduler/preemption-delay`` and ``kai.scheduler/staleness-grace-period`` annotations are read from
+the owners, then the pod; the first found is written to ``spec.preemptionDelay`` /
+``spec.stalenessGracePeriod`` as KAI's API writes a duration (Go's form: ``5m0s``). KAI logs a value that
+is not a duration (or a negative delay) and reads on; Kairos refuses the pod naming the object and the
+annotation, as for every other malformed value a tenant writes (a delay silently dropped lets a gang evict
+at once what its owner asked it to spare).
 """
 
 from __future__ import annotations
@@ -12,9 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from services.state.grouping.fields import group_version
+from services.state.grouping import kind_defaults
+from services.state.grouping.fields import group_version, owner_error, pod_as_owner
 from services.state.grouping.model import Constraint, Ctx, Metadata
 from shared.kube import keys, wire
+from shared.kube.quantity import DurationError, parse_duration
+from shared.kube.values import shown
 
 TRAIN = "train"
 
@@ -27,7 +40,8 @@ BUILD = "build"
 
 def priority_class_of(ctx: Ctx, owners: Sequence[wire.Owner], default: str) -> str:
     """KAI ``calcPriorityClassWithDefaults``: per owner, its label, else the pod's label, else the pod's
-    spec; the first that names an existing PriorityClass wins; else the kind's default."""
+    spec; the first that names an existing PriorityClass wins; else the first owner whose kind the
+    defaults ConfigMap gives an existing class; else the kind's default."""
     pod = ctx.pod
     for owner in owners:
         name = owner.metadata.labels.get(keys.PRIORITY_CLASS_LABEL)
@@ -35,16 +49,71 @@ def priority_class_of(ctx: Ctx, owners: Sequence[wire.Owner], default: str) -> s
             name = pod.metadata.labels.get(keys.PRIORITY_CLASS_LABEL, pod.spec.priority_class_name)
         if name and name in ctx.priority_classes:
             return name
-    return default
+    return kind_defaults.default_priority_class(ctx, owners) or default
 
 
 def _preemptibility(ctx: Ctx, owners: Sequence[wire.Owner]) -> str:
-    """An owner's ``kai.scheduler/preemptibility`` label, else the pod's; invalid values are skipped."""
+    """An owner's ``kai.scheduler/preemptibility`` label, else the pod's (invalid values are skipped), else
+    the defaults ConfigMap's for the first owner's kind that has a valid one."""
     for labels in [o.metadata.labels for o in owners] + [ctx.pod.metadata.labels]:
         value = labels.get(keys.PREEMPTIBILITY_LABEL)
-        if value in ("preemptible", "non-preemptible"):
+        if value in kind_defaults.PREEMPTIBILITIES:
             return value
-    return ""
+    return kind_defaults.default_preemptibility(ctx, owners)
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's ``time.Duration.String`` writes it (what ``metav1.Duration`` serialises):
+    ``0s``, ``500ms``, ``1.5s``, ``5m0s``, ``1h0m0s``. Nanoseconds from a float: exact below about 104
+    days, the nearest nanosecond beyond."""
+    nanos = round(seconds * 10**9)
+    if nanos == 0:
+        return "0s"
+    sign = "-" if nanos < 0 else ""
+    nanos = abs(nanos)
+    if nanos < 10**3:
+        return f"{sign}{nanos}ns"
+    if nanos < 10**6:
+        return f"{sign}{_decimal(nanos, 3)}µs"
+    if nanos < 10**9:
+        return f"{sign}{_decimal(nanos, 6)}ms"
+    whole, _ = divmod(nanos, 10**9)
+    text = f"{_decimal(nanos % (60 * 10**9), 9)}s"
+    minutes = whole // 60
+    if minutes:
+        text = f"{minutes % 60}m{text}"
+        if minutes // 60:
+            text = f"{minutes // 60}h{text}"
+    return sign + text
+
+
+def _decimal(value: int, digits: int) -> str:
+    whole, fraction = divmod(value, 10**digits)
+    return f"{whole}.{fraction:0{digits}d}".rstrip("0") if fraction else str(whole)
+
+
+def annotation_field(key: str) -> str:
+    return f"metadata.annotations[{key}]"
+
+
+def duration_annotation(
+    ctx: Ctx, owners: Sequence[wire.Owner], key: str, *, negative: bool = False
+) -> str | None:
+    """The first owner's, else the pod's, annotation `key` as Go writes the duration; None when absent.
+    A value that is not a Go duration (or is negative, unless `negative`) refuses the pod naming the object
+    that carries it and the annotation."""
+    for obj in [*owners, pod_as_owner(ctx.pod)]:
+        raw = obj.metadata.annotations.get(key)
+        if raw is None:
+            continue
+        try:
+            seconds = parse_duration(raw)
+        except DurationError as exc:
+            raise owner_error(obj, annotation_field(key), str(exc)) from None
+        if seconds < 0 and not negative:
+            raise owner_error(obj, annotation_field(key), f"must not be negative, got {shown(raw)}")
+        return go_duration(seconds)
+    return None
 
 
 def _queue(ctx: Ctx, top: wire.Owner) -> str:
@@ -104,6 +173,15 @@ def default_metadata(
     if keys.USER_LABEL not in labels and keys.USER_LABEL in pod.metadata.labels:
         labels[keys.USER_LABEL] = pod.metadata.labels[keys.USER_LABEL]
     top_annotations = top.metadata.annotations
+    extra: dict[str, str] = {}
+    delay = duration_annotation(ctx, owners, keys.PREEMPTION_DELAY_ANNOTATION)
+    if delay is not None:
+        extra["preemptionDelay"] = delay
+    # KAI reads ParseStalenessGracePeriod's errors only ("invalid durations are ignored"): a negative grace
+    # period is kept, as Kairos's translation of the PodGroup keeps it.
+    grace = duration_annotation(ctx, owners, keys.STALENESS_GRACE_PERIOD_ANNOTATION, negative=True)
+    if grace is not None:
+        extra["stalenessGracePeriod"] = grace
     return Metadata(
         name=f"pg-{top.metadata.name}-{top.metadata.uid}",
         namespace=pod.metadata.namespace,
@@ -124,6 +202,7 @@ def default_metadata(
             top_annotations.get(keys.TOPOLOGY_REQUIRED_ANNOTATION, ""),
             top_annotations.get(keys.TOPOLOGY_PREFERRED_ANNOTATION, ""),
         ),
+        extra_spec=extra,
     )
 
 

@@ -1,7 +1,16 @@
 """Updating an existing PodGroup: `podgroup_update`, the merge patch that brings it in line with a decision.
 
 Called by the pod-grouper loop (`services.state.podgrouper`) when the PodGroup `group_pod` named exists
-(KAI ``podgroup.Handler``).
+(KAI ``podgroup.Handler``, as of v0.17).
+
+KAI's rules: the fields others own stay as they are (the queue, ``markUnschedulable``,
+``schedulingBackoff``; the node-pool and queue labels already there); so does the topology constraint when
+the decision names no topology (KAI v0.15: a constraint an external controller or a user set on the
+PodGroup is kept); labels and annotations are only added or changed, never removed; the owner references
+are replaced; and when any other spec field differs the spec is replaced: the patch writes every field of
+`MANAGED_SPEC` (null for one the decision has not) and the further fields the decision sets
+(``Metadata.extra_spec``) or the PodGroup has of `DURATIONS` (null for one the decision has not). Durations (``preemptionDelay``, ``stalenessGracePeriod``) are compared as durations (``300s`` is
+``5m0s``).
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ import msgspec
 
 from services.state.grouping.model import GrouperConfig, Grouping
 from shared.kube import wire
+from shared.kube.quantity import DurationError, parse_duration
 
-_MANAGED_SPEC = (
+MANAGED_SPEC = (
     "minMember",
     "minSubGroup",
     "priorityClassName",
@@ -21,6 +31,13 @@ _MANAGED_SPEC = (
     "topologyConstraint",
     "subGroups",
 )
+"""The spec fields every patch of the spec writes (null when the decision has none: KAI replaces the spec)."""
+
+DURATIONS = ("preemptionDelay", "stalenessGracePeriod")
+"""Managed too, written when the decision or the PodGroup has them (KAI v0.17's default plugin sets them)."""
+
+KEPT_SPEC = ("queue", "markUnschedulable", "schedulingBackoff")
+"""KAI ``ignoreFields``: the spec fields an existing PodGroup keeps whatever the decision says."""
 
 
 def _spec_view(spec: wire.PodGroupSpec) -> tuple[Any, ...]:
@@ -43,12 +60,8 @@ def _spec_view(spec: wire.PodGroupSpec) -> tuple[Any, ...]:
 def podgroup_update(
     existing: wire.PodGroup, grouping: Grouping, *, config: GrouperConfig | None = None
 ) -> dict[str, Any] | None:
-    """A merge patch bringing an existing PodGroup in line with `grouping`, or None when it already is.
-
-    KAI's rules (``podgroup.Handler``): the queue and the scheduling-backoff fields stay as they are, so
-    do the node-pool and queue labels already there; labels and annotations are only added or changed,
-    never removed; the owner references and the rest of the spec are replaced.
-    """
+    """A merge patch bringing an existing PodGroup in line with `grouping`, or None when it already is
+    (the rules are the module's)."""
     config = config or GrouperConfig()
     desired_meta = grouping.podgroup["metadata"]
     labels: dict[str, str] = dict(desired_meta.get("labels", {}))
@@ -74,12 +87,33 @@ def podgroup_update(
     ]
     if owners != old_owners:
         patch_meta["ownerReferences"] = owners
-    desired_spec = dict(grouping.podgroup["spec"])
-    desired_spec["queue"] = existing.spec.queue
-    wanted = msgspec.convert(desired_spec, type=wire.PodGroupSpec)
+    desired_spec = {k: v for k, v in grouping.podgroup["spec"].items() if k not in KEPT_SPEC}
+    old_spec: dict[str, Any] = msgspec.to_builtins(existing.spec)
+    further = sorted((desired_spec.keys() | (old_spec.keys() & set(DURATIONS))) - set(MANAGED_SPEC))
+    managed = [*MANAGED_SPEC, *further]
+    if not _topology_named(desired_spec.get("topologyConstraint")):
+        managed.remove("topologyConstraint")
+        desired_spec["topologyConstraint"] = old_spec.get("topologyConstraint")
+    wanted = msgspec.convert({**desired_spec, "queue": existing.spec.queue}, type=wire.PodGroupSpec)
     patch: dict[str, Any] = {}
     if patch_meta:
         patch["metadata"] = patch_meta
-    if _spec_view(wanted) != _spec_view(existing.spec):
-        patch["spec"] = {key: grouping.podgroup["spec"].get(key) for key in _MANAGED_SPEC}
+    if _spec_view(wanted) != _spec_view(existing.spec) or any(
+        not _same(key, desired_spec.get(key), old_spec.get(key)) for key in further
+    ):
+        patch["spec"] = {key: desired_spec.get(key) for key in managed}
     return patch or None
+
+
+def _topology_named(constraint: Any) -> bool:
+    """KAI keeps the existing constraint when the decision's names no topology."""
+    return isinstance(constraint, dict) and bool(constraint.get("topology"))
+
+
+def _same(key: str, wanted: Any, old: Any) -> bool:
+    if key in DURATIONS and isinstance(wanted, str) and isinstance(old, str):
+        try:
+            return parse_duration(wanted) == parse_duration(old)
+        except DurationError:
+            return False
+    return bool(wanted == old)
