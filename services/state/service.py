@@ -25,7 +25,7 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   the scheduling gate `kairos.io/admission`, lifted once the queue leader says its queues have room for
   its gang (`podgroup-admission` events), so pods their queue's limit or quota holds back stay
   SchedulingGated instead of Unschedulable and cluster autoscalers do not add nodes for them.
-- `gpu_fraction_runtime_class_name=NAME` (default `nvidia`; empty: none; needs `webhook_port`): the
+- `gpu_fraction_runtime_class_name=NAME` (default `nvidia`; empty: none; with `webhook_port`): the
   runtime class the webhook gives fractional pods that name none (KAI's `--gpu-fraction-runtime-class-name`,
   fractional pods only since KAI v0.16); `gpu_pod_runtime_class_name`, KAI's deprecated name of the switch,
   is read when the new one is not given.
