@@ -1,5 +1,5 @@
 """The pod-grouper's decision for batch Jobs, CronJobs and StatefulSets, as KAI v0.17's job, cronjobs and
-statefulset plugins decide: a Job is one PodGroup of min member 1 or its ``kai.scheduler/batch-min-member``
+statefulset plugins decide (and the Workload API override KAI layers over them): a Job is one PodGroup of min member 1 or its ``kai.scheduler/batch-min-member``
 (KAI's minmember rule), unless its pod already has a legacy per-pod PodGroup (``--search-legacy-pg``); a
 CronJob's pods get the default grouping of the Job it created; a StatefulSet is gang-scheduled by
 ``kai.scheduler/min-member`` only with ``podManagementPolicy: Parallel``."""
@@ -13,9 +13,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.state.grouping import GrouperConfig
+from services.state.grouping.model import Ctx, Metadata, ReadsNeeded
+from services.state.grouping.registry import plugin_for
+from services.state.grouping.workload import (
+    WORKLOAD_API_VERSION,
+    WorkloadRef,
+    apply_workload,
+    podgroup_name,
+    workload_ref_of,
+)
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
-from tests.grouping import group, make_owner, make_pod, owned_by, spec_of
+from tests.grouping import CLASSES, answer, group, make_owner, make_pod, owned_by, spec_of
 from tests.hostile import HOSTILE_TEXT
 
 MIN_MEMBER = keys.BATCH_MIN_MEMBER_ANNOTATION
@@ -226,3 +235,173 @@ def test_every_pod_of_a_job_lands_in_its_one_podgroup_needing_one_pod(parallelis
     decisions = [group(make_pod(owned_by(j), name=f"train-{i:05d}"), j) for i in range(pods)]
     assert {g.name for g in decisions} == {"pg-train-uid-train"}
     assert all(spec_of(g)["minMember"] == 1 <= pods for g in decisions)
+
+
+# --- the Workload API (KEP-4671), over any kind's grouping -------------------------------------------------
+def workload(name: str, *groups: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": WORKLOAD_API_VERSION,
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": "ml", **metadata},
+        "spec": {"podGroups": list(groups)},
+    }
+
+
+def gang(name: str, min_count: Any) -> dict[str, Any]:
+    return {"name": name, "policy": {"gang": {"minCount": min_count}}}
+
+
+def basic(name: str) -> dict[str, Any]:
+    return {"name": name, "policy": {"basic": {}}}
+
+
+def with_workload(
+    pod: wire.Pod, *owners: wire.Owner, ref: WorkloadRef | None, objects: list[dict[str, Any]]
+) -> Metadata:
+    """The top owner's plugin's decision with the Workload layered over it, reads answered from `objects`."""
+    reads: dict[Any, Any] = {}
+    top = owners[-1]
+    for _ in range(8):
+        ctx = Ctx(pod, list(owners), CLASSES, GrouperConfig(), reads)
+        try:
+            return apply_workload(ctx, plugin_for(top)[1](ctx, top), top, ref)
+        except ReadsNeeded as needed:
+            reads.update(answer(needed.reads, objects, []))
+    raise AssertionError("kept asking for reads")
+
+
+WORKLOADS = [
+    pytest.param(
+        WorkloadRef("my-training", "workers", "0"),
+        [workload("my-training", gang("workers", 2))],
+        ("my-training-workers-0", 2),
+        id="a gang's replica key names the PodGroup, its minCount the gang",
+    ),
+    pytest.param(
+        WorkloadRef("distributed-train", "driver"),
+        [workload("distributed-train", gang("driver", 1), gang("workers", 4))],
+        ("distributed-train-driver", 1),
+        id="without a replica key the PodGroup is the Workload's podGroup",
+    ),
+    pytest.param(
+        WorkloadRef("w", "pool", "3"),
+        [workload("w", basic("pool"))],
+        ("w-pool", 1),
+        id="a basic policy collapses the replicas into one PodGroup of one member",
+    ),
+]
+
+
+@pytest.mark.parametrize(("ref", "objects", "expected"), WORKLOADS)
+def test_a_pod_naming_a_workload_is_grouped_by_it(
+    ref: WorkloadRef, objects: list[dict[str, Any]], expected: tuple[str, int]
+) -> None:
+    j = job({MIN_MEMBER: "5"})
+    md = with_workload(make_pod(owned_by(j)), j, ref=ref, objects=objects)
+    assert (md.name, md.min_available) == expected
+    assert md.owner["kind"] == "Job"
+
+
+def test_a_workloads_labels_and_annotations_override_the_top_owners() -> None:
+    j = job(labels={keys.QUEUE_LABEL: "batch"})
+    labels = {
+        keys.QUEUE_LABEL: "llm",
+        keys.PRIORITY_CLASS_LABEL: "high",
+        keys.PREEMPTIBILITY_LABEL: "non-preemptible",
+        "team": "a",
+    }
+    annotations = {keys.TOPOLOGY_ANNOTATION: "racks", keys.TOPOLOGY_REQUIRED_ANNOTATION: "rack"}
+    objects = [workload("w", gang("g", 2), labels=labels, annotations=annotations)]
+    md = with_workload(make_pod(owned_by(j)), j, ref=WorkloadRef("w", "g"), objects=objects)
+    assert (md.queue, md.priority_class, md.preemptibility) == ("llm", "high", "non-preemptible")
+    assert md.labels["team"] == "a"
+    assert (md.constraint.topology, md.constraint.required) == ("racks", "rack")
+    unknown = [workload("w", gang("g", 2), labels={keys.PRIORITY_CLASS_LABEL: "platinum"})]
+    md = with_workload(make_pod(owned_by(j)), j, ref=WorkloadRef("w", "g"), objects=unknown)
+    assert (md.priority_class, md.queue) == ("train", "batch")
+
+
+def test_a_workload_drops_the_sub_groups_of_a_jobsets_grouping() -> None:
+    js = make_owner(
+        "jobset.x-k8s.io/v1alpha2", "JobSet", "js", spec={"replicatedJobs": [{"name": "w", "replicas": 2}]}
+    )
+    j = make_owner("batch/v1", "Job", "js-w-1", owner=owned_by(js))
+    labels = {"jobset.sigs.k8s.io/replicatedjob-name": "w", "jobset.sigs.k8s.io/job-index": "1"}
+    pod = make_pod(owned_by(j), labels=labels)
+    md = with_workload(pod, j, js, ref=WorkloadRef("w", "g"), objects=[workload("w", gang("g", 2))])
+    assert (md.name, md.min_available, md.sub_groups, md.min_sub_group) == ("w-g", 2, [], None)
+
+
+@pytest.mark.parametrize("where", ["pod", "top owner"])
+def test_the_ignore_annotation_keeps_the_top_owners_grouping(where: str) -> None:
+    ignore = {"kai.scheduler/ignore-workload-api": "true"}
+    j = job(ignore if where == "top owner" else None)
+    pod = make_pod(owned_by(j), annotations=ignore if where == "pod" else None)
+    md = with_workload(pod, j, ref=WorkloadRef("w", "g"), objects=[workload("w", gang("g", 2))])
+    assert (md.name, md.min_available) == ("pg-train-uid-train", 1)
+
+
+def test_a_workload_name_beyond_253_characters_is_cut_with_a_hash() -> None:
+    name = podgroup_name(WorkloadRef("w" * 200, "g" * 100, "0"), gang=True)
+    assert len(name) <= 253
+    assert name.startswith("w" * 200)
+    assert name != podgroup_name(WorkloadRef("w" * 200, "g" * 100, "1"), gang=True)
+
+
+@pytest.mark.parametrize(
+    ("objects", "kind", "field"),
+    [
+        pytest.param([], "Pod", "spec.workloadRef.name", id="no such Workload"),
+        pytest.param(
+            [workload("w", gang("other", 2))], "Pod", "spec.workloadRef.podGroup", id="no such podGroup"
+        ),
+        pytest.param(
+            [workload("w", gang("g", 0))],
+            "Workload",
+            "spec.podGroups[0].policy.gang.minCount",
+            id="minCount 0",
+        ),
+        pytest.param(
+            [workload("w", gang("g", "two"))], "Workload", "spec.podGroups[0].policy.gang.minCount", id="text"
+        ),
+        pytest.param(
+            [workload("w", gang("g", 2), labels={"team": 5})],
+            "Pod",
+            "spec.workloadRef.name",
+            id="malformed labels",
+        ),
+    ],
+)
+def test_a_workload_that_cannot_group_the_pod_is_refused_naming_the_field(
+    objects: list[dict[str, Any]], kind: str, field: str
+) -> None:
+    j = job()
+    with pytest.raises(InvalidObject) as info:
+        with_workload(make_pod(owned_by(j)), j, ref=WorkloadRef("w", "g"), objects=objects)
+    assert (info.value.kind, info.value.field) == (kind, field)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, None),
+        ({"name": "w", "podGroup": "g"}, WorkloadRef("w", "g")),
+        ({"name": "w", "podGroup": "g", "podGroupReplicaKey": "1"}, WorkloadRef("w", "g", "1")),
+    ],
+)
+def test_a_pods_workload_ref_is_read_from_its_spec(raw: Any, expected: WorkloadRef | None) -> None:
+    assert workload_ref_of(make_pod(), raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ("w", "spec.workloadRef"),
+        ({"podGroup": "g"}, "spec.workloadRef.name"),
+        ({"name": 5}, "spec.workloadRef.name"),
+    ],
+)
+def test_a_malformed_workload_ref_is_refused_naming_the_field(raw: Any, field: str) -> None:
+    with pytest.raises(InvalidObject) as info:
+        workload_ref_of(make_pod(), raw)
+    assert (info.value.kind, info.value.field) == ("Pod", field)
