@@ -1,8 +1,9 @@
 """The pod-grouper's decision for batch Jobs, CronJobs and StatefulSets, as KAI v0.17's job, cronjobs and
-statefulset plugins decide (and the Workload API override KAI layers over them): a Job is one PodGroup of min member 1 or its ``kai.scheduler/batch-min-member``
-(KAI's minmember rule), unless its pod already has a legacy per-pod PodGroup (``--search-legacy-pg``); a
-CronJob's pods get the default grouping of the Job it created; a StatefulSet is gang-scheduled by
-``kai.scheduler/min-member`` only with ``podManagementPolicy: Parallel``."""
+statefulset plugins decide, and the Workload API override KAI layers over any kind: a Job is one PodGroup
+of min member 1 or its ``kai.scheduler/batch-min-member`` (KAI's minmember rule), unless its pod already
+has a legacy per-pod PodGroup (``--search-legacy-pg``); a CronJob's pods get the default grouping of the
+Job it created; a StatefulSet is gang-scheduled by ``kai.scheduler/min-member`` only with
+``podManagementPolicy: Parallel``; a pod naming a Workload is grouped by it."""
 
 from __future__ import annotations
 
