@@ -9,7 +9,8 @@ a PodGroup of the per-pod name earlier KAI versions gave (``pg-<pod>-<job uid>``
 ``kai.scheduler/batch-min-member`` annotation (KAI v0.15), else 1. The annotation is read by KAI's
 ``minmember`` rule (at least 1), which KAI v0.17's JobSet, Deployment and StatefulSet plugins use; the Job
 plugin of KAI's tree as read still parses it with a bare ``ParseInt``, taking 0 and negatives, which no gang
-can mean: refused here, naming the Job and the annotation.
+can mean: refused here, naming the Job and the annotation, and before the legacy PodGroup is looked for
+(KAI does not read the annotation of a Job that keeps a legacy PodGroup).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def batch_job_plugin(ctx: Ctx, top: wire.Owner) -> Metadata:
     """KAI ``K8sJobGrouper``: the legacy per-pod PodGroup when the pod has one, else one PodGroup for the
     Job whose min member is its ``kai.scheduler/batch-min-member`` annotation, else 1."""
     md = default_metadata(ctx, top, [top])
+    override = min_member_override(top)
     if ctx.config.search_legacy_podgroups:
         legacy = legacy_podgroup_name(ctx.pod, top)
         if legacy != md.name and ctx.get(keys.PODGROUP_API_VERSION, PODGROUP_KIND, legacy) is not None:
             md.name = legacy
             return md
-    md.min_available = min_member_override(top) or 1
+    md.min_available = override or 1
     return md
 
 
