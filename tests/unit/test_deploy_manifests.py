@@ -1644,3 +1644,27 @@ def test_the_readme_creates_the_tls_secret_the_pods_mount() -> None:
     assert f"create secret generic {TLS_SECRET}" in readme
     assert "--from-file=tls.crt --from-file=tls.key --from-file=ca.crt" in readme
     assert not (DEPLOY / "tls").exists()  # the component it replaces
+
+
+# --- autoscaling for fractional pods (KAI's node-scale-adjuster) --------------------------------------------
+def test_the_autoscaling_component_turns_on_the_scale_adjuster_with_its_namespace_and_rights() -> None:
+    objects = user_overlay("base", component="autoscaling", image=("registry.example/kairos", "1.2.3"))
+    state = find(objects, "Deployment", "kairos-state")
+    env = {e["name"]: e.get("value") for e in container(state)["env"]}
+    assert env["KAIROS_CLUSTER_AUTOSCALING"] == "true"
+    assert env["KAIROS_SCALING_POD_IMAGE"] == "registry.example/kairos:1.2.3"
+    namespace = find(objects, "Namespace", "kai-scale-adjust")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    account = find(objects, "ServiceAccount", "kai-scale-adjust")
+    assert (account["metadata"]["namespace"], account["automountServiceAccountToken"]) == (
+        "kai-scale-adjust",
+        False,
+    )
+    granted = permissions(objects)["kairos-state"] - permissions(base())["kairos-state"]
+    assert granted == grants("kai-scale-adjust", "", "pods", "create", "delete")
+
+
+def test_without_the_autoscaling_component_there_is_no_scale_adjuster() -> None:
+    env = {e["name"] for e in container(find(base(), "Deployment", "kairos-state"))["env"]}
+    assert "KAIROS_CLUSTER_AUTOSCALING" not in env
+    assert [o for o in base() if o["metadata"].get("namespace") == "kai-scale-adjust"] == []
