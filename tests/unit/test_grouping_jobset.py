@@ -242,7 +242,7 @@ def test_the_sub_group_hierarchy_follows_the_replicated_jobs(
     g = decide(owner, jobs[0]["name"])
     spec = spec_of(g)
     assert spec["minSubGroup"] == root
-    assert spec["minMember"] == 0
+    assert spec.get("minMember") in (None, 0)  # KAI v0.17 writes none beside the root's minSubGroup
     if expected is not None:
         assert shape(g) == expected
 
