@@ -378,6 +378,12 @@ HOSTILE_SPECS = [
         id="negative replicas",
     ),
     pytest.param(
+        {"replicatedJobs": [rjob("a", replicas=0)]},
+        {},
+        "spec.replicatedJobs[0].replicas",
+        id="no replicas: a parent sub-group without children",
+    ),
+    pytest.param(
         {"replicatedJobs": [rjob("a", replicas=MAX_SUB_GROUPS)]},
         {},
         "spec.replicatedJobs[0].replicas",
@@ -478,12 +484,13 @@ def test_a_jobset_pod_must_name_a_leaf_of_its_jobset(labels: dict[str, str], fie
 
 # --- properties --------------------------------------------------------------------------------------------
 COUNT = st.one_of(st.none(), st.integers(0, 5))
+REPLICAS = st.one_of(st.none(), st.integers(1, 5))
 
 
 @st.composite
 def jobsets(draw: st.DrawFn) -> wire.Owner:
     jobs = [
-        rjob(f"rj{i}", replicas=draw(COUNT), parallelism=draw(COUNT), completions=draw(COUNT))
+        rjob(f"rj{i}", replicas=draw(REPLICAS), parallelism=draw(COUNT), completions=draw(COUNT))
         for i in range(draw(st.integers(1, 4)))
     ]
     return jobset(*jobs, order=draw(st.sampled_from([None, "InOrder", "AnyOrder", "Sideways"])))

@@ -28,7 +28,9 @@ puts on each Job's pod template).
 
 KAI's docs still say ``InOrder`` makes one PodGroup per replicated job; its code (followed here) makes the
 one PodGroup above. A malformed spec (replicated jobs missing, not a list, unnamed or named twice, a
-negative or non-integer count, a hostile annotation) is refused naming the JobSet and the field.
+negative or non-integer count, a hostile annotation) is refused naming the JobSet and the field; so is a
+replicated job of 0 replicas, whose parent sub-group would have no child for its minSubGroup: KAI's
+grouper writes it and KAI's PodGroup validation then refuses the whole PodGroup.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def replicated_jobs(top: wire.Owner) -> list[ReplicatedJob]:
         name = rj.get("name")
         if not isinstance(name, str) or not name:
             raise owner_error(top, f"{where}.name", "missing")
-        replicas = _count(top, rj, ("replicas",), where)
+        replicas = _count(top, rj, ("replicas",), where, low=1)
         total += 1 + replicas
         if total > MAX_SUB_GROUPS:
             raise owner_error(
@@ -204,16 +206,16 @@ def _has_sub_groups(podgroup: Mapping[str, Any]) -> bool:
 
 
 # --- reading a replicated job ---------------------------------------------------------------------------
-def _count(top: wire.Owner, rj: Mapping[str, Any], path: Sequence[str], where: str) -> int:
+def _count(top: wire.Owner, rj: Mapping[str, Any], path: Sequence[str], where: str, low: int = 0) -> int:
     """A count at `path` in the replicated job `rj`: 1 when absent (the API's default), else a whole number
-    >= 0, refused naming ``<where>.<path>`` otherwise."""
+    >= `low`, refused naming ``<where>.<path>`` otherwise."""
     value: Any = rj
     for part in path:
         if not isinstance(value, Mapping) or part not in value:
             return 1
         value = value[part]
     field_path = ".".join((where, *path))
-    return parsed(top, field_path, lambda: values.whole_of(value, low=0, high=values.INT32_MAX))
+    return parsed(top, field_path, lambda: values.whole_of(value, low=low, high=values.INT32_MAX))
 
 
 def _leaf_min(top: wire.Owner, rj: Mapping[str, Any], where: str) -> int:
