@@ -8,6 +8,7 @@ import pytest
 
 from tests.unit.kubesim_support import Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.errors import ApiError
 from tools.kubesim.nodes import generated_nodes, node_object
 
 
@@ -256,3 +257,40 @@ def test_changing_a_deployment_s_template_replaces_its_replicaset(cluster: Clust
     pods = pods_of(cluster, app="web")
     assert len(pods) == 2
     assert all(p["metadata"]["annotations"].get("restartedAt") == "now" for p in pods)
+
+
+# --- counts the real API server's schema would refuse --------------------------------------------------------------
+@pytest.mark.parametrize("count", ["three", True, 2.5, -1, None, "²"])
+@pytest.mark.parametrize(
+    ("storage", "field"),
+    [
+        ("apps/deployments", "replicas"),
+        ("apps/replicasets", "replicas"),
+        ("apps/statefulsets", "replicas"),
+        ("batch/jobs", "parallelism"),
+        ("batch/jobs", "completions"),
+    ],
+)
+def test_a_count_that_is_not_one_is_refused_naming_the_field_or_makes_no_pod(
+    cluster: Cluster, storage: str, field: str, count: Any
+) -> None:
+    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "odd"}}, "template": template(app="odd")}
+    spec[field] = count
+    if storage == "batch/jobs":
+        spec["template"]["spec"]["restartPolicy"] = "Never"
+        del spec["selector"]
+    refusal = ""
+    try:
+        cluster.create(cluster.type_of(storage), "default", {"metadata": {"name": "odd"}, "spec": spec})
+    except ApiError as refused:
+        refusal = refused.message
+    assert refusal == "" or f"spec.{field}" in refusal
+    cluster.settle()
+    assert len(pods_of(cluster, app="odd")) == (1 if count is None else 0)
+    create_deployment(cluster, 2)
+    assert len(pods_of(cluster, app="web")) == 2
+
+
+def test_a_count_of_a_billion_makes_a_thousand_pods(cluster: Cluster) -> None:
+    create_deployment(cluster, 1_000_000_000)
+    assert len(pods_of(cluster, app="web")) == 1000

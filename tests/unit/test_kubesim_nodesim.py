@@ -23,10 +23,15 @@ def cluster(clock: Clock) -> Cluster:
     return two_node_cluster(clock, SimOptions(run_delay=0.5, seed=9))
 
 
-def bound_pod(cluster: Cluster, name: str, **labels: str) -> dict[str, Any]:
+def bound_pod(
+    cluster: Cluster, name: str, container: dict[str, Any] | None = None, **labels: str
+) -> dict[str, Any]:
     body = {
         "metadata": {"name": name, "labels": labels},
-        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "busybox"}]},
+        "spec": {
+            "schedulerName": "kai-scheduler",
+            "containers": [container or {"name": "main", "image": "busybox"}],
+        },
     }
     cluster.create(cluster.type_of("pods"), "default", body)
     cluster.bind("default", name, {"target": {"name": "node-1"}})
@@ -149,6 +154,31 @@ def test_a_pod_with_run_seconds_succeeds_that_long_after_it_started(cluster: Clu
     (container,) = pod["status"]["containerStatuses"]
     assert container["state"]["terminated"]["exitCode"] == 0
     assert container["state"]["terminated"]["reason"] == "Completed"
+
+
+@pytest.mark.parametrize(
+    ("container", "phase"),
+    [
+        ({"name": "scaling-pod", "image": "kairos"}, "Succeeded"),
+        ({"name": "scaling-pod", "image": "registry.example:5000/team/kairos:0.1.0"}, "Succeeded"),
+        (
+            {
+                "name": "reservation",
+                "image": "kairos",
+                "command": ["python", "-m", "services.gpu_agent.reservation"],
+            },
+            "Running",
+        ),
+        ({"name": "main", "image": "kairos", "args": ["serve", "state"]}, "Running"),
+        ({"name": "main", "image": "kairos-tools"}, "Running"),
+    ],
+)
+def test_a_pod_running_the_kairos_image_as_it_is_exits_at_once(
+    cluster: Cluster, clock: Clock, container: dict[str, Any], phase: str
+) -> None:
+    bound_pod(cluster, "p", container)
+    at(cluster, clock, 0.5)
+    assert at(cluster, clock, 0.6)["p"]["status"]["phase"] == phase
 
 
 def test_the_next_deadline_names_the_next_timer(cluster: Cluster, clock: Clock) -> None:

@@ -84,8 +84,10 @@ DEFAULT_NAMESPACES = (
     "kube-node-lease",
     "kai-scheduler",
     "kai-resource-reservation",
+    "kai-scale-adjust",
 )
-"""Kubernetes' own, and the two a Kairos install creates (deploy/: its services; the GPU reservation pods)."""
+"""Kubernetes' own, and those a Kairos install creates (deploy/: its services; the GPU reservation pods;
+the node-scale-adjuster's scaling pods, deploy/autoscaling)."""
 PROTECTED_NAMESPACES = frozenset(("default", "kube-system", "kube-public"))
 KAI_PRIORITY_CLASSES = (
     ("train", 50, "KAI Scheduler: preemptible training workloads"),

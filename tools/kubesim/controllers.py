@@ -31,7 +31,7 @@ import msgspec
 from tools.kubesim.cluster import DeferredCreate
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
-from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, random_suffix, rfc3339
+from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
 from tools.kubesim.operators import OPERATORS, Operator, operator_of_storage, storage_of_owner
 from tools.kubesim.store import Change
 
@@ -147,8 +147,9 @@ class Controllers:
                 self.job_finished.pop(md.get("uid", ""), None)
                 return
             self.dirty[storage, md.get("namespace", ""), md["name"]] = None
-            if storage in (_REPLICASETS, _JOBS):
-                self._mark_owner(change.obj)
+            # Any controlled object's change reaches its owner: a ReplicaSet's its Deployment, a Job's its
+            # CronJob or an operator's job, a Deployment its Knative Revision, a StatefulSet its Notebook.
+            self._mark_owner(change.obj)
 
         return listener
 
@@ -334,8 +335,8 @@ class Controllers:
                 counted["succeeded"].add(pod["metadata"]["uid"])
             elif phase == "Failed":
                 counted["failed"].add(pod["metadata"]["uid"])
-        succeeded = max(len(counted["succeeded"]), int(status.get("succeeded", 0)))
-        failed = max(len(counted["failed"]), int(status.get("failed", 0)))
+        succeeded = max(len(counted["succeeded"]), count_of(status, "succeeded", 0))
+        failed = max(len(counted["failed"]), count_of(status, "failed", 0))
         active = [p for p in pods if _is_active(p)]
         conditions = list(status.get("conditions") or ())
         finished = any(
@@ -343,8 +344,8 @@ class Controllers:
         )
         if not finished:
             completions = spec.get("completions")
-            parallelism = int(spec.get("parallelism", 1))
-            if failed > int(spec.get("backoffLimit", 6)):
+            parallelism = count_of(spec, "parallelism", 1)
+            if failed > count_of(spec, "backoffLimit", 6):
                 for pod in active:
                     self._delete_pod(pod)
                 active = []
@@ -390,7 +391,11 @@ class Controllers:
                     self._delete_pod(pod)
                 active = []
             else:
-                want = parallelism if completions is None else min(parallelism, int(completions) - succeeded)
+                want = (
+                    parallelism
+                    if completions is None
+                    else min(parallelism, count_of(spec, "completions", 1) - succeeded)
+                )
                 if completions is None and succeeded > 0:
                     want = 0
                 labels = dict.fromkeys(JOB_CONTROLLER_UID_LABELS, uid) | dict.fromkeys(JOB_NAME_LABELS, name)
@@ -423,7 +428,7 @@ class Controllers:
     def _deployment(self, d: Obj) -> None:
         spec = d.get("spec") or {}
         md = d["metadata"]
-        replicas = int(spec.get("replicas", 1))
+        replicas = count_of(spec, "replicas", 1)
         template = spec.get("template") or {}
         pod_hash = template_hash(template)
         owned = self._owned(d, _REPLICASETS)
@@ -472,10 +477,10 @@ class Controllers:
             (rs for rs in owned if (rs["metadata"].get("labels") or {}).get("pod-template-hash") == pod_hash),
             None,
         )
-        total = sum(int((rs.get("status") or {}).get("replicas", 0)) for rs in owned)
-        ready = sum(int((rs.get("status") or {}).get("readyReplicas", 0)) for rs in owned)
-        available = sum(int((rs.get("status") or {}).get("availableReplicas", 0)) for rs in owned)
-        updated = int((new_rs.get("status") or {}).get("replicas", 0)) if new_rs else 0
+        total = sum(count_of(rs.get("status"), "replicas", 0) for rs in owned)
+        ready = sum(count_of(rs.get("status"), "readyReplicas", 0) for rs in owned)
+        available = sum(count_of(rs.get("status"), "availableReplicas", 0) for rs in owned)
+        updated = count_of(new_rs.get("status"), "replicas", 0) if new_rs else 0
         now = rfc3339(self.cluster.now())
         old_conditions = {c.get("type"): c for c in (d.get("status") or {}).get("conditions") or ()}
         done = updated == replicas and available >= replicas and total == replicas
@@ -539,7 +544,7 @@ class Controllers:
     def _replicaset(self, rs: Obj) -> None:
         spec = rs.get("spec") or {}
         md = rs["metadata"]
-        want = int(spec.get("replicas", 1))
+        want = count_of(spec, "replicas", 1)
         active = [p for p in self._owned(rs) if _is_active(p)]
         for _ in range(want - len(active) - len(self._waiting(rs))):
             if not self._create_pod(rs, _REPLICASETS, self._unique_name(md["name"], md["namespace"]), {}):
@@ -576,7 +581,7 @@ class Controllers:
     def _statefulset(self, sts: Obj) -> None:
         spec = sts.get("spec") or {}
         md = sts["metadata"]
-        want = int(spec.get("replicas", 1))
+        want = count_of(spec, "replicas", 1)
         revision = f"{md['name']}-{template_hash(spec.get('template') or {})}"
         pods = self.cluster.store.storage("pods")
         owned = {p["metadata"]["name"]: p for p in self._owned(sts)}

@@ -13,8 +13,9 @@
   again when a ConfigMap of its namespace changes and every 10 s) or run, its devices held until it is
   deleted or terminates. Other pods skip that work entirely.
 - A running pod with the label or annotation `kairos.io/run-seconds: "N"` turns Succeeded N seconds after it
-  started (containerStatuses terminated with exit code 0, reason Completed); without it, it runs until
-  deleted. Restart policies are not simulated: the pod of a Deployment succeeds too.
+  started (containerStatuses terminated with exit code 0, reason Completed); so does, at once, a pod whose
+  containers run the Kairos image's entrypoint as it is (`exits_at_once`: a scaling pod); any other pod
+  runs until deleted. Restart policies are not simulated: the pod of a Deployment succeeds too.
 - Graceful termination, for a pod with the label or annotation `kairos.io/stop-seconds: "N"` (its
   containers take N seconds to exit after the kubelet's SIGTERM): deleted on its node with a grace period
   (the DELETE's ``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``, else 30;
@@ -62,6 +63,7 @@ __all__ = [
     "RUN_SECONDS",
     "STOP_SECONDS",
     "NodeSimulator",
+    "exits_at_once",
     "run_seconds_of",
     "stop_seconds_of",
     "termination_grace",
@@ -82,8 +84,35 @@ _TERMINATED = ("Succeeded", "Failed")
 
 
 def run_seconds_of(pod: Obj) -> float | None:
-    """The pod's simulated run time, None when it runs until deleted (or the value is not a number >= 0)."""
-    return _seconds(pod, RUN_SECONDS)
+    """The pod's simulated run time, None when it runs until deleted (or the value is not a number >= 0).
+    A pod whose every container runs the Kairos image's entrypoint as it is (`exits_at_once`) runs 0 s."""
+    seconds = _seconds(pod, RUN_SECONDS)
+    if seconds is None and exits_at_once(pod):
+        return 0.0
+    return seconds
+
+
+KAIROS_IMAGE = "kairos"
+"""The Kairos image's repository name; its entrypoint without a command prints its help and exits 0."""
+
+
+def exits_at_once(pod: Obj) -> bool:
+    """Whether every container runs the Kairos image (``kairos``, any registry or tag) with no command or
+    arguments of its own, which exits at once (`kairos --help`), as the node-scale-adjuster's scaling pods
+    do: bound, they end and give their GPU back."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not isinstance(containers, list) or not containers:
+        return False
+    for c in containers:
+        if not isinstance(c, dict) or c.get("command") or c.get("args"):
+            return False
+        image = c.get("image")
+        if not isinstance(image, str):
+            return False
+        repository = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+        if repository != KAIROS_IMAGE:
+            return False
+    return True
 
 
 def stop_seconds_of(pod: Obj) -> float | None:

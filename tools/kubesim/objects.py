@@ -19,10 +19,12 @@ import msgspec
 from shared.kube.quantity import QuantityError, parse_quantity
 
 __all__ = [
+    "MAX_COUNT",
     "NAME_ALPHABET",
     "Obj",
     "clone",
     "controller_of",
+    "count_of",
     "format_cpu",
     "format_memory",
     "labels_of",
@@ -41,6 +43,23 @@ NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+
+
+MAX_COUNT = 1000
+"""The most pods a simulated controller keeps for one object: kubesim has no schema to refuse a hostile
+count, and a count of a billion would fill its memory."""
+
+
+def count_of(spec: Any, key: str, default: int) -> int:
+    """A count in a spec (``replicas``, ``parallelism``...), `default` when absent; what the real API server's
+    schema (an int32 >= 0) would refuse (text, a bool, a float, a negative) counts 0, and a count beyond
+    `MAX_COUNT` counts that many."""
+    raw = spec.get(key, default) if isinstance(spec, dict) else default
+    if raw is None:
+        raw = default
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        return 0
+    return min(raw, MAX_COUNT)
 
 
 def clone(obj: Any) -> Any:
