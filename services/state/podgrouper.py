@@ -38,6 +38,7 @@ log = logging.getLogger("kairos.state.podgrouper")
 
 MAX_OWNER_DEPTH = 8
 MAX_READ_ROUNDS = 8
+PODGROUP_GROUP = "scheduling.run.ai/"
 ALREADY_EXISTS = 409
 UNREADABLE_OWNER = frozenset({403, 404})
 
@@ -136,6 +137,15 @@ class PodGrouperLoop(PodWorkLoop):
         )
 
     async def _read(self, read: Read) -> Any:
+        if (
+            isinstance(read, ObjectRead)
+            and read.kind == "PodGroup"
+            and read.api_version.startswith(PODGROUP_GROUP)
+        ):
+            # From the mirror, which watches every PodGroup: no API call per pod for the plugins that look
+            # for an existing or legacy PodGroup (KAI reads them from its informer cache too).
+            found = self.mirror.raw.podgroups.get(f"{read.namespace}/{read.name}")
+            return None if found is None else msgspec.to_builtins(found)
         if isinstance(read, ObjectRead):
             try:
                 raw = await get_object(self.kube, read.api_version, read.kind, read.namespace, read.name)
