@@ -8,7 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.hostile import HOSTILE_JSON
 from tests.unit.kubesim_support import Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.operators.ray import MAX_PODS
@@ -442,3 +445,81 @@ def test_a_malformed_spec_creates_nothing_and_is_reported_naming_the_field(
     cluster.settle()
     assert len(warnings(cluster)) == 1
     assert cluster.objects("events", "default")[0].get("count", 1) == 1  # reported once, not every reconcile
+
+
+# --- hostile specs -------------------------------------------------------------------------------------------
+def hostile_spec(kind: str, spot: str, value: Any) -> dict[str, Any]:
+    """A valid spec of `kind` with `value` written at `spot` (a dotted path; digits index lists)."""
+    if kind == "RayCluster":
+        spec: dict[str, Any] = cluster_spec(worker("a", 2, minReplicas=1))
+    elif kind == "RayJob":
+        spec = ray_job_spec(submitterPodTemplate=template("submitter"), submitterConfig={"backoffLimit": 1})
+    else:
+        spec = {"serveConfigV2": "applications: []", "rayClusterConfig": cluster_spec(worker("a", 1))}
+    *path, last = spot.split(".")
+    where: Any = spec
+    for part in path:
+        where = where[int(part)] if part.isdigit() else where[part]
+    if last.isdigit():
+        where[int(last)] = value
+    else:
+        where[last] = value
+    return spec
+
+
+CLUSTER_SPOTS = [
+    "headGroupSpec",
+    "headGroupSpec.template",
+    "headGroupSpec.template.metadata",
+    "headGroupSpec.template.metadata.labels",
+    "headGroupSpec.template.spec",
+    "headGroupSpec.template.spec.containers",
+    "workerGroupSpecs",
+    "workerGroupSpecs.0",
+    "workerGroupSpecs.0.groupName",
+    "workerGroupSpecs.0.replicas",
+    "workerGroupSpecs.0.minReplicas",
+    "workerGroupSpecs.0.maxReplicas",
+    "workerGroupSpecs.0.numOfHosts",
+    "workerGroupSpecs.0.suspend",
+    "workerGroupSpecs.0.template",
+    "workerGroupSpecs.0.template.metadata.annotations",
+    "enableInTreeAutoscaling",
+    "suspend",
+]
+SPOTS = (
+    [("RayCluster", s) for s in CLUSTER_SPOTS]
+    + [("RayJob", "rayClusterSpec." + s) for s in CLUSTER_SPOTS[:8]]
+    + [
+        ("RayJob", s)
+        for s in (
+            "rayClusterSpec",
+            "entrypoint",
+            "submissionMode",
+            "suspend",
+            "shutdownAfterJobFinishes",
+            "ttlSecondsAfterFinished",
+            "clusterSelector",
+            "submitterPodTemplate",
+            "submitterPodTemplate.metadata",
+            "submitterPodTemplate.spec.containers",
+            "submitterConfig",
+        )
+    ]
+    + [("RayService", s) for s in ("rayClusterConfig", "rayClusterConfig.workerGroupSpecs", "serveConfigV2")]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SPOTS), HOSTILE_JSON)
+def test_a_hostile_spec_never_stops_the_operator(spot: tuple[str, str], value: Any) -> None:
+    clock = Clock()
+    cluster = two_node_cluster(clock, SimOptions(run_delay=RUN_DELAY, seed=7))
+    kind, where = spot
+    create(cluster, kind, "hostile", hostile_spec(kind, where, value))
+    advance(cluster, clock, 3 * RUN_DELAY)
+    create(cluster, "RayCluster", "good", cluster_spec(worker("a", 1)))
+    assert groups_of(cluster, "good") == {"headgroup": 1, "a": 1}
+    for name, reason, message in warnings(cluster):
+        assert name == "hostile"
+        assert reason in (f"Invalid{kind}Spec", "FailedCreate"), (reason, message)

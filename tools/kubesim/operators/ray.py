@@ -242,16 +242,29 @@ def _flag(obj: Mapping[str, Any], at: str, key: str) -> bool:
     return value
 
 
-def _containers(group: Mapping[str, Any], at: str, what: str) -> None:
-    template = group.get("template")
-    spec = template.get("spec") if isinstance(template, Mapping) else None
+def _check_template(template: Any, at: str, what: str) -> None:
+    """A pod template as the CRD schema (a PodTemplateSpec) and KubeRay's validation take it: objects where
+    objects belong, labels and annotations of text, at least one container."""
+    if not isinstance(template, Mapping):
+        raise SpecError(at, "must be an object")
+    md = template.get("metadata")
+    if md is not None:
+        if not isinstance(md, Mapping):
+            raise SpecError(f"{at}.metadata", "must be an object")
+        for key in ("labels", "annotations"):
+            values = md.get(key)
+            if values is not None and (
+                not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values())
+            ):
+                raise SpecError(f"{at}.metadata.{key}", "must map names to text")
+    spec = template.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
     if (
         not isinstance(containers, list)
         or not containers
         or not all(isinstance(c, Mapping) for c in containers)
     ):
-        raise SpecError(f"{at}.template.spec.containers", f"{what} should have at least one container")
+        raise SpecError(f"{at}.spec.containers", f"{what} should have at least one container")
 
 
 def cluster_problem(spec: Any, at: str = "spec") -> SpecError | None:
@@ -270,7 +283,7 @@ def _check_cluster(spec: Any, at: str) -> None:
     head = spec.get("headGroupSpec")
     if not isinstance(head, Mapping):
         raise SpecError(f"{at}.headGroupSpec", "is required")
-    _containers(head, f"{at}.headGroupSpec", "headGroupSpec")
+    _check_template(head.get("template"), f"{at}.headGroupSpec.template", "headGroupSpec")
     _flag(spec, at, "suspend")
     autoscaling = _flag(spec, at, "enableInTreeAutoscaling")
     groups = spec.get("workerGroupSpecs")
@@ -295,7 +308,7 @@ def _check_cluster(spec: Any, at: str) -> None:
             raise SpecError(
                 f"{where}.suspend", f"worker group {name} cannot be suspended with Autoscaler enabled"
             )
-        _containers(group, where, "workerGroupSpec")
+        _check_template(group.get("template"), f"{where}.template", "workerGroupSpec")
 
 
 def desired_replicas(group: Mapping[str, Any]) -> int:
@@ -322,6 +335,20 @@ def worker_pods_wanted(group: Mapping[str, Any]) -> int:
 
 
 # --- the operator ------------------------------------------------------------------------------------------
+def _map(value: Any) -> Obj:
+    """`value` when it is an object, else an empty one (a status anyone may have written through /status)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _conditions(status: Obj) -> list[Obj]:
+    found = status.get("conditions")
+    return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def _phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase") or "")
 
@@ -404,8 +431,7 @@ class RayOperator:
     def _refuse(self, storage: str, obj: Obj, reason: str, problem: SpecError) -> None:
         """A Warning Event naming the field, recorded once per problem (the status remembers it)."""
         message = f"{problem.field}: {problem.problem}"
-        status = obj.get("status") or {}
-        if status.get("reason") != message:
+        if _map(obj.get("status")).get("reason") != message:
             self.controllers.cluster.record_event(obj, "Warning", reason, message, _COMPONENTS[storage])
 
     def _delete(self, storage: str, namespace: str, name: str) -> None:
@@ -560,7 +586,7 @@ class RayOperator:
         pods: list[Obj],
         suspended: bool,
     ) -> None:
-        old = rc.get("status") or {}
+        old = _map(rc.get("status"))
         now = self._now()
         heads = [p for p in pods if (p["metadata"].get("labels") or {}).get(NODE_TYPE_LABEL) == "head"]
         workers = [p for p in pods if (p["metadata"].get("labels") or {}).get(NODE_TYPE_LABEL) == "worker"]
@@ -596,7 +622,7 @@ class RayOperator:
             "desiredGPU": str(int(gpus)) if gpus == int(gpus) else str(float(gpus)),
             "observedGeneration": rc["metadata"].get("generation", 1),
         }
-        conditions = [c for c in old.get("conditions") or () if isinstance(c, dict)]
+        conditions = _conditions(old)
         if heads:
             head = heads[0]
             status["head"] = {"podName": head["metadata"]["name"]}
@@ -640,7 +666,7 @@ class RayOperator:
         md = job["metadata"]
         ns = md["namespace"]
         spec = job.get("spec")
-        old = job.get("status") or {}
+        old = _map(job.get("status"))
         problem = job_problem(spec)
         if problem is not None:
             self._refuse(JOBS, job, "InvalidRayJobSpec", problem)
@@ -652,10 +678,10 @@ class RayOperator:
         assert isinstance(spec, Mapping)
         now = self._now()
         status: Obj = {k: v for k, v in old.items() if k != "reason"}
-        deployment = str(old.get("jobDeploymentStatus") or "")
+        deployment = _text(old.get("jobDeploymentStatus"))
         selector = spec.get("clusterSelector")
         selected = selector.get(CLUSTER_LABEL) if isinstance(selector, Mapping) else None
-        name = str(old.get("rayClusterName") or selected or "")
+        name = _text(old.get("rayClusterName")) or _text(selected)
         if deployment in ("Complete", "Failed"):
             if (
                 name
@@ -692,7 +718,7 @@ class RayOperator:
         status.setdefault("jobDeploymentStatus", "Initializing")
         if deployment in ("", "Suspended"):
             status["jobDeploymentStatus"] = "Initializing"
-        cluster_status = (rc or {}).get("status") or {}
+        cluster_status = _map((rc or {}).get("status"))
         status["rayClusterStatus"] = clone(cluster_status)
         if rc is not None and cluster_status.get("state") == "ready":
             mode = str(spec.get("submissionMode") or "K8sJobMode")
@@ -714,8 +740,8 @@ class RayOperator:
                 return
             submitter = self._store.storage(_JOBS_BATCH).get(ns, md["name"])
         status["jobDeploymentStatus"] = "Running"
-        job_status = (submitter or {}).get("status") or {}
-        done = {c.get("type") for c in job_status.get("conditions") or () if c.get("status") == "True"}
+        job_status = _map((submitter or {}).get("status"))
+        done = {c.get("type") for c in _conditions(job_status) if c.get("status") == "True"}
         if "Complete" in done:
             status.update({"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
         elif "Failed" in done:
@@ -782,7 +808,7 @@ class RayOperator:
     def _service(self, svc: Obj) -> None:
         md = svc["metadata"]
         spec = svc.get("spec")
-        old = svc.get("status") or {}
+        old = _map(svc.get("status"))
         problem = cluster_problem(
             spec.get("rayClusterConfig") if isinstance(spec, Mapping) else None, "spec.rayClusterConfig"
         )
@@ -793,13 +819,13 @@ class RayOperator:
             self._write_status(SERVICES, svc, {**old, "reason": f"{problem.field}: {problem.problem}"})
             return
         assert isinstance(spec, Mapping)
-        active = (old.get("activeServiceStatus") or {}).get("rayClusterName") or ""
-        pending = (old.get("pendingServiceStatus") or {}).get("rayClusterName") or ""
-        name = str(active or pending or self._new_cluster_name(md["name"], md["namespace"]))
+        active = _text(_map(old.get("activeServiceStatus")).get("rayClusterName"))
+        pending = _text(_map(old.get("pendingServiceStatus")).get("rayClusterName"))
+        name = active or pending or self._new_cluster_name(md["name"], md["namespace"])
         rc = self._child_cluster(svc, SERVICES, "RayService", spec["rayClusterConfig"], name)
-        cluster_status = (rc or {}).get("status") or {}
+        cluster_status = _map((rc or {}).get("status"))
         now = self._now()
-        conditions = [c for c in old.get("conditions") or () if isinstance(c, dict)]
+        conditions = _conditions(old)
         status: Obj = {"observedGeneration": md.get("generation", 1)}
         if rc is not None and cluster_status.get("state") == "ready":
             running = [p for p in self.controllers.owned_pods(rc) if _phase(p) == "Running"]
@@ -908,6 +934,8 @@ def _check_job(spec: Any) -> None:
             "spec.suspend",
             "a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended",
         )
+    if spec.get("submitterPodTemplate") is not None:
+        _check_template(spec["submitterPodTemplate"], "spec.submitterPodTemplate", "submitterPodTemplate")
     ttl = spec.get("ttlSecondsAfterFinished", 0)
     if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
         raise SpecError("spec.ttlSecondsAfterFinished", "must be a non-negative integer")
