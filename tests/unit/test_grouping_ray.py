@@ -170,7 +170,7 @@ RAY_CLUSTER_GANGS: list[tuple[str, dict[str, Any], int, list[tuple[str, int]]]] 
         [("headgroup", 1), ("a", 3)],
     ),
     (
-        "a group with neither replicas nor minReplicas has no sub-group",
+        "a group with neither replicas nor minReplicas (missing replicas too) has no sub-group, as KAI accepts it",
         cluster_spec(worker("idle", 0), worker("absent"), worker("cpu", 1)),
         2,
         [("headgroup", 1), ("cpu", 1)],
