@@ -12,7 +12,10 @@ consistent cluster for the core:
 - a queue whose parent is unknown or which sits on a cycle of parents, with every podgroup in it;
 - a podgroup whose queue is not (yet) a valid queue, with every pod in it;
 - a pod of this scheduler without a podgroup yet (the pod-grouper's work: `ungrouped`), or whose podgroup
-  is held back or not yet seen;
+  is held back or not yet seen (a podgroup that does not exist yet is waited for without a word on the pod:
+  KAI v0.15 treats it as a creation race);
+- a pod whose ``kai.scheduler/subgroup-name`` label names a sub-group its podgroup does not have: that pod
+  alone, the rest of its gang goes on (KAI v0.15), with the problem shown on the pod like a translation's;
 - a podgroup whose `kairos.io/after` dependencies have not all succeeded, or whose annotation does not
   parse, with every pod in it. The verdicts are `stages`' (`services.state.stages`); pods still carrying
   the `kairos.io/after` scheduling gate once their podgroup may run are listed by `ungatable`, for the gate
@@ -62,7 +65,7 @@ from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
-from shared.kube import translate, wire
+from shared.kube import keys, translate, wire
 from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -179,6 +182,8 @@ class Mirror:
     """Footprint label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _gated: dict[str, None] = field(default_factory=dict)
     """Pods of this scheduler, alive, carrying the `kairos.io/after` scheduling gate (an ordered set)."""
+    _pod_sets: dict[str, tuple[PodGroup, frozenset[str]]] = field(default_factory=dict)
+    """Podgroup "ns/name" -> (its translation, the names of its pod sets), for the sub-group label check."""
 
     # --- input ------------------------------------------------------------------------------------------
     def relist(self, kind: str, objects: Iterable[bytes]) -> None:
@@ -630,9 +635,16 @@ class Mirror:
         group_name = translate.podgroup_name_of(raw_pod) if ours else None
         group_key = f"{raw_pod.metadata.namespace}/{group_name}" if group_name else None
         if ours and group_key is not None and group_key in groups:
-            pod = self._translate(
-                "pod", name, (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
-            )
+            sub_group = raw_pod.metadata.labels.get(keys.SUBGROUP_LABEL)
+            if sub_group:
+                sets = self._sub_groups_of(group_key, groups[group_key])
+                pod = self._translate(
+                    "pod", name, (raw_pod, group_key, sets), partial(_pod_in, raw_pod, group_key, sets)
+                )
+            else:
+                pod = self._translate(
+                    "pod", name, (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
+                )
             if isinstance(pod, Pod):
                 return pod
         if ours and group_key is None:
@@ -655,6 +667,16 @@ class Mirror:
                 else f"pod {name}: podgroup {group_key} does not exist (yet)"
             )
         return self.foreign.holding(raw_pod)
+
+    def _sub_groups_of(self, key: str, group: PodGroup) -> frozenset[str]:
+        """The names of podgroup `key`'s pod sets (its leaf sub-groups, or the default one), computed once
+        per translation of the podgroup."""
+        cached = self._pod_sets.get(key)
+        if cached is not None and cached[0] is group:
+            return cached[1]
+        names = frozenset(ps.name for ps in group.root.all_pod_sets())
+        self._pod_sets[key] = (group, names)
+        return names
 
     def _node(self, name: str, used: Footprint | None, now: float) -> Node | None:
         """The node as KV should hold it: translated, corrected by a fresh inventory and carrying the
@@ -732,6 +754,8 @@ class Mirror:
         self._cache.pop(label, None)
         self.problems.pop(label, None)
         self._undecodable.discard(label)
+        if kind == PODGROUPS:
+            self._pod_sets.pop(name, None)
 
 
 _SINGULAR = {
@@ -779,6 +803,21 @@ def _unknown_queue(name: str, queue: str, why: str | None) -> str:
     if why:
         return f"PodGroup {name!r}: spec.queue: queue {queue!r} is held back ({why})"
     return f"PodGroup {name!r}: spec.queue: queue {queue!r} does not exist"
+
+
+def _pod_in(raw_pod: wire.Pod, group_key: str, sub_groups: frozenset[str]) -> Pod:
+    """The pod translated, unless its ``kai.scheduler/subgroup-name`` label names a sub-group its podgroup
+    does not have: KAI v0.15 then leaves that pod alone out of scheduling (the rest of the gang is not held
+    for it) and tells why on the pod."""
+    name = raw_pod.metadata.labels.get(keys.SUBGROUP_LABEL, "")
+    if name not in sub_groups:
+        raise InvalidObject(
+            "Pod",
+            _name_of(raw_pod),
+            f"metadata.labels[{keys.SUBGROUP_LABEL}]",
+            f"podgroup {group_key} has no sub-group {shown(name)} (it has: {', '.join(sorted(sub_groups))})",
+        )
+    return translate.pod_of(raw_pod, podgroup=group_key)
 
 
 def _group_of(pod: wire.Pod | None) -> str | None:
