@@ -46,14 +46,12 @@ def in_kv(m: Mirror) -> set[str]:
     return {o.name for o in m.current.values() if isinstance(o, Pod)}
 
 
-PIPELINE = {
-    "minMember": 3,
-    "subGroups": [
-        {"name": "ray", "minMember": 1},
-        {"name": "workers", "minMember": 1, "parent": "ray"},
-        {"name": "evaluation", "minMember": 2},
-    ],
-}
+SUB_GROUPS: list[dict[str, Any]] = [
+    {"name": "ray", "minMember": 1},
+    {"name": "workers", "minMember": 1, "parent": "ray"},
+    {"name": "evaluation", "minMember": 2},
+]
+PIPELINE: dict[str, Any] = {"minMember": 3, "subGroups": SUB_GROUPS}
 
 
 def test_pods_of_several_workloads_join_the_external_podgroup_and_its_sub_groups() -> None:
@@ -104,8 +102,7 @@ def test_a_pod_naming_a_podgroup_that_does_not_exist_waits_without_a_condition()
 def test_the_pod_is_let_in_once_its_podgroup_gains_the_sub_group() -> None:
     m = cluster(member("late", "pipeline", "extra"), pipeline=PIPELINE)
     assert "pod team-a/late" in m.reportable()
-    grown = {**PIPELINE, "subGroups": [*PIPELINE["subGroups"], {"name": "extra", "minMember": 1}]}
-    doc = podgroup_doc("pipeline", **grown)
+    doc = podgroup_doc("pipeline", minMember=3, subGroups=[*SUB_GROUPS, {"name": "extra", "minMember": 1}])
     doc["metadata"]["resourceVersion"] = "2"
     m.change(PODGROUPS, "MODIFIED", msgspec.json.encode(doc))
     m.flush(NOW)
