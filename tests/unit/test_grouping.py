@@ -188,11 +188,11 @@ def test_a_deployment_pod_may_still_name_its_priority_class() -> None:
     assert spec_of(group(make_pod(owned_by(rs)), rs, deployment))["priorityClassName"] == "low"
 
 
-@pytest.mark.parametrize("kind", ["StatefulSet", "ReplicaSet"])
-def test_stateful_and_replica_sets_use_the_default_plugin(kind: str) -> None:
+@pytest.mark.parametrize(("kind", "grouper"), [("StatefulSet", "statefulset"), ("ReplicaSet", "default")])
+def test_stateful_and_replica_sets_are_grouped_by_the_default_rule(kind: str, grouper: str) -> None:
     owner = make_owner("apps/v1", kind, "db", spec={"replicas": 3})
     g = group(make_pod(owned_by(owner)), owner)
-    assert (g.name, g.grouper) == ("pg-db-uid-db", "default")
+    assert (g.name, g.grouper) == ("pg-db-uid-db", grouper)
     assert spec_of(g)["minMember"] == 1
     assert spec_of(g)["priorityClassName"] == "train"
 
@@ -218,23 +218,6 @@ def test_an_argo_workflow_is_skipped_and_its_labels_reach_the_pods_podgroup() ->
     g = group(pod, workflow)
     assert g.name == "pg-wf-step-1-uid-wf-step-1"
     assert spec_of(g)["queue"] == "pipelines"
-
-
-def test_a_trainjob_is_skipped_for_the_jobset_it_created() -> None:
-    train = make_owner("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", labels={keys.QUEUE_LABEL: "llm"})
-    js = make_owner(
-        "jobset.x-k8s.io/v1alpha2",
-        "JobSet",
-        "tj",
-        spec={"replicatedJobs": [{"name": "node", "replicas": 2}]},
-        owner=owned_by(train),
-    )
-    j = make_owner("batch/v1", "Job", "tj-node-0", owner=owned_by(js))
-    pod = make_pod(owned_by(j), labels={"jobset.sigs.k8s.io/replicatedjob-name": "node"})
-    g = group(pod, j, js, train)
-    assert (g.name, g.grouper) == ("pg-tj-uid-tj-node", "jobset")
-    assert spec_of(g)["queue"] == "llm"
-    assert spec_of(g)["minMember"] == 2
 
 
 # --- the owner chain ---------------------------------------------------------------------------------------
@@ -309,7 +292,6 @@ def test_a_changed_gang_replaces_the_managed_spec_but_keeps_the_queue() -> None:
             "minSubGroup": None,
             "priorityClassName": "train",
             "preemptibility": None,
-            "topologyConstraint": None,
             "subGroups": [{"name": "master", "minMember": 1}, {"name": "worker", "minMember": 3}],
         }
     }

@@ -121,7 +121,9 @@ def test_a_segment_size_of_a_superscript_two_is_refused_naming_the_pytorch_job()
     with pytest.raises(InvalidObject) as caught:
         group_pod(pod, [_owner(job)], priority_classes=CLASSES)
     _assert_names(caught.value, "PyTorchJob", "team-a/ddp")
-    assert caught.value.field == f"metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]"
+    assert caught.value.field == (
+        f"spec.pytorchReplicaSpecs.Worker.template.metadata.annotations[{keys.SEGMENT_SIZE_ANNOTATION}]"
+    )
 
 
 # --- the one validated path -----------------------------------------------------------------------------------

@@ -14,9 +14,12 @@ PODGROUP_API_VERSION = keys.PODGROUP_API_VERSION
 
 
 def podgroup_manifest(md: Metadata) -> dict[str, Any]:
-    spec: dict[str, Any] = {"minMember": md.min_available, "queue": md.queue}
+    # KAI v0.17 writes a PodGroup's gang as minSubGroup or minMember, never both (its webhook refuses both).
+    spec: dict[str, Any] = {"queue": md.queue}
     if md.min_sub_group is not None:
         spec["minSubGroup"] = md.min_sub_group
+    else:
+        spec["minMember"] = md.min_available
     if md.priority_class:
         spec["priorityClassName"] = md.priority_class
     if md.preemptibility:
