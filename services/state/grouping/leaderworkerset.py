@@ -281,7 +281,10 @@ def _segment_members(gang: int, size: int) -> list[int]:
 def _segment_constraint(pod: wire.Pod, top: wire.Owner) -> Constraint | None:
     """The segments' topology constraint: the topology (the pod's annotation, else the worker template's,
     else the LeaderWorkerSet's) with a required or preferred level (the pod's, else the worker
-    template's); none without a worker template, a topology or a level."""
+    template's); none without a worker template, a topology or a level.
+
+    KAI's segments guide says segment annotations are ignored when no topology resolves; its code still
+    splits the group into segments then, only without a constraint, and so does this plugin."""
     template = map_at(top, (*_TEMPLATE, "workerTemplate"))
     if template is None:
         return None
