@@ -120,6 +120,13 @@ class KubeSourceOptions:
     """The installed plugins beyond KAI's a SchedulingShard may enable (`shared.plugin_loader`)."""
     scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
     """KAI's node-scale-adjuster (`services.state.scale_adjuster`), run by the owner when enabled."""
+    grouper: GrouperConfig | None = None
+    """The pod-grouper's settings; None: KAI's defaults with this scheduler name and node-pool label."""
+
+    def grouper_config(self) -> GrouperConfig:
+        if self.grouper is not None:
+            return self.grouper
+        return GrouperConfig(scheduler_name=self.scheduler_name, node_pool_label_key=self.node_pool_label_key)
 
 
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
@@ -390,10 +397,7 @@ class KubeOwner:
             self.ctx,
             self.kube,
             self.source.mirror,
-            GrouperConfig(
-                scheduler_name=self.options.scheduler_name,
-                node_pool_label_key=self.options.node_pool_label_key,
-            ),
+            self.options.grouper_config(),
         )
         self.grouper.start()
         self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)

@@ -39,6 +39,12 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   `gpu_memory_to_fraction_ratio` (default 0.1: the share a `gpu-memory` pod counts for, in (0, 1]) and
   `scale_adjust_cooldown` (seconds after a scaling pod is deleted before another is created; default 60,
   KAI's constant).
+- The pod-grouper's switches (source kube), KAI's pod-grouper flags: `search_legacy_pg` (default true: a
+  Job's or RunaiJob's pod that already belongs to a PodGroup of the legacy per-pod name keeps it),
+  `knative_gang_schedule` (default true: a Knative Revision's pods are one gang of its min-scale; false:
+  a PodGroup per pod), `default_priorities_configmap_name` and `default_priorities_configmap_namespace`
+  (default none: the ConfigMap of per-kind default priority class and preemptibility; the namespace
+  defaults to the service's own, env POD_NAMESPACE).
 - `run_delay=SECONDS` (default 0): a bound pod starts Running this long after its bind (0: at once).
 - `snapshot_wait=SECONDS` (default 5): how long a snapshot request may wait for its `min_revision`.
 
@@ -69,6 +75,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.state.grouping import GrouperConfig
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
@@ -132,6 +139,25 @@ class StateOptions:
     none)."""
     scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
     """KAI's node-scale-adjuster (`cluster_autoscaling` and its switches); off by default, as KAI's."""
+    search_legacy_podgroups: bool = True
+    """KAI's ``--search-legacy-pg``."""
+    knative_gang_schedule: bool = True
+    """KAI's ``--knative-gang-schedule``."""
+    defaults_configmap: str = ""
+    """KAI's ``--default-priorities-configmap-name`` (empty: none)."""
+    defaults_configmap_namespace: str = ""
+    """KAI's ``--default-priorities-configmap-namespace``."""
+
+    def grouper_config(self) -> GrouperConfig:
+        """The pod-grouper's settings these options give."""
+        return GrouperConfig(
+            scheduler_name=self.scheduler_name,
+            node_pool_label_key=self.node_pool_label_key,
+            search_legacy_podgroups=self.search_legacy_podgroups,
+            knative_gang_schedule=self.knative_gang_schedule,
+            defaults_configmap=self.defaults_configmap,
+            defaults_configmap_namespace=self.defaults_configmap_namespace,
+        )
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StateOptions:
@@ -181,12 +207,34 @@ class StateOptions:
             node_pool_label_key=NODE_POOL_LABEL if node_pool_key is None else node_pool_key.strip(),
             gpu_fraction_runtime_class_name=_runtime_class(get),
             scale_adjust=scale_adjust,
+            search_legacy_podgroups=_flag("search_legacy_pg", get("search_legacy_pg") or "true"),
+            knative_gang_schedule=_flag("knative_gang_schedule", get("knative_gang_schedule") or "true"),
+            **_defaults_configmap(get),
         )
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _defaults_configmap(get: Callable[[str], str | None]) -> dict[str, str]:
+    """KAI's default-priorities ConfigMap: its name and namespace (the service's own by default)."""
+    name = (get("default_priorities_configmap_name") or "").strip()
+    if name and _DNS_SUBDOMAIN.fullmatch(name) is None:
+        raise ConfigError(
+            "service state: option 'default_priorities_configmap_name': expected a ConfigMap name, got "
+            f"{name!r}"
+        )
+    namespace = (get("default_priorities_configmap_namespace") or "").strip()
+    if not namespace and name:
+        namespace = os.environ.get("POD_NAMESPACE", "").strip() or "kai-scheduler"
+    if namespace and _DNS_LABEL.fullmatch(namespace) is None:
+        raise ConfigError(
+            "service state: option 'default_priorities_configmap_namespace': expected a namespace name, got "
+            f"{namespace!r}"
+        )
+    return {"defaults_configmap": name, "defaults_configmap_namespace": namespace}
 
 
 def _runtime_class(get: Callable[[str], str | None]) -> str:
@@ -330,6 +378,7 @@ async def body(ctx: ServiceContext) -> None:
                     node_pool_label_key=options.node_pool_label_key,
                     extra_plugins=extra_plugins(load_registry()),
                     scale_adjust=options.scale_adjust,
+                    grouper=options.grouper_config(),
                 ),
             )
             metrics.watch(informers=election.informers)
