@@ -1,0 +1,331 @@
+"""The pod-grouper loop against the simulated API server: a plugin's reads beside the owner chain answered
+from the cluster, a plugin that keeps asking refused on its pod, and pods that join a PodGroup someone
+else made (KAI v0.15's externally created PodGroups).
+
+Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`, whose pod-grouper
+groups the pods) with a real nats-server and `tools.kubesim`, objects written through the
+kubernetes-asyncio client. Grove's CRDs (PodCliqueSet, PodGang) are served for the object read; the MPIJob
+comes with kubesim's training operator, whose launcher waits for its workers (the pod-list read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.state.grouping import registry
+from services.state.grouping.default import default_metadata
+from services.state.grouping.model import Ctx, Metadata
+from services.state.kube_source import KubeOwner, KubeSourceOptions
+from shared.bus.connection import Bus
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceConfig, ServiceContext
+from shared.kube import keys, wire
+from shared.kubeapi.client import Kube, connect
+from tests.integration.kubectl_helpers import running_kubesim
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = 30.0
+"""Generous: the machine running the tests may be loaded."""
+
+GROVE_CRDS = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podcliquesets.grove.io
+spec:
+  group: grove.io
+  scope: Namespaced
+  names: {kind: PodCliqueSet, listKind: PodCliqueSetList, plural: podcliquesets, singular: podcliqueset}
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podgangs.scheduler.grove.io
+spec:
+  group: scheduler.grove.io
+  scope: Namespaced
+  names: {kind: PodGang, listKind: PodGangList, plural: podgangs, singular: podgang}
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+@pytest.fixture
+async def kube(bus: Bus, tmp_path: Path) -> AsyncIterator[Kube]:
+    """A simulated cluster with KAI's queues and Grove's CRDs, and the state service's Kubernetes owner on
+    it; yields a client of the cluster."""
+    crds = tmp_path / "grove-crds.yaml"
+    crds.write_text(GROVE_CRDS)
+    manifests = (crds, REPO / "examples" / "kai" / "queues.yaml")
+    async with running_kubesim(tmp_path, nodes=2, manifests=manifests):
+        kubeconfig = str(tmp_path / "kubeconfig")
+        ctx = ServiceContext(service="state", config=ServiceConfig(replica="state-0"), bus=bus)
+        replica = StateReplica(bus)
+        await replica.start()
+        client = await connect(kubeconfig)
+        owner = KubeOwner(ctx, replica, kubeconfig, KubeSourceOptions(debounce=0.01, problem_settle=0.5))
+        await owner.start()
+        try:
+            yield client
+        finally:
+            await owner.stop()
+            await client.close()
+            await replica.stop()
+
+
+async def eventually(what: str, check: Callable[[], Awaitable[Any]]) -> Any:
+    """Poll `check` until it returns something truthy; fails naming `what` after `WAIT` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while True:
+        result = await check()
+        if result:
+            return result
+        if loop.time() > deadline:
+            pytest.fail(f"not within {WAIT:.0f} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+async def create(kube: Kube, group: str, version: str, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    raw = await kube.call(
+        f"create {plural}",
+        kube.custom.create_namespaced_custom_object,
+        group,
+        version,
+        "default",
+        plural,
+        body,
+    )
+    return json.loads(raw)  # type: ignore[no-any-return]
+
+
+async def create_pod(kube: Kube, body: dict[str, Any]) -> None:
+    await kube.call("create pod", kube.core.create_namespaced_pod, "default", body)
+
+
+async def read_pod(kube: Kube, name: str) -> dict[str, Any]:
+    raw = await kube.call("read pod", kube.core.read_namespaced_pod, name, "default")
+    return json.loads(raw)  # type: ignore[no-any-return]
+
+
+async def podgroup(kube: Kube, name: str) -> dict[str, Any] | None:
+    raw = await kube.call(
+        "list podgroups",
+        kube.custom.list_namespaced_custom_object,
+        "scheduling.run.ai",
+        "v2alpha2",
+        "default",
+        "podgroups",
+    )
+    found = [pg for pg in json.loads(raw)["items"] if pg["metadata"]["name"] == name]
+    return found[0] if found else None
+
+
+async def events(kube: Kube) -> list[dict[str, Any]]:
+    raw = await kube.call("list events", kube.core.list_namespaced_event, "default")
+    return json.loads(raw)["items"]  # type: ignore[no-any-return]
+
+
+def pod(
+    name: str,
+    *,
+    owner: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "default",
+        "labels": {keys.QUEUE_LABEL: "default-queue", **(labels or {})},
+        "annotations": annotations or {},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": [{"name": "main", "image": "x"}]},
+    }
+
+
+def annotation(obj: dict[str, Any], key: str) -> str | None:
+    value = (obj["metadata"].get("annotations") or {}).get(key)
+    return value if isinstance(value, str) else None
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+# --- a plugin's reads --------------------------------------------------------------------------------------------
+async def test_a_grove_pod_is_grouped_by_the_podgang_the_plugin_reads(kube: Kube) -> None:
+    pcs = await create(
+        kube,
+        "grove.io",
+        "v1alpha1",
+        "podcliquesets",
+        {
+            "apiVersion": "grove.io/v1alpha1",
+            "kind": "PodCliqueSet",
+            "metadata": {"name": "serve"},
+            "spec": {},
+        },
+    )
+    refs = [{"namespace": "default", "name": n} for n in ("serve-0-prefill-0", "serve-0-prefill-1")]
+    gang = await create(
+        kube,
+        "scheduler.grove.io",
+        "v1alpha1",
+        "podgangs",
+        {
+            "apiVersion": "scheduler.grove.io/v1alpha1",
+            "kind": "PodGang",
+            "metadata": {"name": "serve-0"},
+            "spec": {
+                "priorityClassName": "inference",
+                "podgroups": [
+                    {"name": "serve-0-frontend", "minReplicas": 1, "podReferences": refs[:0]},
+                    {"name": "serve-0-prefill", "minReplicas": 2, "podReferences": refs},
+                ],
+            },
+        },
+    )
+    for name in ("serve-0-prefill-0", "serve-0-prefill-1"):
+        await create_pod(kube, pod(name, owner=pcs, labels={"grove.io/podgang": "serve-0"}))
+    name = f"pg-serve-0-{gang['metadata']['uid']}"
+
+    async def grouped() -> dict[str, Any] | None:
+        first = await read_pod(kube, "serve-0-prefill-0")
+        return await podgroup(kube, name) if annotation(first, keys.PODGROUP_ANNOTATION) == name else None
+
+    group = await eventually("the Grove pod grouped by its PodGang", grouped)
+    assert group["spec"]["minMember"] == 3
+    assert group["spec"]["priorityClassName"] == "inference"
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "PodGang"
+    assert [sg["name"] for sg in group["spec"]["subGroups"]] == ["serve-0-frontend", "serve-0-prefill"]
+    first = await read_pod(kube, "serve-0-prefill-0")
+    assert first["metadata"]["labels"][keys.SUBGROUP_LABEL] == "serve-0-prefill"
+
+
+async def test_a_waiting_mpijobs_plugin_lists_the_launcher_pods_before_deciding(kube: Kube) -> None:
+    template = {"spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": [{"name": "m", "image": "x"}]}}
+    job = await create(
+        kube,
+        "kubeflow.org",
+        "v2beta1",
+        "mpijobs",
+        {
+            "apiVersion": "kubeflow.org/v2beta1",
+            "kind": "MPIJob",
+            "metadata": {"name": "pi", "labels": {keys.QUEUE_LABEL: "default-queue"}},
+            "spec": {
+                "launcherCreationPolicy": "WaitForWorkersReady",
+                "mpiReplicaSpecs": {
+                    "Launcher": {"replicas": 1, "template": template},
+                    "Worker": {"replicas": 2, "template": template},
+                },
+            },
+        },
+    )
+    name = f"pg-pi-{job['metadata']['uid']}"
+
+    async def grouped() -> dict[str, Any] | None:
+        return await podgroup(kube, name)
+
+    group = await eventually("the MPIJob's workers grouped", grouped)
+    # No launcher pod exists yet (its workers are not ready): the listed pods say so, the gang is the workers.
+    assert group["spec"]["minMember"] == 2
+
+
+async def test_a_pod_whose_plugin_keeps_asking_for_reads_is_refused_with_pod_scheduled_false(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def asking(ctx: Ctx, top: wire.Owner) -> Metadata:
+        ctx.get("v1", "ConfigMap", f"another-{len(ctx.reads)}")
+        return default_metadata(ctx, top, [top])
+
+    monkeypatch.setitem(registry.PLUGINS, ("", "v1", "Pod"), ("asking", asking))
+    await create_pod(kube, pod("asker"))
+
+    async def refused() -> dict[str, Any] | None:
+        scheduled = condition(await read_pod(kube, "asker"), "PodScheduled")
+        return scheduled if scheduled and scheduled["status"] == "False" else None
+
+    scheduled = await eventually("the pod refused with PodScheduled=False", refused)
+    assert scheduled["reason"] == "InvalidPod"
+    assert "kept asking for reads" in scheduled["message"]
+    assert annotation(await read_pod(kube, "asker"), keys.PODGROUP_ANNOTATION) is None
+    warnings = [
+        e for e in await events(kube) if e["involvedObject"]["name"] == "asker" and e["type"] == "Warning"
+    ]
+    assert any("kept asking for reads" in e["message"] for e in warnings)
+
+
+# --- externally created PodGroups --------------------------------------------------------------------------------
+async def test_pods_join_an_external_podgroup_and_one_naming_a_missing_sub_group_is_told_why(
+    kube: Kube,
+) -> None:
+    await create(
+        kube,
+        "scheduling.run.ai",
+        "v2alpha2",
+        "podgroups",
+        {
+            "apiVersion": "scheduling.run.ai/v2alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": "pipeline"},
+            "spec": {
+                "minMember": 2,
+                "queue": "default-queue",
+                "subGroups": [{"name": "train", "minMember": 1}, {"name": "evaluation", "minMember": 1}],
+            },
+        },
+    )
+    skip = {keys.SKIP_PODGROUPER_ANNOTATION: "true"}
+    joining = {**skip, keys.PODGROUP_ANNOTATION: "pipeline"}
+    await create_pod(kube, pod("train-0", labels={keys.SUBGROUP_LABEL: "train"}, annotations=joining))
+    await create_pod(kube, pod("stray-0", labels={keys.SUBGROUP_LABEL: "evaluaton"}, annotations=joining))
+    await create_pod(kube, pod("early-0", annotations={**skip, keys.PODGROUP_ANNOTATION: "not-yet"}))
+
+    async def told() -> dict[str, Any] | None:
+        scheduled = condition(await read_pod(kube, "stray-0"), "PodScheduled")
+        return scheduled if scheduled and scheduled["status"] == "False" else None
+
+    scheduled = await eventually("the stray pod told its sub-group does not exist", told)
+    assert scheduled["reason"] == "InvalidPod"
+    assert f"metadata.labels[{keys.SUBGROUP_LABEL}]" in scheduled["message"]
+    assert "'evaluaton'" in scheduled["message"]
+    for name in ("train-0", "early-0"):
+        assert condition(await read_pod(kube, name), "PodScheduled") is None, name
+    # The pod-grouper left every one of them alone: their PodGroup names are the ones written.
+    assert annotation(await read_pod(kube, "train-0"), keys.PODGROUP_ANNOTATION) == "pipeline"
+    assert annotation(await read_pod(kube, "early-0"), keys.PODGROUP_ANNOTATION) == "not-yet"
+    assert await podgroup(kube, "not-yet") is None
