@@ -182,6 +182,15 @@ RAY_CLUSTER_GANGS: list[tuple[str, dict[str, Any], int, list[tuple[str, int]]]] 
         [("headgroup", 1), ("worker-group-1", 2), ("worker-group-2", 1)],
     ),
     (
+        "null fields are missing ones, as the API server prunes them",
+        cluster_spec(
+            worker("g", 2, minReplicas=None, maxReplicas=None, numOfHosts=None, suspend=None),
+            enableInTreeAutoscaling=None,
+        ),
+        3,
+        [("headgroup", 1), ("g", 2)],
+    ),
+    (
         "replicas within maxReplicas are counted as they are",
         cluster_spec(worker("g", 3, maxReplicas=3)),
         4,
@@ -494,8 +503,8 @@ BAD_CLUSTERS: list[tuple[str, dict[str, Any], str]] = [
     ("a negative replicas", {"workerGroupSpecs": [worker("w", -1)]}, "spec.workerGroupSpecs[0].replicas"),
     ("replicas as text", {"workerGroupSpecs": [worker("w", "3")]}, "spec.workerGroupSpecs[0].replicas"),
     (
-        "replicas null",
-        {"workerGroupSpecs": [worker("w", None)]},
+        "a null replicas is missing (the API server prunes it) and minReplicas 2 is above it",
+        {"workerGroupSpecs": [worker("w", None, minReplicas=2)]},
         "spec.workerGroupSpecs[0].replicas",
     ),
     ("replicas true", {"workerGroupSpecs": [worker("w", True)]}, "spec.workerGroupSpecs[0].replicas"),
@@ -628,7 +637,7 @@ def kuberay_pods(owner: wire.Owner) -> list[wire.Pod]:
 def kuberay_count(spec: dict[str, Any]) -> int:
     """How many pods KubeRay makes for a RayCluster spec it accepts (without kubesim's cap)."""
     groups: list[dict[str, Any]] = spec.get("workerGroupSpecs") or []
-    return 1 + sum(desired_replicas(g) * max(1, int(g.get("numOfHosts", 1))) for g in groups)
+    return 1 + sum(desired_replicas(g) * max(1, int(g.get("numOfHosts") or 1)) for g in groups)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -114,7 +114,7 @@ def ray_gang(cluster: wire.Owner) -> tuple[int, list[SubGroup]]:
         return 1, sub_groups
     if not isinstance(groups, list):
         raise owner_error(cluster, "spec.workerGroupSpecs", "must be a list of worker groups")
-    autoscaling = spec.get("enableInTreeAutoscaling", False)
+    autoscaling = spec.get("enableInTreeAutoscaling") or False
     if not isinstance(autoscaling, bool):
         raise owner_error(cluster, "spec.enableInTreeAutoscaling", "must be true or false")
     total = 1
@@ -135,7 +135,7 @@ def _worker_group(
     if not isinstance(group, Mapping):
         raise owner_error(cluster, at, "must be an object")
     for key in SUSPEND_FIELDS:
-        suspended = group.get(key, False)
+        suspended = group.get(key) or False
         if not isinstance(suspended, bool):
             raise owner_error(cluster, f"{at}.{key}", "must be true or false")
         if suspended:
@@ -149,7 +149,7 @@ def _worker_group(
     hosts = _count(cluster, group, at, "numOfHosts", 1)
     by_minimum = autoscaling or minimum > 0
     counted = minimum if by_minimum else desired
-    if "maxReplicas" in group:
+    if group.get("maxReplicas") is not None:
         maximum = _count(cluster, group, at, "maxReplicas", 0)
         if counted > maximum:
             field = "minReplicas" if by_minimum else "replicas"
@@ -169,9 +169,11 @@ def _worker_group(
 
 
 def _count(cluster: wire.Owner, group: Mapping[str, Any], at: str, key: str, absent: int) -> int:
-    if key not in group:
+    """A count of a worker group, `absent` when missing or null (the API server prunes a null before KAI
+    reads the object)."""
+    value = group.get(key)
+    if value is None:
         return absent
-    value = group[key]
     return parsed(cluster, f"{at}.{key}", lambda: values.whole_of(value, low=0, high=values.INT32_MAX))
 
 

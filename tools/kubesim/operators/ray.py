@@ -218,9 +218,10 @@ class SpecError(Exception):
 
 
 def _count(group: Mapping[str, Any], at: str, key: str) -> int | None:
-    if key not in group:
+    """A count of a worker group; None when missing or null (the API server prunes a null)."""
+    value = group.get(key)
+    if value is None:
         return None
-    value = group[key]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
         raise SpecError(f"{at}.{key}", f"must be a whole number from 0 to {INT32_MAX}, got {_shown(value)}")
     return value
@@ -265,6 +266,9 @@ def _check_template(template: Any, at: str, what: str) -> None:
         or not all(isinstance(c, Mapping) for c in containers)
     ):
         raise SpecError(f"{at}.spec.containers", f"{what} should have at least one container")
+    for index, container in enumerate(containers):
+        if not isinstance(container.get("name"), str) or not container["name"]:
+            raise SpecError(f"{at}.spec.containers[{index}].name", "is required")
 
 
 def cluster_problem(spec: Any, at: str = "spec") -> SpecError | None:
@@ -759,8 +763,8 @@ class RayOperator:
         md = job["metadata"]
         given = spec.get("submitterPodTemplate")
         template: Obj = clone(given) if isinstance(given, Mapping) else _default_submitter(rc)
-        template_md = template.setdefault("metadata", {})
-        pod_spec = template.setdefault("spec", {})
+        template_md = template["metadata"] = _map(template.get("metadata"))
+        pod_spec = template["spec"]  # checked: an object with containers
         pod_spec.setdefault("restartPolicy", "Never")
         containers = pod_spec.get("containers") or []
         if containers and isinstance(containers[0], dict) and not containers[0].get("command"):
