@@ -294,3 +294,24 @@ def test_a_count_that_is_not_one_is_refused_naming_the_field_or_makes_no_pod(
 def test_a_count_of_a_billion_makes_a_thousand_pods(cluster: Cluster) -> None:
     create_deployment(cluster, 1_000_000_000)
     assert len(pods_of(cluster, app="web")) == 1000
+
+
+def test_a_statefulset_numbers_its_pods_from_its_ordinals_start(cluster: Cluster) -> None:
+    body = {
+        "metadata": {"name": "w"},
+        "spec": {
+            "replicas": 2,
+            "ordinals": {"start": 1},
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": template(app="w"),
+        },
+    }
+    cluster.create(cluster.type_of("apps/statefulsets"), "default", body)
+    cluster.settle()
+    pods = {p["metadata"]["name"]: p for p in pods_of(cluster, app="w")}
+    assert sorted(pods) == ["w-1", "w-2"]
+    assert pods["w-2"]["metadata"]["labels"]["apps.kubernetes.io/pod-index"] == "2"
+    statefulsets = cluster.type_of("apps/statefulsets")
+    cluster.patch(statefulsets, "default", "w", "application/merge-patch+json", b'{"spec":{"replicas":1}}')
+    cluster.settle()
+    assert sorted(p["metadata"]["name"] for p in pods_of(cluster, app="w")) == ["w-1"]

@@ -8,8 +8,9 @@
 - **Deployment** (apps/v1): one ReplicaSet `<deployment>-<template hash>` per pod template, scaled to
   `spec.replicas`; older ReplicaSets are scaled to 0 at once (no rolling surge).
 - **ReplicaSet**: keeps `spec.replicas` pods `<replicaset>-<random5>`, replacing deleted ones.
-- **StatefulSet**: pods `<statefulset>-0..N-1`, all created at once (as with podManagementPolicy
-  Parallel), recreated with the same name after deletion, highest ordinals removed on scale-down.
+- **StatefulSet**: pods `<statefulset>-<start>..<start+N-1>` (`spec.ordinals.start`, 0 by default), all
+  created at once (as with podManagementPolicy Parallel), recreated with the same name after deletion,
+  ordinals out of that range removed on scale-down.
 - DaemonSets are stored only.
 - **Operators of workload CRDs** (Kubeflow Training, ...): `tools.kubesim.operators`, each started here,
   its storages listened to, its objects reconciled in `run_once` like the built-in kinds.
@@ -86,6 +87,13 @@ def _is_ready(pod: Obj) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions") or ()
     )
+
+
+def _ordinal_start(spec: Obj) -> int:
+    """A StatefulSet's first ordinal, ``spec.ordinals.start`` (0 when absent or not a whole number >= 0)."""
+    ordinals = spec.get("ordinals")
+    start = ordinals.get("start", 0) if isinstance(ordinals, dict) else 0
+    return start if isinstance(start, int) and not isinstance(start, bool) and 0 <= start <= 10**9 else 0
 
 
 def _owner_ref(owner: Obj) -> Obj:
@@ -585,7 +593,8 @@ class Controllers:
         revision = f"{md['name']}-{template_hash(spec.get('template') or {})}"
         pods = self.cluster.store.storage("pods")
         owned = {p["metadata"]["name"]: p for p in self._owned(sts)}
-        for i in range(want):
+        start = _ordinal_start(spec)
+        for i in range(start, start + want):
             pod_name = f"{md['name']}-{i}"
             pod = owned.get(pod_name)
             if pod is not None and (pod.get("status") or {}).get("phase") in _TERMINAL:
@@ -608,7 +617,12 @@ class Controllers:
                     break
         for pod_name, pod in owned.items():
             ordinal = pod_name.rsplit("-", 1)[-1]
-            if ordinal.isascii() and ordinal.isdigit() and len(ordinal) <= 18 and int(ordinal) >= want:
+            if (
+                ordinal.isascii()
+                and ordinal.isdigit()
+                and len(ordinal) <= 18
+                and not start <= int(ordinal) < start + want
+            ):
                 self._delete_pod(pod)
         active = [p for p in self._owned(sts) if _is_active(p)]
         ready = sum(1 for p in active if _is_ready(p))
