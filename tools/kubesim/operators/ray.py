@@ -779,9 +779,7 @@ class RayOperator:
         run_seconds = (md.get("annotations") or {}).get(RUN_SECONDS) or (md.get("labels") or {}).get(
             RUN_SECONDS
         )
-        annotations = (
-            template_md.get("annotations") if isinstance(template_md.get("annotations"), dict) else {}
-        )
+        annotations = _map(template_md.get("annotations"))
         if run_seconds and RUN_SECONDS not in annotations:
             template_md["annotations"] = {**annotations, RUN_SECONDS: run_seconds}
         config = spec.get("submitterConfig")
