@@ -61,3 +61,14 @@ def test_a_batch_job_asking_for_four_is_a_gang_of_four(workload: Workload) -> No
 )
 def test_a_pod_names_the_bench_owner_that_made_it(pod: str, owner: str | None) -> None:
     assert owner_of_pod(pod) == owner
+
+
+def test_a_ray_cluster_is_one_gang_of_its_head_and_workers(workload: Workload) -> None:
+    group = next(g for g in workload.measured if g.owner is not None and g.owner["kind"] == "RayCluster")
+    assert {s.name: s.min_available for s in group.podgroup.root.all_pod_sets()} == {"headgroup": 1, "gpu": 3}
+
+
+def test_a_leader_worker_set_group_is_one_gang_of_its_leader_and_workers(workload: Workload) -> None:
+    group = next(g for g in workload.measured if g.owner is not None and g.owner["kind"] == "LeaderWorkerSet")
+    assert sum(s.min_available for s in group.podgroup.root.all_pod_sets()) == 4
+    assert len(group.pods) == 4

@@ -1,5 +1,5 @@
-"""MixedWorkloads: the workloads an AI cluster runs side by side (Kubeflow PyTorchJobs, batch Jobs, and each
-further kind with a simulated operator), created as their owners, grouped by KAI's rules.
+"""MixedWorkloads: the workloads an AI cluster runs side by side (Kubeflow PyTorchJobs, gang batch Jobs,
+RayClusters, LeaderWorkerSets: four one-GPU pods each), created as their owners, grouped by KAI's rules.
 
 Over the bus only each group's owner is created; kubesim's operator makes its pods and the state service's
 pod-grouper their PodGroup, so the measurement includes the grouping (the other workloads create their
@@ -100,9 +100,37 @@ def batch_job(name: str, queue: str) -> Obj:
     }
 
 
+def ray_cluster(name: str, queue: str) -> Obj:
+    """A RayCluster of a head and three workers, a GPU each (KAI: one gang of 4, head and worker sub-groups)."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": _meta(name, queue),
+        "spec": {
+            "headGroupSpec": {"rayStartParams": {}, "template": _template("ray-head")},
+            "workerGroupSpecs": [
+                {"groupName": "gpu", "replicas": 3, "rayStartParams": {}, "template": _template("ray-worker")}
+            ],
+        },
+    }
+
+
+def leader_worker_set(name: str, queue: str) -> Obj:
+    """A LeaderWorkerSet of one group, a leader and three workers, a GPU each (KAI: one gang of 4 per
+    group, leader and workers sub-groups)."""
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(name, queue),
+        "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 4, "workerTemplate": _template("worker")}},
+    }
+
+
 MIXED_KINDS: tuple[OwnerKind, ...] = (
     OwnerKind("pytorch", "kubeflow.org", "v1", "PyTorchJob", pytorch_job),
     OwnerKind("job", "batch", "v1", "Job", batch_job),
+    OwnerKind("ray", "ray.io", "v1", "RayCluster", ray_cluster),
+    OwnerKind("lws", "leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", leader_worker_set),
 )
 """The kinds in the mix, in the order their owners are created (round robin)."""
 
