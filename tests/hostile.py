@@ -99,6 +99,17 @@ POD_LABELS = (
     keys.PREEMPTIBILITY_LABEL,
     keys.KAI_GPU_GROUP_LABEL,
     "training.kubeflow.org/replica-index",
+    "training.kubeflow.org/replica-type",
+    "training.kubeflow.org/job-role",
+    "ray.io/group",
+    "leaderworkerset.sigs.k8s.io/group-index",
+    "leaderworkerset.sigs.k8s.io/worker-index",
+    "jobset.sigs.k8s.io/replicatedjob-name",
+    "jobset.sigs.k8s.io/job-index",
+    "serving.knative.dev/revision",
+    "spark-app-selector",
+    "spark-app-name",
+    "grove.io/podgang",
 )
 
 OWNER_ANNOTATIONS = (
@@ -110,6 +121,10 @@ OWNER_ANNOTATIONS = (
     keys.TOPOLOGY_REQUIRED_ANNOTATION,
     keys.TOPOLOGY_PREFERRED_ANNOTATION,
     keys.STALENESS_GRACE_PERIOD_ANNOTATION,
+    keys.PREEMPTION_DELAY_ANNOTATION,
+    "kai.scheduler/min-member",
+    "autoscaling.knative.dev/min-scale",
+    "leaderworkerset.sigs.k8s.io/size",
 )
 
 OWNER_KINDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -118,8 +133,20 @@ OWNER_KINDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("kubeflow.org/v1", "TFJob", ("tfReplicaSpecs", "runPolicy")),
     ("kubeflow.org/v2beta1", "MPIJob", ("mpiReplicaSpecs", "launcherCreationPolicy")),
     ("jobset.x-k8s.io/v1alpha2", "JobSet", ("replicatedJobs",)),
-    ("ray.io/v1", "RayCluster", ("headGroupSpec", "workerGroupSpecs")),
+    ("ray.io/v1", "RayCluster", ("headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling", "suspend")),
+    ("ray.io/v1", "RayJob", ("rayClusterSpec", "clusterSelector")),
+    ("ray.io/v1", "RayService", ("rayClusterConfig",)),
     ("apps/v1", "Deployment", ("replicas",)),
+    ("apps/v1", "StatefulSet", ("replicas", "podManagementPolicy")),
+    ("kubeflow.org/v1", "XGBoostJob", ("xgbReplicaSpecs", "runPolicy")),
+    ("kubeflow.org/v1", "JAXJob", ("jaxReplicaSpecs", "runPolicy")),
+    ("kubeflow.org/v1beta1", "Notebook", ("template",)),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", ("replicas", "leaderWorkerTemplate", "startupPolicy")),
+    ("serving.knative.dev/v1", "Service", ("template", "traffic")),
+    ("grove.io/v1alpha1", "PodCliqueSet", ("replicas", "template")),
+    ("amlarc.azureml.com/v1alpha1", "AmlJob", ("job",)),
+    ("egx.nvidia.io/v1", "SPOTRequest", ("replicas",)),
+    ("run.ai/v1", "RunaiJob", ("parallelism", "completions")),
 )
 """Owner kinds with a grouping of their own, and the spec fields it reads."""
 
