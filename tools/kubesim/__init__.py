@@ -64,10 +64,16 @@ authentication, JSON only:
   node's running pods (404 for an unknown node); ``visible`` is the device plugin's value for a container
   with devices, else the pod spec's (literal or ConfigMap);
 - operators of workload CRDs (`operators`, a module each): their CRDs exist at start and a simulated
-  operator creates what the real one does. Kubeflow training jobs (`operators.training`): PyTorchJob,
-  TFJob, XGBoostJob, JAXJob (kubeflow.org/v1) and MPIJob (kubeflow.org/v2beta1), each replica's pods
-  (``<job>-<replica type>-<i>``, the ``training.kubeflow.org/*`` labels, owned by the job; an MPIJob's
-  launcher as a batch Job) and the job's Created/Running/Succeeded/Failed conditions;
+  operator creates what the real one does, with the statuses `kubectl get` shows and a Warning Event for
+  a spec the real one refuses: Kubeflow training jobs (`operators.training`: PyTorchJob, TFJob,
+  XGBoostJob, JAXJob, MPIJob; each replica's pods ``<job>-<replica type>-<i>`` with the
+  ``training.kubeflow.org/*`` labels, an MPIJob's launcher as a batch Job), Kubeflow Notebooks
+  (`operators.notebook`: a StatefulSet of one pod), KubeRay (`operators.ray`: a RayCluster's head and
+  worker pods, a RayJob's cluster and submitter Job, a RayService's cluster), JobSet (`operators.jobset`:
+  a batch Job per replica of each replicated job, InOrder or AnyOrder), LeaderWorkerSet
+  (`operators.leaderworkerset`: the leaders' StatefulSet and each group's workers' StatefulSet owned by
+  its leader pod) and Knative Serving (`operators.knative`: Service, Configuration, Revision, and a
+  Deployment per Revision of its min-scale);
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
   through pods/binding (Kairos's binder);

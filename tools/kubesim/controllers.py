@@ -208,6 +208,11 @@ class Controllers:
         """Create the pod `name` from a pod `template`, owned by `owner` (stored in `storage`)."""
         return self._create_pod(owner, storage, name, {}, template=template)
 
+    def mark_dirty(self, storage: str, namespace: str, name: str) -> None:
+        """Reconcile the object `name` of `storage` at the next `run_once` (an operator whose object depends
+        on one it does not control: a RayJob on its RayCluster, a LeaderWorkerSet on its leaders' pods)."""
+        self.dirty[storage, namespace, name] = None
+
     def create_owned(self, owner: Obj, owner_storage: str, storage: str, manifest: Obj) -> bool:
         """Create the object `manifest` describes in `storage` (a Job, a Deployment, another operator's
         custom object), for `owner` (kept in `owner_storage`); a refusal is a FailedCreate Warning on the

@@ -1,6 +1,8 @@
 """Simulated operators of workload CRDs: the contract each fulfils, and every one kubesim runs.
 
-An operator module of this package (Kubeflow Training's in `training`, and one per further project) serves
+An operator module of this package (Kubeflow Training's in `training`, Kubeflow's notebook-controller in
+`notebook`, KubeRay's in `ray`, JobSet's in `jobset`, LeaderWorkerSet's in `leaderworkerset`, Knative
+Serving's in `knative`) serves
 its CRDs from kubesim's start and creates what the real operator creates (pods, Jobs, Deployments, other
 custom objects) for each object of its kinds, so that a manifest written for that operator applies and runs
 unchanged. It says so with a module-level ``OPERATOR`` (`OperatorSpec`); `OPERATORS` holds every module's,
@@ -11,7 +13,7 @@ an operator is adding its module.
 each operator (`OperatorSpec.start`), listens to its storages, marks an object dirty when a pod (or any
 object) it controls changes (`storage_of_owner`), and calls `Operator.reconcile` from its `run_once`. An
 operator reads and writes through the `Controllers` it was started with (`owned_pods`, `create_pod_from`,
-`create_owned`, `write_status`, the cluster's store). Pure: no I/O.
+`create_owned`, `write_status`, `mark_dirty`, the cluster's store). Pure: no I/O.
 """
 
 from __future__ import annotations

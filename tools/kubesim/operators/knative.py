@@ -355,7 +355,7 @@ class KnativeServing:
             self._mark(REVISIONS, change.obj["metadata"].get("namespace", ""), str(ref.get("name", "")))
 
     def _mark(self, storage: str, namespace: str, name: str) -> None:
-        self.controllers.dirty[storage, namespace, name] = None
+        self.controllers.mark_dirty(storage, namespace, name)
 
     def _get(self, storage: str, namespace: str, name: str) -> Obj | None:
         found: Obj | None = self.controllers.cluster.store.storage(storage).get(namespace, name)

@@ -273,7 +273,7 @@ class LeaderWorkerSetController:
         md = change.obj["metadata"]
         name = (md.get("labels") or {}).get(NAME_LABEL)
         if isinstance(name, str) and name:
-            self.controllers.dirty[STORAGE, md.get("namespace", ""), name] = None
+            self.controllers.mark_dirty(STORAGE, md.get("namespace", ""), name)
 
     def reconcile(self, storage: str, lws: Obj) -> None:  # noqa: ARG002 - one storage: leaderworkersets
         if self._default(lws):

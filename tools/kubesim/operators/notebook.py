@@ -197,7 +197,7 @@ class NotebookController:
         ):
             return
         ns = change.obj["metadata"].get("namespace", "")
-        self.controllers.dirty[STORAGE, ns, str(ref.get("name", ""))] = None
+        self.controllers.mark_dirty(STORAGE, ns, str(ref.get("name", "")))
 
     def reconcile(self, storage: str, notebook: Obj) -> None:  # noqa: ARG002 - one storage: the Notebooks
         cluster = self.controllers.cluster

@@ -519,15 +519,15 @@ class RayOperator:
         """Reconcile the RayJob or RayService that made `rc`, and the RayJobs that select it, as KubeRay's
         controllers, which watch the RayClusters they own and requeue the others, see its new state."""
         md = rc["metadata"]
-        dirty = self.controllers.dirty
+        mark = self.controllers.mark_dirty
         owner = controller_of(rc)
         if owner is not None and owner.get("kind") in ("RayJob", "RayService"):
             storage = JOBS if owner["kind"] == "RayJob" else SERVICES
-            dirty[storage, md["namespace"], str(owner.get("name", ""))] = None
+            mark(storage, md["namespace"], str(owner.get("name", "")))
         for job in self.controllers.cluster.objects(JOBS, md["namespace"]):
             selector = (job.get("spec") or {}).get("clusterSelector")
             if isinstance(selector, Mapping) and selector.get(CLUSTER_LABEL) == md["name"]:
-                dirty[JOBS, md["namespace"], job["metadata"]["name"]] = None
+                mark(JOBS, md["namespace"], job["metadata"]["name"])
 
     def _cluster_pods(
         self, rc: Obj, spec: Mapping[str, Any], groups: list[Mapping[str, Any]], pods: list[Obj]
