@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from shared.core.policy import Argument, Policy
     from shared.core.proportion import CapacityResult, QueueView
     from shared.core.session import Session
-    from shared.core.tasks import JobState, PodSetState, TaskState
+    from shared.core.tasks import JobState, SubGroupMember, TaskState
 
 __all__ = ["DEFAULT_PRIORITIES", "DEFAULT_REGISTRY", "SessionPlugin", "SessionRegistry", "SessionSpec"]
 
@@ -136,9 +136,10 @@ class TaskPriorityOrder:
 
 
 class SubGroupOrder:
-    """KAI subgrouporder: unsatisfied pod sets first, then the lowest allocation ratio."""
+    """KAI subgrouporder: unsatisfied members first, then the lowest allocation ratio, optional members
+    (nothing to satisfy) last (`shared.core.tasks.sub_group_order`)."""
 
-    def pod_set_key(self, pod_set: PodSetState) -> OrderKey:
+    def pod_set_key(self, pod_set: SubGroupMember) -> OrderKey:
         return sub_group_order(pod_set)
 
 

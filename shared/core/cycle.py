@@ -37,7 +37,7 @@ from shared.core.result import (
 )
 from shared.core.session import Decisions, Session
 from shared.core.statement import pipeline_in_place
-from shared.core.tasks import GPU, JobState, TaskState
+from shared.core.tasks import GPU, JobState, PodSetState, TaskState
 from shared.model import Snapshot
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
 
@@ -80,7 +80,8 @@ def run_session(
 
 def hold_broken_gangs(ssn: Session) -> None:
     """Whole gangs or nothing, across actions: a podgroup that one action bound and a later one took pods
-    from (a victim of reclaim or preempt) would go out with fewer pods than its gang. Its binds wait
+    from (a victim of reclaim or preempt) would go out with its sub-group tree short of its minimum (its
+    gangs, and as many members of a set as its minSubGroup asks, counting allocated pods). Its binds wait
     instead, as pipelined pods on the same nodes (KAI's `ConvertAllAllocatedToPipelined`, here for the
     session as a whole); the next cycle places the gang again.
 
@@ -89,7 +90,7 @@ def hold_broken_gangs(ssn: Session) -> None:
     for job in bound_here.values():
         if any(t.status == PodStatus.SUCCEEDED for t in job.tasks.values()):
             continue
-        if all(ps.count(ALLOCATED) >= ps.min_available for ps in job.pod_sets.values()):
+        if job.tree.satisfied_with(_allocated):
             continue
         held: list[tuple[TaskState, str]] = []
         for task in job.tasks.values():
@@ -98,6 +99,10 @@ def hold_broken_gangs(ssn: Session) -> None:
             pipeline_in_place(ssn, task, task.node)
             held.append((task, task.node))
         ssn.record(Decisions(pipelines=tuple(held)))
+
+
+def _allocated(ps: PodSetState) -> int:
+    return ps.count(ALLOCATED)
 
 
 def fit_error_message(reasons: list[tuple[str, list[str]]]) -> str | None:

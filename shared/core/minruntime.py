@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from shared.core.plugins.points import VictimAction
     from shared.core.proportion import QueueState
     from shared.core.session import Session
-    from shared.core.tasks import JobState, TaskState
+    from shared.core.tasks import JobState, PodSetState, TaskState
 
 
 def preempt_enabled(ssn: Session, default: float) -> bool:
@@ -98,20 +98,22 @@ def victim_filter(
 
 
 def keeps_min_available(job: JobState, tasks: Sequence[TaskState]) -> bool:
-    """The victim keeps its gangs: per pod set, its active pods minus the scenario's victims of it stay at
-    or above the gang size (KAI counts every victim pod of the scenario, evicted or not)."""
+    """The victim keeps its sub-group tree satisfied: a pod set the scenario takes pods from counts its
+    active pods minus those victims (KAI counts every victim pod of the scenario, evicted or not), one it
+    leaves alone counts as satisfied; every gang must then hold, or as many members of a set as its
+    ``minSubGroup`` asks (so a victim may lose a whole member it has beyond them)."""
     counts: dict[str, int] = {}
     for task in tasks:
         name = task.pod.sub_group or DEFAULT_POD_SET
         counts[name] = counts.get(name, 0) + 1
-    for name, count in counts.items():
-        ps = job.pod_sets.get(name)
-        if ps is None:
-            continue
+
+    def remaining(ps: PodSetState) -> int:
+        if ps.name not in counts:
+            return ps.min_available
         running = sum(1 for t in ps.tasks if t.status in ACTIVE_USED)
-        if ps.min_available > running - count:
-            return False
-    return True
+        return running - counts[ps.name]
+
+    return job.tree.satisfied_with(remaining)
 
 
 def validator(

@@ -7,7 +7,6 @@ Built by `shared.core.session.Session` from a snapshot; changed only through a `
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
@@ -139,7 +138,7 @@ def mig_gpu_portion(resource: str) -> int:
 
 @dataclass(eq=False)
 class PodSetState:
-    """A gang inside a job: pods that must reach `min_available` together."""
+    """A gang inside a job: pods that must reach `min_available` together (0: every pod is elastic)."""
 
     name: str
     min_available: int
@@ -163,6 +162,115 @@ class PodSetState:
     def is_elastic(self) -> bool:
         return self.min_available < len(self.tasks)
 
+    # --- as a member of its parent set (KAI SubGroupMember) ----------------------------------------
+    @property
+    def allocated_members(self) -> int:
+        """What the sub-group order compares with `members_to_satisfy`: active-allocated pods."""
+        return self.active_allocated
+
+    @property
+    def members_to_satisfy(self) -> int:
+        return self.min_available
+
+    def satisfied_with(self, count: Callable[[PodSetState], int]) -> bool:
+        return count(self) >= self.min_available
+
+    def is_ready(self) -> bool:
+        """KAI ``PodSet.IsReadyForScheduling``: enough live, ungated pods exist for the gang."""
+        ready = sum(1 for t in self.tasks if t.status in ALIVE and t.status != PodStatus.GATED)
+        return ready >= self.min_available
+
+
+class SetState:
+    """A node of a job's sub-group tree during a session (KAI ``SubGroupSet``): child sets and pod sets,
+    `members_to_satisfy` of which must be satisfied for the set to be (``minSubGroup``; all without it).
+
+    Every question is asked of the direct members and answered the same way at every level: a pod set is
+    satisfied by its pods, a child set by its own members. Which pods count is the question's: active
+    allocated (`min_requirement_satisfied`, what allocation and eviction walk by), active used
+    (`gang_satisfied`, staleness), live and ungated (`is_ready`, gang readiness)."""
+
+    __slots__ = ("children", "min_sub_group", "name", "pod_sets")
+
+    def __init__(
+        self, name: str, min_sub_group: int | None, children: list[SetState], pod_sets: list[PodSetState]
+    ) -> None:
+        self.name = name
+        self.min_sub_group = min_sub_group
+        self.children = children
+        self.pod_sets = pod_sets
+
+    @property
+    def members(self) -> list[SetState | PodSetState]:
+        """The direct members, child sets first (KAI ``GetMembers``)."""
+        return [*self.children, *self.pod_sets]
+
+    @property
+    def members_to_satisfy(self) -> int:
+        """KAI ``GetMinMembersToSatisfy``."""
+        if self.min_sub_group is not None:
+            return self.min_sub_group
+        return len(self.children) + len(self.pod_sets)
+
+    def satisfied_with(self, count: Callable[[PodSetState], int]) -> bool:
+        """Whether the set is satisfied when each pod set has `count(pod set)` pods that count."""
+        return self.satisfied_members(count) >= self.members_to_satisfy
+
+    def satisfied_members(self, count: Callable[[PodSetState], int]) -> int:
+        return sum(1 for c in self.children if c.satisfied_with(count)) + sum(
+            1 for ps in self.pod_sets if count(ps) >= ps.min_available
+        )
+
+    @property
+    def allocated_members(self) -> int:
+        """KAI ``GetNumActiveAllocatedDirectSubGroups``: direct members satisfied by active-allocated pods."""
+        return self.satisfied_members(_active_allocated)
+
+    def min_requirement_satisfied(self) -> bool:
+        """KAI ``IsMinRequirementSatisfied``."""
+        return self.allocated_members >= self.members_to_satisfy
+
+    def gang_satisfied(self) -> bool:
+        """KAI ``SubGroupSet.IsGangSatisfied``: enough direct members run their gang (active used)."""
+        return self.satisfied_with(_active_used)
+
+    def is_ready(self) -> bool:
+        """KAI ``SubGroupSet.IsReadyForScheduling``: enough direct members have the pods to form."""
+        ready = sum(1 for c in self.children if c.is_ready()) + sum(
+            1 for ps in self.pod_sets if ps.is_ready()
+        )
+        return ready >= self.members_to_satisfy
+
+    def all_pod_sets(self) -> list[PodSetState]:
+        out = list(self.pod_sets)
+        for child in self.children:
+            out.extend(child.all_pod_sets())
+        return out
+
+    def __repr__(self) -> str:
+        return f"Set({self.name} {self.members_to_satisfy}/{len(self.members)})"
+
+
+SubGroupMember = SetState | PodSetState
+"""A direct member of a sub-group set: what the sub-group order ranks (KAI ``SubGroupMember``)."""
+
+
+def _active_allocated(ps: PodSetState) -> int:
+    return ps.active_allocated
+
+
+def _active_used(ps: PodSetState) -> int:
+    return ps.active_used
+
+
+def _tree(group: SubGroupSet, pod_sets: dict[str, PodSetState]) -> SetState:
+    return SetState(
+        group.name,
+        group.min_sub_group,
+        [_tree(child, pod_sets) for child in group.children],
+        [pod_sets[ps.name] for ps in group.pod_sets if ps.name in pod_sets],
+    )
+
 
 OrderKey = tuple[float | str, ...]
 
@@ -173,7 +281,7 @@ class OrderKeys(NamedTuple):
 
     job: Callable[[JobState], OrderKey]
     task: Callable[[TaskState], OrderKey]
-    pod_set: Callable[[PodSetState], OrderKey]
+    pod_set: Callable[[SubGroupMember], OrderKey]
 
 
 class JobState:
@@ -198,8 +306,14 @@ class JobState:
             ps.name: PodSetState(ps.name, ps.min_available, ps.topology_constraint)
             for ps in podgroup.root.all_pod_sets()
         }
+        self.tree = _tree(podgroup.root, self.pod_sets)
+        """The sub-group tree over `pod_sets` (KAI ``RootSubGroupSet``), what gang questions walk."""
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
+            self.tree.pod_sets.append(self.pod_sets[DEFAULT_POD_SET])
+        self.partial = False
+        """A partial representative of a pending job (`shared.core.solver.jobs.partial_job`): its pods are
+        collected without KAI's gang admission (KAI ``PartialTaskAllocation``)."""
         # Bumped on every status change of one of its tasks; keys the caches below.
         self.version = 0
         self._cache: dict[object, tuple[int, object]] = {}
@@ -220,10 +334,12 @@ class JobState:
 
     @property
     def min_available(self) -> int:
+        """The pod sets' gang sizes summed (KAI's job ``MinAvailable``, which ignores ``minSubGroup``)."""
         return sum(ps.min_available for ps in self.pod_sets.values())
 
     def is_gang_satisfied(self) -> bool:
-        return all(ps.gang_satisfied() for ps in self.pod_sets.values())
+        """KAI ``IsGangSatisfied``: the sub-group tree is satisfied by running pods (active used)."""
+        return self.tree.gang_satisfied()
 
     def is_stale(self) -> bool:
         """Some running pods but a pod set below its gang size, and nothing finished yet."""
@@ -237,11 +353,9 @@ class JobState:
         return any(ps.is_elastic() for ps in self.pod_sets.values())
 
     def is_ready_for_scheduling(self) -> bool:
-        """Enough live, ungated pods exist for every gang (pods not yet created cannot be scheduled)."""
-        return all(
-            sum(1 for t in ps.tasks if t.status in ALIVE and t.status != PodStatus.GATED) >= ps.min_available
-            for ps in self.pod_sets.values()
-        )
+        """Enough live, ungated pods exist for the sub-group tree to be satisfied: for every gang, or for
+        as many members of a set as its ``minSubGroup`` asks (pods not yet created cannot be scheduled)."""
+        return self.tree.is_ready()
 
     def has_tasks_to_allocate(self, real: bool = True) -> bool:
         return any(t.should_allocate(real) for t in self.tasks.values())
@@ -273,26 +387,59 @@ class JobState:
         return value
 
     def tasks_to_allocate(self, real: bool) -> list[TaskState]:
-        """KAI `GetTasksToAllocate`: the gang-completing pods first, then one more per round for elastic."""
-        return self.cached(("tasks_to_allocate", real), lambda: self._tasks_to_allocate(real))
+        """KAI ``GetTasksToAllocate``: the pods that next bring the sub-group tree to its minimum, else one
+        more elastic pod (`_collect_set`)."""
+        return self.cached(("tasks_to_allocate", real), lambda: self._collect_set(self.tree, real))
 
-    def _tasks_to_allocate(self, real: bool) -> list[TaskState]:
-        sets = sorted(self.pod_sets.values(), key=self.keys.pod_set)
-        unsatisfied = sum(1 for ps in sets if ps.active_allocated < ps.min_available)
-        max_sets = unsatisfied if unsatisfied > 0 else 1
-        out: list[TaskState] = []
-        taken = 0
-        for ps in sets:
-            if taken >= max_sets:
-                break
-            candidates = sorted((t for t in ps.tasks if t.should_allocate(real)), key=self.keys.task)
-            if not candidates:
-                continue
-            allocated = ps.active_allocated
-            n = min(len(candidates), 1) if allocated >= ps.min_available else ps.min_available - allocated
-            out.extend(candidates[:n])
-            taken += 1
-        return out
+    def _collect_set(self, group: SetState, real: bool) -> list[TaskState]:
+        """Gang phase (the set is short of `members_to_satisfy` satisfied members): the pods that complete
+        as many more members as it needs, best member first, members already satisfied or with nothing to
+        place skipped. Elastic phase: the first member, best first, that has a pod to place gives it.
+
+        Gang admission (not for a partial representative): a set short of ready members, or a pod set
+        that cannot reach its gang with the pods waiting, gives nothing, so a gang is never placed in
+        part below its minimum."""
+        if not self.partial and not group.is_ready():
+            return []
+        members = sorted(group.members, key=self.keys.pod_set)
+        if group.allocated_members < group.members_to_satisfy:
+            needed = group.members_to_satisfy - group.allocated_members
+            out: list[TaskState] = []
+            for member in members:
+                if needed <= 0:
+                    break
+                if isinstance(member, SetState):
+                    found = [] if member.min_requirement_satisfied() else self._collect_set(member, real)
+                elif member.active_allocated >= member.min_available:
+                    found = []
+                else:
+                    found = self._collect_pod_set(member, real)
+                if found:
+                    out.extend(found)
+                    needed -= 1
+            return out
+        for member in members:
+            if isinstance(member, SetState):
+                found = self._collect_set(member, real)
+            else:
+                found = self._collect_pod_set(member, real)
+            if found:
+                return found
+        return []
+
+    def _collect_pod_set(self, ps: PodSetState, real: bool) -> list[TaskState]:
+        """A pod set below its gang: the pods that complete it, in task order (none when too few wait);
+        at or above it: one more pod."""
+        candidates = sorted((t for t in ps.tasks if t.should_allocate(real)), key=self.keys.task)
+        if not candidates:
+            return []
+        allocated = ps.active_allocated
+        if allocated >= ps.min_available:
+            return candidates[:1]
+        n = ps.min_available - allocated
+        if not self.partial and len(candidates) < n:
+            return []
+        return candidates[:n]
 
     def add_fit_error(self, reason: str, messages: list[str]) -> None:
         self.fit_errors.append((reason, messages))
@@ -301,16 +448,21 @@ class JobState:
         return f"Job({self.name})"
 
 
-def sub_group_order(ps: PodSetState) -> OrderKey:
-    """KAI subgrouporder: unsatisfied gangs first, then the lowest allocation ratio (then name)."""
-    active = ps.active_allocated
-    satisfied = active >= ps.min_available
-    ratio = active / ps.min_available if ps.min_available > 0 else math.inf
-    return (1 if satisfied else 0, ratio if satisfied else 0.0)
+def sub_group_order(member: SubGroupMember) -> OrderKey:
+    """KAI subgrouporder, for pod sets and child sets alike (satisfied members over members to satisfy):
+    unsatisfied members first; then the required ones (a threshold above 0), lowest allocation ratio
+    first; then the optional ones (threshold 0: every pod elastic), fewest satisfied first."""
+    count = member.allocated_members
+    threshold = member.members_to_satisfy
+    if count < threshold:
+        return (0, 0, 0.0)
+    if threshold == 0:
+        return (1, 1, float(count))
+    return (1, 0, count / threshold)
 
 
-def _pod_set_order_key(ps: PodSetState) -> OrderKey:
-    return (*sub_group_order(ps), ps.name)
+def _pod_set_order_key(member: SubGroupMember) -> OrderKey:
+    return (*sub_group_order(member), member.name)
 
 
 def task_priority_order(t: TaskState) -> OrderKey:

@@ -998,12 +998,22 @@ def _constraint(tc: wire.TopologyConstraint | None) -> TopologyConstraint | None
 
 
 def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
-    """KAI ``subgroup_info.FromPodGroup``: sub-groups with children are sets, the others pod sets (at
-    least 1 member each); parents are named case-insensitively; no sub-groups means one default pod set."""
+    """KAI ``subgroup_info.FromPodGroup``: sub-groups with children are sets (with their ``minSubGroup``),
+    the others pod sets of ``minMember`` pods (0: every pod elastic, as KAI v0.17; unset: 1); parents are
+    named case-insensitively; no sub-groups means one default pod set of ``minMember`` (at least 1). The
+    root set takes the PodGroup's ``minSubGroup``.
+
+    Refused as KAI's PodGroup webhook refuses them (a tree that could never be satisfied): a
+    ``minSubGroup`` below 1 or above the set's direct sub-groups, or one on a sub-group without children.
+    A parent's ``minMember`` is ignored, as KAI's scheduler ignores it (its webhook refuses it)."""
     root_constraint = _constraint(spec.topology_constraint)
     if spec.min_member is not None and spec.min_member < 0:
         raise where.error("spec.minMember", f"must be >= 0, got {spec.min_member}")
     if not spec.sub_groups:
+        if spec.min_sub_group is not None:
+            raise where.error(
+                "spec.minSubGroup", f"{spec.min_sub_group} exceeds the number of direct child SubGroups (0)"
+            )
         members = max(spec.min_member or 0, 1)
         return SubGroupSet(
             "root", pod_sets=(PodSet(DEFAULT_POD_SET, members),), topology_constraint=root_constraint
@@ -1023,6 +1033,7 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
         if parent is not None and parent not in by_name:
             i = children[parent][0]
             raise where.error(f"spec.subGroups[{i}].parent", f"no sub-group named {parent!r}")
+    _check_min_sub_group(where, "spec.minSubGroup", spec.min_sub_group, len(children.get(None, [])))
     placed: set[int] = set()
 
     def build(name: str, constraint: TopologyConstraint | None, below: list[int]) -> SubGroupSet:
@@ -1032,10 +1043,15 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
             placed.add(i)
             sg = spec.sub_groups[i]
             tc = _constraint(sg.topology_constraint)
+            at = f"spec.subGroups[{i}].minSubGroup"
             if sg.name in children:
-                groups.append(build(sg.name, tc, children[sg.name]))
+                _check_min_sub_group(where, at, sg.min_sub_group, len(children[sg.name]))
+                group = build(sg.name, tc, children[sg.name])
+                groups.append(msgspec.structs.replace(group, min_sub_group=sg.min_sub_group))
+            elif sg.min_sub_group is not None:
+                raise where.error(at, "cannot be set on a sub-group without child SubGroups")
             else:
-                sets.append(PodSet(sg.name, max(sg.min_member or 0, 1), tc))
+                sets.append(PodSet(sg.name, 1 if sg.min_member is None else sg.min_member, tc))
         return SubGroupSet(name, pod_sets=tuple(sets), children=tuple(groups), topology_constraint=constraint)
 
     root = build("root", root_constraint, children.get(None, []))
@@ -1045,7 +1061,16 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
         raise where.error(
             f"spec.subGroups[{i}].parent", "the parents form a cycle that never reaches the root"
         )
-    return root
+    return msgspec.structs.replace(root, min_sub_group=spec.min_sub_group)
+
+
+def _check_min_sub_group(where: _Where, field: str, value: int | None, members: int) -> None:
+    if value is None:
+        return
+    if value < 1:
+        raise where.error(field, f"must be greater than 0, got {value}")
+    if value > members:
+        raise where.error(field, f"{value} exceeds the number of direct child SubGroups ({members})")
 
 
 # --- topologies ------------------------------------------------------------------------------------------

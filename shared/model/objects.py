@@ -298,18 +298,45 @@ class PodSet(msgspec.Struct, frozen=True):
 
 
 class SubGroupSet(msgspec.Struct, frozen=True):
-    """A node of a podgroup's sub-group tree: pod sets and child sets, with an optional topology."""
+    """A node of a podgroup's sub-group tree: pod sets and child sets, with an optional topology.
+
+    The set is satisfied when `members_to_satisfy` of its direct members (child sets and pod sets) are:
+    a pod set when `min_available` of its pods run, a child set by the same rule one level down (KAI
+    v0.17's ``minSubGroup``, at every level). Without `min_sub_group` every member must be."""
 
     name: str
     pod_sets: tuple[PodSet, ...] = ()
     children: tuple[SubGroupSet, ...] = ()
     topology_constraint: TopologyConstraint | None = None
+    min_sub_group: int | None = None
+    """How many direct members must be satisfied (KAI ``minSubGroup``); None: all of them."""
+
+    def __post_init__(self) -> None:
+        if self.min_sub_group is not None and self.min_sub_group < 0:
+            raise InvalidObject(
+                "sub-group set", self.name, "min_sub_group", f"must be >= 0, got {self.min_sub_group}"
+            )
+
+    @property
+    def members_to_satisfy(self) -> int:
+        """KAI ``GetMinMembersToSatisfy``: `min_sub_group`, else the number of direct members."""
+        if self.min_sub_group is not None:
+            return self.min_sub_group
+        return len(self.children) + len(self.pod_sets)
 
     def all_pod_sets(self) -> list[PodSet]:
         out = list(self.pod_sets)
         for child in self.children:
             out.extend(child.all_pod_sets())
         return out
+
+    def min_pods(self) -> int:
+        """The fewest pods that can satisfy the set: its `members_to_satisfy` least demanding members'
+        minimums (every pod set's `min_available` when no `min_sub_group` is set anywhere below)."""
+        needs = sorted(
+            [child.min_pods() for child in self.children] + [ps.min_available for ps in self.pod_sets]
+        )
+        return sum(needs[: self.members_to_satisfy])
 
 
 class PodGroup(msgspec.Struct, frozen=True, kw_only=True):

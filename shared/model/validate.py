@@ -2,7 +2,7 @@
 
 Shells call `validate_snapshot` before handing a snapshot to the core; the first problem raises
 `InvalidObject` naming the object and field (an unknown queue or parent, a cycle of parents, duplicate
-names, a podgroup whose min member exceeds its pods).
+names, a podgroup whose sub-group tree needs more pods than it has).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def validate_snapshot(snapshot: Snapshot) -> None:
     for pg in snapshot.podgroups:
         if pg.queue not in queues:
             raise InvalidObject("podgroup", pg.key, "queue", f"unknown queue {pg.queue!r}")
-        min_member = sum(ps.min_available for ps in pg.root.all_pod_sets())
+        # The fewest pods that satisfy the sub-group tree (a minSubGroup needs only some members).
+        min_member = pg.root.min_pods()
         if min_member > pods_per_group.get(pg.key, 0) and pods_per_group.get(pg.key, 0) > 0:
             raise InvalidObject(
                 "podgroup",

@@ -154,6 +154,7 @@ def _sub_group_set(sg: c.SubGroupSet) -> SubGroupSet:
         ),
         children=tuple(_sub_group_set(child) for child in sg.sub_groups),
         topology_constraint=_constraint(sg.topology_constraint),
+        min_sub_group=sg.min_sub_group,
     )
 
 
@@ -169,6 +170,7 @@ def build_root(job: c.Job) -> SubGroupSet:
             pod_sets=root.pod_sets + extra,
             children=root.children,
             topology_constraint=root.topology_constraint,
+            min_sub_group=root.min_sub_group,
         )
     return root
 

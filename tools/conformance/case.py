@@ -210,6 +210,8 @@ class SubGroupSet(_Spec, frozen=True, kw_only=True):
     topology_constraint: TopologyConstraint | None
     pod_sets: list[PodSetSpec]
     sub_groups: list[SubGroupSet]
+    min_sub_group: int | None = None
+    """KAI v0.17 ``SetMinSubGroup``: how many direct members must be satisfied (absent: all)."""
 
 
 class PodSet(_Spec, frozen=True, kw_only=True):

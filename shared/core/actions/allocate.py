@@ -31,6 +31,10 @@ def run(ssn: Session) -> None:
     order = JobsByQueue(ssn, depth=ssn.policy.queue_depth("allocate"))
     order.extend(pending_jobs(ssn))
     for job in order.drain():
+        if not job.tasks_to_allocate(real=True):
+            # Pods wait, but none can be placed now: each in a member of a sub-group set that cannot form
+            # (its pods not all created) while the set's minSubGroup is met without it.
+            continue
         stmt = Statement(ssn)
         already_running = job.num_allocated() > 0
         if not allocate_job(ssn, stmt, all_nodes(ssn), job, pipeline_only=False):

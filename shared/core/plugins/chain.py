@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         QuotaCheck,
         VictimFilter,
     )
-    from shared.core.tasks import JobState, PodSetState, TaskState
+    from shared.core.tasks import JobState, SubGroupMember, TaskState
 
 __all__ = ["Chains", "plugin_configs", "resolve"]
 
@@ -45,8 +45,8 @@ def _task_tail(task: TaskState) -> OrderKey:
     return (task.creation_time, task.key)
 
 
-def _pod_set_tail(pod_set: PodSetState) -> OrderKey:
-    return (pod_set.name,)
+def _pod_set_tail(member: SubGroupMember) -> OrderKey:
+    return (member.name,)
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class Chains(Generic[S]):
     """The job order's parts concatenated, then creation time and key."""
     task_key: Callable[[TaskState], OrderKey]
     """The task order's parts concatenated, then creation time and key."""
-    pod_set_key: Callable[[PodSetState], OrderKey]
-    """The pod-set order's parts concatenated, then the pod set's name."""
+    pod_set_key: Callable[[SubGroupMember], OrderKey]
+    """The pod-set order's parts concatenated, then the member's name (pod sets and child sets alike)."""
     skip_actions: frozenset[str]
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from shared.core.cluster import NodeState
     from shared.core.proportion import CapacityResult, QueueView
-    from shared.core.tasks import JobState, PodSetState, TaskState
+    from shared.core.tasks import JobState, SubGroupMember, TaskState
 
 __all__ = [
     "GpuDeviceOrder",
@@ -121,11 +121,13 @@ class TaskOrder(Protocol):
 
 
 class PodSetOrder(Protocol):
-    """Which pod set (sub-group) of a job is served first.
+    """Which member of a sub-group set is served first (and, reversed, gives up pods first): a pod set
+    or a child set (KAI's sub-group order, asked of every level of the tree).
 
-    Runner: as `JobOrder`, with the pod set's name as the fallback."""
+    Runner: as `JobOrder`, with the member's name as the fallback. Both kinds of member answer
+    `allocated_members` and `members_to_satisfy`."""
 
-    def pod_set_key(self, pod_set: PodSetState) -> OrderKey: ...
+    def pod_set_key(self, pod_set: SubGroupMember) -> OrderKey: ...
 
 
 class QueueOrder(Protocol[S_contra]):

@@ -24,6 +24,7 @@ from shared.core.tasks import (
     GPU,
     JobState,
     PodSetState,
+    SetState,
     TaskState,
     mig_gpu_portion,
 )
@@ -63,33 +64,82 @@ def clone_job(
 
 
 def partial_job(job: JobState, pending: list[TaskState]) -> JobState:
-    """KAI `getPartialJobRepresentative`: the first pods to place, as a gang of exactly their number."""
+    """KAI `getPartialJobRepresentative`: the first pods to place, as a gang of exactly their number; a
+    set's ``minSubGroup`` asks for no more members than hold one of those pods, and the pods are
+    collected without gang admission (`JobState.partial`)."""
     counts: dict[str, int] = {}
     for task in pending:
         name = task.pod.sub_group if task.pod.sub_group in job.pod_sets else DEFAULT_POD_SET
         assert name is not None
         counts[name] = counts.get(name, 0) + 1
-    return clone_job(job, pending, counts)
+    clone = clone_job(job, pending, counts)
+    clone.partial = True
+    _fit_min_sub_groups(clone.tree)
+    return clone
+
+
+def _fit_min_sub_groups(group: SetState) -> bool:
+    """Lower each set's ``minSubGroup`` to its members that hold a pod; whether `group` holds one."""
+    holding = sum(1 for child in group.children if _fit_min_sub_groups(child))
+    holding += sum(1 for ps in group.pod_sets if ps.tasks)
+    if group.min_sub_group is not None:
+        group.min_sub_group = min(group.min_sub_group, holding)
+    return holding > 0
 
 
 def tasks_to_evict(job: JobState) -> tuple[list[TaskState], bool]:
     """KAI `GetTasksToEvict`: the pods to take from a victim next, and whether it keeps running pods.
 
-    A job with a pod set above its gang size gives up one pod (the least important one of the least
-    important such set); otherwise whole pod sets go, least important first.
+    Elastic surplus goes first, found from the least important member down (`_elastic_victims`): one pod
+    of a pod set above its gang, else a whole member of a set holding more satisfied members than its
+    ``minSubGroup`` asks. A job with no surplus anywhere gives up every pod it has placed.
     """
-    sets = sorted(job.pod_sets.values(), key=job.keys.pod_set, reverse=True)
-    elastic = any(ps.active_allocated > ps.min_available for ps in sets)
-    max_sets = 1 if elastic else len(sets)
-    out: list[TaskState] = []
-    for ps in sets[:max_sets]:
-        active = sorted(
-            (t for t in ps.tasks if t.status in ACTIVE_ALLOCATED), key=job.keys.task, reverse=True
-        )
-        limit = 1 if len(active) > ps.min_available else len(active)
-        out.extend(active[:limit])
+    out = _elastic_victims(job, job.tree) or _placed(job, job.tree)
     remaining = sum(1 for t in job.tasks.values() if t.status in ACTIVE_ALLOCATED)
     return out, len(out) < remaining
+
+
+def _elastic_victims(job: JobState, group: SetState) -> list[TaskState]:
+    """KAI's two elastic eviction phases for one set: surplus deeper in the tree first (one pod of a pod
+    set above its gang, recursively), then a whole member when more members are satisfied than needed."""
+    satisfied = group.allocated_members
+    if satisfied == 0:
+        return []
+    members = sorted(group.members, key=job.keys.pod_set, reverse=True)
+    if _has_surplus(group):
+        for member in members:
+            if isinstance(member, SetState):
+                found = _elastic_victims(job, member)
+            elif member.active_allocated > member.min_available:
+                found = _placed_tasks(job, member)[:1]
+            else:
+                found = []
+            if found:
+                return found
+    if group.members_to_satisfy < satisfied:
+        for member in members:
+            found = _placed(job, member)
+            if found:
+                return found
+    return []
+
+
+def _has_surplus(group: SetState) -> bool:
+    if group.allocated_members > group.members_to_satisfy:
+        return True
+    return any(_has_surplus(c) for c in group.children) or any(
+        ps.active_allocated > ps.min_available for ps in group.pod_sets
+    )
+
+
+def _placed(job: JobState, member: SetState | PodSetState) -> list[TaskState]:
+    """Every placed pod of a member (all its pod sets), least important first within each pod set."""
+    sets = member.all_pod_sets() if isinstance(member, SetState) else [member]
+    return [t for ps in sets for t in _placed_tasks(job, ps)]
+
+
+def _placed_tasks(job: JobState, ps: PodSetState) -> list[TaskState]:
+    return sorted((t for t in ps.tasks if t.status in ACTIVE_ALLOCATED), key=job.keys.task, reverse=True)
 
 
 # --- node GPU capacity (KAI NodeInfo.GetSumOfIdleGPUs / GetSumOfReleasingGPUs) ------------------------------
