@@ -5,11 +5,12 @@ KAI's, and Kairos's own beyond KAI (kube-scheduler's scores KAI does not run: ``
 Each entry wraps the core's existing implementation (no logic lives here beyond argument checks): the
 predicates filter (`shared.core.predicates.check`), the node scores (`shared.core.scoring`,
 `shared.core.pod_affinity.scores` and `shared.core.topology.preferred_scores`), the GPU device orders (`shared.core.scoring.fitting_gpus`
-sums them), the job, task and pod-set orders (`shared.core.tasks`), the queue order and quota checks
+sums them), the job, task and pod-set orders (`shared.core.tasks`, the kubeflow and ray plugins'
+master/launcher/head-first orders among them), the queue order and quota checks
 (`shared.core.proportion`, `Session.queue_job_capacity`), and the min-runtime victim filter
 (`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's) and Kairos's own
 (`shared.core.plugins.priorities.KAIROS_PRIORITIES`); arguments are those of KAI's plugins that Kairos
-honours. Plugins with nothing to act on in Kairos (no such workloads, no DRA, no nominations, no snapshot
+honours. Plugins with nothing to act on in Kairos (no DRA, no nominations, no snapshot
 endpoint) are accepted and contribute nothing.
 
 Public: the shells extend `DEFAULT_REGISTRY` with third-party plugins (`Registry.with_plugins`) and pass
@@ -29,7 +30,13 @@ from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
 from shared.core.policy import Placement
 from shared.core.proportion import compare_views
-from shared.core.tasks import min_available_state, sub_group_order, task_priority_order
+from shared.core.tasks import (
+    KUBEFLOW_ORDER,
+    RAY_ORDER,
+    min_available_state,
+    sub_group_order,
+    task_priority_order,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -353,8 +360,8 @@ DEFAULT_REGISTRY: SessionRegistry = Registry(
             summary="Kairos: PreferNoSchedule taints",
         ),
         PluginSpec("elastic", _constant(Plugin(job_order=ElasticOrder())), KAI["elastic"]),
-        PluginSpec("kubeflow", _constant(_NOTHING), KAI["kubeflow"], summary="no Kubeflow workloads"),
-        PluginSpec("ray", _constant(_NOTHING), KAI["ray"], summary="no Ray workloads"),
+        PluginSpec("kubeflow", _constant(Plugin(task_order=KUBEFLOW_ORDER)), KAI["kubeflow"]),
+        PluginSpec("ray", _constant(Plugin(task_order=RAY_ORDER)), KAI["ray"]),
         PluginSpec("subgrouporder", _constant(Plugin(pod_set_order=SubGroupOrder())), KAI["subgrouporder"]),
         PluginSpec("taskorder", _constant(Plugin(task_order=TaskPriorityOrder())), KAI["taskorder"]),
         PluginSpec("nominatednode", _constant(_NOTHING), KAI["nominatednode"], summary="no nominated nodes"),
@@ -404,7 +411,7 @@ _pf: NodePreFilter[Session] = Predicates()
 _q: QueueOrder[Session] = ProportionQueueOrder()
 _c: QuotaCheck[Session] = ProportionQuota()
 _j: tuple[JobOrder, ...] = (PriorityOrder(), ElasticOrder())
-_t: TaskOrder = TaskPriorityOrder()
+_t: tuple[TaskOrder, ...] = (TaskPriorityOrder(), KUBEFLOW_ORDER, RAY_ORDER)
 _p: PodSetOrder = SubGroupOrder()
 _s: tuple[NodeScore[Session], ...] = (
     NodePlacement("binpack", "binpack"),

@@ -472,8 +472,43 @@ def task_priority_order(t: TaskState) -> OrderKey:
     return (0, -t.task_priority)
 
 
+KUBEFLOW_ROLE_LABEL = "training.kubeflow.org/job-role"
+"""The label Kubeflow's training operator gives every replica's pods with its role."""
+KUBEFLOW_MASTER_ROLES = frozenset({"master", "launcher"})
+"""The roles KAI's kubeflow plugin places first: a PyTorchJob's master, an MPIJob's launcher."""
+RAY_ROLE_LABEL = "ray.io/node-type"
+"""The label KubeRay gives a RayCluster's pods: ``head`` or ``worker``."""
+RAY_HEAD_ROLES = frozenset({"head"})
+"""The role KAI's ray plugin places first."""
+
+
+@dataclass(frozen=True)
+class RoleFirst:
+    """KAI's kubeflow and ray task orders: a gang's coordinator before its workers (and, the order
+    reversed, evicted after them). Pods whose `label` names one of `roles` come first; every other pod,
+    labelled or not, ties after them, and the next task order decides."""
+
+    label: str
+    roles: frozenset[str]
+
+    def task_key(self, task: TaskState) -> OrderKey:
+        return (0,) if task.pod.labels.get(self.label) in self.roles else (1,)
+
+
+KUBEFLOW_ORDER = RoleFirst(KUBEFLOW_ROLE_LABEL, KUBEFLOW_MASTER_ROLES)
+"""KAI kubeflow: the master or launcher first."""
+RAY_ORDER = RoleFirst(RAY_ROLE_LABEL, RAY_HEAD_ROLES)
+"""KAI ray: the head first."""
+
+
 def task_order_key(t: TaskState) -> OrderKey:
-    return (*task_priority_order(t), t.creation_time, t.key)
+    return (
+        *KUBEFLOW_ORDER.task_key(t),
+        *RAY_ORDER.task_key(t),
+        *task_priority_order(t),
+        t.creation_time,
+        t.key,
+    )
 
 
 def min_available_state(job: JobState) -> int:
@@ -493,5 +528,5 @@ def _job_order_key(job: JobState) -> OrderKey:
 
 
 KAI_KEYS = OrderKeys(job=_job_order_key, task=task_order_key, pod_set=_pod_set_order_key)
-"""KAI's default plugins' orders (priority, elastic; taskorder; subgrouporder), for a `JobState` built
+"""KAI's default plugins' orders (priority, elastic; kubeflow, ray, taskorder; subgrouporder), for a `JobState` built
 outside a session."""
