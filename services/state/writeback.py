@@ -18,6 +18,10 @@ and, for each event:
 - podgroup-state: the PodGroup's status phase and counts (the condition is cleared once it runs);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
 
+The PodGroup's own knobs are honoured as KAI's status updater honours them: ``markUnschedulable: false``
+keeps the pending pods' PodScheduled condition unwritten (the Events are still recorded), and
+``schedulingBackoff: 1`` starts every unschedulable message with ``Node-Pool '<pool>': ``.
+
 Objects the mirror holds back are shown by the problem report (`services.state.problem_report`), which
 uses this module's Events clock (`event_time`) and pod status patch (`patch_pod_status`).
 
@@ -69,6 +73,9 @@ from shared.kubeapi.paths import collection_path, object_path
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
 log = logging.getLogger("kairos.state.writeback")
+
+SINGLE_SCHEDULING_BACKOFF = 1
+"""KAI's ``schedulingBackoff`` that gives a PodGroup one try per node pool (-1, the default: every cycle)."""
 
 DURABLE = "state-writeback"
 NOT_FOUND = 404
@@ -218,12 +225,18 @@ class WriteBack:
 
     async def _unschedulable(self, event: PodUnschedulable, now: float) -> None:
         text = failed_scheduling_message(event.message, self.mirror.node_count())
+        group = self.mirror.raw.podgroups.get(f"{event.namespace}/{event.podgroup}")
+        mark = True
+        if group is not None:
+            text = self._node_pool_prefix(group) + text
+            # KAI's markUnschedulable (unset: true): false leaves the pods' PodScheduled condition alone.
+            mark = group.spec.mark_unschedulable is not False
         pending = [p for p in self.mirror.members(event.namespace, event.podgroup) if not p.spec.node_name]
         # Both halves run whatever the other does: a refused Event must not cost the pods their condition,
         # nor a refused condition the redelivery's Events (the half that failed is forgotten, not both).
         results = await asyncio.gather(
             self._report_events(event, text, pending, now),
-            self._mark_unschedulable(pending, text, now),
+            self._mark_unschedulable(pending if mark else [], text, now),
             return_exceptions=True,
         )
         failure = _first_failure(results)
@@ -256,12 +269,22 @@ class WriteBack:
             return
         await self._event(translate.involved_object(group), "Unschedulable", text, "Warning")
         reasons = [(reason, text) for reason in event.reasons] or [("Unschedulable", text)]
-        key = self.options.node_pool_label_key
-        pool = NodePool(label_key=key, value=group.metadata.labels.get(key, "")).name
         patch = translate.podgroup_status_patch(
-            group, now=event_time(), unschedulable=text, reasons=reasons, node_pool=pool
+            group, now=event_time(), unschedulable=text, reasons=reasons, node_pool=self._node_pool(group)
         )
         await self._patch_podgroup_status(group, patch)
+
+    def _node_pool(self, group: wire.PodGroup) -> str:
+        key = self.options.node_pool_label_key
+        return NodePool(label_key=key, value=group.metadata.labels.get(key, "")).name
+
+    def _node_pool_prefix(self, group: wire.PodGroup) -> str:
+        """KAI's status updater prefixes the unschedulable message of a PodGroup with a single scheduling
+        backoff (``schedulingBackoff: 1``, which the scheduler then leaves alone in that pool) with the
+        pool it was tried in."""
+        if group.spec.scheduling_backoff != SINGLE_SCHEDULING_BACKOFF:
+            return ""
+        return f"Node-Pool '{self._node_pool(group)}': "
 
     # --- PodScheduled=False on pending pods ----------------------------------------------------------------
     async def _mark_unschedulable(self, pods: list[Any], text: str, now: float) -> None:

@@ -280,7 +280,10 @@ class Session:
 
     def in_focus(self, job: JobState) -> bool:
         """Whether actions should try to place this job: all jobs, or the ones a placement worker was
-        given (the rest of the cluster is still seen, as victims and as load)."""
+        given (the rest of the cluster is still seen, as victims and as load); never one KAI's scheduling
+        backoff has taken off this node pool (`JobState.backed_off`: neither placed nor evicting)."""
+        if job.backed_off:
+            return False
         return self.focus is None or job.key in self.focus
 
     # --- status -----------------------------------------------------------------------------------------

@@ -311,6 +311,8 @@ class JobState:
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
             self.tree.pod_sets.append(self.pod_sets[DEFAULT_POD_SET])
+        self.backed_off = podgroup.backed_off
+        """KAI's scheduling backoff has taken the podgroup off this node pool (`Session.in_focus`)."""
         self.partial = False
         """A partial representative of a pending job (`shared.core.solver.jobs.partial_job`): its pods are
         collected without KAI's gang admission (KAI ``PartialTaskAllocation``)."""

@@ -947,12 +947,14 @@ def podgroup_of(
     priority_classes: Mapping[str, int],
     default_priority: int = keys.DEFAULT_PODGROUP_PRIORITY,
     creation_time: float | None = None,
+    node_pool_label_key: str = keys.NODE_POOL_LABEL,
 ) -> PodGroup:
     """The model podgroup (KAI's PodGroupInfo): queue, priority, preemptibility, the sub-group tree.
 
     `priority_classes` maps PriorityClass names to values; an unknown or empty ``priorityClassName`` gets
     `default_priority` (see `default_priority()`). Preemptibility is the explicit one, else priority < 100.
-    `creation_time` overrides ``metadata.creationTimestamp``.
+    `creation_time` overrides ``metadata.creationTimestamp``. `backed_off` is KAI's scheduling backoff
+    (`scheduling_backed_off`), its node pool read from the `node_pool_label_key` label.
     """
     where = _where(pg)
     meta = pg.metadata
@@ -981,7 +983,29 @@ def podgroup_of(
         staleness_grace_period=grace,
         root=_root(where, spec),
         labels=dict(meta.labels),
+        backed_off=scheduling_backed_off(pg, node_pool_label_key),
     )
+
+
+NO_SCHEDULING_BACKOFF = -1
+"""KAI's ``schedulingBackoff`` default: the scheduler keeps trying the PodGroup every cycle."""
+
+
+def scheduling_backed_off(pg: wire.PodGroup, node_pool_label_key: str = keys.NODE_POOL_LABEL) -> bool:
+    """KAI's scheduling backoff (``isPodGroupUpForScheduler``): with a ``schedulingBackoff`` other than
+    -1 (unset is -1; KAI's API allows 1), a PodGroup whose latest scheduling condition (the highest
+    ``transitionID``) is ``UnschedulableOnNodePool`` for the node pool it is in was tried once there and is
+    left alone; moving it to another pool (its label) makes it a candidate again."""
+    backoff = pg.spec.scheduling_backoff
+    if backoff is None or backoff == NO_SCHEDULING_BACKOFF:
+        return False
+    last: wire.SchedulingCondition | None = None
+    for c in pg.status.scheduling_conditions:
+        if last is None or _transition(c) > _transition(last):
+            last = c
+    if last is None:
+        return False
+    return last.node_pool == (pg.metadata.labels.get(node_pool_label_key) or keys.DEFAULT_NODE_POOL)
 
 
 def _annotation_time(where: _Where, meta: wire.ObjectMeta, key: str) -> float | None:

@@ -355,6 +355,10 @@ class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     root: SubGroupSet = SubGroupSet(name="root")
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     """The PodGroup's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
+    backed_off: bool = False
+    """KAI's scheduling backoff has taken it off its node pool (``schedulingBackoff: 1`` and its latest
+    ``UnschedulableOnNodePool`` condition names the pool it is in, `shared.kube.translate.podgroup_of`):
+    the shard neither places it nor lets it evict, until something moves it to another pool."""
 
     @property
     def key(self) -> str:
