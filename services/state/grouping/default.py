@@ -14,7 +14,9 @@ the owners, then the pod; the first found is written to ``spec.preemptionDelay``
 ``spec.stalenessGracePeriod`` as KAI's API writes a duration (Go's form: ``5m0s``). KAI logs a value that
 is not a duration (or a negative delay) and reads on; Kairos refuses the pod naming the object and the
 annotation, as for every other malformed value a tenant writes (a delay silently dropped lets a gang evict
-at once what its owner asked it to spare).
+at once what its owner asked it to spare). KAI's preemption-delay design describes a label
+``kai.scheduler/preemption-delay-seconds`` of whole seconds; its code (v0.17's default grouper) reads this
+annotation as a Go duration, which Kairos follows.
 """
 
 from __future__ import annotations
