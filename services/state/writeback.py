@@ -22,6 +22,11 @@ The PodGroup's own knobs are honoured as KAI's status updater honours them: ``ma
 keeps the pending pods' PodScheduled condition unwritten (the Events are still recorded), and
 ``schedulingBackoff: 1`` starts every unschedulable message with ``Node-Pool '<pool>': ``.
 
+And, as KAI's podgroup controller does, every PodGroup's ``status.resourcesStatus``: what its pods request
+and what the placed ones hold (`shared.kube.translate.podgroup_resources_status`), recomputed for the
+podgroups an event names once the watch has caught up (`resources_settle`) and for every podgroup each
+`resources_period` (pods finish or go without an event), patched only when the amounts change.
+
 Objects the mirror holds back are shown by the problem report (`services.state.problem_report`), which
 uses this module's Events clock (`event_time`) and pod status patch (`patch_pod_status`).
 
@@ -70,6 +75,7 @@ from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import keys, translate, wire
 from shared.kubeapi.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, Kube
 from shared.kubeapi.paths import collection_path, object_path
+from shared.model import PodGroup
 from shared.telemetry.spans import STATE_WRITEBACK, traced_handler
 
 log = logging.getLogger("kairos.state.writeback")
@@ -101,6 +107,12 @@ class WriteBackOptions:
     node_pool_label_key: str = keys.NODE_POOL_LABEL
     """The label naming a PodGroup's node pool in its ``UnschedulableOnNodePool`` condition (unlabelled:
     ``default``)."""
+    resources_settle: float = 1.0
+    """Seconds between an event naming a podgroup and the recount of its ``resourcesStatus``: the pod
+    changes the event reports reach the mirror through the watch a little later."""
+    resources_period: float = 5.0
+    """Seconds between two recounts of every podgroup's ``resourcesStatus`` (a podgroup whose pods did not
+    change since costs a comparison): pods start, finish and go without a Kairos event."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,13 @@ class WriteBack:
         self._prune_at = PRUNE_FLOOR
         self._patching = asyncio.Semaphore(options.concurrency)
         self._task: asyncio.Task[None] | None = None
+        self._resources_task: asyncio.Task[None] | None = None
+        self._resources_dirty: set[str] = set()
+        """PodGroups ("ns/name") an event named since the last recount of their resourcesStatus."""
+        self._resources_wake = asyncio.Event()
+        self._resources_seen: dict[str, tuple[object, ...]] = {}
+        """PodGroup "ns/name" -> what its last recount read (the objects, by identity: the mirror replaces
+        an object that changes), so that a podgroup nothing changed for is not recounted."""
 
     async def start(self) -> None:
         config = ConsumerConfig(
@@ -140,13 +159,15 @@ class WriteBack:
             s.EVENTS_WILDCARD, durable=DURABLE, stream=s.EVENTS_STREAM, config=config
         )
         self._task = asyncio.create_task(self._run(sub))
+        self._resources_task = asyncio.create_task(self._count_resources())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._resources_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._resources_task = None
 
     async def _run(self, sub: Any) -> None:
         # An event the binder published inside a podgroup's trace continues it (`state.writeback`).
@@ -170,6 +191,9 @@ class WriteBack:
 
     async def _on_event(self, event: Event, _msg: Any) -> None:
         now = asyncio.get_running_loop().time()
+        if isinstance(event, PodBound | PodEvicted | PodUnschedulable | PodGroupState):
+            self._resources_dirty.add(f"{event.namespace}/{event.podgroup}")
+            self._resources_wake.set()
         try:
             match event:
                 case PodBound():
@@ -390,6 +414,74 @@ class WriteBack:
             content_type=MERGE_PATCH,
         )
         self.ctx.counters["kube_status_patches"] += 1
+
+    # --- status.resourcesStatus (KAI's podgroup controller) -------------------------------------------
+    async def _count_resources(self) -> None:
+        """Recount the podgroups events named (after `resources_settle`), and every podgroup each
+        `resources_period`; one podgroup's failure is logged and never stops the others or the loop."""
+        loop = asyncio.get_running_loop()
+        sweep_at = loop.time() + self.options.resources_period
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, sweep_at - loop.time())):
+                    await self._resources_wake.wait()
+                await asyncio.sleep(self.options.resources_settle)
+                names = self._resources_dirty
+            except TimeoutError:
+                names = set(self.mirror.raw.podgroups)
+                sweep_at = loop.time() + self.options.resources_period
+            self._resources_wake.clear()
+            self._resources_dirty = set()
+            for name in sorted(names):
+                try:
+                    await self._write_resources(name)
+                except ApiError as exc:
+                    if exc.temporary:
+                        self._resources_dirty.add(name)  # the next sweep tries again
+                    elif exc.status != NOT_FOUND:
+                        self.ctx.counters["writeback_refused"] += 1
+                        log.warning("resourcesStatus of podgroup %s refused: %s", name, exc)
+                except Exception:  # one podgroup's content must never stop the others' counts
+                    log.exception("counting the resources of podgroup %s failed", name)
+            self._forget_resources()
+
+    async def _write_resources(self, name: str) -> None:
+        group = self.mirror.raw.podgroups.get(name)
+        if group is None:
+            return
+        meta = group.metadata
+        pods = self.mirror.members(meta.namespace, meta.name)
+        model = self.mirror.current.get(s.podgroup_key(meta.namespace, meta.name))
+        non_preemptible = isinstance(model, PodGroup) and not model.preemptible
+        nodes = self.mirror.raw.nodes
+        memory: dict[str, int] = {}
+        for pod in pods:
+            node = nodes.get(pod.spec.node_name or "")
+            if node is None:
+                continue
+            label = node.metadata.labels.get(keys.GPU_MEMORY_LABEL, "")
+            if label.isascii() and label.isdigit() and int(label) > 0:
+                memory[node.metadata.name] = int(label)
+        seen = (group, non_preemptible, *pods, *sorted(memory.items()))
+        last = self._resources_seen.get(name)
+        if (
+            last is not None
+            and len(last) == len(seen)
+            and all(a is b or a == b for a, b in zip(last, seen, strict=True))
+        ):
+            return
+        status = translate.podgroup_resources_status(
+            pods, non_preemptible=non_preemptible, node_gpu_memory=memory
+        )
+        patch = translate.podgroup_resources_patch(group, status)
+        if patch is not None:
+            await self._patch_podgroup_status(group, patch)
+        self._resources_seen[name] = seen
+
+    def _forget_resources(self) -> None:
+        if len(self._resources_seen) > len(self.mirror.raw.podgroups):
+            live = self.mirror.raw.podgroups
+            self._resources_seen = {k: v for k, v in self._resources_seen.items() if k in live}
 
     async def _queue(self, event: QueueFairShare) -> None:
         if event.queue not in self.mirror.raw.queues:

@@ -14,6 +14,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
+from shared.kube.quantity import parse_quantity
 from shared.model import PodGroup, PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
 
@@ -213,3 +214,167 @@ def test_a_backed_off_podgroup_evicts_nobody() -> None:
         snapshot(low, gang("urgent", "team", 1, 1.0, priority=80)), 0.0, Policy(actions=("preempt",))
     )
     assert again.evictions, "the same podgroup not backed off preempts"
+
+
+# --- status.resourcesStatus (KAI's podgroup controller) -------------------------------------------------
+def pod_doc(
+    phase: str = "Running",
+    *,
+    requests: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    scheduled: bool | None = None,
+    node: str | None = "n1",
+    init: dict[str, str] | None = None,
+) -> wire.Pod:
+    status: dict[str, Any] = {"phase": phase}
+    if scheduled is not None:
+        status["conditions"] = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": {"requests": requests or {}, "limits": limits or {}}}]
+    }
+    if init:
+        spec["initContainers"] = [{"name": "init", "resources": {"requests": init}}]
+    if node:
+        spec["nodeName"] = node
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team-a", "annotations": annotations or {}},
+        "spec": spec,
+        "status": status,
+    }
+    return wire.convert(wire.Pod, doc)
+
+
+CPU_MEM = {"cpu": "500m", "memory": "1Gi"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "requested", "allocated"),
+    [
+        pytest.param(
+            pod_doc("Running", requests=CPU_MEM), CPU_MEM, CPU_MEM, id="a running pod requests and holds"
+        ),
+        pytest.param(
+            pod_doc("Pending", requests=CPU_MEM, node=None), CPU_MEM, {}, id="a pending pod only requests"
+        ),
+        pytest.param(
+            pod_doc("Pending", requests=CPU_MEM, scheduled=True),
+            CPU_MEM,
+            CPU_MEM,
+            id="bound, not started: holds",
+        ),
+        pytest.param(
+            pod_doc("Pending", requests=CPU_MEM, scheduled=False),
+            CPU_MEM,
+            {},
+            id="PodScheduled False: requests only",
+        ),
+        pytest.param(pod_doc("Succeeded", requests=CPU_MEM), {}, {}, id="a finished pod counts for nothing"),
+        pytest.param(pod_doc("Failed", requests=CPU_MEM), {}, {}, id="a failed pod neither"),
+        pytest.param(
+            pod_doc("Running", limits={"nvidia.com/gpu": "2"}),
+            {"nvidia.com/gpu": "2"},
+            {"nvidia.com/gpu": "2"},
+            id="a limit without a request is the request, as the API server defaults it",
+        ),
+        pytest.param(
+            pod_doc("Running", requests={"cpu": "1"}, init={"cpu": "8"}),
+            {"cpu": "1"},
+            {"cpu": "1"},
+            id="init containers are not counted",
+        ),
+        pytest.param(
+            pod_doc("Running", annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
+            {"nvidia.com/gpu": "1"},
+            {"nvidia.com/gpu": "500m"},
+            id="a fraction: requested times its devices, received as written",
+        ),
+        pytest.param(
+            pod_doc("Pending", annotations={"gpu-fraction": "0.25"}, node=None),
+            {"nvidia.com/gpu": "250m"},
+            {},
+            id="a pending fraction requests its share",
+        ),
+        pytest.param(
+            pod_doc("Running", annotations={"gpu-memory": "20000", "gpu-fraction-num-devices": "2"}),
+            {"run.ai/gpu.memory": "40k"},
+            {"nvidia.com/gpu": "250m"},
+            id="gpu-memory: requested in MiB times devices, received over the node's GPU memory",
+        ),
+    ],
+)
+def test_a_pod_counts_as_kais_podgroup_controller_counts_it(
+    pod: wire.Pod, requested: dict[str, str], allocated: dict[str, str]
+) -> None:
+    got_requested, got_allocated = translate.pod_resources(pod, node_gpu_memory_mib=80_000)
+    assert got_requested.resource_list() == requested
+    assert got_allocated.resource_list() == allocated
+
+
+def test_received_gpu_memory_on_a_node_of_unknown_memory_is_not_counted() -> None:
+    pod = pod_doc("Running", requests={"cpu": "1"}, annotations={"gpu-memory": "1000"})
+    _, allocated = translate.pod_resources(pod, node_gpu_memory_mib=None)
+    assert allocated.resource_list() == {"cpu": "1"}
+
+
+@pytest.mark.parametrize(
+    ("parts", "binary", "text"),
+    [
+        (["500m", "1"], False, "1500m"),
+        (["1500", "500"], False, "2k"),
+        (["1Gi", "512Mi"], True, "1536Mi"),
+        (["1Gi", "1Gi"], True, "2Gi"),
+        (["1G", "1Gi"], False, "2073741824"),
+        (["100M", "100M"], False, "200M"),
+        (["0.1", "0.2"], False, "300m"),
+        (["0"], False, "0"),
+    ],
+)
+def test_sums_are_written_in_kubernetes_canonical_form(parts: list[str], binary: bool, text: str) -> None:
+    total = translate.ResourceTotals()
+    for part in parts:
+        total.add("r", parse_quantity(part), binary=part.endswith(("Ki", "Mi", "Gi")) and binary)
+    assert total.resource_list() == {"r": text}
+
+
+def test_a_podgroups_resources_sum_its_pods_and_a_non_preemptible_one_holds_them_in_quota() -> None:
+    pods = [
+        pod_doc("Running", requests={"cpu": "1", "nvidia.com/gpu": "1"}),
+        pod_doc("Running", requests={"cpu": "1", "nvidia.com/gpu": "1"}),
+        pod_doc("Pending", requests={"cpu": "1", "nvidia.com/gpu": "1"}, node=None),
+        pod_doc("Succeeded", requests={"cpu": "1", "nvidia.com/gpu": "1"}),
+    ]
+    preemptible = translate.podgroup_resources_status(pods, non_preemptible=False)
+    assert preemptible == {
+        "allocated": {"cpu": "2", "nvidia.com/gpu": "2"},
+        "requested": {"cpu": "3", "nvidia.com/gpu": "3"},
+    }
+    held = translate.podgroup_resources_status(pods, non_preemptible=True)
+    assert held["allocatedNonPreemptible"] == held["allocated"]
+
+
+def test_a_pod_whose_resources_cannot_be_read_counts_for_nothing() -> None:
+    pods = [pod_doc("Running", requests={"cpu": "lots"}), pod_doc("Running", requests={"cpu": "1"})]
+    assert translate.podgroup_resources_status(pods, non_preemptible=False)["allocated"] == {"cpu": "1"}
+
+
+def with_resources(**lists: dict[str, str]) -> wire.PodGroup:
+    return wire.convert(wire.PodGroup, podgroup_doc(status={"resourcesStatus": lists}))
+
+
+def test_amounts_already_shown_are_not_patched_again_whatever_their_spelling() -> None:
+    group = with_resources(allocated={"memory": "1073741824"}, requested={"memory": "1Gi"})
+    status = {"allocated": {"memory": "1Gi"}, "requested": {"memory": "1Gi"}}
+    assert translate.podgroup_resources_patch(group, status) is None
+
+
+def test_a_resource_no_longer_counted_is_removed_and_allocated_non_preemptible_is_left_alone() -> None:
+    group = with_resources(
+        allocated={"cpu": "2", "nvidia.com/gpu": "1"},
+        requested={"cpu": "2"},
+        allocatedNonPreemptible={"cpu": "2"},
+    )
+    patch = translate.podgroup_resources_patch(group, {"allocated": {"cpu": "1"}, "requested": {"cpu": "2"}})
+    assert patch == {"status": {"resourcesStatus": {"allocated": {"cpu": "1", "nvidia.com/gpu": None}}}}
