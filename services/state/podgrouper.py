@@ -8,7 +8,9 @@ Deployment, a JobSet, a PyTorchJob...: any kind, `shared.kubeapi.paths`), lets t
 it into KV. Owners are fetched once per pass however many of their pods are waiting; an owner that cannot
 be read (gone, forbidden) ends the chain, and the pod is grouped by the part that could be read. A plugin
 that reads more of the cluster (an MPIJob's launcher pods, a RayJob's RayCluster, ...) says what it needs
-(`ReadsNeeded`); the loop reads it, once per pass too, and asks again, at most `MAX_READ_ROUNDS` times.
+(`ReadsNeeded`); the loop reads it, once per pass too (a PodGroup from the mirror), and asks again, at most
+`MAX_READ_ROUNDS` times. The Karta objects (KAI's fallback grouper for kinds no plugin claims) are listed
+at most every `KARTAS_REFRESH` seconds.
 
 A pod the decision refuses (a malformed owner spec or label) is logged, counted, reported on the pod (a
 Warning Event and PodScheduled=False naming the owner and the field, through the mirror's problems) and left
@@ -38,6 +40,12 @@ log = logging.getLogger("kairos.state.podgrouper")
 
 MAX_OWNER_DEPTH = 8
 MAX_READ_ROUNDS = 8
+KARTAS_PATH = "/apis/run.ai/v1alpha1/kartas"
+KARTAS_REFRESH = 10.0
+"""Seconds the Karta list (the fallback grouper's descriptions of kinds) is kept before it is read again."""
+NO_KARTA_CRD_RETRY = 60.0
+"""Seconds before the list is tried again on a cluster without the Karta CRD (KAI looks again after a
+minute too)."""
 PODGROUP_GROUP = "scheduling.run.ai/"
 ALREADY_EXISTS = 409
 UNREADABLE_OWNER = frozenset({403, 404})
@@ -55,6 +63,9 @@ class PodGrouperLoop(PodWorkLoop):
         self._limit = asyncio.Semaphore(concurrency)
         self._owners: dict[tuple[str, OwnerRef], asyncio.Task[wire.Owner | None]] = {}
         self._reads: dict[Read, asyncio.Task[Any]] = {}
+        self._kartas: list[dict[str, Any]] = []
+        self._kartas_due = 0.0
+        self._kartas_lock = asyncio.Lock()
 
     def candidates(self) -> list[wire.Pod]:
         return self.mirror.ungrouped()
@@ -117,13 +128,40 @@ class PodGrouperLoop(PodWorkLoop):
             return exc.temporary
         return False
 
+    async def kartas(self) -> list[dict[str, Any]]:
+        """The cluster's Karta objects, read again once `KARTAS_REFRESH` has passed (a 404, no Karta CRD:
+        none, for `NO_KARTA_CRD_RETRY`); a failed read keeps the last list."""
+        async with self._kartas_lock:
+            return await self._read_kartas()
+
+    async def _read_kartas(self) -> list[dict[str, Any]]:
+        now = asyncio.get_running_loop().time()
+        if now < self._kartas_due:
+            return self._kartas
+        try:
+            raw = await self.kube.request("list kartas", "GET", KARTAS_PATH)
+        except ApiError as exc:
+            if exc.status in UNREADABLE_OWNER:
+                self._kartas, self._kartas_due = [], now + NO_KARTA_CRD_RETRY
+            else:
+                self._kartas_due = now + KARTAS_REFRESH
+                log.info("kartas unreadable (%s): keeping the %d known", exc.status, len(self._kartas))
+            return self._kartas
+        items = msgspec.json.decode(raw).get("items")
+        self._kartas = [k for k in items if isinstance(k, dict)] if isinstance(items, list) else []
+        self._kartas_due = now + KARTAS_REFRESH
+        return self._kartas
+
     async def _decide(self, pod: wire.Pod, owners: list[wire.Owner]) -> Grouping | None:
         """`group_pod`, with the reads its plugin asks for."""
         classes = set(self.mirror.raw.priorityclasses)
         reads: dict[Read, Any] = {}
+        kartas = await self.kartas()
         for _ in range(MAX_READ_ROUNDS):
             try:
-                return group_pod(pod, owners, priority_classes=classes, config=self.config, reads=reads)
+                return group_pod(
+                    pod, owners, priority_classes=classes, config=self.config, reads=reads, kartas=kartas
+                )
             except ReadsNeeded as needed:
                 for read in needed.reads:
                     task = self._reads.get(read)

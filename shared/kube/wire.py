@@ -262,6 +262,9 @@ class PodSpec(_Wire, frozen=True, kw_only=True):
     priority: int | None = None
     scheduling_gates: list[PodSchedulingGate] = msgspec.field(default_factory=list)
     volumes: list[Volume] = msgspec.field(default_factory=list)
+    workload_ref: Any = None
+    """Kubernetes 1.35's ``spec.workloadRef`` (the Workload API, alpha) as the API returns it; the
+    pod-grouper reads and checks it (`services.state.grouping.workload`)."""
 
 
 class Condition(_Wire, frozen=True, kw_only=True):
@@ -413,6 +416,7 @@ class PodGroupSpec(_Wire, frozen=True, kw_only=True):
     mark_unschedulable: bool | None = None
     scheduling_backoff: int | None = None
     staleness_grace_period: str | None = None
+    preemption_delay: str | None = None
 
 
 class UnschedulableExplanation(_Wire, frozen=True, kw_only=True):

@@ -49,9 +49,13 @@ PLURALS = {
     "Topology": "topologies",
     "SchedulingShard": "schedulingshards",
     "PriorityClass": "priorityclasses",
+    "Karta": "kartas",
+    "Workload": "workloads",
 }
 
-CLUSTER_SCOPED = frozenset({"Node", "Namespace", "Queue", "Topology", "SchedulingShard", "PriorityClass"})
+CLUSTER_SCOPED = frozenset(
+    {"Node", "Namespace", "Queue", "Topology", "SchedulingShard", "PriorityClass", "Karta"}
+)
 
 
 def plural_of(kind: str) -> str:

@@ -5,7 +5,8 @@ else made (KAI v0.15's externally created PodGroups).
 Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`, whose pod-grouper
 groups the pods) with a real nats-server and `tools.kubesim`, objects written through the
 kubernetes-asyncio client. Grove's CRDs (PodCliqueSet, PodGang) are served for the object read; the MPIJob
-comes with kubesim's training operator, whose launcher waits for its workers (the pod-list read).
+comes with kubesim's training operator, whose launcher waits for its workers (the pod-list read); the
+Karta CRD and a made-up PyFlow kind for the Karta fallback grouper, whose Kartas the loop lists.
 """
 
 from __future__ import annotations
@@ -61,6 +62,36 @@ spec:
   names: {kind: PodGang, listKind: PodGangList, plural: podgangs, singular: podgang}
   versions:
     - name: v1alpha1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: kartas.run.ai
+spec:
+  group: run.ai
+  scope: Cluster
+  names: {kind: Karta, listKind: KartaList, plural: kartas, singular: karta}
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pyflows.jobs.example.com
+spec:
+  group: jobs.example.com
+  scope: Namespaced
+  names: {kind: PyFlow, listKind: PyFlowList, plural: pyflows, singular: pyflow}
+  versions:
+    - name: v1
       served: true
       storage: true
       schema:
@@ -233,6 +264,87 @@ async def test_a_grove_pod_is_grouped_by_the_podgang_the_plugin_reads(kube: Kube
     assert [sg["name"] for sg in group["spec"]["subGroups"]] == ["serve-0-frontend", "serve-0-prefill"]
     first = await read_pod(kube, "serve-0-prefill-0")
     assert first["metadata"]["labels"][keys.SUBGROUP_LABEL] == "serve-0-prefill"
+
+
+def karta_of_pyflow() -> dict[str, Any]:
+    """A Karta describing the made-up PyFlow kind (one master, workers) and how to gang it."""
+
+    def component(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "ownerRef": "pyflow",
+            "specDefinition": {"podTemplateSpecPath": f".spec.{name}.template"},
+            "scaleDefinition": {"replicasPath": f".spec.{name}.replicas"},
+            "podSelector": {"componentTypeSelector": {"keyPath": ".metadata.labels.role", "value": name}},
+        }
+
+    return {
+        "apiVersion": "run.ai/v1alpha1",
+        "kind": "Karta",
+        "metadata": {
+            "name": "pyflow",
+            "labels": {
+                "run.ai/karta-group": "jobs.example.com",
+                "run.ai/karta-version": "v1",
+                "run.ai/karta-kind": "PyFlow",
+            },
+        },
+        "spec": {
+            "structureDefinition": {
+                "rootComponent": {
+                    "name": "pyflow",
+                    "kind": {"group": "jobs.example.com", "version": "v1", "kind": "PyFlow"},
+                },
+                "childComponents": [component("master"), component("worker")],
+            },
+            "instructions": {
+                "gangScheduling": {
+                    "podGroup": {
+                        "name": "training",
+                        "subGroups": [{"componentName": "master"}, {"componentName": "worker"}],
+                    }
+                }
+            },
+        },
+    }
+
+
+async def test_a_kind_no_plugin_claims_is_grouped_by_the_karta_the_loop_lists(kube: Kube) -> None:
+    await kube.call(
+        "create karta",
+        kube.custom.create_cluster_custom_object,
+        "run.ai",
+        "v1alpha1",
+        "kartas",
+        karta_of_pyflow(),
+    )
+    flow = await create(
+        kube,
+        "jobs.example.com",
+        "v1",
+        "pyflows",
+        {
+            "apiVersion": "jobs.example.com/v1",
+            "kind": "PyFlow",
+            "metadata": {"name": "flow"},
+            "spec": {"master": {"replicas": 1}, "worker": {"replicas": 2}},
+        },
+    )
+    roles = {"flow-master-0": "master", "flow-worker-0": "worker", "flow-worker-1": "worker"}
+    for name, role in roles.items():
+        await create_pod(kube, pod(name, owner=flow, labels={"role": role}))
+
+    async def grouped() -> dict[str, Any] | None:
+        first = await read_pod(kube, "flow-worker-0")
+        name = annotation(first, keys.PODGROUP_ANNOTATION)
+        return None if name is None else await podgroup(kube, name)
+
+    group = await eventually("the PyFlow's pods grouped by its Karta", grouped)
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "PyFlow"
+    sub_groups = {sg["name"]: sg.get("minMember") for sg in group["spec"]["subGroups"]}
+    assert sub_groups == {"master": 1, "worker": 2}
+    worker = await read_pod(kube, "flow-worker-1")
+    assert worker["metadata"]["labels"][keys.SUBGROUP_LABEL] == "worker"
 
 
 async def test_a_waiting_mpijobs_plugin_lists_the_launcher_pods_before_deciding(kube: Kube) -> None:

@@ -135,6 +135,7 @@ OWNER_KINDS = [
         )
     ),
     ("nvidia.com", "dynamographdeployments"),
+    ("scheduling.k8s.io", "workloads"),
 ]
 
 
@@ -162,6 +163,10 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | {("*", group, resource, "get") for group, resource in OWNER_KINDS}
         # A Job's Complete/Failed condition says whether a stage others wait for succeeded (kairos.io/after).
         | grants("*", "batch", "jobs", "list", "watch")
+        # KAI's Karta fallback grouper lists the Kartas; its per-kind defaults ConfigMap is read where
+        # Kairos runs.
+        | grants("*", "run.ai", "kartas", "list")
+        | grants("kai-scheduler", "", "configmaps", "get")
     ),
     "kairos-binder": (
         grants("*", "", "pods", "get", "patch")

@@ -406,3 +406,19 @@ def test_a_malformed_workload_ref_is_refused_naming_the_field(raw: Any, field: s
     with pytest.raises(InvalidObject) as info:
         workload_ref_of(make_pod(), raw)
     assert (info.value.kind, info.value.field) == ("Pod", field)
+
+
+def test_the_pod_grouper_reads_a_pods_workload_ref_from_its_spec() -> None:
+    j = job({MIN_MEMBER: "5"})
+    pod = make_pod(
+        owned_by(j), workloadRef={"name": "my-training", "podGroup": "workers", "podGroupReplicaKey": "0"}
+    )
+    g = group(pod, j, objects=[workload("my-training", gang("workers", 2))])
+    assert (g.name, spec_of(g)["minMember"]) == ("my-training-workers-0", 2)
+
+
+def test_a_pod_whose_workload_ref_is_not_an_object_is_refused_naming_it() -> None:
+    j = job({MIN_MEMBER: "5"})
+    with pytest.raises(InvalidObject) as refused:
+        group(make_pod(owned_by(j), workloadRef="my-training"), j)
+    assert refused.value.field == "spec.workloadRef"

@@ -3,7 +3,8 @@
 Called by the pod-grouper loop (`services.state.podgrouper`) with the owner chain it fetched: checks the
 chain (`chain`), leaves alone a pod that opted out, skips a skipped top owner (`skip`, with the defaults
 ConfigMap's for its kind, `kind_defaults`), picks the plugin (`registry`; for a kind no module claims, a
-Karta that describes it, `karta`), and builds the manifest and the patch (`manifest`).
+Karta that describes it, `karta`), layers the upstream Workload a pod names over the plugin's decision
+(`workload`), and builds the manifest and the patch (`manifest`).
 
 Externally created PodGroups (KAI v0.15): ``kai.scheduler/skip-podgrouper: "true"`` (exactly that value) on
 the pod or on any owner of its chain leaves the pod to whoever made its PodGroup; a pod that already names
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from services.state.grouping import kind_defaults
+from services.state.grouping import kind_defaults, workload
 from services.state.grouping.chain import check_chain
 from services.state.grouping.fields import group_version, pod_as_owner
 from services.state.grouping.karta import karta_for, karta_plugin
@@ -88,6 +89,7 @@ def group_pod(
         ctx.owners = chain
     grouper, plugin = _plugin(top, kartas)
     md = plugin(ctx, top)
+    md = workload.apply_workload(ctx, md, top, workload.workload_ref_of(pod, pod.spec.workload_ref))
     key = config.node_pool_label_key
     if key and key not in md.labels and key in meta.labels:
         md.labels[key] = meta.labels[key]

@@ -18,8 +18,8 @@ StatefulSet's, a bare pod): `apply_workload` is that layer, pure, reading the Wo
 - A Workload that does not exist, or has no podGroup of that name, is refused naming the pod's
   ``spec.workloadRef`` field (KAI leaves such a pod pending until the Workload appears).
 
-Not wired yet: `decision.group_pod` must call `apply_workload` after the plugin, with the pod's
-``spec.workloadRef`` (`workload_ref_of`), which `wire.PodSpec` does not decode yet.
+Called by `decision.group_pod` after the kind's plugin, with the pod's ``spec.workloadRef``
+(`wire.PodSpec.workload_ref`, checked by `workload_ref_of`).
 """
 
 from __future__ import annotations
