@@ -1,7 +1,9 @@
 """Session-time state of pods (tasks), pod sets and podgroups (jobs).
 
 A `TaskState` is the mutable copy of a model `Pod` that actions move between statuses; a `JobState`
-groups them into pod sets (gangs) and answers KAI's gang questions (satisfied, stale, should pipeline).
+groups them into pod sets (gangs) under its sub-group tree (`SetState`: KAI's ``SubGroupSet``, where a set
+needs ``minSubGroup`` of its members) and answers KAI's gang questions (ready, satisfied, stale, should
+pipeline, which pods to place next).
 Built by `shared.core.session.Session` from a snapshot; changed only through a `Statement`.
 """
 
@@ -391,51 +393,79 @@ class JobState:
     def tasks_to_allocate(self, real: bool) -> list[TaskState]:
         """KAI ``GetTasksToAllocate``: the pods that next bring the sub-group tree to its minimum, else one
         more elastic pod (`_collect_set`)."""
-        return self.cached(("tasks_to_allocate", real), lambda: self._collect_set(self.tree, real))
+        return self.cached(("tasks_to_allocate", real), lambda: self._collect(real))
 
-    def _collect_set(self, group: SetState, real: bool) -> list[TaskState]:
+    def _collect(self, real: bool) -> list[TaskState]:
+        # Each pod set's active-allocated and ready pods, counted once for the whole walk.
+        allocated: dict[PodSetState, int] = {}
+        ready: dict[PodSetState, int] = {}
+        for ps in self.pod_sets.values():
+            a = r = 0
+            for t in ps.tasks:
+                status = t.status
+                if status in ACTIVE_ALLOCATED:
+                    a += 1
+                if status in ALIVE and status != PodStatus.GATED:
+                    r += 1
+            allocated[ps] = a
+            ready[ps] = r
+        return self._collect_set(self.tree, real, allocated.__getitem__, ready.__getitem__)
+
+    def _collect_set(
+        self,
+        group: SetState,
+        real: bool,
+        allocated: Callable[[PodSetState], int],
+        ready: Callable[[PodSetState], int],
+    ) -> list[TaskState]:
         """Gang phase (the set is short of `members_to_satisfy` satisfied members): the pods that complete
         as many more members as it needs, best member first, members already satisfied or with nothing to
         place skipped. Elastic phase: the first member, best first, that has a pod to place gives it.
 
         Gang admission (not for a partial representative): a set short of ready members, or a pod set
         that cannot reach its gang with the pods waiting, gives nothing, so a gang is never placed in
-        part below its minimum."""
-        if not self.partial and not group.is_ready():
+        part below its minimum. `allocated` and `ready` count a pod set's active-allocated and its live,
+        ungated pods."""
+        if not self.partial and not group.satisfied_with(ready):
             return []
-        members = sorted(group.members, key=self.keys.pod_set)
-        if group.allocated_members < group.members_to_satisfy:
-            needed = group.members_to_satisfy - group.allocated_members
+        members = group.members
+        if len(members) > 1:
+            members.sort(key=self.keys.pod_set)
+        needed = group.members_to_satisfy - group.satisfied_members(allocated)
+        if needed > 0:
             out: list[TaskState] = []
             for member in members:
-                if needed <= 0:
-                    break
                 if isinstance(member, SetState):
-                    found = [] if member.min_requirement_satisfied() else self._collect_set(member, real)
-                elif member.active_allocated >= member.min_available:
-                    found = []
+                    if member.satisfied_with(allocated):
+                        continue
+                    found = self._collect_set(member, real, allocated, ready)
+                elif allocated(member) >= member.min_available:
+                    continue
                 else:
-                    found = self._collect_pod_set(member, real)
+                    found = self._collect_pod_set(member, real, allocated(member))
                 if found:
                     out.extend(found)
                     needed -= 1
+                    if needed <= 0:
+                        break
             return out
         for member in members:
             if isinstance(member, SetState):
-                found = self._collect_set(member, real)
+                found = self._collect_set(member, real, allocated, ready)
             else:
-                found = self._collect_pod_set(member, real)
+                found = self._collect_pod_set(member, real, allocated(member))
             if found:
                 return found
         return []
 
-    def _collect_pod_set(self, ps: PodSetState, real: bool) -> list[TaskState]:
+    def _collect_pod_set(self, ps: PodSetState, real: bool, allocated: int) -> list[TaskState]:
         """A pod set below its gang: the pods that complete it, in task order (none when too few wait);
         at or above it: one more pod."""
-        candidates = sorted((t for t in ps.tasks if t.should_allocate(real)), key=self.keys.task)
+        candidates = [t for t in ps.tasks if t.should_allocate(real)]
         if not candidates:
             return []
-        allocated = ps.active_allocated
+        if len(candidates) > 1:
+            candidates.sort(key=self.keys.task)
         if allocated >= ps.min_available:
             return candidates[:1]
         n = ps.min_available - allocated
