@@ -32,9 +32,9 @@ from services.state.mirror import Mirror
 from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
-from shared.kube import wire
+from shared.kube import keys, wire
 from shared.kubeapi.client import ApiError, Kube
-from shared.kubeapi.paths import create_object, get_object
+from shared.kubeapi.paths import create_object, get_object, object_path
 
 log = logging.getLogger("kairos.state.podgrouper")
 
@@ -47,6 +47,7 @@ NO_KARTA_CRD_RETRY = 60.0
 """Seconds before the list is tried again on a cluster without the Karta CRD (KAI looks again after a
 minute too)."""
 PODGROUP_GROUP = "scheduling.run.ai/"
+MERGE_PATCH = "application/merge-patch+json"
 ALREADY_EXISTS = 409
 UNREADABLE_OWNER = frozenset({403, 404})
 
@@ -91,24 +92,21 @@ class PodGrouperLoop(PodWorkLoop):
                 else:
                     patch = podgroup_update(existing, grouping, config=self.config)
                     if patch is not None:
-                        await self.kube.call(
+                        await self.kube.request(
                             f"update podgroup {grouping.namespace}/{grouping.name}",
-                            self.kube.custom.patch_namespaced_custom_object,
-                            "scheduling.run.ai",
-                            "v2alpha2",
-                            grouping.namespace,
-                            "podgroups",
-                            grouping.name,
+                            "PATCH",
+                            object_path(
+                                keys.PODGROUP_API_VERSION, "PodGroup", grouping.namespace, grouping.name
+                            ),
                             patch,
-                            _content_type="application/merge-patch+json",
+                            content_type=MERGE_PATCH,
                         )
-                await self.kube.call(
+                await self.kube.request(
                     f"annotate pod {meta.namespace}/{meta.name}",
-                    self.kube.core.patch_namespaced_pod,
-                    meta.name,
-                    meta.namespace,
+                    "PATCH",
+                    object_path("v1", "Pod", meta.namespace, meta.name),
                     grouping.pod_patch,
-                    _content_type="application/merge-patch+json",
+                    content_type=MERGE_PATCH,
                 )
                 self.ctx.counters["pods_grouped"] += 1
                 log.debug(

@@ -4,7 +4,10 @@ keeper's common shape.
 Each round takes the mirror's current candidates (`candidates`), leaves out pods being worked on and pods
 whose work was refused at their current resourceVersion (tried again once the pod changes; forgotten once
 the pod is no longer a candidate, deleted or done by other means), and works on
-the rest concurrently (at most `concurrency` API calls at once is the subclass's business). A round in
+the rest concurrently (at most `concurrency` API calls at once is the subclass's business). A round does
+not wait for the one before to finish: pods that arrive while a large round is still at work start at the
+next wake, beside it (the pods already being worked on are left out), so a burst of a thousand pods does
+not hold back the next ones until its last is done. A round in
 which some work failed for a temporary reason is followed by another after `RETRY_AFTER_TEMPORARY`
 seconds, so a failing API server is not asked again in a tight loop. Run by the state service's
 Kubernetes owner (`services.state.kube_source.KubeOwner`).
@@ -35,11 +38,15 @@ class PodWorkLoop:
         self._busy: set[str] = set()
         self._refused: dict[str, tuple[str, str]] = {}
         """Pod uid -> (the resourceVersion whose work was refused, the pod's label)."""
+        self._done: dict[str, str] = {}
+        """Pod uid -> the resourceVersion whose work is done: not done again until the pod changes (the
+        change the work made, an annotation or a gate lifted, arrives on the watch a moment later)."""
         self.refusals: dict[str, str] = {}
         """Pod label ("pod ns/name") -> why its work was refused, for the refusals that said why."""
         self.unforeseen = 0
         """Pods whose work failed with an unforeseen exception (each one refused and logged)."""
         self._task: asyncio.Task[None] | None = None
+        self._rounds: set[asyncio.Task[None]] = set()
 
     # --- what a loop defines ------------------------------------------------------------------------------
     def candidates(self) -> list[wire.Pod]:
@@ -69,32 +76,44 @@ class PodWorkLoop:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        tasks = [*self._rounds, *([self._task] if self._task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        self._rounds.clear()
 
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            try:
-                await self._round()
-            except Exception:  # the loop outlives any one round; the next wake tries again
-                log.exception("a round of pod work failed; waiting for the next flush")
+            task = asyncio.create_task(self._guarded_round())
+            self._rounds.add(task)
+            task.add_done_callback(self._rounds.discard)
+            # Let the round take its pods (mark them busy) before the next wake looks at the candidates.
+            await asyncio.sleep(0)
+
+    async def _guarded_round(self) -> None:
+        try:
+            await self._round()
+        except Exception:  # the loop outlives any one round; the next wake tries again
+            log.exception("a round of pod work failed; waiting for the next flush")
 
     async def _round(self) -> None:
         candidates = self.candidates()
-        if self._refused:
+        if self._refused or self._done:
             present = {p.metadata.uid for p in candidates}
             for uid in self._refused.keys() - present:
                 _, label = self._refused.pop(uid)
                 self.refusals.pop(label, None)
+            for uid in self._done.keys() - present:
+                del self._done[uid]
         pods = [
             p
             for p in candidates
             if p.metadata.uid not in self._busy
             and self._refused.get(p.metadata.uid, ("", ""))[0] != p.metadata.resource_version
+            and self._done.get(p.metadata.uid) != p.metadata.resource_version
         ]
         if not pods:
             return
@@ -120,6 +139,8 @@ class PodWorkLoop:
             self._busy.discard(pod.metadata.uid)
         if self._refused.get(pod.metadata.uid, ("", ""))[0] != pod.metadata.resource_version:
             self.refusals.pop(label, None)
+            if not retry:
+                self._done[pod.metadata.uid] = pod.metadata.resource_version
         return retry
 
 

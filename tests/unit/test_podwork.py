@@ -67,3 +67,53 @@ async def test_a_refused_pod_that_is_no_longer_a_candidate_is_forgotten() -> Non
         await loop.stop()
     assert loop._refused == {"7": ("1", "pod ns/pod-7")}
     assert len(loop.worked) == 50
+
+
+class Slow(PodWorkLoop):
+    """Work that takes until the test releases it: pod "slow" blocks, every other pod is done at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: list[wire.Pod] = []
+        self.worked: list[tuple[str, str]] = []
+        self.release = asyncio.Event()
+        self.rounds = asyncio.Queue[None]()
+
+    def candidates(self) -> list[wire.Pod]:
+        self.rounds.put_nowait(None)
+        return list(self.pods)
+
+    async def work(self, pod: wire.Pod) -> bool:
+        self.worked.append((pod.metadata.uid, pod.metadata.resource_version))
+        if pod.metadata.uid == "slow":
+            await self.release.wait()
+        return False
+
+
+async def test_a_pod_that_arrives_during_a_long_round_is_worked_on_without_waiting_for_it() -> None:
+    loop = Slow()
+    loop.pods = [_pod("slow", "1")]
+    loop.start()
+    try:
+        await _round(loop)
+        loop.pods = [_pod("slow", "1"), _pod("new", "1")]
+        await _round(loop)
+        assert loop.worked == [("slow", "1"), ("new", "1")]
+        loop.release.set()
+    finally:
+        await loop.stop()
+
+
+async def test_a_pod_whose_work_is_done_is_not_worked_on_again_until_it_changes() -> None:
+    loop = Slow()
+    loop.release.set()
+    loop.pods = [_pod("a", "1")]
+    loop.start()
+    try:
+        await _round(loop)
+        await _round(loop)  # the change the work made has not reached the mirror yet
+        loop.pods = [_pod("a", "2")]
+        await _round(loop)
+    finally:
+        await loop.stop()
+    assert loop.worked == [("a", "1"), ("a", "2")]
