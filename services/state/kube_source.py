@@ -153,7 +153,9 @@ class KubeSource:
         self.kube = kube
         self.replica = replica
         self.options = options
-        self.mirror = Mirror(scheduler_name=options.scheduler_name)
+        self.mirror = Mirror(
+            scheduler_name=options.scheduler_name, node_pool_label_key=options.node_pool_label_key
+        )
         self.writer = StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence)
         self.on_flushed = on_flushed
         self.informers = self._informers()

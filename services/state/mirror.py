@@ -128,6 +128,8 @@ class Mirror:
     """Raw objects by kind and name, their translations, and what KV holds."""
 
     scheduler_name: str = "kai-scheduler"
+    node_pool_label_key: str = keys.NODE_POOL_LABEL
+    """The label naming a podgroup's node pool (a backed-off PodGroup is held back in its pool only)."""
     raw: RawObjects = field(default_factory=RawObjects)
     current: dict[str, Obj] = field(default_factory=dict)
     """What this mirror last told KV (by KV key)."""
@@ -485,7 +487,7 @@ class Mirror:
         have = len(self._members.get(name, ()))
         if have == 0:
             return None
-        need = sum(ps.min_available for ps in group.root.all_pod_sets())
+        need = group.root.min_pods()
         if have >= need:
             return None
         return Problem(
@@ -711,7 +713,11 @@ class Mirror:
                 name,
                 (raw_group, priorities, fallback),
                 partial(
-                    translate.podgroup_of, raw_group, priority_classes=priorities, default_priority=fallback
+                    translate.podgroup_of,
+                    raw_group,
+                    priority_classes=priorities,
+                    default_priority=fallback,
+                    node_pool_label_key=self.node_pool_label_key,
                 ),
             )
 

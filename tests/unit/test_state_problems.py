@@ -229,3 +229,20 @@ def test_a_pod_gets_pod_scheduled_false_and_loses_it_when_fixed() -> None:
     # kube-scheduler's own PodScheduled=False (or a bound pod's True) is not ours to remove.
     theirs = [wire.Condition(type="PodScheduled", status="False", reason="Unschedulable")]
     assert problems.pod_scheduled_patch(theirs, None, NOW) is None
+
+
+def test_a_gang_of_sub_groups_is_short_only_of_the_pods_its_min_sub_group_needs() -> None:
+    m = cluster()
+    spec = json.loads(podgroup("gang", "research"))
+    spec["spec"].pop("minMember", None)
+    spec["spec"]["minSubGroup"] = 1
+    spec["spec"]["subGroups"] = [{"name": "a", "minMember": 2}, {"name": "b", "minMember": 2}]
+    m.change(PODGROUPS, "ADDED", js(spec))
+    m.change(PODS, "ADDED", pod("gang-0", "gang", labels={"kai.scheduler/subgroup-name": "a"}))
+    m.flush(NOW)
+    assert reasons(m)["podgroup team/gang"][1].endswith(
+        "waiting for min member: 1 of 2 pods exist; the gang is placed whole or not at all"
+    )
+    m.change(PODS, "ADDED", pod("gang-1", "gang", labels={"kai.scheduler/subgroup-name": "a"}))
+    m.flush(NOW)
+    assert "podgroup team/gang" not in reasons(m)
