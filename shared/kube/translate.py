@@ -1422,18 +1422,25 @@ def _decimal_fraction(value: float) -> Fraction:
 
 
 def podgroup_resources_status(
-    pods: Iterable[wire.Pod], *, non_preemptible: bool, node_gpu_memory: Mapping[str, int] | None = None
+    pods: Iterable[wire.Pod],
+    *,
+    non_preemptible: bool,
+    node_gpu_memory: Mapping[str, int] | None = None,
+    resources_of: Callable[[wire.Pod, int | None], tuple[ResourceTotals, ResourceTotals]] | None = None,
 ) -> dict[str, dict[str, str]]:
     """A PodGroup's ``status.resourcesStatus`` as KAI's podgroup controller writes it: ``requested`` and
     ``allocated`` summed over its pods (`pod_resources`; `node_gpu_memory`: MiB per GPU by node name),
     and, for a non-preemptible PodGroup, ``allocatedNonPreemptible`` equal to ``allocated``. A pod whose
-    resources cannot be read counts for nothing (the mirror holds it back and says why)."""
+    resources cannot be read counts for nothing (the mirror holds it back and says why). `resources_of`
+    stands for `pod_resources` (a caller may remember each pod's, which never change while the pod
+    does not)."""
     requested = ResourceTotals()
     allocated = ResourceTotals()
+    of = resources_of or pod_resources
     for pod in pods:
         memory = (node_gpu_memory or {}).get(pod.spec.node_name or "")
         try:
-            pod_requested, pod_allocated = pod_resources(pod, memory)
+            pod_requested, pod_allocated = of(pod, memory)
         except InvalidObject:
             continue
         requested.add_all(pod_requested)
