@@ -2,7 +2,7 @@
 
 An operator module of this package (Kubeflow Training's in `training`, Kubeflow's notebook-controller in
 `notebook`, KubeRay's in `ray`, JobSet's in `jobset`, LeaderWorkerSet's in `leaderworkerset`, Knative
-Serving's in `knative`) serves
+Serving's in `knative`; Kubernetes 1.35's Workload API in `workloads`, a CRD nothing reconciles) serves
 its CRDs from kubesim's start and creates what the real operator creates (pods, Jobs, Deployments, other
 custom objects) for each object of its kinds, so that a manifest written for that operator applies and runs
 unchanged. It says so with a module-level ``OPERATOR`` (`OperatorSpec`); `OPERATORS` holds every module's,
