@@ -405,6 +405,7 @@ class KubeOwner:
         self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
         self.gates.start()
         self.source.mirror.refusal_sources = [self.grouper.refusals, self.gates.refusals]
+        self.source.mirror.refusal_owners = [self.grouper.refusal_owners]
         self.quota_gates = QuotaGateKeeper(
             self.ctx, self.kube, self.source.mirror, component=self.options.scheduler_name
         )

@@ -180,6 +180,8 @@ class Mirror:
     """The pod-work loops' refusals ("pod ns/name" -> why), reported on the pods like a translation problem
     (`services.state.podwork.PodWorkLoop.refusals`): a pod the pod-grouper cannot group is held back as
     ungrouped, and this is what tells its owner why."""
+    refusal_owners: list[Mapping[str, translate.InvolvedObject]] = field(default_factory=list)
+    """The owners those refusals name, by pod label (`PodWorkLoop.refusal_owners`): told too."""
     _held_reasons: dict[str, str] = field(default_factory=dict)
     """Footprint label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _gated: dict[str, None] = field(default_factory=dict)
@@ -460,12 +462,16 @@ class Mirror:
                 ):
                     continue
             namespace, _, short = name.rpartition("/")
+            owner = (
+                next((o[label] for o in self.refusal_owners if label in o), None) if kind == "Pod" else None
+            )
             found[label] = Problem(
                 kind=kind,
                 namespace=namespace,
                 name=short,
                 reason=self._held_reasons.get(label, INVALID_REASONS[kind]),
                 message=message,
+                owner=owner,
             )
         for name in self._recount:
             problem = self._short_of(name)

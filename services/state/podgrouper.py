@@ -32,7 +32,8 @@ from services.state.mirror import Mirror
 from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
-from shared.kube import keys, wire
+from shared.kube import keys, translate, wire
+from shared.kube.translate import InvolvedObject
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import create_object, get_object, object_path
 
@@ -80,6 +81,7 @@ class PodGrouperLoop(PodWorkLoop):
 
     async def _group(self, pod: wire.Pod) -> bool:
         meta = pod.metadata
+        owners: list[wire.Owner] = []
         try:
             async with self._limit:
                 owners = await self._chain(pod)
@@ -117,7 +119,7 @@ class PodGrouperLoop(PodWorkLoop):
                     grouping.grouper,
                 )
         except InvalidObject as exc:
-            self.refuse(pod, str(exc))
+            self.refuse(pod, str(exc), _faulty_owner(owners, exc))
             self.ctx.counters["podgrouper_refused"] += 1
             log.warning("pod %s/%s cannot be grouped: %s", meta.namespace, meta.name, exc)
         except ApiError as exc:
@@ -249,3 +251,13 @@ class PodGrouperLoop(PodWorkLoop):
                 return None
             raise
         return wire.decode(wire.Owner, raw)
+
+
+def _faulty_owner(owners: list[wire.Owner], exc: InvalidObject) -> InvolvedObject | None:
+    """The owner of the chain a refusal names (a RayCluster's worker group, a LeaderWorkerSet's size), to
+    tell it too; None when the refusal is about the pod or an object outside the chain."""
+    for owner in owners:
+        meta = owner.metadata
+        if owner.kind == exc.kind and wire.object_name(meta.namespace, meta.name) == exc.name:
+            return translate.involved_object(owner)
+    return None

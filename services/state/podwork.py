@@ -25,6 +25,7 @@ import asyncio
 import logging
 
 from shared.kube import wire
+from shared.kube.translate import InvolvedObject
 from shared.kube.values import shown
 
 log = logging.getLogger("kairos.state.podwork")
@@ -43,6 +44,8 @@ class PodWorkLoop:
         change the work made, an annotation or a gate lifted, arrives on the watch a moment later)."""
         self.refusals: dict[str, str] = {}
         """Pod label ("pod ns/name") -> why its work was refused, for the refusals that said why."""
+        self.refusal_owners: dict[str, InvolvedObject] = {}
+        """Pod label -> the owner whose fault the refusal names, which is told too (`refuse(owner=...)`)."""
         self.unforeseen = 0
         """Pods whose work failed with an unforeseen exception (each one refused and logged)."""
         self._task: asyncio.Task[None] | None = None
@@ -62,12 +65,17 @@ class PodWorkLoop:
         raise NotImplementedError
 
     # --- the loop -----------------------------------------------------------------------------------------
-    def refuse(self, pod: wire.Pod, why: str = "") -> None:
-        """Leave `pod` alone until it changes; `why`, when given, is reported on the pod."""
+    def refuse(self, pod: wire.Pod, why: str = "", owner: InvolvedObject | None = None) -> None:
+        """Leave `pod` alone until it changes; `why`, when given, is reported on the pod, and on `owner`
+        when the fault is that owner's."""
         label = _label(pod)
         self._refused[pod.metadata.uid] = (pod.metadata.resource_version, label)
         if why:
             self.refusals[label] = why
+        if owner is not None:
+            self.refusal_owners[label] = owner
+        else:
+            self.refusal_owners.pop(label, None)
 
     def wake(self) -> None:
         self._wake.set()
@@ -106,6 +114,7 @@ class PodWorkLoop:
             for uid in self._refused.keys() - present:
                 _, label = self._refused.pop(uid)
                 self.refusals.pop(label, None)
+                self.refusal_owners.pop(label, None)
             for uid in self._done.keys() - present:
                 del self._done[uid]
         pods = [
@@ -139,6 +148,7 @@ class PodWorkLoop:
             self._busy.discard(pod.metadata.uid)
         if self._refused.get(pod.metadata.uid, ("", ""))[0] != pod.metadata.resource_version:
             self.refusals.pop(label, None)
+            self.refusal_owners.pop(label, None)
             if not retry:
                 self._done[pod.metadata.uid] = pod.metadata.resource_version
         return retry

@@ -58,6 +58,10 @@ async def write_event(
     ctx.counters["kube_events"] += 1
 
 
+OWNERS_TOLD_KEPT = 10_000
+"""The most (owner, problem) pairs remembered as told; the oldest is forgotten first (told again at worst)."""
+
+
 @dataclass(frozen=True)
 class ProblemReportOptions:
     component: str = "kai-scheduler"
@@ -86,6 +90,8 @@ class ProblemReport:
         self.mirror = mirror
         self.options = options
         self._reported: dict[str, Problem] = {}
+        self._owners_told: dict[tuple[str, str, str], None] = {}
+        """(owner, reason, message) already told on the owner, oldest first."""
         self._since: dict[str, float] = {}
         """Label -> loop time its min-member shortage was first seen."""
         self._wake = asyncio.Event()
@@ -215,6 +221,8 @@ class ProblemReport:
         )
         await self._event(about, problem, problem.label)
         self.ctx.counters["problems_reported"] += 1
+        if problem.owner is not None:
+            await self._tell_owner(problem.owner, problem)
         if (
             problem.reason in problems.STAGE_REASONS.values() or problem.reason == problems.INVALID_PODGROUP
         ) and raw is not None:
@@ -239,6 +247,17 @@ class ProblemReport:
             uid=ref.uid,
         )
         await self._event(about, problem, f"{ref.kind} {group.metadata.namespace}/{ref.name}")
+
+    async def _tell_owner(self, owner: translate.InvolvedObject, problem: Problem) -> None:
+        """The Warning Event on the owner whose fault held its pod back (a malformed worker group, a size of
+        0), once per owner and message however many of its pods were refused for it."""
+        key = (owner.uid or f"{owner.kind} {owner.namespace}/{owner.name}", problem.reason, problem.message)
+        if key in self._owners_told:
+            return
+        await self._event(owner, problem, f"{owner.kind} {owner.namespace}/{owner.name}")
+        self._owners_told[key] = None
+        if len(self._owners_told) > OWNERS_TOLD_KEPT:
+            del self._owners_told[next(iter(self._owners_told))]
 
     async def _event(self, about: translate.InvolvedObject, problem: Problem, label: str) -> None:
         await write_event(self.kube, self.ctx, about, problem, label, self.options.component)

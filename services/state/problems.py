@@ -21,7 +21,7 @@ import msgspec
 
 from services.state.dependencies import Verdict
 from shared.kube import wire
-from shared.kube.translate import rfc3339
+from shared.kube.translate import InvolvedObject, rfc3339
 
 ProblemKind = Literal["Queue", "PodGroup", "Pod", "SchedulingShard"]
 
@@ -81,6 +81,9 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     message: str
     """Names the object and the field: ``Queue 'a': spec.resources.gpu.quota: must be >= 0 ...``."""
+    owner: InvolvedObject | None = None
+    """For a pod the pod-grouper refused for a fault of one of its owners (a RayCluster's worker group, a
+    LeaderWorkerSet's size): that owner, which gets the Warning Event too."""
 
     @property
     def label(self) -> str:

@@ -441,3 +441,81 @@ async def test_pods_join_an_external_podgroup_and_one_naming_a_missing_sub_group
     assert annotation(await read_pod(kube, "train-0"), keys.PODGROUP_ANNOTATION) == "pipeline"
     assert annotation(await read_pod(kube, "early-0"), keys.PODGROUP_ANNOTATION) == "not-yet"
     assert await podgroup(kube, "not-yet") is None
+
+
+# --- an owner's fault --------------------------------------------------------------------------------------------
+def batch_job(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {
+            "parallelism": 3,
+            "completions": 3,
+            "template": {
+                "metadata": {"labels": {keys.QUEUE_LABEL: "default-queue", "job": name}},
+                "spec": {
+                    "schedulerName": keys.SCHEDULER_NAME,
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "x"}],
+                },
+            },
+        },
+    }
+
+
+async def test_an_owners_malformed_field_is_told_on_the_owner_once_and_holds_only_its_pods(
+    kube: Kube,
+) -> None:
+    bad = json.loads(
+        await kube.request(
+            "create job",
+            "POST",
+            "/apis/batch/v1/namespaces/default/jobs",
+            batch_job("bad", {keys.BATCH_MIN_MEMBER_ANNOTATION: "many"}),
+        )
+    )
+    await kube.request("create job", "POST", "/apis/batch/v1/namespaces/default/jobs", batch_job("good", {}))
+
+    async def pods_of(job: str) -> list[dict[str, Any]]:
+        raw = await kube.call(
+            "list pods", kube.core.list_namespaced_pod, "default", label_selector=f"job={job}"
+        )
+        return json.loads(raw)["items"]  # type: ignore[no-any-return]
+
+    async def held() -> list[dict[str, Any]] | None:
+        pods = await pods_of("bad")
+        scheduled = [condition(p, "PodScheduled") for p in pods]
+        return pods if len(pods) == 3 and all(c and c["status"] == "False" for c in scheduled) else None
+
+    for p in await eventually("the bad Job's three pods held with PodScheduled=False", held):
+        assert annotation(p, keys.PODGROUP_ANNOTATION) is None
+        assert (
+            f"metadata.annotations[{keys.BATCH_MIN_MEMBER_ANNOTATION}]"
+            in condition(p, "PodScheduled")["message"]
+        )
+
+    async def grouped() -> bool:
+        return (
+            all(annotation(p, keys.PODGROUP_ANNOTATION) for p in await pods_of("good"))
+            and len(await pods_of("good")) == 3
+        )
+
+    await eventually("the good Job's pods grouped all the same", grouped)
+
+    async def on_the_job() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await events(kube)
+            if e["involvedObject"].get("kind") == "Job"
+            and e["involvedObject"].get("name") == "bad"
+            and e["reason"] == "InvalidPod"
+        ]
+
+    told = await eventually("a Warning Event on the Job", on_the_job)
+    await asyncio.sleep(1.0)  # every pod's refusal has been reported by now
+    told = await on_the_job()
+    assert len(told) == 1
+    assert told[0]["type"] == "Warning"
+    assert told[0]["involvedObject"]["uid"] == bad["metadata"]["uid"]
+    assert f"metadata.annotations[{keys.BATCH_MIN_MEMBER_ANNOTATION}]" in told[0]["message"]
