@@ -37,7 +37,7 @@ from shared.kubeapi.client import ApiError, Kube, connect
 from shared.kubeapi.paths import create_object
 from tests.integration.kubectl_helpers import running_kubesim
 from tests.integration.test_queue_placement import Running, current_lease, eventually, ready
-from tools.kubesim.cluster import SimOptions
+from tools.kubesim.cluster import DEFAULT_NAMESPACES, SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.nodes import generated_nodes
 from tools.kubesim.server import KubeSim
@@ -70,10 +70,9 @@ async def stack(bus: Bus, nats_server: NatsServer, tmp_path: Path) -> AsyncItera
     ) as sim:
         kubeconfig = str(tmp_path / "kubeconfig")
         kube = await connect(kubeconfig)
-        # KAI's chart creates the scaling pods' namespace; so does a Kairos install that turns this on.
-        await create_object(
-            kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SCALE_NAMESPACE}}
-        )
+        # KAI's chart creates the scaling pods' namespace; so does a Kairos install that turns this on
+        # (deploy/autoscaling), and kubesim has it from its start.
+        assert SCALE_NAMESPACE in DEFAULT_NAMESPACES
         port = free_port()
         services: list[Running] = []
 
