@@ -65,6 +65,8 @@ class PodGrouperLoop(PodWorkLoop):
         self._limit = asyncio.Semaphore(concurrency)
         self._owners: dict[tuple[str, OwnerRef], asyncio.Task[wire.Owner | None]] = {}
         self._reads: dict[Read, asyncio.Task[Any]] = {}
+        self._creating: dict[tuple[str, str], tuple[dict[str, Any], asyncio.Task[None]]] = {}
+        """(namespace, PodGroup) -> the manifest being created this pass, and the create."""
         self._kartas: list[dict[str, Any]] = []
         self._kartas_due = 0.0
         self._kartas_lock = asyncio.Lock()
@@ -75,6 +77,7 @@ class PodGrouperLoop(PodWorkLoop):
     def begin_round(self) -> None:
         self._owners.clear()
         self._reads.clear()
+        self._creating.clear()
 
     async def work(self, pod: wire.Pod) -> bool:
         return await self._group(pod)
@@ -90,7 +93,7 @@ class PodGrouperLoop(PodWorkLoop):
                     return False
                 existing = self.mirror.raw.podgroups.get(f"{grouping.namespace}/{grouping.name}")
                 if existing is None:
-                    await self._create(grouping.podgroup)
+                    await self._create_once(grouping)
                 else:
                     patch = podgroup_update(existing, grouping, config=self.config)
                     if patch is not None:
@@ -208,12 +211,28 @@ class PodGrouperLoop(PodWorkLoop):
                 continue  # a pod the mirror holds back for its own problem: not one the plugin counts
         return pods
 
+    async def _create_once(self, grouping: Grouping) -> None:
+        """Create the PodGroup once per pass for all the pods that name it before the mirror has seen it
+        (a gang's pods are grouped side by side: each created it again, answered 409); a pod whose decision
+        differs from the one being created tries its own create, as before."""
+        key = (grouping.namespace, grouping.name)
+        known = self._creating.get(key)
+        if known is not None and known[0] == grouping.podgroup:
+            await asyncio.shield(known[1])
+            return
+        task = asyncio.create_task(self._create(grouping.podgroup))
+        self._creating[key] = (grouping.podgroup, task)
+        await task
+
     async def _create(self, manifest: dict[str, Any]) -> None:
         try:
             await create_object(self.kube, manifest)
         except ApiError as exc:
             if exc.status != ALREADY_EXISTS:  # another pod of the same owner was quicker
                 raise
+            self.ctx.counters["podgroups_existed"] += 1
+        else:
+            self.ctx.counters["podgroups_created"] += 1
 
     async def _chain(self, pod: wire.Pod) -> list[wire.Owner]:
         """The owners from the pod's own up to the top, as far as they can be read."""

@@ -100,9 +100,15 @@ spec:
 
 
 @pytest.fixture
-async def kube(bus: Bus, tmp_path: Path) -> AsyncIterator[Kube]:
+async def kube(grouper: tuple[Kube, ServiceContext]) -> Kube:
+    """A client of the cluster `grouper` runs on."""
+    return grouper[0]
+
+
+@pytest.fixture
+async def grouper(bus: Bus, tmp_path: Path) -> AsyncIterator[tuple[Kube, ServiceContext]]:
     """A simulated cluster with KAI's queues and Grove's CRDs, and the state service's Kubernetes owner on
-    it; yields a client of the cluster."""
+    it; yields a client of the cluster and the owner's service context (its counters)."""
     crds = tmp_path / "grove-crds.yaml"
     crds.write_text(GROVE_CRDS)
     manifests = (crds, REPO / "examples" / "kai" / "queues.yaml")
@@ -115,7 +121,7 @@ async def kube(bus: Bus, tmp_path: Path) -> AsyncIterator[Kube]:
         owner = KubeOwner(ctx, replica, kubeconfig, KubeSourceOptions(debounce=0.01, problem_settle=0.5))
         await owner.start()
         try:
-            yield client
+            yield client, ctx
         finally:
             await owner.stop()
             await client.close()
@@ -519,3 +525,26 @@ async def test_an_owners_malformed_field_is_told_on_the_owner_once_and_holds_onl
     assert told[0]["type"] == "Warning"
     assert told[0]["involvedObject"]["uid"] == bad["metadata"]["uid"]
     assert f"metadata.annotations[{keys.BATCH_MIN_MEMBER_ANNOTATION}]" in told[0]["message"]
+
+
+async def test_a_gangs_podgroup_is_created_once_for_all_the_pods_grouped_side_by_side(
+    grouper: tuple[Kube, ServiceContext],
+) -> None:
+    kube, ctx = grouper
+    await kube.request(
+        "create job",
+        "POST",
+        "/apis/batch/v1/namespaces/default/jobs",
+        {**batch_job("gang", {keys.BATCH_MIN_MEMBER_ANNOTATION: "3"})},
+    )
+
+    async def grouped() -> bool:
+        raw = await kube.call(
+            "list pods", kube.core.list_namespaced_pod, "default", label_selector="job=gang"
+        )
+        pods = json.loads(raw)["items"]
+        return len(pods) == 3 and all(annotation(p, keys.PODGROUP_ANNOTATION) for p in pods)
+
+    await eventually("the Job's three pods grouped", grouped)
+    assert ctx.counters["podgroups_created"] == 1
+    assert ctx.counters["podgroups_existed"] == 0
