@@ -320,6 +320,13 @@ def satisfied(group: SubGroupSet, pods: Counter[str]) -> bool:
     return ok >= group.members_to_satisfy
 
 
+def placeable(group: SubGroupSet, pods: Counter[str]) -> int:
+    """The pods of `pods` in pod sets whose every enclosing set is satisfied."""
+    if not satisfied(group, pods):
+        return 0
+    return sum(pods[ps.name] for ps in group.pod_sets) + sum(placeable(c, pods) for c in group.children)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(root=trees(), gpus=st.integers(0, 12))
 def test_a_gang_binds_only_a_satisfied_tree_and_never_a_pod_set_in_part(root: Group, gpus: int) -> None:
@@ -332,8 +339,8 @@ def test_a_gang_binds_only_a_satisfied_tree_and_never_a_pod_set_in_part(root: Gr
     for leaf in leaves(root):
         assert bound[leaf.name] == 0 or bound[leaf.name] >= leaf.min_available, f"{leaf.name} placed in part"
     if pods and gpus >= len(pods):
-        # What may be placed without a pod set in part: a leaf's pods when they reach its minimum. A tree
-        # satisfied only by empty members has nothing to place.
+        # What may be placed without a pod set in part: a leaf's pods when they reach its minimum, inside
+        # sets that are satisfied themselves. A tree satisfied only by empty members has nothing to place.
         whole = Counter({leaf.name: leaf.pods for leaf in leaves(root) if leaf.pods >= leaf.min_available})
-        ready = satisfied(pg.root, whole) and sum(whole.values()) > 0
+        ready = satisfied(pg.root, whole) and placeable(pg.root, whole) > 0
         assert bool(bound) == ready, "everything fits: a tree its whole pod sets can satisfy is bound"
