@@ -258,6 +258,8 @@ class Job(_Spec, frozen=True, kw_only=True):
     age_minutes_effective: float
     build_order: int
     stale_seconds: float | None
+    staleness_grace_period_seconds: float | None = None
+    """KAI v0.17: the job's own staleness grace period (negative: never evicted as stale; 0: at once)."""
     best_effort: bool
     delete_in_test: bool
     not_ready_for_session: bool

@@ -1,6 +1,8 @@
 """Stale-gang eviction: a gang that has fallen below its min member for longer than the grace period is
-evicted whole, so its remaining pods stop holding resources the gang cannot use. Called by the cycle
-runner (`shared.core.cycle`)."""
+evicted whole, so its remaining pods stop holding resources the gang cannot use. The grace period is the
+PodGroup's own (KAI v0.17: ``spec.stalenessGracePeriod`` or the ``kai.scheduler/staleness-grace-period``
+annotation; negative: never evicted as stale, 0: at once), else the policy's. Called by the cycle runner
+(`shared.core.cycle`)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ STALE_MESSAGE = "Podgroup {name} is below its minimum member count and was evict
 
 
 def run(ssn: Session) -> None:
-    grace = ssn.policy.staleness_grace_period
+    default = ssn.policy.staleness_grace_period
     for job in ssn.jobs.values():
         if not job.is_stale():
             job.stale_since = None
             continue
         if job.stale_since is None:
             job.stale_since = ssn.now
-        if ssn.now - job.stale_since < grace:
+        own = job.podgroup.staleness_grace_period
+        grace = default if own is None else own
+        if grace < 0 or ssn.now - job.stale_since < grace:
             continue
         stmt = Statement(ssn)
         for task in sorted(job.tasks.values(), key=lambda t: t.key):
