@@ -83,3 +83,6 @@ SCHEDULER_NAME = "kai-scheduler"
 PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
 """KAI v0.17: on a workload or its pods, how long a pending gang waits before it may evict others (a Go
 duration); the pod-grouper writes it to the PodGroup's ``spec.preemptionDelay``."""
+
+LAST_EVICTION_ANNOTATION = "kai.scheduler/last-eviction-timestamp"
+"""On a PodGroup, when its pods were last evicted (RFC 3339): its preemption delay counts again from then."""

@@ -979,6 +979,8 @@ def podgroup_of(
         preemptible=preemptible,
         creation_time=creation_time,
         last_start_time=_annotation_time(where, meta, keys.LAST_START_ANNOTATION),
+        preemption_delay=_duration(where, "spec.preemptionDelay", spec.preemption_delay),
+        last_eviction_time=_annotation_time(where, meta, keys.LAST_EVICTION_ANNOTATION),
         stale_since=_annotation_time(where, meta, keys.STALE_SINCE_ANNOTATION),
         staleness_grace_period=grace,
         root=_root(where, spec),

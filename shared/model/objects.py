@@ -352,6 +352,11 @@ class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     last_start_time: float | None = None
     stale_since: float | None = None
     staleness_grace_period: float | None = None
+    preemption_delay: float | None = None
+    """Seconds, from its creation or its last eviction, before it may make others be evicted (preempt,
+    reclaim, consolidation); KAI v0.17's ``spec.preemptionDelay``. None or <= 0: no delay."""
+    last_eviction_time: float | None = None
+    """When its pods were last evicted (``kai.scheduler/last-eviction-timestamp``), epoch seconds."""
     root: SubGroupSet = SubGroupSet(name="root")
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     """The PodGroup's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
@@ -363,6 +368,16 @@ class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def key(self) -> str:
         return self.uid or self.name
+
+    def preemption_delay_end(self) -> float | None:
+        """When its preemption delay ends: its creation or last eviction, whichever is later, plus the
+        delay; None when it has none."""
+        if self.preemption_delay is None or self.preemption_delay <= 0:
+            return None
+        anchor = self.creation_time
+        if self.last_eviction_time is not None and self.last_eviction_time > anchor:
+            anchor = self.last_eviction_time
+        return anchor + self.preemption_delay
 
 
 class QueueResource(msgspec.Struct, frozen=True):

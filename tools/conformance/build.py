@@ -288,6 +288,7 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
                 last_start_time=now - 60.0 if running else None,
                 stale_since=now - job.stale_seconds if job.stale_seconds is not None else None,
                 staleness_grace_period=job.staleness_grace_period_seconds,
+                preemption_delay=job.preemption_delay_seconds,
                 root=build_root(job),
             )
         )

@@ -260,6 +260,8 @@ class Job(_Spec, frozen=True, kw_only=True):
     stale_seconds: float | None
     staleness_grace_period_seconds: float | None = None
     """KAI v0.17: the job's own staleness grace period (negative: never evicted as stale; 0: at once)."""
+    preemption_delay_seconds: float | None = None
+    """KAI v0.17: seconds from its creation before the job may make others be evicted."""
     best_effort: bool
     delete_in_test: bool
     not_ready_for_session: bool

@@ -292,8 +292,14 @@ def victims_queue(ssn: Session, jobs: Iterable[JobState]) -> JobsByQueue:
     return order
 
 
+PREEMPTION_DELAY_NOT_ELAPSED = "PreemptionDelayNotElapsed"
+"""KAI v0.17's reason for a job left out of the eviction actions while its preemption delay runs."""
+
+
 def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]:
-    """Jobs an action tries to place: a pod is pending and the gangs can form (KAI's input filters)."""
+    """Jobs an eviction action (preempt, reclaim, consolidation) tries to place by evicting others: a pod
+    is pending, the gangs can form (KAI's input filters), and its preemption delay has elapsed (KAI v0.17:
+    a job within it is left out, saying so; allocation into free capacity is not affected)."""
     return [
         job
         for job in ssn.jobs.values()
@@ -301,7 +307,25 @@ def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]
         and any(t.status == PodStatus.PENDING for t in job.tasks.values())
         and job.is_ready_for_scheduling()
         and (job.preemptible or not preemptible_only)
+        and not within_preemption_delay(ssn, job)
     ]
+
+
+def within_preemption_delay(ssn: Session, job: JobState) -> bool:
+    """Whether `job` may not yet make others be evicted; if so, its fit errors say until when (once)."""
+    end = job.podgroup.preemption_delay_end()
+    if end is None or ssn.now >= end:
+        return False
+    if all(reason != PREEMPTION_DELAY_NOT_ELAPSED for reason, _ in job.fit_errors):
+        delay = job.podgroup.preemption_delay or 0.0
+        job.add_fit_error(
+            PREEMPTION_DELAY_NOT_ELAPSED,
+            [
+                f"the workload is within its preemption delay ({delay:g}s) and may not make other "
+                f"workloads be evicted for {end - ssn.now:.0f}s more"
+            ],
+        )
+    return True
 
 
 class JobIndex:
