@@ -318,13 +318,11 @@ def within_preemption_delay(ssn: Session, job: JobState) -> bool:
         return False
     if all(reason != PREEMPTION_DELAY_NOT_ELAPSED for reason, _ in job.fit_errors):
         delay = job.podgroup.preemption_delay or 0.0
-        job.add_fit_error(
-            PREEMPTION_DELAY_NOT_ELAPSED,
-            [
-                f"the workload is within its preemption delay ({delay:g}s) and may not make other "
-                f"workloads be evicted for {end - ssn.now:.0f}s more"
-            ],
+        message = (
+            f"the workload is within its preemption delay ({delay:g}s) and may not make other "
+            f"workloads be evicted for {end - ssn.now:.0f}s more"
         )
+        job.add_fit_error(PREEMPTION_DELAY_NOT_ELAPSED, [message])
     return True
 
 
