@@ -36,67 +36,37 @@ REPO = Path(__file__).resolve().parents[2]
 WAIT = 30.0
 """Generous: the machine running the tests may be loaded."""
 
-GROVE_CRDS = """\
+
+def crd(group: str, version: str, kind: str, scope: str = "Namespaced") -> str:
+    """A schema-less CustomResourceDefinition of one kind, as YAML."""
+    plural = f"{kind.lower()}s"
+    return f"""\
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: podcliquesets.grove.io
+  name: {plural}.{group}
 spec:
-  group: grove.io
-  scope: Namespaced
-  names: {kind: PodCliqueSet, listKind: PodCliqueSetList, plural: podcliquesets, singular: podcliqueset}
+  group: {group}
+  scope: {scope}
+  names: {{kind: {kind}, listKind: {kind}List, plural: {plural}, singular: {kind.lower()}}}
   versions:
-    - name: v1alpha1
+    - name: {version}
       served: true
       storage: true
       schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: podgangs.scheduler.grove.io
-spec:
-  group: scheduler.grove.io
-  scope: Namespaced
-  names: {kind: PodGang, listKind: PodGangList, plural: podgangs, singular: podgang}
-  versions:
-    - name: v1alpha1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: kartas.run.ai
-spec:
-  group: run.ai
-  scope: Cluster
-  names: {kind: Karta, listKind: KartaList, plural: kartas, singular: karta}
-  versions:
-    - name: v1alpha1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: pyflows.jobs.example.com
-spec:
-  group: jobs.example.com
-  scope: Namespaced
-  names: {kind: PyFlow, listKind: PyFlowList, plural: pyflows, singular: pyflow}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+        openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}
 """
+
+
+CRDS = "---\n".join(
+    (
+        crd("grove.io", "v1alpha1", "PodCliqueSet"),
+        crd("scheduler.grove.io", "v1alpha1", "PodGang"),
+        crd("run.ai", "v1alpha1", "Karta", scope="Cluster"),
+        crd("jobs.example.com", "v1", "PyFlow"),
+    )
+)
+"""Grove's PodCliqueSet and PodGang, the Karta CRD and a made-up PyFlow kind."""
 
 
 @pytest.fixture
@@ -110,7 +80,7 @@ async def grouper(bus: Bus, tmp_path: Path) -> AsyncIterator[tuple[Kube, Service
     """A simulated cluster with KAI's queues and Grove's CRDs, and the state service's Kubernetes owner on
     it; yields a client of the cluster and the owner's service context (its counters)."""
     crds = tmp_path / "grove-crds.yaml"
-    crds.write_text(GROVE_CRDS)
+    crds.write_text(CRDS)
     manifests = (crds, REPO / "examples" / "kai" / "queues.yaml")
     async with running_kubesim(tmp_path, nodes=2, manifests=manifests):
         kubeconfig = str(tmp_path / "kubeconfig")
