@@ -113,7 +113,7 @@ from shared.contracts.messages import (
     Reservation,
     encode,
 )
-from shared.core.stamps import KEEP, merged_stamps
+from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
 from shared.security.permissions import kv_stream, kv_subjects
@@ -677,16 +677,21 @@ class Committer:
                 return
 
     async def _publish_stamps(self, proposal: Proposal, outcome: Outcome) -> None:
-        """Tell the state service which podgroup stamps the session changed (stale since, last start): the
-        next cycle's session must see them, or a stale gang is never old enough to evict. A lost message
-        costs one cycle: the next session states them again. A last start is only true of a podgroup whose
-        pods this outcome bound (a session that lost its race started nothing), and only stamps that would
-        change what is stored are sent (`merged_stamps`, the rule the state service applies)."""
+        """Tell the state service which podgroup stamps the session changed (stale since, last start, last
+        eviction): the next cycle's session must see them, or a stale gang is never old enough to evict and
+        an evicted workload's preemption delay is never re-armed. A lost message costs one cycle: the next
+        session states them again (a lost last eviction is not restated). A last start is only true of a
+        podgroup whose pods this outcome bound, a last eviction of one whose pods it evicted (a session that
+        lost its race did neither), and only stamps that would change what is stored are sent
+        (`merged_stamps`, `latest`: the rules the state service applies)."""
         bound = set(outcome.bound)
         started = {b.podgroup for b in proposal.binds if b.pod in bound}
+        evicted = set(outcome.evicted)
+        emptied = {e.podgroup for e in proposal.evictions if e.pod in evicted}
         stale: dict[str, float | None] = {}
         last: dict[str, float] = {}
-        for key in sorted(set(proposal.stamped) | started):
+        last_eviction: dict[str, float] = {}
+        for key in sorted(set(proposal.stamped) | started | emptied):
             group = self.lookup(key)
             if group is None:
                 continue
@@ -702,9 +707,15 @@ class Committer:
                 stale[key] = new_stale
             if new_last != group.last_start_time and new_last is not None:
                 last[key] = new_last
-        if not stale and not last:
+            wanted_eviction = proposal.last_eviction.get(key) if key in emptied else None
+            new_eviction = latest(group.last_eviction_time, wanted_eviction)
+            if new_eviction != group.last_eviction_time and new_eviction is not None:
+                last_eviction[key] = new_eviction
+        if not stale and not last and not last_eviction:
             return
-        message = PodGroupStamps(shard=proposal.shard, stale_since=stale, last_start=last)
+        message = PodGroupStamps(
+            shard=proposal.shard, stale_since=stale, last_start=last, last_eviction=last_eviction
+        )
         try:
             await self.bus.nc.publish(s.stamps(proposal.shard), encode(message))
             self.counters["stamps"] += 1

@@ -96,6 +96,7 @@ def build_proposal(
             for key in sorted({b.podgroup for b in binds})
             if key in result.last_start
         },
+        last_eviction=dict(result.last_eviction),
         view=result.view,
         stamped=stamped,
     )

@@ -80,7 +80,7 @@ from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
 from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
-from shared.core.stamps import KEEP, merged_stamps
+from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import FencedError, MalformedMessage, TemporaryError
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
@@ -472,7 +472,7 @@ class KubeOwner:
         if self.source is None or self.kube is None:
             return
         mirror = self.source.mirror
-        for key in sorted(stamps.stale_since.keys() | stamps.last_start.keys()):
+        for key in sorted(stamps.stale_since.keys() | stamps.last_start.keys() | stamps.last_eviction.keys()):
             group = mirror.raw.podgroups.get(key)
             current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
             if group is None or not isinstance(current, PodGroup):
@@ -483,7 +483,12 @@ class KubeOwner:
                 new_stale_since=stamps.stale_since.get(key, KEEP),
                 new_last_start=stamps.last_start.get(key),
             )
-            patch = podgroup_annotations_patch(group, last_start_time=last, stale_since=stale)
+            patch = podgroup_annotations_patch(
+                group,
+                last_start_time=last,
+                stale_since=stale,
+                last_eviction_time=latest(current.last_eviction_time, stamps.last_eviction.get(key)),
+            )
             if patch is None:
                 continue
             try:

@@ -40,7 +40,7 @@ from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of, ob
 from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
 from shared.contracts import subjects as s
 from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
-from shared.core.stamps import KEEP, merged_stamps
+from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import KairosError
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
 from shared.model.builders import gang, gpu_nodes
@@ -199,7 +199,7 @@ class SimulatedCluster:
         """Store the podgroup stamps a binder sent (unknown podgroups are ignored). Only the stamped
         podgroups are compared: a binder sends stamps after most commits."""
         del now  # stamps set no timers
-        wanted = stamps.stale_since.keys() | stamps.last_start.keys()
+        wanted = stamps.stale_since.keys() | stamps.last_start.keys() | stamps.last_eviction.keys()
         touched: dict[str, Obj] = {}
         for kv, obj in self.objects.items():
             if isinstance(obj, PodGroup) and obj.key in wanted:
@@ -209,8 +209,11 @@ class SimulatedCluster:
                     new_stale_since=stamps.stale_since.get(obj.key, KEEP),
                     new_last_start=stamps.last_start.get(obj.key),
                 )
-                if (stale, last) != (obj.stale_since, obj.last_start_time):
-                    touched[kv] = msgspec.structs.replace(obj, stale_since=stale, last_start_time=last)
+                evicted = latest(obj.last_eviction_time, stamps.last_eviction.get(obj.key))
+                if (stale, last, evicted) != (obj.stale_since, obj.last_start_time, obj.last_eviction_time):
+                    touched[kv] = msgspec.structs.replace(
+                        obj, stale_since=stale, last_start_time=last, last_eviction_time=evicted
+                    )
         changes = [Change(kv, self.objects[kv], after) for kv, after in sorted(touched.items())]
         if touched:
             self.objects = {**self.objects, **touched}

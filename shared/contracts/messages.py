@@ -197,6 +197,7 @@ class Proposal(_Msg, frozen=True, kw_only=True, tag="proposal"):
     node_revisions: dict[str, int] = msgspec.field(default_factory=dict)
     stale_since: dict[str, float] = msgspec.field(default_factory=dict)
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
+    last_eviction: dict[str, float] = msgspec.field(default_factory=dict)
     view: SessionView | None = None
     stamped: tuple[str, ...] = ()
     """The podgroups whose stamps the session decided (its focus, or all): for these, a key missing from
@@ -225,6 +226,8 @@ class PodGroupStamps(_Msg, frozen=True, kw_only=True, tag="podgroup-stamps"):
     shard: str
     stale_since: dict[str, float | None] = msgspec.field(default_factory=dict)
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
+    last_eviction: dict[str, float] = msgspec.field(default_factory=dict)
+    """Podgroup key -> when the binder evicted pods of it (the deciding session's time)."""
 
 
 class Outcome(_Msg, frozen=True, kw_only=True, tag="outcome"):

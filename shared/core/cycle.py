@@ -158,6 +158,7 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         pending=pending,
         stale_since=stale,
         last_start=last,
+        last_eviction={e.podgroup: ssn.now for e in evictions},
         podgroups=statuses,
         committed=Committed(len(ssn.log.binds), len(ssn.log.evictions), len(ssn.log.pipelines)),
         view=session_view(ssn, statuses) if want_view else None,

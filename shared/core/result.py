@@ -161,6 +161,9 @@ class CycleResult(msgspec.Struct, frozen=True, kw_only=True):
     """Podgroup key -> since when it has been below its min member (only podgroups that are)."""
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
     """Podgroup key -> when it last started (only podgroups that have started)."""
+    last_eviction: dict[str, float] = msgspec.field(default_factory=dict)
+    """Podgroup key -> the cycle's time, for every podgroup this cycle evicted pods of: KAI's
+    ``kai.scheduler/last-eviction-timestamp``, which re-arms the podgroup's preemption delay."""
     podgroups: dict[str, PodGroupStatus] = msgspec.field(default_factory=dict)
     """Podgroup key -> its status, for every podgroup of the snapshot, in the snapshot's order."""
     committed: Committed = msgspec.field(default_factory=Committed)

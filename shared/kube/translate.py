@@ -1274,15 +1274,23 @@ def _transition(c: wire.SchedulingCondition | None) -> int:
 
 
 def podgroup_annotations_patch(
-    pg: wire.PodGroup, *, last_start_time: float | None, stale_since: float | None
+    pg: wire.PodGroup,
+    *,
+    last_start_time: float | None,
+    stale_since: float | None,
+    last_eviction_time: float | None = None,
 ) -> dict[str, Any] | None:
     """A merge patch setting (or, for None, removing) the last-start and stale timestamps, as KAI's
-    status updater keeps them on the podgroup; None when they are already so."""
+    status updater keeps them on the podgroup, and setting the last-eviction one (never removed: it only
+    re-arms the preemption delay); None when they are already so."""
     annotations: dict[str, str | None] = {}
-    for key, value in (
+    stamps: list[tuple[str, float | None]] = [
         (keys.LAST_START_ANNOTATION, last_start_time),
         (keys.STALE_SINCE_ANNOTATION, stale_since),
-    ):
+    ]
+    if last_eviction_time is not None:
+        stamps.append((keys.LAST_EVICTION_ANNOTATION, last_eviction_time))
+    for key, value in stamps:
         old = pg.metadata.annotations.get(key)
         new = None if value is None else rfc3339(value)
         if new != old:

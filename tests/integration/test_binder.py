@@ -637,3 +637,35 @@ async def test_a_committed_proposal_sends_the_stamps_that_changed(bus: Bus) -> N
     assert outcome.status == "committed"
     assert stamps.stale_since == {"stale": 10.0, "healed": None}
     assert stamps.last_start == {"healed": 12.0}
+
+
+async def test_an_eviction_stamps_the_victims_podgroup_with_the_deciding_sessions_time(bus: Bus) -> None:
+    """KAI's `kai.scheduler/last-eviction-timestamp` re-arms an evicted workload's preemption delay: the
+    binder forwards the session's time for every podgroup whose pods this commit evicted, never for one
+    whose eviction it did not carry out, and never moves a stored stamp back."""
+    known = {
+        "victims": PodGroup(name="victims", queue="q"),
+        "later": PodGroup(name="later", queue="q", last_eviction_time=50.0),
+        "spared": PodGroup(name="spared", queue="q"),
+    }
+    received: asyncio.Queue[PodGroupStamps] = asyncio.Queue()
+
+    async def on_stamps(msg: Any) -> None:
+        await received.put(STAMPS.decode(msg.subject, msg.data))
+
+    sub = await bus.nc.subscribe(s.stamps(SHARD), cb=on_stamps)
+    await lease(bus)
+    committer = Committer(bus, FakeCluster(), lookup=known.get)
+    evictions = (
+        evict("ns/v", "n1"),
+        msgspec.structs.replace(evict("ns/w", "n1"), podgroup="later"),
+    )
+    evicting = msgspec.structs.replace(
+        proposal("p-evicts", evictions=evictions),
+        last_eviction={"victims": 40.0, "later": 40.0, "spared": 40.0},
+    )
+    outcome = await committer.process(evicting)
+    stamps = await asyncio.wait_for(received.get(), 5)
+    await sub.unsubscribe()
+    assert (outcome.status, outcome.evicted) == ("committed", ("ns/v", "ns/w"))
+    assert stamps.last_eviction == {"victims": 40.0}

@@ -9,9 +9,11 @@ import pytest
 
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
+from shared.core.stamps import latest
 from shared.kube import keys, translate, wire
 from shared.model import PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from tools.sim.simulator import Simulator
 
 NOW = 10_000.0
 PREEMPT = Policy(actions=("allocate", "preempt"))
@@ -87,3 +89,51 @@ def test_a_podgroup_s_delay_and_last_eviction_are_read_from_kubernetes() -> None
     model = translate.podgroup_of(pg, priority_classes={})
     assert model.preemption_delay == 600.0
     assert model.preemption_delay_end() == model.last_eviction_time + 600.0  # type: ignore[operator]
+
+
+def test_a_cycle_that_evicts_a_podgroup_s_pods_reports_when() -> None:
+    result = schedule(cluster(None), NOW, PREEMPT)
+    victims = {e.podgroup for e in result.evictions}
+    assert victims
+    assert result.last_eviction == dict.fromkeys(victims, NOW)
+
+
+def test_an_evicted_workload_s_own_delay_is_re_armed_from_its_eviction() -> None:
+    """The simulator stores the cycle's stamps as the state service does: the evicted podgroup's last
+    eviction is the cycle's time, so its own delay counts again from there and, back to pending, it does
+    not preempt its preemptor at once."""
+    snapshot = cluster(None)
+    low = next(pg for pg in snapshot.podgroups if pg.name == "low")
+    low = msgspec.structs.replace(low, preemption_delay=300.0)
+    sim = Simulator(snapshot.nodes, snapshot.queues, PREEMPT)
+    for pg in (low, *(pg for pg in snapshot.podgroups if pg.name != "low")):
+        sim.submit(pg, [p for p in snapshot.pods if p.podgroup == pg.name])
+    sim.step(NOW)
+    stored = next(pg for pg in sim.snapshot().podgroups if pg.name == "low")
+    assert stored.last_eviction_time == NOW
+    assert stored.preemption_delay_end() == NOW + 300.0
+
+
+def test_the_last_eviction_reaches_the_podgroup_s_annotation_and_only_moves_forward() -> None:
+    pg = wire.convert(
+        wire.PodGroup,
+        {
+            "metadata": {
+                "name": "low",
+                "namespace": "team",
+                "annotations": {keys.LAST_EVICTION_ANNOTATION: "2026-01-01T00:05:00Z"},
+            },
+            "spec": {"minMember": 1, "queue": "team"},
+        },
+    )
+    stored = translate.podgroup_of(pg, priority_classes={}).last_eviction_time
+    assert stored is not None
+    patch = translate.podgroup_annotations_patch(
+        pg, last_start_time=None, stale_since=None, last_eviction_time=stored + 60
+    )
+    assert patch == {"metadata": {"annotations": {keys.LAST_EVICTION_ANNOTATION: "2026-01-01T00:06:00Z"}}}
+    unchanged = translate.podgroup_annotations_patch(
+        pg, last_start_time=None, stale_since=None, last_eviction_time=stored
+    )
+    assert unchanged is None
+    assert latest(stored, stored - 60) == stored

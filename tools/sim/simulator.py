@@ -76,6 +76,7 @@ class Simulator:
             shard="",
             stale_since={pg.key: result.stale_since.get(pg.key) for pg in snapshot.podgroups},
             last_start=dict(result.last_start),
+            last_eviction=dict(result.last_eviction),
         )
         self.cluster.stamp(stamps, now)
         return result
