@@ -29,6 +29,9 @@ QUEUE_REASONS = {
     "QueueDoesNotExist": "its queue does not exist",
 }
 
+# Reasons whose own line of the core's message the node wording would drop: named with that line.
+_OWN_LINE_REASONS = {"PreemptionDelayNotElapsed": "preemption delay"}
+
 
 def failed_scheduling_message(kai_message: str, nodes: int) -> str:
     """KAI's explanation as kube-scheduler words it when the reason is about nodes ("0/8 nodes are
@@ -216,6 +219,10 @@ def _pending_reasons(facts: Facts, group: PodGroup | None) -> list[str]:
         text = failed_scheduling_message(event.message, facts.nodes)
         lead = f"{'; '.join(queue_reasons)}: " if queue_reasons else ""
         reasons.append(f"{lead}{text} (decided {when(event.time)})")
+        for reason, marker in _OWN_LINE_REASONS.items():
+            line = next((ln for ln in event.message.splitlines() if marker in ln), "")
+            if reason in event.reasons and line and line not in text:
+                reasons.append(f"{reason}: {line.rstrip('.')}")
     elif not reasons:
         reasons.append("not tried yet: the next scheduling cycle will place it or say why not")
     return reasons

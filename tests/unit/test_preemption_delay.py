@@ -7,9 +7,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from shared.contracts.events import PodUnschedulable
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.stamps import latest
+from shared.explain import Facts, explain
 from shared.kube import keys, translate, wire
 from shared.model import PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
@@ -137,3 +139,35 @@ def test_the_last_eviction_reaches_the_podgroup_s_annotation_and_only_moves_forw
     )
     assert unchanged is None
     assert latest(stored, stored - 60) == stored
+
+
+def test_kairos_explain_says_the_workload_is_within_its_preemption_delay() -> None:
+    """What the cycle reports for a delayed workload reaches `kairos explain` with KAI's reason named,
+    even when node reasons come with it (those alone would read as "no room")."""
+    snapshot = cluster(600.0)
+    result = schedule(snapshot, NOW, PREEMPT)
+    status = result.podgroups[next(pg.key for pg in snapshot.podgroups if pg.name == "urgent")]
+    assert "PreemptionDelayNotElapsed" in status.reasons
+    urgent = next(pg for pg in snapshot.podgroups if pg.name == "urgent")
+    pod = next(p for p in snapshot.pods if p.podgroup == urgent.name)
+    event = PodUnschedulable(
+        time=NOW,
+        namespace=urgent.namespace,
+        podgroup=urgent.name,
+        queue=urgent.queue,
+        message=status.fit_error,
+        reasons=list(status.reasons),
+    )
+    facts = Facts(
+        namespace=pod.namespace,
+        name=pod.name,
+        pod=pod,
+        podgroup=urgent,
+        members=[pod],
+        queue=snapshot.queues[0],
+        nodes=len(snapshot.nodes),
+        unschedulable=event,
+    )
+    answer = " ".join(explain(facts).reasons)
+    assert "preemption delay" in answer
+    assert "PreemptionDelayNotElapsed" in answer
