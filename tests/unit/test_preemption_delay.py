@@ -155,7 +155,7 @@ def test_kairos_explain_says_the_workload_is_within_its_preemption_delay() -> No
         namespace=urgent.namespace,
         podgroup=urgent.name,
         queue=urgent.queue,
-        message=status.fit_error,
+        message=status.fit_error or "",
         reasons=list(status.reasons),
     )
     facts = Facts(
