@@ -147,6 +147,13 @@ def _duration(where: _Where, field: str, text: str | None) -> float | None:
         raise where.error(field, str(exc)) from None
 
 
+def _preemption_delay(where: _Where, text: str | None) -> float | None:
+    delay = _duration(where, "spec.preemptionDelay", text)
+    if delay is not None and delay < 0:
+        raise where.error("spec.preemptionDelay", f"must not be negative, got {text!r}")
+    return delay
+
+
 # --- quantities ------------------------------------------------------------------------------------------
 def _quantity(where: _Where, field: str, raw: str | int | float) -> Fraction:
     try:
@@ -908,6 +915,7 @@ def queue_of(queue: wire.Queue, *, creation_index: int) -> Queue:
         preempt_min_runtime=_duration(where, "spec.preemptMinRuntime", spec.preempt_min_runtime),
         reclaim_min_runtime=_duration(where, "spec.reclaimMinRuntime", spec.reclaim_min_runtime),
         labels=dict(queue.metadata.labels),
+        display_name=spec.display_name,
     )
 
 
@@ -979,7 +987,7 @@ def podgroup_of(
         preemptible=preemptible,
         creation_time=creation_time,
         last_start_time=_annotation_time(where, meta, keys.LAST_START_ANNOTATION),
-        preemption_delay=_duration(where, "spec.preemptionDelay", spec.preemption_delay),
+        preemption_delay=_preemption_delay(where, spec.preemption_delay),
         last_eviction_time=_annotation_time(where, meta, keys.LAST_EVICTION_ANNOTATION),
         stale_since=_annotation_time(where, meta, keys.STALE_SINCE_ANNOTATION),
         staleness_grace_period=grace,
@@ -1036,10 +1044,7 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
     if spec.min_member is not None and spec.min_member < 0:
         raise where.error("spec.minMember", f"must be >= 0, got {spec.min_member}")
     if not spec.sub_groups:
-        if spec.min_sub_group is not None:
-            raise where.error(
-                "spec.minSubGroup", f"{spec.min_sub_group} exceeds the number of direct child SubGroups (0)"
-            )
+        _check_min_sub_group(where, "spec.minSubGroup", spec.min_sub_group, 0)
         members = max(spec.min_member or 0, 1)
         return SubGroupSet(
             "root", pod_sets=(PodSet(DEFAULT_POD_SET, members),), topology_constraint=root_constraint
@@ -1049,6 +1054,10 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
     for i, sg in enumerate(spec.sub_groups):
         if not sg.name:
             raise where.error(f"spec.subGroups[{i}].name", "missing")
+        try:
+            values.label_value(sg.name)
+        except values.InvalidValueError as exc:
+            raise where.error(f"spec.subGroups[{i}].name", str(exc)) from None
         if sg.name in by_name:
             raise where.error(f"spec.subGroups[{i}].name", f"duplicate sub-group {sg.name!r}")
         if sg.min_member is not None and sg.min_member < 0:

@@ -407,6 +407,8 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True):
     reclaim_min_runtime: float | None = None
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     """The Queue's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
+    display_name: str = ""
+    """The Queue's ``spec.displayName`` ("" when unset): the `queue_display_name` label of its metrics."""
 
 
 class DeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
