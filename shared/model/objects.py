@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 from shared.errors import InvalidObject
+from shared.model.numa import NodeNuma, NumaRequest
 from shared.model.status import PodStatus
 
 
@@ -265,6 +266,9 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     bytes), in the units of `Node.scalars`; a node without enough of one cannot take the pod."""
     host_ports: tuple[HostPort, ...] = ()
     """The ports the pod binds on its node; a node where an active pod binds a conflicting one refuses it."""
+    numa: NumaRequest | None = None
+    """What the kubelet would NUMA-align for the pod (`shared.model.numa`); None: nothing (the numa plugin
+    lets it pass everywhere)."""
 
     def __post_init__(self) -> None:
         _non_negative("pod", self.name, "cpu_millis", self.cpu_millis)
@@ -459,6 +463,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     used_host_ports: tuple[HostPort, ...] = ()
     """Host ports bound on the node by pods outside the snapshot (another scheduler's, the state service's
     foreign pods), which no pod of the snapshot may bind again."""
+    numa: NodeNuma | None = None
+    """The node's NUMA zones and Topology Manager policy (`shared.model.numa`, from its NodeResourceTopology);
+    None: unknown (the numa plugin lets every pod pass)."""
 
     def __post_init__(self) -> None:
         for i, device in enumerate(self.gpu_devices):
