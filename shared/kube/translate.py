@@ -1039,6 +1039,8 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
 
     Refused as KAI's PodGroup webhook refuses them (a tree that could never be satisfied): a
     ``minSubGroup`` below 1 or above the set's direct sub-groups, or one on a sub-group without children.
+    Also refused: a sub-group name that cannot be the value of the pods' ``kai.scheduler/subgroup-name``
+    label (KAI writes it there too; a pod-grouper patch with it would be refused by the API server).
     A parent's ``minMember`` is ignored, as KAI's scheduler ignores it (its webhook refuses it)."""
     root_constraint = _constraint(spec.topology_constraint)
     if spec.min_member is not None and spec.min_member < 0:

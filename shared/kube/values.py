@@ -30,6 +30,7 @@ __all__ = [
     "boolean",
     "choice",
     "decimal",
+    "label_value",
     "shown",
     "whole",
     "whole_of",
@@ -44,6 +45,7 @@ GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 _WHOLE = re.compile(r"[+-]?[0-9]{1,19}")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _MAX_DECIMAL_CHARS = 64
 _SHOWN = 40
 
@@ -116,4 +118,15 @@ def choice(text: object, allowed: Collection[str]) -> str:
     """One of `allowed`, spelled exactly."""
     if not isinstance(text, str) or text not in allowed:
         raise InvalidValueError(f"must be one of {', '.join(sorted(allowed))}, got {shown(text)}")
+    return text
+
+
+def label_value(text: object) -> str:
+    """A non-empty Kubernetes label value: at most 63 letters, digits, ``-``, ``_`` and ``.``, starting and
+    ending with a letter or digit (names Kairos writes into a pod's labels, such as a sub-group's)."""
+    if not isinstance(text, str) or _LABEL_VALUE.fullmatch(text) is None:
+        raise InvalidValueError(
+            "must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
+            f"(it becomes a label value), got {shown(text)}"
+        )
     return text
