@@ -9,7 +9,8 @@ for name so existing tooling works:
    ``gpu-fraction-container-name`` names, init containers included) gets ``NVIDIA_VISIBLE_DEVICES``,
    ``RUNAI_NUM_OF_GPUS`` and ``GPU_PORTION`` by ``configMapKeyRef`` from the ConfigMap
    ``<prefix>-<index>`` (``<prefix>-i<index>`` for an init container), ``envFrom`` the ConfigMap
-   ``<prefix>-<index>-evar``, and a volume of the first ConfigMap.
+   ``<prefix>-<index>-evar``, and a volume of the first ConfigMap; with HAMi-core isolation on, also
+   ``CUDA_DEVICE_MEMORY_LIMIT`` from the first ConfigMap, optional (`memory_limit_patch`).
 2. **Reservation** (the binder): each shared device (a GPU group) is held by one reservation pod in
    namespace `RESERVATION_NAMESPACE`, named from node and group (`reservation_pod_name`: concurrent
    binders collide on one name instead of reserving two devices), labelled ``runai-gpu-group=<group>``
@@ -17,7 +18,8 @@ for name so existing tooling works:
    (`visible_device_uuids`, over NVML) and writes it into its own annotation
    ``run.ai/reserve_for_gpu_index`` (`reserved_device_patch`); the binder reads it back.
 3. **Binding** (the binder): the pod's ConfigMaps get ``NVIDIA_VISIBLE_DEVICES`` (the groups' devices,
-   comma-separated, in group order) and ``GPU_PORTION`` (`configmap_body`), the pod gets its group
+   comma-separated, in group order) and ``GPU_PORTION`` (`configmap_body`; ``CUDA_DEVICE_MEMORY_LIMIT`` too
+   with HAMi-core isolation on, `services.binder.hami`), the pod gets its group
    labels (`group_labels_patch`: ``runai-gpu-group=<group>``, or one ``runai-gpu-group/<group>`` label
    per device for a multi-device pod), then it is bound. When no live sharer names a group any more, its
    reservation pod is deleted (`orphaned_reservations`). A sharer is live until its containers have
@@ -44,6 +46,7 @@ from shared.kube.quantity import parse_time
 __all__ = [
     "CONFIGMAP_ANNOTATION",
     "CONTAINER_NAME_ANNOTATION",
+    "CUDA_DEVICE_MEMORY_LIMIT",
     "GPU_PORTION",
     "NUM_OF_GPUS",
     "NVIDIA_VISIBLE_DEVICES",
@@ -68,6 +71,7 @@ __all__ = [
     "is_fractional",
     "is_live_sharer",
     "is_reservation_pod",
+    "memory_limit_patch",
     "orphaned_reservations",
     "reservation_pod",
     "reservation_pod_name",
@@ -91,6 +95,9 @@ NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 GPU_PORTION = "GPU_PORTION"
 NUM_OF_GPUS = "RUNAI_NUM_OF_GPUS"
 """KAI's deprecated twin of GPU_PORTION, still written: older images read it."""
+CUDA_DEVICE_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"
+"""HAMi-core's per-container device memory limit (``<MiB>m``): with KAI's ``hamicore`` switches on, the
+fraction container takes it from the capabilities ConfigMap (`memory_limit_patch`), the binder writes it."""
 SHARING_LABEL = "kairos.io/gpu-sharing"
 """Kairos's label on every pod it binds into a GPU group (value "true"), so the binder's sync finds a
 multi-device pod, whose KAI labels have a key per group, with one label selector."""
@@ -261,6 +268,23 @@ def admission_patch(pod: wire.Pod, random_chars: str) -> list[dict[str, Any]]:
     else:
         ops.append({"op": "add", "path": "/spec/volumes", "value": [volume]})
     return ops
+
+
+def memory_limit_patch(pod: wire.Pod, prefix: str) -> list[dict[str, Any]]:
+    """JSON patch, to follow `admission_patch`'s (which gave the fraction container its ``env``), giving
+    the fraction container ``CUDA_DEVICE_MEMORY_LIMIT`` from its capabilities ConfigMap of `prefix`,
+    ``optional`` (KAI's hamicore admission plugin): a binder that does not write the key leaves the container
+    without a limit instead of keeping it from starting. An entry of that name the pod set itself is
+    replaced (else it would lift the limit)."""
+    ref = fraction_container(pod)
+    container = ref.container(pod)
+    value = _env_ref(CUDA_DEVICE_MEMORY_LIMIT, capabilities_configmap(prefix, ref))
+    value["valueFrom"]["configMapKeyRef"]["optional"] = True
+    path = f"/spec/{ref.kind}/{ref.index}/env"
+    taken = [index for index, env in enumerate(container.env) if env.name == CUDA_DEVICE_MEMORY_LIMIT]
+    if not taken:
+        return [{"op": "add", "path": f"{path}/-", "value": value}]
+    return [{"op": "replace", "path": f"{path}/{index}", "value": value} for index in taken]
 
 
 def gpu_portion(fraction: float) -> str:
