@@ -550,7 +550,8 @@ class Dispatcher:
         plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy(), self.registry)
         await self._usage_after(plan, now, usage)
         if self.metrics is not None and self.lease.valid():
-            self.metrics.observe_plan(plan.fair_shares, len(plan.pending))
+            shown = {q.name: q.display_name for q in snapshot.queues if q.display_name}
+            self.metrics.observe_plan(plan.fair_shares, len(plan.pending), shown)
         await self._publish_fair_shares(plan)
         await self._publish_admissions(plan, now)
         if self.settings.cycles != "auto":

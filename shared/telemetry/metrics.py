@@ -414,10 +414,24 @@ def _cores(millis: float) -> float:
     return millis if millis == UNLIMITED else millis / MILLI_CPU_PER_CORE
 
 
+QUEUE_LABELS = ("queue_name", "queue_metadata_name", "queue_display_name")
+"""The labels of every queue series, KAI v0.17's: `queue_metadata_name` is the Queue object's name (the
+stable key to join on), `queue_display_name` its ``spec.displayName`` ("" when unset), and `queue_name`
+what KAI always had there: on the scheduler's fair-share series the display name when one is set, else the
+object's name; on the queue controller's series (info, quota, allocated, requested) the object's name."""
+
+
+def queue_labels(name: str, display_name: str, *, scheduler: bool) -> tuple[str, str, str]:
+    """The values of `QUEUE_LABELS` for a queue, on a scheduler series or a queue controller one."""
+    legacy = (display_name or name) if scheduler else name
+    return legacy, name, display_name
+
+
 class QueueMetrics:
     """KAI's queue fair share (scheduler) and quota / allocation (queue controller) per queue, Kairos's
     requested, and the leader's lease, cycles and work round trip. Only the leader sets queue series; a
-    replica that loses the lease clears them, so two replicas never report the same queue."""
+    replica that loses the lease clears them, so two replicas never report the same queue. Every queue
+    series carries `QUEUE_LABELS`."""
 
     DERIVED = (
         Derived("kairos_queue_cycles_total", "Scheduling cycles the leader ran", key="cycles"),
@@ -441,7 +455,7 @@ class QueueMetrics:
         r = metrics.registry
 
         def queue_gauge(name: str, help_: str) -> Gauge:
-            return Gauge(name, help_, ["queue_name"], registry=r)
+            return Gauge(name, help_, QUEUE_LABELS, registry=r)
 
         self.fair_share = {
             "cpu": queue_gauge(f"{KAI}_queue_fair_share_cpu_cores", "A queue's fair share of CPU, in cores"),
@@ -511,24 +525,32 @@ class QueueMetrics:
         )
         metrics.derive(self.DERIVED)
 
-    def observe_plan(self, shares: Iterable[QueueFairShare], pending: int) -> None:
-        """A cycle's fair shares (as published in `queue-fair-share` events: GPUs, millicores, bytes)."""
+    def observe_plan(
+        self,
+        shares: Iterable[QueueFairShare],
+        pending: int,
+        display_names: Mapping[str, str] | None = None,
+    ) -> None:
+        """A cycle's fair shares (as published in `queue-fair-share` events: GPUs, millicores, bytes);
+        `display_names`: each queue's ``spec.displayName`` where it has one."""
         self.clear()
+        names = display_names or {}
         for share in shares:
-            q = share.queue
-            self.info.labels(q).set(1)
-            self.fair_share["cpu"].labels(q).set(share.fair_share.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
-            self.fair_share["memory"].labels(q).set(share.fair_share.get("memory", 0.0) / BYTES_PER_GB)
-            self.fair_share["gpu"].labels(q).set(share.fair_share.get("gpu", 0.0))
-            self.allocated["cpu"].labels(q).set(share.allocated.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
-            self.allocated["memory"].labels(q).set(share.allocated.get("memory", 0.0))
-            self.allocated["gpu"].labels(q).set(share.allocated.get("gpu", 0.0))
-            self.quota["cpu"].labels(q).set(_cores(share.deserved.get("cpu", 0.0)))
-            self.quota["memory"].labels(q).set(share.deserved.get("memory", 0.0))
-            self.quota["gpu"].labels(q).set(share.deserved.get("gpu", 0.0))
-            self.requested["cpu"].labels(q).set(share.requested.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
-            self.requested["memory"].labels(q).set(share.requested.get("memory", 0.0))
-            self.requested["gpu"].labels(q).set(share.requested.get("gpu", 0.0))
+            s = queue_labels(share.queue, names.get(share.queue, ""), scheduler=True)
+            q = queue_labels(share.queue, names.get(share.queue, ""), scheduler=False)
+            self.info.labels(*q).set(1)
+            self.fair_share["cpu"].labels(*s).set(share.fair_share.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
+            self.fair_share["memory"].labels(*s).set(share.fair_share.get("memory", 0.0) / BYTES_PER_GB)
+            self.fair_share["gpu"].labels(*s).set(share.fair_share.get("gpu", 0.0))
+            self.allocated["cpu"].labels(*q).set(share.allocated.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
+            self.allocated["memory"].labels(*q).set(share.allocated.get("memory", 0.0))
+            self.allocated["gpu"].labels(*q).set(share.allocated.get("gpu", 0.0))
+            self.quota["cpu"].labels(*q).set(_cores(share.deserved.get("cpu", 0.0)))
+            self.quota["memory"].labels(*q).set(share.deserved.get("memory", 0.0))
+            self.quota["gpu"].labels(*q).set(share.deserved.get("gpu", 0.0))
+            self.requested["cpu"].labels(*q).set(share.requested.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
+            self.requested["memory"].labels(*q).set(share.requested.get("memory", 0.0))
+            self.requested["gpu"].labels(*q).set(share.requested.get("gpu", 0.0))
         self.pending.set(pending)
 
     def clear(self) -> None:

@@ -334,7 +334,7 @@ def test_queue_gauges_carry_kai_names_label_and_units() -> None:
         pending=2,
     )
     f = scrape(metrics)
-    q = {"queue_name": "team-a"}
+    q = {"queue_name": "team-a", "queue_metadata_name": "team-a", "queue_display_name": ""}
     assert value(f, "kai_queue_fair_share_gpu", **q) == 3.5
     assert value(f, "kai_queue_fair_share_cpu_cores", **q) == 2.5
     assert value(f, "kai_queue_fair_share_memory_gb", **q) == 4.0
