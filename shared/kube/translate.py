@@ -1039,8 +1039,8 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
 
     Refused as KAI's PodGroup webhook refuses them (a tree that could never be satisfied): a
     ``minSubGroup`` below 1 or above the set's direct sub-groups, or one on a sub-group without children.
-    Also refused: a sub-group name that cannot be the value of the pods' ``kai.scheduler/subgroup-name``
-    label (KAI writes it there too; a pod-grouper patch with it would be refused by the API server).
+    Also refused: a sub-group name that is not a DNS label (KAI v0.15's webhook: the scheduler matches
+    parents in lower case, and the name becomes the pods' ``kai.scheduler/subgroup-name`` label).
     A parent's ``minMember`` is ignored, as KAI's scheduler ignores it (its webhook refuses it)."""
     root_constraint = _constraint(spec.topology_constraint)
     if spec.min_member is not None and spec.min_member < 0:
@@ -1057,7 +1057,7 @@ def _root(where: _Where, spec: wire.PodGroupSpec) -> SubGroupSet:
         if not sg.name:
             raise where.error(f"spec.subGroups[{i}].name", "missing")
         try:
-            values.label_value(sg.name)
+            values.dns_label(sg.name)
         except values.InvalidValueError as exc:
             raise where.error(f"spec.subGroups[{i}].name", str(exc)) from None
         if sg.name in by_name:

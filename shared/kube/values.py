@@ -30,7 +30,7 @@ __all__ = [
     "boolean",
     "choice",
     "decimal",
-    "label_value",
+    "dns_label",
     "shown",
     "whole",
     "whole_of",
@@ -45,7 +45,7 @@ GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 _WHOLE = re.compile(r"[+-]?[0-9]{1,19}")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _MAX_DECIMAL_CHARS = 64
 _SHOWN = 40
 
@@ -121,12 +121,12 @@ def choice(text: object, allowed: Collection[str]) -> str:
     return text
 
 
-def label_value(text: object) -> str:
-    """A non-empty Kubernetes label value: at most 63 letters, digits, ``-``, ``_`` and ``.``, starting and
-    ending with a letter or digit (names Kairos writes into a pod's labels, such as a sub-group's)."""
-    if not isinstance(text, str) or _LABEL_VALUE.fullmatch(text) is None:
+def dns_label(text: object) -> str:
+    """An RFC 1123 label, as Kubernetes names many things: at most 63 lower-case letters, digits and ``-``,
+    starting and ending with a letter or digit."""
+    if not isinstance(text, str) or _DNS_LABEL.fullmatch(text) is None:
         raise InvalidValueError(
-            "must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
-            f"(it becomes a label value), got {shown(text)}"
+            "must be a DNS label: at most 63 lower-case letters, digits or '-', starting and ending with a "
+            f"letter or digit, got {shown(text)}"
         )
     return text
