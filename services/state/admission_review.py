@@ -2,7 +2,8 @@
 
 `services.state.webhook` feeds each request body to `decode_review`, reads the pod being created with
 `pod_of_request`, and answers with `review_response` (the JSON patch, base64-encoded as the API server
-wants it). Errors name the field (`InvalidObject`); the webhook turns them into a 400. Pure: no I/O.
+wants it) or `refusal_response` (``allowed: false`` and a Status whose message the API server fails the
+request with). Errors name the field (`InvalidObject`); the webhook turns them into a 400. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -78,4 +79,15 @@ def review_response(uid: str, patch: list[dict[str, Any]] | None, warning: str =
         response["patch"] = base64.b64encode(msgspec.json.encode(patch)).decode()
     if warning:
         response["warnings"] = [warning]
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+FORBIDDEN = 403
+
+
+def refusal_response(uid: str, message: str) -> dict[str, Any]:
+    """An AdmissionReview refusing the request: the API server fails it with 403 Forbidden and
+    ``admission webhook "<name>" denied the request: <message>`` (as controller-runtime's ``Denied``)."""
+    status = {"code": FORBIDDEN, "reason": "Forbidden", "message": message}
+    response: dict[str, Any] = {"uid": uid, "allowed": False, "status": status}
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}

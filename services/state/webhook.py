@@ -20,6 +20,15 @@ NVIDIA container runtime that gives a container without a device request the GPU
 empty: none), only for fractional pods since KAI v0.16 (whole-GPU pods get their device from the device
 plugin and run as the cluster runs them), never replacing a runtime class the pod names.
 
+Two opt-in switches of KAI v0.17, off by default as KAI's: with `block_nvidia_visible_devices` (the state
+option, KAI's ``--block-nvidia-visible-devices``) a pod of ours whose GPU container sets
+``NVIDIA_VISIBLE_DEVICES`` to anything but ``void``/``none`` is refused (``allowed: false``, the message
+naming the pod, the container and its ``env`` entry: `services.state.device_access.refusal`), and every
+container that asks for no GPU gets ``NVIDIA_VISIBLE_DEVICES=void`` (`device_access.void_patch`). With
+`hami_core_enabled` (KAI's ``--hami-core-enabled``) a fractional pod's container also gets
+``CUDA_DEVICE_MEMORY_LIMIT`` from its capabilities ConfigMap (`gpu_sharing.memory_limit_patch`), which the
+binder fills at bind time with its own `hami_core_enabled` (`services.binder.hami`).
+
 Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's hundred
 pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not decode) admits
 the pod unchanged with a warning: the state service holds a waiting podgroup back from scheduling by itself,
@@ -47,7 +56,7 @@ import msgspec
 from aiohttp import web
 from cachetools import TTLCache
 
-from services.state import admission_review, gate_patches
+from services.state import admission_review, device_access, gate_patches
 from services.state.grouping import owner_refs_to_follow
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
@@ -105,6 +114,12 @@ class WebhookOptions:
     """Give every pod of ours the `kairos.io/admission` gate (the state option `quota_gate`)."""
     fraction_runtime_class: str = DEFAULT_RUNTIME_CLASS
     """The runtime class a fractional pod of ours gets (`runtime_class_patch`); empty: none."""
+    block_nvidia_visible_devices: bool = False
+    """Refuse a pod of ours whose GPU container sets ``NVIDIA_VISIBLE_DEVICES``, void its containers that
+    ask for no GPU (`services.state.device_access`; the state option of the same name)."""
+    hami_core: bool = False
+    """Give a fractional pod's container ``CUDA_DEVICE_MEMORY_LIMIT`` from its ConfigMap (the state option
+    `hami_core_enabled`)."""
 
 
 class AdmissionServer:
@@ -192,20 +207,27 @@ class AdmissionServer:
             self.ctx.counters["admission_malformed"] += 1
             log.warning("refused an admission call: %s", exc)
             return web.Response(status=400, text=str(exc))
-        patch, warning = await self.decide(review)
-        return web.Response(
-            body=msgspec.json.encode(admission_review.review_response(review.uid, patch, warning)),
-            content_type="application/json",
-        )
+        try:
+            patch, warning = await self.decide(review)
+        except device_access.DeviceAccessRefused as exc:
+            self.ctx.counters["admission_refused_device_access"] += 1
+            log.info("refused admission review %s: %s", review.uid, exc)
+            answer = admission_review.refusal_response(review.uid, str(exc))
+        else:
+            answer = admission_review.review_response(review.uid, patch, warning)
+        return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
     async def decide(
         self, review: admission_review.AdmissionRequest
     ) -> tuple[list[dict[str, Any]] | None, str]:
-        """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none). A pod
+        """The patch for the pod (None: admitted as it is) and a warning for the user ("" when none);
+        `device_access.DeviceAccessRefused` when the pod is refused (`block_nvidia_visible_devices`). A pod
         whose examination fails unforeseen (a bug its content reaches) is admitted as it is, with a warning,
         and logged: the webhook answers for every other pod as before."""
         try:
             return await self._decide(review)
+        except device_access.DeviceAccessRefused:
+            raise
         except Exception as exc:  # one pod's content must never fail the webhook for the others
             self.ctx.counters["admission_unforeseen"] += 1
             log.exception(
@@ -222,7 +244,16 @@ class AdmissionServer:
             return None, f"kairos: pod not examined for kairos.io/after or GPU sharing: {exc}"
         if pod is None or pod.spec.scheduler_name != self.options.scheduler_name or pod.spec.node_name:
             return None, ""
+        if self.options.block_nvidia_visible_devices:
+            refused = device_access.refusal(pod)
+            if refused is not None:
+                raise refused
         patch, warning = self._sharing_patch(pod)
+        if self.options.block_nvidia_visible_devices:
+            voided = device_access.void_patch(pod)
+            if voided:
+                patch += voided
+                self.ctx.counters["pods_given_void_devices"] += 1
         runtime_class = runtime_class_patch(pod, review.object or {}, self.options.fraction_runtime_class)
         if runtime_class:
             patch += runtime_class
@@ -246,13 +277,16 @@ class AdmissionServer:
         """A fractional pod's GPU-sharing environment (`shared.kube.gpu_sharing`). A pod whose
         `gpu-fraction-container-name` names no container is admitted as it is, with the reason as a
         warning: the state service holds it with the same reason until it is fixed."""
+        chars = _random_chars()
         try:
-            patch = gpu_sharing.admission_patch(pod, _random_chars())
+            patch = gpu_sharing.admission_patch(pod, chars)
         except InvalidObject as exc:
             self.ctx.counters["admission_sharing_refused"] += 1
             return [], f"kairos: {exc}; the pod will not be scheduled"
         if patch:
             self.ctx.counters["pods_given_sharing_env"] += 1
+            if self.options.hami_core:
+                patch += gpu_sharing.memory_limit_patch(pod, gpu_sharing.configmap_prefix(pod, chars))
         return patch, ""
 
     async def _declares_after(self, pod: wire.Pod) -> tuple[bool, str]:
