@@ -29,6 +29,13 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   runtime class the webhook gives fractional pods that name none (KAI's `--gpu-fraction-runtime-class-name`,
   fractional pods only since KAI v0.16); `gpu_pod_runtime_class_name`, KAI's deprecated name of the switch,
   is read when the new one is not given.
+- `block_nvidia_visible_devices=true|false` (default false, as KAI's `--block-nvidia-visible-devices`;
+  needs `webhook_port`): the webhook refuses a pod of ours whose GPU container sets NVIDIA_VISIBLE_DEVICES
+  to anything but void/none, naming the container, and gives containers that ask for no GPU
+  NVIDIA_VISIBLE_DEVICES=void (`services.state.device_access`).
+- `hami_core_enabled=true|false` (default false, as KAI's `--hami-core-enabled`; needs `webhook_port`): the
+  webhook gives a fractional pod's container CUDA_DEVICE_MEMORY_LIMIT from its GPU-sharing ConfigMap, which
+  the binder fills when its own `hami_core_enabled` is on (HAMi-core enforces it in the container).
 - `cluster_autoscaling=true|false` (default false, as KAI's `global.clusterAutoscaling`; source kube): the
   source's owner runs KAI's node-scale-adjuster (`services.state.scale_adjuster`): a scaling pod asking for
   whole GPUs for fractional pods left Unschedulable, so Cluster Autoscaler or Karpenter adds a GPU node,
@@ -137,6 +144,10 @@ class StateOptions:
     gpu_fraction_runtime_class_name: str = DEFAULT_RUNTIME_CLASS
     """The runtime class the webhook gives fractional pods naming none (KAI's default ``nvidia``; empty:
     none)."""
+    block_nvidia_visible_devices: bool = False
+    """KAI's ``--block-nvidia-visible-devices``: the webhook's device-access checks (needs the webhook)."""
+    hami_core_enabled: bool = False
+    """KAI's ``--hami-core-enabled``: the webhook's CUDA_DEVICE_MEMORY_LIMIT reference (needs the webhook)."""
     scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
     """KAI's node-scale-adjuster (`cluster_autoscaling` and its switches); off by default, as KAI's."""
     search_legacy_podgroups: bool = True
@@ -184,6 +195,14 @@ class StateOptions:
                 "service state: option 'quota_gate': needs 'webhook_port' and source kube or none "
                 "(the admission webhook sets the gate)"
             )
+        block = _flag("block_nvidia_visible_devices", get("block_nvidia_visible_devices"))
+        hami = _flag("hami_core_enabled", get("hami_core_enabled"))
+        for key, on in (("block_nvidia_visible_devices", block), ("hami_core_enabled", hami)):
+            if on and (source == "sim" or not webhook_port):
+                raise ConfigError(
+                    f"service state: option {key!r}: needs 'webhook_port' and source kube or none "
+                    "(the admission webhook does it)"
+                )
         if source == "sim" and demo and cluster:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
         scale_adjust = _scale_adjust(get)
@@ -206,6 +225,8 @@ class StateOptions:
             quota_gate=quota_gate,
             node_pool_label_key=NODE_POOL_LABEL if node_pool_key is None else node_pool_key.strip(),
             gpu_fraction_runtime_class_name=_runtime_class(get),
+            block_nvidia_visible_devices=block,
+            hami_core_enabled=hami,
             scale_adjust=scale_adjust,
             search_legacy_podgroups=_flag("search_legacy_pg", get("search_legacy_pg") or "true"),
             knative_gang_schedule=_flag("knative_gang_schedule", get("knative_gang_schedule") or "true"),
@@ -397,6 +418,8 @@ async def body(ctx: ServiceContext) -> None:
                     scheduler_name=options.scheduler_name,
                     quota_gate=options.quota_gate,
                     fraction_runtime_class=options.gpu_fraction_runtime_class_name,
+                    block_nvidia_visible_devices=options.block_nvidia_visible_devices,
+                    hami_core=options.hami_core_enabled,
                 ),
             )
             await webhook.start()
