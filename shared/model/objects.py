@@ -260,6 +260,11 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """``topologySpreadConstraints``, in the pod's order (`shared.core.spread`)."""
     legacy_mig: bool = False
     creation_time: float = 0.0
+    releasing_since: float | None = None
+    """When the deletion of this pod was asked while it was Running (``metadata.deletionTimestamp``, in
+    seconds); None for a pod not being deleted, or deleted while Pending. A session counts a Releasing pod
+    whose `releasing_since` is older than the policy's stuck-in-releasing threshold as StuckInReleasing
+    (`shared.model.status.stuck_in_releasing`)."""
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
     """Requests of the node's countable resources other than CPU, memory, GPUs and MIG instances
     (extended resources such as ``rdma/ib``, ``hugepages-<size>`` in bytes, ``ephemeral-storage`` in
