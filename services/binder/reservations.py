@@ -26,7 +26,10 @@ binder binding the same pod again end with one reservation per group and the pod
    reservation, so the pod goes back to the scheduler instead of holding the node for ever.
 4. The capabilities ConfigMap (``NVIDIA_VISIBLE_DEVICES``, ``GPU_PORTION``, ``RUNAI_NUM_OF_GPUS``) and the
    envFrom one, owned by the pod: created, or patched on 409. Skipped (and counted,
-   ``gpu_sharing_without_configmap``) for a pod admitted without ``runai/shared-gpu-configmap``.
+   ``gpu_sharing_without_configmap``) for a pod admitted without ``runai/shared-gpu-configmap``. With
+   `ReservationSettings.hami_core` the capabilities ConfigMap also gets ``CUDA_DEVICE_MEMORY_LIMIT``
+   (`services.binder.hami`), from the chosen node's GPU memory label; a node without a usable one binds the
+   pod without it, with a Warning Event ``GPUMemoryLimitUnknown`` naming the node and the label.
 
 The sync (at start, every `reservation_sync` seconds, and `reservation_grace` seconds after a sharer is
 deleted or finishes, seen by an informer on ``kairos.io/gpu-sharing=true`` pods): reservations first, then
@@ -55,7 +58,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.binder import sharing
+from services.binder import hami, sharing
 from services.binder.cluster_client import ClusterRefused, pod_replaced
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
@@ -88,6 +91,9 @@ class ReservationSettings:
     grace: float = 5.0
     attempts: int = 3
     """Reservation tries of one bind (a pod on a node) before it gives up (see the module docstring)."""
+    hami_core: bool = False
+    """Write ``CUDA_DEVICE_MEMORY_LIMIT`` into a sharer's capabilities ConfigMap (the binder option
+    `hami_core_enabled`, KAI's hamicore binder plugin)."""
 
 
 class ReservationFailed(TemporaryError):  # noqa: N818 -- a TemporaryError, named for what failed
@@ -398,6 +404,8 @@ class GpuSharing:
             if share is None:
                 raise ClusterRefused("bind", binding.pod, "its GPU share cannot be read from its annotations")
             data = sharing.capabilities_data(devices, share)
+            if self.settings.hami_core:
+                data |= await self._memory_limit(pod, binding.node, data[gs.GPU_PORTION])
             await self._ensure_configmap(pod, gs.capabilities_configmap(prefix, ref), data)
             await self._ensure_configmap(pod, gs.direct_env_configmap(prefix, ref), {})
             await self.checkpoint("configmaps")
@@ -607,6 +615,20 @@ class GpuSharing:
             content_type=MERGE_PATCH,
         )
 
+    async def _memory_limit(self, pod: wire.Pod, node: str, portion: str) -> dict[str, str]:
+        """``CUDA_DEVICE_MEMORY_LIMIT`` for `pod` on `node` (`hami.limit_data`); nothing, and a Warning Event
+        on the pod naming the node's label, when the node does not say its GPU memory."""
+        raw = await self._send(f"get node {node}", "GET", object_path("v1", "Node", None, node))
+        try:
+            data = hami.limit_data(node, wire.decode_node(raw).metadata.labels, portion)
+        except InvalidObject as exc:
+            self.counters["gpu_memory_limits_unknown"] += 1
+            log.warning("pod %s/%s: %s", pod.metadata.namespace, pod.metadata.name, exc)
+            await self._warn(pod, hami.LIMIT_UNKNOWN, hami.limit_unknown_message(exc))
+            return {}
+        self.counters["gpu_memory_limits_written"] += 1
+        return data
+
     async def _device_memory(self, node: str) -> int | None:
         """MiB per device of `node` as the core reads it (label ``nvidia.com/gpu.memory``); None if unknown."""
         try:
@@ -768,6 +790,8 @@ class GpuSharing:
                 )
             else:
                 data = sharing.capabilities_data([d for d in devices if d is not None], share)
+                if self.settings.hami_core:
+                    data |= await self._memory_limit(sharer.pod, sharer.node, data[gs.GPU_PORTION])
                 if await self._ensure_configmap(sharer.pod, sharer.capabilities, data):
                     await self._configmap_recreated(sharer, sharer.capabilities)
         elif old != visible:
