@@ -30,7 +30,8 @@ bind before it is given up, released and reported with a Warning Event `GPUReser
 reservations and sharers' ConfigMaps, 30), `reservation_grace` (s a reservation without sharers is kept, and
 a finished sharer's groups wait before their sync, 5: short, because a delete is guarded by the reservation's
 resourceVersion, which every reuse changes, and the state service counts a reservation without sharers as a
-used GPU meanwhile).
+used GPU meanwhile), `hami_core_enabled` (false, as KAI's hamicore binder plugin: write CUDA_DEVICE_MEMORY_LIMIT,
+the chosen node's GPU memory times the pod's GPU_PORTION, into a sharer's ConfigMap, `services.binder.hami`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_grace: float = 5.0
     """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
     binding its pod), and a finished sharer's groups wait before they are synced."""
+    hami_core_enabled: bool = False
+    """KAI's hamicore binder plugin: a fractional pod's bind writes ``CUDA_DEVICE_MEMORY_LIMIT`` (the node's
+    GPU memory times its ``GPU_PORTION``) into its capabilities ConfigMap, for HAMi-core to enforce; the
+    state webhook's `hami_core_enabled` gives the container the variable."""
 
     def reservations(self) -> ReservationSettings:
         return ReservationSettings(
@@ -134,6 +139,7 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             sync=self.reservation_sync,
             grace=self.reservation_grace,
             attempts=self.reservation_attempts,
+            hami_core=self.hami_core_enabled,
         )
 
 
