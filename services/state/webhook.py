@@ -48,7 +48,7 @@ import logging
 import os
 import secrets
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,8 @@ class WebhookOptions:
     """Give every pod of ours the `kairos.io/admission` gate (the state option `quota_gate`)."""
     fraction_runtime_class: str = DEFAULT_RUNTIME_CLASS
     """The runtime class a fractional pod of ours gets (`runtime_class_patch`); empty: none."""
+    routes: tuple[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]], ...] = ()
+    """Further endpoints on the same server, (path, handler): the Queue validation (`queue_validation`)."""
     block_nvidia_visible_devices: bool = False
     """Refuse a pod of ours whose GPU container sets ``NVIDIA_VISIBLE_DEVICES``, void its containers that
     ask for no GPU (`services.state.device_access`; the state option of the same name)."""
@@ -140,6 +142,8 @@ class AdmissionServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_post(PATH, self.handle)
+        for path, handler in self.options.routes:
+            app.router.add_post(path, handler)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         context = None
