@@ -40,6 +40,7 @@ import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, values, wire
+from shared.kube.effective_requests import effective_requests, is_sidecar
 from shared.kube.quantity import (
     DurationError,
     QuantityError,
@@ -293,8 +294,10 @@ def podgroup_name_of(pod: wire.Pod) -> str | None:
 
 
 class PodRequests(msgspec.Struct, frozen=True, kw_only=True):
-    """What a pod's containers ask of a node, KAI's way: max(sum of containers, each init container)
-    plus the pod overhead. GPU-sharing annotations are not included (see `pod_of`)."""
+    """What a pod's containers ask of a node, as the kubelet and KAI (v0.15) count it: the containers and
+    the sidecars together, at least what each init container's turn needs
+    (`shared.kube.effective_requests`), plus the pod overhead. GPU-sharing annotations are not included
+    (see `pod_of`)."""
 
     cpu_millis: float = 0.0
     memory_bytes: float = 0.0
@@ -316,14 +319,17 @@ def pod_requests(pod: wire.Pod) -> PodRequests:
         for resource, raw in _container_requests(c).items():
             field = f"spec.containers[{i}].resources.requests[{resource}]"
             total[resource] = total.get(resource, Fraction(0)) + _quantity(where, field, raw)
-    summed = _rounded(where, "spec.containers", total)
+    _rounded(where, "spec.containers", total)  # whole devices only
+    inits: list[tuple[bool, dict[str, Fraction]]] = []
     for i, c in enumerate(pod.spec.init_containers):
         init: dict[str, Fraction] = {}
         for resource, raw in _container_requests(c).items():
             field = f"spec.initContainers[{i}].resources.requests[{resource}]"
             init[resource] = _quantity(where, field, raw)
-        for resource, amount in _rounded(where, f"spec.initContainers[{i}]", init).items():
-            summed[resource] = max(summed.get(resource, 0), amount)
+        _rounded(where, f"spec.initContainers[{i}]", init)
+        inits.append((is_sidecar(c.restart_policy), init))
+    # Sidecars (restartPolicy: Always) run beside the containers: summed with them (KEP-753).
+    summed = _rounded(where, "spec", effective_requests([total], inits))
     overhead = {
         resource: _quantity(where, f"spec.overhead[{resource}]", raw)
         for resource, raw in pod.spec.overhead.items()
