@@ -21,7 +21,8 @@ whole GPUs the ordinary way:
   (``kai-scale-adjust``), labelled ``app: <scaling_pod_app_label>``, ``shared-gpu-pod-name`` and
   ``shared-gpu-pod-namespace``; the pod's node selector, affinity and tolerations (the new node must suit
   the pod); one container ``scaling-pod`` of ``scaling_pod_image`` asking for ``nvidia.com/gpu`` equal to the
-  pod's device count (request and limit) and for the CPU and memory the pod's containers request;
+  pod's device count (request and limit) and for the CPU and memory the pod requests (its containers and
+  native sidecars together, at least each init container: `shared.kube.effective_requests`);
   ``restartPolicy: OnFailure`` and ``scaling_pod_service_account``. Its scheduler is the cluster's default:
   the autoscaler adds a node for it, the default scheduler binds it there, its container exits at once and
   leaves the GPU to the fractional pod. Right after creating it the adjuster marks it ``PodScheduled=False``
@@ -38,7 +39,8 @@ scaling pod (more than a label value's 63 characters, or a ``<namespace>-<name>`
 create fails there). A scaling pod is named after its pod, so no pod ever has two.
 
 Where KAI's code and Kairos differ, on purpose: KAI sums the shares as floats (an exact whole sum can come
-out a hair above and ask for one GPU too many); here the sum is of whole hundredths. Pods of the namespace
+out a hair above and ask for one GPU too many); here the sum is of whole hundredths. KAI's scaling pod asks
+for the CPU and memory of the pod's regular containers only; here its native sidecars count too. Pods of the namespace
 without the two labels are not scaling pods here (KAI counts them, and keeps them forever); scaling pods
 already being deleted are neither counted nor deleted again.
 
@@ -57,6 +59,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from shared.kube import keys, translate, values, wire
+from shared.kube.effective_requests import effective_requests, is_sidecar
 from shared.kube.quantity import QuantityError, format_quantity, parse_quantity
 
 __all__ = [
@@ -245,20 +248,28 @@ def _cannot_stand_for(pod: wire.Pod) -> str | None:
 
 
 def _summed(pod: wire.Pod, resource: str) -> str | None:
-    """The pod's containers' requests of `resource` summed, None when none asks (or a value does not
-    parse, which the API server would not have stored)."""
-    total = Fraction(0)
-    asked = False
-    for container in pod.spec.containers:
+    """The pod's request of `resource` as the kubelet counts it (its containers and sidecars together, at
+    least each init container's turn: `shared.kube.effective_requests`), None when no container asks (or a
+    value does not parse, which the API server would not have stored).
+
+    KAI sums the regular containers only; a pod with a native sidecar then gets a scaling pod smaller than
+    itself, and the node added for it may be too small. Kairos asks for what the pod will need."""
+
+    def asks(container: wire.Container) -> dict[str, Fraction] | None:
         raw = container.resources.requests.get(resource)
-        if raw is None:
-            continue
-        try:
-            total += parse_quantity(raw)
-        except QuantityError:
-            return None
-        asked = True
-    return format_quantity(total) if asked and total >= 0 else None
+        return {resource: parse_quantity(raw)} if raw is not None else None
+
+    try:
+        containers = [a for c in pod.spec.containers if (a := asks(c)) is not None]
+        inits = [
+            (is_sidecar(c.restart_policy), a) for c in pod.spec.init_containers if (a := asks(c)) is not None
+        ]
+    except QuantityError:
+        return None
+    if not containers and not inits:
+        return None
+    total = effective_requests(containers, inits).get(resource, Fraction(0))
+    return format_quantity(total) if total >= 0 else None
 
 
 def scaling_pod(waiting: Waiting, options: ScaleAdjustOptions) -> dict[str, Any]:

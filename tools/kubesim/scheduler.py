@@ -15,6 +15,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from shared.kube.effective_requests import effective_requests, is_sidecar
 from tools.kubesim.objects import quantity, rfc3339
 from tools.kubesim.store import Change, Key
 
@@ -28,8 +29,10 @@ DEFAULT_SCHEDULER = "default-scheduler"
 
 
 def pod_requests(pod: Obj) -> dict[str, Fraction]:
-    """The pod's effective requests: the sum over containers, at least the largest init container's,
-    plus overhead (limits stand in for missing requests, as the API server defaults them)."""
+    """The pod's effective requests as kube-scheduler and the kubelet count them: the containers and the
+    sidecars (init containers with ``restartPolicy: Always``) together, at least what each init
+    container's turn needs (`shared.kube.effective_requests`), plus overhead (limits stand in for missing
+    requests, as the API server defaults them)."""
     spec = pod.get("spec") or {}
 
     def of(container: Obj) -> dict[str, Fraction]:
@@ -42,13 +45,10 @@ def pod_requests(pod: Obj) -> dict[str, Fraction]:
                 out[name] = q
         return out
 
-    total: dict[str, Fraction] = {}
-    for c in spec.get("containers") or ():
-        for name, q in of(c).items():
-            total[name] = total.get(name, Fraction(0)) + q
-    for c in spec.get("initContainers") or ():
-        for name, q in of(c).items():
-            total[name] = max(total.get(name, Fraction(0)), q)
+    total = effective_requests(
+        (of(c) for c in spec.get("containers") or ()),
+        ((is_sidecar(c.get("restartPolicy")), of(c)) for c in spec.get("initContainers") or ()),
+    )
     for name, value in (spec.get("overhead") or {}).items():
         extra = quantity(value)
         if extra is not None:
