@@ -12,6 +12,8 @@ from typing import Literal
 
 import msgspec
 
+from shared.model.status import DEFAULT_STUCK_IN_RELEASING_THRESHOLD
+
 Placement = Literal["binpack", "spread"]
 ReclaimStrategy = Literal["maintain-fair-share", "guarantee-deserved-quota"]
 Argument = str | int | float | bool
@@ -82,8 +84,15 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     reclaim_min_runtime: float = 0.0
     """Seconds after its last start during which a job may not be preempted / reclaimed; queues may
     override them (`Queue.preempt_min_runtime`, `Queue.reclaim_min_runtime`)."""
-    min_node_gpu_memory_mib: int = 100
-    """GPU memory per device used to turn gpu-memory requests into GPU quota."""
+    min_node_gpu_memory_mib: int | None = None
+    """The GPU memory per device that turns a pending gpu-memory request into GPUs of queue quota (KAI
+    ``MinNodeGPUMemoryMiB``). None (the default): the smallest among the cluster's GPU nodes, each cycle
+    (KAI v0.17, `shared.core.proportion.device_memory_of`); a number fixes it (KAI before v0.17 fixed it
+    at 100). The queue limit and non-preemptible quota checks always use the largest (KAI v0.17, #1792)."""
+    stuck_in_releasing_threshold: float = DEFAULT_STUCK_IN_RELEASING_THRESHOLD
+    """Seconds after its deletion was asked that a still Running pod counts as StuckInReleasing (KAI
+    v0.17's ``--stuck-in-releasing-threshold``, 2m): it keeps its resources, no pending pod is pipelined
+    onto them, and it is no victim (`shared.model.status.stuck_in_releasing`)."""
     k_value: float = 1.0
     """KAI's proportion ``kValue``: how much historical usage (`queue_usage`) shifts over-quota shares."""
     queue_usage: tuple[QueueUsage, ...] = ()
@@ -123,6 +132,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         unknown = [a for a in self.actions if a not in KNOWN_ACTIONS]
         if unknown:
             raise ValueError(f"policy: field 'actions': unknown action {unknown[0]!r}")
+        if not (math.isfinite(self.stuck_in_releasing_threshold) and self.stuck_in_releasing_threshold >= 0):
+            raise ValueError("policy: field 'stuck_in_releasing_threshold' must be a finite number >= 0")
+        if self.min_node_gpu_memory_mib is not None and self.min_node_gpu_memory_mib <= 0:
+            raise ValueError("policy: field 'min_node_gpu_memory_mib' must be > 0")
         for u in self.queue_usage:
             if not all(math.isfinite(v) and v >= 0 for v in (u.gpu, u.cpu, u.memory)):
                 raise ValueError(f"policy: field 'queue_usage': queue {u.queue!r}: must be finite and >= 0")

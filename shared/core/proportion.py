@@ -4,6 +4,10 @@ This is KAI's `proportion` plugin as pure functions over `QueueState`s: the sess
 states (requests and allocations from the snapshot, fair share from `shared.core.fair_share`), statements
 move `allocated` as pods are placed or evicted, and the actions ask `queue_order_key`-style comparisons
 and the capacity checks (limit; non-preemptible work only inside quota).
+
+A gpu-memory request becomes GPUs of quota by dividing by a device's memory: which device is
+`DeviceMemory`'s concern (KAI v0.17, read from the nodes each session). A placed pod counts its share on
+its own node.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from shared.core.fair_share import (
     fair_share_less_than_allocated,
     less_equal,
 )
-from shared.model import Queue
+from shared.model import Node, Queue
 from shared.model.objects import UNLIMITED
 
 # Resource order of every 3-vector in this module: GPU devices, CPU millicores, memory bytes.
@@ -32,6 +36,51 @@ Vec = list[float]
 
 def vec() -> Vec:
     return [0.0, 0.0, 0.0]
+
+
+UNREPORTED_GPU_MEMORY_MIB = 100
+"""What a GPU node without the GPU-feature-discovery memory label reports per device (KAI's
+``DefaultGpuMemory``): a placeholder, not a size."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """The GPU memory per device (MiB) that turns gpu-memory requests into GPUs of queue quota (KAI v0.17,
+    ``MinNodeGPUMemoryMiB`` and ``MaxNodeGPUMemoryMiB``); None where the cluster has no GPU node, and a
+    gpu-memory request then counts no GPUs.
+
+    - `smallest` where the count must not understate the pod: what a pending pod asks of its queue, and a
+      job's init request that reclaim (may it reclaim, from whom), the queue order and the victim search
+      compare with fair shares;
+    - `largest` for the queue limit and non-preemptible quota checks made before a node is chosen: the
+      smallest share the pod could take anywhere, so a job over even then is over on every node
+      (KAI #1792; the per-node check uses the node's own devices).
+    """
+
+    smallest: int | None
+    largest: int | None
+
+    def as_gpus(self, devices: int, memory_mib: int, per_device: int | None) -> float:
+        """KAI ``GpuMemoryAsGpuFraction``: `devices` x `memory_mib` over `per_device` (one of the two
+        fields); 0 without a size to divide by."""
+        if per_device is None or per_device <= 0 or memory_mib <= 0:
+            return 0.0
+        return devices * (memory_mib / per_device)
+
+
+def device_memory_of(nodes: Sequence[Node], fixed_smallest: int | None = None) -> DeviceMemory:
+    """The smallest and largest memory per device among the GPU nodes: those reporting a size (above KAI's
+    100 MiB placeholder), else the placeholder when no GPU node reports one; None and None without any
+    GPU node. `fixed_smallest` (`Policy.min_node_gpu_memory_mib`) replaces the smallest.
+
+    KAI's scheduler takes the extremes over its GPU nodes (nil without one, #1792) and its test harness
+    over the nodes above 100 MiB, else 100: the two agree wherever both apply, and this is both."""
+    gpu_nodes = [n.gpu_memory_mib for n in nodes if n.gpus > 0]
+    if not gpu_nodes:
+        return DeviceMemory(fixed_smallest, None)
+    sizes = [m for m in gpu_nodes if m > UNREPORTED_GPU_MEMORY_MIB] or [UNREPORTED_GPU_MEMORY_MIB]
+    smallest = fixed_smallest if fixed_smallest is not None else min(sizes)
+    return DeviceMemory(smallest, max(sizes))
 
 
 @dataclass(eq=False)

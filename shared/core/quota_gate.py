@@ -45,7 +45,6 @@ from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
 from shared.core.proportion import (
     CapacityResult,
-    Vec,
     ancestors_and_self,
     check_non_preemptible_over_quota,
     check_over_limit,
@@ -166,7 +165,7 @@ def _capacity(ssn: Session, job: JobState, tasks: list[TaskState]) -> tuple[Capa
     result = ssn.job_capacity(job, tasks)
     if result.ok or job.queue not in ssn.queues:
         return result, job.queue
-    request = _capacity_request(ssn, tasks)
+    request = ssn.capacity_request(tasks)
     chain = ancestors_and_self(ssn.queues, job.queue)
     for queue in chain:
         if not check_over_limit([queue], request).ok:
@@ -175,16 +174,6 @@ def _capacity(ssn: Session, job: JobState, tasks: list[TaskState]) -> tuple[Capa
         if not check_non_preemptible_over_quota([queue], request, job.preemptible).ok:
             return result, queue.name
     return result, job.queue
-
-
-def _capacity_request(ssn: Session, tasks: list[TaskState]) -> Vec:
-    """The request `Session.job_capacity` checks (gpu-memory pods count no GPU there, as in KAI)."""
-    total = [0.0, 0.0, 0.0]
-    for t in tasks:
-        gpus = 0.0 if t.kind == "memory" else t.quota_gpus(ssn.policy.min_node_gpu_memory_mib)
-        for r, v in enumerate((gpus, t.cpu, t.mem)):
-            total[r] += v
-    return total
 
 
 def _take(ssn: Session, job: JobState, tasks: list[TaskState]) -> None:

@@ -22,17 +22,19 @@ from shared.core.policy import Policy
 from shared.core.proportion import (
     OK,
     CapacityResult,
+    DeviceMemory,
     QueueState,
     Vec,
     ancestors_and_self,
     check_non_preemptible_over_quota,
     check_over_limit,
+    device_memory_of,
     queue_states_from_model,
     set_fair_shares,
 )
 from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, OrderKeys, TaskState, mig_gpu_portion
 from shared.model import Snapshot, Topology
-from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
+from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus, stuck_in_releasing
 
 if TYPE_CHECKING:
     from shared.core.plugins.chain import Chains
@@ -91,11 +93,16 @@ class Session:
         keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
         for pg in snapshot.podgroups:
             self.jobs[pg.key] = JobState(pg, keys)
+        stuck_after = policy.stuck_in_releasing_threshold
         for pod in snapshot.pods:
             job = self.jobs.get(pod.podgroup)
             if job is None:
                 continue
             task = TaskState(pod, job)
+            if stuck_in_releasing(pod.status, pod.releasing_since, now, stuck_after):
+                # KAI v0.17: it holds its resources as a running pod does (never as releasing ones, so
+                # nothing is pipelined onto them) and is no victim (not active-allocated).
+                task.status = PodStatus.STUCK_IN_RELEASING
             job.add_task(task)
             self.tasks[task.key] = task
         if accounting_only:
@@ -116,6 +123,8 @@ class Session:
         )
         self.affinity_cache: dict[object, object] = {}
         """Inter-pod affinity's answers per cluster generation (`shared.core.pod_affinity`)."""
+        self.device_memory: DeviceMemory = device_memory_of(snapshot.nodes, policy.min_node_gpu_memory_mib)
+        """The GPU memory per device that turns gpu-memory requests into queue quota (KAI v0.17)."""
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
         self._queue_chains: dict[str, list[QueueState]] = {}
         self.total: Vec = [
@@ -147,7 +156,7 @@ class Session:
     def _init_queue_usage(self) -> None:
         # Per element, the same additions in the same order as one `accepted_quota`/`request_quota` vector
         # per task would make: the sums come out bit for bit the same, without a list per task.
-        min_gpu_memory = self.policy.min_node_gpu_memory_mib
+        min_gpu_memory = self.device_memory.smallest
         for job in self.jobs.values():
             chain = self.queue_chain(job.queue)
             if not chain:
@@ -180,7 +189,7 @@ class Session:
 
     def request_quota(self, task: TaskState) -> Vec:
         """What a pending task asks of its queue: (GPU, CPU, memory), gpu-memory as a share of a device."""
-        return [task.quota_gpus(self.policy.min_node_gpu_memory_mib), task.cpu, task.mem]
+        return [task.quota_gpus(self.device_memory.smallest), task.cpu, task.mem]
 
     def accepted_quota(self, task: TaskState) -> Vec:
         """What a placed task holds in its queue (KAI AcceptedResource): fractions as placed on its node."""
@@ -189,13 +198,13 @@ class Session:
             node = self.cluster.nodes[task.node]
             gpus = task.gpu.devices * node.gpu_fraction_on_node(task.gpu.memory_mib)
         elif task.kind == "mig":
-            gpus = task.quota_gpus(self.policy.min_node_gpu_memory_mib)
+            gpus = task.quota_gpus(self.device_memory.smallest)
         return [gpus, task.cpu, task.mem]
 
     def node_init_quota(self, task: TaskState, node: NodeState) -> Vec:
         """KAI `GetRequiredInitQuota`: the quota a task would take on this particular node."""
         if task.kind == "mig":
-            return [task.quota_gpus(self.policy.min_node_gpu_memory_mib), task.cpu, task.mem]
+            return [task.quota_gpus(self.device_memory.smallest), task.cpu, task.mem]
         if task.kind == "regular":
             return [float(task.gpu.devices) if node.gpu_memory else 0.0, task.cpu, task.mem]
         portion = node.gpu_fraction_on_node(task.gpu_memory_on(node.gpu_memory))
@@ -239,18 +248,24 @@ class Session:
         """KAI `IsJobOverQueueCapacity`: the queue limit, and non-preemptible work only inside quota."""
         if job.queue not in self.queues:
             return CapacityResult(False, "QueueDoesNotExist", f"queue {job.queue} does not exist")
-        req = [0.0, 0.0, 0.0]
-        for t in tasks:
-            v = [t.quota_gpus(0) if t.kind != "memory" else 0.0, t.cpu, t.mem]
-            if t.kind == "mig":
-                v[0] = t.quota_gpus(self.policy.min_node_gpu_memory_mib)
-            for r in range(3):
-                req[r] += v[r]
+        req = self.capacity_request(tasks)
         chain = self.queue_chain(job.queue)
         result = check_over_limit(chain, req)
         if not result.ok:
             return result
         return check_non_preemptible_over_quota(chain, req, job.preemptible)
+
+    def capacity_request(self, tasks: list[TaskState]) -> Vec:
+        """What the queue limit and non-preemptible quota checks count for `tasks` before a node is chosen
+        (KAI capacity_policy ``getRequiredQuota``): gpu-memory requests over the largest device, the
+        smallest share they could take (KAI v0.17, #1792)."""
+        largest = self.device_memory.largest
+        req = [0.0, 0.0, 0.0]
+        for t in tasks:
+            req[0] += t.quota_gpus(largest)
+            req[1] += t.cpu
+            req[2] += t.mem
+        return req
 
     def queue_node_capacity(self, task: TaskState, node: NodeState) -> CapacityResult:
         """KAI proportion's per-node check: the quota the task would take on this node."""
@@ -266,13 +281,15 @@ class Session:
         return job.cached("init_request", lambda: self._job_init_request(job))
 
     def _job_init_request(self, job: JobState) -> Vec:
+        # Over the smallest device: what a gpu-memory pod could take at most (KAI v0.17).
+        smallest = self.device_memory.smallest
         total = [0.0, 0.0, 0.0]
         for t in job.tasks_to_allocate(real=False):
             gpus = t.requested_gpus
             if t.kind == "memory":
-                gpus += t.gpu.devices * (t.gpu.memory_mib / self.policy.min_node_gpu_memory_mib)
+                gpus += t.quota_gpus(smallest)
             elif t.kind == "mig":
-                gpus = t.quota_gpus(self.policy.min_node_gpu_memory_mib)
+                gpus = t.quota_gpus(smallest)
             total[0] += gpus
             total[1] += t.cpu
             total[2] += t.mem

@@ -116,10 +116,13 @@ class TaskState:
             return self.gpu.memory_mib
         return int(self.gpu.fraction * node_gpu_memory) if self.kind == "fraction" else 0
 
-    def quota_gpus(self, min_node_gpu_memory: int) -> float:
-        """GPUs this task counts for in queue accounting (gpu-memory requests as a share of a device)."""
+    def quota_gpus(self, device_memory: int | None) -> float:
+        """GPUs this task counts for in queue accounting: a gpu-memory request as its share of devices of
+        `device_memory` MiB (none without a size, KAI v0.17; `shared.core.proportion.DeviceMemory`)."""
         if self.kind == "memory":
-            return self.gpu.devices * (self.gpu.memory_mib / min_node_gpu_memory)
+            if not device_memory:
+                return 0.0
+            return self.gpu.devices * (self.gpu.memory_mib / device_memory)
         if self.kind == "mig":
             return float(sum(mig_gpu_portion(name) * n for name, n in self.gpu.mig.items()))
         return self.gpu.gpus

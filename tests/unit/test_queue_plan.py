@@ -154,13 +154,14 @@ def test_podgroups_a_queue_total_bounds_are_guarded() -> None:
 
 
 def test_the_plan_counts_requests_under_the_policy_it_is_given() -> None:
-    # A GPU-memory pod asks its queue for memory over the policy's minimum device memory, in GPUs.
+    # A GPU-memory pod asks its queue for memory over the smallest device, in GPUs: the nodes' by default
+    # (KAI v0.17), the policy's when it fixes one.
     pg, pods = gang("m", "a", 1)
     pods = [msgspec.structs.replace(p, gpu=GpuRequest(devices=1, memory_mib=50)) for p in pods]
     snap = snapshot([queue("a")], (pg, pods))
     by_default = plan_queues(snap, NOW, Policy()).shares[0]
     smaller = plan_queues(snap, NOW, Policy(min_node_gpu_memory_mib=200)).shares[0]
-    assert (by_default.requested.gpu, smaller.requested.gpu) == (0.5, 0.25)
+    assert (by_default.requested.gpu, smaller.requested.gpu) == (50 / NODE.gpu_memory_mib, 0.25)
     # Knobs that only steer placement leave the plan as it is.
     assert plan_queues(snap, NOW, Policy(gpu_usage_scoring=True, actions=("allocate",))) == plan_queues(
         snap, NOW, Policy()

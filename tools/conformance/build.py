@@ -40,6 +40,10 @@ DEFAULT_TASK_CPU_MILLIS = 1000.0
 DEFAULT_TASK_MEMORY_BYTES = 1e9
 NODE_TYPE_LABEL = "kai.scheduler/type"
 MIB = 1024 * 1024
+STUCK_FOR_SECONDS = 24 * 3600.0
+"""How long before the case's time a ``StuckInReleasing`` task's deletion was asked: KAI's harness sets
+the status itself; Kairos gives the pod a deletion older than any stuck-in-releasing threshold, so the core
+classifies it as KAI's scheduler would (`shared.model.status.stuck_in_releasing`)."""
 
 
 @dataclass
@@ -195,10 +199,13 @@ def gpu_request(job: c.Job, task: c.Task) -> GpuRequest:
         memory = per.gpu_memory_mib or 0
     if task.gpus is not None:
         whole = task.gpus
+    # KAI v0.17's harness marks a shared request of `gpu_devices` devices as that many (the pod annotation
+    # gpu-fraction-num-devices; SCHEMA.md, "Fields added for KAI v0.17").
+    devices = per.gpu_devices or 1
     if 0 < fraction <= 1:
-        return GpuRequest(devices=1, fraction=fraction)
+        return GpuRequest(devices=devices, fraction=fraction)
     if memory > 0:
-        return GpuRequest(devices=1, memory_mib=memory)
+        return GpuRequest(devices=devices, memory_mib=memory)
     return GpuRequest(devices=whole)
 
 
@@ -215,6 +222,9 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
             desc = state.tasks[t.pod_name]
             status = PodStatus(desc.state) if desc.state is not None else PodStatus.UNKNOWN
             statuses.append(status)
+            releasing_since = None
+            if status == PodStatus.STUCK_IN_RELEASING:
+                status, releasing_since = PodStatus.RELEASING, now - STUCK_FOR_SECONDS
             gpu = gpu_request(job, t)
             groups = list(desc.gpu_groups)
             if (
@@ -273,6 +283,7 @@ def build_snapshot(state: CaseState, now: float) -> Snapshot:
                     pod_affinity=affinity,
                     pod_anti_affinity=anti,
                     legacy_mig=t.legacy_mig,
+                    releasing_since=releasing_since,
                 )
             )
         running = any(s in ALLOCATED for s in statuses)

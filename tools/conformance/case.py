@@ -69,8 +69,8 @@ __all__ = [
 SINGLE_SESSION = "single-session"
 """``harness.mode`` of the action-level cases (SEMANTICS §13); absent means the round loop of §1."""
 
-# KAI pod_status names (SEMANTICS §5.2); a task state or expected status outside this set can
-# never be produced or matched, so it is a typo in the case.
+# KAI pod_status names (SEMANTICS §5.2; StuckInReleasing since v0.17, §14); a task state or expected
+# status outside this set can never be produced or matched, so it is a typo in the case.
 POD_STATUSES: frozenset[str] = frozenset(
     {
         "Pending",
@@ -81,6 +81,7 @@ POD_STATUSES: frozenset[str] = frozenset(
         "Bound",
         "Running",
         "Releasing",
+        "StuckInReleasing",
         "Succeeded",
         "Failed",
         "Unknown",

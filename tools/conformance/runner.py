@@ -43,7 +43,6 @@ def harness_policy(case: c.Case) -> Policy:
         staleness_grace_period=0.0,
         max_consolidation_preemptees=-1,
         allow_consolidating_reclaim=True,
-        min_node_gpu_memory_mib=100,
     )
 
 

@@ -51,12 +51,7 @@ def is_candidate(ssn: Session, job: JobState) -> bool:
 
 def non_preemptible_over_quota(ssn: Session, job: JobState) -> bool:
     """KAI `IsNonPreemptibleJobOverQueueQuota` for the job's next pods."""
-    req = [0.0, 0.0, 0.0]
-    for t in job.tasks_to_allocate(real=False):
-        gpus = 0.0 if t.kind == "memory" else t.quota_gpus(ssn.policy.min_node_gpu_memory_mib)
-        req[0] += gpus
-        req[1] += t.cpu
-        req[2] += t.mem
+    req = ssn.capacity_request(job.tasks_to_allocate(real=False))
     chain = ancestors_and_self(ssn.queues, job.queue)
     return not check_non_preemptible_over_quota(chain, req, job.preemptible).ok
 
