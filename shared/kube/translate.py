@@ -429,9 +429,17 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         topology_spread=_topology_spread(where, pod.spec.topology_spread_constraints, meta.labels),
         legacy_mig=legacy_mig,
         creation_time=_time(where, "metadata.creationTimestamp", meta.creation_timestamp) or 0.0,
+        releasing_since=_releasing_since(where, pod),
         scalars={r: float(n) for r, n in requests.scalars.items()},
         host_ports=host_ports_of(pod),
     )
+
+
+def _releasing_since(where: _Where, pod: wire.Pod) -> float | None:
+    """When a Running pod's deletion was asked (KAI v0.17 counts only those toward StuckInReleasing)."""
+    if pod.status.phase != "Running":
+        return None
+    return _time(where, "metadata.deletionTimestamp", pod.metadata.deletion_timestamp)
 
 
 def host_ports_of(pod: wire.Pod) -> tuple[HostPort, ...]:
