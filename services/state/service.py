@@ -29,6 +29,10 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   runtime class the webhook gives fractional pods that name none (KAI's `--gpu-fraction-runtime-class-name`,
   fractional pods only since KAI v0.16); `gpu_pod_runtime_class_name`, KAI's deprecated name of the switch,
   is read when the new one is not given.
+- `queue_quota_validation=true|false` (default false, as KAI's ``enableQuotaValidation``; with `webhook_port`):
+  the Queue validation endpoint the webhook's port also serves (`services.state.queue_validation`, KAI's
+  queue webhook: a Queue without ``spec.resources`` is always refused) also refuses a child whose parent
+  does not exist and warns when quotas under a parent add up above it.
 - `block_nvidia_visible_devices=true|false` (default false, as KAI's `--block-nvidia-visible-devices`;
   needs `webhook_port`): the webhook refuses a pod of ours whose GPU container sets NVIDIA_VISIBLE_DEVICES
   to anything but void/none, naming the container, and gives containers that ask for no GPU
@@ -82,10 +86,12 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.state import queue_validation
 from services.state.grouping import GrouperConfig
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
+from services.state.queue_validation import QueueValidation
 from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
 from services.state.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
@@ -144,6 +150,8 @@ class StateOptions:
     gpu_fraction_runtime_class_name: str = DEFAULT_RUNTIME_CLASS
     """The runtime class the webhook gives fractional pods naming none (KAI's default ``nvidia``; empty:
     none)."""
+    queue_quota_validation: bool = False
+    """KAI's ``enableQuotaValidation``: the Queue endpoint's parent-child checks (needs the webhook)."""
     block_nvidia_visible_devices: bool = False
     """KAI's ``--block-nvidia-visible-devices``: the webhook's device-access checks (needs the webhook)."""
     hami_core_enabled: bool = False
@@ -197,7 +205,12 @@ class StateOptions:
             )
         block = _flag("block_nvidia_visible_devices", get("block_nvidia_visible_devices"))
         hami = _flag("hami_core_enabled", get("hami_core_enabled"))
-        for key, on in (("block_nvidia_visible_devices", block), ("hami_core_enabled", hami)):
+        queue_quota = _flag("queue_quota_validation", get("queue_quota_validation"))
+        for key, on in (
+            ("block_nvidia_visible_devices", block),
+            ("hami_core_enabled", hami),
+            ("queue_quota_validation", queue_quota),
+        ):
             if on and (source == "sim" or not webhook_port):
                 raise ConfigError(
                     f"service state: option {key!r}: needs 'webhook_port' and source kube or none "
@@ -220,6 +233,7 @@ class StateOptions:
             kubeconfig=get("kubeconfig") or os.environ.get("KUBECONFIG") or None,
             scheduler_name=get("scheduler_name") or "kai-scheduler",
             webhook_port=webhook_port,
+            queue_quota_validation=queue_quota,
             webhook_cert=cert,
             webhook_key=key,
             quota_gate=quota_gate,
@@ -418,6 +432,16 @@ async def body(ctx: ServiceContext) -> None:
                     scheduler_name=options.scheduler_name,
                     quota_gate=options.quota_gate,
                     fraction_runtime_class=options.gpu_fraction_runtime_class_name,
+                    routes=(
+                        (
+                            queue_validation.PATH,
+                            QueueValidation(
+                                ctx,
+                                lambda: queue_validation.queues_of(replica.records.values()),
+                                quota_validation=options.queue_quota_validation,
+                            ).handle,
+                        ),
+                    ),
                     block_nvidia_visible_devices=options.block_nvidia_visible_devices,
                     hami_core=options.hami_core_enabled,
                 ),
