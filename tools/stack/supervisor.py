@@ -468,12 +468,17 @@ def free_port() -> int:
 
 
 def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
-    """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate)."""
+    """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate), and its
+    Queue admission at the first replica's Queue validation (one webhook, so each warning shows once;
+    failurePolicy Ignore, so a restarting state service does not stop Queues from being written)."""
+    from shared.kube import queue_admission
     from shared.kube.scheduling_gates import webhook_configuration
     from tools.stack.bootstrap import replace_object
 
     urls = [f"http://127.0.0.1:{port}/mutate-pods" for port in ports]
     asyncio.run(replace_object(str(kubeconfig), webhook_configuration(urls)))
+    queues = queue_admission.webhook_configuration([f"http://127.0.0.1:{ports[0]}"], failure_policy="Ignore")
+    asyncio.run(replace_object(str(kubeconfig), queues))
 
 
 def _write_pids(stack: Stack) -> None:
