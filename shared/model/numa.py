@@ -81,7 +81,10 @@ class NodeNuma(msgspec.Struct, frozen=True, kw_only=True):
                 for resource, amount in getattr(zone, part).items():
                     if not math.isfinite(amount) or amount < 0:
                         raise InvalidObject(
-                            "numa", "", f"zones[{i}].{part}[{resource}]", f"must be a number >= 0, got {amount!r}"
+                            "numa",
+                            "",
+                            f"zones[{i}].{part}[{resource}]",
+                            f"must be a number >= 0, got {amount!r}",
                         )
             for resource, amount in zone.available.items():
                 if amount > zone.allocatable.get(resource, 0.0):
