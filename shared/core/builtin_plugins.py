@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
 from shared.core import minruntime, pod_affinity, predicates, scoring, spread, topology
+from shared.core.plugins import numa
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
 from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
@@ -396,6 +397,15 @@ DEFAULT_REGISTRY: SessionRegistry = Registry(
             _constant(Plugin(node_score=PodTopologySpreadScore())),
             KAIROS["podtopologyspread"],
             summary="Kubernetes' pod topology spread: the ScheduleAnyway score (DoNotSchedule is in predicates)",
+        ),
+        # KAI v0.16's, off unless a plugin list names it (`shared.core.plugins.numa`).
+        PluginSpec(
+            numa.NAME,
+            numa.factory,
+            numa.PRIORITY,
+            numa.ARGUMENTS,
+            enabled_by_default=False,
+            summary="KAI v0.16: the kubelet Topology Manager's NUMA admission, from NodeResourceTopology",
         ),
     ]
 )
