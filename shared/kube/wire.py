@@ -541,6 +541,16 @@ class ActionConfig(_ShardConfig, frozen=True, kw_only=True):
     priority: int | None = None
 
 
+class ScenarioSearchBudgets(_ShardConfig, frozen=True, kw_only=True):
+    """KAI v0.16's time budgets of the victim search (alpha in KAI); Go duration strings, by action or
+    scenario generator name (``default`` for the rest)."""
+
+    max_action_search_duration: dict[str, str] = msgspec.field(default_factory=dict)
+    max_job_search_duration: str | None = None
+    min_job_search_duration: str | None = None
+    max_generator_search_duration: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class SchedulingShardSpec(_ShardConfig, frozen=True, kw_only=True):
     args: dict[str, str] = msgspec.field(default_factory=dict)
     placement_strategy: PlacementStrategy | None = None
@@ -551,6 +561,10 @@ class SchedulingShardSpec(_ShardConfig, frozen=True, kw_only=True):
     usage_db_config: UsageDBConfig | None = msgspec.field(default=None, name="usageDBConfig")
     plugins: dict[str, PluginConfig] = msgspec.field(default_factory=dict)
     actions: dict[str, ActionConfig] = msgspec.field(default_factory=dict)
+    scenario_search_budgets: ScenarioSearchBudgets | None = None
+    go_mem_limit_ratio: float | None = None
+    go_mem_limit: str | int | float | None = None
+    """A Kubernetes quantity (``2Gi``)."""
 
 
 class SchedulingShardStatus(_Wire, frozen=True, kw_only=True):
