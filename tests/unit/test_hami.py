@@ -6,6 +6,7 @@ ConfigMap)."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from services.binder import hami, sharing
 from services.binder.service import parse_options
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, wire
+from tests.unit import test_deploy_manifests as deploy
 from tools.kubesim.patch import json_patch
 
 LABEL = keys.GPU_MEMORY_LABEL
@@ -90,6 +92,19 @@ def test_any_label_and_portion_give_a_limit_or_an_error_naming_the_node(label: s
 def test_the_binder_option_is_off_by_default_and_reaches_the_reservation_settings() -> None:
     assert parse_options({}).reservations().hami_core is False
     assert parse_options({"hami_core_enabled": "true"}).reservations().hami_core is True
+
+
+@pytest.mark.parametrize("value", ["false", "true"])
+def test_one_value_in_kairos_env_switches_the_state_webhook_and_the_binder_in_deploy_base(value: str) -> None:
+    objects = deploy.base()
+    env = {**deploy.config_map_data(objects, "kairos-env"), "KAIROS_HAMI_CORE_ENABLED": value}
+    assert deploy.config_map_data(objects, "kairos-env")["KAIROS_HAMI_CORE_ENABLED"] == "false"
+    assert deploy.config_map_data(objects, "kairos-env")["KAIROS_BLOCK_NVIDIA_VISIBLE_DEVICES"] == "false"
+    options = {
+        key: re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
+        for key, text in deploy.set_options(deploy.find(objects, "Deployment", "kairos-binder")).items()
+    }
+    assert parse_options(options).hami_core_enabled is (value == "true")
 
 
 # --- the admission's reference -------------------------------------------------------------------------------
