@@ -15,7 +15,9 @@ and, for each event:
   `PodScheduled=False` with reason `Unschedulable` and the Event's text (a strategic merge patch of
   pods/status, built by `services.state.problems.pod_scheduled_patch` like the held-back pods');
   binding sets it True;
-- podgroup-state: the PodGroup's status phase and counts (the condition is cleared once it runs);
+- podgroup-state: the PodGroup's status phase and counts; its ``UnschedulableOnNodePool`` condition for
+  its node pool goes once none of its pods is pending any more (`stale_condition_patch`, checked with the
+  ``resourcesStatus`` recount below, so also when pending pods are deleted or bound without an event);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
 
 The PodGroup's own knobs are honoured as KAI's status updater honours them: ``markUnschedulable: false``
@@ -52,6 +54,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.state import problems
@@ -392,16 +395,12 @@ class WriteBack:
         group = self.mirror.raw.podgroups.get(key)
         if group is None:
             return
-        running = event.phase == "Running"
-        if running:
+        if event.phase == "Running":
             self._reported.pop(key, None)
+        # The UnschedulableOnNodePool condition goes with the podgroup's last pending pod, which the recount
+        # this event triggers sees (`stale_condition_patch`): a gang placed in part keeps it (KAI #1908).
         patch = translate.podgroup_status_patch(
-            group,
-            now=event_time(),
-            phase=event.phase,
-            running=event.running,
-            pending=event.pending,
-            clear_unschedulable=running,
+            group, now=event_time(), phase=event.phase, running=event.running, pending=event.pending
         )
         await self._patch_podgroup_status(group, patch)
 
@@ -478,6 +477,9 @@ class WriteBack:
             pods, non_preemptible=non_preemptible, node_gpu_memory=memory, resources_of=self._pod_resources
         )
         patch = translate.podgroup_resources_patch(group, status)
+        stale = stale_condition_patch(group, self._node_pool(group), pods)
+        if stale is not None:
+            patch = {"status": {**(patch or {}).get("status", {}), **stale["status"]}}
         if patch is not None:
             await self._patch_podgroup_status(group, patch)
         self._resources_seen[name] = seen
@@ -525,6 +527,33 @@ class WriteBack:
         )
         self._queue_status[event.queue] = patch
         self.ctx.counters["kube_status_patches"] += 1
+
+
+def stale_condition_patch(
+    group: wire.PodGroup, node_pool: str, pods: Iterable[wire.Pod]
+) -> dict[str, Any] | None:
+    """A merge patch removing the PodGroup's ``UnschedulableOnNodePool`` condition for `node_pool` (its
+    pool) once none of its `pods` waits for a node any more, as KAI's status updater does (KAI #1908: a
+    workload that schedules, or whose pending pods went, no longer reads as unschedulable; KAI removes the
+    condition rather than setting it False, and so does Kairos).
+    None while a pod is pending (unbound, gated ones too, neither finished nor being deleted) or there is
+    no such condition. The conditions of other pools are theirs and stay."""
+    if any(
+        not p.spec.node_name
+        and p.status.phase not in wire.FINISHED_PHASES
+        and p.metadata.deletion_timestamp is None
+        for p in pods
+    ):
+        return None
+    conditions = group.status.scheduling_conditions
+    kept = [
+        c
+        for c in conditions
+        if not (c.type == translate.UNSCHEDULABLE_ON_NODE_POOL and c.node_pool == node_pool)
+    ]
+    if len(kept) == len(conditions):
+        return None
+    return {"status": {"schedulingConditions": [msgspec.to_builtins(c) for c in kept] or None}}
 
 
 def event_time() -> float:
