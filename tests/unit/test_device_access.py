@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from services.state import admission_review, device_access
 from services.state.admission_review import AdmissionRequest
 from services.state.device_access import DeviceAccessRefused, refusal, void_patch
+from services.state.service import StateOptions
 from services.state.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
+from shared.errors import ConfigError
 from shared.kube import gpu_sharing, keys, wire
 from shared.kubeapi.client import Kube
 from tools.kubesim.patch import json_patch
@@ -340,3 +342,15 @@ async def test_without_the_options_a_pod_is_admitted_as_before() -> None:
     assert all(
         e["name"] != gpu_sharing.CUDA_DEVICE_MEMORY_LIMIT for e in stored["spec"]["containers"][0]["env"]
     )
+
+
+# --- the state options ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option", ["block_nvidia_visible_devices", "hami_core_enabled"])
+def test_the_state_switches_are_off_by_default_and_need_the_webhook(option: str) -> None:
+    webhook = {"source": "kube", "webhook_port": "9443"}
+    assert getattr(StateOptions.parse(webhook), option) is False
+    assert getattr(StateOptions.parse({**webhook, option: "true"}), option) is True
+    with pytest.raises(ConfigError, match=f"option '{option}': needs 'webhook_port'"):
+        StateOptions.parse({"source": "kube", option: "true"})
+    with pytest.raises(ConfigError, match=f"option '{option}': expected true or false"):
+        StateOptions.parse({**webhook, option: "maybe"})
