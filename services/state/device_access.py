@@ -107,14 +107,9 @@ def refusal(pod: wire.Pod) -> DeviceAccessRefused | None:
     """Why the pod must be refused (the first offending container, init containers first), or None."""
     ref = _fraction_ref(pod)
     if ref is not None:
-        problem = gpu_sharing.sharing_env_problem(pod, ref)
-        if problem is not None:
-            return DeviceAccessRefused(
-                problem.kind,
-                problem.name,
-                problem.field,
-                f"container {ref.name!r} {problem.problem}",
-            )
+        own = gpu_sharing.sharing_env_problem(pod, ref)
+        if own is not None:
+            return DeviceAccessRefused(own.kind, own.name, own.field, f"container {ref.name!r} {own.problem}")
     for kind, index, container in _containers(pod):
         if _is(ref, kind, index) or not requests_gpu(container):
             continue  # the fraction container's variable is its ConfigMap's; the others are voided
