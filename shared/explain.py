@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from shared.contracts.events import PodBound, PodEvicted, PodGroupAdmission, PodGroupState, PodUnschedulable
 from shared.kube.scheduling_gates import ADMISSION_GATE
 from shared.model import Pod, PodGroup, PodStatus, Queue
-from shared.model.status import ACTIVE_USED
+from shared.model.status import ACTIVE_USED, DEFAULT_STUCK_IN_RELEASING_THRESHOLD, stuck_in_releasing
 
 # Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``).
 _NODE_DETAIL = re.compile(r"\d+ node\(s\)(?:[^.\n]|\.(?=[^\s.]))*")
@@ -30,7 +30,10 @@ QUEUE_REASONS = {
 }
 
 # Reasons whose own line of the core's message the node wording would drop: named with that line.
-_OWN_LINE_REASONS = {"PreemptionDelayNotElapsed": "preemption delay"}
+_OWN_LINE_REASONS = {
+    "PreemptionDelayNotElapsed": "preemption delay",
+    "StuckInReleasing": "stuck in releasing",
+}
 
 
 def failed_scheduling_message(kai_message: str, nodes: int) -> str:
@@ -105,6 +108,11 @@ class Facts:
     """The quota gate's latest verdict on the podgroup, if it has had one."""
     ahead: tuple[str, ...] = ()
     """The pending podgroups of the same queue the scheduler takes before this one, in its order."""
+    now: float | None = None
+    """The time of the question, to tell a pod stuck in releasing from one that is just going (None:
+    the answer names the threshold instead)."""
+    stuck_after: float = DEFAULT_STUCK_IN_RELEASING_THRESHOLD
+    """The shard's stuck-in-releasing threshold, in seconds (`Policy.stuck_in_releasing_threshold`)."""
 
 
 @dataclass
@@ -156,7 +164,14 @@ def _explain_pod(facts: Facts, pod: Pod) -> Explanation:
         reasons = [f"bound to {pod.node}" + (f" at {when(facts.bound.time)}" if facts.bound else "")]
         if pod.gpu_groups:
             reasons.append(f"GPU device group(s): {', '.join(pod.gpu_groups)}")
-        return Explanation(subject, f"{pod.status} on {pod.node}", reasons)
+        status = str(pod.status)
+        if pod.releasing_since is not None:
+            stuck = facts.now is not None and stuck_in_releasing(
+                pod.status, pod.releasing_since, facts.now, facts.stuck_after
+            )
+            status = str(PodStatus.STUCK_IN_RELEASING) if stuck else status
+            reasons.append(_releasing(pod, facts, stuck))
+        return Explanation(subject, f"{status} on {pod.node}", reasons)
     if pod.status in (PodStatus.SUCCEEDED, PodStatus.FAILED):
         return Explanation(subject, str(pod.status), ["finished; it holds no resources"])
     reasons = _pending_reasons(facts, group)
@@ -166,6 +181,21 @@ def _explain_pod(facts: Facts, pod: Pod) -> Explanation:
             f"{plain_eviction(facts.evicted.reason)}"
         )
     return Explanation(subject, str(pod.status), reasons, list(facts.ahead))
+
+
+def _releasing(pod: Pod, facts: Facts, stuck: bool) -> str:
+    """Why a deleted pod still holds its node's resources, and what the scheduler makes of it."""
+    since = f"deleted at {when(pod.releasing_since or 0.0)} and still running"
+    holds = f"it holds its resources on {pod.node} until it stops"
+    if stuck:
+        return (
+            f"stuck in releasing: {since}, more than {facts.stuck_after:g}s later; {holds}, and the scheduler "
+            "counts them as used: nothing is pipelined onto them"
+        )
+    return (
+        f"{since}: {holds}; pending pods may be pipelined onto them, unless it is still running "
+        f"{facts.stuck_after:g}s after its deletion (then it is stuck in releasing and they count as used)"
+    )
 
 
 def _explain_group(facts: Facts, group: PodGroup) -> Explanation:

@@ -124,6 +124,8 @@ def _allocate_tasks(
     for index, task in enumerate(tasks):
         if not allocate_task(ssn, stmt, nodes, task, pipeline_only):
             _record_failed_task(job, task, index)
+            if ssn.stuck_by_node:
+                _note_stuck_pods(ssn, job, task)
             return False
     return True
 
@@ -262,6 +264,31 @@ def insufficient_resources(task: TaskState, node: NodeState) -> list[str]:
     if node.alloc(PODS) - node.used(PODS) < 1:
         reasons.append("node(s) didn't have enough resources: pods")
     return reasons
+
+
+STUCK_IN_RELEASING = "StuckInReleasing"
+"""The reason of a job that could not be placed on nodes where pods stuck in releasing hold resources
+(Kairos's own words: KAI v0.17 says nothing of them)."""
+
+
+def _note_stuck_pods(ssn: Session, job: JobState, task: TaskState) -> None:
+    """Say, once per job, which pods stuck in releasing hold resources on the nodes `task` could not use:
+    they count as used, not as being freed, so nothing waits for them (pipelining) either."""
+    if any(reason == STUCK_IN_RELEASING for reason, _ in job.fit_errors):
+        return
+    tried = job.task_fit_errors.get(task.key, {})
+    nodes = sorted(node for node in tried if node in ssn.stuck_by_node)
+    if not nodes:
+        return
+    pods = sorted(pod for node in nodes for pod in ssn.stuck_by_node[node])
+    where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more node(s)" if len(nodes) > 3 else "")
+    named = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+    threshold = ssn.policy.stuck_in_releasing_threshold
+    message = (
+        f"pods stuck in releasing hold resources on {where} ({named}): deleted more than {threshold:g}s "
+        "ago and still running, they count as used and nothing is pipelined onto them"
+    )
+    job.add_fit_error(STUCK_IN_RELEASING, [message])
 
 
 NO_NODES_FOUND = "no nodes with enough resources were found"

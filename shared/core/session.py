@@ -93,6 +93,8 @@ class Session:
         keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
         for pg in snapshot.podgroups:
             self.jobs[pg.key] = JobState(pg, keys)
+        self.stuck_by_node: dict[str, list[str]] = {}
+        """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold
         for pod in snapshot.pods:
             job = self.jobs.get(pod.podgroup)
@@ -103,6 +105,9 @@ class Session:
                 # KAI v0.17: it holds its resources as a running pod does (never as releasing ones, so
                 # nothing is pipelined onto them) and is no victim (not active-allocated).
                 task.status = PodStatus.STUCK_IN_RELEASING
+                if pod.node is not None:
+                    named = f"{pod.namespace}/{pod.name}" if pod.namespace else pod.name
+                    self.stuck_by_node.setdefault(pod.node, []).append(named)
             job.add_task(task)
             self.tasks[task.key] = task
         if accounting_only:
