@@ -41,6 +41,7 @@ import msgspec
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, values, wire
 from shared.kube.effective_requests import effective_requests, is_sidecar
+from shared.kube.numa import numa_request_of
 from shared.kube.quantity import (
     DurationError,
     QuantityError,
@@ -432,6 +433,7 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         releasing_since=_releasing_since(where, pod),
         scalars={r: float(n) for r, n in requests.scalars.items()},
         host_ports=host_ports_of(pod),
+        numa=numa_request_of(pod),
     )
 
 
