@@ -474,6 +474,8 @@ class PodGroup(_Object, frozen=True, kw_only=True):
 # --- topologies (kai.scheduler/v1alpha1) -------------------------------------------------------------------
 class TopologyLevel(_Wire, frozen=True, kw_only=True):
     node_label: str
+    alias: str = ""
+    """A name constraints may use for the level instead of its node label (KAI v0.17)."""
 
 
 class TopologySpec(_Wire, frozen=True, kw_only=True):

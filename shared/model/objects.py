@@ -495,6 +495,9 @@ class Topology(msgspec.Struct, frozen=True):
 
     name: str
     levels: tuple[str, ...]
+    aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    """Alias -> the node label of the level it names (KAI v0.17 ``levels[].alias``): a constraint may name
+    a level by either (`shared.core.topology.resolve_aliases`)."""
 
 
 class Namespace(msgspec.Struct, frozen=True):
