@@ -25,7 +25,17 @@ lists each such field with the reason, and the rest of the configuration applies
   ``extraParams`` (a usage database's settings); the usage parameters themselves apply (`usage_params`);
 - ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
   ``max-consolidation-preemptees`` and ``default-staleness-grace-period`` map);
-- ``minruntime``'s ``reclaimResolveMethod: queue`` (Kairos resolves by lca).
+- ``minruntime``'s ``reclaimResolveMethod: queue`` (Kairos resolves by lca);
+- ``scenarioSearchBudgets`` (KAI v0.16, alpha there): wall-clock budgets of the victim search; Kairos's core
+  reads no clock, so its search is bounded by its own limits instead (checked as KAI checks them: Go
+  durations >= 0, 0 unlimited; action keys ``default``, ``consolidation``, ``reclaim``, ``preempt``;
+  generator keys ``default``, ``NodeLocalGreedy``, ``MultiNodeGang``; a minimum job search below the maximum
+  unless that is unlimited);
+- ``goMemLimitRatio`` (in (0, 1]) and ``goMemLimit`` (a quantity) (KAI v0.17): the Go runtime's soft memory
+  limit of KAI's scheduler; Kairos's services are Python processes.
+
+A bad value in one of these last fields (which KAI would refuse) is reported the same way, naming the field
+and the problem, instead of refusing the shard: it changes nothing Kairos does.
 
 Plugins disabled, priorities and GPU device orders are honoured: `policy_of` gives the policy the enabled
 plugins as `Policy.plugins` (`ShardConfig.policy_plugins`), which the core's registry runs in priority
@@ -34,6 +44,7 @@ order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal, cast
 
@@ -44,7 +55,8 @@ from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
 from shared.kube import kai_plugins, values, wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES, PLACEMENTS, ExtraPlugin, PluginEntry
-from shared.kube.quantity import parse_time
+from shared.kube.quantity import parse_quantity, parse_time
+from shared.kube.values import shown
 
 __all__ = [
     "DEFAULT_ACTION_PRIORITIES",
@@ -208,6 +220,12 @@ def shard_config(
     if usage_db is not None:
         _usage_notes(r, usage_db)
     _args(r, spec.args)
+    for not_applied in (_scenario_search_budgets, _go_memory):
+        try:
+            not_applied(r, spec)
+        except InvalidObject as exc:
+            # A bad value in a field Kairos does not apply must not keep the rest of the shard from applying.
+            r.note(exc.field, f"invalid, ignored (Kairos does not apply it): {exc.problem}")
     return ShardConfig(
         name=r.name,
         partition_label_value=spec.partition_label_value,
@@ -427,3 +445,59 @@ def _args(r: _Reader, args: Mapping[str, str]) -> None:
                 raise r.error(at, str(exc)) from None
         else:
             r.changes[field] = r.duration(at, text) or 0.0
+
+
+SEARCH_BUDGET_ACTIONS = ("default", "consolidation", "reclaim", "preempt")
+"""The keys of ``maxActionSearchDuration``: the actions that search for victims, and the fallback."""
+SEARCH_GENERATORS = ("default", "NodeLocalGreedy", "MultiNodeGang")
+"""The keys of ``maxGeneratorSearchDuration``: KAI's scenario generators, and the fallback."""
+DEFAULT_MAX_JOB_SEARCH = 240.0
+"""KAI's ``maxJobSearchDuration`` when the shard gives none (4m)."""
+
+
+def _scenario_search_budgets(r: _Reader, spec: wire.SchedulingShardSpec) -> None:
+    """Checked as KAI checks them, then reported as not applied (module docstring)."""
+    budgets = spec.scenario_search_budgets
+    if budgets is None:
+        return
+    at = "spec.scenarioSearchBudgets"
+    for field, by_name, names in (
+        ("maxActionSearchDuration", budgets.max_action_search_duration, SEARCH_BUDGET_ACTIONS),
+        ("maxGeneratorSearchDuration", budgets.max_generator_search_duration, SEARCH_GENERATORS),
+    ):
+        for name, text in by_name.items():
+            if name not in names:
+                raise r.error(f"{at}.{field}.{name}", f"{name!r} is not one of {', '.join(names)}")
+            r.duration(f"{at}.{field}.{name}", text)
+    longest = r.duration(f"{at}.maxJobSearchDuration", budgets.max_job_search_duration)
+    shortest = r.duration(f"{at}.minJobSearchDuration", budgets.min_job_search_duration)
+    longest = DEFAULT_MAX_JOB_SEARCH if longest is None else longest
+    if shortest and longest and shortest >= longest:
+        raise r.error(
+            f"{at}.minJobSearchDuration",
+            f"{budgets.min_job_search_duration!r} must be below maxJobSearchDuration ({longest:g}s) unless that"
+            " is 0 (unlimited)",
+        )
+    r.note(
+        at,
+        "Kairos's victim search has no wall-clock budget (its core reads no clock): it is bounded by its own"
+        " limits (max-consolidation-preemptees, queueDepthPerAction) and gives the same answer however busy"
+        " the machine is",
+    )
+
+
+def _go_memory(r: _Reader, spec: wire.SchedulingShardSpec) -> None:
+    """Checked as KAI checks them, then reported as not applied: no Go runtime runs Kairos's scheduler."""
+    ratio = spec.go_mem_limit_ratio
+    if ratio is not None:
+        if not (math.isfinite(ratio) and 0 < ratio <= 1):
+            raise r.error("spec.goMemLimitRatio", f"must be in the range (0, 1], got {ratio!r}")
+        r.note("spec.goMemLimitRatio", "a Go runtime setting: Kairos's services are Python processes")
+    if spec.go_mem_limit is not None:
+        try:
+            amount = parse_quantity(spec.go_mem_limit)
+        except (ValueError, ArithmeticError) as exc:
+            raise r.error("spec.goMemLimit", str(exc)) from None
+        if amount <= 0:
+            raise r.error("spec.goMemLimit", f"must be positive, got {shown(spec.go_mem_limit)}")
+        r.note("spec.goMemLimit", "a Go runtime setting: Kairos's services are Python processes")
