@@ -4,8 +4,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-# The conformance corpus: the shared folder next to the repository when present, else the in-repo copy.
-CONFORMANCE_ROOT := $(if $(wildcard ../shared/conformance/kai/cases),../shared/conformance/kai,tests/conformance/kai)
+# The conformance corpus (KAI v0.17's tests): the shared folder next to the repository when present, else
+# the in-repo copy of it.
+CONFORMANCE_ROOT := $(if $(wildcard ../shared/conformance/kai-v0.17/cases),../shared/conformance/kai-v0.17,tests/conformance/kai)
 CONFORMANCE_CASES := $(addprefix $(CONFORMANCE_ROOT)/,cases actions actions-config)
 
 .PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos soak fmt

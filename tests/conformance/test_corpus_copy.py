@@ -1,15 +1,17 @@
-"""The in-repo copies of the KAI conformance corpus must stay byte-identical to the shared corpus."""
+"""The in-repo copies of the KAI conformance corpus must stay byte-identical to the shared corpus (KAI
+v0.17's tests, ../shared/conformance/kai-v0.17), and the runner must read that corpus by default."""
 
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-IN_REPO = REPO_ROOT / "tests" / "conformance" / "kai"
-SHARED = REPO_ROOT.parent / "shared" / "conformance" / "kai"
+from tools.conformance import IN_REPO_CORPUS, SHARED_CORPUS, corpus_dir
+
+IN_REPO = IN_REPO_CORPUS
+SHARED = SHARED_CORPUS
 
 # Each folder of the corpus (tools.conformance.FOLDERS) with the number of cases it holds.
-EXPECTED_CASE_COUNTS = {"cases": 75, "actions": 150, "actions-config": 13}
+EXPECTED_CASE_COUNTS = {"cases": 80, "actions": 162, "actions-config": 21}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -41,3 +43,15 @@ def test_the_copies_are_the_corpus_folders() -> None:
     from tools.conformance import FOLDERS
 
     assert tuple(EXPECTED_CASE_COUNTS) == FOLDERS
+
+
+@pytest.mark.parametrize("folder", EXPECTED_CASE_COUNTS)
+def test_the_runner_reads_kai_v0_17_s_corpus(folder: str) -> None:
+    expected = SHARED / folder if (SHARED / folder).is_dir() else IN_REPO / folder
+    assert corpus_dir(folder) == expected
+
+
+def test_the_copy_says_where_it_comes_from() -> None:
+    notice = (IN_REPO / "NOTICE").read_text(encoding="utf-8")
+    assert "d5bc503a146317e51037d89775d77172c6d12f71" in notice
+    assert "Apache License, Version 2.0" in notice

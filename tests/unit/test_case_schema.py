@@ -26,8 +26,8 @@ BASE_CASE = (
 )
 
 
-def test_corpus_has_75_cases() -> None:
-    assert len(CASE_FILES) == 75
+def test_corpus_has_kai_v0_17_s_80_cases() -> None:
+    assert len(CASE_FILES) == 80
 
 
 @pytest.mark.parametrize("path", CASE_FILES, ids=lambda p: p.relative_to(CORPUS).as_posix())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["FOLDERS", "corpus_dir"]
+__all__ = ["FOLDERS", "IN_REPO_CORPUS", "SHARED_CORPUS", "corpus_dir"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,13 +20,17 @@ FOLDERS = ("cases", "actions", "actions-config")
 cases that need session overrides or a scheduler conf (SEMANTICS §1, §13)."""
 
 
+SHARED_CORPUS = _REPO_ROOT.parent / "shared" / "conformance" / "kai-v0.17"
+"""The workplace's corpus beside the repository: KAI v0.17's tests, converted (SEMANTICS.md §14)."""
+
+IN_REPO_CORPUS = _REPO_ROOT / "tests" / "conformance" / "kai"
+"""The project's byte-identical copy of `SHARED_CORPUS` (tests/conformance/test_corpus_copy.py)."""
+
+
 def _candidates(folder: str) -> tuple[Path, Path]:
-    # The project's own copy comes first so a fresh clone tests the same cases; the workplace's
-    # folder beside the repository is the fallback while the copy does not exist yet.
-    return (
-        _REPO_ROOT / "tests" / "conformance" / "kai" / folder,
-        _REPO_ROOT.parent / "shared" / "conformance" / "kai" / folder,
-    )
+    # The workplace's v0.17 corpus comes first: it is the one the project keeps up with; the project's
+    # own copy of it is what a fresh clone, without the folder beside it, tests.
+    return (SHARED_CORPUS / folder, IN_REPO_CORPUS / folder)
 
 
 def corpus_dir(folder: str = "cases") -> Path:
