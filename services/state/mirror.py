@@ -53,6 +53,7 @@ from services.state.gate_patches import is_gated
 from services.state.gpu_inventory import merge_inventory
 from services.state.gpu_overlay import GpuOverlay
 from services.state.kv_objects import Change, Obj, key_of
+from services.state.numa_overlay import NumaOverlay
 from services.state.problems import (
     INVALID_REASONS,
     STAGE_REASONS,
@@ -143,6 +144,8 @@ class Mirror:
     """The node agents' inventories and telemetry."""
     foreign: ForeignPods = field(default_factory=ForeignPods)
     """What pods Kairos does not schedule hold on each node."""
+    numa: NumaOverlay = field(default_factory=NumaOverlay)
+    """The nodes' NodeResourceTopology objects, laid over them as `Node.numa` (`services.state.numa_overlay`)."""
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
     _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
@@ -252,6 +255,10 @@ class Mirror:
         written = self.current.get(s.node_key(telemetry.node))
         if self.gpus.telemetry(telemetry, written.gpu_devices if isinstance(written, Node) else None):
             self._dirty[NODES].add(telemetry.node)
+
+    def topologies_changed(self, nodes: Iterable[str]) -> None:
+        """The NodeResourceTopology of these nodes came, went or changed (`numa`): write them again."""
+        self._dirty[NODES].update(nodes)
 
     def touch_nodes(self) -> None:
         """Re-examine every node at the next flush (an inventory may have gone stale meanwhile)."""
@@ -699,6 +706,7 @@ class Mirror:
         )
         if node is None:
             return None
+        node = self.numa.attach(node)
         written = self.current.get(key_of(node))
         devices = self.gpus.devices(
             name, inventory, written.gpu_devices if isinstance(written, Node) else (), now
