@@ -65,6 +65,7 @@ from services.state.mirror import (
     TOPOLOGIES,
     Mirror,
 )
+from services.state.numa_watch import NumaWatch
 from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
 from services.state.scale_adjuster import ScaleAdjuster
@@ -158,6 +159,15 @@ class KubeSource:
         )
         self.writer = StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence)
         self.on_flushed = on_flushed
+        self.numa = NumaWatch(
+            ctx,
+            kube,
+            self.mirror,
+            lambda: self._wake.set(),  # noqa: PLW0108 -- the event is made below
+            component=options.scheduler_name,
+            resync_period=options.resync_period,
+        )
+        """NodeResourceTopology objects (the numa plugin's zones), if the cluster has the CRD."""
         self.informers = self._informers()
         self._refusal: asyncio.Future[FencedError] = asyncio.get_running_loop().create_future()
         """The write the fence refused, once it has: the flusher writes nothing more."""
@@ -210,6 +220,7 @@ class KubeSource:
                     missing_ok=kind == TOPOLOGIES,
                 )
             )
+        informers.append(self.numa.informer)
         return informers
 
     async def start(self) -> int:
@@ -234,6 +245,7 @@ class KubeSource:
         self._telemetry_sub = await self.ctx.bus.nc.subscribe(s.GPU_TELEMETRY_WILDCARD, cb=self._on_telemetry)
         self._tasks.append(asyncio.create_task(self._flusher()))
         self._tasks.append(asyncio.create_task(self._staleness()))
+        self._tasks.append(asyncio.create_task(self.numa.run()))
         log.info("Kubernetes source synced: %d objects from %s", len(self.mirror.current), self.kube.server)
         return self.writer.revision
 
@@ -346,6 +358,7 @@ class KubeSource:
                 self._wake.set()
 
     async def _flushed(self) -> None:
+        self.numa.wake()
         if self.on_flushed is not None:
             try:
                 await self.on_flushed(self.mirror)
