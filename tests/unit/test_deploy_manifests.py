@@ -155,6 +155,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | grants("*", "scheduling.run.ai", "queues", "list", "watch")
         | grants("*", "scheduling.run.ai", "queues/status", "patch")
         | grants("*", "kai.scheduler", "topologies", "list", "watch")
+        | grants("*", "topology.node.k8s.io", "noderesourcetopologies", "list", "watch")
         # The shard's SchedulingShard: watched; Accepted=False naming the field when it is invalid.
         | grants("*", "kai.scheduler", "schedulingshards", "list", "watch")
         | grants("*", "kai.scheduler", "schedulingshards/status", "patch")
