@@ -33,6 +33,7 @@ from shared.core.proportion import (
     set_fair_shares,
 )
 from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, OrderKeys, TaskState, mig_gpu_portion
+from shared.core.topology import resolve_aliases
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus, stuck_in_releasing
 
@@ -92,7 +93,7 @@ class Session:
         self.alloc_version = 0
         keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
         for pg in snapshot.podgroups:
-            self.jobs[pg.key] = JobState(pg, keys)
+            self.jobs[pg.key] = JobState(resolve_aliases(pg, self.topologies), keys)
         self.stuck_by_node: dict[str, list[str]] = {}
         """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold
