@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from services.state import problems, shards
+from services.state import problems, shard_notes, shards
 from services.state.problem_report import write_event
 from services.state.problems import Problem
 from services.state.writeback import event_time
@@ -75,6 +75,8 @@ class ShardWatch:
         self._stored: dict[str, bytes] = {record.shard: encode(record) for record in replica.shards.values()}
         """Each shard's record as this watch last wrote it (or found it in KV at start)."""
         self._shown: dict[str, tuple[str, str]] = {}
+        self._noted: dict[str, str] = {}
+        """Each shard's not-applied message as last told ("" when none)."""
         self._listed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -139,6 +141,7 @@ class ShardWatch:
             await self.state.delete(s.shard_key(shard))
             del self._stored[shard]
             self._shown.pop(shard, None)
+            self._noted.pop(shard, None)
             log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
         for shard, verdict in shards.read_shards(raws, self.node_pool_label_key, self.extra_plugins).items():
             seen = shards.seen(raws[shard])
@@ -157,7 +160,7 @@ class ShardWatch:
                     "".join(f"; not applied: {n.field} ({n.reason})" for n in verdict.config.not_applied),
                 )
             self._shown.pop(shard, None)
-            await self._condition(shard, seen, None)
+            await self._in_force(shard, seen, shard_notes.notes_problem(shard, verdict.config.not_applied))
 
     async def _show(self, shard: str, problem: Problem, seen: shards.Seen) -> None:
         shown = (problem.reason, problem.message)
@@ -176,10 +179,34 @@ class ShardWatch:
             await self._condition(shard, seen, problem)
         self._shown[shard] = shown
 
+    async def _in_force(self, shard: str, seen: shards.Seen, notes: Problem | None) -> None:
+        """A shard in force: ``Accepted`` back to True, and what it asks that Kairos does not apply told
+        once, as a Warning Event and ``FullyApplied=False`` (`services.state.shard_notes`)."""
+        told = notes.message if notes is not None else ""
+        if (
+            notes is not None
+            and self._noted.get(shard) != told
+            and not shard_notes.shows(seen.status.conditions, notes)
+        ):
+            about = translate.InvolvedObject(
+                api_version=problems.API_VERSIONS["SchedulingShard"],
+                kind="SchedulingShard",
+                name=shard,
+                uid=seen.metadata.uid,
+            )
+            await write_event(self.kube, self.ctx, about, notes, f"schedulingshard {shard}", self.component)
+            self.ctx.counters["shard_notes_reported"] += 1
+        self._noted[shard] = told
+        patch = shard_notes.conditions_patch(seen.status.conditions, notes, event_time())
+        if patch is not None:
+            await self._patch_status(shard, patch)
+
     async def _condition(self, shard: str, seen: shards.Seen, problem: Problem | None) -> None:
         patch = problems.accepted_patch(seen.status.conditions, problem, event_time())
-        if patch is None:
-            return
+        if patch is not None:
+            await self._patch_status(shard, patch)
+
+    async def _patch_status(self, shard: str, patch: dict[str, object]) -> None:
         await self.kube.call(
             f"patch schedulingshard {shard} status",
             self.kube.custom.patch_cluster_custom_object_status,
