@@ -24,7 +24,8 @@ lists each such field with the reason, and the rest of the configuration applies
   queries no usage database), a ``cron`` window type (the sliding window applies), ``waitTimeout`` and
   ``extraParams`` (a usage database's settings); the usage parameters themselves apply (`usage_params`);
 - ``args``: the scheduler flags the policy has no switch for (``allow-consolidating-reclaim``,
-  ``max-consolidation-preemptees`` and ``default-staleness-grace-period`` map);
+  ``max-consolidation-preemptees``, ``default-staleness-grace-period`` and KAI v0.17's
+  ``stuck-in-releasing-threshold`` map);
 - ``minruntime``'s ``reclaimResolveMethod: queue`` (Kairos resolves by lca);
 - ``scenarioSearchBudgets`` (KAI v0.16, alpha there): wall-clock budgets of the victim search; Kairos's core
   reads no clock, so its search is bounded by its own limits instead (checked as KAI checks them: Go
@@ -92,6 +93,7 @@ _ARGS: Mapping[str, str] = {
     "allow-consolidating-reclaim": "allow_consolidating_reclaim",
     "max-consolidation-preemptees": "max_consolidation_preemptees",
     "default-staleness-grace-period": "staleness_grace_period",
+    "stuck-in-releasing-threshold": "stuck_in_releasing_threshold",
 }
 """KAI scheduler flags (``spec.args``) that are policy fields."""
 

@@ -20,6 +20,7 @@ from shared.core.scheduler import schedule
 from shared.errors import InvalidObject
 from shared.explain import Facts, explain
 from shared.kube import keys, translate, wire
+from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, stuck_in_releasing
@@ -251,3 +252,22 @@ def test_kairos_explain_names_the_stuck_pods_that_keep_a_pending_pod_out() -> No
     assert any(
         "StuckInReleasing: pods stuck in releasing hold resources" in r for r in explain(facts).reasons
     )
+
+
+# --- configuration ------------------------------------------------------------------------------------------
+def _shard(args: dict[str, str]) -> wire.SchedulingShard:
+    body = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": "default"}}
+    return wire.convert(wire.SchedulingShard, {**body, "spec": {"args": args}})
+
+
+def test_a_scheduling_shard_sets_the_threshold_as_kai_s_flag_does() -> None:
+    config = shard_config(_shard({"stuck-in-releasing-threshold": "5m"}))
+    assert policy_of(config).stuck_in_releasing_threshold == 300.0
+    assert config.not_applied == ()
+    assert Policy().stuck_in_releasing_threshold == 120.0
+
+
+def test_a_negative_threshold_in_a_scheduling_shard_names_its_field() -> None:
+    with pytest.raises(InvalidObject) as info:
+        shard_config(_shard({"stuck-in-releasing-threshold": "-1m"}))
+    assert info.value.field == "spec.args.stuck-in-releasing-threshold"
