@@ -217,7 +217,7 @@ def test_an_unknown_level_leaves_the_workload_pending_and_says_which_field(
 ) -> None:
     ssn = _run(racks_nodes(), [_job("j", 1, constraint)], ALIASED)
     assert set(_placed(ssn, "j").values()) == {None}
-    assert f"topology constraint error: {says}" in fit_error_message(ssn.jobs["j"].fit_errors)
+    assert f"topology constraint error: {says}" in (fit_error_message(ssn.jobs["j"].fit_errors) or "")
 
 
 def test_an_unknown_level_of_a_sub_group_names_the_sub_group() -> None:
@@ -226,7 +226,7 @@ def test_an_unknown_level_of_a_sub_group_names_the_sub_group() -> None:
     pg = msgspec.structs.replace(pg, root=SubGroupSet("", pod_sets=(ps,)))
     pods = [msgspec.structs.replace(p, sub_group="workers") for p in pods]
     ssn = _run(racks_nodes(), [(pg, pods)], ALIASED)
-    message = fit_error_message(ssn.jobs["j"].fit_errors)
+    message = fit_error_message(ssn.jobs["j"].fit_errors) or ""
     assert "sub-group workers specified 'aisle' as the required" in message
     assert "spec.subGroups[name=workers].topologyConstraint.requiredTopologyLevel" in message
 
