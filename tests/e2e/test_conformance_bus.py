@@ -1,9 +1,9 @@
 """Same decisions over the bus: KAI cases run through nats-server and the four service processes give the
 same output as in-process (`kairos conformance run CASE --json --via-bus`).
 
-The suite runs a representative subset (one case per action family and GPU kind, and single-session
-cases of each action: a cycle with only the case's actions, SEMANTICS §13); `make test-bus` sets
-KAIROS_BUS_CORPUS=all to run the whole public corpus this way.
+The suite runs a representative subset of KAI v0.17's corpus (one case per action family and GPU kind, what
+v0.17 added, and single-session cases of each action: a cycle with only the case's actions, SEMANTICS §13);
+`make test-bus` sets KAIROS_BUS_CORPUS=all to run the whole corpus this way.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ SUBSET = (
     "reclaim/reclaimFractional__002__reclaim_fractional_train_by_fractional_gpu_job_reclaim_all_f.yaml",
     "stalegangeviction/stalegangeviction__001__evict_stale_gang_job_of_build.yaml",
     "deletion/deletion__003__delete_1_fractional_job_from_same_gpu_as_a_different_running.yaml",
+    "preempt/preempt__007__job_with_a_running_pod_and_a_stuckinreleasing_pod_preempt_ev.yaml",
 )
 
 
@@ -46,6 +47,9 @@ SESSION_SUBSET = (
     "actions/reclaim/reclaim_elastic__001__reclaim_several_tasks_from_elastic_job.yaml",
     "actions-config/stalegangeviction/stalegangeviction__002__evict_long_ago_stale_job.yaml",
     "actions-config/allocate/allocateFractionalGpu__020__pack_nodes_spread_gpus.yaml",
+    # KAI v0.17: a pod stuck in releasing, and a 2-device gpu-memory pod over a non-preemptible quota.
+    "actions/allocate/allocate_stuck_in_releasing__001__stuckinreleasing_victim_does_not_allow_pipelining.yaml",
+    "actions/allocate/allocateGpuMemory__007__2_device_gpu_memory_job_blocked_by_non_preemptible_quota.yaml",
 )
 
 
