@@ -478,6 +478,7 @@ def test_every_namespaced_object_lands_in_the_kai_scheduler_namespace_but_the_gp
         "ClusterRole",
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }

@@ -151,6 +151,7 @@ def test_the_configuration_is_accepted_by_the_simulated_api_server() -> None:
 # --- without cert-manager: deploy/no-webhook ----------------------------------------------------------------
 WEBHOOK_OBJECTS = {
     ("MutatingWebhookConfiguration", CONFIGURATION),
+    ("ValidatingWebhookConfiguration", "kairos-queue-validation"),
     ("Service", SERVICE),
     ("Certificate", "kairos-state-webhook"),
     ("Issuer", "kairos-selfsigned"),
