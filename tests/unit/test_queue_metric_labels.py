@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.bus.middleware import Counters
 from shared.contracts.events import QueueFairShare
+from shared.kube import translate, wire
 from shared.telemetry.metrics import QueueMetrics, ServiceMetrics, queue_labels
 
 SCHEDULER_SERIES = (
@@ -100,3 +101,21 @@ def test_queue_name_is_the_display_name_only_on_the_schedulers_series(
     name: str, display_name: str, scheduler: bool, expected: tuple[str, str, str]
 ) -> None:
     assert queue_labels(name, display_name, scheduler=scheduler) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "shown"), [({"displayName": "Research Team A"}, "Research Team A"), ({}, "")]
+)
+def test_the_queue_leader_gets_each_queues_display_name_from_its_spec(
+    spec: dict[str, str], shown: str
+) -> None:
+    queue = wire.convert(
+        wire.Queue,
+        {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": "research-team-a"},
+            "spec": spec,
+        },
+    )
+    assert translate.queue_of(queue, creation_index=0).display_name == shown
