@@ -33,9 +33,9 @@ from shared.core.proportion import (
     set_fair_shares,
 )
 from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, OrderKeys, TaskState, mig_gpu_portion
-from shared.core.topology import resolve_aliases
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus, stuck_in_releasing
+from shared.model.topology_aliases import resolve_aliases
 
 if TYPE_CHECKING:
     from shared.core.plugins.chain import Chains

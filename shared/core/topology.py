@@ -28,7 +28,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -36,11 +35,9 @@ from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from shared.core.session import Session
     from shared.core.tasks import JobState, PodSetState, TaskState
-    from shared.model import PodGroup, SubGroupSet, Topology, TopologyConstraint
+    from shared.model import SubGroupSet, Topology, TopologyConstraint
 
 POD_SCHEDULING_ERRORS = "PodSchedulingErrors"
 UNSCHEDULABLE_WORKLOAD = "Not enough resources for the workload"
@@ -508,51 +505,7 @@ def _lowest_common(tree: _Tree, valid: list[int], ssn: Session, preferred: str) 
     return tree.by_level.get(tree.levels[len(parts) - 1], {}).get(".".join(parts))
 
 
-# --- level aliases (KAI v0.17) --------------------------------------------------------------------------
-def resolve_aliases(podgroup: PodGroup, topologies: Mapping[str, Topology]) -> PodGroup:
-    """The podgroup with every topology constraint naming its levels by node label: an alias of the
-    constraint's topology (``levels[].alias``) becomes that level's label; a node label, an unknown name or
-    a topology without aliases stays as it is (`subset_nodes` reports an unknown level). KAI resolves them
-    once, when it builds the snapshot, so that nothing downstream (this plugin, the victim solver's
-    topology filter) sees an alias; the session does it when it opens. The same object when nothing
-    changes."""
-    if not any(t.aliases for t in topologies.values()):
-        return podgroup
-    root = _resolved_set(podgroup.root, topologies)
-    return podgroup if root is podgroup.root else msgspec.structs.replace(podgroup, root=root)
-
-
-def _resolved(tc: TopologyConstraint | None, topologies: Mapping[str, Topology]) -> TopologyConstraint | None:
-    topo = topologies.get(tc.topology) if tc is not None else None
-    if tc is None or topo is None or not topo.aliases:
-        return tc
-    required = topo.aliases.get(tc.required_level or "", tc.required_level)
-    preferred = topo.aliases.get(tc.preferred_level or "", tc.preferred_level)
-    if (required, preferred) == (tc.required_level, tc.preferred_level):
-        return tc
-    return msgspec.structs.replace(tc, required_level=required, preferred_level=preferred)
-
-
-def _resolved_set(group: SubGroupSet, topologies: Mapping[str, Topology]) -> SubGroupSet:
-    constraint = _resolved(group.topology_constraint, topologies)
-    pod_sets = tuple(
-        ps
-        if (tc := _resolved(ps.topology_constraint, topologies)) is ps.topology_constraint
-        else msgspec.structs.replace(ps, topology_constraint=tc)
-        for ps in group.pod_sets
-    )
-    children = tuple(_resolved_set(child, topologies) for child in group.children)
-    if (
-        constraint is group.topology_constraint
-        and all(a is b for a, b in zip(pod_sets, group.pod_sets, strict=True))
-        and all(a is b for a, b in zip(children, group.children, strict=True))
-    ):
-        return group
-    return msgspec.structs.replace(
-        group, topology_constraint=constraint, pod_sets=pod_sets, children=children
-    )
-
-
+# --- level aliases (KAI v0.17; resolved when the session opens: `shared.model.topology_aliases`) ---------
 def _unknown_level(
     tree: _Tree, topo: Topology | None, constraint: TopologyConstraint, name: str
 ) -> str | None:

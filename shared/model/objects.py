@@ -497,7 +497,7 @@ class Topology(msgspec.Struct, frozen=True):
     levels: tuple[str, ...]
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
     """Alias -> the node label of the level it names (KAI v0.17 ``levels[].alias``): a constraint may name
-    a level by either (`shared.core.topology.resolve_aliases`)."""
+    a level by either (`shared.model.topology_aliases`)."""
 
 
 class Namespace(msgspec.Struct, frozen=True):

@@ -22,10 +22,10 @@ import pytest
 from shared.core.cycle import fit_error_message
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
-from shared.core.topology import resolve_aliases
 from shared.errors import InvalidObject
 from shared.kube import translate, wire
 from shared.model import PodGroup, PodSet, Snapshot, SubGroupSet, Topology, TopologyConstraint
+from shared.model.topology_aliases import resolve_aliases
 from tests.unit.test_topology import QUEUES, RACK, ZONE, _job, _node, _placed, _run
 
 ALIASED = Topology("zones", (ZONE, RACK), {"zone": ZONE, "rack": RACK})
