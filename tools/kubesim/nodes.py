@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from shared.model import Node
 from tools.kubesim.objects import format_cpu, format_memory
 
@@ -23,6 +25,8 @@ Obj = dict[str, Any]
 
 KUBELET_VERSION = "v1.32.0-kubesim"
 GPU_RESOURCE = "nvidia.com/gpu"
+NUMA_ANNOTATION = "kubesim.kairos.io/numa"
+"""A node's NUMA zones and Topology Manager setting (`Node.numa` as JSON), for the simulated kubelet."""
 
 
 def _scalar(value: float) -> str:
@@ -59,10 +63,13 @@ def node_object(node: Node) -> Obj:
     spec: Obj = {}
     if node.taints:
         spec["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints]
+    annotations = {"kwok.x-k8s.io/node": "fake"}
+    if node.numa is not None:  # the simulated kubelet's zones (`tools.kubesim.operators.numa`)
+        annotations[NUMA_ANNOTATION] = msgspec.json.encode(node.numa).decode()
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": node.name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "metadata": {"name": node.name, "labels": labels, "annotations": annotations},
         "spec": spec,
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
