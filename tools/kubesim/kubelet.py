@@ -62,6 +62,7 @@ from tools.kubesim.images import (
     pull_failure,
     pulls_failing,
 )
+from tools.kubesim.operators.numa import NumaKubelet, may_align
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -163,6 +164,8 @@ class Kubelet:
         """namespace -> pod uid -> pod name, for pods whose containers wait for a ConfigMap."""
         self.tracked: dict[str, str] = {}
         """pod uid -> namespace, for every pod holding devices, a record or a wait."""
+        self.numa = NumaKubelet(cluster)
+        """The Topology Manager's admission and the NodeResourceTopology objects (`operators.numa`)."""
 
     @staticmethod
     def involved(pod: Obj) -> bool:
@@ -178,6 +181,7 @@ class Kubelet:
             or references_configmaps(inits)
             or pulls_failing(containers)
             or pulls_failing(inits)
+            or may_align(pod)
         )
 
     def start(self, pod: Obj) -> Rejected | Waiting | Started:
@@ -190,6 +194,9 @@ class Kubelet:
         inits = spec.get("initContainers") or ()
         apps = spec.get("containers") or ()
         devices: PodDevices | None = None
+        topology = self.numa.admit(pod, node)
+        if topology is not None:
+            return Rejected(topology)
         if requests_gpus(apps) or requests_gpus(inits):
             admitted = self.plugin.admit(pod, node, device_count(self.cluster.find("nodes", None, node)))
             if isinstance(admitted, Refusal):
@@ -247,6 +254,7 @@ class Kubelet:
         record = PodRecord(uid, ns, str(md["name"]), node, tuple(views))
         self.records[uid] = record
         self.tracked[uid] = ns
+        self.numa.record(pod, node)
         reservation = None
         if ns == RESERVATION_NAMESPACE:
             reservation = next(
@@ -263,6 +271,7 @@ class Kubelet:
 
     def forget(self, uid: str) -> None:
         """The pod was deleted or terminated: its devices return to the node, its record goes."""
+        self.numa.release(uid)
         ns = self.tracked.pop(uid, None)
         if ns is None:
             return
