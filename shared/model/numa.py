@@ -59,8 +59,14 @@ class NumaZone(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     allocatable: Resources = msgspec.field(default_factory=dict)
     """What the zone can give pods at all (the kubelet's preferred width is counted on this)."""
-    available: Resources = msgspec.field(default_factory=dict)
-    """What the zone has free now (whether a placement is feasible is counted on this)."""
+    available: Resources | None = None
+    """What the zone has free now (whether a placement is feasible is counted on this); None (a cluster
+    file's zone that does not say): all of its allocatable."""
+
+    @property
+    def free(self) -> Resources:
+        """`available`, or the allocatable when the zone does not say."""
+        return self.allocatable if self.available is None else self.available
 
 
 class NodeNuma(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +84,7 @@ class NodeNuma(msgspec.Struct, frozen=True, kw_only=True):
                 raise InvalidObject("numa", "", f"zones[{i}].name", f"zone {zone.name!r} is listed twice")
             seen.add(zone.name)
             for part in ("allocatable", "available"):
-                for resource, amount in getattr(zone, part).items():
+                for resource, amount in (getattr(zone, part) or {}).items():
                     if not math.isfinite(amount) or amount < 0:
                         raise InvalidObject(
                             "numa",
@@ -86,7 +92,7 @@ class NodeNuma(msgspec.Struct, frozen=True, kw_only=True):
                             f"zones[{i}].{part}[{resource}]",
                             f"must be a number >= 0, got {amount!r}",
                         )
-            for resource, amount in zone.available.items():
+            for resource, amount in (zone.available or {}).items():
                 if amount > zone.allocatable.get(resource, 0.0):
                     raise InvalidObject(
                         "numa",

@@ -108,7 +108,7 @@ def placed(outcome: numa.Outcome) -> dict[int, dict[str, float]] | None:
 
 
 def evaluate(node: NodeNuma, request: NumaRequest, ignore: frozenset[str] = frozenset()) -> numa.Outcome:
-    return numa.evaluate(node, request, [z.available for z in node.zones], ignore)
+    return numa.evaluate(node, request, [z.free for z in node.zones], ignore)
 
 
 # --- the evaluator ----------------------------------------------------------------------------------------
@@ -279,6 +279,12 @@ def test_restricted_counts_the_width_on_allocatable_and_the_fit_on_available(
 def test_best_effort_spans_the_fewest_zones_it_can(gpus: int, span: int) -> None:
     node = topo("best-effort", *(amounts(gpu=1) for _ in range(4)))
     assert evaluate(node, guaranteed(amounts(gpu=gpus))).span == span
+
+
+def test_a_zone_that_does_not_say_what_is_free_has_all_of_its_allocatable_free() -> None:
+    """A cluster file's zone without ``available`` (the simulated cluster has no exporter to say)."""
+    node = NodeNuma(policy="single-numa-node", zones=(NumaZone(name="node-0", allocatable=amounts(gpu=2)),))
+    assert placed(evaluate(node, guaranteed(amounts(gpu=2)))) == {0: amounts(gpu=2)}
 
 
 def test_an_ignored_resource_is_not_aligned() -> None:

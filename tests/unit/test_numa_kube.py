@@ -249,7 +249,7 @@ def test_a_hostile_object_gives_zones_or_an_error_naming_it_never_a_crash(obj: d
     assert named == ("NodeResourceTopology", "gpu-0")
     if numa is not None:
         for zone in numa.zones:
-            for resource, amount in zone.available.items():
+            for resource, amount in zone.free.items():
                 assert 0 <= amount <= zone.allocatable[resource]
 
 

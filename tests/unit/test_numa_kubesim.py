@@ -79,7 +79,7 @@ def available_gpus(cluster: Cluster, node: str) -> list[float]:
     assert obj is not None
     numa = node_numa_of(decode_topology(json.dumps(obj)), _node_model(node))
     assert numa is not None
-    return [z.available.get(GPU, 0.0) for z in numa.zones]
+    return [z.free.get(GPU, 0.0) for z in numa.zones]
 
 
 def _node_model(name: str) -> Node:

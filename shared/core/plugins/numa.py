@@ -236,7 +236,7 @@ def free_zones(node: NodeState, ignore: frozenset[str] = frozenset()) -> tuple[d
     hit = cache.get(node.idx)
     if hit is not None and hit[0] == version:
         return hit[1]
-    free = [dict(zone.available) for zone in numa.zones]
+    free = [dict(zone.free) for zone in numa.zones]
     for entry in node.tasks.values():
         task = entry.task
         request = task.pod.numa
