@@ -274,6 +274,10 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     numa: NumaRequest | None = None
     """What the kubelet would NUMA-align for the pod (`shared.model.numa`); None: nothing (the numa plugin
     lets it pass everywhere)."""
+    claims: tuple[str, ...] = ()
+    """The PersistentVolumeClaims its volumes use, by name in its namespace (generic ephemeral volumes'
+    included: `shared.model.volumes.ephemeral_claim_name`); the volume filters read them
+    (`shared.core.volumes`)."""
 
     def __post_init__(self) -> None:
         _non_negative("pod", self.name, "cpu_millis", self.cpu_millis)
@@ -519,3 +523,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     namespaces: tuple[Namespace, ...] = ()
     """The cluster's namespaces with their labels (only namespace selectors read them; a source without
     namespaces, such as the simulated cluster, has none)."""
+    volumes: Volumes = msgspec.field(default_factory=lambda: Volumes())  # noqa: PLW0108 -- imported below
+    """The storage objects pods' claims resolve against (`shared.model.volumes`); none from a source without
+    them."""
+
+
+# Last: shared.model.volumes builds on the selectors above.
+from shared.model.volumes import Volumes  # noqa: E402
