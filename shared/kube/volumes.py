@@ -1,0 +1,430 @@
+"""Kubernetes storage objects -> the model's (`shared.model.volumes`): the JSON Kairos reads of
+PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes and CSIStorageCapacities, and their
+translations, validated.
+
+Called by the state service's storage mirror (`services.state.volume_mirror`) for every object its
+informers see, and by `shared.kube.translate.pod_of` for a pod's claims (`claims_of`). A claim or class
+that does not translate (a malformed quantity, an unknown binding mode, a bad selector) is not dropped: it
+becomes the model object under its name with its `problem` naming the object and the field, so a pod
+that uses it is held with those words (`shared.core.volumes`) and nothing else is affected. A volume,
+CSINode or capacity that does not translate raises `InvalidObject` naming the object and the field; the
+mirror keeps it out (a volume it cannot read is one no claim gets).
+
+Names Kairos reads and writes (annotations, the provisioner of hand-made volumes) are kube-controller-
+manager's and kube-scheduler's. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import msgspec
+
+from shared.errors import InvalidObject
+from shared.kube import keys, wire
+from shared.kube.quantity import QuantityError, value
+from shared.model.objects import (
+    LabelRequirement,
+    LabelSelector,
+    LabelSelectorTerm,
+    NodeSelectorRequirement,
+)
+from shared.model.volumes import (
+    IMMEDIATE,
+    WAIT_FOR_FIRST_CONSUMER,
+    BindingMode,
+    Claim,
+    CsiNode,
+    PersistentVolume,
+    StorageCapacity,
+    StorageClass,
+    TopologyTerm,
+    ephemeral_claim_name,
+)
+
+__all__ = [
+    "BIND_COMPLETED",
+    "BOUND_BY_CONTROLLER",
+    "KINDS",
+    "SELECTED_NODE",
+    "STORAGE_CLASS_ANNOTATION",
+    "WireClaim",
+    "WireCsiNode",
+    "WireCsiStorageCapacity",
+    "WireStorageClass",
+    "WireVolume",
+    "capacity_of",
+    "claim_of",
+    "claims_of",
+    "class_of",
+    "csi_node_of",
+    "volume_of",
+]
+
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""Set on a claim by the scheduler: the node its provisioner should create a volume for."""
+BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
+"""Set on a claim by the volume controller once its binding is complete."""
+BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
+STORAGE_CLASS_ANNOTATION = "volume.beta.kubernetes.io/storage-class"
+"""The class before ``spec.storageClassName`` existed; still read first, as Kubernetes does."""
+_NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+_LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+_NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
+
+
+# --- the wire -------------------------------------------------------------------------------------------
+class _Wire(msgspec.Struct, rename="camel", frozen=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+class ObjectReference(_Wire, frozen=True, kw_only=True):
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+class ClaimResources(_Wire, frozen=True, kw_only=True):
+    requests: wire.ResourceList = msgspec.field(default_factory=dict)
+
+
+class ClaimSpec(_Wire, frozen=True, kw_only=True):
+    access_modes: list[str] = msgspec.field(default_factory=list)
+    resources: ClaimResources = msgspec.field(default_factory=ClaimResources)
+    storage_class_name: str | None = None
+    volume_name: str = ""
+    selector: wire.LabelSelector | None = None
+
+
+class ClaimStatus(_Wire, frozen=True, kw_only=True):
+    phase: str = ""
+
+
+class _Object(_Wire, frozen=True, kw_only=True):
+    KIND: ClassVar[str]
+    api_version: str = ""
+    kind: str = ""
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+
+    @property
+    def label(self) -> str:
+        """How errors name it: "namespace/name", or the name alone when cluster-scoped."""
+        return wire.object_name(self.metadata.namespace, self.metadata.name)
+
+
+class WireClaim(_Object, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "PersistentVolumeClaim"
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
+    status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
+
+
+class VolumeNodeAffinity(_Wire, frozen=True, kw_only=True):
+    required: wire.NodeSelector | None = None
+
+
+class CsiSource(_Wire, frozen=True, kw_only=True):
+    driver: str = ""
+    volume_handle: str = ""
+
+
+class VolumeSpec(_Wire, frozen=True, kw_only=True):
+    capacity: wire.ResourceList = msgspec.field(default_factory=dict)
+    access_modes: list[str] = msgspec.field(default_factory=list)
+    storage_class_name: str = ""
+    node_affinity: VolumeNodeAffinity | None = None
+    claim_ref: ObjectReference | None = None
+    csi: CsiSource | None = None
+
+
+class VolumeStatus(_Wire, frozen=True, kw_only=True):
+    phase: str = ""
+
+
+class WireVolume(_Object, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "PersistentVolume"
+    spec: VolumeSpec = msgspec.field(default_factory=VolumeSpec)
+    status: VolumeStatus = msgspec.field(default_factory=VolumeStatus)
+
+
+class TopologyRequirement(_Wire, frozen=True, kw_only=True):
+    key: str = ""
+    values: list[str] = msgspec.field(default_factory=list)
+
+
+class TopologySelectorTerm(_Wire, frozen=True, kw_only=True):
+    match_label_expressions: list[TopologyRequirement] = msgspec.field(default_factory=list)
+
+
+class WireStorageClass(_Object, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "StorageClass"
+    provisioner: str = ""
+    volume_binding_mode: str | None = None
+    allowed_topologies: list[TopologySelectorTerm] = msgspec.field(default_factory=list)
+
+
+class DriverAllocatable(_Wire, frozen=True, kw_only=True):
+    count: int | None = None
+
+
+class CsiNodeDriver(_Wire, frozen=True, kw_only=True):
+    name: str = ""
+    node_id: str = msgspec.field(default="", name="nodeID")
+    allocatable: DriverAllocatable | None = None
+
+
+class CsiNodeSpec(_Wire, frozen=True, kw_only=True):
+    drivers: list[CsiNodeDriver] = msgspec.field(default_factory=list)
+
+
+class WireCsiNode(_Object, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "CSINode"
+    spec: CsiNodeSpec = msgspec.field(default_factory=CsiNodeSpec)
+
+
+class WireCsiStorageCapacity(_Object, frozen=True, kw_only=True):
+    KIND: ClassVar[str] = "CSIStorageCapacity"
+    storage_class_name: str = ""
+    node_topology: wire.LabelSelector | None = None
+    capacity: str | int | float | None = None
+    maximum_volume_size: str | int | float | None = None
+
+
+WireStorage = WireClaim | WireVolume | WireStorageClass | WireCsiNode | WireCsiStorageCapacity
+
+KINDS: Mapping[str, type[Any]] = {
+    "persistentvolumeclaims": WireClaim,
+    "persistentvolumes": WireVolume,
+    "storageclasses": WireStorageClass,
+    "csinodes": WireCsiNode,
+    "csistoragecapacities": WireCsiStorageCapacity,
+}
+"""Resource name -> the wire type of its objects."""
+_DECODERS = {cls: msgspec.json.Decoder(cls) for cls in KINDS.values()}
+
+
+def decode(resource: str, data: bytes | str) -> WireStorage:
+    """One object of `resource` (a key of `KINDS`) from its JSON; InvalidObject names the field."""
+    cls = KINDS[resource]
+    try:
+        obj: WireStorage = _DECODERS[cls].decode(data)
+    except msgspec.MsgspecError as exc:
+        raise InvalidObject(cls.KIND, _name_in(data), "", str(exc)) from exc
+    return obj
+
+
+class _Named(msgspec.Struct):
+    metadata: wire.ObjectMeta | None = None
+
+
+def _name_in(data: bytes | str) -> str:
+    try:
+        meta = msgspec.json.decode(data, type=_Named).metadata
+    except msgspec.MsgspecError:
+        return ""
+    return "" if meta is None else wire.object_name(meta.namespace, meta.name)
+
+
+# --- translation ----------------------------------------------------------------------------------------
+def claims_of(pod: wire.Pod) -> tuple[str, ...]:
+    """The claims a pod's volumes use, in volume order, each once: ``persistentVolumeClaim.claimName``,
+    and ``<pod>-<volume>`` for a generic ephemeral volume (the claim Kubernetes creates for it)."""
+    names: dict[str, None] = {}
+    for volume in pod.spec.volumes:
+        if volume.persistent_volume_claim is not None and volume.persistent_volume_claim.claim_name:
+            names[volume.persistent_volume_claim.claim_name] = None
+        elif volume.ephemeral is not None:
+            names[ephemeral_claim_name(pod.metadata.name, volume.name)] = None
+    return tuple(names)
+
+
+def claim_of(raw: WireClaim) -> Claim:
+    """The model claim; one that does not translate keeps its name and carries the problem."""
+    meta = raw.metadata
+    base = Claim(name=meta.name, namespace=meta.namespace, uid=meta.uid)
+    try:
+        return _claim(raw, base)
+    except InvalidObject as exc:
+        return msgspec.structs.replace(base, problem=str(exc))
+
+
+def _claim(raw: WireClaim, base: Claim) -> Claim:
+    meta, spec = raw.metadata, raw.spec
+    where = (raw.KIND, raw.label)
+    storage = spec.resources.requests.get("storage")
+    request = 0 if storage is None else _bytes(where, "spec.resources.requests.storage", storage)
+    selector = None
+    if spec.selector is not None:
+        selector = _label_selector(where, "spec.selector", spec.selector)
+    storage_class = meta.annotations.get(STORAGE_CLASS_ANNOTATION)
+    if storage_class is None:
+        storage_class = spec.storage_class_name or ""
+    return msgspec.structs.replace(
+        base,
+        storage_class=storage_class,
+        access_modes=tuple(spec.access_modes),
+        request_bytes=request,
+        selector=selector,
+        volume_name=spec.volume_name,
+        bound=bool(spec.volume_name)
+        and (raw.status.phase == "Bound" or meta.annotations.get(BIND_COMPLETED) is not None),
+        selected_node=meta.annotations.get(SELECTED_NODE, ""),
+        deleting=meta.deletion_timestamp is not None,
+    )
+
+
+def volume_of(raw: WireVolume) -> PersistentVolume:
+    """The model volume; InvalidObject names the field that does not translate."""
+    meta, spec = raw.metadata, raw.spec
+    where = (raw.KIND, raw.label)
+    storage = spec.capacity.get("storage")
+    capacity = 0 if storage is None else _bytes(where, "spec.capacity.storage", storage)
+    terms: tuple[LabelSelectorTerm, ...] = ()
+    if spec.node_affinity is not None and spec.node_affinity.required is not None:
+        at = "spec.nodeAffinity.required.nodeSelectorTerms"
+        found = [
+            _node_term(where, f"{at}[{i}]", term)
+            for i, term in enumerate(spec.node_affinity.required.node_selector_terms)
+        ]
+        terms = tuple(t for t in found if t is not None) or (LabelSelectorTerm((_NEVER,)),)
+    ref = spec.claim_ref
+    return PersistentVolume(
+        name=meta.name,
+        capacity_bytes=capacity,
+        access_modes=tuple(spec.access_modes),
+        storage_class=meta.annotations.get(STORAGE_CLASS_ANNOTATION, spec.storage_class_name),
+        node_affinity=terms,
+        claim_ref=f"{ref.namespace}/{ref.name}" if ref is not None and ref.name else "",
+        claim_uid=ref.uid if ref is not None else "",
+        phase=raw.status.phase or "Available",
+        csi_driver=spec.csi.driver if spec.csi is not None else "",
+        labels=dict(meta.labels),
+        deleting=meta.deletion_timestamp is not None,
+    )
+
+
+def class_of(raw: WireStorageClass) -> StorageClass:
+    """The model class; one that does not translate keeps its name and carries the problem."""
+    base = StorageClass(name=raw.metadata.name, provisioner=raw.provisioner)
+    try:
+        return _storage_class(raw, base)
+    except InvalidObject as exc:
+        return msgspec.structs.replace(base, problem=str(exc))
+
+
+def _storage_class(raw: WireStorageClass, base: StorageClass) -> StorageClass:
+    where = (raw.KIND, raw.label)
+    mode: BindingMode = IMMEDIATE
+    if raw.volume_binding_mode == WAIT_FOR_FIRST_CONSUMER:
+        mode = WAIT_FOR_FIRST_CONSUMER
+    elif raw.volume_binding_mode not in (None, IMMEDIATE):
+        raise InvalidObject(
+            *where,
+            "volumeBindingMode",
+            f"must be Immediate or WaitForFirstConsumer, got {raw.volume_binding_mode!r}",
+        )
+    topologies = []
+    for i, term in enumerate(raw.allowed_topologies):
+        requirements: dict[str, tuple[str, ...]] = {}
+        for j, req in enumerate(term.match_label_expressions):
+            if not req.key or not req.values:
+                at = f"allowedTopologies[{i}].matchLabelExpressions[{j}]"
+                raise InvalidObject(*where, at, "needs a key and at least one value")
+            requirements[req.key] = tuple(req.values)
+        topologies.append(TopologyTerm(requirements))
+    return msgspec.structs.replace(base, binding_mode=mode, allowed_topologies=tuple(topologies))
+
+
+def csi_node_of(raw: WireCsiNode) -> CsiNode:
+    """The model CSINode: each driver's attach limit (drivers without one are unlimited)."""
+    limits: dict[str, int] = {}
+    for i, driver in enumerate(raw.spec.drivers):
+        count = driver.allocatable.count if driver.allocatable is not None else None
+        if count is None:
+            continue
+        if count < 0:
+            raise InvalidObject(
+                raw.KIND, raw.label, f"spec.drivers[{i}].allocatable.count", f"must be >= 0, got {count}"
+            )
+        limits[driver.name] = count
+    return CsiNode(name=raw.metadata.name, limits=limits)
+
+
+def capacity_of(raw: WireCsiStorageCapacity) -> StorageCapacity:
+    """The model capacity; InvalidObject names the field that does not translate."""
+    where = (raw.KIND, raw.label)
+    topology = None
+    if raw.node_topology is not None:
+        topology = _label_selector(where, "nodeTopology", raw.node_topology)
+    return StorageCapacity(
+        name=raw.metadata.name,
+        namespace=raw.metadata.namespace,
+        storage_class=raw.storage_class_name,
+        node_topology=topology,
+        capacity_bytes=None if raw.capacity is None else _bytes(where, "capacity", raw.capacity),
+        maximum_volume_size=(
+            None
+            if raw.maximum_volume_size is None
+            else _bytes(where, "maximumVolumeSize", raw.maximum_volume_size)
+        ),
+    )
+
+
+# --- helpers --------------------------------------------------------------------------------------------
+def _bytes(where: tuple[str, str], field: str, raw: str | int | float) -> int:
+    try:
+        amount = value(raw)
+    except QuantityError as exc:
+        raise InvalidObject(*where, field, str(exc)) from None
+    if amount < 0:
+        raise InvalidObject(*where, field, f"must not be negative, got {raw!r}")
+    return amount
+
+
+def _values(
+    where: tuple[str, str], at: str, operator: str, given: list[str], allowed: frozenset[str]
+) -> tuple[str, ...]:
+    if operator not in allowed:
+        raise InvalidObject(
+            *where, f"{at}.operator", f"must be one of {', '.join(sorted(allowed))}, got {operator!r}"
+        )
+    if operator in ("In", "NotIn") and not given:
+        raise InvalidObject(*where, f"{at}.values", f"must not be empty for {operator}")
+    if operator in ("Exists", "DoesNotExist") and given:
+        raise InvalidObject(*where, f"{at}.values", f"must be empty for {operator}")
+    if operator in ("Gt", "Lt") and len(given) != 1:
+        raise InvalidObject(*where, f"{at}.values", f"{operator} takes one value")
+    return tuple(given)
+
+
+def _node_term(where: tuple[str, str], at: str, term: wire.NodeSelectorTerm) -> LabelSelectorTerm | None:
+    """A node selector term (None for Kubernetes' empty term, which matches no node)."""
+    requirements = [
+        NodeSelectorRequirement(
+            r.key,
+            r.operator,
+            _values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _NODE_OPERATORS),
+        )
+        for j, r in enumerate(term.match_expressions)
+    ]
+    for j, f in enumerate(term.match_fields):
+        if f.key != "metadata.name" or f.operator not in ("In", "NotIn"):
+            raise InvalidObject(
+                *where, f"{at}.matchFields[{j}]", "only metadata.name with In or NotIn is supported"
+            )
+        requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
+    return LabelSelectorTerm(tuple(requirements)) if requirements else None
+
+
+def _label_selector(where: tuple[str, str], at: str, selector: wire.LabelSelector) -> LabelSelector:
+    return LabelSelector(
+        match_labels=dict(selector.match_labels),
+        match_expressions=tuple(
+            LabelRequirement(
+                r.key,
+                r.operator,
+                _values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _LABEL_OPERATORS),
+            )
+            for j, r in enumerate(selector.match_expressions)
+        ),
+    )
