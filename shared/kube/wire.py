@@ -148,10 +148,18 @@ class Container(_Wire, frozen=True, kw_only=True):
     ports: list[ContainerPort] = msgspec.field(default_factory=list)
 
 
+class PersistentVolumeClaimVolumeSource(_Wire, frozen=True, kw_only=True):
+    claim_name: str = ""
+    read_only: bool = False
+
+
 class Volume(_Wire, frozen=True, kw_only=True):
-    """A pod volume, by name only (Kairos adds the GPU-sharing ConfigMap's and reads no other)."""
+    """A pod volume: its name (Kairos adds the GPU-sharing ConfigMap's) and the claim it uses, if any
+    (`shared.kube.volumes.claims_of`; an ephemeral volume's claim is generated, its template not read)."""
 
     name: str = ""
+    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
+    ephemeral: dict[str, Any] | None = None
 
 
 class NodeSelectorRequirement(_Wire, frozen=True, kw_only=True):
