@@ -53,6 +53,7 @@ from shared.kube.quantity import (
     parse_time,
     rfc3339,
 )
+from shared.kube.volumes import claims_of
 from shared.model import (
     GpuRequest,
     LabelRequirement,
@@ -435,6 +436,7 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         scalars={r: float(n) for r, n in requests.scalars.items()},
         host_ports=host_ports_of(pod),
         numa=numa_request_of(pod),
+        claims=claims_of(pod),
     )
 
 
