@@ -13,6 +13,16 @@ from __future__ import annotations
 import msgspec
 
 
+class VolumeBinding(msgspec.Struct, frozen=True, kw_only=True):
+    """What the binder does for one of a pod's WaitForFirstConsumer claims before binding the pod: bind it
+    to a static volume, or (no `volume`) hand it to its provisioner for the pod's node."""
+
+    claim: str
+    """The claim's name, in the pod's namespace."""
+    volume: str = ""
+    """The PersistentVolume to bind it to; "": provision one (``volume.kubernetes.io/selected-node``)."""
+
+
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
     """One pod to bind: which node, which shared devices, and what it holds once bound."""
 
@@ -32,6 +42,8 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     """The pod's API uid ("": unknown, as for a pod of the in-memory cluster or a proposal from before this
     field): the binder's binding carries it as a precondition, so a pod deleted and created again under
     the same name is not bound on a decision taken for its predecessor."""
+    volumes: tuple[VolumeBinding, ...] = ()
+    """The pod's WaitForFirstConsumer claims and what each got on `node` (`shared.core.volumes`)."""
 
 
 class BindProposal(msgspec.Struct, frozen=True):
