@@ -153,6 +153,11 @@ def namespace_key(name: str) -> str:
     return f"namespace.{key_token(name)}"
 
 
+def volume_key(kind: str, namespace: str, name: str) -> str:
+    """A storage object's key (`shared.model.volumes`): ``volume.<kind>.<namespace or _>.<name>``."""
+    return f"volume.{key_token(kind)}.{key_token(namespace)}.{key_token(name)}"
+
+
 SHARD_KEY_PREFIX = "shard."
 """Keys of `ShardRecord`s in `STATE_BUCKET` (not `StateRecord`s: the replica keeps them apart)."""
 
