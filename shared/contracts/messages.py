@@ -41,6 +41,7 @@ from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
+from shared.model.volumes import StorageObject
 
 VERSION = 1
 
@@ -80,7 +81,16 @@ class NamespaceRecord(_Msg, frozen=True, kw_only=True, tag="namespace"):
     namespace: Namespace
 
 
-StateRecord = NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord | NamespaceRecord
+class VolumeRecord(_Msg, frozen=True, kw_only=True, tag="volume"):
+    """One storage object (a claim, volume, class, CSINode or storage capacity: `shared.model.volumes`);
+    only the Kubernetes source writes them, and replicas gather them into `Snapshot.volumes`."""
+
+    obj: StorageObject
+
+
+StateRecord = (
+    NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord | NamespaceRecord | VolumeRecord
+)
 
 
 class ShardRecord(_Msg, frozen=True, kw_only=True, tag="shard"):
