@@ -30,11 +30,13 @@ from shared.contracts.messages import (
     ShardRecord,
     StateRecord,
     TopologyRecord,
+    VolumeRecord,
 )
 from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY_PREFIX, shard_key
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
+from shared.model.volumes import StorageObject, Volumes
 
 log = logging.getLogger("kairos.replica")
 
@@ -172,6 +174,7 @@ class StateReplica:
         queues: list[Queue] = []
         topologies: list[Topology] = []
         namespaces: list[Namespace] = []
+        storage: list[StorageObject] = []
         for record in self.records.values():
             match record:
                 case NodeRecord(node=node):
@@ -186,6 +189,8 @@ class StateReplica:
                     topologies.append(t)
                 case NamespaceRecord(namespace=ns):
                     namespaces.append(ns)
+                case VolumeRecord(obj=obj):
+                    storage.append(obj)
         # A stable order makes sessions (and snapshot replies) deterministic.
         return Snapshot(
             nodes=tuple(sorted(nodes, key=lambda n: n.name)),
@@ -194,6 +199,7 @@ class StateReplica:
             queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
             topologies=tuple(sorted(topologies, key=lambda t: t.name)),
             namespaces=tuple(sorted(namespaces, key=lambda ns: ns.name)),
+            volumes=Volumes.of(storage),
         )
 
     def snapshot(self) -> Snapshot:
