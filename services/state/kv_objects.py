@@ -20,11 +20,20 @@ from shared.contracts.messages import (
     QueueRecord,
     StateRecord,
     TopologyRecord,
+    VolumeRecord,
 )
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Topology
 from shared.model.status import ACTIVE_USED
+from shared.model.volumes import (
+    Claim,
+    CsiNode,
+    PersistentVolume,
+    StorageCapacity,
+    StorageClass,
+    StorageObject,
+)
 
-Obj = Node | Pod | PodGroup | Queue | Topology | Namespace
+Obj = Node | Pod | PodGroup | Queue | Topology | Namespace | StorageObject
 
 HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
 """Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
@@ -55,6 +64,16 @@ def key_of(obj: Obj) -> str:
             return s.topology_key(name)
         case Namespace(name=name):
             return s.namespace_key(name)
+        case Claim(namespace=namespace, name=name):
+            return s.volume_key("pvc", namespace, name)
+        case PersistentVolume(name=name):
+            return s.volume_key("pv", "", name)
+        case StorageClass(name=name):
+            return s.volume_key("storageclass", "", name)
+        case CsiNode(name=name):
+            return s.volume_key("csinode", "", name)
+        case StorageCapacity(namespace=namespace, name=name):
+            return s.volume_key("capacity", namespace, name)
 
 
 def record_of(obj: Obj) -> StateRecord:
@@ -72,6 +91,8 @@ def record_of(obj: Obj) -> StateRecord:
             return TopologyRecord(topology=obj)
         case Namespace():
             return NamespaceRecord(namespace=obj)
+        case _:
+            return VolumeRecord(obj=obj)
 
 
 def object_of(record: StateRecord) -> Obj:
@@ -89,3 +110,5 @@ def object_of(record: StateRecord) -> Obj:
             return topology
         case NamespaceRecord(namespace=namespace):
             return namespace
+        case VolumeRecord(obj=obj):
+            return obj
