@@ -62,6 +62,7 @@ from services.state.problems import (
     ProblemKind,
 )
 from services.state.stages import StageVerdicts
+from services.state.volume_mirror import StorageMirror
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
@@ -146,6 +147,9 @@ class Mirror:
     """What pods Kairos does not schedule hold on each node."""
     numa: NumaOverlay = field(default_factory=NumaOverlay)
     """The nodes' NodeResourceTopology objects, laid over them as `Node.numa` (`services.state.numa_overlay`)."""
+    storage: StorageMirror = field(default_factory=StorageMirror)
+    """Claims, volumes, storage classes, CSINodes and capacities, written as they are
+    (`services.state.volume_mirror`)."""
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
     _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
@@ -400,6 +404,8 @@ class Mirror:
             if node is not None:
                 self._keys[("node", name)] = key_of(node)
                 out[key_of(node)] = node
+        out.update(self.storage.objects)
+        self.storage.dirty.clear()
         self._queues = queues
         self._recount.update(self._groups.keys() | groups.keys())
         self._groups = groups
@@ -407,7 +413,7 @@ class Mirror:
 
     def flush(self, now: float) -> list[Change]:
         """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
-        if not any(self._dirty.values()):
+        if not any(self._dirty.values()) and not self.storage.dirty:
             return []
         self._dirty[PODGROUPS].update(self.stages.decide(self.raw.podgroups, self.raw.jobs, self.members))
         if self._full:
@@ -518,7 +524,7 @@ class Mirror:
     def _changed(self, now: float) -> dict[str, Obj | None]:
         """What KV should hold under the keys the dirty namespaces, podgroups, pods and nodes touch (None:
         nothing), with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
-        out: dict[str, Obj | None] = {}
+        out: dict[str, Obj | None] = dict(self.storage.drain())
         for name in self._dirty[NAMESPACES]:
             raw_namespace = self.raw.namespaces.get(name)
             out[s.namespace_key(name)] = (
