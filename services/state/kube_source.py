@@ -71,6 +71,7 @@ from services.state.problem_report import ProblemReport, ProblemReportOptions
 from services.state.scale_adjuster import ScaleAdjuster
 from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.shard_watch import ShardWatch
+from services.state.volume_watch import storage_informers
 from services.state.writeback import WriteBack, WriteBackOptions
 from shared.bus.fence import WriteFence
 from shared.bus.lease import LeaseKeeper
@@ -221,6 +222,8 @@ class KubeSource:
                 )
             )
         informers.append(self.numa.informer)
+        wake = lambda: self._wake.set()  # noqa: E731, PLW0108 -- the event is made after the informers
+        informers += storage_informers(kube, self.mirror.storage, wake, resync_period=period)
         return informers
 
     async def start(self) -> int:
