@@ -156,6 +156,12 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | grants("*", "scheduling.run.ai", "queues/status", "patch")
         | grants("*", "kai.scheduler", "topologies", "list", "watch")
         | grants("*", "topology.node.k8s.io", "noderesourcetopologies", "list", "watch")
+        # Storage, for the volume filters.
+        | grants("*", "", "persistentvolumeclaims", "list", "watch")
+        | grants("*", "", "persistentvolumes", "list", "watch")
+        | grants("*", "storage.k8s.io", "storageclasses", "list", "watch")
+        | grants("*", "storage.k8s.io", "csinodes", "list", "watch")
+        | grants("*", "storage.k8s.io", "csistoragecapacities", "list", "watch")
         # The shard's SchedulingShard: watched; Accepted=False naming the field when it is invalid.
         | grants("*", "kai.scheduler", "schedulingshards", "list", "watch")
         | grants("*", "kai.scheduler", "schedulingshards/status", "patch")
@@ -173,6 +179,9 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         grants("*", "", "pods", "get", "patch")
         | grants("*", "", "pods/binding", "create")
         | grants("*", "", "pods/eviction", "create")
+        # WaitForFirstConsumer claims: a static volume's claimRef, or the claim's selected-node annotation.
+        | grants("*", "", "persistentvolumes", "get", "update")
+        | grants("*", "", "persistentvolumeclaims", "get", "patch")
         # GPU sharing: the sharers (labelled kairos.io/gpu-sharing) followed in every namespace, each
         # sharer's ConfigMaps in its own namespace, a node's device memory (gpu-memory pods), Warning
         # Events on repaired sharers, and the reservation pods, only in their namespace.
