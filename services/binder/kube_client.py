@@ -3,7 +3,9 @@
 Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
 the NATS client it replaces. A bind is a `pods/binding` POST; a binding with GPU groups (a fractional pod)
 first runs `reservations.GpuSharing.prepare` (group labels, one reservation pod per shared device, the
-pod's GPU-sharing ConfigMaps), while an ordinary pod's bind makes no other API call. An eviction is a
+pod's GPU-sharing ConfigMaps), and a binding with volume decisions first carries them out
+(`volumes.VolumeSteps.prepare`: a static volume reserved for its claim, or the claim's selected-node set),
+undone if the binding is then refused; an ordinary pod's bind makes no other API call. An eviction is a
 `pods/eviction` POST (the Eviction API, so that disruption budgets are honoured). Both carry the pod's uid
 when the decision knows it (the Binding's `metadata.uid`, the eviction's `deleteOptions.preconditions.uid`,
 as kube-scheduler sends them), so the API server refuses them (409) for a pod deleted and created again
@@ -36,6 +38,7 @@ from typing import Any
 
 from services.binder.cluster_client import ClusterRefused, pod_replaced
 from services.binder.reservations import EVENT_COMPONENT, GpuSharing, ReservationSettings
+from services.binder.volumes import VolumeSteps
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding, EvictionOrder
@@ -67,6 +70,8 @@ class KubeClusterClient:
     write-back repeats its FailedScheduling after as long)."""
     sharing: GpuSharing = field(init=False)
     """GPU sharing's calls, built from the fields above; `service` runs its sync."""
+    volumes: VolumeSteps = field(init=False)
+    """The volume step before a binding with WaitForFirstConsumer claims (`services.binder.volumes`)."""
     _reported: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
     """Victim pod key -> the refusal last reported on it, and when."""
 
@@ -74,8 +79,20 @@ class KubeClusterClient:
         self.sharing = GpuSharing(
             self.kube, self.counters, settings=self.settings, backoff=self.backoff, rng=self.rng
         )
+        self.volumes = VolumeSteps(self.kube, self.counters, backoff=self.backoff, rng=self.rng)
 
     async def bind(self, binding: Binding) -> None:
+        if not binding.volumes:
+            await self._bind_pod(binding)
+            return
+        done = await self.volumes.prepare(binding)
+        try:
+            await self._bind_pod(binding)
+        except ClusterRefused:
+            await self.volumes.undo(done)
+            raise
+
+    async def _bind_pod(self, binding: Binding) -> None:
         what = f"pod {binding.namespace}/{binding.name}"
         if not binding.gpu_groups:
             await self._bind(binding, what)
