@@ -34,6 +34,7 @@ from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
 from tools.kubesim.operators import OPERATORS, Operator, operator_of_storage, storage_of_owner
+from tools.kubesim.storage import StorageController
 from tools.kubesim.store import Change
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class Controllers:
             store.storage(key).listeners.append(self._own_change(key))
         store.storage("pods").listeners.append(self._pod_change)
         self.operators: dict[str, Operator] = {spec.name: spec.start(self) for spec in OPERATORS}
+        self.storage = StorageController(cluster)
+        """The volume controller, the CSI provisioner and the CSINodes (`tools.kubesim.storage`)."""
         self._watched: dict[str, object] = {}
         """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
 
@@ -176,7 +179,8 @@ class Controllers:
     def run_once(self) -> bool:
         """Reconcile every dirty object once; True when there was anything to do."""
         if not self.dirty:
-            return False
+            return self.storage.run_once()
+        self.storage.run_once()
         batch = list(self.dirty)
         self.dirty.clear()
         for storage, ns, name in batch:
