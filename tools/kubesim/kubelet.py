@@ -39,6 +39,7 @@ from shared.kube.gpu_sharing import (
     reserved_device_patch,
     visible_device_uuids,
 )
+from tools.kubesim import storage
 from tools.kubesim.containerenv import (
     CONFIG_ERROR,
     ContainerConfigError,
@@ -182,6 +183,7 @@ class Kubelet:
             or pulls_failing(containers)
             or pulls_failing(inits)
             or may_align(pod)
+            or bool(storage.claims_of(pod))
         )
 
     def start(self, pod: Obj) -> Rejected | Waiting | Started:
@@ -197,6 +199,13 @@ class Kubelet:
         topology = self.numa.admit(pod, node)
         if topology is not None:
             return Rejected(topology)
+        if unbound := storage.unmounted(self.cluster, pod):
+            first = (False, str((apps or [{}])[0].get("name", "")))
+            message = storage.mount_message(unbound)
+            self.tracked[uid] = ns
+            return Waiting(
+                {first: message}, False, {first: "ContainerCreating"}, (("Warning", "FailedMount", message),)
+            )
         if requests_gpus(apps) or requests_gpus(inits):
             admitted = self.plugin.admit(pod, node, device_count(self.cluster.find("nodes", None, node)))
             if isinstance(admitted, Refusal):
