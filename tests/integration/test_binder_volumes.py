@@ -1,0 +1,213 @@
+"""The binder's volume step (`services.binder.volumes`) against the simulated API server, through the real
+kubernetes-asyncio client, with kubesim's volume controller and CSI provisioner (`tools.kubesim.storage`).
+
+Before a pod's binding the binder reserves the static volume placement chose (its claimRef), after which
+the volume controller binds the claim; or it hands the claim to its provisioner (selected-node), which makes
+a volume pinned to the pod's node. If the pod's binding is refused, what it set is taken back; a volume
+reserved for another claim refuses the bind and binds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.binder.cluster_client import ClusterRefused
+from services.binder.kube_client import KubeClusterClient
+from shared.backoff import Backoff
+from shared.contracts.messages import Binding
+from shared.core.result import VolumeBinding
+from shared.kubeapi.client import Kube
+from shared.model import Node
+from tests.integration.kube_session import kube_client, kubesim
+from tools.kubesim.server import KubeSim
+from tools.kubesim.storage import DRIVER
+
+pytestmark = pytest.mark.integration
+
+NODES = [Node(name=f"n{i}", cpu_millis=8_000, memory_bytes=64e9) for i in range(2)]
+
+
+@pytest.fixture
+async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
+    async with kubesim(tmp_path, NODES) as server:
+        yield server
+
+
+@pytest.fixture
+async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
+    async with kube_client(tmp_path) as client:
+        yield client
+
+
+async def create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(await kube.request(f"create {path}", "POST", path, obj))  # type: ignore[no-any-return]
+
+
+async def read(kube: Kube, path: str) -> dict[str, Any]:
+    return json.loads(await kube.request(f"read {path}", "GET", path))  # type: ignore[no-any-return]
+
+
+def storage_class(name: str, provisioner: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": provisioner,
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+
+
+def claim(name: str, cls: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": cls,
+        },
+    }
+
+
+def local_volume(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "5Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local",
+            "local": {"path": "/mnt/disk"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def pod(name: str, claim_name: str, node: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": "kai-scheduler",
+        "containers": [{"name": "main", "image": "x"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
+    }
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def binding(name: str, node: str, *volumes: VolumeBinding) -> Binding:
+    return Binding(
+        pod=f"default/{name}", namespace="default", name=name, podgroup="g", node=node, volumes=volumes
+    )
+
+
+@pytest.fixture
+async def cluster(kube: Kube) -> Kube:
+    await create(
+        kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("local", "kubernetes.io/no-provisioner")
+    )
+    await create(kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("fast", DRIVER))
+    await create(
+        kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("elsewhere", "example.com/external")
+    )
+    await create(kube, "/api/v1/persistentvolumes", local_volume("local-1", "n1"))
+    for name, cls in (("data", "local"), ("scratch", "fast"), ("outside", "elsewhere")):
+        await create(kube, "/api/v1/namespaces/default/persistentvolumeclaims", claim(name, cls))
+    return kube
+
+
+def client(kube: Kube) -> KubeClusterClient:
+    return KubeClusterClient(kube, backoff=Backoff(attempts=2, base=0.01, cap=0.02))
+
+
+CLAIMS = "/api/v1/namespaces/default/persistentvolumeclaims"
+
+
+async def test_a_static_volume_is_reserved_for_the_claim_before_the_pod_is_bound(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "data"))
+    await client(cluster).bind(binding("p", "n1", VolumeBinding(claim="data", volume="local-1")))
+    pv = await read(cluster, "/api/v1/persistentvolumes/local-1")
+    pvc = await read(cluster, f"{CLAIMS}/data")
+    assert pv["spec"]["claimRef"]["name"] == "data"
+    assert pv["spec"]["claimRef"]["uid"] == pvc["metadata"]["uid"]
+    assert (pvc["spec"]["volumeName"], pvc["status"]["phase"]) == ("local-1", "Bound")
+    assert (await read(cluster, "/api/v1/namespaces/default/pods/p"))["spec"]["nodeName"] == "n1"
+
+
+async def test_a_claim_to_provision_gets_the_pods_node_and_a_volume_pinned_there(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "scratch"))
+    await client(cluster).bind(binding("p", "n0", VolumeBinding(claim="scratch")))
+    pvc = await read(cluster, f"{CLAIMS}/scratch")
+    assert pvc["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == "n0"
+    assert pvc["status"]["phase"] == "Bound"
+    pv = await read(cluster, f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+    (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == ["n0"]
+    assert pv["spec"]["csi"]["driver"] == DRIVER
+
+
+async def test_a_refused_binding_takes_back_the_selected_node(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside", node="n1"))
+    with pytest.raises(ClusterRefused):
+        await client(cluster).bind(binding("p", "n0", VolumeBinding(claim="outside")))
+    pvc = await read(cluster, f"{CLAIMS}/outside")
+    assert "volume.kubernetes.io/selected-node" not in (pvc["metadata"].get("annotations") or {})
+
+
+async def test_a_volume_reserved_for_another_claim_refuses_the_bind_and_binds_nothing(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("first", "data"))
+    await client(cluster).bind(binding("first", "n1", VolumeBinding(claim="data", volume="local-1")))
+    await create(cluster, CLAIMS, claim("late", "local"))
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("second", "late"))
+    with pytest.raises(ClusterRefused, match="reserved for claim default/data"):
+        await client(cluster).bind(binding("second", "n1", VolumeBinding(claim="late", volume="local-1")))
+    assert not (await read(cluster, "/api/v1/namespaces/default/pods/second"))["spec"].get("nodeName")
+
+
+async def test_a_step_that_fails_half_way_takes_back_the_steps_before_it(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    with pytest.raises(ClusterRefused):
+        await client(cluster).bind(
+            binding(
+                "p", "n0", VolumeBinding(claim="outside"), VolumeBinding(claim="missing", volume="local-1")
+            )
+        )
+    pvc = await read(cluster, f"{CLAIMS}/outside")
+    assert "volume.kubernetes.io/selected-node" not in (pvc["metadata"].get("annotations") or {})
+    assert not (await read(cluster, "/api/v1/namespaces/default/pods/p"))["spec"].get("nodeName")
+
+
+async def test_binding_again_after_success_changes_nothing(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "data"))
+    decided = binding("p", "n1", VolumeBinding(claim="data", volume="local-1"))
+    await client(cluster).bind(decided)
+    before = await read(cluster, "/api/v1/persistentvolumes/local-1")
+    await client(cluster).bind(decided)
+    after = await read(cluster, "/api/v1/persistentvolumes/local-1")
+    assert before["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
+
+
+async def test_every_node_gets_a_csinode_for_the_simulated_driver(cluster: Kube) -> None:
+    found = await read(cluster, "/apis/storage.k8s.io/v1/csinodes/n0")
+    assert [d["name"] for d in found["spec"]["drivers"]] == [DRIVER]
