@@ -19,8 +19,14 @@ from shared.kube.scheduling_gates import ADMISSION_GATE
 from shared.model import Pod, PodGroup, PodStatus, Queue
 from shared.model.status import ACTIVE_USED, DEFAULT_STUCK_IN_RELEASING_THRESHOLD, stuck_in_releasing
 
-# Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``).
-_NODE_DETAIL = re.compile(r"\d+ node\(s\)(?:[^.\n]|\.(?=[^\s.]))*")
+# Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``). Besides
+# "node(s) ..." reasons, the volume filters' reasons about the pod itself (`shared.core.volumes`: a claim or
+# class it names, unbound Immediate claims, a ReadWriteOncePod claim in use), counted per node as
+# kube-scheduler counts them ("3 pod has unbound immediate PersistentVolumeClaims").
+_NODE_DETAIL = re.compile(
+    r"\d+ (?:node\(s\)|node has pod using|pod has unbound|persistentvolumeclaim |PersistentVolumeClaim '"
+    r"|StorageClass ')(?:[^.\n]|\.(?=[^\s.]))*"
+)
 _RECLAIMED = re.compile(r"reclaimed by podgroup (?P<who>\S+) of queue (?P<queue>\S+)")
 
 QUEUE_REASONS = {
