@@ -24,6 +24,7 @@ import msgspec
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from shared.kube.quantity import QuantityError, value
+from shared.kube.values import shown
 from shared.model.objects import (
     LabelRequirement,
     LabelSelector,
@@ -374,8 +375,11 @@ def capacity_of(raw: WireCsiStorageCapacity) -> StorageCapacity:
 def _bytes(where: tuple[str, str], field: str, raw: str | int | float) -> int:
     try:
         amount = value(raw)
-    except QuantityError as exc:
-        raise InvalidObject(*where, field, str(exc)) from None
+    except QuantityError:
+        # Worded without a sentence-ending period inside: the reason is quoted in a node count message.
+        raise InvalidObject(
+            *where, field, f"{shown(raw)} is not a storage quantity (such as 10Gi or 500M)"
+        ) from None
     if amount < 0:
         raise InvalidObject(*where, field, f"must not be negative, got {raw!r}")
     return amount
