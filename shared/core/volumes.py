@@ -110,6 +110,11 @@ def class_not_found(claim: str, storage_class: str) -> str:
     )
 
 
+_Held = tuple[frozenset[str], dict[str, tuple[str, VolumeBinding]]]
+"""The volumes other pods of the session hold, and what each of their claims got (claim key -> (node,
+decision))."""
+
+
 @dataclass
 class _State:
     """The session's storage objects, indexed, and what pods got of them."""
@@ -127,8 +132,8 @@ class _State:
     """The volumes some claim names in its ``volumeName`` (never offered to another claim)."""
     decided: dict[str, dict[str, tuple[VolumeBinding, ...]]] = field(default_factory=dict)
     """Pod key -> node -> what its WaitForFirstConsumer claims got there."""
-    taken: tuple[str, int, frozenset[str]] = ("", -1, frozenset())
-    """(pod key, cluster generation, volumes others hold): the last `_taken`, reused while nothing moved."""
+    taken: tuple[str, int, _Held] = ("", -1, (frozenset(), {}))
+    """(pod key, cluster generation, what others hold): the last `_taken`, reused while nothing moved."""
 
 
 _STATES: weakref.WeakKeyDictionary[Session, _State] = weakref.WeakKeyDictionary()
@@ -308,12 +313,21 @@ def _bind_or_provision(
 ) -> str | tuple[VolumeBinding, ...]:
     if any(claim.selected_node and claim.selected_node != node.name for claim in waiting):
         return BIND_CONFLICT
-    taken = _taken(ssn, state, task)
+    taken, held = _taken(ssn, state, task)
     labels = node.labels
     chosen: set[str] = set()
     out: list[VolumeBinding] = []
     provision: list[Claim] = []
     for claim in sorted(waiting, key=lambda c: (c.request_bytes, c.name)):
+        earlier = held.get(claim.key)
+        if earlier is not None:
+            # Another pod of the cycle shares the claim: it goes with what that pod's decision gave it.
+            where, decision = earlier
+            pv = state.volumes.get(decision.volume) if decision.volume else None
+            if (pv is None and where != node.name) or (pv is not None and not _affinity_holds(pv, labels)):
+                return BIND_CONFLICT
+            out.append(decision)
+            continue
         if claim.selected_node:
             provision.append(claim)
             continue
@@ -362,21 +376,26 @@ def _match(
     return None
 
 
-def _taken(ssn: Session, state: _State, task: TaskState) -> frozenset[str]:
-    """The volumes other pods of the session got on the node they are placed on now."""
+def _taken(ssn: Session, state: _State, task: TaskState) -> _Held:
+    """The volumes other pods of the session got on the node they are placed on now, and what each of
+    their claims got there (claim key -> (node, decision))."""
     generation = ssn.cluster.generation
     key, seen, cached = state.taken
     if key == task.key and seen == generation:
         return cached
     taken: set[str] = set()
+    held: dict[str, tuple[str, VolumeBinding]] = {}
     for other_key, by_node in state.decided.items():
         if other_key == task.key:
             continue
         other = ssn.tasks.get(other_key)
         if other is None or other.node is None or other.status not in ACTIVE_ALLOCATED:
             continue
-        taken.update(b.volume for b in by_node.get(other.node, ()) if b.volume)
-    result = frozenset(taken)
+        for decision in by_node.get(other.node, ()):
+            held[f"{other.pod.namespace}/{decision.claim}"] = (other.node, decision)
+            if decision.volume:
+                taken.add(decision.volume)
+    result = (frozenset(taken), held)
     state.taken = (task.key, generation, result)
     return result
 

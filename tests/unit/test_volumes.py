@@ -372,6 +372,16 @@ def test_a_gangs_pods_never_get_the_same_volume() -> None:
     assert got["job-2"][0] == "node-2" or got["job-0"][0] == "node-2" or got["job-1"][0] == "node-2"
 
 
+def test_pods_sharing_a_claim_share_its_volume_and_its_node() -> None:
+    volumes = Volumes(
+        claims=(claim("shared"),),
+        volumes=(pv("a", on=["node-1"]), pv("b", on=["node-2"])),
+        classes=(LOCAL,),
+    )
+    got = placements(run(snapshot(NODES, [job("job", "shared", size=2)], volumes)))
+    assert got["job-0"] == got["job-1"] == ("node-1", (VolumeBinding(claim="shared", volume="a"),))
+
+
 def test_a_gang_that_needs_more_volumes_than_there_are_waits_whole() -> None:
     claims = tuple(claim(f"data-{i}") for i in range(3))
     volumes = Volumes(claims=claims, volumes=(pv("a"), pv("b")), classes=(LOCAL,))
