@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from importlib import metadata
 
 from shared.core.builtin_plugins import DEFAULT_REGISTRY, SessionRegistry, SessionSpec
-from shared.core.plugins.priorities import BUILTIN_PRIORITIES
+from shared.core.plugins.priorities import KNOWN_PRIORITIES
 from shared.core.plugins.registry import PluginConfigError, PluginSpec
 from shared.kube.kai_plugins import ExtraPlugin
 
@@ -50,10 +50,10 @@ def load_registry(
 
 
 def extra_plugins(registry: SessionRegistry) -> dict[str, ExtraPlugin]:
-    """The plugins of `registry` beyond the built-in ones (KAI's and Kairos's own), as a SchedulingShard
+    """The plugins of `registry` beyond the built-in ones (KAI's, opt-in ones included, and Kairos's own), as a SchedulingShard
     may name them (the state service reads shards against these, `shared.kube.scheduling_shard.shard_config`)."""
     return {
         name: ExtraPlugin(priority=spec.priority, arguments=tuple(spec.arguments))
         for name, spec in registry.items()
-        if name not in BUILTIN_PRIORITIES
+        if name not in KNOWN_PRIORITIES
     }

@@ -29,7 +29,7 @@ from typing import cast
 
 import msgspec
 
-from shared.core.plugins.priorities import BUILTIN_PRIORITIES
+from shared.core.plugins.priorities import BUILTIN_PRIORITIES, KNOWN_PRIORITIES
 from shared.core.policy import Argument, PluginConfig
 from shared.errors import InvalidObject
 from shared.kube import values
@@ -61,6 +61,7 @@ _ARGUMENTS: Mapping[str, tuple[str, ...]] = {
     "nodeplacement": ("gpu", "cpu"),
     "proportion": ("kValue",),
     "minruntime": ("defaultPreemptMinRuntime", "defaultReclaimMinRuntime", "reclaimResolveMethod"),
+    "numa": ("ignoreList",),
 }
 """The arguments each plugin takes (others take none)."""
 
@@ -135,7 +136,7 @@ def plugin_switches(
     configs: list[PluginConfig] = []
     listed = set()
     for entry in entries:
-        if entry.name not in DEFAULT_PRIORITIES and entry.name not in extra:
+        if entry.name not in KNOWN_PRIORITIES and entry.name not in extra:
             raise error(entry.name_field, unknown_plugin(entry.name, extra))
         allowed = extra[entry.name].arguments if entry.name in extra else _ARGUMENTS.get(entry.name, ())
         for key in entry.arguments:

@@ -51,6 +51,7 @@ from typing import Literal, cast
 
 import msgspec
 
+from shared.core.plugins.priorities import KNOWN_PRIORITIES
 from shared.core.policy import KNOWN_ACTIONS, Placement, PluginConfig, Policy
 from shared.core.usage import UsageParams
 from shared.errors import InvalidObject
@@ -302,10 +303,10 @@ def _plugins(r: _Reader, gpu: Placement, cpu: Placement) -> tuple[PluginSetting,
     plugins = _default_plugins(r, gpu, cpu)
     for name, override in r.spec.plugins.items():
         at = f"spec.plugins.{name}"
-        if name not in DEFAULT_PRIORITIES and name not in r.extra:
+        if name not in KNOWN_PRIORITIES and name not in r.extra:
             raise r.error(at, kai_plugins.unknown_plugin(name, r.extra))
         installed = r.extra.get(name)
-        start = 0 if installed is None else installed.priority
+        start = KNOWN_PRIORITIES.get(name, 0) if installed is None else installed.priority
         plugin = plugins.setdefault(name, _Plugin(enabled=True, priority=start, arguments={}))
         if override.enabled is not None:
             plugin.enabled = override.enabled

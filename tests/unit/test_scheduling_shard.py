@@ -389,3 +389,25 @@ def test_any_valid_shard_yields_a_policy_that_validates(spec: dict[str, Any]) ->
     assert p.actions == got.actions
     assert len(set(p.actions)) == len(p.actions)
     assert p.queue_depth_per_action == got.queue_depth_per_action
+
+
+def test_kai_s_opt_in_numa_plugin_runs_only_where_a_shard_names_it() -> None:
+    """KAI v0.16's `numa` is built in but off by default: a shard naming it runs it at its own priority
+    (0), without the services having to install it, and its one argument is checked by name."""
+    assert "numa" not in [p.name for p in policy({}).plugins]
+    named = policy({"plugins": {"numa": {"arguments": {"ignoreList": "memory"}}}})
+    numa = next(p for p in named.plugins if p.name == "numa")
+    assert (numa.priority, dict(numa.arguments)) == (0, {"ignoreList": "memory"})
+    with pytest.raises(InvalidObject, match=r"spec\.plugins\.numa\.arguments\.colour.*ignoreList"):
+        config({"plugins": {"numa": {"arguments": {"colour": "blue"}}}})
+
+
+def test_kai_s_opt_in_plugins_are_not_listed_as_installed_beyond_kai() -> None:
+    """The refusal lists the plugins installed beyond KAI's, and KAI's own opt-in plugins are not among
+    them (`extra_plugins` leaves every built-in name out)."""
+    from shared.plugin_loader import extra_plugins
+
+    assert "numa" not in extra_plugins(DEFAULT_REGISTRY)
+    with pytest.raises(InvalidObject) as refused:
+        config({"plugins": {"fairy": {"enabled": True}}})
+    assert "installed beyond KAI's" not in str(refused.value)

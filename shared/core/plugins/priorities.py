@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["BUILTIN_PRIORITIES", "KAIROS_PRIORITIES", "KAI_PRIORITIES"]
+__all__ = [
+    "BUILTIN_PRIORITIES",
+    "KAIROS_PRIORITIES",
+    "KAI_OPT_IN_PRIORITIES",
+    "KAI_PRIORITIES",
+    "KNOWN_PRIORITIES",
+]
 
 KAI_PRIORITIES: Mapping[str, int] = {
     "predicates": 1900,
@@ -50,4 +56,12 @@ so these priorities order nothing but the chain's listing."""
 BUILTIN_PRIORITIES: Mapping[str, int] = dict(
     sorted({**KAI_PRIORITIES, **KAIROS_PRIORITIES}.items(), key=lambda item: -item[1])
 )
-"""Every built-in plugin, highest priority first (ties keep KAI's listing order)."""
+"""Every built-in plugin on by default, highest priority first (ties keep KAI's listing order)."""
+
+KAI_OPT_IN_PRIORITIES: Mapping[str, int] = {"numa": 0}
+"""KAI's plugins that run only where a SchedulingShard or plugin list names them (KAI v0.16's ``numa``):
+built in, so a shard may name them and no one takes them for a third-party plugin, but not among a
+shard's default plugins."""
+
+KNOWN_PRIORITIES: Mapping[str, int] = {**BUILTIN_PRIORITIES, **KAI_OPT_IN_PRIORITIES}
+"""Every plugin Kairos builds in: the defaults and the opt-in ones."""
