@@ -394,9 +394,9 @@ def test_any_valid_shard_yields_a_policy_that_validates(spec: dict[str, Any]) ->
 def test_kai_s_opt_in_numa_plugin_runs_only_where_a_shard_names_it() -> None:
     """KAI v0.16's `numa` is built in but off by default: a shard naming it runs it at its own priority
     (0), without the services having to install it, and its one argument is checked by name."""
-    assert "numa" not in [p.name for p in policy({}).plugins]
+    assert "numa" not in [p.name for p in policy({}).plugins or ()]
     named = policy({"plugins": {"numa": {"arguments": {"ignoreList": "memory"}}}})
-    numa = next(p for p in named.plugins if p.name == "numa")
+    numa = next(p for p in named.plugins or () if p.name == "numa")
     assert (numa.priority, dict(numa.arguments)) == (0, {"ignoreList": "memory"})
     with pytest.raises(InvalidObject, match=r"spec\.plugins\.numa\.arguments\.colour.*ignoreList"):
         config({"plugins": {"numa": {"arguments": {"colour": "blue"}}}})
