@@ -278,6 +278,9 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """The PersistentVolumeClaims its volumes use, by name in its namespace (generic ephemeral volumes'
     included: `shared.model.volumes.ephemeral_claim_name`); the volume filters read them
     (`shared.core.volumes`)."""
+    resource_claims: tuple[PodClaim, ...] = ()
+    """``spec.resourceClaims``: the DRA claims it uses (`shared.model.dra`); the DRA filter reads them
+    (`shared.core.dra`)."""
 
     def __post_init__(self) -> None:
         _non_negative("pod", self.name, "cpu_millis", self.cpu_millis)
@@ -526,7 +529,11 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     volumes: Volumes = msgspec.field(default_factory=lambda: Volumes())  # noqa: PLW0108 -- imported below
     """The storage objects pods' claims resolve against (`shared.model.volumes`); none from a source without
     them."""
+    dra: Dra = msgspec.field(default_factory=lambda: Dra())  # noqa: PLW0108 -- imported below
+    """The DRA objects pods' resource claims resolve against (`shared.model.dra`); none from a source
+    without them."""
 
 
-# Last: shared.model.volumes builds on the selectors above.
+# Last: shared.model.volumes and shared.model.dra build on the selectors above.
+from shared.model.dra import Dra, PodClaim  # noqa: E402
 from shared.model.volumes import Volumes  # noqa: E402
