@@ -152,6 +152,7 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
     )
     stale = {j.key: j.stale_since for j in ssn.jobs.values() if j.stale_since is not None}
     last = {j.key: j.last_start_time for j in ssn.jobs.values() if j.last_start_time is not None}
+    committed = Committed(len(ssn.log.binds), len(ssn.log.evictions), len(ssn.log.pipelines))
     return CycleResult(
         binds=binds,
         evictions=evictions,
@@ -161,8 +162,8 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         last_start=last,
         last_eviction={e.podgroup: ssn.now for e in evictions},
         podgroups=statuses,
-        committed=Committed(len(ssn.log.binds), len(ssn.log.evictions), len(ssn.log.pipelines)),
-        view=session_view(ssn, statuses) if want_view else None,
+        committed=committed,
+        view=session_view(ssn, statuses, committed) if want_view else None,
     )
 
 
@@ -226,7 +227,9 @@ def _refusals(job: JobState) -> NodeRefusals:
     return NodeRefusals(nodes=len(refused), by_reason={r: len(nodes) for r, nodes in by_reason.items()})
 
 
-def session_view(ssn: Session, statuses: dict[str, PodGroupStatus]) -> SessionView:
+def session_view(
+    ssn: Session, statuses: dict[str, PodGroupStatus], committed: Committed | None = None
+) -> SessionView:
     """The session right after its actions: what an observer of one cycle sees (conformance, explain)."""
     tasks = tuple(
         TaskView(
@@ -250,4 +253,4 @@ def session_view(ssn: Session, statuses: dict[str, PodGroupStatus]) -> SessionVi
         NodeView(node=n.name, idle_gpus=float(n.idle(GPU)), releasing_gpus=float(n.releasing(GPU)))
         for n in ssn.cluster.order
     )
-    return SessionView(tasks=tasks, jobs=jobs, nodes=nodes)
+    return SessionView(tasks=tasks, jobs=jobs, nodes=nodes, committed=committed)

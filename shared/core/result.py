@@ -159,6 +159,10 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     tasks: tuple[TaskView, ...] = ()
     jobs: tuple[JobView, ...] = ()
     nodes: tuple[NodeView, ...] = ()
+    committed: Committed | None = None
+    """The operations its statements committed, as KAI's cache counts its calls (`CycleResult.committed`):
+    what KAI's test harness bounds per round, which the binder's outcome cannot tell (it carries out a
+    pod bound and then evicted in the same cycle as neither). None from a writer that did not send it."""
 
 
 class CycleResult(msgspec.Struct, frozen=True, kw_only=True):

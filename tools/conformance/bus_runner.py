@@ -3,7 +3,8 @@
 Starts the local stack (one replica each, whole-cycle work items) in a temporary state directory, then
 for each round: loads the round's cluster into the state service (`cluster.apply`, replace), asks the
 queue leader for one cycle (`admin.<shard>.cycle`) with the round's policy and actions, and reads the
-binder's outcome: its counts and the session view placement attached. The harness's write-back and the
+binder's outcome: the session view placement attached, with the operations the session committed (the
+counts KAI's harness bounds; in-process they are `CycleResult.committed`). The harness's write-back and the
 match on a rebuilt session are the same as in-process (`tools.conformance.runner`), so both modes print
 the same JSON for the same case. A single-session case is one such cycle with only its actions: the
 work item carries them and `want_view`, and the proposal's view is the session right after them.
@@ -18,6 +19,7 @@ from pathlib import Path
 from shared.bus.client import BusClient
 from shared.contracts.messages import ApplyRequest, CycleRequest, SessionView
 from shared.core.policy import Policy
+from shared.core.result import Committed
 from shared.errors import TemporaryError
 from shared.model import Snapshot
 from tools.conformance import case as c
@@ -44,11 +46,13 @@ async def _round(client: BusClient, snapshot: Snapshot, policy: Policy) -> tuple
     outcome = reply.outcome
     if not reply.ok or outcome is None or outcome.view is None:
         raise TemporaryError(f"cycle failed: {reply.error or 'no outcome'}")
-    counts = RoundCounts(
-        binds=len(outcome.bound), evictions=len(outcome.evicted), pipelined=len(outcome.pipelined)
-    )
     view: SessionView = outcome.view
-    return counts, view
+    # KAI's harness bounds its cache calls (SEMANTICS §8-9), which the session counted; the binder carries
+    # out fewer when the cycle evicted a pod it had bound or pipelined itself (the pod never moved).
+    done = view.committed
+    if done is None:
+        done = Committed(len(outcome.bound), len(outcome.evicted), len(outcome.pipelined))
+    return RoundCounts(binds=done.binds, evictions=done.evictions, pipelined=done.pipelined), view
 
 
 def _run(case: c.Case, url: str, where: str) -> CaseResult:
