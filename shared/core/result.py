@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.model.dra import DeviceRequest, DeviceResult
+
 
 class VolumeBinding(msgspec.Struct, frozen=True, kw_only=True):
     """What the binder does for one of a pod's WaitForFirstConsumer claims before binding the pod: bind it
@@ -21,6 +23,21 @@ class VolumeBinding(msgspec.Struct, frozen=True, kw_only=True):
     """The claim's name, in the pod's namespace."""
     volume: str = ""
     """The PersistentVolume to bind it to; "": provision one (``volume.kubernetes.io/selected-node``)."""
+
+
+class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    """What the binder writes to one of a pod's ResourceClaims before binding the pod: the allocation
+    placement decided (``status.allocation``) and the pod among its ``status.reservedFor``."""
+
+    claim: str
+    """The claim's name, in the pod's namespace."""
+    devices: tuple[DeviceResult, ...] = ()
+    """The devices allocated; empty for a claim already allocated (the pod is only added as a user)."""
+    node: str = ""
+    """The node the allocation is for (its ``nodeSelector``); "": any node (cluster-wide devices)."""
+    extended: tuple[DeviceRequest, ...] = ()
+    """KEP-5004: the claim does not exist; the binder makes it with these requests (a pod's extended
+    resources backed by a DeviceClass) before allocating it."""
 
 
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +61,8 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     the same name is not bound on a decision taken for its predecessor."""
     volumes: tuple[VolumeBinding, ...] = ()
     """The pod's WaitForFirstConsumer claims and what each got on `node` (`shared.core.volumes`)."""
+    claims: tuple[ClaimAllocation, ...] = ()
+    """The pod's ResourceClaims and what each got on `node` (`shared.core.dra`)."""
 
 
 class BindProposal(msgspec.Struct, frozen=True):

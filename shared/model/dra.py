@@ -39,6 +39,7 @@ __all__ = [
     "ResourceClaim",
     "ResourceClaimTemplate",
     "ResourceSlice",
+    "extended_claim_name",
     "qualified",
 ]
 
@@ -193,6 +194,15 @@ class PodClaim(msgspec.Struct, frozen=True, kw_only=True):
     claim the resourceclaim controller made (``status.resourceClaimStatuses``); "" while not made yet."""
     template: str = ""
     """``resourceClaimTemplateName`` ("" for a claim by name)."""
+    device_class: str = ""
+    """KEP-5004: not an entry of the pod's but its request of a DeviceClass's extended resource, to be
+    allocated through a claim Kairos makes (`extended_claim_name`): `count` devices of this class."""
+    count: int = 0
+
+
+def extended_claim_name(pod: str) -> str:
+    """The claim the binder makes for a pod's DRA-backed extended resources (KEP-5004)."""
+    return f"{pod}-extended-resources"
 
 
 DraObject = DeviceClass | ResourceSlice | ResourceClaim | ResourceClaimTemplate
