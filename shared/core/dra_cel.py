@@ -291,7 +291,7 @@ def matches(expression: str, device: Mapping[str, Any]) -> bool:
         result = program.evaluate(dict(device))
     except Exception as exc:  # noqa: BLE001 -- any failure of a user's expression is a runtime error
         raise CelError(f"CEL runtime error: {_shown(exc)}") from None
-    if isinstance(result, celtypes.BoolType) or isinstance(result, bool):
+    if isinstance(result, (celtypes.BoolType, bool)):
         return bool(result)
     if isinstance(result, Exception):
         raise CelError(f"CEL runtime error: {_shown(result)}")

@@ -1,0 +1,137 @@
+"""DRA in the session's accounting: KAI's count of a pod's DRA GPUs, and KEP-5004's DRA-backed extended
+resources.
+
+`account` prepares a snapshot for a session as KAI counts DRA GPUs: a pod's claims' requests of a GPU
+DeviceClass (its name contains "gpu", as KAI tells them) count as that many whole GPUs of the pod
+(ExactCount: `count`; All: one), so they weigh in queue quota and fair share; a node without GPUs from the
+device plugin counts the devices of its GPU drivers' slices. A pod's request of a DeviceClass's
+extended resource (KEP-5004) that no node advertises becomes a claim Kairos makes (`PodClaim.device_class`).
+
+Called once per session (`shared.core.session.Session`), before its tasks and nodes are built; a snapshot
+without DRA objects is returned as it is. Private to the core. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from shared.model.dra import (
+    ALL,
+    DeviceClass,
+    DeviceRequest,
+    PodClaim,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    ResourceSlice,
+)
+
+if TYPE_CHECKING:
+    from shared.model import Node, Pod, Snapshot
+
+__all__ = ["EXTENDED_CLASS_PREFIX", "account", "claim_gpus", "is_gpu_class"]
+
+EXTENDED_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""The extended resource name every DeviceClass answers to (KEP-5004), beside its own."""
+
+
+def is_gpu_class(name: str) -> bool:
+    """KAI tells a GPU DeviceClass by its name (``gpu.nvidia.com``...)."""
+    return "gpu" in name.lower()
+
+
+def claim_gpus(requests: Iterable[DeviceRequest]) -> int:
+    """The whole GPUs a claim's requests count for (KAI: ExactCount requests of GPU classes by their
+    count, All ones as one; ``firstAvailable`` requests not counted)."""
+    total = 0
+    for request in requests:
+        if request.first_available or not is_gpu_class(request.device_class):
+            continue
+        total += 1 if request.mode == ALL else max(request.count, 1)
+    return total
+
+
+def account(snapshot: Snapshot) -> Snapshot:
+    """The snapshot a session works on: pods' DRA GPUs added to their whole-GPU requests, nodes without
+    device-plugin GPUs given their DRA GPU devices, extended resources no node advertises turned into
+    claims (unchanged, and not copied, when the snapshot has no DRA objects)."""
+    dra = snapshot.dra
+    if not dra:
+        return snapshot
+    claims = {c.key: c for c in dra.claims}
+    templates = {t.key: t for t in dra.templates}
+    extended = _extended_classes(dra.classes, snapshot.nodes)
+    pods = tuple(_accounted_pod(pod, claims, templates, extended) for pod in snapshot.pods)
+    gpus = _node_gpus(dra.slices)
+    nodes = tuple(_accounted_node(node, gpus.get(node.name)) for node in snapshot.nodes)
+    return msgspec.structs.replace(snapshot, pods=pods, nodes=nodes)
+
+
+def _extended_classes(classes: Sequence[DeviceClass], nodes: Sequence[Node]) -> dict[str, str]:
+    """Extended resource -> the DeviceClass backing it, for resources no node advertises (KEP-5004 lets
+    a node with the resource from a device plugin serve it so; Kairos decides it for the whole cluster)."""
+    advertised = {name for node in nodes for name in node.scalars}
+    out: dict[str, str] = {}
+    for device_class in classes:
+        for name in (device_class.extended_resource_name, EXTENDED_CLASS_PREFIX + device_class.name):
+            if name and name not in advertised:
+                out.setdefault(name, device_class.name)
+    return out
+
+
+def _accounted_pod(
+    pod: Pod,
+    claims: Mapping[str, ResourceClaim],
+    templates: Mapping[str, ResourceClaimTemplate],
+    extended: Mapping[str, str],
+) -> Pod:
+    backed = {name: n for name, n in pod.scalars.items() if name in extended and n > 0}
+    if not pod.resource_claims and not backed:
+        return pod
+    entries = list(pod.resource_claims)
+    scalars = pod.scalars
+    if backed:
+        scalars = {name: n for name, n in pod.scalars.items() if name not in backed}
+        entries += [
+            PodClaim(name=name, device_class=extended[name], count=int(n))
+            for name, n in sorted(backed.items())
+        ]
+    gpus = 0
+    for entry in entries:
+        if entry.device_class:
+            gpus += entry.count if is_gpu_class(entry.device_class) else 0
+            continue
+        found: ResourceClaim | ResourceClaimTemplate | None = None
+        if entry.claim:
+            found = claims.get(f"{pod.namespace}/{entry.claim}")
+        elif entry.template:
+            found = templates.get(f"{pod.namespace}/{entry.template}")
+        if found is not None:
+            gpus += claim_gpus(found.requests)
+    gpu = pod.gpu
+    if gpus and not (gpu.is_fraction or gpu.is_memory or gpu.is_mig):
+        gpu = msgspec.structs.replace(gpu, devices=gpu.devices + gpus)
+    return msgspec.structs.replace(pod, gpu=gpu, scalars=scalars, resource_claims=tuple(entries))
+
+
+def _node_gpus(slices: Iterable[ResourceSlice]) -> dict[str, tuple[int, int]]:
+    """Node -> (GPU devices its GPU drivers publish, the smallest memory of one in MiB; 0 unknown)."""
+    out: dict[str, tuple[int, int]] = {}
+    for s in slices:
+        if not s.node or not is_gpu_class(s.driver):
+            continue
+        count, memory = out.get(s.node, (0, 0))
+        for device in s.devices:
+            mib = device.capacity.get(f"{s.driver}/memory", 0) // (1000 * 2**20)
+            memory = mib if not memory else min(memory, mib) if mib else memory
+        out[s.node] = (count + len(s.devices), memory)
+    return out
+
+
+def _accounted_node(node: Node, dra: tuple[int, int] | None) -> Node:
+    if dra is None or node.gpus or not dra[0]:
+        return node
+    count, memory = dra
+    return msgspec.structs.replace(node, gpus=count, gpu_memory_mib=memory or node.gpu_memory_mib)
