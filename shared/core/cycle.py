@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 
-from shared.core import volumes
+from shared.core import dra, volumes
 from shared.core.actions import allocate, consolidation, preempt, reclaim, stale_gang
 from shared.core.builtin_plugins import SessionRegistry
 from shared.core.opening import open_session
@@ -200,6 +200,7 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
         gpus=float(ssn.accepted_quota(task)[R_GPU]),
         uid=task.pod.uid,
         volumes=volumes.decided(ssn, task, node),
+        claims=dra.decided(ssn, task, node),
     )
 
 

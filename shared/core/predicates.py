@@ -5,7 +5,8 @@ Order matters only for which reason a pending pod reports: queue capacity on the
 unhealthy device has that many fewer GPUs, and no shared pod joins a device reported unhealthy), pod slots
 (with a reservation pod for a new shared device), then the Kubernetes filters (node selector and affinity,
 taints, host ports (kube-scheduler's NodePorts), the pod's persistent volume claims
-(`shared.core.volumes`: kube-scheduler's volume filters), inter-pod affinity and anti-affinity:
+(`shared.core.volumes`: kube-scheduler's volume filters), its DRA claims (`shared.core.dra`: kube-scheduler's
+DynamicResources), inter-pod affinity and anti-affinity:
 `shared.core.pod_affinity`), in kube-scheduler's words, and last Kubernetes' pod topology spread
 (`shared.core.spread`: a pod's DoNotSchedule constraints; a pod without any pays one tuple test).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core import pod_affinity, selectors, spread, volumes
+from shared.core import dra, pod_affinity, selectors, spread, volumes
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
@@ -76,6 +77,9 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     if not ports_free(task, node):
         return NODE_PORTS
     reason = volumes.reason(ssn, task, node)
+    if reason:
+        return reason
+    reason = dra.reason(ssn, task, node)
     if reason:
         return reason
     reason = pod_affinity.reason(ssn, task, node)
