@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shared.core.cluster import EPS, ClusterState, NodeState
+from shared.core.dra_accounting import account as dra_accounting
 from shared.core.policy import Policy
 from shared.core.proportion import (
     OK,
@@ -74,6 +75,7 @@ class Session:
         plan), which never place anything: its nodes hold no pods (`accepted_quota` reads a pod's node,
         not what the node holds). Putting every pod on its node is most of what building a session
         costs."""
+        snapshot = dra_accounting(snapshot)  # DRA GPUs counted as KAI counts them (shared.core.dra_accounting)
         self.snapshot = snapshot
         self.now = now
         self.policy = policy
