@@ -256,6 +256,21 @@ class PodSchedulingGate(_Wire, frozen=True, kw_only=True):
     name: str
 
 
+class PodResourceClaim(_Wire, frozen=True, kw_only=True):
+    """One entry of ``spec.resourceClaims`` (DRA; `shared.kube.dra.pod_claims_of`)."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+class PodResourceClaimStatus(_Wire, frozen=True, kw_only=True):
+    """The claim the resourceclaim controller made for a template entry of ``spec.resourceClaims``."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+
+
 class PodSpec(_Wire, frozen=True, kw_only=True):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] = msgspec.field(default_factory=list)
@@ -270,6 +285,7 @@ class PodSpec(_Wire, frozen=True, kw_only=True):
     priority: int | None = None
     scheduling_gates: list[PodSchedulingGate] = msgspec.field(default_factory=list)
     volumes: list[Volume] = msgspec.field(default_factory=list)
+    resource_claims: list[PodResourceClaim] = msgspec.field(default_factory=list)
     workload_ref: Any = None
     """Kubernetes 1.35's ``spec.workloadRef`` (the Workload API, alpha) as the API returns it; the
     pod-grouper reads and checks it (`services.state.grouping.workload`)."""
@@ -293,6 +309,7 @@ class PodStatus(_Wire, frozen=True, kw_only=True):
     phase: str = ""
     conditions: list[Condition] = msgspec.field(default_factory=list)
     container_statuses: list[ContainerStatus] = msgspec.field(default_factory=list)
+    resource_claim_statuses: list[PodResourceClaimStatus] = msgspec.field(default_factory=list)
 
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
