@@ -204,6 +204,21 @@ def state_lease_key(name: str) -> str:
     return f"{STATE_LEASE_PREFIX}{key_token(name)}"
 
 
+MEMBER_KEY_PREFIX = "member."
+"""Keys of the live replicas' presence records in `LEASE_BUCKET` (`shared.bus.members`): a queue replica
+rewrites its own every second or so, so it expires with the bucket's TTL once the replica is gone."""
+
+
+def member_key(service: str, replica: str) -> str:
+    """The presence record of `replica` of `service` in `LEASE_BUCKET`."""
+    return f"{MEMBER_KEY_PREFIX}{key_token(service)}.{key_token(replica)}"
+
+
+def member_wildcard(service: str) -> str:
+    """Every presence record of `service`'s replicas (a KV watch filter)."""
+    return f"{MEMBER_KEY_PREFIX}{key_token(service)}.*"
+
+
 def usage_key(shard: str) -> str:
     """The shard's `UsageRecord` in `USAGE_BUCKET`."""
     return f"usage.{key_token(shard)}"
