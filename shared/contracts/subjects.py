@@ -158,6 +158,11 @@ def volume_key(kind: str, namespace: str, name: str) -> str:
     return f"volume.{key_token(kind)}.{key_token(namespace)}.{key_token(name)}"
 
 
+def dra_key(kind: str, namespace: str, name: str) -> str:
+    """A DRA object's key (`shared.model.dra`): ``dra.<kind>.<namespace or _>.<name>``."""
+    return f"dra.{key_token(kind)}.{key_token(namespace)}.{key_token(name)}"
+
+
 SHARD_KEY_PREFIX = "shard."
 """Keys of `ShardRecord`s in `STATE_BUCKET` (not `StateRecord`s: the replica keeps them apart)."""
 
