@@ -41,6 +41,7 @@ from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
+from shared.model.dra import DraObject
 from shared.model.volumes import StorageObject
 
 VERSION = 1
@@ -88,8 +89,23 @@ class VolumeRecord(_Msg, frozen=True, kw_only=True, tag="volume"):
     obj: StorageObject
 
 
+class DraRecord(_Msg, frozen=True, kw_only=True, tag="dra"):
+    """One DRA object (a DeviceClass, ResourceSlice, ResourceClaim or ResourceClaimTemplate:
+    `shared.model.dra`); only the Kubernetes source writes them, and replicas gather them into
+    `Snapshot.dra`."""
+
+    obj: DraObject
+
+
 StateRecord = (
-    NodeRecord | PodRecord | PodGroupRecord | QueueRecord | TopologyRecord | NamespaceRecord | VolumeRecord
+    NodeRecord
+    | PodRecord
+    | PodGroupRecord
+    | QueueRecord
+    | TopologyRecord
+    | NamespaceRecord
+    | VolumeRecord
+    | DraRecord
 )
 
 
