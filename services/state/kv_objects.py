@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
+    DraRecord,
     NamespaceRecord,
     NodeRecord,
     PodGroupRecord,
@@ -23,6 +24,7 @@ from shared.contracts.messages import (
     VolumeRecord,
 )
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Topology
+from shared.model.dra import DeviceClass, DraObject, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from shared.model.status import ACTIVE_USED
 from shared.model.volumes import (
     Claim,
@@ -33,7 +35,7 @@ from shared.model.volumes import (
     StorageObject,
 )
 
-Obj = Node | Pod | PodGroup | Queue | Topology | Namespace | StorageObject
+Obj = Node | Pod | PodGroup | Queue | Topology | Namespace | StorageObject | DraObject
 
 HOLDING = ACTIVE_USED - {PodStatus.PIPELINED}
 """Statuses in which a pod holds its node (a pipelined pod only waits for one)."""
@@ -74,6 +76,14 @@ def key_of(obj: Obj) -> str:
             return s.volume_key("csinode", "", name)
         case StorageCapacity(namespace=namespace, name=name):
             return s.volume_key("capacity", namespace, name)
+        case DeviceClass(name=name):
+            return s.dra_key("deviceclass", "", name)
+        case ResourceSlice(name=name):
+            return s.dra_key("resourceslice", "", name)
+        case ResourceClaim(namespace=namespace, name=name):
+            return s.dra_key("resourceclaim", namespace, name)
+        case ResourceClaimTemplate(namespace=namespace, name=name):
+            return s.dra_key("resourceclaimtemplate", namespace, name)
 
 
 def record_of(obj: Obj) -> StateRecord:
@@ -91,6 +101,8 @@ def record_of(obj: Obj) -> StateRecord:
             return TopologyRecord(topology=obj)
         case Namespace():
             return NamespaceRecord(namespace=obj)
+        case DeviceClass() | ResourceSlice() | ResourceClaim() | ResourceClaimTemplate():
+            return DraRecord(obj=obj)
         case _:
             return VolumeRecord(obj=obj)
 
@@ -112,3 +124,5 @@ def object_of(record: StateRecord) -> Obj:
             return namespace
         case VolumeRecord(obj=obj):
             return obj
+        case DraRecord(obj=dra_obj):
+            return dra_obj
