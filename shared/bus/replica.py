@@ -19,6 +19,7 @@ from shared.contracts.messages import (
     LEDGER_RECORDS,
     SHARD_RECORDS,
     STATE_RECORDS,
+    DraRecord,
     NamespaceRecord,
     NodeLedger,
     NodeRecord,
@@ -36,6 +37,7 @@ from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
+from shared.model.dra import Dra, DraObject
 from shared.model.volumes import StorageObject, Volumes
 
 log = logging.getLogger("kairos.replica")
@@ -175,6 +177,7 @@ class StateReplica:
         topologies: list[Topology] = []
         namespaces: list[Namespace] = []
         storage: list[StorageObject] = []
+        dra: list[DraObject] = []
         for record in self.records.values():
             match record:
                 case NodeRecord(node=node):
@@ -191,6 +194,8 @@ class StateReplica:
                     namespaces.append(ns)
                 case VolumeRecord(obj=obj):
                     storage.append(obj)
+                case DraRecord(obj=dra_obj):
+                    dra.append(dra_obj)
         # A stable order makes sessions (and snapshot replies) deterministic.
         return Snapshot(
             nodes=tuple(sorted(nodes, key=lambda n: n.name)),
@@ -200,6 +205,7 @@ class StateReplica:
             topologies=tuple(sorted(topologies, key=lambda t: t.name)),
             namespaces=tuple(sorted(namespaces, key=lambda ns: ns.name)),
             volumes=Volumes.of(storage),
+            dra=Dra.of(dra),
         )
 
     def snapshot(self) -> Snapshot:
