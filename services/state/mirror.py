@@ -48,6 +48,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from services.state.dependencies import AFTER_ANNOTATION
+from services.state.dra_mirror import DraMirror
 from services.state.foreign import Footprint, ForeignPods, subtract
 from services.state.gate_patches import is_gated
 from services.state.gpu_inventory import merge_inventory
@@ -150,6 +151,9 @@ class Mirror:
     storage: StorageMirror = field(default_factory=StorageMirror)
     """Claims, volumes, storage classes, CSINodes and capacities, written as they are
     (`services.state.volume_mirror`)."""
+    dra: DraMirror = field(default_factory=DraMirror)
+    """DeviceClasses, ResourceSlices, ResourceClaims and templates, written as they are
+    (`services.state.dra_mirror`)."""
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
     _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
@@ -406,6 +410,8 @@ class Mirror:
                 out[key_of(node)] = node
         out.update(self.storage.objects)
         self.storage.dirty.clear()
+        out.update(self.dra.objects)
+        self.dra.dirty.clear()
         self._queues = queues
         self._recount.update(self._groups.keys() | groups.keys())
         self._groups = groups
@@ -413,7 +419,7 @@ class Mirror:
 
     def flush(self, now: float) -> list[Change]:
         """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
-        if not any(self._dirty.values()) and not self.storage.dirty:
+        if not any(self._dirty.values()) and not self.storage.dirty and not self.dra.dirty:
             return []
         self._dirty[PODGROUPS].update(self.stages.decide(self.raw.podgroups, self.raw.jobs, self.members))
         if self._full:
@@ -525,6 +531,7 @@ class Mirror:
         """What KV should hold under the keys the dirty namespaces, podgroups, pods and nodes touch (None:
         nothing), with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
         out: dict[str, Obj | None] = dict(self.storage.drain())
+        out.update(self.dra.drain())
         for name in self._dirty[NAMESPACES]:
             raw_namespace = self.raw.namespaces.get(name)
             out[s.namespace_key(name)] = (
