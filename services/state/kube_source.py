@@ -49,6 +49,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.state.dra_watch import dra_informers
 from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.gpu_overlay import refusal
 from services.state.grouping import GrouperConfig
@@ -224,6 +225,7 @@ class KubeSource:
         informers.append(self.numa.informer)
         wake = lambda: self._wake.set()  # noqa: E731, PLW0108 -- the event is made after the informers
         informers += storage_informers(kube, self.mirror.storage, wake, resync_period=period)
+        informers += dra_informers(kube, self.mirror.dra, wake, resync_period=period)
         return informers
 
     async def start(self) -> int:
