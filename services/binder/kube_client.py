@@ -5,7 +5,8 @@ the NATS client it replaces. A bind is a `pods/binding` POST; a binding with GPU
 first runs `reservations.GpuSharing.prepare` (group labels, one reservation pod per shared device, the
 pod's GPU-sharing ConfigMaps), and a binding with volume decisions first carries them out
 (`volumes.VolumeSteps.prepare`: a static volume reserved for its claim, or the claim's selected-node set),
-undone if the binding is then refused; an ordinary pod's bind makes no other API call. An eviction is a
+undone if the binding is then refused, then its resource claims' allocations and reservations
+(`claims.ClaimSteps.prepare`), likewise undone; an ordinary pod's bind makes no other API call. An eviction is a
 `pods/eviction` POST (the Eviction API, so that disruption budgets are honoured). Both carry the pod's uid
 when the decision knows it (the Binding's `metadata.uid`, the eviction's `deleteOptions.preconditions.uid`,
 as kube-scheduler sends them), so the API server refuses them (409) for a pod deleted and created again
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.binder.claims import ClaimSteps
 from services.binder.cluster_client import ClusterRefused, pod_replaced
 from services.binder.reservations import EVENT_COMPONENT, GpuSharing, ReservationSettings
 from services.binder.volumes import VolumeSteps
@@ -72,6 +74,8 @@ class KubeClusterClient:
     """GPU sharing's calls, built from the fields above; `service` runs its sync."""
     volumes: VolumeSteps = field(init=False)
     """The volume step before a binding with WaitForFirstConsumer claims (`services.binder.volumes`)."""
+    claims: ClaimSteps = field(init=False)
+    """The DRA step after the volume step, before a binding with resource claims (`services.binder.claims`)."""
     _reported: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
     """Victim pod key -> the refusal last reported on it, and when."""
 
@@ -80,15 +84,22 @@ class KubeClusterClient:
             self.kube, self.counters, settings=self.settings, backoff=self.backoff, rng=self.rng
         )
         self.volumes = VolumeSteps(self.kube, self.counters, backoff=self.backoff, rng=self.rng)
+        self.claims = ClaimSteps(self.kube, self.counters, backoff=self.backoff, rng=self.rng)
 
     async def bind(self, binding: Binding) -> None:
-        if not binding.volumes:
+        if not binding.volumes and not binding.claims:
             await self._bind_pod(binding)
             return
-        done = await self.volumes.prepare(binding)
+        done = await self.volumes.prepare(binding) if binding.volumes else []
+        try:
+            claimed = await self.claims.prepare(binding) if binding.claims else []
+        except Exception:
+            await self.volumes.undo(done)
+            raise
         try:
             await self._bind_pod(binding)
         except ClusterRefused:
+            await self.claims.undo(claimed)
             await self.volumes.undo(done)
             raise
 
