@@ -162,6 +162,11 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         | grants("*", "storage.k8s.io", "storageclasses", "list", "watch")
         | grants("*", "storage.k8s.io", "csinodes", "list", "watch")
         | grants("*", "storage.k8s.io", "csistoragecapacities", "list", "watch")
+        # DRA, for the DRA filter.
+        | grants("*", "resource.k8s.io", "deviceclasses", "list", "watch")
+        | grants("*", "resource.k8s.io", "resourceslices", "list", "watch")
+        | grants("*", "resource.k8s.io", "resourceclaims", "list", "watch")
+        | grants("*", "resource.k8s.io", "resourceclaimtemplates", "list", "watch")
         # The shard's SchedulingShard: watched; Accepted=False naming the field when it is invalid.
         | grants("*", "kai.scheduler", "schedulingshards", "list", "watch")
         | grants("*", "kai.scheduler", "schedulingshards/status", "patch")
@@ -182,6 +187,9 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         # WaitForFirstConsumer claims: a static volume's claimRef, or the claim's selected-node annotation.
         | grants("*", "", "persistentvolumes", "get", "update")
         | grants("*", "", "persistentvolumeclaims", "get", "patch")
+        # Resource claims: the allocation and reservation, a KEP-5004 claim made and taken back.
+        | grants("*", "resource.k8s.io", "resourceclaims", "get", "create", "delete")
+        | grants("*", "resource.k8s.io", "resourceclaims/status", "update")
         # GPU sharing: the sharers (labelled kairos.io/gpu-sharing) followed in every namespace, each
         # sharer's ConfigMaps in its own namespace, a node's device memory (gpu-memory pods), Warning
         # Events on repaired sharers, and the reservation pods, only in their namespace.
