@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tools.kubesim.cluster import DeferredCreate
+from tools.kubesim.dra import DraController
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
@@ -138,6 +139,8 @@ class Controllers:
         self.operators: dict[str, Operator] = {spec.name: spec.start(self) for spec in OPERATORS}
         self.storage = StorageController(cluster)
         """The volume controller, the CSI provisioner and the CSINodes (`tools.kubesim.storage`)."""
+        self.dra = DraController(cluster)
+        """The resourceclaim controller, the DRA GPU driver and ComputeDomains (`tools.kubesim.dra`)."""
         self._watched: dict[str, object] = {}
         """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
 
@@ -179,8 +182,9 @@ class Controllers:
     def run_once(self) -> bool:
         """Reconcile every dirty object once; True when there was anything to do."""
         if not self.dirty:
-            return self.storage.run_once()
+            return self.dra.run_once() | self.storage.run_once()
         self.storage.run_once()
+        self.dra.run_once()
         batch = list(self.dirty)
         self.dirty.clear()
         for storage, ns, name in batch:
