@@ -39,7 +39,7 @@ from shared.kube.gpu_sharing import (
     reserved_device_patch,
     visible_device_uuids,
 )
-from tools.kubesim import storage
+from tools.kubesim import dra, storage
 from tools.kubesim.containerenv import (
     CONFIG_ERROR,
     ContainerConfigError,
@@ -184,6 +184,7 @@ class Kubelet:
             or pulls_failing(inits)
             or may_align(pod)
             or bool(storage.claims_of(pod))
+            or dra.has_claims(pod)
         )
 
     def start(self, pod: Obj) -> Rejected | Waiting | Started:
@@ -206,6 +207,11 @@ class Kubelet:
             return Waiting(
                 {first: message}, False, {first: "ContainerCreating"}, (("Warning", "FailedMount", message),)
             )
+        if waiting := dra.unprepared(self.cluster, pod):
+            first = (False, str((apps or [{}])[0].get("name", "")))
+            message = f"waiting for resource claims {', '.join(waiting)} to be allocated and reserved"
+            self.tracked[uid] = ns
+            return Waiting({first: message}, False, {first: "ContainerCreating"}, ())
         if requests_gpus(apps) or requests_gpus(inits):
             admitted = self.plugin.admit(pod, node, device_count(self.cluster.find("nodes", None, node)))
             if isinstance(admitted, Refusal):
