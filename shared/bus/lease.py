@@ -173,6 +173,21 @@ class LeaseKeeper:
             self._step_down("could not renew in time")
         return self.leading
 
+    async def peek(self) -> str | None:
+        """Read the lease without contending (a replica that is not the shard's preferred one waits for
+        the lease to stay free first): who holds it now, None when nobody does or it cannot be read. The
+        terms it carries are learnt, like an acquisition attempt's."""
+        try:
+            entry = await self.store.get(self.key)
+        except Exception as exc:  # noqa: BLE001 -- any bus failure is "look again next step"
+            log.warning("lease %s: %s: %s", self.key, type(exc).__name__, exc)
+            return self.current_holder
+        current = self._read(entry.value) if entry is not None else None
+        if current is not None:
+            self.last_term = max(self.last_term, current.term)
+        self.current_holder = current.holder if current is not None else None
+        return self.current_holder
+
     async def release(self) -> None:
         """Give the lease up (graceful shutdown) so a standby takes over without waiting for the TTL."""
         if not self.leading:

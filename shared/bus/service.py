@@ -54,8 +54,9 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     creates, and what exists keeps its own."""
     replica: str = ""
     """This replica's id (env KAIROS_REPLICA); defaults to host-pid."""
-    shard: str = s.DEFAULT_SHARD
-    """The node pool this replica serves (env KAIROS_SHARD)."""
+    shard: str = ""
+    """The shards this replica may serve (env KAIROS_SHARD): names separated by commas, empty for every
+    shard (`default` and every SchedulingShard, as they come and go; `shared.bus.shard_spread`)."""
     health_interval: float = 1.0
     """Seconds between heartbeats."""
     health_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
@@ -85,7 +86,11 @@ def parse_config(
     parser.add_argument("--credentials", default=os.environ.get("KAIROS_NATS_CREDS"))
     parser.add_argument("--nats-replicas", default=os.environ.get(ENV_REPLICAS) or None)
     parser.add_argument("--replica", default=os.environ.get("KAIROS_REPLICA", ""))
-    parser.add_argument("--shard", default=os.environ.get("KAIROS_SHARD", s.DEFAULT_SHARD))
+    parser.add_argument(
+        "--shard",
+        default=os.environ.get("KAIROS_SHARD", ""),
+        help="serve only these shards, comma-separated (default: every shard)",
+    )
     parser.add_argument(
         "--health-interval", type=float, default=float(os.environ.get("KAIROS_HEALTH_INTERVAL", "1.0"))
     )
@@ -153,7 +158,7 @@ class ServiceContext:
 
     def __post_init__(self) -> None:
         self.metrics.attach(
-            self.service, self.config.replica, self.config.shard, self.counters, lambda: self.ready
+            self.service, self.config.replica, self.config.shard or "*", self.counters, lambda: self.ready
         )
 
     @property

@@ -1,0 +1,118 @@
+"""One consumer loop per served shard, started and stopped as shards come and go.
+
+Used by the placement and binder services: every replica serves `default` and every shard the state
+service keeps a `ShardRecord` for, within its `--shard` restriction (`shared.bus.shard_spread.served`).
+`ShardLoops.run` compares that set with the loops running every `RECONCILE_S`, starts a loop (the service's
+`consume(shard, stop)`) for each new shard and stops the loops of shards gone: their `stop` event is set and
+they get `STOP_GRACE_S` to finish the message in hand before they are cancelled (what a crash leaves,
+which JetStream's redelivery and the binder's recovery are built for).
+
+Each shard keeps its own durable pull consumer on the shared work-queue stream (`durable_for`:
+`placement`/`binder` for the default shard, `placement_<shard>`/`binder_<shard>` for the others, the names
+they always had), shared by every replica serving the shard, so JetStream still hands each message to exactly
+one replica and a shard's work stays in its own order. A work-queue stream refuses two consumers whose
+filters overlap, so a wildcard consumer could not sit beside them. The consumers of shards other than
+`default` are made with an inactivity threshold (`INACTIVE_THRESHOLD_S`): once no replica pulls from one for
+that long (its SchedulingShard deleted) the server deletes it, so durables stay as many as the shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.js.api import ConsumerConfig
+
+from shared.bus.replica import StateReplica
+from shared.bus.shard_spread import served
+from shared.contracts import subjects as s
+
+log = logging.getLogger("kairos.shards")
+
+RECONCILE_S = 0.5
+"""How often the served shards are compared with the records the replica holds."""
+STOP_GRACE_S = 5.0
+"""How long a shard's loop may take to finish the message in hand once its shard is no longer served."""
+INACTIVE_THRESHOLD_S = 3600.0
+"""A shard's durable consumer (other than the default shard's) that no replica pulled from for this long is
+deleted by the server."""
+
+Consume = Callable[[str, asyncio.Event], Awaitable[None]]
+
+
+def durable_for(base: str, shard: str) -> str:
+    """The durable consumer every replica of a service shares for `shard` (a durable has one filter)."""
+    return base if shard == s.DEFAULT_SHARD else f"{base}_{s.token(shard)}"
+
+
+def consumer_config(shard: str) -> ConsumerConfig | None:
+    """The settings a shard's durable consumer is made with (None: the server's defaults, as ever)."""
+    if shard == s.DEFAULT_SHARD:
+        return None
+    return ConsumerConfig(inactive_threshold=INACTIVE_THRESHOLD_S)
+
+
+class ShardLoops:
+    """The consumer loops of one replica, one per served shard."""
+
+    def __init__(self, replica: StateReplica, restriction: frozenset[str], consume: Consume) -> None:
+        self.replica = replica
+        self.restriction = restriction
+        self.consume = consume
+        self.loops: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
+
+    def wanted(self) -> frozenset[str]:
+        return served((record.shard for record in self.replica.shards.values()), self.restriction)
+
+    @property
+    def shards(self) -> list[str]:
+        return sorted(self.loops)
+
+    async def reconcile(self) -> None:
+        wanted = self.wanted()
+        for shard in sorted(set(self.loops) - wanted):
+            await self._stop(shard)
+            log.info("shard %s: no longer served", shard)
+        for shard, (task, _) in list(self.loops.items()):
+            if task.done():  # a loop that failed: started again below
+                self.loops.pop(shard)
+                with contextlib.suppress(BaseException):
+                    task.result()
+        for shard in sorted(wanted - set(self.loops)):
+            stop = asyncio.Event()
+            self.loops[shard] = (asyncio.create_task(self._guarded(shard, stop)), stop)
+            log.info("shard %s: served", shard)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Until `stopping`: keep one loop per served shard; then stop them all."""
+        try:
+            while not stopping.is_set():
+                await self.reconcile()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), RECONCILE_S)
+        finally:
+            for shard in sorted(self.loops):
+                self.loops[shard][1].set()
+            for shard in sorted(self.loops):
+                await self._stop(shard)
+
+    async def _guarded(self, shard: str, stop: asyncio.Event) -> None:
+        try:
+            await self.consume(shard, stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("shard %s: its consumer failed; starting it again", shard)
+            await asyncio.sleep(1.0)
+            raise
+
+    async def _stop(self, shard: str) -> None:
+        task, stop = self.loops.pop(shard)
+        stop.set()
+        done, _ = await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        if not done:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
