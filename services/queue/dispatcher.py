@@ -37,8 +37,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import msgspec
 
@@ -59,7 +60,6 @@ from shared.errors import ConfigError, KairosError
 from shared.kube.scheduling_shard import policy_of, usage_params
 from shared.model import Snapshot
 from shared.plugin_loader import load_registry
-from shared.telemetry.metrics import QueueMetrics
 from shared.telemetry.spans import OrderTracer
 
 log = logging.getLogger("kairos.queue.dispatcher")
@@ -275,6 +275,17 @@ def batches(
     return out, held
 
 
+class PlanMetrics(Protocol):
+    """What the dispatcher reports to the metrics (`shared.telemetry.metrics.QueueMetrics`, or the queue
+    service's per-shard view of it, `services.queue.shards.ShardMetrics`)."""
+
+    def observe_plan(
+        self, shares: Iterable[QueueFairShare], pending: int, display_names: Mapping[str, str] | None = None
+    ) -> None: ...
+
+    def work_round_trip(self, seconds: float) -> None: ...
+
+
 # --- the leader's loop ------------------------------------------------------------------------------------
 @dataclass
 class InFlight:
@@ -311,7 +322,7 @@ class Dispatcher:
         settings: QueueSettings,
         counters: Counters,
         clock: Callable[[], float],
-        metrics: QueueMetrics | None = None,
+        metrics: PlanMetrics | None = None,
         registry: SessionRegistry | None = None,
     ) -> None:
         self.bus = bus
@@ -353,6 +364,10 @@ class Dispatcher:
         self._freed = False
         self._admin_waiting = 0
         self._kick = asyncio.Event()
+        self.cycling = asyncio.Lock()
+        """Held while a cycle runs: a leader handing its shard over waits for the cycle under way."""
+        self.handing_over = False
+        """Set while the shard is being handed over to its preferred replica: no cycle starts."""
 
     def now(self) -> float:
         return self.clock() + self._wall_offset
@@ -485,11 +500,12 @@ class Dispatcher:
         """Cycle while leader: on a change (debounced), every period, and when an outcome frees held work."""
         tick = min(self.settings.debounce, 0.05)
         while not stopping.is_set():
-            if self.lease.valid():
+            if self.lease.valid() and not self.handing_over:
                 self._expire()
                 if self._due():
                     try:
-                        await self.cycle()
+                        async with self.cycling:
+                            await self.cycle()
                     except Exception:
                         self.counters["cycle_errors"] += 1
                         log.exception("cycle failed")
