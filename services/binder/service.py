@@ -1,9 +1,12 @@
-"""The binder service shell: pull proposals for one shard, commit each through `commit.Committer`, and run
-the recovery scan in the background.
+"""The binder service shell: pull proposals for every shard it serves, commit each through
+`commit.Committer`, and run the recovery scan in the background.
 
 Run by `python -m services.binder` (and `kairos serve binder`) through `shared.bus.service.main`. Every
-binder replica of a shard pulls from the same durable consumer on `KAIROS_PROPOSALS`, so each proposal
-goes to one binder; `shared.bus.middleware.handle` decodes it and acks, naks or terminates it (a payload
+replica serves `default` and every SchedulingShard the state service keeps in KV, within its `--shard`
+restriction (comma-separated; empty: all), a consumer loop per shard started and stopped as shards come
+and go (`shared.bus.shard_consumers.ShardLoops`). Every binder replica serving a shard pulls from the same
+durable consumer on `KAIROS_PROPOSALS` (`binder`, or `binder_<shard>`), so each proposal goes to one binder
+and a shard's proposals are committed one at a time per replica, in the order fetched; `shared.bus.middleware.handle` decodes it and acks, naks or terminates it (a payload
 that does not decode is counted as `malformed`, terminated, and the loop goes on with the next one).
 A proposal carrying podgroups' trace contexts is committed inside their `binder.commit` spans, each cluster
 call a `binder.bind`/`binder.evict` child (`shared.telemetry.spans`, docs/tracing.md).
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import time
@@ -55,11 +59,14 @@ from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
+from shared.bus.shard_consumers import ShardLoops, consumer_config, durable_for
+from shared.bus.shard_spread import parse_restriction
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
     PROPOSALS,
     Binding,
     EvictionOrder,
+    NodeLedger,
     NodeRecord,
     PodGroupRecord,
     PodRecord,
@@ -186,7 +193,30 @@ class _Capacities:
 
 def durable_name(shard: str) -> str:
     """The consumer every binder of `shard` shares (one per shard: a durable has one filter subject)."""
-    return s.BINDER_CONSUMER if shard == s.DEFAULT_SHARD else f"{s.BINDER_CONSUMER}_{s.token(shard)}"
+    return durable_for(s.BINDER_CONSUMER, shard)
+
+
+_PROPOSAL_SHARD: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "proposal_shard", default=s.DEFAULT_SHARD
+)
+"""The shard of the proposal being committed in this task (set by its shard's loop)."""
+
+
+class _ShardFit:
+    """The resource-fit re-check (`services.binder.fit.ReplicaFit`) of the shard whose proposal is being
+    committed: each shard has its own node pool and SchedulingShard."""
+
+    def __init__(self, replica: StateReplica) -> None:
+        self.replica = replica
+        self.registry = load_registry()
+        self.fits: dict[str, ReplicaFit] = {}
+
+    async def __call__(self, node: str, current: NodeLedger, binds: Sequence[Binding]) -> str | None:
+        shard = _PROPOSAL_SHARD.get()
+        fit = self.fits.get(shard)
+        if fit is None:
+            fit = self.fits[shard] = ReplicaFit(self.replica, shard, self.registry)
+        return await fit(node, current, binds)
 
 
 class _PodGroups:
@@ -294,7 +324,6 @@ async def _recover_forever(
 async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
     """The service body: until `ctx.stopping`, fetch proposals and commit them one at a time."""
     options = parse_options(ctx.config.options)
-    shard = ctx.config.shard
     kube: Kube | None = None
     if client is None and options.cluster == "kube":
         kube = await connect(options.kubeconfig or os.environ.get("KUBECONFIG") or None)
@@ -323,15 +352,13 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             ctx.counters,
             lookup=_PodGroups(replica),
             capacity=_Capacities(replica) if options.conflicts == "fit" else None,
-            fit=ReplicaFit(replica, shard, load_registry()) if options.conflicts == "fit" else None,
+            fit=_ShardFit(replica) if options.conflicts == "fit" else None,
             binder=ctx.config.replica,
             commit_timeout=options.commit_timeout,
         )
-        sub = await ctx.bus.js.pull_subscribe(
-            s.proposals(shard), durable=durable_name(shard), stream=s.PROPOSAL_STREAM
-        )
 
         async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
+            _PROPOSAL_SHARD.set(proposal.shard)
             keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
             try:
                 with metrics.proposal(), commit_trace(proposal, committer.lookup) as traced:
@@ -348,28 +375,49 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             if isinstance(client, KubeClusterClient)
             else None
         )
+
+        async def consume(shard: str, stop: asyncio.Event) -> None:
+            sub = await ctx.bus.js.pull_subscribe(
+                s.proposals(shard),
+                durable=durable_name(shard),
+                stream=s.PROPOSAL_STREAM,
+                config=consumer_config(shard),
+            )
+            try:
+                while not (stop.is_set() or ctx.stopping.is_set()):
+                    try:
+                        msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
+                    except TimeoutError:
+                        continue
+                    except Exception:
+                        # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
+                        log.exception("shard %s: fetching proposals failed; retrying", shard)
+                        await asyncio.sleep(options.fetch_timeout)
+                        continue
+                    for i, msg in enumerate(msgs):
+                        if ctx.stopping.is_set() or stop.is_set():
+                            await _hand_back(msgs[i:])
+                            break
+                        await _finish_or_abandon(
+                            handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True),
+                            ctx,
+                            options.stop_grace,
+                        )
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+        loops = ShardLoops(replica, parse_restriction(ctx.config.shard), consume)
+        await loops.reconcile()
         ctx.ready = True
-        ctx.detail = f"shard {shard}"
+
+        def describe() -> str:
+            ctx.counters["shards_served"] = len(loops.shards)
+            return f"shards {', '.join(loops.shards)}"
+
+        ctx.describe = describe
         try:
-            while not ctx.stopping.is_set():
-                try:
-                    msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
-                except TimeoutError:
-                    continue
-                except Exception:
-                    # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
-                    log.exception("fetching proposals failed; retrying")
-                    await asyncio.sleep(options.fetch_timeout)
-                    continue
-                for i, msg in enumerate(msgs):
-                    if ctx.stopping.is_set():
-                        await _hand_back(msgs[i:])
-                        break
-                    await _finish_or_abandon(
-                        handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True),
-                        ctx,
-                        options.stop_grace,
-                    )
+            await loops.run(ctx.stopping)
         finally:
             ctx.ready = False
             for background in (recovery, syncing):
@@ -379,8 +427,6 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
             await committer.close()  # the recovery binds still running
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
     finally:
         await replica.stop()
         if kube is not None:

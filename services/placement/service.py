@@ -1,11 +1,16 @@
-"""The placement service's body: a pull consumer on the shard's work items, shared by every replica.
+"""The placement service's body: a pull consumer per served shard on its work items, each shared by every
+replica serving the shard.
 
 Run by `python -m services.placement` (and `kairos serve placement`) through `shared.bus.service.main`.
-All replicas of a shard bind the same durable consumer (`placement`, or `placement_<shard>` for other
-shards), so JetStream hands each work item to exactly one of them; each item goes through the bus
-middleware to `Worker.handle` (malformed: terminated and counted; replica behind: nak with a delay). Ready
-once the state replica has synced and the consumer is bound. Counters: `work_items`, `proposals`,
-`malformed` (plus `fenced`, `replica_behind`, `unschedulable_events`).
+Every replica serves `default` and every SchedulingShard the state service keeps in KV, within its
+`--shard` restriction (comma-separated; empty: all), started and stopped as shards come and go
+(`shared.bus.shard_consumers.ShardLoops`). All replicas serving a shard bind the same durable consumer
+(`placement`, or `placement_<shard>` for other shards), so JetStream hands each work item to exactly one of
+them; each item goes through the bus middleware to `Worker.handle` (malformed: terminated and counted;
+replica behind: nak with a delay). A replica takes one item at a time whichever shard it comes from: a
+shard's loop fetches only while the replica is idle, so another idle replica gets the next item. Ready
+once the state replica has synced. Counters: `work_items`, `proposals`, `malformed` (plus `fenced`,
+`replica_behind`, `unschedulable_events`, `shards_served`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from services.placement.worker import Worker
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
+from shared.bus.shard_consumers import ShardLoops, consumer_config, durable_for
+from shared.bus.shard_spread import parse_restriction
 from shared.contracts import subjects as s
 from shared.contracts.messages import WORK
 from shared.errors import ConfigError
@@ -49,20 +56,14 @@ class PlacementSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 def consumer_name(shard: str) -> str:
     """The durable consumer of a shard's work items (consumer names are unique per stream)."""
-    if shard == s.DEFAULT_SHARD:
-        return s.PLACEMENT_CONSUMER
-    return f"{s.PLACEMENT_CONSUMER}_{s.token(shard)}"
+    return durable_for(s.PLACEMENT_CONSUMER, shard)
 
 
 async def body(ctx: ServiceContext) -> None:
     settings = PlacementSettings.from_options(ctx.config.options)
-    shard = ctx.config.shard
     replica = StateReplica(ctx.bus)
     await replica.start(timeout=30.0)
     try:
-        sub = await ctx.bus.js.pull_subscribe(
-            s.work(shard), durable=consumer_name(shard), stream=s.WORK_STREAM
-        )
         worker = Worker(
             ctx.bus,
             replica,
@@ -72,22 +73,53 @@ async def body(ctx: ServiceContext) -> None:
             tie_break_seed=zlib.crc32(ctx.config.replica.encode()),
             metrics=PlacementMetrics(ctx.metrics),
         )
-        ctx.ready = True
-        ctx.detail = f"shard {shard}"
-        while not ctx.stopping.is_set():
+        idle = asyncio.Event()
+        idle.set()
+        busy = 0
+
+        async def consume(shard: str, stop: asyncio.Event) -> None:
+            sub = await ctx.bus.js.pull_subscribe(
+                s.work(shard),
+                durable=consumer_name(shard),
+                stream=s.WORK_STREAM,
+                config=consumer_config(shard),
+            )
+            nonlocal busy
             try:
-                msgs = await sub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
-            except TimeoutError:
-                continue
-            except Exception as exc:  # noqa: BLE001 -- a reconnecting client: retry shortly
-                ctx.log.warning("fetch failed: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ctx.stopping.wait(), 0.5)
-                continue
-            for msg in msgs:
-                await handle(msg, WORK, worker.handle, ctx.counters, jetstream=True)
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+                while not (stop.is_set() or ctx.stopping.is_set()):
+                    await idle.wait()
+                    try:
+                        msgs = await sub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
+                    except TimeoutError:
+                        continue
+                    except Exception as exc:  # noqa: BLE001 -- a reconnecting client: retry shortly
+                        ctx.log.warning("shard %s: fetch failed: %s", shard, exc)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), 0.5)
+                        continue
+                    busy += 1
+                    idle.clear()
+                    try:
+                        for msg in msgs:
+                            await handle(msg, WORK, worker.handle, ctx.counters, jetstream=True)
+                    finally:
+                        busy -= 1
+                        if busy == 0:
+                            idle.set()
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+        loops = ShardLoops(replica, parse_restriction(ctx.config.shard), consume)
+        await loops.reconcile()
+        ctx.ready = True
+
+        def describe() -> str:
+            ctx.counters["shards_served"] = len(loops.shards)
+            return f"shards {', '.join(loops.shards)}"
+
+        ctx.describe = describe
+        await loops.run(ctx.stopping)
     finally:
         ctx.ready = False
         await replica.stop()
