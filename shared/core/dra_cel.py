@@ -35,6 +35,7 @@ from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.celparser import CELParseError
 
 from shared.model.dra import Attribute, Device
 
@@ -218,7 +219,7 @@ def _program(expression: str) -> celpy.Runner | CelError:
     try:
         ast = _ENV.compile(expression)
         return _ENV.program(ast, functions=_FUNCTIONS)
-    except celpy.CELParseError as exc:
+    except CELParseError as exc:
         return CelError(f"compilation failed: {_shown(exc)}")
     except Exception as exc:  # noqa: BLE001 -- hostile text must be refused, never crash the caller
         return CelError(f"compilation failed: {type(exc).__name__}: {_shown(exc)}")
@@ -259,7 +260,7 @@ def _by_domain(items: Mapping[str, object]) -> celtypes.MapType:
         domain, _, short = name.rpartition("/")
         domains.setdefault(domain, {})[celtypes.StringType(short)] = value
     return celtypes.MapType(
-        {celtypes.StringType(d): celtypes.MapType(values) for d, values in domains.items()}  # type: ignore[arg-type]
+        {celtypes.StringType(d): celtypes.MapType(values) for d, values in domains.items()}
     )
 
 
