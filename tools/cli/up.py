@@ -51,8 +51,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     up.add_argument(
         "--shards",
         default="",
-        help="more Kairos shards besides default, e.g. pool-a,pool-b: each runs its own queue, placement and "
-        "binder, for the SchedulingShard of its name (its partitionLabelValue is its node pool)",
+        help="not needed: every replica serves every SchedulingShard as it comes. Kept as a restriction: "
+        "each named shard (e.g. pool-a,pool-b) gets queue, placement and binder replicas of its own, serving "
+        "only it, and the default replicas then serve only the default shard",
     )
     up.add_argument("--cluster", type=Path, help="cluster file: the simulated cluster's nodes")
     up.add_argument(
@@ -142,6 +143,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     options, cluster = _options(args), _cluster(args)
     env = otlp_env(args.otlp) if args.otlp else None
+    if _shards(args.shards):
+        print(SHARDS_NOTE, file=sys.stderr, flush=True)
     _make_state_dir(state_dir)
     # Before anything starts: `kairos down` finds this supervisor (and stops it) from the first moment.
     pid_file = state_dir / SUPERVISOR_PID
@@ -208,6 +211,13 @@ def _nats_cluster(args: argparse.Namespace) -> int:
     if size > 1 and args.port != -1:
         raise ConfigError("--nats-cluster with --port: a cluster's servers take free ports; drop --port")
     return size
+
+
+SHARDS_NOTE = (
+    "kairos: --shards is not needed any more (every replica serves every SchedulingShard as it is created, "
+    "changed or deleted); as given, each named shard gets replicas of its own serving only it, and the default "
+    "replicas serve only the default shard"
+)
 
 
 def _shards(text: str) -> tuple[str, ...]:

@@ -269,12 +269,11 @@ def _service_env(base: Mapping[str, str], stack: Stack, service: str) -> dict[st
     return env
 
 
-def _service_args(
-    service: str, replica: str, options: dict[str, str], shard: str = DEFAULT_SHARD_NAME
-) -> list[str]:
+def _service_args(service: str, replica: str, options: dict[str, str], restriction: str = "") -> list[str]:
+    """A replica's command line; `restriction`: the shards it may serve (`--shard`; empty: every shard)."""
     args = [sys.executable, "-m", f"services.{service}", "--replica", replica]
-    if shard != DEFAULT_SHARD_NAME:
-        args += ["--shard", shard]
+    if restriction and service != "state":
+        args += ["--shard", restriction]
     for key, value in options.items():
         args += ["--set", f"{key}={value}"]
     return args
@@ -296,9 +295,12 @@ def start_stack(
     """Start the cluster (when simulated), nats-server and the services; return once all replicas report
     ready (or raise). Without `cluster` the state service keeps an in-memory cluster. `env` is added to
     every process's environment (`otlp_env`: export traces). `auth=False` runs NATS open to anyone
-    (loopback only), as before authentication existed. Each of `shards` (besides the default shard) gets its
-    own queue, placement and binder replicas (`queue-<shard>-0`, ...), as many as the default shard's; the
-    one state service serves them all. `nats_cluster` > 1 runs that many nats-servers as one JetStream
+    (loopback only), as before authentication existed. Without `shards`, every queue, placement and binder
+    replica serves every shard: `default` and each SchedulingShard as it is created, changed or deleted
+    (`shared.bus.shard_spread`). `shards` (besides the default shard) is the older layout, kept as a
+    restriction: each named shard gets queue, placement and binder replicas of its own
+    (`queue-<shard>-0`, ...), as many as the default set's, restricted to it (`--shard`), and the default set
+    is restricted to the default shard; the one state service serves them all. `nats_cluster` > 1 runs that many nats-servers as one JetStream
     cluster (`tools.stack.nats_server.NatsCluster`), and Kairos's streams and buckets get one replica per
     server, up to JetStream's 5 (`cluster_replicas`); every service is given every server's URL. `stop`
     set while starting (`kairos up` got SIGTERM or Ctrl-C, from `kairos down`) stops what was started and
@@ -367,7 +369,8 @@ def start_stack(
                 if service == "state" and webhook_ports:
                     opts["webhook_port"] = str(webhook_ports[i])
                 stack.services[replica] = service
-                stack.commands[replica] = _service_args(service, replica, opts, shard)
+                restriction = shard if extra else ""
+                stack.commands[replica] = _service_args(service, replica, opts, restriction)
                 with (logs / f"{replica}.log").open("ab") as log:
                     stack.processes[replica] = subprocess.Popen(
                         stack.commands[replica],
