@@ -5,7 +5,7 @@ template without requests, a request without a class) named by object and field,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -17,9 +17,16 @@ from shared.kube import dra as kd
 from shared.kube import wire
 from shared.model.dra import Attribute, DeviceResult, PodClaim, ResourceClaim
 
+W = TypeVar("W", kd.WireDeviceClass, kd.WireResourceSlice, kd.WireClaim, kd.WireClaimTemplate)
+
 
 def encode(obj: dict[str, Any]) -> bytes:
     return msgspec.json.encode(obj)
+
+
+def wire_of(cls: type[W], data: bytes) -> W:
+    """`kd.decode` for one kind, typed."""
+    return msgspec.json.decode(data, type=cls)
 
 
 def claim_json(requests: list[dict[str, Any]], **status: Any) -> dict[str, Any]:
@@ -34,8 +41,8 @@ GPU = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
 
 
 def test_a_slices_devices_are_read_with_qualified_attributes_and_capacities_in_thousandths() -> None:
-    raw = kd.decode(
-        "resourceslices",
+    raw = wire_of(
+        kd.WireResourceSlice,
         encode(
             {
                 "metadata": {"name": "n1-gpu"},
@@ -73,8 +80,8 @@ def test_an_allocated_claim_reads_its_devices_node_and_users() -> None:
             ]
         },
     }
-    raw = kd.decode(
-        "resourceclaims",
+    raw = wire_of(
+        kd.WireClaim,
         encode(
             claim_json(
                 [GPU], allocation=allocation, reservedFor=[{"resource": "pods", "name": "p", "uid": "pu"}]
@@ -137,14 +144,14 @@ def test_an_allocated_claim_reads_its_devices_node_and_users() -> None:
 def test_a_claim_that_does_not_translate_keeps_its_name_and_carries_the_field(
     requests: list[dict[str, Any]], problem: str
 ) -> None:
-    claim = kd.claim_of(kd.decode("resourceclaims", encode(claim_json(requests))))
+    claim = kd.claim_of(wire_of(kd.WireClaim, encode(claim_json(requests))))
     assert (claim.namespace, claim.name) == ("ns", "c")
     assert problem in claim.problem
 
 
 def test_a_template_without_requests_carries_the_problem() -> None:
-    raw = kd.decode(
-        "resourceclaimtemplates", encode({"metadata": {"name": "t", "namespace": "ns"}, "spec": {"spec": {}}})
+    raw = wire_of(
+        kd.WireClaimTemplate, encode({"metadata": {"name": "t", "namespace": "ns"}, "spec": {"spec": {}}})
     )
     assert kd.template_of(raw).problem == (
         "ResourceClaimTemplate 'ns/t': spec.spec.devices.requests: must have at least one request"
@@ -152,8 +159,8 @@ def test_a_template_without_requests_carries_the_problem() -> None:
 
 
 def test_a_device_class_whose_selector_does_not_compile_carries_the_field() -> None:
-    raw = kd.decode(
-        "deviceclasses",
+    raw = wire_of(
+        kd.WireDeviceClass,
         encode({"metadata": {"name": "g"}, "spec": {"selectors": [{"cel": {"expression": "("}}]}}),
     )
     assert "DeviceClass 'g': spec.selectors[0].cel.expression: compilation failed" in kd.class_of(raw).problem
