@@ -12,7 +12,8 @@ The table, in words (docs/security.md has it in full):
 - `state`: the only writer of the state bucket; cleans the ledger (reservations of pods that left their
   node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
   the write-back (a durable consumer) and the quota gate (an ordered consumer of the podgroup-admission
-  events); the one service that declares (creates, updates) the streams and buckets.
+  events); publishes the unschedulable events of podgroups no shard serves; the one service that declares
+  (creates, updates) the streams and buckets.
 - `queue`: the queue lease and the usage ledger (time-based fair share); publishes work items, fair-share and
   podgroup-admission events; follows the outcome stream (an ordered consumer) and hears `cycle`.
 - `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
@@ -233,6 +234,8 @@ def permissions(identity: str) -> Permissions:
         publish += [kv_subjects(s.STATE_BUCKET), kv_subjects(s.LEDGER_BUCKET), kv_subjects(s.LEASE_BUCKET)]
         publish += _consume(s.EVENTS_STREAM)
         publish += _follow(s.EVENTS_STREAM)
+        # The pending podgroups no shard will place: said by the shard watch (`services.state.shard_coverage`).
+        publish += _events("pod-unschedulable")
         publish += _declare()
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
         subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
