@@ -15,6 +15,15 @@ cluster-scoped; a cluster without the CRD has none). After each change, all of t
 - gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
   whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
 
+Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.
+shard_coverage`): each SchedulingShard in force gets the condition ``Served`` from its queue lease (True naming
+the queue replica that leads it, False when none does); one whose node pool has no node gets a Warning Event
+``EmptyNodePool`` naming ``spec.partitionLabelValue`` (once per distinct message); and every pending podgroup
+no shard will place (its node-pool label names no SchedulingShard in force, or its queue is outside its
+shard's pool) gets a `pod-unschedulable` event saying so (once per distinct message, again after it was
+served meanwhile), which the write-back turns into PodScheduled=False and a Warning and `kairos explain`
+shows.
+
 The API calls and KV writes run on the watch's own task; a failure is logged, counted and retried. The KV
 writes go through `state` when given (the owner's `WriteFence`: none lands once the lease is lost).
 """
@@ -23,12 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 from collections.abc import Mapping
 
 import msgspec
 
-from services.state import problems, shard_notes, shards
+from services.state import problems, shard_coverage, shard_notes, shards
 from services.state.problem_report import write_event
 from services.state.problems import Problem
 from services.state.writeback import event_time
@@ -36,7 +47,9 @@ from shared.bus.fence import KvWrites
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
-from shared.contracts.messages import encode
+from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
+from shared.contracts.messages import LEASES, Lease, encode
+from shared.errors import MalformedMessage
 from shared.kube import translate
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
@@ -47,6 +60,8 @@ log = logging.getLogger("kairos.state.shard")
 
 GROUP, VERSION, PLURAL = "kai.scheduler", "v1", "schedulingshards"
 RETRY_AFTER_FAILURE = 1.0
+SURVEY_S = 2.0
+"""How often the shards' leases, node pools and the podgroups no shard serves are looked at."""
 
 
 class ShardWatch:
@@ -81,6 +96,12 @@ class ShardWatch:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._informer_task: asyncio.Task[None] | None = None
+        self._survey_task: asyncio.Task[None] | None = None
+        self.replica = replica
+        self._empty: dict[str, str] = {}
+        """Each shard's empty-pool message as last told."""
+        self._unserved: dict[str, str] = {}
+        """Podgroup key -> the no-shard message last published for it."""
         self.informer = Informer(
             kube,
             PLURAL,
@@ -95,14 +116,15 @@ class ShardWatch:
     def start(self) -> None:
         self._informer_task = asyncio.create_task(self.informer.run())
         self._task = asyncio.create_task(self._run())
+        self._survey_task = asyncio.create_task(self._survey_forever())
 
     async def stop(self) -> None:
-        for task in (self._task, self._informer_task):
+        for task in (self._task, self._informer_task, self._survey_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._informer_task = None
+        self._task = self._informer_task = self._survey_task = None
 
     async def _on_relist(self, items: list[msgspec.Raw]) -> None:
         raws = {shards.seen(bytes(item)).metadata.name: bytes(item) for item in items}
@@ -206,6 +228,91 @@ class ShardWatch:
         if patch is not None:
             await self._patch_status(shard, patch)
 
+    # --- the survey: served, empty pools, podgroups no shard serves -------------------------------------------
+    async def _survey_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SURVEY_S)
+            if not self._listed:
+                continue
+            try:
+                await self.survey()
+            except Exception:
+                self.ctx.counters["shard_survey_failures"] += 1
+                log.exception("SchedulingShards: the survey failed; again in %.0f s", SURVEY_S)
+
+    async def survey(self) -> None:
+        """One look at the shards in force: ``Served``, empty node pools, podgroups no shard serves."""
+        snapshot = self.replica.objects()
+        records = {record.shard: record for record in self.replica.shards.values()}
+        for shard, record in sorted(records.items()):
+            data = self.raw.get(shard)
+            if data is None:
+                continue
+            seen = shards.seen(data)
+            wanted = shard_coverage.served_condition(await self._lease(shard))
+            patch = shard_coverage.served_patch(seen.status.conditions, wanted, event_time())
+            if patch is not None:
+                await self._patch_status(shard, patch)
+            await self._tell_empty(shard, seen, shard_coverage.empty_pool(record, snapshot))
+        for shard in set(self._empty) - set(records):
+            del self._empty[shard]
+        await self._explain_unserved(shard_coverage.unserved(snapshot, records, self.node_pool_label_key))
+
+    async def _lease(self, shard: str) -> Lease | None:
+        entry = await self.ctx.bus.leases.get(s.lease_key(shard))
+        if entry is None:
+            return None
+        try:
+            return LEASES.decode(entry.key, entry.value or b"")
+        except MalformedMessage:
+            return None
+
+    async def _tell_empty(self, shard: str, seen: shards.Seen, message: str | None) -> None:
+        if message is None:
+            self._empty.pop(shard, None)
+            return
+        if self._empty.get(shard) == message:
+            return
+        problem = Problem(
+            kind="SchedulingShard",
+            namespace="",
+            name=shard,
+            reason=shard_coverage.EMPTY_NODE_POOL,
+            message=message,
+        )
+        about = translate.InvolvedObject(
+            api_version=problems.API_VERSIONS["SchedulingShard"],
+            kind="SchedulingShard",
+            name=shard,
+            uid=seen.metadata.uid,
+        )
+        log.warning("%s", message)
+        await write_event(self.kube, self.ctx, about, problem, f"schedulingshard {shard}", self.component)
+        self.ctx.counters["problems_reported"] += 1
+        self._empty[shard] = message
+
+    async def _explain_unserved(self, found: list[shard_coverage.Unserved]) -> None:
+        current = {u.podgroup for u in found}
+        for key in [key for key in self._unserved if key not in current]:
+            del self._unserved[key]
+        for u in found:
+            if self._unserved.get(u.podgroup) == u.message:
+                continue
+            event = PodUnschedulable(
+                time=time.time(),
+                namespace=u.namespace,
+                podgroup=u.name,
+                queue=u.queue,
+                message=u.message,
+                reasons=[u.reason],
+            )
+            await self.ctx.bus.js.publish(
+                s.event("pod-unschedulable", u.podgroup), EVENT_ENCODER.encode(event)
+            )
+            self._unserved[u.podgroup] = u.message
+            self.ctx.counters["unserved_explained"] += 1
+            log.info("%s", u.message)
+
     async def _patch_status(self, shard: str, patch: dict[str, object]) -> None:
         await self.kube.call(
             f"patch schedulingshard {shard} status",
@@ -218,3 +325,19 @@ class ShardWatch:
             _content_type="application/merge-patch+json",
         )
         self.ctx.counters["kube_status_patches"] += 1
+        self._remember_status(shard, patch)
+
+    def _remember_status(self, shard: str, patch: dict[str, object]) -> None:
+        """Keep the conditions just written in the object as last seen: a merge patch replaces the whole
+        list, so the next patch (of another condition) must start from this one, not from the informer's
+        older copy."""
+        data = self.raw.get(shard)
+        status = patch.get("status")
+        if data is None or not isinstance(status, dict):
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return
+        obj.setdefault("status", {}).update(status)
+        self.raw[shard] = json.dumps(obj).encode()
