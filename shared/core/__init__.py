@@ -38,11 +38,16 @@ Public modules (what code outside shared.core may import):
 - `usage`: time-based fair share: the `UsageLedger` of what each queue held over time (`sample`,
   `record_interval`) and `usage_fractions`, its decayed, windowed usage as a fraction of the cluster's
   capacity (`Policy.queue_usage`). Kept by the queue leader.
+- `dra_cel`: CEL over DRA devices (Kubernetes' DRA CEL environment, each expression compiled once and
+  cached): `check(expression)` raises `CelError` for one that does not compile, which translation
+  (`shared.kube.dra`) calls so a bad selector is refused where it enters; the core's allocator evaluates
+  them with `matches`.
 
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
 under tests/ may still look inside): the session and its statements (`session`, `opening`, `statement`, `cycle`),
 the actions and what they share (`actions`, `allocation`, `solver`, `minruntime`, `reclaimable`), node
-filters and scores (`predicates`, `scoring`, `gpu_sharing`, `topology`, `spread`), ordering and queue accounting
+filters and scores (`predicates`, `scoring`, `gpu_sharing`, `topology`, `spread`, `volumes`, `dra`,
+`dra_accounting`), ordering and queue accounting
 (`ordering`, `proportion`), and the session's state (`tasks`, `cluster`). An `acyclic_siblings` contract
 keeps the core's modules free of import circles.
 """

@@ -24,6 +24,7 @@ PUBLIC = {
     "node_pool",
     "usage",
     "recheck",
+    "dra_cel",
     "plugins",
     "builtin_plugins",
 }
