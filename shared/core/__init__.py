@@ -10,7 +10,7 @@ Public modules (what code outside shared.core may import):
   conformance runner.
 - `result`: the values of a `CycleResult`: `BindProposal`s of `Binding`s (each pod's key, name, node,
   shared devices, CPU, memory and the GPUs it holds in its queue's quota), `EvictionOrder`s,
-  `PipelinedPod`s, `PendingExplanation`s, the stale and last-start stamps, a `PodGroupStatus` per
+  `PipelinedPod`s, `PendingExplanation`s, the stale, last-start and last-eviction stamps, a `PodGroupStatus` per
   podgroup (with `NodeRefusals` on request), the `Committed` counts, and the `SessionView` on request.
   The wire contract (`shared.contracts.messages`) carries these structs as they are.
 - `queue_plan`: `plan_queues(snapshot, now, policy) -> QueuePlan`: every queue's `QueueShare` (fair
@@ -26,8 +26,8 @@ Public modules (what code outside shared.core may import):
   (`plugins.chain.resolve`). Third-party plugins implement these.
 - `builtin_plugins`: `DEFAULT_REGISTRY`, KAI's plugins wrapping the core's filters, scores and orders;
   the shells extend it with the plugins they load (`shared.plugin_loader`) and pass it to `schedule`.
-- `stamps`: `merged_stamps` and `KEEP`, how the stale and last-start stamps of parallel proposals merge
-  (the binder and the state service).
+- `stamps`: `merged_stamps`, `latest` and `KEEP`, how the stale, last-start and last-eviction stamps of
+  parallel proposals merge (the binder and the state service).
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
 - `node_pool`: `NodePool` and `in_pool(snapshot, pool)`, the part of a snapshot one shard schedules (the
   state replica's `shard_snapshot`).
