@@ -10,8 +10,8 @@ master/launcher/head-first orders among them), the queue order and quota checks
 (`shared.core.proportion`, `Session.queue_job_capacity`), and the min-runtime victim filter
 (`shared.core.minruntime`). Priorities are KAI's defaults (the KAI operator's) and Kairos's own
 (`shared.core.plugins.priorities.KAIROS_PRIORITIES`); arguments are those of KAI's plugins that Kairos
-honours. Plugins with nothing to act on in Kairos (no DRA, no nominations, no snapshot
-endpoint) are accepted and contribute nothing.
+honours. Plugins with nothing to act on in Kairos (no nominations, no snapshot endpoint) are
+accepted and contribute nothing.
 
 Public: the shells extend `DEFAULT_REGISTRY` with third-party plugins (`Registry.with_plugins`) and pass
 it to `shared.core.scheduler.schedule`. `SessionRegistry` / `SessionPlugin` / `SessionSpec` name the
@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
-from shared.core import minruntime, pod_affinity, predicates, scoring, spread, topology
+from shared.core import dra, minruntime, pod_affinity, predicates, scoring, spread, topology
 from shared.core.plugins import numa
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
 from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
@@ -93,6 +93,15 @@ def _predicates(arguments: Mapping[str, Argument], policy: Policy) -> SessionPlu
         return Plugin()
     checks = Predicates()
     return Plugin(node_filter=checks, node_prefilter=checks)
+
+
+# --- dynamicresources -------------------------------------------------------------------------------------
+class DynamicResources:
+    """KAI's ``dynamicresources``: a pod's resource claims allocated as the upstream structured allocator
+    does (`shared.core.dra.reason`); a node where they cannot be is refused in kube-scheduler's words."""
+
+    def filter(self, ssn: Session, task: TaskState, node: NodeState) -> str | None:
+        return dra.reason(ssn, task, node)
 
 
 # --- proportion -------------------------------------------------------------------------------------------
@@ -366,7 +375,9 @@ DEFAULT_REGISTRY: SessionRegistry = Registry(
         PluginSpec("subgrouporder", _constant(Plugin(pod_set_order=SubGroupOrder())), KAI["subgrouporder"]),
         PluginSpec("taskorder", _constant(Plugin(task_order=TaskPriorityOrder())), KAI["taskorder"]),
         PluginSpec("nominatednode", _constant(_NOTHING), KAI["nominatednode"], summary="no nominated nodes"),
-        PluginSpec("dynamicresources", _constant(_NOTHING), KAI["dynamicresources"], summary="no DRA"),
+        PluginSpec(
+            "dynamicresources", _constant(Plugin(node_filter=DynamicResources())), KAI["dynamicresources"]
+        ),
         PluginSpec(
             "minruntime",
             _min_runtime,

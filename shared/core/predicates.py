@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core import dra, pod_affinity, selectors, spread, volumes
+from shared.core import pod_affinity, selectors, spread, volumes
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
@@ -77,9 +77,6 @@ def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     if not ports_free(task, node):
         return NODE_PORTS
     reason = volumes.reason(ssn, task, node)
-    if reason:
-        return reason
-    reason = dra.reason(ssn, task, node)
     if reason:
         return reason
     reason = pod_affinity.reason(ssn, task, node)

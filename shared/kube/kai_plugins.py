@@ -51,9 +51,8 @@ DEFAULT_PRIORITIES: Mapping[str, int] = BUILTIN_PRIORITIES
 """Every plugin Kairos knows, with its default priority (higher runs first; the core's registry): KAI's,
 and Kairos's own beyond KAI (``nodeaffinity``, ``tainttoleration``, ``podtopologyspread``)."""
 
-NO_EFFECT = frozenset({"kubeflow", "ray", "dynamicresources", "nominatednode", "snapshot"})
-"""Plugins with nothing to switch in Kairos: no such workloads, no DRA, no nominations, no snapshot
-endpoint."""
+NO_EFFECT = frozenset({"nominatednode", "snapshot"})
+"""Plugins with nothing to act on in Kairos: no nominations, no snapshot endpoint."""
 
 PLACEMENTS = ("binpack", "spread")
 

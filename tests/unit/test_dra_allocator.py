@@ -475,3 +475,23 @@ def _refusal(text: str) -> str | None:
     except dra_cel.CelError as exc:
         return str(exc)
     return None
+
+
+def test_claims_are_the_dynamicresources_plugins_and_go_unchecked_where_a_shard_disables_it() -> None:
+    """KAI checks claims in its ``dynamicresources`` plugin, so a SchedulingShard that turns the plugin off
+    turns the check off: a claim no node can meet then keeps nobody pending, and binds carry no allocation."""
+    from shared.core.builtin_plugins import DEFAULT_REGISTRY
+    from shared.core.policy import PluginConfig
+
+    nowhere = request(selectors=(f'device.attributes["{DRIVER}"].productName == "B200"',))
+    dra = Dra(classes=(GPU_CLASS,), slices=SLICES, claims=(claim("c", nowhere),))
+    snap = snapshot(NODES, [job("job", "c")], dra)
+    assert not run(snap).binds
+    without = Policy(
+        actions=("allocate",),
+        plugins=tuple(
+            PluginConfig(name=n) for n in DEFAULT_REGISTRY if n not in ("dynamicresources", "numa")
+        ),
+    )
+    bound = schedule(snap, NOW, without)
+    assert [b.claims for p in bound.binds for b in p.bindings] == [()]
