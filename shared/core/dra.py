@@ -15,17 +15,27 @@ test. Per pod, whatever the node:
 
 Per node:
 
-- an allocated claim (in the snapshot, or by another pod placed this session: a shared claim) fits only
-  the node its allocation is for: "resourceclaim not available on the node";
+- an allocated claim (in the snapshot, held in the binders' ledger, or by another pod placed this
+  session: a shared claim) fits only the node its allocation is for: "resourceclaim not available on the
+  node";
 - the unallocated claims are allocated together from the devices of the node's slices and of the slices
   every node, or this one through its node selector, reaches, leaving out devices other claims hold (an
-  allocation in the snapshot, or one decided for a pod placed this session): per request, in order, its
-  DeviceClass's selectors and its own (CEL, `shared.core.dra_cel`) must hold; ExactCount takes `count`
-  devices, All every matching device (none of which may be taken, and at least one); ``firstAvailable``
-  tries its subrequests in order; ``matchAttribute`` constraints hold across the requests they name.
+  allocation in the snapshot, devices the binders' ledger holds, or one decided for a pod placed this
+  session): per request, in order, its DeviceClass's selectors and its own (CEL, `shared.core.dra_cel`)
+  must hold; ExactCount takes `count` devices, All every matching device (none of which may be taken, and
+  at least one); ``firstAvailable`` tries its subrequests in order; ``matchAttribute`` constraints hold
+  across the requests they name.
   The search backtracks over devices as the structured allocator does, within `SEARCH_BUDGET` steps.
   Failing: "cannot allocate all claims"; a selector whose evaluation fails: its CEL runtime error, naming
   the class or claim, the request and the selector's index.
+
+The binders' ledger: a binder reserves a pod's claims' devices on its node in the same compare-and-set as
+the rest of the pod (`Reservation.devices`), before it writes the claims' status, and the replica hands
+the reservations of claims whose status does not show an allocation yet to the core as `Dra.held`: their
+devices are taken, and such a claim is read as allocated with them (a pod sharing it goes where it went),
+until its status shows an allocation, which is then the truth. So a cycle (or a placement replica) that
+runs before the first binder's status write comes back never gives those devices to another claim, as KAI
+reads a pod in Binding state's claim allocations from its BindRequest.
 
 What a pod's claims got on a node is remembered for the session (`decided`), per pod and node; devices
 count as taken while the pod that got them is placed on that node, so a rollback (a gang that does not
@@ -53,6 +63,7 @@ from shared.model.dra import (
     ALL,
     RESERVED_FOR_MAX,
     ClaimConstraint,
+    ClaimHold,
     Device,
     DeviceClass,
     DeviceRequest,
@@ -129,7 +140,7 @@ class _State:
     shared: list[ResourceSlice]
     """Slices of all nodes or of a node selector, in name order."""
     allocated: frozenset[DeviceId]
-    """Devices the snapshot's claims hold."""
+    """Devices the snapshot's claims hold, and those the binders' ledger holds (`Dra.held`)."""
     users: dict[str, list[TaskState]]
     """Claim key -> the session's pods that use it."""
     devices: dict[str, list[_Candidate]] = field(default_factory=dict)
@@ -168,15 +179,36 @@ def _index(dra: Dra, tasks: Iterable[TaskState]) -> _State:
             name = entry.claim or (extended_claim_name(task.pod.name) if entry.device_class else "")
             if name:
                 users.setdefault(f"{task.pod.namespace}/{name}", []).append(task)
+    claims = {c.key: c for c in dra.claims}
+    held = _held(dra.held, claims)
     return _State(
         classes={c.name: c for c in dra.classes},
-        claims={c.key: c for c in dra.claims},
+        claims=claims,
         templates={t.key: t for t in dra.templates},
         local=local,
         shared=shared,
-        allocated=frozenset(r.id for c in dra.claims if c.allocated for r in c.devices),
+        allocated=frozenset(r.id for c in dra.claims if c.allocated for r in c.devices) | held,
         users=users,
     )
+
+
+def _held(holds: Iterable[ClaimHold], claims: dict[str, ResourceClaim]) -> frozenset[DeviceId]:
+    """The devices the binders' ledger holds for claims whose status shows no allocation yet; a claim of
+    the snapshot among them is read as allocated with what it holds (in `claims`, in place), so a pod
+    sharing it goes where it went. A hold on a claim whose status shows an allocation is ignored: the
+    status is the truth (it may differ when two binders raced for the claim and the other won)."""
+    shown = {key for key, claim in claims.items() if claim.allocated}
+    devices: set[DeviceId] = set()
+    for hold in holds:
+        if hold.claim in shown:
+            continue
+        devices.update(r.id for r in hold.devices)
+        claim = claims.get(hold.claim)
+        if claim is not None and not claim.allocated and hold.devices:
+            claims[hold.claim] = msgspec.structs.replace(
+                claim, allocated=True, devices=hold.devices, node=hold.node, node_selector=()
+            )
+    return frozenset(devices)
 
 
 # --- the filter -------------------------------------------------------------------------------------------

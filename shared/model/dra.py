@@ -29,6 +29,7 @@ __all__ = [
     "AllocationMode",
     "Attribute",
     "ClaimConstraint",
+    "ClaimHold",
     "Device",
     "DeviceClass",
     "DeviceRequest",
@@ -143,6 +144,18 @@ class DeviceResult(msgspec.Struct, frozen=True, kw_only=True):
         return (self.driver, self.pool, self.device)
 
 
+class ClaimHold(msgspec.Struct, frozen=True, kw_only=True):
+    """Devices a binder reserved for one claim in a node's ledger (`Reservation.devices`), in the same
+    compare-and-set as the rest of the pod's reservation: what the claim holds before its status shows it
+    (the binder writes the status a moment later, and the state service mirrors it back later still)."""
+
+    claim: str
+    """The claim's key (``<namespace>/<name>``)."""
+    devices: tuple[DeviceResult, ...]
+    node: str = ""
+    """The node the allocation is for ("": any node, cluster-wide devices), as on the claim's status."""
+
+
 class ResourceClaim(msgspec.Struct, frozen=True, kw_only=True, tag="resourceclaim"):
     """A ResourceClaim: what it asks for and, once allocated, what it got and who uses it."""
 
@@ -215,6 +228,10 @@ class Dra(msgspec.Struct, frozen=True, kw_only=True):
     slices: tuple[ResourceSlice, ...] = ()
     claims: tuple[ResourceClaim, ...] = ()
     templates: tuple[ResourceClaimTemplate, ...] = ()
+    held: tuple[ClaimHold, ...] = ()
+    """Devices the binders' ledger holds for claims whose status does not show an allocation yet (the
+    replica fills it from the node ledgers' reservations, `shared.bus.replica`): taken for every other
+    claim, and the claim's allocation until its status shows one (`shared.core.dra`)."""
 
     @classmethod
     def of(cls, objects: list[DraObject]) -> Dra:
@@ -229,4 +246,4 @@ class Dra(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def __bool__(self) -> bool:
-        return bool(self.classes or self.slices or self.claims or self.templates)
+        return bool(self.classes or self.slices or self.claims or self.templates or self.held)
