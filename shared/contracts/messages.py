@@ -41,7 +41,7 @@ from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
-from shared.model.dra import DraObject
+from shared.model.dra import ClaimHold, DraObject
 from shared.model.volumes import StorageObject
 
 VERSION = 1
@@ -141,6 +141,10 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     gpus: float = 0.0
     gpu_groups: tuple[str, ...] = ()
     proposal: str = ""
+    devices: tuple[ClaimHold, ...] = ()
+    """The DRA devices its claims were allocated (`Binding.claims` that name devices), per claim: two
+    claims never hold one device in a node's ledger (`services.binder.commit`), and a reader counts them
+    as taken until the claim's status shows them (`Dra.held`)."""
 
 
 class NodeLedger(_Msg, frozen=True, kw_only=True, tag="node-ledger"):
