@@ -11,8 +11,9 @@ its `Dispatcher` while it leads.
 Who contends: the shard's preferred replica (`shard_spread.preferred` over the live replicas of
 `shared.bus.members`) at once, every other replica only once the lease has stayed free for
 `TAKEOVER_DELAY_S` (so a preferred replica that is gone, or cannot lead, is still replaced in seconds). A
-leader that is no longer preferred (a replica joined, and has been alive for `members.SETTLE_S`) hands the
-shard over: no cycle starts, the cycle under way finishes, its work in flight gets up to
+leader that is no longer preferred (a replica joined, and has been alive for `members.SETTLE_S`) and leads
+another shard too hands the shard over (a replica keeps its last one: one shard over an active and a
+standby replica never moves for nothing): no cycle starts, the cycle under way finishes, its work in flight gets up to
 `HANDOVER_DRAIN_S` to come back, the usage ledger is written, and the lease released; the preferred replica,
 trying every second, takes it under the next term. So N shards use N replicas' cores.
 """
@@ -123,10 +124,17 @@ class ShardLeader:
         metrics: SharedMetrics,
         clock: Callable[[], float],
         registry: SessionRegistry | None = None,
+        *,
+        led: Callable[[], int] = lambda: 2,
+        handovers: asyncio.Lock | None = None,
     ) -> None:
         self.ctx = ctx
         self.members = members
         self.shard = shard
+        self.led = led
+        """How many shards this replica leads now (it hands a shard over only while it leads another)."""
+        self.handovers = asyncio.Lock() if handovers is None else handovers
+        """Shared by the replica's shards: one handover at a time, so two never leave it leading none."""
         self.metrics = metrics
         self.clock = clock
         self.lease = shard_lease(ctx.bus, shard, ctx.config.replica, clock)
@@ -214,7 +222,12 @@ class ShardLeader:
             # once the last good renewal is too old.
             await asyncio.wait_for(self.lease.step(), timeout=STEP_TIMEOUT_S)
             if self.lease.valid() and wanted not in (None, me) and self.members.settled(wanted or ""):
-                await self._hand_over(wanted or "")
+                async with self.handovers:
+                    # A replica keeps the last shard it leads: with one shard and two replicas (active and
+                    # standby) a newcomer being preferred is no reason to move it, and N shards still end up
+                    # on N replicas, each leader handing over until it leads one.
+                    if self.led() > 1 and self.lease.valid():
+                        await self._hand_over(wanted or "")
             return
         free_for = self.clock() - self._free_since if self._free_since is not None else 0.0
         if wanted == me or free_for >= TAKEOVER_DELAY_S:
@@ -296,6 +309,11 @@ class QueueShards:
         self.clock = clock
         self.registry = registry
         self.leaders: dict[str, ShardLeader] = {}
+        self.handovers = asyncio.Lock()
+
+    def led(self) -> int:
+        """How many shards this replica leads now."""
+        return sum(1 for leader in self.leaders.values() if leader.lease.valid())
 
     def wanted(self) -> frozenset[str]:
         """The shards to serve now: `default` and every shard with a record, within the restriction."""
@@ -317,6 +335,8 @@ class QueueShards:
                 self.metrics,
                 self.clock,
                 self.registry,
+                led=self.led,
+                handovers=self.handovers,
             )
             self.leaders[shard] = leader
             leader.start()

@@ -158,7 +158,13 @@ class ServiceContext:
 
     def __post_init__(self) -> None:
         self.metrics.attach(
-            self.service, self.config.replica, self.config.shard or "*", self.counters, lambda: self.ready
+            # A replica serving every shard keeps the label it always had (`default`); a restricted one
+            # names its shards.
+            self.service,
+            self.config.replica,
+            self.config.shard or s.DEFAULT_SHARD,
+            self.counters,
+            lambda: self.ready,
         )
 
     @property
