@@ -13,8 +13,12 @@ by the tests directly against a real nats-server. The steps, for one proposal:
    `NodeLedger` adding one `Reservation` per pod, on the revision the proposal was stamped with
    (`node_revisions[node]`; 0: the key must not exist). In the resource-fit mode (binder option
    `conflicts=fit`) a node that moved is read again and re-checked instead (room: `still_fits`; every
-   filter of the core: a `FitCheck`), and written on the revision re-checked. Evictions write nothing: the
-   victim's reservation stays until the state service sees the pod leave its node.
+   filter of the core: a `FitCheck`), and written on the revision re-checked. A reservation carries the
+   DRA devices its pod's claims were allocated (`Reservation.devices`), and a node whose ledger already
+   holds one of them for another claim conflicts whatever its revision (`device_clash`; a claim's status
+   write, conditioned on the claim alone, would not refuse it), so of two proposals giving one device to
+   two claims exactly one commits. Evictions write nothing: the victim's reservation stays until the
+   state service sees the pod leave its node.
    Any conflict in 2 or 3 rolls back what this proposal wrote (node values restored byte for byte by CAS on
    the revision we wrote, claims deleted) and the outcome is `conflict`, counting the conflicting keys.
    Then the lease is read again, and a term that moved meanwhile rolls the commit back as `fenced`: this
@@ -113,9 +117,11 @@ from shared.contracts.messages import (
     Reservation,
     encode,
 )
+from shared.core.result import ClaimAllocation
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
+from shared.model.dra import ClaimHold
 from shared.security.permissions import kv_stream, kv_subjects
 from shared.telemetry.spans import event_headers
 
@@ -212,7 +218,77 @@ def reservation_of(binding: Binding, proposal: str) -> Reservation:
         gpus=binding.gpus,
         gpu_groups=binding.gpu_groups,
         proposal=proposal,
+        devices=tuple(
+            ClaimHold(claim=f"{binding.namespace}/{a.claim}", devices=a.devices, node=a.node)
+            for a in binding.claims
+            if a.devices
+        ),
     )
+
+
+@dataclass(frozen=True)
+class DeviceClash:
+    """A device a proposal's pod would hold for one claim while another pod holds it for another."""
+
+    device: tuple[str, str, str]
+    """Driver, pool, device."""
+    pod: str
+    claim: str
+    holder: str
+    """The pod that holds it already."""
+    held_for: str
+    """The claim it holds it for."""
+
+    def __str__(self) -> str:
+        driver, pool, device = self.device
+        return (
+            f"device {driver}/{pool}/{device} for claim {self.claim} of pod {self.pod} is held by pod "
+            f"{self.holder} for claim {self.held_for}"
+        )
+
+
+def device_clash(current: NodeLedger | None, ours: Mapping[str, Reservation]) -> DeviceClash | None:
+    """The first device `ours` would hold that a node's ledger (`current`) already holds for another
+    claim, or that two of `ours` would hold for two claims; None when there is none.
+
+    Beside `still_fits`, and asked whatever the node's revision: a proposal decided on a ledger that
+    already held the device, but before the claim's status showed it (so the core did not see it taken),
+    commits on the very revision it was stamped with. A shared claim's second pod holds the same devices
+    for the same claim: no clash. The reservations of `ours`' own pods in `current` (an earlier delivery
+    of this proposal, or the state service's) are not another pod's.
+
+    What this cannot see: a device of a cluster-wide slice (all nodes, or a node selector's) held on
+    another node's ledger key. Its holders commit under different keys, so two binders racing for it
+    (on proposals decided before either write reached their replicas) both succeed; the replicas count it
+    taken once they see either reservation (`Dra.held`), which closes it for later cycles only. Guarding
+    it would take a ledger key per pool that the state service keeps true to the cluster as it does the
+    node keys; a claim's status write, conditioned on the claim alone, does not."""
+    held: dict[tuple[str, str, str], tuple[str, str]] = {}
+    if current is not None:
+        for pod, r in current.pods.items():
+            if pod in ours:
+                continue
+            for hold in r.devices:
+                for d in hold.devices:
+                    held.setdefault(d.id, (pod, hold.claim))
+    for pod, r in ours.items():
+        for hold in r.devices:
+            for d in hold.devices:
+                holder = held.setdefault(d.id, (pod, hold.claim))
+                if holder[1] != hold.claim:
+                    return DeviceClash(d.id, pod, hold.claim, holder[0], holder[1])
+    return None
+
+
+class DeviceConflict(ConflictError):  # noqa: N818 -- a ConflictError, named for what conflicted
+    """A node's ledger already holds a device of the proposal's for another claim (`device_clash`)."""
+
+    def __init__(self, key: str, expected: int, found: int, clash: DeviceClash) -> None:
+        super().__init__(key, expected, found)
+        self.clash = clash
+
+    def __str__(self) -> str:
+        return f"node {self.node!r}: {self.clash}"
 
 
 def _node_ledger(key: str, value: bytes | None) -> NodeLedger | None:
@@ -334,6 +410,8 @@ async def _reserve(
     for attempt in range(attempts):
         try:
             return await _reserve_once(ledger, node, binds, proposal, capacity, fit)
+        except DeviceConflict:
+            raise  # the device stays held: reading again changes nothing
         except ConflictError:
             if attempt + 1 == attempts:
                 raise
@@ -358,9 +436,13 @@ async def _reserve_once(
     entry = await ledger.get(key)
     found = entry.revision if entry is not None else 0
     current = _node_ledger(key, entry.value) if entry is not None else None
+    if found != stamp and entry is not None and _holds(current, pods, proposal.id):
+        return NodeWrite(node, pods, entry.revision, None, inherited=True)
+    clash = device_clash(current, ours)
+    if clash is not None:
+        log.info("proposal %s: node %s: %s", proposal.id, node, clash)
+        raise DeviceConflict(key, stamp, found, clash)
     if found != stamp:
-        if entry is not None and _holds(current, pods, proposal.id):
-            return NodeWrite(node, pods, entry.revision, None, inherited=True)
         if (capacity is None and fit is None) or entry is None or current is None:
             raise ConflictError(key, stamp, found)
         cap = capacity(node) if capacity is not None else None
@@ -544,6 +626,18 @@ async def _release(ledger: KvStore, pod: str, node: str, proposal: str, claim_re
     whether the claim was still there to delete."""
     await strip_reservations(ledger, node, (pod,), proposal)
     return await _drop_claim(ledger, pod, claim_revision)
+
+
+def _claims_held(reservation: Reservation, namespace: str) -> tuple[ClaimAllocation, ...]:
+    """The claim allocations a reservation holds devices for, as the proposal's binding carried them (a
+    bind the recovery scan repeats writes them to the claims' status again; claims the decision found
+    allocated already, and a KEP-5004 claim's requests, are not in the ledger)."""
+    prefix = f"{namespace}/"
+    return tuple(
+        ClaimAllocation(claim=h.claim.removeprefix(prefix), devices=h.devices, node=h.node)
+        for h in reservation.devices
+        if h.claim.startswith(prefix)
+    )
 
 
 # --- step 4: the cluster ----------------------------------------------------------------------------------
@@ -1166,6 +1260,7 @@ class Committer:
                     memory_bytes=r.memory_bytes,
                     gpus=r.gpus,
                     uid=pod.uid,
+                    claims=_claims_held(r, pod.namespace),
                 )
             )
         bound: list[Binding] = []
