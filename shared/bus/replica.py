@@ -2,7 +2,8 @@
 
 Every placement worker (and every state replica answering snapshot requests) holds one. Its revision is
 the last KV sequence applied, per bucket; `snapshot()` turns the replica into the core's `Snapshot`, with
-pods the ledger reserves but the cluster still shows pending counted as bound there, so that no reader
+pods the ledger reserves but the cluster still shows pending counted as bound there, and the DRA devices
+their reservations hold counted as taken until the claims' status shows them, so that no reader
 double-books what a binder already committed.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 
 import msgspec
 
@@ -37,7 +39,7 @@ from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
-from shared.model.dra import Dra, DraObject
+from shared.model.dra import ClaimHold, Dra, DraObject
 from shared.model.volumes import StorageObject, Volumes
 
 log = logging.getLogger("kairos.replica")
@@ -209,7 +211,9 @@ class StateReplica:
         )
 
     def snapshot(self) -> Snapshot:
-        """`objects()` with pods the ledger reserves but the cluster still shows pending counted as bound."""
+        """`objects()` with pods the ledger reserves but the cluster still shows pending counted as bound,
+        and the DRA devices reservations hold for claims whose status shows no allocation yet in
+        `Dra.held` (taken for every other claim: `shared.core.dra`)."""
         base = self.objects()
         reserved: dict[str, tuple[str, Reservation]] = {}
         for entry in self.ledger.values():
@@ -217,6 +221,7 @@ class StateReplica:
                 reserved[pod_key] = (entry.node, reservation)
         if not reserved:
             return base
+        base = _with_held(base, (r for _, r in reserved.values()))
         pods = []
         for pod in base.pods:
             hit = reserved.get(pod.key)
@@ -230,3 +235,20 @@ class StateReplica:
             else:
                 pods.append(pod)
         return msgspec.structs.replace(base, pods=tuple(pods))
+
+
+def _held_order(hold: ClaimHold) -> tuple[str, str, tuple[tuple[str, str, str], ...]]:
+    return (hold.claim, hold.node, tuple(d.id for d in hold.devices))
+
+
+def _with_held(snapshot: Snapshot, reservations: Iterable[Reservation]) -> Snapshot:
+    """`snapshot` with `Dra.held`: the reservations' device holds of claims whose status does not show an
+    allocation (once it does, the status is the truth, and a running pod's reservation keeps its holds
+    for as long as it holds its node, so most are left out), in a stable order."""
+    shown = {c.key for c in snapshot.dra.claims if c.allocated}
+    held = sorted(
+        (h for r in reservations for h in r.devices if h.claim not in shown and h.devices), key=_held_order
+    )
+    if not held:
+        return snapshot
+    return msgspec.structs.replace(snapshot, dra=msgspec.structs.replace(snapshot.dra, held=tuple(held)))
