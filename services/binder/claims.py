@@ -1,8 +1,8 @@
-"""The binder's DRA step: before a pod's binding (and after the volume step), write what placement decided
-for its ResourceClaims (`Binding.claims`, `shared.core.dra`) to the claims' status, and undo it if the
-binding is refused.
+"""The binder's DRA step (``dynamicresources``, a `services.binder.steps.BindStep`): before a pod's binding
+(and after the volume step), write what placement decided for its ResourceClaims (`Binding.claims`,
+`shared.core.dra`) to the claims' status, and undo it if the binding is refused.
 
-Called by `services.binder.kube_client.KubeClusterClient.bind` for a binding with claims (an ordinary
+Run by `services.binder.steps.BindSteps` for a binding with claims (`ClaimSteps.applies`; an ordinary
 pod's bind makes no call here). Per claim, in the decision's order, as kube-scheduler's DynamicResources
 PreBind and KAI's binder write it:
 
@@ -17,10 +17,11 @@ PreBind and KAI's binder write it:
   reservedFor is full (256) refuses the pod's bind (`ClusterRefused`): the cluster moved since the
   decision.
 
-All of it is idempotent, so a bind the recovery scan repeats finds it done. If a step fails, or the pod's
-binding is then refused, what this call changed is undone in reverse order (`undo`): the pod taken out of
-reservedFor, the allocation removed when this call made it and no other user remains, a claim this call
-made deleted; an undo that fails is logged and counted, never raised (the refusal stands).
+All of it is idempotent, so a bind the recovery scan repeats finds it done. If a claim's step fails, what
+this call changed is undone before the refusal is raised; if a later step fails or the pod's binding is
+refused, the runner calls `undo`. Either way in reverse order: the pod taken out of reservedFor, the
+allocation removed when this call made it and no other user remains, a claim this call made deleted; an
+undo that fails is logged and counted, never raised (the refusal stands).
 
 Releasing a claim no pod holds any more (reservedFor emptied of pods that are gone, the allocation then
 removed) is kube-controller-manager's resourceclaim controller's work in Kubernetes, as it is for
@@ -32,7 +33,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -93,10 +94,17 @@ def _allocated_node(allocation: dict[str, Any]) -> str:
 
 @dataclass
 class ClaimSteps:
+    """The ``dynamicresources`` bind step (`services.binder.steps.BindStep`)."""
+
+    name: ClassVar[str] = "dynamicresources"
     kube: Kube
     counters: Counters = field(default_factory=Counters)
     backoff: Backoff = field(default_factory=Backoff)
     rng: random.Random = field(default_factory=random.Random)
+
+    def applies(self, binding: Binding) -> bool:
+        """A binding with resource claims (or KEP-5004 extended resources) placement allocated."""
+        return bool(binding.claims)
 
     async def prepare(self, binding: Binding) -> list[ClaimDone]:
         """Carry out the pod's claim decisions; on a refusal, undo what was done and raise it."""

@@ -1,12 +1,13 @@
 """The binder's `ClusterClient` against a Kubernetes API server (`--set cluster=kube`).
 
 Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
-the NATS client it replaces. A bind is a `pods/binding` POST; a binding with GPU groups (a fractional pod)
-first runs `reservations.GpuSharing.prepare` (group labels, one reservation pod per shared device, the
-pod's GPU-sharing ConfigMaps), and a binding with volume decisions first carries them out
-(`volumes.VolumeSteps.prepare`: a static volume reserved for its claim, or the claim's selected-node set),
-undone if the binding is then refused, then its resource claims' allocations and reservations
-(`claims.ClaimSteps.prepare`), likewise undone; an ordinary pod's bind makes no other API call. An eviction is a
+the NATS client it replaces. A bind is a `pods/binding` POST after the bind steps that apply to it
+(`services.binder.steps`, built once here in `step_order`): by default a binding with volume decisions
+first carries them out (`volumes.VolumeSteps`: a static volume reserved for its claim, or the claim's
+selected-node set), then its resource claims' allocations and reservations (`claims.ClaimSteps`), then,
+for a binding with GPU groups (a fractional pod), GPU sharing's reservation (`reservations.GpuSharing`:
+group labels, one reservation pod per shared device, the pod's GPU-sharing ConfigMaps); a refused binding
+undoes them in reverse; an ordinary pod's bind makes no other API call. An eviction is a
 `pods/eviction` POST (the Eviction API, so that disruption budgets are honoured). Both carry the pod's uid
 when the decision knows it (the Binding's `metadata.uid`, the eviction's `deleteOptions.preconditions.uid`,
 as kube-scheduler sends them), so the API server refuses them (409) for a pod deleted and created again
@@ -40,6 +41,7 @@ from typing import Any
 from services.binder.claims import ClaimSteps
 from services.binder.cluster_client import ClusterRefused, pod_replaced
 from services.binder.reservations import EVENT_COMPONENT, GpuSharing, ReservationSettings
+from services.binder.steps import DEFAULT_ORDER, BindSteps
 from services.binder.volumes import VolumeSteps
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
@@ -70,12 +72,17 @@ class KubeClusterClient:
     repeat_after: float = 300.0
     """Seconds before the same refusal of the same victim is reported again (the state service's
     write-back repeats its FailedScheduling after as long)."""
+    step_order: tuple[str, ...] = DEFAULT_ORDER
+    """The bind steps every bind runs, by name, in order (`services.binder.steps`); an unknown or repeated
+    name fails here, at start (`ConfigError`)."""
     sharing: GpuSharing = field(init=False)
-    """GPU sharing's calls, built from the fields above; `service` runs its sync."""
+    """GPU sharing's calls, built from the fields above: the ``gpusharing`` step; `service` runs its sync."""
     volumes: VolumeSteps = field(init=False)
-    """The volume step before a binding with WaitForFirstConsumer claims (`services.binder.volumes`)."""
+    """The ``volumebinding`` step: a binding with WaitForFirstConsumer claims (`services.binder.volumes`)."""
     claims: ClaimSteps = field(init=False)
-    """The DRA step after the volume step, before a binding with resource claims (`services.binder.claims`)."""
+    """The ``dynamicresources`` step: a binding with resource claims (`services.binder.claims`)."""
+    steps: BindSteps = field(init=False)
+    """The steps of `step_order`, built once from the three above."""
     _reported: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
     """Victim pod key -> the refusal last reported on it, and when."""
 
@@ -85,34 +92,16 @@ class KubeClusterClient:
         )
         self.volumes = VolumeSteps(self.kube, self.counters, backoff=self.backoff, rng=self.rng)
         self.claims = ClaimSteps(self.kube, self.counters, backoff=self.backoff, rng=self.rng)
+        self.steps = BindSteps.build(
+            self.step_order, (self.volumes, self.claims, self.sharing), self.counters
+        )
 
     async def bind(self, binding: Binding) -> None:
-        if not binding.volumes and not binding.claims:
-            await self._bind_pod(binding)
-            return
-        done = await self.volumes.prepare(binding) if binding.volumes else []
-        try:
-            claimed = await self.claims.prepare(binding) if binding.claims else []
-        except Exception:
-            await self.volumes.undo(done)
-            raise
-        try:
-            await self._bind_pod(binding)
-        except ClusterRefused:
-            await self.claims.undo(claimed)
-            await self.volumes.undo(done)
-            raise
+        """The steps that apply to `binding`, then its ``pods/binding`` POST (`BindSteps.run`)."""
+        await self.steps.run(binding, self._bind)
 
-    async def _bind_pod(self, binding: Binding) -> None:
+    async def _bind(self, binding: Binding) -> None:
         what = f"pod {binding.namespace}/{binding.name}"
-        if not binding.gpu_groups:
-            await self._bind(binding, what)
-            return
-        async with self.sharing.binding(binding.gpu_groups):
-            await self.sharing.prepare(binding)
-            await self._bind(binding, what)
-
-    async def _bind(self, binding: Binding, what: str) -> None:
         try:
             metadata = {"name": binding.name, "namespace": binding.namespace}
             if binding.uid:

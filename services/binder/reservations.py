@@ -1,9 +1,9 @@
 """GPU sharing in the cluster, KAI's way: reservation pods hold shared devices, a sharer's ConfigMaps name
 them, and a sync in every binder replica takes back what no sharer holds and puts back what went missing.
 
-Called by `services.binder.kube_client` (a bind with GPU groups runs `GpuSharing.prepare` before its
-``pods/binding`` POST) and by `services.binder.service` (`GpuSharing.run`, next to the recovery scan, with
-`cluster=kube`). The names and bodies are `shared.kube.gpu_sharing`'s, the decisions
+Run as the ``gpusharing`` bind step (`services.binder.steps.BindStep`, the last by default: a bind with GPU
+groups runs `GpuSharing.prepare` after the volume and claim steps, before its ``pods/binding`` POST) and
+by `services.binder.service` (`GpuSharing.run`, next to the recovery scan, with `cluster=kube`). The names and bodies are `shared.kube.gpu_sharing`'s, the decisions
 `services.binder.sharing`'s; this module only calls the API.
 
 A fractional pod's bind, in this order (each step idempotent, so a binder killed at any point and a second
@@ -31,6 +31,12 @@ binder binding the same pod again end with one reservation per group and the pod
    (`services.binder.hami`), from the chosen node's GPU memory label; a node without a usable one binds the
    pod without it, with a Warning Event ``GPUMemoryLimitUnknown`` naming the node and the label.
 
+Undoing the step (`GpuSharing.undo`, after the pod's binding was refused) changes nothing, deliberately: the
+sync below takes back what no sharer holds. A reservation pod serves every sharer of its group on the node,
+so deleting it at once could take the device from another pod; the pod's group labels cannot be taken off
+safely either, as a refused binding means the pod is gone, bound elsewhere, or another pod under its name
+now (a merge patch carries no uid precondition); its ConfigMaps are owned by the pod and go with it.
+
 The sync (at start, every `reservation_sync` seconds, and `reservation_grace` seconds after a sharer is
 deleted or finishes, seen by an informer on ``kairos.io/gpu-sharing=true`` pods): reservations first, then
 sharers, are listed; `gpu_sharing.orphaned_reservations` (groups this binder is binding count as live) are
@@ -54,7 +60,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -308,8 +314,10 @@ async def _no_checkpoint(_step: str) -> None:
 
 @dataclass
 class GpuSharing:
-    """The binder's GPU-sharing calls against one API server (see the module docstring)."""
+    """The binder's GPU-sharing calls against one API server (see the module docstring); its bind side is
+    the ``gpusharing`` bind step (`services.binder.steps.BindStep`)."""
 
+    name: ClassVar[str] = "gpusharing"
     kube: Kube
     counters: Counters = field(default_factory=Counters)
     settings: ReservationSettings = field(default_factory=ReservationSettings)
@@ -350,9 +358,22 @@ class GpuSharing:
                 if self.busy[value] <= 0:
                     del self.busy[value]
 
+    def applies(self, binding: Binding) -> bool:
+        """A binding with GPU groups (a pod sharing devices)."""
+        return bool(binding.gpu_groups)
+
     async def prepare(self, binding: Binding) -> None:
-        """Steps 1-4 for a binding with GPU groups. `ClusterRefused` when the cluster says no for good (the
-        pod is gone or on another node), `TemporaryError` when it may work later."""
+        """Steps 1-4 for a binding with GPU groups, its groups marked busy meanwhile (`binding`): once it
+        returns, the pod is labelled with them, a live sharer the sync keeps their reservations for.
+        `ClusterRefused` when the cluster says no for good (the pod is gone or on another node),
+        `TemporaryError` when it may work later; what it made before either is left to the sync."""
+        async with self.binding(binding.gpu_groups):
+            await self._prepare(binding)
+
+    async def undo(self, done: None) -> None:
+        """Nothing: what a refused sharer's bind made is the sync's to take back (see the module docstring)."""
+
+    async def _prepare(self, binding: Binding) -> None:
         what = f"pod {binding.namespace}/{binding.name}"
         try:
             pod = wire.decode_pod(

@@ -1,8 +1,8 @@
-"""The binder's volume step: before a pod's binding, carry out what placement decided for its
-WaitForFirstConsumer claims (`Binding.volumes`, `shared.core.volumes`), and undo it if the binding is
-refused.
+"""The binder's volume step (``volumebinding``, a `services.binder.steps.BindStep`, the first by default):
+before a pod's binding, carry out what placement decided for its WaitForFirstConsumer claims
+(`Binding.volumes`, `shared.core.volumes`), and undo it if the binding is refused.
 
-Called by `services.binder.kube_client.KubeClusterClient.bind` for a binding with volume decisions (an
+Run by `services.binder.steps.BindSteps` for a binding with volume decisions (`VolumeSteps.applies`; an
 ordinary pod's bind makes no call here). Per claim, in the decision's order, as kube-scheduler's volume
 binder does it (``bindAPIUpdate``):
 
@@ -15,11 +15,11 @@ binder does it (``bindAPIUpdate``):
 - provisioning: the claim gets ``volume.kubernetes.io/selected-node`` = the pod's node (a merge patch),
   which the claim's provisioner acts on; a claim already selected for another node refuses the bind.
 
-Both are idempotent, so a bind the recovery scan repeats finds them done. If a step fails, or the pod's
-binding is then refused, what this call changed is undone in reverse order (`undo`): the volume's
-``claimRef`` removed while it still names the claim's uid, the annotation removed; an undo that fails is
-logged and counted, never raised (the refusal stands). A binding without an answer keeps them: the recovery
-scan binds the pod later. Unlike kube-scheduler, the binder does not wait for the volume controller or the
+Both are idempotent, so a bind the recovery scan repeats finds them done. If a claim's step fails, what
+this call changed is undone before the refusal is raised; if a later step fails or the pod's binding is
+refused, the runner calls `undo`. Either way in reverse order: the volume's ``claimRef`` removed while it
+still names the claim's uid, the annotation removed; an undo that fails is logged and counted, never raised
+(the refusal stands). A binding without an answer keeps them: the recovery scan binds the pod later. Unlike kube-scheduler, the binder does not wait for the volume controller or the
 provisioner to finish before binding the pod: the kubelet does not start a pod whose claims are unbound.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -66,10 +66,17 @@ def _claim_path(namespace: str, name: str) -> str:
 
 @dataclass
 class VolumeSteps:
+    """The ``volumebinding`` bind step (`services.binder.steps.BindStep`)."""
+
+    name: ClassVar[str] = "volumebinding"
     kube: Kube
     counters: Counters = field(default_factory=Counters)
     backoff: Backoff = field(default_factory=Backoff)
     rng: random.Random = field(default_factory=random.Random)
+
+    def applies(self, binding: Binding) -> bool:
+        """A binding with volume decisions (WaitForFirstConsumer claims placement decided)."""
+        return bool(binding.volumes)
 
     async def prepare(self, binding: Binding) -> list[Done]:
         """Carry out the pod's volume decisions; on a refusal, undo what was done and raise it."""
