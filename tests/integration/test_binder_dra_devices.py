@@ -6,7 +6,8 @@ proposal decided by a later cycle, whose replica saw the first commit in the led
 claim's status, is stamped with the node's current revision, and two proposals of one cycle race in the
 resource-fit mode, where a moved node is re-checked rather than refused. In both, exactly one commits
 and the other conflicts, writing nothing; a claim shared by two pods is the exception, its second pod
-holding the same device. A replica counts a device the ledger holds as taken until the claim's status
+holding the same device. A bind the recovery scan repeats writes the claims the reservation holds
+again. A replica counts a device the ledger holds as taken until the claim's status
 shows it, so the next cycle allocates another one.
 """
 
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import msgspec
 import pytest
 
-from services.binder.commit import Capacity, Committer
+from services.binder.commit import Capacity, Committer, commit_ledger
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
@@ -36,7 +38,7 @@ from shared.contracts.messages import (
 from shared.core.policy import Policy
 from shared.core.result import ClaimAllocation
 from shared.core.scheduler import schedule
-from shared.model import Node, Queue
+from shared.model import Node, Pod, PodStatus, Queue
 from shared.model.builders import gang
 from shared.model.dra import (
     ClaimHold,
@@ -48,7 +50,7 @@ from shared.model.dra import (
     ResourceClaim,
     ResourceSlice,
 )
-from tests.integration.test_binder import FakeCluster, lease, node_pods, proposal
+from tests.integration.test_binder import FakeCluster, lease, ledger_view, node_pods, proposal
 
 pytestmark = pytest.mark.integration
 
@@ -119,6 +121,30 @@ async def test_a_shared_claims_second_pod_is_committed_holding_the_same_device(b
         "ns/a": (ClaimHold(claim="ns/shared", devices=(GPU0,), node="n1"),),
         "ns/b": (ClaimHold(claim="ns/shared", devices=(GPU0,), node="n1"),),
     }
+
+
+@dataclass
+class Recording(FakeCluster):
+    """A `FakeCluster` that also keeps the bindings it was asked for."""
+
+    bindings: list[Binding] = field(default_factory=list)
+
+    async def bind(self, binding: Binding) -> None:
+        self.bindings.append(binding)
+        await super().bind(binding)
+
+
+async def test_the_recovery_scan_binds_a_pod_again_with_the_devices_its_reservation_holds(bus: Bus) -> None:
+    """The binder died between its ledger commit and the bind: the scan's bind writes the claim again."""
+    await commit_ledger(bus.ledger, proposal("p", (bind("a", "c1"),)))
+    cluster = Recording()
+    committer = Committer(bus, cluster)
+    pods = {"ns/a": Pod(name="a", namespace="ns", podgroup="a", status=PodStatus.PENDING)}
+    assert await committer.recover(*await ledger_view(bus), pods, now=100.0, grace=5.0) == []
+    assert await committer.recover(*await ledger_view(bus), pods, now=106.0, grace=5.0) == ["ns/a"]
+    assert [b.claims for b in cluster.bindings] == [
+        (ClaimAllocation(claim="c1", devices=(GPU0,), node="n1"),)
+    ]
 
 
 # --- the replica -------------------------------------------------------------------------------------------
