@@ -7,8 +7,8 @@ claim's status, is stamped with the node's current revision, and two proposals o
 resource-fit mode, where a moved node is re-checked rather than refused. In both, exactly one commits
 and the other conflicts, writing nothing; a claim shared by two pods is the exception, its second pod
 holding the same device. A bind the recovery scan repeats writes the claims the reservation holds
-again. A replica counts a device the ledger holds as taken until the claim's status
-shows it, so the next cycle allocates another one.
+again. A replica counts a device the ledger holds as taken until the claim's status shows it, so the
+next cycle allocates another one.
 """
 
 from __future__ import annotations
