@@ -290,7 +290,8 @@ async def test_the_leader_reports_queue_fair_share_and_allocation_and_the_standb
     leader = next(r for r, on in leading.items() if on == 1)
     standby = next(r for r, on in leading.items() if on == 0)
 
-    qa = {"queue_name": "qa"}
+    # KAI v0.17's queue labels: the object's name and its display name (none set here) beside queue_name.
+    qa = {"queue_name": "qa", "queue_metadata_name": "qa", "queue_display_name": ""}
     f = await scraper.until(stack.ports[leader], lambda f: value(f, "kai_queue_allocated_gpus", **qa) == 2)
     assert value(f, "kai_queue_fair_share_gpu", **qa) == 2  # its request, under its quota of 3
     assert value(f, "kai_queue_fair_share_cpu_cores", **qa) == 1.0
@@ -299,7 +300,8 @@ async def test_the_leader_reports_queue_fair_share_and_allocation_and_the_standb
     assert value(f, "kai_queue_allocated_memory_bytes", **qa) == 2e9
     assert value(f, "kai_queue_deserved_gpus", **qa) == 3
     assert value(f, "kairos_queue_requested_gpus", **qa) == 2
-    assert value(f, "kai_queue_fair_share_gpu", queue_name="qb") == 0
+    qb = {"queue_name": "qb", "queue_metadata_name": "qb", "queue_display_name": ""}
+    assert value(f, "kai_queue_fair_share_gpu", **qb) == 0
     changes = ("kairos_queue_lease_changes", "kairos_queue_lease_changes_total")
     assert value(f, *changes, change="acquired") == 1
     trip = "kairos_queue_work_round_trip_seconds"
