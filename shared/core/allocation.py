@@ -136,9 +136,9 @@ def allocate_task(
     node_errors: dict[str, Sequence[str]] = {}
     refused = _refused(ssn, task)
     for node in iter_nodes_in_order(ssn, task, nodes, skip=refused):
-        reason = predicates.fit_failure(ssn, task, node)
-        if reason is not None:
-            node_errors[node.name] = [reason]
+        refusal = predicates.fit_failure(ssn, task, node)
+        if refusal is not None:
+            node_errors[node.name] = [refusal.reason]
             continue
         if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
             return True
@@ -148,9 +148,9 @@ def allocate_task(
             fit = ssn.resource_fit_mask(task, with_releasing=True)
             for idx in np.flatnonzero(nodes & refused & fit):
                 node = ssn.cluster.order[int(idx)]
-                reason = predicates.fit_failure(ssn, task, node)
-                if reason is not None:
-                    node_errors[node.name] = [reason]
+                refusal = predicates.fit_failure(ssn, task, node)
+                if refusal is not None:
+                    node_errors[node.name] = [refusal.reason]
         _record_node_errors(ssn, task, nodes, node_errors)
     return False
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, get_args
 
 from shared.core import dra, minruntime, pod_affinity, predicates, scoring, spread, topology
 from shared.core.plugins import numa
+from shared.core.plugins.points import Code, Refusal
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
 from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, PluginSpec, Registry
@@ -79,7 +80,7 @@ class Predicates:
     """KAI predicates: queue capacity on the node, GPU resource type, synced GPU memory, healthy devices,
     pod slots, node affinity, taints, host ports, pod (anti-)affinity (`shared.core.predicates.check`)."""
 
-    def filter(self, ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    def filter(self, ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
         return predicates.check(ssn, task, node)
 
     def refused(self, ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
@@ -98,10 +99,18 @@ def _predicates(arguments: Mapping[str, Argument], policy: Policy) -> SessionPlu
 # --- dynamicresources -------------------------------------------------------------------------------------
 class DynamicResources:
     """KAI's ``dynamicresources``: a pod's resource claims allocated as the upstream structured allocator
-    does (`shared.core.dra.reason`); a node where they cannot be is refused in kube-scheduler's words."""
+    does (`shared.core.dra.reason`); a node where they cannot be is refused in kube-scheduler's words.
 
-    def filter(self, ssn: Session, task: TaskState, node: NodeState) -> str | None:
-        return dra.reason(ssn, task, node)
+    Every refusal is UNRESOLVABLE, as kube-scheduler's DynamicResources answers (its ``statusUnschedulable``):
+    a missing or broken claim, template or class, a claim allocated for another node or in use by as many
+    pods as it may have, and "cannot allocate all claims". The last is UNSCHEDULABLE only behind
+    kube-scheduler's DRAPreemption gate, where evicting a pod frees its claims' devices; in a Kairos
+    session an evicted pod's claims keep their allocation (released after it is gone), so evicting cannot
+    free a device."""
+
+    def filter(self, ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
+        why = dra.reason(ssn, task, node)
+        return None if why is None else Refusal(why, Code.UNRESOLVABLE)
 
 
 # --- proportion -------------------------------------------------------------------------------------------
@@ -427,7 +436,7 @@ DEFAULT_PRIORITIES: Mapping[str, int] = {name: spec.priority for name, spec in D
 """The built-in plugins with their default priorities (higher runs first)."""
 
 # Each wrapper fills its extension point (checked by mypy).
-_f: NodeFilter[Session] = Predicates()
+_f: tuple[NodeFilter[Session], ...] = (Predicates(), DynamicResources(), numa.NumaPlugin())
 _pf: NodePreFilter[Session] = Predicates()
 _q: QueueOrder[Session] = ProportionQueueOrder()
 _c: QuotaCheck[Session] = ProportionQuota()

@@ -18,6 +18,10 @@ Filter, in kube-scheduler's order, the first failure giving the reason:
 3. Existing pods' required anti-affinity: a node in the domain of an existing pod whose anti-affinity
    term selects the incoming pod fails.
 
+The codes are kube-scheduler's (`shared.core.plugins.points.Code`): an unmet required affinity (a missing
+key included) is UNRESOLVABLE, since evicting pods never brings a pod the term selects; the two
+anti-affinity refusals are UNSCHEDULABLE, since evicting the pods they find may lift them.
+
 Score (KAI's podaffinity plugin, which runs kube-scheduler's InterPodAffinity score and skips its
 normalisation): for every existing pod, each preferred affinity term of the incoming pod that selects it
 adds the term's weight to the existing pod's domain (a preferred anti-affinity term subtracts it), and
@@ -47,6 +51,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from shared.core.plugins.points import Code, Refusal
 from shared.core.selectors import term_selects
 from shared.model import Pod, PodAffinityTerm
 from shared.model.status import ACTIVE_USED, PodStatus
@@ -59,6 +64,10 @@ if TYPE_CHECKING:
 POD_AFFINITY = "node(s) didn't match pod affinity rules"
 POD_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
+
+_AFFINITY = Refusal(POD_AFFINITY, Code.UNRESOLVABLE)
+_ANTI_AFFINITY = Refusal(POD_ANTI_AFFINITY)
+_EXISTING_ANTI_AFFINITY = Refusal(EXISTING_ANTI_AFFINITY)
 
 Pair = tuple[str, str]
 """A topology domain: (label key, value)."""
@@ -250,8 +259,8 @@ def declared(ssn: Session, task: TaskState) -> bool:
     return bool(pod.pod_affinity or pod.pod_anti_affinity or ssn.any_anti_affinity)
 
 
-def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
-    """Why inter-pod affinity keeps the pod off `node` (kube-scheduler's words), or None."""
+def reason(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
+    """Why inter-pod affinity keeps the pod off `node` (kube-scheduler's words and code), or None."""
     if not declared(ssn, task):
         return None
     facts = _facts(ssn, task)
@@ -261,20 +270,21 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     if pod.pod_affinity:
         values = [labels.get(term.topology_key) for term in pod.pod_affinity]
         if any(value is None for value in values):
-            return _missing_key(ssn, pod.pod_affinity) or POD_AFFINITY
+            missing = _missing_key(ssn, pod.pod_affinity)
+            return _AFFINITY if missing is None else Refusal(missing, Code.UNRESOLVABLE)
         if not all(value in found for value, found in zip(values, facts.affinity_counts, strict=True)):
             first_of_its_kind = not facts.any_affinity_match and all(
                 term_selects(term, pod, ns_labels) for term in pod.pod_affinity
             )
             if not first_of_its_kind:
-                return POD_AFFINITY
+                return _AFFINITY
     for term, found in zip(pod.pod_anti_affinity, facts.anti_values, strict=True):
         value = labels.get(term.topology_key)
         if value is not None and value in found:
-            return POD_ANTI_AFFINITY
+            return _ANTI_AFFINITY
     for key, value in facts.existing_anti:
         if labels.get(key) == value:
-            return EXISTING_ANTI_AFFINITY
+            return _EXISTING_ANTI_AFFINITY
     return None
 
 

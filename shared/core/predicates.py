@@ -10,9 +10,18 @@ DynamicResources), inter-pod affinity and anti-affinity:
 `shared.core.pod_affinity`), in kube-scheduler's words, and last Kubernetes' pod topology spread
 (`shared.core.spread`: a pod's DoNotSchedule constraints; a pod without any pays one tuple test).
 
+Each refusal says whether evicting pods could change it (`shared.core.plugins.points.Code`), as
+kube-scheduler's plugins do: node selector and affinity, taints, a node of the wrong GPU kind (MIG or not,
+its MIG strategy), a pod asking for GPU memory on a node whose GPU memory is unknown are UNRESOLVABLE;
+queue capacity on the node, unhealthy devices, pod slots, MIG beside legacy MIG pods and host ports are
+UNSCHEDULABLE, unless the node's affinity or taints refuse the pod as well (kube-scheduler checks those
+before resources, so its answer for such a node is UNRESOLVABLE; the reason shown stays KAI's first). The
+volume, inter-pod affinity and spread filters give their own codes.
+
 Private to the core: `check` is the predicates plugin's node filter (`shared.core.builtin_plugins`); the
 allocation helper (`shared.core.allocation`) asks `fit_failure`, the session's node-filter chain, of every
-node it tries; the victim solver's node-affinity filter uses `node_affinity_matches`.
+node it tries, and the victim solver asks it where evicting pods might help; the victim solver's
+node-affinity filter uses `node_affinity_matches`.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from typing import TYPE_CHECKING
 from shared.core import pod_affinity, selectors, spread, volumes
 from shared.core.cluster import EPS
 from shared.core.gpu_sharing import preferable_gpus
+from shared.core.plugins.points import Code, Refusal
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
 from shared.core.tasks import PODS, TaskState
 from shared.model.objects import Taint
@@ -39,50 +49,67 @@ NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
 """kube-scheduler's NodePorts reason (``ErrReason``)."""
 
 
-def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
     """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can: the
-    session's node filters in chain order, the first reason wins (none at all without the predicates
-    plugin)."""
+    session's node filters in chain order, the first refusal wins (none at all without the predicates
+    plugin). A filter's plain-string answer is read as UNSCHEDULABLE."""
     for node_filter in ssn.chains.node_filters:
-        reason = node_filter.filter(ssn, task, node)
-        if reason is not None:
-            return reason
+        answer = node_filter.filter(ssn, task, node)
+        if answer is not None:
+            return Refusal(answer) if isinstance(answer, str) else answer
     return None
 
 
-def check(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+_UNRESOLVABLE_AFFINITY = Refusal(NODE_AFFINITY, Code.UNRESOLVABLE)
+_PORTS = Refusal(NODE_PORTS)
+
+
+def check(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
     """KAI's predicates plugin: the filters above, in that order."""
     capacity = ssn.task_capacity_on_node(task, node)
     if not capacity.ok:
-        return f"node does not have enough capacity. Reason: {capacity.reason}, Details: {capacity.message}"
+        return _resolvable(
+            task,
+            node,
+            f"node does not have enough capacity. Reason: {capacity.reason}, Details: {capacity.message}",
+        )
     reason = resource_type(task, node)
     if reason:
-        return reason
+        return _resolvable(task, node, reason) if reason.startswith(_LEGACY_BESIDE) else _unresolvable(reason)
     if task.kind == "memory" and not node.node.gpu_memory_synced:
-        return (
+        return _unresolvable(
             "node is not a gpu node or the gpu memory count on the node was not synced yet, "
             f"task: <{task.job.namespace}/{task.name}>, node: <{node.name}>"
         )
-    reason = healthy_devices(ssn, task, node)
+    reason = healthy_devices(ssn, task, node) or max_pods(ssn, task, node)
     if reason:
-        return reason
-    reason = max_pods(ssn, task, node)
-    if reason:
-        return reason
+        return _resolvable(task, node, reason)
     if not node_affinity_matches(task, node):
-        return NODE_AFFINITY
+        return _UNRESOLVABLE_AFFINITY
     taint = untolerated_taint(task, node)
     if taint is not None:
-        return taint_reason(taint)
+        return _unresolvable(taint_reason(taint))
     if not ports_free(task, node):
-        return NODE_PORTS
-    reason = volumes.reason(ssn, task, node)
-    if reason:
-        return reason
-    reason = pod_affinity.reason(ssn, task, node)
-    if reason:
-        return reason
+        return _PORTS
+    refusal = volumes.reason(ssn, task, node) or pod_affinity.reason(ssn, task, node)
+    if refusal is not None:
+        return refusal
     return spread.filter_reason(ssn, task, node, affinity=node_affinity_matches, tolerates=tolerated)
+
+
+def _unresolvable(reason: str) -> Refusal:
+    return Refusal(reason, Code.UNRESOLVABLE)
+
+
+def _resolvable(task: TaskState, node: NodeState, reason: str) -> Refusal:
+    """A refusal evicting pods might lift, unless the node's affinity or taints refuse the pod anyway."""
+    if node_affinity_matches(task, node) and tolerated(task, node):
+        return Refusal(reason)
+    return Refusal(reason, Code.UNRESOLVABLE)
+
+
+_LEGACY_BESIDE = "MIG job cannot be scheduled on node with legacy MIG jobs"
+"""The one `resource_type` reason evicting pods can lift (the legacy MIG pods on the node)."""
 
 
 def resource_type(task: TaskState, node: NodeState) -> str | None:
@@ -96,9 +123,7 @@ def resource_type(task: TaskState, node: NodeState) -> str | None:
         return "MIG job cannot be scheduled on non-MIG node"
     if mig_node:
         if task.kind == "mig" and node.legacy_mig_tasks:
-            return (
-                f"MIG job cannot be scheduled on node with legacy MIG jobs: <{sorted(node.legacy_mig_tasks)}>"
-            )
+            return f"{_LEGACY_BESIDE}: <{sorted(node.legacy_mig_tasks)}>"
         strategy = node.node.mig_strategy
         if strategy == "single" and task.kind != "regular":
             return "only whole gpu jobs can run on a node with MigStrategy='single'"

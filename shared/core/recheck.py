@@ -29,6 +29,7 @@ from shared.core.statement import Statement
 from shared.model import PodStatus, Snapshot
 
 if TYPE_CHECKING:
+    from shared.core.plugins.points import Refusal
     from shared.core.session import Session
     from shared.core.tasks import TaskState
 
@@ -63,7 +64,7 @@ def refusals(
         if task.status != PodStatus.PENDING:
             refused[pod] = NOT_PENDING
             continue
-        reason = _prefiltered(ssn, task, node.idx) or fit_failure(ssn, task, node)
+        reason = _prefiltered(ssn, task, node.idx) or _reason(fit_failure(ssn, task, node))
         if reason is None and not node.fits(task, with_releasing=False):
             reason = "; ".join(insufficient_resources(task, node)) or "node(s) didn't have enough resources"
         if reason is not None:
@@ -81,5 +82,10 @@ def _prefiltered(ssn: Session, task: TaskState, idx: int) -> str | None:
         mask = prefilter.refused(ssn, task)
         if mask is not None and bool(mask[idx]):
             # The pre-filter refuses the node; its filter says why in the same words.
-            return fit_failure(ssn, task, ssn.cluster.order[idx]) or "node(s) refused by a pre-filter"
+            refusal = fit_failure(ssn, task, ssn.cluster.order[idx])
+            return "node(s) refused by a pre-filter" if refusal is None else refusal.reason
     return None
+
+
+def _reason(refusal: Refusal | None) -> str | None:
+    return None if refusal is None else refusal.reason

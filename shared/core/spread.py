@@ -15,7 +15,9 @@ plugins/podtopologyspread``, re-implemented here):
   maxSkew`` for each constraint, where ``self`` is 1 when the pod matches its own selector and the global
   minimum is the smallest count among the domains, or 0 while there are fewer domains than
   ``minDomains``; else `CONSTRAINTS_NOT_MATCH`. Constraints are checked in the pod's order and the
-  first failure is the reason, as kube-scheduler does.
+  first failure is the reason, as kube-scheduler does. Codes as kube-scheduler's
+  (`shared.core.plugins.points.Code`): a missing key is UNRESOLVABLE, a skew UNSCHEDULABLE (evicting
+  matching pods may lift it).
 - Score (``whenUnsatisfiable: ScheduleAnyway``). Per node, the sum over the constraints of ``count(domain)
   * log(domains + 2) + maxSkew - 1`` (kube-scheduler's weighting: a constraint over few domains is not
   drowned by one over many), normalised over the candidate nodes that carry every key to
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from shared.core.plugins.points import Code, Refusal
 from shared.core.scoring import POD_TOPOLOGY_SPREAD
 from shared.core.selectors import label_selector_matches
 from shared.model.status import ACTIVE_ALLOCATED
@@ -74,7 +77,10 @@ NodeTest = Callable[["TaskState", "NodeState"], bool]
 """A node filter's verdict on (pod, node): the predicates' node affinity and toleration tests."""
 
 _OK, _MISSING, _SKEWED = 0, 1, 2
-_REASONS = {_MISSING: MISSING_LABEL, _SKEWED: CONSTRAINTS_NOT_MATCH}
+_REASONS = {
+    _MISSING: Refusal(MISSING_LABEL, Code.UNRESOLVABLE),
+    _SKEWED: Refusal(CONSTRAINTS_NOT_MATCH),
+}
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -292,7 +298,7 @@ def _has_keys(
 # --- filter ------------------------------------------------------------------------------------------------
 def filter_reason(
     ssn: Session, task: TaskState, node: NodeState, *, affinity: NodeTest, tolerates: NodeTest
-) -> str | None:
+) -> Refusal | None:
     """Why the pod's DoNotSchedule constraints refuse this node (`MISSING_LABEL`,
     `CONSTRAINTS_NOT_MATCH`), or None. `affinity` and `tolerates` are the predicates' own tests, read for
     the inclusion policies."""
@@ -305,9 +311,10 @@ def filter_reason(
             and not ssn.cluster.label_codes(constraint.topology_key)[1]
         ):
             # A key on no node at all (a typo, or nodes not labelled yet): say which constraint.
-            return (
+            return Refusal(
                 f"{MISSING_LABEL}: no node has the label {constraint.topology_key} "
-                f"(spec.topologySpreadConstraints[{i}].topologyKey)"
+                f"(spec.topologySpreadConstraints[{i}].topologyKey)",
+                Code.UNRESOLVABLE,
             )
     cache = _cache(ssn)
     stamp = _stamp(ssn.cluster)

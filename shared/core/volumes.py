@@ -36,9 +36,12 @@ node; a volume counts as taken while the pod that got it is placed on that node,
 undone placement frees it with nothing to undo here, and two pods (a gang's included) never get one
 volume. `shared.core.cycle` puts the decision of the pod's node on its `Binding.volumes`, for the binder.
 
-Kubernetes tells apart a pod that may fit after preemption from one that never will on a node
-(UnschedulableAndUnresolvable): every reason here is of the second kind in kube-scheduler, except the
-volume limits and ReadWriteOncePod; the core has no such distinction yet (see the report in issue 30).
+Each refusal carries kube-scheduler's code (`shared.core.plugins.points.Code`): every reason here is
+UNRESOLVABLE (evicting pods from the node cannot change it: VolumeBinding and VolumeZone answer
+UnschedulableAndUnresolvable, and so do a missing or broken claim or class), except NodeVolumeLimits' and
+VolumeRestrictions' ReadWriteOncePod conflict, which are UNSCHEDULABLE (evicting the pod that holds the
+volume or the attachments may help). `holds_read_write_once_pod` tells the victim solver when the pod's
+fit can hang on a pod elsewhere (a ReadWriteOncePod claim in use on another node).
 
 Private to the core. Pure: no I/O, no clock.
 """
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.core import selectors
+from shared.core.plugins.points import Code, Refusal
 from shared.core.result import VolumeBinding
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED
 from shared.model.volumes import (
@@ -79,6 +83,7 @@ __all__ = [
     "UNBOUND_IMMEDIATE",
     "ZONE_CONFLICT",
     "decided",
+    "holds_read_write_once_pod",
     "reason",
 ]
 
@@ -172,11 +177,23 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
     )
 
 
-def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
-    """Why the pod's claims keep it off the node (the first reason, in kube-scheduler's filter order);
-    None when they do not. On success, what its WaitForFirstConsumer claims got there is remembered."""
+_RESOLVABLE = frozenset({RWOP_CONFLICT, MAX_VOLUME_COUNT})
+"""The reasons evicting pods may lift (kube-scheduler's Unschedulable); every other is UNRESOLVABLE."""
+
+
+def reason(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
+    """Why the pod's claims keep it off the node (the first reason, in kube-scheduler's filter order, with
+    its code); None when they do not. On success, what its WaitForFirstConsumer claims got there is
+    remembered."""
     if not task.pod.claims:
         return None
+    why = _reason(ssn, task, node)
+    if why is None:
+        return None
+    return Refusal(why, Code.UNSCHEDULABLE if why in _RESOLVABLE else Code.UNRESOLVABLE)
+
+
+def _reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     state = _state(ssn)
     claims = _resolve(state, task)
     if isinstance(claims, str):
@@ -201,6 +218,19 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         if not _zone_holds(state.volumes[claim.volume_name], labels):
             return ZONE_CONFLICT
     return None
+
+
+def holds_read_write_once_pod(ssn: Session, task: TaskState) -> bool:
+    """Whether one of the pod's claims has the ReadWriteOncePod access mode (its fit then depends on the
+    pods that use the claim, wherever they are)."""
+    if not task.pod.claims:
+        return False
+    state = _state(ssn)
+    for name in task.pod.claims:
+        claim = state.claims.get(f"{task.pod.namespace}/{name}")
+        if claim is not None and READ_WRITE_ONCE_POD in claim.access_modes:
+            return True
+    return False
 
 
 def decided(ssn: Session, task: TaskState, node: str) -> tuple[VolumeBinding, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import pytest
@@ -42,6 +43,11 @@ from shared.model import (
 )
 from shared.model.builders import ZONE, flat_queues, gang, gpu_nodes, with_spread, zoned_nodes
 from shared.model.objects import NodeInclusionPolicy, Taint, WhenUnsatisfiable
+
+if TYPE_CHECKING:
+    from shared.core.cluster import NodeState
+    from shared.core.session import Session
+    from shared.core.tasks import TaskState
 
 ALLOCATE = Policy(actions=("allocate",))
 HOSTNAME = "kubernetes.io/hostname"
@@ -185,6 +191,12 @@ CASES = [
 ]  # fmt: skip
 
 
+def reason_of(ssn: Session, task: TaskState, node: NodeState) -> str | None:
+    """The predicates filter's reason for the node (None: it passes)."""
+    refusal = predicates.check(ssn, task, node)
+    return None if refusal is None else refusal.reason
+
+
 def verdicts(case: Case) -> dict[str, str | None]:
     nodes = [
         msgspec.structs.replace(n, taints=(Taint("dedicated", "infra"),))
@@ -201,7 +213,7 @@ def verdicts(case: Case) -> dict[str, str | None]:
     existing = running(case.existing, case.existing_labels, case.existing_namespace, case.existing_status)
     ssn = open_session(snapshot(nodes, *existing, (pg, pods)), 0.0, ALLOCATE)
     task = ssn.tasks[pods[0].key]
-    return {n.labels.get(ZONE, "bare"): predicates.check(ssn, task, n) for n in ssn.cluster.order}
+    return {n.labels.get(ZONE, "bare"): reason_of(ssn, task, n) for n in ssn.cluster.order}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -214,7 +226,7 @@ def test_every_constraint_of_a_pod_holds_on_its_own_key() -> None:
     pg, pods = pending("new", 1, spread(1, HOSTNAME), spread(1, ZONE))
     ssn = open_session(snapshot(zoned_nodes({"a": 2, "b": 1}), *running({"a": 1}), (pg, pods)), 0.0, ALLOCATE)
     task = ssn.tasks[pods[0].key]
-    got = {n.name: predicates.check(ssn, task, n) for n in ssn.cluster.order}
+    got = {n.name: reason_of(ssn, task, n) for n in ssn.cluster.order}
     assert got == {"a-00000": SKEW, "a-00001": SKEW, "b-00000": None}
 
 
@@ -224,12 +236,12 @@ def test_the_filter_answers_for_the_session_as_it_is_now() -> None:
     ssn = open_session(snapshot(zoned_nodes({"a": 1, "b": 1}), first, second), 0.0, ALLOCATE)
     task, other = ssn.tasks[first[1][0].key], ssn.tasks[second[1][0].key]
     node_a = ssn.cluster.nodes["a-00000"]
-    assert predicates.check(ssn, task, node_a) is None
+    assert reason_of(ssn, task, node_a) is None
     stmt = Statement(ssn)
     stmt.allocate(other, "a-00000")
-    assert predicates.check(ssn, task, node_a) == SKEW
+    assert reason_of(ssn, task, node_a) == SKEW
     stmt.discard()
-    assert predicates.check(ssn, task, node_a) is None
+    assert reason_of(ssn, task, node_a) is None
 
 
 def test_a_topology_key_no_node_has_keeps_the_pod_pending_with_the_reason() -> None:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from shared.core.plugins.points import Refusal
 from shared.core.plugins.registry import Plugin, PluginConfigError
 from shared.model.numa import NodeNuma, NumaRequest
 from shared.model.status import ACTIVE_ALLOCATED, PodStatus
@@ -315,8 +316,10 @@ class NumaPlugin:
     def __init__(self, ignore: frozenset[str] = frozenset()) -> None:
         self.ignore = ignore
 
-    def filter(self, ssn: object, task: TaskState, node: NodeState) -> str | None:  # noqa: ARG002 -- NodeFilter's signature
-        return refusal(task, node, self.ignore)
+    def filter(self, ssn: object, task: TaskState, node: NodeState) -> Refusal | None:  # noqa: ARG002 -- NodeFilter's signature
+        """UNSCHEDULABLE: the zones' free resources count the pods on the node, so evicting may help."""
+        why = refusal(task, node, self.ignore)
+        return None if why is None else Refusal(why)
 
     def score(
         self,

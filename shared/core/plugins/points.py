@@ -4,7 +4,9 @@ A plugin (`shared.core.plugins.registry.Plugin`) fills any of these; the session
 (`shared.core.plugins.chain.Chains`) hold, per extension point, the enabled plugins' implementations in
 priority order, and the core's runners call them:
 
-- `NodeFilter`: the allocation helper (`shared.core.allocation`), for every node it tries;
+- `NodeFilter`: the allocation helper (`shared.core.allocation`), for every node it tries, and the victim
+  solver (`shared.core.solver`), which reads a `Refusal`'s code to leave out nodes where evicting pods
+  cannot help;
 - `NodeScore`: `shared.core.scoring.node_scores`, once per pod, vectorised over the nodes;
 - `GpuDeviceOrder`: `shared.core.scoring.fitting_gpus`, per node for a shared-GPU pod;
 - `JobOrder`, `TaskOrder`, `PodSetOrder`: the job, pod and pod-set sort keys of the session
@@ -15,11 +17,17 @@ priority order, and the core's runners call them:
 
 The session type is a type parameter `S` (the core's `Session` is private to it, and this module sits
 below it): plugins read the session the runner hands them and never change it.
+
+A node filter's no is a `Refusal`: the reason shown in the pod's fit error and its `Code`, kube-scheduler's
+framework distinction between a node where the pod may fit once pods are evicted from it
+(``Unschedulable``) and one where it never will, whatever is evicted (``UnschedulableAndUnresolvable``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     from shared.core.tasks import JobState, SubGroupMember, TaskState
 
 __all__ = [
+    "Code",
     "GpuDeviceOrder",
     "JobOrder",
     "NodeFilter",
@@ -39,6 +48,7 @@ __all__ = [
     "PodSetOrder",
     "QueueOrder",
     "QuotaCheck",
+    "Refusal",
     "TaskOrder",
     "VictimAction",
     "VictimFilter",
@@ -52,21 +62,54 @@ OrderKey = tuple[float | str, ...]
 VictimAction = Literal["preempt", "reclaim"]
 
 
+class Code(enum.Enum):
+    """Which kind of no a node filter gives (kube-scheduler's framework status codes)."""
+
+    UNSCHEDULABLE = "Unschedulable"
+    """The pod does not fit on the node now, but may once pods are evicted from it (host ports, pod
+    slots, volume limits, anti-affinity, topology skew...)."""
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"
+    """The pod will not fit on the node whatever is evicted from it (node affinity, taints, a volume's node
+    affinity, a claim allocated for another node...): the eviction actions do not try its victims."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A node filter's no: the reason (a constant of the plugin's module where it can be, shown in the pod's
+    fit error, counted per reason) and its `Code`."""
+
+    reason: str
+    code: Code = Code.UNSCHEDULABLE
+
+    @property
+    def unresolvable(self) -> bool:
+        """Evicting pods from the node cannot make the pod fit there."""
+        return self.code is Code.UNRESOLVABLE
+
+
 class NodeFilter(Protocol[S_contra]):
     """Whether a pod may go on a node, beyond idle-or-releasing resource fit.
 
-    `filter` returns None when the node passes, else the reason (a constant of the plugin's module, shown
-    in the pod's fit error). Runner: filters run in chain order and the first reason wins; a refused node
-    is skipped for this pod and counted under its reason. Called per (pod, node) tried: keep it cheap."""
+    `filter` returns None when the node passes, else a `Refusal`: the reason and whether evicting pods
+    from the node could change the answer (`Code.UNSCHEDULABLE`) or not (`Code.UNRESOLVABLE`); say
+    UNRESOLVABLE only when no eviction, on this node or elsewhere, can make the pod fit here. A plain
+    `str` is still accepted (filters written before `Refusal`) and read as `Refusal(reason)`, i.e.
+    UNSCHEDULABLE, the answer that never keeps a victim search from a node.
 
-    def filter(self, ssn: S_contra, task: TaskState, node: NodeState) -> str | None: ...
+    Runner: filters run in chain order and the first refusal wins; a refused node is skipped for this pod
+    and counted under its reason. The victim solver (preempt, reclaim, consolidation) leaves out a node
+    where every pending pod of the job is refused as UNRESOLVABLE (kube-scheduler's
+    ``nodesWherePreemptionMightHelp``), so nobody there is evicted for a pod that would still not fit.
+    Called per (pod, node) tried: keep it cheap."""
+
+    def filter(self, ssn: S_contra, task: TaskState, node: NodeState) -> Refusal | str | None: ...
 
 
 class NodePreFilter(Protocol[S_contra]):
     """The nodes a plugin's node filter would refuse a pod, all at once (kube-scheduler's PreFilter).
 
     `refused` returns a mask over the session's nodes (`ssn.cluster.order`), True where the plugin's
-    `NodeFilter.filter` would return a reason, or None when it refuses none. It must never mark a node the
+    `NodeFilter.filter` would return a refusal, or None when it refuses none. It must never mark a node the
     filter would pass. Runner: the allocation does not try refused nodes; when the pod fits nowhere, their
     reasons are asked of the filter chain as before, so a pod's fit error does not change. Called once
     per pod placement attempt."""
