@@ -271,3 +271,25 @@ def test_a_negative_threshold_in_a_scheduling_shard_names_its_field() -> None:
     with pytest.raises(InvalidObject) as info:
         shard_config(_shard({"stuck-in-releasing-threshold": "-1m"}))
     assert info.value.field == "spec.args.stuck-in-releasing-threshold"
+
+
+def test_kairos_explain_judges_a_pod_stuck_by_its_own_shard_s_threshold() -> None:
+    """`kairos explain` reads the threshold of the shard whose node pool the pod's label names, else the
+    default shard's, else KAI's 2 minutes (tools.cli.explain.stuck_after)."""
+    from shared.contracts.messages import ShardRecord
+    from tools.cli.explain import stuck_after
+
+    def record(shard: str, threshold: str, pool: str = "") -> ShardRecord:
+        body = _shard({"stuck-in-releasing-threshold": threshold})
+        if pool:
+            body = msgspec.structs.replace(
+                body, spec=msgspec.structs.replace(body.spec, partition_label_value=pool)
+            )
+        return ShardRecord(shard=shard, config=shard_config(body))
+
+    shards = [record("default", "5m"), record("pool-a", "30s", pool="pool-a")]
+    in_pool_a = Pod(name="p", namespace="ns", podgroup="ns/g", labels={keys.NODE_POOL_LABEL: "pool-a"})
+    elsewhere = Pod(name="q", namespace="ns", podgroup="ns/g")
+    assert stuck_after(shards, in_pool_a) == 30.0
+    assert stuck_after(shards, elsewhere) == 300.0
+    assert stuck_after([], elsewhere) == 120.0

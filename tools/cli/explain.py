@@ -24,12 +24,16 @@ import time
 from typing import TYPE_CHECKING
 
 from shared.errors import ConfigError, TemporaryError
+from shared.model.status import DEFAULT_STUCK_IN_RELEASING_THRESHOLD
 from tools.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, nats_url
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from shared.bus.client import BusClient
+    from shared.contracts.messages import ShardRecord
     from shared.explain import Explanation, Facts
-    from shared.model import Snapshot
+    from shared.model import Pod, Snapshot
 
 KINDS = {
     "pod": "pod",
@@ -158,6 +162,8 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
     elif pod is not None and group is not None and group.queue not in queues:
         held = await client.why("podgroup", f"{group.namespace}/{group.name}")
     return Facts(
+        now=time.time(),
+        stuck_after=stuck_after(snapshot.shards, pod),
         namespace=namespace,
         name=name,
         pod=pod,
@@ -173,6 +179,24 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
         admission=admission,
         ahead=ahead,
     )
+
+
+def stuck_after(shards: Sequence[ShardRecord], pod: Pod | None) -> float:
+    """How long the pod's shard lets a Running pod delete before it is stuck in releasing: the shard whose
+    node pool the pod's label names, else the default shard (its SchedulingShard's
+    ``args.stuck-in-releasing-threshold``), else KAI's 2 minutes."""
+    from shared.contracts import subjects as s
+    from shared.kube.scheduling_shard import policy_of
+
+    def of(record: ShardRecord) -> float:
+        return policy_of(record.config).stuck_in_releasing_threshold
+
+    for record in shards:
+        pool = record.pool
+        if pod is not None and pool.value and pod.labels.get(pool.label_key) == pool.value:
+            return of(record)
+    default = next((r for r in shards if r.shard == s.DEFAULT_SHARD), None)
+    return of(default) if default is not None else DEFAULT_STUCK_IN_RELEASING_THRESHOLD
 
 
 def queue_ahead(snapshot: Snapshot, podgroup: str, now: float) -> tuple[str, ...]:
