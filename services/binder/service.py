@@ -55,6 +55,7 @@ from services.binder.commit import COMMIT_TIMEOUT_S, Capacity, Committer
 from services.binder.fit import ReplicaFit
 from services.binder.kube_client import KubeClusterClient
 from services.binder.reservations import ReservationSettings
+from services.binder.steps import DEFAULT_ORDER
 from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
@@ -131,10 +132,18 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_grace: float = 5.0
     """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
     binding its pod), and a finished sharer's groups wait before they are synced."""
+    bind_steps: str = ",".join(DEFAULT_ORDER)
+    """With `cluster=kube`: the steps run before a pod's binding, in order, comma-separated (KAI's binder
+    plugins: ``volumebinding``, ``dynamicresources``, ``gpusharing``; `services.binder.steps`). A step left
+    out is not run: its pods are bound without it. An unknown or repeated name fails at start."""
     hami_core_enabled: bool = False
     """KAI's hamicore binder plugin: a fractional pod's bind writes ``CUDA_DEVICE_MEMORY_LIMIT`` (the node's
     GPU memory times its ``GPU_PORTION``) into its capabilities ConfigMap, for HAMi-core to enforce; the
     state webhook's `hami_core_enabled` gives the container the variable."""
+
+    def step_order(self) -> tuple[str, ...]:
+        """`bind_steps` as names (checked when the Kubernetes client builds them at start)."""
+        return tuple(name.strip() for name in self.bind_steps.split(",") if name.strip())
 
     def reservations(self) -> ReservationSettings:
         return ReservationSettings(
@@ -332,6 +341,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             ctx.counters,
             backoff=Backoff(attempts=options.cluster_attempts),
             settings=options.reservations(),
+            step_order=options.step_order(),
         )
     metrics = BinderMetrics(ctx.metrics)
     # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.

@@ -192,3 +192,17 @@ async def test_a_bad_step_order_fails_when_the_client_is_built(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         client(kube, step_order=order)
+
+
+async def test_the_binder_option_bind_steps_is_the_clients_step_order(kube: Kube) -> None:
+    """`--set bind_steps=...` reaches the client as its order: KAI's three by default, fewer when a user
+    leaves one out, and a misspelt one fails at start naming its index."""
+    from services.binder.service import parse_options
+    from services.binder.steps import DEFAULT_ORDER
+
+    assert parse_options({}).step_order() == DEFAULT_ORDER
+    fewer = parse_options({"bind_steps": "volumebinding, gpusharing"}).step_order()
+    assert fewer == ("volumebinding", "gpusharing")
+    assert client(kube, step_order=fewer).step_order == fewer
+    with pytest.raises(ConfigError, match=r"bind_steps\[0\]: unknown step 'volumes'"):
+        client(kube, step_order=parse_options({"bind_steps": "volumes"}).step_order())
