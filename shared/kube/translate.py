@@ -41,6 +41,7 @@ import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, values, wire
+from shared.kube.dra import pod_claims_of
 from shared.kube.effective_requests import effective_requests, is_sidecar
 from shared.kube.numa import numa_request_of
 from shared.kube.quantity import (
@@ -53,7 +54,6 @@ from shared.kube.quantity import (
     parse_time,
     rfc3339,
 )
-from shared.kube.dra import pod_claims_of
 from shared.kube.volumes import claims_of
 from shared.model import (
     GpuRequest,
