@@ -75,7 +75,9 @@ class Session:
         plan), which never place anything: its nodes hold no pods (`accepted_quota` reads a pod's node,
         not what the node holds). Putting every pod on its node is most of what building a session
         costs."""
-        snapshot = dra_accounting(snapshot)  # DRA GPUs counted as KAI counts them (shared.core.dra_accounting)
+        snapshot = dra_accounting(
+            snapshot
+        )  # DRA GPUs counted as KAI counts them (shared.core.dra_accounting)
         self.snapshot = snapshot
         self.now = now
         self.policy = policy

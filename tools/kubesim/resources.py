@@ -316,7 +316,9 @@ def _stored_only() -> list[ResourceType]:
             short_names=("sc",),
         ),
         # Each node's CSI attach limits and the drivers' published capacity (`tools.kubesim.storage`).
-        ResourceType(group="storage.k8s.io", version="v1", plural="csinodes", kind="CSINode", namespaced=False),
+        ResourceType(
+            group="storage.k8s.io", version="v1", plural="csinodes", kind="CSINode", namespaced=False
+        ),
         ResourceType(
             group="storage.k8s.io",
             version="v1",
