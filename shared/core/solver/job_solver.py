@@ -9,6 +9,10 @@ land elsewhere: consolidation) and the partial preemptor; keep the first simulat
 fits and the action's validator accepts the scenario. The victims of the solution for k pods are recorded
 and evicted first when solving for k + 1 pods. The statement for all pods is what the action commits.
 
+A node's turn is left out when every pod it would evict sits on a node where the pending pods are refused
+whatever is evicted (`shared.core.solver.might_help`, kube-scheduler's ``nodesWherePreemptionMightHelp``):
+nobody is evicted for a pod that would still not fit. `JobSolution.simulated` lists the turns taken.
+
 Pure over the session: every what-if runs in a `Statement` and is rolled back or discarded unless it is the
 solution. Used by the reclaim, preempt and consolidation actions.
 """
@@ -26,6 +30,7 @@ from shared.core.allocation import allocate_job
 from shared.core.ordering import JobsByQueue
 from shared.core.solver.builder import ScenarioBuilder
 from shared.core.solver.jobs import partial_job
+from shared.core.solver.might_help import MightHelp
 from shared.core.solver.scenario import ByNodeScenario, VictimGroup
 from shared.core.statement import Statement
 from shared.model.status import ACTIVE_USED, PodStatus
@@ -65,6 +70,9 @@ class JobSolution:
     solved: bool
     stmt: Statement | None
     victims: list[TaskState]
+    simulated: tuple[str, ...] = ()
+    """The nodes whose victims the search simulated evicting, in order, one entry per turn (what specs and
+    diagnostics read)."""
 
 
 class JobSolver:
@@ -88,6 +96,8 @@ class JobSolver:
         self.action = action
         self.allow_consolidation = ssn.policy.allow_consolidating_reclaim
         self.preemptor: JobState | None = None
+        self.simulated: list[str] = []
+        self._might_help: MightHelp | None = None
 
     def solve(self, job: JobState) -> JobSolution:
         self.preemptor = job
@@ -108,7 +118,7 @@ class JobSolver:
             recorded_tasks = result.victim_tasks
             recorded_groups = result.victim_groups
         solved = job.is_gang_satisfied() and job.count(ACTIVE_USED) > before
-        return JobSolution(solved, stmt, recorded_tasks)
+        return JobSolution(solved, stmt, recorded_tasks, tuple(self.simulated))
 
     # --- one partial job -------------------------------------------------------------------------------------
     def _solve_partial(
@@ -117,6 +127,7 @@ class JobSolver:
         feasible = set(self.base_feasible)
         feasible.update(t.node for t in recorded_tasks if t.node)
         builder = ScenarioBuilder(self.ssn, partial, recorded_groups, self.victims_queue(), feasible)
+        self._might_help = MightHelp(self.ssn, partial)
         scenario = builder.first()
         while scenario is not None:
             result = self._solve_scenario(scenario, feasible)
@@ -146,8 +157,11 @@ class JobSolver:
                     return result
         else:
             for node in sorted({t.node for t in latest.tasks.values() if t.node}):
-                cp = stmt.checkpoint()
                 potential = scenario.victim_tasks_from_node(node)
+                if self._might_help is not None and self._might_help.skips(potential):
+                    continue
+                self.simulated.append(node)
+                cp = stmt.checkpoint()
                 self._evict(stmt, potential)
                 added = {t.node for t in potential if t.node and t.node not in feasible}
                 feasible |= added
