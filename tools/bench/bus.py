@@ -2,18 +2,21 @@
 
 `run_bus(workload, options)` starts the simulated API server with the workload's nodes (a cluster file),
 nats-server and the four services (`tools.stack.supervisor.start_stack`), then talks to them only as a user
-would: it creates the workload's Topologies and Queues, then its running pods (created with their
-`spec.nodeName`, as already placed) and their PodGroups, and waits until Kairos's state holds them
-(a `StateReplica` of its own). The measured phase then creates the measured objects through the API,
-each podgroup's pods first and its PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper
-costs no API round trip per pod; scheduler_perf creates its pods directly too), or, for a group with an
-owner (MixedWorkloads), the owner alone: the simulated operator makes its pods (counted by the owner's name
-at the start of theirs, their creation time the owner's) and the pod-grouper their PodGroup; and watches the pods with
-a kubernetes-asyncio informer: a pod's end-to-end latency runs from just before its create request to the
-moment its `spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the
-unschedulable verdict from the `pod-unschedulable` public event, the reclaim decision from the victims'
-deletion on the watch. CPU and peak RSS are read from /proc per process for the measured phase; with
-`profile`, py-spy samples each Python process of the stack for that phase too (`tools.bench.profiles`).
+would: it creates the workload's Topologies, Queues and other objects (StorageClasses, local
+PersistentVolumes, ResourceClaimTemplates), then its running pods (created with their `spec.nodeName`, as
+already placed) and their PodGroups, and waits until Kairos's state holds them, and the storage and DRA
+objects the simulated cluster makes by itself (CSINodes, the GPU driver's DeviceClasses and ResourceSlices),
+as many as the in-process snapshot has (a `StateReplica` of its own). The measured phase then creates the
+measured objects through the API, each podgroup's claims first (PersistentVolumeClaims), then its pods and its
+PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper costs no API round trip per pod;
+scheduler_perf creates its pods directly too), or, for a group with an owner (MixedWorkloads), the owner
+alone: the simulated operator makes its pods (counted by the owner's name at the start of theirs, their
+creation time the owner's) and the pod-grouper their PodGroup; and watches the pods with a kubernetes-asyncio
+informer: a pod's end-to-end latency runs from just before its create request to the moment its
+`spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the unschedulable
+verdict from the `pod-unschedulable` public event, the reclaim decision from the victims' deletion on the
+watch. CPU and peak RSS are read from /proc per process for the measured phase; with `profile`, py-spy samples
+each Python process of the stack for that phase too (`tools.bench.profiles`).
 
 Called by `tools.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
 """
@@ -27,6 +30,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ import msgspec
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
-from shared.contracts.messages import OUTCOMES, PodRecord, QueueRecord
+from shared.contracts.messages import OUTCOMES, DraRecord, PodRecord, QueueRecord, VolumeRecord
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kubeapi.client import Kube, api_error
 from shared.kubeapi.client import connect as kube_connect
@@ -227,16 +231,21 @@ class _Run:
         sem = asyncio.Semaphore(self.options.concurrency)
         await asyncio.gather(*(self._post(http, sem, topology_manifest(t)) for t in w.topologies))
         await asyncio.gather(*(self._post(http, sem, queue_manifest(q)) for q in w.queues))
+        await asyncio.gather(*(self._post(http, sem, obj) for obj in w.setup))
         await self._create_groups(http, sem, w.initial, record=False)
         deadline = time.monotonic() + self.options.settle_timeout
+        wanted = _objects_wanted(w)
         while True:
             queues, running = self._state_counts(replica)
-            if queues >= len(w.queues) and running >= len(self.initial):
+            objects = _objects_shown(replica)
+            missing = {kind: f"{objects[kind]}/{n}" for kind, n in wanted.items() if objects[kind] < n}
+            if queues >= len(w.queues) and running >= len(self.initial) and not missing:
                 break
             if time.monotonic() > deadline:
                 raise TemporaryError(
-                    f"{w.name}: Kairos's state shows {queues}/{len(w.queues)} queues and "
-                    f"{running}/{len(self.initial)} running pods after {self.options.settle_timeout:.0f} s"
+                    f"{w.name}: Kairos's state shows {queues}/{len(w.queues)} queues, "
+                    f"{running}/{len(self.initial)} running pods and {missing or 'every object'} "
+                    f"after {self.options.settle_timeout:.0f} s"
                 )
             await asyncio.sleep(0.2)
         # A moment of quiet: the services' reaction to the set-up must not count in the measurement.
@@ -384,6 +393,8 @@ class _Run:
                 def stamp(name: str) -> None:
                     self.created[name] = time.time()
 
+            # The pods' claims first: a pod naming a claim not created yet is held until it is.
+            await asyncio.gather(*(self._post(http, sem, obj) for obj in group.setup))
             await asyncio.gather(
                 *(self._post(http, sem, pod_manifest(p, group.podgroup), stamp, p.name) for p in group.pods)
             )
@@ -468,6 +479,26 @@ class _Run:
             timeline=timeline(start, bound),
             note="; ".join(notes),
         )
+
+
+def _objects_wanted(workload: Workload) -> Counter[str]:
+    """How many storage and DRA objects of each kind Kairos's state must show before the measurement: the
+    workload's, but the claims (created with their pods, or by the resourceclaim controller for them)."""
+    wanted: Counter[str] = Counter()
+    for obj in (*workload.volumes.volumes, *workload.volumes.classes, *workload.volumes.csi_nodes):
+        wanted[type(obj).__name__] += 1
+    for dra_obj in (*workload.dra.classes, *workload.dra.slices, *workload.dra.templates):
+        wanted[type(dra_obj).__name__] += 1
+    return wanted
+
+
+def _objects_shown(replica: StateReplica) -> Counter[str]:
+    """The storage and DRA objects of each kind Kairos's state holds."""
+    shown: Counter[str] = Counter()
+    for record in replica.records.values():
+        if isinstance(record, VolumeRecord | DraRecord):
+            shown[type(record.obj).__name__] += 1
+    return shown
 
 
 def _owned_pods(workload: Workload) -> set[str]:

@@ -2,10 +2,11 @@
 
 All measured podgroups are created at once when the measurement starts (time 0); each cycle builds the
 snapshot from the current pods, calls `shared.core.scheduler.schedule` (every action, KAI's order) and
-applies the result as the cluster would: bound pods run, evicted pods are deleted (the Eviction API), and
-the podgroup stamps are kept. A pod's binding time is the end of the cycle that bound it. The unschedulable
-verdict is the end of the first cycle that explains the gang as pending; the reclaim decision is the end of
-the last cycle that evicted. Called by `tools.bench.suite`.
+applies the result as the cluster would: bound pods run (their claims bound, provisioned or allocated, as
+the binder and the simulated controllers do: `tools.bench.claims.ClaimsState`), evicted pods are deleted
+(the Eviction API), and the podgroup stamps are kept. A pod's binding time is the end of the cycle that
+bound it. The unschedulable verdict is the end of the first cycle that explains the gang as pending; the
+reclaim decision is the end of the last cycle that evicted. Called by `tools.bench.suite`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import msgspec
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
+from tools.bench.claims import ClaimsState
 from tools.bench.measure import latencies_ms, overall_throughput, percentile, sampled_throughput, timeline
 from tools.bench.procstats import peak_rss_mib, reset_peak
 from tools.bench.report import Record, per_pod_ms
@@ -39,6 +41,7 @@ def run_inprocess(workload: Workload, policy: Policy | None = None, timeout: flo
         for p in g.pods:
             pods[p.name] = p
     counted = {p.name for p in workload.counted}
+    claims = ClaimsState(workload)
     bound: dict[str, float] = {}
     verdict: float | None = None
     decision: float | None = None
@@ -55,6 +58,8 @@ def run_inprocess(workload: Workload, policy: Policy | None = None, timeout: flo
             podgroups=tuple(groups.values()),
             queues=workload.queues,
             topologies=workload.topologies,
+            volumes=claims.volumes,
+            dra=claims.dra,
         )
         result = schedule(snapshot, time.time(), policy)
         now = time.perf_counter()
@@ -66,6 +71,8 @@ def run_inprocess(workload: Workload, policy: Policy | None = None, timeout: flo
                 )
                 if b.name in counted:
                     bound[b.name] = now
+                claims.bound(b)
+        claims.refresh()
         for ev in result.evictions:
             pods.pop(ev.name, None)
             decision = now

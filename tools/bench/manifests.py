@@ -4,10 +4,11 @@ Pure functions from the model objects of `tools.bench.workloads` to the JSON KAI
 (`scheduling.run.ai/v2`), PodGroups (`scheduling.run.ai/v2alpha2`, the podgroup a pod names in its
 `pod-group-name` annotation, so the pod-grouper has nothing to do: scheduler_perf creates its pods directly
 too), Topologies (`kai.scheduler/v1alpha1`) and pods of `kai-scheduler` (whole GPUs as `nvidia.com/gpu`
-limits, fractions as the `gpu-fraction` annotation; a pod placed by the workload is created with its
-`spec.nodeName`, as already running). The nodes go to the simulated API server as a cluster file
-(`cluster_file_text`). Translating these manifests back (`shared.kube.translate`) gives the same model
-objects the in-process runner schedules.
+limits, fractions as the `gpu-fraction` annotation; its PersistentVolumeClaims as volumes, its DRA claims
+as ``spec.resourceClaims``; a pod placed by the workload is created with its `spec.nodeName`, as already
+running). The nodes go to the simulated API server as a cluster file (`cluster_file_text`). Translating
+these manifests back (`shared.kube.translate`) gives the same model objects the in-process runner
+schedules.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shared.model import (
     TopologyConstraint,
     TopologySpreadConstraint,
 )
+from shared.model.dra import PodClaim
 from shared.model.objects import UNLIMITED
 
 __all__ = [
@@ -168,10 +170,19 @@ def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Ob
         annotations[keys.GPU_FRACTION] = str(pod.gpu.fraction)
     elif pod.gpu.devices:
         resources["limits"] = {keys.NVIDIA_GPU: str(pod.gpu.devices)}
+    if pod.resource_claims:
+        resources["claims"] = [{"name": c.name} for c in pod.resource_claims]
     spec: Obj = {
         "schedulerName": keys.SCHEDULER_NAME,
         "containers": [{"name": "main", "image": "bench", "resources": resources}],
     }
+    if pod.claims:
+        spec["volumes"] = [
+            {"name": f"claim-{i}", "persistentVolumeClaim": {"claimName": claim}}
+            for i, claim in enumerate(pod.claims)
+        ]
+    if pod.resource_claims:
+        spec["resourceClaims"] = [_resource_claim(c) for c in pod.resource_claims]
     if pod.node is not None:
         spec["nodeName"] = pod.node
     affinity = _affinity(pod, namespace)
@@ -190,6 +201,14 @@ def pod_manifest(pod: Pod, podgroup: PodGroup, namespace: str = NAMESPACE) -> Ob
         },
         "spec": spec,
     }
+
+
+def _resource_claim(entry: PodClaim) -> Obj:
+    """One entry of ``spec.resourceClaims``: a template's (the resourceclaim controller makes its claim) or
+    a claim's by name."""
+    if entry.template:
+        return {"name": entry.name, "resourceClaimTemplateName": entry.template}
+    return {"name": entry.name, "resourceClaimName": entry.claim}
 
 
 def _selector(selector: LabelSelector) -> Obj:

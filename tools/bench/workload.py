@@ -1,11 +1,11 @@
-"""What a benchmark runs, as values: a `Workload` (nodes, queues, topologies, the groups running before the
-measurement and those created during it) and its `Group`s (a podgroup and its pods, and for a group a
-workload's operator makes, the owner object that makes them).
+"""What a benchmark runs, as values: a `Workload` (nodes, queues, topologies, the storage and DRA objects,
+the groups running before the measurement and those created during it) and its `Group`s (a podgroup and
+its pods, and for a group a workload's operator makes, the owner object that makes them).
 
-Built by `tools.bench.workloads` and `tools.bench.mixed`; run by `tools.bench.inprocess` (the groups'
-podgroups and pods, fed to the core) and `tools.bench.bus` (turned into manifests for the simulated API
-server, or, for a group with an owner, the owner alone: the simulated operator creates the pods and the
-pod-grouper their PodGroup).
+Built by `tools.bench.workloads`, `tools.bench.mixed` and `tools.bench.claims`; run by
+`tools.bench.inprocess` (the groups' podgroups and pods, fed to the core) and `tools.bench.bus` (turned
+into manifests for the simulated API server, or, for a group with an owner, the owner alone: the
+simulated operator creates the pods and the pod-grouper their PodGroup).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 import msgspec
 
 from shared.model import Node, Pod, PodGroup, Queue, Topology
+from shared.model.dra import Dra
+from shared.model.volumes import Volumes
 from tools.kubesim.nodes import generated_nodes
 
 __all__ = ["OWNED_POD", "Group", "Workload", "owner_of_pod", "plain_nodes"]
@@ -39,6 +41,9 @@ class Group(msgspec.Struct, frozen=True):
     podgroup: PodGroup
     pods: tuple[Pod, ...]
     owner: dict[str, Any] | None = None
+    setup: tuple[dict[str, Any], ...] = ()
+    """Objects its pods use (their PersistentVolumeClaims), as manifests: over the bus created just before
+    the pods; in process already in `Workload.volumes` / `Workload.dra`."""
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +64,17 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     generated: bool = True
     """The nodes are exactly `plain_nodes(len(nodes), gpus_per_node)`, which the simulated API server
     generates itself (`--nodes N --gpus-per-node G`); otherwise they go to it as a cluster file."""
+    setup: tuple[dict[str, Any], ...] = ()
+    """Objects created through the API before the running groups, as manifests (StorageClasses, local
+    PersistentVolumes, ResourceClaimTemplates: `tools.bench.claims`)."""
+    volumes: Volumes = msgspec.field(default_factory=Volumes)
+    """The storage objects the in-process core reads at the start: `setup`'s, the groups' claims and what
+    the simulated cluster makes by itself (CSINodes); over the bus the state service reads them from the
+    API (and the bus run waits until it shows every one but the claims)."""
+    dra: Dra = msgspec.field(default_factory=Dra)
+    """Likewise the DRA objects: `setup`'s templates, the simulated driver's DeviceClasses and
+    ResourceSlices, and the claims the resourceclaim controller makes from the templates (over the bus it
+    makes them when the pods are created)."""
 
     @property
     def counted(self) -> tuple[Pod, ...]:

@@ -7,7 +7,9 @@ for the simulated API server. The shapes mirror kube-scheduler's scheduler_perf 
 (issue 6): SchedulingBasic, Gang, FractionalGPU, Reclaim, UnschedulableGang, Topology, FairShare;
 ReclaimLarge (issue 16: Reclaim at 5,000 full nodes); PodAntiAffinity, PodAffinity and TopologySpreading
 (issue 17: scheduler_perf's SchedulingPodAntiAffinity, SchedulingPodAffinity and TopologySpreading);
-MixedWorkloads (issue 28: owners of every workload kind, grouped by KAI's rules; built in `tools.bench.mixed`).
+MixedWorkloads (issue 28: owners of every workload kind, grouped by KAI's rules; built in `tools.bench.mixed`);
+VolumeBinding and DRAGPUClaims (issue 30: WaitForFirstConsumer claims, DRA GPU claims from a template;
+built in `tools.bench.claims`).
 `build(name, quick)` gives the full or the quick size; `scheduling_basic(...)` also serves the scaling
 curves. Deterministic: no randomness, no clock.
 """
@@ -30,6 +32,7 @@ from shared.model import (
     TopologySpreadConstraint,
 )
 from shared.model.builders import flat_queues, gang
+from tools.bench.claims import dra_gpu_claims, volume_binding
 from tools.bench.manifests import NAMESPACE
 from tools.bench.mixed import mixed_workloads
 from tools.bench.workload import Group, Workload, plain_nodes
@@ -376,6 +379,11 @@ _FULL: dict[str, Callable[[], Workload]] = {
     "MixedWorkloads": lambda: mixed_workloads(500, 1000),
     # The same pods and podgroups created already grouped: the difference is the pod-grouper's cost.
     "MixedWorkloadsPregrouped": lambda: mixed_workloads(500, 1000, pregrouped=True),
+    # Issue 30: scheduler_perf's SchedulingCSIPVs (5,000 nodes, 5,000 measured pods) with WaitForFirstConsumer
+    # claims, half on local volumes, half provisioned; and SchedulingWithResourceClaimTemplate's pods (a
+    # claim from a template, one GPU through DRA) at 5,000 nodes.
+    "VolumeBinding": lambda: volume_binding(5000, 1000, 5000),
+    "DRAGPUClaims": lambda: dra_gpu_claims(5000, 1000, 5000),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "SchedulingBasic": lambda: scheduling_basic(500, 50, 300),
@@ -391,6 +399,8 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "TopologySpreading": lambda: topology_spreading(200, 50, 200),
     "MixedWorkloads": lambda: mixed_workloads(10, 20),
     "MixedWorkloadsPregrouped": lambda: mixed_workloads(10, 20, pregrouped=True),
+    "VolumeBinding": lambda: volume_binding(200, 50, 200),
+    "DRAGPUClaims": lambda: dra_gpu_claims(200, 50, 200),
 }
 NAMES: tuple[str, ...] = tuple(_FULL)
 
