@@ -1,9 +1,9 @@
 """The DRA filter: kube-scheduler's DynamicResources plugin and its structured allocator over a pod's
 ResourceClaims (`Pod.resource_claims`, resolved against `Snapshot.dra`).
 
-KAI runs kube-scheduler's DynamicResources inside its predicates; so does Kairos: `reason` is one of the
-checks of `shared.core.predicates.check`, after the volume filters. A pod without claims pays one tuple
-test. Per pod, whatever the node:
+KAI runs kube-scheduler's DynamicResources as its ``dynamicresources`` plugin; so does Kairos: `reason` is
+that plugin's node filter (`shared.core.builtin_plugins.DynamicResources`), so a shard that disables the
+plugin turns it off. A pod without claims pays one tuple test. Per pod, whatever the node:
 
 - a claim the snapshot does not have: 'resourceclaim "x" not found'; one being deleted likewise; a
   template's claim the resourceclaim controller has not made yet: 'resourceclaim of pod claim "x": not
