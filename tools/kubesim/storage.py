@@ -11,7 +11,10 @@ objects, and the kubelet's wait for a pod's claims.
   ``pvc-<claim uid>`` of its request, class and access modes on that driver: for a WaitForFirstConsumer
   class once the claim carries ``volume.kubernetes.io/selected-node`` (the volume is then pinned to that
   node by ``kubernetes.io/hostname``), for an Immediate class at once. Classes of other provisioners (none
-  runs here) and classes the cluster does not have provision nothing.
+  runs here) and classes the cluster does not have provision nothing. A class whose parameter
+  `FAIL_PARAMETER` is ``"true"`` makes it fail as the real external-provisioner fails when its driver
+  answers ResourceExhausted: a Warning ``ProvisioningFailed`` on the claim, and, for a claim with a
+  selected node, the annotation removed, which tells the scheduler to choose again.
 - **CSINode**: one per node, for the simulated driver `DRIVER`; its attach limit is the node's label
   `LIMIT_LABEL` (a cluster file node's ``labels``), none without it.
 - **Kubelet** (`unmounted`, from `tools.kubesim.kubelet.Kubelet.start`): a pod one of whose claims does not
@@ -32,7 +35,15 @@ from tools.kubesim.store import Change
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
 
-__all__ = ["DRIVER", "LIMIT_LABEL", "StorageController", "claims_of", "unmounted"]
+__all__ = [
+    "DRIVER",
+    "FAIL_PARAMETER",
+    "LIMIT_LABEL",
+    "PROVISIONING_FAILED",
+    "StorageController",
+    "claims_of",
+    "unmounted",
+]
 
 Obj = dict[str, Any]
 
@@ -42,6 +53,10 @@ CLASSES = "storage.k8s.io/storageclasses"
 CSINODES = "storage.k8s.io/csinodes"
 DRIVER = "csi.kubesim.kairos.io"
 """The simulated CSI driver every node runs."""
+FAIL_PARAMETER = "kubesim.kairos.io/fail"
+"""A StorageClass parameter: ``"true"`` makes the simulated provisioner fail every claim of the class."""
+PROVISIONING_FAILED = "ProvisioningFailed"
+"""The reason of the provisioner's Warning on a claim it could not provision (external-provisioner's)."""
 LIMIT_LABEL = "kubesim.kairos.io/csi-volume-limit"
 """A node label: how many volumes of `DRIVER` the node can attach (its CSINode's allocatable count)."""
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
@@ -168,6 +183,8 @@ class StorageController:
         selected = (md.get("annotations") or {}).get(SELECTED_NODE)
         if mode != "Immediate" and not selected:
             return False
+        if str((storage_class.get("parameters") or {}).get(FAIL_PARAMETER, "")).lower() == "true":
+            return self._fail(claim, storage_class)
         made = self._provision(claim, storage_class, selected)
         return made is not None and self._bind(claim, made)
 
@@ -251,6 +268,22 @@ class StorageController:
             return self.cluster.create(self.cluster.type_of(VOLUMES), None, pv)
         except ApiError:
             return None
+
+    def _fail(self, claim: Obj, storage_class: Obj) -> bool:
+        """Provisioning refused by the driver: a Warning on the claim, and its selected node handed back
+        (external-provisioner's reschedule), so the scheduler decides again; True when the claim changed."""
+        name = storage_class["metadata"]["name"]
+        message = (
+            f'failed to provision volume with StorageClass "{name}": rpc error: code = ResourceExhausted '
+            f"desc = the simulated driver {DRIVER} was told to fail (parameter {FAIL_PARAMETER})"
+        )
+        self.cluster.record_event(claim, "Warning", PROVISIONING_FAILED, message, DRIVER)
+        if SELECTED_NODE not in (claim["metadata"].get("annotations") or {}):
+            return False
+        handed_back = clone(claim)
+        del handed_back["metadata"]["annotations"][SELECTED_NODE]
+        self.cluster.store.put(CLAIMS, handed_back)
+        return True
 
     # --- CSINode --------------------------------------------------------------------------------------------
     def _csi_node(self, node: Obj) -> None:
