@@ -15,34 +15,107 @@ binder does it (``bindAPIUpdate``):
 - provisioning: the claim gets ``volume.kubernetes.io/selected-node`` = the pod's node (a merge patch),
   which the claim's provisioner acts on; a claim already selected for another node refuses the bind.
 
+Then, as kube-scheduler's PreBind does (``BindPodVolumes``), it waits until every claim decided is bound
+as decided (`services.binder.volume_wait`: the static volume chosen, or a provisioned volume whose node
+affinity admits the node), at most `VolumeSteps.bind_timeout` seconds (the binder option
+`volume_bind_timeout`, 120 s as KAI's volumebinding binder plugin; kube-scheduler's own default is 600 s).
+The claims are read again at once (kubesim's controllers, and a volume controller that is quick, have
+finished by then), then with backoff up to one second apart, kube-scheduler's polling interval; a claim
+found bound is not read again. While it waits, the pod is read too: a pod deleted or created again under
+its name meanwhile ends the wait. A provisioner that gives up (it removes ``selected-node``, as
+external-provisioner does after a Warning ``ProvisioningFailed`` on the claim), a claim bound to another
+volume, a reservation dropped, a volume whose node affinity excludes the node, or the timeout refuse the
+pod's bind (`VolumeBindFailed`, a `ClusterRefused`): what this call set is taken back, the binder releases
+the pod's claim and reservation in its ledger, so the pod is Pending again and the next cycle decides for
+it on the cluster as it then is, and a Warning ``FailedScheduling`` on the pod says why in kube-scheduler's
+words (``running PreBind plugin "VolumeBinding": binding volumes: provisioning failed for PVC "data"``,
+with the provisioner's last ProvisioningFailed message when there is one), at most once per pod and
+message every `VolumeSteps.repeat_after` seconds. A ProvisioningFailed Event alone does not end the wait:
+external-provisioner retries after it, and only the annotation's removal says it gave up (kube-scheduler
+reads it the same way).
+
 Both are idempotent, so a bind the recovery scan repeats finds them done. If a claim's step fails, what
 this call changed is undone before the refusal is raised; if a later step fails or the pod's binding is
 refused, the runner calls `undo`. Either way in reverse order: the volume's ``claimRef`` removed while it
 still names the claim's uid, the annotation removed; an undo that fails is logged and counted, never raised
-(the refusal stands). A binding without an answer keeps them: the recovery scan binds the pod later. Unlike kube-scheduler, the binder does not wait for the volume controller or the
-provisioner to finish before binding the pod: the kubelet does not start a pod whose claims are unbound.
+(the refusal stands). A binding without an answer keeps them: the recovery scan binds the pod later.
+(kube-scheduler writes nothing back on a failure; undoing here lets the next decision choose another
+volume or node at once instead of after the volume controller's resync.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
 
-from services.binder.cluster_client import ClusterRefused
+from services.binder import volume_wait
+from services.binder.cluster_client import ClusterRefused, pod_replaced
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding
 from shared.core.result import VolumeBinding
-from shared.kube.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE
+from shared.errors import InvalidObject, TemporaryError
+from shared.kube import keys, translate, wire
+from shared.kube.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE, WireClaim, WireVolume, decode
 from shared.kubeapi.client import JSON, MERGE_PATCH, ApiError, Kube
 
-__all__ = ["Done", "VolumeSteps"]
+__all__ = [
+    "BIND_TIMEOUT_S",
+    "FAILED_SCHEDULING",
+    "PROVISIONING_FAILED",
+    "Done",
+    "VolumeBindFailed",
+    "VolumeSteps",
+]
 
 log = logging.getLogger("kairos.binder.volumes")
+
+BIND_TIMEOUT_S = 120.0
+"""How long a bind waits for its claims to be bound: KAI's volumebinding binder plugin's default
+(``bindTimeoutSeconds``); kube-scheduler's VolumeBindingArgs default to 600 s."""
+POLL = Backoff(attempts=1_000_000, base=0.05, cap=1.0, jitter=0.5)
+"""The waits between reads of the claims: short at first, then kube-scheduler's one second."""
+NOT_FOUND = 404
+FAILED_SCHEDULING = "FailedScheduling"
+"""The reason of the Warning on a pod whose volumes could not be bound (kube-scheduler's, for a PreBind
+failure)."""
+PROVISIONING_FAILED = "ProvisioningFailed"
+"""The reason of a provisioner's Warning on a claim it could not provision (external-provisioner's)."""
+PREBIND = 'running PreBind plugin "VolumeBinding": binding volumes: '
+EVENT_COMPONENT = "kairos-binder"
+
+
+class VolumeBindFailed(ClusterRefused):
+    """The pod's claims did not become bound as decided (`services.binder.volume_wait`), or not in time:
+    the pod's bind is refused, and the next cycle decides for it again."""
+
+    def __init__(self, pod: str, problem: str, claim: str = "") -> None:
+        self.problem = problem
+        self.claim = claim
+        super().__init__("bind", pod, f"volumes: {problem}")
+
+
+class _Event(msgspec.Struct, frozen=True):
+    reason: str = ""
+    message: str = ""
+    lastTimestamp: str | None = None  # noqa: N815 -- the Kubernetes field name
+    involvedObject: dict[str, Any] = msgspec.field(default_factory=dict)  # noqa: N815
+
+
+class _Events(msgspec.Struct, frozen=True):
+    items: list[_Event] = msgspec.field(default_factory=list)
+
+
+_EVENTS = msgspec.json.Decoder(_Events)
+_POD = msgspec.json.Decoder(wire.Pod)
+_NODE = msgspec.json.Decoder(wire.Node)
 
 
 @dataclass(frozen=True)
@@ -73,19 +146,36 @@ class VolumeSteps:
     counters: Counters = field(default_factory=Counters)
     backoff: Backoff = field(default_factory=Backoff)
     rng: random.Random = field(default_factory=random.Random)
+    bind_timeout: float = BIND_TIMEOUT_S
+    """Seconds a bind waits for its claims to be bound before it is refused (`volume_bind_timeout`)."""
+    poll: Backoff = POLL
+    clock: Callable[[], float] = time.time
+    """Wall clock (Unix s): Event times and their repeats."""
+    repeat_after: float = 300.0
+    """Seconds before the same failure of the same pod is reported again."""
+    _reported: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
 
     def applies(self, binding: Binding) -> bool:
         """A binding with volume decisions (WaitForFirstConsumer claims placement decided)."""
         return bool(binding.volumes)
 
     async def prepare(self, binding: Binding) -> list[Done]:
-        """Carry out the pod's volume decisions; on a refusal, undo what was done and raise it."""
+        """Carry out the pod's volume decisions and wait until its claims are bound as decided; on a
+        refusal, undo what was done and raise it."""
         done: list[Done] = []
         try:
             for decision in binding.volumes:
                 change = await self._one(binding, decision)
                 if change is not None:
                     done.append(change)
+            try:
+                await self._wait_bound(binding)
+            except InvalidObject as exc:  # a claim, volume or node it cannot read: named, never bound
+                raise VolumeBindFailed(binding.pod, str(exc)) from exc
+        except VolumeBindFailed as exc:
+            await self.undo(done)
+            await self._report(binding, exc)
+            raise
         except ApiError as exc:
             await self.undo(done)
             raise ClusterRefused("bind", binding.pod, f"volumes: {exc}") from exc
@@ -186,10 +276,170 @@ class VolumeSteps:
             f"unselect claim {change.namespace}/{change.name}", "PATCH", path, patch, MERGE_PATCH
         )
 
+    # --- the wait -----------------------------------------------------------------------------------------
+    async def _wait_bound(self, binding: Binding) -> None:
+        """Until every decision's claim is bound as decided (`volume_wait.check`); `VolumeBindFailed` when
+        one never will be, or after `bind_timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.bind_timeout
+        waiting = list(binding.volumes)
+        labels: dict[str, str] | None = None
+        attempt = 0
+        while True:
+            still: list[VolumeBinding] = []
+            for decision in waiting:
+                claim = await self._claim(binding, decision.claim)
+                volume: WireVolume | None = None
+                if named := volume_wait.volume_to_read(decision, claim):
+                    volume = await self._volume(named)
+                if labels is None and volume_wait.needs_labels(volume):
+                    labels = await self._node_labels(binding)
+                verdict = volume_wait.check(decision, binding.node, claim, volume, labels or {})
+                if verdict.problem:
+                    self.counters["volume_binds_failed"] += 1
+                    raise VolumeBindFailed(binding.pod, verdict.problem, decision.claim)
+                if not verdict.bound:
+                    still.append(decision)
+            waiting = still
+            if not waiting:
+                if attempt:
+                    self.counters["volume_binds_waited"] += 1
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                self.counters["volume_bind_timeouts"] += 1
+                names = ", ".join(d.claim for d in waiting)
+                raise VolumeBindFailed(
+                    binding.pod,
+                    f"timed out waiting for the condition: PVC(s) not bound within {self.bind_timeout:g} s: "
+                    f"{names}",
+                    waiting[0].claim,
+                )
+            if attempt:
+                await self._pod_still_there(binding)
+            await asyncio.sleep(min(self.poll.delay(attempt, self.rng), left))
+            attempt += 1
+
+    async def _claim(self, binding: Binding, name: str) -> WireClaim:
+        path = _claim_path(binding.namespace, name)
+        try:
+            body = await self._get_raw(f"get claim {binding.namespace}/{name}", path)
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                raise VolumeBindFailed(
+                    binding.pod, f'persistentvolumeclaim "{name}" not found', name
+                ) from exc
+            raise
+        found = decode("persistentvolumeclaims", body)
+        assert isinstance(found, WireClaim)
+        return found
+
+    async def _volume(self, name: str) -> WireVolume | None:
+        try:
+            body = await self._get_raw(f"get volume {name}", _volume_path(name))
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+        found = decode("persistentvolumes", body)
+        assert isinstance(found, WireVolume)
+        return found
+
+    async def _node_labels(self, binding: Binding) -> dict[str, str]:
+        """The node's labels, as translation gives them (its name under `keys.NODE_NAME_LABEL`)."""
+        try:
+            body = await self._get_raw(f"get node {binding.node}", f"/api/v1/nodes/{binding.node}")
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                raise VolumeBindFailed(binding.pod, f'node "{binding.node}" not found') from exc
+            raise
+        try:
+            node = _NODE.decode(body)
+        except msgspec.DecodeError as exc:
+            raise InvalidObject("Node", binding.node, "", str(exc)) from exc
+        return {**node.metadata.labels, keys.NODE_NAME_LABEL: binding.node}
+
+    async def _pod_still_there(self, binding: Binding) -> None:
+        """While waiting: the pod deleted, or created again under its name, ends the wait
+        (kube-scheduler's check too)."""
+        path = f"/api/v1/namespaces/{binding.namespace}/pods/{binding.name}"
+        try:
+            body = await self._get_raw(f"get pod {binding.pod}", path)
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
+                raise VolumeBindFailed(binding.pod, "pod does not exist any more") from exc
+            raise
+        try:
+            uid = _POD.decode(body).metadata.uid
+        except msgspec.DecodeError:
+            return  # the binding's own call will say what is wrong with it
+        if binding.uid and uid != binding.uid:
+            raise pod_replaced("bind", binding.pod, binding.uid, uid)
+
+    # --- the report ---------------------------------------------------------------------------------------
+    async def _report(self, binding: Binding, failure: VolumeBindFailed) -> None:
+        """A Warning FailedScheduling on the pod saying why its volumes were not bound (with the
+        provisioner's own message for a provisioning failure); the same message on the same pod again
+        within `repeat_after` is not reported again. A failure to write it is logged and counted."""
+        now = self.clock()
+        for key, (_, when) in list(self._reported.items()):
+            if now - when >= self.repeat_after:
+                del self._reported[key]
+        message = PREBIND + failure.problem
+        if failure.claim and failure.problem.startswith("provisioning failed"):
+            said = await self._provisioner_said(binding.namespace, failure.claim)
+            if said:
+                message += f": {said}"
+        if self._reported.get(binding.pod, ("", 0.0))[0] == message:
+            return
+        self._reported[binding.pod] = (message, now)
+        about = translate.InvolvedObject(
+            api_version="v1", kind="Pod", name=binding.name, namespace=binding.namespace, uid=binding.uid
+        )
+        body = translate.event(
+            about,
+            reason=FAILED_SCHEDULING,
+            message=message,
+            now=now,
+            type="Warning",
+            component=EVENT_COMPONENT,
+        )
+        try:
+            await self._send(
+                f"create event on pod {binding.pod}",
+                "POST",
+                f"/api/v1/namespaces/{binding.namespace}/events",
+                body,
+            )
+        except (ApiError, TemporaryError) as exc:
+            self.counters["event_errors"] += 1
+            log.warning("could not record %s on %s: %s", FAILED_SCHEDULING, binding.pod, exc)
+            return
+        self.counters["kube_events"] += 1
+
+    async def _provisioner_said(self, namespace: str, claim: str) -> str:
+        """The newest ProvisioningFailed message on the claim ("" when none, or when it cannot be read)."""
+        path = f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{claim}"
+        try:
+            listed = _EVENTS.decode(await self._get_raw(f"list events of claim {namespace}/{claim}", path))
+        except (ApiError, TemporaryError, msgspec.DecodeError) as exc:
+            log.info("could not read why claim %s/%s was not provisioned: %s", namespace, claim, exc)
+            return ""
+        failed = [
+            e
+            for e in listed.items
+            if e.reason == PROVISIONING_FAILED and e.involvedObject.get("kind") == "PersistentVolumeClaim"
+        ]
+        if not failed:
+            return ""
+        return max(failed, key=lambda e: e.lastTimestamp or "").message
+
     # --- calls --------------------------------------------------------------------------------------------
+    async def _get_raw(self, what: str, path: str) -> bytes:
+        return await self.kube.request_with_retries(what, "GET", path, backoff=self.backoff, rng=self.rng)
+
     async def _get(self, what: str, path: str) -> dict[str, Any]:
-        body = await self.kube.request_with_retries(what, "GET", path, backoff=self.backoff, rng=self.rng)
-        obj: dict[str, Any] = msgspec.json.decode(body)
+        obj: dict[str, Any] = msgspec.json.decode(await self._get_raw(what, path))
         return obj
 
     async def _send(self, what: str, method: str, path: str, body: Any, content_type: str = JSON) -> None:
