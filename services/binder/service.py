@@ -22,6 +22,9 @@ the core, `services.binder.fit`), `stop_grace`
 (s a proposal in progress may still take after SIGTERM, 3; the fetched ones not started go back at
 once), `cluster`
 (`nats`: ask the state service's simulated cluster; `kube`: the Kubernetes API through `kubeconfig`).
+With `cluster=kube`, `volume_bind_timeout` (s a bind waits for its pod's WaitForFirstConsumer claims to be
+bound, as decided, before it is refused and the pod goes back to the scheduler, 120 as KAI's volumebinding
+binder plugin; `services.binder.volumes`).
 
 GPU sharing with `cluster=kube` (`services.binder.reservations`): `reservation_image` (the reservation pods'
 image, `kairos`), `reservation_command` (its command, split on spaces, `python -m
@@ -56,6 +59,7 @@ from services.binder.fit import ReplicaFit
 from services.binder.kube_client import KubeClusterClient
 from services.binder.reservations import ReservationSettings
 from services.binder.steps import DEFAULT_ORDER
+from services.binder.volumes import BIND_TIMEOUT_S
 from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
@@ -132,6 +136,10 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_grace: float = 5.0
     """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
     binding its pod), and a finished sharer's groups wait before they are synced."""
+    volume_bind_timeout: float = BIND_TIMEOUT_S
+    """With `cluster=kube`: seconds a bind waits, after its volume writes, for the pod's claims to be bound
+    (the volume controller, the provisioner) before it is refused and undone, so the pod goes back to the
+    scheduler (KAI's volumebinding ``bindTimeoutSeconds``; kube-scheduler's default is 600)."""
     bind_steps: str = ",".join(DEFAULT_ORDER)
     """With `cluster=kube`: the steps run before a pod's binding, in order, comma-separated (KAI's binder
     plugins: ``volumebinding``, ``dynamicresources``, ``gpusharing``; `services.binder.steps`). A step left
@@ -174,7 +182,13 @@ def parse_options(options: dict[str, str]) -> BinderOptions:
         )
     if not parsed.reservation_image.strip():
         raise ConfigError(f"service {SERVICE}: option 'reservation_image': must not be empty")
-    for name in ("reservation_timeout", "reservation_sync", "commit_timeout", "reservation_attempts"):
+    for name in (
+        "reservation_timeout",
+        "reservation_sync",
+        "commit_timeout",
+        "reservation_attempts",
+        "volume_bind_timeout",
+    ):
         if getattr(parsed, name) <= 0:
             raise ConfigError(f"service {SERVICE}: option {name!r}: must be > 0, got {getattr(parsed, name)}")
     if parsed.reservation_grace < 0:
@@ -343,6 +357,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             settings=options.reservations(),
             step_order=options.step_order(),
         )
+        client.volumes.bind_timeout = options.volume_bind_timeout
     metrics = BinderMetrics(ctx.metrics)
     # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
     ctx.bus.ledger = CountedKv(ctx.bus.ledger, noting_cas(metrics.cas_attempt))
