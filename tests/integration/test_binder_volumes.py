@@ -5,10 +5,16 @@ Before a pod's binding the binder reserves the static volume placement chose (it
 the volume controller binds the claim; or it hands the claim to its provisioner (selected-node), which makes
 a volume pinned to the pod's node. If the pod's binding is refused, what it set is taken back; a volume
 reserved for another claim refuses the bind and binds nothing.
+
+It then waits, as kube-scheduler's PreBind does, until every claim is bound as decided, and binds the pod
+only then: a provisioner that gives up (kubesim's, for a class marked to fail), a provisioned volume that
+does not admit the node, the pod's deletion, or the timeout refuse the bind, take back selected-node and
+bind nothing; the pod gets a Warning FailedScheduling naming the claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +31,7 @@ from shared.kubeapi.client import Kube
 from shared.model import Node
 from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.server import KubeSim
-from tools.kubesim.storage import DRIVER
+from tools.kubesim.storage import DRIVER, FAIL_PARAMETER
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +81,7 @@ def claim(name: str, cls: str) -> dict[str, Any]:
     }
 
 
-def local_volume(name: str, node: str) -> dict[str, Any]:
+def local_volume(name: str, node: str, cls: str = "local") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -83,7 +89,7 @@ def local_volume(name: str, node: str) -> dict[str, Any]:
         "spec": {
             "capacity": {"storage": "5Gi"},
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "local",
+            "storageClassName": cls,
             "local": {"path": "/mnt/disk"},
             "nodeAffinity": {
                 "required": {
@@ -131,14 +137,18 @@ async def cluster(kube: Kube) -> Kube:
     await create(
         kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("elsewhere", "example.com/external")
     )
+    flaky = storage_class("flaky", DRIVER) | {"parameters": {FAIL_PARAMETER: "true"}}
+    await create(kube, "/apis/storage.k8s.io/v1/storageclasses", flaky)
     await create(kube, "/api/v1/persistentvolumes", local_volume("local-1", "n1"))
-    for name, cls in (("data", "local"), ("scratch", "fast"), ("outside", "elsewhere")):
+    for name, cls in (("data", "local"), ("scratch", "fast"), ("outside", "elsewhere"), ("doomed", "flaky")):
         await create(kube, "/api/v1/namespaces/default/persistentvolumeclaims", claim(name, cls))
     return kube
 
 
-def client(kube: Kube) -> KubeClusterClient:
-    return KubeClusterClient(kube, backoff=Backoff(attempts=2, base=0.01, cap=0.02))
+def client(kube: Kube, bind_timeout: float = 10.0) -> KubeClusterClient:
+    made = KubeClusterClient(kube, backoff=Backoff(attempts=2, base=0.01, cap=0.02))
+    made.volumes.bind_timeout = bind_timeout
+    return made
 
 
 CLAIMS = "/api/v1/namespaces/default/persistentvolumeclaims"
@@ -168,10 +178,10 @@ async def test_a_claim_to_provision_gets_the_pods_node_and_a_volume_pinned_there
 
 
 async def test_a_refused_binding_takes_back_the_selected_node(cluster: Kube) -> None:
-    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside", node="n1"))
-    with pytest.raises(ClusterRefused):
-        await client(cluster).bind(binding("p", "n0", VolumeBinding(claim="outside")))
-    pvc = await read(cluster, f"{CLAIMS}/outside")
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "scratch", node="n1"))
+    with pytest.raises(ClusterRefused, match="already bound to n1"):
+        await client(cluster).bind(binding("p", "n0", VolumeBinding(claim="scratch")))
+    pvc = await read(cluster, f"{CLAIMS}/scratch")
     assert "volume.kubernetes.io/selected-node" not in (pvc["metadata"].get("annotations") or {})
 
 
@@ -211,3 +221,92 @@ async def test_binding_again_after_success_changes_nothing(cluster: Kube) -> Non
 async def test_every_node_gets_a_csinode_for_the_simulated_driver(cluster: Kube) -> None:
     found = await read(cluster, "/apis/storage.k8s.io/v1/csinodes/n0")
     assert [d["name"] for d in found["spec"]["drivers"]] == [DRIVER]
+
+
+# --- the wait for the claims (kube-scheduler's PreBind) ------------------------------------------------------
+def selected_node(pvc: dict[str, Any]) -> str | None:
+    return (pvc["metadata"].get("annotations") or {}).get("volume.kubernetes.io/selected-node")
+
+
+async def node_of(kube: Kube, name: str) -> str | None:
+    return (await read(kube, f"/api/v1/namespaces/default/pods/{name}"))["spec"].get("nodeName")
+
+
+async def warnings_on(kube: Kube, name: str) -> list[str]:
+    listed = await read(kube, f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{name}")
+    return [e["message"] for e in listed["items"] if e.get("type") == "Warning"]
+
+
+async def play_the_provisioner(kube: Kube, claim_name: str, node: str) -> None:
+    """What an external provisioner does: a volume pinned to `node`, reserved for the claim (the volume
+    controller then binds them)."""
+    pvc = await read(kube, f"{CLAIMS}/{claim_name}")
+    volume = local_volume(f"made-for-{claim_name}", node, cls="elsewhere")
+    volume["spec"]["claimRef"] = {"namespace": "default", "name": claim_name, "uid": pvc["metadata"]["uid"]}
+    await create(kube, "/api/v1/persistentvolumes", volume)
+
+
+async def test_the_pod_is_bound_only_once_its_claim_is_bound(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    bind = asyncio.create_task(client(cluster).bind(binding("p", "n0", VolumeBinding(claim="outside"))))
+    await asyncio.sleep(0.5)
+    assert not bind.done()
+    assert selected_node(await read(cluster, f"{CLAIMS}/outside")) == "n0"
+    assert await node_of(cluster, "p") is None
+    await play_the_provisioner(cluster, "outside", "n0")
+    await asyncio.wait_for(bind, 5)
+    assert await node_of(cluster, "p") == "n0"
+    assert (await read(cluster, f"{CLAIMS}/outside"))["spec"]["volumeName"] == "made-for-outside"
+
+
+async def test_a_provisioner_that_gives_up_refuses_the_bind_and_binds_nothing(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "doomed"))
+    with pytest.raises(ClusterRefused, match='provisioning failed for PVC "doomed"'):
+        await client(cluster).bind(binding("p", "n0", VolumeBinding(claim="doomed")))
+    pvc = await read(cluster, f"{CLAIMS}/doomed")
+    assert selected_node(pvc) is None
+    assert not pvc["spec"].get("volumeName")
+    assert await node_of(cluster, "p") is None
+    (warning,) = await warnings_on(cluster, "p")
+    assert warning.startswith('running PreBind plugin "VolumeBinding": binding volumes: provisioning failed')
+    assert 'failed to provision volume with StorageClass "flaky"' in warning
+    assert any("failed to provision volume" in m for m in await warnings_on(cluster, "doomed"))
+
+
+async def test_the_same_failure_again_is_reported_once(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "doomed"))
+    binder = client(cluster)
+    for _ in range(3):
+        with pytest.raises(ClusterRefused):
+            await binder.bind(binding("p", "n0", VolumeBinding(claim="doomed")))
+    assert len(await warnings_on(cluster, "p")) == 1
+
+
+async def test_a_claim_never_bound_refuses_the_bind_after_the_timeout(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    with pytest.raises(ClusterRefused, match=r"timed out waiting for the condition.*outside"):
+        await client(cluster, bind_timeout=0.3).bind(binding("p", "n0", VolumeBinding(claim="outside")))
+    assert selected_node(await read(cluster, f"{CLAIMS}/outside")) is None
+    assert await node_of(cluster, "p") is None
+    (warning,) = await warnings_on(cluster, "p")
+    assert "PVC(s) not bound within 0.3 s: outside" in warning
+
+
+async def test_a_provisioned_volume_that_excludes_the_node_refuses_the_bind(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    bind = asyncio.create_task(client(cluster).bind(binding("p", "n0", VolumeBinding(claim="outside"))))
+    await asyncio.sleep(0.2)
+    await play_the_provisioner(cluster, "outside", "n1")
+    with pytest.raises(ClusterRefused, match='pv "made-for-outside" node affinity doesn\'t match node "n0"'):
+        await asyncio.wait_for(bind, 5)
+    assert await node_of(cluster, "p") is None
+
+
+async def test_a_pod_deleted_while_its_claims_wait_ends_the_wait(cluster: Kube) -> None:
+    await create(cluster, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    bind = asyncio.create_task(client(cluster).bind(binding("p", "n0", VolumeBinding(claim="outside"))))
+    await asyncio.sleep(0.2)
+    await cluster.request("delete pod", "DELETE", "/api/v1/namespaces/default/pods/p")
+    with pytest.raises(ClusterRefused, match="pod does not exist any more"):
+        await asyncio.wait_for(bind, 5)
+    assert selected_node(await read(cluster, f"{CLAIMS}/outside")) is None
