@@ -9,7 +9,10 @@ claims cannot be met waits, saying why in kube-scheduler's words.
 - a pod naming a claim that does not exist, or a claim of a class that does not exist: Pending, with a
   Warning and PodScheduled=False naming the claim (and the class and the field);
 - dynamic provisioning: the claim gets the pod's node as selected-node, kubesim's provisioner makes a
-  volume there, the pod runs.
+  volume there, the pod runs;
+- a provisioner that gives up (a class marked to fail): the binder waits for the claim before binding the
+  pod, so the pod stays Pending and unbound, with a Warning naming the claim; once the class is fixed (made
+  again without the mark: a class's parameters cannot change) the pod runs.
 
 Four generated nodes, node-3 tainted by kubectl first. One stack for the module.
 """
@@ -25,7 +28,7 @@ import pytest
 from tests.e2e import manifests
 from tests.e2e.kubectl import apply, kubectl, kubesim_stack
 from tests.e2e.kubectl import wait_for as kubectl_wait_for
-from tools.kubesim.storage import DRIVER
+from tools.kubesim.storage import DRIVER, FAIL_PARAMETER
 from tools.stack.supervisor import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -174,3 +177,23 @@ def test_dynamic_provisioning_on_the_node_the_pod_goes_to(stack: Stack) -> None:
     volume = get(stack, "pv", provisioned["spec"]["volumeName"])
     (term,) = volume["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["values"] == [node]
+
+
+def test_a_pod_whose_provisioning_fails_waits_unbound_until_its_class_is_fixed(stack: Stack) -> None:
+    failing = storage_class("flaky", DRIVER) | {"parameters": {FAIL_PARAMETER: "true"}}
+    apply(stack, failing, claim("brittle", "flaky"), pod_with("fragile", "brittle"))
+    said = 'provisioning failed for PVC "brittle"'
+    message = wait_for(
+        stack, "fragile refused", lambda: said in warnings(stack, "fragile") or None, "fragile"
+    )
+    assert message
+    found = get(stack, "pod", "fragile")
+    assert not found["spec"].get("nodeName")
+    assert found["status"].get("phase") == "Pending"
+    assert 'failed to provision volume with StorageClass "flaky"' in warnings(stack, "fragile")
+    kubectl(stack, "delete", "storageclass", "flaky")
+    apply(stack, storage_class("flaky", DRIVER))
+    node = wait_for(stack, "fragile Running", lambda: running_on(stack, "fragile"), "fragile")
+    assert (
+        get(stack, "pvc", "brittle")["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
+    )
