@@ -28,8 +28,9 @@ LEASE_TTL_S = 10.0
 """Lease entries expire this long after their last write (see `shared.bus.lease` for the renewal timing:
 a leader survives renewals up to 6 s late, a standby takes over within 11 s of a leader's death)."""
 USAGE_BUCKET = "kairos_usage"
-"""Time-based fair share: one `UsageRecord` per shard, the queues' usage ledger, written only by the
-shard's queue leader (compare-and-set, fenced by its lease term) and read by its standbys on taking over.
+"""Time-based fair share: the queues' usage ledger, one key per shard (`usage_shard_key`) and one per queue
+(`usage_queue_key`), written only by the shard's queue leader (compare-and-set, fenced by its lease term)
+and read by its standbys on taking over.
 Also the record of each shard lease's terms (`lease_terms_key`), which must outlive the lease key."""
 
 # --- JetStream streams ----------------------------------------------------------------------------------
@@ -225,8 +226,26 @@ def member_wildcard(service: str) -> str:
 
 
 def usage_key(shard: str) -> str:
-    """The shard's `UsageRecord` in `USAGE_BUCKET`."""
+    """The shard's `UsageRecord` in `USAGE_BUCKET`: the single-key form of its usage ledger, read only to
+    migrate it to the keys below (`services.queue.usage`)."""
     return f"usage.{key_token(shard)}"
+
+
+def usage_shard_key(shard: str) -> str:
+    """The shard-wide part of the shard's usage ledger (`UsageShardRecord`) in `USAGE_BUCKET`."""
+    return f"usage.{key_token(shard)}.cluster"
+
+
+def usage_queue_prefix(shard: str) -> str:
+    """What every `usage_queue_key` of `shard` starts with (and no other key of the bucket)."""
+    return f"usage.{key_token(shard)}.queue."
+
+
+def usage_queue_key(shard: str, queue: str) -> str:
+    """One queue's part of the shard's usage ledger (`UsageQueueRecord`) in `USAGE_BUCKET`. Queue names are
+    DNS-1123 names, whose dots alone `key_token` replaces (by `_`, which no such name has): one key per
+    queue; the record carries the name itself."""
+    return f"{usage_queue_prefix(shard)}{key_token(queue)}"
 
 
 TERMS_KEY_PREFIX = "terms."
