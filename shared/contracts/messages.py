@@ -10,7 +10,8 @@ Who sends what:
 - state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object), and a `ShardRecord` per
   shard whose SchedulingShard exists (`shard.<shard>`).
 - binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod; state removes what left.
-- queue leader -> KV `USAGE_BUCKET`: a `UsageRecord` per shard (the queues' usage ledger).
+- queue leader -> KV `USAGE_BUCKET`: the queues' usage ledger, a `UsageShardRecord` per shard and a
+  `UsageQueueRecord` per queue that held something in the window (`UsageRecord`: the single-key form before).
 - queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
   binder -> `outcomes.<shard>`: `Outcome`.
 - anyone -> `cluster.<op>` (state answers): `ClusterRequest` -> `ClusterReply`.
@@ -36,7 +37,7 @@ from shared.core.result import EvictionOrder as EvictionOrder
 from shared.core.result import PendingExplanation as PendingExplanation
 from shared.core.result import PipelinedPod as PipelinedPod
 from shared.core.result import SessionView as SessionView
-from shared.core.usage import UsageLedger
+from shared.core.usage import UsageLedger, Vector3
 from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
@@ -171,14 +172,55 @@ LedgerRecord = NodeLedger | PodClaim
 
 
 class UsageRecord(_Msg, frozen=True, kw_only=True, tag="usage"):
-    """A shard's usage ledger (time-based fair share), under `subjects.usage_key(shard)` in `USAGE_BUCKET`:
-    what each queue held over time, as the shard's queue leader sampled it. Written only by a leader,
-    with a compare-and-set on the revision it last read or wrote; `term` is the writer's lease term, and a
-    leader never overwrites a record of a later term."""
+    """A shard's whole usage ledger in one value, under `subjects.usage_key(shard)`: the form before the
+    record was split per queue. It reached NATS's 1 MB payload limit at about 100 busy queues, so it is
+    only read now, once, by a leader that migrates it (`UsageShardRecord` and `UsageQueueRecord`, then the
+    key deleted)."""
 
     shard: str
     term: int
     ledger: UsageLedger
+
+
+class UsageSpan(msgspec.Struct, frozen=True, array_like=True):
+    """One bucket of a shard's usage ledger without the queues (`shared.core.usage.Bucket`): its
+    interval, the seconds observed in it and their centre, and the cluster's capacity-seconds."""
+
+    start: float
+    end: float
+    seconds: float
+    centre: float
+    capacity: Vector3
+
+
+class UsageShardRecord(_Msg, frozen=True, kw_only=True, tag="usage-shard"):
+    """The shard-wide part of a shard's usage ledger (time-based fair share), under
+    `subjects.usage_shard_key(shard)` in `USAGE_BUCKET`: the buckets without the queues, the last sample's
+    time and capacity, and the writer's lease term. Each queue's part is a `UsageQueueRecord`. Written
+    only by the shard's queue leader, first in every save and with a compare-and-set on the revision it
+    last read or wrote, so that it fences the save; a leader never overwrites a record of a later term."""
+
+    shard: str
+    term: int
+    sampled_at: float | None = None
+    capacity: Vector3 = (0.0, 0.0, 0.0)
+    buckets: tuple[UsageSpan, ...] = ()
+
+
+class UsageQueueRecord(_Msg, frozen=True, kw_only=True, tag="usage-queue"):
+    """One queue's part of a shard's usage ledger, under `subjects.usage_queue_key(shard, queue)`: its
+    allocation-seconds in each bucket of the `UsageShardRecord` that it held something in, as
+    `(bucket start, gpu, cpu, memory)`, and what it held at the last sample. Written by the same leader,
+    under the same term, only when the queue's part changed."""
+
+    shard: str
+    queue: str
+    term: int
+    allocated: Vector3 = (0.0, 0.0, 0.0)
+    held: tuple[tuple[float, float, float, float], ...] = ()
+
+
+UsageEntry = UsageRecord | UsageShardRecord | UsageQueueRecord
 
 
 class Lease(_Msg, frozen=True, kw_only=True, tag="lease"):
@@ -382,7 +424,7 @@ STATE_RECORDS: Codec[StateRecord] = Codec(StateRecord)
 LEDGER_RECORDS: Codec[LedgerRecord] = Codec(LedgerRecord)
 SHARD_RECORDS: Codec[ShardRecord] = Codec(ShardRecord)
 LEASES: Codec[Lease] = Codec(Lease)
-USAGE_RECORDS: Codec[UsageRecord] = Codec(UsageRecord)
+USAGE_RECORDS: Codec[UsageEntry] = Codec(UsageEntry)
 WORK: Codec[WorkItem] = Codec(WorkItem)
 PROPOSALS: Codec[Proposal] = Codec(Proposal)
 OUTCOMES: Codec[Outcome] = Codec(Outcome)
