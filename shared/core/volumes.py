@@ -48,6 +48,7 @@ Private to the core. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import heapq
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -102,6 +103,7 @@ ZONE_LABELS = (
     "failure-domain.beta.kubernetes.io/region",
 )
 """The labels VolumeZone compares between a volume and a node."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def not_found(claim: str) -> str:
@@ -128,6 +130,13 @@ class _State:
     volumes: dict[str, PersistentVolume]
     by_class: dict[str, list[PersistentVolume]]
     """Class -> its volumes, smallest first, then by name (the first match is the best fit)."""
+    pinned: dict[tuple[str, str], list[PersistentVolume]]
+    """(class, hostname) -> the class's volumes whose node affinity names that hostname in every term
+    (local volumes), in `by_class` order: on a node of another hostname their affinity cannot hold."""
+    unpinned: dict[str, list[PersistentVolume]]
+    """Class -> its other volumes, in `by_class` order."""
+    reserved: dict[str, list[PersistentVolume]]
+    """Claim key -> the volumes whose ``claimRef`` names it, in `by_class` order."""
     classes: dict[str, StorageClass]
     limits: dict[str, dict[str, int]]
     capacities: dict[str, list[StorageCapacity]]
@@ -156,8 +165,19 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
     by_class: dict[str, list[PersistentVolume]] = defaultdict(list)
     for pv in volumes.volumes:
         by_class[pv.storage_class].append(pv)
+    pinned: dict[tuple[str, str], list[PersistentVolume]] = defaultdict(list)
+    unpinned: dict[str, list[PersistentVolume]] = defaultdict(list)
+    reserved: dict[str, list[PersistentVolume]] = defaultdict(list)
     for pvs in by_class.values():
-        pvs.sort(key=lambda pv: (pv.capacity_bytes, pv.name))
+        pvs.sort(key=_fit_order)
+        for pv in pvs:
+            hosts = _pinned_hosts(pv)
+            if hosts is None:
+                unpinned[pv.storage_class].append(pv)
+            for host in hosts or ():
+                pinned[(pv.storage_class, host)].append(pv)
+            if pv.claim_ref:
+                reserved[pv.claim_ref].append(pv)
     capacities: dict[str, list[StorageCapacity]] = defaultdict(list)
     for capacity in volumes.capacities:
         capacities[capacity.storage_class].append(capacity)
@@ -169,6 +189,9 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
         claims={c.key: c for c in volumes.claims},
         volumes={pv.name: pv for pv in volumes.volumes},
         by_class=dict(by_class),
+        pinned=dict(pinned),
+        unpinned=dict(unpinned),
+        reserved=dict(reserved),
         classes={c.name: c for c in volumes.classes},
         limits={n.name: n.limits for n in volumes.csi_nodes if n.limits},
         capacities=dict(capacities),
@@ -333,6 +356,24 @@ def _attachments(state: _State, namespace: str, names: Sequence[str]) -> dict[st
 
 
 # --- VolumeBinding ----------------------------------------------------------------------------------------
+def _fit_order(pv: PersistentVolume) -> tuple[int, str]:
+    """Smallest first, then by name: the first volume a claim may take is the best fit."""
+    return (pv.capacity_bytes, pv.name)
+
+
+def _pinned_hosts(pv: PersistentVolume) -> frozenset[str] | None:
+    """The hostnames a volume's node affinity is limited to, when every term requires the hostname label
+    In some values (a local volume's); None when a node of any hostname may meet it."""
+    hosts: set[str] = set()
+    for term in pv.node_affinity:
+        named = [r.values for r in term.requirements if r.key == HOSTNAME_LABEL and r.operator == "In"]
+        if not named:
+            return None
+        # The term holds only on a node whose hostname is in every such requirement's values.
+        hosts.update(frozenset(named[0]).intersection(*named[1:]))
+    return frozenset(hosts) if pv.node_affinity else None
+
+
 def _affinity_holds(pv: PersistentVolume, labels: Mapping[str, str]) -> bool:
     terms = pv.node_affinity
     return not terms or any(selectors.node_term_matches(term, labels) for term in terms)
@@ -385,12 +426,18 @@ def _match(
     chosen: set[str],
 ) -> PersistentVolume | None:
     """The volume reserved for the claim (its ``claimRef`` names it) if its node affinity holds, else the
-    smallest volume of the claim's class the claim may take on a node with these labels."""
-    candidates = state.by_class.get(claim.storage_class, ())
-    for pv in candidates:
-        if pv.claim_ref == claim.key and (not pv.claim_uid or not claim.uid or pv.claim_uid == claim.uid):
+    smallest volume of the claim's class the claim may take on a node with these labels. Only the volumes
+    that may be on this node are looked at (those pinned to its hostname, and the unpinned ones), in
+    `by_class` order, so a cluster of local volumes costs a few per node, not all of them."""
+    for pv in state.reserved.get(claim.key, ()):
+        if pv.storage_class != claim.storage_class:
+            continue
+        if not pv.claim_uid or not claim.uid or pv.claim_uid == claim.uid:
             return pv if _affinity_holds(pv, labels) and not pv.deleting else None
     wanted = set(claim.access_modes)
+    here = state.pinned.get((claim.storage_class, labels.get(HOSTNAME_LABEL, "")), ())
+    anywhere = state.unpinned.get(claim.storage_class, ())
+    candidates = heapq.merge(here, anywhere, key=_fit_order) if here and anywhere else here or anywhere
     for pv in candidates:
         if pv.deleting or pv.name in taken or pv.name in chosen or pv.name in state.named:
             continue
