@@ -1,9 +1,12 @@
 """Time-based fair share through the queue service and a real nats-server: the usage ledger in KV
-`kairos_usage` feeds the fair shares and their events, and survives the leader's restart (a standby that
-takes over reads the same record and goes on with it).
+`kairos_usage` (one key per shard and one per queue) feeds the fair shares and their events, and survives
+the leader's restart (a standby that takes over reads the same record and goes on with it); 1,000 queues
+are written and read back; a later term's leader takes over the keys; the single record of before is
+migrated.
 
 No sleeping through an hour: the past hour is written into the ledger as a previous leader would have left
-it (term 0), and the services run on the wall clock from there.
+it (term 0, in the single-record form of before, which the leader migrates), and the services run on the
+wall clock from there.
 """
 
 from __future__ import annotations
@@ -11,14 +14,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.queue import service as queue
+from services.queue.usage import UsageKeeper
+from services.queue.usage_layout import join
 from shared.bus.connection import Bus
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_DECODER, QueueFairShare
-from shared.contracts.messages import USAGE_RECORDS, ShardRecord, UsageRecord, encode
-from shared.core.usage import UsageLedger, UsageParams, record_interval
+from shared.contracts.messages import (
+    USAGE_RECORDS,
+    ShardRecord,
+    UsageQueueRecord,
+    UsageRecord,
+    UsageShardRecord,
+    encode,
+)
+from shared.core.usage import UsageLedger, UsageParams, Vector3, record_interval, sample
 from shared.kube.scheduling_shard import ShardConfig, UsageDb
 from shared.model import Node, Snapshot
 from shared.model.builders import busy_and_idle
@@ -49,10 +62,34 @@ async def last_hour(bus: Bus) -> float:
     return now
 
 
-async def record(bus: Bus) -> UsageRecord:
-    entry = await bus.usage.get(s.usage_key(SHARD))
-    assert entry is not None
-    return USAGE_RECORDS.decode("usage", entry.value or b"")
+class Stored(msgspec.Struct, frozen=True):
+    """The shard's ledger as its keys hold it, and the term of its shard record."""
+
+    term: int
+    ledger: UsageLedger
+    queue_keys: int
+
+
+async def record(bus: Bus, shard: str = SHARD) -> Stored:
+    """The shard's ledger read from its keys (term -1: no shard record yet)."""
+    head = await bus.usage.get(s.usage_shard_key(shard))
+    if head is None:
+        return Stored(-1, UsageLedger(), 0)
+    keys: list[str] = []
+    while s.usage_shard_key(shard) not in keys:  # nats-py's listing now and then comes back empty
+        keys = await bus.usage.keys()
+    shard_record = USAGE_RECORDS.decode("usage", head.value or b"")
+    assert isinstance(shard_record, UsageShardRecord)
+    queues: list[UsageQueueRecord] = []
+    for key in keys:
+        if key.startswith(s.usage_queue_prefix(shard)):
+            entry = await bus.usage.get(key)
+            assert entry is not None
+            queue_record = USAGE_RECORDS.decode(key, entry.value or b"")
+            assert isinstance(queue_record, UsageQueueRecord)
+            assert queue_record.term <= shard_record.term
+            queues.append(queue_record)
+    return Stored(shard_record.term, join(shard_record, queues), len(queues))
 
 
 def by_queue(events: list[Any]) -> dict[str, QueueFairShare]:
@@ -77,11 +114,14 @@ async def test_the_ledger_feeds_fair_shares_and_survives_a_leader_change(bus: Bu
     assert shares["idle"].fair_share["gpu"] == 8.0
 
     # The leader samples every cycle and writes the ledger under its term.
-    async def written() -> UsageRecord | None:
+    async def written() -> Stored | None:
         got = await record(bus)
         return got if got.term >= 1 and got.ledger.sampled_at is not None else None
 
     saved = await eventually(written)
+    # The previous leader's single record was migrated: its key is gone, the history is in the new keys.
+    assert await bus.usage.get(s.usage_key(SHARD)) is None
+    assert saved.queue_keys == 1  # busy's; idle never held anything
     observed = saved.ledger.observed
     assert observed >= HOUR
     assert saved.ledger.sampled_at >= seeded
@@ -93,7 +133,7 @@ async def test_the_ledger_feeds_fair_shares_and_survives_a_leader_change(bus: Bu
     taken = await record(bus)
     assert taken.ledger.observed >= observed  # the stopping leader wrote its last samples
 
-    async def continued() -> UsageRecord | None:
+    async def continued() -> Stored | None:
         got = await record(bus)
         return got if got.term > saved.term and got.ledger.observed > taken.ledger.observed else None
 
@@ -118,4 +158,99 @@ async def test_without_a_usage_db_config_nothing_is_recorded_and_shares_are_plai
     shares = by_queue(await events.wait(2))
     assert shares["busy"].fair_share["gpu"] == shares["idle"].fair_share["gpu"] == 6.0
     assert shares["busy"].usage == {}
-    assert (await record(bus)).term == 0  # untouched
+    # Untouched: the single record is neither migrated nor written.
+    assert (await record(bus)).term == -1
+    assert await bus.usage.get(s.usage_key(SHARD)) is not None
+
+
+# --- the keeper on its own, against the real server --------------------------------------------------------
+class Lease:
+    """The shard's lease as the keeper sees it: its term, always valid."""
+
+    def __init__(self, term: int) -> None:
+        self.shard = SHARD
+        self.term = term
+
+    def valid(self) -> bool:
+        return True
+
+
+def keeper(bus: Bus, term: int) -> UsageKeeper:
+    return UsageKeeper(bus, Lease(term), save_every=10.0, clock=time.monotonic)
+
+
+QUEUES = [f"dept-{d}-sub-{s_}-leaf-{leaf}" for d in range(10) for s_ in range(10) for leaf in range(10)]
+WEEK = UsageParams()  # KAI's default: a 7-day sliding window (40-minute buckets)
+
+
+def busy_week(queues: list[str]) -> tuple[UsageLedger, float]:
+    """Every queue held 4 GPUs of 4,000 throughout the last 7 days, sampled every 40 minutes: the largest
+    ledger a week's window makes (257 buckets, each holding every queue)."""
+    held: dict[str, Vector3] = dict.fromkeys(queues, (4.0, 4000.0, 16000000000.0))
+    capacity: Vector3 = (4_000.0, 4e6, 16e12)
+    ledger, now = UsageLedger(), 1_700_000_000.0 - WEEK.window
+    step = WEEK.bucket_length()
+    for _ in range(int(WEEK.window / step) + 1):
+        ledger = record_interval(ledger, now, now + step, held, capacity, WEEK)
+        now += step
+    return sample(ledger, now, held, capacity, WEEK), now
+
+
+async def test_a_thousand_busy_queues_are_saved_in_their_own_keys_and_read_back_equal(bus: Bus) -> None:
+    ledger, _ = busy_week(QUEUES)
+    # In one value this ledger is over ten times NATS's payload limit (1 MB): the reason for the split.
+    assert len(encode(UsageRecord(shard=SHARD, term=1, ledger=ledger))) > 10 * 1024 * 1024
+    writer = keeper(bus, term=1)
+    await writer.load()
+    writer.ledger = ledger
+    writer._changed = set(QUEUES)  # as a migration marks them: every queue's key is written
+    writer._dirty = True
+    assert await writer.save(force=True)
+    assert writer.last_save.keys == 1 + len(QUEUES)
+    reader = keeper(bus, term=2)
+    await reader.load()
+    assert reader.ledger == ledger
+    stored = await record(bus)
+    assert stored.queue_keys == len(QUEUES)
+    assert stored.ledger == ledger
+
+
+async def test_a_later_terms_leader_takes_the_keys_over_and_the_earlier_one_stops_writing(bus: Bus) -> None:
+    held: dict[str, Vector3] = {"a": (1.0, 0.0, 0.0), "b": (2.0, 0.0, 0.0)}
+    capacity: Vector3 = (12.0, 0.0, 0.0)
+    first = keeper(bus, term=1)
+    await first.load()
+    first.observe(1000.0, held, capacity, WEEK)
+    first.observe(1060.0, held, capacity, WEEK)
+    assert await first.save(force=True)
+    # A standby takes the lease under term 2: it reads the ledger and writes its own samples.
+    second = keeper(bus, term=2)
+    await second.load()
+    assert second.ledger == first.ledger
+    second.observe(1120.0, held, capacity, WEEK)
+    assert await second.save(force=True)
+    # The first leader has not noticed yet: its next save finds term 2 on the shard's key and stops.
+    first.observe(1120.0, held, capacity, WEEK)
+    assert not await first.save(force=True)
+    assert not first.loaded
+    stored = await record(bus)
+    assert stored.term == 2
+    assert stored.ledger == second.ledger
+
+
+async def test_the_single_record_of_before_is_migrated_to_one_key_per_queue(bus: Bus) -> None:
+    ledger, now = busy_week(QUEUES[:40])  # 40 busy queues: under the payload limit in one value
+    await bus.usage.put(s.usage_key(SHARD), encode(UsageRecord(shard=SHARD, term=0, ledger=ledger)))
+    k = keeper(bus, term=1)
+    await k.load()
+    assert k.ledger == ledger
+    k.observe(now + 60, {}, (4_000.0, 4e6, 16e12), WEEK)
+    assert await k.save(force=True)
+    assert await bus.usage.get(s.usage_key(SHARD)) is None
+    stored = await record(bus)
+    assert stored.queue_keys == 40
+    assert stored.ledger == k.ledger
+    # The history survived: the next leader reads the same ledger from the new keys.
+    successor = keeper(bus, term=2)
+    await successor.load()
+    assert successor.ledger == k.ledger
