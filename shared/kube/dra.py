@@ -16,6 +16,7 @@ field; the core evaluates them. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import msgspec
@@ -23,6 +24,7 @@ import msgspec
 from shared.core import dra_cel
 from shared.errors import InvalidObject
 from shared.kube import wire
+from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, milli_value
 from shared.kube.volumes import _node_term as node_term
 from shared.model.dra import (
@@ -63,36 +65,32 @@ VERSION = "v1"
 
 
 # --- the wire ---------------------------------------------------------------------------------------------
-class _Wire(msgspec.Struct, rename="camel", frozen=True, kw_only=True, omit_defaults=True):
-    pass
-
-
-class CelSelector(_Wire, frozen=True, kw_only=True):
+class CelSelector(WireStruct, frozen=True, kw_only=True):
     expression: str = ""
 
 
-class DeviceSelector(_Wire, frozen=True, kw_only=True):
+class DeviceSelector(WireStruct, frozen=True, kw_only=True):
     cel: CelSelector | None = None
 
 
-class WireAttribute(_Wire, frozen=True, kw_only=True):
+class WireAttribute(WireStruct, frozen=True, kw_only=True):
     int: Any = None
     bool: Any = None
     string: Any = None
     version: Any = None
 
 
-class WireCapacity(_Wire, frozen=True, kw_only=True):
+class WireCapacity(WireStruct, frozen=True, kw_only=True):
     value: str | int | float = 0
 
 
-class WireDevice(_Wire, frozen=True, kw_only=True):
+class WireDevice(WireStruct, frozen=True, kw_only=True):
     name: str = ""
     attributes: dict[str, WireAttribute] = msgspec.field(default_factory=dict)
     capacity: dict[str, WireCapacity] = msgspec.field(default_factory=dict)
 
 
-class SliceSpec(_Wire, frozen=True, kw_only=True):
+class SliceSpec(WireStruct, frozen=True, kw_only=True):
     driver: str = ""
     pool: dict[str, Any] = msgspec.field(default_factory=dict)
     node_name: str | None = None
@@ -101,12 +99,12 @@ class SliceSpec(_Wire, frozen=True, kw_only=True):
     devices: list[WireDevice] = msgspec.field(default_factory=list)
 
 
-class ClassSpec(_Wire, frozen=True, kw_only=True):
+class ClassSpec(WireStruct, frozen=True, kw_only=True):
     selectors: list[DeviceSelector] = msgspec.field(default_factory=list)
     extended_resource_name: str | None = None
 
 
-class ExactRequest(_Wire, frozen=True, kw_only=True):
+class ExactRequest(WireStruct, frozen=True, kw_only=True):
     device_class_name: str = ""
     selectors: list[DeviceSelector] = msgspec.field(default_factory=list)
     allocation_mode: str = ""
@@ -117,86 +115,74 @@ class SubRequest(ExactRequest, frozen=True, kw_only=True):
     name: str = ""
 
 
-class WireRequest(_Wire, frozen=True, kw_only=True):
+class WireRequest(WireStruct, frozen=True, kw_only=True):
     name: str = ""
     exactly: ExactRequest | None = None
     first_available: list[SubRequest] = msgspec.field(default_factory=list)
 
 
-class WireConstraint(_Wire, frozen=True, kw_only=True):
+class WireConstraint(WireStruct, frozen=True, kw_only=True):
     requests: list[str] = msgspec.field(default_factory=list)
     match_attribute: str | None = None
 
 
-class DeviceClaim(_Wire, frozen=True, kw_only=True):
+class DeviceClaim(WireStruct, frozen=True, kw_only=True):
     requests: list[WireRequest] = msgspec.field(default_factory=list)
     constraints: list[WireConstraint] = msgspec.field(default_factory=list)
 
 
-class ClaimSpec(_Wire, frozen=True, kw_only=True):
+class ClaimSpec(WireStruct, frozen=True, kw_only=True):
     devices: DeviceClaim = msgspec.field(default_factory=DeviceClaim)
 
 
-class WireResult(_Wire, frozen=True, kw_only=True):
+class WireResult(WireStruct, frozen=True, kw_only=True):
     request: str = ""
     driver: str = ""
     pool: str = ""
     device: str = ""
 
 
-class DeviceAllocation(_Wire, frozen=True, kw_only=True):
+class DeviceAllocation(WireStruct, frozen=True, kw_only=True):
     results: list[WireResult] = msgspec.field(default_factory=list)
 
 
-class Allocation(_Wire, frozen=True, kw_only=True):
+class Allocation(WireStruct, frozen=True, kw_only=True):
     devices: DeviceAllocation = msgspec.field(default_factory=DeviceAllocation)
     node_selector: wire.NodeSelector | None = None
 
 
-class Consumer(_Wire, frozen=True, kw_only=True):
+class Consumer(WireStruct, frozen=True, kw_only=True):
     resource: str = ""
     name: str = ""
     uid: str = ""
 
 
-class ClaimStatus(_Wire, frozen=True, kw_only=True):
+class ClaimStatus(WireStruct, frozen=True, kw_only=True):
     allocation: Allocation | None = None
     reserved_for: list[Consumer] = msgspec.field(default_factory=list)
 
 
-class _Object(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str]
-    api_version: str = ""
-    kind: str = ""
-    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
-
-    @property
-    def label(self) -> str:
-        """How errors name it: "namespace/name", or the name alone when cluster-scoped."""
-        return wire.object_name(self.metadata.namespace, self.metadata.name)
-
-
-class WireDeviceClass(_Object, frozen=True, kw_only=True):
+class WireDeviceClass(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "DeviceClass"
     spec: ClassSpec = msgspec.field(default_factory=ClassSpec)
 
 
-class WireResourceSlice(_Object, frozen=True, kw_only=True):
+class WireResourceSlice(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "ResourceSlice"
     spec: SliceSpec = msgspec.field(default_factory=SliceSpec)
 
 
-class WireClaim(_Object, frozen=True, kw_only=True):
+class WireClaim(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "ResourceClaim"
     spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 
-class TemplateSpec(_Wire, frozen=True, kw_only=True):
+class TemplateSpec(WireStruct, frozen=True, kw_only=True):
     spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
 
 
-class WireClaimTemplate(_Object, frozen=True, kw_only=True):
+class WireClaimTemplate(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "ResourceClaimTemplate"
     spec: TemplateSpec = msgspec.field(default_factory=TemplateSpec)
 
@@ -209,29 +195,8 @@ KINDS: dict[str, type[WireDra]] = {
     "resourceclaimtemplates": WireClaimTemplate,
 }
 """Resource name -> the wire type of its objects."""
-_DECODERS = {cls: msgspec.json.Decoder(cls) for cls in KINDS.values()}
-
-
-class _Named(msgspec.Struct):
-    metadata: wire.ObjectMeta | None = None
-
-
-def _name_in(data: bytes | str) -> str:
-    try:
-        meta = msgspec.json.decode(data, type=_Named).metadata
-    except msgspec.MsgspecError:
-        return ""
-    return "" if meta is None else wire.object_name(meta.namespace, meta.name)
-
-
-def decode(resource: str, data: bytes | str) -> WireDra:
-    """One object of `resource` (a key of `KINDS`) from its JSON; InvalidObject names the field."""
-    cls = KINDS[resource]
-    try:
-        obj: WireDra = _DECODERS[cls].decode(data)
-    except msgspec.MsgspecError as exc:
-        raise InvalidObject(cls.KIND, _name_in(data), "", str(exc)) from exc
-    return obj
+decode: Callable[[str, bytes | str], WireDra] = decoder(KINDS)
+"""One object of `resource` (a key of `KINDS`) from its JSON; InvalidObject names the kind and the object."""
 
 
 # --- pods -------------------------------------------------------------------------------------------------

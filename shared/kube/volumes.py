@@ -16,13 +16,14 @@ manager's and kube-scheduler's. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import msgspec
 
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
+from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, value
 from shared.kube.values import shown
 from shared.model.objects import (
@@ -76,21 +77,17 @@ _NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
 
 
 # --- the wire -------------------------------------------------------------------------------------------
-class _Wire(msgspec.Struct, rename="camel", frozen=True, kw_only=True, omit_defaults=True):
-    pass
-
-
-class ObjectReference(_Wire, frozen=True, kw_only=True):
+class ObjectReference(WireStruct, frozen=True, kw_only=True):
     namespace: str = ""
     name: str = ""
     uid: str = ""
 
 
-class ClaimResources(_Wire, frozen=True, kw_only=True):
+class ClaimResources(WireStruct, frozen=True, kw_only=True):
     requests: wire.ResourceList = msgspec.field(default_factory=dict)
 
 
-class ClaimSpec(_Wire, frozen=True, kw_only=True):
+class ClaimSpec(WireStruct, frozen=True, kw_only=True):
     access_modes: list[str] = msgspec.field(default_factory=list)
     resources: ClaimResources = msgspec.field(default_factory=ClaimResources)
     storage_class_name: str | None = None
@@ -98,38 +95,26 @@ class ClaimSpec(_Wire, frozen=True, kw_only=True):
     selector: wire.LabelSelector | None = None
 
 
-class ClaimStatus(_Wire, frozen=True, kw_only=True):
+class ClaimStatus(WireStruct, frozen=True, kw_only=True):
     phase: str = ""
 
 
-class _Object(_Wire, frozen=True, kw_only=True):
-    KIND: ClassVar[str]
-    api_version: str = ""
-    kind: str = ""
-    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
-
-    @property
-    def label(self) -> str:
-        """How errors name it: "namespace/name", or the name alone when cluster-scoped."""
-        return wire.object_name(self.metadata.namespace, self.metadata.name)
-
-
-class WireClaim(_Object, frozen=True, kw_only=True):
+class WireClaim(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "PersistentVolumeClaim"
     spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 
-class VolumeNodeAffinity(_Wire, frozen=True, kw_only=True):
+class VolumeNodeAffinity(WireStruct, frozen=True, kw_only=True):
     required: wire.NodeSelector | None = None
 
 
-class CsiSource(_Wire, frozen=True, kw_only=True):
+class CsiSource(WireStruct, frozen=True, kw_only=True):
     driver: str = ""
     volume_handle: str = ""
 
 
-class VolumeSpec(_Wire, frozen=True, kw_only=True):
+class VolumeSpec(WireStruct, frozen=True, kw_only=True):
     capacity: wire.ResourceList = msgspec.field(default_factory=dict)
     access_modes: list[str] = msgspec.field(default_factory=list)
     storage_class_name: str = ""
@@ -138,52 +123,52 @@ class VolumeSpec(_Wire, frozen=True, kw_only=True):
     csi: CsiSource | None = None
 
 
-class VolumeStatus(_Wire, frozen=True, kw_only=True):
+class VolumeStatus(WireStruct, frozen=True, kw_only=True):
     phase: str = ""
 
 
-class WireVolume(_Object, frozen=True, kw_only=True):
+class WireVolume(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "PersistentVolume"
     spec: VolumeSpec = msgspec.field(default_factory=VolumeSpec)
     status: VolumeStatus = msgspec.field(default_factory=VolumeStatus)
 
 
-class TopologyRequirement(_Wire, frozen=True, kw_only=True):
+class TopologyRequirement(WireStruct, frozen=True, kw_only=True):
     key: str = ""
     values: list[str] = msgspec.field(default_factory=list)
 
 
-class TopologySelectorTerm(_Wire, frozen=True, kw_only=True):
+class TopologySelectorTerm(WireStruct, frozen=True, kw_only=True):
     match_label_expressions: list[TopologyRequirement] = msgspec.field(default_factory=list)
 
 
-class WireStorageClass(_Object, frozen=True, kw_only=True):
+class WireStorageClass(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "StorageClass"
     provisioner: str = ""
     volume_binding_mode: str | None = None
     allowed_topologies: list[TopologySelectorTerm] = msgspec.field(default_factory=list)
 
 
-class DriverAllocatable(_Wire, frozen=True, kw_only=True):
+class DriverAllocatable(WireStruct, frozen=True, kw_only=True):
     count: int | None = None
 
 
-class CsiNodeDriver(_Wire, frozen=True, kw_only=True):
+class CsiNodeDriver(WireStruct, frozen=True, kw_only=True):
     name: str = ""
     node_id: str = msgspec.field(default="", name="nodeID")
     allocatable: DriverAllocatable | None = None
 
 
-class CsiNodeSpec(_Wire, frozen=True, kw_only=True):
+class CsiNodeSpec(WireStruct, frozen=True, kw_only=True):
     drivers: list[CsiNodeDriver] = msgspec.field(default_factory=list)
 
 
-class WireCsiNode(_Object, frozen=True, kw_only=True):
+class WireCsiNode(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "CSINode"
     spec: CsiNodeSpec = msgspec.field(default_factory=CsiNodeSpec)
 
 
-class WireCsiStorageCapacity(_Object, frozen=True, kw_only=True):
+class WireCsiStorageCapacity(WireObject, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "CSIStorageCapacity"
     storage_class_name: str = ""
     node_topology: wire.LabelSelector | None = None
@@ -201,29 +186,8 @@ KINDS: Mapping[str, type[Any]] = {
     "csistoragecapacities": WireCsiStorageCapacity,
 }
 """Resource name -> the wire type of its objects."""
-_DECODERS = {cls: msgspec.json.Decoder(cls) for cls in KINDS.values()}
-
-
-def decode(resource: str, data: bytes | str) -> WireStorage:
-    """One object of `resource` (a key of `KINDS`) from its JSON; InvalidObject names the field."""
-    cls = KINDS[resource]
-    try:
-        obj: WireStorage = _DECODERS[cls].decode(data)
-    except msgspec.MsgspecError as exc:
-        raise InvalidObject(cls.KIND, _name_in(data), "", str(exc)) from exc
-    return obj
-
-
-class _Named(msgspec.Struct):
-    metadata: wire.ObjectMeta | None = None
-
-
-def _name_in(data: bytes | str) -> str:
-    try:
-        meta = msgspec.json.decode(data, type=_Named).metadata
-    except msgspec.MsgspecError:
-        return ""
-    return "" if meta is None else wire.object_name(meta.namespace, meta.name)
+decode: Callable[[str, bytes | str], WireStorage] = decoder(KINDS)
+"""One object of `resource` (a key of `KINDS`) from its JSON; InvalidObject names the kind and the object."""
 
 
 # --- translation ----------------------------------------------------------------------------------------
