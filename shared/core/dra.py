@@ -50,7 +50,6 @@ Private to the core. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,6 +58,7 @@ import msgspec
 
 from shared.core import dra_cel, selectors
 from shared.core.result import ClaimAllocation
+from shared.core.session_memo import PerSession, placed_decisions
 from shared.model.dra import (
     ALL,
     RESERVED_FOR_MAX,
@@ -74,7 +74,6 @@ from shared.model.dra import (
     ResourceSlice,
     extended_claim_name,
 )
-from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
@@ -154,15 +153,7 @@ class _State:
     """(pod key, cluster generation, devices others hold, claims others allocated): the last `_taken`."""
 
 
-_STATES: weakref.WeakKeyDictionary[Session, _State] = weakref.WeakKeyDictionary()
-
-
-def _state(ssn: Session) -> _State:
-    state = _STATES.get(ssn)
-    if state is None:
-        state = _index(ssn.snapshot.dra, ssn.tasks.values())
-        _STATES[ssn] = state
-    return state
+_state: PerSession[_State] = PerSession(lambda ssn: _index(ssn.snapshot.dra, ssn.tasks.values()))
 
 
 def _index(dra: Dra, tasks: Iterable[TaskState]) -> _State:
@@ -282,7 +273,7 @@ def decided(ssn: Session, task: TaskState, node: str) -> tuple[ClaimAllocation, 
     """What the pod's claims got on `node` (empty for a pod without any)."""
     if not task.pod.resource_claims:
         return ()
-    state = _STATES.get(ssn)
+    state = _state.get(ssn)
     if state is None:
         return ()
     return state.decided.get(task.key, {}).get(node, ())
@@ -379,13 +370,8 @@ def _taken(
     allocated: dict[str, ClaimAllocation] = {}
     namespace = task.pod.namespace
     mine = {e.claim for e in task.pod.resource_claims if e.claim}
-    for other_key, by_node in state.decided.items():
-        if other_key == task.key:
-            continue
-        other = ssn.tasks.get(other_key)
-        if other is None or other.node is None or other.status not in ACTIVE_ALLOCATED:
-            continue
-        for allocation in by_node.get(other.node, ()):
+    for other, _, allocations in placed_decisions(ssn, task, state.decided):
+        for allocation in allocations:
             taken.update(r.id for r in allocation.devices)
             if other.pod.namespace == namespace and allocation.claim in mine and allocation.devices:
                 allocated[f"{namespace}/{allocation.claim}"] = allocation

@@ -49,7 +49,6 @@ Private to the core. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import heapq
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +57,8 @@ from typing import TYPE_CHECKING
 from shared.core import selectors
 from shared.core.plugins.points import Code, Refusal
 from shared.core.result import VolumeBinding
-from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED
+from shared.core.session_memo import PerSession, placed_decisions
+from shared.model.status import ACTIVE_USED
 from shared.model.volumes import (
     IMMEDIATE,
     READ_WRITE_ONCE_POD,
@@ -150,15 +150,7 @@ class _State:
     """(pod key, cluster generation, what others hold): the last `_taken`, reused while nothing moved."""
 
 
-_STATES: weakref.WeakKeyDictionary[Session, _State] = weakref.WeakKeyDictionary()
-
-
-def _state(ssn: Session) -> _State:
-    state = _STATES.get(ssn)
-    if state is None:
-        state = _index(ssn.snapshot.volumes, ssn.tasks.values())
-        _STATES[ssn] = state
-    return state
+_state: PerSession[_State] = PerSession(lambda ssn: _index(ssn.snapshot.volumes, ssn.tasks.values()))
 
 
 def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
@@ -260,7 +252,7 @@ def decided(ssn: Session, task: TaskState, node: str) -> tuple[VolumeBinding, ..
     """What the pod's WaitForFirstConsumer claims got on `node` (empty for a pod without any)."""
     if not task.pod.claims:
         return ()
-    state = _STATES.get(ssn)
+    state = _state.get(ssn)
     if state is None:
         return ()
     return state.decided.get(task.key, {}).get(node, ())
@@ -462,14 +454,9 @@ def _taken(ssn: Session, state: _State, task: TaskState) -> _Held:
         return cached
     taken: set[str] = set()
     held: dict[str, tuple[str, VolumeBinding]] = {}
-    for other_key, by_node in state.decided.items():
-        if other_key == task.key:
-            continue
-        other = ssn.tasks.get(other_key)
-        if other is None or other.node is None or other.status not in ACTIVE_ALLOCATED:
-            continue
-        for decision in by_node.get(other.node, ()):
-            held[f"{other.pod.namespace}/{decision.claim}"] = (other.node, decision)
+    for other, node, decisions in placed_decisions(ssn, task, state.decided):
+        for decision in decisions:
+            held[f"{other.pod.namespace}/{decision.claim}"] = (node, decision)
             if decision.volume:
                 taken.add(decision.volume)
     result = (frozenset(taken), held)
