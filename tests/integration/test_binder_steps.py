@@ -26,6 +26,7 @@ from shared.model import Node
 from shared.model.dra import DeviceResult
 from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.server import KubeSim
+from tools.kubesim.storage import DRIVER
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +59,9 @@ async def read(kube: Kube, path: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def cluster(kube: Kube) -> Kube:
-    """A WaitForFirstConsumer class whose provisioner nobody runs (so the selected-node set by the volume
-    step stays for the spec to see), a claim of it, and a ResourceClaim for one GPU."""
+    """A WaitForFirstConsumer class of kubesim's provisioner (which binds the claim as soon as the volume
+    step selects a node, the annotation staying for the spec to see), a claim of it, and a ResourceClaim
+    for one GPU."""
     await create(
         kube,
         "/apis/storage.k8s.io/v1/storageclasses",
@@ -67,7 +69,7 @@ async def cluster(kube: Kube) -> Kube:
             "apiVersion": "storage.k8s.io/v1",
             "kind": "StorageClass",
             "metadata": {"name": "elsewhere"},
-            "provisioner": "example.com/external",
+            "provisioner": DRIVER,
             "volumeBindingMode": "WaitForFirstConsumer",
         },
     )
