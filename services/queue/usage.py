@@ -105,11 +105,8 @@ class UsageKeeper:
         *,
         store: KvStore | None = None,
     ) -> None:
-        if store is None:
-            if bus is None:
-                raise ValueError("UsageKeeper: a bus or a store is needed")
-            store = bus.usage
-        self.store = store
+        self.bus = bus
+        self._store = store
         self.lease = lease
         self.shard = lease.shard
         self.shard_key = s.usage_shard_key(self.shard)
@@ -136,6 +133,15 @@ class UsageKeeper:
         self._fractions: tuple[QueueUsage, ...] | None = None
         self._fractions_at = -math.inf
         self._fractions_params: UsageParams | None = None
+
+    @property
+    def store(self) -> KvStore:
+        """The usage bucket: `store` if given, else the bus's (looked up when first used)."""
+        if self._store is None:
+            if self.bus is None:
+                raise ValueError("UsageKeeper: neither a bus nor a store to keep the ledger in")
+            self._store = self.bus.usage
+        return self._store
 
     def forget(self) -> None:
         """Leadership changed: the next cycle reads the record again before using or writing it."""
