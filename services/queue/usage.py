@@ -179,7 +179,7 @@ class UsageKeeper:
         elif head is not None:
             shard = self._decoded(head, UsageShardRecord)
             if shard is not None:
-                queues = [r for r in (self._decoded(e, UsageQueueRecord) for e in entries) if r is not None]
+                queues = [r for r in (self._queue_record(e) for e in entries) if r is not None]
                 self.ledger = join(shard, queues)
                 self._read_term = shard.term
                 self._orphans -= {s.usage_queue_key(self.shard, q) for q in queues_of(self.ledger)}
@@ -192,6 +192,18 @@ class UsageKeeper:
             len(queues_of(self.ledger)),
             "from the single record of before" if migrated is not None else f"{len(entries)} queue keys",
         )
+
+    def _queue_record(self, entry: Entry) -> UsageQueueRecord | None:
+        record = self._decoded(entry, UsageQueueRecord)
+        if record is not None and s.usage_queue_key(self.shard, record.queue) != entry.key:
+            log.warning(
+                "usage ledger key %s holds queue %r of shard %r, left out",
+                entry.key,
+                record.queue,
+                record.shard,
+            )
+            return None
+        return record
 
     def _decoded(self, entry: Entry, kind: type[T]) -> T | None:
         try:

@@ -351,12 +351,21 @@ async def test_a_bucket_that_cannot_be_listed_is_not_taken_for_an_empty_ledger(l
     assert k.ledger == first.ledger
 
 
-async def test_an_unreadable_queue_key_is_left_out_and_deleted_by_the_next_save() -> None:
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\xc1garbage",
+        encode(UsageShardRecord(shard=SHARD, term=1)),
+        encode(UsageQueueRecord(shard=SHARD, queue="a", term=1, allocated=(5.0, 0.0, 0.0))),
+    ],
+    ids=["garbage", "another kind of record", "another queue's record"],
+)
+async def test_an_unreadable_queue_key_is_left_out_and_deleted_by_the_next_save(value: bytes) -> None:
     bucket = Bucket()
     first = await loaded(bucket)
     first.observe(NOW, holding(a=1.0), CAPACITY, PARAMS)
     assert await first.save(force=True)
-    await bucket.put(queue_key("z"), b"\xc1garbage")
+    await bucket.put(queue_key("z"), value)
     k = await loaded(bucket, term=2)
     assert k.ledger == first.ledger
     k.observe(NOW + 60, holding(a=1.0), CAPACITY, PARAMS)
