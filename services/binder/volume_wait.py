@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from shared.core.result import VolumeBinding
+from shared.core.selectors import node_term_matches
 from shared.errors import InvalidObject
 from shared.kube.volumes import BIND_COMPLETED, SELECTED_NODE, WireClaim, WireVolume, volume_of
-from shared.model.objects import LabelSelectorTerm, NodeSelectorRequirement
 
 __all__ = ["BOUND", "WAITING", "Check", "check", "fully_bound", "needs_labels", "volume_to_read"]
 
@@ -105,33 +105,6 @@ def _admits(volume: WireVolume, node: str, labels: Mapping[str, str]) -> Check:
         terms = volume_of(volume).node_affinity
     except InvalidObject as exc:
         return Check(False, str(exc))
-    if not terms or any(_term_holds(term, labels) for term in terms):
+    if not terms or any(node_term_matches(term, labels) for term in terms):
         return BOUND
     return Check(False, f'pv "{volume.metadata.name}" node affinity doesn\'t match node "{node}"')
-
-
-def _term_holds(term: LabelSelectorTerm, labels: Mapping[str, str]) -> bool:
-    """A node selector term on a node's labels: every requirement holds. (The core's own matcher,
-    `shared.core.selectors`, is private to the core; these are Kubernetes' operators again.)"""
-    return all(_holds(requirement, labels) for requirement in term.requirements)
-
-
-def _holds(requirement: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
-    have = labels.get(requirement.key)
-    values = requirement.values
-    match requirement.operator:
-        case "In":
-            return have is not None and have in values
-        case "NotIn":
-            return have is None or have not in values
-        case "Exists":
-            return have is not None
-        case "DoesNotExist":
-            return have is None
-        case "Gt" | "Lt" if have is not None and len(values) == 1:
-            try:
-                number, bound = int(have), int(values[0])
-            except ValueError:
-                return False
-            return number > bound if requirement.operator == "Gt" else number < bound
-    return False

@@ -38,6 +38,9 @@ Public modules (what code outside shared.core may import):
 - `usage`: time-based fair share: the `UsageLedger` of what each queue held over time (`sample`,
   `record_interval`) and `usage_fractions`, its decayed, windowed usage as a fraction of the cluster's
   capacity (`Policy.queue_usage`). Kept by the queue leader.
+- `selectors`: Kubernetes' label-selector, node-selector-term, affinity-term and toleration matching
+  (`node_term_matches`, `label_selector_matches`, ...), the one reading of its operators; also used by the
+  binder's volume wait.
 - `dra_cel`: CEL over DRA devices (Kubernetes' DRA CEL environment, each expression compiled once and
   cached): `check(expression)` raises `CelError` for one that does not compile, which translation
   (`shared.kube.dra`) calls so a bad selector is refused where it enters; the core's allocator evaluates

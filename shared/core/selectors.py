@@ -3,8 +3,9 @@ selects, and which taints a toleration tolerates.
 
 Pure functions over the model's selectors (`shared.model.LabelSelector`, `LabelSelectorTerm`,
 `PodAffinityTerm`). Called by the node filters (`shared.core.predicates`), the inter-pod affinity
-filter and score (`shared.core.pod_affinity`), the node-affinity score (`shared.core.scoring`) and the
-victim solver's node filter.
+filter and score (`shared.core.pod_affinity`), the node-affinity score (`shared.core.scoring`), the
+victim solver's node filter, and outside the core by the binder's volume wait (a provisioned volume's node
+affinity against the chosen node): public, so Kubernetes' operators are read in one place.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ PUBLIC = {
     "usage",
     "recheck",
     "dra_cel",
+    "selectors",
     "plugins",
     "builtin_plugins",
 }
