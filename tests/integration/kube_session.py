@@ -4,15 +4,19 @@ service's source) stand on.
 
 `kubesim(tmp_path, nodes, ...)` is an async context manager yielding a started `KubeSim` holding `nodes`
 (and Kairos's CRDs when `crds`), its kubeconfig written to `tmp_path / "kubeconfig"`; `kube_client(tmp_path)`
-yields a client connected through that kubeconfig. Both stop what they started on exit. (The kubectl tests
-start theirs with generated nodes: `tests.integration.kubectl_helpers.running_kubesim`.)
+yields a client connected through that kubeconfig. Both stop what they started on exit; the fixtures `sim`
+and `kube` (`tests/integration/conftest.py`) are them with the test module's `NODES`. `create` and `read`
+send one object to a path and read one back, as JSON. (The kubectl tests start theirs with generated
+nodes: `tests.integration.kubectl_helpers.running_kubesim`.)
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
@@ -48,3 +52,13 @@ async def kube_client(tmp_path: Path) -> AsyncIterator[Kube]:
         yield client
     finally:
         await client.close()
+
+
+async def create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """POST `obj` to `path` (a collection); the object the server made."""
+    return json.loads(await kube.request(f"create {path}", "POST", path, obj))  # type: ignore[no-any-return]
+
+
+async def read(kube: Kube, path: str) -> dict[str, Any]:
+    """GET `path` (one object, or a list)."""
+    return json.loads(await kube.request(f"read {path}", "GET", path))  # type: ignore[no-any-return]

@@ -9,9 +9,6 @@ claim is made, owned by the pod.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,33 +21,12 @@ from shared.core.result import ClaimAllocation
 from shared.kubeapi.client import Kube
 from shared.model import Node
 from shared.model.dra import DeviceRequest, DeviceResult
-from tests.integration.kube_session import kube_client, kubesim
-from tools.kubesim.server import KubeSim
+from tests.integration.kube_session import create, read
 
 pytestmark = pytest.mark.integration
 
 NODES = [Node(name=f"n{i}", cpu_millis=8_000, memory_bytes=64e9) for i in range(2)]
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-
-
-@pytest.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    async with kubesim(tmp_path, NODES) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    async with kube_client(tmp_path) as client:
-        yield client
-
-
-async def create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(await kube.request(f"create {path}", "POST", path, obj))  # type: ignore[no-any-return]
-
-
-async def read(kube: Kube, path: str) -> dict[str, Any]:
-    return json.loads(await kube.request(f"read {path}", "GET", path))  # type: ignore[no-any-return]
 
 
 def pod(name: str, node: str | None = None) -> dict[str, Any]:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -43,7 +42,6 @@ from shared.errors import TemporaryError
 from shared.kube import gpu_sharing as gs
 from shared.kubeapi.client import Kube
 from shared.model import Node, Pod, PodStatus
-from tests.integration.kube_session import kube_client, kubesim
 from tests.integration.test_binder_reservations import sharer_manifest
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim
@@ -55,18 +53,6 @@ NODES = [Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=8) for i
 FAST = Backoff(attempts=3, base=0.01, cap=0.02)
 """Retries that take no time: a test that must not see them retried still sees them happen."""
 PDBS = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
-
-
-@pytest.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    async with kubesim(tmp_path, NODES) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    async with kube_client(tmp_path) as client:
-        yield client
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +44,6 @@ LATER = 10_000.0
 NODES = [
     Node(name=f"n{i}", cpu_millis=64_000, memory_bytes=512e9, gpus=4, gpu_memory_mib=16_000) for i in range(2)
 ]
-
-
-@pytest.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    async with kubesim(tmp_path, NODES) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    # kubesim starts with the reservation namespace, as an install (deploy/) has it.
-    async with kube_client(tmp_path) as client:
-        yield client
 
 
 def fast(**changes: Any) -> ReservationSettings:

@@ -7,9 +7,6 @@ there.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +21,7 @@ from shared.kube.volumes import SELECTED_NODE
 from shared.kubeapi.client import Kube
 from shared.model import Node
 from shared.model.dra import DeviceResult
-from tests.integration.kube_session import kube_client, kubesim
-from tools.kubesim.server import KubeSim
+from tests.integration.kube_session import create, read
 from tools.kubesim.storage import DRIVER
 
 pytestmark = pytest.mark.integration
@@ -35,26 +31,6 @@ PODS = "/api/v1/namespaces/default/pods"
 VOLUME_CLAIMS = "/api/v1/namespaces/default/persistentvolumeclaims"
 RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 DEVICE = DeviceResult(request="gpu", driver="gpu.nvidia.com", pool="n0", device="gpu-0")
-
-
-@pytest.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    async with kubesim(tmp_path, NODES) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    async with kube_client(tmp_path) as client:
-        yield client
-
-
-async def create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(await kube.request(f"create {path}", "POST", path, obj))  # type: ignore[no-any-return]
-
-
-async def read(kube: Kube, path: str) -> dict[str, Any]:
-    return json.loads(await kube.request(f"read {path}", "GET", path))  # type: ignore[no-any-return]
 
 
 @pytest.fixture

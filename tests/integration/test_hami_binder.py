@@ -14,22 +14,21 @@ from shared.kube import keys
 from shared.kubeapi.client import MERGE_PATCH, Kube
 from shared.kubeapi.paths import object_path
 from tests.integration.test_binder_reservations import (
+    NODES,
     bind_of,
     binder,
     configmap,
     configmaps_of,
     create,
-    kube,
     pod,
     sharer_manifest,
-    sim,
     warnings,
 )
 from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
 
-__all__ = ["kube", "sim"]  # the fixtures, used by name
+__all__ = ["NODES"]  # what the `sim` fixture starts with (tests/integration/conftest.py)
 
 LIMIT = gs.CUDA_DEVICE_MEMORY_LIMIT
 

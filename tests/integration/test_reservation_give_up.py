@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -32,7 +31,6 @@ from shared.contracts.messages import Binding
 from shared.kube import gpu_sharing as gs
 from shared.kubeapi.client import Kube
 from shared.model import Pod, PodStatus
-from tests.integration.kube_session import kube_client, kubesim
 from tests.integration.test_binder import node_pods, proposal
 from tests.integration.test_binder_recovery_races import ledger_view
 from tests.integration.test_binder_reservations import (
@@ -53,17 +51,7 @@ pytestmark = pytest.mark.integration
 UNPULLABLE = "registry.kairos.invalid/kairos:1.0"
 RESERVATION = gs.reservation_pod_name("n0", "g1")
 
-
-@pytest.fixture
-async def sim(tmp_path: Path) -> AsyncIterator[KubeSim]:
-    async with kubesim(tmp_path, NODES) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
-    async with kube_client(tmp_path) as client:
-        yield client
+__all__ = ["NODES"]  # what the `sim` fixture starts with (tests/integration/conftest.py)
 
 
 async def test_a_reservation_whose_image_cannot_be_pulled_gives_up_after_its_tries_and_says_why(
