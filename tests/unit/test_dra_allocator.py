@@ -23,8 +23,8 @@ from shared.core.dra_accounting import account, claim_gpus
 from shared.core.policy import Policy
 from shared.core.result import ClaimAllocation, CycleResult
 from shared.core.scheduler import schedule
-from shared.model import Node, Pod, PodGroup, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import Node, Pod, PodGroup, Snapshot
+from shared.model.builders import gang, one_queue_snapshot
 from shared.model.dra import (
     ALL,
     Attribute,
@@ -94,21 +94,7 @@ def job(name: str, *claims: str, size: int = 1, gpus: float = 0.0) -> tuple[PodG
 def snapshot(
     nodes: Sequence[Node], jobs: Sequence[tuple[PodGroup, list[Pod]]], dra: Dra, gpu_quota: float = -1
 ) -> Snapshot:
-    queues = (
-        Queue(
-            name="team",
-            gpu=QueueResource(quota=gpu_quota, limit=gpu_quota),
-            cpu=QueueResource(quota=-1, limit=-1),
-            memory=QueueResource(quota=-1, limit=-1),
-        ),
-    )
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in jobs for p in pods),
-        podgroups=tuple(pg for pg, _ in jobs),
-        queues=queues,
-        dra=dra,
-    )
+    return one_queue_snapshot(nodes, jobs, gpu_quota=gpu_quota, dra=dra)
 
 
 def run(snap: Snapshot) -> CycleResult:

@@ -28,11 +28,9 @@ from shared.model import (
     Pod,
     PodGroup,
     PodStatus,
-    Queue,
-    QueueResource,
     Snapshot,
 )
-from shared.model.builders import gang
+from shared.model.builders import gang, one_queue_snapshot
 from shared.model.volumes import (
     WAIT_FOR_FIRST_CONSUMER,
     Claim,
@@ -108,21 +106,7 @@ def job(name: str, *claims: str, size: int = 1, running_on: str | None = None) -
 
 
 def snapshot(nodes: Sequence[Node], jobs: Sequence[tuple[PodGroup, list[Pod]]], volumes: Volumes) -> Snapshot:
-    queues = (
-        Queue(
-            name="team",
-            gpu=QueueResource(quota=-1, limit=-1),
-            cpu=QueueResource(quota=-1, limit=-1),
-            memory=QueueResource(quota=-1, limit=-1),
-        ),
-    )
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in jobs for p in pods),
-        podgroups=tuple(pg for pg, _ in jobs),
-        queues=queues,
-        volumes=volumes,
-    )
+    return one_queue_snapshot(nodes, jobs, volumes=volumes)
 
 
 def run(snap: Snapshot) -> CycleResult:
