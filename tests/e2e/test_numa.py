@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,8 +93,15 @@ def enable_numa(stack: Stack) -> None:
     kubectl(
         stack, "patch", "schedulingshard", "default", "--type=merge", "-p", '{"spec":{"plugins":{"numa":{}}}}'
     )
-    version = got(stack, "schedulingshard", "default")["metadata"]["resourceVersion"]
-    wait_for("the numa plugin in force", lambda: f"resourceVersion {version})" in kairos(stack, "status"))
+    version = int(got(stack, "schedulingshard", "default")["metadata"]["resourceVersion"])
+
+    def in_force() -> bool:
+        # The record may be read after the state service's own status patch (the Served condition), so it
+        # can carry a later resourceVersion than the spec patch's (kubesim's are increasing integers).
+        shown = re.findall(r"shard default, resourceVersion (\d+)\)", kairos(stack, "status"))
+        return bool(shown) and int(shown[0]) >= version
+
+    wait_for("the numa plugin in force", in_force)
     time.sleep(2 * float(QUEUE_PERIOD))  # the placement workers read the record at their next cycle
 
 
