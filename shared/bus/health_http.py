@@ -59,8 +59,7 @@ class ProbeTarget(Protocol):
     @property
     def ready(self) -> bool: ...
 
-    @property
-    def detail(self) -> str: ...
+    def current_detail(self) -> str: ...
 
     @property
     def stopping(self) -> asyncio.Event: ...
@@ -91,9 +90,10 @@ class ServiceProbes:
             return False, "NATS connection closed"
         if not nc.is_connected:
             return False, "NATS reconnecting"
+        detail = target.current_detail()
         if not target.ready:
-            return False, f"not ready: {target.detail}" if target.detail else "starting"
-        return True, target.detail or "ready"
+            return False, f"not ready: {detail}" if detail else "starting"
+        return True, detail or "ready"
 
 
 class HealthServer:

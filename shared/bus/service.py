@@ -171,12 +171,17 @@ class ServiceContext:
     def log(self) -> logging.Logger:
         return logging.getLogger(f"kairos.{self.service}")
 
+    def current_detail(self) -> str:
+        """What the heartbeat and the readiness probe say besides ready or not: `describe()` when set, else
+        `detail`."""
+        return self.describe() if self.describe is not None else self.detail
+
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(
             service=self.service,
             replica=self.config.replica,
             ready=self.ready,
-            detail=self.describe() if self.describe is not None else self.detail,
+            detail=self.current_detail(),
             counters=dict(self.counters),
         )
 

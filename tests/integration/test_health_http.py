@@ -114,7 +114,7 @@ async def test_probes_answer_while_connecting_and_readiness_follows_the_service(
         server = start_nats_server(tmp_path / "nats", port=nats_port)
         try:
             ready = await probes.until("/readyz", ok)
-            assert ready.text == "ok: shard default"
+            assert ready.text == "ok: shards default"
             live = await probes.until("/healthz", answering)
             assert (live.status, live.text) == (200, "ok: NATS connected")
 
@@ -140,7 +140,7 @@ async def test_readiness_drops_while_nats_is_away_and_liveness_holds(tmp_path: P
 
             server = start_nats_server(tmp_path / "nats", port=server.port)
             ready = await probes.until("/readyz", ok)
-            assert ready.text == "ok: shard default"
+            assert ready.text == "ok: shards default"
 
             code, err = await stop(process)
             assert code == 0, err
@@ -186,7 +186,7 @@ async def test_the_health_port_can_come_from_the_environment(nats_server: NatsSe
     try:
         async with aiohttp.ClientSession() as http:
             ready = await Probes(f"http://127.0.0.1:{port}", http).until("/readyz", ok)
-        assert ready.text == "ok: shard default"
+        assert ready.text == "ok: shards default"
         code, err = await stop(process)
         assert code == 0, err
     finally:
