@@ -20,7 +20,7 @@ from shared.model import PodStatus, Snapshot
 from shared.model.volumes import Claim, PersistentVolume
 from tests.admitted_pods import admitted
 from tools.bench import claims, workloads
-from tools.bench.bus import _objects_wanted
+from tools.bench.bus import _collection, _objects_wanted
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import NAMESPACE, pod_manifest
 from tools.bench.workload import Workload
@@ -125,6 +125,38 @@ def test_the_in_process_slices_are_the_ones_the_simulated_driver_publishes() -> 
     )
     assert tuple(published) == workload.dra.slices
     assert tuple(published_classes) == workload.dra.classes
+
+
+def test_the_in_process_csi_nodes_are_the_ones_the_simulated_cluster_makes() -> None:
+    workload = claims.volume_binding(nodes=3, initial=0, measured=2)
+    cluster = Cluster(SimOptions(seed=1, default_scheduler=False), clock=lambda: 0.0)
+    for node in workload.nodes:
+        cluster.create(cluster.type_of("nodes"), None, node_object(node))
+    cluster.settle()
+    made = sorted(
+        (claims.storage_object(n) for n in cluster.objects("storage.k8s.io/csinodes")), key=lambda n: n.name
+    )
+    assert tuple(made) == workload.volumes.csi_nodes
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "namespace", "path"),
+    [
+        ("storage.k8s.io/v1", "StorageClass", None, "/apis/storage.k8s.io/v1/storageclasses"),
+        ("v1", "PersistentVolume", None, "/api/v1/persistentvolumes"),
+        ("v1", "PersistentVolumeClaim", "default", "/api/v1/namespaces/default/persistentvolumeclaims"),
+        (
+            "resource.k8s.io/v1",
+            "ResourceClaimTemplate",
+            "default",
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+        ),
+    ],
+)
+def test_the_bus_run_creates_each_kind_at_its_collection(
+    api_version: str, kind: str, namespace: str | None, path: str
+) -> None:
+    assert _collection(api_version, kind, namespace) == path
 
 
 def test_the_bus_run_waits_for_every_object_but_the_claims(volume: Workload, dra: Workload) -> None:
