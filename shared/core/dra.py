@@ -74,6 +74,7 @@ from shared.model.dra import (
     ResourceSlice,
     extended_claim_name,
 )
+from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
@@ -224,7 +225,7 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     if isinstance(resolved, str):
         return resolved
     fixed, wanted = resolved
-    taken, by_others = _taken(ssn, state, task)
+    taken, by_others = _taken(ssn, state, task, node)
     labels = node.labels
     out: list[ClaimAllocation] = []
     for claim in fixed:
@@ -358,10 +359,48 @@ def _class_problem(state: _State, claim: str, at: str, request: DeviceRequest) -
 
 
 def _taken(
+    ssn: Session, state: _State, task: TaskState, node: NodeState
+) -> tuple[frozenset[DeviceId], dict[str, ClaimAllocation]]:
+    """The devices other pods of the session got on the node they are placed on now that `node` may
+    reach, and the claims they allocated there (a claim shared with this pod is then allocated for it too).
+
+    Without cluster-wide slices a node reaches only its own devices, which only pods placed on it can
+    hold: the pods on `node` are walked, and the other users of this pod's claims (`_State.users`), not
+    every pod placed so far (a walk once per pod over all of them, quadratic in a session's pods)."""
+    if state.shared:
+        return _taken_anywhere(ssn, state, task)
+    taken: set[DeviceId] = set()
+    for entry in node.tasks.values():
+        other = entry.task
+        if other is task or other.status not in ACTIVE_ALLOCATED:
+            continue
+        for allocation in state.decided.get(other.key, {}).get(node.name, ()):
+            taken.update(r.id for r in allocation.devices)
+    return frozenset(taken), _shared_claims(state, task)
+
+
+def _shared_claims(state: _State, task: TaskState) -> dict[str, ClaimAllocation]:
+    """The pod's claims another pod of the session allocated on the node it is placed on now."""
+    namespace = task.pod.namespace
+    out: dict[str, ClaimAllocation] = {}
+    for entry in task.pod.resource_claims:
+        if not entry.claim:
+            continue
+        key = f"{namespace}/{entry.claim}"
+        for other in state.users.get(key, ()):
+            if other is task or other.node is None or other.status not in ACTIVE_ALLOCATED:
+                continue
+            for allocation in state.decided.get(other.key, {}).get(other.node, ()):
+                if allocation.claim == entry.claim and allocation.devices:
+                    out[key] = allocation
+    return out
+
+
+def _taken_anywhere(
     ssn: Session, state: _State, task: TaskState
 ) -> tuple[frozenset[DeviceId], dict[str, ClaimAllocation]]:
-    """The devices other pods of the session got on the node they are placed on now, and the claims
-    they allocated there (a claim shared with this pod is then allocated for it too)."""
+    """`_taken` with cluster-wide slices: the devices every other placed pod of the session got on its
+    node, and the claims they allocated there."""
     generation = ssn.cluster.generation
     key, seen, cached, claims = state.taken
     if key == task.key and seen == generation:
