@@ -117,8 +117,15 @@ class KvStore:
     async def _listing(self, bucket: str) -> list[str]:
         """One pass of the ordered consumer, to its end-of-initial-values marker; stopped whatever happens."""
         watcher: nkv.KeyValue.KeyWatcher | None = None
+        creating = asyncio.ensure_future(self.raw.watchall(ignore_deletes=True, meta_only=True))
         try:
-            watcher = await self.raw.watchall(ignore_deletes=True, meta_only=True)
+            # Shielded: a listing cancelled while its consumer is being made (a service stopping during a
+            # full sync) must still stop that consumer, or its heartbeat tasks outlive the service.
+            watcher = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            creating.add_done_callback(_stop_when_made)
+            raise
+        try:
             keys: list[str] = []
             async for entry in watcher:
                 if entry is None:  # the marker after the last key present at the start
@@ -140,6 +147,18 @@ class KvStore:
         info = await self.raw._js.stream_info(self.raw._stream)
         return bool(info.state.messages)
 
+
+def _stop_when_made(creating: asyncio.Future[nkv.KeyValue.KeyWatcher]) -> None:
+    """Stop a listing's watcher that was made after its listing was cancelled."""
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    stopping = asyncio.ensure_future(creating.result().stop())  # type: ignore[no-untyped-call]
+    _STOPPING.add(stopping)
+    stopping.add_done_callback(_STOPPING.discard)
+
+
+_STOPPING: set[asyncio.Future[object]] = set()
+"""Stops in flight (a reference each, so none is collected before it has run)."""
 
 EMPTY_LISTING_ATTEMPTS = 3
 """Listings an empty answer is tried again before it is believed, while the stream holds entries."""

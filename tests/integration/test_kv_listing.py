@@ -138,3 +138,21 @@ async def test_a_bucket_of_deletions_only_lists_no_keys(admin: Bus) -> None:
     await admin.ledger.put("node.a", b"x")
     await admin.ledger.delete("node.a")
     assert await admin.ledger.keys() == []
+
+
+async def test_a_listing_cancelled_while_its_consumer_is_made_leaves_no_task_behind(admin: Bus) -> None:
+    """A service stopping in the middle of a full sync cancels its listings: the consumer a listing was
+    making is stopped all the same (the test's task guard fails on its heartbeat tasks otherwise)."""
+    from shared.bus import kv
+
+    await admin.ledger.put("node.a", b"x")
+    for _ in range(5):
+        listing = asyncio.ensure_future(admin.ledger.keys())
+        await asyncio.sleep(0)  # started: the consumer is being made
+        listing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listing
+    async with asyncio.timeout(5):
+        while kv._STOPPING:  # the stops in flight, awaited here instead of slept for
+            await asyncio.wait(set(kv._STOPPING))
+    assert await admin.ledger.keys() == ["node.a"]
