@@ -37,6 +37,7 @@ import celpy
 from celpy import celtypes
 from celpy.celparser import CELParseError
 
+from shared.kube import quantity
 from shared.model.dra import Attribute, Device
 
 __all__ = ["MAX_PROGRAMS", "CelError", "Quantity", "Semver", "activation", "check", "matches"]
@@ -53,37 +54,11 @@ class CelError(ValueError):
 
 
 # --- Kubernetes' quantity and semver types -----------------------------------------------------------
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-
-
 def parse_quantity(text: str) -> Fraction:
-    """A Kubernetes quantity ("40Gi", "1.5", "100m", "1e3") as an exact number; ValueError otherwise."""
-    match = _QUANTITY.match(text.strip())
-    if match is None or match.group(1) in ("", ".", "+", "-"):
-        raise ValueError(f"{text!r} is not a quantity")
-    number = Fraction(match.group(1))
-    suffix = match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return number * Fraction(10) ** int(suffix[1:])
-    return number * _SUFFIX[suffix]
+    """A Kubernetes quantity ("40Gi", "1.5", "100m", "1e3") as an exact number; ValueError otherwise: the
+    project's one reading of quantities (`shared.kube.quantity`, bounded in digits and exponent, so a
+    selector's ``quantity("1e999999999")`` cannot eat the scheduler's memory)."""
+    return quantity.parse_quantity(text.strip())
 
 
 @total_ordering

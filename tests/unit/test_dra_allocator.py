@@ -481,3 +481,19 @@ def test_claims_are_the_dynamicresources_plugins_and_go_unchecked_where_a_shard_
     )
     bound = schedule(snap, NOW, without)
     assert [b.claims for p in bound.binds for b in p.bindings] == [()]
+
+
+@pytest.mark.parametrize("text", ["1e999999999", "9" * 5000, "NaN", "٣Gi", "-1e3000"])
+def test_a_hostile_quantity_in_a_selector_is_no_match_and_never_a_hang(text: str) -> None:
+    """`quantity()` reads through the project's one bounded quantity parser: a hostile amount never matches
+    a device, and a text no quantity can be is a CEL runtime error (the claim is not allocated, with the
+    error), at once."""
+    expression = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{text}")) >= 0'
+    assert _refusal(expression) is None  # it compiles: the text is only read when evaluated
+    problem, matched = "", False
+    try:
+        matched = dra_cel.matches(expression, dra_cel.activation(DRIVER, gpu(0)))
+    except dra_cel.CelError as exc:
+        problem = str(exc)
+    assert not matched
+    assert not problem or "runtime error" in problem
