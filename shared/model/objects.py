@@ -355,6 +355,16 @@ class SubGroupSet(msgspec.Struct, frozen=True):
         return sum(needs[: self.members_to_satisfy])
 
 
+class BindFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A podgroup's bind attempts that failed in a row (a bind step or the binding refused), as the binder
+    recorded them: the latest one's time (epoch seconds), how many, and why, in the step's words. The core
+    holds the podgroup until its back-off from `at` ends (`shared.core.bind_backoff`)."""
+
+    at: float
+    attempts: int = 1
+    reason: str = ""
+
+
 class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     """A gang-scheduled workload (KAI PodGroup): its queue, priority, preemptibility and pod sets."""
 
@@ -376,6 +386,8 @@ class PodGroup(msgspec.Struct, frozen=True, kw_only=True):
     root: SubGroupSet = SubGroupSet(name="root")
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     """The PodGroup's labels (the node-pool label puts it in a shard: `shared.core.node_pool`)."""
+    bind_failure: BindFailure | None = None
+    """Its latest bind attempts failed (`BindFailure`); None once a bind of it succeeds."""
     backed_off: bool = False
     """KAI's scheduling backoff has taken it off its node pool (``schedulingBackoff: 1`` and its latest
     ``UnschedulableOnNodePool`` condition names the pool it is in, `shared.kube.translate.podgroup_of`):
