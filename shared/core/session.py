@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shared.core import bind_backoff
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.dra_accounting import account as dra_accounting
 from shared.core.policy import Policy
@@ -142,6 +143,8 @@ class Session:
             float(self.cluster.alloc[CPU].sum()),
             float(self.cluster.alloc[MEM].sum()),
         ]
+        if not accounting_only:
+            bind_backoff.hold(self.jobs.values(), now)
         self._init_queue_usage()
         usage = {u.queue: (u.gpu, u.cpu, u.memory) for u in policy.queue_usage}
         set_fair_shares(self.queues, self.total, usage, policy.k_value)
@@ -308,8 +311,9 @@ class Session:
     def in_focus(self, job: JobState) -> bool:
         """Whether actions should try to place this job: all jobs, or the ones a placement worker was
         given (the rest of the cluster is still seen, as victims and as load); never one KAI's scheduling
-        backoff has taken off this node pool (`JobState.backed_off`: neither placed nor evicting)."""
-        if job.backed_off:
+        backoff has taken off this node pool (`JobState.backed_off`: neither placed nor evicting), nor one
+        whose bind back-off runs (`JobState.bind_retry_at`, `shared.core.bind_backoff`)."""
+        if job.backed_off or job.bind_retry_at is not None:
             return False
         return self.focus is None or job.key in self.focus
 

@@ -318,6 +318,8 @@ class JobState:
             self.tree.pod_sets.append(self.pod_sets[DEFAULT_POD_SET])
         self.backed_off = podgroup.backed_off
         """KAI's scheduling backoff has taken the podgroup off this node pool (`Session.in_focus`)."""
+        self.bind_retry_at: float | None = None
+        """Set while its bind back-off runs: when it may be tried again (`shared.core.bind_backoff.hold`)."""
         self.partial = False
         """A partial representative of a pending job (`shared.core.solver.jobs.partial_job`): its pods are
         collected without KAI's gang admission (KAI ``PartialTaskAllocation``)."""
