@@ -43,6 +43,7 @@ from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
 from shared.model.dra import ClaimHold, DraObject
+from shared.model.objects import BindFailure
 from shared.model.volumes import StorageObject
 
 VERSION = 1
@@ -300,6 +301,9 @@ class PodGroupStamps(_Msg, frozen=True, kw_only=True, tag="podgroup-stamps"):
     last_start: dict[str, float] = msgspec.field(default_factory=dict)
     last_eviction: dict[str, float] = msgspec.field(default_factory=dict)
     """Podgroup key -> when the binder evicted pods of it (the deciding session's time)."""
+    bind_failure: dict[str, BindFailure | None] = msgspec.field(default_factory=dict)
+    """Podgroup key -> its bind failures in a row after this proposal's refused bind (`shared.core.bind_backoff`
+    holds it in back-off), or None: a bind of it succeeded, the record is cleared."""
 
 
 class Outcome(_Msg, frozen=True, kw_only=True, tag="outcome"):
