@@ -25,11 +25,11 @@ Pure: no I/O (objects change through the cluster's store).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, random_suffix
-from tools.kubesim.store import Change
+from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["CHANNEL_CLASS", "CHANNEL_DRIVER", "GPU_DRIVER", "DraController", "has_claims", "unprepared"]
 
 Obj = dict[str, Any]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 GROUP = "resource.k8s.io"
 CLAIMS = f"{GROUP}/resourceclaims"
@@ -101,23 +103,138 @@ def _class(name: str, driver: str, extra: str = "") -> Obj:
 
 
 class DraController:
-    """The resourceclaim controller, the simulated drivers and the ComputeDomain controller of a cluster."""
+    """The resourceclaim controller, the simulated drivers and the ComputeDomain controller of a cluster.
+
+    Incremental, as kube-controller-manager's controllers are: the store's listeners queue what a change
+    may concern (a node for the driver, a ComputeDomain, a pod with claims, a claim), and `run_once` works
+    through the queues only. Indexes kept from the changes stand in for the scans: which pods exist and
+    which have finished, the claims each pod is among the users of, the pods waiting for a template.
+    """
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.dirty = True
+        self.nodes: dict[str, None] = {}
+        """Nodes whose slices to publish (when missing) at the next `run_once`."""
+        self.domains: dict[Key, None] = {}
+        self.pods: dict[Key, None] = {}
+        """Pods whose template entries to make claims for."""
+        self.claims: dict[Key, None] = {}
+        """Claims whose owners and users to check."""
+        self.classes_due = True
+        """Whether the driver's DeviceClasses may be missing (at start, and after one is deleted)."""
+        self._retry: dict[Key, None] = {}
+        """Pods a claim could not be made for: tried again after the next change of anything."""
+        self._live: dict[str, bool] = {}
+        """Pod uid -> whether the pod has not finished, for every pod."""
+        self._users: dict[Key, set[str]] = {}
+        """Claim -> uids of the pods its ``status.reservedFor`` names."""
+        self._reserving: dict[str, set[Key]] = {}
+        """Pod uid -> claims whose ``status.reservedFor`` names it."""
+        self._awaiting: dict[Key, set[Key]] = {}
+        """(namespace, template) -> pods with an entry naming that template, which does not exist yet."""
         store = cluster.store
-        for key in ("pods", "nodes", CLAIMS, TEMPLATES, COMPUTE_DOMAINS):
+        for key, listener in (
+            ("pods", self._pod_changed),
+            ("nodes", self._node_changed),
+            (CLAIMS, self._claim_changed),
+            (TEMPLATES, self._template_changed),
+            (COMPUTE_DOMAINS, self._domain_changed),
+            (SLICES, self._slice_changed),
+            (CLASSES, self._class_changed),
+        ):
             if key in store.storages:
-                store.storage(key).listeners.append(self._changed)
+                store.storage(key).listeners.append(listener)
+                # Start-up: what the store holds already is taken in as if it had just been written.
+                for obj in list(store.storage(key).iter()):
+                    listener(Change("ADDED", obj, None, 0))
 
-    def _changed(self, change: Change) -> None:  # noqa: ARG002 -- a store listener's signature
-        self.dirty = True
+    # --- the queues and indexes, from the store's changes ----------------------------------------------------
+    def _pod_changed(self, change: Change) -> None:
+        pod = change.obj
+        md = pod["metadata"]
+        uid = str(md.get("uid", ""))
+        key = (md.get("namespace", ""), md["name"])
+        self._touched()
+        if change.type == "DELETED":
+            self._live.pop(uid, None)
+            self.claims.update(dict.fromkeys(self._reserving.get(uid, ())))
+            for storage, ns, name in self.cluster.store.dependents.get(uid, ()):
+                if storage == CLAIMS:
+                    self.claims[ns, name] = None
+            return
+        live = (pod.get("status") or {}).get("phase") not in _DONE
+        if self._live.get(uid, True) and not live:
+            self.claims.update(dict.fromkeys(self._reserving.get(uid, ())))
+        self._live[uid] = live
+        if has_claims(pod) and not md.get("deletionTimestamp"):
+            self.pods[key] = None
 
+    def _claim_changed(self, change: Change) -> None:
+        md = change.obj["metadata"]
+        key = (md.get("namespace", ""), md["name"])
+        self._touched()
+        for uid in self._users.pop(key, ()):
+            _discard(self._reserving, uid, key)
+        if change.type == "DELETED":
+            return
+        users = {
+            str(u.get("uid"))
+            for u in (change.obj.get("status") or {}).get("reservedFor") or ()
+            if isinstance(u, dict) and u.get("resource") == "pods"
+        }
+        if users:
+            self._users[key] = users
+            for uid in users:
+                self._reserving.setdefault(uid, set()).add(key)
+        self.claims[key] = None
+
+    def _template_changed(self, change: Change) -> None:
+        md = change.obj["metadata"]
+        ns = md.get("namespace", "")
+        self._touched()
+        if change.type != "DELETED":
+            self.pods.update(dict.fromkeys(self._awaiting.pop((ns, md["name"]), ())))
+        elif COMPUTE_DOMAINS in self.cluster.store.storages:
+            # A domain's template deleted: the ComputeDomain controller makes it again.
+            for domain in self.cluster.store.storage(COMPUTE_DOMAINS).iter(ns):
+                self.domains[ns, domain["metadata"]["name"]] = None
+
+    def _domain_changed(self, change: Change) -> None:
+        md = change.obj["metadata"]
+        self._touched()
+        if change.type != "DELETED":
+            self.domains[md.get("namespace", ""), md["name"]] = None
+
+    def _node_changed(self, change: Change) -> None:
+        self._touched()
+        if change.type != "DELETED":
+            self.nodes[change.obj["metadata"]["name"]] = None
+
+    def _slice_changed(self, change: Change) -> None:
+        # A slice of the driver's deleted: the driver publishes it again.
+        node = (change.obj.get("spec") or {}).get("nodeName")
+        if change.type == "DELETED" and node:
+            self._touched()
+            self.nodes[str(node)] = None
+
+    def _class_changed(self, change: Change) -> None:
+        if change.type == "DELETED":
+            self._touched()
+            self.classes_due = True
+
+    def _touched(self) -> None:
+        """Something changed: the pods a claim could not be made for are tried again."""
+        if self._retry:
+            self.pods.update(self._retry)
+            self._retry = {}
+
+    # --- the work ---------------------------------------------------------------------------------------------
     def run_once(self) -> bool:
-        if not self.dirty or CLAIMS not in self.cluster.store.storages:
+        """Publish, make and release what the queued changes call for; True when something changed."""
+        if CLAIMS not in self.cluster.store.storages:
             return False
-        self.dirty = False
+        if not (self.classes_due or self.nodes or self.domains or self.pods or self.claims):
+            return False
         progressed = self._driver()
         progressed = self._compute_domains() or progressed
         progressed = self._claims_from_templates() or progressed
@@ -127,14 +244,21 @@ class DraController:
     def _driver(self) -> bool:
         store = self.cluster.store
         changed = False
-        for name, obj in (
-            (GPU_DRIVER, _class(GPU_DRIVER, GPU_DRIVER)),
-            (CHANNEL_CLASS, _class(CHANNEL_CLASS, CHANNEL_DRIVER)),
-        ):
-            if store.storage(CLASSES).get("", name) is None:
-                self._create(CLASSES, None, obj)
-                changed = True
-        for node in list(store.storage("nodes").iter()):
+        if self.classes_due:
+            self.classes_due = False
+            for name, obj in (
+                (GPU_DRIVER, _class(GPU_DRIVER, GPU_DRIVER)),
+                (CHANNEL_CLASS, _class(CHANNEL_CLASS, CHANNEL_DRIVER)),
+            ):
+                if store.storage(CLASSES).get("", name) is None:
+                    self._create(CLASSES, None, obj)
+                    changed = True
+        names, self.nodes = self.nodes, {}
+        nodes = store.storage("nodes")
+        for queued in names:
+            node = nodes.get("", queued)
+            if node is None:
+                continue
             md = node["metadata"]
             alloc = (node.get("status") or {}).get("allocatable") or {}
             try:
@@ -193,7 +317,12 @@ class DraController:
         if COMPUTE_DOMAINS not in store.storages:
             return False
         changed = False
-        for domain in list(store.storage(COMPUTE_DOMAINS).iter()):
+        keys, self.domains = self.domains, {}
+        domains = store.storage(COMPUTE_DOMAINS)
+        for domain_ns, domain_name in keys:
+            domain = domains.get(domain_ns, domain_name)
+            if domain is None:
+                continue
             md = domain["metadata"]
             ns = md.get("namespace", "")
             template = (
@@ -240,8 +369,11 @@ class DraController:
     def _claims_from_templates(self) -> bool:
         store = self.cluster.store
         changed = False
-        for pod in list(store.storage("pods").iter()):
-            if not has_claims(pod) or pod["metadata"].get("deletionTimestamp"):
+        keys, self.pods = self.pods, {}
+        pods = store.storage("pods")
+        for pod_ns, pod_name in keys:
+            pod = pods.get(pod_ns, pod_name)
+            if pod is None or not has_claims(pod) or pod["metadata"].get("deletionTimestamp"):
                 continue
             md = pod["metadata"]
             ns = md.get("namespace", "")
@@ -254,6 +386,7 @@ class DraController:
                     continue
                 template = store.storage(TEMPLATES).get(ns, template_name)
                 if template is None:
+                    self._awaiting.setdefault((ns, str(template_name)), set()).add((ns, md["name"]))
                     continue
                 name = f"{md['name']}-{entry.get('name', '')}-{random_suffix(self.cluster.rng)}"
                 owner = {
@@ -276,6 +409,7 @@ class DraController:
                     "spec": clone((template.get("spec") or {}).get("spec") or {}),
                 }
                 if self._create(CLAIMS, ns, claim) is None:
+                    self._retry[ns, md["name"]] = None
                     continue
                 statuses.append({"name": entry.get("name"), "resourceClaimName": name})
                 added = True
@@ -287,24 +421,25 @@ class DraController:
         return changed
 
     def _release(self) -> bool:
+        """Delete the claims made for pods that are gone; drop from each queued claim's users the pods that
+        are gone or finished, and its allocation with the last of them."""
         store = self.cluster.store
-        live = {
-            p["metadata"].get("uid")
-            for p in store.storage("pods").iter()
-            if (p.get("status") or {}).get("phase") not in _DONE
-        }
-        known = {p["metadata"].get("uid") for p in store.storage("pods").iter()}
+        keys, self.claims = self.claims, {}
+        claims = store.storage(CLAIMS)
         changed = False
-        for claim in list(store.storage(CLAIMS).iter()):
+        for claim_ns, claim_name in keys:
+            claim = claims.get(claim_ns, claim_name)
+            if claim is None:
+                continue
             md = claim["metadata"]
             owners = [o for o in md.get("ownerReferences") or () if o.get("kind") == "Pod"]
-            if owners and all(o.get("uid") not in known for o in owners):
+            if owners and all(o.get("uid") not in self._live for o in owners):
                 store.remove(CLAIMS, md.get("namespace", ""), md["name"])
                 changed = True
                 continue
             status = claim.get("status") or {}
             users = status.get("reservedFor") or []
-            left = [u for u in users if u.get("resource") != "pods" or u.get("uid") in live]
+            left = [u for u in users if u.get("resource") != "pods" or self._live.get(u.get("uid"), False)]
             if len(left) == len(users):
                 continue
             updated = clone(claim)
@@ -321,3 +456,11 @@ class DraController:
             return self.cluster.create(self.cluster.type_of(key), namespace, obj)
         except ApiError:
             return None
+
+
+def _discard(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]

@@ -26,11 +26,12 @@ Pure: no I/O (objects change through the cluster's store).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, rfc3339
-from tools.kubesim.store import Change
+from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 Obj = dict[str, Any]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 CLAIMS = "persistentvolumeclaims"
 VOLUMES = "persistentvolumes"
@@ -123,59 +126,191 @@ def _selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
     return True
 
 
+def _unbound(claim: Obj) -> bool:
+    """Whether the volume controller still has work on the claim: not being deleted, not bound yet."""
+    if claim["metadata"].get("deletionTimestamp"):
+        return False
+    named = (claim.get("spec") or {}).get("volumeName")
+    return not (named and (claim["metadata"].get("annotations") or {}).get(BIND_COMPLETED))
+
+
+def _claim_ref(pv: Obj | None) -> Key | None:
+    """The (namespace, name) of the claim a volume's ``claimRef`` names, None without one."""
+    ref = ((pv or {}).get("spec") or {}).get("claimRef")
+    if not ref:
+        return None
+    return (str(ref.get("namespace") or ""), str(ref.get("name") or ""))
+
+
+def _available(pv: Obj) -> bool:
+    return (
+        not (pv.get("spec") or {}).get("claimRef")
+        and (pv.get("status") or {}).get("phase", "Available") == "Available"
+    )
+
+
+def _volume_class(pv: Obj) -> str:
+    return str((pv.get("spec") or {}).get("storageClassName") or "")
+
+
+def _discard(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
+
+
 class StorageController:
-    """The volume controller, the CSI provisioner and the CSINode objects of one cluster."""
+    """The volume controller, the CSI provisioner and the CSINode objects of one cluster.
+
+    Incremental, as kube-controller-manager's controllers are: the store's listeners put the claims a
+    change may concern on `queue` (the claim itself; for a volume, the claim its ``claimRef`` names, the
+    claims whose ``spec.volumeName`` names it and, when it is Available, the unbound claims of its class
+    that an Immediate class lets bind to it; for a class, its unbound claims), and `run_once` syncs those
+    only. Indexes kept from the changes stand in for the scans: the unbound claims by class and by the
+    volume they name, the volumes by the claim their ``claimRef`` names, the Available volumes by class.
+    """
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.dirty = True
+        self.queue: dict[Key, None] = {}
+        """Claims to sync at the next `run_once`, in the order their changes came."""
+        self._unbound: dict[Key, tuple[str, str]] = {}
+        """Claims not deleted and not yet bound -> (their class, the volume their spec names or "")."""
+        self._unbound_by_class: dict[str, set[Key]] = {}
+        self._naming: dict[str, set[Key]] = {}
+        """Volume name -> unbound claims whose ``spec.volumeName`` names it."""
+        self._referring: dict[Key, set[str]] = {}
+        """Claim (namespace, name) -> volumes whose ``claimRef`` names it."""
+        self._available: dict[str, set[str]] = {}
+        """Class -> volumes without a ``claimRef``, phase Available."""
         store = cluster.store
-        for key in (CLAIMS, VOLUMES, CLASSES):
-            store.storage(key).listeners.append(self._changed)
+        store.storage(CLAIMS).listeners.append(self._claim_changed)
+        store.storage(VOLUMES).listeners.append(self._volume_changed)
+        store.storage(CLASSES).listeners.append(self._class_changed)
         store.storage("nodes").listeners.append(self._node_changed)
+        # Start-up: whatever the store holds already is indexed and synced once.
+        for pv in store.storage(VOLUMES).iter():
+            self._index_volume(pv)
+        for claim in store.storage(CLAIMS).iter():
+            self._index_claim(claim)
 
-    def _changed(self, change: Change) -> None:  # noqa: ARG002 -- a store listener's signature
-        self.dirty = True
+    # --- the indexes, from the store's changes -----------------------------------------------------------
+    def _claim_changed(self, change: Change) -> None:
+        md = change.obj["metadata"]
+        key = (md.get("namespace", ""), md["name"])
+        self._forget_claim(key)
+        if change.type != "DELETED":
+            self._index_claim(change.obj)
+
+    def _index_claim(self, claim: Obj) -> None:
+        md = claim["metadata"]
+        if not _unbound(claim):
+            return
+        key = (md.get("namespace", ""), md["name"])
+        class_name = _class_of(claim)
+        named = str((claim.get("spec") or {}).get("volumeName") or "")
+        self._unbound[key] = (class_name, named)
+        self._unbound_by_class.setdefault(class_name, set()).add(key)
+        if named:
+            self._naming.setdefault(named, set()).add(key)
+        self.queue[key] = None
+
+    def _forget_claim(self, key: Key) -> None:
+        entry = self._unbound.pop(key, None)
+        if entry is None:
+            return
+        class_name, named = entry
+        _discard(self._unbound_by_class, class_name, key)
+        if named:
+            _discard(self._naming, named, key)
+
+    def _volume_changed(self, change: Change) -> None:
+        old = change.old if change.type == "MODIFIED" else change.obj if change.type == "DELETED" else None
+        new = None if change.type == "DELETED" else change.obj
+        if old is not None:
+            self._unindex_volume(old)
+        if new is not None:
+            self._index_volume(new)
+        for pv in (old, new):
+            ref = _claim_ref(pv)
+            if ref is not None and ref in self._unbound:
+                self.queue[ref] = None
+        name = change.obj["metadata"]["name"]
+        for key in self._naming.get(name, ()):
+            self.queue[key] = None
+        if new is not None and _available(new):
+            class_name = _volume_class(new)
+            waiting = self._unbound_by_class.get(class_name)
+            if waiting and self._binding_mode(class_name) == "Immediate":
+                for key in waiting:
+                    self.queue[key] = None
+
+    def _index_volume(self, pv: Obj) -> None:
+        name = pv["metadata"]["name"]
+        ref = _claim_ref(pv)
+        if ref is not None:
+            self._referring.setdefault(ref, set()).add(name)
+        if _available(pv):
+            self._available.setdefault(_volume_class(pv), set()).add(name)
+
+    def _unindex_volume(self, pv: Obj) -> None:
+        name = pv["metadata"]["name"]
+        ref = _claim_ref(pv)
+        if ref is not None:
+            _discard(self._referring, ref, name)
+        _discard(self._available, _volume_class(pv), name)
+
+    def _class_changed(self, change: Change) -> None:
+        for key in self._unbound_by_class.get(change.obj["metadata"]["name"], ()):
+            self.queue[key] = None
 
     def _node_changed(self, change: Change) -> None:
         if change.type == "ADDED":
             self._csi_node(change.obj)
 
+    def _binding_mode(self, class_name: str) -> str:
+        """A class's volumeBindingMode; Immediate for a claim of no class or of one the cluster lacks."""
+        storage_class = self.cluster.store.storage(CLASSES).get("", class_name) if class_name else None
+        return str((storage_class or {}).get("volumeBindingMode") or "Immediate")
+
+    # --- the work ---------------------------------------------------------------------------------------------
     def run_once(self) -> bool:
-        """Bind and provision what can be; True when something changed."""
-        if not self.dirty:
+        """Bind and provision what can be of the queued claims; True when something changed."""
+        if not self.queue:
             return False
-        self.dirty = False
+        batch, self.queue = self.queue, {}
+        claims = self.cluster.store.storage(CLAIMS)
         progressed = False
-        store = self.cluster.store
-        classes = {c["metadata"]["name"]: c for c in store.storage(CLASSES).iter()}
-        for claim in list(store.storage(CLAIMS).iter()):
-            if claim["metadata"].get("deletionTimestamp"):
+        for ns, name in batch:
+            claim = claims.get(ns, name)
+            if claim is None or not _unbound(claim):
                 continue
-            spec = claim.get("spec") or {}
-            if spec.get("volumeName") and (claim["metadata"].get("annotations") or {}).get(BIND_COMPLETED):
-                continue
-            progressed = self._sync(claim, classes) or progressed
+            progressed = self._sync(claim) or progressed
         return progressed
 
     # --- the volume controller ------------------------------------------------------------------------------
-    def _sync(self, claim: Obj, classes: dict[str, Obj]) -> bool:
-        volumes = list(self.cluster.store.storage(VOLUMES).iter())
+    def _sync(self, claim: Obj) -> bool:
+        store = self.cluster.store
+        volumes = store.storage(VOLUMES)
         md = claim["metadata"]
         key = (md.get("namespace", ""), md["name"])
+        for pv_name in sorted(self._referring.get(key, ())):
+            pv = volumes.get("", pv_name)
+            ref = ((pv or {}).get("spec") or {}).get("claimRef") or {}
+            if pv is not None and ref.get("uid", md.get("uid")) == md.get("uid"):
+                return self._bind(claim, pv)
         named = (claim.get("spec") or {}).get("volumeName")
-        for pv in volumes:
-            ref = (pv.get("spec") or {}).get("claimRef") or {}
-            if (ref.get("namespace"), ref.get("name")) == key and ref.get("uid", md.get("uid")) == md.get(
-                "uid"
-            ):
+        if named:
+            pv = volumes.get("", str(named))
+            if pv is not None and not (pv.get("spec") or {}).get("claimRef"):
                 return self._bind(claim, pv)
-            if named and pv["metadata"]["name"] == named and not ref:
-                return self._bind(claim, pv)
-        storage_class = classes.get(_class_of(claim))
+        class_name = _class_of(claim)
+        storage_class = store.storage(CLASSES).get("", class_name) if class_name else None
         mode = (storage_class or {}).get("volumeBindingMode") or "Immediate"
         if mode == "Immediate":
-            match = self._matching(claim, volumes)
+            match = self._matching(claim, self._available.get(class_name, ()))
             if match is not None:
                 return self._bind(claim, match)
         if storage_class is None or storage_class.get("provisioner") != DRIVER:
@@ -188,23 +323,25 @@ class StorageController:
         made = self._provision(claim, storage_class, selected)
         return made is not None and self._bind(claim, made)
 
-    def _matching(self, claim: Obj, volumes: list[Obj]) -> Obj | None:
+    def _matching(self, claim: Obj, names: Iterable[str]) -> Obj | None:
+        """The smallest of the Available volumes `names` of the claim's class that has room, its access
+        modes and labels its selector matches (the name breaks ties)."""
         spec = claim.get("spec") or {}
         wanted = set(spec.get("accessModes") or ())
         request = _bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
+        volumes = self.cluster.store.storage(VOLUMES)
         fits = []
-        for pv in volumes:
+        for name in names:
+            pv = volumes.get("", name)
+            if pv is None or not _available(pv) or _volume_class(pv) != _class_of(claim):
+                continue
             pv_spec = pv.get("spec") or {}
-            if pv_spec.get("claimRef") or (pv.get("status") or {}).get("phase", "Available") != "Available":
-                continue
-            if (pv_spec.get("storageClassName") or "") != _class_of(claim):
-                continue
             size = _bytes((pv_spec.get("capacity") or {}).get("storage"))
             if size < request or not wanted <= set(pv_spec.get("accessModes") or ()):
                 continue
             if not _selector_matches(spec.get("selector"), pv["metadata"].get("labels") or {}):
                 continue
-            fits.append((size, pv["metadata"]["name"], pv))
+            fits.append((size, name, pv))
         return min(fits, key=lambda f: (f[0], f[1]))[2] if fits else None
 
     def _bind(self, claim: Obj, pv: Obj) -> bool:
