@@ -41,6 +41,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
 from shared.bus.kv import KvStore
+from shared.bus.operations import counting
 from shared.contracts import subjects as s
 from shared.errors import ConfigError, TemporaryError
 from shared.security.permissions import declares, inbox_prefix
@@ -411,6 +412,8 @@ async def connect(
             await asyncio.sleep(0.2)
     if nc is None:
         raise TemporaryError(f"cannot connect to NATS at {redact_url(url)}: {redact_url(str(last))}")
+    # Every message this client sends is counted by what it is for (`shared.bus.operations`).
+    nc.publish = counting(nc.publish)  # type: ignore[method-assign,assignment]
     js = nc.jetstream()
     create = declares(auth.identity(url))
     try:

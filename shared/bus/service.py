@@ -1,9 +1,9 @@
 """The service runner: configuration, connection, heartbeats, graceful shutdown on SIGTERM.
 
 `main(service, argv, body)` parses flags and environment into a `ServiceConfig` (errors name the field),
-connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and answers health requests),
-and runs `body(ctx)` until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work
-and returns, and the connection is drained. Each service's `service.py` is a thin `body`. With
+connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and answers health requests, with
+the messages the process sent to NATS counted in the answer: `shared.bus.operations`), and runs `body(ctx)`
+until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work and returns, and the connection is drained. Each service's `service.py` is a thin `body`. With
 `--health-port` (env KAIROS_HEALTH_PORT) it also serves `/healthz` and `/readyz` over HTTP for Kubernetes
 probes (`shared.bus.health_http`), and `/metrics` for Prometheus from the process's own registry
 (`ctx.metrics`, `shared.telemetry.metrics`).
@@ -32,6 +32,7 @@ from shared import memory_release
 from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
+from shared.bus.operations import OperationsCollector, as_counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
@@ -176,13 +177,18 @@ class ServiceContext:
         `detail`."""
         return self.describe() if self.describe is not None else self.detail
 
-    def heartbeat(self) -> Heartbeat:
+    def heartbeat(self, *, operations: bool = False) -> Heartbeat:
+        """The replica's state; with `operations`, its counters also hold the messages the process sent to
+        NATS (`shared.bus.operations.as_counters`), as a health request's answer does."""
+        counters = dict(self.counters)
+        if operations:
+            counters.update(as_counters())
         return Heartbeat(
             service=self.service,
             replica=self.config.replica,
             ready=self.ready,
             detail=self.current_detail(),
-            counters=dict(self.counters),
+            counters=counters,
         )
 
 
@@ -245,6 +251,7 @@ async def _serve(
         replicas=config.nats_replicas,
     )
     ctx = ServiceContext(service, config, bus, metrics=metrics)
+    metrics.registry.register(OperationsCollector())
     probes.target = ctx
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -254,7 +261,7 @@ async def _serve(
     async def answer(msg: object) -> None:
         reply = getattr(msg, "reply", "")
         if reply:
-            await bus.nc.publish(reply, encode(ctx.heartbeat()))
+            await bus.nc.publish(reply, encode(ctx.heartbeat(operations=True)))
 
     sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
     beats = asyncio.create_task(_heartbeats(ctx))

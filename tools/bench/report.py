@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from tools.bench.calls import Calls
 from tools.bench.measure import Sampled
 
 __all__ = [
@@ -102,6 +103,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     """(seconds since the first creation, pods/s) per bin."""
     profiles: list[str] = msgspec.field(default_factory=list)
     """Bus with `--profile`: one line per profiled process, `name: file` (or why it has none)."""
+    calls: Calls | None = None
+    """Bus: the Kubernetes API calls and NATS messages of the measured phase, per bound pod
+    (`tools.bench.calls`)."""
     note: str = ""
 
 

@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,10 @@ class KubeSim:
         twice would show two; the chaos checker reads it through `GET /kubesim/bindings`."""
         self.binding_refusals: dict[str, int] = {}
         """pods/binding calls refused (409: the pod already had a node), per pod."""
+        self.requests: Counter[tuple[str, str, str, int]] = Counter()
+        """Every resource request served, by (client, verb, resource, status class): the client is the
+        first word of its User-Agent, the resource a plural or `plural/subresource`, the status class its
+        hundreds (2 for 201). Read through `GET /kubesim/requests` (the bench's calls per pod)."""
         self.webhooks = Webhooks(self.cluster.store)
         """The admission chain: the webhook configurations stored in the cluster, called per write."""
         self.cluster.defer_creates = self.webhooks.configured
@@ -440,14 +445,33 @@ class KubeSim:
         self, request: web.BaseRequest, group: str, version: str, rest: list[str]
     ) -> web.StreamResponse:
         req = self._parse(group, version, rest)
+        rt, name, sub = req.rt, req.name, req.subresource
+        watching = name is None and _truthy(request.query.get("watch"))
+        verb = verb_of(request.method, name, watching)
+        resource = f"{rt.plural}/{sub}" if sub else rt.plural
+        status = 500
+        try:
+            response = await self._serve(request, req, verb, resource, watching)
+        except ApiError as exc:
+            status = exc.code
+            raise
+        else:
+            status = response.status
+            return response
+        finally:
+            client = request.headers.get("User-Agent", "").partition("/")[0] or "unknown"
+            self.requests[(client, verb, resource, status // 100)] += 1
+
+    async def _serve(
+        self, request: web.BaseRequest, req: _Request, verb: str, resource: str, watching: bool
+    ) -> web.StreamResponse:
         rt, ns, name, sub = req.rt, req.namespace, req.name, req.subresource
         cluster = self.cluster
         query = request.query
         method = request.method
-        watching = name is None and _truthy(query.get("watch"))
         fault = self.faults.pick(
-            verb_of(method, name, watching),
-            f"{rt.plural}/{sub}" if sub else rt.plural,
+            verb,
+            resource,
             resume=watching and query.get("resourceVersion") not in (None, "", "0"),
         )
         if fault is not None:
@@ -761,6 +785,7 @@ class KubeSim:
     async def _admin(self, request: web.BaseRequest, parts: list[str]) -> web.StreamResponse:
         """`/kubesim/faults` (GET: plan and counts; POST: replace the plan), `/kubesim/faults/drop-watches`
         (POST, `?resource=pods`), `/kubesim/bindings` (GET: accepted and refused pods/binding calls),
+        `/kubesim/requests` (GET: the resource requests served, by client, verb, resource and status),
         `/kubesim/v1/nodes/{node}/devices` (GET: the node's devices and what running containers see)."""
         method = request.method
         if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "devices" and method == "GET":
@@ -784,7 +809,17 @@ class KubeSim:
             return _respond({"dropped": dropped})
         if parts == ["bindings"] and method == "GET":
             return _respond({"bindings": self.bindings, "refused": self.binding_refusals})
+        if parts == ["requests"] and method == "GET":
+            return _respond({"requests": self.request_counts()})
         raise ApiError(404, "NotFound", f"no admin endpoint {method} /kubesim/{'/'.join(parts)}")
+
+    def request_counts(self) -> list[dict[str, Any]]:
+        """The resource requests served so far (`requests`), one entry per (client, verb, resource,
+        status class), most frequent first."""
+        return [
+            {"client": client, "verb": verb, "resource": resource, "status": f"{status}xx", "count": n}
+            for (client, verb, resource, status), n in self.requests.most_common()
+        ]
 
     # --- watch ------------------------------------------------------------------------------------------------
     async def _watch(self, request: web.BaseRequest, rt: ResourceType, ns: str | None) -> web.StreamResponse:

@@ -1,0 +1,117 @@
+"""The bench's calls per pod, from their two sources: the simulated API server's count of the requests it
+serves (`GET /kubesim/requests`), and a service replica's answer to a health request, which counts the
+messages its process sent to NATS (`shared.bus.operations`); `tools.bench.calls.CallCounter` reads both
+before and after and reports the difference per pod."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from shared.bus.connection import Bus
+from shared.bus.service import ServiceConfig, ServiceContext, serve
+from shared.model import Node
+from tests.integration.kube_session import kubesim
+from tools.bench.calls import CallCounter, calls_table
+from tools.kubesim.server import KubeSim
+from tools.stack.nats_server import NatsServer
+
+pytestmark = pytest.mark.integration
+
+NODES: list[Node] = []
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "p"},
+    "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+}
+
+
+@pytest.fixture
+async def http(sim: KubeSim) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=sim.url) as session:
+        yield session
+
+
+async def _post(http: aiohttp.ClientSession, path: str, obj: dict[str, object]) -> int:
+    async with http.post(path, data=json.dumps(obj), headers={"Content-Type": "application/json"}) as r:
+        await r.read()
+        return r.status
+
+
+async def test_kubesim_counts_each_request_by_client_verb_resource_and_status(
+    sim: KubeSim, http: aiohttp.ClientSession
+) -> None:
+    assert await _post(http, "/api/v1/namespaces/default/pods", POD) == 201
+    async with http.get("/api/v1/namespaces/default/pods/missing") as r:
+        assert r.status == 404
+    async with http.get("/api/v1/namespaces/default/pods/p") as r:
+        assert r.status == 200
+    async with http.get("/kubesim/requests") as r:
+        rows = (await r.json())["requests"]
+    counts = {(row["verb"], row["resource"], row["status"]): row["count"] for row in rows}
+    assert counts == {("create", "pods", "2xx"): 1, ("get", "pods", "4xx"): 1, ("get", "pods", "2xx"): 1}
+    assert {row["client"] for row in rows} == {"Python"}  # aiohttp's User-Agent
+
+
+async def _serving(nats_server: NatsServer, stop: asyncio.Event, tmp_path: Path) -> asyncio.Task[None]:
+    config = ServiceConfig(nats_url=nats_server.url, replica="r1", health_interval=0.2)
+
+    async def body(ctx: ServiceContext) -> None:
+        ctx.ready = True
+        await stop.wait()
+        # What the service does between the counter's start and stop: two KV writes and a read.
+        await ctx.bus.state.put("bench.a", b"1")
+        await ctx.bus.state.put("bench.b", b"2")
+        await ctx.bus.state.get("bench.a")
+        await ctx.stopping.wait()
+
+    return asyncio.create_task(serve("state", config, body))
+
+
+async def test_the_counter_reports_a_phase_s_api_calls_and_nats_messages_per_pod(
+    sim: KubeSim, http: aiohttp.ClientSession, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    go = asyncio.Event()
+    service = await _serving(nats_server, go, tmp_path)
+    try:
+        counter = CallCounter(bus, http, {"state": 1})
+        await counter.start()
+        assert counter.seen == {"state": {"r1"}}
+        for i in range(2):
+            pod = {**POD, "metadata": {"name": f"p{i}"}}
+            assert await _post(http, "/api/v1/namespaces/default/pods", pod) == 201
+        go.set()
+        await asyncio.sleep(0.5)
+        calls = await counter.stop(2)
+    finally:
+        await bus.nc.request("kairos.health.state.r1", b"", timeout=5)  # still up
+        service.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await service
+    assert [(c.verb, c.resource, c.count, c.per_pod) for c in calls.api] == [("create", "pods", 2, 1.0)]
+    ops = {(o.service, o.family, o.operation): o.count for o in calls.bus}
+    assert ops[("state", "kv.kairos_state", "put")] == 2
+    assert ops[("state", "kv.kairos_state", "get")] == 1
+    assert calls.missing == []
+    lines = calls_table(calls)
+    assert lines[0] == "Kubernetes API calls per bound pod (2 pods):"
+    assert any("kv.kairos_state" in line and "put" in line for line in lines)
+
+
+async def test_a_replica_that_never_beats_is_reported_missing_not_counted(
+    tmp_path: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    async with kubesim(tmp_path) as server, aiohttp.ClientSession(base_url=server.url) as session:
+        counter = CallCounter(bus, session, {"binder": 1})
+        counter_discovery = asyncio.create_task(counter.start())
+        # Not waiting the whole discovery time: the counter gives up on its own after DISCOVERY_S.
+        await asyncio.wait_for(counter_discovery, 15)
+        calls = await counter.stop(0)
+    assert calls.missing == ["binder"]
+    assert calls.bus == []

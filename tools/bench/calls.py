@@ -1,0 +1,268 @@
+"""Calls per pod over the bus: the Kubernetes API requests the simulated API server served and the messages
+each service sent to NATS during a measured phase, each per bound pod and with what it is for.
+
+Who calls it: `tools.bench.bus` starts a `CallCounter` just before its measured phase and stops it just
+after, which adds `Record.calls`. The API side is kubesim's own count of the requests it serves (`GET
+/kubesim/requests`, by client, verb, resource and status class); the NATS side is each service replica's
+answer to a health request, whose counters hold what `shared.bus.operations` counted in that process (by KV
+bucket, subject family, acknowledged stream or JetStream API, and operation). Both are read before and after
+and subtracted, so the set-up and the stack's start are left out.
+
+`python -m tools.bench.calls REPORT.json` prints the tables of a written report (`calls_table`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shared.bus.operations import parse_counters
+from shared.contracts import subjects as s
+from shared.contracts.messages import Heartbeat
+
+__all__ = ["API_PURPOSES", "BUS_PURPOSES", "ApiCalls", "BusOperations", "CallCounter", "Calls", "calls_table"]
+
+DISCOVERY_S = 10.0
+"""How long the counter waits for a heartbeat from every replica it expects before it counts without the
+missing ones (and says so in `Calls.missing`)."""
+REQUEST_TIMEOUT_S = 5.0
+
+API_PURPOSES: dict[tuple[str, str], str] = {
+    ("create", "pods"): "the workload's pods (the benchmark)",
+    ("create", "podgroups"): "the workload's PodGroups (the benchmark)",
+    ("create", "pods/binding"): "binder: binding a pod to its node",
+    ("patch", "pods/status"): "state: a pod's conditions (PodScheduled) written back",
+    ("patch", "pods"): "state: a pod's labels or annotations (pod-grouper, binder's bind request)",
+    ("create", "events"): "state: a Kubernetes Event (Scheduled, Unschedulable, ...)",
+    ("patch", "events"): "state: an Event seen again (its count raised)",
+    ("patch", "podgroups/status"): "state: a PodGroup's status (phase, conditions) written back",
+    ("patch", "podgroups"): "state: a PodGroup's labels or annotations",
+    ("get", "podgroups"): "state's admission webhook: the pod's PodGroup",
+    ("get", "pods"): "one pod read",
+    ("list", "pods"): "pods listed (pod-grouper, informer resync)",
+    ("create", "bindrequests"): "binder: the BindRequest of a pod",
+    ("patch", "bindrequests/status"): "binder: a BindRequest's status",
+    ("watch", "pods"): "a watch of pods (re)opened",
+}
+"""What each kind of API call is for, as far as Kairos makes it (kubesim's own controllers and the
+benchmark's creates are the rest)."""
+
+BUS_PURPOSES: dict[tuple[str, str], str] = {
+    ("kv.kairos_state", "put"): "state: a pod, podgroup, node or queue record written to the state bucket",
+    ("kv.kairos_state", "update"): "a compare-and-set write of a state record (binder's node claim)",
+    ("kv.kairos_state", "delete"): "a state record removed (a pod gone)",
+    ("kv.kairos_state", "get"): "one state record read",
+    ("kv.kairos_ledger", "update"): "binder: a node's ledger compare-and-set",
+    ("kv.kairos_ledger", "get"): "binder: a node's ledger read",
+    ("kv.kairos_leases", "update"): "a lease renewed",
+    ("kairos.work", "request"): "queue: a work item (JetStream publish) for placement",
+    ("kairos.proposals", "request"): "placement: a bind proposal (JetStream publish) for the binder",
+    ("kairos.outcomes", "request"): "binder: a proposal's outcome (JetStream publish)",
+    ("kairos.stamps", "publish"): "binder: the stamps of bound pods for the state service",
+    ("reply", "publish"): "a reply to a request (health, why, cluster calls)",
+    ("jetstream.api", "CONSUMER.MSG"): "a pull consumer's fetch",
+    ("jetstream.api", "CONSUMER.INFO"): "a consumer's info read",
+}
+"""What each kind of NATS message is for; an acknowledgement (`ack.<stream>`) is a consumer's of that
+stream's messages."""
+
+
+class ApiCalls(msgspec.Struct, kw_only=True, frozen=True):
+    """Kubernetes API requests of one kind during the measured phase."""
+
+    client: str
+    """The first word of the User-Agent (`OpenAPI-Generator`: kubernetes-asyncio, the services; `Python`:
+    aiohttp, the benchmark; `kubesim`: its own controllers, none of which go over HTTP)."""
+    verb: str
+    resource: str
+    """A plural, or `plural/subresource`."""
+    status: str
+    """The answers' status class: `2xx`, `4xx`, `5xx`."""
+    count: int
+    per_pod: float
+    purpose: str = ""
+
+
+class BusOperations(msgspec.Struct, kw_only=True, frozen=True):
+    """Messages of one kind one service sent to NATS during the measured phase (its replicas summed)."""
+
+    service: str
+    family: str
+    operation: str
+    count: int
+    per_pod: float
+    purpose: str = ""
+
+
+class Calls(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A measured phase's calls; `per_pod` is over `pods` bound measured pods."""
+
+    pods: int
+    api: list[ApiCalls] = msgspec.field(default_factory=list)
+    bus: list[BusOperations] = msgspec.field(default_factory=list)
+    missing: list[str] = msgspec.field(default_factory=list)
+    """Services whose replicas did not all answer (their operations are not counted)."""
+
+
+class _Requests(msgspec.Struct):
+    requests: list[dict[str, Any]]
+
+
+_HEARTBEAT = msgspec.msgpack.Decoder(Heartbeat)
+ApiKey = tuple[str, str, str, str]
+BusKey = tuple[str, str, str]
+
+
+class CallCounter:
+    """Counts between `start()` and `stop(pods)`; see the module docstring."""
+
+    def __init__(self, bus: Any, http: Any, replicas: Mapping[str, int]) -> None:
+        self.bus = bus
+        """A `shared.bus.connection.Bus` (its `nc` asks the replicas)."""
+        self.http = http
+        """An aiohttp session whose base URL is the simulated API server."""
+        self.replicas = dict(replicas)
+        self.seen: dict[str, set[str]] = {}
+        """Service -> replica ids whose heartbeats arrived."""
+        self._api: Counter[ApiKey] = Counter()
+        self._bus: Counter[BusKey] = Counter()
+        self.missing: list[str] = []
+
+    async def start(self) -> None:
+        await self._discover()
+        self._api = await self._api_counts()
+        self._bus = await self._bus_counts()
+
+    async def stop(self, pods: int) -> Calls:
+        api = await self._api_counts()
+        ops = await self._bus_counts()
+        api.subtract(self._api)
+        ops.subtract(self._bus)
+        per = max(pods, 1)
+        return Calls(
+            pods=pods,
+            api=[
+                ApiCalls(
+                    client=client,
+                    verb=verb,
+                    resource=resource,
+                    status=status,
+                    count=n,
+                    per_pod=round(n / per, 3),
+                    purpose=API_PURPOSES.get((verb, resource), ""),
+                )
+                for (client, verb, resource, status), n in api.most_common()
+                if n > 0
+            ],
+            bus=[
+                BusOperations(
+                    service=service,
+                    family=family,
+                    operation=op,
+                    count=n,
+                    per_pod=round(n / per, 3),
+                    purpose=_bus_purpose(family, op),
+                )
+                for (service, family, op), n in sorted(ops.items(), key=lambda kv: (kv[0][0], -kv[1]))
+                if n > 0
+            ],
+            missing=sorted(self.missing),
+        )
+
+    async def _discover(self) -> None:
+        """Wait for a heartbeat from every expected replica (up to `DISCOVERY_S`)."""
+        complete = asyncio.Event()
+
+        async def on_beat(msg: Any) -> None:
+            try:
+                beat = _HEARTBEAT.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return
+            self.seen.setdefault(beat.service, set()).add(beat.replica)
+            if all(len(self.seen.get(svc, ())) >= n for svc, n in self.replicas.items()):
+                complete.set()
+
+        sub = await self.bus.nc.subscribe(s.HEALTH_WILDCARD, cb=on_beat)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(complete.wait(), DISCOVERY_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self.missing = [svc for svc, n in self.replicas.items() if len(self.seen.get(svc, ())) < n]
+
+    async def _api_counts(self) -> Counter[ApiKey]:
+        async with self.http.get("/kubesim/requests") as resp:
+            body = msgspec.json.decode(await resp.read(), type=_Requests)
+        out: Counter[ApiKey] = Counter()
+        for row in body.requests:
+            out[(row["client"], row["verb"], row["resource"], row["status"])] += int(row["count"])
+        return out
+
+    async def _bus_counts(self) -> Counter[BusKey]:
+        out: Counter[BusKey] = Counter()
+        for service, replicas in sorted(self.seen.items()):
+            if service not in self.replicas or service in self.missing:
+                continue
+            for replica in sorted(replicas):
+                try:
+                    msg = await self.bus.nc.request(
+                        s.health(service, replica), b"", timeout=REQUEST_TIMEOUT_S
+                    )
+                    beat = _HEARTBEAT.decode(msg.data)
+                except Exception:  # noqa: BLE001 -- a replica gone is reported, the run goes on
+                    self.missing.append(service)
+                    break
+                for (family, op), n in parse_counters(beat.counters).items():
+                    out[(service, family, op)] += n
+        return out
+
+
+def _bus_purpose(family: str, op: str) -> str:
+    if family.startswith("ack."):
+        return f"a consumer's {op} of a message of stream {family[4:]}"
+    return BUS_PURPOSES.get((family, op), "")
+
+
+def calls_table(calls: Calls) -> list[str]:
+    """The tables `kairos bench` prints: API calls, then NATS messages per service, per bound pod."""
+    lines = [f"Kubernetes API calls per bound pod ({calls.pods:,} pods):"]
+    lines += [
+        f"  {c.per_pod:>8.3f}  {c.verb:<7} {c.resource:<24} {c.status:<4} {c.client:<18} {c.purpose}"
+        for c in calls.api
+    ]
+    lines.append("NATS messages sent per bound pod, per service:")
+    lines += [
+        f"  {o.per_pod:>8.3f}  {o.service:<10} {o.family:<28} {o.operation:<16} {o.purpose}"
+        for o in calls.bus
+    ]
+    if calls.missing:
+        lines.append(f"  (not counted: {', '.join(calls.missing)}: a replica did not answer)")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the calls tables of each bus record of a report written by `kairos bench --json`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m tools.bench.calls REPORT.json\n")
+        return 2
+    report = msgspec.json.decode(Path(args[0]).read_bytes())
+    for record in report.get("records", []):
+        if record.get("calls") is None:
+            continue
+        calls = msgspec.convert(record["calls"], Calls)
+        sys.stdout.write(f"{record['workload']} ({record['mode']}, {record['nodes']:,} nodes):\n")
+        sys.stdout.write("\n".join(calls_table(calls)) + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
