@@ -48,6 +48,7 @@ from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from shared.model import PodStatus
+from tools.bench.calls import CallCounter
 from tools.bench.manifests import (
     NAMESPACE,
     cluster_file_text,
@@ -208,7 +209,10 @@ class _Run:
             subs = await self._subscribe(bus)
             log.info("%s: set up in %.1f s", self.workload.name, time.monotonic() - began)
             began = time.monotonic()
+            calls = CallCounter(bus, http, self.options.replicas)
+            await calls.start()
             record = await self._measure(http)
+            record = msgspec.structs.replace(record, calls=await calls.stop(record.bound))
             log.info("%s: measured in %.1f s", self.workload.name, time.monotonic() - began)
             return record
         finally:
