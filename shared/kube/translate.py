@@ -40,7 +40,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube import gpu_sharing, keys, values, wire
+from shared.kube import bind_failure, gpu_sharing, keys, values, wire
 from shared.kube.dra import pod_claims_of
 from shared.kube.effective_requests import effective_requests, is_sidecar
 from shared.kube.numa import numa_request_of
@@ -1014,6 +1014,7 @@ def podgroup_of(
         staleness_grace_period=grace,
         root=_root(where, spec),
         labels=dict(meta.labels),
+        bind_failure=bind_failure.read(pg),
         backed_off=scheduling_backed_off(pg, node_pool_label_key),
     )
 
