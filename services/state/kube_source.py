@@ -85,6 +85,7 @@ from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import FencedError, MalformedMessage, TemporaryError
+from shared.kube import bind_failure
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.translate import podgroup_annotations_patch
@@ -490,7 +491,13 @@ class KubeOwner:
         if self.source is None or self.kube is None:
             return
         mirror = self.source.mirror
-        for key in sorted(stamps.stale_since.keys() | stamps.last_start.keys() | stamps.last_eviction.keys()):
+        wanted = (
+            stamps.stale_since.keys()
+            | stamps.last_start.keys()
+            | stamps.last_eviction.keys()
+            | stamps.bind_failure.keys()
+        )
+        for key in sorted(wanted):
             group = mirror.raw.podgroups.get(key)
             current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
             if group is None or not isinstance(current, PodGroup):
@@ -507,6 +514,11 @@ class KubeOwner:
                 stale_since=stale,
                 last_eviction_time=latest(current.last_eviction_time, stamps.last_eviction.get(key)),
             )
+            if key in stamps.bind_failure:  # the bind back-off's record (shared.core.bind_backoff)
+                changes = bind_failure.annotations_patch(group, stamps.bind_failure[key])
+                if changes:
+                    patch = patch or {"metadata": {"annotations": {}}}
+                    patch["metadata"]["annotations"].update(changes)
             if patch is None:
                 continue
             try:

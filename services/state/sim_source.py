@@ -199,7 +199,12 @@ class SimulatedCluster:
         """Store the podgroup stamps a binder sent (unknown podgroups are ignored). Only the stamped
         podgroups are compared: a binder sends stamps after most commits."""
         del now  # stamps set no timers
-        wanted = stamps.stale_since.keys() | stamps.last_start.keys() | stamps.last_eviction.keys()
+        wanted = (
+            stamps.stale_since.keys()
+            | stamps.last_start.keys()
+            | stamps.last_eviction.keys()
+            | stamps.bind_failure.keys()
+        )
         touched: dict[str, Obj] = {}
         for kv, obj in self.objects.items():
             if isinstance(obj, PodGroup) and obj.key in wanted:
@@ -210,9 +215,15 @@ class SimulatedCluster:
                     new_last_start=stamps.last_start.get(obj.key),
                 )
                 evicted = latest(obj.last_eviction_time, stamps.last_eviction.get(obj.key))
-                if (stale, last, evicted) != (obj.stale_since, obj.last_start_time, obj.last_eviction_time):
+                failure = stamps.bind_failure.get(obj.key, obj.bind_failure)
+                before = (obj.stale_since, obj.last_start_time, obj.last_eviction_time, obj.bind_failure)
+                if (stale, last, evicted, failure) != before:
                     touched[kv] = msgspec.structs.replace(
-                        obj, stale_since=stale, last_start_time=last, last_eviction_time=evicted
+                        obj,
+                        stale_since=stale,
+                        last_start_time=last,
+                        last_eviction_time=evicted,
+                        bind_failure=failure,
                     )
         changes = [Change(kv, self.objects[kv], after) for kv, after in sorted(touched.items())]
         if touched:
