@@ -51,10 +51,37 @@ PLURALS = {
     "PriorityClass": "priorityclasses",
     "Karta": "kartas",
     "Workload": "workloads",
+    "PersistentVolume": "persistentvolumes",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "StorageClass": "storageclasses",
+    "CSINode": "csinodes",
+    "CSIStorageCapacity": "csistoragecapacities",
+    "CSIDriver": "csidrivers",
+    "VolumeAttachment": "volumeattachments",
+    "DeviceClass": "deviceclasses",
+    "ResourceSlice": "resourceslices",
+    "ResourceClaim": "resourceclaims",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "ComputeDomain": "computedomains",
 }
 
 CLUSTER_SCOPED = frozenset(
-    {"Node", "Namespace", "Queue", "Topology", "SchedulingShard", "PriorityClass", "Karta"}
+    {
+        "Node",
+        "Namespace",
+        "Queue",
+        "Topology",
+        "SchedulingShard",
+        "PriorityClass",
+        "Karta",
+        "PersistentVolume",
+        "StorageClass",
+        "CSINode",
+        "CSIDriver",
+        "VolumeAttachment",
+        "DeviceClass",
+        "ResourceSlice",
+    }
 )
 
 
