@@ -17,8 +17,9 @@ by the tests directly against a real nats-server. The steps, for one proposal:
    DRA devices its pod's claims were allocated (`Reservation.devices`), and a node whose ledger already
    holds one of them for another claim conflicts whatever its revision (`device_clash`; a claim's status
    write, conditioned on the claim alone, would not refuse it), so of two proposals giving one device to
-   two claims exactly one commits. Evictions write nothing: the victim's reservation stays until the
-   state service sees the pod leave its node.
+   two claims exactly one commits; a device of a cluster-wide pool is held, after the nodes, in its pool's
+   entry too, by the same rule (`services.binder.pool_ledger`). Evictions write nothing: the victim's
+   reservation stays until the state service sees the pod leave its node.
    Any conflict in 2 or 3 rolls back what this proposal wrote (node values restored byte for byte by CAS on
    the revision we wrote, claims deleted) and the outcome is `conflict`, counting the conflicting keys.
    Then the lease is read again, and a term that moved meanwhile rolls the commit back as `fenced`: this
@@ -89,6 +90,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
+from services.binder import pool_ledger
 from services.binder.cluster_client import ClusterClient, ClusterRefused
 from services.binder.leftovers import Leftovers
 from services.binder.recovery_binds import RecoveryBinds
@@ -207,6 +209,8 @@ class LedgerWrite:
     claims: dict[str, int] = field(default_factory=dict)
     """Pod key -> revision of this proposal's claim on it."""
     nodes: list[NodeWrite] = field(default_factory=list)
+    pools: list[pool_ledger.PoolWrite] = field(default_factory=list)
+    """Holds of cluster-wide DRA devices in their pools' entries (`services.binder.pool_ledger`)."""
 
 
 def reservation_of(binding: Binding, proposal: str) -> Reservation:
@@ -257,12 +261,9 @@ def device_clash(current: NodeLedger | None, ours: Mapping[str, Reservation]) ->
     for the same claim: no clash. The reservations of `ours`' own pods in `current` (an earlier delivery
     of this proposal, or the state service's) are not another pod's.
 
-    What this cannot see: a device of a cluster-wide slice (all nodes, or a node selector's) held on
-    another node's ledger key. Its holders commit under different keys, so two binders racing for it
-    (on proposals decided before either write reached their replicas) both succeed; the replicas count it
-    taken once they see either reservation (`Dra.held`), which closes it for later cycles only. Guarding
-    it would take a ledger key per pool that the state service keeps true to the cluster as it does the
-    node keys; a claim's status write, conditioned on the claim alone, does not."""
+    What this cannot see, a device of a cluster-wide slice (all nodes, or a node selector's) held on
+    another node's ledger key, its pool's entry does (`services.binder.pool_ledger`, written after the
+    nodes in the same commit)."""
     held: dict[tuple[str, str, str], tuple[str, str]] = {}
     if current is not None:
         for pod, r in current.pods.items():
@@ -538,6 +539,14 @@ async def commit_ledger(
         # Counted before the rollback: restoring a node moves its revision, which would read as a conflict.
         await rollback(ledger, write)
         raise LedgerConflict(lost[0], len(lost)) from lost[0]
+    # After the nodes: a pool's hold is live while its claim is, and a racing writer reads it so.
+    pooled = await pool_ledger.reserve_pools(ledger, binds, proposal.id)
+    write.pools.extend(r for r in pooled if isinstance(r, pool_ledger.PoolWrite))
+    lost = [r for r in pooled if isinstance(r, ConflictError)]
+    if lost:
+        log.info("proposal %s: %s", proposal.id, lost[0])
+        await rollback(ledger, write)
+        raise LedgerConflict(lost[0], len(lost)) from lost[0]
     return write
 
 
@@ -596,7 +605,9 @@ async def _drop_claim(ledger: KvStore, pod: str, revision: int) -> bool:
 async def rollback(ledger: KvStore, write: LedgerWrite) -> None:
     """Undo `write`: node values first (so no reservation is left without its claim), then claims. A
     reservation that cannot be stripped (the node keeps changing, its value cannot be read) outlives its
-    claim; the recovery scan's sweep removes it (`services.binder.leftovers`)."""
+    claim; the recovery scan's sweep removes it (`services.binder.leftovers`). Pools' holds go first."""
+    await pool_ledger.strip_pools(ledger, write.pools)
+    write.pools.clear()
     for w in reversed(write.nodes):
         key = s.ledger_node_key(w.node)
         if not w.inherited:
@@ -1079,6 +1090,13 @@ class Committer:
         except Exception:  # a failed sweep must not keep the claims' recovery from running; next scan again
             self.counters["leftover_sweep_errors"] += 1
             log.exception("sweeping unclaimed reservations failed; the next scan tries again")
+        try:
+            self.counters["stale_pool_holds_removed"] += await pool_ledger.sweep(
+                self.bus.ledger, view.claims, view.ledger
+            )
+        except Exception:  # as above: the next scan tries again
+            self.counters["leftover_sweep_errors"] += 1
+            log.exception("sweeping stale holds of cluster-wide devices failed; the next scan tries again")
 
     async def _position(self, bucket: str) -> int | None:
         """A bucket's last sequence (its newest write or delete), read from the server; None when it

@@ -35,7 +35,9 @@ the reservations of claims whose status does not show an allocation yet to the c
 devices are taken, and such a claim is read as allocated with them (a pod sharing it goes where it went),
 until its status shows an allocation, which is then the truth. So a cycle (or a placement replica) that
 runs before the first binder's status write comes back never gives those devices to another claim, as KAI
-reads a pod in Binding state's claim allocations from its BindRequest.
+reads a pod in Binding state's claim allocations from its BindRequest. A device of a cluster-wide slice
+is marked so in its result (`DeviceResult.cluster_wide`): the binder holds it in its pool's ledger entry as
+well, since no one node's entry covers it (`services.binder.pool_ledger`).
 
 What a pod's claims got on a node is remembered for the session (`decided`), per pod and node; devices
 count as taken while the pod that got them is placed on that node, so a rollback (a gang that does not
@@ -538,7 +540,13 @@ class _Search:
                 values[k] = (value, n + 1)
             self.used.add(c.id)
             self.results[ci].append(
-                DeviceResult(request=request, driver=c.driver, pool=c.pool, device=c.device.name)
+                DeviceResult(
+                    request=request,
+                    driver=c.driver,
+                    pool=c.pool,
+                    device=c.device.name,
+                    cluster_wide=not c.local,
+                )
             )
             return True
         return False

@@ -130,13 +130,17 @@ class ClaimConstraint(msgspec.Struct, frozen=True, kw_only=True):
     match_attribute: str = ""
 
 
-class DeviceResult(msgspec.Struct, frozen=True, kw_only=True):
+class DeviceResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One device allocated for a request (``status.allocation.devices.results[]``)."""
 
     request: str
     driver: str
     pool: str
     device: str
+    cluster_wide: bool = False
+    """From a slice of all nodes or of a node selector, not a node's own: the binder holds it in its pool's
+    ledger entry too (`services.binder.pool_ledger`), since no one node's entry covers it. Not on the
+    claim's status (the core sets it; a status read back does not carry it)."""
 
     @property
     def id(self) -> tuple[str, str, str]:
