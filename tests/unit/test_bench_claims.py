@@ -16,11 +16,12 @@ import pytest
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.kube import translate, wire
+from shared.kubeapi.paths import collection_path
 from shared.model import PodStatus, Snapshot
 from shared.model.volumes import Claim, PersistentVolume
 from tests.admitted_pods import admitted
 from tools.bench import claims, workloads
-from tools.bench.bus import _collection, _objects_wanted
+from tools.bench.bus import _objects_wanted
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import NAMESPACE, pod_manifest
 from tools.bench.workload import Workload
@@ -156,7 +157,7 @@ def test_the_in_process_csi_nodes_are_the_ones_the_simulated_cluster_makes() -> 
 def test_the_bus_run_creates_each_kind_at_its_collection(
     api_version: str, kind: str, namespace: str | None, path: str
 ) -> None:
-    assert _collection(api_version, kind, namespace) == path
+    assert collection_path(api_version, kind, namespace) == path
 
 
 def test_the_bus_run_waits_for_every_object_but_the_claims(volume: Workload, dra: Workload) -> None:

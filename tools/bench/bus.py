@@ -422,7 +422,7 @@ class _Run:
         name: str = "",
     ) -> None:
         meta = manifest["metadata"]
-        path = _collection(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
+        path = collection_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
         body = json.dumps(manifest).encode()
         async with sem:
             if stamp is not None:
@@ -483,15 +483,6 @@ class _Run:
             timeline=timeline(start, bound),
             note="; ".join(notes),
         )
-
-
-def _collection(api_version: str, kind: str, namespace: str | None) -> str:
-    """Where objects of `kind` are created: `collection_path`'s, but for a kind whose name ends in s
-    (StorageClass: ``storageclasses``, where `plural_of` gives ``storageclasss``)."""
-    path = collection_path(api_version, kind, namespace)
-    if kind.endswith("s"):
-        return f"{path.rpartition('/')[0]}/{kind.lower()}es"
-    return path
 
 
 def _objects_wanted(workload: Workload) -> Counter[str]:
