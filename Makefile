@@ -1,8 +1,12 @@
-# Kairos developer entry points. `make install && make test` is all a fresh clone needs.
+# Kairos developer entry points. On a fresh clone `make run` starts the local stack and `make test` runs
+# the checks: each installs into .venv first when .venv is missing or older than pyproject.toml.
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# Made after a successful install; a target that needs .venv depends on it, so an installed tree starts
+# at once and a changed pyproject.toml installs again.
+INSTALLED := $(VENV)/.installed
 
 # The conformance corpus (KAI v0.17's tests): the shared folder next to the repository when present, else
 # the in-repo copy of it.
@@ -12,10 +16,16 @@ CONFORMANCE_CASES := $(addprefix $(CONFORMANCE_ROOT)/,cases actions actions-conf
 .PHONY: install lint test test-bus run demo conformance bench-core bench-tracing bench bench-quick chaos soak fmt
 
 install:
+	@rm -f $(INSTALLED)
+	@$(MAKE) --no-print-directory $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	@sh tools/prerequisites.sh "$(PYTHON)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -e '.[dev]'
+	@touch $@
 
-lint:
+lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -24,39 +34,39 @@ lint:
 test: lint
 	$(BIN)/pytest
 
-test-bus:
+test-bus: $(INSTALLED)
 	KAIROS_BUS_CORPUS=all $(BIN)/pytest tests/e2e/test_conformance_bus.py
 
-run:
+run: $(INSTALLED)
 	$(BIN)/kairos up
 
-demo:
+demo: $(INSTALLED)
 	$(BIN)/kairos demo
 
-conformance:
+conformance: $(INSTALLED)
 	$(BIN)/kairos conformance check $(CONFORMANCE_CASES)
 
-bench-core:
+bench-core: $(INSTALLED)
 	$(BIN)/python -m tools.bench.core
 
-bench-tracing:
+bench-tracing: $(INSTALLED)
 	$(BIN)/python -m tools.bench.tracing_overhead
 
 # The benchmark suite (issue 6): every workload in-process and over NATS, scaling curves, memory target.
-bench: bench-core bench-tracing
+bench: $(INSTALLED) bench-core bench-tracing
 	$(BIN)/kairos bench --json bench-full.json --plot bench-full.png
 
-bench-quick:
+bench-quick: $(INSTALLED)
 	$(BIN)/kairos bench --quick --json bench-quick.json --plot bench-quick.png
 
 # The chaos suite (issue 7): 5,000 pods, 2 replicas of every service, kills, a NATS restart, API faults.
-chaos:
+chaos: $(INSTALLED)
 	$(BIN)/kairos chaos --json chaos-full.json
 
 # The soak (issue 18): 30 minutes of jobs arriving and finishing, every fault once, memory per service.
-soak:
+soak: $(INSTALLED)
 	$(BIN)/kairos chaos --soak 30 --json soak.json
 
-fmt:
+fmt: $(INSTALLED)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,6 +182,7 @@ def _supervise(stack: Stack, stop: threading.Event) -> None:
     # The URL without credentials: the file is world-readable and only its existence means "ready".
     (stack.state_dir / "ready").write_text(stack.nats.url + "\n")
     print("ready", flush=True)
+    _note_missing_kubectl()
     supervisor = Supervisor(
         stack, time.monotonic(), say=lambda line: print(f"kairos: {line}", file=sys.stderr, flush=True)
     )
@@ -188,6 +190,12 @@ def _supervise(stack: Stack, stop: threading.Event) -> None:
     while not stop.is_set():
         supervisor.poll(time.time())
         stop.wait(0.5)
+
+
+def _note_missing_kubectl() -> None:
+    """One line when kubectl is not on PATH: the stack runs without it, the walk-through does not."""
+    if shutil.which("kubectl") is None:
+        print(KUBECTL_MISSING, file=sys.stderr, flush=True)
 
 
 def _make_state_dir(state_dir: Path) -> None:
@@ -213,6 +221,10 @@ def _nats_cluster(args: argparse.Namespace) -> int:
     return size
 
 
+KUBECTL_MISSING = (
+    "kairos: kubectl not found on PATH: the stack runs without it, but the walk-through needs it; install it "
+    "(https://kubernetes.io/docs/tasks/tools/), then export KUBECONFIG=<state dir>/kubeconfig"
+)
 SHARDS_NOTE = (
     "kairos: --shards is not needed any more (every replica serves every SchedulingShard as it is created, "
     "changed or deleted); as given, each named shard gets replicas of its own serving only it, and the default "
@@ -259,6 +271,7 @@ def _detach(args: argparse.Namespace, state_dir: Path) -> int:
     while time.monotonic() < deadline:
         if (state_dir / "ready").exists():
             print("ready", flush=True)
+            _note_missing_kubectl()
             return 0
         if proc.poll() is not None:
             print(f"kairos: the stack failed to start; see {state_dir / 'up.log'}", file=sys.stderr)
