@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shared.core import dra_cel, selectors
+from shared.core.dra_accounting import plugin_serves
 from shared.core.result import ClaimAllocation
 from shared.core.session_memo import PerSession, placed_decisions
 from shared.model.dra import (
@@ -215,6 +216,8 @@ class _Wanted:
     requests: tuple[DeviceRequest, ...]
     constraints: tuple[ClaimConstraint, ...]
     extended: bool = False
+    resource: str = ""
+    """A KEP-5004 claim's extended resource (a node whose allocatable lists it serves it without DRA)."""
 
 
 def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
@@ -246,7 +249,11 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
         if _full(claim, task):
             return CLAIM_IN_USE
         out.append(ClaimAllocation(claim=claim.name, node=claim.node))
-    pending = [w for w in wanted if w.key not in by_others]
+    pending = [
+        w
+        for w in wanted
+        if w.key not in by_others and not (w.resource and plugin_serves(node.alloc_scalars, w.resource))
+    ]
     for w in wanted:
         other = by_others.get(w.key)
         if other is not None:
@@ -312,7 +319,9 @@ def _resolve(state: _State, task: TaskState) -> str | tuple[list[ResourceClaim],
             problem = _class_problem(state, name, "spec.devices.requests[0].exactly.deviceClassName", request)
             if problem:
                 return problem
-            wanted.append(_Wanted(name, f"{namespace}/{name}", (request,), (), extended=True))
+            wanted.append(
+                _Wanted(name, f"{namespace}/{name}", (request,), (), extended=True, resource=entry.name)
+            )
             continue
         if not entry.claim:
             template = state.templates.get(f"{namespace}/{entry.template}")

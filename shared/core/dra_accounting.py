@@ -4,8 +4,15 @@ resources.
 `account` prepares a snapshot for a session as KAI counts DRA GPUs: a pod's claims' requests of a GPU
 DeviceClass (its name contains "gpu", as KAI tells them) count as that many whole GPUs of the pod
 (ExactCount: `count`; All: one), so they weigh in queue quota and fair share; a node without GPUs from the
-device plugin counts the devices of its GPU drivers' slices. A pod's request of a DeviceClass's
-extended resource (KEP-5004) that no node advertises becomes a claim Kairos makes (`PodClaim.device_class`).
+device plugin counts the devices of its GPU drivers' slices.
+
+KEP-5004, per node as kube-scheduler decides it: a pod's request of a DeviceClass's extended resource
+becomes a claim Kairos makes (`PodClaim.device_class`), allocated on a node whose allocatable does not
+list the resource (`shared.core.dra`); a node that lists it (a device plugin's) serves it from its
+allocatable, as any extended resource, and the claim is not made there. When no node lists it the request
+leaves the pod's scalars (and a GPU class's devices count as its whole GPUs, as a claim's do); when some
+do it stays, and every node without it is given `DRA_SERVED` of it, so resource fit passes there and the
+DRA filter decides.
 
 Called once per session (`shared.core.session.Session`), before its tasks and nodes are built; a snapshot
 without DRA objects is returned as it is. Private to the core. Pure: no I/O, no clock.
@@ -13,7 +20,7 @@ without DRA objects is returned as it is. Private to the core. Pure: no I/O, no 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -31,10 +38,19 @@ from shared.model.dra import (
 if TYPE_CHECKING:
     from shared.model import Node, Pod, Snapshot
 
-__all__ = ["EXTENDED_CLASS_PREFIX", "account", "claim_gpus", "is_gpu_class"]
+__all__ = ["DRA_SERVED", "EXTENDED_CLASS_PREFIX", "account", "claim_gpus", "is_gpu_class", "plugin_serves"]
 
 EXTENDED_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 """The extended resource name every DeviceClass answers to (KEP-5004), beside its own."""
+DRA_SERVED = 2.0**53
+"""The amount of a DRA-backed extended resource a node that does not list it is given for the session: room
+resource fit never runs out of, the DRA filter deciding instead (`plugin_serves` tells it apart)."""
+
+
+def plugin_serves(allocatable: Mapping[str, float], resource: str) -> bool:
+    """Whether a node's allocatable lists `resource` itself (a device plugin's): then kube-scheduler's
+    resource fit, not DRA, serves a pod's request of it on that node (KEP-5004)."""
+    return resource in allocatable and allocatable[resource] < DRA_SERVED
 
 
 def is_gpu_class(name: str) -> bool:
@@ -62,21 +78,24 @@ def account(snapshot: Snapshot) -> Snapshot:
         return snapshot
     claims = {c.key: c for c in dra.claims}
     templates = {t.key: t for t in dra.templates}
-    extended = _extended_classes(dra.classes, snapshot.nodes)
-    pods = tuple(_accounted_pod(pod, claims, templates, extended) for pod in snapshot.pods)
+    extended = _extended_classes(dra.classes)
+    listed = {name for node in snapshot.nodes for name in node.scalars} & set(extended)
+    pods = tuple(_accounted_pod(pod, claims, templates, extended, listed) for pod in snapshot.pods)
+    mixed = {
+        name for pod in pods for e in pod.resource_claims if e.device_class and (name := e.name) in listed
+    }
     gpus = _node_gpus(dra.slices)
-    nodes = tuple(_accounted_node(node, gpus.get(node.name)) for node in snapshot.nodes)
+    nodes = tuple(_accounted_node(node, gpus.get(node.name), mixed) for node in snapshot.nodes)
     return msgspec.structs.replace(snapshot, pods=pods, nodes=nodes)
 
 
-def _extended_classes(classes: Sequence[DeviceClass], nodes: Sequence[Node]) -> dict[str, str]:
-    """Extended resource -> the DeviceClass backing it, for resources no node advertises (KEP-5004 lets
-    a node with the resource from a device plugin serve it so; Kairos decides it for the whole cluster)."""
-    advertised = {name for node in nodes for name in node.scalars}
+def _extended_classes(classes: Sequence[DeviceClass]) -> dict[str, str]:
+    """Extended resource -> the DeviceClass backing it (KEP-5004; the first class by name when two name
+    the same resource)."""
     out: dict[str, str] = {}
     for device_class in classes:
         for name in (device_class.extended_resource_name, EXTENDED_CLASS_PREFIX + device_class.name):
-            if name and name not in advertised:
+            if name:
                 out.setdefault(name, device_class.name)
     return out
 
@@ -86,6 +105,7 @@ def _accounted_pod(
     claims: Mapping[str, ResourceClaim],
     templates: Mapping[str, ResourceClaimTemplate],
     extended: Mapping[str, str],
+    listed: Set[str],
 ) -> Pod:
     backed = {name: n for name, n in pod.scalars.items() if name in extended and n > 0}
     if not pod.resource_claims and not backed:
@@ -93,7 +113,8 @@ def _accounted_pod(
     entries = list(pod.resource_claims)
     scalars = pod.scalars
     if backed:
-        scalars = {name: n for name, n in pod.scalars.items() if name not in backed}
+        # A resource some node lists stays a request of the pod's: those nodes serve it from allocatable.
+        scalars = {name: n for name, n in pod.scalars.items() if name not in backed or name in listed}
         entries += [
             PodClaim(name=name, device_class=extended[name], count=int(n))
             for name, n in sorted(backed.items())
@@ -101,7 +122,10 @@ def _accounted_pod(
     gpus = 0
     for entry in entries:
         if entry.device_class:
-            gpus += entry.count if is_gpu_class(entry.device_class) else 0
+            # Counted as whole GPUs only where DRA serves it on every node (else the GPUs would be asked
+            # of the nodes whose device plugin serves the resource as well).
+            served_by_dra = entry.name not in listed
+            gpus += entry.count if served_by_dra and is_gpu_class(entry.device_class) else 0
             continue
         found: ResourceClaim | ResourceClaimTemplate | None = None
         if entry.claim:
@@ -130,7 +154,10 @@ def _node_gpus(slices: Iterable[ResourceSlice]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _accounted_node(node: Node, dra: tuple[int, int] | None) -> Node:
+def _accounted_node(node: Node, dra: tuple[int, int] | None, mixed: Set[str]) -> Node:
+    missing = [name for name in sorted(mixed) if name not in node.scalars]
+    if missing:
+        node = msgspec.structs.replace(node, scalars={**node.scalars, **dict.fromkeys(missing, DRA_SERVED)})
     if dra is None or node.gpus or not dra[0]:
         return node
     count, memory = dra
