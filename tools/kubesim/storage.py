@@ -276,6 +276,14 @@ class StorageController:
         return str((storage_class or {}).get("volumeBindingMode") or "Immediate")
 
     # --- the work ---------------------------------------------------------------------------------------------
+    def resync(self) -> None:
+        """Queue every claim not yet bound, as a controller's periodic resync does (the store's listeners
+        queue each change already: after `run_once` a resync finds nothing left to do)."""
+        for claim in self.cluster.store.storage(CLAIMS).iter():
+            if _unbound(claim):
+                md = claim["metadata"]
+                self.queue[md.get("namespace", ""), md["name"]] = None
+
     def run_once(self) -> bool:
         """Bind and provision what can be of the queued claims; True when something changed."""
         if not self.queue:
