@@ -49,7 +49,23 @@ class ClusterRefused(KairosError):  # noqa: N818 -- named like the tree's Malfor
         self.operation = operation
         self.pod = pod
         self.reason = reason
+        self.step = ""
+        """The bind step that refused (`services.binder.steps`), set by the runner; "": the binding itself."""
         super().__init__(f"{operation} {pod}: {reason}")
+
+    def in_kube_scheduler_words(self) -> str:
+        """The refusal as kube-scheduler's FailedScheduling words a failure of its binding cycle: a bind
+        step is a PreBind plugin (``running PreBind plugin "VolumeBinding": binding volumes: ...``), the
+        binding its DefaultBinder (``binding rejected: running Bind plugin "DefaultBinder": ...``)."""
+        if self.step:
+            return (
+                f'running PreBind plugin "{KUBE_SCHEDULER_PLUGINS.get(self.step, self.step)}": {self.reason}'
+            )
+        return f'binding rejected: running Bind plugin "DefaultBinder": {self.reason}'
+
+
+KUBE_SCHEDULER_PLUGINS = {"volumebinding": "VolumeBinding", "dynamicresources": "DynamicResources"}
+"""The kube-scheduler plugin each bind step stands for, by step name (others are named as they are)."""
 
 
 def pod_replaced(operation: str, pod: str, decided: str, found: str = "") -> ClusterRefused:

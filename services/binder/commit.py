@@ -119,11 +119,13 @@ from shared.contracts.messages import (
     Reservation,
     encode,
 )
+from shared.core import bind_backoff
 from shared.core.result import ClaimAllocation
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import ConflictError, FencedError, MalformedMessage, TemporaryError
 from shared.model import Pod, PodGroup, PodStatus
 from shared.model.dra import ClaimHold
+from shared.model.objects import BindFailure
 from shared.security.permissions import kv_stream, kv_subjects
 from shared.telemetry.spans import event_headers
 
@@ -664,6 +666,8 @@ class Carried:
     evicted: list[EvictionOrder] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     deferred: list[Binding] = field(default_factory=list)
+    bind_failures: dict[str, str] = field(default_factory=dict)
+    """Podgroup key -> why its first refused bind was refused, in kube-scheduler's words."""
 
 
 # --- the whole protocol ---------------------------------------------------------------------------------
@@ -745,15 +749,15 @@ class Committer:
         caller redelivers) only when an eviction got no answer."""
         self.in_flight.add(proposal.id)
         try:
-            outcome, events = await self._decide(proposal)
+            outcome, events, failures = await self._decide(proposal)
         finally:
             self.in_flight.discard(proposal.id)
         self.counters[_COUNTER_OF_STATUS[outcome.status]] += 1
         await self._publish_events(events)
         # The stamps go out before the outcome: whoever acts on the outcome (the queue's next cycle, an
         # operator's next change) must find them already sent, not racing it.
-        if outcome.status in ("committed", "conflict"):
-            await self._publish_stamps(proposal, outcome)
+        if outcome.status in ("committed", "conflict", "failed"):
+            await self._publish_stamps(proposal, outcome, failures)
         await self._publish_outcome(proposal, outcome)
         return outcome
 
@@ -781,14 +785,20 @@ class Committer:
             else:
                 return
 
-    async def _publish_stamps(self, proposal: Proposal, outcome: Outcome) -> None:
+    async def _publish_stamps(
+        self, proposal: Proposal, outcome: Outcome, failures: Mapping[str, str] | None = None
+    ) -> None:
         """Tell the state service which podgroup stamps the session changed (stale since, last start, last
         eviction): the next cycle's session must see them, or a stale gang is never old enough to evict and
         an evicted workload's preemption delay is never re-armed. A lost message costs one cycle: the next
         session states them again (a lost last eviction is not restated). A last start is only true of a
         podgroup whose pods this outcome bound, a last eviction of one whose pods it evicted (a session that
         lost its race did neither), and only stamps that would change what is stored are sent
-        (`merged_stamps`, `latest`: the rules the state service applies)."""
+        (`merged_stamps`, `latest`: the rules the state service applies).
+
+        And the bind back-off's record (`shared.core.bind_backoff`): a podgroup a bind of which the cluster
+        refused (`failures`: why, in kube-scheduler's words) has one more failure in a row, timed now on this
+        binder's clock; one whose pods this outcome bound, with none refused, has its record cleared."""
         bound = set(outcome.bound)
         started = {b.podgroup for b in proposal.binds if b.pod in bound}
         evicted = set(outcome.evicted)
@@ -816,16 +826,37 @@ class Committer:
             new_eviction = latest(group.last_eviction_time, wanted_eviction)
             if new_eviction != group.last_eviction_time and new_eviction is not None:
                 last_eviction[key] = new_eviction
-        if not stale and not last and not last_eviction:
+        bind_failure = self._bind_failures(started, failures or {})
+        if not stale and not last and not last_eviction and not bind_failure:
             return
         message = PodGroupStamps(
-            shard=proposal.shard, stale_since=stale, last_start=last, last_eviction=last_eviction
+            shard=proposal.shard,
+            stale_since=stale,
+            last_start=last,
+            last_eviction=last_eviction,
+            bind_failure=bind_failure,
         )
         try:
             await self.bus.nc.publish(s.stamps(proposal.shard), encode(message))
             self.counters["stamps"] += 1
         except Exception:
             log.exception("could not publish the stamps of %s", proposal.id)
+
+    def _bind_failures(
+        self, started: Collection[str], failures: Mapping[str, str]
+    ) -> dict[str, BindFailure | None]:
+        """The bind back-off records to send: one more failure for each podgroup in `failures`, None for a
+        podgroup that started without one and has a record to clear."""
+        out: dict[str, BindFailure | None] = {}
+        now = self.clock() if failures else 0.0
+        for key, reason in sorted(failures.items()):
+            group = self.lookup(key)
+            out[key] = bind_backoff.recorded(group.bind_failure if group is not None else None, now, reason)
+        for key in sorted(set(started) - set(failures)):
+            group = self.lookup(key)
+            if group is not None and group.bind_failure is not None:
+                out[key] = None
+        return out
 
     def _outcome(
         self,
@@ -850,28 +881,29 @@ class Committer:
             pipelined=proposal.pipelined,
         )
 
-    async def _decide(self, proposal: Proposal) -> tuple[Outcome, list[tuple[str, Event]]]:
+    async def _decide(self, proposal: Proposal) -> tuple[Outcome, list[tuple[str, Event]], dict[str, str]]:
+        """The outcome, its public events, and the podgroups whose binds the cluster refused (why)."""
         problem = _problem(proposal)
         if problem:
             log.warning("proposal %s rejected: %s", proposal.id, problem)
-            return self._outcome(proposal, "failed", reason=f"invalid proposal: {problem}"), []
+            return self._outcome(proposal, "failed", reason=f"invalid proposal: {problem}"), [], {}
         try:
             await check_term(self.bus.leases, proposal.shard, proposal.term)
         except FencedError as exc:
-            return self._outcome(proposal, "fenced", reason=str(exc)), []
+            return self._outcome(proposal, "fenced", reason=str(exc)), [], {}
         started = self.monotonic()
         owner = Owner(self.binder, self.commit_timeout)
         try:
             write = await commit_ledger(self.bus.ledger, proposal, self.capacity, fit=self.fit, owner=owner)
         except LedgerConflict as exc:
             reason = f"{exc.conflicts} ledger key(s) moved; first: {exc}"
-            return self._outcome(proposal, "conflict", reason, conflicts=exc.conflicts), []
+            return self._outcome(proposal, "conflict", reason, conflicts=exc.conflicts), [], {}
         if proposal.binds or proposal.evictions:
             try:
                 await check_term(self.bus.leases, proposal.shard, proposal.term)
             except FencedError as exc:
                 await rollback(self.bus.ledger, write)
-                return self._outcome(proposal, "fenced", reason=str(exc)), []
+                return self._outcome(proposal, "fenced", reason=str(exc)), [], {}
         elapsed = self.monotonic() - started
         if write.claims and elapsed > self.commit_timeout:
             # Past our deadline another binder's recovery scan may have taken this commit back (or be
@@ -883,7 +915,7 @@ class Committer:
                 f"the ledger commit took {elapsed:.1f} s, more than commit_timeout "
                 f"({self.commit_timeout:g} s): taken back, not bound"
             )
-            return self._outcome(proposal, "conflict", reason, conflicts=len(write.claims)), []
+            return self._outcome(proposal, "conflict", reason, conflicts=len(write.claims)), [], {}
         carried = await self._carry_out(proposal, write)
         reasons = list(carried.refused)
         if carried.deferred:
@@ -896,7 +928,7 @@ class Committer:
             bound=tuple(b.pod for b in carried.bound),
             evicted=tuple(e.pod for e in carried.evicted),
         )
-        return outcome, self._events(proposal, carried)
+        return outcome, self._events(proposal, carried), carried.bind_failures
 
     async def _abandon(self, write: LedgerWrite) -> None:
         """Take back an overdue commit, unless another delivery of the same proposal has taken its claims
@@ -935,6 +967,7 @@ class Committer:
                 carried.bound.append(binding)
             elif isinstance(result, ClusterRefused):
                 carried.refused.append(str(result))
+                carried.bind_failures.setdefault(binding.podgroup, result.in_kube_scheduler_words())
                 await release(self.bus.ledger, binding, proposal.id, write.claims[binding.pod])
                 self.counters["released"] += 1
             else:

@@ -134,6 +134,8 @@ class BindSteps:
                 result = await step.prepare(binding)
             except Exception as exc:
                 exc.add_note(f"in bind step {step.name} of pod {binding.pod}")
+                if isinstance(exc, ClusterRefused) and not exc.step:
+                    exc.step = step.name
                 await self.undo(done)
                 raise
             done.append((step, result))

@@ -88,7 +88,8 @@ FAILED_SCHEDULING = "FailedScheduling"
 failure)."""
 PROVISIONING_FAILED = "ProvisioningFailed"
 """The reason of a provisioner's Warning on a claim it could not provision (external-provisioner's)."""
-PREBIND = 'running PreBind plugin "VolumeBinding": binding volumes: '
+PREBIND_PLUGIN = 'running PreBind plugin "VolumeBinding": '
+PREBIND = PREBIND_PLUGIN + "binding volumes: "
 EVENT_COMPONENT = "kairos-binder"
 
 
@@ -99,7 +100,7 @@ class VolumeBindFailed(ClusterRefused):
     def __init__(self, pod: str, problem: str, claim: str = "") -> None:
         self.problem = problem
         self.claim = claim
-        super().__init__("bind", pod, f"volumes: {problem}")
+        super().__init__("bind", pod, f"binding volumes: {problem}")
 
 
 class _Event(msgspec.Struct, frozen=True):
@@ -390,6 +391,8 @@ class VolumeSteps:
             said = await self._provisioner_said(binding.namespace, failure.claim)
             if said:
                 message += f": {said}"
+        # The refusal carries the provisioner's words too: the bind back-off's record says them again.
+        failure.reason = message.removeprefix(PREBIND_PLUGIN)
         if self._reported.get(binding.pod, ("", 0.0))[0] == message:
             return
         self._reported[binding.pod] = (message, now)
