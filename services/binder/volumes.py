@@ -26,8 +26,10 @@ its name meanwhile ends the wait. A provisioner that gives up (it removes ``sele
 external-provisioner does after a Warning ``ProvisioningFailed`` on the claim), a claim bound to another
 volume, a reservation dropped, a volume whose node affinity excludes the node, or the timeout refuse the
 pod's bind (`VolumeBindFailed`, a `ClusterRefused`): what this call set is taken back, the binder releases
-the pod's claim and reservation in its ledger, so the pod is Pending again and the next cycle decides for
-it on the cluster as it then is, and a Warning ``FailedScheduling`` on the pod says why in kube-scheduler's
+the pod's claim and reservation in its ledger, so the pod is Pending again and, once its podgroup's bind
+back-off ends (`shared.core.bind_backoff`: 1 s, doubled per failure in a row, at most 10 s; the refusal's
+`reason` is what the back-off's record says), a cycle decides for it on the cluster as it then is; a
+Warning ``FailedScheduling`` on the pod says why in kube-scheduler's
 words (``running PreBind plugin "VolumeBinding": binding volumes: provisioning failed for PVC "data"``,
 with the provisioner's last ProvisioningFailed message when there is one), at most once per pod and
 message every `VolumeSteps.repeat_after` seconds. A ProvisioningFailed Event alone does not end the wait:
