@@ -229,6 +229,17 @@ class DraController:
             self._retry = {}
 
     # --- the work ---------------------------------------------------------------------------------------------
+    def resync(self) -> None:
+        """Queue every node, ComputeDomain, pod with claims and claim, as a controller's periodic resync does
+        (the store's listeners queue each change already: after `run_once` a resync finds nothing to do)."""
+        store = self.cluster.store
+        self.classes_due = True
+        self.nodes.update(dict.fromkeys(n["metadata"]["name"] for n in store.storage("nodes").iter()))
+        for key, queue in (("pods", self.pods), (CLAIMS, self.claims), (COMPUTE_DOMAINS, self.domains)):
+            if key in store.storages:
+                for obj in store.storage(key).iter():
+                    queue[obj["metadata"].get("namespace", ""), obj["metadata"]["name"]] = None
+
     def run_once(self) -> bool:
         """Publish, make and release what the queued changes call for; True when something changed."""
         if CLAIMS not in self.cluster.store.storages:
