@@ -20,6 +20,10 @@ a pod's claims.
 - **Kubelet** (`unprepared`, from `tools.kubesim.kubelet.Kubelet.start`): a pod whose claims are not all
   made, allocated and reserved for it stays Pending, ``ContainerCreating``.
 
+The controllers work per change, as kube-controller-manager's do: the store's listeners queue the nodes,
+ComputeDomains, pods and claims a write concerns and keep the indexes that replace scans (`DraController`);
+`resync` queues everything, and after a settled cluster it finds nothing to do.
+
 Pure: no I/O (objects change through the cluster's store).
 """
 

@@ -21,6 +21,10 @@ objects, and the kubelet's wait for a pod's claims.
   exist or is not bound stays Pending, its containers waiting ``ContainerCreating``, with a Warning
   ``FailedMount`` naming the claims, until they are.
 
+The controller works per change, as kube-controller-manager's do: the store's listeners queue the claims a
+write concerns and keep the indexes that replace scans (`StorageController`); `resync` queues every unbound
+claim, and after a settled cluster it finds nothing to do.
+
 Pure: no I/O (objects change through the cluster's store).
 """
 
