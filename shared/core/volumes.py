@@ -36,6 +36,18 @@ node; a volume counts as taken while the pod that got it is placed on that node,
 undone placement frees it with nothing to undo here, and two pods (a gang's included) never get one
 volume. `shared.core.cycle` puts the decision of the pod's node on its `Binding.volumes`, for the binder.
 
+What the session's placed pods hold is an index (`_Holdings`: volume -> its holders, claim -> what its
+users got, and per class and hostname the free local volumes), brought up to date from the nodes whose
+pods changed since it last looked (`ClusterState.versions`: every placement, eviction, rollback and
+restore moves its node's version), never by a walk over every placed pod; the volumes the pods on a node
+attach are kept per node the same way (`_Attached`). Per pod, what does not depend on the node is worked
+out once per cluster generation (`_PodClaims`: kube-scheduler's VolumeBinding PreFilter: the claims
+classified as bound, to bind, or failing the pod everywhere). `refused` is the node pre-filter
+(`shared.core.plugins.points.NodePreFilter`): the nodes a bound volume's node affinity excludes, those
+outside the node a provisioner was given, and for a claim of a class whose static volumes are all local,
+the nodes with no free local volume of the class and, unless the class provisions in their topology, so
+a pod tries the nodes that may take it rather than every node bin-packing puts first.
+
 Each refusal carries kube-scheduler's code (`shared.core.plugins.points.Code`): every reason here is
 UNRESOLVABLE (evicting pods from the node cannot change it: VolumeBinding and VolumeZone answer
 UnschedulableAndUnresolvable, and so do a missing or broken claim or class), except NodeVolumeLimits' and
@@ -50,15 +62,19 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from shared.core import selectors
 from shared.core.plugins.points import Code, Refusal
 from shared.core.result import VolumeBinding
-from shared.core.session_memo import PerSession, placed_decisions
-from shared.model.status import ACTIVE_USED
+from shared.core.session_memo import PerSession
+from shared.model.objects import LabelSelectorTerm
+from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED
 from shared.model.volumes import (
     IMMEDIATE,
     READ_WRITE_ONCE_POD,
@@ -70,7 +86,7 @@ from shared.model.volumes import (
 )
 
 if TYPE_CHECKING:
-    from shared.core.cluster import NodeState
+    from shared.core.cluster import ClusterState, NodeState
     from shared.core.session import Session
     from shared.core.tasks import TaskState
 
@@ -86,6 +102,7 @@ __all__ = [
     "decided",
     "holds_read_write_once_pod",
     "reason",
+    "refused",
 ]
 
 NODE_CONFLICT = "node(s) had volume node affinity conflict"
@@ -105,6 +122,8 @@ ZONE_LABELS = (
 """The labels VolumeZone compares between a volume and a node."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
+Mask = npt.NDArray[np.bool_]
+
 
 def not_found(claim: str) -> str:
     return f'persistentvolumeclaim "{claim}" not found'
@@ -117,9 +136,61 @@ def class_not_found(claim: str, storage_class: str) -> str:
     )
 
 
-_Held = tuple[frozenset[str], dict[str, tuple[str, VolumeBinding]]]
-"""The volumes other pods of the session hold, and what each of their claims got (claim key -> (node,
-decision))."""
+_Holder = tuple[str, int]
+"""(pod key, node index): one pod of the session placed on one node."""
+
+
+@dataclass
+class _Holdings:
+    """What the pods placed this session hold, from their decisions on the node each is on now.
+
+    Brought up to date by `_holdings` from the nodes whose version moved since it last looked (a pod
+    placed, evicted, moved, a statement rolled back): the nodes of a rollback move too, so what a
+    rolled-back pod took is free again at the next look, with nothing to undo here."""
+
+    seen: npt.NDArray[np.int64]
+    """Each node's `ClusterState.versions` when it was last indexed."""
+    generation: int
+    """`ClusterState.generation` at the last look (unmoved: nothing to look at)."""
+    dirty: set[int] = field(default_factory=set)
+    """Nodes to index again though their version did not move (a placed pod's decision there rewritten)."""
+    on_node: dict[int, list[tuple[str, str, tuple[VolumeBinding, ...]]]] = field(default_factory=dict)
+    """Node index -> (pod key, namespace, what it got there) of each holding pod on it."""
+    taken: dict[str, set[_Holder]] = field(default_factory=dict)
+    """Volume -> the placed pods that got it."""
+    held: dict[str, dict[_Holder, tuple[str, VolumeBinding]]] = field(default_factory=dict)
+    """Claim key -> placed pod -> (its node, what the claim got there)."""
+    free: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
+    """Class -> per hostname code (`ClusterState.label_codes` of the hostname label) the local volumes of
+    the class pinned to that hostname that are offered and held by nobody; made when the pre-filter first
+    asks for the class."""
+    vocabulary: Mapping[str, int] = field(default_factory=dict)
+    """Hostname -> its code, once `free` holds a class."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PodClaims:
+    """A pod's claims classified once per pod and cluster generation, whatever the node (kube-scheduler's
+    VolumeBinding PreFilter): why the pod fits no node, or its bound claims' volumes (None: the volume
+    does not exist), its WaitForFirstConsumer claims (smallest request first, then by name) and the
+    volumes it would attach (volume id -> CSI driver)."""
+
+    key: str
+    generation: int
+    failure: str | None = None
+    bound: tuple[PersistentVolume | None, ...] = ()
+    waiting: tuple[Claim, ...] = ()
+    attaches: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Attached:
+    """The volumes the active pods on one node attach (volume id -> CSI driver) and their count per
+    driver, at one version of the node."""
+
+    version: int
+    volumes: Mapping[str, str]
+    per_driver: Mapping[str, int]
 
 
 @dataclass
@@ -135,6 +206,8 @@ class _State:
     (local volumes), in `by_class` order: on a node of another hostname their affinity cannot hold."""
     unpinned: dict[str, list[PersistentVolume]]
     """Class -> its other volumes, in `by_class` order."""
+    hosts: dict[str, frozenset[str]]
+    """Volume -> the hostnames it is pinned to (local volumes only)."""
     reserved: dict[str, list[PersistentVolume]]
     """Claim key -> the volumes whose ``claimRef`` names it, in `by_class` order."""
     classes: dict[str, StorageClass]
@@ -146,8 +219,12 @@ class _State:
     """The volumes some claim names in its ``volumeName`` (never offered to another claim)."""
     decided: dict[str, dict[str, tuple[VolumeBinding, ...]]] = field(default_factory=dict)
     """Pod key -> node -> what its WaitForFirstConsumer claims got there."""
-    taken: tuple[str, int, _Held] = ("", -1, (frozenset(), {}))
-    """(pod key, cluster generation, what others hold): the last `_taken`, reused while nothing moved."""
+    holdings: _Holdings | None = None
+    """What placed pods hold (`_holdings`), made at the first look."""
+    attached: dict[int, _Attached] = field(default_factory=dict)
+    """Node index -> what its pods attach, at the version last looked at (`_attached`)."""
+    pod: _PodClaims | None = None
+    """The last pod's classified claims, reused while the pod and the cluster generation stay."""
 
 
 _state: PerSession[_State] = PerSession(lambda ssn: _index(ssn.snapshot.volumes, ssn.tasks.values()))
@@ -159,14 +236,17 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
         by_class[pv.storage_class].append(pv)
     pinned: dict[tuple[str, str], list[PersistentVolume]] = defaultdict(list)
     unpinned: dict[str, list[PersistentVolume]] = defaultdict(list)
+    hosts: dict[str, frozenset[str]] = {}
     reserved: dict[str, list[PersistentVolume]] = defaultdict(list)
     for pvs in by_class.values():
         pvs.sort(key=_fit_order)
         for pv in pvs:
-            hosts = _pinned_hosts(pv)
-            if hosts is None:
+            on = _pinned_hosts(pv)
+            if on is None:
                 unpinned[pv.storage_class].append(pv)
-            for host in hosts or ():
+            else:
+                hosts[pv.name] = on
+            for host in on or ():
                 pinned[(pv.storage_class, host)].append(pv)
             if pv.claim_ref:
                 reserved[pv.claim_ref].append(pv)
@@ -183,6 +263,7 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
         by_class=dict(by_class),
         pinned=dict(pinned),
         unpinned=dict(unpinned),
+        hosts=hosts,
         reserved=dict(reserved),
         classes={c.name: c for c in volumes.classes},
         limits={n.name: n.limits for n in volumes.csi_nodes if n.limits},
@@ -210,29 +291,61 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
 
 def _reason(ssn: Session, task: TaskState, node: NodeState) -> str | None:
     state = _state(ssn)
-    claims = _resolve(state, task)
-    if isinstance(claims, str):
-        return claims
-    bound, waiting = claims
-    limit = _volume_limits(state, task, node)
+    pod = _pod_claims(ssn, state, task)
+    if pod.failure is not None:
+        return pod.failure
+    limit = _volume_limits(state, task, pod.attaches, node)
     if limit is not None:
         return limit
     labels = node.labels
-    for claim in bound:
-        pv = state.volumes.get(claim.volume_name)
+    for pv in pod.bound:
         if pv is None:
             return PV_NOT_EXIST
         if not _affinity_holds(pv, labels):
             return NODE_CONFLICT
-    if waiting:
-        found = _bind_or_provision(ssn, state, task, node, waiting)
+    if pod.waiting:
+        found = _bind_or_provision(ssn, state, task, node, pod.waiting)
         if isinstance(found, str):
             return found
         state.decided.setdefault(task.key, {})[node.name] = found
-    for claim in bound:
-        if not _zone_holds(state.volumes[claim.volume_name], labels):
+        if task.node == node.name and state.holdings is not None:
+            # The pod is placed here already: what it holds changed without its node moving.
+            state.holdings.dirty.add(node.idx)
+    for pv in pod.bound:
+        if pv is not None and not _zone_holds(pv, labels):
             return ZONE_CONFLICT
     return None
+
+
+def refused(ssn: Session, task: TaskState) -> Mask | None:
+    """The nodes `reason` refuses the pod that are known without trying them, as one mask over the
+    session's nodes (None: none); kube-scheduler's VolumeBinding PreFilter. Every node when the pod fits
+    none (a missing or broken claim, an unbound Immediate claim, a bound volume that does not exist); the
+    nodes a bound volume's node affinity excludes; for a WaitForFirstConsumer claim not yet placed: the
+    nodes other than the one a provisioner was given, and for a class whose static volumes are all local
+    ones, the nodes with no free local volume of the class, unless the class's provisioner may create one
+    there (its allowedTopologies). A node marked here is one `reason` refuses; one it refuses may go
+    unmarked (selectors, sizes, access modes, attach limits and zones are checked per node)."""
+    if not task.pod.claims:
+        return None
+    state = _state(ssn)
+    pod = _pod_claims(ssn, state, task)
+    c = ssn.cluster
+    if pod.failure is not None or None in pod.bound:
+        return np.ones(len(c.order), dtype=bool)
+    out: Mask | None = None
+    for pv in pod.bound:
+        assert pv is not None
+        allowed = _affinity_mask(c, pv.node_affinity)
+        if allowed is not None:
+            out = ~allowed if out is None else out | ~allowed
+    if pod.waiting and task.node is None:
+        h = _holdings(ssn, state)
+        for claim in pod.waiting:
+            allowed = _waiting_mask(ssn, state, h, task, claim)
+            if allowed is not None:
+                out = ~allowed if out is None else out | ~allowed
+    return out if out is not None and out.any() else None
 
 
 def holds_read_write_once_pod(ssn: Session, task: TaskState) -> bool:
@@ -259,6 +372,29 @@ def decided(ssn: Session, task: TaskState, node: str) -> tuple[VolumeBinding, ..
 
 
 # --- per pod ----------------------------------------------------------------------------------------------
+def _pod_claims(ssn: Session, state: _State, task: TaskState) -> _PodClaims:
+    """The pod's claims classified, made once per pod and cluster generation (a placement anywhere may
+    change a ReadWriteOncePod claim's users)."""
+    generation = ssn.cluster.generation
+    memo = state.pod
+    if memo is not None and memo.key == task.key and memo.generation == generation:
+        return memo
+    resolved = _resolve(state, task)
+    if isinstance(resolved, str):
+        memo = _PodClaims(task.key, generation, failure=resolved)
+    else:
+        bound, waiting = resolved
+        memo = _PodClaims(
+            task.key,
+            generation,
+            bound=tuple(state.volumes.get(claim.volume_name) for claim in bound),
+            waiting=tuple(sorted(waiting, key=lambda c: (c.request_bytes, c.name))),
+            attaches=_attachments(state, task.pod.namespace, task.pod.claims),
+        )
+    state.pod = memo
+    return memo
+
+
 def _resolve(state: _State, task: TaskState) -> str | tuple[list[Claim], list[Claim]]:
     """The pod's bound and WaitForFirstConsumer claims, or why the pod fits no node."""
     namespace = task.pod.namespace
@@ -279,6 +415,8 @@ def _resolve(state: _State, task: TaskState) -> str | tuple[list[Claim], list[Cl
             bound.append(claim)
             continue
         if claim.volume_name or not claim.storage_class:
+            # kube-scheduler reads a claim of no class (spec.storageClassName unset or "") as one of
+            # Immediate binding: the volume controller binds it, or gives it the default class first.
             immediate = True
             continue
         storage_class = state.classes.get(claim.storage_class)
@@ -303,29 +441,221 @@ def _used_elsewhere(state: _State, task: TaskState, claim: Claim) -> bool:
     )
 
 
+# --- what placed pods hold ----------------------------------------------------------------------------
+def _holdings(ssn: Session, state: _State) -> _Holdings:
+    """`_State.holdings`, brought up to date: each node whose version moved since the last look (and each
+    marked dirty) is indexed again from the pods on it now."""
+    c = ssn.cluster
+    h = state.holdings
+    if h is None:
+        h = state.holdings = _Holdings(seen=c.versions.copy(), generation=c.generation)
+        for key in state.decided:
+            # Decisions made before the first look (none in the usual order: the first look comes first).
+            other = ssn.tasks.get(key)
+            if other is not None and other.node is not None and other.node in c.nodes:
+                h.dirty.add(c.nodes[other.node].idx)
+    if h.generation == c.generation and not h.dirty:
+        return h
+    changed = np.flatnonzero(c.versions != h.seen)
+    for idx in {*changed.tolist(), *h.dirty}:
+        _reindex(state, h, c.order[idx])
+    h.seen[changed] = c.versions[changed]
+    h.generation = c.generation
+    h.dirty.clear()
+    return h
+
+
+def _reindex(state: _State, h: _Holdings, node: NodeState) -> None:
+    idx = node.idx
+    for key, namespace, decisions in h.on_node.pop(idx, ()):
+        for decision in decisions:
+            claim_key = f"{namespace}/{decision.claim}"
+            users = h.held.get(claim_key)
+            if users is not None:
+                users.pop((key, idx), None)
+                if not users:
+                    del h.held[claim_key]
+            if decision.volume:
+                holders = h.taken.get(decision.volume)
+                if holders is not None:
+                    holders.discard((key, idx))
+                    if not holders:
+                        del h.taken[decision.volume]
+                        _free_changed(state, h, decision.volume, 1)
+    now: list[tuple[str, str, tuple[VolumeBinding, ...]]] = []
+    for entry in node.tasks.values():
+        other = entry.task
+        if other.status not in ACTIVE_ALLOCATED:
+            continue
+        got = state.decided.get(other.key, {}).get(node.name)
+        if not got:
+            continue
+        namespace = other.pod.namespace
+        now.append((other.key, namespace, got))
+        for decision in got:
+            h.held.setdefault(f"{namespace}/{decision.claim}", {})[(other.key, idx)] = (node.name, decision)
+            if decision.volume:
+                holders = h.taken.setdefault(decision.volume, set())
+                if not holders:
+                    _free_changed(state, h, decision.volume, -1)
+                holders.add((other.key, idx))
+    if now:
+        h.on_node[idx] = now
+
+
+def _free_changed(state: _State, h: _Holdings, name: str, delta: int) -> None:
+    """A local volume was taken (-1) or freed (+1): its hostnames' free counts follow."""
+    pv = state.volumes.get(name)
+    if pv is None:
+        return
+    counts = h.free.get(pv.storage_class)
+    if counts is None or not _offered(state, pv):
+        return
+    for host in state.hosts.get(name, ()):
+        code = h.vocabulary.get(host)
+        if code is not None:
+            counts[code] += delta
+
+
+def _free_local(ssn: Session, state: _State, h: _Holdings, storage_class: str) -> npt.NDArray[np.int64]:
+    """Per hostname code, the class's local volumes offered and held by nobody (made once per class)."""
+    counts = h.free.get(storage_class)
+    if counts is None:
+        _, h.vocabulary = ssn.cluster.label_codes(HOSTNAME_LABEL)
+        counts = np.zeros(len(h.vocabulary) + 1, dtype=np.int64)
+        for pv in state.by_class.get(storage_class, ()):
+            if pv.name in h.taken or not _offered(state, pv):
+                continue
+            for host in state.hosts.get(pv.name, ()):
+                code = h.vocabulary.get(host)
+                if code is not None:
+                    counts[code] += 1
+        h.free[storage_class] = counts
+    return counts
+
+
+class _TakenByOthers:
+    """The volumes pods other than `key` hold, as a container of names."""
+
+    __slots__ = ("_key", "_taken")
+
+    def __init__(self, taken: Mapping[str, set[_Holder]], key: str) -> None:
+        self._taken = taken
+        self._key = key
+
+    def __contains__(self, name: object) -> bool:
+        holders = self._taken.get(name) if isinstance(name, str) else None
+        return bool(holders) and any(key != self._key for key, _ in holders or ())
+
+
+def _held_by_others(h: _Holdings, claim_key: str, task_key: str) -> tuple[str, VolumeBinding] | None:
+    """(node, decision) of another placed pod that uses the claim, if any."""
+    for (key, _), got in h.held.get(claim_key, {}).items():
+        if key != task_key:
+            return got
+    return None
+
+
+# --- the pre-filter's masks -------------------------------------------------------------------------------
+def _affinity_mask(c: ClusterState, terms: tuple[LabelSelectorTerm, ...]) -> Mask | None:
+    """The nodes a volume's node affinity holds on (None: every node, or terms with an operator not read
+    here, Gt or Lt, left to the per-node check)."""
+    if not terms:
+        return None
+    out = np.zeros(len(c.order), dtype=bool)
+    for term in terms:
+        holds = np.ones(len(c.order), dtype=bool)
+        for r in term.requirements:
+            match r.operator:
+                case "In":
+                    holds &= c.domain_mask(r.key, r.values)
+                case "NotIn":
+                    holds &= ~c.domain_mask(r.key, r.values)
+                case "Exists":
+                    holds &= c.label_codes(r.key)[0] != 0
+                case "DoesNotExist":
+                    holds &= c.label_codes(r.key)[0] == 0
+                case _:
+                    return None
+        out |= holds
+    return out
+
+
+def _topology_mask(c: ClusterState, storage_class: StorageClass) -> Mask | None:
+    """The nodes in a class's allowedTopologies (None: no limit)."""
+    if not storage_class.allowed_topologies:
+        return None
+    out = np.zeros(len(c.order), dtype=bool)
+    for term in storage_class.allowed_topologies:
+        holds = np.ones(len(c.order), dtype=bool)
+        for key, values in term.requirements.items():
+            holds &= c.domain_mask(key, values)
+        out |= holds
+    return out
+
+
+def _waiting_mask(ssn: Session, state: _State, h: _Holdings, task: TaskState, claim: Claim) -> Mask | None:
+    """The nodes a WaitForFirstConsumer claim may get a volume on (None: any, as far as is known without
+    trying the node)."""
+    c = ssn.cluster
+    if claim.selected_node:
+        out = np.zeros(len(c.order), dtype=bool)
+        chosen = c.nodes.get(claim.selected_node)
+        if chosen is not None:
+            out[chosen.idx] = True
+        return out
+    if _held_by_others(h, claim.key, task.key) is not None or state.reserved.get(claim.key):
+        return None
+    if state.unpinned.get(claim.storage_class):
+        return None
+    codes, _ = c.label_codes(HOSTNAME_LABEL)
+    allowed: Mask = _free_local(ssn, state, h, claim.storage_class)[codes] > 0
+    storage_class = state.classes[claim.storage_class]
+    if storage_class.provisions:
+        topology = _topology_mask(c, storage_class)
+        if topology is None:
+            return None
+        allowed |= topology
+    return allowed
+
+
 # --- NodeVolumeLimits -------------------------------------------------------------------------------------
-def _volume_limits(state: _State, task: TaskState, node: NodeState) -> str | None:
+def _volume_limits(state: _State, task: TaskState, mine: Mapping[str, str], node: NodeState) -> str | None:
     limits = state.limits.get(node.name)
     if not limits:
         return None
-    mine = _attachments(state, task.pod.namespace, task.pod.claims)
     if not any(driver in limits for driver in mine.values()):
         return None
-    attached: dict[str, str] = {}
-    for entry in node.tasks.values():
-        other = entry.task
-        if other is task or other.status not in ACTIVE_USED or not other.pod.claims:
-            continue
-        attached.update(_attachments(state, other.pod.namespace, other.pod.claims))
-    new = {vid: driver for vid, driver in mine.items() if vid not in attached}
-    if not new:
-        return None
+    # A pod on the node already (checked again) counts against what the others attach, without it.
+    on_node = _attached_on(state, node, task) if task.key in node.tasks else _attached(state, node)
+    new = [driver for vid, driver in mine.items() if vid not in on_node.volumes]
     for driver, limit in limits.items():
-        have = sum(1 for d in attached.values() if d == driver)
-        adding = sum(1 for d in new.values() if d == driver)
-        if adding and have + adding > limit:
+        adding = new.count(driver)
+        if adding and on_node.per_driver.get(driver, 0) + adding > limit:
             return MAX_VOLUME_COUNT
     return None
+
+
+def _attached(state: _State, node: NodeState) -> _Attached:
+    """What the node's active pods attach, kept per node until its version moves."""
+    version = int(node.cluster.versions[node.idx])
+    cached = state.attached.get(node.idx)
+    if cached is None or cached.version != version:
+        cached = state.attached[node.idx] = _attached_on(state, node, None, version)
+    return cached
+
+
+def _attached_on(state: _State, node: NodeState, without: TaskState | None, version: int = -1) -> _Attached:
+    volumes: dict[str, str] = {}
+    for entry in node.tasks.values():
+        other = entry.task
+        if other is without or other.status not in ACTIVE_USED or not other.pod.claims:
+            continue
+        volumes.update(_attachments(state, other.pod.namespace, other.pod.claims))
+    per_driver: dict[str, int] = {}
+    for driver in volumes.values():
+        per_driver[driver] = per_driver.get(driver, 0) + 1
+    return _Attached(version, volumes, per_driver)
 
 
 def _attachments(state: _State, namespace: str, names: Sequence[str]) -> dict[str, str]:
@@ -371,18 +701,26 @@ def _affinity_holds(pv: PersistentVolume, labels: Mapping[str, str]) -> bool:
     return not terms or any(selectors.node_term_matches(term, labels) for term in terms)
 
 
+def _offered(state: _State, pv: PersistentVolume) -> bool:
+    """Whether a volume may go to a claim that does not name it: free, Available, not being deleted, and
+    named by no claim's ``volumeName``."""
+    return not pv.deleting and not pv.claim_ref and pv.phase == "Available" and pv.name not in state.named
+
+
 def _bind_or_provision(
     ssn: Session, state: _State, task: TaskState, node: NodeState, waiting: Sequence[Claim]
 ) -> str | tuple[VolumeBinding, ...]:
+    """`waiting` smallest request first, then by name."""
     if any(claim.selected_node and claim.selected_node != node.name for claim in waiting):
         return BIND_CONFLICT
-    taken, held = _taken(ssn, state, task)
+    h = _holdings(ssn, state)
+    taken = _TakenByOthers(h.taken, task.key)
     labels = node.labels
     chosen: set[str] = set()
     out: list[VolumeBinding] = []
     provision: list[Claim] = []
-    for claim in sorted(waiting, key=lambda c: (c.request_bytes, c.name)):
-        earlier = held.get(claim.key)
+    for claim in waiting:
+        earlier = _held_by_others(h, claim.key, task.key)
         if earlier is not None:
             # Another pod of the cycle shares the claim: it goes with what that pod's decision gave it.
             where, decision = earlier
@@ -414,15 +752,17 @@ def _match(
     state: _State,
     claim: Claim,
     labels: Mapping[str, str],
-    taken: frozenset[str],
+    taken: Container[str],
     chosen: set[str],
 ) -> PersistentVolume | None:
     """The volume reserved for the claim (its ``claimRef`` names it) if its node affinity holds, else the
     smallest volume of the claim's class the claim may take on a node with these labels. Only the volumes
     that may be on this node are looked at (those pinned to its hostname, and the unpinned ones), in
-    `by_class` order, so a cluster of local volumes costs a few per node, not all of them."""
+    `by_class` order, so a cluster of local volumes costs a few per node, not all of them. A volume of
+    another ``volumeMode`` is never the claim's (kube-scheduler's and kube-controller-manager's
+    FindMatchingVolume skip it first, a reserved one included)."""
     for pv in state.reserved.get(claim.key, ()):
-        if pv.storage_class != claim.storage_class:
+        if pv.storage_class != claim.storage_class or pv.volume_mode != claim.volume_mode:
             continue
         if not pv.claim_uid or not claim.uid or pv.claim_uid == claim.uid:
             return pv if _affinity_holds(pv, labels) and not pv.deleting else None
@@ -431,11 +771,11 @@ def _match(
     anywhere = state.unpinned.get(claim.storage_class, ())
     candidates = heapq.merge(here, anywhere, key=_fit_order) if here and anywhere else here or anywhere
     for pv in candidates:
-        if pv.deleting or pv.name in taken or pv.name in chosen or pv.name in state.named:
+        if pv.name in taken or pv.name in chosen or not _offered(state, pv):
             continue
-        if pv.claim_ref or pv.phase != "Available":
+        if pv.capacity_bytes < claim.request_bytes or pv.volume_mode != claim.volume_mode:
             continue
-        if pv.capacity_bytes < claim.request_bytes or not wanted <= set(pv.access_modes):
+        if not wanted <= set(pv.access_modes):
             continue
         if claim.selector is not None and not selectors.label_selector_matches(claim.selector, pv.labels):
             continue
@@ -443,25 +783,6 @@ def _match(
             continue
         return pv
     return None
-
-
-def _taken(ssn: Session, state: _State, task: TaskState) -> _Held:
-    """The volumes other pods of the session got on the node they are placed on now, and what each of
-    their claims got there (claim key -> (node, decision))."""
-    generation = ssn.cluster.generation
-    key, seen, cached = state.taken
-    if key == task.key and seen == generation:
-        return cached
-    taken: set[str] = set()
-    held: dict[str, tuple[str, VolumeBinding]] = {}
-    for other, node, decisions in placed_decisions(ssn, task, state.decided):
-        for decision in decisions:
-            held[f"{other.pod.namespace}/{decision.claim}"] = (node, decision)
-            if decision.volume:
-                taken.add(decision.volume)
-    result = (frozenset(taken), held)
-    state.taken = (task.key, generation, result)
-    return result
 
 
 def _topology_allows(storage_class: StorageClass, labels: Mapping[str, str]) -> bool:

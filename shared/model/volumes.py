@@ -19,9 +19,12 @@ import msgspec
 from shared.model.objects import LabelSelector, LabelSelectorTerm
 
 __all__ = [
+    "BLOCK",
+    "FILESYSTEM",
     "IMMEDIATE",
     "NO_PROVISIONER",
     "READ_WRITE_ONCE_POD",
+    "VOLUME_MODES",
     "WAIT_FOR_FIRST_CONSUMER",
     "Claim",
     "CsiNode",
@@ -38,6 +41,10 @@ BindingMode = Literal["Immediate", "WaitForFirstConsumer"]
 IMMEDIATE: BindingMode = "Immediate"
 WAIT_FOR_FIRST_CONSUMER: BindingMode = "WaitForFirstConsumer"
 READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+FILESYSTEM = "Filesystem"
+"""The ``volumeMode`` of a claim or volume that names none (Kubernetes' default)."""
+BLOCK = "Block"
+VOLUME_MODES = (BLOCK, FILESYSTEM)
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 """The provisioner of a class whose volumes are only ever created by hand (local volumes)."""
 
@@ -60,6 +67,8 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, tag="pvc"):
     """``spec.resources.requests.storage`` (0 when unset)."""
     selector: LabelSelector | None = None
     """``spec.selector``: only volumes whose labels it matches (None: any)."""
+    volume_mode: str = FILESYSTEM
+    """``spec.volumeMode``: only volumes of the same mode (Filesystem when unset, on either side)."""
     volume_name: str = ""
     """``spec.volumeName``: the volume it is (being) bound to."""
     bound: bool = False
@@ -83,6 +92,8 @@ class PersistentVolume(msgspec.Struct, frozen=True, kw_only=True, tag="pv"):
     capacity_bytes: int = 0
     access_modes: tuple[str, ...] = ()
     storage_class: str = ""
+    volume_mode: str = FILESYSTEM
+    """``spec.volumeMode`` (Filesystem when unset)."""
     node_affinity: tuple[LabelSelectorTerm, ...] = ()
     """Required node affinity: the node must meet one of the terms (none: any node)."""
     claim_ref: str = ""
