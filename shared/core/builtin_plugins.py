@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, get_args
 
-from shared.core import dra, minruntime, pod_affinity, predicates, scoring, spread, topology
+from shared.core import dra, minruntime, pod_affinity, predicates, scoring, spread, topology, volumes
 from shared.core.plugins import numa
 from shared.core.plugins.points import Code, Refusal
 from shared.core.plugins.priorities import KAI_PRIORITIES as KAI
@@ -84,8 +84,12 @@ class Predicates:
         return predicates.check(ssn, task, node)
 
     def refused(self, ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
-        """The nodes inter-pod affinity refuses, at once (`shared.core.pod_affinity.refused`)."""
-        return pod_affinity.refused(ssn, task)
+        """The nodes inter-pod affinity and the volume filters refuse, at once (`shared.core.pod_affinity.
+        refused`, `shared.core.volumes.refused`)."""
+        by_affinity, by_volumes = pod_affinity.refused(ssn, task), volumes.refused(ssn, task)
+        if by_affinity is None or by_volumes is None:
+            return by_volumes if by_affinity is None else by_affinity
+        return by_affinity | by_volumes
 
 
 def _predicates(arguments: Mapping[str, Argument], policy: Policy) -> SessionPlugin:
