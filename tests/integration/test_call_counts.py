@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -38,7 +38,7 @@ async def http(sim: KubeSim) -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def _post(http: aiohttp.ClientSession, path: str, obj: dict[str, object]) -> int:
+async def _post(http: aiohttp.ClientSession, path: str, obj: Mapping[str, object]) -> int:
     async with http.post(path, data=json.dumps(obj), headers={"Content-Type": "application/json"}) as r:
         await r.read()
         return r.status
