@@ -156,7 +156,13 @@ class ClaimSteps:
             status["allocation"] = {
                 "devices": {
                     "results": [
-                        {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
+                        {
+                            "request": r.request,
+                            "driver": r.driver,
+                            "pool": r.pool,
+                            "device": r.device,
+                            **({"adminAccess": True} if r.admin_access else {}),
+                        }
                         for r in decision.devices
                     ]
                 },

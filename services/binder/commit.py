@@ -273,10 +273,13 @@ def device_clash(current: NodeLedger | None, ours: Mapping[str, Reservation]) ->
                 continue
             for hold in r.devices:
                 for d in hold.devices:
-                    held.setdefault(d.id, (pod, hold.claim))
+                    if not d.admin_access:  # given without being taken: no one's to clash with
+                        held.setdefault(d.id, (pod, hold.claim))
     for pod, r in ours.items():
         for hold in r.devices:
             for d in hold.devices:
+                if d.admin_access:
+                    continue
                 holder = held.setdefault(d.id, (pod, hold.claim))
                 if holder[1] != hold.claim:
                     return DeviceClash(d.id, pod, hold.claim, holder[0], holder[1])

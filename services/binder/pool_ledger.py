@@ -96,7 +96,7 @@ def holds_by_pool(binds: Iterable[Binding], proposal: str) -> dict[Pool, dict[st
         for a in b.claims:
             by_pool: dict[Pool, list[DeviceResult]] = {}
             for d in a.devices:
-                if d.cluster_wide:
+                if d.cluster_wide and not d.admin_access:
                     by_pool.setdefault((d.driver, d.pool), []).append(d)
             for pool, devices in by_pool.items():
                 hold = ClaimHold(claim=f"{b.namespace}/{a.claim}", devices=tuple(devices), node=a.node)

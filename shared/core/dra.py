@@ -11,7 +11,10 @@ plugin turns it off. A pod without claims pays one tuple test. Per pod, whatever
 - a claim, template or DeviceClass that did not translate (a selector that does not compile, no requests):
   its problem, naming the object and the field; a request naming a class the snapshot does not have: the
   claim, the field and 'deviceclass.resource.k8s.io "c" not found';
-- an allocated claim that already lists `RESERVED_FOR_MAX` other users: "resourceclaim in use".
+- an allocated claim that already lists `RESERVED_FOR_MAX` other users: "resourceclaim in use";
+- an unallocated claim with an ``adminAccess`` request in a namespace not labelled `ADMIN_ACCESS_LABEL`
+  ``"true"``: kube-apiserver's Forbidden, naming the request's field (`admin_access_refused`; Kubernetes
+  refuses such a claim at creation, a cluster that let one through gets the same words here).
 
 Per node:
 
@@ -24,7 +27,8 @@ Per node:
   session): per request, in order, its DeviceClass's selectors and its own (CEL, `shared.core.dra_cel`)
   must hold; ExactCount takes `count` devices, All every matching device (none of which may be taken, and
   at least one); ``firstAvailable`` tries its subrequests in order; ``matchAttribute`` constraints hold
-  across the requests they name.
+  across the requests they name. An admin-access request takes devices in use or not and leaves them
+  free: its results (``adminAccess``) are never taken for another claim, here or in the binders' ledger.
   The search backtracks over devices as the structured allocator does, within `SEARCH_BUDGET` steps.
   Failing: "cannot allocate all claims"; a selector whose evaluation fails: its CEL runtime error, naming
   the class or claim, the request and the selector's index.
@@ -63,6 +67,7 @@ from shared.core.dra_accounting import plugin_serves
 from shared.core.result import ClaimAllocation
 from shared.core.session_memo import PerSession, placed_decisions
 from shared.model.dra import (
+    ADMIN_ACCESS_LABEL,
     ALL,
     RESERVED_FOR_MAX,
     ClaimConstraint,
@@ -77,6 +82,7 @@ from shared.model.dra import (
     ResourceSlice,
     extended_claim_name,
 )
+from shared.model.objects import Namespace
 from shared.model.status import ACTIVE_ALLOCATED
 
 if TYPE_CHECKING:
@@ -114,6 +120,14 @@ def template_not_found(template: str) -> str:
 
 def not_created(entry: str, template: str) -> str:
     return f'resourceclaim of pod claim "{entry}" (resourceclaimtemplate "{template}"): not created yet'
+
+
+def admin_access_refused(claim: str, index: int) -> str:
+    """kube-apiserver's words (Forbidden) for a claim asking admin access outside an admin namespace."""
+    return (
+        f'resourceclaim "{claim}": spec.devices.requests[{index}].exactly.adminAccess: admin access to devices '
+        f"requires the `{ADMIN_ACCESS_LABEL}: true` label on the containing namespace"
+    )
 
 
 def class_not_found(claim: str, at: str, device_class: str) -> str:
@@ -155,12 +169,16 @@ class _State:
     """Pod key -> node -> what its claims got there."""
     taken: tuple[str, int, frozenset[DeviceId], dict[str, ClaimAllocation]] = ("", -1, frozenset(), {})
     """(pod key, cluster generation, devices others hold, claims others allocated): the last `_taken`."""
+    admin_namespaces: frozenset[str] = frozenset()
+    """Namespaces labelled `ADMIN_ACCESS_LABEL` "true": the only ones whose claims may ask admin access."""
 
 
-_state: PerSession[_State] = PerSession(lambda ssn: _index(ssn.snapshot.dra, ssn.tasks.values()))
+_state: PerSession[_State] = PerSession(
+    lambda ssn: _index(ssn.snapshot.dra, ssn.tasks.values(), ssn.snapshot.namespaces)
+)
 
 
-def _index(dra: Dra, tasks: Iterable[TaskState]) -> _State:
+def _index(dra: Dra, tasks: Iterable[TaskState], namespaces: Iterable[Namespace] = ()) -> _State:
     local: dict[str, list[ResourceSlice]] = {}
     shared: list[ResourceSlice] = []
     for s in dra.slices:
@@ -182,8 +200,10 @@ def _index(dra: Dra, tasks: Iterable[TaskState]) -> _State:
         templates={t.key: t for t in dra.templates},
         local=local,
         shared=shared,
-        allocated=frozenset(r.id for c in dra.claims if c.allocated for r in c.devices) | held,
+        allocated=frozenset(r.id for c in dra.claims if c.allocated for r in c.devices if not r.admin_access)
+        | held,
         users=users,
+        admin_namespaces=frozenset(n.name for n in namespaces if n.labels.get(ADMIN_ACCESS_LABEL) == "true"),
     )
 
 
@@ -197,7 +217,7 @@ def _held(holds: Iterable[ClaimHold], claims: dict[str, ResourceClaim]) -> froze
     for hold in holds:
         if hold.claim in shown:
             continue
-        devices.update(r.id for r in hold.devices)
+        devices.update(r.id for r in hold.devices if not r.admin_access)
         claim = claims.get(hold.claim)
         if claim is not None and not claim.allocated and hold.devices:
             claims[hold.claim] = msgspec.structs.replace(
@@ -341,6 +361,8 @@ def _resolve(state: _State, task: TaskState) -> str | tuple[list[ResourceClaim],
             fixed.append(claim)
             continue
         for i, request in enumerate(claim.requests):
+            if request.admin_access and namespace not in state.admin_namespaces:
+                return admin_access_refused(claim.name, i)
             if request.first_available:
                 for j, sub in enumerate(request.first_available):
                     at = f"spec.devices.requests[{i}].firstAvailable[{j}].deviceClassName"
@@ -386,7 +408,7 @@ def _taken(
         if other is task or other.status not in ACTIVE_ALLOCATED:
             continue
         for allocation in state.decided.get(other.key, {}).get(node.name, ()):
-            taken.update(r.id for r in allocation.devices)
+            taken.update(r.id for r in allocation.devices if not r.admin_access)
     return frozenset(taken), _shared_claims(state, task)
 
 
@@ -422,7 +444,7 @@ def _taken_anywhere(
     mine = {e.claim for e in task.pod.resource_claims if e.claim}
     for other, _, allocations in placed_decisions(ssn, task, state.decided):
         for allocation in allocations:
-            taken.update(r.id for r in allocation.devices)
+            taken.update(r.id for r in allocation.devices if not r.admin_access)
             if other.pod.namespace == namespace and allocation.claim in mine and allocation.devices:
                 allocated[f"{namespace}/{allocation.claim}"] = allocation
     result = frozenset(taken)
@@ -493,12 +515,15 @@ class _Search:
             alternatives = [(request.name, request)]
         for name, alt in alternatives:
             candidates = [c for c in self.devices if self._fits(ci, name, alt, c)]
+            admin = alt.admin_access
             if alt.mode == ALL:
-                if not candidates or any(c.id in self.busy or c.id in self.used for c in candidates):
+                if not candidates or (
+                    not admin and any(c.id in self.busy or c.id in self.used for c in candidates)
+                ):
                     continue
                 taken: list[_Candidate] = []
                 for c in candidates:
-                    if not self._take(ci, name, c):
+                    if not self._take(ci, name, c, admin):
                         break
                     taken.append(c)
                 else:
@@ -507,23 +532,28 @@ class _Search:
                 for c in reversed(taken):
                     self._untake(ci, c)
                 continue
-            free = [c for c in candidates if c.id not in self.busy]
-            if len(free) >= alt.count and self._pick(pos, ci, name, free, 0, alt.count):
+            # Admin access: devices in use or not, and left free for every other request (upstream).
+            free = candidates if admin else [c for c in candidates if c.id not in self.busy]
+            if len(free) >= alt.count and self._pick(pos, ci, name, free, 0, alt.count, admin):
                 return True
         return False
 
-    def _pick(self, pos: int, ci: int, name: str, free: list[_Candidate], start: int, left: int) -> bool:
+    def _pick(
+        self, pos: int, ci: int, name: str, free: list[_Candidate], start: int, left: int, admin: bool
+    ) -> bool:
         for i in range(start, len(free) - left + 1):
             c = free[i]
-            if c.id in self.used or not self._take(ci, name, c):
+            if (not admin and c.id in self.used) or not self._take(ci, name, c, admin):
                 continue
-            done = self._solve(pos + 1) if left == 1 else self._pick(pos, ci, name, free, i + 1, left - 1)
+            done = (
+                self._solve(pos + 1) if left == 1 else self._pick(pos, ci, name, free, i + 1, left - 1, admin)
+            )
             if done:
                 return True
             self._untake(ci, c)
         return False
 
-    def _take(self, ci: int, request: str, c: _Candidate) -> bool:
+    def _take(self, ci: int, request: str, c: _Candidate, admin: bool = False) -> bool:
         self.steps += 1
         if self.steps > SEARCH_BUDGET:
             raise _ExhaustedError
@@ -547,13 +577,15 @@ class _Search:
                 ]
                 value, n = values.get(k, (attribute.value, 0))
                 values[k] = (value, n + 1)
-            self.used.add(c.id)
+            if not admin:
+                self.used.add(c.id)
             self.results[ci].append(
                 DeviceResult(
                     request=request,
                     driver=c.driver,
                     pool=c.pool,
                     device=c.device.name,
+                    admin_access=admin,
                     cluster_wide=not c.local,
                 )
             )
@@ -561,8 +593,9 @@ class _Search:
         return False
 
     def _untake(self, ci: int, c: _Candidate) -> None:
-        self.used.discard(c.id)
         result = self.results[ci].pop()
+        if not result.admin_access:
+            self.used.discard(c.id)
         values = self.values[ci]
         for k, constraint in enumerate(self.claims[ci].constraints):
             if k in values and _applies(constraint, result.request):

@@ -60,10 +60,11 @@ def is_gpu_class(name: str) -> bool:
 
 def claim_gpus(requests: Iterable[DeviceRequest]) -> int:
     """The whole GPUs a claim's requests count for (KAI: ExactCount requests of GPU classes by their
-    count, All ones as one; ``firstAvailable`` requests not counted)."""
+    count, All ones as one; ``firstAvailable`` requests not counted; admin-access requests not either, as
+    they take no device from anyone)."""
     total = 0
     for request in requests:
-        if request.first_available or not is_gpu_class(request.device_class):
+        if request.first_available or request.admin_access or not is_gpu_class(request.device_class):
             continue
         total += 1 if request.mode == ALL else max(request.count, 1)
     return total

@@ -109,6 +109,8 @@ class ExactRequest(WireStruct, frozen=True, kw_only=True):
     selectors: list[DeviceSelector] = msgspec.field(default_factory=list)
     allocation_mode: str = ""
     count: int | None = None
+    admin_access: Any = None
+    """Checked in `_request` (a value that is not a boolean is named by its field, not a failed decode)."""
 
 
 class SubRequest(ExactRequest, frozen=True, kw_only=True):
@@ -140,6 +142,7 @@ class WireResult(WireStruct, frozen=True, kw_only=True):
     driver: str = ""
     pool: str = ""
     device: str = ""
+    admin_access: bool | None = None
 
 
 class DeviceAllocation(WireStruct, frozen=True, kw_only=True):
@@ -245,7 +248,14 @@ def class_of(raw: WireDeviceClass) -> DeviceClass:
         return msgspec.structs.replace(base, problem=str(exc))
 
 
-def _request(where: tuple[str, str], at: str, name: str, exact: ExactRequest) -> DeviceRequest:
+def _request(
+    where: tuple[str, str], at: str, name: str, exact: ExactRequest, *, exactly: bool = True
+) -> DeviceRequest:
+    """One request (`exactly`: an ``exactly`` one, the only kind that may ask for admin access; a
+    subrequest's ``adminAccess`` is not a field of the API and is ignored)."""
+    admin = exact.admin_access if exactly else None
+    if admin is not None and not isinstance(admin, bool):
+        raise InvalidObject(*where, f"{at}.adminAccess", f"must be a boolean, got {admin!r}")
     if not exact.device_class_name:
         raise InvalidObject(*where, f"{at}.deviceClassName", "required")
     mode = exact.allocation_mode or EXACT_COUNT
@@ -260,6 +270,7 @@ def _request(where: tuple[str, str], at: str, name: str, exact: ExactRequest) ->
         selectors=_selectors(where, f"{at}.selectors", exact.selectors),
         mode=mode,
         count=count if mode == EXACT_COUNT else 0,
+        admin_access=bool(admin),
     )
 
 
@@ -283,7 +294,7 @@ def _devices_claim(
             requests.append(_request(where, f"{here}.exactly", request.name, request.exactly))
             continue
         subs = tuple(
-            _request(where, f"{here}.firstAvailable[{j}]", sub.name, sub)
+            _request(where, f"{here}.firstAvailable[{j}]", sub.name, sub, exactly=False)
             for j, sub in enumerate(request.first_available)
         )
         requests.append(DeviceRequest(name=request.name, first_available=subs))
@@ -318,7 +329,13 @@ def claim_of(raw: WireClaim) -> ResourceClaim:
     if status.allocation is None:
         return claim
     devices = tuple(
-        DeviceResult(request=r.request, driver=r.driver, pool=r.pool, device=r.device)
+        DeviceResult(
+            request=r.request,
+            driver=r.driver,
+            pool=r.pool,
+            device=r.device,
+            admin_access=bool(r.admin_access),
+        )
         for r in status.allocation.devices.results
     )
     node, terms = _allocation_nodes(where, status.allocation.node_selector)

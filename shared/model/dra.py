@@ -23,6 +23,7 @@ import msgspec
 from shared.model.objects import LabelSelectorTerm
 
 __all__ = [
+    "ADMIN_ACCESS_LABEL",
     "ALL",
     "EXACT_COUNT",
     "RESERVED_FOR_MAX",
@@ -48,6 +49,9 @@ AllocationMode = Literal["ExactCount", "All"]
 EXACT_COUNT: AllocationMode = "ExactCount"
 ALL: AllocationMode = "All"
 RESERVED_FOR_MAX = 256
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+"""The namespace label (value ``"true"``) without which a claim may not request admin access (Kubernetes
+1.34; ``resource.k8s.io/admin-access`` in 1.33)."""
 """How many consumers a claim's ``status.reservedFor`` may list (resource.k8s.io/v1)."""
 
 
@@ -120,6 +124,9 @@ class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True):
     mode: AllocationMode = EXACT_COUNT
     count: int = 1
     first_available: tuple[DeviceRequest, ...] = ()
+    admin_access: bool = False
+    """``exactly.adminAccess``: the devices are given without being taken (in use or not, and still free
+    for every other claim); only in a namespace labelled `ADMIN_ACCESS_LABEL` ``"true"``."""
 
 
 class ClaimConstraint(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +144,9 @@ class DeviceResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     driver: str
     pool: str
     device: str
+    admin_access: bool = False
+    """Allocated for an admin-access request: not taken for any other claim (``adminAccess`` of the
+    result)."""
     cluster_wide: bool = False
     """From a slice of all nodes or of a node selector, not a node's own: the binder holds it in its pool's
     ledger entry too (`services.binder.pool_ledger`), since no one node's entry covers it. Not on the
