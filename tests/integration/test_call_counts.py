@@ -52,10 +52,21 @@ async def test_kubesim_counts_each_request_by_client_verb_resource_and_status(
         assert r.status == 404
     async with http.get("/api/v1/namespaces/default/pods/p") as r:
         assert r.status == 200
+    merge = {"Content-Type": "application/merge-patch+json"}
+    for label in ("a", "a"):  # the second patch changes nothing
+        body = json.dumps({"metadata": {"labels": {"x": label}}})
+        async with http.patch("/api/v1/namespaces/default/pods/p", data=body, headers=merge) as r:
+            assert r.status == 200
     async with http.get("/kubesim/requests") as r:
         rows = (await r.json())["requests"]
     counts = {(row["verb"], row["resource"], row["status"]): row["count"] for row in rows}
-    assert counts == {("create", "pods", "2xx"): 1, ("get", "pods", "4xx"): 1, ("get", "pods", "2xx"): 1}
+    assert counts == {
+        ("create", "pods", "2xx"): 1,
+        ("get", "pods", "4xx"): 1,
+        ("get", "pods", "2xx"): 1,
+        ("patch", "pods", "2xx"): 1,
+        ("patch", "pods", "2xx unchanged"): 1,
+    }
     assert {row["client"] for row in rows} == {"Python"}  # aiohttp's User-Agent
 
 

@@ -84,7 +84,8 @@ class ApiCalls(msgspec.Struct, kw_only=True, frozen=True):
     resource: str
     """A plural, or `plural/subresource`."""
     status: str
-    """The answers' status class: `2xx`, `4xx`, `5xx`."""
+    """The answers' status class: `2xx`, `4xx`, `5xx`; `2xx unchanged` for a patch or update that left its
+    object as it was (a call that need not have been made)."""
     count: int
     per_pod: float
     purpose: str = ""
@@ -235,7 +236,7 @@ def calls_table(calls: Calls) -> list[str]:
     """The tables `kairos bench` prints: API calls, then NATS messages per service, per bound pod."""
     lines = [f"Kubernetes API calls per bound pod ({calls.pods:,} pods):"]
     lines += [
-        f"  {c.per_pod:>8.3f}  {c.verb:<7} {c.resource:<24} {c.status:<4} {c.client:<18} {c.purpose}"
+        f"  {c.per_pod:>8.3f}  {c.verb:<7} {c.resource:<24} {c.status:<14} {c.client:<18} {c.purpose}"
         for c in calls.api
     ]
     lines.append("NATS messages sent per bound pod, per service:")

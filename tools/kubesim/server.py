@@ -185,10 +185,12 @@ class KubeSim:
         twice would show two; the chaos checker reads it through `GET /kubesim/bindings`."""
         self.binding_refusals: dict[str, int] = {}
         """pods/binding calls refused (409: the pod already had a node), per pod."""
-        self.requests: Counter[tuple[str, str, str, int]] = Counter()
-        """Every resource request served, by (client, verb, resource, status class): the client is the
-        first word of its User-Agent, the resource a plural or `plural/subresource`, the status class its
-        hundreds (2 for 201). Read through `GET /kubesim/requests` (the bench's calls per pod)."""
+        self.requests: Counter[tuple[str, str, str, str]] = Counter()
+        """Every resource request served, by (client, verb, resource, status): the client is the first word
+        of its User-Agent, the resource a plural or `plural/subresource`, the status its class (`2xx` for
+        201), `2xx unchanged` for a patch or update that left the object as it was (its resourceVersion
+        did not move: a write that need not have been sent). Read through `GET /kubesim/requests` (the
+        bench's calls per pod)."""
         self.webhooks = Webhooks(self.cluster.store)
         """The admission chain: the webhook configurations stored in the cluster, called per write."""
         self.cluster.defer_creates = self.webhooks.configured
@@ -449,18 +451,32 @@ class KubeSim:
         watching = name is None and _truthy(request.query.get("watch"))
         verb = verb_of(request.method, name, watching)
         resource = f"{rt.plural}/{sub}" if sub else rt.plural
-        status = 500
+        status = "5xx"
+        before = self._version_of(req) if verb in ("patch", "update") else None
         try:
             response = await self._serve(request, req, verb, resource, watching)
         except ApiError as exc:
-            status = exc.code
+            status = f"{exc.code // 100}xx"
             raise
         else:
-            status = response.status
+            status = f"{response.status // 100}xx"
+            if before is not None and response.status < 300 and before == self._version_of(req):
+                status += " unchanged"
             return response
         finally:
             client = request.headers.get("User-Agent", "").partition("/")[0] or "unknown"
-            self.requests[(client, verb, resource, status // 100)] += 1
+            self.requests[(client, verb, resource, status)] += 1
+
+    def _version_of(self, req: _Request) -> str | None:
+        """The stored resourceVersion of the object a request names (None: none stored)."""
+        if req.name is None:
+            return None
+        try:
+            stored = self.cluster.get_stored(req.rt, req.namespace, req.name)
+        except ApiError:
+            return None
+        version: str | None = stored["metadata"].get("resourceVersion")
+        return version
 
     async def _serve(
         self, request: web.BaseRequest, req: _Request, verb: str, resource: str, watching: bool
@@ -817,7 +833,7 @@ class KubeSim:
         """The resource requests served so far (`requests`), one entry per (client, verb, resource,
         status class), most frequent first."""
         return [
-            {"client": client, "verb": verb, "resource": resource, "status": f"{status}xx", "count": n}
+            {"client": client, "verb": verb, "resource": resource, "status": status, "count": n}
             for (client, verb, resource, status), n in self.requests.most_common()
         ]
 
