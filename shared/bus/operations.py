@@ -13,9 +13,9 @@ operation), both bounded (never a key, pod, shard or replica name):
 
 | subject                                  | family              | operation                             |
 |------------------------------------------|---------------------|---------------------------------------|
-| `$KV.<bucket>.<key>`                     | `kv.<bucket>`       | put, update (expected revision), delete, purge |
-| `$JS.API.DIRECT.GET.KV_<bucket>...`      | `kv.<bucket>`       | get                                   |
-| `$JS.API.STREAM.MSG.GET.KV_<bucket>`     | `kv.<bucket>`       | get                                   |
+| `$KV.<bucket>.<kind>.<...>`              | `kv.<bucket>.<kind>`| put, update (expected revision), delete, purge |
+| `$JS.API.DIRECT.GET.KV_<bucket>.$KV...`  | `kv.<bucket>.<kind>`| get                                   |
+| `$JS.API.STREAM.MSG.GET.KV_<bucket>`     | `kv.<bucket>.<kind>`| get (the key read from the payload)   |
 | `$JS.API.<verb>...`                      | `jetstream.api`     | the verb (`CONSUMER.CREATE`, `STREAM.INFO`...) |
 | `$JS.ACK.<stream>...`                    | `ack.<stream>`      | ack, nak, term, progress              |
 | `kairos.<family>...`                     | `subject_family`'s  | publish (no reply), request (a reply) |
@@ -53,6 +53,8 @@ EXPECTED_REVISION = "Nats-Expected-Last-Subject-Sequence"
 """The header nats-py's `update` (and `create`, with 0) sends: a compare-and-set write."""
 KV_OPERATION = "KV-Operation"
 """The header of a KV delete or purge (`DEL`, `PURGE`)."""
+MAX_KIND = 16
+"""The longest key kind kept in a family's name (`kv.<bucket>.<kind>`)."""
 COUNTER_PREFIX = "bus:"
 """How `as_counters` names an entry: `bus:<family>:<operation>`."""
 
@@ -71,19 +73,30 @@ def operation_of(
 ) -> tuple[str, str]:
     """What a message sent on `subject` is for: (family, operation), as the module's table says."""
     if subject.startswith(KV_PREFIX):
-        bucket = subject[len(KV_PREFIX) :].partition(".")[0]
+        family = _kv_family(subject[len(KV_PREFIX) :])
         if headers:
             kv_op = headers.get(KV_OPERATION)
             if kv_op:
-                return f"kv.{bucket}", _KV_OPERATIONS.get(kv_op, kv_op.lower())
+                return family, _KV_OPERATIONS.get(kv_op, kv_op.lower())
             if EXPECTED_REVISION in headers:
-                return f"kv.{bucket}", "update"
-        return f"kv.{bucket}", "put"
+                return family, "update"
+        return family, "put"
     if subject.startswith(JS_API_PREFIX):
         api = subject[len(JS_API_PREFIX) :]
-        for prefix in (DIRECT_GET, MSG_GET):
-            if api.startswith(prefix):
-                return f"kv.{api[len(prefix) :].partition('.')[0]}", "get"
+        if api.startswith(DIRECT_GET):
+            # DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key> (nats-py's direct get names the key's subject).
+            stream, _, key_subject = api[len(DIRECT_GET) :].partition(".")
+            if key_subject.startswith(KV_PREFIX):
+                return _kv_family(key_subject[len(KV_PREFIX) :]), "get"
+            return f"kv.{stream}", "get"
+        if api.startswith(MSG_GET):
+            # STREAM.MSG.GET.KV_<bucket>, the key's subject in the JSON payload (`last_by_subj`).
+            at = payload.find(b"$KV.")
+            if at >= 0:
+                end = payload.find(b'"', at)
+                key_subject = bytes(payload[at + len(KV_PREFIX) : end if end >= 0 else None])
+                return _kv_family(key_subject.decode("utf-8", "replace")), "get"
+            return f"kv.{api[len(MSG_GET) :].partition('.')[0]}", "get"
         verb = ".".join(t for t in api.split(".")[:2] if t.isupper())
         return "jetstream.api", verb or "other"
     if subject.startswith(JS_ACK_PREFIX):
@@ -92,6 +105,17 @@ def operation_of(
     if subject.startswith("kairos."):
         return subject_family(subject), "request" if reply else "publish"
     return "reply", "publish"
+
+
+def _kv_family(rest: str) -> str:
+    """`<bucket>.<kind>.<...>` -> `kv.<bucket>.<kind>`: Kairos's keys begin with their kind (`pod`,
+    `podgroup`, `node`, `claim`...); a first token that is not a short lowercase word is `other`, so the
+    label stays bounded whatever a key holds."""
+    bucket, _, key = rest.partition(".")
+    kind = key.partition(".")[0]
+    if not (0 < len(kind) <= MAX_KIND and kind.isascii() and kind.isalpha() and kind.islower()):
+        kind = "other"
+    return f"kv.{bucket}.{kind}"
 
 
 def counting(publish: Publish, tally: Counter[tuple[str, str]] = COUNTED) -> Publish:
@@ -112,7 +136,7 @@ def tally() -> dict[tuple[str, str], int]:
 
 
 def as_counters(counts: Mapping[tuple[str, str], int] | None = None) -> dict[str, int]:
-    """The counts as flat names (`bus:kv.kairos_state:put`), for a heartbeat's `counters`."""
+    """The counts as flat names (`bus:kv.kairos_state.pod:put`), for a heartbeat's `counters`."""
     source = COUNTED if counts is None else counts
     return {f"{COUNTER_PREFIX}{family}:{op}": n for (family, op), n in source.items()}
 

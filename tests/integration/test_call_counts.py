@@ -107,12 +107,12 @@ async def test_the_counter_reports_a_phase_s_api_calls_and_nats_messages_per_pod
             await service
     assert [(c.verb, c.resource, c.count, c.per_pod) for c in calls.api] == [("create", "pods", 2, 1.0)]
     ops = {(o.service, o.family, o.operation): o.count for o in calls.bus}
-    assert ops[("state", "kv.kairos_state", "put")] == 2
-    assert ops[("state", "kv.kairos_state", "get")] == 1
+    assert ops[("state", "kv.kairos_state.bench", "put")] == 2
+    assert ops[("state", "kv.kairos_state.bench", "get")] == 1
     assert calls.missing == []
     lines = calls_table(calls)
     assert lines[0] == "Kubernetes API calls per bound pod (2 pods):"
-    assert any("kv.kairos_state" in line and "put" in line for line in lines)
+    assert any("kv.kairos_state.bench" in line and "put" in line for line in lines)
 
 
 async def test_a_replica_that_never_beats_is_reported_missing_not_counted(
