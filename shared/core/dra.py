@@ -12,6 +12,8 @@ plugin turns it off. A pod without claims pays one tuple test. Per pod, whatever
   its problem, naming the object and the field; a request naming a class the snapshot does not have: the
   claim, the field and 'deviceclass.resource.k8s.io "c" not found';
 - an allocated claim that already lists `RESERVED_FOR_MAX` other users: "resourceclaim in use";
+- a GPU claim the pod names (not one from a template) without the ``kai.scheduler/queue`` label of the
+  pod's queue: KAI's words (`shared_gpu_claim_queue`);
 - an unallocated claim with an ``adminAccess`` request in a namespace not labelled `ADMIN_ACCESS_LABEL`
   ``"true"``: kube-apiserver's Forbidden, naming the request's field (`admin_access_refused`; Kubernetes
   refuses such a claim at creation, a cluster that let one through gets the same words here).
@@ -63,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shared.core import dra_cel, selectors
-from shared.core.dra_accounting import plugin_serves
+from shared.core.dra_accounting import is_gpu_class, plugin_serves
 from shared.core.result import ClaimAllocation
 from shared.core.session_memo import PerSession, placed_decisions
 from shared.model.dra import (
@@ -120,6 +122,23 @@ def template_not_found(template: str) -> str:
 
 def not_created(entry: str, template: str) -> str:
     return f'resourceclaim of pod claim "{entry}" (resourceclaimtemplate "{template}"): not created yet'
+
+
+def shared_gpu_claim_queue(claim: ResourceClaim, queue: str) -> str | None:
+    """KAI's check of a GPU claim a pod names (not one made from a template, which is the pod's alone):
+    shared by the pods naming it, it must carry the queue label of the pod's queue; None when it does or
+    the claim asks for no GPU (KAI v0.17 ``dynamicresources``, its words; the label key is KAI's default,
+    ``kai.scheduler/queue``, whatever the state service's queue_label_key)."""
+    if not any(not r.first_available and is_gpu_class(r.device_class) for r in claim.requests):
+        return None
+    if not claim.queue:
+        return f"DRA claim {claim.name} is a shared GPU claim but does not have a queue label (kai.scheduler/queue)"
+    if claim.queue != queue:
+        return (
+            f"DRA claim {claim.name} is a shared GPU claim with wrong queue label (expected queue: {queue}, "
+            f"claim queue label: {claim.queue})"
+        )
+    return None
 
 
 def admin_access_refused(claim: str, index: int) -> str:
@@ -357,6 +376,10 @@ def _resolve(state: _State, task: TaskState) -> str | tuple[list[ResourceClaim],
             return claim.problem
         if claim.deleting:
             return f'resourceclaim "{entry.claim}" is being deleted'
+        if not entry.template:
+            wrong = shared_gpu_claim_queue(claim, task.job.queue)
+            if wrong:
+                return wrong
         if claim.allocated:
             fixed.append(claim)
             continue

@@ -24,6 +24,7 @@ import msgspec
 from shared.core import dra_cel
 from shared.errors import InvalidObject
 from shared.kube import wire
+from shared.kube.keys import QUEUE_LABEL
 from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, milli_value
 from shared.kube.volumes import _node_term as node_term
@@ -316,7 +317,11 @@ def claim_of(raw: WireClaim) -> ResourceClaim:
     """The model claim; one that does not translate keeps its name and carries the problem."""
     meta = raw.metadata
     base = ResourceClaim(
-        name=meta.name, namespace=meta.namespace, uid=meta.uid, deleting=meta.deletion_timestamp is not None
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        deleting=meta.deletion_timestamp is not None,
+        queue=meta.labels.get(QUEUE_LABEL, ""),
     )
     where = (raw.KIND, raw.label)
     status = raw.status

@@ -190,6 +190,9 @@ class ResourceClaim(msgspec.Struct, frozen=True, kw_only=True, tag="resourceclai
     deleting: bool = False
     problem: str = ""
     """Why the claim cannot be used as written (it did not translate), naming the object and the field."""
+    queue: str = ""
+    """Its ``kai.scheduler/queue`` label ("" without one): KAI lets a GPU claim shared by name be used only
+    by pods of that queue (`shared.core.dra`)."""
 
     @property
     def key(self) -> str:

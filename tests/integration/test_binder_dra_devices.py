@@ -162,6 +162,7 @@ def claim(name: str, *devices: DeviceResult) -> ResourceClaim:
         allocated=bool(devices),
         devices=devices,
         node="n1" if devices else "",
+        queue="team",
     )
 
 

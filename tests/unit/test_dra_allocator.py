@@ -75,6 +75,9 @@ def request(name: str = "gpu", cls: str = "gpu.nvidia.com", count: int = 1, **kw
 
 
 def claim(name: str, *requests: DeviceRequest, **kw: object) -> ResourceClaim:
+    """A claim in namespace "ns", labelled for the queue every job here is in (KAI lets only that queue's
+    pods use a GPU claim they name)."""
+    kw.setdefault("queue", "team")
     return ResourceClaim(
         name=name,
         namespace="ns",

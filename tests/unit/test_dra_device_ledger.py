@@ -362,6 +362,7 @@ def unallocated(name: str) -> ResourceClaim:
         namespace="ns",
         uid=f"uid-{name}",
         requests=(DeviceRequest(name="gpu", device_class=GPU_CLASS.name),),
+        queue="team",
     )
 
 
