@@ -94,8 +94,8 @@ def operation_of(
             at = payload.find(b"$KV.")
             if at >= 0:
                 end = payload.find(b'"', at)
-                key_subject = bytes(payload[at + len(KV_PREFIX) : end if end >= 0 else None])
-                return _kv_family(key_subject.decode("utf-8", "replace")), "get"
+                key = bytes(payload[at + len(KV_PREFIX) : end if end >= 0 else None])
+                return _kv_family(key.decode("utf-8", "replace")), "get"
             return f"kv.{api[len(MSG_GET) :].partition('.')[0]}", "get"
         verb = ".".join(t for t in api.split(".")[:2] if t.isupper())
         return "jetstream.api", verb or "other"
