@@ -33,7 +33,9 @@ from shared.model.objects import (
     NodeSelectorRequirement,
 )
 from shared.model.volumes import (
+    FILESYSTEM,
     IMMEDIATE,
+    VOLUME_MODES,
     WAIT_FOR_FIRST_CONSUMER,
     BindingMode,
     Claim,
@@ -93,6 +95,7 @@ class ClaimSpec(WireStruct, frozen=True, kw_only=True):
     storage_class_name: str | None = None
     volume_name: str = ""
     selector: wire.LabelSelector | None = None
+    volume_mode: str | None = None
 
 
 class ClaimStatus(WireStruct, frozen=True, kw_only=True):
@@ -118,6 +121,7 @@ class VolumeSpec(WireStruct, frozen=True, kw_only=True):
     capacity: wire.ResourceList = msgspec.field(default_factory=dict)
     access_modes: list[str] = msgspec.field(default_factory=list)
     storage_class_name: str = ""
+    volume_mode: str | None = None
     node_affinity: VolumeNodeAffinity | None = None
     claim_ref: ObjectReference | None = None
     csi: CsiSource | None = None
@@ -230,6 +234,7 @@ def _claim(raw: WireClaim, base: Claim) -> Claim:
         access_modes=tuple(spec.access_modes),
         request_bytes=request,
         selector=selector,
+        volume_mode=_volume_mode(where, spec.volume_mode),
         volume_name=spec.volume_name,
         bound=bool(spec.volume_name)
         and (raw.status.phase == "Bound" or meta.annotations.get(BIND_COMPLETED) is not None),
@@ -258,6 +263,7 @@ def volume_of(raw: WireVolume) -> PersistentVolume:
         capacity_bytes=capacity,
         access_modes=tuple(spec.access_modes),
         storage_class=meta.annotations.get(STORAGE_CLASS_ANNOTATION, spec.storage_class_name),
+        volume_mode=_volume_mode(where, spec.volume_mode),
         node_affinity=terms,
         claim_ref=f"{ref.namespace}/{ref.name}" if ref is not None and ref.name else "",
         claim_uid=ref.uid if ref is not None else "",
@@ -336,6 +342,15 @@ def capacity_of(raw: WireCsiStorageCapacity) -> StorageCapacity:
 
 
 # --- helpers --------------------------------------------------------------------------------------------
+def _volume_mode(where: tuple[str, str], mode: str | None) -> str:
+    """``spec.volumeMode``: Filesystem when unset (the API server's default), else Block or Filesystem."""
+    if mode is None:
+        return FILESYSTEM
+    if mode not in VOLUME_MODES:
+        raise InvalidObject(*where, "spec.volumeMode", f"must be Block or Filesystem, got {shown(mode)}")
+    return mode
+
+
 def _bytes(where: tuple[str, str], field: str, raw: str | int | float) -> int:
     try:
         amount = value(raw)

@@ -97,6 +97,7 @@ def test_the_legacy_class_annotation_comes_before_the_field() -> None:
             "spec.selector.matchExpressions[0].operator",
             id="selector operator",
         ),
+        pytest.param({"volumeMode": "Raw"}, "spec.volumeMode", id="a volume mode Kubernetes does not know"),
     ],
 )
 def test_a_claim_that_does_not_translate_carries_a_problem_naming_object_and_field(
@@ -147,6 +148,29 @@ def test_a_volume_becomes_the_model_volume() -> None:
         csi_driver="csi.example.com",
         labels={"topology.kubernetes.io/zone": "b"},
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "mode"),
+    [
+        pytest.param({}, "Filesystem", id="unset is Filesystem, the API server's default"),
+        pytest.param({"volumeMode": "Filesystem"}, "Filesystem", id="Filesystem"),
+        pytest.param({"volumeMode": "Block"}, "Block", id="Block"),
+    ],
+)
+def test_a_claims_and_a_volumes_volume_mode_is_read(spec: dict[str, Any], mode: str) -> None:
+    claim = kv.claim_of(kv.decode("persistentvolumeclaims", raw(claim_json(**spec))))  # type: ignore[arg-type]
+    pv = {"kind": "PersistentVolume", "metadata": {"name": "pv"}, "spec": spec}
+    volume = kv.volume_of(kv.decode("persistentvolumes", raw(pv)))  # type: ignore[arg-type]
+    assert (claim.volume_mode, volume.volume_mode) == (mode, mode)
+
+
+def test_a_volume_of_an_unknown_volume_mode_is_refused_naming_the_field() -> None:
+    obj = {"kind": "PersistentVolume", "metadata": {"name": "pv"}, "spec": {"volumeMode": "Raw"}}
+    with pytest.raises(
+        Exception, match=r"PersistentVolume 'pv': spec.volumeMode: must be Block or Filesystem"
+    ):
+        kv.volume_of(kv.decode("persistentvolumes", raw(obj)))  # type: ignore[arg-type]
 
 
 def test_a_volume_with_a_malformed_capacity_is_refused_naming_the_field() -> None:

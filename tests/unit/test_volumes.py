@@ -32,6 +32,8 @@ from shared.model import (
 )
 from shared.model.builders import gang, one_queue_snapshot
 from shared.model.volumes import (
+    BLOCK,
+    FILESYSTEM,
     WAIT_FOR_FIRST_CONSUMER,
     Claim,
     CsiNode,
@@ -234,6 +236,43 @@ def test_a_static_volume_that_does_not_match_the_claim_is_not_taken(
     result = run(snapshot(NODES, [job("job", "data")], volumes))
     assert not result.binds
     assert v.BIND_CONFLICT in pending_reason(result)
+
+
+@pytest.mark.parametrize(
+    ("claim_mode", "volume_mode", "expected"),
+    [
+        pytest.param(FILESYSTEM, FILESYSTEM, "node-2", id="Filesystem claim, Filesystem volume: taken"),
+        pytest.param(BLOCK, BLOCK, "node-2", id="Block claim, Block volume: taken"),
+        pytest.param(BLOCK, FILESYSTEM, None, id="Block claim, Filesystem volume: never"),
+        pytest.param(FILESYSTEM, BLOCK, None, id="Filesystem claim (or unset), Block volume: never"),
+    ],
+)
+def test_a_static_volume_matches_a_claim_only_of_the_same_volume_mode(
+    claim_mode: str, volume_mode: str, expected: str | None
+) -> None:
+    volumes = Volumes(
+        claims=(claim("data", volume_mode=claim_mode),),
+        volumes=(pv("local-2", on=["node-2"], volume_mode=volume_mode),),
+        classes=(LOCAL,),
+    )
+    result = run(snapshot(NODES, [job("job", "data")], volumes))
+    if expected is None:
+        assert v.BIND_CONFLICT in pending_reason(result)
+    else:
+        assert placements(result)["job-0"] == (expected, (VolumeBinding(claim="data", volume="local-2"),))
+
+
+def test_a_volume_reserved_for_the_claim_in_another_volume_mode_is_passed_over_for_a_matching_one() -> None:
+    volumes = Volumes(
+        claims=(claim("data", volume_mode=BLOCK),),
+        volumes=(
+            pv("reserved", on=["node-1"], claim_ref="ns/data"),
+            pv("block", on=["node-3"], volume_mode=BLOCK),
+        ),
+        classes=(LOCAL,),
+    )
+    result = run(snapshot(NODES, [job("job", "data")], volumes))
+    assert placements(result)["job-0"] == ("node-3", (VolumeBinding(claim="data", volume="block"),))
 
 
 def test_the_smallest_volume_that_fits_is_taken() -> None:
