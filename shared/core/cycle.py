@@ -22,6 +22,7 @@ from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.proportion import R_GPU
 from shared.core.result import (
+    ActionCounts,
     Binding,
     BindProposal,
     Committed,
@@ -70,11 +71,14 @@ def run_session(
     for name in policy.actions:
         if name in ssn.chains.skip_actions:  # e.g. consolidation under a spread nodeplacement
             continue
+        ssn.action = name
+        ssn.action_starts.append((name, len(ssn.log.evictions)))
         if around_action is None:
             ACTIONS[name](ssn)
             continue
         with around_action(name):
             ACTIONS[name](ssn)
+    ssn.action = ""
     hold_broken_gangs(ssn)
     return ssn
 
@@ -164,7 +168,39 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         podgroups=statuses,
         committed=committed,
         view=session_view(ssn, statuses, committed) if want_view else None,
+        actions=action_counts(ssn),
     )
+
+
+def action_counts(ssn: Session) -> tuple[ActionCounts, ...]:
+    """What each action did (`ActionCounts`): the session's tally, and the evictions the cluster carries
+    out attributed to the action whose statement logged them."""
+    if not ssn.action_starts:
+        return ()
+    evicting = {t.key for t, _, _ in _cluster_evictions(ssn)}
+    out: list[ActionCounts] = []
+    bounds = [start for _, start in ssn.action_starts[1:]] + [len(ssn.log.evictions)]
+    seen: set[str] = set()
+    for (name, start), end in zip(ssn.action_starts, bounds, strict=True):
+        evicted: dict[str, int] = {}
+        for task, _, _ in ssn.log.evictions[start:end]:
+            if task.key in evicting and task.key not in seen:
+                seen.add(task.key)
+                evicted[task.job.key] = evicted.get(task.job.key, 0) + 1
+        tally = ssn.tally
+        out.append(
+            ActionCounts(
+                action=name,
+                considered=tally[(name, "considered")],
+                scheduled=tally[(name, "scheduled")],
+                scenarios_simulated=tally[(name, "scenarios_simulated")],
+                scenarios_filtered=tally[(name, "scenarios_filtered")],
+                scenarios_rejected=tally[(name, "scenarios_rejected")],
+                searches_exhausted=tally[(name, "searches_exhausted")],
+                evicted=evicted,
+            )
+        )
+    return tuple(out)
 
 
 # A pod in one of these statuses when the snapshot was taken occupies its node in the cluster.

@@ -143,6 +143,29 @@ class Committed(msgspec.Struct, frozen=True):
     pipelined: int = 0
 
 
+class ActionCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """What one action did in the cycle, counted where KAI's scheduler counts it for its per-action series
+    (`podgroups_acted_on_by_action`, `podgroups_scheduled_by_action`, `scenarios_simulation_by_action`,
+    `scenarios_filtered_by_action`, `total_preemption_attempts`, `pod_group_evicted_pods_total`): values
+    the placement shell turns into metrics (the core keeps none)."""
+
+    action: str
+    considered: int = 0
+    """Podgroups the victim search was run for (reclaim, preempt, consolidation)."""
+    scheduled: int = 0
+    """Podgroups whose statement the action committed (placed, pipelined, or made room for)."""
+    scenarios_simulated: int = 0
+    """Victim scenarios the search simulated."""
+    scenarios_filtered: int = 0
+    """Victim scenarios the accumulated filters ruled out without simulating them."""
+    scenarios_rejected: int = 0
+    """Simulated scenarios where the preemptor fitted but the action's validator refused the victims."""
+    searches_exhausted: int = 0
+    """Podgroups whose victim search tried every scenario and found none (KAI's `generators_exhausted`)."""
+    evicted: dict[str, int] = msgspec.field(default_factory=dict)
+    """Podgroup key -> its pods the action evicted (only those the cluster has to evict)."""
+
+
 class TaskView(msgspec.Struct, frozen=True, kw_only=True):
     """One pod after the cycle: status, node, shared devices, and the GPUs it holds in its queue's quota
     (0 unless placed; MIG pods 0, as KAI's test harness reports them)."""
@@ -204,3 +227,5 @@ class CycleResult(msgspec.Struct, frozen=True, kw_only=True):
     committed: Committed = msgspec.field(default_factory=Committed)
     view: SessionView | None = None
     """The session's view, when `schedule(..., want_view=True)` asked for it."""
+    actions: tuple[ActionCounts, ...] = ()
+    """What each action that ran did, in the order they ran (KAI's per-action series)."""

@@ -12,6 +12,7 @@ form no import circle.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,13 @@ class Session:
         self.jobs: dict[str, JobState] = {}
         self.tasks: dict[str, TaskState] = {}
         self.log = SessionLog()
+        self.action = ""
+        """The action running now (set by the cycle runner), what `count` files a count under."""
+        self.tally: Counter[tuple[str, str]] = Counter()
+        """(action, what) -> how many times: podgroups tried and scheduled, scenarios simulated and
+        filtered (`shared.core.result.ActionCounts`, which the shells turn into KAI's per-action series)."""
+        self.action_starts: list[tuple[str, int]] = []
+        """Each action run, with how many evictions the log held when it started (whose they are)."""
         # Bumped whenever a queue's allocation moves; keys cached queue-order views.
         self.alloc_version = 0
         keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
@@ -321,6 +329,10 @@ class Session:
     def set_status(self, task: TaskState, status: PodStatus) -> None:
         task.status = status
         task.job.version += 1
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Count `n` of `what` for the running action (plain values: the core keeps no metrics)."""
+        self.tally[(self.action, what)] += n
 
     def record(self, decisions: Decisions) -> None:
         self.log.binds.extend(decisions.binds)

@@ -45,6 +45,7 @@ def run(ssn: Session) -> None:
             stmt.convert_allocated_to_pipelined(job.key)
             pipelined = True
         stmt.commit()
+        ssn.count("scheduled")
         if not pipelined and not already_running:
             job.last_start_time = ssn.now
         if job.has_tasks_to_allocate(real=True):

@@ -40,9 +40,11 @@ def run(ssn: Session) -> None:
             ssn, reclaimer_info(ssn, job)
         ):
             continue
+        ssn.count("considered")
         solution = attempt(ssn, job, index)
         if solution.solved and solution.stmt is not None:
             index.refresh_after(solution.stmt.commit())
+            ssn.count("scheduled")
 
 
 def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSolution:

@@ -76,4 +76,7 @@ class ScenarioBuilder:
 
     def _valid(self) -> bool:
         assert self.scenario is not None
-        return all(f.accept(self.scenario) for f in self.filters)
+        if all(f.accept(self.scenario) for f in self.filters):
+            return True
+        self.ssn.count("scenarios_filtered")
+        return False

@@ -118,6 +118,8 @@ class JobSolver:
             recorded_tasks = result.victim_tasks
             recorded_groups = result.victim_groups
         solved = job.is_gang_satisfied() and job.count(ACTIVE_USED) > before
+        if not solved:
+            self.ssn.count("searches_exhausted")
         return JobSolution(solved, stmt, recorded_tasks, tuple(self.simulated))
 
     # --- one partial job -------------------------------------------------------------------------------------
@@ -130,6 +132,7 @@ class JobSolver:
         self._might_help = MightHelp(self.ssn, partial)
         scenario = builder.first()
         while scenario is not None:
+            self.ssn.count("scenarios_simulated")
             result = self._solve_scenario(scenario, feasible)
             if result.solved:
                 return result
@@ -185,6 +188,7 @@ class JobSolver:
         moved = [t for t in victims if t.status == PodStatus.PIPELINED]
         chosen = list(preempted) if self.allow_consolidation else preempted + moved
         if self.validator is not None and not self.validator(scenario):
+            self.ssn.count("scenarios_rejected")
             stmt.discard()
             return SolveResult(False)
         if self.allow_consolidation:
