@@ -24,7 +24,8 @@ Per node:
   session: a shared claim) fits only the node its allocation is for: "resourceclaim not available on the
   node";
 - the unallocated claims are allocated together from the devices of the node's slices and of the slices
-  every node, or this one through its node selector, reaches, leaving out devices other claims hold (an
+  every node, or this one through its node selector, reaches (a pool's slices of an older generation than
+  its newest are not read: `current_slices`), leaving out devices other claims hold (an
   allocation in the snapshot, devices the binders' ledger holds, or one decided for a pod placed this
   session): per request, in order, its DeviceClass's selectors and its own (CEL, `shared.core.dra_cel`)
   must hold; ExactCount takes `count` devices, All every matching device (none of which may be taken, and
@@ -65,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shared.core import dra_cel, selectors
-from shared.core.dra_accounting import is_gpu_class, plugin_serves
+from shared.core.dra_accounting import current_slices, is_gpu_class, plugin_serves
 from shared.core.result import ClaimAllocation
 from shared.core.session_memo import PerSession, placed_decisions
 from shared.model.dra import (
@@ -200,7 +201,7 @@ _state: PerSession[_State] = PerSession(
 def _index(dra: Dra, tasks: Iterable[TaskState], namespaces: Iterable[Namespace] = ()) -> _State:
     local: dict[str, list[ResourceSlice]] = {}
     shared: list[ResourceSlice] = []
-    for s in dra.slices:
+    for s in current_slices(dra.slices):
         if s.node:
             local.setdefault(s.node, []).append(s)
         elif s.all_nodes or s.node_selector:

@@ -38,7 +38,15 @@ from shared.model.dra import (
 if TYPE_CHECKING:
     from shared.model import Node, Pod, Snapshot
 
-__all__ = ["DRA_SERVED", "EXTENDED_CLASS_PREFIX", "account", "claim_gpus", "is_gpu_class", "plugin_serves"]
+__all__ = [
+    "DRA_SERVED",
+    "EXTENDED_CLASS_PREFIX",
+    "account",
+    "claim_gpus",
+    "current_slices",
+    "is_gpu_class",
+    "plugin_serves",
+]
 
 EXTENDED_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 """The extended resource name every DeviceClass answers to (KEP-5004), beside its own."""
@@ -51,6 +59,17 @@ def plugin_serves(allocatable: Mapping[str, float], resource: str) -> bool:
     """Whether a node's allocatable lists `resource` itself (a device plugin's): then kube-scheduler's
     resource fit, not DRA, serves a pod's request of it on that node (KEP-5004)."""
     return resource in allocatable and allocatable[resource] < DRA_SERVED
+
+
+def current_slices(slices: Sequence[ResourceSlice]) -> list[ResourceSlice]:
+    """`slices` without those of an older generation than their pool's newest (a driver replacing a pool's
+    slices publishes the new generation before it deletes the old: the structured allocator reads the
+    newest only). In their order."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
 
 def is_gpu_class(name: str) -> bool:
@@ -85,7 +104,7 @@ def account(snapshot: Snapshot) -> Snapshot:
     mixed = {
         name for pod in pods for e in pod.resource_claims if e.device_class and (name := e.name) in listed
     }
-    gpus = _node_gpus(dra.slices)
+    gpus = _node_gpus(current_slices(dra.slices))
     nodes = tuple(_accounted_node(node, gpus.get(node.name), mixed) for node in snapshot.nodes)
     return msgspec.structs.replace(snapshot, pods=pods, nodes=nodes)
 

@@ -391,6 +391,11 @@ def slice_of(raw: WireResourceSlice) -> ResourceSlice:
     pool = spec.pool.get("name")
     if not isinstance(pool, str) or not pool:
         raise InvalidObject(*where, "spec.pool.name", "required")
+    generation = spec.pool.get("generation", 0)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise InvalidObject(
+            *where, "spec.pool.generation", f"must be an integer of at least 0, got {generation!r}"
+        )
     terms: tuple[LabelSelectorTerm, ...] = ()
     if spec.node_selector is not None:
         found = [
@@ -407,6 +412,7 @@ def slice_of(raw: WireResourceSlice) -> ResourceSlice:
         all_nodes=bool(spec.all_nodes),
         node_selector=terms,
         devices=devices,
+        generation=generation,
     )
 
 

@@ -100,6 +100,9 @@ class ResourceSlice(msgspec.Struct, frozen=True, kw_only=True, tag="resourceslic
     node_selector: tuple[LabelSelectorTerm, ...] = ()
     """Nodes from which the devices are reachable (terms ORed), when neither `node` nor `all_nodes`."""
     devices: tuple[Device, ...] = ()
+    generation: int = 0
+    """``spec.pool.generation``: a pool's slices of an older generation than its newest are ignored (the
+    driver is replacing them), as the structured allocator does."""
 
 
 class DeviceClass(msgspec.Struct, frozen=True, kw_only=True, tag="deviceclass"):
