@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 
 from shared.bus.trace_context import receiving
 from shared.errors import ConflictError, FencedError, InvalidObject, MalformedMessage, TemporaryError
@@ -59,11 +61,23 @@ class Counters(Counter[str]):
     def __init__(self, *args: Any, **kwargs: int) -> None:
         super().__init__(*args, **kwargs)
         self.by_subject: Counter[tuple[str, str]] = Counter()
+        self.consumer_lag: dict[tuple[str, str], tuple[int, float]] = {}
+        """(stream, consumer) -> (messages pending behind the last one delivered, its age in seconds)."""
 
     def message(self, outcome: str, subject: str) -> None:
         """One message of `subject` ended as `outcome` (handled, malformed, errors)."""
         self[outcome] += 1
         self.by_subject[(outcome, subject_family(subject))] += 1
+
+    def consumed(self, msg: Msg) -> None:
+        """A JetStream message arrived: keep its consumer's lag as the message tells it (messages still
+        pending behind it, and its age in seconds), read from its reply subject, with no call to NATS."""
+        try:
+            meta = msg.metadata
+        except (NotJSMessageError, AttributeError):  # not a JetStream delivery (a test's stand-in)
+            return
+        age = max(0.0, time.time() - meta.timestamp.timestamp()) if meta.timestamp else 0.0
+        self.consumer_lag[(meta.stream, meta.consumer)] = (meta.num_pending or 0, age)
 
 
 async def handle(
@@ -76,6 +90,8 @@ async def handle(
 ) -> None:
     """Decode `msg`, run `handler`, then ack/nak/term it (JetStream) according to `fate_of`."""
     error: BaseException | None = None
+    if jetstream:
+        counters.consumed(msg)
     try:
         message = codec.decode(msg.subject, msg.data)
     except MalformedMessage as exc:
