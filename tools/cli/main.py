@@ -14,6 +14,8 @@ with an argv list. Subcommands::
     kairos explain POD|PODGROUP [-n NS] [--json]                  why it is pending, running or evicted
     kairos bench [--quick] [--json OUT] [--plot OUT.png]          the benchmark suite (tools.bench)
     kairos heap-diff OLD NEW [--top N]                            where a service's memory grew (tools.cli.heap)
+    kairos snapshot [-o FILE] [--url URL]                         capture what the scheduler sees (tools.cli.snapshot)
+    kairos simulate FILE [--add-nodes ...] [--json]               replay it offline with what-if changes (tools.cli.simulate)
 
 Exit codes: 0 done (``run`` exits 0 whether or not the case passes), 1 ``check`` found a
 failing case or ``down`` left a process running (each named on stderr), 2 bad input or usage.
@@ -81,7 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the scripted demo")
     demo.set_defaults(handler=_cmd_demo)
 
-    from tools.cli import bench, chaos, cluster_cmds, explain, heap, up
+    from tools.cli import bench, chaos, cluster_cmds, explain, heap, simulate, snapshot, up
 
     up.add_commands(commands)
     cluster_cmds.add_commands(commands)
@@ -89,6 +91,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_commands(commands)
     chaos.add_commands(commands)
     heap.add_commands(commands)
+    snapshot.add_commands(commands)
+    simulate.add_commands(commands)
     return parser
 
 
