@@ -30,7 +30,7 @@ import msgspec
 import yaml
 
 from shared.errors import ConfigError
-from tools.kubesim import disruption, kinds
+from tools.kubesim import default_storage_class, disruption, kinds
 from tools.kubesim.errors import (
     ApiError,
     already_exists,
@@ -523,6 +523,8 @@ class Cluster:
         kinds.default_object(rt, body)
         if rt.storage == "pods" and isinstance(body.get("spec"), dict):
             self._admit_pod_priority(body)
+        elif rt.storage == default_storage_class.CLAIMS:
+            default_storage_class.admit(self.store, body)
         return Write(rt=rt, operation="CREATE", obj=body)
 
     def _finish_create(self, write: Write, *, dry_run: bool) -> Obj:
