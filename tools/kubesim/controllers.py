@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tools.kubesim.cluster import DeferredCreate
+from tools.kubesim.default_storage_class import RetroactiveDefault
 from tools.kubesim.dra import DraController
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
@@ -141,6 +142,8 @@ class Controllers:
         """The volume controller, the CSI provisioner and the CSINodes (`tools.kubesim.storage`)."""
         self.dra = DraController(cluster)
         """The resourceclaim controller, the DRA GPU driver and ComputeDomains (`tools.kubesim.dra`)."""
+        self.default_class = RetroactiveDefault(cluster)
+        """The default StorageClass given to claims that asked for none (`tools.kubesim.default_storage_class`)."""
         self._watched: dict[str, object] = {}
         """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
 
@@ -182,7 +185,8 @@ class Controllers:
     def run_once(self) -> bool:
         """Reconcile every dirty object once; True when there was anything to do."""
         if not self.dirty:
-            return self.dra.run_once() | self.storage.run_once()
+            return self.default_class.run_once() | self.dra.run_once() | self.storage.run_once()
+        self.default_class.run_once()
         self.storage.run_once()
         self.dra.run_once()
         batch = list(self.dirty)
