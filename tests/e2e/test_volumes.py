@@ -12,7 +12,11 @@ claims cannot be met waits, saying why in kube-scheduler's words.
   volume there, the pod runs;
 - a provisioner that gives up (a class marked to fail): the binder waits for the claim before binding the
   pod, so the pod stays Pending and unbound, with a Warning naming the claim; once the class is fixed (made
-  again without the mark: a class's parameters cannot change) the pod runs.
+  again without the mark: a class's parameters cannot change) the pod runs;
+- the default StorageClass: a claim applied without a class while no class is the default holds its pod as
+  an unbound Immediate claim; once a class annotated as the default is applied the claim gets it
+  (kube-controller-manager's retroactive assignment) and the pod runs; a claim applied afterwards without a
+  class gets it at creation (the DefaultStorageClass admission plugin). Last: it makes a class the default.
 
 Four generated nodes, node-3 tainted by kubectl first. One stack for the module.
 """
@@ -197,3 +201,24 @@ def test_a_pod_whose_provisioning_fails_waits_unbound_until_its_class_is_fixed(s
     assert (
         get(stack, "pvc", "brittle")["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
     )
+
+
+def test_a_claim_without_a_class_gets_the_default_class_and_its_pod_runs(stack: Stack) -> None:
+    unnamed = claim("plain", "")
+    del unnamed["spec"]["storageClassName"]
+    apply(stack, unnamed, pod_with("waiter", "plain"))
+    message = wait_for(stack, "waiter explained", lambda: unschedulable(stack, "waiter"), "waiter")
+    assert "pod has unbound immediate PersistentVolumeClaims" in message
+    assert "storageClassName" not in get(stack, "pvc", "plain")["spec"]
+    default = storage_class("standard", DRIVER)
+    default["metadata"]["annotations"] = {"storageclass.kubernetes.io/is-default-class": "true"}
+    apply(stack, default)
+    node = wait_for(stack, "waiter Running", lambda: running_on(stack, "waiter"), "waiter")
+    given = get(stack, "pvc", "plain")
+    assert given["spec"]["storageClassName"] == "standard"
+    assert given["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
+    later = claim("later", "")
+    del later["spec"]["storageClassName"]
+    apply(stack, later, pod_with("latecomer", "later"))
+    assert get(stack, "pvc", "later")["spec"]["storageClassName"] == "standard"
+    wait_for(stack, "latecomer Running", lambda: running_on(stack, "latecomer"), "latecomer")
