@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -36,8 +37,9 @@ from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Proposal, WorkItem, encode
 from shared.core.builtin_plugins import SessionRegistry
-from shared.core.plugins.registry import PluginConfigError
-from shared.core.result import CycleResult
+from shared.core.plugins.registry import Plugin, PluginConfigError, PluginFactory, Registry
+from shared.core.policy import Argument, Policy
+from shared.core.result import ActionCounts, CycleResult
 from shared.core.scheduler import ActionHook, schedule
 from shared.errors import MalformedMessage, TemporaryError
 from shared.model import Snapshot
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
     from nats.aio.msg import Msg
 
 log = logging.getLogger("kairos.placement.worker")
+S = TypeVar("S")
 
 PROGRESS_INTERVAL_S = 5.0
 """While a long session runs, tell JetStream the item is still being worked on this often (it would
@@ -130,6 +133,8 @@ class Placed:
     unschedulable: list[tuple[str, PodUnschedulable]]
     details: Mapping[str, PlaceDetail] = field(default_factory=dict)
     """Per traced podgroup: what the session did with it (for its `placement.place` span)."""
+    actions: tuple[ActionCounts, ...] = ()
+    """What each action did (KAI's per-action series)."""
 
 
 def place(
@@ -176,7 +181,7 @@ def place(
         stale_before={pg.key: pg.stale_since for pg in snapshot.podgroups},
     )
     details = place_details(result, traced, len(snapshot.nodes)) if traced else {}
-    return Placed(proposal, unschedulable(result, item.now), details)
+    return Placed(proposal, unschedulable(result, item.now), details, result.actions)
 
 
 # --- the handler -------------------------------------------------------------------------------------------
@@ -196,8 +201,10 @@ class Worker:
         registry: SessionRegistry | None = None,
     ) -> None:
         self.bus = bus
-        self.registry = load_registry() if registry is None else registry
-        """KAI's plugins plus the third-party ones installed, loaded once at start-up."""
+        loaded = load_registry() if registry is None else registry
+        self.registry = loaded if metrics is None else timed_registry(loaded, metrics.plugin_opened)
+        """KAI's plugins plus the third-party ones installed, loaded once at start-up (each plugin's set-up
+        per session timed for KAI's plugin latency when metrics are on)."""
         self.metrics = metrics
         self.tie_break_seed = tie_break_seed
         self.replica = replica
@@ -227,7 +234,8 @@ class Worker:
         snapshot, revision = self.replica.shard_snapshot(item.shard), self.replica.revision
         key_revisions = dict(self.replica.key_revisions)
         try:
-            timer = self.metrics.action_timer if self.metrics is not None else None
+            clock = self.metrics.session_clock() if self.metrics is not None else None
+            timer = clock.action if clock is not None else None
             received = carried()
             times = ActionTimes(inner=timer) if received else None
             started_ns = time.time_ns()
@@ -248,6 +256,8 @@ class Worker:
         except MalformedMessage:
             self.counters["malformed"] += 1
             raise
+        if clock is not None:
+            clock.finish()
         proposal = placed.proposal
         headers = None
         if times is not None:
@@ -259,6 +269,10 @@ class Worker:
         self.counters["proposals"] += 1
         if self.metrics is not None:
             _observe(self.metrics, time.perf_counter() - started, snapshot, proposal)
+            pool = self.replica.pool(item.shard)
+            self.metrics.observe_actions(
+                placed.actions, {pg.key: pg for pg in snapshot.podgroups}, pool.value if pool else ""
+            )
         await self._explain(item, placed.unschedulable)
         log.debug(
             "work %s -> proposal %s: %d binds, %d evictions, %d pipelined",
@@ -314,6 +328,25 @@ def _observe(metrics: PlacementMetrics, seconds: float, snapshot: Snapshot, prop
         pending=len(proposal.pending),
         # KAI's task latency starts at the pod's creation; pods without a creation time are left out.
         task_latencies=[now - created[b.pod] for b in proposal.binds if created.get(b.pod, 0.0) > 0],
+    )
+
+
+def timed_registry(registry: Registry[S], opened: Callable[[str, float], None]) -> Registry[S]:
+    """`registry` with each plugin's factory timed: `opened(plugin, seconds)` after the core builds the
+    plugin for a session (Kairos's OnSessionOpen of a plugin, KAI's plugin latency)."""
+
+    def timed(name: str, factory: PluginFactory[S]) -> PluginFactory[S]:
+        def build(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[S]:
+            start = time.perf_counter()
+            try:
+                return factory(arguments, policy)
+            finally:
+                opened(name, time.perf_counter() - start)
+
+        return build
+
+    return Registry(
+        dataclasses.replace(spec, factory=timed(name, spec.factory)) for name, spec in registry.items()
     )
 
 

@@ -285,6 +285,8 @@ class PlanMetrics(Protocol):
 
     def work_round_trip(self, seconds: float) -> None: ...
 
+    def usage_queried(self, seconds: float) -> None: ...
+
 
 # --- the leader's loop ------------------------------------------------------------------------------------
 @dataclass
@@ -398,6 +400,7 @@ class Dispatcher:
         if params is None:
             self._queue_usage = ()
             return None
+        started = time.perf_counter()
         if not self.usage.loaded:
             try:
                 await self.usage.load()
@@ -406,6 +409,8 @@ class Dispatcher:
                 log.exception("could not read the usage ledger")
                 return None
         self._queue_usage = self.usage.fractions(now, params)
+        if self.metrics is not None:
+            self.metrics.usage_queried(time.perf_counter() - started)
         return params
 
     async def _usage_after(self, plan: Plan, now: float, params: UsageParams | None) -> None:

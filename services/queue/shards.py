@@ -110,6 +110,9 @@ class ShardMetrics:
     def work_round_trip(self, seconds: float) -> None:
         self.shared.inner.work_round_trip(seconds)
 
+    def usage_queried(self, seconds: float) -> None:
+        self.shared.inner.usage_queried(seconds)
+
 
 class ShardLeader:
     """One served shard inside a queue replica: its lease and the leadership loop, its dispatcher."""

@@ -21,12 +21,13 @@ of their own (`Derived`), so the shells count each thing once.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter as _Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -40,8 +41,13 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from shared.contracts.events import QueueFairShare
+
+if TYPE_CHECKING:
+    from shared.core.result import ActionCounts
+    from shared.model import PodGroup
 
 KAI = "kai"
 """KAI Scheduler's default metrics namespace (`--metrics-namespace`, constants.DefaultMetricsNamespace)."""
@@ -64,6 +70,14 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     30,
 )
 """Kairos's own latency histograms, in seconds (Prometheus's base unit) from 1 ms to 30 s."""
+KAI_SEARCH_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2**i for i in range(16))
+"""KAI's `prometheus.ExponentialBuckets(0.001, 2, 16)` for `scenario_search_duration_seconds`: 1 ms ... 32.768 s."""
+SEARCH_ACTIONS = ("consolidation", "reclaim", "preempt")
+"""The actions that search for victims (KAI's scenario-search budget keys, less `default`)."""
+SEARCH_GENERATOR = "accumulated"
+"""The one victim-scenario generator Kairos runs (KAI's accumulated search, `shared.core.solver.builder`)."""
+DEFAULT_NODE_POOL = "default"
+"""KAI's node-pool name for objects without the node-pool label (`DefaultNodePoolName`)."""
 
 MILLI_CPU_PER_CORE = 1000.0
 BYTES_PER_GB = 1e9
@@ -156,6 +170,51 @@ class _FromCallback(Collector):
         return list(self._collect())
 
 
+class KaiCounter:
+    """A counter under one of KAI's names that do not end in `_total` (`podgroups_scheduled_by_action`,
+    `total_preemption_attempts`, ...): Go's client writes a counter's name as given, prometheus-client
+    always appends `_total`, so these are written by `ServiceMetrics.expose` itself, in the same text
+    format, and a query written for KAI finds them under KAI's name."""
+
+    def __init__(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.help = help_
+        self.labels = labels
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+        if not labels:
+            self._values[()] = 0.0
+
+    def inc(self, *values: str, amount: float = 1.0) -> None:
+        if len(values) != len(self.labels):
+            raise ValueError(f"{self.name}: labels {self.labels}, got values {values}")
+        if amount < 0:
+            raise ValueError(f"{self.name}: a counter only goes up, got {amount}")
+        with self._lock:
+            self._values[values] = self._values.get(values, 0.0) + amount
+
+    def value(self, *values: str) -> float:
+        return self._values.get(values, 0.0)
+
+    def text(self) -> str:
+        """The family in the text format 0.0.4, as Go's client writes it."""
+        help_ = self.help.replace("\\", r"\\").replace("\n", r"\n")
+        lines = [f"# HELP {self.name} {help_}\n", f"# TYPE {self.name} counter\n"]
+        with self._lock:
+            items = sorted(self._values.items())
+        for values, count in items:
+            pairs = ",".join(
+                f'{k}="{_escape_label(v)}"' for k, v in sorted(zip(self.labels, values, strict=True))
+            )
+            labels = f"{{{pairs}}}" if pairs else ""
+            lines.append(f"{self.name}{labels} {floatToGoString(count)}\n")
+        return "".join(lines)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
 class ServiceMetrics:
     """One process's registry and the runner's own series; `attach` once the service context exists."""
 
@@ -164,6 +223,8 @@ class ServiceMetrics:
         self._counters: CounterSource | None = None
         self._ready: Callable[[], bool] = lambda: False
         self._info: dict[str, str] = {}
+        self.kai_counters: list[KaiCounter] = []
+        """KAI's counters named without `_total`, written by `expose` after the registry's families."""
         self.registry.register(_FromCallback(self._runner_series))
         # The process's own: resident memory and CPU (process_*), and the collector's work per generation
         # (python_gc_*): how an operator watches a long-running replica's memory.
@@ -196,7 +257,16 @@ class ServiceMetrics:
     def expose(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type: format 0.0.4, what KAI's Go client serves
         and every Prometheus reads (prometheus-client's "latest" label, 1.0.0, older servers refuse)."""
-        return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+        body = generate_latest(self.registry)
+        if self.kai_counters:
+            body += "".join(c.text() for c in self.kai_counters).encode()
+        return body, CONTENT_TYPE_PLAIN_0_0_4
+
+    def kai_counter(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> KaiCounter:
+        """A `KaiCounter` exposed with this process's series."""
+        counter = KaiCounter(name, help_, labels)
+        self.kai_counters.append(counter)
+        return counter
 
     def _runner_series(self) -> Iterator[Metric]:
         ready = GaugeMetricFamily("kairos_service_ready", "1 while the service reports ready, else 0")
@@ -243,6 +313,22 @@ class ServiceMetrics:
         )
         dropped.add_metric([], counters["malformed"])
         yield dropped
+        pending = GaugeMetricFamily(
+            "kairos_nats_consumer_pending_messages",
+            "Messages still pending on a JetStream consumer behind the last one this process was delivered",
+            labels=["stream", "consumer"],
+        )
+        age = GaugeMetricFamily(
+            "kairos_nats_consumer_message_age_seconds",
+            "Seconds the last message a JetStream consumer delivered here had waited in its stream",
+            labels=["stream", "consumer"],
+        )
+        lags: Mapping[tuple[str, str], tuple[int, float]] = getattr(counters, "consumer_lag", {})
+        for (stream, consumer), (behind, seconds) in sorted(lags.items()):
+            pending.add_metric([stream, consumer], behind)
+            age.add_metric([stream, consumer], seconds)
+        yield pending
+        yield age
 
 
 def _ms(seconds: float) -> float:
@@ -301,7 +387,139 @@ class PlacementMetrics:
             ["outcome"],
             registry=r,
         )
+        self.open_session = Gauge(
+            f"{KAI}_open_session_latency_milliseconds",
+            "Milliseconds the last work item's session took to open (snapshot to plugins and fair shares)",
+            registry=r,
+        )
+        self.close_session = Gauge(
+            f"{KAI}_close_session_latency_milliseconds",
+            "Milliseconds the last work item's session took to close (results read out, proposal built)",
+            registry=r,
+        )
+        self.plugin = Gauge(
+            f"{KAI}_plugin_scheduling_latency_milliseconds",
+            "Milliseconds a plugin took to set up for the last session (OnSessionOpen)",
+            ["plugin", "OnSession"],
+            registry=r,
+        )
+        self.scheduled_by_action = metrics.kai_counter(
+            f"{KAI}_podgroups_scheduled_by_action",
+            "Podgroups each action scheduled (its statement committed)",
+            ("action",),
+        )
+        self.acted_on_by_action = metrics.kai_counter(
+            f"{KAI}_podgroups_acted_on_by_action",
+            "Podgroups each action tried to make room for (the victim search ran)",
+            ("action",),
+        )
+        self.scenarios_simulated = metrics.kai_counter(
+            f"{KAI}_scenarios_simulation_by_action",
+            "Victim scenarios each action simulated",
+            ("action",),
+        )
+        self.scenarios_filtered = metrics.kai_counter(
+            f"{KAI}_scenarios_filtered_by_action",
+            "Victim scenarios each action ruled out without simulating them",
+            ("action",),
+        )
+        self.preemption_attempts = metrics.kai_counter(
+            f"{KAI}_total_preemption_attempts",
+            "Podgroups the preempt action made room for (statements committed)",
+        )
+        self.evicted_pods = Counter(
+            f"{KAI}_pod_group_evicted_pods_total",
+            "Pods evicted, per podgroup and the action that evicted them",
+            ["podgroup", "namespace", "uid", "nodepool", "action"],
+            registry=r,
+        )
+        self.search_jobs = Counter(
+            f"{KAI}_scenario_search_jobs_total",
+            "Podgroups the victim search ran for, by action and result (solved, generators_exhausted)",
+            ["action", "result", "reduced_budget"],
+            registry=r,
+        )
+        self.search_scenarios = Counter(
+            f"{KAI}_scenario_search_scenarios_total",
+            "Victim scenarios by state: emitted (built), simulated, validator_rejected",
+            ["action", "generator", "state"],
+            registry=r,
+        )
+        self.search_exhausted = Counter(
+            f"{KAI}_scenario_search_action_budget_exhausted_total",
+            "Times an action's search budget ran out (never: Kairos's search has no wall-clock budget)",
+            ["action"],
+            registry=r,
+        )
+        self.search_duration = Histogram(
+            f"{KAI}_scenario_search_duration_seconds",
+            "Seconds of a generator's search attempt (not observed: Kairos's core reads no clock)",
+            ["action", "generator", "result"],
+            buckets=KAI_SEARCH_BUCKETS_S,
+            registry=r,
+        )
+        action_budget = Gauge(
+            f"{KAI}_scenario_search_action_budget_configured_seconds",
+            "An action's scenario-search budget in seconds; 0: unlimited (Kairos's search has none)",
+            ["action"],
+            registry=r,
+        )
+        job_budget = Gauge(
+            f"{KAI}_scenario_search_job_budget_configured_seconds",
+            "The per-job scenario-search budget in seconds; 0: unlimited (Kairos's search has none)",
+            registry=r,
+        )
+        generator_budget = Gauge(
+            f"{KAI}_scenario_search_generator_budget_configured_seconds",
+            "A generator's scenario-search budget in seconds; 0: unlimited (Kairos's search has none)",
+            ["generator"],
+            registry=r,
+        )
+        job_budget.set(0)
+        generator_budget.labels(SEARCH_GENERATOR).set(0)
+        for action in SEARCH_ACTIONS:
+            action_budget.labels(action).set(0)
+            self.search_exhausted.labels(action)
         metrics.derive(self.DERIVED)
+
+    def session_clock(self) -> SessionClock:
+        """A clock for one work item: its `action` is the core's `around_action`."""
+        return SessionClock(self)
+
+    def plugin_opened(self, plugin: str, seconds: float) -> None:
+        """A plugin was built for a session in `seconds` (Kairos's OnSessionOpen of a plugin)."""
+        self.plugin.labels(plugin, "OnSessionOpen").set(_ms(seconds))
+
+    def observe_actions(
+        self, actions: Iterable[ActionCounts], podgroups: Mapping[str, PodGroup], nodepool: str
+    ) -> None:
+        """What each action of a cycle did (`CycleResult.actions`) into KAI's per-action series;
+        `podgroups` names each evicted podgroup (key -> the snapshot's podgroup), `nodepool` the shard's."""
+        pool = nodepool or DEFAULT_NODE_POOL
+        for counts in actions:
+            a = counts.action
+            self.scheduled_by_action.inc(a, amount=counts.scheduled)
+            self.acted_on_by_action.inc(a, amount=counts.considered)
+            self.scenarios_simulated.inc(a, amount=counts.scenarios_simulated)
+            self.scenarios_filtered.inc(a, amount=counts.scenarios_filtered)
+            if a == "preempt":
+                self.preemption_attempts.inc(amount=counts.scheduled)
+            if counts.considered:
+                exhausted = counts.searches_exhausted
+                self.search_jobs.labels(a, "solved", "false").inc(counts.considered - exhausted)
+                self.search_jobs.labels(a, "generators_exhausted", "false").inc(exhausted)
+            emitted = counts.scenarios_simulated + counts.scenarios_filtered
+            for state, n in (
+                ("emitted", emitted),
+                ("simulated", counts.scenarios_simulated),
+                ("validator_rejected", counts.scenarios_rejected),
+            ):
+                if n:
+                    self.search_scenarios.labels(a, SEARCH_GENERATOR, state).inc(n)
+            for key, n in counts.evicted.items():
+                pg = podgroups.get(key)
+                name, namespace, uid = (pg.name, pg.namespace, pg.uid) if pg is not None else (key, "", "")
+                self.evicted_pods.labels(name, namespace, uid, pool, a).inc(n)
 
     @contextlib.contextmanager
     def action_timer(self, name: str) -> Iterator[None]:
@@ -330,6 +548,35 @@ class PlacementMetrics:
             self.podgroups.labels(outcome).inc(count)
         for latency in task_latencies:
             self.task.observe(_ms(max(0.0, latency)))
+
+
+class SessionClock:
+    """KAI's open and close session latencies of one work item, read around the core's actions: open is
+    from the clock's start to the first action, close from the last action's end to `finish` (reading
+    the result out and building the proposal). Each action's time goes to KAI's per-action gauge."""
+
+    def __init__(self, placement: PlacementMetrics) -> None:
+        self.placement = placement
+        self.started = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    @contextlib.contextmanager
+    def action(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        if self.first is None:
+            self.first = start
+        try:
+            yield
+        finally:
+            self.last = time.perf_counter()
+            self.placement.action.labels(name).set(_ms(self.last - start))
+
+    def finish(self) -> None:
+        end = time.perf_counter()
+        opened = self.first if self.first is not None else end
+        self.placement.open_session.set(_ms(opened - self.started))
+        self.placement.close_session.set(_ms(end - (self.last if self.last is not None else opened)))
 
 
 # --- binder --------------------------------------------------------------------------------------------------
@@ -494,6 +741,26 @@ class QueueMetrics:
             ),
             "gpu": queue_gauge("kairos_queue_requested_gpus", "GPUs requested by the queue's pods"),
         }
+        self.usage = {
+            "cpu": queue_gauge(
+                f"{KAI}_queue_cpu_usage",
+                "A queue's decayed CPU usage over the usage window, as a fraction of the cluster's CPU",
+            ),
+            "memory": queue_gauge(
+                f"{KAI}_queue_memory_usage",
+                "A queue's decayed memory usage over the usage window, as a fraction of the cluster's memory",
+            ),
+            "gpu": queue_gauge(
+                f"{KAI}_queue_gpu_usage",
+                "A queue's decayed GPU usage over the usage window, as a fraction of the cluster's GPUs",
+            ),
+        }
+        self.usage_query = Histogram(
+            f"{KAI}_usage_query_latency_milliseconds",
+            "Milliseconds to read the queues' usage for a cycle (the usage ledger; time-based fair share)",
+            buckets=KAI_LATENCY_BUCKETS_MS,
+            registry=r,
+        )
         self.info = queue_gauge(f"{KAI}_queue_info", "1 for every queue the leader knows")
         self.pending = Gauge(
             "kairos_queue_pending_podgroups", "Podgroups with pods to place at the last cycle", registry=r
@@ -521,6 +788,7 @@ class QueueMetrics:
             *self.allocated.values(),
             *self.quota.values(),
             *self.requested.values(),
+            *self.usage.values(),
             self.info,
         )
         metrics.derive(self.DERIVED)
@@ -551,6 +819,9 @@ class QueueMetrics:
             self.requested["cpu"].labels(*q).set(share.requested.get("cpu", 0.0) / MILLI_CPU_PER_CORE)
             self.requested["memory"].labels(*q).set(share.requested.get("memory", 0.0))
             self.requested["gpu"].labels(*q).set(share.requested.get("gpu", 0.0))
+            if share.usage:  # time-based fair share on (KAI sets usage only with a usage database)
+                for resource, gauge in self.usage.items():
+                    gauge.labels(*s).set(share.usage.get(resource, 0.0))
         self.pending.set(pending)
 
     def clear(self) -> None:
@@ -569,6 +840,10 @@ class QueueMetrics:
 
     def work_round_trip(self, seconds: float) -> None:
         self.round_trip.observe(max(0.0, seconds))
+
+    def usage_queried(self, seconds: float) -> None:
+        """The queues' usage was read for a cycle in `seconds` (KAI's usage database query)."""
+        self.usage_query.observe(_ms(max(0.0, seconds)))
 
 
 # --- state ---------------------------------------------------------------------------------------------------
