@@ -76,7 +76,7 @@ class Counters(Counter[str]):
             meta = msg.metadata
         except (NotJSMessageError, AttributeError):  # not a JetStream delivery (a test's stand-in)
             return
-        age = max(0.0, time.time() - meta.timestamp.timestamp()) if meta.timestamp else 0.0
+        age = max(0.0, time.time() - meta.timestamp.timestamp())
         self.consumer_lag[(meta.stream, meta.consumer)] = (meta.num_pending or 0, age)
 
 
