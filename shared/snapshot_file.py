@@ -207,7 +207,7 @@ def decode_snapshot(data: bytes, name: str) -> CapturedSnapshot:
     try:
         text = _gunzip(data)
     except (EOFError, OSError, zlib.error) as exc:
-        raise refuse(f"truncated or corrupt gzip data ({exc or type(exc).__name__})") from exc
+        raise refuse(f"truncated or corrupt gzip data ({str(exc) or type(exc).__name__})") from exc
     try:
         head = _HEAD.decode(text).header
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -393,13 +393,8 @@ def _new_nodes(added: AddNodes, nodes: Mapping[str, Node], taken: set[str], pool
 
 def _changed_queue(queue: Queue, change: QueueChange) -> Queue:
     resource: QueueResource = getattr(queue, change.resource)
-    match change.setting:
-        case "quota":
-            updated = msgspec.structs.replace(resource, quota=change.value)
-        case "limit":
-            updated = msgspec.structs.replace(resource, limit=change.value)
-        case "weight":
-            updated = msgspec.structs.replace(resource, over_quota_weight=change.value)
+    field_name = {"quota": "quota", "limit": "limit", "weight": "over_quota_weight"}[change.setting]
+    updated = msgspec.structs.replace(resource, **{field_name: change.value})
     return msgspec.structs.replace(queue, **{change.resource: updated})
 
 
