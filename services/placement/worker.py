@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -135,6 +136,8 @@ class Placed:
     """Per traced podgroup: what the session did with it (for its `placement.place` span)."""
     actions: tuple[ActionCounts, ...] = ()
     """What each action did (KAI's per-action series)."""
+    pending_reasons: Mapping[str, int] = field(default_factory=dict)
+    """Fit-error reason -> podgroups left pending with it (a podgroup counts once per reason)."""
 
 
 def place(
@@ -181,7 +184,8 @@ def place(
         stale_before={pg.key: pg.stale_since for pg in snapshot.podgroups},
     )
     details = place_details(result, traced, len(snapshot.nodes)) if traced else {}
-    return Placed(proposal, unschedulable(result, item.now), details, result.actions)
+    reasons = Counter(r for status in result.podgroups.values() if status.pending for r in status.reasons)
+    return Placed(proposal, unschedulable(result, item.now), details, result.actions, dict(reasons))
 
 
 # --- the handler -------------------------------------------------------------------------------------------
@@ -273,6 +277,7 @@ class Worker:
             self.metrics.observe_actions(
                 placed.actions, {pg.key: pg for pg in snapshot.podgroups}, pool.value if pool else ""
             )
+            self.metrics.observe_pending(placed.pending_reasons)
         await self._explain(item, placed.unschedulable)
         log.debug(
             "work %s -> proposal %s: %d binds, %d evictions, %d pipelined",

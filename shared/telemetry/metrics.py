@@ -207,7 +207,8 @@ class KaiCounter:
                 f'{k}="{_escape_label(v)}"' for k, v in sorted(zip(self.labels, values, strict=True))
             )
             labels = f"{{{pairs}}}" if pairs else ""
-            lines.append(f"{self.name}{labels} {floatToGoString(count)}\n")
+            value = floatToGoString(count)  # type: ignore[no-untyped-call]  # unannotated upstream
+            lines.append(f"{self.name}{labels} {value}\n")
         return "".join(lines)
 
 
@@ -387,6 +388,12 @@ class PlacementMetrics:
             ["outcome"],
             registry=r,
         )
+        self.pending_reasons = Gauge(
+            "kairos_placement_pending_podgroups",
+            "Podgroups the last work item left pending, by the reason of their fit errors",
+            ["reason"],
+            registry=r,
+        )
         self.open_session = Gauge(
             f"{KAI}_open_session_latency_milliseconds",
             "Milliseconds the last work item's session took to open (snapshot to plugins and fair shares)",
@@ -485,6 +492,12 @@ class PlacementMetrics:
     def session_clock(self) -> SessionClock:
         """A clock for one work item: its `action` is the core's `around_action`."""
         return SessionClock(self)
+
+    def observe_pending(self, reasons: Mapping[str, int]) -> None:
+        """The last work item's pending podgroups per fit-error reason (a reason gone since reads 0)."""
+        self.pending_reasons.clear()
+        for reason, count in reasons.items():
+            self.pending_reasons.labels(reason).set(count)
 
     def plugin_opened(self, plugin: str, seconds: float) -> None:
         """A plugin was built for a session in `seconds` (Kairos's OnSessionOpen of a plugin)."""
