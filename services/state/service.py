@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state import queue_validation
+from services.state import podgroup_lookup, queue_validation
 from services.state.grouping import GrouperConfig
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
@@ -444,6 +444,7 @@ async def body(ctx: ServiceContext) -> None:
                     ),
                     block_nvidia_visible_devices=options.block_nvidia_visible_devices,
                     hami_core=options.hami_core_enabled,
+                    podgroups=None if election is None else podgroup_lookup.from_election(election),
                 ),
             )
             await webhook.start()

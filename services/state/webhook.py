@@ -29,11 +29,14 @@ container that asks for no GPU gets ``NVIDIA_VISIBLE_DEVICES=void`` (`device_acc
 ``CUDA_DEVICE_MEMORY_LIMIT`` from its capabilities ConfigMap (`gpu_sharing.memory_limit_patch`), which the
 binder fills at bind time with its own `hami_core_enabled` (`services.binder.hami`).
 
-Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's hundred
-pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not decode) admits
-the pod unchanged with a warning: the state service holds a waiting podgroup back from scheduling by itself,
-and the core keeps a queue within its limit and quota by itself, so a missing gate costs only the autoscaler
-signal, never a wrong start. A body that is not an AdmissionReview gets 400 naming what is wrong. TLS when a
+The pod's PodGroup is looked up in the Kubernetes source's mirror first (`services.state.podgroup_lookup`):
+on the replica leading the source that answers without a call, whether the PodGroup is there or not yet (a
+pod is usually created before its PodGroup, so the read was a 404 for nearly every pod); elsewhere the API is
+read. Owners are read through the API with a short timeout and cached for `OWNER_TTL` seconds, so a Job's
+hundred pods cost one read. Anything that goes wrong (an owner that cannot be read, a pod that does not
+decode) admits the pod unchanged with a warning: the state service holds a waiting podgroup back from
+scheduling by itself, and the core keeps a queue within its limit and quota by itself, so a missing gate
+costs only the autoscaler signal, never a wrong start. A body that is not an AdmissionReview gets 400 naming what is wrong. TLS when a
 certificate and key are given (the Kubernetes API server calls webhooks only over HTTPS; kubesim also accepts
 plain HTTP); the files are looked at again every `CERT_CHECK` seconds and a renewed pair (cert-manager
 rewrites the Secret, the kubelet the mounted files) is loaded without a restart; a pair that does not load
@@ -58,6 +61,7 @@ from cachetools import TTLCache
 
 from services.state import admission_review, device_access, gate_patches
 from services.state.grouping import owner_refs_to_follow
+from services.state.podgroup_lookup import UNKNOWN, PodGroupLookup
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, wire
@@ -122,6 +126,9 @@ class WebhookOptions:
     hami_core: bool = False
     """Give a fractional pod's container ``CUDA_DEVICE_MEMORY_LIMIT`` from its ConfigMap (the state option
     `hami_core_enabled`)."""
+    podgroups: PodGroupLookup | None = None
+    """What the Kubernetes source's mirror knows of a PodGroup (`services.state.podgroup_lookup`): asked
+    before the API, which is read only when it cannot tell. None: always the API."""
 
 
 class AdmissionServer:
@@ -317,9 +324,15 @@ class AdmissionServer:
         sets = [pod.metadata.annotations]
         group = pod.metadata.annotations.get(keys.PODGROUP_ANNOTATION)
         if group:
-            podgroup = await self._owner(namespace, "scheduling.run.ai/v2alpha2", "PodGroup", group, "")
-            if podgroup is not None:
-                sets.append(podgroup.metadata.annotations)
+            known = self.options.podgroups(namespace, group) if self.options.podgroups else UNKNOWN
+            if known == UNKNOWN:
+                podgroup = await self._owner(namespace, "scheduling.run.ai/v2alpha2", "PodGroup", group, "")
+                if podgroup is not None:
+                    sets.append(podgroup.metadata.annotations)
+            else:
+                self.ctx.counters["admission_podgroups_mirrored"] += 1
+                if not isinstance(known, str):
+                    sets.append(dict(known))
         obj: wire.Pod | wire.Owner = pod
         for _ in range(MAX_OWNER_DEPTH):
             refs = owner_refs_to_follow(obj)
