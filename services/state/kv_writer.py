@@ -9,8 +9,9 @@ operation returned: `services.state.service` for the simulated cluster (under it
 - `LEDGER_BUCKET`: the binders reserve a node for a pod before they bind it (`NodeLedger`, `PodClaim`);
   the state service removes what a pod no longer holds. When a pod leaves its node (evicted back to
   Pending, succeeded, failed, deleted) its `Reservation` is dropped from that node's ledger and its
-  `PodClaim` deleted; when a pod is seen holding a node without a reservation there, one is added (the
-  cluster is the truth). A pending pod's reservation is left alone: it is a binder's bind in flight.
+  `PodClaim` deleted; when a pod is seen coming to hold a node without a reservation there, one is added
+  (the cluster is the truth; its later changes on the same node, such as Running, read no ledger: the
+  start-up `reconcile` and the one after a failed write check every holder again). A pending pod's reservation is left alone: it is a binder's bind in flight.
   Every ledger change is a compare-and-set retried on conflict, since binders write the same keys.
 
 While tracing is on, a podgroup that gets pending pods while it had none begins a scheduling attempt: a
@@ -188,7 +189,9 @@ class StateWriter:
             if old is not None and old != new and before is not None:
                 edits[old].release.add(before.key)
                 claims.append((before.key, old))
-            if new is not None and after is not None:
+            # A pod that already held this node had its reservation ensured when it came to hold it (the
+            # binder's, or ours): its later changes (Running, labels) need no read of the ledger.
+            if new is not None and after is not None and new != old:
                 edits[new].ensure[after.key] = after
         # Nodes side by side, then claims side by side: every key is its own compare-and-set loop, and one
         # after another a batch of n bound pods cost 2n round trips to JetStream in a row.

@@ -1,0 +1,60 @@
+"""The state writer reads a node's ledger when a pod comes to hold that node (to ensure its reservation),
+not again for each later change of the pod on the same node (Running, a label): those reads were one KV
+request per pod per change on the hot path."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.state.kv_objects import Change
+from services.state.kv_writer import StateWriter
+from shared.bus import operations
+from shared.bus.connection import Bus
+from shared.bus.middleware import Counters
+from shared.contracts import subjects as s
+from shared.contracts.messages import LEDGER_RECORDS, NodeLedger
+from shared.model import Pod, PodStatus
+
+LEDGER_GETS = (f"kv.{s.LEDGER_BUCKET}.node", "get")
+
+
+def _reads() -> int:
+    return operations.COUNTED[LEDGER_GETS]
+
+
+async def _reserved(bus: Bus, node: str) -> set[str]:
+    entry = await bus.ledger.get(s.ledger_node_key(node))
+    assert entry is not None
+    record = LEDGER_RECORDS.decode("ledger", entry.value or b"")
+    assert isinstance(record, NodeLedger)
+    return set(record.pods)
+
+
+async def test_a_pod_s_ledger_is_read_when_it_comes_to_hold_a_node_not_when_it_then_runs(bus: Bus) -> None:
+    writer = StateWriter(bus, Counters())
+    pending = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.PENDING)
+    bound = msgspec.structs.replace(pending, status=PodStatus.BOUND, node="n1")
+    running = msgspec.structs.replace(bound, status=PodStatus.RUNNING)
+    key = s.pod_key("ns", "p")
+
+    await writer.write([Change(key, None, pending)])
+    before = _reads()
+    await writer.write([Change(key, pending, bound)])
+    assert _reads() - before == 1
+    assert await _reserved(bus, "n1") == {"ns/p"}
+
+    before = _reads()
+    await writer.write([Change(key, bound, running)])
+    assert _reads() == before
+    assert await _reserved(bus, "n1") == {"ns/p"}
+
+
+async def test_a_pod_moving_to_another_node_is_released_there_and_reserved_here(bus: Bus) -> None:
+    writer = StateWriter(bus, Counters())
+    on_n1 = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.RUNNING, node="n1")
+    on_n2 = msgspec.structs.replace(on_n1, node="n2")
+    key = s.pod_key("ns", "p")
+    await writer.write([Change(key, None, on_n1)])
+    await writer.write([Change(key, on_n1, on_n2)])
+    assert await _reserved(bus, "n1") == set()
+    assert await _reserved(bus, "n2") == {"ns/p"}
