@@ -390,6 +390,9 @@ async def body(ctx: ServiceContext) -> None:
         revision=lambda: replica.revision,
     )
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
+    from services.state import snapshot_http
+
+    snapshot_http.start(ctx, replica)  # GET /get-snapshot while the service runs, when snapshot_port is set
     subs: list[Subscription] = []
     try:
         revision = 0
