@@ -22,10 +22,11 @@ from shared.model.status import ACTIVE_USED, DEFAULT_STUCK_IN_RELEASING_THRESHOL
 # Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``). Besides
 # "node(s) ..." reasons, the volume filters' reasons about the pod itself (`shared.core.volumes`: a claim or
 # class it names, unbound Immediate claims, a ReadWriteOncePod claim in use), counted per node as
-# kube-scheduler counts them ("3 pod has unbound immediate PersistentVolumeClaims").
+# kube-scheduler counts them ("3 pod has unbound immediate PersistentVolumeClaims"), and the DRA filter's
+# (`shared.core.dra`: a claim it names, "cannot allocate all claims", KAI's queue check on a shared claim).
 _NODE_DETAIL = re.compile(
     r"\d+ (?:node\(s\)|node has pod using|pod has unbound|persistentvolumeclaim |PersistentVolumeClaim '"
-    r"|StorageClass ')(?:[^.\n]|\.(?=[^\s.]))*"
+    r"|StorageClass '|resourceclaim|cannot allocate all claims|DRA claim )(?:[^.\n]|\.(?=[^\s.]))*"
 )
 _RECLAIMED = re.compile(r"reclaimed by podgroup (?P<who>\S+) of queue (?P<queue>\S+)")
 
