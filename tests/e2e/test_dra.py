@@ -111,3 +111,74 @@ def test_kais_dra_example_is_scheduled_with_its_claim_allocated(stack: Stack) ->
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["device"]) == ("compute-domain.nvidia.com", "channel-0")
     assert result["pool"] == found["spec"]["nodeName"]
+
+
+def _warning_about(stack: Stack, pod: str, words: str) -> str | None:
+    for event in got(stack, "events", "-n", "default")["items"]:
+        about = event["involvedObject"]["name"] == pod and event["type"] == "Warning"
+        if about and words in event.get("message", ""):
+            return str(event["message"])
+    return None
+
+
+def _bound(stack: Stack, pod: str) -> dict[str, Any] | None:
+    found = got(stack, "pod", pod, "-n", "default")
+    return found if found["spec"].get("nodeName") else None
+
+
+def _claim(name: str, exactly: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", **({"labels": labels} if labels else {})},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def _pod_naming(name: str, claim: str) -> dict[str, Any]:
+    pod = manifests.pod(name)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def test_a_shared_gpu_claim_without_its_queues_label_holds_the_pod_until_labelled(stack: Stack) -> None:
+    """KAI's queue check: a GPU claim a pod names must carry the kai.scheduler/queue label of the pod's
+    queue; once labelled, the pod is bound."""
+    apply(
+        stack,
+        _claim("shared-gpu", {"deviceClassName": "gpu.nvidia.com"}),
+        _pod_naming("dra-shared", "shared-gpu"),
+    )
+    wait_for(
+        "the Warning in KAI's words",
+        lambda: _warning_about(stack, "dra-shared", "is a shared GPU claim but does not have a queue label"),
+        lambda: json.dumps(
+            [e.get("message") for e in got(stack, "events", "-n", "default")["items"] if "dra-shared" in str(e)]
+        )
+        + json.dumps(got(stack, "resourceclaims", "shared-gpu", "-n", "default")),
+    )
+    kubectl(
+        stack, "label", "resourceclaim", "shared-gpu", "-n", "default", "kai.scheduler/queue=default-queue"
+    )
+    wait_for("the pod bound once the claim carries its queue", lambda: _bound(stack, "dra-shared"))
+
+
+def test_admin_access_is_refused_outside_an_admin_namespace_and_given_in_one(stack: Stack) -> None:
+    """adminAccess: refused in kube-apiserver's words while the namespace lacks the label; once the namespace
+    carries it, the pod is bound and its claim's result says adminAccess."""
+    exactly = {"deviceClassName": "gpu.nvidia.com", "adminAccess": True}
+    labels = {"kai.scheduler/queue": "default-queue"}
+    apply(stack, _claim("admin-gpu", exactly, labels), _pod_naming("dra-admin", "admin-gpu"))
+    wait_for(
+        "the Warning naming the field",
+        lambda: _warning_about(stack, "dra-admin", "exactly.adminAccess: admin access to devices requires"),
+    )
+    kubectl(stack, "label", "namespace", "default", "resource.kubernetes.io/admin-access=true")
+    try:
+        wait_for("the pod bound in an admin namespace", lambda: _bound(stack, "dra-admin"))
+        claim = got(stack, "resourceclaims", "admin-gpu", "-n", "default")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result.get("adminAccess") is True
+    finally:
+        kubectl(stack, "label", "namespace", "default", "resource.kubernetes.io/admin-access-")

@@ -80,3 +80,13 @@ def test_the_claims_queue_label_is_read_from_the_api() -> None:
     }
     read = kd.claim_of(msgspec.json.decode(msgspec.json.encode(doc), type=kd.WireClaim))
     assert read.queue == "team"
+
+
+def test_the_failedscheduling_event_names_the_claims_reason_beside_the_nodes() -> None:
+    """One node lacks GPU room, the other refuses the claim: kube-scheduler's message counts both."""
+    from shared.explain import failed_scheduling_message
+
+    nic_free = Dra(classes=(GPU_CLASS,), slices=(msgspec.structs.replace(SLICES[0], devices=()), SLICES[1]))
+    dra = msgspec.structs.replace(nic_free, claims=(claim("c", queue=""),))
+    said = failed_scheduling_message(pending_reason(run(snapshot(NODES, [job("job", "c")], dra))), 2)
+    assert said == (f"0/2 nodes are available: 1 {NO_LABEL}, 1 node(s) didn't have enough resources: GPUs.")
