@@ -45,6 +45,9 @@ Public modules (what code outside shared.core may import):
   cached): `check(expression)` raises `CelError` for one that does not compile, which translation
   (`shared.kube.dra`) calls so a bad selector is refused where it enters; the core's allocator evaluates
   them with `matches`.
+- `bind_backoff`: kube-scheduler's back-off after a refused bind (`backoff`, `retry_at`, `message`), and
+  `recorded`, the next `BindFailure` record the binder keeps per podgroup; the session holds a podgroup
+  inside its back-off.
 
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
 under tests/ may still look inside): the session and its statements (`session`, `opening`, `statement`, `cycle`),

@@ -25,6 +25,7 @@ PUBLIC = {
     "usage",
     "recheck",
     "dra_cel",
+    "bind_backoff",
     "selectors",
     "plugins",
     "builtin_plugins",
