@@ -7,7 +7,11 @@ claims are allocated and reserved for it.
   reserved for it, and runs;
 - a pod naming a claim that does not exist waits, with a Warning naming the claim;
 - KAI's docs/dra example (examples/kai/dra/gpu-imex-pod.yaml: a ComputeDomain and a pod using its IMEX
-  channel template) applies unchanged and its pod is scheduled with its claim allocated.
+  channel template) applies unchanged and its pod is scheduled with its claim allocated;
+- a pod naming a shared GPU claim without its queue's kai.scheduler/queue label waits with KAI's words,
+  and is bound once the claim is labelled;
+- an adminAccess claim is refused in kube-apiserver's words until its namespace is labelled
+  resource.kubernetes.io/admin-access=true, then bound with adminAccess on its result.
 """
 
 from __future__ import annotations
@@ -121,6 +125,12 @@ def _warning_about(stack: Stack, pod: str, words: str) -> str | None:
     return None
 
 
+def _said_about(stack: Stack, pod: str) -> str:
+    """The event messages about `pod`, for a failure's report."""
+    events = got(stack, "events", "-n", "default")["items"]
+    return json.dumps([e.get("message") for e in events if e["involvedObject"]["name"] == pod])
+
+
 def _bound(stack: Stack, pod: str) -> dict[str, Any] | None:
     found = got(stack, "pod", pod, "-n", "default")
     return found if found["spec"].get("nodeName") else None
@@ -153,10 +163,7 @@ def test_a_shared_gpu_claim_without_its_queues_label_holds_the_pod_until_labelle
     wait_for(
         "the Warning in KAI's words",
         lambda: _warning_about(stack, "dra-shared", "is a shared GPU claim but does not have a queue label"),
-        lambda: json.dumps(
-            [e.get("message") for e in got(stack, "events", "-n", "default")["items"] if "dra-shared" in str(e)]
-        )
-        + json.dumps(got(stack, "resourceclaims", "shared-gpu", "-n", "default")),
+        lambda: _said_about(stack, "dra-shared"),
     )
     kubectl(
         stack, "label", "resourceclaim", "shared-gpu", "-n", "default", "kai.scheduler/queue=default-queue"
