@@ -9,7 +9,8 @@ middleware logs with its subject, counts and drops).
 Who sends what:
 - state -> KV `STATE_BUCKET`: `StateRecord`s (the cluster, one key per object), and a `ShardRecord` per
   shard whose SchedulingShard exists (`shard.<shard>`).
-- binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod; state removes what left.
+- binder -> KV `LEDGER_BUCKET`: `NodeLedger` per node, `PodClaim` per pod, `PoolLedger` per cluster-wide
+  DRA pool whose devices it holds; state removes what left (pools' stale holds: the binders).
 - queue leader -> KV `USAGE_BUCKET`: the queues' usage ledger, a `UsageShardRecord` per shard and a
   `UsageQueueRecord` per queue that held something in the window (`UsageRecord`: the single-key form before).
 - queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
@@ -169,7 +170,29 @@ class PodClaim(_Msg, frozen=True, kw_only=True, tag="pod-claim"):
     margin). 0: a claim from before this field, judged by the scan's grace alone."""
 
 
-LedgerRecord = NodeLedger | PodClaim
+class PoolHold(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod's devices of one cluster-wide DRA pool, as one proposal holds them (`PoolLedger.holds`)."""
+
+    proposal: str
+    pod: str
+    podgroup: str = ""
+    devices: tuple[ClaimHold, ...] = ()
+    """Per claim, the pool's devices it was allocated."""
+
+
+class PoolLedger(_Msg, frozen=True, kw_only=True, tag="pool-ledger"):
+    """The binders' holds on the devices of one cluster-wide DRA pool (all-nodes or node-selector
+    ResourceSlices), under `ledger_pool_key`: no one node's entry covers such a device, so two claims
+    never hold one in this entry (`services.binder.pool_ledger`). A hold is live while its pod's
+    `PodClaim` of its proposal exists."""
+
+    driver: str
+    pool: str
+    holds: tuple[PoolHold, ...] = ()
+    """One per (proposal, pod), in that order."""
+
+
+LedgerRecord = NodeLedger | PodClaim | PoolLedger
 
 
 class UsageRecord(_Msg, frozen=True, kw_only=True, tag="usage"):

@@ -191,6 +191,17 @@ def ledger_claim_key(pod_key_: str) -> str:
     return f"claim.{key_token(pod_key_)}"
 
 
+POOL_KEY_PREFIX = "pool."
+"""Keys of cluster-wide DRA pools' entries in `LEDGER_BUCKET` (`PoolLedger`): neither a node's nor a pod's."""
+
+
+def ledger_pool_key(driver: str, pool: str) -> str:
+    """The `PoolLedger` of a driver's cluster-wide pool. A driver's name is a DNS subdomain and a pool's is
+    DNS subdomains joined by ``/``: neither has a ``_``, so `key_token` (dots to ``_``) keeps two pools
+    apart, and the ``.`` between the two tokens is the only one in the key after the prefix."""
+    return f"{POOL_KEY_PREFIX}{key_token(driver)}.{key_token(pool)}"
+
+
 SHARD_LEASE_PREFIX = "queue."
 """Keys of the shards' queue leases in `LEASE_BUCKET`: the key they always had, so that queues, placement
 workers and binders of two versions agree on a shard's lease during an upgrade."""
