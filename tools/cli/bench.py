@@ -69,6 +69,7 @@ def _say(line: str) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from tools.bench import suite, workloads
+    from tools.bench.calls import calls_table
     from tools.bench.profiles import Profiling, py_spy
     from tools.bench.report import cpu_table, encode, plot
 
@@ -92,6 +93,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "CPU ms per bound pod (measured phase; bus: per service and process; overhead: services / in-proc):"
         )
         for line in cpu_table(report.cpu_per_pod):
+            _say("  " + line)
+    for record in report.records:
+        if record.calls is None:
+            continue
+        _say("")
+        _say(f"{record.workload} ({record.mode}, {record.nodes:,} nodes):")
+        for line in calls_table(record.calls):
             _say("  " + line)
     _say("")
     _say("targets:")
