@@ -43,10 +43,11 @@ restore moves its node's version), never by a walk over every placed pod; the vo
 attach are kept per node the same way (`_Attached`). Per pod, what does not depend on the node is worked
 out once per cluster generation (`_PodClaims`: kube-scheduler's VolumeBinding PreFilter: the claims
 classified as bound, to bind, or failing the pod everywhere). `refused` is the node pre-filter
-(`shared.core.plugins.points.NodePreFilter`): the nodes a bound volume's node affinity excludes, those
-outside the node a provisioner was given, and for a claim of a class whose static volumes are all local,
-the nodes with no free local volume of the class and, unless the class provisions in their topology, so
-a pod tries the nodes that may take it rather than every node bin-packing puts first.
+(`shared.core.plugins.points.NodePreFilter`, called by the predicates plugin): every node when the pod
+fits none, the nodes a bound volume's node affinity excludes, those other than the node a provisioner was
+given, and for a claim of a class whose static volumes are all local, the nodes with no free local volume
+of the class outside the class's provisioning topology; so a pod tries the nodes that may take it rather
+than every node bin-packing puts first (the nodes whose local volume is already taken).
 
 Each refusal carries kube-scheduler's code (`shared.core.plugins.points.Code`): every reason here is
 UNRESOLVABLE (evicting pods from the node cannot change it: VolumeBinding and VolumeZone answer
@@ -441,7 +442,7 @@ def _used_elsewhere(state: _State, task: TaskState, claim: Claim) -> bool:
     )
 
 
-# --- what placed pods hold ----------------------------------------------------------------------------
+# --- what placed pods hold --------------------------------------------------------------------------------
 def _holdings(ssn: Session, state: _State) -> _Holdings:
     """`_State.holdings`, brought up to date: each node whose version moved since the last look (and each
     marked dirty) is indexed again from the pods on it now."""
