@@ -16,6 +16,7 @@ from collections import Counter
 
 import msgspec
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -250,3 +251,100 @@ def test_a_gang_that_does_not_fit_leaves_the_volumes_as_if_it_had_never_been_tri
         return {b.name: (b.node, b.volumes) for p in result.binds for b in p.bindings}  # type: ignore[attr-defined]
 
     assert placed(with_gang) == placed(without)
+
+
+# --- which nodes the pre-filter marks -------------------------------------------------------------------
+ZONE_A = StorageClass(
+    name="zone-a",
+    provisioner="csi.example.com",
+    binding_mode=WAIT_FOR_FIRST_CONSUMER,
+    allowed_topologies=(TopologyTerm({ZONE: ("z0",)}),),
+)
+
+
+def local_pv(name: str, *hosts: str, cls: str = LOCAL.name) -> PersistentVolume:
+    return PersistentVolume(
+        name=name,
+        capacity_bytes=10 * GI,
+        access_modes=("ReadWriteOnce",),
+        storage_class=cls,
+        node_affinity=on_hosts(*hosts),
+    )
+
+
+def wants(cls: str, **kw: object) -> Claim:
+    return Claim(
+        name="data",
+        namespace="ns",
+        storage_class=cls,
+        access_modes=("ReadWriteOnce",),
+        request_bytes=5 * GI,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "pvs", "refused"),
+    [
+        pytest.param(
+            (wants(LOCAL.name),),
+            (local_pv("on-1", "node-1"),),
+            {"node-0", "node-2", "node-3"},
+            id="a local-volume claim: only the nodes with a free local volume are tried",
+        ),
+        pytest.param(
+            (Claim(name="data", namespace="ns", volume_name="on-2", bound=True),),
+            (local_pv("on-2", "node-2"),),
+            {"node-0", "node-1", "node-3"},
+            id="a bound claim: the nodes its volume's node affinity excludes",
+        ),
+        pytest.param(
+            (wants(ZONAL.name, selected_node="node-3"),),
+            (),
+            {"node-0", "node-1", "node-2"},
+            id="a claim given to a provisioner: every node but its selected one",
+        ),
+        pytest.param(
+            (wants(ZONE_A.name),),
+            (),
+            {"node-1", "node-3"},
+            id="a provisioned claim: the nodes outside its class's allowedTopologies",
+        ),
+        pytest.param(
+            (wants(ZONE_A.name),),
+            (local_pv("zonal-on-1", "node-1", cls=ZONE_A.name),),
+            {"node-3"},
+            id="a provisioned claim of a class with local volumes too: outside both",
+        ),
+        pytest.param(
+            (wants("missing-class"),),
+            (),
+            {"node-0", "node-1", "node-2", "node-3"},
+            id="a claim that fits no node: every node",
+        ),
+        pytest.param(
+            (wants(MIXED.name),),
+            (
+                local_pv("m-1", "node-1", cls=MIXED.name),
+                PersistentVolume(name="m-any", storage_class=MIXED.name),
+            ),
+            set(),
+            id="a class with a volume of no node affinity: left to the per-node check",
+        ),
+    ],
+)
+def test_the_pre_filter_marks_the_nodes_known_to_refuse_the_pod(
+    claims: tuple[Claim, ...], pvs: tuple[PersistentVolume, ...], refused: set[str]
+) -> None:
+    pg, pods = gang("job", "team", 1, 0.0)
+    pods = [msgspec.structs.replace(p, namespace="ns", claims=("data",)) for p in pods]
+    snap = one_queue_snapshot(
+        [node(i) for i in range(4)],
+        [(msgspec.structs.replace(pg, namespace="ns"), pods)],
+        volumes=Volumes(claims=claims, volumes=pvs, classes=(*CLASSES, ZONE_A)),
+    )
+    ssn = open_session(snap, NOW, ALLOCATE)
+    (task,) = ssn.tasks.values()
+    mask = v.refused(ssn, task)
+    marked = set() if mask is None else {ssn.cluster.order[int(i)].name for i in np.flatnonzero(mask)}
+    assert marked == refused
