@@ -8,6 +8,8 @@ answer: over random clusters and random sequences of placements, checkpoints and
 - the volumes the index says other pods hold are those a walk over every placed pod finds, and its free
   local volumes per hostname are those counted afresh;
 - a gang that does not fit, rolled back, leaves the volumes as if it had never been tried.
+
+A table then says which nodes the pre-filter marks for each kind of claim.
 """
 
 from __future__ import annotations
