@@ -4,7 +4,9 @@ Every placement worker (and every state replica answering snapshot requests) hol
 the last KV sequence applied, per bucket; `snapshot()` turns the replica into the core's `Snapshot`, with
 pods the ledger reserves but the cluster still shows pending counted as bound there, and the DRA devices
 their reservations hold counted as taken until the claims' status shows them, so that no reader
-double-books what a binder already committed.
+double-books what a binder already committed. Cluster-wide DRA pools' entries (`PoolLedger`) are kept
+apart from the nodes' (`pools`); a pool's hold counts its devices taken in the same way while its pod's
+claim of its proposal is in the replica (`services.binder.pool_ledger`: without it the hold is stale).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from shared.contracts.messages import (
     PodClaim,
     PodGroupRecord,
     PodRecord,
+    PoolLedger,
     QueueRecord,
     Reservation,
     ShardRecord,
@@ -63,6 +66,8 @@ class StateReplica:
         cluster's objects."""
         self.ledger: dict[str, NodeLedger] = {}
         self.claims: dict[str, PodClaim] = {}
+        self.pools: dict[str, PoolLedger] = {}
+        """`ledger_pool_key` -> a cluster-wide DRA pool's holds, kept apart from the nodes' ledgers."""
         self.key_revisions: dict[str, int] = {}
         """Ledger key -> revision of its last write (what a proposal is stamped with)."""
         self.revision = 0
@@ -126,6 +131,7 @@ class StateReplica:
         if deleted:
             self.ledger.pop(key, None)
             self.claims.pop(key, None)
+            self.pools.pop(key, None)
             self.key_revisions.pop(key, None)
             return
         try:
@@ -135,10 +141,13 @@ class StateReplica:
             log.warning("ignored malformed ledger record %s: %s", key, exc.problem)
             return
         self.key_revisions[key] = revision
-        if isinstance(record, NodeLedger):
-            self.ledger[key] = record
-        else:
-            self.claims[key] = record
+        match record:
+            case NodeLedger():
+                self.ledger[key] = record
+            case PoolLedger():
+                self.pools[key] = record
+            case PodClaim():
+                self.claims[key] = record
 
     async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None:
         """Wait until this replica has applied at least the given revisions."""
@@ -212,16 +221,19 @@ class StateReplica:
 
     def snapshot(self) -> Snapshot:
         """`objects()` with pods the ledger reserves but the cluster still shows pending counted as bound,
-        and the DRA devices reservations hold for claims whose status shows no allocation yet in
-        `Dra.held` (taken for every other claim: `shared.core.dra`)."""
+        and the DRA devices reservations and live pool holds hold for claims whose status shows no
+        allocation yet in `Dra.held` (taken for every other claim: `shared.core.dra`)."""
         base = self.objects()
         reserved: dict[str, tuple[str, Reservation]] = {}
         for entry in self.ledger.values():
             for pod_key, reservation in entry.pods.items():
                 reserved[pod_key] = (entry.node, reservation)
+        pooled = self._live_pool_holds()
+        if not reserved and not pooled:
+            return base
+        base = _with_held(base, [h for _, r in reserved.values() for h in r.devices] + pooled)
         if not reserved:
             return base
-        base = _with_held(base, (r for _, r in reserved.values()))
         pods = []
         for pod in base.pods:
             hit = reserved.get(pod.key)
@@ -236,19 +248,31 @@ class StateReplica:
                 pods.append(pod)
         return msgspec.structs.replace(base, pods=tuple(pods))
 
+    def _live_pool_holds(self) -> list[ClaimHold]:
+        """The device holds of the pools' entries whose pod's claim of their proposal the replica holds
+        (claims are written before the holds and deleted after them, so the watch sees them so)."""
+        if not self.pools:
+            return []
+        backed = {(c.proposal, c.pod) for c in self.claims.values()}
+        return [
+            h
+            for entry in self.pools.values()
+            for hold in entry.holds
+            if (hold.proposal, hold.pod) in backed
+            for h in hold.devices
+        ]
+
 
 def _held_order(hold: ClaimHold) -> tuple[str, str, tuple[tuple[str, str, str], ...]]:
     return (hold.claim, hold.node, tuple(d.id for d in hold.devices))
 
 
-def _with_held(snapshot: Snapshot, reservations: Iterable[Reservation]) -> Snapshot:
-    """`snapshot` with `Dra.held`: the reservations' device holds of claims whose status does not show an
-    allocation (once it does, the status is the truth, and a running pod's reservation keeps its holds
-    for as long as it holds its node, so most are left out), in a stable order."""
+def _with_held(snapshot: Snapshot, holds: Iterable[ClaimHold]) -> Snapshot:
+    """`snapshot` with `Dra.held`: the device holds of claims whose status does not show an allocation
+    (once it does, the status is the truth, and a running pod's reservation keeps its holds for as long
+    as it holds its node, so most are left out), in a stable order."""
     shown = {c.key for c in snapshot.dra.claims if c.allocated}
-    held = sorted(
-        (h for r in reservations for h in r.devices if h.claim not in shown and h.devices), key=_held_order
-    )
+    held = sorted((h for h in holds if h.claim not in shown and h.devices), key=_held_order)
     if not held:
         return snapshot
     return msgspec.structs.replace(snapshot, dra=msgspec.structs.replace(snapshot.dra, held=tuple(held)))
