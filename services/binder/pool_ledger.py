@@ -6,14 +6,13 @@ A node's ledger entry holds the devices its pods' claims were allocated (`Reserv
 pod went to: two proposals for two nodes write two keys and both succeed. So, after a proposal's node
 entries and in the same all-or-nothing commit, every pool its binds took cluster-wide devices from
 (`DeviceResult.cluster_wide`, set by the core) gets its holds written to the pool's entry by
-compare-and-set; a device that entry holds for another claim of a live holder is a `DeviceConflict`, and
+compare-and-set; a device that entry holds for another claim of a live holder is a `PoolConflict`, and
 the whole proposal rolls back (pool entries first, then nodes, then claims).
 
-The entry is a `NodeLedger` under the node key of a name no node can have (`pool_ledger_node`: a ``/`` is
-not allowed in a node name), so every reader of the bucket reads it as it reads a node's and finds nothing
-to act on: its holds are keyed by `hold_key` (not a pod key, so no pending pod is shown bound to it) and
-carry no proposal id (so the leftovers sweep, which judges reservations by their claims, leaves them
-alone); the replicas count their devices held (`Dra.held`) as they do a node's.
+The entry is a `PoolLedger` under a key of its own (`shared.contracts.subjects.ledger_pool_key`), one
+`PoolHold` per (proposal, pod): the state service's reconcile and the leftovers sweep, which read node
+keys and claims, never touch it; the replicas count its live holds' devices held (`Dra.held`) as they do a
+node's reservations'.
 
 A hold is live while its pod's `PodClaim` of the same proposal exists: claims are written before any
 reservation and deleted after them, by the binder (rollback, a refused bind's release) and by the state
@@ -22,75 +21,51 @@ device it needs drops it, and the recovery scan drops every stale hold it sees (
 pool's entry, then the claim again, then deleting by compare-and-set on the revision read (so a
 redelivery of the proposal, which claims the pod again and then rewrites its holds, always wins).
 
-What this does not do: the state service's start-up reconcile, which drops every reservation of a pod it
-does not know, drops these holds too (until their proposals' claims' status shows the allocation, a
-proposal decided before then for the same device is refused only by the node rule, as before).
+Entries a binder of before this record wrote (a `NodeLedger` under the node key of ``dra-pool/<driver>/
+<pool>``) are not read here: the state service's start-up reconcile deletes them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, Binding, NodeLedger, PodClaim, Reservation, encode
+from shared.contracts.messages import LEDGER_RECORDS, Binding, PodClaim, PoolHold, PoolLedger, encode
 from shared.errors import ConflictError, MalformedMessage
 from shared.model.dra import ClaimHold, DeviceResult
 
 log = logging.getLogger("kairos.binder.pools")
 
 __all__ = [
-    "POOL_NODE_PREFIX",
     "PoolWrite",
-    "hold_key",
     "holds_by_pool",
-    "is_pool_ledger",
-    "pool_ledger_node",
     "reserve_pools",
     "strip_pools",
     "sweep",
 ]
 
-POOL_NODE_PREFIX = "dra-pool/"
-"""What a pool entry's node name starts with (no node's name has a ``/``)."""
-_HOLD_PREFIX = "dra-hold|"
 _ATTEMPTS = 8
 """Compare-and-set races on one pool entry before a writer gives up (the entry is not stamped by the
 proposal: a lost race is read again, and only a device held for another claim is a conflict)."""
 
 Pool = tuple[str, str]
 """Driver, pool."""
+Holder = tuple[str, str]
+"""Proposal, pod: who a `PoolHold` is."""
 DeviceId = tuple[str, str, str]
 
 
-def pool_ledger_node(driver: str, pool: str) -> str:
-    """The name a pool's entry is kept under as a node's would be."""
-    return f"{POOL_NODE_PREFIX}{driver}/{pool}"
+def _holder(hold: PoolHold) -> Holder:
+    return (hold.proposal, hold.pod)
 
 
-def is_pool_ledger(ledger: NodeLedger) -> bool:
-    return ledger.node.startswith(POOL_NODE_PREFIX)
-
-
-def hold_key(proposal: str, pod: str) -> str:
-    """The key of `pod`'s holds in a pool's entry, as `proposal` wrote them."""
-    return f"{_HOLD_PREFIX}{proposal}|{pod}"
-
-
-def _holder(key: str) -> tuple[str, str] | None:
-    """(proposal, pod) of a hold's key; None for a key that is not one."""
-    if not key.startswith(_HOLD_PREFIX):
-        return None
-    proposal, sep, pod = key[len(_HOLD_PREFIX) :].partition("|")
-    return (proposal, pod) if sep else None
-
-
-def holds_by_pool(binds: Iterable[Binding], proposal: str) -> dict[Pool, dict[str, Reservation]]:
-    """Per pool, the holds of `binds`' cluster-wide devices from it, by `hold_key`, in pool order."""
-    out: dict[Pool, dict[str, Reservation]] = {}
+def holds_by_pool(binds: Iterable[Binding], proposal: str) -> dict[Pool, dict[Holder, PoolHold]]:
+    """Per pool, the holds of `binds`' cluster-wide devices from it, by holder, in pool order."""
+    out: dict[Pool, dict[Holder, PoolHold]] = {}
     for b in sorted(binds, key=lambda b: b.pod):
         per_pool: dict[Pool, list[ClaimHold]] = {}
         for a in b.claims:
@@ -102,8 +77,8 @@ def holds_by_pool(binds: Iterable[Binding], proposal: str) -> dict[Pool, dict[st
                 hold = ClaimHold(claim=f"{b.namespace}/{a.claim}", devices=tuple(devices), node=a.node)
                 per_pool.setdefault(pool, []).append(hold)
         for pool, holds in per_pool.items():
-            out.setdefault(pool, {})[hold_key(proposal, b.pod)] = Reservation(
-                pod=b.pod, podgroup=b.podgroup, devices=tuple(holds)
+            out.setdefault(pool, {})[(proposal, b.pod)] = PoolHold(
+                proposal=proposal, pod=b.pod, podgroup=b.podgroup, devices=tuple(holds)
             )
     return dict(sorted(out.items()))
 
@@ -112,9 +87,8 @@ def holds_by_pool(binds: Iterable[Binding], proposal: str) -> dict[Pool, dict[st
 class PoolWrite:
     """Holds one proposal wrote in one pool's entry (taken out again on rollback)."""
 
-    node: str
-    """The entry's `pool_ledger_node`."""
-    holds: tuple[str, ...]
+    pool: Pool
+    holders: tuple[Holder, ...]
 
 
 @dataclass(frozen=True)
@@ -147,57 +121,60 @@ class PoolConflict(ConflictError):  # noqa: N818 -- a ConflictError, named for w
         return f"pool {self.node!r}: {self.clash}"
 
 
-def _decode(key: str, value: bytes | None) -> NodeLedger | None:
+def _decode(key: str, value: bytes | None) -> PoolLedger | None:
     try:
         record = LEDGER_RECORDS.decode(key, value or b"")
     except MalformedMessage as exc:
         log.warning("unreadable pool ledger %s: %s", key, exc.problem)
         return None
-    return record if isinstance(record, NodeLedger) else None
+    if not isinstance(record, PoolLedger):
+        log.warning("unreadable pool ledger %s: a %s under a pool key", key, type(record).__name__)
+        return None
+    return record
 
 
-async def _live(ledger: KvStore, key: str, memo: dict[str, bool]) -> bool:
-    """Whether the hold under `key` is live: its pod's claim of its proposal exists (an unreadable claim
-    counts as live: nothing is taken on the strength of what cannot be read)."""
-    known = memo.get(key)
+def _entry(pool: Pool, holds: Iterable[PoolHold]) -> bytes:
+    return encode(PoolLedger(driver=pool[0], pool=pool[1], holds=tuple(sorted(holds, key=_holder))))
+
+
+async def _live(ledger: KvStore, holder: Holder, memo: dict[Holder, bool]) -> bool:
+    """Whether `holder`'s hold is live: its pod's claim of its proposal exists (an unreadable claim counts
+    as live: nothing is taken on the strength of what cannot be read)."""
+    known = memo.get(holder)
     if known is not None:
         return known
-    holder = _holder(key)
-    live = True
-    if holder is not None:
-        proposal, pod = holder
-        claim_key = s.ledger_claim_key(pod)
-        entry = await ledger.get(claim_key)
-        if entry is None:
-            live = False
-        else:
-            try:
-                claim = LEDGER_RECORDS.decode(claim_key, entry.value or b"")
-            except MalformedMessage:
-                claim = None
-            live = claim is None or not isinstance(claim, PodClaim) or claim.proposal == proposal
-    memo[key] = live
+    proposal, pod = holder
+    claim_key = s.ledger_claim_key(pod)
+    entry = await ledger.get(claim_key)
+    if entry is None:
+        live = False
+    else:
+        try:
+            claim = LEDGER_RECORDS.decode(claim_key, entry.value or b"")
+        except MalformedMessage:
+            claim = None
+        live = claim is None or not isinstance(claim, PodClaim) or claim.proposal == proposal
+    memo[holder] = live
     return live
 
 
-async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[str, Reservation]) -> PoolWrite:
-    node = pool_ledger_node(*pool)
-    key = s.ledger_node_key(node)
-    memo: dict[str, bool] = {}
+async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[Holder, PoolHold]) -> PoolWrite:
+    key = s.ledger_pool_key(*pool)
+    memo: dict[Holder, bool] = {}
     for _ in range(_ATTEMPTS):
         entry = await ledger.get(key)
         current = _decode(key, entry.value) if entry is not None else None
         if entry is not None and current is None:
             raise ConflictError(key, entry.revision, entry.revision)  # never overwrite what cannot be read
-        held: dict[DeviceId, list[tuple[str, str]]] = {}
-        keep = dict(current.pods) if current is not None else {}
-        for hold, r in keep.items():
-            if hold not in ours:
-                for h in r.devices:
+        held: dict[DeviceId, list[tuple[Holder, str]]] = {}
+        keep = {_holder(h): h for h in current.holds} if current is not None else {}
+        for other, hold in keep.items():
+            if other not in ours:
+                for h in hold.devices:
                     for d in h.devices:
-                        held.setdefault(d.id, []).append((hold, h.claim))
-        for r in ours.values():
-            for h in r.devices:
+                        held.setdefault(d.id, []).append((other, h.claim))
+        for hold in ours.values():
+            for h in hold.devices:
                 for d in h.devices:
                     for other, claim in held.get(d.id, ()):
                         if claim == h.claim or other not in keep:
@@ -205,10 +182,8 @@ async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[str, Reservation
                         if not await _live(ledger, other, memo):
                             del keep[other]  # stale: its claim is gone
                             continue
-                        holder = _holder(other)
-                        clash = PoolClash(d.id, r.pod, h.claim, holder[1] if holder else other, claim)
-                        raise PoolConflict(key, clash)
-        value = encode(NodeLedger(node=node, pods={**keep, **ours}))
+                        raise PoolConflict(key, PoolClash(d.id, hold.pod, h.claim, other[1], claim))
+        value = _entry(pool, {**keep, **ours}.values())
         try:
             if entry is None:
                 await ledger.create(key, value)
@@ -216,7 +191,7 @@ async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[str, Reservation
                 await ledger.update(key, value, last=entry.revision)
         except ConflictError:
             continue
-        return PoolWrite(node, tuple(ours))
+        return PoolWrite(pool, tuple(ours))
     raise ConflictError(key, -1, -1)
 
 
@@ -239,9 +214,12 @@ async def reserve_pools(
     return out
 
 
-async def _strip(ledger: KvStore, node: str, holds: Sequence[str], revision: int | None = None) -> bool:
-    """Take `holds` out of a pool's entry by compare-and-set; with `revision`, once and only on it."""
-    key = s.ledger_node_key(node)
+async def _strip(
+    ledger: KvStore, pool: Pool, holders: Collection[Holder], revision: int | None = None
+) -> bool:
+    """Take `holders`' holds out of a pool's entry by compare-and-set; with `revision`, once and only on
+    it."""
+    key = s.ledger_pool_key(*pool)
     for _ in range(1 if revision is not None else _ATTEMPTS):
         entry = await ledger.get(key)
         if entry is None:
@@ -251,11 +229,11 @@ async def _strip(ledger: KvStore, node: str, holds: Sequence[str], revision: int
         current = _decode(key, entry.value)
         if current is None:
             return False
-        keep = {k: r for k, r in current.pods.items() if k not in holds}
-        if len(keep) == len(current.pods):
+        keep = [h for h in current.holds if _holder(h) not in holders]
+        if len(keep) == len(current.holds):
             return True
         try:
-            await ledger.update(key, encode(NodeLedger(node=node, pods=keep)), last=entry.revision)
+            await ledger.update(key, _entry(pool, keep), last=entry.revision)
         except ConflictError:
             continue
         return True
@@ -266,30 +244,30 @@ async def strip_pools(ledger: KvStore, writes: Iterable[PoolWrite]) -> None:
     """Take a proposal's holds back out of its pools' entries (a hold left behind is stale once its claims
     are deleted, which the rollback does next, and the next scan's `sweep` drops it)."""
     for w in writes:
-        if not await _strip(ledger, w.node, w.holds):
+        if not await _strip(ledger, w.pool, w.holders):
             log.warning(
-                "could not take holds %s out of %s; the recovery scan will", ", ".join(w.holds), w.node
+                "could not take the holds of %s out of pool %s/%s; the recovery scan will",
+                ", ".join(pod for _, pod in w.holders),
+                *w.pool,
             )
 
 
-async def sweep(ledger: KvStore, claims: Mapping[str, PodClaim], nodes: Mapping[str, NodeLedger]) -> int:
-    """Drop the stale holds a view of the ledger (`claims` and `nodes` by key) shows: those whose pod's
+async def sweep(ledger: KvStore, claims: Mapping[str, PodClaim], pools: Mapping[str, PoolLedger]) -> int:
+    """Drop the stale holds a view of the ledger (`claims` and `pools` by key) shows: those whose pod's
     claim of their proposal it does not hold. Each is confirmed against the bucket (the pool's entry read,
     then the claim, then a compare-and-set on the entry's revision). Returns how many were dropped."""
-    backed = {(c.pod, c.proposal) for c in claims.values()}
+    backed = {(c.proposal, c.pod) for c in claims.values()}
     dropped = 0
-    for ledger_entry in list(nodes.values()):
-        if not is_pool_ledger(ledger_entry):
-            continue
-        stale = [k for k in ledger_entry.pods if (h := _holder(k)) is not None and (h[1], h[0]) not in backed]
+    for record in list(pools.values()):
+        stale = [_holder(h) for h in record.holds if _holder(h) not in backed]
         if not stale:
             continue
-        key = s.ledger_node_key(ledger_entry.node)
-        entry = await ledger.get(key)
+        pool = (record.driver, record.pool)
+        entry = await ledger.get(s.ledger_pool_key(*pool))
         if entry is None:
             continue
-        memo: dict[str, bool] = {}
-        gone = [k for k in stale if not await _live(ledger, k, memo)]
-        if gone and await _strip(ledger, ledger_entry.node, gone, revision=entry.revision):
+        memo: dict[Holder, bool] = {}
+        gone = {h for h in stale if not await _live(ledger, h, memo)}
+        if gone and await _strip(ledger, pool, gone, revision=entry.revision):
             dropped += len(gone)
     return dropped

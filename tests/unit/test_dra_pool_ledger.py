@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from services.binder import pool_ledger
 from services.binder.commit import LedgerConflict, commit_ledger, rollback
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, Binding, NodeLedger, PodClaim, Proposal
+from shared.contracts.messages import LEDGER_RECORDS, Binding, PodClaim, PoolLedger, Proposal, encode
 from shared.core.result import ClaimAllocation
 from shared.model.dra import DeviceResult
 from tests.unit.test_dra_device_ledger import MemoryBucket
@@ -60,12 +60,13 @@ def proposal(pod: str, node: str, claim: str, *devices: DeviceResult, stamp: int
     )
 
 
-def pool_entry(bucket: MemoryBucket, pool: str = POOL) -> NodeLedger | None:
-    found = bucket.values.get(s.ledger_node_key(pool_ledger.pool_ledger_node(DRIVER, pool)))
+def pool_entry(bucket: MemoryBucket, pool: str = POOL) -> PoolLedger | None:
+    found = bucket.values.get(s.ledger_pool_key(DRIVER, pool))
     if found is None:
         return None
     record = LEDGER_RECORDS.decode("test", found[0])
-    assert isinstance(record, NodeLedger)
+    assert isinstance(record, PoolLedger)
+    assert (record.driver, record.pool) == (DRIVER, pool)
     return record
 
 
@@ -74,8 +75,8 @@ def holders(bucket: MemoryBucket) -> dict[tuple[str, str, str], set[str]]:
     out: dict[tuple[str, str, str], set[str]] = {}
     for key, (value, _) in bucket.values.items():
         record = LEDGER_RECORDS.decode(key, value)
-        if isinstance(record, NodeLedger) and pool_ledger.is_pool_ledger(record):
-            for r in record.pods.values():
+        if isinstance(record, PoolLedger):
+            for r in record.holds:
                 for h in r.devices:
                     for d in h.devices:
                         out.setdefault(d.id, set()).add(h.claim)
@@ -102,16 +103,36 @@ def test_a_proposal_holds_its_cluster_wide_devices_in_one_entry_per_pool(
     assert list(by_pool) == pools
     for (_, pool), holds in by_pool.items():
         (hold,) = holds.values()
-        assert hold.pod == "ns/a"
-        assert not hold.proposal
+        assert (hold.proposal, hold.pod) == ("p-a", "ns/a")
         assert all(d.pool == pool and d.cluster_wide for h in hold.devices for d in h.devices)
 
 
-def test_no_node_name_is_a_pool_entrys_name() -> None:
-    """A node's name is a DNS subdomain: it never holds the ``/`` every pool entry's name has."""
-    assert "/" in pool_ledger.pool_ledger_node(DRIVER, POOL)
-    assert pool_ledger.is_pool_ledger(NodeLedger(node=pool_ledger.pool_ledger_node(DRIVER, POOL)))
-    assert not pool_ledger.is_pool_ledger(NodeLedger(node="dra-pool.example.com"))
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param((DRIVER, POOL), (DRIVER, "other"), id="two pools of one driver"),
+        pytest.param((DRIVER, POOL), ("gpu.nvidia.com", POOL), id="one pool name of two drivers"),
+        pytest.param(("a.b", "c"), ("a", "b.c"), id="the dot between driver and pool moved"),
+        pytest.param((DRIVER, "rack-1/fabric"), (DRIVER, "rack-1.fabric"), id="a pool's / against a dot"),
+    ],
+)
+def test_every_pool_has_a_ledger_key_of_its_own_beside_the_nodes_and_the_claims(
+    one: tuple[str, str], other: tuple[str, str]
+) -> None:
+    keys = {s.ledger_pool_key(*one), s.ledger_pool_key(*other)}
+    assert len(keys) == 2
+    for key in keys:
+        assert key.startswith(s.POOL_KEY_PREFIX)
+        assert key.count(".") == 2, "the prefix's dot and the one between driver and pool"
+        assert all(ch.isalnum() or ch in "_-/=." for ch in key), key
+    assert not any(k.startswith(("node.", "claim.")) for k in keys)
+
+
+def test_a_pool_entry_round_trips_as_a_ledger_record() -> None:
+    p = proposal("a", "n1", "c", channel(0))
+    ((pool, holds),) = pool_ledger.holds_by_pool(p.binds, p.id).items()
+    record = PoolLedger(driver=pool[0], pool=pool[1], holds=tuple(holds.values()))
+    assert LEDGER_RECORDS.decode("test", encode(record)) == record
 
 
 # --- the conflict rule -------------------------------------------------------------------------------------
@@ -163,7 +184,7 @@ def test_a_hold_whose_claim_is_gone_is_stale_and_the_next_writer_takes_its_devic
     assert asyncio.run(run())
     entry = pool_entry(bucket)
     assert entry is not None
-    assert [r.pod for r in entry.pods.values()] == ["ns/b"]
+    assert [r.pod for r in entry.holds] == ["ns/b"]
 
 
 def test_a_rollback_takes_the_proposals_holds_out_of_its_pools() -> None:
@@ -176,7 +197,7 @@ def test_a_rollback_takes_the_proposals_holds_out_of_its_pools() -> None:
     asyncio.run(run())
     entry = pool_entry(bucket)
     assert entry is not None
-    assert not entry.pods
+    assert not entry.holds
 
 
 def test_the_recovery_sweep_drops_holds_whose_claims_are_gone_and_keeps_live_ones() -> None:
@@ -191,13 +212,12 @@ def test_the_recovery_sweep_drops_holds_whose_claims_are_gone_and_keeps_live_one
         }
         entry = pool_entry(bucket)
         assert entry is not None
-        key = s.ledger_node_key(entry.node)
-        return await pool_ledger.sweep(bucket, claims, {key: entry})
+        return await pool_ledger.sweep(bucket, claims, {s.ledger_pool_key(DRIVER, POOL): entry})
 
     assert asyncio.run(run()) == 1
     entry = pool_entry(bucket)
     assert entry is not None
-    assert [r.pod for r in entry.pods.values()] == ["ns/b"]
+    assert [r.pod for r in entry.holds] == ["ns/b"]
 
 
 def test_the_sweep_leaves_a_hold_whose_claim_the_bucket_holds_again() -> None:
@@ -208,7 +228,7 @@ def test_the_sweep_leaves_a_hold_whose_claim_the_bucket_holds_again() -> None:
         assert await _commit(bucket, proposal("a", "n1", "c", channel(0)))
         entry = pool_entry(bucket)
         assert entry is not None
-        return await pool_ledger.sweep(bucket, {}, {s.ledger_node_key(entry.node): entry})
+        return await pool_ledger.sweep(bucket, {}, {s.ledger_pool_key(DRIVER, POOL): entry})
 
     assert asyncio.run(run()) == 0
 
@@ -217,7 +237,7 @@ def test_an_unreadable_pool_entry_is_never_overwritten() -> None:
     bucket = MemoryBucket(iter(()))
 
     async def run() -> bool:
-        await bucket.put(s.ledger_node_key(pool_ledger.pool_ledger_node(DRIVER, POOL)), b"\xff not msgpack")
+        await bucket.put(s.ledger_pool_key(DRIVER, POOL), b"\xff not msgpack")
         return await _commit(bucket, proposal("a", "n1", "c", channel(0)))
 
     assert not asyncio.run(run())
@@ -273,11 +293,11 @@ def test_two_proposals_for_two_nodes_never_commit_one_cluster_wide_device_for_tw
     committed = asyncio.run(race())
     live_holds: dict[tuple[str, str, str], set[str]] = {}
     entry = pool_entry(bucket)
-    for key, r in entry.pods.items() if entry is not None else ():
+    for r in entry.holds if entry is not None else ():
         pod = r.pod
         if bucket.values.get(s.ledger_claim_key(pod)) is None:
             continue  # stale: its claim is gone
-        assert key == pool_ledger.hold_key(f"p-{pod.removeprefix('ns/')}", pod)
+        assert r.proposal == f"p-{pod.removeprefix('ns/')}"
         for h in r.devices:
             for d in h.devices:
                 live_holds.setdefault(d.id, set()).add(h.claim)
