@@ -72,7 +72,7 @@ import celpy
 import lark
 from celpy import celtypes
 from celpy.celparser import CELParseError
-from celpy.evaluation import Evaluator
+from celpy.evaluation import Activation, Context, Evaluator
 
 from shared.kube import quantity
 from shared.model.dra import Attribute, Device
@@ -256,13 +256,16 @@ def _numeric_mod(a: object, b: object) -> object:
     # CEL's % is for integers only; Python's would format a string ("%9999999d" % 1) in one step.
     if not isinstance(a, int) or not isinstance(b, int) or isinstance(a, bool) or isinstance(b, bool):
         raise TypeError(f"no such overload: {type(a).__name__} % {type(b).__name__}")
-    return celtypes.IntType(a) % celtypes.IntType(b)  # type: ignore[operator]
+    return a % b  # celpy's IntType and UintType keep CEL's semantics (sign of the dividend)
 
 
 _FUNCTIONS["_%_"] = _numeric_mod
 
 
 # --- the runtime bound --------------------------------------------------------------------------------
+_Tree = lark.Tree[Any]
+
+
 class _CostExceededError(Exception):
     """Raised inside an evaluation that has spent its steps (not a celpy error, so no macro swallows it)."""
 
@@ -283,19 +286,19 @@ class _CountingEvaluator(Evaluator):
     their evaluators share the budget) and the size of each string, list or map a call or concatenation
     builds; past `MAX_COST` it raises `_CostExceededError`."""
 
-    def __init__(self, ast: lark.Tree, activation: celpy.Activation, budget: _Budget) -> None:
+    def __init__(self, ast: _Tree, activation: Activation, budget: _Budget) -> None:
         super().__init__(ast, activation)
         self.budget = budget
 
-    def sub_evaluator(self, ast: lark.Tree) -> Evaluator:
+    def sub_evaluator(self, ast: _Tree) -> Evaluator:
         return _CountingEvaluator(ast, self.activation, self.budget)
 
-    def _visit_tree(self, tree: lark.Tree) -> Any:
+    def _visit_tree(self, tree: _Tree) -> Any:
         budget = self.budget
         budget.spent += 1
         if budget.spent > MAX_COST:
             raise _CostExceededError
-        value = super()._visit_tree(tree)  # type: ignore[no-untyped-call]
+        value = super()._visit_tree(tree)
         if (tree.data in _BUILDERS or (tree.data == "addition" and len(tree.children) == 2)) and isinstance(
             value, (str, bytes, list, dict)
         ):
@@ -310,7 +313,7 @@ class _BoundedRunner(celpy.InterpretedRunner):
 
     spent = 0
 
-    def evaluate(self, context: celpy.Context) -> celtypes.Value:
+    def evaluate(self, context: Context) -> celtypes.Value:
         budget = _Budget()
         try:
             value = _CountingEvaluator(self.ast, self.new_activation(), budget).evaluate(context)
@@ -355,9 +358,9 @@ _UNSIZED_CALLS = frozenset(
 """Calls whose result is no string, list or map (Kubernetes' quantity and semver members included)."""
 
 
-def _depth(tree: lark.Tree) -> int:
+def _depth(tree: _Tree) -> int:
     deepest = 0
-    stack: list[tuple[lark.Tree, int]] = [(tree, 1)]
+    stack: list[tuple[_Tree, int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
@@ -367,15 +370,15 @@ def _depth(tree: lark.Tree) -> int:
     return deepest
 
 
-def _subtrees(node: lark.Tree) -> list[lark.Tree]:
+def _subtrees(node: _Tree) -> list[_Tree]:
     return [child for child in node.children if isinstance(child, lark.Tree)]
 
 
-def _name(node: lark.Tree) -> str:
+def _name(node: _Tree) -> str:
     return next((str(child) for child in node.children if isinstance(child, lark.Token)), "")
 
 
-def _args(node: lark.Tree) -> list[lark.Tree]:
+def _args(node: _Tree) -> list[_Tree]:
     lists = [child for child in _subtrees(node) if child.data == "exprlist"]
     return _subtrees(lists[0]) if lists else []
 
@@ -385,13 +388,13 @@ class _Estimate:
     upper bounds on a value's elements or characters; `scope` bounds the size of each comprehension
     variable in reach. Results are capped just past `MAX_COST` (the answer is only compared with it)."""
 
-    def __init__(self, tree: lark.Tree) -> None:
+    def __init__(self, tree: _Tree) -> None:
         literal = max((len(_subtrees(n)) for n in tree.find_data("exprlist")), default=0)
         strings = max((len(str(t)) for t in tree.scan_values(lambda v: isinstance(v, lark.Token))), default=0)
         self.deep = max(_DEVICE_SIZE, literal, strings)
         """The bound on an element of an element: no literal is longer, no device value either."""
 
-    def cost(self, node: lark.Tree, scope: dict[str, int]) -> int:
+    def cost(self, node: _Tree, scope: dict[str, int]) -> int:
         data = node.data
         if data in ("member_dot_arg", "ident_arg", "dot_ident_arg"):
             name = _name(node)
@@ -406,7 +409,7 @@ class _Estimate:
             total = 1 + sum(self.cost(child, scope) for child in _subtrees(node))
         return min(total, MAX_COST + 1)
 
-    def _macro(self, node: lark.Tree, name: str, scope: dict[str, int]) -> int:
+    def _macro(self, node: _Tree, name: str, scope: dict[str, int]) -> int:
         target = _subtrees(node)[0]
         args = _args(node)
         if len(args) != 2:
@@ -417,7 +420,7 @@ class _Estimate:
         built = n if name in ("map", "filter") else 0
         return min(2 + self.cost(target, scope) + n * (body + 1) + built, MAX_COST + 1)
 
-    def size(self, node: lark.Tree, scope: dict[str, int]) -> int:
+    def size(self, node: _Tree, scope: dict[str, int]) -> int:
         data = node.data
         children = _subtrees(node)
         if data == "literal":
@@ -447,7 +450,7 @@ class _Estimate:
             return min(sum(self.size(child, scope) for child in children), MAX_COST)
         return max((self.size(child, scope) for child in children), default=0)
 
-    def element_size(self, node: lark.Tree, scope: dict[str, int]) -> int:
+    def element_size(self, node: _Tree, scope: dict[str, int]) -> int:
         while len(node.children) == 1 and isinstance(node.children[0], lark.Tree) and node.data != "list_lit":
             node = node.children[0]
         if node.data == "list_lit":
