@@ -13,6 +13,8 @@ operation returned: `services.state.service` for the simulated cluster (under it
   (the cluster is the truth; its later changes on the same node, such as Running, read no ledger: the
   start-up `reconcile` and the one after a failed write check every holder again). A pending pod's reservation is left alone: it is a binder's bind in flight.
   Every ledger change is a compare-and-set retried on conflict, since binders write the same keys.
+  Cluster-wide DRA pools' entries (`PoolLedger`, under keys of their own) are the binders' alone: their
+  holds are live while their claims are (`services.binder.pool_ledger`), and nothing here reads them.
 
 While tracing is on, a podgroup that gets pending pods while it had none begins a scheduling attempt: a
 new trace (`shared.telemetry.attempts`) whose context its `PodGroupRecord` carries until it has none.
@@ -216,6 +218,10 @@ class StateWriter:
         a reservation there. Pending pods' reservations and claims stay (binds in flight). Under a fence,
         the lease key is read before the reservations and again before the claims (a large ledger takes a
         while).
+
+        Only node keys and claims are read: cluster-wide DRA pools' entries (`PoolLedger`) are left alone.
+        A node key whose ledger names no node (a ``/`` in its name) is the pool entry of a binder from
+        before `PoolLedger` (``dra-pool/<driver>/<pool>``): it is deleted (`_drop_old_pool_entry`).
         """
         if self.fence is not None:
             await self.fence.confirm()
@@ -238,11 +244,14 @@ class StateWriter:
             pod = by_key.get(claim.pod)
             return pod is None or pod.status in FINISHED or holds(pod) not in (None, claim.node)
 
-        entries = await self._get_all(keys)
+        entries = await self._get_all([k for k in keys if k.startswith(("node.", "claim."))])
         for key in sorted(k for k in keys if k.startswith("node.")):
             entry = entries.get(key)
             ledger = _decode_node_ledger(key, entry.value if entry else None)
             if ledger is None:
+                continue
+            if "/" in ledger.node and entry is not None:
+                await self._drop_old_pool_entry(key, entry.revision)
                 continue
             stale = stale_here(ledger.node)
             edit = ensure.pop(ledger.node, _NodeEdit())
@@ -289,6 +298,19 @@ class StateWriter:
             self.counters["ledger_writes"] += 1
             return
         raise TemporaryError(f"ledger {key}: still conflicting after {CAS_ATTEMPTS} attempts")
+
+    async def _drop_old_pool_entry(self, key: str, revision: int) -> None:
+        """Delete, on the revision read, a pool's entry written as a node's by a binder from before
+        `PoolLedger`; its holds were never in a release, and a binder of now holds such devices in the
+        pool's own entry (a lost race leaves it to the next reconcile)."""
+        self._check()
+        try:
+            await self.bus.ledger.delete(key, last=revision)
+        except ConflictError:
+            self.counters["ledger_conflicts"] += 1
+            return
+        self.counters["ledger_writes"] += 1
+        log.info("deleted %s, a cluster-wide DRA pool's entry in the form of before PoolLedger", key)
 
     async def _delete_claim(self, pod_key: str, should: Callable[[PodClaim], bool]) -> None:
         key = s.ledger_claim_key(pod_key)
