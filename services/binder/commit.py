@@ -37,8 +37,9 @@ by the tests directly against a real nats-server. The steps, for one proposal:
    the proposal's binds still go out, since none of them relies on a victim's room (the core pipelines a
    pod that fits only on room being freed). An eviction without an answer raises `TemporaryError` before
    any bind, so the proposal is redelivered and step 2-3 find their own entries.
-5. **Report.** Public events on the `KAIROS_EVENTS` stream (PodBound, PodEvicted, PodGroupState), then the
-   `Outcome` on `outcomes.<shard>`.
+5. **Report.** Public events on the `KAIROS_EVENTS` stream (PodBound, PodEvicted, PodGroupState), all sent
+   at once and their acknowledgements awaited together (`services.binder.event_batch`), then the `Outcome`
+   on `outcomes.<shard>`: whoever acts on the outcome finds its events stored.
 
 Redelivery is safe: a claim or node entry that already holds this proposal's own records (written by an
 earlier delivery that crashed or was not acknowledged) counts as written, so the second delivery finishes
@@ -92,6 +93,7 @@ from typing import Protocol, TypeVar, cast
 
 from services.binder import pool_ledger
 from services.binder.cluster_client import ClusterClient, ClusterRefused
+from services.binder.event_batch import publish_stored
 from services.binder.leftovers import Leftovers
 from services.binder.recovery_binds import RecoveryBinds
 from shared.backoff import Backoff
@@ -1038,20 +1040,11 @@ class Committer:
         return events
 
     async def _publish_events(self, events: list[tuple[str, Event]]) -> None:
-        async def one(item: tuple[str, Event]) -> None:
-            subject, event = item
-            await self.bus.js.publish(
-                subject, EVENT_ENCODER.encode(event), stream=s.EVENTS_STREAM, headers=event_headers(event)
-            )
-
-        gate = asyncio.Semaphore(_CONCURRENCY)
-
-        async def gated(item: tuple[str, Event]) -> None:
-            async with gate:
-                await one(item)
-
-        results = await asyncio.gather(*(gated(e) for e in events), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
+        """Every event at once, returning when each is stored or given up (`event_batch`)."""
+        if not events:
+            return
+        messages = [(subject, EVENT_ENCODER.encode(event), event_headers(event)) for subject, event in events]
+        failed = await publish_stored(self.bus.js, messages, stream=s.EVENTS_STREAM)
         if failed:
             # Events inform users; the binds already happened, so a lost event must not undo or redo them.
             self.counters["event_errors"] += len(failed)
