@@ -117,6 +117,7 @@ from shared.contracts.messages import (
     Outcome,
     PodClaim,
     PodGroupStamps,
+    PoolLedger,
     Proposal,
     Reservation,
     encode,
@@ -701,6 +702,11 @@ class LedgerView(Protocol):
     @property
     def ledger(self) -> Mapping[str, NodeLedger]: ...
     @property
+    def pools(self) -> Mapping[str, PoolLedger]:
+        """Cluster-wide DRA pools' entries by key (`services.binder.pool_ledger`)."""
+        ...
+
+    @property
     def key_revisions(self) -> Mapping[str, int]: ...
     @property
     def ledger_revision(self) -> int: ...
@@ -1121,7 +1127,7 @@ class Committer:
             log.exception("sweeping unclaimed reservations failed; the next scan tries again")
         try:
             self.counters["stale_pool_holds_removed"] += await pool_ledger.sweep(
-                self.bus.ledger, view.claims, view.ledger
+                self.bus.ledger, view.claims, view.pools
             )
         except Exception:  # as above: the next scan tries again
             self.counters["leftover_sweep_errors"] += 1
