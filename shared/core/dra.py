@@ -191,6 +191,8 @@ class _State:
     """(pod key, cluster generation, devices others hold, claims others allocated): the last `_taken`."""
     admin_namespaces: frozenset[str] = frozenset()
     """Namespaces labelled `ADMIN_ACCESS_LABEL` "true": the only ones whose claims may ask admin access."""
+    selector_steps: dict[str, list[int]] = field(default_factory=dict)
+    """Namespace -> [steps, evaluations] its claims' selectors have cost this session (`_within_budget`)."""
 
 
 _state: PerSession[_State] = PerSession(
@@ -634,28 +636,60 @@ class _Search:
         for i, expression in enumerate(device_class.selectors):
             if not self._holds(expression, c, f"class {device_class.name}: selector #{i}"):
                 return False
+        namespace = self.claims[ci].key.split("/", 1)[0]
         for i, expression in enumerate(alt.selectors):
             where = f"claim {self.claims[ci].key}, request {request}: selector #{i}"
-            if not self._holds(expression, c, where):
+            if not self._holds(expression, c, where, namespace):
                 return False
         return True
 
-    def _holds(self, expression: str, c: _Candidate, where: str) -> bool:
+    def _holds(self, expression: str, c: _Candidate, where: str, tenant: str | None = None) -> bool:
+        """Whether the selector holds for the device; a tenant's (a claim's namespace; None for a
+        DeviceClass, which only the cluster's administrators write) evaluations count against its budget."""
         key = (expression, c.id)
         known = self.state.matched.get(key)
         if known is None:
+            if tenant is not None and not _within_budget(self.state.selector_steps.get(tenant)):
+                # Not remembered per (selector, device): another namespace's claim with the same
+                # selector still gets its own evaluation.
+                raise _CelFailureError(f"{where}: CEL runtime error: {dra_cel.COST_EXCEEDED} ({OVER_BUDGET})")
             activation = self.state.activations.get(c.id)
             if activation is None:
                 activation = dra_cel.activation(c.driver, c.device)
                 self.state.activations[c.id] = activation
-            try:
-                known = dra_cel.matches(expression, activation)
-            except dra_cel.CelError as exc:
-                known = str(exc)
+            verdict, steps = dra_cel.counted_match(expression, activation)
+            known = str(verdict) if isinstance(verdict, dra_cel.CelError) else verdict
             self.state.matched[key] = known
+            if tenant is not None:
+                spent = self.state.selector_steps.setdefault(tenant, [0, 0])
+                spent[0] += steps
+                spent[1] += 1
         if isinstance(known, str):
             raise _CelFailureError(f"{where}: {known}")
         return known
+
+
+TENANT_FREE_STEPS = 20 * dra_cel.MAX_COST
+"""Selector steps a namespace's claims may spend in one session beyond `TENANT_STEPS_PER_EVALUATION` per
+evaluation: about a second of CPU, whatever its selectors."""
+TENANT_STEPS_PER_EVALUATION = 200
+"""Steps per evaluation a namespace's selectors may average without limit: a real driver's selector takes
+20 to 60, one comprehension over a device's attributes about 110 (`tests/unit/test_dra_cel_limits.py`)."""
+OVER_BUDGET = "the namespace's selectors spent their budget for this scheduling cycle"
+
+
+def _within_budget(spent: list[int] | None) -> bool:
+    """Whether a namespace that has spent `spent` ([steps, evaluations]) may evaluate once more.
+
+    Each evaluation stops at `dra_cel.MAX_COST` steps, but a cycle may evaluate a selector on every device
+    of the cluster (40,000 GPUs at 5,000 nodes): selectors kept just under that bound would then stop
+    scheduling for everyone for minutes. A namespace's claims get `TENANT_STEPS_PER_EVALUATION` per
+    evaluation on average plus `TENANT_FREE_STEPS`; past that, its selectors fail with the cost error for
+    the rest of the session, which holds only its pods, and the next cycle starts afresh."""
+    if spent is None:
+        return True
+    steps, evaluations = spent
+    return steps <= TENANT_FREE_STEPS + TENANT_STEPS_PER_EVALUATION * evaluations
 
 
 def _applies(constraint: ClaimConstraint, request: str) -> bool:

@@ -89,6 +89,7 @@ __all__ = [
     "Semver",
     "activation",
     "check",
+    "counted_match",
     "estimated_cost",
     "evaluation_cost",
     "matches",
@@ -569,6 +570,19 @@ def matches(expression: str, device: Mapping[str, Any]) -> bool:
     if isinstance(result, Exception):
         raise CelError(f"CEL runtime error: {_shown(result)}")
     raise CelError(f"must evaluate to a bool, got {type(result).__name__}")
+
+
+def counted_match(expression: str, device: Mapping[str, Any]) -> tuple[bool | CelError, int]:
+    """`matches` and the steps its evaluation took: (the verdict, or the `CelError` it raised; steps),
+    so a caller can bound what many evaluations cost together."""
+    program = _program(expression)
+    if isinstance(program, CelError):
+        return program, 0
+    try:
+        verdict: bool | CelError = matches(expression, device)
+    except CelError as exc:
+        verdict = exc
+    return verdict, program.spent
 
 
 def evaluation_cost(expression: str, device: Mapping[str, Any]) -> int:

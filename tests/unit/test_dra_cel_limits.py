@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.core import dra as core_dra
 from shared.core import dra_cel
 from shared.core.dra_cel import COST_EXCEEDED, MAX_COST, MAX_LENGTH, TOO_COMPLEX
 from shared.core.policy import Policy
@@ -277,3 +278,71 @@ def test_a_claim_whose_selector_runs_away_holds_only_its_pod_and_a_pod_in_anothe
     status = result.podgroups["hostile"]
     assert status.pending
     assert f"CEL runtime error: {COST_EXCEEDED}" in (status.fit_error or "")
+
+
+def test_selectors_kept_under_the_per_evaluation_bound_cost_a_namespace_a_bounded_total_per_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A selector that costs most of `MAX_COST` on every device and matches none would be evaluated on
+    every device of the cluster: past its namespace's budget for the cycle, the rest of its evaluations
+    fail with the cost error without running, its pod waits, and another namespace's claim with a plain
+    selector is allocated in the same cycle."""
+    expensive = f"{numbers(300)}.exists(i, i < 0)"
+    per_evaluation = dra_cel.evaluation_cost(expensive, DEVICE)
+    assert MAX_COST // 2 < per_evaluation <= MAX_COST
+    gpu_class = DeviceClass(name=DRIVER, selectors=(f'device.driver == "{DRIVER}"',))
+
+    def claim(name: str, namespace: str, selector: str) -> ResourceClaim:
+        request = DeviceRequest(name="gpu", device_class=DRIVER, selectors=(selector,))
+        return ResourceClaim(
+            name=name, namespace=namespace, uid=f"uid-{name}", queue="team", requests=(request,)
+        )
+
+    names = [f"node-{i:03d}" for i in range(60)]
+    nodes = [
+        Node(name=n, cpu_millis=8000, memory_bytes=64 * 2**30, labels={"kubernetes.io/hostname": n})
+        for n in names
+    ]
+    devices = tuple(msgspec.structs.replace(GPU, name=f"gpu-{i}") for i in range(8))
+    slices = tuple(
+        ResourceSlice(name=f"{n}-gpu", driver=DRIVER, pool=n, node=n, devices=devices) for n in names
+    )
+
+    def job(name: str, namespace: str, claim_name: str) -> tuple[Any, list[Pod]]:
+        pg, pods = gang(name, "team", 1, 0.0, created=1.0)
+        pods = [
+            msgspec.structs.replace(
+                p, namespace=namespace, resource_claims=(PodClaim(name="gpu", claim=claim_name),)
+            )
+            for p in pods
+        ]
+        return msgspec.structs.replace(pg, namespace=namespace), pods
+
+    snap = one_queue_snapshot(
+        nodes,
+        [job("costly", "tenant-a", "a"), job("plain", "tenant-b", "b")],
+        dra=Dra(
+            classes=(gpu_class,),
+            slices=slices,
+            claims=(claim("a", "tenant-a", expensive), claim("b", "tenant-b", 'device.driver != ""')),
+        ),
+    )
+    spent = {"steps": 0}
+    counted = dra_cel.counted_match
+
+    def spy(expression: str, device: Any) -> tuple[bool | dra_cel.CelError, int]:
+        verdict, steps = counted(expression, device)
+        if expression == expensive:
+            spent["steps"] += steps
+        return verdict, steps
+
+    monkeypatch.setattr(dra_cel, "counted_match", spy)
+    result = schedule(snap, 10.0, Policy(actions=("allocate",)))
+
+    assert [b.name for p in result.binds for b in p.bindings] == ["plain-0"]
+    status = result.podgroups["costly"]
+    assert status.pending
+    assert core_dra.OVER_BUDGET in (status.fit_error or "")
+    every_device = len(names) * len(devices) * per_evaluation
+    budget = core_dra.TENANT_FREE_STEPS + core_dra.TENANT_STEPS_PER_EVALUATION * len(names) * len(devices)
+    assert spent["steps"] <= budget + per_evaluation < every_device
