@@ -43,9 +43,9 @@ from shared.errors import KairosError, MalformedMessage
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
-from shared.model.dra import ClaimHold, DraObject
+from shared.model.dra import ClaimHold, Dra, DraObject
 from shared.model.objects import BindFailure
-from shared.model.volumes import StorageObject
+from shared.model.volumes import StorageObject, Volumes
 
 VERSION = 1
 
@@ -391,6 +391,13 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
     ledger: tuple[NodeLedger, ...] = ()
     shards: tuple[ShardRecord, ...] = ()
     """The shards' configurations in force (their SchedulingShards as last read valid), by shard name."""
+    volumes: Volumes = msgspec.field(default_factory=Volumes)
+    """The storage objects (claims, volumes, classes, CSINodes, capacities) as KV holds them."""
+    dra: Dra = msgspec.field(default_factory=Dra)
+    """The DRA objects as KV holds them (`Dra.held` empty: the holds are in `ledger` and `pools`)."""
+    pools: tuple[PoolLedger, ...] = ()
+    """The cluster-wide DRA pools' entries with only their live holds (whose pod's `PodClaim` of their
+    proposal exists), by driver and pool."""
 
 
 class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):
