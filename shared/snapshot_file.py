@@ -9,7 +9,9 @@ with gzip (``zcat FILE | jq .header`` shows what it is), holding:
 - the cluster exactly as the state bucket holds it (nodes, pods, podgroups, queues, topologies, namespaces,
   and the storage and DRA objects where the capture could read them), the `Snapshot` the core schedules;
 - the binders' ledger (pods reserved on a node that the cluster still shows pending count as bound
-  there, as every placement replica counts them: `CapturedSnapshot.scheduling_view`);
+  there, as every placement replica counts them: `CapturedSnapshot.scheduling_view`) and the cluster-wide
+  DRA pools' live holds (`live_pools`); the DRA devices both hold count as taken (`Dra.held`) until the
+  claim's status shows its allocation, as in `shared.bus.replica.StateReplica.snapshot`;
 - every shard: its SchedulingShard record (`ShardRecord`), its node pool and the `Policy` it resolves to
   (`shared.kube.scheduling_shard.policy_of`); the default shard without a SchedulingShard runs KAI's
   defaults over every node;
@@ -31,17 +33,19 @@ import gzip
 import os
 import tempfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
-from shared.contracts.messages import NodeLedger, ShardRecord
+from shared.contracts.messages import NodeLedger, PodClaim, PoolLedger, ShardRecord
 from shared.contracts.subjects import DEFAULT_SHARD
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.core.policy import Policy, QueueUsage
 from shared.errors import InvalidObject, KairosError
 from shared.kube.scheduling_shard import policy_of
 from shared.model import PodStatus, Snapshot
+from shared.model.dra import ClaimHold
 from shared.model.validate import validate_snapshot
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "kairos_version",
+    "live_pools",
     "read_snapshot",
     "shard_captures",
     "write_snapshot",
@@ -103,6 +108,9 @@ class CapturedSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     header: Header
     cluster: Snapshot = msgspec.field(default_factory=Snapshot)
     ledger: tuple[NodeLedger, ...] = ()
+    pools: tuple[PoolLedger, ...] = ()
+    """The cluster-wide DRA pools' entries, with only the holds that were live at the capture
+    (`live_pools`); absent from files written before it (none held)."""
     shards: tuple[ShardCapture, ...] = ()
     queue_usage: tuple[QueueUsage, ...] = ()
     """Each queue's decayed usage (time-based fair share), from the queue leaders' fair-share events; empty
@@ -110,12 +118,17 @@ class CapturedSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     def scheduling_view(self) -> Snapshot:
         """The cluster as a placement replica schedules it: pods the ledger reserves but the cluster still
-        shows pending count as bound on their node, with the GPU groups the reservation holds."""
+        shows pending count as bound on their node, with the GPU groups the reservation holds; the DRA
+        devices the reservations and the pools' holds hold are in `Dra.held` for the claims whose status
+        shows no allocation yet."""
         reserved = {pod: (entry.node, hold) for entry in self.ledger for pod, hold in entry.pods.items()}
+        holds = [h for _, r in reserved.values() for h in r.devices]
+        holds += [h for entry in self.pools for hold in entry.holds for h in hold.devices]
+        cluster = _with_held(self.cluster, holds)
         if not reserved:
-            return self.cluster
+            return cluster
         pods = []
-        for pod in self.cluster.pods:
+        for pod in cluster.pods:
             hit = reserved.get(pod.key)
             if hit is not None and pod.status == PodStatus.PENDING:
                 node, hold = hit
@@ -126,7 +139,33 @@ class CapturedSnapshot(msgspec.Struct, frozen=True, kw_only=True):
                 )
             else:
                 pods.append(pod)
-        return msgspec.structs.replace(self.cluster, pods=tuple(pods))
+        return msgspec.structs.replace(cluster, pods=tuple(pods))
+
+
+def _with_held(cluster: Snapshot, holds: list[ClaimHold]) -> Snapshot:
+    """`cluster` with `holds` in `Dra.held`, less those of claims whose status shows an allocation (the
+    status is then the truth), in a stable order."""
+    shown = {c.key for c in cluster.dra.claims if c.allocated}
+    held = sorted(
+        (h for h in holds if h.devices and h.claim not in shown),
+        key=lambda h: (h.claim, h.node, tuple(d.id for d in h.devices)),
+    )
+    if not held:
+        return cluster
+    return msgspec.structs.replace(cluster, dra=msgspec.structs.replace(cluster.dra, held=tuple(held)))
+
+
+def live_pools(pools: Iterable[PoolLedger], claims: Iterable[PodClaim]) -> tuple[PoolLedger, ...]:
+    """The pools' entries with only their live holds, by driver and pool: a hold counts while its pod's
+    `PodClaim` of its proposal exists (the binders write the claim before the hold and delete it after;
+    without it the hold is stale, as `shared.bus.replica` reads it). Entries left with none are dropped."""
+    backed = {(c.proposal, c.pod) for c in claims}
+    out = []
+    for entry in pools:
+        holds = tuple(h for h in entry.holds if (h.proposal, h.pod) in backed)
+        if holds:
+            out.append(msgspec.structs.replace(entry, holds=holds))
+    return tuple(sorted(out, key=lambda e: (e.driver, e.pool)))
 
 
 class _HeadOnly(msgspec.Struct, frozen=True):
@@ -163,13 +202,15 @@ def capture(
     cluster: Snapshot,
     *,
     ledger: tuple[NodeLedger, ...] = (),
+    pools: tuple[PoolLedger, ...] = (),
     shards: tuple[ShardRecord, ...] | list[ShardRecord] = (),
     queue_usage: tuple[QueueUsage, ...] = (),
     captured_at: float,
     source: str,
     state_revision: int = 0,
 ) -> CapturedSnapshot:
-    """A snapshot file's content from what a reader of the stack holds."""
+    """A snapshot file's content from what a reader of the stack holds (`pools`: their live holds only,
+    `live_pools`)."""
     return CapturedSnapshot(
         header=Header(
             kairos_version=kairos_version(),
@@ -179,6 +220,7 @@ def capture(
         ),
         cluster=cluster,
         ledger=tuple(sorted(ledger, key=lambda entry: entry.node)),
+        pools=tuple(sorted(pools, key=lambda e: (e.driver, e.pool))),
         shards=shard_captures(shards),
         queue_usage=tuple(sorted(queue_usage, key=lambda u: u.queue)),
     )

@@ -12,11 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.contracts.messages import NodeLedger, Reservation, ShardRecord
+from shared.contracts.messages import NodeLedger, PodClaim, PoolHold, PoolLedger, Reservation, ShardRecord
 from shared.errors import InvalidObject
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import PodStatus, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from shared.model.dra import ClaimHold, Device, DeviceResult, Dra, ResourceClaim, ResourceSlice
+from shared.model.volumes import StorageClass, Volumes
 from shared.snapshot_file import (
     FORMAT,
     VERSION,
@@ -24,6 +26,7 @@ from shared.snapshot_file import (
     capture,
     decode_snapshot,
     encode_snapshot,
+    live_pools,
     read_snapshot,
     write_snapshot,
 )
@@ -91,6 +94,104 @@ def test_the_scheduling_view_counts_pods_the_ledger_reserves_as_bound_there() ->
     view = {p.key: p for p in captured.scheduling_view().pods}
     assert (view["b-0"].status, view["b-0"].node) == (PodStatus.BOUND, "node-00001")
     assert view["b-1"].status == PodStatus.PENDING
+
+
+DRIVER = "gpu.example.com"
+
+
+def _dra() -> Dra:
+    """A node's slice, a cluster-wide pool's slice, and two claims: one whose status shows its allocation,
+    one not yet."""
+    shown = DeviceResult(request="gpu", driver=DRIVER, pool="node-00000", device="gpu-1")
+    return Dra(
+        slices=(
+            ResourceSlice(
+                name="node-00000-gpus",
+                driver=DRIVER,
+                pool="node-00000",
+                node="node-00000",
+                devices=(Device(name="gpu-0"), Device(name="gpu-1")),
+            ),
+            ResourceSlice(
+                name="fabric", driver=DRIVER, pool="fabric", all_nodes=True, devices=(Device(name="nic-0"),)
+            ),
+        ),
+        claims=(
+            ResourceClaim(name="done", namespace="team-a", allocated=True, devices=(shown,)),
+            ResourceClaim(name="wait", namespace="team-b"),
+        ),
+    )
+
+
+def _hold(claim: str, pool: str, device: str, node: str = "") -> ClaimHold:
+    return ClaimHold(
+        claim=claim,
+        node=node,
+        devices=(DeviceResult(request="gpu", driver=DRIVER, pool=pool, device=device),),
+    )
+
+
+def _pool(*holds: PoolHold) -> PoolLedger:
+    return PoolLedger(driver=DRIVER, pool="fabric", holds=holds)
+
+
+def test_the_storage_and_dra_objects_and_the_pools_read_back_as_written() -> None:
+    storage = Volumes(classes=(StorageClass(name="fast"),))
+    pool = _pool(
+        PoolHold(proposal="p1", pod="team-b/b-0", devices=(_hold("team-b/wait", "fabric", "nic-0"),))
+    )
+    cluster = msgspec.structs.replace(_cluster(), volumes=storage, dra=_dra())
+    captured = capture(cluster, pools=(pool,), captured_at=1.0, source="test")
+    back = decode_snapshot(encode_snapshot(captured), "f")
+    assert (back.cluster.volumes, back.cluster.dra, back.pools) == (storage, _dra(), (pool,))
+
+
+def test_a_file_written_before_the_pools_reads_with_none_held() -> None:
+    def drop_pools(document: dict[str, object]) -> None:
+        del document["pools"]
+
+    back = decode_snapshot(_rewritten(drop_pools), "old.kairos.gz")
+    assert back.pools == ()
+    assert back.header.version == VERSION == 1
+
+
+def test_the_scheduling_view_holds_the_devices_of_reservations_and_pools_until_the_claim_shows_them() -> None:
+    node_hold = _hold("team-b/wait", "node-00000", "gpu-0", node="node-00000")
+    stale_copy = _hold("team-a/done", "node-00000", "gpu-1", node="node-00000")
+    reservation = Reservation(pod="team-b/b-0", podgroup="team-b/b", devices=(node_hold, stale_copy))
+    pool_hold = _hold("team-b/wait", "fabric", "nic-0")
+    captured = _captured(
+        ledger=(NodeLedger(node="node-00000", pods={"team-b/b-0": reservation}),),
+        pools=(_pool(PoolHold(proposal="p1", pod="team-b/b-0", devices=(pool_hold,))),),
+    )
+    captured = msgspec.structs.replace(
+        captured, cluster=msgspec.structs.replace(captured.cluster, dra=_dra())
+    )
+    held = captured.scheduling_view().dra.held
+    assert [(h.claim, h.devices[0].device) for h in held] == [
+        ("team-b/wait", "nic-0"),
+        ("team-b/wait", "gpu-0"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("claims", "kept"),
+    [
+        pytest.param([("p1", "ns/a")], ["ns/a"], id="a hold whose pod's claim of its proposal exists counts"),
+        pytest.param([("p0", "ns/a")], [], id="a claim of another proposal does not keep it"),
+        pytest.param([], [], id="no claim: the hold is stale, the entry left out"),
+        pytest.param([("p1", "ns/a"), ("p2", "ns/b")], ["ns/a", "ns/b"], id="each hold judged alone"),
+    ],
+)
+def test_a_pool_hold_is_captured_only_while_its_pods_claim_of_its_proposal_exists(
+    claims: list[tuple[str, str]], kept: list[str]
+) -> None:
+    entry = _pool(
+        PoolHold(proposal="p1", pod="ns/a", devices=(_hold("ns/ca", "fabric", "nic-0"),)),
+        PoolHold(proposal="p2", pod="ns/b", devices=(_hold("ns/cb", "fabric", "nic-1"),)),
+    )
+    live = live_pools([entry], [PodClaim(pod=pod, node="n", proposal=p) for p, pod in claims])
+    assert [h.pod for e in live for h in e.holds] == kept
 
 
 @pytest.mark.parametrize(
