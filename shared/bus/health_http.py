@@ -15,7 +15,14 @@ still connecting, and it stops after the connection is drained.
 
 Both answer `text/plain`: `ok: <detail>` or `<reason>`, one line. More endpoints are added with
 `HealthServer.add_get` before `start()`, on the same port: the runner adds `GET /metrics`
-(`metrics_handler`), the process's Prometheus registry in the text exposition format.
+(`metrics_handler`), the process's Prometheus registry in the text exposition format. A service's body,
+which starts after the server, adds its own with `ServiceContext.add_get` (the state service's
+`GET /get-snapshot`): the server's `late` routes, looked up on each request; until the body has added
+them, any other path answers 503 with the readiness reason while the service is not ready, 404 once it is.
+
+None of these endpoints authenticates its caller: they listen on ``health_host`` (every interface by
+default) for the kubelet's probes, Prometheus and ``kubectl port-forward`` (which the Kubernetes API server
+authorises, ``pods/portforward``); deploy/base opens no Service for them.
 """
 
 from __future__ import annotations
@@ -99,14 +106,34 @@ class ServiceProbes:
 class HealthServer:
     """An aiohttp server answering the probes; add other routes with `add_get` before `start()`."""
 
-    def __init__(self, live: Check, ready: Check, *, host: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(
+        self,
+        live: Check,
+        ready: Check,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        late: dict[str, Handler] | None = None,
+    ) -> None:
         self.host = host
         self.requested_port = port
         self.app = web.Application()
         self.app.router.add_get("/healthz", self._answer(live))
         self.app.router.add_get("/readyz", self._answer(ready))
+        self.late: dict[str, Handler] = {} if late is None else late
+        """Path -> GET handler added while the server runs (`ServiceContext.add_get` fills it)."""
+        self._ready = ready
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+
+    async def _late_route(self, request: web.Request) -> web.StreamResponse:
+        handler = self.late.get(request.path)
+        if handler is not None:
+            return await handler(request)
+        ready, reason = self._ready()
+        if not ready:
+            return web.Response(status=503, text=f"{request.path}: not served yet ({reason})\n")
+        return web.Response(status=404, text=f"{request.path}: no such endpoint\n")
 
     @staticmethod
     def _answer(check: Check) -> Handler:
@@ -132,6 +159,8 @@ class HealthServer:
         return self._port
 
     async def start(self) -> None:
+        # Last, so that every fixed route matches first.
+        self.app.router.add_get("/{path:.*}", self._late_route)
         # No access log: probes every few seconds would drown the service's own log lines.
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -167,11 +196,16 @@ def metrics_handler(expose: Callable[[], tuple[bytes, str]]) -> Handler:
 
 
 async def start_health_server(
-    probes: ServiceProbes, *, host: str, port: int, routes: dict[str, Handler] | None = None
+    probes: ServiceProbes,
+    *,
+    host: str,
+    port: int,
+    routes: dict[str, Handler] | None = None,
+    late: dict[str, Handler] | None = None,
 ) -> HealthServer:
     """The runner's one call: a started `HealthServer` answering for `probes`, plus `routes` (path ->
-    GET handler) on the same port."""
-    server = HealthServer(probes.live, probes.ready, host=host, port=port)
+    GET handler) on the same port, and `late`'s, which may be added to while it runs."""
+    server = HealthServer(probes.live, probes.ready, host=host, port=port, late=late)
     for path, handler in (routes or {}).items():
         server.add_get(path, handler)
     await server.start()
