@@ -5,8 +5,8 @@ connects to NATS, publishes a `Heartbeat` every `health_interval` seconds (and a
 the messages the process sent to NATS counted in the answer: `shared.bus.operations`), and runs `body(ctx)`
 until SIGTERM/SIGINT sets `ctx.stopping`; the body then finishes its in-flight work and returns, and the connection is drained. Each service's `service.py` is a thin `body`. With
 `--health-port` (env KAIROS_HEALTH_PORT) it also serves `/healthz` and `/readyz` over HTTP for Kubernetes
-probes (`shared.bus.health_http`), and `/metrics` for Prometheus from the process's own registry
-(`ctx.metrics`, `shared.telemetry.metrics`).
+probes (`shared.bus.health_http`), `/metrics` for Prometheus from the process's own registry
+(`ctx.metrics`, `shared.telemetry.metrics`), and the GET routes the body adds with `ctx.add_get`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import msgspec
 
 from shared import memory_release
 from shared.bus.connection import ENV_REPLICAS, Bus, connect
-from shared.bus.health_http import ServiceProbes, metrics_handler, start_health_server
+from shared.bus.health_http import Handler, ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
 from shared.bus.operations import OperationsCollector, as_counters
 from shared.contracts import subjects as s
@@ -156,6 +156,8 @@ class ServiceContext:
     queue: whether it leads is a question of the clock, not only of its last lease step)."""
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     """The process's Prometheus registry (`/metrics` on the health port); shells add their own series."""
+    routes: dict[str, Handler] = field(default_factory=dict)
+    """The GET routes the body added to the health port (`add_get`), shared with the health server."""
 
     def __post_init__(self) -> None:
         self.metrics.attach(
@@ -171,6 +173,14 @@ class ServiceContext:
     @property
     def log(self) -> logging.Logger:
         return logging.getLogger(f"kairos.{self.service}")
+
+    def add_get(self, path: str, handler: Handler) -> bool:
+        """Serve `GET path` on the health port, beside `/metrics`, from now on; False (nothing served)
+        when the process has no health port."""
+        if path in ("/healthz", "/readyz", "/metrics"):
+            raise ValueError(f"health server: {path} is the runner's own")
+        self.routes[path] = handler
+        return self.config.health_port is not None
 
     def current_detail(self) -> str:
         """What the heartbeat and the readiness probe say besides ready or not: `describe()` when set, else
@@ -227,22 +237,29 @@ async def serve(service: str, config: ServiceConfig, body: Body) -> None:
     probes = ServiceProbes()
     metrics = ServiceMetrics()
     health = None
+    late: dict[str, Handler] = {}
     if config.health_port is not None:
         health = await start_health_server(
             probes,
             host=config.health_host,
             port=config.health_port,
             routes={"/metrics": metrics_handler(metrics.expose)},
+            late=late,
         )
     try:
-        await _serve(service, config, body, probes, metrics)
+        await _serve(service, config, body, probes, metrics, late)
     finally:
         if health is not None:
             await health.stop()
 
 
 async def _serve(
-    service: str, config: ServiceConfig, body: Body, probes: ServiceProbes, metrics: ServiceMetrics
+    service: str,
+    config: ServiceConfig,
+    body: Body,
+    probes: ServiceProbes,
+    metrics: ServiceMetrics,
+    routes: dict[str, Handler],
 ) -> None:
     bus = await connect(
         config.nats_url,
@@ -250,7 +267,7 @@ async def _serve(
         config.credentials,
         replicas=config.nats_replicas,
     )
-    ctx = ServiceContext(service, config, bus, metrics=metrics)
+    ctx = ServiceContext(service, config, bus, metrics=metrics, routes=routes)
     metrics.registry.register(OperationsCollector())
     probes.target = ctx
     loop = asyncio.get_running_loop()
