@@ -1,60 +1,43 @@
 """`GET /get-snapshot`: the state service serves what the scheduler sees as a snapshot file, as KAI's
 snapshot plugin serves its own, for `kubectl port-forward` and `kairos snapshot --url`.
 
-Started by the state service's body (`services.state.service`, one hook line) when the option
-`snapshot_port` is set (``--set snapshot_port=N``, env ``KAIROS_SNAPSHOT_PORT``; 0: any free port; unset:
-no endpoint, the default). Every replica serves it, standbys too: each answers from its own replica of the
-state bucket (`shared.bus.replica.StateReplica`): the cluster as KV holds it, the storage and DRA objects
-included, the binders' ledger and the shards' SchedulingShard records, encoded by `shared.snapshot_file`
-(gzip-compressed JSON; ``kairos simulate FILE`` replays it). The queues' recorded usage is not in it (the
-queue leader keeps it); ``kairos snapshot`` over NATS adds it.
+Served on the service's health port, beside `/healthz`, `/readyz` and `/metrics` (``--health-port N``, env
+``KAIROS_HEALTH_PORT``; deploy/base sets 8080), added by the state service's body (`register`, one hook
+line in `services.state.service`) once its replica has caught up: before that the path answers 503 with the
+readiness reason. A process without a health port serves no snapshot over HTTP (``kairos snapshot`` over
+NATS still works). Every replica serves it, standbys too: each answers from its own replica of the state
+bucket (`shared.bus.replica.StateReplica`): the cluster as KV holds it, the storage and DRA objects
+included, the binders' ledger, the cluster-wide DRA pools' live holds and the shards' SchedulingShard
+records, encoded by `shared.snapshot_file` (gzip-compressed JSON; ``kairos simulate FILE`` replays it).
+The queues' recorded usage is not in it (the queue leader keeps it); ``kairos snapshot`` over NATS adds it.
+Unlike the NATS reply it has no size limit, so it is the way to capture a big cluster.
 
-Authentication: the same as the service's other HTTP endpoints, ``/healthz``, ``/readyz`` and
-``/metrics``: none of its own. It listens where they listen (``health_host``), and in a cluster it is
-reached through a port-forward, which the Kubernetes API server authorises (``pods/portforward``), as
-KAI's is; deploy/base opens no Service for it. It serves on a port of its own because the health server
-takes its routes before the service's body starts.
+Authentication: none, like the health port's other endpoints (`shared.bus.health_http`): it is reached
+through a port-forward, which the Kubernetes API server authorises (``pods/portforward``), as KAI's is.
+
+The option ``snapshot_port`` (a port of its own, before the health server took routes from the body) is
+gone: a service given it logs a warning naming the health port instead.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from shared.errors import ConfigError
-from shared.snapshot_file import capture, encode_snapshot
+from shared.snapshot_file import capture, encode_snapshot, live_pools
 
 if TYPE_CHECKING:
+    from shared.bus.health_http import Handler
     from shared.bus.replica import StateReplica
     from shared.bus.service import ServiceContext
 
-__all__ = ["PATH", "SnapshotEndpoint", "port_option", "snapshot_bytes", "start"]
+__all__ = ["PATH", "handler", "register", "snapshot_bytes"]
 
 PATH = "/get-snapshot"
-OPTION = "snapshot_port"
-log = logging.getLogger("kairos.state.snapshot_http")
-
-
-def port_option(options: Mapping[str, str]) -> int | None:
-    """The `snapshot_port` option (then env KAIROS_SNAPSHOT_PORT): None when unset; a bad value is a
-    `ConfigError` naming the option."""
-    text = options.get(OPTION, os.environ.get(f"KAIROS_{OPTION.upper()}"))
-    if text is None or not text.strip():
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise ConfigError(f"service state: option {OPTION!r}: expected a port 0-65535, got {text!r}")
-    return value
+RETIRED_OPTION = "snapshot_port"
 
 
 def snapshot_bytes(replica: StateReplica, source: str, now: float) -> bytes:
@@ -63,6 +46,7 @@ def snapshot_bytes(replica: StateReplica, source: str, now: float) -> bytes:
         capture(
             replica.objects(),
             ledger=tuple(replica.ledger.values()),
+            pools=live_pools(replica.pools.values(), replica.claims.values()),
             shards=tuple(replica.shards.values()),
             captured_at=now,
             source=source,
@@ -71,22 +55,15 @@ def snapshot_bytes(replica: StateReplica, source: str, now: float) -> bytes:
     )
 
 
-class SnapshotEndpoint:
-    """An aiohttp server answering `GET /get-snapshot` from one replica."""
+def handler(replica: StateReplica, source: str, served: dict[str, int] | None = None) -> Handler:
+    """`GET /get-snapshot` answering the snapshot file of `replica` at each request, as an attachment;
+    `served["snapshots_http"]` counts the answers."""
 
-    def __init__(self, replica: StateReplica, *, host: str, port: int, source: str) -> None:
-        self.replica = replica
-        self.host = host
-        self.requested_port = port
-        self.source = source
-        self.port = port
-        self.served = 0
-        self._runner: web.AppRunner | None = None
-
-    async def handle(self, _request: web.Request) -> web.StreamResponse:
+    async def answer(_request: web.Request) -> web.StreamResponse:
         now = time.time()
-        body = snapshot_bytes(self.replica, self.source, now)
-        self.served += 1
+        body = snapshot_bytes(replica, source, now)
+        if served is not None:
+            served["snapshots_http"] = served.get("snapshots_http", 0) + 1
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         return web.Response(
             body=body,
@@ -96,57 +73,23 @@ class SnapshotEndpoint:
             },
         )
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get(PATH, self.handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.requested_port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(
-                f"service state: option {OPTION!r}: cannot listen on {self.host}:{self.requested_port}: "
-                f"{exc.strerror or exc}"
-            ) from exc
-        self._runner = runner
-        if runner.addresses:
-            self.port = int(runner.addresses[0][1])
-        log.info("snapshot endpoint on http://%s:%d%s", self.host, self.port, PATH)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    return answer
 
 
-_RUNNING: set[asyncio.Task[None]] = set()
-
-
-def start(ctx: ServiceContext, replica: StateReplica) -> asyncio.Task[None] | None:
-    """The body's hook: serve `GET /get-snapshot` until the service stops, when `snapshot_port` is set
-    (None otherwise). The option is read now, so a bad one stops the service at start-up."""
-    port = port_option(ctx.config.options)
-    if port is None:
-        return None
-    endpoint = SnapshotEndpoint(
-        replica, host=ctx.config.health_host, port=port, source=f"state replica {ctx.config.replica}"
+def retired_option(options: Mapping[str, str]) -> str:
+    """The warning for a service still given ``snapshot_port`` ("" when it is not)."""
+    if RETIRED_OPTION not in options:
+        return ""
+    return (
+        f"option {RETIRED_OPTION!r} is no longer read: {PATH} is served on the health port "
+        "(--health-port, env KAIROS_HEALTH_PORT)"
     )
 
-    async def serve() -> None:
-        try:
-            await endpoint.start()
-        except ConfigError as exc:
-            ctx.log.warning("no snapshot endpoint: %s", exc)
-            ctx.counters["errors"] += 1
-            return
-        try:
-            await ctx.stopping.wait()
-        finally:
-            with contextlib.suppress(Exception):
-                await endpoint.stop()
 
-    task = asyncio.create_task(serve())
-    _RUNNING.add(task)
-    task.add_done_callback(_RUNNING.discard)
-    return task
+def register(ctx: ServiceContext, replica: StateReplica) -> None:
+    """The body's hook: serve `GET /get-snapshot` on the health port from now until the process ends."""
+    warning = retired_option(ctx.config.options)
+    if warning:
+        ctx.log.warning("%s", warning)
+    if ctx.add_get(PATH, handler(replica, f"state replica {ctx.config.replica}", ctx.counters)):
+        ctx.log.info("snapshot endpoint: GET %s on the health port", PATH)

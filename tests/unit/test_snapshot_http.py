@@ -1,19 +1,28 @@
 """Specs of the state service's `GET /get-snapshot` (`services.state.snapshot_http`): the snapshot file of
-what its replica holds, storage and DRA objects included, and the option that turns it on."""
+what its replica holds, storage and DRA objects and the pools' live holds included, served on the health
+port beside `/metrics` once the service's body adds it (`ServiceContext.add_get`), and of what that port
+answers before."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from services.state.snapshot_http import PATH, SnapshotEndpoint, port_option
-from shared.contracts.messages import NodeLedger, ShardRecord
-from shared.errors import ConfigError
+from services.state import snapshot_http
+from services.state.snapshot_http import PATH, handler, retired_option
+from shared.bus.health_http import Handler, HealthServer
+from shared.bus.service import ServiceConfig, ServiceContext
+from shared.contracts.messages import NodeLedger, PodClaim, PoolHold, PoolLedger, ShardRecord
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from shared.model.dra import DeviceClass, Dra
 from shared.snapshot_file import decode_snapshot
 
 
@@ -27,8 +36,17 @@ class _Replica:
             queues=tuple(flat_queues(["team-b"])),
             podgroups=(group,),
             pods=tuple(pods),
+            dra=Dra(classes=(DeviceClass(name="gpu.example.com"),)),
         )
         self.ledger = {"ledger.node-00000": NodeLedger(node="node-00000")}
+        self.pools = {
+            "ledger.pool": PoolLedger(
+                driver="d",
+                pool="fabric",
+                holds=(PoolHold(proposal="p1", pod="team-b/b-0"), PoolHold(proposal="p0", pod="team-b/b-1")),
+            )
+        }
+        self.claims = {"claim.team-b/b-0": PodClaim(pod="team-b/b-0", node="node-00000", proposal="p1")}
         self.shards = {
             "shard.a": ShardRecord(shard="a", config=ShardConfig(name="a", partition_label_value="a"))
         }
@@ -38,37 +56,106 @@ class _Replica:
         return self.cluster
 
 
-def _get(url: str) -> tuple[bytes, str, str]:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return answer.read(), answer.headers["Content-Type"], answer.headers["Content-Disposition"]
+class _Ready:
+    """The readiness the health server reads: starting until told otherwise."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def __call__(self) -> tuple[bool, str]:
+        return (True, "ready") if self.ready else (False, "starting")
 
 
-async def test_get_snapshot_answers_the_snapshot_file_of_what_the_replica_holds() -> None:
-    replica = _Replica()
-    endpoint = SnapshotEndpoint(replica, host="127.0.0.1", port=0, source="state replica r1")  # type: ignore[arg-type]
-    await endpoint.start()
+def _get(url: str) -> tuple[int, bytes, dict[str, str]]:
     try:
-        body, kind, disposition = await asyncio.to_thread(_get, f"http://127.0.0.1:{endpoint.port}{PATH}")
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.read(), dict(answer.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+@pytest.fixture
+async def health() -> AsyncIterator[tuple[HealthServer, dict[str, Handler], _Ready]]:
+    late: dict[str, Handler] = {}
+    ready = _Ready()
+    server = HealthServer(lambda: (True, "ok"), ready, host="127.0.0.1", port=0, late=late)
+    await server.start()
+    try:
+        yield server, late, ready
     finally:
-        await endpoint.stop()
+        await server.stop()
+
+
+async def _fetch(server: HealthServer, path: str) -> tuple[int, bytes, dict[str, str]]:
+    return await asyncio.to_thread(_get, f"http://127.0.0.1:{server.port}{path}")
+
+
+async def test_get_snapshot_on_the_health_port_answers_the_snapshot_file_of_what_the_replica_holds(
+    health: tuple[HealthServer, dict[str, Handler], _Ready],
+) -> None:
+    server, late, ready = health
+    replica = _Replica()
+    counts: dict[str, int] = {}
+    late[PATH] = handler(replica, "state replica r1", counts)  # type: ignore[arg-type]
+    ready.ready = True
+    status, body, headers = await _fetch(server, PATH)
+    assert status == 200
     captured = decode_snapshot(body, "answer")
-    assert kind == "application/gzip"
-    assert disposition.startswith('attachment; filename="kairos-snapshot-')
+    assert headers["Content-Type"] == "application/gzip"
+    assert headers["Content-Disposition"].startswith('attachment; filename="kairos-snapshot-')
     assert captured.cluster == replica.cluster
-    assert captured.header.state_revision == 42
-    assert captured.header.source == "state replica r1"
+    assert captured.cluster.dra.classes[0].name == "gpu.example.com"
+    assert [h.pod for entry in captured.pools for h in entry.holds] == ["team-b/b-0"]
+    assert (captured.header.state_revision, captured.header.source) == (42, "state replica r1")
     assert [s.shard for s in captured.shards] == ["default", "a"]
     assert [entry.node for entry in captured.ledger] == ["node-00000"]
+    assert counts == {"snapshots_http": 1}
 
 
-@pytest.mark.parametrize(
-    ("options", "port"), [({}, None), ({"snapshot_port": ""}, None), ({"snapshot_port": "8081"}, 8081)]
-)
-def test_the_endpoint_is_off_unless_its_port_is_set(options: dict[str, str], port: int | None) -> None:
-    assert port_option(options) == port
+async def test_a_route_the_body_has_not_added_yet_answers_503_with_the_readiness_reason(
+    health: tuple[HealthServer, dict[str, Handler], _Ready],
+) -> None:
+    server, _, _ = health
+    status, body, _ = await _fetch(server, PATH)
+    assert (status, body) == (503, b"/get-snapshot: not served yet (starting)\n")
 
 
-@pytest.mark.parametrize("text", ["http", "-1", "70000"])
-def test_a_bad_snapshot_port_is_refused_naming_the_option(text: str) -> None:
-    with pytest.raises(ConfigError, match="option 'snapshot_port'"):
-        port_option({"snapshot_port": text})
+async def test_once_ready_a_path_no_one_serves_answers_404_and_the_probes_are_untouched(
+    health: tuple[HealthServer, dict[str, Handler], _Ready],
+) -> None:
+    server, _, ready = health
+    ready.ready = True
+    assert (await _fetch(server, "/nothing-here"))[0] == 404
+    assert (await _fetch(server, "/healthz"))[:2] == (200, b"ok: ok\n")
+    assert (await _fetch(server, "/readyz"))[:2] == (200, b"ok: ready\n")
+
+
+def _context(options: dict[str, str], health_port: int | None) -> ServiceContext:
+    config = ServiceConfig(
+        nats_url="nats://127.0.0.1:4222", replica="state-0", health_port=health_port, options=options
+    )
+    return ServiceContext("state", config, bus=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("port", "served"), [(8080, True), (None, False)])
+def test_the_state_service_adds_the_route_to_its_health_port(port: int | None, served: bool) -> None:
+    ctx = _context({}, port)
+    snapshot_http.register(ctx, _Replica())  # type: ignore[arg-type]
+    assert list(ctx.routes) == [PATH]
+    assert ctx.add_get("/other", ctx.routes[PATH]) is served
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+def test_a_body_cannot_take_the_runners_own_paths(path: str) -> None:
+    with pytest.raises(ValueError, match=path):
+        _context({}, 8080).add_get(path, handler(_Replica(), "r"))  # type: ignore[arg-type]
+
+
+def test_the_retired_snapshot_port_option_is_named_in_a_warning(caplog: Any) -> None:
+    assert retired_option({}) == ""
+    ctx = _context({"snapshot_port": "8081"}, 8080)
+    with caplog.at_level(logging.WARNING, logger="kairos.state"):
+        snapshot_http.register(ctx, _Replica())  # type: ignore[arg-type]
+    assert (
+        "option 'snapshot_port' is no longer read: /get-snapshot is served on the health port" in caplog.text
+    )

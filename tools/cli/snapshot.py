@@ -2,15 +2,19 @@
 
 Registered by `tools.cli.main`. Finds the stack as `kairos status` does (`--nats-url`, or the `nats.url`
 file under `--state-dir`), asks the state service for its snapshot (the cluster as the state bucket holds
-it, the binders' ledger, the shards' SchedulingShard records), reads the queue leaders' newest fair-share
-events for the queues' recorded usage (time-based fair share), and writes a `shared.snapshot_file`:
-gzip-compressed JSON that `kairos simulate FILE` replays offline. With ``--url`` it downloads the state
-service's ``GET /get-snapshot`` instead (through a port-forward to its snapshot port), which also carries
-the storage and DRA objects the NATS snapshot reply leaves out.
+it, storage and DRA objects included, the binders' ledger, the cluster-wide DRA pools' live holds, the
+shards' SchedulingShard records), reads the queue leaders' newest fair-share events for the queues'
+recorded usage (time-based fair share), and writes a `shared.snapshot_file`: gzip-compressed JSON that
+`kairos simulate FILE` replays offline. With ``--url`` it downloads the state service's
+``GET /get-snapshot`` instead, from its health port (through a port-forward), without the queues' usage.
+
+The NATS reply is one message, so it is bounded by the server's max payload (1 MB by default; about a
+thousand nodes with their pods, fewer with DRA slices): a bigger cluster's state service answers that the
+snapshot exceeds it, and this command then says to use ``--url``, which has no such limit.
 
     kairos snapshot                               kairos-snapshot-<UTC time>.kairos.gz in the current folder
     kairos snapshot -o before.kairos.gz           that file
-    kairos snapshot --url http://127.0.0.1:8081/get-snapshot -o cluster.kairos.gz
+    kairos snapshot --url http://127.0.0.1:8080/get-snapshot -o cluster.kairos.gz
 
 Exit codes: 0 written; 1 the stack did not answer; 2 bad input (a folder that cannot be written, a
 download that is not a snapshot), one `kairos: ...` line, and nothing written.
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from shared.errors import InvalidObject, TemporaryError
 from shared.security.redact import redact_url
-from tools.cli.cluster_cmds import REQUEST_TIMEOUT, _connect, _no_answer, _run, _stack_arguments, nats_url
+from tools.cli.cluster_cmds import REQUEST_TIMEOUT, _no_answer, _run, _snapshot, _stack_arguments, nats_url
 
 if TYPE_CHECKING:
     from shared.snapshot_file import CapturedSnapshot
@@ -35,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["add_commands", "cmd_snapshot", "default_name"]
 
 SUFFIX = ".kairos.gz"
+HINT = (
+    "kairos snapshot --url http://127.0.0.1:8080/get-snapshot (through kubectl port-forward to a state pod)"
+)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,21 +87,19 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 async def _capture(url: str) -> CapturedSnapshot:
-    from shared.contracts.events import QueueFairShare
     from shared.core.policy import QueueUsage
     from shared.model import Snapshot
     from shared.snapshot_file import capture
 
-    client = await _connect(url)
     try:
-        reply = await client.snapshot(timeout=REQUEST_TIMEOUT)
-        at = time.time()
-        try:
-            events = await client.last_events("queue-fair-share")
-        except Exception:  # noqa: BLE001 -- usage is extra: without the events the file has none
-            events = []
-    finally:
-        await client.close()
+        reply, events = await _snapshot(url)
+    except TemporaryError as exc:
+        if "max payload" in str(exc):
+            raise TemporaryError(
+                f"{exc}; download it from the state service's health port instead: {HINT}"
+            ) from exc
+        raise
+    at = time.time()
     usage = tuple(
         QueueUsage(
             queue=e.queue,
@@ -103,7 +108,7 @@ async def _capture(url: str) -> CapturedSnapshot:
             memory=e.usage.get("memory", 0.0),
         )
         for e in events
-        if isinstance(e, QueueFairShare) and e.usage
+        if e.usage
     )
     cluster = Snapshot(
         nodes=reply.nodes,
@@ -112,10 +117,13 @@ async def _capture(url: str) -> CapturedSnapshot:
         queues=reply.queues,
         topologies=reply.topologies,
         namespaces=reply.namespaces,
+        volumes=reply.volumes,
+        dra=reply.dra,
     )
     return capture(
         cluster,
         ledger=reply.ledger,
+        pools=reply.pools,
         shards=reply.shards,
         queue_usage=usage,
         captured_at=at,
