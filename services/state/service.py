@@ -392,7 +392,7 @@ async def body(ctx: ServiceContext) -> None:
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
     from services.state import snapshot_http
 
-    snapshot_http.start(ctx, replica)  # GET /get-snapshot while the service runs, when snapshot_port is set
+    snapshot_http.register(ctx, replica)  # GET /get-snapshot on the health port
     subs: list[Subscription] = []
     try:
         revision = 0
@@ -744,7 +744,10 @@ class SnapshotServer:
 
 
 def snapshot_reply(replica: StateReplica) -> SnapshotReply:
-    """The replica's objects as KV holds them (no ledger overlay), sorted like `Snapshot`s, and its ledger."""
+    """The replica's objects as KV holds them (no ledger overlay), sorted like `Snapshot`s, its ledger and
+    the cluster-wide DRA pools' live holds."""
+    from shared.snapshot_file import live_pools
+
     objects = replica.objects()
     return SnapshotReply(
         revision=replica.revision,
@@ -757,4 +760,7 @@ def snapshot_reply(replica: StateReplica) -> SnapshotReply:
         namespaces=objects.namespaces,
         ledger=tuple(sorted(replica.ledger.values(), key=lambda entry: entry.node)),
         shards=tuple(sorted(replica.shards.values(), key=lambda record: record.shard)),
+        volumes=objects.volumes,
+        dra=objects.dra,
+        pools=live_pools(replica.pools.values(), replica.claims.values()),
     )
