@@ -1,0 +1,213 @@
+"""The state service's partitions: which live replica does the per-pod work of which podgroups; pure.
+
+With `--set partitions=0` (the default) one `source=kube` replica, the `state.kube-source` lease's holder,
+does everything (`services.state.kube_source`). With `partitions=N` the per-pod work is divided over the
+live state replicas; this module is the table that says who does what, and the design of the rest.
+
+What is divided, and what is not. Measured on SchedulingBasic over the bus (2,000 nodes, 3,000 pods, one
+state replica at 1.75 ms of CPU per bound pod, py-spy at 100 Hz): the write-back (Events, status patches,
+its JetStream acks) about 25 %, the KV writes (encoding, fenced puts, their replies) about 22 %, the
+mirror's translation of changed objects 14 %, the informers' watch reading and decoding 5-6 %, the state
+replica's own KV watch 5-6 %, the admission webhook 4 %, binder stamps 2.5 %, the event loop itself the
+rest (about 12 %, in proportion). Every replica must read every watch event (Kubernetes watches cannot be
+split by a hash) and follow the whole KV bucket (it answers snapshots): that part is repeated, and bounds
+what two replicas can reach. The write-back, the KV writes and the controllers' API calls are divided;
+the translation is divided once a replica translates only the pods of its partitions (a later step).
+
+The table. The podgroup key space is cut into `count` partitions: a podgroup `ns/name` (and every pod that
+names it) is in partition `fnv1a32(token("ns/name")) % count`, the very hash NATS's subject transform
+``{{partition(count, n)}}`` computes over a subject token (`partition_of`), so that the events JetStream
+routes and the KV records a replica writes agree without a lookup. A pod without a podgroup yet is in its
+grouping owner's partition (`pod_partition`: the controller that owns it, else the pod itself), so that one
+replica groups all the pods of one Job. Cluster-scoped objects (nodes, queues, priority classes, topologies,
+namespaces, shards, storage and DRA objects) and the cluster-wide controllers (the shard watch, the
+node-scale-adjuster) are one more partition, `CLUSTER`. Each partition is owned by the live replica of highest rendezvous weight for it
+(`shared.bus.shard_spread.preferred` over `shared.bus.members`' live state replicas: the queue's shard
+machinery, reused): every replica computes the same owners from the same membership, and a replica joining
+or leaving moves about 1/N of the partitions, never one between two other replicas.
+
+Fencing. Every partition has its own lease in `kairos_leases` (`lease_name`: ``state.partition-<p>``) and
+its own write fence in the state bucket (`shared.bus.fence.WriteFence` over that lease), so an owner writes
+a partition's KV records only under that partition's term, and a paused or partitioned former owner's late
+writes are refused by the server once the successor raised its fence. Its Kubernetes writes (Events,
+statuses, podgroups, gates) stop when its lease's deadline passes (`WriteFence.check` before each one).
+Handing a partition over is the queue's shape: the preferred replica contends at once, the others only once
+the lease has stayed free for a while; a leader whose partition is preferred elsewhere, by a replica
+settled for `members.SETTLE_S`, finishes what it has in flight, acks it, and releases the lease.
+
+The write-back's events reach a partition's owner through an internal stream, `KAIROS_STATE_WORK`, that
+sources `KAIROS_EVENTS` with the subject transform ``kairos.events.*.* ->
+kairos.state.work.{{partition(count,2)}}.<kind>.<name>`` (`work_stream_transform`): the public subjects
+(docs/events.md) do not change, the events are stored once more (limits: the events stream's), and each
+partition has a durable pull consumer filtered on ``kairos.state.work.<p>.>`` (`work_consumer`). Only the
+partition's owner fetches from it; unacknowledged messages stay in the durable across a handover or a
+kill -9 and go to the next owner, so nothing is lost. pod-unschedulable and podgroup-state events name
+their podgroup, so they land in the podgroup's partition, with its repeat memory; pod-bound and
+pod-evicted name their pod, so they land in the pod's name's partition (an Event on the pod is all they
+write); queue-fair-share events land in their queue's name's partition (one writer per Queue status). The partition count must not change while the stream exists (`work_stream_transform` names it):
+changing `partitions` means a new stream, made after the old one's consumers are drained.
+
+Nothing written twice. A message is acked only after its writes, so a handover or a kill redelivers at
+most what was in flight (`max_ack_pending` per partition). Status patches are idempotent by content, and
+a redelivered one changes nothing. An Event is created under a name made from the work stream's sequence
+of the message (`event_name`), so the redelivered create is answered 409 AlreadyExists and counted as
+written, not written again; the per-process memory (a podgroup's last unschedulable message, a pod's
+written condition) is lost with the process, and a new owner that starts without it writes a podgroup's
+current message once more at most. KV writes compare with what the bucket holds, so a record written
+before the kill is not written again.
+
+Admission reviews need no partition: the API server's calls reach every replica through the Service.
+
+Tested in tests/unit/test_state_partitions.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig, StreamSource, SubjectTransform
+
+from shared.bus import shard_spread
+from shared.contracts import subjects as s
+from shared.errors import ConfigError
+
+__all__ = [
+    "CLUSTER",
+    "MAX_PARTITIONS",
+    "WORK_STREAM",
+    "event_name",
+    "fnv1a32",
+    "lease_name",
+    "owned",
+    "owners",
+    "parse_count",
+    "partition_of",
+    "partitions",
+    "pod_partition",
+    "work_consumer",
+    "work_consumer_config",
+    "work_filter",
+    "work_stream_config",
+    "work_stream_transform",
+]
+
+CLUSTER = "cluster"
+"""The partition of the cluster-scoped objects and the queue-fair-share events."""
+MAX_PARTITIONS = 1024
+WORK_STREAM = "KAIROS_STATE_WORK"
+"""The internal stream the write-back's events reach partition owners through."""
+WORK_PREFIX = f"{s.PREFIX}.state.work"
+
+
+def parse_count(text: str | None) -> int:
+    """The `partitions` option: 0 (one replica does everything) or a count in 1..`MAX_PARTITIONS`."""
+    if text is None or not text.strip():
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_PARTITIONS:
+        raise ConfigError(
+            f"service state: option 'partitions': expected 0 (off) or a count up to {MAX_PARTITIONS}, got {text!r}"
+        )
+    return value
+
+
+def fnv1a32(data: bytes) -> int:
+    """32-bit FNV-1a: the hash nats-server's ``{{partition(n, ...)}}`` takes of a subject token."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def partition_of(namespace: str, name: str, count: int) -> str:
+    """The partition of the podgroup (or grouping owner) `namespace/name`: the number NATS's transform
+    gives the subject token of that key."""
+    if count <= 0:
+        raise ValueError("partition_of needs a partition count of at least 1")
+    return str(fnv1a32(s.token(f"{namespace}/{name}").encode()) % count)
+
+
+def pod_partition(namespace: str, podgroup: str, owner: str, pod: str, count: int) -> str:
+    """A pod's partition: its podgroup's; before it has one, its grouping owner's (the top controller's
+    name); without an owner, its own name's."""
+    return partition_of(namespace, podgroup or owner or pod, count)
+
+
+def partitions(count: int) -> tuple[str, ...]:
+    """Every partition of a table of `count`: ``"0"`` .. ``str(count - 1)``, then `CLUSTER`."""
+    return (*(str(i) for i in range(count)), CLUSTER)
+
+
+def lease_name(partition: str) -> str:
+    """The partition's lease name (its key: `subjects.state_lease_key` of it)."""
+    return f"partition-{partition}"
+
+
+def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
+    """Each partition with the live replica that should own it (None when no replica is alive)."""
+    live: Mapping[str, frozenset[str]] = dict.fromkeys(members, shard_spread.ALL)
+    return {p: shard_spread.preferred(f"state/{lease_name(p)}", live) for p in partitions(count)}
+
+
+def owned(count: int, members: Iterable[str], replica: str) -> frozenset[str]:
+    """The partitions `replica` should own among `members` (itself counted alive)."""
+    return frozenset(p for p, who in owners(count, {*members, replica}).items() if who == replica)
+
+
+def work_stream_transform(count: int) -> tuple[str, str]:
+    """(source, destination) of the subject transform that puts the events into the work stream, under
+    their partition's number (the event's name token hashed, as `partition_of`)."""
+    return (
+        f"{s.PREFIX}.events.*.*",
+        f"{WORK_PREFIX}.{{{{partition({count},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}",
+    )
+
+
+def work_filter(partition: str) -> str:
+    """The subjects of one numbered partition's events in the work stream (its durable consumer's filter;
+    `CLUSTER` has none: every event names a pod, a podgroup or a queue)."""
+    return f"{WORK_PREFIX}.{partition}.>"
+
+
+def work_consumer(partition: str) -> str:
+    """The durable consumer name of a partition's events."""
+    return f"state-work-{s.key_token(partition)}"
+
+
+def work_stream_config(count: int) -> StreamConfig:
+    """The work stream: the events stream's messages, under their partition's number."""
+    source, destination = work_stream_transform(count)
+    return StreamConfig(
+        name=WORK_STREAM,
+        sources=[
+            StreamSource(
+                name=s.EVENTS_STREAM,
+                subject_transforms=[SubjectTransform(src=source, dest=destination)],
+            )
+        ],
+    )
+
+
+def work_consumer_config(
+    partition: str, max_ack_pending: int = 1000, ack_wait: float = s.LEASE_TTL_S
+) -> ConsumerConfig:
+    """A partition's durable pull consumer of the work stream: whoever owns the partition fetches from it,
+    and what it did not ack is delivered again, `ack_wait` seconds later, to the next owner (a lease's TTL:
+    by the time a dead owner's lease has expired, its messages are ready for the successor)."""
+    return ConsumerConfig(
+        durable_name=work_consumer(partition),
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subject=work_filter(partition),
+        max_ack_pending=max_ack_pending,
+        ack_wait=ack_wait,
+    )
+
+
+def event_name(involved: str, sequence: int) -> str:
+    """A Kubernetes Event's name for the work message of stream sequence `sequence` about object
+    `involved`: the same on a redelivery, so the second create is refused as AlreadyExists."""
+    return f"{involved}.{sequence:x}"[:253]

@@ -1,0 +1,137 @@
+"""The state service's partition table (`services.state.partitions`), as specifications."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.state.partitions import (
+    CLUSTER,
+    MAX_PARTITIONS,
+    event_name,
+    fnv1a32,
+    lease_name,
+    owned,
+    owners,
+    parse_count,
+    partition_of,
+    partitions,
+    pod_partition,
+    work_filter,
+    work_stream_transform,
+)
+from shared.errors import ConfigError
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
+replica_sets = st.sets(names, min_size=1, max_size=8)
+counts = st.integers(min_value=1, max_value=64)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(None, 0, id="not given: off"),
+        pytest.param("", 0, id="empty: off"),
+        pytest.param("0", 0, id="0: off"),
+        pytest.param("32", 32, id="a count"),
+        pytest.param(f"{MAX_PARTITIONS}", MAX_PARTITIONS, id="the largest count"),
+    ],
+)
+def test_the_partitions_option_is_off_or_a_count(text: str | None, expected: int) -> None:
+    assert parse_count(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "2.5", f"{MAX_PARTITIONS + 1}"])
+def test_a_bad_partitions_option_is_refused_naming_the_option(text: str) -> None:
+    with pytest.raises(ConfigError, match="option 'partitions'.*" + text.replace(".", r"\.")):
+        parse_count(text)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param(b"", 0x811C9DC5, id="empty: the offset basis"),
+        pytest.param(b"a", 0xE40C292C, id="one byte"),
+        pytest.param(b"foobar", 0xBF9CF968, id="the reference test vector"),
+    ],
+)
+def test_the_hash_is_fnv1a_32(data: bytes, expected: int) -> None:
+    assert fnv1a32(data) == expected
+
+
+@pytest.mark.parametrize(
+    ("podgroup", "owner", "pod", "key"),
+    [
+        pytest.param("pg-1", "job-1", "job-1-x", "pg-1", id="a grouped pod: its podgroup's"),
+        pytest.param("", "job-1", "job-1-x", "job-1", id="not grouped yet: its owner's"),
+        pytest.param("", "", "lonely", "lonely", id="no owner: its own"),
+    ],
+)
+def test_a_pod_is_in_its_podgroups_partition_else_its_owners(
+    podgroup: str, owner: str, pod: str, key: str
+) -> None:
+    assert pod_partition("ns", podgroup, owner, pod, 32) == partition_of("ns", key, 32)
+
+
+@given(counts, replica_sets)
+def test_every_partition_is_owned_by_exactly_one_live_replica(count: int, members: set[str]) -> None:
+    table = owners(count, members)
+    assert set(table) == set(partitions(count))
+    assert all(owner in members for owner in table.values())
+    shares = [owned(count, members, replica) for replica in members]
+    assert sum(len(share) for share in shares) == count + 1
+    assert frozenset().union(*shares) == frozenset(partitions(count))
+
+
+@given(counts, replica_sets)
+def test_the_same_membership_gives_the_same_owners_in_any_order(count: int, members: set[str]) -> None:
+    assert owners(count, sorted(members)) == owners(count, sorted(members, reverse=True))
+
+
+@given(counts, replica_sets, names)
+def test_a_joining_replica_takes_partitions_only_for_itself(count: int, members: set[str], new: str) -> None:
+    before, after = owners(count, members), owners(count, {*members, new})
+    moved = {p for p in before if before[p] != after[p]}
+    assert all(after[p] == new for p in moved)
+
+
+@given(counts, replica_sets)
+def test_a_leaving_replica_gives_up_only_its_own_partitions(count: int, members: set[str]) -> None:
+    gone = min(members)
+    before, after = owners(count, members), owners(count, members - {gone})
+    moved = {p for p in before if before[p] != after[p]}
+    assert all(before[p] == gone for p in moved)
+
+
+def test_a_second_replica_takes_about_half_of_32_partitions() -> None:
+    share = owned(32, {"state-0", "state-1"}, "state-1")
+    assert 8 <= len(share) <= 25
+
+
+def test_a_replica_alone_owns_every_partition() -> None:
+    assert owned(4, set(), "state-0") == frozenset({"0", "1", "2", "3", CLUSTER})
+
+
+def test_every_partition_has_a_lease_of_its_own() -> None:
+    leases = {lease_name(p) for p in partitions(32)}
+    assert len(leases) == 33
+    assert "partition-cluster" in leases
+
+
+def test_the_work_stream_puts_an_event_under_its_partitions_number() -> None:
+    source, destination = work_stream_transform(32)
+    assert source == "kairos.events.*.*"
+    assert destination == "kairos.state.work.{{partition(32,2)}}.{{wildcard(1)}}.{{wildcard(2)}}"
+    assert work_filter("7") == "kairos.state.work.7.>"
+
+
+def test_an_events_name_is_the_same_on_a_redelivery_and_differs_between_messages() -> None:
+    assert event_name("pod-1", 255) == event_name("pod-1", 255) == "pod-1.ff"
+    assert event_name("pod-1", 256) != event_name("pod-1", 255)
+    assert len(event_name("p" * 300, 1)) == 253
+
+
+def test_partition_of_needs_a_count() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        partition_of("ns", "pg", 0)
