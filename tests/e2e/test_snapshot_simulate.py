@@ -1,19 +1,23 @@
 """An operator captures what the scheduler sees and replays it offline: after a kubectl walk-through on
 `kairos up` (two pods that run, a gang that does not fit), `kairos snapshot` writes the file, `kairos
 simulate` with no change reproduces what the stack decided (the same pods running, the gang pending), and
-with the node the gang lacks the gang starts."""
+with the node the gang lacks the gang starts. The file carries the DRA objects kubesim's driver publishes,
+and the state service serves the same snapshot at `GET /get-snapshot` on its health port, beside
+/metrics, which `kairos snapshot --url` downloads."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared.snapshot_file import read_snapshot
 from tests.e2e import manifests
 from tests.e2e.kubectl import apply, kairos, kubectl, kubesim_stack, wait_for
 from tools.cli.main import main
@@ -26,7 +30,10 @@ GANG = "big"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with kubesim_stack(tmp_path_factory.mktemp("kairos"), nodes=2, gpus_per_node=8) as started:
+    # Every service gets a health port the OS picks; the state service's is read from its log.
+    with kubesim_stack(
+        tmp_path_factory.mktemp("kairos"), nodes=2, gpus_per_node=8, env={"KAIROS_HEALTH_PORT": "0"}
+    ) as started:
         yield started
 
 
@@ -112,3 +119,36 @@ def test_adding_the_node_the_gang_lacks_starts_it(
     assert answer["starting"] == [f"default/{GANG}"]
     assert answer["binds"] == 2
     assert answer["nodes"] == {"captured": 2, "simulated": 3}
+
+
+def test_the_snapshot_carries_the_dra_objects_the_driver_publishes(
+    walked: tuple[dict[str, dict[str, Any]], Path], stack: Stack
+) -> None:
+    _, path = walked
+    dra = read_snapshot(path).cluster.dra
+    nodes = {n["metadata"]["name"] for n in json.loads(kubectl(stack, "get", "nodes", "-o", "json"))["items"]}
+    assert "gpu.nvidia.com" in {c.name for c in dra.classes}
+    assert {s.node for s in dra.slices} == nodes
+
+
+def _health_port(stack: Stack) -> int:
+    log = (stack.state_dir / "logs" / "state-0.log").read_text()
+    found = re.findall(r"health endpoints on http://[^:]+:(\d+)/healthz", log)
+    assert found, "the state service logged no health port"
+    return int(found[-1])
+
+
+def test_the_state_service_serves_the_snapshot_on_its_health_port(
+    walked: tuple[dict[str, dict[str, Any]], Path], stack: Stack, tmp_path: Path
+) -> None:
+    _, over_nats = walked
+    path = tmp_path / "over-http.kairos.gz"
+    url = f"http://127.0.0.1:{_health_port(stack)}/get-snapshot"
+    out = kairos(stack, "snapshot", "--url", url, "-o", str(path))
+    assert f"wrote {path}" in out
+    http, nats = read_snapshot(path), read_snapshot(over_nats)
+    assert http.header.source == "state replica state-0"
+    assert [n.name for n in http.cluster.nodes] == [n.name for n in nats.cluster.nodes]
+    assert [g.key for g in http.cluster.podgroups] == [g.key for g in nats.cluster.podgroups]
+    assert [s.name for s in http.cluster.dra.slices] == [s.name for s in nats.cluster.dra.slices]
+    assert [s.shard for s in http.shards] == [s.shard for s in nats.shards]
