@@ -39,7 +39,10 @@ per message, whatever the number of cycles: the write-back remembers by pod uid 
 mirror still does not show it `watch_lag` seconds later (someone removed or replaced it). A pod whose PodScheduled
 condition shows one of the held-back reasons keeps it: that problem says more. Pods' patches run side by
 side, at most `concurrency` at a time, on the write-back's own task, so a slow API server never delays the
-KV mirror. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
+KV mirror. An Event is named after the stored time of the event message it is written for
+(`event_name`), so a message delivered again (its ack lost when the write-back stopped, crashed or handed
+its work over) creates no second Event: the API server answers 409, counted as
+`kube_events_already_written`. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
 is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it.
 """
 
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import time
@@ -88,6 +92,7 @@ SINGLE_SCHEDULING_BACKOFF = 1
 
 DURABLE = "state-writeback"
 NOT_FOUND = 404
+ALREADY_EXISTS = 409
 PODS_PER_REPORT = 64
 """A podgroup's pending pods that get a FailedScheduling event each (the podgroup itself always does);
 every pending pod gets the PodScheduled condition."""
@@ -196,8 +201,9 @@ class WriteBack:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _on_event(self, event: Event, _msg: Any) -> None:
+    async def _on_event(self, event: Event, msg: Any) -> None:
         now = asyncio.get_running_loop().time()
+        _STORED.set(stored_nanos(msg))
         if isinstance(event, PodBound | PodEvicted | PodUnschedulable | PodGroupState):
             self._resources_dirty.add(f"{event.namespace}/{event.podgroup}")
             self._resources_wake.set()
@@ -230,9 +236,20 @@ class WriteBack:
             type="Warning" if kind == "Warning" else "Normal",
             component=self.options.component,
         )
+        stored = _STORED.get()
+        if stored is not None:
+            # Named after the event message's stored time, not the clock: a redelivered message (its ack
+            # lost to a restart or a handover) creates the same name, which the API server refuses.
+            body["metadata"]["name"] = event_name(about, stored)
         namespace = about.namespace or "default"
         path = collection_path("v1", "Event", namespace)
-        await self.kube.request(f"create event on {about.name}", "POST", path, body)
+        try:
+            await self.kube.request(f"create event on {about.name}", "POST", path, body)
+        except ApiError as exc:
+            if stored is None or exc.status != ALREADY_EXISTS:
+                raise
+            self.ctx.counters["kube_events_already_written"] += 1
+            return
         self.ctx.counters["kube_events"] += 1
 
     def _pod_ref(self, namespace: str, name: str) -> translate.InvolvedObject:
@@ -554,6 +571,34 @@ def stale_condition_patch(
     if len(kept) == len(conditions):
         return None
     return {"status": {"schedulingConditions": [msgspec.to_builtins(c) for c in kept] or None}}
+
+
+_STORED: contextvars.ContextVar[int | None] = contextvars.ContextVar("writeback_stored", default=None)
+"""The stored time (ns since the epoch) of the event message being written back, in its handler's task."""
+_KIND_OFFSETS = {"Pod": 0, "PodGroup": 1, "Queue": 2}
+"""Added to the stored time in an Event's name, so that one message's Events on a pod and a podgroup of
+the same name do not share one."""
+
+
+def stored_nanos(msg: Any) -> int | None:
+    """When JetStream stored `msg` (ns since the epoch, from its ack subject: the same on every delivery),
+    or None for a message that is not a JetStream delivery."""
+    reply = getattr(msg, "reply", None)
+    if not isinstance(reply, str) or not reply.startswith("$JS.ACK."):
+        return None
+    tokens = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or with <domain>.<account
+    # hash> after ACK and a random token at the end (nats-server 2.10 and later may send either).
+    index = 7 if len(tokens) == 9 else 9 if len(tokens) >= 12 else -1
+    if index < 0 or not tokens[index].isdigit():
+        return None
+    return int(tokens[index])
+
+
+def event_name(about: translate.InvolvedObject, stored: int) -> str:
+    """The name of the Event about `about` written for the message stored at `stored` ns: shaped as
+    Kubernetes' recorder names them (``<name>.<nanos hex>``), the same for every delivery of the message."""
+    return f"{about.name}.{stored + _KIND_OFFSETS.get(about.kind, 3):x}"
 
 
 def event_time() -> float:

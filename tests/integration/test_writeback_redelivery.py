@@ -1,0 +1,67 @@
+"""The write-back against the simulated API server: an event message delivered again writes no second Event
+(`services.state.writeback`, the first piece of the state partitions' "nothing written twice")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from services.state.mirror import Mirror
+from services.state.writeback import WriteBack, WriteBackOptions, stored_nanos
+from shared.bus.middleware import Counters
+from shared.bus.service import ServiceContext
+from shared.contracts.events import PodBound
+from shared.kubeapi.client import Kube, connect
+from tests.integration.kubectl_helpers import running_kubesim
+
+STORED = 1_764_921_600_123_456_789
+
+
+def delivery(stored: int, delivered: int = 1) -> Any:
+    """A JetStream delivery of a message stored at `stored` ns, as the consumer sees it."""
+    return SimpleNamespace(reply=f"$JS.ACK.KAIROS_EVENTS.state-writeback.{delivered}.41.7.{stored}.0")
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        pytest.param(f"$JS.ACK.S.c.1.41.7.{STORED}.0", STORED, id="the short ack subject"),
+        pytest.param(f"$JS.ACK.dom.hash.S.c.1.41.7.{STORED}.0.rnd", STORED, id="with domain and account"),
+        pytest.param("_INBOX.abc", None, id="not a JetStream delivery"),
+        pytest.param("$JS.ACK.S.c.1.41.7.soon.0", None, id="no time in it"),
+        pytest.param(None, None, id="no reply subject"),
+    ],
+)
+def test_a_messages_stored_time_is_read_from_its_ack_subject(reply: str | None, expected: int | None) -> None:
+    assert stored_nanos(SimpleNamespace(reply=reply)) == expected
+
+
+async def _scheduled_events(kube: Kube) -> list[str]:
+    body = json.loads(await kube.call("list events", kube.core.list_namespaced_event, "default"))
+    return sorted(item["metadata"]["name"] for item in body["items"] if item.get("reason") == "Scheduled")
+
+
+async def test_a_redelivered_pod_bound_message_writes_its_scheduled_event_once(tmp_path: Path) -> None:
+    async with running_kubesim(tmp_path) as _sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            counters = Counters()
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=counters)),
+                kube,
+                Mirror(scheduler_name="kai-scheduler"),
+                WriteBackOptions(),
+            )
+            event = PodBound(time=1.0, namespace="default", pod="p-0", podgroup="pg", queue="q", node="n")
+            await writeback._on_event(event, delivery(STORED))
+            await writeback._on_event(event, delivery(STORED, delivered=2))  # its ack was lost
+            await writeback._on_event(event, delivery(STORED + 1_000))  # another message: another Event
+            assert await _scheduled_events(kube) == [f"p-0.{STORED:x}", f"p-0.{STORED + 1_000:x}"]
+            assert counters["kube_events"] == 2
+            assert counters["kube_events_already_written"] == 1
+        finally:
+            await kube.close()
