@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from services.state import snapshot_http
+from services.state.service import snapshot_reply
 from services.state.snapshot_http import PATH, handler, retired_option
 from shared.bus.health_http import Handler, HealthServer
 from shared.bus.service import ServiceConfig, ServiceContext
@@ -51,6 +52,7 @@ class _Replica:
             "shard.a": ShardRecord(shard="a", config=ShardConfig(name="a", partition_label_value="a"))
         }
         self.revision = 42
+        self.ledger_revision = 7
 
     def objects(self) -> Snapshot:
         return self.cluster
@@ -159,3 +161,12 @@ def test_the_retired_snapshot_port_option_is_named_in_a_warning(caplog: Any) -> 
     assert (
         "option 'snapshot_port' is no longer read: /get-snapshot is served on the health port" in caplog.text
     )
+
+
+def test_the_nats_snapshot_reply_carries_the_dra_objects_and_the_pools_live_holds() -> None:
+    replica = _Replica()
+    reply = snapshot_reply(replica)  # type: ignore[arg-type]
+    assert (reply.revision, reply.ledger_revision) == (42, 7)
+    assert reply.dra == replica.cluster.dra
+    assert reply.volumes == replica.cluster.volumes
+    assert [(h.proposal, h.pod) for entry in reply.pools for h in entry.holds] == [("p1", "team-b/b-0")]
