@@ -44,14 +44,15 @@ partition's owner fetches from it; unacknowledged messages stay in the durable a
 kill -9 and go to the next owner, so nothing is lost. pod-unschedulable and podgroup-state events name
 their podgroup, so they land in the podgroup's partition, with its repeat memory; pod-bound and
 pod-evicted name their pod, so they land in the pod's name's partition (an Event on the pod is all they
-write); queue-fair-share events land in their queue's name's partition (one writer per Queue status). The partition count must not change while the stream exists (`work_stream_transform` names it):
-changing `partitions` means a new stream, made after the old one's consumers are drained.
+write); queue-fair-share events land in their queue's name's partition (one writer per Queue status).
+The partition count must not change while the stream exists (`work_stream_transform` names it): changing
+`partitions` means a new stream, made after the old one's consumers are drained.
 
 Nothing written twice. A message is acked only after its writes, so a handover or a kill redelivers at
 most what was in flight (`max_ack_pending` per partition). Status patches are idempotent by content, and
-a redelivered one changes nothing. An Event is created under a name made from the work stream's sequence
-of the message (`event_name`), so the redelivered create is answered 409 AlreadyExists and counted as
-written, not written again; the per-process memory (a podgroup's last unschedulable message, a pod's
+a redelivered one changes nothing. An Event is named after the stored time of its message
+(`services.state.writeback.event_name`), so the redelivered create is answered 409 AlreadyExists and counted
+as written, not written again; the per-process memory (a podgroup's last unschedulable message, a pod's
 written condition) is lost with the process, and a new owner that starts without it writes a podgroup's
 current message once more at most. KV writes compare with what the bucket holds, so a record written
 before the kill is not written again.
@@ -75,7 +76,6 @@ __all__ = [
     "CLUSTER",
     "MAX_PARTITIONS",
     "WORK_STREAM",
-    "event_name",
     "fnv1a32",
     "lease_name",
     "owned",
@@ -205,9 +205,3 @@ def work_consumer_config(
         max_ack_pending=max_ack_pending,
         ack_wait=ack_wait,
     )
-
-
-def event_name(involved: str, sequence: int) -> str:
-    """A Kubernetes Event's name for the work message of stream sequence `sequence` about object
-    `involved`: the same on a redelivery, so the second create is refused as AlreadyExists."""
-    return f"{involved}.{sequence:x}"[:253]

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from services.state.partitions import (
     CLUSTER,
     MAX_PARTITIONS,
-    event_name,
     fnv1a32,
     lease_name,
     owned,
@@ -124,12 +123,6 @@ def test_the_work_stream_puts_an_event_under_its_partitions_number() -> None:
     assert source == "kairos.events.*.*"
     assert destination == "kairos.state.work.{{partition(32,2)}}.{{wildcard(1)}}.{{wildcard(2)}}"
     assert work_filter("7") == "kairos.state.work.7.>"
-
-
-def test_an_events_name_is_the_same_on_a_redelivery_and_differs_between_messages() -> None:
-    assert event_name("pod-1", 255) == event_name("pod-1", 255) == "pod-1.ff"
-    assert event_name("pod-1", 256) != event_name("pod-1", 255)
-    assert len(event_name("p" * 300, 1)) == 253
 
 
 def test_partition_of_needs_a_count() -> None:
