@@ -8,14 +8,15 @@ released after the cycle under way). For each served shard a `ShardLeader` keeps
 (`shard_lease`: terms reserved where they do not expire, the binder fencing by them, all as before) and runs
 its `Dispatcher` while it leads.
 
-Who contends: the shard's preferred replica (`shard_spread.preferred` over the live replicas of
-`shared.bus.members`) at once, every other replica only once the lease has stayed free for
-`TAKEOVER_DELAY_S` (so a preferred replica that is gone, or cannot lead, is still replaced in seconds). A
-leader that is no longer preferred (a replica joined, and has been alive for `members.SETTLE_S`) and leads
+Who leads: the rule of `shared.bus.ownership` (the queue's, first, and now the state partitions' too). The
+shard's preferred replica (`shard_spread.preferred` over the live replicas of `shared.bus.members`)
+contends at once, every other replica only once the lease has stayed free for `TAKEOVER_DELAY_S`. A leader
+that is no longer preferred (a replica joined, and has been alive for `members.SETTLE_S`) and leads
 another shard too hands the shard over (a replica keeps its last one: one shard over an active and a
-standby replica never moves for nothing): no cycle starts, the cycle under way finishes, its work in flight gets up to
-`HANDOVER_DRAIN_S` to come back, the usage ledger is written, and the lease released; the preferred replica,
-trying every second, takes it under the next term. So N shards use N replicas' cores.
+standby replica never moves for nothing): no cycle starts, the cycle under way finishes, its work in
+flight gets up to `HANDOVER_DRAIN_S` to come back, the usage ledger is written (`ShardLeader._quiesce`),
+and the lease released; the preferred replica, trying every second, takes it under the next term. So N
+shards use N replicas' cores.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from services.queue.dispatcher import Dispatcher, QueueSettings
@@ -32,9 +33,10 @@ from shared.bus.fence import reserving_terms
 from shared.bus.lease import LeaseKeeper
 from shared.bus.members import BEAT_S, Members
 from shared.bus.middleware import handle
+from shared.bus.ownership import STEP_TIMEOUT_S, Ownership
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_spread import preferred, served
+from shared.bus.shard_spread import served
 from shared.contracts import subjects as s
 from shared.contracts.events import QueueFairShare
 from shared.contracts.messages import CYCLE_REQUESTS, OUTCOMES, CycleRequest, Outcome, encode
@@ -47,14 +49,6 @@ if TYPE_CHECKING:  # types only: the nats client stays behind shared.bus
 
 log = logging.getLogger("kairos.queue.shards")
 
-STEP_TIMEOUT_S = 4.0
-"""The longest one lease step may take (a renewal or acquisition stuck on a reconnecting client)."""
-TAKEOVER_DELAY_S = 3.0
-"""A replica that is not a shard's preferred one contends for its lease only once it has stayed free this
-long: the preferred replica, trying every second, gets it first."""
-HANDOVER_DRAIN_S = 5.0
-"""A leader handing a shard over waits at most this long for its work in flight to come back (what is still
-out then is fenced by the binder and dispatched again by the next leader)."""
 RECONCILE_S = 0.5
 """How often the served shards are compared with the records the replica holds."""
 
@@ -115,7 +109,8 @@ class ShardMetrics:
 
 
 class ShardLeader:
-    """One served shard inside a queue replica: its lease and the leadership loop, its dispatcher."""
+    """One served shard inside a queue replica: its lease, kept by `shared.bus.ownership.Ownership`'s rule,
+    and its dispatcher, which dispatches while the lease is held."""
 
     def __init__(
         self,
@@ -132,12 +127,7 @@ class ShardLeader:
         handovers: asyncio.Lock | None = None,
     ) -> None:
         self.ctx = ctx
-        self.members = members
         self.shard = shard
-        self.led = led
-        """How many shards this replica leads now (it hands a shard over only while it leads another)."""
-        self.handovers = asyncio.Lock() if handovers is None else handovers
-        """Shared by the replica's shards: one handover at a time, so two never leave it leading none."""
         self.metrics = metrics
         self.clock = clock
         self.lease = shard_lease(ctx.bus, shard, ctx.config.replica, clock)
@@ -152,14 +142,25 @@ class ShardLeader:
             registry=registry,
         )
         self.stopping = asyncio.Event()
+        self.ownership = Ownership(
+            self.lease,
+            members,
+            shard,
+            clock,
+            ctx.counters,
+            on_leadership=self._follow,
+            quiesce=self._quiesce,
+            held=led,
+            handovers=handovers,
+            stopping=self.stopping,
+            handed_over_counter="shards_handed_over",
+        )
         self._admin: Subscription | None = None
-        self._keeper: asyncio.Task[None] | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._free_since: float | None = None
 
     # --- the lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._keeper = asyncio.create_task(self._keep())
+        self.ownership.start()
         self._runner = asyncio.create_task(self.dispatcher.run(self.stopping))
         log.info("shard %s: served", self.shard)
 
@@ -171,16 +172,12 @@ class ShardLeader:
         if graceful and self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._runner), 3.0)
-        if graceful and self._keeper is not None:
-            # The keeper sees `stopping` and finishes its step, so the release below knows the last revision.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._keeper), 3.0)
-        for task in (self._keeper, self._runner):
-            if task is None:
-                continue
-            task.cancel()
+        # The keeper sees `stopping` and finishes its step, so the release below knows the last revision.
+        await self.ownership.finish(3.0 if graceful else 0.0)
+        if self._runner is not None:
+            self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._runner
         await self._unsubscribe()
         if graceful:
             # The usage ledger's latest samples go out while the lease is still ours.
@@ -199,72 +196,23 @@ class ShardLeader:
     # --- leadership ---------------------------------------------------------------------------------------
     def preferred(self) -> str | None:
         """The live replica that should lead this shard now (`shard_spread.preferred`)."""
-        return preferred(self.shard, self.members.live())
+        return self.ownership.preferred()
 
-    async def _keep(self) -> None:
-        me = self.ctx.config.replica
-        while not self.stopping.is_set():
-            was = self.lease.leading
-            try:
-                await asyncio.wait_for(self._step(me), timeout=STEP_TIMEOUT_S + HANDOVER_DRAIN_S + 4.0)
-                if self.lease.leading != was:
-                    await self._follow(self.lease.leading)
-            except Exception:
-                self.ctx.counters["lease_errors"] += 1
-                log.exception("shard %s: lease step failed", self.shard)
-            self.ctx.counters["lease_longest_gap_ms"] = max(
-                self.ctx.counters["lease_longest_gap_ms"], round(self.lease.longest_gap * 1000)
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.lease.interval())
-
-    async def _step(self, me: str) -> None:
-        wanted = self.preferred()
-        if self.lease.leading:
-            # A KV call stuck this long is abandoned and tried again at the next step; `step` steps down
-            # once the last good renewal is too old.
-            await asyncio.wait_for(self.lease.step(), timeout=STEP_TIMEOUT_S)
-            if self.lease.valid() and wanted not in (None, me) and self.members.settled(wanted or ""):
-                async with self.handovers:
-                    # A replica keeps the last shard it leads: with one shard and two replicas (active and
-                    # standby) a newcomer being preferred is no reason to move it, and N shards still end up
-                    # on N replicas, each leader handing over until it leads one.
-                    if self.led() > 1 and self.lease.valid():
-                        await self._hand_over(wanted or "")
-            return
-        free_for = self.clock() - self._free_since if self._free_since is not None else 0.0
-        if wanted == me or free_for >= TAKEOVER_DELAY_S:
-            self._free_since = None
-            await asyncio.wait_for(self.lease.step(), timeout=STEP_TIMEOUT_S)
-            return
-        holder = await asyncio.wait_for(self.lease.peek(), timeout=STEP_TIMEOUT_S)
-        if holder == me:
-            # Our own lease from an earlier life (a restart under the same id): take it back under a new
-            # term now, rather than let the shard wait for its expiry; a handover follows if due.
-            await asyncio.wait_for(self.lease.step(), timeout=STEP_TIMEOUT_S)
-        elif holder is None:
-            self._free_since = self.clock() if self._free_since is None else self._free_since
-        else:
-            self._free_since = None
-
-    async def _hand_over(self, to: str) -> None:
-        """Let the shard go to its preferred replica `to`: no new cycle, the one under way finished, the work
-        in flight given `HANDOVER_DRAIN_S` to come back, then the lease released."""
+    @contextlib.asynccontextmanager
+    async def _quiesce(self, deadline: float) -> AsyncIterator[None]:
+        """A handover's drain: no new cycle, the one under way finished, the work in flight given until
+        `deadline` to come back, the usage ledger written; the lease is released inside."""
         dispatcher = self.dispatcher
         dispatcher.handing_over = True
         try:
             async with dispatcher.cycling:
-                deadline = self.clock() + HANDOVER_DRAIN_S
                 while dispatcher.inflight and self.clock() < deadline and self.lease.valid():  # noqa: ASYNC110 -- bounded by the clock and the lease, not only by an event
                     await asyncio.sleep(0.05)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(dispatcher.usage.save(force=True), 3.0)
-                term = self.lease.term
-                await self.lease.release()
+                yield
         finally:
             dispatcher.handing_over = False
-        self.ctx.counters["shards_handed_over"] += 1
-        log.info("shard %s: handed over to %s (released term %d)", self.shard, to, term)
 
     async def _follow(self, leading: bool) -> None:
         self.dispatcher.on_leadership(leading)

@@ -14,10 +14,10 @@ import pytest
 
 from services.binder.commit import check_term
 from services.queue import service as queue
-from services.queue.shards import TAKEOVER_DELAY_S
 from shared.bus.connection import Bus
 from shared.bus.lease import RETRY_INTERVAL_S
 from shared.bus.members import MEMBER_TTL_S
+from shared.bus.ownership import TAKEOVER_DELAY_S
 from shared.bus.service import ServiceConfig, serve
 from shared.bus.shard_spread import ALL, assignment
 from shared.contracts import subjects as s
