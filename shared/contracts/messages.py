@@ -16,7 +16,8 @@ Who sends what:
 - queue -> stream `work.<shard>`: `WorkItem`; placement -> stream `proposals.<shard>`: `Proposal`;
   binder -> `outcomes.<shard>`: `Outcome`.
 - anyone -> `cluster.<op>` (state answers): `ClusterRequest` -> `ClusterReply`.
-- anyone -> `state.snapshot` (state answers): `SnapshotRequest` -> `SnapshotReply`.
+- anyone -> `state.snapshot` (state answers): `SnapshotRequest` -> `SnapshotReply`, or for a reply over
+  the max payload `SnapshotStored` naming it in the object store `SNAPSHOT_BUCKET`.
 - operator -> `admin.<shard>.cycle` (queue leader answers): `CycleRequest` -> `CycleReply`.
 - every replica -> `health.<service>.<replica>`: `Heartbeat`.
 
@@ -377,6 +378,9 @@ class ClusterReply(_Msg, frozen=True, kw_only=True, tag="cluster-reply"):
 
 class SnapshotRequest(_Msg, frozen=True, kw_only=True, tag="snapshot-request"):
     min_revision: int = 0
+    stored: bool = False
+    """The requester reads a reply too large for one message from the object store (`SnapshotStored`).
+    A requester from before (False) is answered `ClusterReply(ok=False)` then, as it always was."""
 
 
 class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
@@ -398,6 +402,29 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
     pools: tuple[PoolLedger, ...] = ()
     """The cluster-wide DRA pools' entries with only their live holds (whose pod's `PodClaim` of their
     proposal exists), by driver and pool."""
+
+
+SNAPSHOT_BUCKET = "kairos_snapshots"
+"""The JetStream object store holding the snapshot replies too large for one NATS message
+(`shared.bus.object_store`): written by the state service, read and deleted by the requester, emptied by
+its max age what a requester leaves."""
+
+
+class SnapshotStored(_Msg, frozen=True, kw_only=True, tag="snapshot-stored"):
+    """The answer to a `SnapshotRequest(stored=True)` whose `SnapshotReply` exceeds the server's max
+    payload: the reply, msgpack-encoded as inline, is object `name` of the object store `bucket`."""
+
+    bucket: str
+    name: str
+    size: int
+    """The encoded reply's bytes."""
+    revision: int
+    """The state revision of the reply stored (its `SnapshotReply.revision`)."""
+
+
+SnapshotAnswer = SnapshotReply | SnapshotStored | ClusterReply
+"""What `state.snapshot` answers a requester that reads stored snapshots: the reply inline, the name of
+the stored reply, or a refusal saying why."""
 
 
 class CycleRequest(_Msg, frozen=True, kw_only=True, tag="cycle-request"):
@@ -469,6 +496,7 @@ CLUSTER_REQUESTS: Codec[ClusterRequest] = Codec(ClusterRequest)
 CLUSTER_REPLIES: Codec[ClusterReply] = Codec(ClusterReply)
 SNAPSHOT_REQUESTS: Codec[SnapshotRequest] = Codec(SnapshotRequest)
 SNAPSHOT_REPLIES: Codec[SnapshotReply] = Codec(SnapshotReply)
+SNAPSHOT_ANSWERS: Codec[SnapshotAnswer] = Codec(SnapshotAnswer)
 CYCLE_REQUESTS: Codec[CycleRequest] = Codec(CycleRequest)
 CYCLE_REPLIES: Codec[CycleReply] = Codec(CycleReply)
 HEARTBEATS: Codec[Heartbeat] = Codec(Heartbeat)
