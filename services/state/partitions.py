@@ -84,6 +84,7 @@ __all__ = [
     "partition_of",
     "partitions",
     "pod_partition",
+    "spread_name",
     "work_consumer",
     "work_consumer_config",
     "work_filter",
@@ -146,10 +147,15 @@ def lease_name(partition: str) -> str:
     return f"partition-{partition}"
 
 
+def spread_name(partition: str) -> str:
+    """The partition's name in the rendezvous hash that picks its owner (`shard_spread.preferred`)."""
+    return f"state/{lease_name(partition)}"
+
+
 def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
     """Each partition with the live replica that should own it (None when no replica is alive)."""
     live: Mapping[str, frozenset[str]] = dict.fromkeys(members, shard_spread.ALL)
-    return {p: shard_spread.preferred(f"state/{lease_name(p)}", live) for p in partitions(count)}
+    return {p: shard_spread.preferred(spread_name(p), live) for p in partitions(count)}
 
 
 def owned(count: int, members: Iterable[str], replica: str) -> frozenset[str]:
