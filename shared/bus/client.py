@@ -18,11 +18,13 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from shared.bus.connection import NatsAuth, server_urls
+from shared.bus.object_store import read_stored
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENTS, Event
 from shared.contracts.messages import (
     CLUSTER_REPLIES,
     CYCLE_REPLIES,
+    SNAPSHOT_ANSWERS,
     SNAPSHOT_REPLIES,
     WHY_REPLIES,
     ApplyRequest,
@@ -32,6 +34,7 @@ from shared.contracts.messages import (
     CycleRequest,
     SnapshotReply,
     SnapshotRequest,
+    SnapshotStored,
     WhyRequest,
     encode,
 )
@@ -75,9 +78,20 @@ class BusClient:
         return await self._request(s.cluster("apply"), request, CLUSTER_REPLIES, timeout)
 
     async def snapshot(self, min_revision: int = 0, timeout: float = 30.0) -> SnapshotReply:
-        return await self._request(
-            s.STATE_SNAPSHOT, SnapshotRequest(min_revision=min_revision), SNAPSHOT_REPLIES, timeout
-        )
+        """The state service's snapshot at `min_revision` or later (the reply says which revision it is):
+        in the answer, or, over the server's max payload, read from the object store and deleted there
+        (`shared.bus.object_store`), `timeout` seconds for each. A refusal (`ClusterReply`: the reply
+        cannot be stored, an older state service's payload limit) is a `TemporaryError` saying why."""
+        request = SnapshotRequest(min_revision=min_revision, stored=True)
+        answer = await self._request(s.STATE_SNAPSHOT, request, SNAPSHOT_ANSWERS, timeout)
+        match answer:
+            case SnapshotReply():
+                return answer
+            case SnapshotStored(bucket=bucket, name=name):
+                data = await read_stored(self.nc.jetstream(), answer, timeout)
+                return SNAPSHOT_REPLIES.decode(f"object {name} of {bucket}", data)
+            case ClusterReply(error=error):
+                raise TemporaryError(f"the state service could not answer: {error}")
 
     async def cycle(
         self, request: CycleRequest, shard: str = s.DEFAULT_SHARD, timeout: float = 60.0
