@@ -95,6 +95,7 @@ from services.state.queue_validation import QueueValidation
 from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
 from services.state.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
+from shared.bus.object_store import SnapshotStore
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster
@@ -687,13 +688,17 @@ class SourceOwner:
 
 class SnapshotServer:
     """Answers `state.snapshot` from this replica's `StateReplica`, each request in its own task so that
-    one waiting for a later revision does not hold up the others."""
+    one waiting for a later revision does not hold up the others. A reply over the server's max payload
+    goes into the object store for a requester that reads it there (`shared.bus.object_store`); any other
+    requester is refused, saying so."""
 
     def __init__(self, ctx: ServiceContext, replica: StateReplica, wait: float) -> None:
         self.ctx = ctx
         self.replica = replica
         self.wait = wait
         self._tasks: set[asyncio.Task[None]] = set()
+        self.stored = SnapshotStore(ctx.bus.js, ctx.config.nats_replicas)
+        """Where a reply over the max payload goes for a requester that reads stored snapshots."""
 
     async def on_request(self, msg: Msg) -> None:
         if _stopping(self.ctx):
@@ -724,16 +729,22 @@ class SnapshotServer:
             await self.replica.wait_for(request.min_revision, timeout=self.wait)
         except TimeoutError:
             self.ctx.counters["snapshot_behind"] += 1
+        revision = self.replica.revision
         data = encode(snapshot_reply(self.replica))
         limit = self.ctx.bus.nc.max_payload
         if len(data) > limit:
-            self.ctx.counters["errors"] += 1
-            self.ctx.log.error("snapshot of %d bytes exceeds the server's max payload %d", len(data), limit)
             error = f"snapshot of {len(data)} bytes exceeds the NATS max payload of {limit} bytes"
-            await _reply(
-                self.ctx, msg, ClusterReply(ok=False, error=error, state_revision=self.replica.revision)
-            )
-            return
+            if request.stored:  # the requester reads it from the object store
+                try:
+                    data = encode(await self.stored.put(data, revision))
+                    self.ctx.counters["snapshots_stored"] += 1
+                except TemporaryError as exc:
+                    error = str(exc)
+            if len(data) > limit:
+                self.ctx.counters["errors"] += 1
+                self.ctx.log.error("cannot answer a snapshot request: %s", error)
+                await _reply(self.ctx, msg, ClusterReply(ok=False, error=error, state_revision=revision))
+                return
         self.ctx.counters["snapshots"] += 1
         if msg.reply:
             try:
