@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import nats
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -72,6 +73,8 @@ class BusClient:
             raise NoResponders(subject) from exc
         except NatsTimeout as exc:
             raise TemporaryError(f"no answer on {subject} within {timeout} s") from exc
+        except NatsError as exc:  # the connection closed or draining: no answer either
+            raise TemporaryError(f"no answer on {subject}: {str(exc) or type(exc).__name__}") from exc
         return codec.decode(subject, msg.data)
 
     async def apply(self, request: ApplyRequest, timeout: float = 30.0) -> ClusterReply:

@@ -171,28 +171,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 async def _snapshot(url: str) -> tuple[SnapshotReply, list[QueueFairShare]]:
     """The state service's snapshot, and the queue leaders' newest fair-share event of every queue (none
     when the events cannot be read: the tables then go without the queues' usage)."""
-    from shared.contracts import subjects as s
     from shared.contracts.events import QueueFairShare
-    from shared.contracts.messages import CLUSTER_REPLIES, SNAPSHOT_REPLIES, SnapshotRequest, encode
-    from shared.errors import MalformedMessage
 
     client = await _connect(url)
     try:
-        # Asked directly rather than through `BusClient.snapshot`: a replica that cannot answer (a snapshot
-        # over the NATS payload limit) replies with a `ClusterReply` saying why, which is worth showing.
-        try:
-            msg = await client.nc.request(
-                s.STATE_SNAPSHOT, encode(SnapshotRequest()), timeout=REQUEST_TIMEOUT
-            )
-        except Exception as exc:  # nats-py's timeout, no-responders and connection errors: no answer
-            raise TemporaryError(
-                f"no answer on {s.STATE_SNAPSHOT}: {str(exc) or type(exc).__name__}"
-            ) from exc
-        try:
-            reply = SNAPSHOT_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
-        except MalformedMessage:
-            refusal = CLUSTER_REPLIES.decode(s.STATE_SNAPSHOT, msg.data)
-            raise TemporaryError(f"the state service could not answer: {refusal.error}") from None
+        # Through the one snapshot client: inline, or read from the object store when over the max
+        # payload; a replica that cannot answer says why (a TemporaryError naming its reason).
+        reply = await client.snapshot(timeout=REQUEST_TIMEOUT)
         try:
             events = await client.last_events("queue-fair-share")
         except Exception:  # noqa: BLE001 -- the events are extra: the snapshot is shown without them

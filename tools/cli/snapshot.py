@@ -8,10 +8,10 @@ recorded usage (time-based fair share), and writes a `shared.snapshot_file`: gzi
 `kairos simulate FILE` replays offline. With ``--url`` it downloads the state service's
 ``GET /get-snapshot`` instead, from its health port (through a port-forward), without the queues' usage.
 
-The NATS reply is one message, not chunked, so it is bounded by the server's max payload (1 MB by
-default: about 400 nodes with four pods each; 5,000 nodes alone are 1.2 MB, with 20,000 pods 12.6 MB, and
-their 8-GPU ResourceSlices 2.7 MB more): a bigger cluster's state service answers that the snapshot exceeds
-it, and this command then says to use ``--url``, which has no such limit.
+A snapshot over the server's max payload (1 MB by default: about 400 nodes with four pods each; 5,000
+nodes alone are 1.2 MB, with 20,000 pods 12.6 MB) comes through the object store `kairos_snapshots`
+(`BusClient.snapshot`, as for `kairos status` and `kairos explain`). A state service from before that
+answers that the snapshot exceeds it, and this command then says to use ``--url``.
 
     kairos snapshot                               kairos-snapshot-<UTC time>.kairos.gz in the current folder
     kairos snapshot -o before.kairos.gz           that file
