@@ -21,10 +21,14 @@ routes and the KV records a replica writes agree without a lookup. A pod without
 grouping owner's partition (`pod_partition`: the controller that owns it, else the pod itself), so that one
 replica groups all the pods of one Job. Cluster-scoped objects (nodes, queues, priority classes, topologies,
 namespaces, shards, storage and DRA objects) and the cluster-wide controllers (the shard watch, the
-node-scale-adjuster) are one more partition, `CLUSTER`. Each partition is owned by the live replica of highest rendezvous weight for it
-(`shared.bus.shard_spread.preferred` over `shared.bus.members`' live state replicas: the queue's shard
-machinery, reused): every replica computes the same owners from the same membership, and a replica joining
-or leaving moves about 1/N of the partitions, never one between two other replicas.
+node-scale-adjuster) are one more partition, `CLUSTER`. The state bucket's keys are written by partition
+too (`key_partition`), but a pod's record by its own name's partition, which never changes while the key
+exists (a pod gets its podgroup after its record was first written). Each partition is owned by the live
+replica of highest rendezvous weight for it (`shared.bus.shard_spread.preferred` over `shared.bus.members`'
+live state replicas: the queue's shard machinery, reused; the leases kept by
+`services.state.partition_owners`, the writes by `services.state.partitioned_writer`): every replica
+computes the same owners from the same membership, and a replica joining or leaving moves about 1/N of the
+partitions, never one between two other replicas.
 
 Fencing. Every partition has its own lease in `kairos_leases` (`lease_name`: ``state.partition-<p>``) and
 its own write fence in the state bucket (`shared.bus.fence.WriteFence` over that lease), so an owner writes
@@ -77,6 +81,7 @@ __all__ = [
     "MAX_PARTITIONS",
     "WORK_STREAM",
     "fnv1a32",
+    "key_partition",
     "lease_name",
     "owned",
     "owners",
@@ -135,6 +140,25 @@ def pod_partition(namespace: str, podgroup: str, owner: str, pod: str, count: in
     """A pod's partition: its podgroup's; before it has one, its grouping owner's (the top controller's
     name); without an owner, its own name's."""
     return partition_of(namespace, podgroup or owner or pod, count)
+
+
+def key_partition(key: str, count: int) -> str:
+    """The partition whose owner writes the state bucket's `key`: a pod's or a podgroup's by its own
+    namespace and name (as the key spells them), every other key `CLUSTER`.
+
+    A key's partition never changes while the key exists (a pod's record is written by its own name's
+    partition, not its podgroup's: a pod gets its podgroup after it was first written, and a key that moved
+    between two owners could be overwritten by the former owner's late put of an older version). A pod's
+    name is also what its pod-bound and pod-evicted events are routed by, so their Events and its record
+    are one owner's."""
+    kind, _, rest = key.partition(".")
+    namespace, _, name = rest.partition(".")
+    if kind in _NAMESPACED_KEYS and namespace and name:
+        return partition_of(namespace, name, count)
+    return CLUSTER
+
+
+_NAMESPACED_KEYS = frozenset({s.pod_key("ns", "n").split(".")[0], s.podgroup_key("ns", "n").split(".")[0]})
 
 
 def partitions(count: int) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from services.state.partitions import (
     CLUSTER,
     MAX_PARTITIONS,
     fnv1a32,
+    key_partition,
     lease_name,
     owned,
     owners,
@@ -20,6 +21,7 @@ from services.state.partitions import (
     work_filter,
     work_stream_transform,
 )
+from shared.contracts import subjects as s
 from shared.errors import ConfigError
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
@@ -71,6 +73,34 @@ def test_a_pod_is_in_its_podgroups_partition_else_its_owners(
     podgroup: str, owner: str, pod: str, key: str
 ) -> None:
     assert pod_partition("ns", podgroup, owner, pod, 32) == partition_of("ns", key, 32)
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        pytest.param(
+            s.pod_key("team-a", "job-1-x"), partition_of("team-a", "job-1-x", 32), id="a pod: its own name's"
+        ),
+        pytest.param(
+            s.podgroup_key("team-a", "pg-1"), partition_of("team-a", "pg-1", 32), id="a podgroup: its name's"
+        ),
+        pytest.param(s.node_key("node-1"), CLUSTER, id="a node: the cluster's"),
+        pytest.param(s.queue_key("research"), CLUSTER, id="a queue: the cluster's"),
+        pytest.param(s.volume_key("pvc", "team-a", "data"), CLUSTER, id="a claim: the cluster's"),
+        pytest.param("pod", CLUSTER, id="a key too short to name a pod: the cluster's"),
+    ],
+)
+def test_a_state_key_is_written_by_its_pod_s_or_podgroup_s_partition_else_the_cluster_s(
+    key: str, expected: str
+) -> None:
+    assert key_partition(key, 32) == expected
+
+
+@given(names, names)
+def test_a_pod_s_record_is_in_its_own_name_s_partition_whatever_podgroup_it_gets_later(
+    namespace: str, pod: str
+) -> None:
+    assert key_partition(s.pod_key(namespace, pod), 32) == partition_of(namespace, pod, 32)
 
 
 @given(counts, replica_sets)
