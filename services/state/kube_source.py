@@ -54,7 +54,7 @@ from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.gpu_overlay import refusal
 from services.state.grouping import GrouperConfig
 from services.state.kv_objects import object_of
-from services.state.kv_writer import StateWriter
+from services.state.kv_writer import SourceWriter, StateWriter
 from services.state.mirror import (
     JOBS,
     NAMESPACES,
@@ -152,6 +152,7 @@ class KubeSource:
         options: KubeSourceOptions,
         on_flushed: Callable[[Mirror], Awaitable[None]] | None = None,
         fence: WriteFence | None = None,
+        writer: SourceWriter | None = None,
     ) -> None:
         self.ctx = ctx
         self.kube = kube
@@ -160,7 +161,10 @@ class KubeSource:
         self.mirror = Mirror(
             scheduler_name=options.scheduler_name, node_pool_label_key=options.node_pool_label_key
         )
-        self.writer = StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence)
+        self.writer: SourceWriter = (
+            StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence) if writer is None else writer
+        )
+        """Where the flusher writes: the owner's fenced writer, or a given one (`partitioned_writer`)."""
         self.on_flushed = on_flushed
         self.numa = NumaWatch(
             ctx,
@@ -387,12 +391,18 @@ class KubeOwner:
         kubeconfig: str | None,
         options: KubeSourceOptions,
         lease: LeaseKeeper | None = None,
+        *,
+        running: tuple[Kube, KubeSource, WriteFence] | None = None,
     ) -> None:
         self.ctx = ctx
         self.replica = replica
         self.kubeconfig = kubeconfig
         self.options = options
         self.lease = lease
+        self.running = running
+        """A connection and a source already running, and the fence already raised, that this owner runs
+        its controllers on and leaves running when it stops (state partitions: the cluster partition's
+        owner, `services.state.partitioned_source`); None: its own, made at `start`."""
         self.fence: WriteFence | None = None
         self.kube: Kube | None = None
         self.source: KubeSource | None = None
@@ -407,13 +417,16 @@ class KubeOwner:
         self._why_sub: Subscription | None = None
 
     async def start(self) -> int:
-        if self.lease is not None:
-            self.fence = WriteFence(self.ctx.bus, self.lease)
-            await self.replica.wait_for(await self.fence.raise_fence())
-        self.kube = await connect(self.kubeconfig)
-        self.source = KubeSource(
-            self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed, fence=self.fence
-        )
+        if self.running is not None:
+            self.kube, self.source, self.fence = self.running
+        else:
+            if self.lease is not None:
+                self.fence = WriteFence(self.ctx.bus, self.lease)
+                await self.replica.wait_for(await self.fence.raise_fence())
+            self.kube = await connect(self.kubeconfig)
+            self.source = KubeSource(
+                self.ctx, self.kube, self.replica, self.options, on_flushed=self.after_flush, fence=self.fence
+            )
         self.grouper = PodGrouperLoop(
             self.ctx,
             self.kube,
@@ -457,7 +470,7 @@ class KubeOwner:
         )
         self.shard_watch.start()
         try:
-            revision = await self.source.start()
+            revision = self.replica.revision if self.running is not None else await self.source.start()
             self.writeback = WriteBack(
                 self.ctx,
                 self.kube,
@@ -537,7 +550,8 @@ class KubeOwner:
             except ApiError as exc:
                 log.warning("could not stamp podgroup %s: %s", key, exc)
 
-    async def _flushed(self, mirror: Mirror) -> None:
+    async def after_flush(self, mirror: Mirror) -> None:
+        """Wake the controllers that act on what the source just wrote."""
         if self.problems is not None:
             self.problems.wake()
         if self.grouper is not None and mirror.ungrouped():
@@ -583,6 +597,8 @@ class KubeOwner:
             await self.shard_watch.stop()
         if self.writeback is not None:
             await self.writeback.stop()
+        if self.running is not None:
+            return  # the source and its connection are the caller's
         if self.source is not None:
             await self.source.stop()
         if self.kube is not None:

@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, record_of
 from shared.bus.connection import Bus
@@ -96,6 +96,21 @@ class _NodeEdit:
 
     release: set[str] = field(default_factory=set)
     ensure: dict[str, Pod] = field(default_factory=dict)
+
+
+class SourceWriter(Protocol):
+    """What a source's flusher calls to write KV: a `StateWriter`, or with state partitions the
+    `services.state.partitioned_writer.PartitionedWriter` that writes only the partitions this replica owns."""
+
+    revision: int
+
+    def seed(self, stored: Mapping[str, bytes], revision: int) -> None: ...
+
+    async def sync(self, objects: Mapping[str, Obj], extra_keys: Iterable[str] = ()) -> int: ...
+
+    async def reconcile(self, pods: Iterable[Pod]) -> None: ...
+
+    async def write(self, changes: Sequence[Change]) -> int: ...
 
 
 class StateWriter:
