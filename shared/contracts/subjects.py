@@ -88,7 +88,8 @@ def stamps(shard: str) -> str:
 
 
 def outcomes(shard: str) -> str:
-    """What the binders did with each proposal, for the queue leader (core NATS)."""
+    """What the binders did with each proposal, for the queue leader (stream `OUTCOME_STREAM`, stored once
+    per proposal id, followed by the queue replicas with an ordered consumer)."""
     return f"{PREFIX}.outcomes.{token(shard)}"
 
 
