@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.known_failures import load
 from tools.conformance import IN_REPO_CORPUS, SHARED_CORPUS, corpus_dir
 
 IN_REPO = IN_REPO_CORPUS
@@ -55,3 +56,20 @@ def test_the_copy_says_where_it_comes_from() -> None:
     notice = (IN_REPO / "NOTICE").read_text(encoding="utf-8")
     assert "d5bc503a146317e51037d89775d77172c6d12f71" in notice
     assert "Apache License, Version 2.0" in notice
+
+
+def test_the_readme_states_the_corpus_as_it_is() -> None:
+    """The README's counts are the corpus's and the extra cases' file counts, and it says "all ... pass,
+    none on a known-failure list" only while both known-failure lists are empty."""
+    here = Path(__file__).resolve().parent
+    readme = (here.parents[1] / "README.md").read_text(encoding="utf-8")
+    text = " ".join(readme.split())
+    counts = {folder: len(list((IN_REPO / folder).rglob("*.yaml"))) for folder in EXPECTED_CASE_COUNTS}
+    assert f"all {counts['cases']} integration cases" in text
+    assert f"all {counts['actions']} action-level cases" in text
+    assert f"all {counts['actions-config']} that also configure" in text
+    extra = len(list((here / "extra").rglob("*.yaml")))
+    assert f"{extra} further cases" in text
+    known = [load(here / "known_failures.yaml"), load(here / "known_failures_single_session.yaml")]
+    assert "none on a known-failure list" in text
+    assert known == [{}, {}], "the README says no case is on a known-failure list"
