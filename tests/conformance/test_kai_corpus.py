@@ -1,4 +1,4 @@
-"""Every KAI conformance case runs in-process and satisfies the judge (SEMANTICS.md §8-9).
+"""Every KAI conformance case runs in-process and satisfies the judge (../shared/conformance/kai/SEMANTICS.md §8-9).
 
 Cases listed in ``known_failures.yaml`` (beside this file) are strict xfails: they must fail,
 so fixing one forces its removal from the list. The runner is imported inside the test, so

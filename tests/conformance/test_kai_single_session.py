@@ -1,5 +1,5 @@
 """Every single-session KAI case (``actions/`` and ``actions-config/``) runs in-process and satisfies the
-judge: one session, only its actions, matched on that same session (SEMANTICS.md §13).
+judge: one session, only its actions, matched on that same session (../shared/conformance/kai/SEMANTICS.md §13).
 
 Cases listed in ``known_failures_single_session.yaml`` (beside this file) are strict xfails: they must
 fail, so fixing one forces its removal from the list. A case the runner refuses (a scheduler conf Kairos's

@@ -1,4 +1,4 @@
-"""The judge applies SEMANTICS.md §8 (matching) and §9 (per-round limits), one rule per test.
+"""The judge applies ../shared/conformance/kai/SEMANTICS.md §8 (matching) and §9 (per-round limits), one rule per test.
 
 Each test takes a real corpus case, builds a result that satisfies it (:func:`passing_result`),
 breaks one thing and reads the judge's lines.

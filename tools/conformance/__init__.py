@@ -21,7 +21,7 @@ cases that need session overrides or a scheduler conf (SEMANTICS §1, §13)."""
 
 
 SHARED_CORPUS = _REPO_ROOT.parent / "shared" / "conformance" / "kai-v0.17"
-"""The workplace's corpus beside the repository: KAI v0.17's tests, converted (SEMANTICS.md §14)."""
+"""The workplace's corpus beside the repository: KAI v0.17's tests, converted (../shared/conformance/kai/SEMANTICS.md §14)."""
 
 IN_REPO_CORPUS = _REPO_ROOT / "tests" / "conformance" / "kai"
 """The project's byte-identical copy of `SHARED_CORPUS` (tests/conformance/test_corpus_copy.py)."""

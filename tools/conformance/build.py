@@ -1,6 +1,6 @@
 """Turn a KAI conformance case (its current round's description) into a `Snapshot`.
 
-Applies the defaults of KAI's test fakes (SEMANTICS.md §2-7): node allocatable and labels, queue and
+Applies the defaults of KAI's test fakes (../shared/conformance/kai/SEMANTICS.md §2-7): node allocatable and labels, queue and
 department defaults (the synthetic `default` department), job order, creation times, preemptibility,
 per-task requests (fractions, GPU memory, MIG, best effort), gangs and sub-groups. Called by
 `tools.conformance.runner` once per round.

@@ -1,4 +1,4 @@
-"""The conformance judge: does a run's output satisfy its case? (SEMANTICS.md §8 and §9).
+"""The conformance judge: does a run's output satisfy its case? (../shared/conformance/kai/SEMANTICS.md §8 and §9).
 
 Pure function of a :class:`~tools.conformance.case.Case` and the runner's
 :class:`~tools.conformance.result.CaseResult`; called by ``kairos conformance run/check`` and

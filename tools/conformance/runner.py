@@ -1,4 +1,4 @@
-"""Run a KAI conformance case in-process: the round loop of SEMANTICS.md §1, or one session (§13).
+"""Run a KAI conformance case in-process: the round loop of ../shared/conformance/kai/SEMANTICS.md §1, or one session (§13).
 
 Integration cases: R rounds (default 2), each a fresh session from the evolving description with all five
 actions and the harness's write-back; then a match on a rebuilt session (fit errors carried over); then A
