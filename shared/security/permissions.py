@@ -13,7 +13,8 @@ The table, in words (docs/security.md has it in full):
   node) and holds its source lease; answers cluster, snapshot and why requests; follows the events for
   the write-back (a durable consumer) and the quota gate (an ordered consumer of the podgroup-admission
   events); publishes the unschedulable events of podgroups no shard serves; the one service that declares
-  (creates, updates) the streams and buckets.
+  (creates, updates) the streams and buckets; the only writer of the snapshot object store (replies over
+  the max payload).
 - `queue`: the queue lease and the usage ledger (time-based fair share); publishes work items, fair-share and
   podgroup-admission events; follows the outcome stream (an ordered consumer) and hears `cycle`.
 - `placement`: consumes work, publishes proposals and unschedulable events. It reads the ledger and the
@@ -24,8 +25,9 @@ The table, in words (docs/security.md has it in full):
   by every node's agent may publish for any node; `gpu_agent@<node>` (`node_agent`) is the same grant
   narrowed to that one node's subjects, for deployments that can hand each node its own credentials
   (docs/security.md, "Trust boundaries").
-- `operator` (the `kairos` CLI): applies objects, asks for snapshots, explanations and cycles, reads
-  the public events, heartbeats and GPU telemetry. It writes no bucket and cannot bind.
+- `operator` (the `kairos` CLI): applies objects, asks for snapshots (reading and deleting those the
+  state service stored in the snapshot object store), explanations and cycles, reads the public events,
+  heartbeats and GPU telemetry. It writes no bucket and cannot bind. No other identity reads snapshots.
 - `admin` (only in the local stack, for tests and benchmarks): everything.
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Iterable
 import msgspec
 
 from shared.contracts import subjects as s
+from shared.contracts.messages import SNAPSHOT_BUCKET
 
 JS_API = "$JS.API"
 
@@ -77,6 +80,11 @@ def kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
+def object_stream(bucket: str) -> str:
+    """The JetStream stream behind an object store bucket."""
+    return f"OBJ_{bucket}"
+
+
 def kv_subjects(bucket: str) -> str:
     """Every key of a bucket as a subject: publishing there writes (puts, deletes) the bucket."""
     return f"$KV.{bucket}.>"
@@ -107,6 +115,28 @@ def _kv_read(bucket: str) -> list[str]:
         f"{JS_API}.CONSUMER.INFO.{stream}.*",
         f"{JS_API}.CONSUMER.DELETE.{stream}.*",
         f"$JS.FC.{stream}.>",
+    ]
+
+
+def _snapshot_store_write() -> list[str]:
+    """Declare the snapshot object store, and put a snapshot into it: publish its chunks and metadata
+    (`$O.<bucket>.>`), look up an existing name first, purge what a failed put left."""
+    stream = object_stream(SNAPSHOT_BUCKET)
+    return [
+        *(f"{JS_API}.STREAM.{verb}.{stream}" for verb in ("CREATE", "UPDATE", "INFO", "MSG.GET", "PURGE")),
+        f"$O.{SNAPSHOT_BUCKET}.>",
+    ]
+
+
+def _snapshot_store_read() -> list[str]:
+    """Read a stored snapshot (its metadata, then its chunks through an ordered consumer found by
+    subject) and delete it (purge its chunks and metadata); no write to the bucket."""
+    stream = object_stream(SNAPSHOT_BUCKET)
+    return [
+        f"{JS_API}.STREAM.INFO.{stream}",
+        f"{JS_API}.STREAM.MSG.GET.{stream}",
+        f"{JS_API}.STREAM.PURGE.{stream}",
+        *_follow(stream),
     ]
 
 
@@ -218,6 +248,8 @@ def permissions(identity: str) -> Permissions:
                     f"{JS_API}.CONSUMER.INFO.{s.EVENTS_STREAM}.*",
                     f"{JS_API}.CONSUMER.DELETE.{s.EVENTS_STREAM}.*",
                     f"$JS.FC.{s.EVENTS_STREAM}.>",
+                    # A snapshot over the max payload: read from the object store, then deleted.
+                    *_snapshot_store_read(),
                 ]
             ),
             subscribe=_sorted(
@@ -237,6 +269,7 @@ def permissions(identity: str) -> Permissions:
         # The pending podgroups no shard will place: said by the shard watch (`services.state.shard_coverage`).
         publish += _events("pod-unschedulable")
         publish += _declare()
+        publish += _snapshot_store_write()
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
         subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         declares = True
