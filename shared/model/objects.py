@@ -278,6 +278,9 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     """The PersistentVolumeClaims its volumes use, by name in its namespace (generic ephemeral volumes'
     included: `shared.model.volumes.ephemeral_claim_name`); the volume filters read them
     (`shared.core.volumes`)."""
+    ephemeral_claims: tuple[str, ...] = ()
+    """Of `claims`, those of its generic ephemeral volumes: the pod may use one only when it is the
+    claim's controller owner."""
     resource_claims: tuple[PodClaim, ...] = ()
     """``spec.resourceClaims``: the DRA claims it uses (`shared.model.dra`); the DRA filter reads them
     (`shared.core.dra`)."""
