@@ -33,19 +33,18 @@ import gzip
 import os
 import tempfile
 import zlib
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
-from shared.contracts.messages import NodeLedger, PodClaim, PoolLedger, ShardRecord
+from shared.contracts.messages import NodeLedger, PoolLedger, ShardRecord
 from shared.contracts.subjects import DEFAULT_SHARD
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.core.policy import Policy, QueueUsage
 from shared.errors import InvalidObject, KairosError
 from shared.kube.scheduling_shard import policy_of
-from shared.model import PodStatus, Snapshot
-from shared.model.dra import ClaimHold
+from shared.ledger_view import live_pools, scheduling_view
+from shared.model import Snapshot
 from shared.model.validate import validate_snapshot
 
 __all__ = [
@@ -117,55 +116,11 @@ class CapturedSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     when no shard records usage."""
 
     def scheduling_view(self) -> Snapshot:
-        """The cluster as a placement replica schedules it: pods the ledger reserves but the cluster still
-        shows pending count as bound on their node, with the GPU groups the reservation holds; the DRA
-        devices the reservations and the pools' holds hold are in `Dra.held` for the claims whose status
-        shows no allocation yet."""
-        reserved = {pod: (entry.node, hold) for entry in self.ledger for pod, hold in entry.pods.items()}
-        holds = [h for _, r in reserved.values() for h in r.devices]
-        holds += [h for entry in self.pools for hold in entry.holds for h in hold.devices]
-        cluster = _with_held(self.cluster, holds)
-        if not reserved:
-            return cluster
-        pods = []
-        for pod in cluster.pods:
-            hit = reserved.get(pod.key)
-            if hit is not None and pod.status == PodStatus.PENDING:
-                node, hold = hit
-                pods.append(
-                    msgspec.structs.replace(
-                        pod, status=PodStatus.BOUND, node=node, gpu_groups=hold.gpu_groups
-                    )
-                )
-            else:
-                pods.append(pod)
-        return msgspec.structs.replace(cluster, pods=tuple(pods))
-
-
-def _with_held(cluster: Snapshot, holds: list[ClaimHold]) -> Snapshot:
-    """`cluster` with `holds` in `Dra.held`, less those of claims whose status shows an allocation (the
-    status is then the truth), in a stable order."""
-    shown = {c.key for c in cluster.dra.claims if c.allocated}
-    held = sorted(
-        (h for h in holds if h.devices and h.claim not in shown),
-        key=lambda h: (h.claim, h.node, tuple(d.id for d in h.devices)),
-    )
-    if not held:
-        return cluster
-    return msgspec.structs.replace(cluster, dra=msgspec.structs.replace(cluster.dra, held=tuple(held)))
-
-
-def live_pools(pools: Iterable[PoolLedger], claims: Iterable[PodClaim]) -> tuple[PoolLedger, ...]:
-    """The pools' entries with only their live holds, by driver and pool: a hold counts while its pod's
-    `PodClaim` of its proposal exists (the binders write the claim before the hold and delete it after;
-    without it the hold is stale, as `shared.bus.replica` reads it). Entries left with none are dropped."""
-    backed = {(c.proposal, c.pod) for c in claims}
-    out = []
-    for entry in pools:
-        holds = tuple(h for h in entry.holds if (h.proposal, h.pod) in backed)
-        if holds:
-            out.append(msgspec.structs.replace(entry, holds=holds))
-    return tuple(sorted(out, key=lambda e: (e.driver, e.pool)))
+        """The cluster as a placement replica schedules it (`shared.ledger_view.scheduling_view`): pods
+        the ledger reserves but the cluster still shows pending count as bound on their node, with the GPU
+        groups the reservation holds; the DRA devices the reservations and the pools' holds hold are in
+        `Dra.held` for the claims whose status shows no allocation yet."""
+        return scheduling_view(self.cluster, self.ledger, self.pools)
 
 
 class _HeadOnly(msgspec.Struct, frozen=True):

@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
-
-import msgspec
 
 from shared.bus.connection import Bus
 from shared.contracts.messages import (
@@ -32,7 +29,6 @@ from shared.contracts.messages import (
     PodRecord,
     PoolLedger,
     QueueRecord,
-    Reservation,
     ShardRecord,
     StateRecord,
     TopologyRecord,
@@ -41,8 +37,9 @@ from shared.contracts.messages import (
 from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY_PREFIX, shard_key
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
-from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, Snapshot, Topology
-from shared.model.dra import ClaimHold, Dra, DraObject
+from shared.ledger_view import live_pools, scheduling_view
+from shared.model import Namespace, Node, Pod, PodGroup, Queue, Snapshot, Topology
+from shared.model.dra import Dra, DraObject
 from shared.model.volumes import StorageObject, Volumes
 
 log = logging.getLogger("kairos.replica")
@@ -220,59 +217,10 @@ class StateReplica:
         )
 
     def snapshot(self) -> Snapshot:
-        """`objects()` with pods the ledger reserves but the cluster still shows pending counted as bound,
-        and the DRA devices reservations and live pool holds hold for claims whose status shows no
-        allocation yet in `Dra.held` (taken for every other claim: `shared.core.dra`)."""
-        base = self.objects()
-        reserved: dict[str, tuple[str, Reservation]] = {}
-        for entry in self.ledger.values():
-            for pod_key, reservation in entry.pods.items():
-                reserved[pod_key] = (entry.node, reservation)
-        pooled = self._live_pool_holds()
-        if not reserved and not pooled:
-            return base
-        base = _with_held(base, [h for _, r in reserved.values() for h in r.devices] + pooled)
-        if not reserved:
-            return base
-        pods = []
-        for pod in base.pods:
-            hit = reserved.get(pod.key)
-            if hit is not None and pod.status == PodStatus.PENDING:
-                node_name, reservation = hit
-                pods.append(
-                    msgspec.structs.replace(
-                        pod, status=PodStatus.BOUND, node=node_name, gpu_groups=reservation.gpu_groups
-                    )
-                )
-            else:
-                pods.append(pod)
-        return msgspec.structs.replace(base, pods=tuple(pods))
-
-    def _live_pool_holds(self) -> list[ClaimHold]:
-        """The device holds of the pools' entries whose pod's claim of their proposal the replica holds
-        (claims are written before the holds and deleted after them, so the watch sees them so)."""
-        if not self.pools:
-            return []
-        backed = {(c.proposal, c.pod) for c in self.claims.values()}
-        return [
-            h
-            for entry in self.pools.values()
-            for hold in entry.holds
-            if (hold.proposal, hold.pod) in backed
-            for h in hold.devices
-        ]
-
-
-def _held_order(hold: ClaimHold) -> tuple[str, str, tuple[tuple[str, str, str], ...]]:
-    return (hold.claim, hold.node, tuple(d.id for d in hold.devices))
-
-
-def _with_held(snapshot: Snapshot, holds: Iterable[ClaimHold]) -> Snapshot:
-    """`snapshot` with `Dra.held`: the device holds of claims whose status does not show an allocation
-    (once it does, the status is the truth, and a running pod's reservation keeps its holds for as long
-    as it holds its node, so most are left out), in a stable order."""
-    shown = {c.key for c in snapshot.dra.claims if c.allocated}
-    held = sorted((h for h in holds if h.claim not in shown and h.devices), key=_held_order)
-    if not held:
-        return snapshot
-    return msgspec.structs.replace(snapshot, dra=msgspec.structs.replace(snapshot.dra, held=tuple(held)))
+        """`objects()` as the binders' ledger shows it (`shared.ledger_view.scheduling_view`): pods the
+        ledger reserves but the cluster still shows pending counted as bound, and the DRA devices
+        reservations and live pool holds hold in `Dra.held` for claims whose status shows no allocation
+        yet (taken for every other claim: `shared.core.dra`)."""
+        return scheduling_view(
+            self.objects(), self.ledger.values(), live_pools(self.pools.values(), self.claims.values())
+        )
