@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.objects import clone
+from tools.kubesim.storage import storage_bytes
 from tools.kubesim.store import Change, Store
 
 if TYPE_CHECKING:
@@ -155,35 +156,15 @@ class RetroactiveDefault:
         none)."""
         spec = claim.get("spec") or {}
         wanted = set(spec.get("accessModes") or ())
-        request = _bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
+        request = storage_bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
         for pv in self.cluster.store.storage(VOLUMES).iter():
             pv_spec = pv.get("spec") or {}
             if pv_spec.get("storageClassName") or pv_spec.get("claimRef"):
                 continue
             if (pv.get("status") or {}).get("phase", "Available") != "Available":
                 continue
-            if _bytes((pv_spec.get("capacity") or {}).get("storage")) < request:
+            if storage_bytes((pv_spec.get("capacity") or {}).get("storage")) < request:
                 continue
             if wanted <= set(pv_spec.get("accessModes") or ()):
                 return True
         return False
-
-
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "k": 10**3, "M": 10**6, "G": 10**9}
-
-
-def _bytes(quantity: Any) -> int:
-    """A storage quantity in bytes, loosely (0 for what does not read: the API server validated it)."""
-    if quantity is None:
-        return 0
-    text = str(quantity)
-    for suffix, unit in _UNITS.items():
-        if text.endswith(suffix):
-            try:
-                return int(float(text[: -len(suffix)]) * unit)
-            except ValueError:
-                return 0
-    try:
-        return int(float(text))
-    except ValueError:
-        return 0

@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shared.kube.quantity import QuantityError
+from shared.kube.quantity import value as quantity_value
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, rfc3339
 from tools.kubesim.store import Change, Key
@@ -47,6 +49,7 @@ __all__ = [
     "PROVISIONING_FAILED",
     "StorageController",
     "claims_of",
+    "storage_bytes",
     "unmounted",
 ]
 
@@ -71,7 +74,6 @@ BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 HOSTNAME = "kubernetes.io/hostname"
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
 def claims_of(pod: Obj) -> list[str]:
@@ -89,18 +91,15 @@ def claims_of(pod: Obj) -> list[str]:
     return out
 
 
-def _bytes(quantity: Any) -> int:
-    """A storage quantity in bytes (0 when it does not parse: the API server validated what it stored)."""
-    text = str(quantity or "0")
-    for suffix, unit in _UNITS.items():
-        if text.endswith(suffix):
-            try:
-                return int(float(text[: -len(suffix)]) * unit)
-            except ValueError:
-                return 0
+def storage_bytes(quantity: Any) -> int:
+    """A storage quantity in bytes, rounded up as Kubernetes reads it (`shared.kube.quantity`, the project's
+    one reading of quantities); 0 when it is absent or does not read (the API server validated what it
+    stored)."""
+    if quantity is None:
+        return 0
     try:
-        return int(float(text))
-    except ValueError:
+        return quantity_value(quantity)
+    except QuantityError:
         return 0
 
 
@@ -340,7 +339,7 @@ class StorageController:
         modes and labels its selector matches (the name breaks ties)."""
         spec = claim.get("spec") or {}
         wanted = set(spec.get("accessModes") or ())
-        request = _bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
+        request = storage_bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
         volumes = self.cluster.store.storage(VOLUMES)
         fits = []
         for name in names:
@@ -348,7 +347,7 @@ class StorageController:
             if pv is None or not _available(pv) or _volume_class(pv) != _class_of(claim):
                 continue
             pv_spec = pv.get("spec") or {}
-            size = _bytes((pv_spec.get("capacity") or {}).get("storage"))
+            size = storage_bytes((pv_spec.get("capacity") or {}).get("storage"))
             if size < request or not wanted <= set(pv_spec.get("accessModes") or ()):
                 continue
             if not _selector_matches(spec.get("selector"), pv["metadata"].get("labels") or {}):
