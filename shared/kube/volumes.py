@@ -62,7 +62,9 @@ __all__ = [
     "claim_of",
     "claims_of",
     "class_of",
+    "controller_uid",
     "csi_node_of",
+    "ephemeral_claims_of",
     "volume_of",
 ]
 
@@ -207,10 +209,26 @@ def claims_of(pod: wire.Pod) -> tuple[str, ...]:
     return tuple(names)
 
 
+def ephemeral_claims_of(pod: wire.Pod) -> tuple[str, ...]:
+    """Of `claims_of`, the claims of the pod's generic ephemeral volumes, in volume order."""
+    names = (
+        ephemeral_claim_name(pod.metadata.name, v.name) for v in pod.spec.volumes if v.ephemeral is not None
+    )
+    return tuple(dict.fromkeys(names))
+
+
+def controller_uid(meta: wire.ObjectMeta) -> str:
+    """The uid of the object's controller owner ("" when none), as ``metav1.GetControllerOf`` finds it."""
+    for ref in meta.owner_references:
+        if ref.controller:
+            return ref.uid
+    return ""
+
+
 def claim_of(raw: WireClaim) -> Claim:
     """The model claim; one that does not translate keeps its name and carries the problem."""
     meta = raw.metadata
-    base = Claim(name=meta.name, namespace=meta.namespace, uid=meta.uid)
+    base = Claim(name=meta.name, namespace=meta.namespace, uid=meta.uid, controller_uid=controller_uid(meta))
     try:
         return _claim(raw, base)
     except InvalidObject as exc:

@@ -60,6 +60,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, tag="pvc"):
     name: str
     namespace: str
     uid: str = ""
+    controller_uid: str = ""
+    """The uid of its controller owner (the ``ownerReferences`` entry with ``controller: true``; "": none).
+    A generic ephemeral volume's claim is the pod's only when the pod is its controller."""
     storage_class: str = ""
     """The class it asks for ("" : none, so it binds only to a volume without a class, never provisioned)."""
     access_modes: tuple[str, ...] = ()
