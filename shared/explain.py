@@ -21,12 +21,14 @@ from shared.model.status import ACTIVE_USED, DEFAULT_STUCK_IN_RELEASING_THRESHOL
 
 # Up to the period that ends the reason; a period inside a word belongs to it (``example.com/foo``). Besides
 # "node(s) ..." reasons, the volume filters' reasons about the pod itself (`shared.core.volumes`: a claim or
-# class it names, unbound Immediate claims, a ReadWriteOncePod claim in use), counted per node as
+# class it names, a generic ephemeral volume's claim not there yet or not the pod's, unbound Immediate
+# claims, a ReadWriteOncePod claim in use), counted per node as
 # kube-scheduler counts them ("3 pod has unbound immediate PersistentVolumeClaims"), and the DRA filter's
 # (`shared.core.dra`: a claim it names, "cannot allocate all claims", KAI's queue check on a shared claim).
 _NODE_DETAIL = re.compile(
     r"\d+ (?:node\(s\)|node has pod using|pod has unbound|persistentvolumeclaim |PersistentVolumeClaim '"
-    r"|StorageClass '|resourceclaim|cannot allocate all claims|DRA claim )(?:[^.\n]|\.(?=[^\s.]))*"
+    r"|StorageClass '|resourceclaim|cannot allocate all claims|DRA claim |PVC \S+ was not created"
+    r"|waiting for ephemeral volume controller)(?:[^.\n]|\.(?=[^\s.]))*"
 )
 _RECLAIMED = re.compile(r"reclaimed by podgroup (?P<who>\S+) of queue (?P<queue>\S+)")
 
