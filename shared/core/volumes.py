@@ -5,7 +5,10 @@ KAI runs kube-scheduler's VolumeBinding inside its predicates plugin; so does Ka
 the checks of `shared.core.predicates.check`, after host ports and before inter-pod affinity (kube-scheduler's
 filter order). A pod without claims pays one tuple test. Per pod, whatever the node:
 
-- a claim the snapshot does not have: 'persistentvolumeclaim "x" not found'; one being deleted likewise;
+- a claim the snapshot does not have: 'persistentvolumeclaim "x" not found' ('waiting for ephemeral volume
+  controller to create the persistentvolumeclaim "x"' for a generic ephemeral volume's); one being deleted
+  likewise; a generic ephemeral volume's claim whose controller owner is not the pod: "PVC ns/x was not
+  created for pod ns/p (pod is not owner)" (someone else's claim of that name is never the pod's);
 - a claim (or its class) that did not translate: its problem, naming the object and the field;
 - a ReadWriteOncePod claim another pod on a node already uses (in the snapshot or placed this cycle):
   VolumeRestrictions' "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod
@@ -128,6 +131,18 @@ Mask = npt.NDArray[np.bool_]
 
 def not_found(claim: str) -> str:
     return f'persistentvolumeclaim "{claim}" not found'
+
+
+def ephemeral_not_created(claim: str) -> str:
+    """A generic ephemeral volume's claim not there yet (kube-scheduler's words: it is normal just after
+    the pod is created)."""
+    return f'waiting for ephemeral volume controller to create the persistentvolumeclaim "{claim}"'
+
+
+def not_created_for(namespace: str, claim: str, pod: str) -> str:
+    """A claim named as the pod's generic ephemeral volume's whose controller owner is not the pod
+    (Kubernetes' ``ephemeral.VolumeIsForPod``, which kube-scheduler and the kubelet ask)."""
+    return f"PVC {namespace}/{claim} was not created for pod {namespace}/{pod} (pod is not owner)"
 
 
 def class_not_found(claim: str, storage_class: str) -> str:
@@ -404,12 +419,15 @@ def _resolve(state: _State, task: TaskState) -> str | tuple[list[Claim], list[Cl
     immediate = False
     for name in task.pod.claims:
         claim = state.claims.get(f"{namespace}/{name}")
+        ephemeral = name in task.pod.ephemeral_claims
         if claim is None:
-            return not_found(name)
+            return ephemeral_not_created(name) if ephemeral else not_found(name)
         if claim.problem:
             return claim.problem
         if claim.deleting:
             return f'persistentvolumeclaim "{name}" is being deleted'
+        if ephemeral and (not task.pod.uid or claim.controller_uid != task.pod.uid):
+            return not_created_for(namespace, name, task.pod.name)
         if READ_WRITE_ONCE_POD in claim.access_modes and _used_elsewhere(state, task, claim):
             return RWOP_CONFLICT
         if claim.bound:
