@@ -155,11 +155,17 @@ class PersistentVolumeClaimVolumeSource(_Wire, frozen=True, kw_only=True):
 
 class Volume(_Wire, frozen=True, kw_only=True):
     """A pod volume: its name (Kairos adds the GPU-sharing ConfigMap's) and the claim it uses, if any
-    (`shared.kube.volumes.claims_of`; an ephemeral volume's claim is generated, its template not read)."""
+    (`shared.kube.volumes.claims_of`; an ephemeral volume's claim is generated, its template not read), or
+    the in-tree disk that CSI migration counts against a node's attach limit (`shared.kube.volumes.inline_of`)."""
 
     name: str = ""
     persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
     ephemeral: dict[str, Any] | None = None
+    aws_elastic_block_store: dict[str, Any] | None = None
+    gce_persistent_disk: dict[str, Any] | None = None
+    azure_disk: dict[str, Any] | None = None
+    cinder: dict[str, Any] | None = None
+    portworx_volume: dict[str, Any] | None = None
 
 
 class NodeSelectorRequirement(_Wire, frozen=True, kw_only=True):
