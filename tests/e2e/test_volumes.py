@@ -13,6 +13,8 @@ claims cannot be met waits, saying why in kube-scheduler's words.
 - a provisioner that gives up (a class marked to fail): the binder waits for the claim before binding the
   pod, so the pod stays Pending and unbound, with a Warning naming the claim; once the class is fixed (made
   again without the mark: a class's parameters cannot change) the pod runs;
+- a generic ephemeral volume whose claim ``<pod>-<volume>`` was made by hand, not owned by the pod: the pod
+  waits, saying the claim was not created for it (kube-scheduler's words);
 - the default StorageClass: a claim applied without a class while no class is the default holds its pod as
   an unbound Immediate claim; once a class annotated as the default is applied the claim gets it
   (kube-controller-manager's retroactive assignment) and the pod runs; a claim applied afterwards without a
@@ -201,6 +203,19 @@ def test_a_pod_whose_provisioning_fails_waits_unbound_until_its_class_is_fixed(s
     assert (
         get(stack, "pvc", "brittle")["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
     )
+
+
+def test_an_ephemeral_volumes_claim_the_pod_does_not_own_keeps_the_pod_waiting(stack: Stack) -> None:
+    # The claim <pod>-<volume> made by hand: no ownerReference to the pod, so it is not the pod's volume.
+    apply(stack, claim("borrower-scratch", "fast"))
+    out = manifests.pod("borrower", cpu="1")
+    template = {"spec": claim("", "fast")["spec"]}
+    out["spec"]["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": template}}]
+    apply(stack, out)
+    said = "PVC default/borrower-scratch was not created for pod default/borrower (pod is not owner)"
+    message = wait_for(stack, "borrower explained", lambda: unschedulable(stack, "borrower"), "borrower")
+    assert said in message
+    assert said in warnings(stack, "borrower")
 
 
 def test_a_claim_without_a_class_gets_the_default_class_and_its_pod_runs(stack: Stack) -> None:
