@@ -19,6 +19,13 @@ import msgspec
 from shared.model.objects import LabelSelector, LabelSelectorTerm
 
 __all__ = [
+    "AWS_EBS",
+    "AZURE_DISK",
+    "CINDER",
+    "GCE_PD",
+    "MIGRATED_DRIVERS",
+    "MIGRATED_PLUGINS_ANNOTATION",
+    "PORTWORX",
     "BLOCK",
     "FILESYSTEM",
     "IMMEDIATE",
@@ -28,6 +35,7 @@ __all__ = [
     "WAIT_FOR_FIRST_CONSUMER",
     "Claim",
     "CsiNode",
+    "InlineVolume",
     "PersistentVolume",
     "StorageCapacity",
     "StorageClass",
@@ -47,6 +55,24 @@ BLOCK = "Block"
 VOLUME_MODES = (BLOCK, FILESYSTEM)
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 """The provisioner of a class whose volumes are only ever created by hand (local volumes)."""
+
+
+AWS_EBS = "kubernetes.io/aws-ebs"
+GCE_PD = "kubernetes.io/gce-pd"
+AZURE_DISK = "kubernetes.io/azure-disk"
+CINDER = "kubernetes.io/cinder"
+PORTWORX = "kubernetes.io/portworx-volume"
+MIGRATED_DRIVERS = {
+    AWS_EBS: "ebs.csi.aws.com",
+    GCE_PD: "pd.csi.storage.gke.io",
+    AZURE_DISK: "disk.csi.azure.com",
+    CINDER: "cinder.csi.openstack.org",
+    PORTWORX: "pxd.portworx.com",
+}
+"""In-tree volume plugin -> the CSI driver CSI migration hands its volumes to (csi-translation-lib's names),
+for the plugins whose disks attach to a node (NodeVolumeLimits counts them against that driver's limit)."""
+MIGRATED_PLUGINS_ANNOTATION = "storage.kubernetes.io/migrated-plugins"
+"""On a CSINode: the in-tree plugins migrated to CSI on the node, comma-separated (set by the kubelet)."""
 
 
 def ephemeral_claim_name(pod: str, volume: str) -> str:
@@ -104,6 +130,11 @@ class PersistentVolume(msgspec.Struct, frozen=True, kw_only=True, tag="pv"):
     claim_uid: str = ""
     phase: str = "Available"
     csi_driver: str = ""
+    in_tree_plugin: str = ""
+    """The in-tree plugin of its source when it is one CSI migration moves (a key of `MIGRATED_DRIVERS`)."""
+    volume_handle: str = ""
+    """The disk it is: ``csi.volumeHandle``, or the in-tree source's id (an EBS volume id, a PD name, an
+    Azure disk URI, a Cinder or Portworx volume id); a disk attaches once, whoever names it."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     """Its labels (a claim's selector; the zone and region labels VolumeZone reads)."""
     deleting: bool = False
@@ -138,6 +169,16 @@ class CsiNode(msgspec.Struct, frozen=True, kw_only=True, tag="csinode"):
 
     name: str
     limits: dict[str, int] = msgspec.field(default_factory=dict)
+    migrated_plugins: tuple[str, ...] = ()
+    """The in-tree plugins its `MIGRATED_PLUGINS_ANNOTATION` lists."""
+
+
+class InlineVolume(msgspec.Struct, frozen=True):
+    """An in-tree disk a pod names in its own ``spec.volumes`` (no claim): the plugin (a key of
+    `MIGRATED_DRIVERS`) and the disk's id (as `PersistentVolume.volume_handle`)."""
+
+    plugin: str
+    handle: str
 
 
 class StorageCapacity(msgspec.Struct, frozen=True, kw_only=True, tag="csistoragecapacity"):
