@@ -281,6 +281,9 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True):
     ephemeral_claims: tuple[str, ...] = ()
     """Of `claims`, those of its generic ephemeral volumes: the pod may use one only when it is the
     claim's controller owner."""
+    inline_volumes: tuple[InlineVolume, ...] = ()
+    """The in-tree disks its volumes name without a claim, which CSI migration counts against the node's
+    attach limit of the migrated driver (`shared.core.volumes`)."""
     resource_claims: tuple[PodClaim, ...] = ()
     """``spec.resourceClaims``: the DRA claims it uses (`shared.model.dra`); the DRA filter reads them
     (`shared.core.dra`)."""
@@ -551,4 +554,4 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 # Last: shared.model.volumes and shared.model.dra build on the selectors above.
 from shared.model.dra import Dra, PodClaim  # noqa: E402
-from shared.model.volumes import Volumes  # noqa: E402
+from shared.model.volumes import InlineVolume, Volumes  # noqa: E402
