@@ -5,7 +5,7 @@ for `kairos.io/after`. A pod is usually created before its PodGroup (the benchma
 operators), so that read was a GET answered 404 for nearly every pod. The replica leading the Kubernetes
 source mirrors every PodGroup (`services.state.mirror.Mirror.raw`) once its PodGroup informer has listed
 them, so it knows: the PodGroup is there (its annotations, no call), or it is not (no call either). A replica
-that does not lead the source (a standby), or whose informer has not listed yet, says `UNKNOWN` and the
+that does not lead the source (a standby; with state partitions every replica mirrors), or whose informer has not listed yet, says `UNKNOWN` and the
 webhook reads the API as before.
 
 The mirror trails the API by a watch event: a PodGroup created a moment before its pod may not be mirrored yet,
@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from services.state.kube_source import KubeElection
+from services.state.kube_source import KubeElection, KubeSource
 from services.state.mirror import PODGROUPS
+from services.state.partitioned_source import PartitionedKube
 
-__all__ = ["ABSENT", "UNKNOWN", "Known", "PodGroupLookup", "from_election"]
+__all__ = ["ABSENT", "UNKNOWN", "Known", "PodGroupLookup", "from_election", "from_source"]
 
 ABSENT: Final = "absent"
 """The source's mirror, fully listed, holds no such PodGroup: it does not exist (as of the last watch event)."""
@@ -37,12 +38,21 @@ PodGroupLookup = Callable[[str, str], Known]
 """(namespace, name) -> what the mirror knows of that PodGroup."""
 
 
-def from_election(election: KubeElection) -> PodGroupLookup:
-    """A lookup in the mirror of the source `election` runs while this replica leads it."""
+def from_election(election: KubeElection | PartitionedKube) -> PodGroupLookup:
+    """A lookup in the mirror of the source `election` runs while this replica leads it; with state
+    partitions, in this replica's own mirror (every replica runs the informers)."""
+    if isinstance(election, PartitionedKube):
+        partitioned = election
+        return from_source(lambda: partitioned.source)
+    leading = election
+    return from_source(lambda: leading.owner.source if leading.owner is not None else None)
+
+
+def from_source(running: Callable[[], KubeSource | None]) -> PodGroupLookup:
+    """A lookup in the mirror of the source `running()` returns (None: this replica mirrors nothing now)."""
 
     def lookup(namespace: str, name: str) -> Known:
-        owner = election.owner
-        source = owner.source if owner is not None else None
+        source = running()
         if source is None:
             return UNKNOWN
         if not any(i.what == PODGROUPS and i.synced.is_set() for i in source.informers):

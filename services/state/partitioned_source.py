@@ -1,0 +1,181 @@
+"""The Kubernetes source of a state replica with `--set partitions=N`: every replica mirrors the cluster,
+and writes KV only for the partitions it owns.
+
+Run by `services.state.service` in place of `services.state.kube_source.KubeElection` when `partitions` is
+above 0 (`services.state.partitions` has the table and the whole design). Every `source=kube` replica:
+
+- connects to the API server and runs the informers and the mirror (`KubeSource`), whatever it owns, so a
+  partition changes hands without a relist: the new owner's mirror is already current;
+- keeps a lease and a write fence per partition (`partition_owners.PartitionOwners`, the contend /
+  hand-over rule of `shared.bus.ownership` over the live state replicas);
+- writes the state bucket through `partitioned_writer.PartitionedWriter`: only its partitions' keys, each
+  under its partition's fence, a partition synced from the mirror when gained. A partition whose fence
+  refuses a write is given up (its lease released) and gained again later, synced afresh.
+
+Still one replica's work (not yet divided): while a replica owns the `CLUSTER` partition it runs the
+controllers of today's single owner (`KubeOwner` on this connection, source and the `CLUSTER` fence: the
+pod-grouper, the gate keepers, the problem report, the node-scale-adjuster, the shard watch, the
+write-back of Events and statuses, the binders' stamps, `kairos explain`'s questions); they move with that
+partition. The write-back's per-partition consumers of the work stream, and the pod-grouper and gates
+filtered by partition, are the next steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+
+from services.state.kube_source import KubeOwner, KubeSource, KubeSourceOptions
+from services.state.kv_objects import Obj
+from services.state.mirror import Mirror
+from services.state.partition_owners import PartitionOwners
+from services.state.partitioned_writer import PartitionedWriter
+from services.state.partitions import CLUSTER
+from shared.bus.fence import WriteFence
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.kubeapi.client import Kube, connect
+from shared.kubeapi.informer import Informer
+
+__all__ = ["PartitionedKube"]
+
+log = logging.getLogger("kairos.state.partitioned")
+
+RETRY_AFTER_FAILED_START = 5.0
+
+
+class PartitionedKube:
+    """The source, the partitions' leases and writer, and the controllers while `CLUSTER` is owned."""
+
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        replica: StateReplica,
+        kubeconfig: str | None,
+        options: KubeSourceOptions,
+        count: int,
+    ) -> None:
+        self.ctx = ctx
+        self.replica = replica
+        self.kubeconfig = kubeconfig
+        self.options = options
+        self.count = count
+        self.kube: Kube | None = None
+        self.source: KubeSource | None = None
+        self.writer: PartitionedWriter | None = None
+        self.partitions: PartitionOwners | None = None
+        self.owner: KubeOwner | None = None
+        """The controllers, while this replica owns the `CLUSTER` partition."""
+        self._task: asyncio.Task[None] | None = None
+
+    def informers(self) -> list[Informer]:
+        """The source's informers (every replica runs them), for `/metrics`."""
+        return self.source.informers if self.source is not None else []
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._shut()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._start()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.ctx.counters["source_failures"] += 1
+                log.exception("the Kubernetes source did not start; trying again")
+                await self._shut()
+                await asyncio.sleep(RETRY_AFTER_FAILED_START)
+            else:
+                return
+
+    async def _start(self) -> None:
+        self.kube = await connect(self.kubeconfig)
+        self.writer = PartitionedWriter(
+            self.replica, self.ctx.counters, self.count, self._current, on_refused=self._refused
+        )
+        self.source = KubeSource(
+            self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed, writer=self.writer
+        )
+        await self.source.start()  # the informers' first lists; no partition is owned yet: nothing written
+        self.partitions = PartitionOwners(
+            self.ctx.bus,
+            self.ctx.counters,
+            self.ctx.config.replica,
+            self.count,
+            asyncio.get_running_loop().time,
+            on_gained=self._gained,
+            on_lost=self._lost,
+        )
+        await self.partitions.start()
+        self._describe()
+
+    async def _shut(self) -> None:
+        if self.partitions is not None:
+            await self.partitions.stop(graceful=True)  # every partition lost: the controllers stop too
+            self.partitions = None
+        if self.owner is not None:
+            await self.owner.stop()
+            self.owner = None
+        if self.source is not None:
+            await self.source.stop()
+            self.source = None
+        if self.kube is not None:
+            with contextlib.suppress(Exception):
+                await self.kube.close()
+            self.kube = None
+
+    def _current(self) -> Mapping[str, Obj]:
+        return self.source.mirror.current if self.source is not None else {}
+
+    async def _gained(self, partition: str, fence: WriteFence, revision: int) -> None:
+        if self.writer is None or self.kube is None or self.source is None:
+            raise RuntimeError("the Kubernetes source is not started")
+        await self.writer.gain(partition, fence, revision)
+        if partition == CLUSTER:
+            owner = KubeOwner(
+                self.ctx,
+                self.replica,
+                self.kubeconfig,
+                self.options,
+                running=(self.kube, self.source, fence),
+            )
+            try:
+                await owner.start()
+            except BaseException:
+                await self.writer.lose(partition)
+                raise
+            self.owner = owner
+        self._describe()
+
+    async def _lost(self, partition: str) -> None:
+        if self.writer is not None:
+            await self.writer.lose(partition)
+        if partition == CLUSTER and self.owner is not None:
+            owner, self.owner = self.owner, None
+            await owner.stop()
+        self._describe()
+
+    async def _refused(self, partition: str) -> None:
+        """A write the partition's fence refused: give its lease up (its work stops when the keeper sees
+        it gone); it is gained again later, synced afresh."""
+        if self.partitions is not None:
+            await self.partitions.leases[partition].release()
+
+    async def _flushed(self, mirror: Mirror) -> None:
+        if self.owner is not None:
+            await self.owner.after_flush(mirror)
+
+    def _describe(self) -> str:
+        owned = self.partitions.describe() if self.partitions is not None else "partitions none"
+        self.ctx.detail = f"source=kube ({owned})"
+        return self.ctx.detail

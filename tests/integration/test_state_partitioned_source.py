@@ -1,0 +1,99 @@
+"""Two state replicas with `partitions=4` on kubesim and a real nats-server (`services.state.partitioned_source`):
+both mirror the cluster, each writes the keys of its own partitions, no key is written twice in a row with
+the same record; one crashes (its leases left to expire), the other takes its partitions and writes what was
+created meanwhile; the cluster partition's owner runs the controllers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+
+import pytest
+
+from services.state.partitioned_source import PartitionedKube
+from services.state.partitions import CLUSTER, key_partition, owners, partitions
+from shared.contracts import subjects as s
+from tests.integration.test_state_fencing import (  # noqa: F401 -- `world` is a fixture
+    OPTIONS,
+    World,
+    create_pod,
+    until,
+    world,
+)
+from tests.integration.test_state_partitioned_writer import pair_that_spreads
+
+pytestmark = pytest.mark.slow
+
+COUNT = 4
+
+
+async def start(world: World, name: str) -> PartitionedKube:  # noqa: F811 -- `world` is an argument here
+    replica = await world.replica(name)
+    source = PartitionedKube(replica.ctx, replica.replica, world.kubeconfig, OPTIONS, COUNT)
+    source.start()
+    world.stack.push_async_callback(source.stop)
+    return source
+
+
+async def test_two_replicas_write_their_own_partitions_and_one_crashed_has_its_taken_over(
+    world: World,  # noqa: F811 -- the fixture imported above
+) -> None:
+    # Every put of the state bucket, as a watcher of the stream sees it.
+    puts: dict[str, list[bytes]] = defaultdict(list)
+
+    async def seen(msg: object) -> None:
+        subject: str = msg.subject  # type: ignore[attr-defined]
+        puts[subject.removeprefix(f"$KV.{s.STATE_BUCKET}.")].append(msg.data)  # type: ignore[attr-defined]
+
+    sub = await world.bus.nc.subscribe(f"$KV.{s.STATE_BUCKET}.>", cb=seen)
+    names = pair_that_spreads()
+    table = {p: who or "" for p, who in owners(COUNT, names).items()}
+    replicas = {name: await start(world, name) for name in names}
+
+    async def spread() -> bool:
+        return all(
+            r.writer is not None and {p for p in partitions(COUNT) if table[p] == name} == r.writer.owned()
+            for name, r in replicas.items()
+        )
+
+    await until("each replica owning the table's partitions", spread)
+    pods = [f"job-{i}" for i in range(12)]
+    for pod in pods:
+        await create_pod(world.kube, pod)
+
+    async def all_in_kv() -> bool:
+        return all(s.pod_key("default", pod) in world.observer.records for pod in pods)
+
+    await until("every pod in KV", all_in_kv)
+    for name, r in replicas.items():
+        assert r.ctx.counters["state_writes"] > 0, f"{name} wrote its partitions"
+        assert r.ctx.detail.startswith("source=kube (partitions ")
+    # The controllers run where the cluster partition is owned, and there only.
+    assert [name for name, r in replicas.items() if r.owner is not None] == [table[CLUSTER]]
+    doubled = [key for key, values in puts.items() if any(a == b for a, b in itertools.pairwise(values))]
+    assert all(puts[s.pod_key("default", pod)] for pod in pods), "the watcher saw the pods' puts"
+    assert doubled == [], "a record written twice in a row"
+
+    # The replica that does not own the cluster partition crashes: it writes nothing more, its leases and
+    # presence are left to expire.
+    victim_name = next(name for name in names if name != table[CLUSTER])
+    victim, survivor = replicas[victim_name], replicas[table[CLUSTER]]
+    assert victim.partitions is not None
+    assert victim.source is not None
+    await victim.partitions.stop(graceful=False)
+    await victim.source.stop()
+    later = [f"late-{i}" for i in range(12)]
+    for pod in later:
+        await create_pod(world.kube, pod)
+    orphaned = [pod for pod in later if table[key_partition(s.pod_key("default", pod), COUNT)] == victim_name]
+    assert orphaned, "some of the later pods are in the crashed replica's partitions"
+
+    async def taken_over() -> bool:
+        assert survivor.writer is not None
+        return survivor.writer.owned() == frozenset(partitions(COUNT)) and all(
+            s.pod_key("default", pod) in world.observer.records for pod in later
+        )
+
+    await asyncio.wait_for(until("the survivor owning everything, every later pod in KV", taken_over), 60.0)
+    await sub.unsubscribe()
