@@ -14,6 +14,13 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   when their `schedulerName` is `scheduler_name` (default kai-scheduler). Binds and evictions then go
   to the API server from the binder (`--set cluster=kube`), not through this service. Any number of
   replicas may run with `source=kube`: they hold a lease, and only its holder mirrors the cluster.
+- `partitions=N` (default 0: off; source kube; up to 1024): the state partitions
+  (`services.state.partitions`). Every `source=kube` replica mirrors the cluster and writes KV only for
+  the partitions it owns (`services.state.partitioned_source`): N partitions of pods and podgroups by a
+  hash of their names, plus one of the cluster-scoped objects, each under a lease and a write fence of its
+  own, spread over the live replicas and handed over when one comes or goes. The controllers (pod-grouper,
+  gates, write-back of Events and statuses, shard watch) still run in one replica, the cluster
+  partition's owner. Give every replica the same count.
 - `source=none`: a read replica. It only answers `state.snapshot`; `cluster` and `demo` are ignored.
   The simulated cluster lives in one process's memory, so exactly one replica may own it: run one
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
@@ -91,6 +98,8 @@ from services.state.grouping import GrouperConfig
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
 from services.state.kv_writer import StateWriter
+from services.state.partitioned_source import PartitionedKube
+from services.state.partitions import parse_count as parse_partition_count
 from services.state.queue_validation import QueueValidation
 from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
@@ -167,6 +176,8 @@ class StateOptions:
     """KAI's ``--default-priorities-configmap-name`` (empty: none)."""
     defaults_configmap_namespace: str = ""
     """KAI's ``--default-priorities-configmap-namespace``."""
+    partitions: int = 0
+    """The state partitions (`services.state.partitions`); 0: one replica, the lease holder, writes KV."""
 
     def grouper_config(self) -> GrouperConfig:
         """The pod-grouper's settings these options give."""
@@ -220,6 +231,12 @@ class StateOptions:
         if source == "sim" and demo and cluster:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
         scale_adjust = _scale_adjust(get)
+        partition_count = parse_partition_count(get("partitions"))
+        if partition_count and source != "kube":
+            raise ConfigError(
+                "service state: option 'partitions': needs source kube (the partitions divide the Kubernetes "
+                "source's writes)"
+            )
         if scale_adjust.enabled and source != "kube":
             raise ConfigError(
                 "service state: option 'cluster_autoscaling': needs source kube (the source's owner runs the "
@@ -246,6 +263,7 @@ class StateOptions:
             search_legacy_podgroups=_flag("search_legacy_pg", get("search_legacy_pg") or "true"),
             knative_gang_schedule=_flag("knative_gang_schedule", get("knative_gang_schedule") or "true"),
             **_defaults_configmap(get),
+            partitions=partition_count,
         )
 
 
@@ -382,7 +400,7 @@ async def body(ctx: ServiceContext) -> None:
         await replica.stop()
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
     owner: SourceOwner | None = None
-    election: KubeElection | None = None
+    election: KubeElection | PartitionedKube | None = None
     webhook: AdmissionServer | None = None
     webhook_kube: Kube | None = None
     metrics = StateMetrics(ctx.metrics)
@@ -408,18 +426,19 @@ async def body(ctx: ServiceContext) -> None:
             )
             subs.append(await ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=owner.on_stamps))
         elif options.source == "kube":
-            election = KubeElection(
-                ctx,
-                replica,
-                options.kubeconfig,
-                KubeSourceOptions(
-                    scheduler_name=options.scheduler_name,
-                    node_pool_label_key=options.node_pool_label_key,
-                    extra_plugins=extra_plugins(load_registry()),
-                    scale_adjust=options.scale_adjust,
-                    grouper=options.grouper_config(),
-                ),
+            source_options = KubeSourceOptions(
+                scheduler_name=options.scheduler_name,
+                node_pool_label_key=options.node_pool_label_key,
+                extra_plugins=extra_plugins(load_registry()),
+                scale_adjust=options.scale_adjust,
+                grouper=options.grouper_config(),
             )
+            if options.partitions:
+                election = PartitionedKube(
+                    ctx, replica, options.kubeconfig, source_options, options.partitions
+                )
+            else:
+                election = KubeElection(ctx, replica, options.kubeconfig, source_options)
             metrics.watch(informers=election.informers)
             election.start()
         if options.webhook_port and options.source != "sim":

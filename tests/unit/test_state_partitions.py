@@ -21,6 +21,7 @@ from services.state.partitions import (
     work_filter,
     work_stream_transform,
 )
+from services.state.service import StateOptions
 from shared.contracts import subjects as s
 from shared.errors import ConfigError
 
@@ -158,3 +159,22 @@ def test_the_work_stream_puts_an_event_under_its_partitions_number() -> None:
 def test_partition_of_needs_a_count() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         partition_of("ns", "pg", 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        pytest.param({"source": "kube"}, 0, id="not given: one replica writes KV"),
+        pytest.param({"source": "kube", "partitions": "8"}, 8, id="with the Kubernetes source"),
+    ],
+)
+def test_the_state_service_takes_a_partition_count_with_the_kubernetes_source(
+    options: dict[str, str], expected: int
+) -> None:
+    assert StateOptions.parse(options).partitions == expected
+
+
+@pytest.mark.parametrize("source", ["sim", "none"])
+def test_partitions_without_the_kubernetes_source_are_refused_naming_the_option(source: str) -> None:
+    with pytest.raises(ConfigError, match="option 'partitions': needs source kube"):
+        StateOptions.parse({"source": source, "partitions": "4"})
