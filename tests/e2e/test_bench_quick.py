@@ -54,3 +54,22 @@ def test_the_quick_benchmark_measures_every_workload_in_both_modes(tmp_path: Pat
         )
         assert row["services_ms"] > 0, f"{workload}: {row}"
         assert row["overhead"] is not None, f"{workload}: {row}"
+
+
+@pytest.mark.timeout(180)
+def test_the_measured_phase_runs_until_the_binds_outcomes_and_write_back_are_done() -> None:
+    """The window does not close at the last bind: the binder's outcome, published after its binds, is
+    counted, and so is the state write-back's Scheduled Event of every bound pod (kubesim's own count)."""
+    from tools.bench.bus import run_bus
+    from tools.bench.workloads import build
+
+    record = run_bus(build("SchedulingBasic", quick=True))
+
+    assert record.bound == record.pods, record.note
+    assert record.proposals is not None
+    assert record.proposals >= 1
+    assert record.settle_s is not None
+    assert not record.note
+    assert record.calls is not None
+    events = sum(c.count for c in record.calls.api if (c.verb, c.resource) == ("create", "events"))
+    assert events >= record.bound

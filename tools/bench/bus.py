@@ -15,8 +15,12 @@ creation time the owner's) and the pod-grouper their PodGroup; and watches the p
 informer: a pod's end-to-end latency runs from just before its create request to the moment its
 `spec.nodeName` arrives on the watch. Conflicts are counted from the binders' outcomes, the unschedulable
 verdict from the `pod-unschedulable` public event, the reclaim decision from the victims' deletion on the
-watch. CPU and peak RSS are read from /proc per process for the measured phase; with `profile`, py-spy samples
-each Python process of the stack for that phase too (`tools.bench.profiles`).
+watch. The measured phase ends once every measured pod is bound and the work its binds set off is done, or
+`SETTLE_TIMEOUT_S` after the last bind (`_Run._settle`): each bound pod named in a committed outcome, the
+state service's KV records of the last pods bound showing their nodes, and the state write-back's consumer
+of the public events with nothing pending or unacknowledged (the Events and statuses written). CPU and peak
+RSS are read from /proc per process for the measured phase; with `profile`, py-spy samples each Python
+process of the stack for that phase too (`tools.bench.profiles`).
 
 Called by `tools.bench.suite`. Everything runs under a temporary state directory, removed afterwards.
 """
@@ -41,7 +45,14 @@ import msgspec
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
-from shared.contracts.messages import OUTCOMES, DraRecord, PodRecord, QueueRecord, VolumeRecord
+from shared.contracts.messages import (
+    OUTCOMES,
+    STATE_RECORDS,
+    DraRecord,
+    PodRecord,
+    QueueRecord,
+    VolumeRecord,
+)
 from shared.errors import MalformedMessage, TemporaryError
 from shared.kubeapi.client import Kube, api_error
 from shared.kubeapi.client import connect as kube_connect
@@ -72,6 +83,17 @@ log = logging.getLogger("kairos.bench.bus")
 ALREADY_EXISTS = 409
 STOP_GRACE = 3.0
 """Seconds the stack's processes get to exit on SIGTERM after a run before they are killed."""
+SETTLE_TIMEOUT_S = 10.0
+"""Seconds the measured phase goes on after the last bind, at most, for the work the binds set off (the
+outcomes, the state service's KV records, the write-back's Events and statuses) to finish."""
+SETTLE_POLL_S = 0.05
+STATE_PROBES = 32
+"""How many of the last pods bound the settling reads back from the state bucket: the state service takes
+the binds from one watch, in the order the benchmark's own watch saw them, so the last ones written mean
+the earlier ones were."""
+WRITEBACK_CONSUMER = "state-writeback"
+"""The name (or name prefix: one per state partition) of the state write-back's durable consumer of
+`KAIROS_EVENTS` (`services.state.writeback.DURABLE`)."""
 
 
 class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -185,6 +207,11 @@ class _Run:
         self.verdict_at: float | None = None
         self.proposals = 0
         self.conflicts = 0
+        self.outcome_bound = 0
+        """Pods the outcomes of the measured phase name as bound (by uid, which the pod watch does not give:
+        counted, not matched)."""
+        self.settle_s: float | None = None
+        self.unsettled: list[str] = []
         self.progress = asyncio.Event()
         self.measuring = False
 
@@ -211,7 +238,7 @@ class _Run:
             began = time.monotonic()
             calls = CallCounter(bus, http, self.options.replicas)
             await calls.start()
-            record = await self._measure(http)
+            record = await self._measure(http, bus)
             record = msgspec.structs.replace(record, calls=await calls.stop(record.bound))
             log.info("%s: measured in %.1f s", self.workload.name, time.monotonic() - began)
             return record
@@ -300,6 +327,7 @@ class _Run:
             self.proposals += 1
             if outcome.status == "conflict":
                 self.conflicts += 1
+            self.outcome_bound += len(outcome.bound)
 
         async def on_unschedulable(msg: Any) -> None:
             try:
@@ -322,21 +350,21 @@ class _Run:
         ]
 
     # --- the measured phase -----------------------------------------------------------------------------------
-    async def _measure(self, http: aiohttp.ClientSession) -> Record:
+    async def _measure(self, http: aiohttp.ClientSession, bus: Bus) -> Record:
         w = self.workload
         pids = {name: proc.pid for name, proc in self.stack.processes.items()}
         if self.profiler is None:
-            return await self._measured(http, pids)
+            return await self._measured(http, bus, pids)
         # The profilers attach just before the measured phase and stop just after it (nats-server is not
         # Python: only the services and the simulated API server are profiled).
         self.profiler.start(pids, w.name)
         try:
-            record = await self._measured(http, pids)
+            record = await self._measured(http, bus, pids)
         finally:
             profiles = await asyncio.to_thread(self.profiler.stop)
         return msgspec.structs.replace(record, profiles=profiles)
 
-    async def _measured(self, http: aiohttp.ClientSession, pids: dict[str, int]) -> Record:
+    async def _measured(self, http: aiohttp.ClientSession, bus: Bus, pids: dict[str, int]) -> Record:
         w = self.workload
         nats = nats_processes([node.process.pid for node in self.stack.nats_nodes.values()])
         usage = Usage({**pids, **nats})
@@ -361,9 +389,44 @@ class _Run:
             creating.cancel()
             with contextlib.suppress(BaseException):
                 await creating
+        if not timed_out:
+            await self._settle(bus)
         usage.stop()
         self.measuring = False
         return self._record(usage, create_s, timed_out)
+
+    async def _settle(self, bus: Bus) -> None:
+        """Keep the measured phase open until the work the binds set off is done (see the module docstring),
+        at most `SETTLE_TIMEOUT_S`; `settle_s` is how long that took, `unsettled` what was still undone."""
+        began = time.monotonic()
+        last = sorted(self.bound, key=self.bound.__getitem__)[-STATE_PROBES:]
+        while True:
+            self.unsettled = await self._unsettled(bus, last)
+            if not self.unsettled or time.monotonic() - began > SETTLE_TIMEOUT_S:
+                break
+            await asyncio.sleep(SETTLE_POLL_S)
+        self.settle_s = time.monotonic() - began
+
+    async def _unsettled(self, bus: Bus, last: list[str]) -> list[str]:
+        """What of the binds' follow-up work is not done yet, in words (empty: all of it is)."""
+        missing = len(self.bound) - self.outcome_bound
+        if missing > 0:
+            return [f"{missing} bound pods in no outcome yet"]
+        behind = 0
+        for name in last:
+            entry = await bus.state.get(s.pod_key(NAMESPACE, name))
+            record = (
+                None if entry is None or not entry.value else STATE_RECORDS.decode(entry.key, entry.value)
+            )
+            if not isinstance(record, PodRecord) or not record.pod.node:
+                behind += 1
+        if behind:
+            return [f"{behind} of the last {len(last)} bound pods not bound in the state bucket"]
+        pending = 0
+        for info in await bus.js.consumers_info(s.EVENTS_STREAM):
+            if info.name.startswith(WRITEBACK_CONSUMER):
+                pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return [f"{pending} public events not yet written back"] if pending else []
 
     def _done(self) -> bool:
         w = self.workload
@@ -457,6 +520,10 @@ class _Run:
             notes.append(
                 f"gave up after {self.options.timeout:.0f} s: {self.expected - len(bound)} pods unbound"
             )
+        if self.unsettled:
+            notes.append(
+                f"closed {SETTLE_TIMEOUT_S:.0f} s after the last bind with {', '.join(self.unsettled)}"
+            )
         cpu = dict(usage.cpu_s)
         return Record(
             workload=w.name,
@@ -480,6 +547,7 @@ class _Run:
             conflict_rate=round(self.conflicts / self.proposals, 4) if self.proposals else 0.0,
             replicas=self.options.replicas,
             create_s=None if create_s is None else round(create_s, 3),
+            settle_s=None if self.settle_s is None else round(self.settle_s, 3),
             timeline=timeline(start, bound),
             note="; ".join(notes),
         )

@@ -99,6 +99,10 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     replicas: dict[str, int] | None = None
     create_s: float | None = None
     """Bus: seconds the benchmark took to create the measured objects through the API."""
+    settle_s: float | None = None
+    """Bus: seconds the measured phase went on after the last bind, until the binds' outcomes, the state
+    service's records of them and the write-back's Events and statuses were all done (`note` says what was
+    not, when it gave up)."""
     timeline: list[tuple[float, float]] = msgspec.field(default_factory=list)
     """(seconds since the first creation, pods/s) per bin."""
     profiles: list[str] = msgspec.field(default_factory=list)
