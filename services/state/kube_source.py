@@ -133,6 +133,11 @@ class KubeSourceOptions:
         return GrouperConfig(scheduler_name=self.scheduler_name, node_pool_label_key=self.node_pool_label_key)
 
 
+def writeback_options(options: KubeSourceOptions) -> WriteBackOptions:
+    """The write-back's options the source's give."""
+    return WriteBackOptions(component=options.scheduler_name, node_pool_label_key=options.node_pool_label_key)
+
+
 def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
     """The message, or None after counting and logging a malformed one (core NATS: nothing to nak)."""
     try:
@@ -471,16 +476,12 @@ class KubeOwner:
         self.shard_watch.start()
         try:
             revision = self.replica.revision if self.running is not None else await self.source.start()
-            self.writeback = WriteBack(
-                self.ctx,
-                self.kube,
-                self.source.mirror,
-                WriteBackOptions(
-                    component=self.options.scheduler_name,
-                    node_pool_label_key=self.options.node_pool_label_key,
-                ),
-            )
-            await self.writeback.start()
+            if self.running is None:
+                # With state partitions each partition's owner writes its own events back instead.
+                self.writeback = WriteBack(
+                    self.ctx, self.kube, self.source.mirror, writeback_options(self.options)
+                )
+                await self.writeback.start()
             self.quota_gates.follow()
             self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
             self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
