@@ -33,13 +33,20 @@ from shared.model.objects import (
     NodeSelectorRequirement,
 )
 from shared.model.volumes import (
+    AWS_EBS,
+    AZURE_DISK,
+    CINDER,
     FILESYSTEM,
+    GCE_PD,
     IMMEDIATE,
+    MIGRATED_PLUGINS_ANNOTATION,
+    PORTWORX,
     VOLUME_MODES,
     WAIT_FOR_FIRST_CONSUMER,
     BindingMode,
     Claim,
     CsiNode,
+    InlineVolume,
     PersistentVolume,
     StorageCapacity,
     StorageClass,
@@ -65,6 +72,7 @@ __all__ = [
     "controller_uid",
     "csi_node_of",
     "ephemeral_claims_of",
+    "inline_of",
     "volume_of",
 ]
 
@@ -119,6 +127,20 @@ class CsiSource(WireStruct, frozen=True, kw_only=True):
     volume_handle: str = ""
 
 
+class VolumeIdSource(WireStruct, frozen=True, kw_only=True):
+    """awsElasticBlockStore, cinder and portworxVolume: the disk by its id."""
+
+    volume_id: str = msgspec.field(default="", name="volumeID")
+
+
+class GcePdSource(WireStruct, frozen=True, kw_only=True):
+    pd_name: str = ""
+
+
+class AzureDiskSource(WireStruct, frozen=True, kw_only=True):
+    disk_uri: str = msgspec.field(default="", name="diskURI")
+
+
 class VolumeSpec(WireStruct, frozen=True, kw_only=True):
     capacity: wire.ResourceList = msgspec.field(default_factory=dict)
     access_modes: list[str] = msgspec.field(default_factory=list)
@@ -127,6 +149,11 @@ class VolumeSpec(WireStruct, frozen=True, kw_only=True):
     node_affinity: VolumeNodeAffinity | None = None
     claim_ref: ObjectReference | None = None
     csi: CsiSource | None = None
+    aws_elastic_block_store: VolumeIdSource | None = None
+    gce_persistent_disk: GcePdSource | None = None
+    azure_disk: AzureDiskSource | None = None
+    cinder: VolumeIdSource | None = None
+    portworx_volume: VolumeIdSource | None = None
 
 
 class VolumeStatus(WireStruct, frozen=True, kw_only=True):
@@ -276,6 +303,7 @@ def volume_of(raw: WireVolume) -> PersistentVolume:
         ]
         terms = tuple(t for t in found if t is not None) or (LabelSelectorTerm((_NEVER,)),)
     ref = spec.claim_ref
+    plugin, handle = _in_tree(spec)
     return PersistentVolume(
         name=meta.name,
         capacity_bytes=capacity,
@@ -287,6 +315,8 @@ def volume_of(raw: WireVolume) -> PersistentVolume:
         claim_uid=ref.uid if ref is not None else "",
         phase=raw.status.phase or "Available",
         csi_driver=spec.csi.driver if spec.csi is not None else "",
+        in_tree_plugin=plugin,
+        volume_handle=spec.csi.volume_handle if spec.csi is not None else handle,
         labels=dict(meta.labels),
         deleting=meta.deletion_timestamp is not None,
     )
@@ -324,6 +354,52 @@ def _storage_class(raw: WireStorageClass, base: StorageClass) -> StorageClass:
     return msgspec.structs.replace(base, binding_mode=mode, allowed_topologies=tuple(topologies))
 
 
+def _in_tree(spec: VolumeSpec) -> tuple[str, str]:
+    """(plugin, disk id) of a volume's in-tree source that CSI migration moves; ("", "") for any other."""
+    sources: tuple[tuple[str, str | None], ...] = (
+        (AWS_EBS, spec.aws_elastic_block_store and spec.aws_elastic_block_store.volume_id),
+        (GCE_PD, spec.gce_persistent_disk and spec.gce_persistent_disk.pd_name),
+        (AZURE_DISK, spec.azure_disk and spec.azure_disk.disk_uri),
+        (CINDER, spec.cinder and spec.cinder.volume_id),
+        (PORTWORX, spec.portworx_volume and spec.portworx_volume.volume_id),
+    )
+    for plugin, handle in sources:
+        if handle:
+            return plugin, _disk_id(plugin, handle)
+    return "", ""
+
+
+def _disk_id(plugin: str, handle: str) -> str:
+    """The disk's id as CSI migration names it: an EBS volume given as ``aws://<zone>/<id>`` is ``<id>``."""
+    if plugin == AWS_EBS and handle.startswith("aws://"):
+        return handle.rsplit("/", 1)[-1]
+    return handle
+
+
+_INLINE_SOURCES = (
+    (AWS_EBS, "aws_elastic_block_store", "volumeID"),
+    (GCE_PD, "gce_persistent_disk", "pdName"),
+    (AZURE_DISK, "azure_disk", "diskURI"),
+    (CINDER, "cinder", "volumeID"),
+    (PORTWORX, "portworx_volume", "volumeID"),
+)
+
+
+def inline_of(pod: wire.Pod) -> tuple[InlineVolume, ...]:
+    """The in-tree disks the pod's volumes name without a claim (each disk once), which NodeVolumeLimits
+    counts under CSI migration; a source without its id names no disk (the API server refuses one)."""
+    found: dict[InlineVolume, None] = {}
+    for volume in pod.spec.volumes:
+        for plugin, attr, field in _INLINE_SOURCES:
+            source = getattr(volume, attr)
+            if source is None:
+                continue
+            handle = source.get(field)
+            if isinstance(handle, str) and handle:
+                found[InlineVolume(plugin, _disk_id(plugin, handle))] = None
+    return tuple(found)
+
+
 def csi_node_of(raw: WireCsiNode) -> CsiNode:
     """The model CSINode: each driver's attach limit (drivers without one are unlimited)."""
     limits: dict[str, int] = {}
@@ -336,7 +412,9 @@ def csi_node_of(raw: WireCsiNode) -> CsiNode:
                 raw.KIND, raw.label, f"spec.drivers[{i}].allocatable.count", f"must be >= 0, got {count}"
             )
         limits[driver.name] = count
-    return CsiNode(name=raw.metadata.name, limits=limits)
+    listed = raw.metadata.annotations.get(MIGRATED_PLUGINS_ANNOTATION, "")
+    migrated = tuple(dict.fromkeys(p.strip() for p in listed.split(",") if p.strip()))
+    return CsiNode(name=raw.metadata.name, limits=limits, migrated_plugins=migrated)
 
 
 def capacity_of(raw: WireCsiStorageCapacity) -> StorageCapacity:
