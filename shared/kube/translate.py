@@ -54,7 +54,7 @@ from shared.kube.quantity import (
     parse_time,
     rfc3339,
 )
-from shared.kube.volumes import claims_of, ephemeral_claims_of
+from shared.kube.volumes import claims_of, ephemeral_claims_of, inline_of
 from shared.model import (
     GpuRequest,
     LabelRequirement,
@@ -439,6 +439,7 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         numa=numa_request_of(pod),
         claims=claims_of(pod),
         ephemeral_claims=ephemeral_claims_of(pod),
+        inline_volumes=inline_of(pod),
         resource_claims=pod_claims_of(pod),
     )
 
