@@ -21,8 +21,13 @@ filter order). A pod without claims pays one tuple test. Per pod, whatever the n
 Per node:
 
 - NodeVolumeLimits: the node's CSINode limits per driver, counting the distinct volumes of the active pods
-  on it and the pod's own (a bound claim's volume by name and CSI driver, an unbound one by claim and its
-  class's provisioner, as kube-scheduler counts them): "node(s) exceed max volume count";
+  on it and the pod's own (a bound claim's volume by CSI driver and disk, an unbound one by claim and its
+  class's provisioner, as kube-scheduler counts them): "node(s) exceed max volume count". With CSI
+  migration, in-tree disks (awsElasticBlockStore, gcePersistentDisk, azureDisk, cinder: volumes of those
+  kinds, the same named inline in a pod, claims of a class with the in-tree provisioner) count against the
+  migrated driver's limit (ebs.csi.aws.com, pd.csi.storage.gke.io, disk.csi.azure.com,
+  cinder.csi.openstack.org) on every node with a CSINode, and Portworx's (pxd.portworx.com) on a node whose
+  CSINode's ``storage.kubernetes.io/migrated-plugins`` lists it (kube-scheduler's isCSIMigrationOn today);
 - VolumeBinding: a bound claim's volume must exist ("node(s) unavailable due to one or more pvc(s) bound to
   non-existent pv(s)") and its node affinity hold ("node(s) had volume node affinity conflict"); each
   WaitForFirstConsumer claim, smallest request first, takes the smallest available volume of its class
@@ -80,9 +85,15 @@ from shared.core.session_memo import PerSession
 from shared.model.objects import LabelSelectorTerm
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED
 from shared.model.volumes import (
+    AWS_EBS,
+    AZURE_DISK,
+    CINDER,
+    GCE_PD,
     IMMEDIATE,
+    MIGRATED_DRIVERS,
     READ_WRITE_ONCE_POD,
     Claim,
+    InlineVolume,
     PersistentVolume,
     StorageCapacity,
     StorageClass,
@@ -184,6 +195,11 @@ class _Holdings:
     """Hostname -> its code, once `free` holds a class."""
 
 
+_Attach = tuple[str, str]
+"""(CSI driver, in-tree plugin): what one volume counts against; the plugin is "" for a CSI volume, else the
+in-tree plugin CSI migration moves to the driver (counted only on a node where it is migrated)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _PodClaims:
     """A pod's claims classified once per pod and cluster generation, whatever the node (kube-scheduler's
@@ -196,7 +212,7 @@ class _PodClaims:
     failure: str | None = None
     bound: tuple[PersistentVolume | None, ...] = ()
     waiting: tuple[Claim, ...] = ()
-    attaches: Mapping[str, str] = field(default_factory=dict)
+    attaches: Mapping[str, _Attach] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +244,8 @@ class _State:
     """Claim key -> the volumes whose ``claimRef`` names it, in `by_class` order."""
     classes: dict[str, StorageClass]
     limits: dict[str, dict[str, int]]
+    migrated: dict[str, frozenset[str]]
+    """Node -> the in-tree plugins its CSINode's migrated-plugins annotation lists."""
     capacities: dict[str, list[StorageCapacity]]
     users: dict[str, list[TaskState]]
     """Claim key -> the session's pods that use it."""
@@ -283,6 +301,7 @@ def _index(volumes: Volumes, tasks: Iterable[TaskState]) -> _State:
         reserved=dict(reserved),
         classes={c.name: c for c in volumes.classes},
         limits={n.name: n.limits for n in volumes.csi_nodes if n.limits},
+        migrated={n.name: frozenset(n.migrated_plugins) for n in volumes.csi_nodes if n.migrated_plugins},
         capacities=dict(capacities),
         users=dict(users),
         named=frozenset(c.volume_name for c in volumes.claims if c.volume_name),
@@ -297,7 +316,7 @@ def reason(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
     """Why the pod's claims keep it off the node (the first reason, in kube-scheduler's filter order, with
     its code); None when they do not. On success, what its WaitForFirstConsumer claims got there is
     remembered."""
-    if not task.pod.claims:
+    if not task.pod.claims and not task.pod.inline_volumes:
         return None
     why = _reason(ssn, task, node)
     if why is None:
@@ -405,7 +424,7 @@ def _pod_claims(ssn: Session, state: _State, task: TaskState) -> _PodClaims:
             generation,
             bound=tuple(state.volumes.get(claim.volume_name) for claim in bound),
             waiting=tuple(sorted(waiting, key=lambda c: (c.request_bytes, c.name))),
-            attaches=_attachments(state, task.pod.namespace, task.pod.claims),
+            attaches=_attachments(state, task.pod.namespace, task.pod.claims, task.pod.inline_volumes),
         )
     state.pod = memo
     return memo
@@ -639,20 +658,45 @@ def _waiting_mask(ssn: Session, state: _State, h: _Holdings, task: TaskState, cl
 
 
 # --- NodeVolumeLimits -------------------------------------------------------------------------------------
-def _volume_limits(state: _State, task: TaskState, mine: Mapping[str, str], node: NodeState) -> str | None:
+def _volume_limits(
+    state: _State, task: TaskState, mine: Mapping[str, _Attach], node: NodeState
+) -> str | None:
     limits = state.limits.get(node.name)
     if not limits:
         return None
-    if not any(driver in limits for driver in mine.values()):
+    counted = _counted(state, node.name, mine)
+    if not any(driver in limits for driver in counted.values()):
         return None
     # A pod on the node already (checked again) counts against what the others attach, without it.
     on_node = _attached_on(state, node, task) if task.key in node.tasks else _attached(state, node)
-    new = [driver for vid, driver in mine.items() if vid not in on_node.volumes]
+    new = [driver for vid, driver in counted.items() if vid not in on_node.volumes]
     for driver, limit in limits.items():
         adding = new.count(driver)
         if adding and on_node.per_driver.get(driver, 0) + adding > limit:
             return MAX_VOLUME_COUNT
     return None
+
+
+_MIGRATED_WITH_CSI_NODE = frozenset({AWS_EBS, GCE_PD, AZURE_DISK, CINDER})
+"""The in-tree plugins whose migration kube-scheduler takes as on wherever the node has a CSINode (their
+migration is GA and locked on); any other in-tree plugin (Portworx, whose gate is on by default) counts only
+on a node whose CSINode lists it in its migrated-plugins annotation (kube-scheduler's isCSIMigrationOn)."""
+
+
+def _migrated_on(state: _State, node: str, plugin: str) -> bool:
+    """Whether the plugin's volumes count against the migrated driver on the node; asked only for a node
+    with limits, which come from its CSINode."""
+    return plugin in _MIGRATED_WITH_CSI_NODE or plugin in state.migrated.get(node, ())
+
+
+def _counted(state: _State, node: str, volumes: Mapping[str, _Attach]) -> dict[str, str]:
+    """Volume id -> the CSI driver it counts against on the node: CSI volumes, and in-tree ones only where
+    their plugin is migrated (elsewhere the in-tree plugin's own limit applies, which Kairos does not read)."""
+    return {
+        vid: driver
+        for vid, (driver, plugin) in volumes.items()
+        if not plugin or _migrated_on(state, node, plugin)
+    }
 
 
 def _attached(state: _State, node: NodeState) -> _Attached:
@@ -668,32 +712,56 @@ def _attached_on(state: _State, node: NodeState, without: TaskState | None, vers
     volumes: dict[str, str] = {}
     for entry in node.tasks.values():
         other = entry.task
-        if other is without or other.status not in ACTIVE_USED or not other.pod.claims:
+        pod = other.pod
+        if other is without or other.status not in ACTIVE_USED or not (pod.claims or pod.inline_volumes):
             continue
-        volumes.update(_attachments(state, other.pod.namespace, other.pod.claims))
+        volumes.update(
+            _counted(state, node.name, _attachments(state, pod.namespace, pod.claims, pod.inline_volumes))
+        )
     per_driver: dict[str, int] = {}
     for driver in volumes.values():
         per_driver[driver] = per_driver.get(driver, 0) + 1
     return _Attached(version, volumes, per_driver)
 
 
-def _attachments(state: _State, namespace: str, names: Sequence[str]) -> dict[str, str]:
-    """Volume id -> CSI driver of the claims' volumes (a bound claim's volume; an unbound claim counted
-    once under its class's provisioner); claims without a CSI volume are left out."""
-    out: dict[str, str] = {}
+def _attachments(
+    state: _State, namespace: str, names: Sequence[str], inline: Sequence[InlineVolume] = ()
+) -> dict[str, _Attach]:
+    """Volume id -> what it counts against, for the claims' volumes (a bound claim's volume by its driver
+    and disk; an unbound claim counted once under its class's provisioner) and the in-tree disks named
+    inline; in-tree ones under the CSI driver migration moves them to. Volumes of neither a CSI driver nor a
+    migrated plugin are left out."""
+    out: dict[str, _Attach] = {}
     for name in names:
         claim = state.claims.get(f"{namespace}/{name}")
         if claim is None:
             continue
         if claim.bound:
             pv = state.volumes.get(claim.volume_name)
-            if pv is not None and pv.csi_driver:
-                out[f"pv/{pv.name}"] = pv.csi_driver
+            if pv is None:
+                continue
+            if pv.csi_driver:
+                out[_volume_id(pv.csi_driver, pv.volume_handle, pv.name)] = (pv.csi_driver, "")
+            elif (driver := MIGRATED_DRIVERS.get(pv.in_tree_plugin)) is not None:
+                out[_volume_id(driver, pv.volume_handle, pv.name)] = (driver, pv.in_tree_plugin)
             continue
         storage_class = state.classes.get(claim.storage_class)
         if storage_class is not None and storage_class.provisioner:
-            out[f"claim/{claim.key}"] = storage_class.provisioner
+            provisioner = storage_class.provisioner
+            driver = MIGRATED_DRIVERS.get(provisioner)
+            at: _Attach = (provisioner, "") if driver is None else (driver, provisioner)
+            out[f"claim/{claim.key}"] = at
+    for volume in inline:
+        driver = MIGRATED_DRIVERS.get(volume.plugin)
+        if driver is not None:
+            out[_volume_id(driver, volume.handle, "")] = (driver, volume.plugin)
     return out
+
+
+def _volume_id(driver: str, handle: str, pv: str) -> str:
+    """One disk's id whoever names it (kube-scheduler's driver/volumeHandle); a volume without a handle by
+    its name."""
+    return f"{driver}/{handle}" if handle else f"pv/{pv}"
 
 
 # --- VolumeBinding ----------------------------------------------------------------------------------------

@@ -146,6 +146,7 @@ def test_a_volume_becomes_the_model_volume() -> None:
         claim_uid="u-1",
         phase="Bound",
         csi_driver="csi.example.com",
+        volume_handle="h",
         labels={"topology.kubernetes.io/zone": "b"},
     )
 
