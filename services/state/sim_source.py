@@ -42,8 +42,9 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import KairosError
-from shared.model import Namespace, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot, Topology
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.builders import gang, gpu_nodes
+from shared.model.gather import snapshot_of
 from shared.model.validate import validate_snapshot
 
 RUN = "run"
@@ -93,7 +94,7 @@ class SimulatedCluster:
         return [o for o in self.objects.values() if isinstance(o, Pod)]
 
     def snapshot(self) -> Snapshot:
-        return _snapshot(self.objects.values())
+        return snapshot_of(self.objects.values())
 
     def next_due(self) -> float | None:
         due = min((due for due, _ in self._timers.values()), default=None)
@@ -167,7 +168,7 @@ class SimulatedCluster:
                 # Measured use belongs to the cluster, like a pod's placement: an apply keeps it.
                 obj = msgspec.structs.replace(given, gpu_devices=old.gpu_devices)
             new[key] = obj
-        validate_snapshot(_snapshot(new.values()))
+        validate_snapshot(snapshot_of(new.values()))
         return self._commit(new, now)
 
     def bind(self, binding: Binding, now: float) -> list[Change]:
@@ -339,37 +340,6 @@ class SimulatedCluster:
             self._timers.pop(key, None)
         else:
             self._timers[key] = (now + seconds, FINISH)
-
-
-def _snapshot(objects: Iterable[Obj]) -> Snapshot:
-    nodes: list[Node] = []
-    pods: list[Pod] = []
-    groups: list[PodGroup] = []
-    queues: list[Queue] = []
-    topologies: list[Topology] = []
-    namespaces: list[Namespace] = []
-    for obj in objects:
-        match obj:
-            case Node():
-                nodes.append(obj)
-            case Pod():
-                pods.append(obj)
-            case PodGroup():
-                groups.append(obj)
-            case Queue():
-                queues.append(obj)
-            case Topology():
-                topologies.append(obj)
-            case Namespace():
-                namespaces.append(obj)
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(pods),
-        podgroups=tuple(groups),
-        queues=tuple(queues),
-        topologies=tuple(topologies),
-        namespaces=tuple(namespaces),
-    )
 
 
 def demo_cluster() -> ClusterObjects:

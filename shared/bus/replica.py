@@ -38,9 +38,8 @@ from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.ledger_view import live_pools, scheduling_view
-from shared.model import Namespace, Node, Pod, PodGroup, Queue, Snapshot, Topology
-from shared.model.dra import Dra, DraObject
-from shared.model.volumes import StorageObject, Volumes
+from shared.model import Snapshot
+from shared.model.gather import SnapshotObject, snapshot_of
 
 log = logging.getLogger("kairos.replica")
 
@@ -177,44 +176,9 @@ class StateReplica:
         return self.ledger.get(key), self.key_revisions.get(key, 0)
 
     def objects(self) -> Snapshot:
-        """The cluster exactly as the state bucket holds it (no ledger overlay), in a stable order."""
-        nodes: list[Node] = []
-        pods: list[Pod] = []
-        groups: list[PodGroup] = []
-        queues: list[Queue] = []
-        topologies: list[Topology] = []
-        namespaces: list[Namespace] = []
-        storage: list[StorageObject] = []
-        dra: list[DraObject] = []
-        for record in self.records.values():
-            match record:
-                case NodeRecord(node=node):
-                    nodes.append(node)
-                case PodRecord(pod=pod):
-                    pods.append(pod)
-                case PodGroupRecord(podgroup=pg):
-                    groups.append(pg)
-                case QueueRecord(queue=q):
-                    queues.append(q)
-                case TopologyRecord(topology=t):
-                    topologies.append(t)
-                case NamespaceRecord(namespace=ns):
-                    namespaces.append(ns)
-                case VolumeRecord(obj=obj):
-                    storage.append(obj)
-                case DraRecord(obj=dra_obj):
-                    dra.append(dra_obj)
-        # A stable order makes sessions (and snapshot replies) deterministic.
-        return Snapshot(
-            nodes=tuple(sorted(nodes, key=lambda n: n.name)),
-            pods=tuple(sorted(pods, key=lambda p: p.key)),
-            podgroups=tuple(sorted(groups, key=lambda g: g.key)),
-            queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
-            topologies=tuple(sorted(topologies, key=lambda t: t.name)),
-            namespaces=tuple(sorted(namespaces, key=lambda ns: ns.name)),
-            volumes=Volumes.of(storage),
-            dra=Dra.of(dra),
-        )
+        """The cluster exactly as the state bucket holds it (no ledger overlay), in a stable order
+        (`shared.model.gather.snapshot_of`)."""
+        return snapshot_of(_object_of(record) for record in self.records.values())
 
     def snapshot(self) -> Snapshot:
         """`objects()` as the binders' ledger shows it (`shared.ledger_view.scheduling_view`): pods the
@@ -224,3 +188,24 @@ class StateReplica:
         return scheduling_view(
             self.objects(), self.ledger.values(), live_pools(self.pools.values(), self.claims.values())
         )
+
+
+def _object_of(record: StateRecord) -> SnapshotObject:
+    """The model object a state record carries."""
+    match record:
+        case NodeRecord(node=node):
+            return node
+        case PodRecord(pod=pod):
+            return pod
+        case PodGroupRecord(podgroup=podgroup):
+            return podgroup
+        case QueueRecord(queue=queue):
+            return queue
+        case TopologyRecord(topology=topology):
+            return topology
+        case NamespaceRecord(namespace=namespace):
+            return namespace
+        case VolumeRecord(obj=storage):
+            return storage
+        case DraRecord(obj=dra):
+            return dra

@@ -32,9 +32,7 @@ from services.state.mirror import Mirror
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.core.policy import Policy
 from shared.errors import InvalidObject
-from shared.model import Namespace, Node, Pod, PodGroup, Queue, Snapshot, Topology
-from shared.model.dra import Dra, DraObject
-from shared.model.volumes import StorageObject, Volumes
+from shared.model.gather import snapshot_of
 from shared.snapshot_file import CapturedSnapshot, Header, ShardCapture, kairos_version
 
 __all__ = ["KIND", "MEMBER", "KaiImport", "is_zip", "read_kai_snapshot"]
@@ -104,7 +102,7 @@ def read_kai_snapshot(data: bytes, name: str, *, captured_at: float) -> KaiImpor
     for key, kind in DRA_KINDS.items():
         mirror.dra.relist(kind, _items(raw, key, name))
     objects = mirror.desired(captured_at)
-    cluster = _snapshot(objects.values())
+    cluster = snapshot_of(objects.values())
     policy = _policy(document.get("config"), name)
     captured = CapturedSnapshot(
         header=Header(
@@ -197,42 +195,3 @@ def _policy(config: object, name: str) -> Policy:
     except (msgspec.ValidationError, ValueError) as exc:
         field = "config.actions" if "action" in str(exc) and "depth" not in str(exc) else "config"
         raise InvalidObject(KIND, name, field, str(exc)) from exc
-
-
-def _snapshot(objects: Any) -> Snapshot:
-    nodes: list[Node] = []
-    pods: list[Pod] = []
-    groups: list[PodGroup] = []
-    queues: list[Queue] = []
-    topologies: list[Topology] = []
-    namespaces: list[Namespace] = []
-    storage: list[StorageObject] = []
-    dra: list[DraObject] = []
-    for obj in objects:
-        match obj:
-            case Node():
-                nodes.append(obj)
-            case Pod():
-                pods.append(obj)
-            case PodGroup():
-                groups.append(obj)
-            case Queue():
-                queues.append(obj)
-            case Topology():
-                topologies.append(obj)
-            case Namespace():
-                namespaces.append(obj)
-            case _ if isinstance(obj, StorageObject):
-                storage.append(obj)
-            case _:
-                dra.append(obj)
-    return Snapshot(
-        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
-        pods=tuple(sorted(pods, key=lambda p: p.key)),
-        podgroups=tuple(sorted(groups, key=lambda g: g.key)),
-        queues=tuple(sorted(queues, key=lambda q: (q.creation_index, q.name))),
-        topologies=tuple(sorted(topologies, key=lambda t: t.name)),
-        namespaces=tuple(sorted(namespaces, key=lambda ns: ns.name)),
-        volumes=Volumes.of(storage),
-        dra=Dra.of(dra),
-    )
