@@ -356,12 +356,19 @@ def _storage_class(raw: WireStorageClass, base: StorageClass) -> StorageClass:
 
 def _in_tree(spec: VolumeSpec) -> tuple[str, str]:
     """(plugin, disk id) of a volume's in-tree source that CSI migration moves; ("", "") for any other."""
-    sources: tuple[tuple[str, str | None], ...] = (
-        (AWS_EBS, spec.aws_elastic_block_store and spec.aws_elastic_block_store.volume_id),
-        (GCE_PD, spec.gce_persistent_disk and spec.gce_persistent_disk.pd_name),
-        (AZURE_DISK, spec.azure_disk and spec.azure_disk.disk_uri),
-        (CINDER, spec.cinder and spec.cinder.volume_id),
-        (PORTWORX, spec.portworx_volume and spec.portworx_volume.volume_id),
+    ebs, pd, azure, cinder, portworx = (
+        spec.aws_elastic_block_store,
+        spec.gce_persistent_disk,
+        spec.azure_disk,
+        spec.cinder,
+        spec.portworx_volume,
+    )
+    sources = (
+        (AWS_EBS, ebs.volume_id if ebs is not None else ""),
+        (GCE_PD, pd.pd_name if pd is not None else ""),
+        (AZURE_DISK, azure.disk_uri if azure is not None else ""),
+        (CINDER, cinder.volume_id if cinder is not None else ""),
+        (PORTWORX, portworx.volume_id if portworx is not None else ""),
     )
     for plugin, handle in sources:
         if handle:
