@@ -10,14 +10,19 @@ above 0 (`services.state.partitions` has the table and the whole design). Every 
   hand-over rule of `shared.bus.ownership` over the live state replicas);
 - writes the state bucket through `partitioned_writer.PartitionedWriter`: only its partitions' keys, each
   under its partition's fence, a partition synced from the mirror when gained. A partition whose fence
-  refuses a write is given up (its lease released) and gained again later, synced afresh.
+  refuses a write is given up (its lease released) and gained again later, synced afresh;
+- writes back the events of its numbered partitions (`writeback.WriteBack`, one per replica, following
+  each owned partition's durable consumer of the internal work stream `partitions.WORK_STREAM`, made by
+  the first replica from the events stream's next message on, `prepare`). A partition handed over first
+  stops fetching and gives the batch under way until the handover's deadline to finish and ack; what a
+  crashed owner did not ack is delivered to the next one once its ack wait (a lease's TTL) passed, and the
+  Events it already wrote are not written twice (named after the message's stored time).
 
-Still one replica's work (not yet divided): while a replica owns the `CLUSTER` partition it runs the
+Still one replica's work (not yet divided): while a replica owns the `CLUSTER` partition it runs the other
 controllers of today's single owner (`KubeOwner` on this connection, source and the `CLUSTER` fence: the
-pod-grouper, the gate keepers, the problem report, the node-scale-adjuster, the shard watch, the
-write-back of Events and statuses, the binders' stamps, `kairos explain`'s questions); they move with that
-partition. The write-back's per-partition consumers of the work stream, and the pod-grouper and gates
-filtered by partition, are the next steps.
+pod-grouper, the gate keepers, the problem report, the node-scale-adjuster, the shard watch, the binders'
+stamps, `kairos explain`'s questions); they move with that partition. The pod-grouper and gates filtered by
+partition are the next step.
 """
 
 from __future__ import annotations
@@ -25,25 +30,64 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
-from services.state.kube_source import KubeOwner, KubeSource, KubeSourceOptions
+from nats.js.errors import BadRequestError, NotFoundError
+
+from services.state.kube_source import KubeOwner, KubeSource, KubeSourceOptions, writeback_options
 from services.state.kv_objects import Obj
 from services.state.mirror import Mirror
 from services.state.partition_owners import PartitionOwners
 from services.state.partitioned_writer import PartitionedWriter
-from services.state.partitions import CLUSTER
+from services.state.partitions import (
+    CLUSTER,
+    WORK_STREAM,
+    partition_of,
+    work_consumer_config,
+    work_filter,
+    work_stream_config,
+    work_stream_count,
+)
+from services.state.writeback import EventFeed, WriteBack
+from shared.bus.connection import Bus
 from shared.bus.fence import WriteFence
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
+from shared.contracts import subjects as s
+from shared.errors import ConfigError
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Informer
 
-__all__ = ["PartitionedKube"]
+__all__ = ["PartitionedKube", "ensure_work_stream"]
 
 log = logging.getLogger("kairos.state.partitioned")
 
 RETRY_AFTER_FAILED_START = 5.0
+
+
+async def ensure_work_stream(bus: Bus, count: int) -> None:
+    """Make the work stream for `count` partitions unless it exists (starting after the events already in
+    the events stream: those were written back before); refuse one made for another count, naming the
+    option (the partition count must not change while the stream exists)."""
+    js = bus.js
+    try:
+        info = await js.stream_info(WORK_STREAM)
+    except NotFoundError:
+        events = await js.stream_info(s.EVENTS_STREAM)
+        try:
+            await js.add_stream(work_stream_config(count, int(events.state.last_seq) + 1))
+        except BadRequestError:
+            info = await js.stream_info(WORK_STREAM)  # another replica made it meanwhile
+        else:
+            log.info("made the work stream %s for %d partitions", WORK_STREAM, count)
+            return
+    found = work_stream_count(info.config)
+    if found != count:
+        raise ConfigError(
+            f"service state: option 'partitions': {count}, but the stream {WORK_STREAM} was made for "
+            f"{found if found is not None else 'another use'}; give every replica that count, or delete the "
+            "stream once its consumers are drained"
+        )
 
 
 class PartitionedKube:
@@ -68,11 +112,16 @@ class PartitionedKube:
         self.partitions: PartitionOwners | None = None
         self.owner: KubeOwner | None = None
         """The controllers, while this replica owns the `CLUSTER` partition."""
+        self.writeback: WriteBack | None = None
         self._task: asyncio.Task[None] | None = None
 
     def informers(self) -> list[Informer]:
         """The source's informers (every replica runs them), for `/metrics`."""
         return self.source.informers if self.source is not None else []
+
+    async def prepare(self) -> None:
+        """Before `start`: the work stream, made or checked (`ConfigError` for another count)."""
+        await ensure_work_stream(self.ctx.bus, self.count)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -107,6 +156,10 @@ class PartitionedKube:
             self.ctx, self.kube, self.replica, self.options, on_flushed=self._flushed, writer=self.writer
         )
         await self.source.start()  # the informers' first lists; no partition is owned yet: nothing written
+        self.writeback = WriteBack(
+            self.ctx, self.kube, self.source.mirror, writeback_options(self.options), owns=self._owns_podgroup
+        )
+        await self.writeback.start(feed=None)
         self.partitions = PartitionOwners(
             self.ctx.bus,
             self.ctx.counters,
@@ -115,6 +168,7 @@ class PartitionedKube:
             asyncio.get_running_loop().time,
             on_gained=self._gained,
             on_lost=self._lost,
+            quiesce=self._quiesce,
         )
         await self.partitions.start()
         self._describe()
@@ -126,6 +180,9 @@ class PartitionedKube:
         if self.owner is not None:
             await self.owner.stop()
             self.owner = None
+        if self.writeback is not None:
+            await self.writeback.stop()
+            self.writeback = None
         if self.source is not None:
             await self.source.stop()
             self.source = None
@@ -141,6 +198,15 @@ class PartitionedKube:
         if self.writer is None or self.kube is None or self.source is None:
             raise RuntimeError("the Kubernetes source is not started")
         await self.writer.gain(partition, fence, revision)
+        if partition != CLUSTER and self.writeback is not None:
+            await self.writeback.follow(
+                EventFeed(
+                    name=partition,
+                    stream=WORK_STREAM,
+                    subject=work_filter(partition),
+                    config=work_consumer_config(partition),
+                )
+            )
         if partition == CLUSTER:
             owner = KubeOwner(
                 self.ctx,
@@ -158,6 +224,8 @@ class PartitionedKube:
         self._describe()
 
     async def _lost(self, partition: str) -> None:
+        if self.writeback is not None:
+            await self.writeback.unfollow(partition)
         if self.writer is not None:
             await self.writer.lose(partition)
         if partition == CLUSTER and self.owner is not None:
@@ -170,6 +238,21 @@ class PartitionedKube:
         it gone); it is gained again later, synced afresh."""
         if self.partitions is not None:
             await self.partitions.leases[partition].release()
+
+    @contextlib.asynccontextmanager
+    async def _quiesce(self, partition: str, deadline: float) -> AsyncIterator[None]:
+        """A handover: the partition's events no longer fetched, the batch under way given until `deadline`
+        to finish and ack; the lease is released inside."""
+        if self.writeback is not None:
+            drain = max(0.0, deadline - asyncio.get_running_loop().time())
+            await self.writeback.unfollow(partition, drain=drain)
+        yield
+
+    def _owns_podgroup(self, key: str) -> bool:
+        """Whether this replica owns the partition of the podgroup "ns/name" (its resourcesStatus)."""
+        namespace, _, name = key.partition("/")
+        owned = self.partitions.owned() if self.partitions is not None else frozenset()
+        return partition_of(namespace, name, self.count) in owned
 
     async def _flushed(self, mirror: Mirror) -> None:
         if self.owner is not None:

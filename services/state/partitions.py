@@ -68,9 +68,19 @@ Tested in tests/unit/test_state_partitions.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig, StreamSource, SubjectTransform
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamSource,
+    SubjectTransform,
+)
 
 from shared.bus import shard_spread
 from shared.contracts import subjects as s
@@ -94,6 +104,7 @@ __all__ = [
     "work_consumer_config",
     "work_filter",
     "work_stream_config",
+    "work_stream_count",
     "work_stream_transform",
 ]
 
@@ -207,18 +218,39 @@ def work_consumer(partition: str) -> str:
     return f"state-work-{s.key_token(partition)}"
 
 
-def work_stream_config(count: int) -> StreamConfig:
-    """The work stream: the events stream's messages, under their partition's number."""
+def work_stream_config(count: int, start_seq: int = 0) -> StreamConfig:
+    """The work stream: the events stream's messages from `start_seq` on (0: all it holds; a stream made
+    for a running cluster starts after the events already written back), under their partition's number.
+    A work queue: a message is gone once its partition's consumer acked it (the consumers' filters are
+    disjoint), so it holds only the work not done yet; bounded like the events stream besides."""
     source, destination = work_stream_transform(count)
     return StreamConfig(
         name=WORK_STREAM,
+        retention=RetentionPolicy.WORK_QUEUE,
+        max_age=24 * 3600.0,
+        max_msgs=1_000_000,
+        storage=StorageType.FILE,
         sources=[
             StreamSource(
                 name=s.EVENTS_STREAM,
+                opt_start_seq=start_seq or None,
                 subject_transforms=[SubjectTransform(src=source, dest=destination)],
             )
         ],
     )
+
+
+_COUNT_IN_TRANSFORM = re.compile(r"\{\{partition\((\d+),")
+
+
+def work_stream_count(config: StreamConfig) -> int | None:
+    """The partition count an existing work stream was made for (None: not one `work_stream_config` made)."""
+    for source in config.sources or ():
+        for transform in source.subject_transforms or ():
+            found = _COUNT_IN_TRANSFORM.search(transform.dest or "")
+            if found is not None:
+                return int(found.group(1))
+    return None
 
 
 def work_consumer_config(

@@ -44,6 +44,13 @@ KV mirror. An Event is named after the stored time of the event message it is wr
 its work over) creates no second Event: the API server answers 409, counted as
 `kube_events_already_written`. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
 is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it.
+
+With state partitions (`services.state.partitioned_source`) every replica runs one write-back that follows
+one feed per numbered partition it owns (`follow`: the partition's durable consumer of the internal work
+stream, `services.state.partitions.work_consumer_config`) and lets a partition's feed go when it is lost or
+handed over (`unfollow`, the batch under way given time to finish and ack), and recounts only its own
+partitions' podgroups (`owns`); a podgroup another replica owns is recounted there, at its next event or
+sweep.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import contextvars
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +131,31 @@ class WriteBackOptions:
 
 
 @dataclass(frozen=True)
+class EventFeed:
+    """Where the write-back fetches events from: a stream, the subjects it reads, its durable consumer."""
+
+    name: str
+    stream: str
+    subject: str
+    config: ConsumerConfig
+
+
+EVENTS_FEED = EventFeed(
+    name="events",
+    stream=s.EVENTS_STREAM,
+    subject=s.EVENTS_WILDCARD,
+    config=ConsumerConfig(
+        durable_name=DURABLE,
+        deliver_policy=DeliverPolicy.NEW,
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subject=s.EVENTS_WILDCARD,
+        max_ack_pending=1000,
+    ),
+)
+"""The single owner's feed: every event, from the public stream."""
+
+
+@dataclass(frozen=True)
 class _Written:
     """The Unschedulable message written on a pod's PodScheduled condition."""
 
@@ -134,11 +166,23 @@ class _Written:
 
 
 class WriteBack:
-    def __init__(self, ctx: ServiceContext, kube: Kube, mirror: Mirror, options: WriteBackOptions) -> None:
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        kube: Kube,
+        mirror: Mirror,
+        options: WriteBackOptions,
+        owns: Callable[[str], bool] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.kube = kube
         self.mirror = mirror
         self.options = options
+        self.owns = owns
+        """Which podgroups ("ns/name") this write-back recounts the resourcesStatus of (None: every one):
+        with state partitions, those of the partitions this replica owns."""
+        self._feeds: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
+        """Feed name -> its fetch loop and the event that stops it between two batches."""
         self._reported: dict[str, tuple[str, float]] = {}
         """PodGroup "ns/name" -> (message, when) of its last unschedulable report."""
         self._queue_status: dict[str, dict[str, Any]] = {}
@@ -146,7 +190,6 @@ class WriteBack:
         """Pod uid -> the message its PodScheduled=False condition was given (pending pods only)."""
         self._prune_at = PRUNE_FLOOR
         self._patching = asyncio.Semaphore(options.concurrency)
-        self._task: asyncio.Task[None] | None = None
         self._resources_task: asyncio.Task[None] | None = None
         self._resources_dirty: set[str] = set()
         """PodGroups ("ns/name") an event named since the last recount of their resourcesStatus."""
@@ -159,33 +202,55 @@ class WriteBack:
         """PodGroup "ns/name" -> what its last recount read (the objects, by identity: the mirror replaces
         an object that changes), so that a podgroup nothing changed for is not recounted."""
 
-    async def start(self) -> None:
-        config = ConsumerConfig(
-            durable_name=DURABLE,
-            deliver_policy=DeliverPolicy.NEW,
-            ack_policy=AckPolicy.EXPLICIT,
-            filter_subject=s.EVENTS_WILDCARD,
-            max_ack_pending=1000,
-        )
-        sub = await self.ctx.bus.js.pull_subscribe(
-            s.EVENTS_WILDCARD, durable=DURABLE, stream=s.EVENTS_STREAM, config=config
-        )
-        self._task = asyncio.create_task(self._run(sub))
+    async def start(self, feed: EventFeed | None = EVENTS_FEED) -> None:
+        """Fetch `feed`'s events (None: none yet, `follow` adds feeds) and recount resourcesStatus."""
+        if feed is not None:
+            await self.follow(feed)
         self._resources_task = asyncio.create_task(self._count_resources())
 
-    async def stop(self) -> None:
-        for task in (self._task, self._resources_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._task = self._resources_task = None
+    async def follow(self, feed: EventFeed) -> None:
+        """Fetch and write back `feed`'s events too (with state partitions: a partition gained)."""
+        if feed.name in self._feeds:
+            return
+        sub = await self.ctx.bus.js.pull_subscribe(
+            feed.subject, durable=feed.config.durable_name, stream=feed.stream, config=feed.config
+        )
+        stop = asyncio.Event()
+        self._feeds[feed.name] = (asyncio.create_task(self._run(sub, stop)), stop)
 
-    async def _run(self, sub: Any) -> None:
+    async def unfollow(self, name: str, drain: float = 0.0) -> None:
+        """Stop fetching the feed `name`: no batch is fetched any more, the one being written is given
+        `drain` seconds to finish (its messages acked), then cancelled (what it did not ack is delivered
+        again, to the next owner)."""
+        entry = self._feeds.pop(name, None)
+        if entry is None:
+            return
+        task, stop = entry
+        stop.set()
+        if drain > 0:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(task), drain)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def following(self) -> frozenset[str]:
+        return frozenset(self._feeds)
+
+    async def stop(self) -> None:
+        for name in sorted(self._feeds):
+            await self.unfollow(name)
+        if self._resources_task is not None:
+            self._resources_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resources_task
+        self._resources_task = None
+
+    async def _run(self, sub: Any, stop: asyncio.Event) -> None:
         # An event the binder published inside a podgroup's trace continues it (`state.writeback`).
         on_event = traced_handler(STATE_WRITEBACK, self._on_event)
         try:
-            while True:
+            while not stop.is_set():
                 try:
                     msgs = await sub.fetch(self.options.batch, timeout=1.0)
                 except TimeoutError:
@@ -452,6 +517,8 @@ class WriteBack:
                 sweep_at = loop.time() + self.options.resources_period
             self._resources_wake.clear()
             self._resources_dirty = set()
+            if self.owns is not None:
+                names = {name for name in names if self.owns(name)}
             for name in sorted(names):
                 try:
                     await self._write_resources(name)

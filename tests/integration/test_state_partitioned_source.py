@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import defaultdict
+import json
+from collections import Counter, defaultdict
 
 import pytest
 
 from services.state.partitioned_source import PartitionedKube
 from services.state.partitions import CLUSTER, key_partition, owners, partitions
 from shared.contracts import subjects as s
+from shared.contracts.events import EVENT_ENCODER, PodBound
 from tests.integration.test_state_fencing import (  # noqa: F401 -- `world` is a fixture
     OPTIONS,
     World,
@@ -28,9 +30,27 @@ pytestmark = pytest.mark.slow
 COUNT = 4
 
 
+async def bind(world: World, pods: list[str]) -> None:  # noqa: F811 -- `world` is an argument here
+    """What a binder publishes once it bound `pods`: a pod-bound event each."""
+    for pod in pods:
+        event = PodBound(
+            time=1.0, namespace="default", pod=pod, podgroup=f"pg-{pod}", queue="q", node="node-0"
+        )
+        await world.bus.js.publish(s.event("pod-bound", f"default/{pod}"), EVENT_ENCODER.encode(event))
+
+
+async def scheduled(world: World) -> Counter[str]:  # noqa: F811 -- `world` is an argument here
+    """How many Scheduled Events each pod has."""
+    body = json.loads(await world.kube.call("list events", world.kube.core.list_namespaced_event, "default"))
+    return Counter(
+        item["involvedObject"]["name"] for item in body["items"] if item.get("reason") == "Scheduled"
+    )
+
+
 async def start(world: World, name: str) -> PartitionedKube:  # noqa: F811 -- `world` is an argument here
     replica = await world.replica(name)
     source = PartitionedKube(replica.ctx, replica.replica, world.kubeconfig, OPTIONS, COUNT)
+    await source.prepare()
     source.start()
     world.stack.push_async_callback(source.stop)
     return source
@@ -71,6 +91,16 @@ async def test_two_replicas_write_their_own_partitions_and_one_crashed_has_its_t
         assert r.ctx.detail.startswith("source=kube (partitions ")
     # The controllers run where the cluster partition is owned, and there only.
     assert [name for name, r in replicas.items() if r.owner is not None] == [table[CLUSTER]]
+    # Their pod-bound events are written back by their partitions' owners, once each.
+    await bind(world, pods)
+
+    async def events_written() -> bool:
+        return set((await scheduled(world)).keys()) >= set(pods)
+
+    await until("a Scheduled Event on every pod", events_written)
+    assert all(n == 1 for n in (await scheduled(world)).values())
+    for name, r in replicas.items():
+        assert r.ctx.counters["kube_events"] > 0, f"{name} wrote back its partitions' events"
     doubled = [key for key, values in puts.items() if any(a == b for a, b in itertools.pairwise(values))]
     assert all(puts[s.pod_key("default", pod)] for pod in pods), "the watcher saw the pods' puts"
     assert doubled == [], "a record written twice in a row"
@@ -89,11 +119,19 @@ async def test_two_replicas_write_their_own_partitions_and_one_crashed_has_its_t
     orphaned = [pod for pod in later if table[key_partition(s.pod_key("default", pod), COUNT)] == victim_name]
     assert orphaned, "some of the later pods are in the crashed replica's partitions"
 
+    await bind(world, later)
+
     async def taken_over() -> bool:
         assert survivor.writer is not None
-        return survivor.writer.owned() == frozenset(partitions(COUNT)) and all(
-            s.pod_key("default", pod) in world.observer.records for pod in later
+        events = await scheduled(world)
+        return (
+            survivor.writer.owned() == frozenset(partitions(COUNT))
+            and all(s.pod_key("default", pod) in world.observer.records for pod in later)
+            and all(events[pod] for pod in later)
         )
 
-    await asyncio.wait_for(until("the survivor owning everything, every later pod in KV", taken_over), 60.0)
+    await asyncio.wait_for(
+        until("the survivor owning everything, every later pod in KV with its Event", taken_over), 60.0
+    )
+    assert all(n == 1 for n in (await scheduled(world)).values()), "no Event written twice"
     await sub.unsubscribe()
