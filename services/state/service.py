@@ -437,6 +437,7 @@ async def body(ctx: ServiceContext) -> None:
                 election = PartitionedKube(
                     ctx, replica, options.kubeconfig, source_options, options.partitions
                 )
+                await election.prepare()
             else:
                 election = KubeElection(ctx, replica, options.kubeconfig, source_options)
             metrics.watch(informers=election.informers)
