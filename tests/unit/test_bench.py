@@ -536,7 +536,7 @@ def test_the_json_carries_cpu_per_pod_and_reads_back() -> None:
     ]
     report.cpu_per_pod = cpu_per_pod(report)
     data = json.loads(encode(report))
-    assert data["version"] == REPORT_VERSION == 2
+    assert data["version"] == REPORT_VERSION == 3
     assert data["records"][0]["cpu_ms_per_pod"]["state-0"] == pytest.approx(3.3)
     row = data["cpu_per_pod"][0]
     assert set(row) == {

@@ -99,6 +99,12 @@ WRITEBACK_CONSUMER = "state-writeback"
 class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the stack runs a workload."""
 
+    state: int = 1
+    """State replicas. Only the first runs the Kubernetes source (the state service is active/standby); the
+    others serve snapshots and their admission webhooks, each its own webhook, which kubesim calls in turn
+    for every pod until one gates it (so each one more adds an admission review per pod)."""
+    queue: int = 1
+    """Queue replicas: one leads each shard (the workloads have one), the others stand by."""
     placement: int = 1
     binder: int = 1
     batch: str = "all"
@@ -119,7 +125,7 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     @property
     def replicas(self) -> dict[str, int]:
-        return {"state": 1, "queue": 1, "placement": self.placement, "binder": self.binder}
+        return {"state": self.state, "queue": self.queue, "placement": self.placement, "binder": self.binder}
 
 
 def run_bus(

@@ -6,9 +6,11 @@ targets' verdicts, the CPU each process spends per scheduled pod; written as JSO
 (`verdict_s`, `decision_s`, scheduler_perf's sampled `scheduling_throughput`, `cpu_ms_per_pod`, ...).
 `Report` gathers them; `encode` gives the JSON; `targets(report)` judges issue 6's targets;
 `cpu_per_pod(report)` gives issue 16's figures per workload (CPU milliseconds per bound pod per service and
-process over the bus, in-process, and the overhead factor) and `cpu_table` prints them; `plot(report,
-path)` draws throughput over time per workload (bus against in-process), the per-service CPU per pod and
-the two scaling curves. matplotlib is imported inside `plot` only (Agg backend), so importing this module
+process over the bus, in-process, and the overhead factor) and `cpu_table` prints them; `replica_load(record)`
+gives issue 31's figures of a bus run (CPU milliseconds per bound pod per service replica, and the capacity
+the busiest replica projects), `replica_table` prints them, and the replica curve (`Report.replica_curve`)
+is one per replica count; `plot(report, path)` draws throughput over time per workload (bus against
+in-process), the per-service CPU per pod, the two scaling curves and the replica curve. matplotlib is imported inside `plot` only (Agg backend), so importing this module
 stays light. Built by `tools.bench.suite`.
 """
 
@@ -32,6 +34,7 @@ __all__ = [
     "CpuPerPod",
     "MemoryResult",
     "Record",
+    "ReplicaLoad",
     "Report",
     "ScalingPoint",
     "Target",
@@ -42,6 +45,8 @@ __all__ = [
     "per_pod_ms",
     "plot",
     "process_group",
+    "replica_load",
+    "replica_table",
     "services_cpu_s",
     "targets",
 ]
@@ -57,9 +62,10 @@ into the services' CPU)."""
 COLUMNS = (*SERVICES, *INFRASTRUCTURE)
 """The per-process columns of the CPU-per-pod table, in order."""
 
-REPORT_VERSION = 2
-"""1: issue 6's report. 2: adds `Record.cpu_ms_per_pod` and `Report.cpu_per_pod` (issue 16); every version-1
-key is still there with the same meaning, so a version-1 reader reads a version-2 report."""
+REPORT_VERSION = 3
+"""1: issue 6's report. 2: adds `Record.cpu_ms_per_pod` and `Report.cpu_per_pod` (issue 16). 3: adds
+`Report.replica_load`, `Report.replica_curve` and `Record.settle_s` (issue 31). Every older key is still
+there with the same meaning, so an older reader reads a newer report."""
 
 
 class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -163,6 +169,35 @@ class CpuPerPod(msgspec.Struct, kw_only=True):
     """`services_ms / inprocess_ms`: what running the core as four services over NATS costs in CPU."""
 
 
+class ReplicaLoad(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Issue 31's figures for one bus run: the CPU each service replica spent per bound measured pod, and the
+    capacity that projects. Throughput on this shared machine is the inverse of every process's CPU summed;
+    with a core per replica, the busiest replica bounds it: `1,000 / busiest_ms` pods per second."""
+
+    workload: str
+    nodes: int
+    pods: int
+    """Measured pods bound."""
+    replicas: dict[str, int]
+    """Replicas per service (`state`, `queue`, `placement`, `binder`)."""
+    throughput_pods_s: float
+    """Measured end to end on this machine (every process sharing its cores)."""
+    p99_ms: float
+    by_replica_ms: dict[str, float]
+    """CPU ms per bound pod of each service replica (`state-0`, `state-1`, `queue-0`, ...)."""
+    by_service_ms: dict[str, float]
+    """The same summed per service (`state`, `queue`, `placement`, `binder`)."""
+    services_ms: float
+    """The four services summed."""
+    busiest: str
+    """The replica with the most CPU per pod."""
+    busiest_ms: float
+    capacity_pods_s: float | None
+    """`1,000 / busiest_ms` (None when no replica spent measurable CPU): the pods per second the deployment could reach with a core per replica and the
+    API server and NATS elsewhere (the busiest replica saturated, the others not)."""
+    note: str = ""
+
+
 class Report(msgspec.Struct, kw_only=True):
     version: int = REPORT_VERSION
     quick: bool = False
@@ -174,6 +209,10 @@ class Report(msgspec.Struct, kw_only=True):
     targets: list[Target] = msgspec.field(default_factory=list)
     cpu_per_pod: list[CpuPerPod] = msgspec.field(default_factory=list)
     """One per workload measured in either mode, in the records' order (version 2)."""
+    replica_load: list[ReplicaLoad] = msgspec.field(default_factory=list)
+    """One per workload's bus record that bound a pod, in the records' order (version 3)."""
+    replica_curve: list[ReplicaLoad] = msgspec.field(default_factory=list)
+    """`kairos bench --replica-curve`: SchedulingBasic with 1, 2 and 4 replicas of each service (version 3)."""
     notes: list[str] = msgspec.field(default_factory=list)
 
     def record(self, workload: str, mode: str) -> Record | None:
@@ -254,6 +293,63 @@ def cpu_per_pod(report: Report) -> list[CpuPerPod]:
             )
         )
     return out
+
+
+def replica_load(record: Record) -> ReplicaLoad | None:
+    """Issue 31's per-replica figures of a bus record (None in-process, or when nothing was bound)."""
+    if record.mode != "bus" or record.bound <= 0:
+        return None
+    replicas = sorted(
+        (name for name in record.cpu_s_by_process if process_group(name) in SERVICES),
+        key=lambda name: (SERVICES.index(process_group(name)), len(name), name),
+    )
+    by_replica = {name: round(record.cpu_s_by_process[name] * 1000.0 / record.bound, 3) for name in replicas}
+    if not by_replica:
+        return None
+    by_service: dict[str, float] = {}
+    for name, ms in by_replica.items():
+        by_service[process_group(name)] = round(by_service.get(process_group(name), 0.0) + ms, 3)
+    busiest = max(by_replica, key=lambda name: (by_replica[name], name))
+    busiest_ms = by_replica[busiest]
+    return ReplicaLoad(
+        workload=record.workload,
+        nodes=record.nodes,
+        pods=record.bound,
+        replicas=dict(record.replicas or {}),
+        throughput_pods_s=record.throughput_pods_s,
+        p99_ms=record.p99_ms,
+        by_replica_ms=by_replica,
+        by_service_ms={s: by_service[s] for s in SERVICES if s in by_service},
+        services_ms=round(sum(by_replica.values()), 3),
+        busiest=busiest,
+        busiest_ms=busiest_ms,
+        capacity_pods_s=round(1000.0 / busiest_ms, 1) if busiest_ms > 0 else None,
+        note=record.note,
+    )
+
+
+def _counts(replicas: Mapping[str, int]) -> str:
+    return "/".join(str(replicas.get(s, 1)) for s in SERVICES)
+
+
+def replica_table(rows: Sequence[ReplicaLoad]) -> list[str]:
+    """Issue 31's table as printed by `kairos bench`: a header, then per run one line (replicas as
+    state/queue/placement/binder, throughput, p99, the services' CPU per pod, the busiest replica and the
+    capacity it projects) and one indented line with every replica's CPU per pod."""
+    width = max([18, *(len(row.workload) for row in rows)])
+    header = (
+        f"{'workload':<{width}} {'replicas':>9} {'pods':>6} {'pods/s':>8} {'p99 ms':>9} {'services':>9} "
+        f"{'busiest':>13} {'its ms':>7} {'capacity/s':>11}"
+    )
+    lines = [header]
+    for row in rows:
+        lines.append(
+            f"{row.workload:<{width}} {_counts(row.replicas):>9} {row.pods:>6} {row.throughput_pods_s:>8,.1f} "
+            f"{row.p99_ms:>9,.0f} {row.services_ms:>9.2f} {row.busiest:>13} {row.busiest_ms:>7.2f} "
+            f"{'-' if row.capacity_pods_s is None else f'{row.capacity_pods_s:,.0f}':>11}"
+        )
+        lines.append("    " + "  ".join(f"{name} {ms:.2f}" for name, ms in row.by_replica_ms.items()))
+    return lines
 
 
 def _cell(value: float | None, width: int, suffix: str = "") -> str:
@@ -401,17 +497,35 @@ def _cpu_panel(ax: Any, rows: list[CpuPerPod]) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
+def _replica_panel(ax: Any, points: list[ReplicaLoad]) -> None:
+    """The replica curve: measured throughput and projected capacity against replicas of each service."""
+    pts = sorted(points, key=lambda p: max(p.replicas.values(), default=1))
+    xs = [max(p.replicas.values(), default=1) for p in pts]
+    ax.plot(xs, [p.throughput_pods_s for p in pts], "o-", label="measured on this machine")
+    capacity = [p.capacity_pods_s or 0.0 for p in pts]
+    ax.plot(xs, capacity, "s--", label="projected: 1,000 / busiest replica's ms")
+    for x, y, p in zip(xs, capacity, pts, strict=True):
+        ax.annotate(p.busiest, (x, y), ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(bottom=0)
+    ax.set_xticks(xs)
+    ax.set_title("replica curve (replicas of each service)", fontsize=10)
+    ax.set_xlabel("replicas of each service")
+    ax.set_ylabel("pods/s")
+    ax.legend(fontsize=7)
+
+
 def plot(report: Report, path: Path) -> None:
     """One PNG: a panel per workload (pods bound over time, bus and in-process: the slope is the throughput,
     the legend gives it), the CPU per pod (a stacked bar per workload over the bus, one segment per service
-    and process, next to the in-process bar) and the two scaling curves."""
+    and process, next to the in-process bar), the two scaling curves and, when measured, the replica curve
+    (measured throughput and projected capacity against replicas of each service)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r.workload for r in report.records))
-    panels = len(names) + 3
+    panels = len(names) + 3 + (1 if report.replica_curve else 0)
     cols = 3
     rows = math.ceil(panels / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
@@ -444,6 +558,8 @@ def plot(report: Report, path: Path) -> None:
     replicas.set_title("bus throughput vs placement replicas", fontsize=10)
     replicas.set_xlabel("placement replicas")
     replicas.set_ylabel("pods/s")
+    if report.replica_curve:
+        _replica_panel(flat[len(names) + 3], report.replica_curve)
     for ax in flat[panels:]:
         ax.axis("off")
     fig.suptitle("kairos bench" + (" --quick" if report.quick else ""), fontsize=12)

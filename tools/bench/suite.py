@@ -1,9 +1,11 @@
 """The benchmark plan: which workloads, modes, scaling points and memory size a run measures, and the run.
 
-`Plan` is what `kairos bench` asks for (`--quick`, `--workload`, `--mode`, `--profile`); `run(plan, say)` runs each
-workload in each mode (in-process first, then over the bus), the two scaling curves on SchedulingBasic-like
-load (bus throughput against nodes, then against placement replicas), the state replica's memory target,
-and judges issue 6's targets; `say` gets one line per finished measurement. A measurement that fails is
+`Plan` is what `kairos bench` asks for (`--quick`, `--workload`, `--mode`, `--profile`, `--replicas`,
+`--replica-curve`); `run(plan, say)` runs each workload in each mode (in-process first, then over the bus,
+with the plan's replicas of each service), the two scaling curves on SchedulingBasic-like load (bus
+throughput against nodes, then against placement replicas), the replica curve (SchedulingBasic over the bus
+with 1, 2 and 4 replicas of every service, issue 31), the state replica's memory target, and judges issue
+6's targets; `say` gets one line per finished measurement. A measurement that fails is
 recorded as a note and the run goes on. With `profile`, each workload's bus run is profiled (the scaling
 points and the memory measurement are not). Called by `tools.cli.bench`.
 """
@@ -14,6 +16,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -23,8 +26,17 @@ from tools.bench.bus import BusOptions, run_bus
 from tools.bench.inprocess import run_inprocess
 from tools.bench.memory import measure_replica
 from tools.bench.profiles import Profiling
-from tools.bench.report import MODES, Record, Report, ScalingPoint, cpu_per_pod, targets
-from tools.stack.supervisor import check_nats_cluster
+from tools.bench.report import (
+    MODES,
+    Record,
+    Report,
+    ScalingPoint,
+    cpu_per_pod,
+    replica_load,
+    replica_table,
+    targets,
+)
+from tools.stack.supervisor import DEFAULT_REPLICAS, SERVICES, check_nats_cluster
 
 __all__ = ["MODES", "Plan", "run"]
 
@@ -40,6 +52,9 @@ class Scale(msgspec.Struct, frozen=True, kw_only=True):
     replicas_batch: int
     memory_nodes: int
     memory_pods: int
+    curve_replicas: tuple[int, ...] = (1, 2, 4)
+    """The replica curve's points: this many replicas of every service, on the workload SchedulingBasic at
+    the plan's size."""
 
 
 FULL = Scale(
@@ -79,9 +94,18 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """Profile each workload's bus run with py-spy (`kairos bench --profile DIR`)."""
     nats_cluster: int = 1
     """The bus runs' NATS: one server, or this many in one JetStream cluster (`kairos bench --nats-cluster`)."""
+    replicas: dict[str, int] = msgspec.field(default_factory=lambda: dict(DEFAULT_REPLICAS))
+    """Replicas of each service for the workloads' bus runs (`kairos bench --replicas state=2,queue=2`)."""
+    replica_curve: bool = False
+    """Also run the replica curve (`kairos bench --replica-curve`)."""
 
     def __post_init__(self) -> None:
         check_nats_cluster(self.nats_cluster)
+        for service, count in self.replicas.items():
+            if service not in SERVICES or count < 1:
+                raise ConfigError(
+                    f"--replicas: {service}={count}: expected one of {', '.join(SERVICES)}, >= 1"
+                )
         for name in self.workloads:
             if name not in workloads.NAMES:
                 raise ConfigError(
@@ -150,9 +174,7 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
                 if mode == "inprocess":
                     record = run_inprocess(workload)
                 else:
-                    record = run_bus(
-                        workload, BusOptions(nats_cluster=plan.nats_cluster), profile=plan.profile
-                    )
+                    record = run_bus(workload, _options(plan, plan.replicas), profile=plan.profile)
             except KairosError as exc:
                 report.notes.append(f"{name} {mode} failed: {exc}")
                 say(f"{name:<18} {mode:<9} failed: {exc}")
@@ -161,7 +183,12 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
             say(describe(record))
             for line in record.profiles:
                 say(f"  profile {line}")
+            if (load := replica_load(record)) is not None:
+                report.replica_load.append(load)
     scale = plan.scale
+    if plan.replica_curve:
+        for count in scale.curve_replicas:
+            _replica_point(report, plan, count, say)
     if plan.scaling and "bus" in plan.modes:
         for nodes in scale.curve_nodes:
             workload = workloads.scheduling_basic(nodes, 0, scale.curve_pods)
@@ -192,6 +219,40 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
     report.cpu_per_pod = cpu_per_pod(report)
     report.notes.append(f"whole run: {time.monotonic() - began:.0f} s")
     return report
+
+
+def _options(plan: Plan, replicas: dict[str, int], **extra: Any) -> BusOptions:
+    counts = {**DEFAULT_REPLICAS, **replicas}
+    return BusOptions(
+        state=counts["state"],
+        queue=counts["queue"],
+        placement=counts["placement"],
+        binder=counts["binder"],
+        nats_cluster=plan.nats_cluster,
+        **extra,
+    )
+
+
+def _replica_point(report: Report, plan: Plan, count: int, say: Callable[[str], None]) -> None:
+    """One point of the replica curve: SchedulingBasic over the bus with `count` replicas of every service,
+    the queue's and binder's options as the workloads' own bus runs have them."""
+    workload = workloads.build("SchedulingBasic", plan.quick)
+    options = _options(plan, dict.fromkeys(SERVICES, count), timeout=SCALING_TIMEOUT)
+    try:
+        record = run_bus(workload, options)
+    except KairosError as exc:
+        report.notes.append(f"replica curve at {count} replicas of each service: {exc}")
+        say(f"replica curve ({count} of each) failed: {exc}")
+        return
+    load = replica_load(record)
+    if load is None:
+        report.notes.append(f"replica curve at {count} replicas of each service: nothing bound")
+        say(f"replica curve ({count} of each): nothing bound")
+        return
+    report.replica_curve.append(load)
+    say(f"replica curve ({count} of each): {describe(record)}")
+    for line in replica_table([load])[1:]:
+        say("  " + line)
 
 
 def _scaling(

@@ -9,6 +9,12 @@ Registered by `tools.cli.main`; the measurements live in `tools.bench` (imported
     kairos bench --no-scaling --no-memory               skip the scaling curves or the memory target
     kairos bench --profile DIR             py-spy profile of each Python process per workload's bus run
                                            (`python -m tools.bench.profiles DIR` prints the top functions)
+    kairos bench --replicas state=2,queue=2,placement=2,binder=2
+                                           the bus runs with these replicas of each service (others 1);
+                                           CPU per pod per replica and the capacity it projects
+    kairos bench --replica-curve           also SchedulingBasic over the bus with 1, 2 and 4 replicas of each
+                                           service (`--workload SchedulingBasic --mode bus --no-scaling
+                                           --no-memory --replica-curve`: the curve and one run besides)
 
 Prints one line per measurement as it finishes, then the targets. Exit codes: 0 measured (a missed target
 is reported, not an error); 2 bad arguments.
@@ -59,6 +65,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="run the bus measurements on N nats-servers in one JetStream cluster (3: as deploy/)",
     )
+    bench.add_argument(
+        "--replicas",
+        metavar="SERVICE=N,...",
+        help="replicas of each service for the bus runs, e.g. state=2,queue=2,placement=2,binder=2 (others 1)",
+    )
+    bench.add_argument(
+        "--replica-curve",
+        action="store_true",
+        help="also run SchedulingBasic over the bus with 1, 2 and 4 replicas of each service: CPU per pod per "
+        "replica and the capacity the busiest projects (see docs/performance.md)",
+    )
     bench.set_defaults(handler=cmd_bench)
 
 
@@ -71,7 +88,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tools.bench import suite, workloads
     from tools.bench.calls import calls_table
     from tools.bench.profiles import Profiling, py_spy
-    from tools.bench.report import cpu_table, encode, plot
+    from tools.bench.report import cpu_table, encode, plot, replica_table
+    from tools.stack.supervisor import parse_replicas
 
     profile = None
     if args.profile is not None:
@@ -85,6 +103,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         memory=not args.no_memory,
         profile=profile,
         nats_cluster=args.nats_cluster,
+        replicas=parse_replicas(args.replicas),
+        replica_curve=args.replica_curve,
     )
     report = suite.run(plan, _say)
     if report.cpu_per_pod:
@@ -94,6 +114,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         for line in cpu_table(report.cpu_per_pod):
             _say("  " + line)
+    load_title = (
+        "CPU ms per bound pod per service replica over the bus, and the capacity the busiest replica projects "
+        "(1,000 / its ms per pod; replicas as state/queue/placement/binder):"
+    )
+    curve_title = "Replica curve: SchedulingBasic over the bus with N replicas of every service:"
+    for title, rows in ((load_title, report.replica_load), (curve_title, report.replica_curve)):
+        if rows:
+            _say("")
+            _say(title)
+            for line in replica_table(rows):
+                _say("  " + line)
     for record in report.records:
         if record.calls is None:
             continue
