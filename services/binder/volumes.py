@@ -48,10 +48,11 @@ volume or node at once instead of after the volume controller's resync.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,6 +60,7 @@ import msgspec
 
 from services.binder import volume_wait
 from services.binder.cluster_client import ClusterRefused, pod_replaced
+from services.binder.volume_watch import VolumeWatch, claim_key, version, volume_key
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Binding
@@ -83,7 +85,9 @@ BIND_TIMEOUT_S = 120.0
 """How long a bind waits for its claims to be bound: KAI's volumebinding binder plugin's default
 (``bindTimeoutSeconds``); kube-scheduler's VolumeBindingArgs default to 600 s."""
 POLL = Backoff(attempts=1_000_000, base=0.05, cap=1.0, jitter=0.5)
-"""The waits between reads of the claims: short at first, then kube-scheduler's one second."""
+"""The waits between reads of the claims while the watch has not listed them: short at first, then
+kube-scheduler's one second; once it has, a wait ends at the first change of a claim or volume it waits on,
+and the pod is read again after `POLL.cap` seconds without one."""
 NOT_FOUND = 404
 FAILED_SCHEDULING = "FailedScheduling"
 """The reason of the Warning on a pod whose volumes could not be bound (kube-scheduler's, for a PreBind
@@ -156,7 +160,16 @@ class VolumeSteps:
     """Wall clock (Unix s): Event times and their repeats."""
     repeat_after: float = 300.0
     """Seconds before the same failure of the same pod is reported again."""
+    watch: VolumeWatch | None = None
+    """The claims and volumes watched for every bind of this replica (`services.binder.volume_watch`),
+    made with the step; None: each wait reads them from the API."""
+    watching: bool = True
+    """Whether the step makes `watch` (False: the wait reads claims with GETs only)."""
     _reported: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.watch is None and self.watching:
+            self.watch = VolumeWatch(self.kube)
 
     def applies(self, binding: Binding) -> bool:
         """A binding with volume decisions (WaitForFirstConsumer claims placement decided)."""
@@ -165,14 +178,22 @@ class VolumeSteps:
     async def prepare(self, binding: Binding) -> list[Done]:
         """Carry out the pod's volume decisions and wait until its claims are bound as decided; on a
         refusal, undo what was done and raise it."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.watch is not None:
+                # Started first, so it lists while the steps below write.
+                await stack.enter_async_context(self.watch.held())
+            return await self._prepare(binding)
+
+    async def _prepare(self, binding: Binding) -> list[Done]:
         done: list[Done] = []
+        floor: dict[str, int] = {}
         try:
             for decision in binding.volumes:
-                change = await self._one(binding, decision)
+                change = await self._one(binding, decision, floor)
                 if change is not None:
                     done.append(change)
             try:
-                await self._wait_bound(binding)
+                await self._wait_bound(binding, floor)
             except InvalidObject as exc:  # a claim, volume or node it cannot read: named, never bound
                 raise VolumeBindFailed(binding.pod, str(exc)) from exc
         except VolumeBindFailed as exc:
@@ -201,12 +222,15 @@ class VolumeSteps:
                 log.warning("could not undo %s %s: %s", change.kind, change.name, exc)
 
     # --- the steps ----------------------------------------------------------------------------------------
-    async def _one(self, binding: Binding, decision: VolumeBinding) -> Done | None:
+    async def _one(self, binding: Binding, decision: VolumeBinding, floor: dict[str, int]) -> Done | None:
+        """`floor` gets the resourceVersion of each claim and volume read or written: the wait reads them
+        no older than that."""
         namespace = binding.namespace
         claim = await self._get(
             f"get claim {namespace}/{decision.claim}", _claim_path(namespace, decision.claim)
         )
         meta = claim.get("metadata", {})
+        _raise_floor(floor, claim_key(namespace, decision.claim), meta)
         uid = str(meta.get("uid", ""))
         spec = claim.get("spec", {})
         bound_to = spec.get("volumeName") or ""
@@ -217,7 +241,7 @@ class VolumeSteps:
                     binding.pod,
                     f"claim {decision.claim} is bound to {bound_to}, not {decision.volume}",
                 )
-            return await self._reserve_volume(binding, decision, uid)
+            return await self._reserve_volume(binding, decision, uid, floor)
         if bound_to:
             return None  # provisioned and bound since the decision: nothing left to ask for
         selected = (meta.get("annotations") or {}).get(SELECTED_NODE)
@@ -228,19 +252,23 @@ class VolumeSteps:
                 "bind", binding.pod, f"claim {decision.claim} is being provisioned for node {selected}"
             )
         patch = {"metadata": {"annotations": {SELECTED_NODE: binding.node}}}
-        await self._send(
+        written = await self._send(
             f"select node for claim {namespace}/{decision.claim}",
             "PATCH",
             _claim_path(namespace, decision.claim),
             patch,
             MERGE_PATCH,
         )
+        _raise_floor(floor, claim_key(namespace, decision.claim), _metadata(written))
         self.counters["volume_claims_selected"] += 1
         return Done("claim", decision.claim, namespace)
 
-    async def _reserve_volume(self, binding: Binding, decision: VolumeBinding, uid: str) -> Done | None:
+    async def _reserve_volume(
+        self, binding: Binding, decision: VolumeBinding, uid: str, floor: dict[str, int]
+    ) -> Done | None:
         name = decision.volume
         pv = await self._get(f"get volume {name}", _volume_path(name))
+        _raise_floor(floor, volume_key(name), pv.get("metadata", {}))
         spec = pv.setdefault("spec", {})
         ref = spec.get("claimRef") or {}
         if ref.get("name"):
@@ -258,7 +286,8 @@ class VolumeSteps:
         }
         annotations = pv.setdefault("metadata", {}).setdefault("annotations", {})
         annotations[BOUND_BY_CONTROLLER] = "yes"
-        await self._send(f"reserve volume {name}", "PUT", _volume_path(name), pv)
+        written = await self._send(f"reserve volume {name}", "PUT", _volume_path(name), pv)
+        _raise_floor(floor, volume_key(name), _metadata(written))
         self.counters["volume_claims_reserved"] += 1
         return Done("volume", name, binding.namespace, uid)
 
@@ -280,21 +309,32 @@ class VolumeSteps:
         )
 
     # --- the wait -----------------------------------------------------------------------------------------
-    async def _wait_bound(self, binding: Binding) -> None:
+    async def _wait_bound(self, binding: Binding, floor: dict[str, int]) -> None:
         """Until every decision's claim is bound as decided (`volume_wait.check`); `VolumeBindFailed` when
-        one never will be, or after `bind_timeout` seconds."""
+        one never will be, or after `bind_timeout` seconds. The claims and volumes are read from the watch
+        once it has listed them (no older than `floor`), from the API before."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.bind_timeout
         waiting = list(binding.volumes)
         labels: dict[str, str] | None = None
         attempt = 0
+        quiet = False
         while True:
             still: list[VolumeBinding] = []
+            keys: list[str] = []
             for decision in waiting:
-                claim = await self._claim(binding, decision.claim)
+                keys.append(claim_key(binding.namespace, decision.claim))
+                claim = await self._claim(binding, decision.claim, floor)
+                if claim is None:  # the watch has not caught up with what the step read or wrote
+                    still.append(decision)
+                    continue
                 volume: WireVolume | None = None
                 if named := volume_wait.volume_to_read(decision, claim):
-                    volume = await self._volume(named)
+                    keys.append(volume_key(named))
+                    known, volume = await self._volume(named, floor)
+                    if not known:
+                        still.append(decision)
+                        continue
                 if labels is None and volume_wait.needs_labels(volume):
                     labels = await self._node_labels(binding)
                 verdict = volume_wait.check(decision, binding.node, claim, volume, labels or {})
@@ -318,35 +358,58 @@ class VolumeSteps:
                     f"{names}",
                     waiting[0].claim,
                 )
-            if attempt:
+            watched = self.watch is not None and self.watch.synced
+            if attempt and (quiet or not watched):
                 await self._pod_still_there(binding)
-            await asyncio.sleep(min(self.poll.delay(attempt, self.rng), left))
+            delay = self.poll.cap if watched else self.poll.delay(attempt, self.rng)
+            if self.watch is not None:
+                quiet = not await self.watch.changed(keys, min(delay, left))
+            else:
+                await asyncio.sleep(min(delay, left))
             attempt += 1
 
-    async def _claim(self, binding: Binding, name: str) -> WireClaim:
-        path = _claim_path(binding.namespace, name)
-        try:
-            body = await self._get_raw(f"get claim {binding.namespace}/{name}", path)
-        except ApiError as exc:
-            if exc.status == NOT_FOUND:
-                raise VolumeBindFailed(
-                    binding.pod, f'persistentvolumeclaim "{name}" not found', name
-                ) from exc
-            raise
+    async def _claim(self, binding: Binding, name: str, floor: Mapping[str, int]) -> WireClaim | None:
+        """The claim from the watch (None: not caught up yet), or from the API while it has not listed."""
+        namespace = binding.namespace
+        if self.watch is not None and self.watch.synced:
+            seen = self.watch.claim(namespace, name, floor.get(claim_key(namespace, name)))
+            if not seen.known:
+                return None
+            body = seen.raw
+            self.counters["volume_wait_watched_reads"] += 1
+        else:
+            try:
+                body = await self._get_raw(f"get claim {namespace}/{name}", _claim_path(namespace, name))
+            except ApiError as exc:
+                if exc.status != NOT_FOUND:
+                    raise
+                body = None
+        if body is None:
+            raise VolumeBindFailed(binding.pod, f'persistentvolumeclaim "{name}" not found', name)
         found = decode("persistentvolumeclaims", body)
         assert isinstance(found, WireClaim)
         return found
 
-    async def _volume(self, name: str) -> WireVolume | None:
-        try:
-            body = await self._get_raw(f"get volume {name}", _volume_path(name))
-        except ApiError as exc:
-            if exc.status == NOT_FOUND:
-                return None
-            raise
+    async def _volume(self, name: str, floor: Mapping[str, int]) -> tuple[bool, WireVolume | None]:
+        """(known, the volume or None when it does not exist): from the watch (not known while it has not
+        caught up), or from the API while it has not listed."""
+        if self.watch is not None and self.watch.synced:
+            seen = self.watch.volume(name, floor.get(volume_key(name)))
+            if not seen.known:
+                return False, None
+            body = seen.raw
+        else:
+            try:
+                body = await self._get_raw(f"get volume {name}", _volume_path(name))
+            except ApiError as exc:
+                if exc.status != NOT_FOUND:
+                    raise
+                body = None
+        if body is None:
+            return True, None
         found = decode("persistentvolumes", body)
         assert isinstance(found, WireVolume)
-        return found
+        return True, found
 
     async def _node_labels(self, binding: Binding) -> dict[str, str]:
         """The node's labels, as translation gives them (its name under `keys.NODE_NAME_LABEL`)."""
@@ -447,7 +510,24 @@ class VolumeSteps:
         obj: dict[str, Any] = msgspec.json.decode(await self._get_raw(what, path))
         return obj
 
-    async def _send(self, what: str, method: str, path: str, body: Any, content_type: str = JSON) -> None:
-        await self.kube.request_with_retries(
+    async def _send(self, what: str, method: str, path: str, body: Any, content_type: str = JSON) -> bytes:
+        return await self.kube.request_with_retries(
             what, method, path, body, backoff=self.backoff, rng=self.rng, content_type=content_type
         )
+
+
+def _metadata(body: bytes) -> dict[str, Any]:
+    """The metadata of an object the API answered a write with ({} when the answer is not one)."""
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return {}
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _raise_floor(floor: dict[str, int], key: str, meta: Mapping[str, Any]) -> None:
+    """The wait reads `key` no older than the resourceVersion in `meta` (one that is not a number: no floor)."""
+    at = version(str(meta.get("resourceVersion", "")))
+    if at is not None:
+        floor[key] = max(at, floor.get(key, 0))

@@ -9,7 +9,9 @@ reserved for another claim refuses the bind and binds nothing.
 It then waits, as kube-scheduler's PreBind does, until every claim is bound as decided, and binds the pod
 only then: a provisioner that gives up (kubesim's, for a class marked to fail), a provisioned volume that
 does not admit the node, the pod's deletion, or the timeout refuse the bind, take back selected-node and
-bind nothing; the pod gets a Warning FailedScheduling naming the claim.
+bind nothing; the pod gets a Warning FailedScheduling naming the claim. The wait reads the claims from one
+watch per binder (`services.binder.volume_watch`), not by GETting them every second, and from the API
+while there is no watch.
 """
 
 from __future__ import annotations
@@ -310,3 +312,58 @@ async def test_a_pod_deleted_while_its_claims_wait_ends_the_wait(cluster: Kube) 
     with pytest.raises(ClusterRefused, match="pod does not exist any more"):
         await asyncio.wait_for(bind, 5)
     assert selected_node(await read(cluster, f"{CLAIMS}/outside")) is None
+
+
+# --- the watch (services.binder.volume_watch): the wait reads claims from one watch, not by polling ----
+def claim_gets(server: KubeSim) -> int:
+    return sum(
+        n
+        for (_, verb, resource, _), n in server.requests.items()
+        if (verb, resource) == ("get", "persistentvolumeclaims")
+    )
+
+
+async def waiting_bind(kube: Kube, made: KubeClusterClient) -> asyncio.Task[None]:
+    await create(kube, "/api/v1/namespaces/default/pods", pod("p", "outside"))
+    return asyncio.create_task(made.bind(binding("p", "n0", VolumeBinding(claim="outside"))))
+
+
+async def test_a_bind_waiting_for_its_claim_reads_it_from_the_watch_not_the_api(
+    sim: KubeSim, cluster: Kube
+) -> None:
+    made = client(cluster)
+    bind = await waiting_bind(cluster, made)
+    await asyncio.sleep(0.5)
+    before = claim_gets(sim)
+    await asyncio.sleep(2.5)
+    assert not bind.done()
+    # Read every second at most by polling: twice at least in 2.5 s. From the watch: never.
+    assert claim_gets(sim) == before
+    await play_the_provisioner(cluster, "outside", "n0")
+    await asyncio.wait_for(bind, 5)
+    assert await node_of(cluster, "p") == "n0"
+    assert made.volumes.counters["volume_wait_watched_reads"] > 0
+
+
+async def test_the_watch_stops_with_the_last_bind_that_holds_it(cluster: Kube) -> None:
+    made = client(cluster)
+    bind = await waiting_bind(cluster, made)
+    await asyncio.sleep(0.5)
+    assert made.volumes.watch is not None
+    assert made.volumes.watch.synced
+    await play_the_provisioner(cluster, "outside", "n0")
+    await asyncio.wait_for(bind, 5)
+    assert not made.volumes.watch.synced
+
+
+async def test_without_the_watch_the_wait_reads_its_claims_from_the_api(sim: KubeSim, cluster: Kube) -> None:
+    made = client(cluster)
+    made.volumes.watch = None
+    bind = await waiting_bind(cluster, made)
+    await asyncio.sleep(0.5)
+    before = claim_gets(sim)
+    await asyncio.sleep(2.5)
+    assert claim_gets(sim) >= before + 2
+    await play_the_provisioner(cluster, "outside", "n0")
+    await asyncio.wait_for(bind, 5)
+    assert await node_of(cluster, "p") == "n0"
