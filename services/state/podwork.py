@@ -10,7 +10,8 @@ next wake, beside it (the pods already being worked on are left out), so a burst
 not hold back the next ones until its last is done. A round in
 which some work failed for a temporary reason is followed by another after `RETRY_AFTER_TEMPORARY`
 seconds, so a failing API server is not asked again in a tight loop. Run by the state service's
-Kubernetes owner (`services.state.kube_source.KubeOwner`).
+Kubernetes owner (`services.state.kube_source.KubeOwner`); with state partitions by every replica, each on
+the candidates of its own partitions (`scope`).
 
 A refusal can say why (`refuse(pod, why)`): the reasons are kept in `refusals` by the pod's label, which the
 mirror reports (`Mirror.refusal_sources`) as the pod's Warning Event and PodScheduled=False, until the pod is
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from shared.kube import wire
 from shared.kube.translate import InvolvedObject
@@ -50,6 +52,9 @@ class PodWorkLoop:
         """Pods whose work failed with an unforeseen exception (each one refused and logged)."""
         self._task: asyncio.Task[None] | None = None
         self._rounds: set[asyncio.Task[None]] = set()
+        self.scope: Callable[[wire.Pod], bool] | None = None
+        """Which candidates this replica works on (None: every one): with state partitions, the pods of
+        the partitions it owns (`services.state.partitioned_source`)."""
 
     # --- what a loop defines ------------------------------------------------------------------------------
     def candidates(self) -> list[wire.Pod]:
@@ -109,6 +114,9 @@ class PodWorkLoop:
 
     async def _round(self) -> None:
         candidates = self.candidates()
+        if self.scope is not None:
+            scope = self.scope
+            candidates = [p for p in candidates if scope(p)]
         if self._refused or self._done:
             present = {p.metadata.uid for p in candidates}
             for uid in self._refused.keys() - present:

@@ -97,6 +97,16 @@ class ProblemReport:
         self._wake = asyncio.Event()
         self._swept = False
         self._task: asyncio.Task[None] | None = None
+        self.scope: Callable[[Problem], bool] | None = None
+        """Which objects' problems this replica reports (None: every object's): with state partitions, the
+        objects of the partitions it owns. A problem out of scope is forgotten, not set back: its object's
+        partition is another replica's now."""
+
+    def resweep(self) -> None:
+        """Look again, at the next round, for conditions an earlier owner left on objects fixed since (a
+        partition was gained)."""
+        self._swept = False
+        self._wake.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -131,9 +141,14 @@ class ProblemReport:
         """One round: write what is new or changed, set back what was fixed (with `sweep`, also what an
         earlier owner reported and nobody set back)."""
         found = self.mirror.reportable()
+        if self.scope is not None:
+            scope = self.scope
+            found = {label: problem for label, problem in found.items() if scope(problem)}
+            self._reported = {label: p for label, p in self._reported.items() if scope(p)}
         if sweep:
             for problem in self._left_behind(found):
-                self._reported.setdefault(problem.label, problem)
+                if self.scope is None or self.scope(problem):
+                    self._reported.setdefault(problem.label, problem)
         self._since = {label: self._since.get(label, now) for label in found}
         for label, problem in sorted(found.items()):
             if (
