@@ -69,6 +69,7 @@ from services.state.mirror import (
 from services.state.numa_watch import NumaWatch
 from services.state.podgrouper import PodGrouperLoop
 from services.state.problem_report import ProblemReport, ProblemReportOptions
+from services.state.problems import Problem
 from services.state.scale_adjuster import ScaleAdjuster
 from services.state.scaling_pods import ScaleAdjustOptions
 from services.state.shard_watch import ShardWatch
@@ -85,7 +86,7 @@ from shared.contracts.inventory import INVENTORIES, GpuInventory
 from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import FencedError, MalformedMessage, TemporaryError
-from shared.kube import bind_failure
+from shared.kube import bind_failure, wire
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.translate import podgroup_annotations_patch
@@ -131,6 +132,22 @@ class KubeSourceOptions:
         if self.grouper is not None:
             return self.grouper
         return GrouperConfig(scheduler_name=self.scheduler_name, node_pool_label_key=self.node_pool_label_key)
+
+
+POD_PARTS = frozenset({"pods"})
+CLUSTER_PARTS = frozenset({"cluster"})
+ALL_PARTS = POD_PARTS | CLUSTER_PARTS
+
+
+@dataclass(frozen=True)
+class OwnerScope:
+    """What a `KubeOwner`'s pod controllers work on: with state partitions, the objects of the partitions
+    the replica owns (`services.state.partitioned_source`)."""
+
+    pod: Callable[[wire.Pod], bool]
+    problem: Callable[[Problem], bool]
+    podgroup: Callable[[str], bool]
+    """A podgroup "ns/name" (the binders' stamps)."""
 
 
 def writeback_options(options: KubeSourceOptions) -> WriteBackOptions:
@@ -397,7 +414,9 @@ class KubeOwner:
         options: KubeSourceOptions,
         lease: LeaseKeeper | None = None,
         *,
-        running: tuple[Kube, KubeSource, WriteFence] | None = None,
+        running: tuple[Kube, KubeSource, WriteFence | None] | None = None,
+        parts: frozenset[str] = ALL_PARTS,
+        scope: OwnerScope | None = None,
     ) -> None:
         self.ctx = ctx
         self.replica = replica
@@ -408,6 +427,11 @@ class KubeOwner:
         """A connection and a source already running, and the fence already raised, that this owner runs
         its controllers on and leaves running when it stops (state partitions: the cluster partition's
         owner, `services.state.partitioned_source`); None: its own, made at `start`."""
+        self.parts = parts
+        """The controllers it runs: `POD_PARTS` (pod-grouper, gate keepers, problem report, binder stamps)
+        and `CLUSTER_PARTS` (node-scale-adjuster, shard watch, `kairos explain`'s questions)."""
+        self.scope = scope
+        """What the pod controllers work on (None: everything; with state partitions, the replica's)."""
         self.fence: WriteFence | None = None
         self.kube: Kube | None = None
         self.source: KubeSource | None = None
@@ -432,48 +456,10 @@ class KubeOwner:
             self.source = KubeSource(
                 self.ctx, self.kube, self.replica, self.options, on_flushed=self.after_flush, fence=self.fence
             )
-        self.grouper = PodGrouperLoop(
-            self.ctx,
-            self.kube,
-            self.source.mirror,
-            self.options.grouper_config(),
-        )
-        self.grouper.start()
-        self.gates = GateKeeper(self.ctx, self.kube, self.source.mirror)
-        self.gates.start()
-        self.source.mirror.refusal_sources = [self.grouper.refusals, self.gates.refusals]
-        self.source.mirror.refusal_owners = [self.grouper.refusal_owners]
-        self.quota_gates = QuotaGateKeeper(
-            self.ctx, self.kube, self.source.mirror, component=self.options.scheduler_name
-        )
-        self.quota_gates.start()
-        self.problems = ProblemReport(
-            self.ctx,
-            self.kube,
-            self.source.mirror,
-            ProblemReportOptions(component=self.options.scheduler_name, settle=self.options.problem_settle),
-        )
-        self.problems.start()
-        if self.options.scale_adjust.enabled:
-            self.scale_adjuster = ScaleAdjuster(
-                self.ctx,
-                self.kube,
-                self.source.mirror,
-                self.options.scale_adjust,
-                scheduler_name=self.options.scheduler_name,
-            )
-            self.scale_adjuster.start()
-        self.shard_watch = ShardWatch(
-            self.ctx,
-            self.kube,
-            self.replica,
-            component=self.options.scheduler_name,
-            resync_period=self.options.resync_period,
-            node_pool_label_key=self.options.node_pool_label_key,
-            extra_plugins=self.options.extra_plugins,
-            state=self.fence,
-        )
-        self.shard_watch.start()
+        if self.parts >= POD_PARTS:
+            self._start_pod_controllers(self.kube, self.source.mirror)
+        if self.parts >= CLUSTER_PARTS:
+            self._start_cluster_controllers(self.kube)
         try:
             revision = self.replica.revision if self.running is not None else await self.source.start()
             if self.running is None:
@@ -482,13 +468,61 @@ class KubeOwner:
                     self.ctx, self.kube, self.source.mirror, writeback_options(self.options)
                 )
                 await self.writeback.start()
-            self.quota_gates.follow()
-            self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
-            self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
+            if self.quota_gates is not None:
+                self.quota_gates.follow()
+            if self.parts >= POD_PARTS:
+                self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
+            if self.parts >= CLUSTER_PARTS:
+                self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
         except BaseException:
             await self.stop()
             raise
         return revision
+
+    def _start_pod_controllers(self, kube: Kube, mirror: Mirror) -> None:
+        scope = self.scope
+        self.grouper = PodGrouperLoop(self.ctx, kube, mirror, self.options.grouper_config())
+        self.gates = GateKeeper(self.ctx, kube, mirror)
+        self.quota_gates = QuotaGateKeeper(self.ctx, kube, mirror, component=self.options.scheduler_name)
+        self.problems = ProblemReport(
+            self.ctx,
+            kube,
+            mirror,
+            ProblemReportOptions(component=self.options.scheduler_name, settle=self.options.problem_settle),
+        )
+        if scope is not None:
+            self.grouper.scope = self.gates.scope = self.quota_gates.scope = scope.pod
+            self.problems.scope = scope.problem
+        self.grouper.start()
+        self.gates.start()
+        mirror.refusal_sources = [self.grouper.refusals, self.gates.refusals]
+        mirror.refusal_owners = [self.grouper.refusal_owners]
+        self.quota_gates.start()
+        self.problems.start()
+
+    def _start_cluster_controllers(self, kube: Kube) -> None:
+        if self.source is None:
+            return
+        if self.options.scale_adjust.enabled:
+            self.scale_adjuster = ScaleAdjuster(
+                self.ctx,
+                kube,
+                self.source.mirror,
+                self.options.scale_adjust,
+                scheduler_name=self.options.scheduler_name,
+            )
+            self.scale_adjuster.start()
+        self.shard_watch = ShardWatch(
+            self.ctx,
+            kube,
+            self.replica,
+            component=self.options.scheduler_name,
+            resync_period=self.options.resync_period,
+            node_pool_label_key=self.options.node_pool_label_key,
+            extra_plugins=self.options.extra_plugins,
+            state=self.fence,
+        )
+        self.shard_watch.start()
 
     async def fenced(self) -> FencedError:
         """After `start`: wait until the fence refuses one of the source's writes (never, while the lease
@@ -512,6 +546,8 @@ class KubeOwner:
             | stamps.bind_failure.keys()
         )
         for key in sorted(wanted):
+            if self.scope is not None and not self.scope.podgroup(key):
+                continue  # another replica's partition
             group = mirror.raw.podgroups.get(key)
             current = mirror.current.get(s.podgroup_key(*key.split("/", 1))) if "/" in key else None
             if group is None or not isinstance(current, PodGroup):
