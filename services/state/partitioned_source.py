@@ -18,11 +18,19 @@ above 0 (`services.state.partitions` has the table and the whole design). Every 
   crashed owner did not ack is delivered to the next one once its ack wait (a lease's TTL) passed, and the
   Events it already wrote are not written twice (named after the message's stored time).
 
-Still one replica's work (not yet divided): while a replica owns the `CLUSTER` partition it runs the other
-controllers of today's single owner (`KubeOwner` on this connection, source and the `CLUSTER` fence: the
-pod-grouper, the gate keepers, the problem report, the node-scale-adjuster, the shard watch, the binders'
-stamps, `kairos explain`'s questions); they move with that partition. The pod-grouper and gates filtered by
-partition are the next step.
+- runs the pod controllers (`KubeOwner`'s `POD_PARTS`: the pod-grouper, the gate keepers, the problem
+  report, the binders' stamps) on the objects of its own partitions (`OwnerScope`: a pod by its record's
+  partition, so the replica that groups or holds a pod back is the one that writes its record; a podgroup
+  by its name's, as its events are routed; a queue's problems the `CLUSTER` partition's). Grouping is
+  idempotent (a Job's pods in two partitions ensure one PodGroup of one name, the second create answered
+  409). A partition gained is swept again for conditions an earlier owner left on objects fixed since.
+
+Still one replica's work: while a replica owns the `CLUSTER` partition it runs the cluster controllers
+(`KubeOwner`'s `CLUSTER_PARTS` on this connection, source and the `CLUSTER` fence: the node-scale-adjuster,
+the shard watch, `kairos explain`'s questions); they move with that partition. `kairos explain` reads that
+replica's mirror, whose refusals are those of its own partitions' pod-grouper and gates: a pod of another
+partition refused by its grouper is not explained by that answer (its PodScheduled condition and Event
+still say why).
 """
 
 from __future__ import annotations
@@ -34,7 +42,15 @@ from collections.abc import AsyncIterator, Mapping
 
 from nats.js.errors import BadRequestError, NotFoundError
 
-from services.state.kube_source import KubeOwner, KubeSource, KubeSourceOptions, writeback_options
+from services.state.kube_source import (
+    CLUSTER_PARTS,
+    POD_PARTS,
+    KubeOwner,
+    KubeSource,
+    KubeSourceOptions,
+    OwnerScope,
+    writeback_options,
+)
 from services.state.kv_objects import Obj
 from services.state.mirror import Mirror
 from services.state.partition_owners import PartitionOwners
@@ -42,12 +58,14 @@ from services.state.partitioned_writer import PartitionedWriter
 from services.state.partitions import (
     CLUSTER,
     WORK_STREAM,
+    key_partition,
     partition_of,
     work_consumer_config,
     work_filter,
     work_stream_config,
     work_stream_count,
 )
+from services.state.problems import Problem
 from services.state.writeback import EventFeed, WriteBack
 from shared.bus.connection import Bus
 from shared.bus.fence import WriteFence
@@ -55,6 +73,7 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.errors import ConfigError
+from shared.kube import wire
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Informer
 
@@ -111,7 +130,9 @@ class PartitionedKube:
         self.writer: PartitionedWriter | None = None
         self.partitions: PartitionOwners | None = None
         self.owner: KubeOwner | None = None
-        """The controllers, while this replica owns the `CLUSTER` partition."""
+        """The cluster controllers, while this replica owns the `CLUSTER` partition."""
+        self.pod_owner: KubeOwner | None = None
+        """The pod controllers, on this replica's partitions."""
         self.writeback: WriteBack | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -160,6 +181,16 @@ class PartitionedKube:
             self.ctx, self.kube, self.source.mirror, writeback_options(self.options), owns=self._owns_podgroup
         )
         await self.writeback.start(feed=None)
+        self.pod_owner = KubeOwner(
+            self.ctx,
+            self.replica,
+            self.kubeconfig,
+            self.options,
+            running=(self.kube, self.source, None),
+            parts=POD_PARTS,
+            scope=OwnerScope(pod=self._owns_pod, problem=self._owns_problem, podgroup=self._owns_podgroup),
+        )
+        await self.pod_owner.start()
         self.partitions = PartitionOwners(
             self.ctx.bus,
             self.ctx.counters,
@@ -177,9 +208,10 @@ class PartitionedKube:
         if self.partitions is not None:
             await self.partitions.stop(graceful=True)  # every partition lost: the controllers stop too
             self.partitions = None
-        if self.owner is not None:
-            await self.owner.stop()
-            self.owner = None
+        for owner in (self.owner, self.pod_owner):
+            if owner is not None:
+                await owner.stop()
+        self.owner = self.pod_owner = None
         if self.writeback is not None:
             await self.writeback.stop()
             self.writeback = None
@@ -214,6 +246,7 @@ class PartitionedKube:
                 self.kubeconfig,
                 self.options,
                 running=(self.kube, self.source, fence),
+                parts=CLUSTER_PARTS,
             )
             try:
                 await owner.start()
@@ -221,6 +254,10 @@ class PartitionedKube:
                 await self.writer.lose(partition)
                 raise
             self.owner = owner
+        if self.pod_owner is not None:
+            if self.pod_owner.problems is not None:
+                self.pod_owner.problems.resweep()
+            await self.pod_owner.after_flush(self.source.mirror)
         self._describe()
 
     async def _lost(self, partition: str) -> None:
@@ -248,15 +285,34 @@ class PartitionedKube:
             await self.writeback.unfollow(partition, drain=drain)
         yield
 
+    def _owned(self) -> frozenset[str]:
+        return self.partitions.owned() if self.partitions is not None else frozenset()
+
     def _owns_podgroup(self, key: str) -> bool:
-        """Whether this replica owns the partition of the podgroup "ns/name" (its resourcesStatus)."""
+        """Whether this replica owns the partition of the podgroup "ns/name" (its events' partition)."""
         namespace, _, name = key.partition("/")
-        owned = self.partitions.owned() if self.partitions is not None else frozenset()
-        return partition_of(namespace, name, self.count) in owned
+        return partition_of(namespace, name, self.count) in self._owned()
+
+    def _owns_pod(self, pod: wire.Pod) -> bool:
+        """Whether this replica owns the partition of `pod`'s record."""
+        meta = pod.metadata
+        return key_partition(s.pod_key(meta.namespace, meta.name), self.count) in self._owned()
+
+    def _owns_problem(self, problem: Problem) -> bool:
+        """Whether this replica reports `problem`: a pod's or a podgroup's by its record's partition, a
+        queue's by the cluster partition."""
+        if problem.kind == "Pod":
+            key = s.pod_key(problem.namespace, problem.name)
+        elif problem.kind == "PodGroup":
+            key = s.podgroup_key(problem.namespace, problem.name)
+        else:
+            return CLUSTER in self._owned()
+        return key_partition(key, self.count) in self._owned()
 
     async def _flushed(self, mirror: Mirror) -> None:
-        if self.owner is not None:
-            await self.owner.after_flush(mirror)
+        for owner in (self.pod_owner, self.owner):
+            if owner is not None:
+                await owner.after_flush(mirror)
 
     def _describe(self) -> str:
         owned = self.partitions.describe() if self.partitions is not None else "partitions none"

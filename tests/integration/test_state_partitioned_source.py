@@ -16,6 +16,7 @@ from services.state.partitioned_source import PartitionedKube
 from services.state.partitions import CLUSTER, key_partition, owners, partitions
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodBound
+from shared.kubeapi.paths import create_object
 from tests.integration.test_state_fencing import (  # noqa: F401 -- `world` is a fixture
     OPTIONS,
     World,
@@ -37,6 +38,26 @@ async def bind(world: World, pods: list[str]) -> None:  # noqa: F811 -- `world` 
             time=1.0, namespace="default", pod=pod, podgroup=f"pg-{pod}", queue="q", node="node-0"
         )
         await world.bus.js.publish(s.event("pod-bound", f"default/{pod}"), EVENT_ENCODER.encode(event))
+
+
+async def create_ungrouped(world: World, name: str) -> None:  # noqa: F811 -- `world` is an argument here
+    """A pod of kai-scheduler that names no PodGroup: the pod-grouper's work."""
+    await create_object(
+        world.kube,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "labels": {"kai.scheduler/queue": "default-queue"},
+            },
+            "spec": {
+                "schedulerName": "kai-scheduler",
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": {"cpu": "1"}}}],
+            },
+        },
+    )
 
 
 async def scheduled(world: World) -> Counter[str]:  # noqa: F811 -- `world` is an argument here
@@ -89,8 +110,22 @@ async def test_two_replicas_write_their_own_partitions_and_one_crashed_has_its_t
     for name, r in replicas.items():
         assert r.ctx.counters["state_writes"] > 0, f"{name} wrote its partitions"
         assert r.ctx.detail.startswith("source=kube (partitions ")
-    # The controllers run where the cluster partition is owned, and there only.
+    # The cluster controllers run where the cluster partition is owned, and there only.
     assert [name for name, r in replicas.items() if r.owner is not None] == [table[CLUSTER]]
+
+    # Pods naming no PodGroup are grouped by their partitions' owners, each once.
+    loose = [f"loose-{i}" for i in range(12)]
+    for pod in loose:
+        await create_ungrouped(world, pod)
+
+    async def grouped() -> bool:
+        records = world.observer.objects().pods
+        return all(any(p.name == pod and p.podgroup for p in records) for pod in loose)
+
+    await until("every loose pod grouped", grouped)
+    for name, r in replicas.items():
+        assert r.ctx.counters["pods_grouped"] > 0, f"{name} grouped its partitions' pods"
+    assert sum(r.ctx.counters["pods_grouped"] for r in replicas.values()) == len(loose)
     # Their pod-bound events are written back by their partitions' owners, once each.
     await bind(world, pods)
 
