@@ -90,7 +90,7 @@ def test_the_reason_is_unresolvable_preemption_cannot_lift_it() -> None:
 
 # --- translation ----------------------------------------------------------------------------------------
 def pod_json(volumes: list[dict[str, Any]]) -> wire.Pod:
-    return wire.convert(
+    pod: wire.Pod = wire.convert(
         "Pod",
         {
             "metadata": {
@@ -102,6 +102,7 @@ def pod_json(volumes: list[dict[str, Any]]) -> wire.Pod:
             "spec": {"volumes": volumes},
         },
     )
+    return pod
 
 
 @pytest.mark.parametrize(
