@@ -14,7 +14,7 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   when their `schedulerName` is `scheduler_name` (default kai-scheduler). Binds and evictions then go
   to the API server from the binder (`--set cluster=kube`), not through this service. Any number of
   replicas may run with `source=kube`: they hold a lease, and only its holder mirrors the cluster.
-- `partitions=N` (default 0: off; source kube; up to 1024): the state partitions
+- `partitions=N` (default 0: off; source kube, ignored by a read replica; up to 1024): the state partitions
   (`services.state.partitions`). Every `source=kube` replica mirrors the cluster and writes KV only for
   the partitions it owns (`services.state.partitioned_source`): N partitions of pods and podgroups by a
   hash of their names, plus one of the cluster-scoped objects, each under a lease and a write fence of its
@@ -232,11 +232,13 @@ class StateOptions:
             raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
         scale_adjust = _scale_adjust(get)
         partition_count = parse_partition_count(get("partitions"))
-        if partition_count and source != "kube":
+        if partition_count and source == "sim":
             raise ConfigError(
                 "service state: option 'partitions': needs source kube (the partitions divide the Kubernetes "
-                "source's writes)"
+                "source's writes; the simulated cluster lives in one replica)"
             )
+        if source != "kube":
+            partition_count = 0  # a read replica (source none) beside partitioned ones: nothing to divide
         if scale_adjust.enabled and source != "kube":
             raise ConfigError(
                 "service state: option 'cluster_autoscaling': needs source kube (the source's owner runs the "

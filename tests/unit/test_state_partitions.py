@@ -174,7 +174,10 @@ def test_the_state_service_takes_a_partition_count_with_the_kubernetes_source(
     assert StateOptions.parse(options).partitions == expected
 
 
-@pytest.mark.parametrize("source", ["sim", "none"])
-def test_partitions_without_the_kubernetes_source_are_refused_naming_the_option(source: str) -> None:
+def test_partitions_with_the_simulated_cluster_are_refused_naming_the_option() -> None:
     with pytest.raises(ConfigError, match="option 'partitions': needs source kube"):
-        StateOptions.parse({"source": source, "partitions": "4"})
+        StateOptions.parse({"source": "sim", "partitions": "4"})
+
+
+def test_a_read_replica_ignores_the_partitions_it_is_given_beside_partitioned_ones() -> None:
+    assert StateOptions.parse({"source": "none", "partitions": "4"}).partitions == 0
