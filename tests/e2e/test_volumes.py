@@ -218,6 +218,27 @@ def test_an_ephemeral_volumes_claim_the_pod_does_not_own_keeps_the_pod_waiting(s
     assert said in warnings(stack, "borrower")
 
 
+def test_an_ephemeral_volume_gets_its_claim_owned_by_the_pod_and_the_pod_runs_where_it_is_provisioned(
+    stack: Stack,
+) -> None:
+    out = manifests.pod("scratcher", cpu="1")
+    template = {"metadata": {"labels": {"role": "scratch"}}, "spec": claim("", "fast")["spec"]}
+    out["spec"]["volumes"] = [{"name": "tmp", "ephemeral": {"volumeClaimTemplate": template}}]
+    apply(stack, out)
+    node = wait_for(stack, "scratcher Running", lambda: running_on(stack, "scratcher"), "scratcher")
+    made = get(stack, "pvc", "scratcher-tmp")
+    (owner,) = made["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "Pod",
+        "scratcher",
+        get(stack, "pod", "scratcher")["metadata"]["uid"],
+        True,
+    )
+    assert made["metadata"]["labels"] == {"role": "scratch"}
+    assert made["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
+    assert made["status"]["phase"] == "Bound"
+
+
 def test_a_claim_without_a_class_gets_the_default_class_and_its_pod_runs(stack: Stack) -> None:
     unnamed = claim("plain", "")
     del unnamed["spec"]["storageClassName"]

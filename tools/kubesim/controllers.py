@@ -32,6 +32,7 @@ import msgspec
 from tools.kubesim.cluster import DeferredCreate
 from tools.kubesim.default_storage_class import RetroactiveDefault
 from tools.kubesim.dra import DraController
+from tools.kubesim.ephemeral_volumes import EphemeralVolumes
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
@@ -144,6 +145,8 @@ class Controllers:
         """The resourceclaim controller, the DRA GPU driver and ComputeDomains (`tools.kubesim.dra`)."""
         self.default_class = RetroactiveDefault(cluster)
         """The default StorageClass given to claims that asked for none (`tools.kubesim.default_storage_class`)."""
+        self.ephemeral = EphemeralVolumes(cluster)
+        """The claims of pods' generic ephemeral volumes (`tools.kubesim.ephemeral_volumes`)."""
         self._watched: dict[str, object] = {}
         """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
 
@@ -185,7 +188,13 @@ class Controllers:
     def run_once(self) -> bool:
         """Reconcile every dirty object once; True when there was anything to do."""
         if not self.dirty:
-            return self.default_class.run_once() | self.dra.run_once() | self.storage.run_once()
+            return (
+                self.ephemeral.run_once()
+                | self.default_class.run_once()
+                | self.dra.run_once()
+                | self.storage.run_once()
+            )
+        self.ephemeral.run_once()
         self.default_class.run_once()
         self.storage.run_once()
         self.dra.run_once()
