@@ -83,9 +83,11 @@ log = logging.getLogger("kairos.bench.bus")
 ALREADY_EXISTS = 409
 STOP_GRACE = 3.0
 """Seconds the stack's processes get to exit on SIGTERM after a run before they are killed."""
-SETTLE_TIMEOUT_S = 10.0
+SETTLE_TIMEOUT_S = 60.0
 """Seconds the measured phase goes on after the last bind, at most, for the work the binds set off (the
-outcomes, the state service's KV records, the write-back's Events and statuses) to finish."""
+outcomes, the state service's KV records, the write-back's Events and statuses) to finish. On a loaded
+2-core machine the write-back of SchedulingBasic at full size was still about 1,800 events behind 10 s
+after the last bind."""
 SETTLE_POLL_S = 0.05
 STATE_PROBES = 32
 """How many of the last pods bound the settling reads back from the state bucket: the state service takes

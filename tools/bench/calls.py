@@ -52,6 +52,14 @@ API_PURPOSES: dict[tuple[str, str], str] = {
     ("create", "bindrequests"): "binder: the BindRequest of a pod",
     ("patch", "bindrequests/status"): "binder: a BindRequest's status",
     ("watch", "pods"): "a watch of pods (re)opened",
+    ("create", "persistentvolumeclaims"): "the workload's claims (the benchmark)",
+    ("get", "persistentvolumeclaims"): "binder: a pod's claim read before binding its volume",
+    ("patch", "persistentvolumeclaims"): "binder: a provisioned claim's selected-node annotation",
+    ("get", "persistentvolumes"): "binder: a local volume read before it is bound to its claim",
+    ("update", "persistentvolumes"): "binder: a local volume bound to its claim (claimRef)",
+    ("get", "nodes"): "binder: the chosen node's labels (volume topology)",
+    ("get", "resourceclaims"): "binder: a pod's ResourceClaim read before its allocation is written",
+    ("update", "resourceclaims/status"): "binder: a ResourceClaim's allocation and reservedFor",
 }
 """What each kind of API call is for, as far as Kairos makes it (kubesim's own controllers and the
 benchmark's creates are the rest)."""
@@ -61,6 +69,8 @@ BUS_PURPOSES: dict[tuple[str, str], str] = {
     ("kv.kairos_state.podgroup", "update"): "state: a podgroup's record written (under the source's fence)",
     ("kv.kairos_state.node", "update"): "state: a node's record written (under the source's fence)",
     ("kv.kairos_state.queue", "update"): "state: a queue's record written (under the source's fence)",
+    ("kv.kairos_state.volume", "update"): "state: a claim's, volume's, class's or CSINode's record written",
+    ("kv.kairos_state.dra", "update"): "state: a ResourceClaim's, slice's or DeviceClass's record written",
     ("kv.kairos_state.pod", "delete"): "state: a pod's record removed",
     ("kv.kairos_state.fence", "get"): "the source's write fence read",
     ("kv.kairos_ledger.node", "update"): "a node's ledger compare-and-set (binder: reserve; state: release)",
