@@ -5,7 +5,7 @@ Used by `services.queue.shards` (one `Ownership` per served shard, the dispatche
 and `services.state.partitions`' owners (one per partition). The rule, the same for both:
 
 - Who contends. The piece's preferred replica (`shard_spread.preferred` of the piece's `name` over the live
-  replicas of `shared.bus.members`) tries for the lease at every step; every other replica only once the
+  replicas of `shared.bus.members`, or the caller's `prefer`, which decides over all its pieces) tries for the lease at every step; every other replica only once the
   lease has stayed free for `TAKEOVER_DELAY_S`, so the preferred one gets it first and a preferred replica
   that is gone, or cannot lead, is still replaced within seconds. A replica that finds its own lease from
   an earlier life (a restart under the same id) takes it back under a new term at once.
@@ -67,6 +67,7 @@ class Ownership:
         handovers: asyncio.Lock | None = None,
         stopping: asyncio.Event | None = None,
         handed_over_counter: str = "handed_over",
+        prefer: Callable[[], str | None] | None = None,
     ) -> None:
         self.lease = lease
         self.members = members
@@ -83,11 +84,16 @@ class Ownership:
         self.handovers = asyncio.Lock() if handovers is None else handovers
         self.stopping = asyncio.Event() if stopping is None else stopping
         self.handed_over_counter = handed_over_counter
+        self.prefer = prefer
+        """Who should hold the piece now, when the caller decides it over all its pieces at once (the state
+        partitions' bounded loads); None: `shard_spread.preferred` of `name` over the live replicas."""
         self._free_since: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def preferred(self) -> str | None:
         """The live replica that should hold this piece now."""
+        if self.prefer is not None:
+            return self.prefer()
         return preferred(self.name, self.members.live())
 
     def start(self) -> None:
