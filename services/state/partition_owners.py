@@ -5,7 +5,7 @@ For `partitions=N` (`services.state.partitions`: the table, and the design this 
 replica writes its presence record (`shared.bus.members`, service ``state``) every `BEAT_S` and keeps an
 `Ownership` for each of the N + 1 partitions: the lease ``state.partition-<p>`` (`partitions.lease_name`,
 in the state service's key space of the leases bucket), contended at once by the partition's preferred
-replica (`partitions.spread_name` hashed over the live replicas, as `partitions.owners` computes) and by
+replica (`partitions.owners` over the live replicas: rendezvous weights with bounded loads) and by
 the others once it has stayed free for `ownership.TAKEOVER_DELAY_S`; handed over, under the caller's
 quiesce, to a newly preferred replica once that one has settled.
 
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 
-from services.state.partitions import lease_name, partitions, spread_name
+from services.state.partitions import lease_name, owners, partitions, spread_name
 from shared.bus.connection import Bus
 from shared.bus.fence import WriteFence
 from shared.bus.lease import LeaseKeeper
@@ -98,12 +98,22 @@ class PartitionOwners:
                 handovers=handovers,
                 stopping=self.stopping,
                 handed_over_counter="partitions_handed_over",
+                prefer=partial(self.preferred, p),
             )
             for p, lease in self.leases.items()
         }
         self.fences: dict[str, WriteFence] = {}
         """The partitions whose fence this replica raised and has not lost since."""
         self._beat: asyncio.Task[None] | None = None
+        self._table: tuple[frozenset[str], dict[str, str | None]] = (frozenset(), {})
+
+    def preferred(self, partition: str) -> str | None:
+        """The live replica that should own `partition` now (`partitions.owners`, computed once for each
+        membership)."""
+        live = frozenset(self.members.live())
+        if self._table[0] != live or not self._table[1]:
+            self._table = (live, owners(self.count, live))
+        return self._table[1].get(partition)
 
     def owned(self) -> frozenset[str]:
         """The partitions this replica may work on now (fence raised, lease valid)."""

@@ -24,11 +24,11 @@ namespaces, shards, storage and DRA objects) and the cluster-wide controllers (t
 node-scale-adjuster) are one more partition, `CLUSTER`. The state bucket's keys are written by partition
 too (`key_partition`), but a pod's record by its own name's partition, which never changes while the key
 exists (a pod gets its podgroup after its record was first written). Each partition is owned by the live
-replica of highest rendezvous weight for it (`shared.bus.shard_spread.preferred` over `shared.bus.members`'
-live state replicas: the queue's shard machinery, reused; the leases kept by
-`services.state.partition_owners`, the writes by `services.state.partitioned_writer`): every replica
-computes the same owners from the same membership, and a replica joining or leaving moves about 1/N of the
-partitions, never one between two other replicas.
+replica `owners` gives it: rendezvous weights (`shared.bus.shard_spread.weight`) over `shared.bus.members`'
+live state replicas, with bounded loads so that every replica owns its share to one partition (the leases
+kept by `services.state.partition_owners`, the writes by `services.state.partitioned_writer`): every
+replica computes the same owners from the same membership, and a replica joining or leaving moves mostly
+the partitions it takes or gives up.
 
 Fencing. Every partition has its own lease in `kairos_leases` (`lease_name`: ``state.partition-<p>``) and
 its own write fence in the state bucket (`shared.bus.fence.WriteFence` over that lease), so an owner writes
@@ -69,7 +69,7 @@ Tested in tests/unit/test_state_partitions.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from nats.js.api import (
     AckPolicy,
@@ -188,9 +188,34 @@ def spread_name(partition: str) -> str:
 
 
 def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
-    """Each partition with the live replica that should own it (None when no replica is alive)."""
-    live: Mapping[str, frozenset[str]] = dict.fromkeys(members, shard_spread.ALL)
-    return {p: shard_spread.preferred(spread_name(p), live) for p in partitions(count)}
+    """Each partition with the live replica that should own it (None when no replica is alive).
+
+    Rendezvous hashing with bounded loads: every (partition, replica) pair has its fixed weight
+    (`shard_spread.weight` of `spread_name`), and the pairs are taken from the heaviest down, a partition
+    going to the first replica that still owns fewer than its share (the partitions over the replicas, one
+    more for as many replicas as the division leaves over). So the replicas own the same number of
+    partitions to one (plain rendezvous hashing gave
+    one of two replicas 6 of 8), every replica computes the same table from the same membership, and a
+    replica joining or leaving moves mostly the partitions it takes or gives up, plus a few between the
+    others to even the shares out."""
+    live = sorted(set(members))
+    pieces = partitions(count)
+    if not live:
+        return dict.fromkeys(pieces)
+    base, extra = divmod(len(pieces), len(live))
+    load = dict.fromkeys(live, 0)
+    larger = 0  # replicas that own base + 1 (at most `extra` of them)
+    table: dict[str, str | None] = {}
+    ranked = sorted(
+        ((shard_spread.weight(spread_name(p), r), r, p) for p in pieces for r in live), reverse=True
+    )
+    for _, replica, piece in ranked:
+        if piece in table or load[replica] > base or (load[replica] == base and larger >= extra):
+            continue
+        table[piece] = replica
+        load[replica] += 1
+        larger += load[replica] == base + 1
+    return {p: table[p] for p in pieces}
 
 
 def owned(count: int, members: Iterable[str], replica: str) -> frozenset[str]:
