@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -139,6 +140,9 @@ class QuotaGateKeeper(GateKeeper):
         self.verdicts: dict[str, PodGroupAdmission] = {}
         """PodGroup "ns/name" -> its latest verdict (podgroups the mirror holds)."""
         self.lifting: set[str] = set()
+        self.warns: Callable[[str], bool] | None = None
+        """Which podgroups ("ns/name") this replica warns about (None: every one): with state partitions,
+        those of its own partitions, so that one verdict gets one Warning."""
         """Podgroups whose pods let in may still carry the gate."""
         self._warned: dict[str, set[str]] = {}
         """PodGroup "ns/name" -> the messages written as Events since its last verdict without one."""
@@ -216,7 +220,7 @@ class QuotaGateKeeper(GateKeeper):
         if not event.message:
             self._warned.pop(key, None)
             self._to_warn.pop(key, None)
-        elif event.message not in self._warned.get(key, ()):
+        elif event.message not in self._warned.get(key, ()) and (self.warns is None or self.warns(key)):
             self._to_warn[key] = event
             self._warn_wake.set()
         if len(self.verdicts) > self._prune_at:
