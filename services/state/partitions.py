@@ -12,29 +12,36 @@ replica's own KV watch 5-6 %, the admission webhook 4 %, binder stamps 2.5 %, th
 rest (about 12 %, in proportion). Every replica must read every watch event (Kubernetes watches cannot be
 split by a hash) and follow the whole KV bucket (it answers snapshots): that part is repeated, and bounds
 what two replicas can reach. The write-back, the KV writes and the controllers' API calls are divided;
-the translation is divided once a replica translates only the pods of its partitions (a later step).
+the translation is not (every replica's mirror translates every object: a replica translating only the
+pods of its partitions is the next step).
 
-The table. The podgroup key space is cut into `count` partitions: a podgroup `ns/name` (and every pod that
-names it) is in partition `fnv1a32(token("ns/name")) % count`, the very hash NATS's subject transform
-``{{partition(count, n)}}`` computes over a subject token (`partition_of`), so that the events JetStream
-routes and the KV records a replica writes agree without a lookup. A pod without a podgroup yet is in its
-grouping owner's partition (`pod_partition`: the controller that owns it, else the pod itself), so that one
-replica groups all the pods of one Job. Cluster-scoped objects (nodes, queues, priority classes, topologies,
-namespaces, shards, storage and DRA objects) and the cluster-wide controllers (the shard watch, the
-node-scale-adjuster) are one more partition, `CLUSTER`. The state bucket's keys are written by partition
-too (`key_partition`), but a pod's record by its own name's partition, which never changes while the key
-exists (a pod gets its podgroup after its record was first written). Each partition is owned by the live
-replica `owners` gives it: rendezvous weights (`shared.bus.shard_spread.weight`) over `shared.bus.members`'
-live state replicas, with bounded loads so that every replica owns its share to one partition (the leases
-kept by `services.state.partition_owners`, the writes by `services.state.partitioned_writer`): every
-replica computes the same owners from the same membership, and a replica joining or leaving moves mostly
-the partitions it takes or gives up.
+The table. The podgroup key space is cut into `count` partitions: a podgroup `ns/name` is in partition
+`fnv1a32(token("ns/name")) % count`, the very hash NATS's subject transform ``{{partition(count, n)}}``
+computes over a subject token (`partition_of`), so that the events JetStream routes and the records a
+replica writes agree without a lookup. A pod is in its own name's partition (`key_partition` of its key):
+the replica that owns it writes its record, groups it, lifts its gates, holds it back and says why, and
+writes the Events of its pod-bound and pod-evicted events (routed by the pod's name), so a refusal and the
+record it shows in are one replica's. A pod's partition never changes while it exists, where its
+podgroup's name would (a pod gets its podgroup after its record was first written, and a key that moved
+between two owners could be overwritten by the former owner's late put of an older version); the pods of
+one Job may be grouped by several replicas, which ensure one PodGroup of one name (the pod-grouper's create
+is idempotent). Cluster-scoped objects (nodes, queues, priority classes, topologies, namespaces, shards,
+storage and DRA objects) and the cluster-wide controllers (the shard watch, the node-scale-adjuster,
+explain's answers) are one more partition, `CLUSTER`; every other state key is its too. Each partition
+is owned by the live replica `owners` gives it: rendezvous weights (`shared.bus.shard_spread.weight`) over
+`shared.bus.members`' live state replicas, with bounded loads so that every replica owns its share to one
+partition (the leases kept by `services.state.partition_owners`, the writes by
+`services.state.partitioned_writer`, the rest by `services.state.partitioned_source`): every replica
+computes the same owners from the same membership, and a replica joining or leaving moves mostly the
+partitions it takes or gives up.
 
 Fencing. Every partition has its own lease in `kairos_leases` (`lease_name`: ``state.partition-<p>``) and
 its own write fence in the state bucket (`shared.bus.fence.WriteFence` over that lease), so an owner writes
 a partition's KV records only under that partition's term, and a paused or partitioned former owner's late
 writes are refused by the server once the successor raised its fence. Its Kubernetes writes (Events,
-statuses, podgroups, gates) stop when its lease's deadline passes (`WriteFence.check` before each one).
+statuses, podgroups, gates) are not fenced: they stop when the keeper sees the lease lost (its next step,
+within a renewal interval), and one already under way may still land: an Event is then refused as a
+duplicate by its name, a status patch changes nothing twice, a podgroup create is idempotent.
 Handing a partition over is the queue's shape: the preferred replica contends at once, the others only once
 the lease has stayed free for a while; a leader whose partition is preferred elsewhere, by a replica
 settled for `members.SETTLE_S`, finishes what it has in flight, acks it, and releases the lease.
@@ -42,7 +49,8 @@ settled for `members.SETTLE_S`, finishes what it has in flight, acks it, and rel
 The write-back's events reach a partition's owner through an internal stream, `KAIROS_STATE_WORK`, that
 sources `KAIROS_EVENTS` with the subject transform ``kairos.events.*.* ->
 kairos.state.work.{{partition(count,2)}}.<kind>.<name>`` (`work_stream_transform`): the public subjects
-(docs/events.md) do not change, the events are stored once more (limits: the events stream's), and each
+(docs/events.md) do not change, the events are stored once more (a work queue: a message acked is gone;
+bounded like the events stream), and each
 partition has a durable pull consumer filtered on ``kairos.state.work.<p>.>`` (`work_consumer`). Only the
 partition's owner fetches from it; unacknowledged messages stay in the durable across a handover or a
 kill -9 and go to the next owner, so nothing is lost. pod-unschedulable and podgroup-state events name
@@ -98,7 +106,6 @@ __all__ = [
     "parse_count",
     "partition_of",
     "partitions",
-    "pod_partition",
     "spread_name",
     "work_consumer",
     "work_consumer_config",
@@ -145,12 +152,6 @@ def partition_of(namespace: str, name: str, count: int) -> str:
     if count <= 0:
         raise ValueError("partition_of needs a partition count of at least 1")
     return str(fnv1a32(s.token(f"{namespace}/{name}").encode()) % count)
-
-
-def pod_partition(namespace: str, podgroup: str, owner: str, pod: str, count: int) -> str:
-    """A pod's partition: its podgroup's; before it has one, its grouping owner's (the top controller's
-    name); without an owner, its own name's."""
-    return partition_of(namespace, podgroup or owner or pod, count)
 
 
 def key_partition(key: str, count: int) -> str:

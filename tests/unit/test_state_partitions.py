@@ -19,7 +19,6 @@ from services.state.partitions import (
     parse_count,
     partition_of,
     partitions,
-    pod_partition,
     work_filter,
     work_stream_transform,
 )
@@ -62,20 +61,6 @@ def test_a_bad_partitions_option_is_refused_naming_the_option(text: str) -> None
 )
 def test_the_hash_is_fnv1a_32(data: bytes, expected: int) -> None:
     assert fnv1a32(data) == expected
-
-
-@pytest.mark.parametrize(
-    ("podgroup", "owner", "pod", "key"),
-    [
-        pytest.param("pg-1", "job-1", "job-1-x", "pg-1", id="a grouped pod: its podgroup's"),
-        pytest.param("", "job-1", "job-1-x", "job-1", id="not grouped yet: its owner's"),
-        pytest.param("", "", "lonely", "lonely", id="no owner: its own"),
-    ],
-)
-def test_a_pod_is_in_its_podgroups_partition_else_its_owners(
-    podgroup: str, owner: str, pod: str, key: str
-) -> None:
-    assert pod_partition("ns", podgroup, owner, pod, 32) == partition_of("ns", key, 32)
 
 
 @pytest.mark.parametrize(
