@@ -249,6 +249,16 @@ def builtin_types() -> list[ResourceType]:
             namespaced=False,
             categories=("api-extensions",),
         ),
+        # A Service's endpoints as the API server reads them to call a webhook's `clientConfig.service`
+        # (`tools.kubesim.webhooks`; label `kubernetes.io/service-name`). Kubesim runs no EndpointSlice
+        # controller: a slice exists when a client writes it (`kairos up` does, for its state replicas).
+        ResourceType(
+            group="discovery.k8s.io",
+            version="v1",
+            plural="endpointslices",
+            kind="EndpointSlice",
+            namespaced=True,
+        ),
     ]
 
 
