@@ -90,12 +90,25 @@ def hold_broken_gangs(ssn: Session) -> None:
     instead, as pipelined pods on the same nodes (KAI's `ConvertAllAllocatedToPipelined`, here for the
     session as a whole); the next cycle places the gang again.
 
+    A pod a later action moved still counts toward its gang: consolidation evicted it (from the node it
+    runs on, or from the one an earlier action had just placed it on) and pipelined it onto another node,
+    to run there next cycle. The gang's binds go out, as in KAI, where allocate has already bound them
+    when consolidation moves the pod. Held instead, a running gang that allocate had just completed would
+    lose every pod for a cycle.
+
     A podgroup with a finished pod is exempt: the last pods of a gang may run alone (KAI's stale rule)."""
     bound_here = {t.job.key: t.job for t, _ in ssn.log.binds if t.status == PodStatus.BINDING}
+    if not bound_here:
+        return
+    moved = {t.key for t, _, _ in ssn.log.evictions if t.status == PodStatus.PIPELINED}
+
+    def allocated_or_moved(ps: PodSetState) -> int:
+        return sum(1 for t in ps.tasks if t.status in ALLOCATED or t.key in moved)
+
     for job in bound_here.values():
         if any(t.status == PodStatus.SUCCEEDED for t in job.tasks.values()):
             continue
-        if job.tree.satisfied_with(_allocated):
+        if job.tree.satisfied_with(allocated_or_moved):
             continue
         held: list[tuple[TaskState, str]] = []
         for task in job.tasks.values():
@@ -104,10 +117,6 @@ def hold_broken_gangs(ssn: Session) -> None:
             pipeline_in_place(ssn, task, task.node)
             held.append((task, task.node))
         ssn.record(Decisions(pipelines=tuple(held)))
-
-
-def _allocated(ps: PodSetState) -> int:
-    return ps.count(ALLOCATED)
 
 
 def fit_error_message(reasons: list[tuple[str, list[str]]]) -> str | None:
