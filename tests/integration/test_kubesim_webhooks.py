@@ -369,15 +369,147 @@ async def test_a_slow_webhook_times_out_after_its_timeout_seconds(hooks: Hooks, 
         await hooks.idle.wait()
 
 
-async def test_a_service_client_config_cannot_be_reached_from_kubesim(http: Api) -> None:
-    hook = webhook("svc.kairos.test", "")
+# --- clientConfig.service: through the Service's endpoints -------------------------------------------------
+SERVICES = "/api/v1/namespaces/default/services"
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+
+
+def service_hook(name: str, **extra: Any) -> Obj:
+    hook = webhook(name, "", **extra)
     hook["clientConfig"] = {
-        "service": {"namespace": "kairos", "name": "kairos-state-webhook", "path": "/mutate-pods"}
+        "service": {"namespace": "default", "name": "hooks", "port": 443, "path": "/mutate-pods"}
     }
-    await register(http, configuration("svc", hook))
+    return hook
+
+
+async def expose(http: Api, ports: list[int], *, ready: bool = True, service: bool = True) -> None:
+    """The Service `default/hooks` (port 443, named https) and one EndpointSlice listing `ports` on
+    loopback, each its own endpoint (one port per slice, so a slice per endpoint)."""
+    if service:
+        status, body = await http.call(
+            "POST",
+            SERVICES,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "hooks"},
+                "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 9443}]},
+            },
+        )
+        assert status == 201, body
+    for index, port in enumerate(ports):
+        status, body = await http.call(
+            "POST",
+            SLICES,
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {"name": f"hooks-{index}", "labels": {"kubernetes.io/service-name": "hooks"}},
+                "addressType": "IPv4",
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+            },
+        )
+        assert status == 201, body
+
+
+def port_of(hooks: Hooks) -> int:
+    return int(hooks.url.rsplit(":", 1)[1])
+
+
+async def closed_port() -> int:
+    """A port nobody listens on: bound, then closed."""
+    runner = await serve(Hooks())
+    port = int(runner.addresses[0][1])
+    await runner.cleanup()
+    return port
+
+
+@pytest.fixture
+async def second() -> AsyncIterator[Hooks]:
+    out = Hooks()
+    runner = await serve(out)
+    try:
+        yield out
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_service_s_endpoints_take_the_reviews_in_turn_one_endpoint_per_request(
+    hooks: Hooks, second: Hooks, http: Api
+) -> None:
+    for server in (hooks, second):
+        server.answers["/mutate-pods"] = add_gate
+    await expose(http, [port_of(hooks), port_of(second)])
+    await register(http, configuration("svc", service_hook("svc.kairos.test", timeoutSeconds=5)))
+
+    for index in range(6):
+        status, body = await http.call("POST", PODS, pod(f"p{index}"))
+        assert status == 201, body
+        assert body["spec"]["schedulingGates"] == [{"name": GATE}]
+
+    # Each pod's review went to one endpoint, and the endpoints took turns.
+    assert [r["name"] for r in hooks.requests("/mutate-pods")] == ["p0", "p2", "p4"]
+    assert [r["name"] for r in second.requests("/mutate-pods")] == ["p1", "p3", "p5"]
+
+
+async def test_an_endpoint_that_refuses_the_connection_passes_the_review_to_the_next(
+    hooks: Hooks, http: Api
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    await expose(http, [await closed_port(), port_of(hooks)])
+    await register(http, configuration("svc", service_hook("svc.kairos.test", failurePolicy="Fail")))
+
+    for index in range(4):
+        status, body = await http.call("POST", PODS, pod(f"p{index}"))
+        assert status == 201, body
+        assert body["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert len(hooks.requests("/mutate-pods")) == 4
+
+
+async def test_a_service_whose_endpoints_all_refuse_fails_the_call_under_the_failure_policy(
+    http: Api,
+) -> None:
+    await expose(http, [await closed_port(), await closed_port()])
+    await register(http, configuration("svc", service_hook("svc.kairos.test", failurePolicy="Fail")))
     status, body = await http.call("POST", PODS, pod("p"))
     assert status == 500
-    assert "kairos/kairos-state-webhook" in body["message"]
+    assert 'failed calling webhook "svc.kairos.test"' in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("service", "endpoints", "ready", "why"),
+    [
+        pytest.param(False, False, True, 'service "default/hooks" not found', id="no Service"),
+        pytest.param(
+            True, False, True, 'no endpoints available for service "default/hooks"', id="no endpoints"
+        ),
+        pytest.param(
+            True, True, False, 'no endpoints available for service "default/hooks"', id="none ready"
+        ),
+    ],
+)
+async def test_a_service_with_no_ready_endpoint_fails_the_call_under_the_failure_policy(
+    hooks: Hooks, http: Api, service: bool, endpoints: bool, ready: bool, why: str
+) -> None:
+    hooks.answers["/mutate-pods"] = add_gate
+    await expose(http, [port_of(hooks)] if endpoints else [], ready=ready, service=service)
+    await register(http, configuration("svc", service_hook("svc.kairos.test", failurePolicy="Fail")))
+    status, body = await http.call("POST", PODS, pod("p"))
+    assert status == 500
+    assert body["message"] == f'Internal error occurred: failed calling webhook "svc.kairos.test": {why}'
+
+    # failurePolicy Ignore: the pod is created as sent, and no review reached the endpoint.
+    await http.call(
+        "PATCH",
+        f"{MUTATING}/svc",
+        {"webhooks": [service_hook("svc.kairos.test", failurePolicy="Ignore")]},
+        MERGE_PATCH,
+    )
+    status, body = await http.call("POST", PODS, pod("q"))
+    assert status == 201, body
+    assert "schedulingGates" not in body["spec"]
+    assert hooks.requests("/mutate-pods") == []
 
 
 # --- matching -------------------------------------------------------------------------------------------------

@@ -10,17 +10,31 @@ As the real API server (admission.k8s.io/v1 only): mutating webhooks run one aft
 of their configurations, then webhook order, and validating ones after them; a rule's `resources` entry
 `pods` does not match `pods/status` (`pods/*` and `*/*` do); `namespaceSelector` reads the labels of the
 request's namespace (of the object itself for a Namespace; never skips other cluster-scoped objects);
-`objectSelector` matches the new or the old object's labels. Kubesim departs from the real server in two
-places, both written down where they apply: `clientConfig.url` may be plain `http` (a real server accepts
-only `https`), and a `clientConfig.service` is never reachable (kubesim has no cluster network), so a call
-to one fails under the webhook's `failurePolicy`.
+`objectSelector` matches the new or the old object's labels.
+
+A `clientConfig.service` (namespace, name, port 443 by default, path) is resolved as the API server's
+endpoint resolver does, through the Service's endpoints (`service_endpoints`): the Service must exist and
+declare that `port`, and the call goes to one ready endpoint of its EndpointSlices (label
+`kubernetes.io/service-name`) at the slice port named as the Service's port, so each request reaches one
+replica behind it. No Service, no such port, no endpoint or none ready: the call fails under the webhook's
+`failurePolicy`.
+
+Kubesim departs from the real server in three places, each written down where it applies:
+`clientConfig.url` may be plain `http` (a real server accepts only `https`); a Service's endpoints on a
+loopback address are called over plain `http` too (`endpoint_url`; others over `https`, verified against
+`caBundle` for the name `<service>.<namespace>.svc`); and `tools.kubesim.webhooks` takes the ready
+endpoints in turn and tries the next when one refuses the connection (the real server picks one at random
+and fails the call when it refuses; a cluster's readiness probes would soon have taken it out of the slice,
+which kubesim has no kubelet for).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,15 +51,19 @@ __all__ = [
     "MUTATING",
     "VALIDATING",
     "Attributes",
+    "Endpoint",
     "Hook",
     "Verdict",
     "WebhookCallError",
     "default_configuration",
     "denied",
+    "endpoint_url",
     "failed",
     "matching",
     "patched",
     "review",
+    "service_endpoints",
+    "service_host",
     "validate_configuration",
     "verdict",
 ]
@@ -60,6 +78,10 @@ _SIDE_EFFECTS = ("None", "NoneOnDryRun")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DEFAULT_TIMEOUT_S = 10
 """The real server's default `timeoutSeconds` for admissionregistration.k8s.io/v1."""
+DEFAULT_SERVICE_PORT = 443
+"""A `clientConfig.service` without a `port` is called on the Service's port 443."""
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+"""The label naming the Service an EndpointSlice belongs to."""
 USER_INFO: Obj = {"username": "kubesim-admin", "groups": ["system:masters", "system:authenticated"]}
 """Who every request comes from (kubesim authenticates nobody; the same user SelfSubjectReview reports)."""
 
@@ -193,12 +215,28 @@ def _validate_client_config(kind: str, name: str, at: str, config: Any) -> None:
                 "fragments and query parameters are not permitted",
                 value=url,
             )
+    if service is not None:
+        _validate_service_reference(kind, name, f"{at}.clientConfig.service", service)
     ca = config.get("caBundle")
     if ca is not None:
         try:
             base64.b64decode(str(ca), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise invalid(kind, name, f"{at}.clientConfig.caBundle", f"not valid base64: {exc}") from exc
+
+
+def _validate_service_reference(kind: str, name: str, at: str, service: Any) -> None:
+    if not isinstance(service, dict):
+        raise invalid(kind, name, at, "must be an object")
+    for key in ("namespace", "name"):
+        if not isinstance(service.get(key), str) or not service[key]:
+            raise invalid(kind, name, f"{at}.{key}", f"Required value: service {key} is required")
+    path = service.get("path")
+    if path is not None and (not isinstance(path, str) or not path.startswith("/")):
+        raise invalid(kind, name, f"{at}.path", "must start with a '/'", value=path)
+    port = service.get("port", DEFAULT_SERVICE_PORT)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise invalid(kind, name, f"{at}.port", "port is not valid: must be between 1 and 65535", value=port)
 
 
 def _validate_rule(kind: str, name: str, at: str, rule: Any) -> None:
@@ -330,6 +368,95 @@ def _resource_matches(entry: str, plural: str, subresource: str) -> bool:
         # `pods` and `*` name the resource itself, never a subresource.
         return not subresource
     return sub in ("*", subresource) if subresource else sub == "*"
+
+
+# --- where a clientConfig.service is called -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Endpoint:
+    """One ready endpoint of a webhook's Service: where the review is POSTed."""
+
+    host: str
+    port: int
+
+
+def service_endpoints(reference: Obj, service: Obj | None, slices: Iterable[Obj]) -> list[Endpoint]:
+    """The ready endpoints a `clientConfig.service` `reference` resolves to, in a stable order (slices by
+    name, then as listed), given the Service it names (None: not found) and the EndpointSlices of its
+    namespace; `WebhookCallError` saying why when there is none to call."""
+    namespace, name = str(reference.get("namespace", "")), str(reference.get("name", ""))
+    port = reference.get("port", DEFAULT_SERVICE_PORT)
+    where = f'service "{namespace}/{name}"'
+    if service is None:
+        raise WebhookCallError(f"{where} not found")
+    spec = service.get("spec") if isinstance(service.get("spec"), dict) else {}
+    kind = spec.get("type") or "ClusterIP"
+    if kind not in ("ClusterIP", "NodePort", "LoadBalancer"):
+        raise WebhookCallError(f'{where}: unsupported service type "{kind}"')
+    port_name = next(
+        (
+            str(p.get("name") or "")
+            for p in _list(spec.get("ports"))
+            if isinstance(p, dict) and p.get("port") == port
+        ),
+        None,
+    )
+    if port_name is None:
+        raise WebhookCallError(f"no service port {port} found for {where}")
+    ready: list[Endpoint] = []
+    mine = [s for s in slices if ((meta(s).get("labels") or {}).get(SERVICE_NAME_LABEL)) == name]
+    for slice_ in sorted(mine, key=lambda s: str(meta(s).get("name", ""))):
+        target = next(
+            (
+                p.get("port")
+                for p in _list(slice_.get("ports"))
+                if isinstance(p, dict) and str(p.get("name") or "") == port_name
+            ),
+            None,
+        )
+        if not isinstance(target, int) or isinstance(target, bool):
+            continue
+        for endpoint in _list(slice_.get("endpoints")):
+            if not isinstance(endpoint, dict):
+                continue
+            # An unknown readiness counts as ready (EndpointConditions: nil means ready).
+            conditions = endpoint.get("conditions")
+            if isinstance(conditions, dict) and conditions.get("ready") is False:
+                continue
+            addresses = endpoint.get("addresses")
+            # The addresses of one endpoint are the same backend: consumers take the first.
+            if isinstance(addresses, list) and addresses and isinstance(addresses[0], str):
+                ready.append(Endpoint(addresses[0], target))
+    if not ready:
+        raise WebhookCallError(f"no endpoints available for {where}")
+    return ready
+
+
+def endpoint_url(reference: Obj, endpoint: Endpoint) -> str:
+    """The URL a review for `reference` is POSTed to at `endpoint`: `https`, except that kubesim calls
+    loopback endpoints over plain `http` (the `kairos up` replicas serve their webhooks without TLS)."""
+    path = str(reference.get("path") or "/")
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    scheme = "http" if _loopback(endpoint.host) else "https"
+    return f"{scheme}://{host}:{endpoint.port}{path}"
+
+
+def service_host(reference: Obj) -> str:
+    """The name a Service's TLS certificate is checked against: `<name>.<namespace>.svc`."""
+    return f"{reference.get('name', '')}.{reference.get('namespace', '')}.svc"
+
+
+def _list(value: Any) -> list[Any]:
+    """A list field as written, or none (the Service and slices are stored as clients wrote them)."""
+    return value if isinstance(value, list) else []
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # --- the call and its answer -------------------------------------------------------------------------------

@@ -6,6 +6,14 @@ cluster has prepared the object (`Cluster.begin_*`) and before it stores it (`Cl
 webhooks match, what is sent and what an answer means are pure (`tools.kubesim.admission`); this module
 only does the HTTP, with one aiohttp session per server (closed by `close`), per-webhook
 `timeoutSeconds`, and TLS verified against the webhook's `caBundle` (the system's roots without one).
+
+A webhook given by `clientConfig.service` is called at one ready endpoint of that Service per request
+(`admission.service_endpoints`, read from the store at each call, so a slice rewritten takes effect at
+once): the endpoints in turn, round robin per Service and port, as a Service spreads its clients' requests
+over its backends. When one refuses the connection (the review never reached it) the next is tried, and
+the webhook's `failurePolicy` applies only when none of them answers (a departure: the real server calls
+one endpoint per request and fails on its refusal; a cluster's readiness probe would soon have taken that
+endpoint out of the slice).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import base64
 import logging
 import ssl
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -44,6 +53,18 @@ class Admitted:
         """Whether any webhook was called (when none was, the request went on without waiting)."""
 
 
+_SERVICES = "services"
+_ENDPOINT_SLICES = "discovery.k8s.io/endpointslices"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where one try of a call goes: the URL, and for https the name its certificate must carry."""
+
+    url: str
+    server_hostname: str | None = None
+
+
 class Webhooks:
     """The admission chain of one simulated API server."""
 
@@ -51,6 +72,8 @@ class Webhooks:
         self._store = store
         self._session: aiohttp.ClientSession | None = None
         self._ssl: dict[str, ssl.SSLContext] = {}
+        self._turn: dict[tuple[str, str, int], int] = {}
+        """Per Service and port, how many calls it has had: the endpoint the next one starts at."""
 
     def configured(self) -> bool:
         """Whether any webhook configuration exists (none: every request skips admission at no cost)."""
@@ -128,37 +151,68 @@ class Webhooks:
         uid = str(uuid.uuid4())
         config = hook.spec.get("clientConfig") or {}
         timeout = int(hook.spec.get("timeoutSeconds", admission.DEFAULT_TIMEOUT_S))
+        body = _REVIEW.encode(admission.review(attrs, uid))
+        targets = self._targets(config)
+        deadline = asyncio.get_running_loop().time() + timeout
+        for index, target in enumerate(targets):
+            # The real server tells the webhook its deadline the same way.
+            url = f"{target.url}{'&' if '?' in target.url else '?'}timeout={timeout}s"
+            left = max(0.001, deadline - asyncio.get_running_loop().time())
+            try:
+                raw, status = await self._send(url, target, config, body, left)
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                # Refused, unreachable, or gone before answering (a pooled connection to a replica that
+                # stopped): another endpoint may take the review (webhooks declare no side effects).
+                if index + 1 < len(targets):
+                    continue
+                raise WebhookCallError(f'failed to call webhook: Post "{url}": {exc}') from exc
+            except TimeoutError as exc:
+                raise WebhookCallError(
+                    f'failed to call webhook: Post "{url}": context deadline exceeded'
+                ) from exc
+            except (aiohttp.ClientError, ssl.SSLError, OSError, ValueError) as exc:
+                raise WebhookCallError(f'failed to call webhook: Post "{url}": {exc}') from exc
+            if not 200 <= status < 300:
+                detail = raw[:200].decode(errors="replace")
+                raise WebhookCallError(
+                    f"failed to call webhook: the server responded with the status code {status} ({detail})"
+                )
+            return admission.verdict(hook, raw, uid)
+        raise AssertionError("unreachable: _targets returns at least one target")
+
+    async def _send(
+        self, url: str, target: _Target, config: Obj, body: bytes, timeout: float
+    ) -> tuple[bytes, int]:
+        async with self._client().post(
+            url,
+            data=body,
+            headers=_JSON_BODY,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            ssl=self._ssl_for(config) if url.startswith("https:") else False,
+            server_hostname=target.server_hostname,
+        ) as response:
+            return await response.read(), response.status
+
+    def _targets(self, config: Obj) -> list[_Target]:
+        """Where to POST, in the order to try: the `url`, or the Service's ready endpoints starting at the
+        one whose turn it is. `WebhookCallError` when the Service has none."""
         url = config.get("url")
-        if url is None:
-            svc = config.get("service") or {}
-            raise WebhookCallError(
-                f'service "{svc.get("namespace", "")}/{svc.get("name", "")}" cannot be reached: '
-                "kubesim has no cluster network (give clientConfig.url instead)"
-            )
-        # The real server tells the webhook its deadline the same way.
-        target = f"{url}{'&' if '?' in url else '?'}timeout={timeout}s"
-        try:
-            async with self._client().post(
-                target,
-                data=_REVIEW.encode(admission.review(attrs, uid)),
-                headers=_JSON_BODY,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-                ssl=self._ssl_for(config) if str(url).startswith("https:") else False,
-            ) as response:
-                raw = await response.read()
-                status = response.status
-        except TimeoutError as exc:
-            raise WebhookCallError(
-                f'failed to call webhook: Post "{target}": context deadline exceeded'
-            ) from exc
-        except (aiohttp.ClientError, ssl.SSLError, OSError, ValueError) as exc:
-            raise WebhookCallError(f'failed to call webhook: Post "{target}": {exc}') from exc
-        if not 200 <= status < 300:
-            detail = raw[:200].decode(errors="replace")
-            raise WebhookCallError(
-                f"failed to call webhook: the server responded with the status code {status} ({detail})"
-            )
-        return admission.verdict(hook, raw, uid)
+        if url is not None:
+            return [_Target(str(url))]
+        reference = config.get("service") or {}
+        namespace, name = str(reference.get("namespace", "")), str(reference.get("name", ""))
+        service = self._store.storage(_SERVICES).get(namespace, name)
+        slices = self._store.storage(_ENDPOINT_SLICES).iter(namespace)
+        endpoints = admission.service_endpoints(reference, service, slices)
+        key = (namespace, name, int(reference.get("port", admission.DEFAULT_SERVICE_PORT)))
+        turn = self._turn.get(key, 0)
+        self._turn[key] = turn + 1
+        start = turn % len(endpoints)
+        host = admission.service_host(reference)
+        urls = [
+            admission.endpoint_url(reference, endpoint) for endpoint in endpoints[start:] + endpoints[:start]
+        ]
+        return [_Target(url, host if url.startswith("https:") else None) for url in urls]
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
