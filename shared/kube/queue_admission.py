@@ -3,8 +3,9 @@
 
 Called by the state service's validating endpoint (`services.state.queue_validation`) with the Queue of an
 AdmissionReview and the other queues as the state replica holds them (`QueueQuotas.of_model`); `review`
-returns the `QueueVerdict`. `webhook_configuration` is the ValidatingWebhookConfiguration `kairos up`
-registers with kubesim (deploy/base has the in-cluster one).
+returns the `QueueVerdict`. `service_webhook_configuration` is the ValidatingWebhookConfiguration `kairos up`
+registers with kubesim (one webhook behind a Service, as deploy/base's in-cluster one), `webhook_configuration`
+the same calling URLs.
 
 What KAI's code checks, followed here (its code, not its docs: the changelog calls the parent-child check
 "quota validation", but the code admits an over-quota child with warnings, and its own test says so):
@@ -46,6 +47,7 @@ __all__ = [
     "QueueVerdict",
     "read_queue",
     "review",
+    "service_webhook_configuration",
     "webhook_configuration",
 ]
 
@@ -293,13 +295,30 @@ def quotas_by_name(queues: Iterable[Queue]) -> dict[str, QueueQuotas]:
 
 def webhook_configuration(urls: list[str], *, failure_policy: str = "Fail") -> dict[str, Any]:
     """A ValidatingWebhookConfiguration sending Queue creates and updates to the state replicas' endpoints at
-    `urls` (plain URLs: what `kairos up` registers with kubesim; deploy/base has the in-cluster one, behind a
-    Service with TLS). Each URL is its own webhook. KAI's is ``failurePolicy: Fail`` (a Queue is not
-    admitted unchecked)."""
+    `urls` (plain URLs, for a test's webhook server; deploy/base has the in-cluster one, behind a Service
+    with TLS). Each URL is its own webhook. KAI's is ``failurePolicy: Fail`` (a Queue is not admitted
+    unchecked)."""
+    return _configuration(
+        [(f"r{index}.{WEBHOOK_NAME}", {"url": f"{url}{PATH}"}) for index, url in enumerate(urls)],
+        failure_policy,
+    )
+
+
+def service_webhook_configuration(
+    namespace: str, service: str, *, port: int = 443, failure_policy: str = "Fail"
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration with one webhook sending Queue creates and updates to the state
+    replicas behind the Service `namespace/service` on `port`, each review to one of them (what `kairos up`
+    registers with kubesim, as deploy/base does on a cluster)."""
+    reference = {"namespace": namespace, "name": service, "port": port, "path": PATH}
+    return _configuration([(WEBHOOK_NAME, {"service": reference})], failure_policy)
+
+
+def _configuration(hooks: list[tuple[str, dict[str, Any]]], failure_policy: str) -> dict[str, Any]:
     webhooks = [
         {
-            "name": f"r{index}.{WEBHOOK_NAME}",
-            "clientConfig": {"url": f"{url}{PATH}"},
+            "name": name,
+            "clientConfig": client_config,
             "rules": [
                 {
                     "operations": ["CREATE", "UPDATE"],
@@ -314,7 +333,7 @@ def webhook_configuration(urls: list[str], *, failure_policy: str = "Fail") -> d
             "timeoutSeconds": 5,
             "admissionReviewVersions": ["v1"],
         }
-        for index, url in enumerate(urls)
+        for name, client_config in hooks
     ]
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",

@@ -66,26 +66,40 @@ async def ensure_objects(kubeconfig: str, *paths: Path) -> list[str]:
 
 
 async def replace_object(kubeconfig: str, manifest: dict[str, Any]) -> None:
-    """Create the cluster-scoped object, replacing one of the same name (`kairos up` registers its
-    webhook afresh: the replicas' ports change from one start to the next)."""
+    """Create the object, replacing one of the same name (`kairos up` registers its webhook afresh: the
+    replicas' ports change from one start to the next)."""
+    await replace_objects(kubeconfig, [manifest])
+
+
+async def replace_objects(kubeconfig: str, manifests: list[dict[str, Any]]) -> None:
+    """`replace_object` for each of `manifests` in order (cluster-scoped or in their
+    `metadata.namespace`), over one connection."""
     kube = await connect(kubeconfig)
-    meta = manifest.get("metadata") or {}
-    where = f"{manifest['kind']} {meta.get('name')}"
-    collection = collection_path(str(manifest["apiVersion"]), str(manifest["kind"]), None)
     backoff = Backoff(attempts=20, base=0.05, cap=1.0)
     try:
-        try:
-            await kube.call_with_retries(
-                f"delete {where}", raw_call, kube, "DELETE", f"{collection}/{meta['name']}", backoff=backoff
+        for manifest in manifests:
+            meta = manifest.get("metadata") or {}
+            where = f"{manifest['kind']} {meta.get('name')}"
+            collection = collection_path(
+                str(manifest["apiVersion"]), str(manifest["kind"]), meta.get("namespace")
             )
-        except ApiError as exc:
-            if exc.status != NOT_FOUND:
+            try:
+                await kube.call_with_retries(
+                    f"delete {where}",
+                    raw_call,
+                    kube,
+                    "DELETE",
+                    f"{collection}/{meta['name']}",
+                    backoff=backoff,
+                )
+            except ApiError as exc:
+                if exc.status != NOT_FOUND:
+                    raise ConfigError(f"{where}: {exc}") from exc
+            try:
+                await kube.call_with_retries(
+                    f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=backoff
+                )
+            except ApiError as exc:
                 raise ConfigError(f"{where}: {exc}") from exc
-        try:
-            await kube.call_with_retries(
-                f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=backoff
-            )
-        except ApiError as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
     finally:
         await kube.close()

@@ -355,7 +355,8 @@ def start_stack(
             options.setdefault("state", {}).update(source="kube", kubeconfig=str(kubeconfig))
             options.setdefault("binder", {}).update(cluster="kube", kubeconfig=str(kubeconfig))
             if cluster.kind == KUBESIM and "webhook_port" not in options["state"]:
-                # kubesim calls each state replica's admission webhook directly (no Service in front).
+                # kubesim calls the state replicas' admission webhooks through a Service whose endpoints
+                # are these ports on loopback (`tools.stack.webhook_service`).
                 webhook_ports = [free_port() for _ in range(counts.get("state", 1))]
         placed = [(service, DEFAULT_SHARD_NAME) for service in SERVICES]
         placed += [(service, shard) for shard in extra for service in SERVICES if service != "state"]
@@ -471,17 +472,12 @@ def free_port() -> int:
 
 
 def _register_webhook(kubeconfig: Path, ports: list[int]) -> None:
-    """Point kubesim's pod admission at the state replicas' webhooks (the `kairos.io/after` gate), and its
-    Queue admission at the first replica's Queue validation (one webhook, so each warning shows once;
-    failurePolicy Ignore, so a restarting state service does not stop Queues from being written)."""
-    from shared.kube import queue_admission
-    from shared.kube.scheduling_gates import webhook_configuration
-    from tools.stack.bootstrap import replace_object
+    """Point kubesim's pod admission (the `kairos.io/after` and quota gates) and its Queue admission at the
+    state replicas' webhooks on `ports`, behind one Service as on a cluster: each review goes to one
+    replica (`tools.stack.webhook_service`)."""
+    from tools.stack import webhook_service
 
-    urls = [f"http://127.0.0.1:{port}/mutate-pods" for port in ports]
-    asyncio.run(replace_object(str(kubeconfig), webhook_configuration(urls)))
-    queues = queue_admission.webhook_configuration([f"http://127.0.0.1:{ports[0]}"], failure_policy="Ignore")
-    asyncio.run(replace_object(str(kubeconfig), queues))
+    asyncio.run(webhook_service.register(str(kubeconfig), ports))
 
 
 def _write_pids(stack: Stack) -> None:
