@@ -193,9 +193,10 @@ def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
 
     Rendezvous hashing with bounded loads: every (partition, replica) pair has its fixed weight
     (`shard_spread.weight` of `spread_name`), and the pairs are taken from the heaviest down, a partition
-    going to the first replica that still owns fewer than its share (the partitions over the replicas, one
-    more for as many replicas as the division leaves over). So the replicas own the same number of
-    partitions to one (plain rendezvous hashing gave
+    going to the first replica that still owns fewer than its share (the numbered partitions over the
+    replicas, one more for as many replicas as the division leaves over); the cluster partition, which no
+    event is routed to, goes to one of the replicas that own the fewest. So the replicas own the same number
+    of partitions to one, and of the numbered ones (the pods' work) too (plain rendezvous hashing gave
     one of two replicas 6 of 8), every replica computes the same table from the same membership, and a
     replica joining or leaving moves mostly the partitions it takes or gives up, plus a few between the
     others to even the shares out."""
@@ -203,12 +204,13 @@ def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
     pieces = partitions(count)
     if not live:
         return dict.fromkeys(pieces)
-    base, extra = divmod(len(pieces), len(live))
+    numbered = pieces[:-1]
+    base, extra = divmod(len(numbered), len(live))
     load = dict.fromkeys(live, 0)
     larger = 0  # replicas that own base + 1 (at most `extra` of them)
     table: dict[str, str | None] = {}
     ranked = sorted(
-        ((shard_spread.weight(spread_name(p), r), r, p) for p in pieces for r in live), reverse=True
+        ((shard_spread.weight(spread_name(p), r), r, p) for p in numbered for r in live), reverse=True
     )
     for _, replica, piece in ranked:
         if piece in table or load[replica] > base or (load[replica] == base and larger >= extra):
@@ -216,6 +218,11 @@ def owners(count: int, members: Iterable[str]) -> dict[str, str | None]:
         table[piece] = replica
         load[replica] += 1
         larger += load[replica] == base + 1
+    # The cluster partition (no events of its own) to one of the replicas with the fewest others.
+    fewest = min(load.values())
+    table[CLUSTER] = max(
+        (shard_spread.weight(spread_name(CLUSTER), r), r) for r in live if load[r] == fewest
+    )[1]
     return {p: table[p] for p in pieces}
 
 

@@ -113,6 +113,18 @@ def test_the_replicas_own_the_same_number_of_partitions_to_one(count: int, membe
     assert len(shares) == min(len(members), count + 1)
 
 
+@given(counts, replica_sets)
+def test_the_replicas_own_the_same_number_of_numbered_partitions_to_one(
+    count: int, members: set[str]
+) -> None:
+    table = owners(count, members)
+    shares = Counter(table[p] for p in partitions(count) if p != CLUSTER)
+    assert max(shares.values()) - min(shares.values()) <= 1
+    assert shares[table[CLUSTER]] == min(shares[r] for r in members), (
+        "the cluster partition to a least loaded"
+    )
+
+
 @given(counts, replica_sets, names)
 def test_a_joining_replica_takes_its_share_and_moves_few_others(
     count: int, members: set[str], new: str
