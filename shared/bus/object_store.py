@@ -27,7 +27,8 @@ from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig, Storag
 from nats.js.errors import NotFoundError
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_META_PRE_TEMPLATE, ObjectStore
 
-from shared.contracts.messages import SNAPSHOT_BUCKET, SnapshotStored
+from shared.contracts.messages import SnapshotStored
+from shared.contracts.subjects import SNAPSHOT_BUCKET
 from shared.errors import TemporaryError
 
 SNAPSHOT_TTL_S = 120.0

@@ -17,7 +17,7 @@ Who sends what:
   binder -> `outcomes.<shard>`: `Outcome`.
 - anyone -> `cluster.<op>` (state answers): `ClusterRequest` -> `ClusterReply`.
 - anyone -> `state.snapshot` (state answers): `SnapshotRequest` -> `SnapshotReply`, or for a reply over
-  the max payload `SnapshotStored` naming it in the object store `SNAPSHOT_BUCKET`.
+  the max payload `SnapshotStored` naming it in the object store `subjects.SNAPSHOT_BUCKET`.
 - operator -> `admin.<shard>.cycle` (queue leader answers): `CycleRequest` -> `CycleReply`.
 - every replica -> `health.<service>.<replica>`: `Heartbeat`.
 
@@ -402,12 +402,6 @@ class SnapshotReply(_Msg, frozen=True, kw_only=True, tag="snapshot-reply"):
     pools: tuple[PoolLedger, ...] = ()
     """The cluster-wide DRA pools' entries with only their live holds (whose pod's `PodClaim` of their
     proposal exists), by driver and pool."""
-
-
-SNAPSHOT_BUCKET = "kairos_snapshots"
-"""The JetStream object store holding the snapshot replies too large for one NATS message
-(`shared.bus.object_store`): written by the state service, read and deleted by the requester, emptied by
-its max age what a requester leaves."""
 
 
 class SnapshotStored(_Msg, frozen=True, kw_only=True, tag="snapshot-stored"):

@@ -32,6 +32,10 @@ USAGE_BUCKET = "kairos_usage"
 (`usage_queue_key`), written only by the shard's queue leader (compare-and-set, fenced by its lease term)
 and read by its standbys on taking over.
 Also the record of each shard lease's terms (`lease_terms_key`), which must outlive the lease key."""
+SNAPSHOT_BUCKET = "kairos_snapshots"
+"""A JetStream object store, not a KV bucket: the snapshot replies too large for one NATS message
+(`shared.bus.object_store`), written by the state service, read and deleted by the requester; its max age
+removes what a requester leaves."""
 
 # --- JetStream streams ----------------------------------------------------------------------------------
 WORK_STREAM = "KAIROS_WORK"

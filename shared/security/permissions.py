@@ -38,7 +38,6 @@ from collections.abc import Iterable
 import msgspec
 
 from shared.contracts import subjects as s
-from shared.contracts.messages import SNAPSHOT_BUCKET
 
 JS_API = "$JS.API"
 
@@ -121,17 +120,17 @@ def _kv_read(bucket: str) -> list[str]:
 def _snapshot_store_write() -> list[str]:
     """Declare the snapshot object store, and put a snapshot into it: publish its chunks and metadata
     (`$O.<bucket>.>`), look up an existing name first, purge what a failed put left."""
-    stream = object_stream(SNAPSHOT_BUCKET)
+    stream = object_stream(s.SNAPSHOT_BUCKET)
     return [
         *(f"{JS_API}.STREAM.{verb}.{stream}" for verb in ("CREATE", "UPDATE", "INFO", "MSG.GET", "PURGE")),
-        f"$O.{SNAPSHOT_BUCKET}.>",
+        f"$O.{s.SNAPSHOT_BUCKET}.>",
     ]
 
 
 def _snapshot_store_read() -> list[str]:
     """Read a stored snapshot (its metadata, then its chunks through an ordered consumer found by
     subject) and delete it (purge its chunks and metadata); no write to the bucket."""
-    stream = object_stream(SNAPSHOT_BUCKET)
+    stream = object_stream(s.SNAPSHOT_BUCKET)
     return [
         f"{JS_API}.STREAM.INFO.{stream}",
         f"{JS_API}.STREAM.MSG.GET.{stream}",

@@ -28,7 +28,6 @@ from shared.contracts import subjects as s
 from shared.contracts.messages import (
     CLUSTER_REPLIES,
     SNAPSHOT_ANSWERS,
-    SNAPSHOT_BUCKET,
     SnapshotReply,
     SnapshotRequest,
     SnapshotStored,
@@ -54,7 +53,7 @@ pytestmark = pytest.mark.integration
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 NODES = 5_000
-STREAM = f"OBJ_{SNAPSHOT_BUCKET}"
+STREAM = f"OBJ_{s.SNAPSHOT_BUCKET}"
 
 
 def labelled_nodes(count: int) -> list[Node]:
