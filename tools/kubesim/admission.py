@@ -388,7 +388,9 @@ def service_endpoints(reference: Obj, service: Obj | None, slices: Iterable[Obj]
     where = f'service "{namespace}/{name}"'
     if service is None:
         raise WebhookCallError(f"{where} not found")
-    spec = service.get("spec") if isinstance(service.get("spec"), dict) else {}
+    spec = service.get("spec")
+    if not isinstance(spec, dict):
+        spec = {}
     kind = spec.get("type") or "ClusterIP"
     if kind not in ("ClusterIP", "NodePort", "LoadBalancer"):
         raise WebhookCallError(f'{where}: unsupported service type "{kind}"')

@@ -10,8 +10,9 @@ only does the HTTP, with one aiohttp session per server (closed by `close`), per
 A webhook given by `clientConfig.service` is called at one ready endpoint of that Service per request
 (`admission.service_endpoints`, read from the store at each call, so a slice rewritten takes effect at
 once): the endpoints in turn, round robin per Service and port, as a Service spreads its clients' requests
-over its backends. When one refuses the connection (the review never reached it) the next is tried, and
-the webhook's `failurePolicy` applies only when none of them answers (a departure: the real server calls
+over its backends. When one refuses the connection, or closes it without an answer (a replica that
+stopped), the next is tried (webhooks declare no side effects), and the webhook's `failurePolicy` applies
+only when none of them answers (a departure: the real server calls
 one endpoint per request and fails on its refusal; a cluster's readiness probe would soon have taken that
 endpoint out of the slice).
 """
