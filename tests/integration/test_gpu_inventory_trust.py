@@ -161,6 +161,10 @@ async def test_a_node_s_own_agent_identity_runs_the_agent_and_cannot_speak_for_a
         auth_server.url, "gpu-n1", auth=NatsAuth(user=identity, password=PASSWORDS[identity])
     )
     heard = await admin.nc.subscribe(s.GPU_INVENTORY_WILDCARD)
+    # The server must hold the subscription before the agent's first report, sent from another
+    # connection: a flush is the round trip that guarantees it (else, on a loaded machine, the report can
+    # pass the SUB, and the next one comes a period later).
+    await admin.nc.flush()
     ctx = ServiceContext("gpu_agent", ServiceConfig(replica="gpu-n1"), agent_bus)
     settings = AgentSettings.from_options({"node": "n1", "period": "600", "telemetry_period": "0"}, {})
     task = asyncio.create_task(Agent(NvmlReader(FakeNvml([FakeGpu(uuid="GPU-0")])), settings).run(ctx))
