@@ -103,8 +103,8 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     state: int = 1
     """State replicas. Only the first runs the Kubernetes source (the state service is active/standby); the
-    others serve snapshots and their admission webhooks, each its own webhook, which kubesim calls in turn
-    for every pod until one gates it (so each one more adds an admission review per pod)."""
+    others serve snapshots and a share of the admission reviews (the replicas sit behind one Service, as on
+    a cluster: each pod's review reaches one of them)."""
     queue: int = 1
     """Queue replicas: one leads each shard (the workloads have one), the others stand by."""
     placement: int = 1
