@@ -53,7 +53,6 @@ from services.state.dra_watch import dra_informers
 from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.gpu_overlay import refusal
 from services.state.grouping import GrouperConfig
-from services.state.kv_objects import object_of
 from services.state.kv_writer import SourceWriter, StateWriter
 from services.state.mirror import (
     JOBS,
@@ -83,7 +82,7 @@ from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
 from shared.contracts.inventory import INVENTORIES, GpuInventory
-from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode
+from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode, record_object
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import FencedError, MalformedMessage, TemporaryError
 from shared.kube import bind_failure, wire
@@ -259,7 +258,7 @@ class KubeSource:
         """Start the informers, wait for their first lists, write the cluster; returns the state revision."""
         stored = {key: encode(record) for key, record in self.replica.records.items()}
         self.writer.seed(stored, self.replica.revision)
-        self.mirror.adopt({key: object_of(record) for key, record in self.replica.records.items()})
+        self.mirror.adopt({key: record_object(record) for key, record in self.replica.records.items()})
         self._tasks = [asyncio.create_task(informer.run()) for informer in self.informers]
         waiting = {informer.what: asyncio.create_task(informer.synced.wait()) for informer in self.informers}
         _, pending = await asyncio.wait(waiting.values(), timeout=self.options.sync_timeout)

@@ -3,7 +3,7 @@
 The vocabulary both sources share with what they feed: the simulated cluster (`services.state.sim_source`)
 and the Kubernetes mirror (`services.state.mirror`) return `Change`s, which `services.state.kv_writer`
 writes to `STATE_BUCKET` as the `StateRecord` of each object (`record_of`) under its key (`key_of`); an
-owner that takes over reads them back (`object_of`). `HOLDING` and `FINISHED` are the pod statuses the
+owner that takes over reads them back (`shared.contracts.messages.record_object`). `HOLDING` and `FINISHED` are the pod statuses the
 simulated cluster and the ledger clean-up agree on. Pure: no I/O.
 """
 
@@ -105,24 +105,3 @@ def record_of(obj: Obj) -> StateRecord:
             return DraRecord(obj=obj)
         case _:
             return VolumeRecord(obj=obj)
-
-
-def object_of(record: StateRecord) -> Obj:
-    """The object a `StateRecord` holds."""
-    match record:
-        case NodeRecord(node=node):
-            return node
-        case PodRecord(pod=pod):
-            return pod
-        case PodGroupRecord(podgroup=podgroup):
-            return podgroup
-        case QueueRecord(queue=queue):
-            return queue
-        case TopologyRecord(topology=topology):
-            return topology
-        case NamespaceRecord(namespace=namespace):
-            return namespace
-        case VolumeRecord(obj=obj):
-            return obj
-        case DraRecord(obj=dra_obj):
-            return dra_obj

@@ -36,10 +36,17 @@ from services.state.gpu_usage import (
     simulated_telemetry,
     usage_of,
 )
-from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of, object_of
+from services.state.kv_objects import FINISHED, HOLDING, Change, Obj, key_of
 from shared.clusterfile import RUN_SECONDS_LABEL, ClusterObjects, run_seconds
 from shared.contracts import subjects as s
-from shared.contracts.messages import ApplyRequest, Binding, EvictionOrder, PodGroupStamps, StateRecord
+from shared.contracts.messages import (
+    ApplyRequest,
+    Binding,
+    EvictionOrder,
+    PodGroupStamps,
+    StateRecord,
+    record_object,
+)
 from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import KairosError
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
@@ -127,7 +134,7 @@ class SimulatedCluster:
         Nothing changes, so nothing is returned; timers restart from `now` (the original start times are
         not kept in KV).
         """
-        self.objects = {key_of(o): o for o in map(object_of, records)}
+        self.objects = {key_of(o): o for o in map(record_object, records)}
         self._reindex()
         self._timers.clear()
         for key, obj in self.objects.items():

@@ -20,26 +20,19 @@ from shared.contracts.messages import (
     LEDGER_RECORDS,
     SHARD_RECORDS,
     STATE_RECORDS,
-    DraRecord,
-    NamespaceRecord,
     NodeLedger,
-    NodeRecord,
     PodClaim,
-    PodGroupRecord,
-    PodRecord,
     PoolLedger,
-    QueueRecord,
     ShardRecord,
     StateRecord,
-    TopologyRecord,
-    VolumeRecord,
+    record_object,
 )
 from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY_PREFIX, shard_key
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.ledger_view import live_pools, scheduling_view
 from shared.model import Snapshot
-from shared.model.gather import SnapshotObject, snapshot_of
+from shared.model.gather import snapshot_of
 
 log = logging.getLogger("kairos.replica")
 
@@ -178,7 +171,7 @@ class StateReplica:
     def objects(self) -> Snapshot:
         """The cluster exactly as the state bucket holds it (no ledger overlay), in a stable order
         (`shared.model.gather.snapshot_of`)."""
-        return snapshot_of(_object_of(record) for record in self.records.values())
+        return snapshot_of(record_object(record) for record in self.records.values())
 
     def snapshot(self) -> Snapshot:
         """`objects()` as the binders' ledger shows it (`shared.ledger_view.scheduling_view`): pods the
@@ -188,24 +181,3 @@ class StateReplica:
         return scheduling_view(
             self.objects(), self.ledger.values(), live_pools(self.pools.values(), self.claims.values())
         )
-
-
-def _object_of(record: StateRecord) -> SnapshotObject:
-    """The model object a state record carries."""
-    match record:
-        case NodeRecord(node=node):
-            return node
-        case PodRecord(pod=pod):
-            return pod
-        case PodGroupRecord(podgroup=podgroup):
-            return podgroup
-        case QueueRecord(queue=queue):
-            return queue
-        case TopologyRecord(topology=topology):
-            return topology
-        case NamespaceRecord(namespace=namespace):
-            return namespace
-        case VolumeRecord(obj=storage):
-            return storage
-        case DraRecord(obj=dra):
-            return dra

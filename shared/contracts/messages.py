@@ -45,6 +45,7 @@ from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import ShardConfig
 from shared.model import Namespace, Node, Pod, PodGroup, Queue, Topology
 from shared.model.dra import ClaimHold, Dra, DraObject
+from shared.model.gather import SnapshotObject
 from shared.model.objects import BindFailure
 from shared.model.volumes import StorageObject, Volumes
 
@@ -111,6 +112,28 @@ StateRecord = (
     | VolumeRecord
     | DraRecord
 )
+
+
+def record_object(record: StateRecord) -> SnapshotObject:
+    """The model object a `StateRecord` carries (the state service writes one per object; replicas and an
+    owner taking over read them back)."""
+    match record:
+        case NodeRecord(node=node):
+            return node
+        case PodRecord(pod=pod):
+            return pod
+        case PodGroupRecord(podgroup=podgroup):
+            return podgroup
+        case QueueRecord(queue=queue):
+            return queue
+        case TopologyRecord(topology=topology):
+            return topology
+        case NamespaceRecord(namespace=namespace):
+            return namespace
+        case VolumeRecord(obj=storage):
+            return storage
+        case DraRecord(obj=dra):
+            return dra
 
 
 class ShardRecord(_Msg, frozen=True, kw_only=True, tag="shard"):
