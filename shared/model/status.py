@@ -9,6 +9,7 @@ deletion was asked), `shared.explain` when it says why.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class PodStatus(enum.StrEnum):
@@ -73,3 +74,20 @@ def stuck_in_releasing(
     seconds have passed since its deletion was asked (`releasing_since`), then StuckInReleasing. A pod
     deleted while Pending stays Releasing however long it takes (its `releasing_since` is None)."""
     return status == PodStatus.RELEASING and releasing_since is not None and now - releasing_since > threshold
+
+
+def podgroup_phase(statuses: Iterable[PodStatus], min_member: int) -> str:
+    """A podgroup's phase as its pods' statuses show it, for people (`kairos status`, `kairos simulate`):
+    Empty (no pods yet), Succeeded (all), Failed (any), Running (at least its min member placed, at least
+    one), Starting (some placed), or Pending. Placed: holding its node, not pipelined."""
+    seen = list(statuses)
+    if not seen:
+        return "Empty"
+    if all(st == PodStatus.SUCCEEDED for st in seen):
+        return "Succeeded"
+    if any(st == PodStatus.FAILED for st in seen):
+        return "Failed"
+    placed = sum(st in ACTIVE_ALLOCATED and st != PodStatus.PIPELINED for st in seen)
+    if placed and placed >= max(min_member, 1):
+        return "Running"
+    return "Starting" if placed else "Pending"

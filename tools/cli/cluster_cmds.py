@@ -227,6 +227,7 @@ def status_tables(
     from shared.core.queue_plan import plan_queues
     from shared.kube.scheduling_shard import policy_of
     from shared.model import Snapshot
+    from shared.model.status import podgroup_phase
     from shared.model.validate import validate_snapshot
 
     usage = {e.queue: e.usage for e in fair_shares if e.usage}
@@ -301,7 +302,9 @@ def status_tables(
         pods = by_group.get(g.key, [])
         min_member = sum(ps.min_available for ps in g.root.all_pod_sets())
         running, pending = _counts(pods)
-        groups.add_row(g.key, g.queue, _phase(pods, min_member), str(running), str(pending))
+        groups.add_row(
+            g.key, g.queue, podgroup_phase((p.status for p in pods), min_member), str(running), str(pending)
+        )
 
     shown = reply.pods if max_pods is None else reply.pods[:max_pods]
     more = len(reply.pods) - len(shown)
@@ -426,25 +429,6 @@ def _counts(pods: list[Pod]) -> tuple[int, int]:
     running = sum(p.status == PodStatus.RUNNING for p in pods)
     pending = sum(p.status in (PodStatus.PENDING, PodStatus.PIPELINED, PodStatus.GATED) for p in pods)
     return running, pending
-
-
-def _phase(pods: list[Pod], min_member: int) -> str:
-    """A podgroup's phase as its pods show it: Succeeded, Failed, Running (at least min member placed),
-    Starting (some placed), Pending, or Empty (no pods yet)."""
-    from shared.model import PodStatus
-    from shared.model.status import ACTIVE_ALLOCATED
-
-    if not pods:
-        return "Empty"
-    statuses = [p.status for p in pods]
-    if all(st == PodStatus.SUCCEEDED for st in statuses):
-        return "Succeeded"
-    if any(st == PodStatus.FAILED for st in statuses):
-        return "Failed"
-    placed = sum(st in ACTIVE_ALLOCATED and st != PodStatus.PIPELINED for st in statuses)
-    if placed and placed >= max(min_member, 1):
-        return "Running"
-    return "Starting" if placed else "Pending"
 
 
 def _gpu_request(pod: Pod) -> str:

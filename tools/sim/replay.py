@@ -31,7 +31,7 @@ from shared.core.scheduler import schedule
 from shared.core.stamps import latest, merged_stamps
 from shared.explain import failed_scheduling_message, plain_eviction
 from shared.model import Pod, PodGroup, PodStatus, Queue, Snapshot
-from shared.model.status import ACTIVE_ALLOCATED
+from shared.model.status import ACTIVE_ALLOCATED, podgroup_phase
 from shared.snapshot_file import CapturedSnapshot, Header, ShardCapture
 from tools.sim.whatif import WhatIf
 
@@ -269,22 +269,6 @@ def _min_member(group: PodGroup) -> int:
     return max(1, sum(ps.min_available for ps in group.root.all_pod_sets()))
 
 
-def phase(pods: list[Pod], min_member: int) -> str:
-    """A podgroup's phase as its pods show it: Succeeded, Failed, Running (at least min member placed),
-    Starting (some placed), Pending, or Empty (no pods)."""
-    if not pods:
-        return "Empty"
-    statuses = [p.status for p in pods]
-    if all(st == PodStatus.SUCCEEDED for st in statuses):
-        return "Succeeded"
-    if any(st == PodStatus.FAILED for st in statuses):
-        return "Failed"
-    placed = len(_placed(pods))
-    if placed >= min_member:
-        return "Running"
-    return "Starting" if placed else "Pending"
-
-
 def _by_group(pods: Iterable[Pod]) -> dict[str, list[Pod]]:
     out: dict[str, list[Pod]] = {}
     for pod in pods:
@@ -317,7 +301,8 @@ def _group_outcomes(
         members_before = pods_before.get(group.key, [])
         members_after = pods_after.get(group.key, [])
         need = _min_member(group)
-        was, now = phase(members_before, need), phase(members_after, need)
+        was = podgroup_phase((p.status for p in members_before), need)
+        now = podgroup_phase((p.status for p in members_after), need)
         placed_before, placed_after = _placed(members_before), _placed(members_after)
         placed_at_start = _placed(pods_start.get(group.key, []))
         gone = tuple(sorted(p.key for p in members_after if p.key in evictions))
