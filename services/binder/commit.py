@@ -93,6 +93,7 @@ from typing import Protocol, TypeVar, cast
 
 from services.binder import pool_ledger
 from services.binder.cluster_client import ClusterClient, ClusterRefused
+from services.binder.device_clash import DeviceClash
 from services.binder.event_batch import publish_stored
 from services.binder.leftovers import Leftovers
 from services.binder.recovery_binds import RecoveryBinds
@@ -233,27 +234,6 @@ def reservation_of(binding: Binding, proposal: str) -> Reservation:
             if a.devices
         ),
     )
-
-
-@dataclass(frozen=True)
-class DeviceClash:
-    """A device a proposal's pod would hold for one claim while another pod holds it for another."""
-
-    device: tuple[str, str, str]
-    """Driver, pool, device."""
-    pod: str
-    claim: str
-    holder: str
-    """The pod that holds it already."""
-    held_for: str
-    """The claim it holds it for."""
-
-    def __str__(self) -> str:
-        driver, pool, device = self.device
-        return (
-            f"device {driver}/{pool}/{device} for claim {self.claim} of pod {self.pod} is held by pod "
-            f"{self.holder} for claim {self.held_for}"
-        )
 
 
 def device_clash(current: NodeLedger | None, ours: Mapping[str, Reservation]) -> DeviceClash | None:

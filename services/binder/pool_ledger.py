@@ -32,6 +32,7 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from services.binder.device_clash import DeviceClash
 from shared.bus.kv import KvStore
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEDGER_RECORDS, Binding, PodClaim, PoolHold, PoolLedger, encode
@@ -91,29 +92,10 @@ class PoolWrite:
     holders: tuple[Holder, ...]
 
 
-@dataclass(frozen=True)
-class PoolClash:
-    """A cluster-wide device a proposal's pod would hold for one claim while a live holder holds it for
-    another."""
-
-    device: DeviceId
-    pod: str
-    claim: str
-    holder: str
-    held_for: str
-
-    def __str__(self) -> str:
-        driver, pool, device = self.device
-        return (
-            f"device {driver}/{pool}/{device} (a cluster-wide pool's) for claim {self.claim} of pod {self.pod} "
-            f"is held by pod {self.holder} for claim {self.held_for}"
-        )
-
-
 class PoolConflict(ConflictError):  # noqa: N818 -- a ConflictError, named for what conflicted
     """A pool's entry holds a device of the proposal's for another claim of a live holder."""
 
-    def __init__(self, key: str, clash: PoolClash) -> None:
+    def __init__(self, key: str, clash: DeviceClash) -> None:
         super().__init__(key, 0, 0)
         self.clash = clash
 
@@ -182,7 +164,9 @@ async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[Holder, PoolHold
                         if not await _live(ledger, other, memo):
                             del keep[other]  # stale: its claim is gone
                             continue
-                        raise PoolConflict(key, PoolClash(d.id, hold.pod, h.claim, other[1], claim))
+                        raise PoolConflict(
+                            key, DeviceClash(d.id, hold.pod, h.claim, other[1], claim, cluster_wide=True)
+                        )
         value = _entry(pool, {**keep, **ours}.values())
         try:
             if entry is None:
