@@ -118,7 +118,7 @@ __all__ = [
 CLUSTER = "cluster"
 """The partition of the cluster-scoped objects and the queue-fair-share events."""
 MAX_PARTITIONS = 1024
-WORK_STREAM = "KAIROS_STATE_WORK"
+WORK_STREAM = s.STATE_WORK_STREAM
 """The internal stream the write-back's events reach partition owners through."""
 WORK_PREFIX = f"{s.PREFIX}.state.work"
 

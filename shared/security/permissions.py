@@ -269,6 +269,9 @@ def permissions(identity: str) -> Permissions:
         publish += _events("pod-unschedulable")
         publish += _declare()
         publish += _snapshot_store_write()
+        # The partitions' work stream (`services.state.partitions`): made, checked and consumed by state alone.
+        publish += [f"{JS_API}.STREAM.{verb}.{s.STATE_WORK_STREAM}" for verb in ("CREATE", "UPDATE", "INFO")]
+        publish += _consume(s.STATE_WORK_STREAM)
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
         subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         declares = True

@@ -105,6 +105,9 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """State replicas. Only the first runs the Kubernetes source (the state service is active/standby); the
     others serve snapshots and a share of the admission reviews (the replicas sit behind one Service, as on
     a cluster: each pod's review reaches one of them)."""
+    state_partitions: int = 0
+    """The state service's `partitions` option (0: one replica does the per-pod work; N: every state replica
+    mirrors the cluster and the work is divided into N partitions, `services.state.partitions`)."""
     queue: int = 1
     """Queue replicas: one leads each shard (the workloads have one), the others stand by."""
     placement: int = 1
@@ -161,6 +164,11 @@ def run_bus(
             options={
                 "queue": {"batch": options.batch, "period": str(options.period)},
                 "binder": {"conflicts": options.conflicts},
+                **(
+                    {"state": {"partitions": str(options.state_partitions)}}
+                    if options.state_partitions
+                    else {}
+                ),
             },
             timeout=120.0,
             cluster=cluster,

@@ -98,9 +98,15 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """Replicas of each service for the workloads' bus runs (`kairos bench --replicas state=2,queue=2`)."""
     replica_curve: bool = False
     """Also run the replica curve (`kairos bench --replica-curve`)."""
+    state_partitions: int = 0
+    """The state service's `partitions` option for every bus run (`kairos bench --state-partitions N`)."""
 
     def __post_init__(self) -> None:
         check_nats_cluster(self.nats_cluster)
+        if self.state_partitions < 0:
+            raise ConfigError(
+                f"--state-partitions: {self.state_partitions}: expected 0 (off) or a count >= 1"
+            )
         for service, count in self.replicas.items():
             if service not in SERVICES or count < 1:
                 raise ConfigError(
@@ -229,6 +235,7 @@ def _options(plan: Plan, replicas: dict[str, int], **extra: Any) -> BusOptions:
         placement=counts["placement"],
         binder=counts["binder"],
         nats_cluster=plan.nats_cluster,
+        state_partitions=plan.state_partitions,
         **extra,
     )
 

@@ -71,6 +71,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         help="replicas of each service for the bus runs, e.g. state=2,queue=2,placement=2,binder=2 (others 1)",
     )
     bench.add_argument(
+        "--state-partitions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the state service's partitions option for the bus runs: every state replica mirrors the cluster "
+        "and the per-pod work is divided into N partitions (0: one replica does it)",
+    )
+    bench.add_argument(
         "--replica-curve",
         action="store_true",
         help="also run SchedulingBasic over the bus with 1, 2 and 4 replicas of each service: CPU per pod per "
@@ -105,6 +113,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         nats_cluster=args.nats_cluster,
         replicas=parse_replicas(args.replicas),
         replica_curve=args.replica_curve,
+        state_partitions=args.state_partitions,
     )
     report = suite.run(plan, _say)
     if report.cpu_per_pod:

@@ -365,7 +365,9 @@ def start_stack(
             for i in range(counts.get(service, 1)):
                 replica = f"{service}-{i}" if shard == DEFAULT_SHARD_NAME else f"{service}-{shard}-{i}"
                 opts = dict(options.get(service, {}))
-                if service == "state" and i > 0:
+                if service == "state" and i > 0 and not _partitioned(opts, env):
+                    # One replica owns the source; the others serve snapshots (and their webhook), unless
+                    # the state service divides its work into partitions, where every replica mirrors.
                     opts["source"] = "none"
                 if service == "state" and webhook_ports:
                     opts["webhook_port"] = str(webhook_ports[i])
@@ -393,6 +395,16 @@ def start_stack(
             raise StartStoppedError(STOP_REASON) from exc
         raise
     return stack
+
+
+def _partitioned(state_options: dict[str, str], env: dict[str, str]) -> bool:
+    """Whether the state replicas divide their work into partitions (`--set partitions=N`, or
+    KAIROS_PARTITIONS; a value that does not read is left for the service to refuse, naming it)."""
+    text = state_options.get("partitions", env.get("KAIROS_PARTITIONS", "0"))
+    try:
+        return int(text) > 0
+    except ValueError:
+        return True
 
 
 def check_nats_cluster(servers: int) -> int:
