@@ -5,36 +5,20 @@ from __future__ import annotations
 from shared.core.cycle import run_session
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
-from shared.model import GpuRequest, Node, Pod, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import GpuRequest, Node, Pod, PodStatus, Queue, Snapshot
+from tests import builders
+from tests.builders import Workload, gang, node, queue, root_queue
 
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 ALLOCATE = Policy(actions=("allocate",))
 
 
-def node(name: str, gpus: int = 8) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=80_000)
-
-
 def queues(gpu_quota: float = 8, limit: float = -1) -> tuple[Queue, ...]:
-    return (
-        Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-        Queue(
-            name="team",
-            parent="root",
-            gpu=QueueResource(quota=gpu_quota, over_quota_weight=1, limit=limit),
-            cpu=UNBOUNDED,
-            memory=UNBOUNDED,
-        ),
-    )
+    """The queue `team` (GPU quota 8 unless said) under `root`."""
+    return root_queue("root"), queue("team", gpu_quota, parent="root", limit=limit)
 
 
-def snapshot(
-    nodes: list[Node], *workloads: tuple[object, list[Pod]], qs: tuple[Queue, ...] | None = None
-) -> Snapshot:
-    groups = tuple(w[0] for w in workloads)
-    pods = tuple(p for w in workloads for p in w[1])
-    return Snapshot(nodes=tuple(nodes), pods=pods, podgroups=groups, queues=qs or queues())  # type: ignore[arg-type]
+def snapshot(nodes: list[Node], *workloads: Workload, qs: tuple[Queue, ...] | None = None) -> Snapshot:
+    return builders.snapshot(nodes, *workloads, queues=qs or queues())
 
 
 def test_a_gang_that_cannot_fit_whole_binds_nothing_and_says_why() -> None:

@@ -23,30 +23,18 @@ from shared.core.result import (
     TaskView,
 )
 from shared.core.scheduler import schedule
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import GpuRequest, Node, PodStatus, Queue, Snapshot
+from tests import builders
+from tests.builders import Workload, gang, node, root_queue
 
 NOW = 10_000.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 ALLOCATE = Policy(actions=("allocate",))
 RECLAIM = Policy(actions=("reclaim",))
 
-Workload = tuple[PodGroup, list[Pod]]
-
-
-def node(name: str, gpus: int) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=80_000)
-
 
 def queue(name: str, quota: float = -1) -> Queue:
-    return Queue(
-        name=name,
-        parent="dept",
-        creation_index=len(name),
-        gpu=QueueResource(quota=quota, over_quota_weight=1, limit=-1),
-        cpu=UNBOUNDED,
-        memory=UNBOUNDED,
-    )
+    """A queue under `dept`; queues are created in the order of their names' lengths."""
+    return builders.queue(name, quota, creation_index=len(name))
 
 
 def workload(
@@ -67,13 +55,7 @@ def workload(
 
 
 def snapshot(nodes: list[Node], queues: list[Queue], *workloads: Workload) -> Snapshot:
-    dept = Queue(name="dept", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for w in workloads for p in w[1]),
-        podgroups=tuple(w[0] for w in workloads),
-        queues=(dept, *queues),
-    )
+    return builders.snapshot(nodes, *workloads, queues=(root_queue(), *queues))
 
 
 def bindings(result: CycleResult) -> dict[str, Binding]:

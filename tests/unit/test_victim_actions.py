@@ -6,46 +6,27 @@ import msgspec
 
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import Node, Queue, Snapshot
+from tests import builders
+from tests.builders import Workload, gang, node, placed, root_queue
 
 NOW = 10_000.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 RECLAIM = Policy(actions=("reclaim",))
 PREEMPT = Policy(actions=("preempt",))
 CONSOLIDATE = Policy(actions=("consolidation",), max_consolidation_preemptees=-1)
 
-Workload = tuple[PodGroup, list[Pod]]
-
-
-def node(name: str, gpus: int) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=80_000)
-
 
 def queue(name: str, quota: float, weight: float = 1.0) -> Queue:
-    return Queue(
-        name=name,
-        parent="dept",
-        creation_index=len(name),
-        gpu=QueueResource(quota=quota, over_quota_weight=weight, limit=-1),
-        cpu=UNBOUNDED,
-        memory=UNBOUNDED,
-    )
+    """A queue under `dept`; queues are created in the order of their names' lengths."""
+    return builders.queue(name, quota, weight, creation_index=len(name))
 
 
 def snapshot(nodes: list[Node], queues: list[Queue], *workloads: Workload) -> Snapshot:
-    dept = Queue(name="dept", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for w in workloads for p in w[1]),
-        podgroups=tuple(w[0] for w in workloads),
-        queues=(dept, *queues),
-    )
+    return builders.snapshot(nodes, *workloads, queues=(root_queue(), *queues))
 
 
 def running(name: str, q: str, nodes: list[str], gpus: float = 1.0, **kw: object) -> Workload:
-    pg, pods = gang(name, q, len(nodes), gpus, status=PodStatus.RUNNING, nodes=nodes, **kw)  # type: ignore[arg-type]
-    return msgspec.structs.replace(pg, last_start_time=NOW - 3600), pods
+    return placed(name, q, nodes, gpus, started=NOW - 3600, **kw)
 
 
 def pending(name: str, q: str, size: int = 1, gpus: float = 1.0, **kw: object) -> Workload:

@@ -1,0 +1,254 @@
+"""One set of builders for tests: model objects (nodes, queues, workloads, snapshots) and the Kubernetes
+manifests tests send to kubesim (pods, nodes, queues, podgroups, claims, storage classes).
+
+Each builder takes the fields a spec cares about and gives the rest a plain default, said in its
+docstring; any other field of the object is a keyword argument. Gangs, GPU nodes in bulk and flat queue
+trees come from `shared.model.builders` (re-exported here), so a test imports everything from one place:
+
+    snap = snapshot([node("a", gpus=4)], gang("train", "team", 2), queues=team_queues())
+    manifest = pod_manifest("p", node="n1", labels={"app": "web"})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
+from shared.model.builders import GIB, ZONE, flat_queues, gang, gpu_nodes, one_queue_snapshot
+
+__all__ = [
+    "GIB",
+    "HOSTNAME",
+    "UNBOUNDED",
+    "ZONE",
+    "Workload",
+    "claim_manifest",
+    "flat_queues",
+    "gang",
+    "gpu_nodes",
+    "node",
+    "node_manifest",
+    "one_queue_snapshot",
+    "placed",
+    "pod_manifest",
+    "podgroup_manifest",
+    "queue",
+    "queue_manifest",
+    "root_queue",
+    "snapshot",
+    "storage_class_manifest",
+    "team_queues",
+]
+
+HOSTNAME = "kubernetes.io/hostname"
+"""Kubernetes' well-known hostname label."""
+
+UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
+"""A queue resource with no quota and no limit, weight 1: what a test's queues get where it does not care."""
+
+Workload = tuple[PodGroup, list[Pod]]
+"""A podgroup and its pods, as `gang` makes them."""
+
+
+# --- model objects --------------------------------------------------------------------------------------------
+def node(name: str, gpus: int = 8, **fields: Any) -> Node:
+    """A node with `gpus` 80,000 MiB devices, 64 cores and 512e9 bytes of memory; `fields` set any other
+    field of `Node` (``labels=``, ``taints=``, ``scalars=``, ``cpu_millis=``...)."""
+    return Node(
+        name=name,
+        **{"cpu_millis": 64_000, "memory_bytes": 512e9, "gpus": gpus, "gpu_memory_mib": 80_000, **fields},
+    )
+
+
+def queue(
+    name: str,
+    gpu_quota: float = -1,
+    weight: float = 1.0,
+    *,
+    parent: str | None = "dept",
+    limit: float = -1,
+    **fields: Any,
+) -> Queue:
+    """A queue under `parent` (the root `dept` by default) whose GPUs have deserved quota `gpu_quota`,
+    over-quota weight `weight` and `limit` (-1: unlimited, the default for both); CPU and memory
+    `UNBOUNDED`; `fields` set any other field of `Queue` (``creation_index=``, ``labels=``...)."""
+    return Queue(
+        name=name,
+        parent=parent,
+        gpu=QueueResource(quota=gpu_quota, over_quota_weight=weight, limit=limit),
+        **{"cpu": UNBOUNDED, "memory": UNBOUNDED, **fields},
+    )
+
+
+def root_queue(name: str = "dept") -> Queue:
+    """A top-level queue with every resource `UNBOUNDED`."""
+    return Queue(name=name, gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)
+
+
+def team_queues(team: str = "team", root: str = "dept") -> tuple[Queue, ...]:
+    """The root queue `root` and one child `team`, every resource of both `UNBOUNDED`."""
+    return root_queue(root), queue(team, parent=root)
+
+
+def placed(
+    name: str,
+    queue_name: str,
+    nodes: Sequence[str],
+    gpus: float = 1.0,
+    *,
+    started: float = 0.0,
+    status: PodStatus = PodStatus.RUNNING,
+    **kw: Any,
+) -> Workload:
+    """A `gang` of one pod per name in `nodes`, each on its node in `status` (running by default), the
+    podgroup last started at `started`; `kw` as for `gang`."""
+    pg, pods = gang(name, queue_name, len(nodes), gpus, status=status, nodes=list(nodes), **kw)
+    return msgspec.structs.replace(pg, last_start_time=started), pods
+
+
+def snapshot(
+    nodes: Iterable[Node] = (),
+    *workloads: Workload,
+    queues: Iterable[Queue] | None = None,
+    **objects: Any,
+) -> Snapshot:
+    """`workloads` (each a podgroup and its pods) on `nodes`, in `queues` (`team_queues()` when None), with
+    the snapshot's other objects by name (``volumes=``, ``topologies=``, ``dra=``...)."""
+    return Snapshot(
+        nodes=tuple(nodes),
+        pods=tuple(p for _, pods in workloads for p in pods),
+        podgroups=tuple(pg for pg, _ in workloads),
+        queues=team_queues() if queues is None else tuple(queues),
+        **objects,
+    )
+
+
+# --- Kubernetes manifests -------------------------------------------------------------------------------------
+Obj = dict[str, Any]
+
+
+def pod_manifest(
+    name: str,
+    namespace: str = "default",
+    *,
+    node: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    scheduler: str = "kai-scheduler",
+    image: str = "x",
+    **spec: Any,
+) -> Obj:
+    """A v1 Pod for `scheduler` with one container `main` of `image` asking for `requests` (none by
+    default), bound to `node` when given; `spec` adds fields of its spec (``volumes=``,
+    ``resourceClaims=``...). Labels and annotations are left out when not given."""
+    container: Obj = {"name": "main", "image": image}
+    if requests:
+        container["resources"] = {"requests": dict(requests)}
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    body: Obj = {"schedulerName": scheduler, "containers": [container], **spec}
+    if node:
+        body["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+def node_manifest(
+    name: str,
+    gpus: int = 8,
+    *,
+    cpu: str = "32",
+    memory: str = "256Gi",
+    pods: int = 110,
+    labels: Mapping[str, str] | None = None,
+) -> Obj:
+    """A v1 Node whose capacity and allocatable are `cpu`, `memory`, `gpus` nvidia.com/gpu and `pods`,
+    labelled with its hostname and `labels`."""
+    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": str(pods)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {HOSTNAME: name, **(labels or {})}},
+        "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+    }
+
+
+def queue_manifest(
+    name: str, parent: str = "", *, gpu_quota: float = -1, gpu_limit: float = -1, weight: float | None = None
+) -> Obj:
+    """A scheduling.run.ai/v2 Queue under `parent` (none: a top-level queue) that sets only its GPUs:
+    `gpu_quota` and `gpu_limit` (-1: unlimited, the default), and an over-quota `weight` when given."""
+    gpu: Obj = {"quota": gpu_quota, "limit": gpu_limit}
+    if weight is not None:
+        gpu["overQuotaWeight"] = weight
+    spec: Obj = {"resources": {"gpu": gpu}}
+    if parent:
+        spec["parentQueue"] = parent
+    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+
+
+def podgroup_manifest(
+    name: str, min_member: int = 1, queue_name: str = "team", namespace: str = "default"
+) -> Obj:
+    """A scheduling.run.ai/v2alpha2 PodGroup in `queue_name` asking for `min_member` pods together."""
+    return {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"minMember": min_member, "queue": queue_name},
+    }
+
+
+def claim_manifest(
+    name: str,
+    storage_class: str | None = None,
+    namespace: str = "default",
+    *,
+    size: str = "1Gi",
+    modes: Sequence[str] = ("ReadWriteOnce",),
+    **spec: Any,
+) -> Obj:
+    """A v1 PersistentVolumeClaim of `size` in `modes` (ReadWriteOnce), of `storage_class` when given
+    (else the cluster's default class); `spec` adds fields of its spec."""
+    body: Obj = {"accessModes": list(modes), "resources": {"requests": {"storage": size}}, **spec}
+    if storage_class is not None:
+        body["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+def storage_class_manifest(
+    name: str,
+    provisioner: str,
+    *,
+    wait: bool = True,
+    parameters: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    **metadata: Any,
+) -> Obj:
+    """A storage.k8s.io/v1 StorageClass of `provisioner` that binds on the first consumer (`wait`, the
+    default) or at once; `parameters` and `annotations` left out when None; `metadata` adds fields of
+    its metadata (``creationTimestamp=``)."""
+    meta: Obj = {"name": name, **metadata}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    obj: Obj = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": meta,
+        "provisioner": provisioner,
+        "volumeBindingMode": "WaitForFirstConsumer" if wait else "Immediate",
+    }
+    if parameters is not None:
+        obj["parameters"] = dict(parameters)
+    return obj
