@@ -11,21 +11,11 @@ import msgspec
 from shared.contracts.messages import PROPOSALS, Binding, EvictionOrder, Proposal, encode
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import GpuRequest, Pod, PodGroup, PodStatus, Snapshot
+from tests import builders
+from tests.builders import gang, node, queue, root_queue
 
 NOW = 10_000.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
-
-
-def queue(name: str, quota: float) -> Queue:
-    return Queue(
-        name=name,
-        parent="dept",
-        gpu=QueueResource(quota=quota, over_quota_weight=1, limit=-1),
-        cpu=UNBOUNDED,
-        memory=UNBOUNDED,
-    )
 
 
 def workload(name: str, q: str, *, running_on: str | None = None) -> tuple[PodGroup, list[Pod]]:
@@ -41,12 +31,8 @@ def workload(name: str, q: str, *, running_on: str | None = None) -> tuple[PodGr
 
 
 def snapshot(gpus: int, *workloads: tuple[PodGroup, list[Pod]]) -> Snapshot:
-    dept = Queue(name="dept", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)
-    return Snapshot(
-        nodes=(Node(name="n", cpu_millis=64_000, memory_bytes=512e9, gpus=gpus),),
-        pods=tuple(p for _, pods in workloads for p in pods),
-        podgroups=tuple(pg for pg, _ in workloads),
-        queues=(dept, queue("a", 1), queue("b", 1)),
+    return builders.snapshot(
+        [node("n", gpus)], *workloads, queues=(root_queue(), queue("a", 1), queue("b", 1))
     )
 
 

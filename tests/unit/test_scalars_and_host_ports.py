@@ -25,47 +25,27 @@ from shared.core.statement import Statement
 from shared.model import (
     HostPort,
     Node,
-    Pod,
-    PodGroup,
     PodStatus,
-    Queue,
-    QueueResource,
     Snapshot,
     Topology,
     TopologyConstraint,
 )
-from shared.model.builders import gang
+from tests import builders
+from tests.builders import Workload, gang, team_queues
 
 NOW = 10_000.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 ALLOCATE = Policy(actions=("allocate",))
 RDMA = "rdma/ib"
-
-Workload = tuple[PodGroup, list[Pod]]
 
 
 def node(name: str, gpus: int = 8, **scalars: float) -> Node:
     """A GPU node; `scalars` by Python name, `rdma` standing for ``rdma/ib``."""
     named = {RDMA if key == "rdma" else key.replace("_", "-"): float(v) for key, v in scalars.items()}
-    return Node(
-        name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=gpus, gpu_memory_mib=80_000, scalars=named
-    )
-
-
-def queues() -> tuple[Queue, ...]:
-    return (
-        Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-        Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-    )
+    return builders.node(name, gpus, scalars=named)
 
 
 def snapshot(nodes: Sequence[Node], *workloads: Workload) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for w in workloads for p in w[1]),
-        podgroups=tuple(w[0] for w in workloads),
-        queues=queues(),
-    )
+    return builders.snapshot(nodes, *workloads, queues=team_queues(root="root"))
 
 
 def pending(name: str, size: int = 1, gpus: float = 1.0, **kw: object) -> Workload:
@@ -75,8 +55,7 @@ def pending(name: str, size: int = 1, gpus: float = 1.0, **kw: object) -> Worklo
 def placed(
     name: str, nodes: list[str], status: PodStatus = PodStatus.RUNNING, gpus: float = 1.0, **kw: object
 ) -> Workload:
-    pg, pods = gang(name, "team", len(nodes), gpus, status=status, nodes=nodes, **kw)  # type: ignore[arg-type]
-    return msgspec.structs.replace(pg, last_start_time=NOW - 3600), pods
+    return builders.placed(name, "team", nodes, gpus, started=NOW - 3600, status=status, **kw)
 
 
 def bound_nodes(snap: Snapshot, policy: Policy = ALLOCATE) -> dict[str, str]:
