@@ -32,38 +32,29 @@ from shared.model import (
     LabelSelectorTerm,
     Node,
     NodeSelectorRequirement,
-    Pod,
     PodAffinityTerm,
-    PodGroup,
     PodStatus,
-    Queue,
-    QueueResource,
     Snapshot,
     TopologySpreadConstraint,
 )
-from shared.model.builders import gang
 from shared.model.objects import HostPort, Taint
 from shared.model.volumes import READ_WRITE_ONCE_POD, Claim, CsiNode, PersistentVolume, Volumes
+from tests import builders
+from tests.builders import Workload, gang, root_queue
 
 NOW = 10_000.0
 GI = 1024**3
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 ALLOCATE = Policy(actions=("allocate",))
 PREEMPT = Policy(actions=("preempt",))
 UNSCHEDULABLE, UNRESOLVABLE = Code.UNSCHEDULABLE, Code.UNRESOLVABLE
 
-Workload = tuple[PodGroup, list[Pod]]
-
 
 def node(name: str, zone: str = "a", cpu: int = 4, **kw: object) -> Node:
-    return Node(
-        name=name,
-        cpu_millis=cpu * 1000,
-        memory_bytes=64 * GI,
-        labels={HOST: name, ZONE: zone},
-        **kw,  # type: ignore[arg-type]
+    """A CPU node of `cpu` cores and 64 GiB in `zone`."""
+    return builders.node(
+        name, 0, cpu_millis=cpu * 1000, memory_bytes=64 * GI, labels={HOST: name, ZONE: zone}, **kw
     )
 
 
@@ -94,14 +85,7 @@ def job(
 
 
 def snapshot(nodes: Sequence[Node], *jobs: Workload, storage: Volumes | None = None) -> Snapshot:
-    team = Queue(name="team", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in jobs for p in pods),
-        podgroups=tuple(pg for pg, _ in jobs),
-        queues=(team,),
-        volumes=storage or Volumes(),
-    )
+    return builders.snapshot(nodes, *jobs, queues=(root_queue("team"),), volumes=storage or Volumes())
 
 
 def pinned(*nodes: str) -> tuple[LabelSelectorTerm, ...]:

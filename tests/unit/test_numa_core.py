@@ -30,16 +30,16 @@ from shared.model import (
     PodSet,
     PodStatus,
     Queue,
-    QueueResource,
     Snapshot,
     SubGroupSet,
 )
 from shared.model.numa import NodeNuma, NumaRequest, NumaZone, TopologyPolicy, TopologyScope
+from tests import builders
+from tests.builders import team_queues
 
 GPU = "nvidia.com/gpu"
 GI = 2.0**30
 NOW = 10_000.0
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 # --- builders ---------------------------------------------------------------------------------------------
@@ -306,9 +306,7 @@ def numa_policy(*, ignore: str | None = None) -> Policy:
 
 
 def gpu_node(name: str, gpus: int, numa_: NodeNuma | None, cpus: int = 64) -> Node:
-    return Node(
-        name=name, cpu_millis=cpus * 1000, memory_bytes=512 * GI, gpus=gpus, gpu_memory_mib=80_000, numa=numa_
-    )
+    return builders.node(name, gpus, cpu_millis=cpus * 1000, memory_bytes=512 * GI, numa=numa_)
 
 
 def workload(
@@ -343,32 +341,23 @@ def workload(
     return group, pod
 
 
+def cluster(nodes: Sequence[Node], *workloads: tuple[PodGroup, Pod]) -> Snapshot:
+    """`workloads` (one pod each) on `nodes`, in queue `team` under `root`."""
+    return builders.snapshot(
+        nodes, *((group, [pod]) for group, pod in workloads), queues=team_queues(root="root")
+    )
+
+
 def run(
     nodes: Sequence[Node], *workloads: tuple[PodGroup, Pod], policy: Policy | None = None
 ) -> dict[str, str]:
-    snapshot = Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(w[1] for w in workloads),
-        podgroups=tuple(w[0] for w in workloads),
-        queues=(
-            Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-        ),
-    )
+    snapshot = cluster(nodes, *workloads)
     result = schedule(snapshot, NOW, policy or numa_policy())
     return {b.name: b.node for proposal in result.binds for b in proposal.bindings}
 
 
 def pending_message(nodes: Sequence[Node], *workloads: tuple[PodGroup, Pod]) -> str:
-    snapshot = Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(w[1] for w in workloads),
-        podgroups=tuple(w[0] for w in workloads),
-        queues=(
-            Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-            Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-        ),
-    )
+    snapshot = cluster(nodes, *workloads)
     result = schedule(snapshot, NOW, numa_policy())
     return " ".join(p.message for p in result.pending)
 

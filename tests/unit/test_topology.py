@@ -18,34 +18,24 @@ from shared.model import (
     PodGroup,
     PodSet,
     PodStatus,
-    Queue,
-    QueueResource,
-    Snapshot,
     SubGroupSet,
     Topology,
     TopologyConstraint,
 )
 from shared.model.status import ACTIVE_USED
+from tests import builders
+from tests.builders import team_queues
 
 RACK = "topology.kubernetes.io/rack"
 ZONE = "topology.kubernetes.io/zone"
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
-QUEUES = (
-    Queue(name="dept", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-    Queue(name="q", parent="dept", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-)
+QUEUES = team_queues("q")
 RACKS = Topology("racks", (RACK,))
 ZONES = Topology("zones", (ZONE, RACK))
 
 
 def _node(name: str, gpus: int, **labels: str) -> Node:
-    return Node(
-        name=name,
-        cpu_millis=20_000_000.0,
-        memory_bytes=2e10,
-        gpus=gpus,
-        labels={(RACK if k == "rack" else ZONE): v for k, v in labels.items()},
-    )
+    labelled = {(RACK if k == "rack" else ZONE): v for k, v in labels.items()}
+    return builders.node(name, gpus, cpu_millis=20_000_000.0, memory_bytes=2e10, labels=labelled)
 
 
 def _job(
@@ -83,13 +73,7 @@ def _job(
 
 
 def _run(nodes: list[Node], jobs: list[tuple[PodGroup, list[Pod]]], *topologies: Topology) -> Session:
-    snapshot = Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in jobs for p in pods),
-        podgroups=tuple(pg for pg, _ in jobs),
-        queues=QUEUES,
-        topologies=topologies,
-    )
+    snapshot = builders.snapshot(nodes, *jobs, queues=QUEUES, topologies=topologies)
     return run_session(snapshot, 1000.0, Policy(actions=("allocate",), staleness_grace_period=0.0))
 
 
