@@ -88,7 +88,7 @@ from shared.errors import FencedError, MalformedMessage, TemporaryError
 from shared.kube import bind_failure, wire
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
-from shared.kube.translate import podgroup_annotations_patch
+from shared.kube.translate.podgroup_status import podgroup_annotations_patch
 from shared.kubeapi.client import ApiError, Kube, connect
 from shared.kubeapi.informer import Informer
 from shared.model import Pod, PodGroup
