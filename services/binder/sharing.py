@@ -34,7 +34,7 @@ import msgspec
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing as gs
 from shared.kube import keys, values, wire
-from shared.kube.translate import gpu_groups_patch
+from shared.kube.translate.pod_patches import gpu_groups_patch
 
 __all__ = [
     "CONFIGMAP_MISSING",

@@ -33,7 +33,7 @@ from services.state.podwork import PodWorkLoop
 from shared.bus.service import ServiceContext
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
-from shared.kube.translate import InvolvedObject
+from shared.kube.translate.events import InvolvedObject
 from shared.kubeapi.client import ApiError, Kube
 from shared.kubeapi.paths import create_object, get_object, object_path
 

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 
 from shared.kube import wire
-from shared.kube.translate import InvolvedObject
+from shared.kube.translate.events import InvolvedObject
 from shared.kube.values import shown
 
 log = logging.getLogger("kairos.state.podwork")

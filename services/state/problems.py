@@ -21,7 +21,8 @@ import msgspec
 
 from services.state.dependencies import Verdict
 from shared.kube import wire
-from shared.kube.translate import InvolvedObject, rfc3339
+from shared.kube.quantity import rfc3339
+from shared.kube.translate.events import InvolvedObject
 
 ProblemKind = Literal["Queue", "PodGroup", "Pod", "SchedulingShard"]
 

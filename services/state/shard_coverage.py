@@ -30,7 +30,7 @@ from shared.contracts.messages import Lease, ShardRecord
 from shared.contracts.subjects import DEFAULT_SHARD
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.kube import wire
-from shared.kube.translate import rfc3339
+from shared.kube.quantity import rfc3339
 from shared.model import PodStatus, Snapshot
 
 __all__ = [

@@ -21,8 +21,8 @@ import msgspec
 
 from services.state.problems import ACCEPTED, Problem
 from shared.kube import wire
+from shared.kube.quantity import rfc3339
 from shared.kube.scheduling_shard import NotApplied
-from shared.kube.translate import rfc3339
 
 __all__ = ["FULLY_APPLIED", "SETTINGS_NOT_APPLIED", "conditions_patch", "notes_problem", "shows"]
 

@@ -40,7 +40,7 @@ from services.state.problems import POD_SCHEDULED, Problem, pod_scheduled_patch
 from shared.kube import gpu_sharing as gs
 from shared.kube import keys, wire
 from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
-from shared.kube.translate import gpu_groups_patch
+from shared.kube.translate.pod_patches import gpu_groups_patch
 from tests.unit.test_deploy_manifests import DEPLOY, NAMESPACE, base, env_of, find
 
 Obj = dict[str, Any]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from shared.errors import InvalidObject
 from shared.kube import wire
 from shared.kube.numa import decode_topology, node_numa_of, numa_request_of
-from shared.kube.translate import pod_of
+from shared.kube.translate.pods import pod_of
 from shared.model import Node
 from shared.model.numa import NodeNuma, NumaRequest
 

@@ -19,7 +19,7 @@ import msgspec
 
 from shared.clusterfile import ClusterObjects
 from shared.kube import keys
-from shared.kube.translate import DEFAULT_POD_SET
+from shared.kube.translate.podgroups import DEFAULT_POD_SET
 from shared.model import (
     LabelSelector,
     Node,
