@@ -21,12 +21,10 @@ from shared.core.result import CycleResult
 from shared.core.session import Session
 from shared.core.statement import Statement
 from shared.core.tasks import N_BASE
-from shared.model import Node, Pod, PodStatus, Queue, QueueResource
-from shared.model.builders import gang
+from shared.model import Node, Pod, PodStatus, Queue
 from shared.model.status import ACTIVE_USED
+from tests.builders import gang, queue, root_queue
 from tools.sim.simulator import Simulator
-
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 def _cluster(rng: random.Random, n_nodes: int) -> list[Node]:
@@ -44,20 +42,12 @@ def _cluster(rng: random.Random, n_nodes: int) -> list[Node]:
 
 
 def _queues(rng: random.Random, n: int) -> list[Queue]:
-    out = [Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED)]
+    out = [root_queue("root")]
     for i in range(n):
         limit = rng.choice([-1.0, -1.0, 4.0, 8.0])
-        out.append(
-            Queue(
-                name=f"q{i}",
-                parent="root",
-                creation_index=i,
-                priority=rng.choice([100, 100, 200]),
-                gpu=QueueResource(quota=float(rng.choice([0, 2, 4, 8])), over_quota_weight=1.0, limit=limit),
-                cpu=UNBOUNDED,
-                memory=UNBOUNDED,
-            )
-        )
+        priority = rng.choice([100, 100, 200])
+        quota = float(rng.choice([0, 2, 4, 8]))
+        out.append(queue(f"q{i}", quota, parent="root", limit=limit, creation_index=i, priority=priority))
     return out
 
 

@@ -35,14 +35,13 @@ from shared.contracts.messages import (
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.kubeapi.client import ApiError
-from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang, gpu_nodes
+from shared.model import PodStatus, Snapshot
 from shared.telemetry import spans, tracing
 from shared.telemetry.attempts import AttemptTracker
 from shared.telemetry.tracing import traceparent
+from tests import builders
+from tests.builders import gang, gpu_nodes, queue, root_queue
 from tools.stack.nats_server import start_nats_server
-
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 
 
 @pytest.fixture
@@ -245,18 +244,10 @@ def test_the_queue_does_no_span_work_while_tracing_is_off() -> None:
 
 # --- placement: placement.session and placement.place ---------------------------------------------------------
 def _session() -> tuple[Snapshot, list[str]]:
-    queues = (
-        Queue(name="org", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-        Queue(name="team", parent="org", gpu=QueueResource(quota=8), cpu=UNBOUNDED, memory=UNBOUNDED),
-    )
-    fits, fit_pods = gang("fits", "team", 2, created=1.0)
-    big, big_pods = gang("big", "team", 1, gpus=8.0, created=2.0)
-    snapshot = Snapshot(
-        nodes=tuple(gpu_nodes(2, gpus=4)),
-        queues=queues,
-        podgroups=(fits, big),
-        pods=(*fit_pods, *big_pods),
-    )
+    queues = (root_queue("org"), queue("team", 8, parent="org"))
+    fits = gang("fits", "team", 2, created=1.0)
+    big = gang("big", "team", 1, gpus=8.0, created=2.0)
+    snapshot = builders.snapshot(gpu_nodes(2, gpus=4), fits, big, queues=queues)
     return snapshot, ["fits", "big"]
 
 
