@@ -17,7 +17,18 @@ from typing import Any
 import msgspec
 
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import GIB, ZONE, flat_queues, gang, gpu_nodes, one_queue_snapshot
+from shared.model.builders import (
+    GIB,
+    ZONE,
+    busy_and_idle,
+    flat_queues,
+    gang,
+    gpu_nodes,
+    one_queue_snapshot,
+    random_workload,
+    with_spread,
+    zoned_nodes,
+)
 
 __all__ = [
     "GIB",
@@ -25,6 +36,7 @@ __all__ = [
     "UNBOUNDED",
     "ZONE",
     "Workload",
+    "busy_and_idle",
     "claim_manifest",
     "flat_queues",
     "gang",
@@ -37,10 +49,13 @@ __all__ = [
     "podgroup_manifest",
     "queue",
     "queue_manifest",
+    "random_workload",
     "root_queue",
     "snapshot",
     "storage_class_manifest",
     "team_queues",
+    "with_spread",
+    "zoned_nodes",
 ]
 
 HOSTNAME = "kubernetes.io/hostname"

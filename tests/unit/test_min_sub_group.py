@@ -24,8 +24,9 @@ from shared.core.result import CycleResult
 from shared.core.scheduler import schedule
 from shared.errors import InvalidObject
 from shared.model import GpuRequest, Pod, PodGroup, PodSet, PodStatus, Snapshot, SubGroupSet
-from shared.model.builders import flat_queues, gang, gpu_nodes
 from shared.model.validate import validate_snapshot
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes
 
 ALLOCATE = Policy(actions=("allocate",))
 PREEMPT = Policy(actions=("preempt",))
@@ -86,12 +87,7 @@ def job(root: Group, *, name: str = "job", priority: int = 50) -> tuple[PodGroup
 
 
 def snapshot(*workloads: tuple[PodGroup, list[Pod]], gpus: int) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(gpu_nodes(1, gpus=gpus)),
-        queues=tuple(flat_queues(["team"])),
-        podgroups=tuple(w[0] for w in workloads),
-        pods=tuple(p for w in workloads for p in w[1]),
-    )
+    return builders.snapshot(gpu_nodes(1, gpus=gpus), *workloads, queues=flat_queues(["team"]))
 
 
 def bound_per_set(result: CycleResult) -> dict[str, int]:

@@ -16,7 +16,8 @@ from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.kube.quantity import parse_quantity
 from shared.model import PodGroup, PodStatus, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes
 
 
 def podgroup_doc(
@@ -186,12 +187,7 @@ def test_the_node_pool_label_key_is_the_shards() -> None:
 
 
 def snapshot(*groups: tuple[PodGroup, list[Any]], gpus: int = 4) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(gpu_nodes(1, gpus=gpus)),
-        queues=tuple(flat_queues(["team"])),
-        podgroups=tuple(g for g, _ in groups),
-        pods=tuple(p for _, pods in groups for p in pods),
-    )
+    return builders.snapshot(gpu_nodes(1, gpus=gpus), *groups, queues=flat_queues(["team"]))
 
 
 def backed_off(workload: tuple[PodGroup, list[Any]]) -> tuple[PodGroup, list[Any]]:

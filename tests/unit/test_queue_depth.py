@@ -12,18 +12,14 @@ from shared.core.queue_plan import plan_queues
 from shared.core.result import CycleResult
 from shared.core.scheduler import schedule
 from shared.model import Node, Pod, PodGroup, PodStatus, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes
 
 Workload = tuple[PodGroup, list[Pod]]
 
 
 def snapshot(nodes: list[Node], queues: list[str], *workloads: Workload, quota: float = 0.0) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(nodes),
-        queues=tuple(flat_queues(queues, gpu_quota=quota)),
-        podgroups=tuple(w[0] for w in workloads),
-        pods=tuple(p for w in workloads for p in w[1]),
-    )
+    return builders.snapshot(nodes, *workloads, queues=flat_queues(queues, gpu_quota=quota))
 
 
 def five_in_a_three_in_b(first_a_gpus: float = 1.0) -> Snapshot:

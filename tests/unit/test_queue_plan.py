@@ -14,12 +14,12 @@ from shared.core.policy import Policy
 from shared.core.queue_plan import QueueShare, Resources, plan_queues
 from shared.core.scheduler import schedule
 from shared.core.session import Session
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes, random_workload
+from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, Snapshot
 from shared.model.objects import UNLIMITED
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes, random_workload
 
 NOW = 10_000.0
-OPEN = QueueResource(quota=UNLIMITED, over_quota_weight=1, limit=UNLIMITED)
 NODE = Node(name="n1", cpu_millis=8000, memory_bytes=1e10, gpus=4, gpu_memory_mib=40_000)
 
 Workload = tuple[PodGroup, list[Pod]]
@@ -28,23 +28,12 @@ Workload = tuple[PodGroup, list[Pod]]
 def queue(
     name: str, quota: float = UNLIMITED, *, parent: str | None = None, limit: float = UNLIMITED
 ) -> Queue:
-    return Queue(
-        name=name,
-        parent=parent,
-        creation_index=len(name),
-        gpu=QueueResource(quota=quota, over_quota_weight=1, limit=limit),
-        cpu=OPEN,
-        memory=OPEN,
-    )
+    """A queue (top-level unless `parent`); queues are created in the order of their names' lengths."""
+    return builders.queue(name, quota, parent=parent, limit=limit, creation_index=len(name))
 
 
 def snapshot(queues: list[Queue], *workloads: Workload, nodes: tuple[Node, ...] = (NODE,)) -> Snapshot:
-    return Snapshot(
-        nodes=nodes,
-        queues=tuple(queues),
-        podgroups=tuple(w[0] for w in workloads),
-        pods=tuple(p for w in workloads for p in w[1]),
-    )
+    return builders.snapshot(nodes, *workloads, queues=queues)
 
 
 def test_every_queue_has_its_numbers_by_name() -> None:

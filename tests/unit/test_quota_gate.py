@@ -27,24 +27,18 @@ from shared.explain import Facts, explain
 from shared.kube import wire
 from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
 from shared.model.objects import UNLIMITED
+from tests import builders
+from tests.builders import UNBOUNDED, gang
 
 NOW = 1_000_000.0
-OPEN = QueueResource(quota=UNLIMITED, over_quota_weight=1, limit=UNLIMITED)
 NODES = (Node(name="n0", cpu_millis=64_000, memory_bytes=2**40, gpus=8, gpu_memory_mib=40_000, max_pods=110),)
 
 
 def queue(
     name: str, parent: str | None = None, *, limit: float = UNLIMITED, quota: float = UNLIMITED
 ) -> Queue:
-    return Queue(
-        name=name,
-        parent=parent,
-        gpu=QueueResource(quota=quota, over_quota_weight=1, limit=limit),
-        cpu=OPEN,
-        memory=OPEN,
-    )
+    return builders.queue(name, quota, parent=parent, limit=limit)
 
 
 def gated(
@@ -54,12 +48,7 @@ def gated(
 
 
 def snapshot(queues: list[Queue], *gangs: tuple[PodGroup, list[Pod]]) -> Snapshot:
-    return Snapshot(
-        nodes=NODES,
-        queues=tuple(queues),
-        podgroups=tuple(g for g, _ in gangs),
-        pods=tuple(p for _, pods in gangs for p in pods),
-    )
+    return builders.snapshot(NODES, *gangs, queues=queues)
 
 
 def decided(snap: Snapshot) -> dict[str, QuotaVerdict]:
@@ -151,7 +140,7 @@ def test_no_verdict_until_the_gang_is_complete_and_none_without_gated_pods() -> 
 def test_cpu_limits_are_checked_too() -> None:
     queues = [
         queue("org"),
-        Queue(name="cpu-a", parent="org", gpu=OPEN, cpu=QueueResource(-1, 1, 3000), memory=OPEN),
+        Queue(name="cpu-a", parent="org", gpu=UNBOUNDED, cpu=QueueResource(-1, 1, 3000), memory=UNBOUNDED),
     ]
     verdicts = decided(
         snapshot(queues, gated("a", "cpu-a", gpus=0, created=1), gated("b", "cpu-a", gpus=0, created=2))

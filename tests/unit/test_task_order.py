@@ -23,7 +23,8 @@ from shared.core.tasks import (
     task_order_key,
 )
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes
 
 ALLOCATE = Policy(actions=("allocate",))
 PREEMPT = Policy(actions=("preempt",))
@@ -60,12 +61,7 @@ def elastic_job(
 
 
 def snapshot(*workloads: tuple[PodGroup, list[Pod]], gpus: int = 1) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(gpu_nodes(1, gpus=gpus)),
-        queues=tuple(flat_queues(["team"])),
-        podgroups=tuple(w[0] for w in workloads),
-        pods=tuple(p for w in workloads for p in w[1]),
-    )
+    return builders.snapshot(gpu_nodes(1, gpus=gpus), *workloads, queues=flat_queues(["team"]))
 
 
 def bound_pods(result: CycleResult) -> list[str]:

@@ -41,8 +41,9 @@ from shared.model import (
     Snapshot,
     TopologySpreadConstraint,
 )
-from shared.model.builders import ZONE, flat_queues, gang, gpu_nodes, with_spread, zoned_nodes
 from shared.model.objects import NodeInclusionPolicy, Taint, WhenUnsatisfiable
+from tests import builders
+from tests.builders import ZONE, flat_queues, gang, gpu_nodes, with_spread, zoned_nodes
 
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
@@ -112,12 +113,7 @@ def pending(
 
 
 def snapshot(nodes: Sequence[Node], *workloads: Workload) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in workloads for p in pods),
-        podgroups=tuple(pg for pg, _ in workloads),
-        queues=tuple(flat_queues(["team"])),
-    )
+    return builders.snapshot(nodes, *workloads, queues=flat_queues(["team"]))
 
 
 def zones_of(result_nodes: Sequence[str]) -> Counter[str]:

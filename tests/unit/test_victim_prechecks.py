@@ -7,18 +7,11 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.core.solver.jobs import fits_some_node_when_empty
 from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
+from tests.builders import Workload, flat_queues, gang, gpu_nodes, snapshot
 
 
-def _snapshot(*gangs: tuple[object, list[object]], queues: list[Queue] | None = None) -> Snapshot:
-    groups = tuple(g for g, _ in gangs)
-    pods = tuple(p for _, ps in gangs for p in ps)
-    return Snapshot(
-        nodes=tuple(gpu_nodes(2, gpus=8)),
-        queues=tuple(queues or flat_queues(["a", "b"])),
-        podgroups=groups,  # type: ignore[arg-type]
-        pods=pods,  # type: ignore[arg-type]
-    )
+def _snapshot(*gangs: Workload, queues: list[Queue] | None = None) -> Snapshot:
+    return snapshot(gpu_nodes(2, gpus=8), *gangs, queues=queues or flat_queues(["a", "b"]))
 
 
 def test_a_pod_larger_than_every_node_fits_no_empty_node() -> None:
