@@ -12,11 +12,12 @@ import msgspec
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Node, PodStatus
-from shared.model.builders import gang, one_queue_snapshot
+from tests import builders
+from tests.builders import gang, one_queue_snapshot
 
 
 def node(name: str, cpu_millis: float, gpus: int) -> Node:
-    return Node(name=name, cpu_millis=cpu_millis, memory_bytes=64e9, gpus=gpus, gpu_memory_mib=80_000)
+    return builders.node(name, gpus, cpu_millis=cpu_millis, memory_bytes=64e9)
 
 
 def test_a_gang_allocate_completes_keeps_its_bind_when_consolidation_moves_its_running_pod() -> None:

@@ -14,14 +14,15 @@ from shared.core.policy import Policy
 from shared.core.proportion import DeviceMemory, device_memory_of
 from shared.core.queue_plan import plan_queues
 from shared.core.scheduler import schedule
-from shared.model import GpuRequest, Node, Pod, PodGroup, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import GpuRequest, Node, Pod, PodGroup, Queue, Snapshot
+from tests import builders
+from tests.builders import gang
 
 NOW = 10_000.0
 
 
 def node(name: str, gpus: int, memory_mib: int) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=1e12, gpus=gpus, gpu_memory_mib=memory_mib)
+    return builders.node(name, gpus, memory_bytes=1e12, gpu_memory_mib=memory_mib)
 
 
 @pytest.mark.parametrize(
@@ -66,14 +67,8 @@ def test_a_gpu_memory_request_counts_devices_times_its_share(
 
 
 def queue(name: str, quota: float, limit: float = -1) -> Queue:
-    unlimited = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
-    return Queue(
-        name=name,
-        parent=None,
-        gpu=QueueResource(quota=quota, over_quota_weight=0, limit=limit),
-        cpu=unlimited,
-        memory=unlimited,
-    )
+    """A top-level queue with no GPU over-quota weight."""
+    return builders.queue(name, quota, 0, parent=None, limit=limit)
 
 
 def memory_gang(

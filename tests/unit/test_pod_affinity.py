@@ -27,8 +27,9 @@ from shared.model import (
     PreferredNodeTerm,
     Snapshot,
 )
-from shared.model.builders import gang
 from shared.model.objects import Taint, Toleration
+from tests import builders
+from tests.builders import gang
 from tests.unit.test_allocate import queues
 
 HOST = "kubernetes.io/hostname"
@@ -36,15 +37,7 @@ ALLOCATE = Policy(actions=("allocate",))
 
 
 def node(name: str, zone: str = "z1", taints: tuple[Taint, ...] = ()) -> Node:
-    return Node(
-        name=name,
-        cpu_millis=64_000,
-        memory_bytes=512e9,
-        gpus=8,
-        gpu_memory_mib=80_000,
-        labels={HOST: name, "zone": zone},
-        taints=taints,
-    )
+    return builders.node(name, labels={HOST: name, "zone": zone}, taints=taints)
 
 
 def term(
