@@ -31,6 +31,7 @@ from shared.contracts.messages import Binding
 from shared.core.result import VolumeBinding
 from shared.kubeapi.client import Kube
 from shared.model import Node
+from tests.builders import claim_manifest, pod_manifest, storage_class_manifest
 from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.server import KubeSim
 from tools.kubesim.storage import DRIVER, FAIL_PARAMETER
@@ -60,29 +61,6 @@ async def read(kube: Kube, path: str) -> dict[str, Any]:
     return json.loads(await kube.request(f"read {path}", "GET", path))  # type: ignore[no-any-return]
 
 
-def storage_class(name: str, provisioner: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": name},
-        "provisioner": provisioner,
-        "volumeBindingMode": "WaitForFirstConsumer",
-    }
-
-
-def claim(name: str, cls: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-            "storageClassName": cls,
-        },
-    }
-
-
 def local_volume(name: str, node: str, cls: str = "local") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -109,19 +87,9 @@ def local_volume(name: str, node: str, cls: str = "local") -> dict[str, Any]:
 
 
 def pod(name: str, claim_name: str, node: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": "kai-scheduler",
-        "containers": [{"name": "main", "image": "x"}],
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
+    """A pod mounting the claim `claim_name`."""
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]
+    return pod_manifest(name, node=node, volumes=volumes)
 
 
 def binding(name: str, node: str, *volumes: VolumeBinding) -> Binding:
@@ -133,17 +101,21 @@ def binding(name: str, node: str, *volumes: VolumeBinding) -> Binding:
 @pytest.fixture
 async def cluster(kube: Kube) -> Kube:
     await create(
-        kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("local", "kubernetes.io/no-provisioner")
+        kube,
+        "/apis/storage.k8s.io/v1/storageclasses",
+        storage_class_manifest("local", "kubernetes.io/no-provisioner"),
     )
-    await create(kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("fast", DRIVER))
+    await create(kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class_manifest("fast", DRIVER))
     await create(
-        kube, "/apis/storage.k8s.io/v1/storageclasses", storage_class("elsewhere", "example.com/external")
+        kube,
+        "/apis/storage.k8s.io/v1/storageclasses",
+        storage_class_manifest("elsewhere", "example.com/external"),
     )
-    flaky = storage_class("flaky", DRIVER) | {"parameters": {FAIL_PARAMETER: "true"}}
+    flaky = storage_class_manifest("flaky", DRIVER, parameters={FAIL_PARAMETER: "true"})
     await create(kube, "/apis/storage.k8s.io/v1/storageclasses", flaky)
     await create(kube, "/api/v1/persistentvolumes", local_volume("local-1", "n1"))
     for name, cls in (("data", "local"), ("scratch", "fast"), ("outside", "elsewhere"), ("doomed", "flaky")):
-        await create(kube, "/api/v1/namespaces/default/persistentvolumeclaims", claim(name, cls))
+        await create(kube, "/api/v1/namespaces/default/persistentvolumeclaims", claim_manifest(name, cls))
     return kube
 
 
@@ -190,7 +162,7 @@ async def test_a_refused_binding_takes_back_the_selected_node(cluster: Kube) -> 
 async def test_a_volume_reserved_for_another_claim_refuses_the_bind_and_binds_nothing(cluster: Kube) -> None:
     await create(cluster, "/api/v1/namespaces/default/pods", pod("first", "data"))
     await client(cluster).bind(binding("first", "n1", VolumeBinding(claim="data", volume="local-1")))
-    await create(cluster, CLAIMS, claim("late", "local"))
+    await create(cluster, CLAIMS, claim_manifest("late", "local"))
     await create(cluster, "/api/v1/namespaces/default/pods", pod("second", "late"))
     with pytest.raises(ClusterRefused, match="reserved for claim default/data"):
         await client(cluster).bind(binding("second", "n1", VolumeBinding(claim="late", volume="local-1")))

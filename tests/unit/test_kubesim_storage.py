@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.builders import claim_manifest, storage_class_manifest
 from tests.unit.kubesim_support import Clock, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.storage import DRIVER, FAIL_PARAMETER, PROVISIONING_FAILED
@@ -28,16 +29,10 @@ def new_cluster() -> Cluster:
 
 
 def storage_class(name: str, provisioner: str = DRIVER, *, wait: bool = False, fail: bool = False) -> Obj:
-    obj: Obj = {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": name},
-        "provisioner": provisioner,
-        "volumeBindingMode": "WaitForFirstConsumer" if wait else "Immediate",
-    }
-    if fail:
-        obj["parameters"] = {FAIL_PARAMETER: "true"}
-    return obj
+    """A class binding at once unless `wait`, whose provisioner always fails when `fail`."""
+    return storage_class_manifest(
+        name, provisioner, wait=wait, parameters={FAIL_PARAMETER: "true"} if fail else None
+    )
 
 
 def volume(name: str, cls: str, size: str = "10Gi", *, claim: Obj | None = None, modes: Any = None) -> Obj:
@@ -59,16 +54,7 @@ def volume(name: str, cls: str, size: str = "10Gi", *, claim: Obj | None = None,
 
 
 def claim(name: str, cls: str, size: str = "5Gi", modes: Any = None) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "accessModes": modes or ["ReadWriteOnce"],
-            "storageClassName": cls,
-            "resources": {"requests": {"storage": size}},
-        },
-    }
+    return claim_manifest(name, cls, size=size, modes=modes or ["ReadWriteOnce"])
 
 
 def create(c: Cluster, key: str, obj: Obj) -> Obj:

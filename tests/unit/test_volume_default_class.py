@@ -22,6 +22,7 @@ from shared.core.scheduler import schedule
 from shared.model import Node
 from shared.model.builders import gang, one_queue_snapshot
 from shared.model.volumes import Claim, Volumes
+from tests.builders import claim_manifest, storage_class_manifest
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
 from tools.kubesim import default_storage_class as dsc
 from tools.kubesim.cluster import Cluster, SimOptions
@@ -38,22 +39,13 @@ def storage_class(
     name: str, *, default: str | None = "true", beta: bool = False, created: float = START
 ) -> Obj:
     annotations = {} if default is None else {dsc.BETA_IS_DEFAULT if beta else dsc.IS_DEFAULT: default}
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": name, "annotations": annotations, "creationTimestamp": rfc3339(created)},
-        "provisioner": DRIVER,
-        "volumeBindingMode": "Immediate",
-    }
+    return storage_class_manifest(
+        name, DRIVER, wait=False, annotations=annotations, creationTimestamp=rfc3339(created)
+    )
 
 
 def claim(name: str, **spec: Any) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}, **spec},
-    }
+    return claim_manifest(name, size="5Gi", **spec)
 
 
 def new_cluster() -> tuple[Cluster, Clock]:
