@@ -21,6 +21,7 @@ from shared.core.result import ClaimAllocation
 from shared.kubeapi.client import Kube
 from shared.model import Node
 from shared.model.dra import DeviceRequest, DeviceResult
+from tests.builders import pod_manifest
 from tests.integration.kube_session import create, read
 
 pytestmark = pytest.mark.integration
@@ -30,19 +31,8 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
 def pod(name: str, node: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": "kai-scheduler",
-        "containers": [{"name": "main", "image": "x"}],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
+    """A pod using the claim `gpu`."""
+    return pod_manifest(name, node=node, resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu"}])
 
 
 def claim(name: str) -> dict[str, Any]:

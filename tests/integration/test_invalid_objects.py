@@ -28,6 +28,7 @@ from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 from tests.admitted_pods import admitted
+from tests.builders import podgroup_manifest, queue_manifest
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim
@@ -76,19 +77,11 @@ async def stack(bus: Bus, tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 def queue(name: str, *, parent: str = "default-parent-queue", gpu_quota: float = -1) -> dict[str, Any]:
-    spec: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota, "limit": -1, "overQuotaWeight": 1}}}
-    if parent:
-        spec["parentQueue"] = parent
-    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+    return queue_manifest(name, parent, gpu_quota=gpu_quota, weight=1)
 
 
 def podgroup(name: str, min_member: int, queue_name: str = "default-queue") -> dict[str, Any]:
-    return {
-        "apiVersion": "scheduling.run.ai/v2alpha2",
-        "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"minMember": min_member, "queue": queue_name},
-    }
+    return podgroup_manifest(name, min_member, queue_name)
 
 
 def pod(name: str, group: str, annotations: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from shared.contracts.messages import Binding
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
+from tests.builders import pod_manifest
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
@@ -58,12 +59,7 @@ async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
 
 
 def pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "busybox"}]},
-    }
+    return pod_manifest(name, image="busybox")
 
 
 async def set_plan(http: aiohttp.ClientSession, *rules: FaultRule, seed: int = 1) -> dict[str, Any]:
