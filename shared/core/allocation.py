@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from shared.core import gpu_sharing, predicates, topology
 from shared.core.cluster import EPS, NodeState
+from shared.core.plugins.runtime import PluginError
 from shared.core.scoring import iter_nodes_in_order
 from shared.core.tasks import CPU, DEFAULT_POD_SET, GPU, MEM, PODS, JobState, TaskState
 
@@ -135,13 +136,21 @@ def allocate_task(
 ) -> bool:
     node_errors: dict[str, Sequence[str]] = {}
     refused = _refused(ssn, task)
-    for node in iter_nodes_in_order(ssn, task, nodes, skip=refused):
-        refusal = predicates.fit_failure(ssn, task, node)
-        if refusal is not None:
-            node_errors[node.name] = [refusal.reason]
-            continue
-        if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
-            return True
+    try:
+        for node in iter_nodes_in_order(ssn, task, nodes, skip=refused):
+            refusal = predicates.fit_failure(ssn, task, node)
+            if refusal is not None:
+                node_errors[node.name] = [refusal.reason]
+                continue
+            if _allocate_on_node(ssn, stmt, task, node, pipeline_only):
+                return True
+    except PluginError as failed:
+        # A node score raised: the pod fails on every node of the set, the plugin named in the reason.
+        if not pipeline_only:
+            reason = [failed.status.reason]
+            names = (ssn.cluster.order[int(idx)].name for idx in np.flatnonzero(nodes))
+            task.job.task_fit_errors.setdefault(task.key, {}).update(dict.fromkeys(names, reason))
+        return False
     if not pipeline_only:
         if refused is not None:
             # The nodes not tried get the reason trying them would have given (the first filter's).
@@ -156,13 +165,8 @@ def allocate_task(
 
 
 def _refused(ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
-    """The nodes the chain's pre-filters refuse the task, together (None: none)."""
-    out: npt.NDArray[np.bool_] | None = None
-    for prefilter in ssn.chains.node_prefilters:
-        mask = prefilter.refused(ssn, task)
-        if mask is not None:
-            out = mask if out is None else out | mask
-    return out
+    """The nodes the pre-filters refuse the task, together (None: none): the runtime's `prefilter`."""
+    return ssn.plugins.prefilter(ssn, task)
 
 
 def _allocate_on_node(

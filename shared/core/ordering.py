@@ -243,16 +243,10 @@ class JobsByQueue:
             return not self.victims
         if len(b.children) == 0:
             return self.victims
-        orders = self.ssn.chains.queue_orders
-        if not orders:
+        runtime = self.ssn.plugins
+        if not runtime.has_queue_orders:
             return False
-        va, vb = self._view(a), self._view(b)
-        answer = 0
-        for order in orders:
-            answer = order.compare(self.ssn, va, vb)
-            if answer:
-                break
-        result = answer < 0
+        result = runtime.compare_queues(self.ssn, self._view(a), self._view(b)) < 0
         return not result if self.victims else result
 
     def _view(self, node: _QueueNode) -> QueueView:

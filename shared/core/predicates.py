@@ -52,12 +52,9 @@ NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
 def fit_failure(ssn: Session, task: TaskState, node: NodeState) -> Refusal | None:
     """Why the task cannot go on this node, beyond releasing-or-idle resources; None when it can: the
     session's node filters in chain order, the first refusal wins (none at all without the predicates
-    plugin). A filter's plain-string answer is read as UNSCHEDULABLE."""
-    for node_filter in ssn.chains.node_filters:
-        answer = node_filter.filter(ssn, task, node)
-        if answer is not None:
-            return Refusal(answer) if isinstance(answer, str) else answer
-    return None
+    plugin). A filter's plain-string answer is read as UNSCHEDULABLE; a filter that raises refuses the node
+    with `Code.ERROR`, naming itself (`shared.core.plugins.runtime.Runtime.filter`)."""
+    return ssn.plugins.filter(ssn, task, node)
 
 
 _UNRESOLVABLE_AFFINITY = Refusal(NODE_AFFINITY, Code.UNRESOLVABLE)

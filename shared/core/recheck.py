@@ -78,13 +78,11 @@ def refusals(
 def _prefiltered(ssn: Session, task: TaskState, idx: int) -> str | None:
     """Why a node pre-filter (inter-pod affinity's, at once for every node) refuses the node; None if none
     does."""
-    for prefilter in ssn.chains.node_prefilters:
-        mask = prefilter.refused(ssn, task)
-        if mask is not None and bool(mask[idx]):
-            # The pre-filter refuses the node; its filter says why in the same words.
-            refusal = fit_failure(ssn, task, ssn.cluster.order[idx])
-            return "node(s) refused by a pre-filter" if refusal is None else refusal.reason
-    return None
+    if not ssn.plugins.prefilter_refuses(ssn, task, idx):
+        return None
+    # A pre-filter refuses the node; its filter says why in the same words.
+    refusal = fit_failure(ssn, task, ssn.cluster.order[idx])
+    return "node(s) refused by a pre-filter" if refusal is None else refusal.reason
 
 
 def _reason(refusal: Refusal | None) -> str | None:

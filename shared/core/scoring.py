@@ -63,11 +63,7 @@ def node_scores(
     """The summed score of every node for this task (nodes outside `node_set` included): the session's
     node-score chain, plus the measured-usage score with `Policy.gpu_usage_scoring`; `idle_fit` marks the
     nodes whose idle resources fit the task."""
-    score: npt.NDArray[np.float64] | None = None
-    for scorer in ssn.chains.node_scores:
-        part = scorer.score(ssn, task, node_set, idle_fit)
-        if part is not None:
-            score = part if score is None else score + part
+    score = ssn.plugins.scores(ssn, task, node_set, idle_fit)
     if score is None:
         score = np.zeros(len(ssn.cluster.order))
     if ssn.policy.gpu_usage_scoring and task.is_shared:
@@ -308,13 +304,13 @@ def fitting_gpus(ssn: Session, node: NodeState, task: TaskState) -> list[str]:
     whole = usable_whole_gpus(node)
     if whole > 0:
         options.extend([WHOLE_GPU] * whole)
-    orders = ssn.chains.device_orders
+    runtime = ssn.plugins
 
     def score(g: str) -> float:
         used: float | None = None
         if g != WHOLE_GPU:
             used = node.groups[g].used / node.gpu_memory if node.gpu_memory else 0.0
-        return sum(order.device_score(used) for order in orders)
+        return runtime.device_score(used)
 
     if ssn.policy.gpu_usage_scoring and node.node.gpu_devices:
 

@@ -21,6 +21,7 @@ import numpy as np
 from shared.core import bind_backoff
 from shared.core.cluster import EPS, ClusterState, NodeState
 from shared.core.dra_accounting import account as dra_accounting
+from shared.core.plugins.runtime import Runtime
 from shared.core.policy import Policy
 from shared.core.proportion import (
     OK,
@@ -85,6 +86,9 @@ class Session:
         self.policy = policy
         self.chains = chains
         """The plugins this session runs, per extension point (resolved once, before the session)."""
+        self.plugins: Runtime[Session] = Runtime(chains)
+        """What runs the chains (`shared.core.plugins.runtime`): every plugin call of the session goes
+        through it, and a plugin's exception stops there."""
         self.focus = focus
         self._fit_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
         """Task shape -> (node versions, fit answers) of `_cached_fit_mask`."""
@@ -104,7 +108,8 @@ class Session:
         """Each action run, with how many evictions the log held when it started (whose they are)."""
         # Bumped whenever a queue's allocation moves; keys cached queue-order views.
         self.alloc_version = 0
-        keys = OrderKeys(job=chains.job_key, task=chains.task_key, pod_set=chains.pod_set_key)
+        runtime = self.plugins
+        keys = OrderKeys(job=runtime.job_key, task=runtime.task_key, pod_set=runtime.pod_set_key)
         for pg in snapshot.podgroups:
             self.jobs[pg.key] = JobState(resolve_aliases(pg, self.topologies), keys)
         self.stuck_by_node: dict[str, list[str]] = {}
@@ -251,19 +256,11 @@ class Session:
     def job_capacity(self, job: JobState, tasks: list[TaskState]) -> CapacityResult:
         """Whether the job's next `tasks` fit what its queue may hold: the quota checks of the chains, the
         first refusal wins (KAI's proportion: `queue_job_capacity`)."""
-        for check in self.chains.quota_checks:
-            result = check.job_capacity(self, job, tasks)
-            if not result.ok:
-                return result
-        return OK
+        return self.plugins.job_capacity(self, job, tasks) or OK
 
     def task_capacity_on_node(self, task: TaskState, node: NodeState) -> CapacityResult:
         """As `job_capacity`, for one pod on one node (asked by the predicates filter)."""
-        for check in self.chains.quota_checks:
-            result = check.node_capacity(self, task, node)
-            if not result.ok:
-                return result
-        return OK
+        return self.plugins.node_capacity(self, task, node) or OK
 
     def queue_job_capacity(self, job: JobState, tasks: list[TaskState]) -> CapacityResult:
         """KAI `IsJobOverQueueCapacity`: the queue limit, and non-preemptible work only inside quota."""

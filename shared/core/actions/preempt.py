@@ -63,18 +63,17 @@ def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSo
     if non_preemptible_over_quota(ssn, job):
         return JobSolution(False, None, [])
     jobs = index if index is not None else JobIndex(ssn, lambda j: is_candidate(ssn, j))
-    filters = [f for f in ssn.chains.victim_filters if f.applies(ssn, "preempt")]
+    filters = ssn.plugins.victim_filters(ssn, "preempt")
 
     def validate(scenario: ByNodeScenario) -> bool:
-        if not filters:
+        if filters is None:
             return True
-        victims = scenario.victim_pods()
-        return all(f.validate(ssn, "preempt", job, victims) for f in filters)
+        return filters.validate(job, scenario.victim_pods())
 
     def keep(victim: JobState) -> bool:
         if victim.priority >= job.priority or victim.key == job.key:
             return False
-        return all(f.keep(ssn, "preempt", job, victim) for f in filters)
+        return filters is None or filters.keep(job, victim)
 
     def victims() -> JobsByQueue:
         return jobs.victims(keep, [job.queue])

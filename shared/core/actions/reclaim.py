@@ -51,22 +51,22 @@ def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSo
     """Look for victims for `job`; the returned statement is uncommitted."""
     jobs = index if index is not None else JobIndex(ssn, is_candidate)
     rules = Reclaimable(ssn, snapshot_queues(ssn))
-    filters = [f for f in ssn.chains.victim_filters if f.applies(ssn, "reclaim")]
+    filters = ssn.plugins.victim_filters(ssn, "reclaim")
 
     def validate(scenario: ByNodeScenario) -> bool:
         if not rules.validate(scenario):
             return False
-        if not filters:
+        if filters is None:
             return True
-        victims = scenario.victim_pods()
-        return all(f.validate(ssn, "reclaim", job, victims) for f in filters)
+        return filters.validate(job, scenario.victim_pods())
 
     def keep(victim: JobState) -> bool:
-        return all(f.keep(ssn, "reclaim", job, victim) for f in filters)
+        assert filters is not None
+        return filters.keep(job, victim)
 
     def victims() -> JobsByQueue:
         others = [q for q in jobs.by_queue if q != job.queue]
-        return jobs.victims(keep if filters else None, others)
+        return jobs.victims(keep if filters is not None else None, others)
 
     solver = JobSolver(ssn, feasible_nodes(ssn, job), validate, victims, "reclaim", jobs.pending)
     return solver.solve(job)

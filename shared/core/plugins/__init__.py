@@ -7,7 +7,10 @@ Public (the shells and third-party plugins may import it):
   `VictimFilter`);
 - `registry`: `Plugin` (what one plugin contributes), `PluginSpec` (name, factory, default priority,
   arguments), `Registry` (a frozen name -> spec mapping that refuses duplicates), `PluginConfigError`;
-- `chain`: `resolve(policy, registry) -> Chains`, once per session.
+- `chain`: `resolve(policy, registry) -> Chains`, once per session;
+- `runtime`: `Runtime`, which runs every chain of a session (`Session.plugins`) and turns a plugin's
+  exception into a `points.Status` with `Code.ERROR` and the plugin's name, so a broken plugin fails the
+  pod it was evaluating, never the cycle.
 
 KAI's plugins, wrapping the core's own filters, scores and orders, are `shared.core.builtin_plugins`.
 This package imports nothing above the session's state (tasks, cluster, proportion, policy), so every

@@ -5,13 +5,13 @@ defaults), checks every name and argument against the registry (`PluginConfigErr
 the argument), builds each enabled plugin once through its factory, orders them by priority (highest
 first, ties by name, as KAI does) and returns the `Chains`. Called once per session, by
 `shared.core.cycle.open_session`, before the session is built; the core's runners then read
-`ssn.chains` (see `shared.core.plugins.points` for each runner's contract).
+the session's runtime (`shared.core.plugins.runtime.Runtime`, `Session.plugins`), built on the chains, runs
+them (see `shared.core.plugins.points` for each runner's contract).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,29 +24,14 @@ if TYPE_CHECKING:
         NodeFilter,
         NodePreFilter,
         NodeScore,
-        OrderKey,
         QueueOrder,
         QuotaCheck,
         VictimFilter,
     )
-    from shared.core.tasks import JobState, SubGroupMember, TaskState
 
 __all__ = ["Chains", "plugin_configs", "resolve"]
 
 S = TypeVar("S")
-X = TypeVar("X")
-
-
-def _job_tail(job: JobState) -> OrderKey:
-    return (job.creation_time, job.key)
-
-
-def _task_tail(task: TaskState) -> OrderKey:
-    return (task.creation_time, task.key)
-
-
-def _pod_set_tail(member: SubGroupMember) -> OrderKey:
-    return (member.name,)
 
 
 @dataclass(frozen=True)
@@ -55,6 +40,9 @@ class Chains(Generic[S]):
 
     names: tuple[str, ...]
     """The enabled plugins, in chain order."""
+    plugins: tuple[tuple[str, Plugin[S]], ...]
+    """The enabled plugins with their names, in chain order (what the runtime names a failure by, and where
+    it finds the job, pod and pod-set orders)."""
     node_filters: tuple[NodeFilter[S], ...]
     node_prefilters: tuple[NodePreFilter[S], ...]
     node_scores: tuple[NodeScore[S], ...]
@@ -62,12 +50,6 @@ class Chains(Generic[S]):
     queue_orders: tuple[QueueOrder[S], ...]
     quota_checks: tuple[QuotaCheck[S], ...]
     victim_filters: tuple[VictimFilter[S], ...]
-    job_key: Callable[[JobState], OrderKey]
-    """The job order's parts concatenated, then creation time and key."""
-    task_key: Callable[[TaskState], OrderKey]
-    """The task order's parts concatenated, then creation time and key."""
-    pod_set_key: Callable[[SubGroupMember], OrderKey]
-    """The pod-set order's parts concatenated, then the member's name (pod sets and child sets alike)."""
     skip_actions: frozenset[str]
 
 
@@ -123,6 +105,7 @@ def _without(plugin: Plugin[S], config: PluginConfig) -> Plugin[S]:
 def _chains(names: tuple[str, ...], plugins: list[Plugin[S]]) -> Chains[S]:
     return Chains(
         names=names,
+        plugins=tuple(zip(names, plugins, strict=True)),
         node_filters=tuple(p.node_filter for p in plugins if p.node_filter is not None),
         node_prefilters=tuple(
             p.node_prefilter for p in plugins if p.node_prefilter is not None and p.node_filter is not None
@@ -132,30 +115,5 @@ def _chains(names: tuple[str, ...], plugins: list[Plugin[S]]) -> Chains[S]:
         queue_orders=tuple(p.queue_order for p in plugins if p.queue_order is not None),
         quota_checks=tuple(p.quota_check for p in plugins if p.quota_check is not None),
         victim_filters=tuple(p.victim_filter for p in plugins if p.victim_filter is not None),
-        job_key=_compose(tuple(p.job_order.job_key for p in plugins if p.job_order), _job_tail),
-        task_key=_compose(tuple(p.task_order.task_key for p in plugins if p.task_order), _task_tail),
-        pod_set_key=_compose(
-            tuple(p.pod_set_order.pod_set_key for p in plugins if p.pod_set_order), _pod_set_tail
-        ),
         skip_actions=frozenset().union(*(p.skip_actions for p in plugins)),
     )
-
-
-def _compose(
-    parts: tuple[Callable[[X], OrderKey], ...], tail: Callable[[X], OrderKey]
-) -> Callable[[X], OrderKey]:
-    """One key function: the parts' keys concatenated, then the tail's."""
-    if not parts:
-        return tail
-    if len(parts) == 1:
-        (only,) = parts
-
-        def one(item: X) -> OrderKey:
-            return only(item) + tail(item)
-
-        return one
-
-    def many(item: X) -> OrderKey:
-        return tuple(v for part in parts for v in part(item)) + tail(item)
-
-    return many

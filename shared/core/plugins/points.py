@@ -2,7 +2,8 @@
 
 A plugin (`shared.core.plugins.registry.Plugin`) fills any of these; the session's chains
 (`shared.core.plugins.chain.Chains`) hold, per extension point, the enabled plugins' implementations in
-priority order, and the core's runners call them:
+priority order; the session's runtime (`shared.core.plugins.runtime.Runtime`) runs them, catching what a
+plugin raises, for these callers:
 
 - `NodeFilter`: the allocation helper (`shared.core.allocation`), for every node it tries, and the victim
   solver (`shared.core.solver`), which reads a `Refusal`'s code to leave out nodes where evicting pods
@@ -18,9 +19,10 @@ priority order, and the core's runners call them:
 The session type is a type parameter `S` (the core's `Session` is private to it, and this module sits
 below it): plugins read the session the runner hands them and never change it.
 
-A node filter's no is a `Refusal`: the reason shown in the pod's fit error and its `Code`, kube-scheduler's
-framework distinction between a node where the pod may fit once pods are evicted from it
-(``Unschedulable``) and one where it never will, whatever is evicted (``UnschedulableAndUnresolvable``).
+A node filter's no is a `Status` (also named `Refusal`): the reason shown in the pod's fit error, the plugin
+where known, and its `Code`, kube-scheduler's framework distinction between a node where the pod may fit
+once pods are evicted from it (``Unschedulable``) and one where it never will, whatever is evicted
+(``UnschedulableAndUnresolvable``); a plugin that raised answers ``Error`` (the runtime's doing).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = [
     "QueueOrder",
     "QuotaCheck",
     "Refusal",
+    "Status",
     "TaskOrder",
     "VictimAction",
     "VictimFilter",
@@ -63,7 +66,7 @@ VictimAction = Literal["preempt", "reclaim"]
 
 
 class Code(enum.Enum):
-    """Which kind of no a node filter gives (kube-scheduler's framework status codes)."""
+    """What kind of answer a plugin gave (kube-scheduler's framework status codes)."""
 
     UNSCHEDULABLE = "Unschedulable"
     """The pod does not fit on the node now, but may once pods are evicted from it (host ports, pod
@@ -71,20 +74,31 @@ class Code(enum.Enum):
     UNRESOLVABLE = "UnschedulableAndUnresolvable"
     """The pod will not fit on the node whatever is evicted from it (node affinity, taints, a volume's node
     affinity, a claim allocated for another node...): the eviction actions do not try its victims."""
+    ERROR = "Error"
+    """The plugin raised (`shared.core.plugins.runtime` caught it): the pod fails where the plugin failed,
+    with the plugin's name in the reason; no pod is evicted on its account."""
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
-    """A node filter's no: the reason (a constant of the plugin's module where it can be, shown in the pod's
-    fit error, counted per reason) and its `Code`."""
+class Status:
+    """A plugin's no, or its failure: the reason (a constant of the plugin's module where it can be, shown
+    in the pod's fit error, counted per reason), its `Code`, and the plugin that answered where the runtime
+    knows it (always for `Code.ERROR`). kube-scheduler's framework ``Status``; a node filter's refusal is
+    one (`Refusal` is its older name)."""
 
     reason: str
     code: Code = Code.UNSCHEDULABLE
+    plugin: str | None = None
 
     @property
     def unresolvable(self) -> bool:
-        """Evicting pods from the node cannot make the pod fit there."""
-        return self.code is Code.UNRESOLVABLE
+        """Evicting pods from the node cannot make the pod fit there (a refusal said so, or a plugin
+        failed)."""
+        return self.code is not Code.UNSCHEDULABLE
+
+
+Refusal = Status
+"""A node filter's no: a `Status` (the name filters were first written against)."""
 
 
 class NodeFilter(Protocol[S_contra]):
@@ -102,7 +116,7 @@ class NodeFilter(Protocol[S_contra]):
     ``nodesWherePreemptionMightHelp``), so nobody there is evicted for a pod that would still not fit.
     Called per (pod, node) tried: keep it cheap."""
 
-    def filter(self, ssn: S_contra, task: TaskState, node: NodeState) -> Refusal | str | None: ...
+    def filter(self, ssn: S_contra, task: TaskState, node: NodeState) -> Status | str | None: ...
 
 
 class NodePreFilter(Protocol[S_contra]):

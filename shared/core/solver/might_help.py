@@ -93,7 +93,7 @@ class MightHelp:
                 return False
             if any(c.when_unsatisfiable == "DoNotSchedule" for c in pod.topology_spread):
                 return False
-            if ssn.chains.quota_checks and task.kind not in _QUOTA_BY_REQUEST:
+            if ssn.plugins.has_quota_checks and task.kind not in _QUOTA_BY_REQUEST:
                 return False
         return ssn.job_capacity(self.preemptor, self.preemptor.tasks_to_allocate(real=False)).ok
 
