@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.nodes import generated_nodes, node_object
 
@@ -20,7 +21,7 @@ class Clock:
 
 def two_node_cluster(clock: Clock, options: SimOptions) -> Cluster:
     """Two generated 8-GPU nodes, settled."""
-    c = Cluster(options, clock=clock)
+    c = build_cluster(options, clock=clock)
     for node in generated_nodes(2, 8):
         c.add_node(node_object(node))
     c.settle()

@@ -25,7 +25,8 @@ from tools.bench.bus import _objects_wanted
 from tools.bench.inprocess import run_inprocess
 from tools.bench.manifests import NAMESPACE, pod_manifest
 from tools.bench.workload import Workload
-from tools.kubesim.cluster import Cluster, SimOptions
+from tools.kubesim.assembly import build_cluster
+from tools.kubesim.cluster import SimOptions
 from tools.kubesim.nodes import node_object
 
 NAMES = ("VolumeBinding", "DRAGPUClaims")
@@ -112,7 +113,7 @@ def test_every_measured_dra_pod_asks_one_gpu_through_its_templates_claim_and_non
 
 def test_the_in_process_slices_are_the_ones_the_simulated_driver_publishes() -> None:
     workload = claims.dra_gpu_claims(nodes=3, initial=0, measured=1)
-    cluster = Cluster(SimOptions(seed=1, default_scheduler=False), clock=lambda: 0.0)
+    cluster = build_cluster(SimOptions(seed=1, default_scheduler=False), clock=lambda: 0.0)
     for node in workload.nodes:
         cluster.create(cluster.type_of("nodes"), None, node_object(node))
     cluster.settle()
@@ -130,7 +131,7 @@ def test_the_in_process_slices_are_the_ones_the_simulated_driver_publishes() -> 
 
 def test_the_in_process_csi_nodes_are_the_ones_the_simulated_cluster_makes() -> None:
     workload = claims.volume_binding(nodes=3, initial=0, measured=2)
-    cluster = Cluster(SimOptions(seed=1, default_scheduler=False), clock=lambda: 0.0)
+    cluster = build_cluster(SimOptions(seed=1, default_scheduler=False), clock=lambda: 0.0)
     for node in workload.nodes:
         cluster.create(cluster.type_of("nodes"), None, node_object(node))
     cluster.settle()

@@ -24,7 +24,7 @@ from tests.unit.test_deploy_manifests import (
     schema_errors,
     with_component,
 )
-from tools.kubesim.cluster import Cluster
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.errors import ApiError
 
 Obj = dict[str, Any]
@@ -137,7 +137,7 @@ def test_the_cert_manager_check_catches_a_misspelt_field() -> None:
 def test_the_configuration_is_accepted_by_the_simulated_api_server() -> None:
     """kubesim checks a configuration as the real API server does (three-segment webhook names, timeouts,
     side effects, review versions): the rendered one passes, and a broken copy is refused."""
-    cluster = Cluster(clock=lambda: 1_700_000_000.0)
+    cluster = build_cluster(clock=lambda: 1_700_000_000.0)
     configuration = find(base(), "MutatingWebhookConfiguration", CONFIGURATION)
     stored = cluster.apply_manifest(copy.deepcopy(configuration))
     assert stored["webhooks"][0]["name"] == "after-gate.kairos.io"

@@ -11,6 +11,7 @@ import pytest
 
 from shared.kube import wire
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.config import read_manifests
 from tools.kubesim.errors import ApiError
@@ -380,7 +381,7 @@ def test_a_watch_without_a_resource_version_starts_with_the_current_objects(clus
 
 
 def test_a_watch_older_than_the_history_window_is_410_expired(clock: Clock) -> None:
-    small = Cluster(SimOptions(watch_history=3), clock=clock)
+    small = build_cluster(SimOptions(watch_history=3), clock=clock)
     for i in range(5):
         small.create(small.type_of("configmaps"), "default", {"metadata": {"name": f"c{i}"}})
     error = expect_error(

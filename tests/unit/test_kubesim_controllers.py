@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.unit.kubesim_support import Clock, two_node_cluster
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.errors import ApiError
 from tools.kubesim.nodes import generated_nodes, node_object
@@ -235,7 +236,7 @@ def test_a_default_scheduler_pod_that_fits_nowhere_is_marked_unschedulable(clust
 
 
 def test_the_default_scheduler_can_be_turned_off(clock: Clock) -> None:
-    quiet = Cluster(SimOptions(default_scheduler=False), clock=clock)
+    quiet = build_cluster(SimOptions(default_scheduler=False), clock=clock)
     quiet.add_node(node_object(generated_nodes(1, 1)[0]))
     quiet.create(
         quiet.type_of("pods"),

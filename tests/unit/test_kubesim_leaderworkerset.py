@@ -271,7 +271,7 @@ def test_a_deleted_leader_is_made_again_with_its_labels_and_a_new_worker_statefu
 ) -> None:
     create(cluster, lws_spec(replicas=1, size=2))
     old = pods(cluster)["vllm-0"]["metadata"]["uid"]
-    cluster._remove("pods", "default", "vllm-0", "Background")
+    cluster.remove("pods", "default", "vllm-0", "Background")
     cluster.settle()
     leader = pods(cluster)["vllm-0"]
     assert leader["metadata"]["uid"] != old

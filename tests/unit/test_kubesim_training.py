@@ -163,7 +163,7 @@ def test_a_pytorchjob_runs_and_succeeds_with_its_master_and_a_deleted_pod_is_rec
             }
         },
     )
-    cluster._remove("pods", "default", "mnist-worker-0", "Background")
+    cluster.remove("pods", "default", "mnist-worker-0", "Background")
     cluster.settle()
     assert "mnist-worker-0" in pods(cluster)
     advance(cluster, clock, 2)
@@ -173,7 +173,7 @@ def test_a_pytorchjob_runs_and_succeeds_with_its_master_and_a_deleted_pod_is_rec
     assert conditions(done) == {"Created": "True", "Running": "False", "Succeeded": "True"}
     assert done["status"]["completionTime"]
     assert done["status"]["replicaStatuses"]["Master"]["succeeded"] == 1
-    cluster._remove("pods", "default", "mnist-worker-0", "Background")
+    cluster.remove("pods", "default", "mnist-worker-0", "Background")
     cluster.settle()
     assert "mnist-worker-0" not in pods(cluster)
 

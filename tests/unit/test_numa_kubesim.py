@@ -14,6 +14,7 @@ from shared.kube.numa import decode_topology, node_numa_of
 from shared.model import Node
 from shared.model.numa import NodeNuma, NumaZone, TopologyPolicy
 from tests.unit.kubesim_support import Clock
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.nodes import node_object
 from tools.kubesim.operators.numa import STORAGE
@@ -44,7 +45,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
-    c = Cluster(SimOptions(run_delay=RUN_DELAY, seed=5), clock=clock)
+    c = build_cluster(SimOptions(run_delay=RUN_DELAY, seed=5), clock=clock)
     for node in (
         numa_node("split", (1, 1)),
         numa_node("together", (2, 0)),

@@ -26,6 +26,7 @@ from shared.kubeapi.paths import plural_of
 from shared.model.builders import flat_queues
 from tools.bench.manifests import NAMESPACE
 from tools.bench.workload import Group, Workload, owner_of_pod, plain_nodes
+from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import KAI_PRIORITY_CLASSES, Cluster, SimOptions
 
 __all__ = ["MIXED_KINDS", "OwnerKind", "mixed_workloads"]
@@ -212,7 +213,7 @@ def mixed_workloads(
     `pregrouped` (MixedWorkloadsPregrouped) keeps the same pods and podgroups but drops the owners, so over
     the bus they are created already grouped, as the other workloads' are: the difference between the two
     runs' state-service CPU per pod is what grouping costs."""
-    cluster = Cluster(SimOptions(seed=1), clock=lambda: 0.0)
+    cluster = build_cluster(SimOptions(seed=1), clock=lambda: 0.0)
     grouper = _Grouper(cluster)
     priorities = {name: value for name, value, _ in KAI_PRIORITY_CLASSES}
     names = [f"q{i}" for i in range(queues)]

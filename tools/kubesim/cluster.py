@@ -3,11 +3,13 @@ eviction do to the object store, plus garbage collection, namespaces, CRDs and s
 
 `Cluster` is the pure heart of the simulated API server. The aiohttp shell (`tools.kubesim.server`)
 parses a request, calls one method here and encodes what it returns (or the `ApiError` it raises), then
-calls `settle()`, which runs the workload controllers (`controllers`), the default scheduler
-(`scheduler`) and the node simulator (`nodesim`) until nothing changes; `next_deadline()` tells it when
-timer-driven work (a bound pod starting, a pod finishing) is due next. Tests drive a `Cluster` directly
-with a fake clock. Time is the injected `clock` (seconds since the epoch): the shell passes the event
-loop's clock shifted to wall time, so that timestamps read true and tests can use `looptime`.
+calls `settle()`, which runs the workload controllers (`controllers`, given to the cluster by `start`
+as `Workloads`: `tools.kubesim.assembly` builds the cluster and then them, and neither module imports the
+other), the default scheduler (`scheduler`) and the node simulator (`nodesim`) until nothing changes;
+`next_deadline()` tells it when timer-driven work (a bound pod starting, a pod finishing) is due next.
+Tests drive a `Cluster` directly with a fake clock (`tools.kubesim.assembly.build_cluster`). Time is the
+injected `clock` (seconds since the epoch): the shell passes the event loop's clock shifted to wall time,
+so that timestamps read true and tests can use `looptime`.
 
 Simplifications (also in the package docstring): deletion is immediate unless an object has finalizers
 or is a pod that terminates gracefully (`tools.kubesim.nodesim`: ``kairos.io/stop-seconds``);
@@ -23,8 +25,7 @@ import binascii
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import yaml
@@ -42,6 +43,7 @@ from tools.kubesim.errors import (
     not_found,
     status_success,
 )
+from tools.kubesim.nodesim import NodeSimulator
 from tools.kubesim.objects import clone, meta, new_uid, random_suffix, rfc3339
 from tools.kubesim.operators import crds
 from tools.kubesim.patch import json_patch, merge_patch, strategic_merge_patch
@@ -52,6 +54,7 @@ from tools.kubesim.resources import (
     builtin_types,
     crd_types,
 )
+from tools.kubesim.scheduler import DefaultScheduler
 from tools.kubesim.selectors import (
     EVENTS_V1_FIELDS,
     EVERYTHING,
@@ -61,6 +64,7 @@ from tools.kubesim.selectors import (
     parse_labels,
 )
 from tools.kubesim.store import Change, Store
+from tools.kubesim.writes import DeferredCreate, Write
 
 __all__ = [
     "BOOKMARK",
@@ -72,6 +76,7 @@ __all__ = [
     "ListResult",
     "SimOptions",
     "WatchStream",
+    "Workloads",
     "Write",
 ]
 
@@ -135,34 +140,6 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ConfigError(f"kubesim option run_delay: must be >= 0, got {self.run_delay}")
         if self.watch_history < 1:
             raise ConfigError(f"kubesim option watch_history: must be >= 1, got {self.watch_history}")
-
-
-@dataclass(kw_only=True)
-class Write:
-    """A create or update between its two halves (`Cluster.begin_*` and `Cluster.finish`): admission
-    webhooks see and may replace `obj` in between (and then set `admitted`)."""
-
-    rt: ResourceType
-    operation: str
-    """CREATE or UPDATE (as admission names it)."""
-    obj: Obj
-    """The object to store, in stored form."""
-    old: Obj | None = None
-    """The stored object an UPDATE replaces."""
-    subresource: str = ""
-    admitted: bool = False
-    """A mutating webhook replaced `obj`: defaults and checks run again before it is stored."""
-
-
-@dataclass(kw_only=True)
-class DeferredCreate:
-    """A pod a controller creates while admission webhooks are configured: it waits in `Cluster.deferred`
-    until the server has passed it through them (the real controllers' creations go through the API server)."""
-
-    owner: Obj
-    storage: str
-    """The owner's storage key (its controller)."""
-    write: Write
 
 
 class ListResult(msgspec.Struct, frozen=True):
@@ -272,14 +249,27 @@ def _same_except_rv(old: Obj, new: Obj) -> bool:
     return True
 
 
+class Workloads(Protocol):
+    """What the cluster asks of its workload controllers (`tools.kubesim.controllers.Controllers`), given
+    to it by `Cluster.start`: the cluster calls them, they call the cluster back, neither imports the other."""
+
+    def storage_added(self, key: str) -> None:
+        """A CRD's storage was registered."""
+
+    def run_once(self) -> bool:
+        """Reconcile what changed; whether anything was done."""
+
+
 class Cluster:
     """The simulated cluster: its resource types, its objects and what acts on them."""
 
-    def __init__(self, options: SimOptions | None = None, *, clock: Callable[[], float]) -> None:
-        from tools.kubesim.controllers import Controllers
-        from tools.kubesim.nodesim import NodeSimulator
-        from tools.kubesim.scheduler import DefaultScheduler
+    controllers: Workloads
+    """The workload controllers, given by `start` (`tools.kubesim.assembly` builds them)."""
 
+    def __init__(self, options: SimOptions | None = None, *, clock: Callable[[], float]) -> None:
+        """An empty cluster: its resource types, storages, node simulator and default scheduler. `start` then
+        gives it its controllers and creates the start-up objects (`tools.kubesim.assembly.build_cluster`
+        does both)."""
         self.options = options or SimOptions()
         self.clock = clock
         self.defer_creates: Callable[[], bool] = lambda: False
@@ -294,7 +284,11 @@ class Cluster:
             self.store.add_storage(storage_key, namespaced=rt.namespaced, index_fields=index)
         self.nodesim = NodeSimulator(self, run_delay=self.options.run_delay)
         self.scheduler = DefaultScheduler(self, enabled=self.options.default_scheduler)
-        self.controllers = Controllers(self)
+
+    def start(self, controllers: Workloads) -> None:
+        """Take `controllers` (built for this cluster) and create what a new cluster holds: the default
+        namespaces, the system and KAI priority classes, the operators' CRDs; then settle."""
+        self.controllers = controllers
         for name in DEFAULT_NAMESPACES:
             self.create(self.type_of("namespaces"), None, {"metadata": {"name": name}})
         for name, value, description in (*SYSTEM_PRIORITY_CLASSES, *KAI_PRIORITY_CLASSES):
@@ -797,7 +791,7 @@ class Cluster:
         ):
             # The last finalizer of an object being deleted went: it goes now (a pod still terminating
             # gracefully is removed by its kubelet instead).
-            removed = self._remove(rt.storage, md.get("namespace", ""), md["name"], "Background")
+            removed = self.remove(rt.storage, md.get("namespace", ""), md["name"], "Background")
             return removed if removed is not None else existing
         if _same_except_rv(existing, new):
             return existing
@@ -861,7 +855,7 @@ class Cluster:
             md["deletionTimestamp"] = rfc3339(self.now())
             md["deletionGracePeriodSeconds"] = 0
             return self.view(rt, self.store.put(rt.storage, {**existing, "metadata": md}))
-        removed = self._remove(rt.storage, self._key(rt, namespace), name, policy)
+        removed = self.remove(rt.storage, self._key(rt, namespace), name, policy)
         assert removed is not None
         if rt.storage == "namespaces":
             removed = {**removed, "status": {"phase": "Terminating"}}
@@ -898,8 +892,9 @@ class Cluster:
                     raise
         return out
 
-    def _remove(self, storage_key: str, namespace: str, name: str, policy: str) -> Obj | None:
-        """Delete an object now, with its dependents per `policy`, a namespace's contents, a CRD's objects."""
+    def remove(self, storage_key: str, namespace: str, name: str, policy: str) -> Obj | None:
+        """Delete an object now, with its dependents per `policy`, a namespace's contents, a CRD's objects
+        (no finalizers, no grace period: what the API's delete ends in, and how a controller drops a pod)."""
         storage = self.store.storage(storage_key)
         obj = storage.get(namespace if storage.namespaced else "", name)
         if obj is None:
@@ -911,7 +906,7 @@ class Cluster:
             for key, other in list(self.store.storages.items()):
                 if other.namespaced:
                     for child in list(other.iter(name)):
-                        self._remove(key, name, child["metadata"]["name"], "Background")
+                        self.remove(key, name, child["metadata"]["name"], "Background")
         if storage_key == _CRD_STORAGE:
             self._drop_crd(obj)
         removed = self.store.remove(storage_key, namespace, name)
@@ -928,7 +923,7 @@ class Cluster:
             if storage is None:
                 continue
             for obj in list(storage.iter()):
-                self._remove(key, obj["metadata"].get("namespace", ""), obj["metadata"]["name"], "Background")
+                self.remove(key, obj["metadata"].get("namespace", ""), obj["metadata"]["name"], "Background")
             for closer in list(storage.closers):
                 closer()
             self.store.drop_storage(key)
@@ -936,7 +931,7 @@ class Cluster:
     def _delete_dependents(self, uid: str, policy: str) -> None:
         for storage_key, ns, name in self.store.dependents_of(uid):
             if storage_key in self.store.storages:
-                self._remove(storage_key, ns, name, policy)
+                self.remove(storage_key, ns, name, policy)
 
     def _orphan_dependents(self, uid: str) -> None:
         for storage_key, ns, name in self.store.dependents_of(uid):

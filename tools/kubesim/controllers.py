@@ -25,11 +25,13 @@ owner changes. Pure: no I/O.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgspec
 
-from tools.kubesim.cluster import DeferredCreate
 from tools.kubesim.default_storage_class import RetroactiveDefault
 from tools.kubesim.dra import DraController
 from tools.kubesim.ephemeral_volumes import EphemeralVolumes
@@ -37,13 +39,12 @@ from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
 from tools.kubesim.operators import OPERATORS, Operator, operator_of_storage, storage_of_owner
+from tools.kubesim.resources import ResourceType
 from tools.kubesim.storage import StorageController
-from tools.kubesim.store import Change
+from tools.kubesim.store import Change, Store
+from tools.kubesim.writes import DeferredCreate, Write
 
-if TYPE_CHECKING:
-    from tools.kubesim.cluster import Cluster
-
-__all__ = ["Controllers", "template_hash"]
+__all__ = ["ClusterApi", "Controllers", "template_hash"]
 
 Obj = dict[str, Any]
 DirtyKey = tuple[str, str, str]
@@ -123,10 +124,50 @@ def _condition(type_: str, status: str, reason: str, message: str, now: str) -> 
     }
 
 
-class Controllers:
-    """The Job, Deployment, ReplicaSet and StatefulSet controllers of one cluster."""
+class ClusterApi(Protocol):
+    """The simulated cluster as its controllers and the operators call it (`tools.kubesim.cluster.Cluster`
+    is one); typed here so that this module need not import the cluster, which holds these controllers."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    @property
+    def store(self) -> Store: ...
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def deferred(self) -> deque[DeferredCreate]: ...
+    @property
+    def defer_creates(self) -> Callable[[], bool]: ...
+    def now(self) -> float: ...
+    def type_of(self, storage_key: str) -> ResourceType: ...
+    def find(self, storage_key: str, namespace: str | None, name: str) -> Obj | None: ...
+    def objects(self, storage_key: str, namespace: str | None = None) -> list[Obj]: ...
+    def create(self, rt: ResourceType, namespace: str | None, body: Any, *, dry_run: bool = False) -> Obj: ...
+    def begin_create(self, rt: ResourceType, namespace: str | None, body: Any) -> Write: ...
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        options: Any = None,
+        *,
+        dry_run: bool = False,
+    ) -> Obj: ...
+    def remove(self, storage_key: str, namespace: str, name: str, policy: str) -> Obj | None: ...
+    def record_event(self, about: Obj, type_: str, reason: str, message: str, component: str) -> None: ...
+
+
+class Controllers:
+    """The Job, Deployment, ReplicaSet and StatefulSet controllers of one cluster, with the volume, DRA,
+    default-class and ephemeral-volume controllers they are given (`tools.kubesim.assembly` builds them)."""
+
+    def __init__(
+        self,
+        cluster: ClusterApi,
+        *,
+        storage: StorageController,
+        dra: DraController,
+        default_class: RetroactiveDefault,
+        ephemeral: EphemeralVolumes,
+    ) -> None:
         self.cluster = cluster
         self.dirty: dict[DirtyKey, None] = {}
         self.in_flight: dict[str, set[str]] = {}
@@ -139,13 +180,13 @@ class Controllers:
             store.storage(key).listeners.append(self._own_change(key))
         store.storage("pods").listeners.append(self._pod_change)
         self.operators: dict[str, Operator] = {spec.name: spec.start(self) for spec in OPERATORS}
-        self.storage = StorageController(cluster)
+        self.storage = storage
         """The volume controller, the CSI provisioner and the CSINodes (`tools.kubesim.storage`)."""
-        self.dra = DraController(cluster)
+        self.dra = dra
         """The resourceclaim controller, the DRA GPU driver and ComputeDomains (`tools.kubesim.dra`)."""
-        self.default_class = RetroactiveDefault(cluster)
+        self.default_class = default_class
         """The default StorageClass given to claims that asked for none (`tools.kubesim.default_storage_class`)."""
-        self.ephemeral = EphemeralVolumes(cluster)
+        self.ephemeral = ephemeral
         """The claims of pods' generic ephemeral volumes (`tools.kubesim.ephemeral_volumes`)."""
         self._watched: dict[str, object] = {}
         """storage key -> the operator's storage this controller listens to (a recreated CRD has a new one)."""
@@ -339,7 +380,7 @@ class Controllers:
 
     def _delete_pod(self, pod: Obj) -> None:
         md = pod["metadata"]
-        self.cluster._remove("pods", md["namespace"], md["name"], "Background")
+        self.cluster.remove("pods", md["namespace"], md["name"], "Background")
 
     def _write_status(self, storage: str, obj: Obj, status: Obj) -> None:
         if obj.get("status") == status:

@@ -40,6 +40,7 @@ from shared.errors import ConfigError
 from shared.model import Node
 from tools.kubesim import discovery, protobuf
 from tools.kubesim.admission import Attributes
+from tools.kubesim.assembly import controllers_of
 from tools.kubesim.cluster import BOOKMARK, Cluster, SimOptions, WatchStream, Write
 from tools.kubesim.config import read_manifests
 from tools.kubesim.errors import ApiError, bad_request, not_found
@@ -167,6 +168,10 @@ class KubeSim:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._offset = 0.0
         self.cluster = Cluster(options, clock=self._now)
+        self.controllers = controllers_of(self.cluster)
+        """The cluster's workload controllers (`tools.kubesim.assembly`), which the admission of deferred pods
+        reports to."""
+        self.cluster.start(self.controllers)
         self.bookmark_seconds = bookmark_seconds
         self.liveness_seconds = 5.0
         """How long an idle watch waits before checking that its client is still connected."""
@@ -677,7 +682,7 @@ class KubeSim:
         """Pass the pods controllers created (`Cluster.deferred`) through the admission webhooks, then store
         them; a refused one is reported on its owner (FailedCreate) and retried after `_RETRY_S`."""
         cluster = self.cluster
-        controllers = cluster.controllers
+        controllers = self.controllers
         while cluster.deferred and not self._stopping:
             item = cluster.deferred.popleft()
             if not controllers.owner_alive(item):
@@ -721,7 +726,7 @@ class KubeSim:
         self._retries.pop(key, None)
         if self._stopping:
             return
-        self.cluster.controllers.dirty[key] = None
+        self.controllers.dirty[key] = None
         try:
             self._after_write()
         except Exception:
