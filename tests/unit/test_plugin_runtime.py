@@ -6,8 +6,11 @@ wrapping a plugin's error in a Status with its code and plugin)."""
 
 from __future__ import annotations
 
+import importlib.util
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -35,6 +38,14 @@ QUEUES = (
     Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
 )
 NAME = "broken"
+EXAMPLE = (
+    Path(__file__).resolve().parents[2]
+    / "examples"
+    / "label-score-plugin"
+    / "src"
+    / "kairos_label_score"
+    / "__init__.py"
+)
 POINTS = ("filter", "prefilter", "score", "device", "job", "task", "pod_set", "queue", "quota", "victims")
 
 
@@ -224,3 +235,22 @@ def test_the_runtime_records_a_failure_that_failed_no_pod_once() -> None:
     ssn.plugins.job_key(job)
     assert [s.plugin for s in ssn.plugins.errors] == [NAME]
     assert msgspec.json.encode(ssn.plugins.errors[0].reason)
+
+
+# --- the view plugins read ---------------------------------------------------------------------------------------
+def test_a_plugin_typed_against_the_cycle_view_runs_on_anything_with_the_view_s_fields() -> None:
+    """The example plugin reads the cycle only through `CycleView`: handed a plain object with the view's
+    nodes, and no session at all, it scores as it does inside a cycle."""
+    found = importlib.util.spec_from_file_location("label_score_example", EXAMPLE)
+    assert found is not None
+    assert found.loader is not None
+    example = importlib.util.module_from_spec(found)
+    found.loader.exec_module(example)
+    plugin = example.factory({"label": "tier=fast", "weight": 5.0}, Policy())
+    assert plugin.node_score is not None
+    nodes = [SimpleNamespace(name=n, labels=labels) for n, labels in (("a", {}), ("b", {"tier": "fast"}))]
+    view = SimpleNamespace(cluster=SimpleNamespace(order=nodes, nodes={n.name: n for n in nodes}))
+    mask = np.ones(2, dtype=bool)
+    scores = plugin.node_score.score(view, SimpleNamespace(name="p", key="ns/p"), mask, mask)  # type: ignore[arg-type]
+    assert scores is not None
+    assert scores.tolist() == [0.0, 5.0]

@@ -7,6 +7,8 @@ Public (the shells and third-party plugins may import it):
   `VictimFilter`);
 - `registry`: `Plugin` (what one plugin contributes), `PluginSpec` (name, factory, default priority,
   arguments), `Registry` (a frozen name -> spec mapping that refuses duplicates), `PluginConfigError`;
+- `view`: `CycleView` (and `NodeView`, `ClusterView`, `TaskView`), the typed, read-only view of the cycle a
+  plugin outside the core types its session argument as;
 - `chain`: `resolve(policy, registry) -> Chains`, once per session;
 - `runtime`: `Runtime`, which runs every chain of a session (`Session.plugins`) and turns a plugin's
   exception into a `points.Status` with `Code.ERROR` and the plugin's name, so a broken plugin fails the

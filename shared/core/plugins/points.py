@@ -17,7 +17,8 @@ plugin raises, for these callers:
 - `VictimFilter`: the preempt and reclaim actions, for their candidate victims and scenarios.
 
 The session type is a type parameter `S` (the core's `Session` is private to it, and this module sits
-below it): plugins read the session the runner hands them and never change it.
+below it): a plugin outside the core types it as `shared.core.plugins.view.CycleView`, a typed read-only
+view the Session satisfies; plugins read what the runner hands them and never change it.
 
 A node filter's no is a `Status` (also named `Refusal`): the reason shown in the pod's fit error, the plugin
 where known, and its `Code`, kube-scheduler's framework distinction between a node where the pod may fit

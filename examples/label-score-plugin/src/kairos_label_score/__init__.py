@@ -11,13 +11,13 @@ default 100000, above every KAI score, so it decides among the nodes that fit).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shared.core.plugins.points import NodeScore
 from shared.core.plugins.registry import Plugin, PluginConfigError, PluginSpec
+from shared.core.plugins.view import CycleView, TaskView
 from shared.core.policy import Argument, Policy
 
 NAME = "labelscore"
@@ -25,7 +25,8 @@ NAME = "labelscore"
 
 class LabelScore:
     """`NodeScore`: `weight` for each node whose labels match, 0 elsewhere. The factory builds one per
-    session (`shared.core.plugins.chain.resolve`), so the scores are computed once and kept."""
+    session (`shared.core.plugins.chain.resolve`), so the scores are computed once and kept. It reads the
+    cycle through `CycleView` (the nodes in score order and their labels), never the core's session."""
 
     def __init__(self, key: str, value: str | None, weight: float) -> None:
         self.key = key
@@ -34,7 +35,7 @@ class LabelScore:
         self._scores: npt.NDArray[np.float64] | None = None
 
     def score(
-        self, ssn: Any, task: Any, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+        self, ssn: CycleView, task: TaskView, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
     ) -> npt.NDArray[np.float64] | None:
         if self._scores is None:
             nodes = ssn.cluster.order
@@ -47,7 +48,7 @@ class LabelScore:
         return self.value is None or labels[self.key] == self.value
 
 
-def factory(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[Any]:
+def factory(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[CycleView]:
     label = arguments.get("label")
     if not isinstance(label, str) or not label:
         raise PluginConfigError(NAME, "a label key or key=value is required", "label")
@@ -58,6 +59,6 @@ def factory(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[Any]:
     return Plugin(node_score=LabelScore(key, value if sep else None, float(weight)))
 
 
-SPEC: PluginSpec[Any] = PluginSpec(NAME, factory, 150, ("label", "weight"), enabled_by_default=False)
+SPEC: PluginSpec[CycleView] = PluginSpec(NAME, factory, 150, ("label", "weight"), enabled_by_default=False)
 
-_: NodeScore[Any] = LabelScore("k", None, 1.0)
+_: NodeScore[CycleView] = LabelScore("k", None, 1.0)
