@@ -18,8 +18,8 @@ from shared.bus.client import BusClient
 from shared.contracts.messages import ApplyRequest
 from shared.model import PodStatus, Queue, QueueResource
 from shared.model.builders import gang, gpu_nodes
+from tests.builders import UNBOUNDED
 
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
 BORROWER = "team-a"
 RECLAIMER = "team-b"
 RECLAIMING_JOB = "b-job"
