@@ -2,7 +2,7 @@
 ResourceClaims (`Pod.resource_claims`, resolved against `Snapshot.dra`).
 
 KAI runs kube-scheduler's DynamicResources as its ``dynamicresources`` plugin; so does Kairos: `reason` is
-that plugin's node filter (`shared.core.builtin_plugins.DynamicResources`), so a shard that disables the
+that plugin's node filter (`shared.core.builtin.dynamicresources.DynamicResources`), so a shard that disables the
 plugin turns it off. A pod without claims pays one tuple test. Per pod, whatever the node:
 
 - a claim the snapshot does not have: 'resourceclaim "x" not found'; one being deleted likewise; a

@@ -6,6 +6,7 @@ wrapping a plugin's error in a Status with its code and plugin)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.core import builtin
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.opening import open_session
 from shared.core.plugins.points import Code, Status
@@ -254,3 +256,13 @@ def test_a_plugin_typed_against_the_cycle_view_runs_on_anything_with_the_view_s_
     scores = plugin.node_score.score(view, SimpleNamespace(name="p", key="ns/p"), mask, mask)  # type: ignore[arg-type]
     assert scores is not None
     assert scores.tolist() == [0.0, 5.0]
+
+
+# --- one file per built-in plugin --------------------------------------------------------------------------------
+def test_every_built_in_plugin_module_is_one_registry_entry_named_as_its_module() -> None:
+    package = Path(builtin.__file__).parent
+    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    assert {spec.name for spec in builtin.SPECS} == modules | {"numa"}
+    for name in modules:
+        assert importlib.import_module(f"{builtin.__name__}.{name}").SPEC.name == name
+    assert tuple(DEFAULT_REGISTRY.values()) == builtin.SPECS

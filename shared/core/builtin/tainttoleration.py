@@ -1,0 +1,39 @@
+"""Kairos's ``tainttoleration`` (not KAI's): kube-scheduler's PreferNoSchedule taint score."""
+
+# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.core import scoring
+from shared.core.builtin._arguments import constant
+from shared.core.plugins.priorities import KAIROS_PRIORITIES as KAIROS
+from shared.core.plugins.registry import Plugin, PluginSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from shared.core.session import Session
+    from shared.core.tasks import TaskState
+
+__all__ = ["SPEC"]
+
+
+class TaintTolerationScore:
+    """Kairos tainttoleration: nodes with PreferNoSchedule taints the pod does not tolerate score lower
+    (`scoring.taint_toleration_scores`)."""
+
+    def score(
+        self, ssn: Session, task: TaskState, node_set: npt.NDArray[np.bool_], idle_fit: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float64] | None:
+        return scoring.taint_toleration_scores(ssn, task)
+
+
+SPEC: PluginSpec[Session] = PluginSpec(
+    "tainttoleration",
+    constant(Plugin(node_score=TaintTolerationScore())),
+    KAIROS["tainttoleration"],
+    summary="Kairos: PreferNoSchedule taints",
+)
