@@ -76,7 +76,9 @@ authentication, JSON only:
   Deployment per Revision of its min-scale);
 - controllers (`controllers`): Job, Deployment → ReplicaSet → pods, StatefulSet; a first-fit default
   scheduler (`scheduler`) binds pods of ``default-scheduler``; pods of any other scheduler are bound only
-  through pods/binding (Kairos's binder);
+  through pods/binding (Kairos's binder); storage (`storage`, `default_storage_class`,
+  `ephemeral_volumes`) and DRA (`dra`) controllers; `assembly.build_cluster` builds the cluster and then
+  its controllers (neither module imports the other), `writes` holds what both exchange;
 - admission webhooks (`admission`, `webhooks`): Mutating/ValidatingWebhookConfigurations
   (admissionregistration.k8s.io/v1) are called on create, update (subresources included) and delete, as
   the real server calls them (rules, namespace and object selectors, failurePolicy, timeoutSeconds, JSON
