@@ -22,9 +22,12 @@ Public modules (what code outside shared.core may import):
 - `policy`: `Policy`, the knobs of a cycle (with `PluginConfig`, one entry of its plugin list), and
   `KNOWN_ACTIONS`.
 - `plugins`: the extension points (`plugins.points`, one `typing.Protocol` each), the registry value
-  (`plugins.registry`: `Plugin`, `PluginSpec`, `Registry`, `PluginConfigError`) and the session's chains
-  (`plugins.chain.resolve`). Third-party plugins implement these.
-- `builtin_plugins`: `DEFAULT_REGISTRY`, KAI's plugins wrapping the core's filters, scores and orders;
+  (`plugins.registry`: `Plugin`, `PluginSpec`, `Registry`, `PluginConfigError`), the session's chains
+  (`plugins.chain.resolve`), the one runtime that runs them (`plugins.runtime`: `Runtime`, and
+  `points.Status`, what a plugin's answer or failure becomes) and the read-only view plugins are typed
+  against (`plugins.view.CycleView`). Third-party plugins implement these.
+- `builtin_plugins`: `DEFAULT_REGISTRY` (`Registry(builtin.SPECS)`: one module per built-in plugin under
+  the private `builtin` package), KAI's plugins wrapping the core's filters, scores and orders;
   the shells extend it with the plugins they load (`shared.plugin_loader`) and pass it to `schedule`.
 - `stamps`: `merged_stamps`, `latest` and `KEEP`, how the stale, last-start and last-eviction stamps of
   parallel proposals merge (the binder and the state service).

@@ -21,7 +21,7 @@ S = TypeVar("S")
 def constant(plugin: Plugin[S]) -> PluginFactory[S]:
     """The factory of a plugin that takes no arguments and reads no policy field."""
 
-    def factory(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[S]:  # noqa: ARG001
+    def factory(arguments: Mapping[str, Argument], policy: Policy) -> Plugin[S]:
         return plugin
 
     return factory

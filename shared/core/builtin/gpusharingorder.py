@@ -1,7 +1,5 @@
 """KAI's ``gpusharingorder``: nodes with a shared GPU the pod fits on already."""
 
-# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

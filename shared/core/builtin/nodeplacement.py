@@ -1,7 +1,5 @@
 """KAI's ``nodeplacement``: binpack or spread on GPUs and CPU."""
 
-# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,7 +1,5 @@
 """KAI's ``podaffinity``: kube-scheduler's InterPodAffinity score."""
 
-# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,7 +1,5 @@
 """KAI's ``predicates``: the node filters beyond resource fit, and their vector pre-filter."""
 
-# ruff: noqa: ARG001 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,7 +1,5 @@
 """KAI's ``proportion``: the queue order by fair-share saturation and the queue capacity checks."""
 
-# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 import math

@@ -1,7 +1,5 @@
 """Kairos's ``tainttoleration`` (not KAI's): kube-scheduler's PreferNoSchedule taint score."""
 
-# ruff: noqa: ARG002 -- each method takes its extension point's whole signature (shared.core.plugins.points)
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
