@@ -140,10 +140,10 @@ class QuotaGateKeeper(GateKeeper):
         self.verdicts: dict[str, PodGroupAdmission] = {}
         """PodGroup "ns/name" -> its latest verdict (podgroups the mirror holds)."""
         self.lifting: set[str] = set()
+        """Podgroups whose pods let in may still carry the gate."""
         self.warns: Callable[[str], bool] | None = None
         """Which podgroups ("ns/name") this replica warns about (None: every one): with state partitions,
         those of its own partitions, so that one verdict gets one Warning."""
-        """Podgroups whose pods let in may still carry the gate."""
         self._warned: dict[str, set[str]] = {}
         """PodGroup "ns/name" -> the messages written as Events since its last verdict without one."""
         self._to_warn: dict[str, PodGroupAdmission] = {}
