@@ -44,6 +44,7 @@ from shared.errors import InvalidObject
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES
 from shared.kube.keys import NODE_POOL_LABEL, UNSCHEDULABLE_TAINT
 from shared.kube.quantity import QuantityError, parse_quantity
+from shared.kube.values import InvalidValueError, decimal, whole
 from shared.model import Node, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.objects import UNLIMITED, Taint
 from shared.snapshot_file import CapturedSnapshot, ShardCapture
@@ -113,9 +114,10 @@ def _quantity(flag: str, key: str, text: str) -> Fraction:
 
 
 def _count(flag: str, key: str, text: str, low: int = 0) -> int:
+    """ASCII digits within Go's int64 (`shared.kube.values.whole`: not int()'s "٣", "1_000" or " 5")."""
     try:
-        value = int(text)
-    except ValueError:
+        value = whole(text, low=-(2**63), high=2**63 - 1)
+    except InvalidValueError:
         raise _flag_error(flag, f"{key}={text}: expected a whole number") from None
     if value < low:
         raise _flag_error(flag, f"{key}={text}: must be at least {low}")
@@ -215,11 +217,11 @@ def parse_queue_change(setting: Literal["quota", "limit", "weight"], text: str) 
     if setting != "weight" and value in ("unlimited", "-1"):
         amount = UNLIMITED
     elif setting == "weight":
-        try:
-            amount = float(value)
-        except ValueError:
+        try:  # `shared.kube.values.decimal`: not float()'s "nan", "1_0" or "٣"
+            amount = decimal(value, low=-math.inf, high=math.inf)
+        except InvalidValueError:
             raise _flag_error(flag, f"{text!r}: weight {value!r} is not a number") from None
-        if not math.isfinite(amount) or amount < 0:
+        if amount < 0:
             raise _flag_error(flag, f"{text!r}: weight must be a finite number >= 0")
     else:
         quantity = _quantity(flag, resource, value)
