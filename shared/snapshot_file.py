@@ -225,11 +225,8 @@ def decode_snapshot(data: bytes, name: str) -> CapturedSnapshot:
         raise refuse(str(exc)) from exc
     except msgspec.DecodeError as exc:
         raise refuse(f"malformed JSON: {exc}") from exc
-    except InvalidObject as exc:  # the model's own checks, naming the object inside the file
-        raise refuse(str(exc)) from exc
-    except KairosError as exc:
-        raise refuse(str(exc)) from exc
-    except (ValueError, TypeError) as exc:  # a model __post_init__ refusing a value
+    except (KairosError, ValueError, TypeError) as exc:  # a model __post_init__ refusing a value (an
+        # InvalidObject naming the object inside the file, or a bare ValueError/TypeError)
         raise refuse(str(exc)) from exc
     try:
         validate_snapshot(snapshot.cluster)
