@@ -146,7 +146,7 @@ class OwnerScope:
     pod: Callable[[wire.Pod], bool]
     problem: Callable[[Problem], bool]
     podgroup: Callable[[str], bool]
-    """A podgroup "ns/name" (the binders' stamps)."""
+    """A podgroup "ns/name" (the binders' stamps, the quota gate's Warnings)."""
 
 
 def writeback_options(options: KubeSourceOptions) -> WriteBackOptions:
@@ -492,6 +492,7 @@ class KubeOwner:
         if scope is not None:
             self.grouper.scope = self.gates.scope = self.quota_gates.scope = scope.pod
             self.problems.scope = scope.problem
+            self.quota_gates.warns = scope.podgroup  # one Warning per verdict, its podgroup's owner's
         self.grouper.start()
         self.gates.start()
         mirror.refusal_sources = [self.grouper.refusals, self.gates.refusals]

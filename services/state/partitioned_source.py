@@ -191,8 +191,6 @@ class PartitionedKube:
             scope=OwnerScope(pod=self._owns_pod, problem=self._owns_problem, podgroup=self._owns_podgroup),
         )
         await self.pod_owner.start()
-        if self.pod_owner.quota_gates is not None:
-            self.pod_owner.quota_gates.warns = self._owns_podgroup  # one Warning per verdict, its owner's
         self.partitions = PartitionOwners(
             self.ctx.bus,
             self.ctx.counters,
