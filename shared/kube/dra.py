@@ -23,7 +23,7 @@ import msgspec
 
 from shared.core import dra_cel
 from shared.errors import InvalidObject
-from shared.kube import wire
+from shared.kube import values, wire
 from shared.kube.keys import QUEUE_LABEL
 from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, milli_value
@@ -391,11 +391,10 @@ def slice_of(raw: WireResourceSlice) -> ResourceSlice:
     pool = spec.pool.get("name")
     if not isinstance(pool, str) or not pool:
         raise InvalidObject(*where, "spec.pool.name", "required")
-    generation = spec.pool.get("generation", 0)
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-        raise InvalidObject(
-            *where, "spec.pool.generation", f"must be an integer of at least 0, got {generation!r}"
-        )
+    try:  # int64, as the API's field: a larger one could not be written to the state bucket
+        generation = values.whole_of(spec.pool.get("generation", 0), low=0, high=2**63 - 1)
+    except values.InvalidValueError as exc:
+        raise InvalidObject(*where, "spec.pool.generation", str(exc)) from None
     terms: tuple[LabelSelectorTerm, ...] = ()
     if spec.node_selector is not None:
         found = [
