@@ -256,7 +256,7 @@ def _request(
     subrequest's ``adminAccess`` is not a field of the API and is ignored)."""
     admin = exact.admin_access if exactly else None
     if admin is not None and not isinstance(admin, bool):
-        raise InvalidObject(*where, f"{at}.adminAccess", f"must be a boolean, got {admin!r}")
+        raise InvalidObject(*where, f"{at}.adminAccess", f"must be a boolean, got {values.shown(admin)}")
     if not exact.device_class_name:
         raise InvalidObject(*where, f"{at}.deviceClassName", "required")
     mode = exact.allocation_mode or EXACT_COUNT
