@@ -33,5 +33,5 @@ def number(plugin: str, key: str, raw: Argument) -> float:
         raise PluginConfigError(plugin, f"{raw!r} is not a number", key)
     try:
         return float(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an int past the floats (10**400)
         raise PluginConfigError(plugin, f"{raw!r} is not a number", key) from None
