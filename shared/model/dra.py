@@ -49,10 +49,10 @@ AllocationMode = Literal["ExactCount", "All"]
 EXACT_COUNT: AllocationMode = "ExactCount"
 ALL: AllocationMode = "All"
 RESERVED_FOR_MAX = 256
+"""How many consumers a claim's ``status.reservedFor`` may list (resource.k8s.io/v1)."""
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 """The namespace label (value ``"true"``) without which a claim may not request admin access (Kubernetes
 1.34; ``resource.k8s.io/admin-access`` in 1.33)."""
-"""How many consumers a claim's ``status.reservedFor`` may list (resource.k8s.io/v1)."""
 
 
 def qualified(name: str, driver: str) -> str:
