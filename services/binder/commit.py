@@ -528,7 +528,10 @@ async def commit_ledger(
         await rollback(ledger, write)
         raise LedgerConflict(lost[0], len(lost)) from lost[0]
     # After the nodes: a pool's hold is live while its claim is, and a racing writer reads it so.
-    pooled = await pool_ledger.reserve_pools(ledger, binds, proposal.id)
+    pools = list(pool_ledger.holds_by_pool(binds, proposal.id).items())
+    pooled = await _concurrently(
+        pools, lambda item: pool_ledger.reserve_pool(ledger, item[0], item[1]), (ConflictError,)
+    )
     write.pools.extend(r for r in pooled if isinstance(r, pool_ledger.PoolWrite))
     lost = [r for r in pooled if isinstance(r, ConflictError)]
     if lost:

@@ -27,9 +27,8 @@ Entries a binder of before this record wrote (a `NodeLedger` under the node key 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from services.binder.device_clash import DeviceClash
@@ -44,7 +43,7 @@ log = logging.getLogger("kairos.binder.pools")
 __all__ = [
     "PoolWrite",
     "holds_by_pool",
-    "reserve_pools",
+    "reserve_pool",
     "strip_pools",
     "sweep",
 ]
@@ -140,7 +139,10 @@ async def _live(ledger: KvStore, holder: Holder, memo: dict[Holder, bool]) -> bo
     return live
 
 
-async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[Holder, PoolHold]) -> PoolWrite:
+async def reserve_pool(ledger: KvStore, pool: Pool, ours: dict[Holder, PoolHold]) -> PoolWrite:
+    """Write `ours` (`holds_by_pool`'s holds of one proposal in `pool`) in the pool's entry by
+    compare-and-set; a `PoolConflict` for a device it holds for another claim of a live holder, a
+    `ConflictError` when the entry cannot be read or keeps moving."""
     key = s.ledger_pool_key(*pool)
     memo: dict[Holder, bool] = {}
     for _ in range(_ATTEMPTS):
@@ -177,25 +179,6 @@ async def _reserve_pool(ledger: KvStore, pool: Pool, ours: dict[Holder, PoolHold
             continue
         return PoolWrite(pool, tuple(ours))
     raise ConflictError(key, -1, -1)
-
-
-async def reserve_pools(
-    ledger: KvStore, binds: Sequence[Binding], proposal: str
-) -> list[PoolWrite | Exception]:
-    """Write `binds`' holds of cluster-wide devices in their pools' entries, side by side; per pool, what
-    was written or the `ConflictError` (a `PoolConflict` for a device held for another claim) it met."""
-    pools = list(holds_by_pool(binds, proposal).items())
-    if not pools:
-        return []
-    results = await asyncio.gather(
-        *(_reserve_pool(ledger, pool, ours) for pool, ours in pools), return_exceptions=True
-    )
-    out: list[PoolWrite | Exception] = []
-    for r in results:
-        if isinstance(r, BaseException) and not isinstance(r, ConflictError):
-            raise r
-        out.append(r)
-    return out
 
 
 async def _strip(
