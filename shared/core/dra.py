@@ -636,6 +636,8 @@ class _Search:
         for i, expression in enumerate(device_class.selectors):
             if not self._holds(expression, c, f"class {device_class.name}: selector #{i}"):
                 return False
+        if not alt.selectors:
+            return True
         namespace = self.claims[ci].key.split("/", 1)[0]
         for i, expression in enumerate(alt.selectors):
             where = f"claim {self.claims[ci].key}, request {request}: selector #{i}"

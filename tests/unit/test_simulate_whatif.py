@@ -324,3 +324,13 @@ def test_a_file_that_is_not_a_snapshot_exits_2_naming_it(
     path.write_text("nodes: []\n")
     assert main(["simulate", str(path)]) == 2
     assert f"snapshot file '{path}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [("80000", 80_000), ("100.5", 100), ("8e4", 80_000), ("80Gi", 80 * 1024), ("1Mi", 1), ("512Ki", 1)],
+    ids=["whole MiB", "fraction of MiB", "exponent MiB", "gibibytes", "one mebibyte", "under a MiB"],
+)
+def test_gpu_memory_without_a_unit_is_mib_and_with_one_is_bytes(value: str, mib: int) -> None:
+    added = parse_add_nodes(f"1:gpu=1,cpu=8,memory=64Gi,gpu-memory={value}")
+    assert added.gpu_memory_mib == mib

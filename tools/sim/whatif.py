@@ -165,8 +165,9 @@ def parse_add_nodes(text: str, flag: str = "--add-nodes") -> AddNodes:
                 values[key] = float(_quantity(flag, key, value))
             case "gpu-memory":
                 amount = _quantity(flag, key, value)
-                # A bare number is MiB (the model's unit); a quantity with a unit is converted.
-                mib = amount if value.strip().isdigit() else amount / 2**20
+                # A number without a unit ("80000", "100.5", "8e4") is MiB, the model's unit (and that of
+                # KAI's gpu-memory annotation); a quantity with a unit ("80Gi") is converted from bytes.
+                mib = amount / 2**20 if value.strip()[-1:].isalpha() else amount
                 values[key] = max(1, int(mib))
     if "like" not in values and not any(k in values for k in ("gpu", "cpu", "memory")):
         raise _flag_error(
