@@ -53,6 +53,7 @@ from services.state.dra_watch import dra_informers
 from services.state.gate_keepers import GateKeeper, QuotaGateKeeper
 from services.state.gpu_overlay import refusal
 from services.state.grouping import GrouperConfig
+from services.state.kv_objects import object_key
 from services.state.kv_writer import SourceWriter, StateWriter
 from services.state.mirror import (
     JOBS,
@@ -303,11 +304,7 @@ class KubeSource:
         self._log_unforeseen()
         # The shard's configuration (`ShardRecord`) is the shard watch's to write, not an object of the
         # mirror; a lease's write fence is no object either.
-        keys = [
-            key
-            for key in await self.ctx.bus.state.keys()
-            if not key.startswith((s.SHARD_KEY_PREFIX, s.FENCE_KEY_PREFIX))
-        ]
+        keys = [key for key in await self.ctx.bus.state.keys() if object_key(key)]
         await self.writer.sync(self.mirror.current, keys)
         await self.writer.reconcile(o for o in self.mirror.current.values() if isinstance(o, Pod))
         self._resync = False

@@ -51,6 +51,12 @@ class Change:
     after: Obj | None
 
 
+def object_key(key: str) -> bool:
+    """Whether a `STATE_BUCKET` key holds an object a source writes (not the shard watch's `ShardRecord`,
+    not a lease's write fence): what a full sync may delete when the source no longer has it."""
+    return not key.startswith((s.SHARD_KEY_PREFIX, s.FENCE_KEY_PREFIX))
+
+
 def key_of(obj: Obj) -> str:
     """The object's key in `STATE_BUCKET`."""
     match obj:

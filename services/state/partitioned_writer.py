@@ -36,13 +36,12 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 
-from services.state.kv_objects import Change, Obj
+from services.state.kv_objects import Change, Obj, object_key
 from services.state.kv_writer import StateWriter
 from services.state.partitions import CLUSTER, key_partition
 from shared.bus.fence import WriteFence
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
-from shared.contracts import subjects as s
 from shared.contracts.messages import encode
 from shared.errors import FencedError
 from shared.model import Pod
@@ -50,11 +49,6 @@ from shared.model import Pod
 __all__ = ["PartitionedWriter"]
 
 log = logging.getLogger("kairos.state.partitioned_writer")
-
-
-def _object_key(key: str) -> bool:
-    """A state key the mirror's objects are written under (not a shard record, not a fence)."""
-    return not key.startswith((s.SHARD_KEY_PREFIX, s.FENCE_KEY_PREFIX))
 
 
 class PartitionedWriter:
@@ -100,7 +94,7 @@ class PartitionedWriter:
             writer.seed(stored, self.replica.revision)
             objects = {key: obj for key, obj in self.current().items() if self.partition(key) == partition}
             keys = [
-                k for k in await self.bus.state.keys() if _object_key(k) and self.partition(k) == partition
+                k for k in await self.bus.state.keys() if object_key(k) and self.partition(k) == partition
             ]
             await writer.sync(objects, keys)
             if partition == CLUSTER:
