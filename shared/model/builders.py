@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import msgspec
 
@@ -121,34 +120,6 @@ def gang(
         for i in range(size)
     ]
     return pg, pods
-
-
-def one_queue_snapshot(
-    nodes: Sequence[Node],
-    jobs: Sequence[tuple[PodGroup, list[Pod]]],
-    *,
-    queue: str = "team",
-    gpu_quota: float = -1.0,
-    **objects: Any,
-) -> Snapshot:
-    """`jobs` (each a podgroup and its pods, as `gang` makes them) on `nodes`, in one queue whose GPU quota
-    and limit are `gpu_quota` (-1: unlimited; CPU and memory unlimited), with the snapshot's other objects
-    given by name (``volumes=``, ``dra=``)."""
-    unlimited = QueueResource(quota=-1, limit=-1)
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=tuple(p for _, pods in jobs for p in pods),
-        podgroups=tuple(pg for pg, _ in jobs),
-        queues=(
-            Queue(
-                name=queue,
-                gpu=QueueResource(quota=gpu_quota, limit=gpu_quota),
-                cpu=unlimited,
-                memory=unlimited,
-            ),
-        ),
-        **objects,
-    )
 
 
 def busy_and_idle(nodes: Sequence[Node], pending: int = 12) -> Snapshot:

@@ -24,7 +24,7 @@ from shared.core.policy import Policy
 from shared.core.result import ClaimAllocation, CycleResult
 from shared.core.scheduler import schedule
 from shared.model import Node, Pod, PodGroup, Snapshot
-from shared.model.builders import gang, one_queue_snapshot
+from shared.model.builders import gang
 from shared.model.dra import (
     ALL,
     Attribute,
@@ -39,6 +39,7 @@ from shared.model.dra import (
     ResourceClaimTemplate,
     ResourceSlice,
 )
+from tests import builders as tb
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -97,7 +98,8 @@ def job(name: str, *claims: str, size: int = 1, gpus: float = 0.0) -> tuple[PodG
 def snapshot(
     nodes: Sequence[Node], jobs: Sequence[tuple[PodGroup, list[Pod]]], dra: Dra, gpu_quota: float = -1
 ) -> Snapshot:
-    return one_queue_snapshot(nodes, jobs, gpu_quota=gpu_quota, dra=dra)
+    team = tb.queue("team", gpu_quota, parent=None, limit=gpu_quota)
+    return tb.snapshot(nodes, *jobs, queues=[team], dra=dra)
 
 
 def run(snap: Snapshot) -> CycleResult:

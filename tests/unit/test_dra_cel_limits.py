@@ -22,7 +22,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.kube import dra as kd
 from shared.model import Node, Pod
-from shared.model.builders import gang, one_queue_snapshot
+from shared.model.builders import gang
 from shared.model.dra import (
     Attribute,
     Device,
@@ -33,6 +33,7 @@ from shared.model.dra import (
     ResourceClaim,
     ResourceSlice,
 )
+from tests import builders as tb
 
 DRIVER = "gpu.nvidia.com"
 GPU = Device(
@@ -268,9 +269,11 @@ def test_a_claim_whose_selector_runs_away_holds_only_its_pod_and_a_pod_in_anothe
         pods = [msgspec.structs.replace(p, namespace=namespace, resource_claims=claims) for p in pods]
         return msgspec.structs.replace(pg, namespace=namespace), pods
 
-    snap = one_queue_snapshot(
+    snap = tb.snapshot(
         nodes,
-        [job("hostile", "tenant-a", (PodClaim(name="gpu", claim="c"),)), job("plain", "tenant-b", ())],
+        job("hostile", "tenant-a", (PodClaim(name="gpu", claim="c"),)),
+        job("plain", "tenant-b", ()),
+        queues=[tb.queue("team", parent=None)],
         dra=Dra(classes=(gpu_class,), slices=slices, claims=(runaway,)),
     )
     result = schedule(snap, 10.0, Policy(actions=("allocate",)))
@@ -318,9 +321,11 @@ def test_selectors_kept_under_the_per_evaluation_bound_cost_a_namespace_a_bounde
         ]
         return msgspec.structs.replace(pg, namespace=namespace), pods
 
-    snap = one_queue_snapshot(
+    snap = tb.snapshot(
         nodes,
-        [job("costly", "tenant-a", "a"), job("plain", "tenant-b", "b")],
+        job("costly", "tenant-a", "a"),
+        job("plain", "tenant-b", "b"),
+        queues=[tb.queue("team", parent=None)],
         dra=Dra(
             classes=(gpu_class,),
             slices=slices,

@@ -13,7 +13,7 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Node, PodStatus
 from tests import builders
-from tests.builders import gang, one_queue_snapshot
+from tests.builders import gang, queue, snapshot
 
 
 def node(name: str, cpu_millis: float, gpus: int) -> Node:
@@ -26,7 +26,9 @@ def test_a_gang_allocate_completes_keeps_its_bind_when_consolidation_moves_its_r
     pg, pods = gang("train", "team", 2, 1.0, cpu_millis=8_000)
     pods[1] = msgspec.structs.replace(pods[1], status=PodStatus.RUNNING, node="a")
     big = gang("big", "team", 1, 0.0, cpu_millis=16_000, created=1.0)
-    snap = one_queue_snapshot([node("a", 16_000, 1), node("b", 16_000, 2)], [(pg, pods), big])
+    snap = snapshot(
+        [node("a", 16_000, 1), node("b", 16_000, 2)], (pg, pods), big, queues=[queue("team", parent=None)]
+    )
 
     result = schedule(snap, 0.0, Policy())
 

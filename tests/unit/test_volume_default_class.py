@@ -20,8 +20,9 @@ from shared.core import volumes as v
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.model import Node
-from shared.model.builders import gang, one_queue_snapshot
+from shared.model.builders import gang
 from shared.model.volumes import Claim, Volumes
+from tests import builders as tb
 from tests.builders import claim_manifest, storage_class_manifest
 from tests.unit.kubesim_support import START, Clock, two_node_cluster
 from tools.kubesim import default_storage_class as dsc
@@ -191,9 +192,10 @@ def test_the_scheduler_holds_a_pod_whose_claim_names_no_class_as_an_unbound_imme
     the volume controller (a volume of no class), and never provisions it."""
     pg, pods = gang("job", "team", 1, 0.0)
     pods = [msgspec.structs.replace(p, claims=("data",)) for p in pods]
-    snap = one_queue_snapshot(
+    snap = tb.snapshot(
         [Node(name="node-1", cpu_millis=8000, memory_bytes=2**36, gpus=0)],
-        [(pg, pods)],
+        (pg, pods),
+        queues=[tb.queue("team", parent=None)],
         volumes=Volumes(claims=(Claim(name="data", namespace=pods[0].namespace),)),
     )
     result = schedule(snap, 10_000.0, Policy(actions=("allocate",)))

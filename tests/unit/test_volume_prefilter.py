@@ -30,7 +30,7 @@ from shared.core.session import Session
 from shared.core.statement import Statement
 from shared.core.tasks import TaskState
 from shared.model import LabelSelectorTerm, Node, NodeSelectorRequirement, PodStatus, Snapshot
-from shared.model.builders import gang, one_queue_snapshot
+from shared.model.builders import gang
 from shared.model.status import ACTIVE_ALLOCATED
 from shared.model.volumes import (
     BLOCK,
@@ -42,6 +42,7 @@ from shared.model.volumes import (
     TopologyTerm,
     Volumes,
 )
+from tests import builders as tb
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -144,7 +145,7 @@ def clusters(draw: st.DrawFn) -> Snapshot:
             with_claims.append(msgspec.structs.replace(p, namespace="ns", claims=tuple(dict.fromkeys(names))))
         jobs.append((msgspec.structs.replace(pg, namespace="ns"), with_claims))
     volumes = Volumes(claims=tuple(claims), volumes=tuple(pvs), classes=CLASSES)
-    return one_queue_snapshot(nodes, jobs, volumes=volumes)
+    return tb.snapshot(nodes, *jobs, queues=[tb.queue("team", parent=None)], volumes=volumes)
 
 
 def walked_taken(ssn: Session, task: TaskState) -> set[str]:
@@ -340,9 +341,10 @@ def test_the_pre_filter_marks_the_nodes_known_to_refuse_the_pod(
 ) -> None:
     pg, pods = gang("job", "team", 1, 0.0)
     pods = [msgspec.structs.replace(p, namespace="ns", claims=("data",)) for p in pods]
-    snap = one_queue_snapshot(
+    snap = tb.snapshot(
         [node(i) for i in range(4)],
-        [(msgspec.structs.replace(pg, namespace="ns"), pods)],
+        (msgspec.structs.replace(pg, namespace="ns"), pods),
+        queues=[tb.queue("team", parent=None)],
         volumes=Volumes(claims=claims, volumes=pvs, classes=(*CLASSES, ZONE_A)),
     )
     ssn = open_session(snap, NOW, ALLOCATE)

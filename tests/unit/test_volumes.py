@@ -30,7 +30,7 @@ from shared.model import (
     PodStatus,
     Snapshot,
 )
-from shared.model.builders import gang, one_queue_snapshot
+from shared.model.builders import gang
 from shared.model.volumes import (
     BLOCK,
     FILESYSTEM,
@@ -43,6 +43,7 @@ from shared.model.volumes import (
     TopologyTerm,
     Volumes,
 )
+from tests import builders as tb
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -108,7 +109,7 @@ def job(name: str, *claims: str, size: int = 1, running_on: str | None = None) -
 
 
 def snapshot(nodes: Sequence[Node], jobs: Sequence[tuple[PodGroup, list[Pod]]], volumes: Volumes) -> Snapshot:
-    return one_queue_snapshot(nodes, jobs, volumes=volumes)
+    return tb.snapshot(nodes, *jobs, queues=[tb.queue("team", parent=None)], volumes=volumes)
 
 
 def run(snap: Snapshot) -> CycleResult:
