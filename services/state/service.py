@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state import podgroup_lookup, queue_validation
+from services.state import podgroup_lookup, queue_validation, snapshot_http
 from services.state.grouping import GrouperConfig
 from services.state.kube_source import KubeElection, KubeSourceOptions
 from services.state.kv_objects import Change
@@ -125,6 +125,7 @@ from shared.errors import ConfigError, InvalidObject, MalformedMessage, Temporar
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as connect_kube
+from shared.ledger_view import live_pools
 from shared.plugin_loader import extra_plugins, load_registry
 from shared.telemetry.metrics import StateMetrics, count_kinds
 
@@ -411,8 +412,6 @@ async def body(ctx: ServiceContext) -> None:
         revision=lambda: replica.revision,
     )
     reader = SnapshotServer(ctx, replica, options.snapshot_wait)
-    from services.state import snapshot_http
-
     snapshot_http.register(ctx, replica)  # GET /get-snapshot on the health port
     subs: list[Subscription] = []
     try:
@@ -779,8 +778,6 @@ class SnapshotServer:
 def snapshot_reply(replica: StateReplica) -> SnapshotReply:
     """The replica's objects as KV holds them (no ledger overlay), sorted like `Snapshot`s, its ledger and
     the cluster-wide DRA pools' live holds."""
-    from shared.snapshot_file import live_pools
-
     objects = replica.objects()
     return SnapshotReply(
         revision=replica.revision,
