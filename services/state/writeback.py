@@ -642,6 +642,8 @@ def stale_condition_patch(
 
 _STORED: contextvars.ContextVar[int | None] = contextvars.ContextVar("writeback_stored", default=None)
 """The stored time (ns since the epoch) of the event message being written back, in its handler's task."""
+UINT64_DIGITS = 20
+"""The most digits of a stored time in an ack subject (nanoseconds, a uint64)."""
 _KIND_OFFSETS = {"Pod": 0, "PodGroup": 1, "Queue": 2}
 """Added to the stored time in an Event's name, so that one message's Events on a pod and a podgroup of
 the same name do not share one."""
@@ -657,9 +659,11 @@ def stored_nanos(msg: Any) -> int | None:
     # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or with <domain>.<account
     # hash> after ACK and a random token at the end (nats-server 2.10 and later may send either).
     index = 7 if len(tokens) == 9 else 9 if len(tokens) >= 12 else -1
-    if index < 0 or not tokens[index].isdigit():
+    stamp = tokens[index] if index >= 0 else ""
+    # ASCII digits of a uint64 only: "²".isdigit() is true and int() refuses it, as it does 5,000 digits.
+    if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= UINT64_DIGITS):
         return None
-    return int(tokens[index])
+    return int(stamp)
 
 
 def event_name(about: translate.InvolvedObject, stored: int) -> str:
