@@ -93,6 +93,8 @@ from nats.js.api import (
 from shared.bus import shard_spread
 from shared.contracts import subjects as s
 from shared.errors import ConfigError
+from shared.kube import values
+from shared.kube.values import InvalidValueError
 
 __all__ = [
     "CLUSTER",
@@ -128,14 +130,12 @@ def parse_count(text: str | None) -> int:
     if text is None or not text.strip():
         return 0
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_PARTITIONS:
+        return values.whole(text.strip(), low=0, high=MAX_PARTITIONS)
+    except InvalidValueError:
         raise ConfigError(
-            f"service state: option 'partitions': expected 0 (off) or a count up to {MAX_PARTITIONS}, got {text!r}"
-        )
-    return value
+            f"service state: option 'partitions': expected 0 (off) or a count up to {MAX_PARTITIONS}, "
+            f"got {values.shown(text)}"
+        ) from None
 
 
 def fnv1a32(data: bytes) -> int:

@@ -39,6 +39,9 @@ def test_any_partitions_option_is_a_count_in_range_or_refused_naming_the_option(
         pytest.param("²", id="a superscript digit"),
         pytest.param("\x00", id="a NUL"),
         pytest.param("0x10", id="hexadecimal"),
+        pytest.param("١٢", id="Arabic-Indic digits"),
+        pytest.param("３２", id="full-width digits"),
+        pytest.param("1_0", id="an underscore"),
     ],
 )
 def test_a_hostile_partitions_option_is_refused_naming_the_option(text: str) -> None:
