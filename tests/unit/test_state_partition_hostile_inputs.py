@@ -40,7 +40,7 @@ def test_any_partitions_option_is_a_count_in_range_or_refused_naming_the_option(
         pytest.param("\x00", id="a NUL"),
         pytest.param("0x10", id="hexadecimal"),
         pytest.param("١٢", id="Arabic-Indic digits"),
-        pytest.param("３２", id="full-width digits"),
+        pytest.param("\uff13\uff12", id="full-width digits"),
         pytest.param("1_0", id="an underscore"),
     ],
 )
