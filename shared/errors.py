@@ -1,20 +1,44 @@
-"""Kairos's exception tree; every layer raises these and the shells map them to an outcome.
+"""Kairos's exception tree: every error Kairos raises on purpose, and how each is handled where it lands.
 
-Raised by the loaders and validators (``tools.conformance.case``, later the config and message
-decoders) and by the binder; caught by the shells: the ``kairos`` command turns a
-``KairosError`` into one ``kairos: <message>`` line and exit code 2, the bus shell will turn
-it into a message fate. Third-party errors (msgspec, PyYAML, nats) are translated into these at
-the boundary, so callers never see them.
+Raised by the decoders, validators and loaders (messages, configuration, Kubernetes objects, conformance
+cases), by the clients of NATS and of the Kubernetes API, and by the binder's commit. Third-party errors
+(msgspec, PyYAML, nats-py, aiohttp, NVML) are translated into these where they enter, so callers never see
+them. Three places decide what an error means:
 
-::
+- a message handler's error becomes the message's fate in `shared.bus.middleware.fate_of`, the one
+  function that maps an exception to ack, nak or term: a conflict or a fenced write is a decision already
+  reported (ack); a malformed message or object can never succeed (term); a temporary error is retried
+  after its `delay` (nak); anything else is retried after 2 s;
+- the ``kairos`` command (`tools.cli.main`) prints a `KairosError` as one ``kairos: <message>`` line and
+  exits with 2;
+- a service's start-up (options, plugin registry, shard configuration) stops on a `ConfigError` naming
+  the option.
+
+The whole tree; every subclass defined anywhere in Kairos is listed here (tests/unit/test_error_tree.py
+keeps it so)::
 
     KairosError                  base of everything Kairos raises on purpose
     +-- InvalidObject            an input object is malformed: names kind, name, field, problem
-    +-- ConfigError              a configuration value is missing or unusable
-    +-- ConflictError            a node's ledger revision moved under a compare-and-set (binder)
+    |   +-- DeviceAccessRefused  a pod sets NVIDIA_VISIBLE_DEVICES where blocked (services.state.device_access)
+    +-- ConfigError              a configuration value is missing, unknown or out of range
+    +-- ConflictError            a compare-and-set found another revision than the one read
+    |   +-- LedgerConflict       a proposal's claims or reservations lost (services.binder.commit)
+    |   +-- DeviceConflict       a DRA device already held for another claim (services.binder.commit)
+    |   +-- PoolConflict         a cluster-wide pool's device already held (services.binder.pool_ledger)
     +-- MalformedMessage         a payload does not decode as its subject's message: names subject, problem
     +-- TemporaryError           worth retrying later (the bus shell naks with `delay`)
-    +-- FencedError              work from a queue leader whose lease term was superseded
+    |   +-- NoResponders         no service listens on a request's subject (shared.bus.client)
+    |   +-- ReservationFailed    a reservation pod got no device in time, failed or vanished (services.binder.reservations)
+    +-- FencedError              work from a leader whose lease term was superseded
+    |   +-- LeaseLost            a write refused: the writer's lease is not held under its term (shared.bus.fence)
+    +-- ApiError                 the Kubernetes API refused a call or could not be reached (shared.kubeapi.client)
+    |   +-- Unreachable          a watch found no server to connect to (shared.kubeapi.informer)
+    +-- ClusterRefused           the cluster refused a bind or an eviction (services.binder.cluster_client)
+    |   +-- VolumeBindFailed     a pod's volumes could not be bound (services.binder.volumes)
+    +-- Refused                  the simulated cluster will not carry out a request (services.state.sim_source)
+    +-- NvmlError                an NVML call failed (services.gpu_agent.nvml)
+    |   +-- NvmlUnavailable      no NVML library or driver on this node (services.gpu_agent.nvml)
+    +-- StartStoppedError        the stack was asked to stop before it was ready (tools.stack.supervisor)
 """
 
 from __future__ import annotations
