@@ -11,8 +11,8 @@ them. Three places decide what an error means:
   after its `delay` (nak); anything else is retried after 2 s;
 - the ``kairos`` command (`tools.cli.main`) prints a `KairosError` as one ``kairos: <message>`` line and
   exits with 2;
-- a service's start-up (options, plugin registry, shard configuration) stops on a `ConfigError` naming
-  the option.
+- a service process (`shared.bus.service.main`) prints one that reaches it, naming the service, and exits:
+  with 2 while it reads its options, with 1 once it runs.
 
 The whole tree; every subclass defined anywhere in Kairos is listed here (tests/unit/test_error_tree.py
 keeps it so)::
