@@ -26,32 +26,19 @@ from shared.core.scheduler import schedule
 from shared.errors import InvalidObject, MalformedMessage
 from shared.kube import wire
 from shared.kube.scheduling_shard import policy_of, shard_config
-from shared.model import Node, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import PodStatus
 from shared.plugin_loader import extra_plugins, load_registry
+from tests.builders import gang, node, snapshot, team_queues
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "label-score-plugin"
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
-QUEUES = (
-    Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-    Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-)
-
-
-def node(name: str, labels: dict[str, str] | None = None) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=8, labels=labels or {})
+QUEUES = team_queues(root="root")
 
 
 def placed_on(policy: Policy, **kwargs: object) -> str:
     """Where a 1-GPU pod goes when node a already runs a 4-GPU pod (binpack: a; spread: b)."""
     busy = gang("busy", "team", 1, 4.0, status=PodStatus.RUNNING, nodes=["a"])
     new = gang("new", "team", 1, 1.0)
-    snap = Snapshot(
-        nodes=(node("a"), node("b", {"tier": "fast"})),
-        pods=(*busy[1], *new[1]),
-        podgroups=(busy[0], new[0]),
-        queues=QUEUES,
-    )
+    snap = snapshot([node("a"), node("b", labels={"tier": "fast"})], busy, new, queues=QUEUES)
     (proposal,) = schedule(snap, 0.0, msgspec.structs.replace(policy, actions=("allocate",)), **kwargs).binds  # type: ignore[arg-type]
     return proposal.bindings[0].node
 
@@ -204,7 +191,7 @@ def test_a_work_item_whose_plugins_the_worker_cannot_run_is_malformed_naming_the
         policy=Policy(plugins=(PluginConfig(name="labelscore"),)),
     )
     with pytest.raises(MalformedMessage, match="labelscore"):
-        place(item, Snapshot(nodes=(node("a"),), queues=QUEUES), 0, {})
+        place(item, snapshot([node("a")], queues=QUEUES), 0, {})
 
 
 def test_an_extension_point_of_a_plugin_can_be_left_out_and_its_others_still_run() -> None:

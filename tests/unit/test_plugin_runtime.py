@@ -31,14 +31,10 @@ from shared.core.policy import Argument, Policy
 from shared.core.proportion import OK, CapacityResult
 from shared.core.result import CycleResult
 from shared.core.scheduler import schedule
-from shared.model import Node, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang
+from shared.model import PodStatus
+from tests.builders import gang, node, snapshot, team_queues
 
-UNBOUNDED = QueueResource(quota=-1, over_quota_weight=1, limit=-1)
-QUEUES = (
-    Queue(name="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-    Queue(name="team", parent="root", gpu=UNBOUNDED, cpu=UNBOUNDED, memory=UNBOUNDED),
-)
+QUEUES = team_queues(root="root")
 NAME = "broken"
 EXAMPLE = (
     Path(__file__).resolve().parents[2]
@@ -136,18 +132,9 @@ def registry(points: Iterable[str], raises: Any) -> Any:
     return DEFAULT_REGISTRY.with_plugins([PluginSpec(NAME, factory, 500)])
 
 
-def node(name: str) -> Node:
-    return Node(name=name, cpu_millis=64_000, memory_bytes=512e9, gpus=8)
-
-
 def run(points: Iterable[str], raises: Any, jobs: Sequence[tuple[str, int, float]]) -> CycleResult:
     built = [gang(name, "team", size, gpus, created=float(i)) for i, (name, size, gpus) in enumerate(jobs)]
-    snap = Snapshot(
-        nodes=(node("a"), node("b")),
-        pods=tuple(p for _, pods in built for p in pods),
-        podgroups=tuple(pg for pg, _ in built),
-        queues=QUEUES,
-    )
+    snap = snapshot([node("a"), node("b")], *built, queues=QUEUES)
     policy = Policy(actions=("allocate",))
     return schedule(snap, 0.0, policy, registry=registry(points, raises))
 
@@ -183,9 +170,7 @@ def test_an_order_or_pre_filter_that_raises_loses_its_say_and_every_pod_is_still
 def test_a_victim_filter_that_raises_lets_no_pod_be_evicted() -> None:
     low = gang("low", "team", 2, 8.0, priority=10, status=PodStatus.RUNNING, nodes=["a", "b"])
     high = gang("high", "team", 1, 8.0, priority=100)
-    snap = Snapshot(
-        nodes=(node("a"), node("b")), pods=(*low[1], *high[1]), podgroups=(low[0], high[0]), queues=QUEUES
-    )
+    snap = snapshot([node("a"), node("b")], low, high, queues=QUEUES)
     policy = Policy(actions=("allocate", "preempt"))
     healthy = schedule(snap, 0.0, policy, registry=registry([], lambda _: False))
     assert healthy.evictions, "the scenario must evict without the broken filter"
@@ -230,7 +215,7 @@ def test_a_plugin_raising_at_random_points_never_stops_the_cycle_and_every_pod_i
 
 def test_the_runtime_records_a_failure_that_failed_no_pod_once() -> None:
     pg, pods = gang("one", "team", 1, 1.0)
-    snap = Snapshot(nodes=(node("a"),), pods=tuple(pods), podgroups=(pg,), queues=QUEUES)
+    snap = snapshot([node("a")], (pg, pods), queues=QUEUES)
     ssn = open_session(snap, 0.0, Policy(), registry=registry(["job"], lambda _: True))
     job = ssn.jobs[pg.key]
     assert LAST in ssn.plugins.job_key(job)
