@@ -24,7 +24,6 @@ from shared.core.policy import Policy
 from shared.core.result import ClaimAllocation, CycleResult
 from shared.core.scheduler import schedule
 from shared.model import Node, Pod, PodGroup, Snapshot
-from shared.model.builders import gang
 from shared.model.dra import (
     ALL,
     Attribute,
@@ -40,6 +39,7 @@ from shared.model.dra import (
     ResourceSlice,
 )
 from tests import builders as tb
+from tests.builders import gang
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -50,9 +50,7 @@ NIC_CLASS = DeviceClass(name="nic", selectors=('device.driver == "nic.example.co
 
 
 def node(name: str, gpus: int = 0) -> Node:
-    return Node(
-        name=name, cpu_millis=8000, memory_bytes=64 * GI, gpus=gpus, labels={"kubernetes.io/hostname": name}
-    )
+    return tb.node(name, gpus, cpu_millis=8000, memory_bytes=64 * GI, labels={tb.HOSTNAME: name})
 
 
 def gpu(index: int, product: str = "H100", memory_gi: int = 80, **attrs: Attribute) -> Device:

@@ -8,10 +8,11 @@ from services.state.gpu_inventory import is_stale, merge_inventory, stale_nodes
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
 from shared.errors import InvalidObject
 from shared.model import Node
+from tests import builders
 
 
 def node(gpus: int = 4, **fields: object) -> Node:
-    return Node(name="n1", cpu_millis=64000, memory_bytes=512e9, gpus=gpus, **fields)  # type: ignore[arg-type]
+    return builders.node("n1", gpus, **fields)
 
 
 def gpu(index: int, memory_mib: int = 81559, *, healthy: bool = True, **fields: object) -> GpuDevice:

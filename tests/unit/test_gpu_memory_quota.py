@@ -80,12 +80,7 @@ def memory_gang(
 
 
 def cluster(nodes: list[Node], q: Queue, *groups: tuple[PodGroup, list[Pod]]) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(nodes),
-        queues=(q,),
-        podgroups=tuple(pg for pg, _ in groups),
-        pods=tuple(p for _, pods in groups for p in pods),
-    )
+    return builders.snapshot(nodes, *groups, queues=[q])
 
 
 def test_a_pending_pod_asks_its_queue_over_the_smallest_device() -> None:

@@ -21,8 +21,9 @@ from shared.contracts.messages import Lease, ShardRecord
 from shared.kube import wire
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kube.scheduling_shard import shard_config
-from shared.model import PodStatus, Queue, QueueResource, Snapshot
-from shared.model.builders import gang, gpu_nodes
+from shared.model import PodStatus, Queue, Snapshot
+from tests import builders
+from tests.builders import gang, gpu_nodes
 
 NOW = 1_700_000_000.0
 
@@ -42,7 +43,7 @@ def record(name: str, value: str = "") -> ShardRecord:
 
 def queue(name: str, pool: str | None = None) -> Queue:
     labels = {NODE_POOL_LABEL: pool} if pool is not None else {}
-    return Queue(name=name, labels=labels, gpu=QueueResource(quota=4, over_quota_weight=1, limit=-1))
+    return builders.queue(name, 4, parent=None, labels=labels)
 
 
 def cluster(pool: str | None, queue_pool: str | None, status: PodStatus = PodStatus.PENDING) -> Snapshot:
@@ -53,7 +54,7 @@ def cluster(pool: str | None, queue_pool: str | None, status: PodStatus = PodSta
     if pool is not None:
         group = msgspec.structs.replace(group, labels={NODE_POOL_LABEL: pool})
     nodes = gpu_nodes(1, prefix="a", labels={NODE_POOL_LABEL: "pool-a"}) + gpu_nodes(1, prefix="plain")
-    return Snapshot(nodes=nodes, queues=(queue("q", queue_pool),), podgroups=(group,), pods=tuple(pods))
+    return builders.snapshot(nodes, (group, pods), queues=[queue("q", queue_pool)])
 
 
 KAI_DEFAULT_AND_POOL_A = {"default": record("default"), "pool-a": record("pool-a", "pool-a")}

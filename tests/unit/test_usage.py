@@ -28,7 +28,8 @@ from shared.core.usage import (
     window_start,
 )
 from shared.model import Node, Snapshot
-from shared.model.builders import busy_and_idle
+from tests import builders
+from tests.builders import busy_and_idle
 
 HOUR = 3600.0
 NOW = 100 * HOUR
@@ -40,7 +41,7 @@ DEFAULT = UsageParams()
 
 
 def node(name: str) -> Node:
-    return Node(name=name, cpu_millis=24_000, memory_bytes=96e9, gpus=6)
+    return builders.node(name, 6, cpu_millis=24_000, memory_bytes=96e9)
 
 
 def snapshot() -> Snapshot:

@@ -30,7 +30,6 @@ from shared.core.session import Session
 from shared.core.statement import Statement
 from shared.core.tasks import TaskState
 from shared.model import LabelSelectorTerm, Node, NodeSelectorRequirement, PodStatus, Snapshot
-from shared.model.builders import gang
 from shared.model.status import ACTIVE_ALLOCATED
 from shared.model.volumes import (
     BLOCK,
@@ -43,6 +42,7 @@ from shared.model.volumes import (
     Volumes,
 )
 from tests import builders as tb
+from tests.builders import gang
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -66,13 +66,7 @@ CLASSES = (LOCAL, ZONAL, MIXED)
 
 
 def node(i: int) -> Node:
-    return Node(
-        name=f"node-{i}",
-        cpu_millis=64_000,
-        memory_bytes=256 * GI,
-        gpus=0,
-        labels={HOST: f"node-{i}", ZONE: f"z{i % 2}"},
-    )
+    return tb.node(f"node-{i}", 0, memory_bytes=256 * GI, labels={HOST: f"node-{i}", ZONE: f"z{i % 2}"})
 
 
 def on_hosts(*hosts: str) -> tuple[LabelSelectorTerm, ...]:

@@ -30,7 +30,6 @@ from shared.model import (
     PodStatus,
     Snapshot,
 )
-from shared.model.builders import gang
 from shared.model.volumes import (
     BLOCK,
     FILESYSTEM,
@@ -44,6 +43,7 @@ from shared.model.volumes import (
     Volumes,
 )
 from tests import builders as tb
+from tests.builders import gang
 
 NOW = 10_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -58,13 +58,7 @@ IMMEDIATE = StorageClass(name="standard", provisioner="csi.example.com")
 
 
 def node(name: str, **labels: str) -> Node:
-    return Node(
-        name=name,
-        cpu_millis=8000,
-        memory_bytes=64 * GI,
-        gpus=0,
-        labels={HOST: name, **labels},
-    )
+    return tb.node(name, 0, cpu_millis=8000, memory_bytes=64 * GI, labels={HOST: name, **labels})
 
 
 def pinned(*nodes: str) -> tuple[LabelSelectorTerm, ...]:
