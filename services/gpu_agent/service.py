@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated
 
 import msgspec
 
@@ -38,6 +38,7 @@ from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import MAX_PERIOD, GpuInventory
 from shared.contracts.messages import encode
 from shared.errors import ConfigError, KairosError
+from shared.options import read_options
 from shared.security.permissions import node_of_agent
 from shared.telemetry.metrics import GpuAgentMetrics
 
@@ -46,38 +47,32 @@ SWITCHES = {"--allow-no-gpu": "allow_no_gpu"}
 """Flags of this service beyond the runner's: each is the same as `--set <option>=true`."""
 
 
+Period = Annotated[float, msgspec.Meta(gt=0, le=MAX_PERIOD)]
+"""Seconds between publications: more than 0, at most `MAX_PERIOD` (what a reader honours)."""
+
+TelemetryPeriod = Annotated[float, msgspec.Meta(ge=0, le=MAX_PERIOD)]
+"""Seconds between telemetry messages, 0 for none."""
+
+
 class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The GPU agent's `--set key=value` options."""
+    """The GPU agent's `--set key=value` options, read through `shared.options.read_options`."""
 
     node: str = ""
     """The node this agent runs on (default: env NODE_NAME, which a DaemonSet sets from `spec.nodeName`)."""
-    period: float = 30.0
+    period: Period = 30.0
     """Seconds between publications."""
-    telemetry_period: float = 5.0
+    telemetry_period: TelemetryPeriod = 5.0
     """Seconds between telemetry messages (use, memory, health); 0 turns telemetry off."""
     allow_no_gpu: bool = False
     """Run without NVML, publishing inventories with no devices and the reason."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], environ: Mapping[str, str]) -> AgentSettings:
-        values = {"node": environ.get("NODE_NAME", ""), **options}
-        try:
-            settings = msgspec.convert(values, cls, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{SERVICE}: options: {exc}") from exc
+        settings = read_options(SERVICE, cls, {"node": environ.get("NODE_NAME", ""), **options})
         if not settings.node:
             raise ConfigError(
                 f"{SERVICE}: option 'node': missing; pass --set node=NAME or set NODE_NAME "
                 "(a DaemonSet sets it from spec.nodeName through the downward API)"
-            )
-        if not (math.isfinite(settings.period) and 0 < settings.period <= MAX_PERIOD):
-            raise ConfigError(
-                f"{SERVICE}: option 'period': must be seconds > 0, at most {MAX_PERIOD:.0f}, got {settings.period!r}"
-            )
-        if not (math.isfinite(settings.telemetry_period) and 0 <= settings.telemetry_period <= MAX_PERIOD):
-            raise ConfigError(
-                f"{SERVICE}: option 'telemetry_period': must be seconds >= 0 (0: off), at most {MAX_PERIOD:.0f}, "
-                f"got {settings.telemetry_period!r}"
             )
         user = environ.get(ENV_USER, "")
         try:
