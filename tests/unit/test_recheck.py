@@ -21,17 +21,16 @@ from shared.model.objects import (
     PodAffinityTerm,
     TopologySpreadConstraint,
 )
-
-HOSTNAME = "kubernetes.io/hostname"
-GIB = 2**30
+from tests import builders
+from tests.builders import GIB, HOSTNAME
 
 
 def node(name: str = "n1", scalars: dict[str, float] | None = None) -> Node:
-    return Node(
-        name=name,
+    return builders.node(
+        name,
+        8,
         cpu_millis=8000,
         memory_bytes=64 * GIB,
-        gpus=8,
         labels={HOSTNAME: name, "zone": "z1"},
         scalars=scalars or {},
     )
@@ -42,11 +41,11 @@ def pod(name: str, **fields: Any) -> Pod:
 
 
 def snapshot(nodes: list[Node], *pods: Pod) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(nodes),
-        pods=pods,
-        podgroups=tuple(PodGroup(name=p.podgroup, namespace="ns", queue="q") for p in pods),
-        queues=(Queue(name="q"),),
+    """`pods`, each in a podgroup of its own in queue `q`, on `nodes`."""
+    return builders.snapshot(
+        nodes,
+        *((PodGroup(name=p.podgroup, namespace="ns", queue="q"), [p]) for p in pods),
+        queues=[Queue(name="q")],
     )
 
 
