@@ -1,5 +1,5 @@
 """`python -m services.queue`: run one queue replica (flags: `--help`; options: `--set batch=all|N`,
-`--set period=1.0`, `--set cycles=auto|admin`, see `services.queue.dispatcher.QueueSettings`)."""
+`--set period=1.0`, `--set cycles=auto|admin`, see `services.queue.settings.QueueSettings`)."""
 
 from __future__ import annotations
 

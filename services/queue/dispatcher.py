@@ -1,19 +1,21 @@
-"""The queue leader's dispatcher: fair shares out as events, pending podgroups out as work items.
+"""The queue leader's loop: fair shares out as events, pending podgroups out as work items, outcomes in.
 
-Called by `services.queue.service`: `Dispatcher.run()` is the leader's cycle loop, `on_outcome()` is fed
-the binders' outcomes, `admin_cycle()` answers `admin.<shard>.cycle`. The decisions are pure functions
-(`plan_cycle`, `batches`) over a replica snapshot, so they are tested without NATS.
+Called by `services.queue.shards` (one `Dispatcher` per served shard): `run()` is the leader's cycle loop,
+`on_leadership()` follows the shard's lease, `on_outcome()` is fed the binders' outcomes, `admin_cycle()`
+answers `admin.<shard>.cycle`. This module does the I/O and keeps the loop's state; every decision is a pure
+function of another module, tested without NATS: the plan (`services.queue.planning`), the work items
+(`services.queue.batching`), the in-flight window and back-off (`services.queue.window`); the options are
+`services.queue.settings.QueueSettings`.
 
-A cycle: snapshot the replica, plan it with the core (`shared.core.queue_plan.plan_queues`: fair shares,
-the pending podgroups in allocate's order, the quota gate's verdicts) under the policy the work items run
-with, publish a `QueueFairShare` event for every queue whose numbers changed, then dispatch work. When
-the shard's SchedulingShard has a usageDBConfig, the plan and the work items carry each queue's
-historical usage (`Policy.queue_usage`, from the ledger of `services.queue.usage`, sampled every cycle),
-so the fair shares are time-based as KAI's are. With `batch=all` (the
-default) that is one work item without a podgroup filter: the placement worker runs the whole cycle, as
-KAI runs one session per cycle, and decides exactly what the in-process core decides. With `batch=N` the
-pending podgroups, in the core's queue order, go out N per work item so that several placement replicas
-work in parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
+A cycle: snapshot the replica, plan it with the core under the policy the work items run with (in a
+thread, so lease renewals stay on time), publish a `QueueFairShare` event for every queue whose numbers
+changed, then dispatch work. When the shard's SchedulingShard has a usageDBConfig, the plan and the work
+items carry each queue's historical usage (`Policy.queue_usage`, from the ledger of `services.queue.usage`,
+sampled every cycle), so the fair shares are time-based as KAI's are. With `batch=all` (the default) that
+is one work item without a podgroup filter: the placement worker runs the whole cycle, as KAI runs one
+session per cycle, and decides exactly what the in-process core decides. With `batch=N` the pending
+podgroups, in the core's queue order, go out N per work item so that several placement replicas work in
+parallel (the binder resolves their conflicts; losers are dispatched again next cycle).
 
 The quota gate: every cycle also decides, for the podgroups whose pods carry a scheduling gate, whether
 their queues have room for their gangs (`shared.core.quota_gate`, in the core's job order, part of the plan),
@@ -41,8 +43,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import msgspec
-
+from services.queue import window as w
+from services.queue.batching import ALL_ACTIONS, STALE_ACTION, attempt_order, batches
+from services.queue.planning import Plan, admission_changed, plan_cycle, shard_policy
+from services.queue.settings import QueueSettings
 from services.queue.usage import UsageKeeper
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
@@ -50,229 +54,16 @@ from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodGroupAdmission, QueueFairShare
-from shared.contracts.messages import CycleReply, CycleRequest, Outcome, ShardRecord, WorkItem, encode
+from shared.contracts.messages import CycleReply, CycleRequest, Outcome, WorkItem, encode
 from shared.core.builtin_plugins import SessionRegistry
-from shared.core.policy import KNOWN_ACTIONS, Policy, QueueUsage
-from shared.core.queue_plan import Resources, plan_queues
+from shared.core.policy import Policy, QueueUsage
 from shared.core.quota_gate import QuotaVerdict
 from shared.core.usage import UsageParams
-from shared.errors import ConfigError, KairosError
-from shared.kube.scheduling_shard import policy_of, usage_params
-from shared.model import Snapshot
+from shared.kube.scheduling_shard import usage_params
 from shared.plugin_loader import load_registry
 from shared.telemetry.spans import OrderTracer
 
 log = logging.getLogger("kairos.queue.dispatcher")
-
-STALE_ACTION = "stalegangeviction"
-ALL_ACTIONS: tuple[str, ...] = KNOWN_ACTIONS
-PLACE_ACTIONS: tuple[str, ...] = tuple(a for a in KNOWN_ACTIONS if a != STALE_ACTION)
-"""The actions of every focused work item but one: stale-gang eviction looks at every gang whatever the
-focus, so only one item in flight carries it (two would evict the same gang twice)."""
-
-
-# --- settings -------------------------------------------------------------------------------------------------
-class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The queue service's `--set key=value` options."""
-
-    batch: int | None = None
-    """`all` (None): one whole-cycle work item per cycle, KAI's one session per cycle. `N`: pending
-    podgroups N per work item, for parallel placement replicas."""
-    period: float = 1.0
-    """Seconds between cycles when nothing changes (KAI's schedule period)."""
-    debounce: float = 0.075
-    """A change starts a cycle once the replica has been quiet this long (a burst of writes: one cycle)."""
-    work_timeout: float = 10.0
-    """Seconds a work item stays in flight without an outcome before its podgroups may be dispatched again."""
-    admin_timeout: float = 60.0
-    """Seconds an admin cycle waits for earlier work to finish and for its own outcome."""
-    max_inflight: int = 64
-    """At most this many work items in flight (batch=N); the rest wait for outcomes."""
-    window: int = 4
-    """Work items in flight at first (batch=N). The window then adapts to how fast outcomes come back, up
-    to `max_inflight`: one more per window of outcomes that return within half the work timeout, one less
-    per window of slower ones, half after a timeout. Items the placement and binder replicas cannot get to
-    only wait in their streams, and a timeout there would dispatch their podgroups twice."""
-    cycles: str = "auto"
-    """`auto`: cycles on changes and every period. `admin`: only on `admin.<shard>.cycle` requests (the
-    conformance runner and step-by-step demos drive the cycles); fair shares are still published."""
-    gpu_usage_scoring: bool = False
-    """`Policy.gpu_usage_scoring` of the work items: fractional pods prefer the least used GPUs (live
-    telemetry). Off like KAI unless asked; `kairos up` asks."""
-    usage_save: float = 10.0
-    """Seconds between writes of the usage ledger (time-based fair share) to KV: a crashed leader loses at
-    most this much of the record; a stopped one writes it before it lets the lease go."""
-
-    @classmethod
-    def from_options(cls, options: dict[str, str]) -> QueueSettings:
-        raw: dict[str, object] = dict(options)
-        batch = options.get("batch", "all")
-        if batch == "all":
-            raw["batch"] = None
-        else:
-            try:
-                raw["batch"] = int(batch)
-            except ValueError:
-                raise ConfigError(
-                    f"queue: option 'batch': expected 'all' or a number, got {batch!r}"
-                ) from None
-        try:
-            settings = msgspec.convert(raw, cls, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"queue: options: {exc}") from exc
-        if settings.batch is not None and settings.batch < 1:
-            raise ConfigError(f"queue: option 'batch': must be >= 1, got {settings.batch}")
-        if settings.cycles not in ("auto", "admin"):
-            raise ConfigError(f"queue: option 'cycles': expected 'auto' or 'admin', got {settings.cycles!r}")
-        for name in ("period", "debounce", "work_timeout", "admin_timeout", "usage_save"):
-            if getattr(settings, name) <= 0:
-                raise ConfigError(f"queue: option {name!r}: must be > 0")
-        if settings.max_inflight < 1:
-            raise ConfigError("queue: option 'max_inflight': must be >= 1")
-        if settings.window < 1:
-            raise ConfigError("queue: option 'window': must be >= 1")
-        return settings
-
-
-NO_RESOURCES = Resources(0.0, 0.0, 0.0)
-
-
-# --- pure decisions --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Plan:
-    """What one cycle found in a snapshot."""
-
-    fair_shares: tuple[QueueFairShare, ...]
-    pending: tuple[str, ...]
-    """Podgroups with pods to place, in the order the core's allocate action takes them."""
-    stale: bool
-    """Some gang is below its min member (or still marked stale): stale-gang eviction has something to do."""
-    guarded: frozenset[str] = frozenset()
-    """Pending podgroups whose placement is bounded by a queue total (a limit, or quota for non-preemptible
-    work) somewhere up their queue chain. Placement checks such totals on its own replica and the binder's
-    per-node compare-and-set cannot see them, so two of these must never be placed concurrently."""
-    admissions: tuple[QuotaVerdict, ...] = ()
-    """The quota gate's verdicts on the podgroups with gated pods (`shared.core.quota_gate`)."""
-    total: Resources = NO_RESOURCES
-    """The cluster's capacity as the fair-share division saw it (the usage ledger samples it)."""
-
-
-def _resources(v: Resources) -> dict[str, float]:
-    return dict(v._asdict())
-
-
-USAGE_DIGITS = 4
-"""Usage in the events is rounded to this many decimals: it moves a little every cycle, and an event goes
-out only when a queue's numbers change."""
-
-
-def plan_cycle(
-    snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegistry | None = None
-) -> Plan:
-    """The core's plan of `snapshot` under `policy` (`shared.core.queue_plan`) with the plugins of
-    `registry` (KAI's when None), fair shares as events (with the policy's queue usage, time-based fair
-    share)."""
-    plan = plan_queues(snapshot, now, policy, registry)
-    usage = {
-        u.queue: {
-            "gpu": round(u.gpu, USAGE_DIGITS),
-            "cpu": round(u.cpu, USAGE_DIGITS),
-            "memory": round(u.memory, USAGE_DIGITS),
-        }
-        for u in policy.queue_usage
-    }
-    zero = dict.fromkeys(Resources._fields, 0.0) if policy.queue_usage else {}
-    shares = tuple(
-        QueueFairShare(
-            time=now,
-            queue=q.queue,
-            parent=q.parent,
-            fair_share=_resources(q.fair_share),
-            allocated=_resources(q.allocated),
-            requested=_resources(q.requested),
-            deserved=_resources(q.deserved),
-            allocated_non_preemptible=_resources(q.allocated_non_preemptible),
-            usage=usage.get(q.queue, zero),
-        )
-        for q in plan.shares
-    )
-    return Plan(shares, plan.pending, plan.stale, plan.guarded, plan.admissions, plan.total)
-
-
-def admission_changed(last: QuotaVerdict | None, verdict: QuotaVerdict) -> bool:
-    """Whether `verdict` is news after `last` (the podgroup's verdict last published): another reason or
-    message for what it holds, or pods let in that `last` did not let in (pods created since, or room
-    freed). Fewer gated pods is no news."""
-    if last is None or (last.reason, last.message) != (verdict.reason, verdict.message):
-        return True
-    return not set(verdict.admitted) <= set(last.admitted)
-
-
-@dataclass(frozen=True)
-class Batch:
-    podgroups: tuple[str, ...]
-    """Empty: the whole cycle (no focus)."""
-    actions: tuple[str, ...]
-
-
-def attempt_order(pending: tuple[str, ...], tried: dict[str, float]) -> tuple[str, ...]:
-    """`pending` (in the core's queue order) with the podgroups never dispatched first, then the least
-    recently dispatched: when the window leaves room for only some items, podgroups that keep coming back
-    unplaced (over their queue's limit, larger than any node) must not hold the room for ever while the
-    ones behind them are never tried nor explained (seen in the chaos run at 5,000 pods)."""
-    never = -float("inf")
-    ranked = sorted(range(len(pending)), key=lambda i: (tried.get(pending[i], never), i))
-    return tuple(pending[i] for i in ranked)
-
-
-def batches(
-    plan: Plan,
-    batch: int | None,
-    *,
-    busy: frozenset[str],
-    whole_busy: bool,
-    stale_busy: bool,
-    room: int,
-    guarded_busy: bool = False,
-) -> tuple[list[Batch], bool]:
-    """The work items to send now, and whether work was held back by work in flight (then an outcome
-    should start the next cycle early).
-
-    `busy`: podgroups in flight; `whole_busy`: a whole-cycle item is in flight; `stale_busy`: an item in
-    flight carries the stale-gang action; `room`: how many more items may be in flight; `guarded_busy`: an
-    item with podgroups bounded by queue totals is in flight (those go one item at a time)."""
-    has_work = bool(plan.pending) or plan.stale
-    if batch is None:
-        if whole_busy or busy or stale_busy:
-            return [], has_work
-        return ([Batch((), ALL_ACTIONS)] if has_work else []), False
-    if whole_busy:
-        return [], has_work
-    free = [pg for pg in plan.pending if pg not in busy]
-    held = len(free) < len(plan.pending)
-    out: list[Batch] = []
-    guarded = [pg for pg in free if pg in plan.guarded]
-    if guarded:
-        free = [pg for pg in free if pg not in plan.guarded]
-        if guarded_busy or room < 1:
-            held = True
-        else:
-            out.append(Batch(tuple(guarded[:batch]), PLACE_ACTIONS))
-            held = held or len(guarded) > batch
-    for start in range(0, len(free), batch):
-        if len(out) >= room:
-            held = True
-            break
-        out.append(Batch(tuple(free[start : start + batch]), PLACE_ACTIONS))
-    if plan.stale:
-        if stale_busy:
-            held = True
-        elif out:
-            out[0] = Batch(out[0].podgroups, ALL_ACTIONS)
-        elif room > 0:
-            # Nothing to place, but a gang to evict or un-mark: a cycle of the stale-gang action alone.
-            out.append(Batch((), (STALE_ACTION,)))
-    return out, held
 
 
 class PlanMetrics(Protocol):
@@ -288,9 +79,10 @@ class PlanMetrics(Protocol):
     def usage_queried(self, seconds: float) -> None: ...
 
 
-# --- the leader's loop ------------------------------------------------------------------------------------
 @dataclass
 class InFlight:
+    """A work item sent and not yet answered (`window.Flight`)."""
+
     item: WorkItem
     deadline: float
     whole: bool
@@ -300,22 +92,15 @@ class InFlight:
     sent: float = 0.0
     """When it was published (the dispatcher's clock): the start of its round trip."""
 
-
-def shard_policy(base: Policy, record: ShardRecord | None) -> Policy:
-    """`base` under the shard's configuration (`policy_of`), its actions those of `base` the shard enables,
-    in the shard's order; `base` itself without a record, or with one the base cannot take (logged: the
-    record was checked against KAI's defaults when it was written)."""
-    if record is None:
-        return base
-    try:
-        policy = policy_of(record.config, base=base)
-        return msgspec.structs.replace(policy, actions=tuple(a for a in policy.actions if a in base.actions))
-    except (msgspec.ValidationError, KairosError) as exc:
-        log.warning("SchedulingShard %s not applied to the policy: %s", record.shard, exc)
-        return base
+    @property
+    def podgroups(self) -> tuple[str, ...]:
+        return self.item.podgroups
 
 
 class Dispatcher:
+    """One shard's leader loop; the state it keeps between cycles (work in flight, the window, what was
+    published) is forgotten on a leadership change."""
+
     def __init__(
         self,
         bus: Bus,
@@ -341,14 +126,12 @@ class Dispatcher:
         # stale-gang grace compare it with podgroup timestamps), without reading the wall clock twice.
         self._wall_offset = time.time() - clock()
         self.inflight: dict[str, InFlight] = {}
-        self.window = float(min(settings.window, settings.max_inflight))
-        self._strikes: dict[str, int] = {}
-        """Podgroup -> work items in a row that timed out with it (reset by an outcome)."""
-        self._cooldown: dict[str, float] = {}
-        """Podgroup -> when it may go out again after repeated timeouts (the dispatcher's clock)."""
+        self.window = w.first_window(settings.window, settings.max_inflight)
+        """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
+        self.backoff = w.Backoff(settings.work_timeout)
+        """Podgroups whose work timed out, waiting before they go out again (the dispatcher's clock)."""
         self._tried: dict[str, float] = {}
         """Pending podgroup -> when it was last dispatched (batch=N: `attempt_order`)."""
-        """How many work items may be in flight now (batch=N; see `QueueSettings.window`)."""
         self.traces = OrderTracer()
         self.usage = UsageKeeper(bus, lease, settings.usage_save, clock)
         """The shard's usage ledger (time-based fair share), used while the shard has a usageDBConfig."""
@@ -438,8 +221,7 @@ class Dispatcher:
         self._published.clear()
         self._admissions.clear()
         self.usage.forget()
-        self._strikes.clear()
-        self._cooldown.clear()
+        self.backoff.clear()
         self._tried.clear()
         self._dirty = True
         self._held = False
@@ -451,50 +233,30 @@ class Dispatcher:
         entry = self.inflight.pop(outcome.work, None)
         if entry is None:
             return  # another leader's work, or one that already timed out
-        for pg in entry.item.podgroups:
-            self._strikes.pop(pg, None)
-            self._cooldown.pop(pg, None)
+        self.backoff.forgive(entry.podgroups)
         self.counters["outcomes"] += 1
         round_trip = self.clock() - entry.sent
         if self.metrics is not None:
             self.metrics.work_round_trip(round_trip)
-        self._adapt(round_trip)
+        self.window = w.adapted(
+            self.window,
+            round_trip,
+            work_timeout=self.settings.work_timeout,
+            max_inflight=self.settings.max_inflight,
+        )
         if entry.waiter is not None and not entry.waiter.done():
             entry.waiter.set_result(outcome)
         self._freed = True
         if self._held:
             self._kick.set()
 
-    def _adapt(self, round_trip: float) -> None:
-        """Additive increase, multiplicative decrease of the window, steered by the round trip."""
-        if round_trip <= self.settings.work_timeout / 2:
-            self.window = min(float(self.settings.max_inflight), self.window + 1.0 / self.window)
-        else:
-            self.window = max(1.0, self.window - 1.0 / self.window)
-
-    def _back_off(self, podgroups: tuple[str, ...], now: float) -> None:
-        """A podgroup whose work timed out goes out again at once; after a second timeout in a row it
-        waits one work timeout, then two, four, up to eight. A podgroup that keeps a placement worker busy
-        past the timeout would otherwise be sent again every timeout, its copies piling up in the work
-        stream ahead of everything else (seen in the chaos run)."""
-        for pg in podgroups:
-            strikes = self._strikes.get(pg, 0) + 1
-            self._strikes[pg] = strikes
-            if strikes >= 2:
-                self._cooldown[pg] = now + self.settings.work_timeout * min(2 ** (strikes - 2), 8)
-
-    def _cooling(self, now: float) -> set[str]:
-        for pg in [pg for pg, until in self._cooldown.items() if until <= now]:
-            del self._cooldown[pg]
-        return set(self._cooldown)
-
     def _expire(self) -> None:
         now = self.clock()
-        for work_id in [w for w, e in self.inflight.items() if e.deadline <= now]:
+        for work_id in [work for work, e in self.inflight.items() if e.deadline <= now]:
             entry = self.inflight.pop(work_id)
             self.counters["work_timeouts"] += 1
-            self.window = max(1.0, self.window / 2)
-            self._back_off(entry.item.podgroups, now)
+            self.window = w.halved(self.window)
+            self.backoff.timed_out(entry.podgroups, now)
             log.warning("work %s got no outcome in time; its podgroups may be dispatched again", work_id)
             if entry.waiter is not None and not entry.waiter.done():
                 entry.waiter.set_exception(TimeoutError(f"no outcome for work {work_id}"))
@@ -551,7 +313,7 @@ class Dispatcher:
         if (
             self.settings.batch is not None
             and self.settings.cycles == "auto"
-            and len(self.inflight) >= int(self.window)
+            and w.room(self.window, len(self.inflight)) <= 0
             and self.clock() - self._last_planned < self.settings.period * 5
         ):
             # The window is full: nothing could be dispatched, an outcome starts the next cycle. Fair
@@ -578,14 +340,7 @@ class Dispatcher:
         if self.settings.cycles != "auto":
             return []
         self._freed = False
-        busy: set[str] = self._cooling(self.clock())
-        whole_busy = stale_busy = guarded_busy = False
-        for entry in self.inflight.values():
-            busy.update(entry.item.podgroups)
-            whole_busy |= entry.whole
-            stale_busy |= entry.stale
-            guarded_busy |= entry.guarded
-        room = int(self.window) - len(self.inflight)
+        held_back = w.occupancy(self.inflight.values(), self.backoff.cooling(self.clock()))
         attempts = plan
         if self.settings.batch is not None:
             still = set(plan.pending)
@@ -594,11 +349,11 @@ class Dispatcher:
         out, self._held = batches(
             attempts,
             self.settings.batch,
-            busy=frozenset(busy),
-            whole_busy=whole_busy,
-            stale_busy=stale_busy,
-            room=room,
-            guarded_busy=guarded_busy,
+            busy=held_back.podgroups,
+            whole_busy=held_back.whole,
+            stale_busy=held_back.stale,
+            room=w.room(self.window, len(self.inflight)),
+            guarded_busy=held_back.guarded,
         )
         sent: list[WorkItem] = []
         traced = (

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 
-from services.queue.dispatcher import QueueSettings
+from services.queue.settings import QueueSettings
 from services.queue.shards import QueueShards, shard_lease
 from shared.bus.members import Members
 from shared.bus.replica import StateReplica

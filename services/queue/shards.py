@@ -27,7 +27,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from services.queue.dispatcher import Dispatcher, QueueSettings
+from services.queue.dispatcher import Dispatcher
+from services.queue.settings import QueueSettings
 from shared.bus.connection import Bus
 from shared.bus.fence import reserving_terms
 from shared.bus.lease import LeaseKeeper

@@ -1,9 +1,10 @@
-"""Specs for how the queue leader picks and sends again podgroups (services.queue.dispatcher).
+"""Specs for how the queue leader sends podgroups again after timeouts (`services.queue.dispatcher`, over
+`services.queue.window.Backoff`).
 
 A podgroup whose work timed out goes out again at once; when it times out again and again it waits one work
 timeout, then two, four, at most eight, so that copies of work a placement worker cannot finish in time do
-not pile up in the work stream. An outcome forgives it at once. When the window leaves room for only some
-work, podgroups never tried go first, then the least recently tried.
+not pile up in the work stream. An outcome forgives it at once. (Which podgroups go first when the window
+leaves room for only some: test_dispatcher_batching.py.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from services.queue.dispatcher import Dispatcher, InFlight, QueueSettings, attempt_order
+from services.queue.dispatcher import Dispatcher, InFlight
+from services.queue.settings import QueueSettings
 from shared.bus.middleware import Counters
 from shared.contracts.messages import Outcome, WorkItem
 
@@ -60,7 +62,7 @@ def test_a_first_timeout_sends_the_podgroups_again_at_once() -> None:
     clock = Clock()
     d = dispatcher(clock)
     time_out(d, clock, "w1", "a", "b")
-    assert d._cooling(clock.t) == set()
+    assert d.backoff.cooling(clock.t) == set()
 
 
 def test_repeated_timeouts_wait_one_two_four_then_at_most_eight_timeouts() -> None:
@@ -71,7 +73,7 @@ def test_repeated_timeouts_wait_one_two_four_then_at_most_eight_timeouts() -> No
     for n in range(2, 7):
         time_out(d, clock, f"w{n}", "a")
         start = clock.t
-        while "a" in d._cooling(clock.t):
+        while "a" in d.backoff.cooling(clock.t):
             clock.t += 1.0
         waits.append(clock.t - start)
     assert waits == [TIMEOUT, 2 * TIMEOUT, 4 * TIMEOUT, 8 * TIMEOUT, 8 * TIMEOUT]
@@ -82,18 +84,11 @@ async def test_an_outcome_forgives_the_podgroups_it_carried() -> None:
     d = dispatcher(clock)
     time_out(d, clock, "w1", "a", "b")
     time_out(d, clock, "w2", "a", "b")
-    assert d._cooling(clock.t) == {"a", "b"}
+    assert d.backoff.cooling(clock.t) == {"a", "b"}
     clock.t += TIMEOUT
     send(d, clock, "w3", "a")
     await d.on_outcome(Outcome(proposal="p", work="w3", shard="default", status="committed"))
     time_out(d, clock, "w4", "a")
-    assert d._cooling(clock.t) == set(), "a's count started over"
+    assert d.backoff.cooling(clock.t) == set(), "a's count started over"
     time_out(d, clock, "w5", "b")
-    assert d._cooling(clock.t) == {"b"}, "b was not in the outcome: its third timeout in a row"
-
-
-def test_podgroups_never_tried_go_first_then_the_least_recently_tried() -> None:
-    """Podgroups that keep coming back unplaced must not take the room of those behind them for ever."""
-    pending = ("a", "b", "c", "d", "e")
-    assert attempt_order(pending, {}) == pending
-    assert attempt_order(pending, {"a": 5.0, "b": 3.0, "d": 4.0}) == ("c", "e", "b", "d", "a")
+    assert d.backoff.cooling(clock.t) == {"b"}, "b was not in the outcome: its third timeout in a row"

@@ -1,5 +1,6 @@
-"""The queue service's logic without NATS: the lease state machine over an in-memory KV with expiry, and
-the dispatch plan (fair shares, queue order, how pending podgroups become work items)."""
+"""The lease state machine without NATS (`shared.bus.lease`, the queue's shard lease), over an in-memory KV
+with expiry. The queue leader's plan and work items are specified in test_dispatcher_planning.py and
+test_dispatcher_batching.py."""
 
 from __future__ import annotations
 
@@ -8,23 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.queue.dispatcher import (
-    ALL_ACTIONS,
-    PLACE_ACTIONS,
-    STALE_ACTION,
-    Batch,
-    Plan,
-    QueueSettings,
-    batches,
-    plan_cycle,
-)
 from shared.bus.lease import RENEW_INTERVAL_S, RETRY_INTERVAL_S, SAFETY_MARGIN_S, LeaseKeeper
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES
-from shared.core.policy import Policy
-from shared.errors import ConfigError, ConflictError
-from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.objects import PodSet, SubGroupSet
+from shared.errors import ConflictError
 
 
 # --- an in-memory lease bucket with the TTL semantics of a JetStream KV bucket ---------------------------
@@ -231,144 +219,3 @@ async def test_an_unreadable_lease_is_left_to_expire() -> None:
     assert await a.step() is False
     clock.t += s.LEASE_TTL_S
     assert await a.step() is True
-
-
-# --- the dispatch plan ---------------------------------------------------------------------------------------
-def _gang(
-    name: str, queue: str, pods: int, gpus: int, status: PodStatus, created: float
-) -> tuple[PodGroup, tuple[Pod, ...]]:
-    group = PodGroup(
-        name=name,
-        namespace="ns",
-        queue=queue,
-        creation_time=created,
-        root=SubGroupSet(name="root", pod_sets=(PodSet("default", pods),)),
-    )
-    members = tuple(
-        Pod(
-            name=f"{name}-{i}",
-            namespace="ns",
-            podgroup=name,
-            status=status,
-            node="n1" if status == PodStatus.RUNNING else None,
-            cpu_millis=100,
-            gpu=GpuRequest(devices=gpus),
-            creation_time=created,
-        )
-        for i in range(pods)
-    )
-    return group, members
-
-
-def _snapshot() -> Snapshot:
-    queues = (
-        Queue(name="a", gpu=QueueResource(quota=2)),
-        Queue(name="b", gpu=QueueResource(quota=2), creation_index=1),
-    )
-    running, running_pods = _gang("running", "a", 2, 1, PodStatus.RUNNING, 1.0)
-    a2, a2_pods = _gang("a-pending", "a", 1, 1, PodStatus.PENDING, 2.0)
-    b1, b1_pods = _gang("b-pending", "b", 1, 1, PodStatus.PENDING, 3.0)
-    return Snapshot(
-        nodes=(Node(name="n1", cpu_millis=8000, memory_bytes=1e10, gpus=4),),
-        pods=(*running_pods, *a2_pods, *b1_pods),
-        podgroups=(running, a2, b1),
-        queues=queues,
-    )
-
-
-def test_plan_has_every_queues_fair_share_and_pending_podgroups_in_queue_order() -> None:
-    plan = plan_cycle(_snapshot(), 1000.0, Policy())
-    shares = {e.queue: e for e in plan.fair_shares}
-    assert set(shares) == {"a", "b"}
-    assert shares["a"].allocated["gpu"] == 2.0
-    assert shares["a"].requested["gpu"] == 3.0
-    assert shares["b"].deserved["gpu"] == 2.0
-    assert shares["a"].fair_share["gpu"] + shares["b"].fair_share["gpu"] == pytest.approx(4.0)
-    assert set(shares["a"].fair_share) == {"gpu", "cpu", "memory"}
-    # Queue b holds nothing while a is at its quota: b's podgroup comes first, as allocate would take it.
-    assert plan.pending == ("b-pending", "a-pending")
-    assert plan.stale is False
-
-
-def test_plan_of_an_idle_cluster_has_nothing_pending() -> None:
-    snap = _snapshot()
-    running = tuple(p for p in snap.pods if p.podgroup == "running")
-    plan = plan_cycle(
-        Snapshot(nodes=snap.nodes, pods=running, podgroups=snap.podgroups, queues=snap.queues), 0.0, Policy()
-    )
-    assert plan.pending == ()
-
-
-PLAN = Plan(fair_shares=(), pending=("p1", "p2", "p3", "p4", "p5"), stale=False)
-
-
-def _batches(
-    plan: Plan,
-    batch: int | None,
-    *,
-    busy: frozenset[str] = frozenset(),
-    whole_busy: bool = False,
-    stale_busy: bool = False,
-    room: int = 64,
-) -> tuple[list[Batch], bool]:
-    return batches(plan, batch, busy=busy, whole_busy=whole_busy, stale_busy=stale_busy, room=room)
-
-
-def test_batch_all_sends_one_whole_cycle_and_nothing_while_one_is_in_flight() -> None:
-    assert _batches(PLAN, None) == ([Batch((), ALL_ACTIONS)], False)
-    assert _batches(PLAN, None, whole_busy=True) == ([], True)
-    assert _batches(PLAN, None, busy=frozenset({"p1"})) == ([], True)
-    assert _batches(Plan((), (), False), None) == ([], False)
-    assert _batches(Plan((), (), True), None) == ([Batch((), ALL_ACTIONS)], False)
-
-
-def test_batch_n_splits_in_order_and_holds_back_what_is_in_flight() -> None:
-    out, held = _batches(PLAN, 2)
-    assert [b.podgroups for b in out] == [("p1", "p2"), ("p3", "p4"), ("p5",)]
-    assert all(b.actions == PLACE_ACTIONS for b in out)
-    assert not held
-    out, held = _batches(PLAN, 2, busy=frozenset({"p2", "p3"}))
-    assert [b.podgroups for b in out] == [("p1", "p4"), ("p5",)]
-    assert held
-    out, held = _batches(PLAN, 2, room=1)
-    assert [b.podgroups for b in out] == [("p1", "p2")]
-    assert held
-    assert _batches(PLAN, 2, whole_busy=True) == ([], True)
-
-
-def test_only_one_item_in_flight_carries_stale_gang_eviction() -> None:
-    stale = Plan((), ("p1", "p2", "p3"), True)
-    out, _ = _batches(stale, 2)
-    assert [b.actions for b in out] == [ALL_ACTIONS, PLACE_ACTIONS]
-    out, held = _batches(stale, 2, stale_busy=True)
-    assert [b.actions for b in out] == [PLACE_ACTIONS, PLACE_ACTIONS]
-    assert held
-    assert _batches(Plan((), (), True), 2) == ([Batch((), (STALE_ACTION,))], False)
-
-
-def test_settings_parse_options_and_name_the_bad_one() -> None:
-    assert QueueSettings.from_options({}).batch is None
-    settings = QueueSettings.from_options({"batch": "8", "period": "0.5", "cycles": "admin"})
-    assert (settings.batch, settings.period, settings.cycles) == (8, 0.5, "admin")
-    for bad, name in (
-        ({"batch": "some"}, "batch"),
-        ({"batch": "0"}, "batch"),
-        ({"period": "-1"}, "period"),
-        ({"cycles": "never"}, "cycles"),
-        ({"colour": "red"}, "colour"),
-        ({"window": "0"}, "window"),
-    ):
-        with pytest.raises(ConfigError, match=name):
-            QueueSettings.from_options(bad)
-
-
-def test_podgroups_bounded_by_queue_totals_go_one_item_at_a_time() -> None:
-    plan = Plan((), ("p1", "g1", "p2", "g2", "g3"), False, frozenset({"g1", "g2", "g3"}))
-    out, held = batches(plan, 2, busy=frozenset(), whole_busy=False, stale_busy=False, room=10)
-    assert [b.podgroups for b in out] == [("g1", "g2"), ("p1", "p2")]
-    assert held  # g3 waits for the guarded item in flight
-    out, held = batches(
-        plan, 2, busy=frozenset(), whole_busy=False, stale_busy=False, room=10, guarded_busy=True
-    )
-    assert [b.podgroups for b in out] == [("p1", "p2")]
-    assert held
