@@ -3,7 +3,7 @@ NATS implementation (`--set cluster=nats`, the default), which asks the state re
 in-memory cluster on `cluster.bind` / `cluster.evict`. The Kubernetes implementation of the same protocol
 is `services.binder.kube_client` (`--set cluster=kube`).
 
-Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan.
+Called by `services.binder.commit` after a proposal's ledger commit and by the recovery scan (`services.binder.recovery`).
 
 Contract of an implementation: return normally when the cluster accepted (binding a pod that is already
 bound to the same node counts as accepted: the operation must be idempotent, because a redelivered

@@ -1,5 +1,5 @@
 """A DRA device two claims would hold: the conflict the binders' ledger refuses, for a node's devices
-(`services.binder.commit.device_clash`) and for a cluster-wide pool's (`services.binder.pool_ledger`).
+(`services.binder.ledger.device_clash`) and for a cluster-wide pool's (`services.binder.pool_ledger`).
 
 Its text names the device, the claim and pod that asked for it and the pod and claim that hold it, so the
 rejected proposal's reason says who was first."""

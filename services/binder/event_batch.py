@@ -1,6 +1,6 @@
 """A proposal's public events sent all at once, their acknowledgements awaited together.
 
-Called by `services.binder.commit.Committer` (step 5: the events of a proposal, and those of a recovery
+Called by `services.binder.report.Reporter` (step 4: the events of a proposal, and those of a recovery
 scan's binds) before it publishes the outcome: whoever acts on the outcome must find its events already in
 the `KAIROS_EVENTS` stream, so `publish_stored` returns only once every event is stored or given up.
 

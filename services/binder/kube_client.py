@@ -1,6 +1,6 @@
 """The binder's `ClusterClient` against a Kubernetes API server (`--set cluster=kube`).
 
-Called by `services.binder.commit` after a proposal's ledger commit and by its recovery scan, exactly like
+Called by `services.binder.commit` after a proposal's ledger commit and by the recovery scan, exactly like
 the NATS client it replaces. A bind is a `pods/binding` POST after the bind steps that apply to it
 (`services.binder.steps`, built once here in `step_order`): by default a binding with volume decisions
 first carries them out (`volumes.VolumeSteps`: a static volume reserved for its claim, or the claim's

@@ -2,7 +2,7 @@
 recovery scan.
 
 A rollback or a release takes a proposal's reservations off each node's ledger by compare-and-set, then
-deletes its claims (`services.binder.commit`). When the node keeps changing (`strip_reservations` gives up
+deletes its claims (`services.binder.ledger`). When the node keeps changing (`strip_reservations` gives up
 after a few lost races) or its value cannot be read, the reservation stays while the claim goes. Every
 reader counts a reserved pending pod as bound to that node, and the recovery scan, which works from claims,
 never saw it: the pod looked bound there for ever.
@@ -17,7 +17,7 @@ seen so for the scan's grace period, after reading each one's claim again from t
 the proposal may have claimed the pod since and taken the reservation as its own); a strip that loses its
 races again is tried by the next scan, so nothing stays that no scan removes.
 
-Called by `services.binder.commit.Committer.scan`, before the claims are looked at. `unclaimed_reservations`
+Called by `services.binder.recovery.Recovery.scan`, before the claims are looked at. `unclaimed_reservations`
 is pure; the sweep reads claims and strips through the ledger it is given. A reservation whose claim the
 scan took back because the cluster no longer has its pod, and which a lost race kept on its node, is one
 of these too.
@@ -41,7 +41,7 @@ from shared.model.status import ACTIVE_USED
 log = logging.getLogger("kairos.binder.leftovers")
 
 Strip = Callable[[KvStore, str, Collection[str], str], Awaitable[bool]]
-"""`services.binder.commit.strip_reservations`: (ledger, node, pods, proposal) -> whether they are off."""
+"""`services.binder.ledger.strip_reservations`: (ledger, node, pods, proposal) -> whether they are off."""
 Unclaimed = dict[tuple[str, str], list[str]]
 """(node, proposal) -> the pods whose reservations of that proposal on that node no claim backs."""
 

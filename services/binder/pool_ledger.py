@@ -2,7 +2,7 @@
 one device of an all-nodes or node-selector slice never both commit it.
 
 A node's ledger entry holds the devices its pods' claims were allocated (`Reservation.devices`,
-`services.binder.commit.device_clash`), but a device every node reaches is held under whichever node its
+`services.binder.ledger.device_clash`), but a device every node reaches is held under whichever node its
 pod went to: two proposals for two nodes write two keys and both succeed. So, after a proposal's node
 entries and in the same all-or-nothing commit, every pool its binds took cluster-wide devices from
 (`DeviceResult.cluster_wide`, set by the core) gets its holds written to the pool's entry by

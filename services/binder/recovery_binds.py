@@ -8,7 +8,7 @@ at most `wait` seconds (binds that answer at once are reported by that scan), le
 and later scans leave a proposal alone while its task runs (`in`). `close` cancels what still runs (the
 binder is stopping; the claims stay, and a later scan of any binder binds again).
 
-Called by `services.binder.commit.Committer.recover`.
+Called by `services.binder.recovery.Recovery.recover`.
 """
 
 from __future__ import annotations

@@ -54,9 +54,10 @@ from typing import Protocol
 import msgspec
 
 from services.binder.cluster_client import ClusterClient, NatsClusterClient
-from services.binder.commit import COMMIT_TIMEOUT_S, Capacity, Committer
+from services.binder.commit import COMMIT_TIMEOUT_S, Committer
 from services.binder.fit import ReplicaFit
 from services.binder.kube_client import KubeClusterClient
+from services.binder.ledger import Capacity
 from services.binder.reservations import ReservationSettings
 from services.binder.steps import DEFAULT_ORDER
 from services.binder.volumes import BIND_TIMEOUT_S

@@ -18,7 +18,8 @@ import msgspec
 import pytest
 
 from services.binder.cluster_client import ClusterRefused, NatsClusterClient
-from services.binder.commit import Capacity, Committer, commit_ledger
+from services.binder.commit import Committer
+from services.binder.ledger import Capacity, commit_ledger
 from services.binder.service import run
 from shared.backoff import Backoff
 from shared.bus.connection import Bus, connect

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
-from services.binder.commit import Capacity, Committer, commit_ledger
+from services.binder.commit import Committer
+from services.binder.ledger import Capacity, commit_ledger
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s

@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from services.binder.commit import Committer, LedgerConflict, commit_ledger, rollback, strip_reservations
+from services.binder.commit import Committer
+from services.binder.ledger import LedgerConflict, commit_ledger, rollback, strip_reservations
 from services.binder.leftovers import Leftovers, unclaimed_reservations
 from shared.bus.connection import Bus
 from shared.bus.kv import KvStore

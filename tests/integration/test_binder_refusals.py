@@ -23,8 +23,9 @@ import msgspec
 import pytest
 
 from services.binder.cluster_client import ClusterRefused
-from services.binder.commit import Committer, commit_ledger
+from services.binder.commit import Committer
 from services.binder.kube_client import KubeClusterClient
+from services.binder.ledger import commit_ledger
 from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.contracts import subjects as s

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from services.binder.commit import Committer, Owner, commit_ledger
+from services.binder.commit import Committer
+from services.binder.ledger import Owner, commit_ledger
 from services.state.kube_source import KubeOwner
 from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.replica import StateReplica

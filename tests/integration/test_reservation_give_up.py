@@ -21,7 +21,8 @@ import msgspec
 import pytest
 
 from services.binder.cluster_client import ClusterRefused
-from services.binder.commit import Committer, commit_ledger
+from services.binder.commit import Committer
+from services.binder.ledger import commit_ledger
 from services.binder.recovery_binds import RecoveryBinds
 from services.binder.reservations import ReservationFailed
 from shared.bus.connection import Bus

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.binder.commit import device_clash, reservation_of
+from services.binder.ledger import device_clash, reservation_of
 from shared.contracts.messages import Binding, NodeLedger
 from shared.core.dra_accounting import claim_gpus
 from shared.core.result import ClaimAllocation

@@ -2,7 +2,7 @@
 replicas (issue 30).
 
 A binder reserves the devices a pod's claims were allocated in the node's ledger, in the same
-compare-and-set as the rest of the pod (`Reservation.devices`, `services.binder.commit.reservation_of`);
+compare-and-set as the rest of the pod (`Reservation.devices`, `services.binder.ledger.reservation_of`);
 a node whose ledger already holds one of them for another claim is a conflict, whatever its revision
 (`device_clash`). The replicas hand those holds to the core as `Dra.held` until the claims' status shows
 them, and the core never gives a held device to another claim (`shared.core.dra`).
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.binder.commit import (
+from services.binder.device_clash import DeviceClash
+from services.binder.ledger import (
     Capacity,
-    DeviceClash,
     LedgerConflict,
     commit_ledger,
     device_clash,

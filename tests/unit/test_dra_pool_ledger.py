@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.binder import pool_ledger
-from services.binder.commit import LedgerConflict, commit_ledger, rollback
+from services.binder.ledger import LedgerConflict, commit_ledger, rollback
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEDGER_RECORDS, Binding, PodClaim, PoolLedger, Proposal, encode
 from shared.core.result import ClaimAllocation
