@@ -22,8 +22,8 @@ keeps it so)::
     |   +-- DeviceAccessRefused  a pod sets NVIDIA_VISIBLE_DEVICES where blocked (services.state.device_access)
     +-- ConfigError              a configuration value is missing, unknown or out of range
     +-- ConflictError            a compare-and-set found another revision than the one read
-    |   +-- LedgerConflict       a proposal's claims or reservations lost (services.binder.commit)
-    |   +-- DeviceConflict       a DRA device already held for another claim (services.binder.commit)
+    |   +-- LedgerConflict       a proposal's claims or reservations lost (services.binder.ledger)
+    |   +-- DeviceConflict       a DRA device already held for another claim (services.binder.ledger)
     |   +-- PoolConflict         a cluster-wide pool's device already held (services.binder.pool_ledger)
     +-- MalformedMessage         a payload does not decode as its subject's message: names subject, problem
     +-- TemporaryError           worth retrying later (the bus shell naks with `delay`)

@@ -170,7 +170,7 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     proposal: str = ""
     devices: tuple[ClaimHold, ...] = ()
     """The DRA devices its claims were allocated (`Binding.claims` that name devices), per claim: two
-    claims never hold one device in a node's ledger (`services.binder.commit`), and a reader counts them
+    claims never hold one device in a node's ledger (`services.binder.ledger`), and a reader counts them
     as taken until the claim's status shows them (`Dra.held`)."""
 
 

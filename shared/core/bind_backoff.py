@@ -3,7 +3,7 @@ failure in a row, not decided for again every cycle.
 
 Who calls it: the session, once when it opens (`hold`), marks the jobs still inside their back-off, which
 `Session.in_focus` then leaves out of every action (neither placed nor evicting for); the binder
-(`services.binder.commit`) records each failure with `recorded`. Pure: the time is a value (the session's
+(`services.binder.report`) records each failure with `recorded`. Pure: the time is a value (the session's
 `now`, the binder's clock reading), never read here.
 
 The record travels as the other podgroup stamps do (binder -> `PodGroupStamps` -> state service -> the
