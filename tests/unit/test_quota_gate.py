@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.queue.dispatcher import admission_changed, plan_cycle
+from services.queue.planning import admission_changed, plan_cycle
 from services.state import gate_patches
 from services.state.service import StateOptions
 from shared.contracts.events import PodGroupAdmission
