@@ -1,12 +1,13 @@
 """The SchedulingShard a Kairos shard serves, as its KV record (`services.state.shards`), and the queue
-leader's policy from that record (`services.queue.dispatcher.shard_policy`)."""
+leader's policy from that record (`services.queue.planning.shard_policy`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from services.queue.dispatcher import ALL_ACTIONS, shard_policy
+from services.queue.batching import ALL_ACTIONS
+from services.queue.planning import shard_policy
 from services.state.problems import INVALID_SCHEDULING_SHARD, Problem
 from services.state.shards import read_shard, read_shards, seen
 from shared.contracts import subjects as s
