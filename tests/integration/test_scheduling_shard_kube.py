@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from services.queue.dispatcher import ALL_ACTIONS, Dispatcher, QueueSettings
+from services.queue.batching import ALL_ACTIONS
+from services.queue.dispatcher import Dispatcher
+from services.queue.settings import QueueSettings
 from services.state.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
