@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from services.queue.dispatcher import plan_cycle
+from services.queue.planning import plan_cycle
 from services.queue.usage import UsageKeeper
 from shared.bus.connection import Bus, connect
 from shared.bus.kv import KvStore
