@@ -23,11 +23,12 @@ from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.kube import translate, wire
 from shared.kube.effective_requests import effective_requests
-from shared.model import Node, Queue, QueueResource, Snapshot
+from shared.model import Node, Snapshot
+from tests import builders
+from tests.builders import GIB
 from tests.unit.test_kube_translate import pod, pod_doc, podgroup, podgroup_doc
 from tools.kubesim.scheduler import pod_requests as kubesim_requests
 
-GI = 2**30
 SIDECAR = {"restartPolicy": "Always"}
 
 
@@ -100,7 +101,7 @@ def test_each_resource_peaks_on_its_own() -> None:
     # CPU peaks while running (app + sidecar), memory during the init that runs beside the sidecar.
     body = doc([c("app", "2", "1Gi")], [c("proxy", "500m", "1Gi", **SIDECAR), c("load", "1", "8Gi")])
     requests = translate.pod_requests(pod(body))
-    assert (requests.cpu_millis, requests.memory_bytes) == (2500, 9 * GI)
+    assert (requests.cpu_millis, requests.memory_bytes) == (2500, 9 * GIB)
 
 
 def test_the_overhead_comes_on_top_of_the_sidecars() -> None:
@@ -121,25 +122,20 @@ def test_a_sidecar_with_a_limit_only_asks_for_it() -> None:
 
 # --- what it changes for placement -----------------------------------------------------------------------
 def two_cpu_node() -> Node:
-    return Node(name="n1", cpu_millis=2000, memory_bytes=64 * GI, gpus=0, max_pods=110)
+    return builders.node("n1", 0, cpu_millis=2000, memory_bytes=64 * GIB)
 
 
 def istio_pods(count: int) -> Snapshot:
-    queues = (
-        Queue(name="root", gpu=QueueResource(-1, 1, -1), cpu=QueueResource(-1, 1, -1)),
-        Queue(name="team-a", parent="root", gpu=QueueResource(-1, 1, -1), cpu=QueueResource(-1, 1, -1)),
-    )
-    pods, groups = [], []
+    workloads: list[builders.Workload] = []
     for i in range(count):
         body = doc([c("app", "1")], [c("istio-proxy", "500m", **SIDECAR)])
         body["metadata"] |= {"name": f"web-{i}", "uid": f"uid-{i}"}
         body["metadata"]["annotations"]["pod-group-name"] = f"pg-{i}"
         body["metadata"]["labels"] = {"kai.scheduler/queue": "team-a"}
-        pods.append(translate.pod_of(pod(body)))
         group = podgroup_doc(queue="team-a", minMember=1)
         group["metadata"] |= {"name": f"pg-{i}", "uid": f"pg-uid-{i}"}
-        groups.append(podgroup(group))
-    return Snapshot(nodes=(two_cpu_node(),), pods=tuple(pods), podgroups=tuple(groups), queues=queues)
+        workloads.append((podgroup(group), [translate.pod_of(pod(body))]))
+    return builders.snapshot([two_cpu_node()], *workloads, queues=builders.team_queues("team-a", root="root"))
 
 
 def test_a_two_cpu_node_takes_one_istio_pod_not_two() -> None:
@@ -155,7 +151,7 @@ def test_a_two_cpu_node_takes_one_istio_pod_not_two() -> None:
 # --- the same rule in kubesim's default scheduler and in scaling pods ------------------------------------
 def test_kubesims_default_scheduler_counts_sidecars_too() -> None:
     body = doc([c("app", "1", "1Gi")], [c("proxy", "500m", "256Mi", **SIDECAR), c("init", "2")])
-    assert kubesim_requests(body) == {"cpu": Fraction(5, 2), "memory": Fraction(GI + GI // 4)}
+    assert kubesim_requests(body) == {"cpu": Fraction(5, 2), "memory": Fraction(GIB + GIB // 4)}
 
 
 def test_a_scaling_pod_asks_for_what_the_pod_with_its_sidecar_needs() -> None:

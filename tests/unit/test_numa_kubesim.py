@@ -13,6 +13,8 @@ import pytest
 from shared.kube.numa import decode_topology, node_numa_of
 from shared.model import Node
 from shared.model.numa import NodeNuma, NumaZone, TopologyPolicy
+from tests import builders
+from tests.builders import GIB
 from tests.unit.kubesim_support import Clock
 from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
@@ -84,7 +86,7 @@ def available_gpus(cluster: Cluster, node: str) -> list[float]:
 
 
 def _node_model(name: str) -> Node:
-    return Node(name=name, cpu_millis=32_000, memory_bytes=128 * 2.0**30, gpus=2)
+    return builders.node(name, 2, cpu_millis=32_000, memory_bytes=128 * GIB)
 
 
 def test_a_node_with_zones_in_its_cluster_file_gets_its_node_resource_topology(cluster: Cluster) -> None:

@@ -22,8 +22,9 @@ from shared.explain import Facts, explain
 from shared.kube import keys, translate, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
-from shared.model.builders import flat_queues, gang, gpu_nodes
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, stuck_in_releasing
+from tests import builders
+from tests.builders import flat_queues, gang, gpu_nodes
 
 NOW = 100_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -123,12 +124,7 @@ def _holder(status: PodStatus, deleted_ago: float | None, queue: str = "team") -
 
 
 def _cluster(*groups: tuple[PodGroup, list[Pod]], queues: tuple[str, ...] = ("team",)) -> Snapshot:
-    return Snapshot(
-        nodes=tuple(gpu_nodes(1, gpus=1)),
-        queues=tuple(flat_queues(queues)),
-        podgroups=tuple(pg for pg, _ in groups),
-        pods=tuple(p for _, pods in groups for p in pods),
-    )
+    return builders.snapshot(gpu_nodes(1, gpus=1), *groups, queues=flat_queues(queues))
 
 
 def _waiting(queue: str = "team", priority: int = 50) -> tuple[PodGroup, list[Pod]]:
