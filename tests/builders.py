@@ -151,21 +151,27 @@ def pod_manifest(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     requests: Mapping[str, str] | None = None,
+    limits: Mapping[str, str] | None = None,
+    owners: Sequence[Mapping[str, Any]] = (),
     scheduler: str = "kai-scheduler",
     image: str = "x",
     **spec: Any,
 ) -> Obj:
-    """A v1 Pod for `scheduler` with one container `main` of `image` asking for `requests` (none by
-    default), bound to `node` when given; `spec` adds fields of its spec (``volumes=``,
-    ``resourceClaims=``...). Labels and annotations are left out when not given."""
+    """A v1 Pod for `scheduler` with one container `main` of `image` asking for `requests` and limited to
+    `limits` (none by default), owned by `owners` (owner references), bound to `node` when given; `spec`
+    adds fields of its spec (``volumes=``, ``resourceClaims=``...). Labels, annotations, requests, limits
+    and owners are left out when not given."""
     container: Obj = {"name": "main", "image": image}
-    if requests:
-        container["resources"] = {"requests": dict(requests)}
+    resources = {"requests": dict(requests or {}), "limits": dict(limits or {})}
+    if any(resources.values()):
+        container["resources"] = {kind: values for kind, values in resources.items() if values}
     metadata: Obj = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = dict(labels)
     if annotations:
         metadata["annotations"] = dict(annotations)
+    if owners:
+        metadata["ownerReferences"] = [dict(owner) for owner in owners]
     body: Obj = {"schedulerName": scheduler, "containers": [container], **spec}
     if node:
         body["nodeName"] = node
