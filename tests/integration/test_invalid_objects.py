@@ -25,10 +25,11 @@ from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import WHY_REPLIES, PodRecord, WhyRequest, encode
+from shared.kube import keys
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 from tests.admitted_pods import admitted
-from tests.builders import podgroup_manifest, queue_manifest
+from tests.builders import pod_manifest, podgroup_manifest, queue_manifest
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim
@@ -85,21 +86,13 @@ def podgroup(name: str, min_member: int, queue_name: str = "default-queue") -> d
 
 
 def pod(name: str, group: str, annotations: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:
-    limits = {"cpu": "1"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"kai.scheduler/queue": "default-queue"},
-            "annotations": {"pod-group-name": group} | (annotations or {}),
-        },
-        "spec": {
-            "schedulerName": "kai-scheduler",
-            "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
-        },
-    }
+    limits = {"cpu": "1"} | ({keys.NVIDIA_GPU: str(gpus)} if gpus else {})
+    return pod_manifest(
+        name,
+        labels={keys.QUEUE_LABEL: "default-queue"},
+        annotations={keys.PODGROUP_ANNOTATION: group} | (annotations or {}),
+        limits=limits,
+    )
 
 
 async def create_queue(kube: Kube, body: dict[str, Any]) -> None:

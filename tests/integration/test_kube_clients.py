@@ -25,9 +25,11 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.messages import Binding, EvictionOrder, NamespaceRecord, PodRecord
+from shared.kube import keys
 from shared.kubeapi.client import Kube, connect
 from shared.kubeapi.informer import Expired, Informer
 from shared.model import Node
+from tests.builders import pod_manifest
 from tests.integration.kube_session import kube_client, kubesim
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
@@ -52,27 +54,9 @@ async def kube(sim: KubeSim, tmp_path: Path) -> AsyncIterator[Kube]:
         yield client
 
 
-def pod_manifest(
-    name: str, *, group: str | None = None, owner: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "default",
-        "labels": {"kai.scheduler/queue": "default-queue"},
-    }
-    if group:
-        meta["annotations"] = {"pod-group-name": group}
-    if owner:
-        meta["ownerReferences"] = [owner]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "schedulerName": "kai-scheduler",
-            "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        },
-    }
+def gpu_pod(name: str) -> dict[str, Any]:
+    """A one-GPU pod in `default-queue`, in no podgroup (the pod-grouper makes one)."""
+    return pod_manifest(name, labels={keys.QUEUE_LABEL: "default-queue"}, limits={keys.NVIDIA_GPU: "1"})
 
 
 async def create_pod(kube: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +76,7 @@ def binding(name: str, node: str, groups: tuple[str, ...] = ()) -> Binding:
 
 
 async def test_a_bind_sets_the_node_and_records_the_gpu_groups(kube: Kube) -> None:
-    await create_pod(kube, pod_manifest("p"))
+    await create_pod(kube, gpu_pod("p"))
     client = KubeClusterClient(kube)
     await client.bind(binding("p", "n1", ("n1-gpu0",)))
     pod = await read_pod(kube, "p")
@@ -101,7 +85,7 @@ async def test_a_bind_sets_the_node_and_records_the_gpu_groups(kube: Kube) -> No
 
 
 async def test_binding_again_to_the_same_node_is_accepted_and_elsewhere_refused(kube: Kube) -> None:
-    await create_pod(kube, pod_manifest("p"))
+    await create_pod(kube, gpu_pod("p"))
     client = KubeClusterClient(kube)
     await client.bind(binding("p", "n1"))
     await client.bind(binding("p", "n1"))  # a redelivered proposal: already done
@@ -117,7 +101,7 @@ async def test_binding_a_pod_that_does_not_exist_is_refused(kube: Kube) -> None:
 
 
 async def test_an_eviction_deletes_the_pod_and_a_repeat_is_accepted(kube: Kube, sim: KubeSim) -> None:
-    await create_pod(kube, pod_manifest("victim"))
+    await create_pod(kube, gpu_pod("victim"))
     client = KubeClusterClient(kube)
     await client.bind(binding("victim", "n0"))
     order = EvictionOrder(
@@ -132,7 +116,7 @@ async def test_an_eviction_deletes_the_pod_and_a_repeat_is_accepted(kube: Kube, 
 
 
 async def test_the_informer_lists_then_watches(kube: Kube) -> None:
-    await create_pod(kube, pod_manifest("before"))
+    await create_pod(kube, gpu_pod("before"))
     listed: list[list[str]] = []
     changes: list[tuple[str, str]] = []
     seen = asyncio.Event()
@@ -149,7 +133,7 @@ async def test_the_informer_lists_then_watches(kube: Kube) -> None:
     task = asyncio.create_task(informer.run())
     try:
         await asyncio.wait_for(informer.synced.wait(), 10)
-        await create_pod(kube, pod_manifest("after"))
+        await create_pod(kube, gpu_pod("after"))
         await kube.call("delete", kube.core.delete_namespaced_pod, "before", "default")
         await asyncio.wait_for(seen.wait(), 10)
     finally:
@@ -183,7 +167,7 @@ async def test_the_informer_lists_again_when_its_history_is_gone(tmp_path: Path)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         for i in range(5):  # more changes than the history keeps, while nobody watches
-            await create_pod(kube, pod_manifest(f"p{i}"))
+            await create_pod(kube, gpu_pod(f"p{i}"))
         second = asyncio.create_task(informer._watch(5))  # resume from the stale resourceVersion
         with pytest.raises(Expired):
             await asyncio.wait_for(second, 10)
@@ -206,7 +190,7 @@ async def test_the_state_service_mirrors_the_cluster_into_kv(bus: Bus, sim: Kube
     owner = KubeOwner(ctx, replica, str(tmp_path / "kubeconfig"), KubeSourceOptions(debounce=0.01))
     try:
         await owner.start()
-        await create_pod(kube, pod_manifest("loose"))  # no podgroup: the pod-grouper makes one
+        await create_pod(kube, gpu_pod("loose"))  # no podgroup: the pod-grouper makes one
 
         async def grouped() -> PodRecord:
             while True:
