@@ -28,7 +28,7 @@ keeps it so)::
     +-- MalformedMessage         a payload does not decode as its subject's message: names subject, problem
     +-- TemporaryError           worth retrying later (the bus shell naks with `delay`)
     |   +-- NoResponders         no service listens on a request's subject (shared.bus.client)
-    |   +-- ReservationFailed    a reservation pod got no device in time, failed or vanished (services.binder.reservations)
+    |   +-- ReservationFailed    a reservation pod got no device in time, failed or vanished (services.binder.gpu_sharing_step)
     +-- FencedError              work from a leader whose lease term was superseded
     |   +-- LeaseLost            a write refused: the writer's lease is not held under its term (shared.bus.fence)
     +-- ApiError                 the Kubernetes API refused a call or could not be reached (shared.kubeapi.client)

@@ -3,7 +3,7 @@
 HAMi-core (``libvgpu.so``, put into GPU-sharing containers by kai-resource-isolator) caps the device memory a
 container's CUDA calls may allocate at its ``CUDA_DEVICE_MEMORY_LIMIT``. With the binder option
 `hami_core_enabled` (KAI's ``binder.plugins.hamicore.enabled``, off by default) a fractional pod's bind
-writes that value into its capabilities ConfigMap beside ``GPU_PORTION`` (`services.binder.reservations`),
+writes that value into its capabilities ConfigMap beside ``GPU_PORTION`` (`services.binder.gpu_sharing_step`),
 once the device, and so the node, is chosen; the state webhook's `hami_core_enabled` has given the
 container the variable from that ConfigMap (`shared.kube.gpu_sharing.memory_limit_patch`).
 

@@ -5,7 +5,7 @@ the NATS client it replaces. A bind is a `pods/binding` POST after the bind step
 (`services.binder.steps`, built once here in `step_order`): by default a binding with volume decisions
 first carries them out (`volumes.VolumeSteps`: a static volume reserved for its claim, or the claim's
 selected-node set), then its resource claims' allocations and reservations (`claims.ClaimSteps`), then,
-for a binding with GPU groups (a fractional pod), GPU sharing's reservation (`reservations.GpuSharing`:
+for a binding with GPU groups (a fractional pod), GPU sharing's reservation (`gpu_sharing_step.GpuSharing`:
 group labels, one reservation pod per shared device, the pod's GPU-sharing ConfigMaps); a refused binding
 undoes them in reverse; an ordinary pod's bind makes no other API call. An eviction is a
 `pods/eviction` POST (the Eviction API, so that disruption budgets are honoured). Both carry the pod's uid
@@ -40,7 +40,7 @@ from typing import Any
 
 from services.binder.claims import ClaimSteps
 from services.binder.cluster_client import ClusterRefused, pod_replaced
-from services.binder.reservations import EVENT_COMPONENT, GpuSharing, ReservationSettings
+from services.binder.gpu_sharing_step import EVENT_COMPONENT, GpuSharing, ReservationSettings
 from services.binder.steps import DEFAULT_ORDER, BindSteps
 from services.binder.volumes import VolumeSteps
 from shared.backoff import Backoff

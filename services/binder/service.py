@@ -26,7 +26,7 @@ With `cluster=kube`, `volume_bind_timeout` (s a bind waits for its pod's WaitFor
 bound, as decided, before it is refused and the pod goes back to the scheduler, 120 as KAI's volumebinding
 binder plugin; `services.binder.volumes`).
 
-GPU sharing with `cluster=kube` (`services.binder.reservations`): `reservation_image` (the reservation pods'
+GPU sharing with `cluster=kube` (`services.binder.gpu_sharing_step`): `reservation_image` (the reservation pods'
 image, `kairos`), `reservation_command` (its command, split on spaces, `python -m
 services.gpu_agent.reservation`), `reservation_service_account` (`kairos-reservation`),
 `reservation_runtime_class` (empty: the node's default), `reservation_timeout` (s a reservation pod may take
@@ -56,9 +56,9 @@ import msgspec
 from services.binder.cluster_client import ClusterClient, NatsClusterClient
 from services.binder.commit import COMMIT_TIMEOUT_S, Committer
 from services.binder.fit import ReplicaFit
+from services.binder.gpu_sharing_step import ReservationSettings
 from services.binder.kube_client import KubeClusterClient
 from services.binder.ledger import Capacity
-from services.binder.reservations import ReservationSettings
 from services.binder.steps import DEFAULT_ORDER
 from services.binder.volumes import BIND_TIMEOUT_S
 from shared.backoff import Backoff

@@ -10,7 +10,7 @@ binder plugins, whose default priorities 300, 200, 100 run them in this order):
    claim's selected-node set);
 2. ``dynamicresources``: `services.binder.claims.ClaimSteps` (resource claims allocated and reserved for
    the pod);
-3. ``gpusharing``: `services.binder.reservations.GpuSharing` (the pod labelled as a sharer, a reservation
+3. ``gpusharing``: `services.binder.gpu_sharing_step.GpuSharing` (the pod labelled as a sharer, a reservation
    pod per shared device, its GPU-sharing ConfigMaps).
 
 A new step is a class with the three methods and a `name`, and one entry in the steps the client builds.

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from services.binder.cluster_client import ClusterRefused
+from services.binder.gpu_sharing_step import ReservationFailed, ReservationSettings
 from services.binder.kube_client import KubeClusterClient
-from services.binder.reservations import ReservationFailed, ReservationSettings
 from shared.backoff import Backoff
 from shared.contracts.messages import Binding
 from shared.kube import gpu_sharing as gs

@@ -22,9 +22,9 @@ import pytest
 
 from services.binder.cluster_client import ClusterRefused
 from services.binder.commit import Committer
+from services.binder.gpu_sharing_step import ReservationFailed
 from services.binder.ledger import commit_ledger
 from services.binder.recovery_binds import RecoveryBinds
-from services.binder.reservations import ReservationFailed
 from shared.bus.connection import Bus
 from shared.bus.kv import Entry
 from shared.contracts import subjects as s

@@ -1,4 +1,4 @@
-"""The binder's GPU-sharing decisions as values (`services.binder.sharing`) and its `reservation_*` options:
+"""The binder's GPU-sharing decisions as values (`services.binder.gpu_sharing_plan`) and its `reservation_*` options:
 a sharer's patch, the share of each device, the capabilities ConfigMap's data, what a sync repairs, the
 Events' words."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.binder import sharing
+from services.binder import gpu_sharing_plan
 from services.binder.service import parse_options
 from shared.errors import ConfigError
 from shared.kube import gpu_sharing as gs
@@ -88,20 +88,20 @@ def reservation(node: str, group: str, device: str | None = "GPU-1") -> wire.Pod
 def test_a_sharer_is_labelled_and_annotated_in_one_patch(
     before: dict[str, str], groups: list[str], labels: dict[str, Any]
 ) -> None:
-    patch = sharing.sharer_patch(before, groups)
+    patch = gpu_sharing_plan.sharer_patch(before, groups)
     assert patch == {
         "metadata": {"labels": labels, "annotations": {"kairos.io/gpu-groups": ",".join(groups)}}
     }
 
 
 def test_a_sharers_groups_come_from_the_binders_annotation_else_from_kais_labels() -> None:
-    assert sharing.groups_of_sharer(pod(groups="g2,g1").metadata) == ["g2", "g1"]
+    assert gpu_sharing_plan.groups_of_sharer(pod(groups="g2,g1").metadata) == ["g2", "g1"]
     labelled = pod(groups=None, labels={"runai-gpu-group": "g9"})
-    assert sharing.groups_of_sharer(labelled.metadata) == ["g9"]
+    assert gpu_sharing_plan.groups_of_sharer(labelled.metadata) == ["g9"]
 
 
 def test_touching_a_reservation_names_the_sharer_and_the_time() -> None:
-    assert sharing.touch_patch("default/a", 12.5) == {
+    assert gpu_sharing_plan.touch_patch("default/a", 12.5) == {
         "metadata": {"annotations": {"kairos.io/last-sharer": "default/a@12.500000"}}
     }
 
@@ -114,7 +114,7 @@ def test_touching_a_reservation_names_the_sharer_and_the_time() -> None:
 def test_the_share_of_each_device_is_the_bindings_gpus_over_its_devices(
     gpus: float, devices: int, share: float | None
 ) -> None:
-    assert sharing.share_per_device(gpus, devices) == share
+    assert gpu_sharing_plan.share_per_device(gpus, devices) == share
 
 
 @pytest.mark.parametrize(
@@ -133,11 +133,11 @@ def test_the_share_of_each_device_is_the_bindings_gpus_over_its_devices(
 def test_without_it_the_pods_annotations_give_the_share(
     annotations: dict[str, str], memory: int | None, share: float | None
 ) -> None:
-    assert sharing.share_from_annotations(annotations, memory) == share
+    assert gpu_sharing_plan.share_from_annotations(annotations, memory) == share
 
 
 def test_the_capabilities_configmap_names_the_devices_in_group_order_and_the_portion() -> None:
-    assert sharing.capabilities_data(["GPU-b", "GPU-a"], 0.5) == {
+    assert gpu_sharing_plan.capabilities_data(["GPU-b", "GPU-a"], 0.5) == {
         "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
         "GPU_PORTION": "0.50",
         "RUNAI_NUM_OF_GPUS": "0.50",
@@ -150,7 +150,7 @@ DIRECT_ENV = ("default", "a-abc2def-shared-gpu-0-evar")
 
 
 def test_a_bound_sharer_with_everything_in_place_needs_no_repair() -> None:
-    plan = sharing.plan_repairs([pod()], [reservation("n0", "g1")], {CAPABILITIES, DIRECT_ENV})
+    plan = gpu_sharing_plan.plan_repairs([pod()], [reservation("n0", "g1")], {CAPABILITIES, DIRECT_ENV})
     assert plan.reservations == {}
     assert plan.configmaps == []
     assert plan.devices == {("n0", "g1"): "GPU-1"}
@@ -159,7 +159,7 @@ def test_a_bound_sharer_with_everything_in_place_needs_no_repair() -> None:
 
 def test_missing_reservations_are_grouped_by_node_and_group_with_their_sharers() -> None:
     sharers = [pod("a"), pod("b", prefix=None), pod("c", groups="g1,g2")]
-    plan = sharing.plan_repairs(sharers, [reservation("n0", "g2")], {CAPABILITIES, DIRECT_ENV})
+    plan = gpu_sharing_plan.plan_repairs(sharers, [reservation("n0", "g2")], {CAPABILITIES, DIRECT_ENV})
     assert {key: [s.name for s in members] for key, members in plan.reservations.items()} == {
         ("n0", "g1"): ["default/a", "default/b", "default/c"]
     }
@@ -167,11 +167,11 @@ def test_missing_reservations_are_grouped_by_node_and_group_with_their_sharers()
 
 
 def test_missing_configmaps_are_named() -> None:
-    plan = sharing.plan_repairs([pod()], [reservation("n0", "g1")], {CAPABILITIES})
+    plan = gpu_sharing_plan.plan_repairs([pod()], [reservation("n0", "g1")], {CAPABILITIES})
     assert [(m.sharer.name, m.name, m.capabilities) for m in plan.configmaps] == [
         ("default/a", "a-abc2def-shared-gpu-0-evar", False)
     ]
-    without_prefix = sharing.plan_repairs([pod(prefix=None)], [reservation("n0", "g1")], set())
+    without_prefix = gpu_sharing_plan.plan_repairs([pod(prefix=None)], [reservation("n0", "g1")], set())
     assert without_prefix.configmaps == []
 
 
@@ -187,14 +187,14 @@ def test_missing_configmaps_are_named() -> None:
     ids=["not bound", "succeeded", "failed", "being deleted", "no group"],
 )
 def test_only_live_bound_sharers_are_repaired(sharer: wire.Pod) -> None:
-    plan = sharing.plan_repairs([sharer], [], set())
+    plan = gpu_sharing_plan.plan_repairs([sharer], [], set())
     assert plan.sharers == []
     assert plan.reservations == {}
     assert plan.configmaps == []
 
 
 def test_groups_this_binder_is_binding_are_left_to_that_bind() -> None:
-    plan = sharing.plan_repairs([pod()], [], set(), busy={"g1"})
+    plan = gpu_sharing_plan.plan_repairs([pod()], [], set(), busy={"g1"})
     assert plan.sharers == []
     assert plan.reservations == {}
 
@@ -210,22 +210,22 @@ def test_a_reservation_being_deleted_counts_as_missing() -> None:
             },
         },
     )
-    assert list(sharing.plan_repairs([pod()], [gone], set()).reservations) == [("n0", "g1")]
+    assert list(gpu_sharing_plan.plan_repairs([pod()], [gone], set()).reservations) == [("n0", "g1")]
 
 
 # --- the Events' words -------------------------------------------------------------------------------------------
 def test_a_recreated_reservation_is_named_and_a_changed_device_explained() -> None:
-    same = sharing.reservation_missing_message("gpu-reservation-1", "GPU-1", "GPU-1")
+    same = gpu_sharing_plan.reservation_missing_message("gpu-reservation-1", "GPU-1", "GPU-1")
     assert "kai-resource-reservation/gpu-reservation-1" in same
     assert "restarted" not in same
-    moved = sharing.reservation_missing_message("gpu-reservation-1", "GPU-1", "GPU-2")
+    moved = gpu_sharing_plan.reservation_missing_message("gpu-reservation-1", "GPU-1", "GPU-2")
     assert "holds GPU-2" in moved
     assert "still uses GPU-1" in moved
     assert "until it is restarted" in moved
 
 
 def test_a_recreated_configmap_is_named() -> None:
-    assert "default/cm-0" in sharing.configmap_missing_message("default", "cm-0")
+    assert "default/cm-0" in gpu_sharing_plan.configmap_missing_message("default", "cm-0")
 
 
 # --- options ---------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import kubernetes_validate
 import pytest
 from celpy import celtypes
 
-from services.binder import sharing
+from services.binder import gpu_sharing_plan
 from services.state import gate_patches
 from services.state.problems import POD_SCHEDULED, Problem, pod_scheduled_patch
 from shared.kube import gpu_sharing as gs
@@ -284,10 +284,10 @@ def test_the_state_service_sets_and_clears_the_pod_scheduled_condition_through_t
 @pytest.mark.parametrize("groups", [["group-1"], ["group-1", "group-2"]])
 def test_the_binder_labels_a_sharer_with_its_gpu_groups(groups: list[str]) -> None:
     old = pod()
-    new = merge_patch(old, sharing.sharer_patch(old["metadata"]["labels"], groups))
+    new = merge_patch(old, gpu_sharing_plan.sharer_patch(old["metadata"]["labels"], groups))
     assert admit(policy(PODS), request(BINDER, "UPDATE", old, new)) == []
     # Bound elsewhere later: the stale group labels go, the new ones come; rolled back: the annotation goes.
-    moved = merge_patch(new, sharing.sharer_patch(new["metadata"]["labels"], ["group-3"]))
+    moved = merge_patch(new, gpu_sharing_plan.sharer_patch(new["metadata"]["labels"], ["group-3"]))
     assert admit(policy(PODS), request(BINDER, "UPDATE", new, moved)) == []
     rolled_back = merge_patch(moved, gpu_groups_patch([]))
     assert admit(policy(PODS), request(BINDER, "UPDATE", moved, rolled_back)) == []
@@ -295,7 +295,7 @@ def test_the_binder_labels_a_sharer_with_its_gpu_groups(groups: list[str]) -> No
 
 def test_the_binder_marks_a_reused_reservation_pod_and_the_reservation_container_writes_its_device() -> None:
     old = reservation_pod()
-    touched = merge_patch(old, sharing.touch_patch("team-a/train-0", 1_800_000_000.0))
+    touched = merge_patch(old, gpu_sharing_plan.touch_patch("team-a/train-0", 1_800_000_000.0))
     assert admit(policy(PODS), request(BINDER, "UPDATE", old, touched)) == []
     device = merge_patch(old, gs.reserved_device_patch(["GPU-0"]))
     assert admit(policy(PODS), request(RESERVATION, "UPDATE", old, device)) == []
@@ -329,7 +329,13 @@ NOT_OURS = "Kairos changes only the pods it schedules"
             ANNOTATIONS_REFUSED,
         ),
         (STATE, ("metadata", "annotations", gs.CONFIGMAP_ANNOTATION), "victim", "", ANNOTATIONS_REFUSED),
-        (RESERVATION, ("metadata", "annotations", sharing.TOUCH_ANNOTATION), "x", "", ANNOTATIONS_REFUSED),
+        (
+            RESERVATION,
+            ("metadata", "annotations", gpu_sharing_plan.TOUCH_ANNOTATION),
+            "x",
+            "",
+            ANNOTATIONS_REFUSED,
+        ),
         # The spec: an image (code in someone else's pod), tolerations, node selection.
         (BINDER, ("spec", "containers", 0, "image"), "registry.example.com/miner:1", "", SPEC_REFUSED),
         (STATE, ("spec", "tolerations"), [{"operator": "Exists"}], "", SPEC_REFUSED),

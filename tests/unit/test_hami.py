@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.binder import hami, sharing
+from services.binder import gpu_sharing_plan, hami
 from services.binder.service import parse_options
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, wire
@@ -41,7 +41,7 @@ def test_the_limit_is_the_devices_memory_times_the_portion_in_whole_mib(
 
 
 def test_the_limit_of_a_gpu_memory_pod_follows_its_rounded_portion() -> None:
-    share = sharing.share_from_annotations({keys.GPU_MEMORY: "4096"}, 15360)
+    share = gpu_sharing_plan.share_from_annotations({keys.GPU_MEMORY: "4096"}, 15360)
     assert share is not None
     assert hami.limit_data("n0", {LABEL: "15360"}, gpu_sharing.gpu_portion(share)) == {
         "CUDA_DEVICE_MEMORY_LIMIT": "4147m"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.binder import sharing
+from services.binder import gpu_sharing_plan
 from services.binder.service import parse_options
 from services.state.foreign import ForeignPods
 from shared.errors import ConfigError
@@ -111,7 +111,7 @@ def test_a_bad_number_of_tries_is_refused_naming_the_option(value: str) -> None:
 
 def test_a_bind_given_up_takes_back_every_label_and_annotation_its_sharer_patch_wrote() -> None:
     labels = {"runai-gpu-group": "old", "team": "x"}
-    assert sharing.unshare_patch(labels, ["g1", "g2"]) == {
+    assert gpu_sharing_plan.unshare_patch(labels, ["g1", "g2"]) == {
         "metadata": {
             "labels": {
                 "runai-gpu-group": None,

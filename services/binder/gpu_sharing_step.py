@@ -3,17 +3,18 @@ them, and a sync in every binder replica takes back what no sharer holds and put
 
 Run as the ``gpusharing`` bind step (`services.binder.steps.BindStep`, the last by default: a bind with GPU
 groups runs `GpuSharing.prepare` after the volume and claim steps, before its ``pods/binding`` POST) and
-by `services.binder.service` (`GpuSharing.run`, next to the recovery scan, with `cluster=kube`). The names and bodies are `shared.kube.gpu_sharing`'s, the decisions
-`services.binder.sharing`'s; this module only calls the API.
+by `services.binder.service` (`GpuSharing.run`, next to the recovery scan, with `cluster=kube`). The names
+and bodies are `shared.kube.gpu_sharing`'s, the decisions `services.binder.gpu_sharing_plan`'s; this module
+only calls the API.
 
 A fractional pod's bind, in this order (each step idempotent, so a binder killed at any point and a second
 binder binding the same pod again end with one reservation per group and the pod bound):
 
 1. GET the pod (annotations, containers, uid, labels).
-2. One merge patch: the group labels and ``kairos.io/gpu-groups`` (`sharing.sharer_patch`). From here on
+2. One merge patch: the group labels and ``kairos.io/gpu-groups`` (`gpu_sharing_plan.sharer_patch`). From here on
    the pod is a live sharer, so no sync anywhere deletes its groups' reservations.
 3. Per group, under a per-(node, group) lock (KAI's group mutex): touch the reservation pod (a merge patch,
-   see `sharing.touch_patch`), or create it when absent (409: another binder just did; reuse it), then
+   see `gpu_sharing_plan.touch_patch`), or create it when absent (409: another binder just did; reuse it), then
    wait for ``run.ai/reserve_for_gpu_index`` by watching that one pod, at most `reservation_timeout`
    seconds. A timeout, a Failed reservation (the kubelet's UnexpectedAdmissionError) or its deletion
    meanwhile deletes it and raises `ReservationFailed`, a `TemporaryError` saying why (after a timeout,
@@ -21,7 +22,7 @@ binder binding the same pod again end with one reservation per group and the pod
    deferred and the recovery scan binds again later. A bind whose reservations failed `attempts` times in
    a row in this binder gives up instead (a device that never comes: an image that cannot be pulled, a
    runtime class the node lacks): a Warning Event ``GPUReservationFailed`` on the pod names the reservation
-   pod and why, the pod's group labels are taken back (`sharing.unshare_patch`, so the sync deletes its
+   pod and why, the pod's group labels are taken back (`gpu_sharing_plan.unshare_patch`, so the sync deletes its
    groups' other reservations), and `ClusterRefused` makes the binder release the pod's claim and
    reservation, so the pod goes back to the scheduler instead of holding the node for ever.
 4. The capabilities ConfigMap (``NVIDIA_VISIBLE_DEVICES``, ``GPU_PORTION``, ``RUNAI_NUM_OF_GPUS``) and the
@@ -64,7 +65,7 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from services.binder import hami, sharing
+from services.binder import gpu_sharing_plan, hami
 from services.binder.cluster_client import ClusterRefused, pod_replaced
 from shared.backoff import Backoff
 from shared.bus.middleware import Counters
@@ -395,7 +396,7 @@ class GpuSharing:
             prefix = pod.metadata.annotations.get(gs.CONFIGMAP_ANNOTATION)
             ref = gs.fraction_container(pod) if prefix else None  # a wrong container name refuses first
             await self._merge_patch_pod(
-                what, binding, sharing.sharer_patch(pod.metadata.labels, binding.gpu_groups)
+                what, binding, gpu_sharing_plan.sharer_patch(pod.metadata.labels, binding.gpu_groups)
             )
             await self.checkpoint("labelled")
             sharer = f"{binding.namespace}/{binding.name}"
@@ -414,17 +415,17 @@ class GpuSharing:
                     "%s has no %s annotation: bound without its ConfigMaps", what, gs.CONFIGMAP_ANNOTATION
                 )
                 return
-            share = sharing.share_per_device(binding.gpus, len(binding.gpu_groups))
+            share = gpu_sharing_plan.share_per_device(binding.gpus, len(binding.gpu_groups))
             if share is None:
                 memory = (
                     await self._device_memory(binding.node)
                     if keys.GPU_MEMORY in pod.metadata.annotations
                     else None
                 )
-                share = sharing.share_from_annotations(pod.metadata.annotations, memory)
+                share = gpu_sharing_plan.share_from_annotations(pod.metadata.annotations, memory)
             if share is None:
                 raise ClusterRefused("bind", binding.pod, "its GPU share cannot be read from its annotations")
-            data = sharing.capabilities_data(devices, share)
+            data = gpu_sharing_plan.capabilities_data(devices, share)
             if self.settings.hami_core:
                 data |= await self._memory_limit(pod, binding.node, data[gs.GPU_PORTION])
             await self._ensure_configmap(pod, gs.capabilities_configmap(prefix, ref), data)
@@ -445,12 +446,12 @@ class GpuSharing:
             return failure
         self.tries.pop(key, None)
         self.counters["reservation_binds_given_up"] += 1
-        message = sharing.reservation_failed_message(binding.node, tries, str(failure))
-        await self._warn(pod, sharing.RESERVATION_FAILED, message)
+        message = gpu_sharing_plan.reservation_failed_message(binding.node, tries, str(failure))
+        await self._warn(pod, gpu_sharing_plan.RESERVATION_FAILED, message)
         try:  # no longer a sharer: its groups' other reservations go with the next sync
             what = f"pod {binding.namespace}/{binding.name}"
             await self._merge_patch_pod(
-                what, binding, sharing.unshare_patch(pod.metadata.labels, binding.gpu_groups)
+                what, binding, gpu_sharing_plan.unshare_patch(pod.metadata.labels, binding.gpu_groups)
             )
         except (ApiError, TemporaryError) as exc:
             log.warning("could not take the GPU-sharing labels off %s: %s", binding.pod, exc)
@@ -475,7 +476,7 @@ class GpuSharing:
                     f"touch {what}",
                     "PATCH",
                     object_path("v1", "Pod", ns, name),
-                    sharing.touch_patch(sharer, self.clock()),
+                    gpu_sharing_plan.touch_patch(sharer, self.clock()),
                     content_type=MERGE_PATCH,
                 )
             except ApiError as exc:
@@ -737,8 +738,8 @@ class GpuSharing:
             self.kube.core.list_config_map_for_all_namespaces,
             label_selector=f"{gs.SHARING_LABEL}=true",
         )
-        configmaps = sharing.decode_configmaps(raw)
-        plan = sharing.plan_repairs(sharers, remaining, configmaps.keys(), busy=set(self.busy))
+        configmaps = gpu_sharing_plan.decode_configmaps(raw)
+        plan = gpu_sharing_plan.plan_repairs(sharers, remaining, configmaps.keys(), busy=set(self.busy))
         recreated = await self._repair_reservations(plan)
         memory: dict[str, int | None] = {}
         for sharer in plan.sharers:
@@ -750,11 +751,11 @@ class GpuSharing:
         self.counters["reservation_syncs"] += 1
         return deleted
 
-    async def _repair_reservations(self, plan: sharing.Repairs) -> dict[tuple[str, str], str]:
+    async def _repair_reservations(self, plan: gpu_sharing_plan.Repairs) -> dict[tuple[str, str], str]:
         """Recreate the missing reservation pods; the devices of those this pass created, by (node, group)."""
         recreated: dict[tuple[str, str], str] = {}
 
-        async def one(node: str, group: str, members: list[sharing.Sharer]) -> None:
+        async def one(node: str, group: str, members: list[gpu_sharing_plan.Sharer]) -> None:
             tolerations = [msgspec.to_builtins(t) for t in members[0].pod.spec.tolerations]
             try:
                 device, created = await self.reserve(
@@ -776,10 +777,10 @@ class GpuSharing:
 
     async def _repair_sharer(
         self,
-        sharer: sharing.Sharer,
-        plan: sharing.Repairs,
+        sharer: gpu_sharing_plan.Sharer,
+        plan: gpu_sharing_plan.Repairs,
         recreated: Mapping[tuple[str, str], str],
-        configmaps: Mapping[tuple[str, str], sharing.ConfigMap],
+        configmaps: Mapping[tuple[str, str], gpu_sharing_plan.ConfigMap],
         memory: dict[str, int | None],
     ) -> None:
         devices = [plan.devices.get((sharer.node, g)) for g in sharer.groups]
@@ -793,8 +794,8 @@ class GpuSharing:
                 name = gs.reservation_pod_name(sharer.node, group)
                 await self._warn(
                     sharer.pod,
-                    sharing.RESERVATION_MISSING,
-                    sharing.reservation_missing_message(name, before, new),
+                    gpu_sharing_plan.RESERVATION_MISSING,
+                    gpu_sharing_plan.reservation_missing_message(name, before, new),
                 )
         if sharer.capabilities is None or sharer.direct_env is None or any(d is None for d in devices):
             return
@@ -802,7 +803,9 @@ class GpuSharing:
         if current is None:
             if sharer.node not in memory and keys.GPU_MEMORY in sharer.pod.metadata.annotations:
                 memory[sharer.node] = await self._device_memory(sharer.node)
-            share = sharing.share_from_annotations(sharer.pod.metadata.annotations, memory.get(sharer.node))
+            share = gpu_sharing_plan.share_from_annotations(
+                sharer.pod.metadata.annotations, memory.get(sharer.node)
+            )
             if share is None:
                 log.warning(
                     "GPU sharing sync: %s: its share cannot be read; %s not recreated",
@@ -810,7 +813,7 @@ class GpuSharing:
                     sharer.capabilities,
                 )
             else:
-                data = sharing.capabilities_data([d for d in devices if d is not None], share)
+                data = gpu_sharing_plan.capabilities_data([d for d in devices if d is not None], share)
                 if self.settings.hami_core:
                     data |= await self._memory_limit(sharer.pod, sharer.node, data[gs.GPU_PORTION])
                 if await self._ensure_configmap(sharer.pod, sharer.capabilities, data):
@@ -827,16 +830,18 @@ class GpuSharing:
                     f"reservation pods of its GPU groups hold {visible}: rewritten; the running container still "
                     f"uses {old} until it is restarted"
                 )
-                await self._warn(sharer.pod, sharing.RESERVATION_MISSING, message)
+                await self._warn(sharer.pod, gpu_sharing_plan.RESERVATION_MISSING, message)
         if (sharer.namespace, sharer.direct_env) not in configmaps and await self._ensure_configmap(
             sharer.pod, sharer.direct_env, {}
         ):
             await self._configmap_recreated(sharer, sharer.direct_env)
 
-    async def _configmap_recreated(self, sharer: sharing.Sharer, name: str) -> None:
+    async def _configmap_recreated(self, sharer: gpu_sharing_plan.Sharer, name: str) -> None:
         self.counters["configmaps_recreated"] += 1
         await self._warn(
-            sharer.pod, sharing.CONFIGMAP_MISSING, sharing.configmap_missing_message(sharer.namespace, name)
+            sharer.pod,
+            gpu_sharing_plan.CONFIGMAP_MISSING,
+            gpu_sharing_plan.configmap_missing_message(sharer.namespace, name),
         )
 
     async def _warn(self, pod: wire.Pod, reason: str, message: str) -> None:

@@ -1,9 +1,12 @@
 """GPU sharing as the binder decides it, as values: a sharer's patch, its ConfigMaps' data, its share of a
 device, and what the reservation sync must repair.
 
-Called by `services.binder.reservations` (the I/O shell: a fractional pod's bind and the periodic sync) and
-by the unit specs. The names, bodies and KAI's rules come from `shared.kube.gpu_sharing`; this module adds
-only the binder's decisions on top of them:
+Called by `services.binder.gpu_sharing_step` (the I/O shell: a fractional pod's bind and the periodic sync)
+and by the unit specs. The names, bodies and KAI's rules come from `shared.kube.gpu_sharing`; this module
+adds only the binder's decisions on top of them. GPU sharing's modules, by what each holds:
+`shared.kube.gpu_sharing` (KAI's names and object bodies, for every component), `shared.core.gpu_sharing`
+(the devices the scheduler gives a fractional pod), this one (the binder's decisions, pure) and
+`services.binder.gpu_sharing_step` (the ``gpusharing`` bind step and the reservation sync: the API calls).
 
 - `sharer_patch`: the one merge patch that makes a pod a live sharer before anything is reserved for it:
   KAI's group labels, Kairos's `SHARING_LABEL`, the ``kairos.io/gpu-groups`` annotation, and ``null`` for
