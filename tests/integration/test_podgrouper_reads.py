@@ -28,6 +28,7 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube import keys, wire
 from shared.kubeapi.client import Kube, connect
+from tests.builders import pod_manifest
 from tests.integration.kubectl_helpers import running_kubesim
 
 pytestmark = pytest.mark.integration
@@ -158,27 +159,23 @@ def pod(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": "default",
-        "labels": {keys.QUEUE_LABEL: "default-queue", **(labels or {})},
-        "annotations": annotations or {},
-    }
-    if owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": owner["apiVersion"],
-                "kind": owner["kind"],
-                "name": owner["metadata"]["name"],
-                "uid": owner["metadata"]["uid"],
-                "controller": True,
-            }
-        ]
+    """A pod in `default-queue` with `labels` and `annotations`, controlled by `owner` when given."""
+    owners = [] if owner is None else [controller(owner)]
+    labels = {keys.QUEUE_LABEL: "default-queue", **(labels or {})}
+    return pod_manifest(
+        name, labels=labels, annotations=annotations, owners=owners, scheduler=keys.SCHEDULER_NAME
+    )
+
+
+def controller(owner: dict[str, Any]) -> dict[str, Any]:
+    """The owner reference that makes `owner` its pod's controller."""
+    meta = owner["metadata"]
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": [{"name": "main", "image": "x"}]},
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
     }
 
 
