@@ -13,18 +13,14 @@ from services.state.service import StateOptions
 from services.state.webhook import DEFAULT_RUNTIME_CLASS, WebhookOptions, runtime_class_patch
 from shared.errors import ConfigError
 from shared.kube import keys, wire
+from tests.builders import pod_manifest
 
 
-def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "team-a", "annotations": dict(annotations or {})},
-        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main"}], **spec},
-    }
+def pod(annotations: dict[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+    """The pod `team-a/p` with `annotations`; `fields` as for `pod_manifest` (``limits=``, spec fields)."""
+    return pod_manifest("p", "team-a", annotations=annotations, **fields)
 
 
-WHOLE_GPU = [{"name": "main", "resources": {"limits": {keys.NVIDIA_GPU: "1"}}}]
 SET = [{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}]
 
 
@@ -40,7 +36,10 @@ SET = [{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}]
             id="the switch names the class",
         ),
         pytest.param(
-            pod(containers=WHOLE_GPU), "nvidia", [], id="a whole-GPU pod is left alone (since KAI v0.16)"
+            pod(limits={keys.NVIDIA_GPU: "1"}),
+            "nvidia",
+            [],
+            id="a whole-GPU pod is left alone (since KAI v0.16)",
         ),
         pytest.param(pod(), "nvidia", [], id="a pod without a GPU is left alone"),
         pytest.param(
