@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from tests.builders import queue_manifest
+
 Manifest = dict[str, Any]
 
 DEFAULT_QUEUE = "default-queue"
@@ -95,15 +97,7 @@ def job(
 
 def queue(name: str, *, gpu_quota: int, parent: str = "default-parent-queue") -> Manifest:
     """A KAI Queue under `parent` deserving `gpu_quota` GPUs, without a limit."""
-    return {
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": {
-            "parentQueue": parent,
-            "resources": {"gpu": {"quota": gpu_quota, "limit": -1, "overQuotaWeight": 1}},
-        },
-    }
+    return queue_manifest(name, parent, gpu_quota=gpu_quota, weight=1)
 
 
 def documents(*objects: Manifest) -> str:
