@@ -594,6 +594,34 @@ async def test_rules_match_operations_resources_and_subresources(hooks: Hooks, h
     assert hooks.requests("/all")[-1]["object"] is None
 
 
+async def test_a_configuration_written_or_deleted_decides_the_very_next_request(
+    hooks: Hooks, http: Api
+) -> None:
+    # kubesim remembers which requests no webhook has a rule for (most writes skip admission); every
+    # write of a configuration must be seen by the next request.
+    only_configmaps = {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"]}
+    config = configuration(
+        "moving",
+        webhook("m.kairos.test", hooks.url + "/m", rules=[{**only_configmaps, "resources": ["configmaps"]}]),
+    )
+    stored = await register(http, config)
+    assert (await http.call("POST", PODS, pod("a")))[0] == 201
+    assert hooks.requests("/m") == []
+
+    changed = {
+        **stored,
+        "webhooks": [{**stored["webhooks"][0], "rules": [{**only_configmaps, "resources": ["pods"]}]}],
+    }
+    status, body = await http.call("PUT", f"{MUTATING}/moving", changed)
+    assert status == 200, body
+    assert (await http.call("POST", PODS, pod("b")))[0] == 201
+    assert [r["name"] for r in hooks.requests("/m")] == ["b"]
+
+    assert (await http.call("DELETE", f"{MUTATING}/moving"))[0] == 200
+    assert (await http.call("POST", PODS, pod("c")))[0] == 201
+    assert [r["name"] for r in hooks.requests("/m")] == ["b"]
+
+
 async def test_configurations_are_defaulted_and_checked(http: Api) -> None:
     stored = await register(http, configuration("d", webhook("d.kairos.test", "http://127.0.0.1:1/x")))
     [hook] = stored["webhooks"]

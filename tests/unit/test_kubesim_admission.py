@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tools.kubesim.admission import Attributes, matching
+from tools.kubesim.admission import Attributes, matching, routed
 from tools.kubesim.resources import Registry, builtin_types
 
 Obj = dict[str, Any]
@@ -58,6 +58,25 @@ def request(
 )
 def test_resources_name_a_resource_or_its_subresources(resources: list[str], sub: str, sent: bool) -> None:
     assert bool(matching([config(rule(resources))], request(sub=sub), {}, mutating=True)) is sent
+    # The server's first question (may this request go anywhere?) answers the same by the rules alone.
+    assert routed([config(rule(resources))], "CREATE", PODS, sub, ()) is sent
+
+
+def test_routing_reads_operations_groups_scope_and_equivalent_versions_but_not_selectors() -> None:
+    assert not routed([config(rule(["pods"], ops=("UPDATE",)))], "CREATE", PODS, "", ())
+    assert routed([config(rule(["pods"], ops=("UPDATE",)))], "UPDATE", PODS, "", ())
+    assert not routed([config(rule(["*"], scope="Cluster"))], "CREATE", PODS, "", ())
+    assert not routed([config(rule(["*"], group="batch"))], "CREATE", PODS, "", ())
+    # A rule for another version of the same resource: matched under matchPolicy Equivalent only.
+    other = [("apps", "v1", "pods")]
+    assert routed([config(rule(["*"], group="apps"))], "CREATE", PODS, "", tuple(other))
+    exact = [config(rule(["*"], group="apps"), matchPolicy="Exact")]
+    assert not routed(exact, "CREATE", PODS, "", tuple(other))
+    # Selectors are left to `matching`: a request they would spare is still routed to it.
+    spared = [config(rule(["*"]), objectSelector={"matchLabels": {"gate": "yes"}})]
+    assert routed(spared, "CREATE", PODS, "", ())
+    assert matching(spared, request(labels={"gate": "no"}), {}, mutating=True) == []
+    assert not routed([], "CREATE", PODS, "", ())
 
 
 def test_operations_groups_and_scope_must_all_match() -> None:

@@ -62,6 +62,7 @@ __all__ = [
     "matching",
     "patched",
     "review",
+    "routed",
     "service_endpoints",
     "service_host",
     "validate_configuration",
@@ -313,16 +314,42 @@ def matching(
     ]
 
 
-def _matches(spec: Obj, attrs: Attributes, namespace_labels: dict[str, str] | None) -> bool:
-    rt = attrs.rt
+def routed(
+    configurations: Iterable[Obj],
+    operation: str,
+    rt: ResourceType,
+    subresource: str,
+    equivalents: tuple[tuple[str, str, str], ...],
+) -> bool:
+    """Whether some webhook of `configurations` has a rule for this operation on this resource: the
+    selectors aside, whether a request like it may have to be sent anywhere (most writes need not)."""
+    return any(
+        _rules_match(spec, operation, rt, subresource, equivalents)
+        for config in configurations
+        for spec in config.get("webhooks") or ()
+    )
+
+
+def _rules_match(
+    spec: Obj,
+    operation: str,
+    rt: ResourceType,
+    subresource: str,
+    equivalents: tuple[tuple[str, str, str], ...],
+) -> bool:
     targets = [(rt.group, rt.version, rt.plural)]
     if spec.get("matchPolicy", "Equivalent") == "Equivalent":
-        targets.extend(attrs.equivalents)
-    if not any(
-        _rule_matches(rule, attrs.operation, group, version, plural, attrs.subresource, rt.namespaced)
+        targets.extend(equivalents)
+    return any(
+        _rule_matches(rule, operation, group, version, plural, subresource, rt.namespaced)
         for rule in spec.get("rules") or ()
         for group, version, plural in targets
-    ):
+    )
+
+
+def _matches(spec: Obj, attrs: Attributes, namespace_labels: dict[str, str] | None) -> bool:
+    rt = attrs.rt
+    if not _rules_match(spec, attrs.operation, rt, attrs.subresource, attrs.equivalents):
         return False
     ns_selector = label_selector_of(spec.get("namespaceSelector") or {})
     if ns_selector:

@@ -451,12 +451,14 @@ class Registry:
     def __init__(self, types: Iterable[ResourceType] = ()) -> None:
         self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
         self._storages: dict[str, ResourceType] | None = None
+        self._equivalents: dict[tuple[str, str, str], tuple[tuple[str, str, str], ...]] = {}
         for rt in types:
             self.add(rt)
 
     def add(self, rt: ResourceType) -> None:
         self._by_gvr[rt.group, rt.version, rt.plural] = rt
         self._storages = None
+        self._equivalents = {}
 
     def remove_crd(self, crd_name: str) -> list[ResourceType]:
         """Forget every type the CRD `crd_name` defined; returns them."""
@@ -464,6 +466,7 @@ class Registry:
         for rt in gone:
             del self._by_gvr[rt.group, rt.version, rt.plural]
         self._storages = None
+        self._equivalents = {}
         return gone
 
     def lookup(self, group: str, version: str, plural: str) -> ResourceType:
@@ -500,6 +503,20 @@ class Registry:
 
     def in_group_version(self, group: str, version: str) -> list[ResourceType]:
         return [rt for rt in self._by_gvr.values() if rt.group == group and rt.version == version]
+
+    def equivalents(self, rt: ResourceType) -> tuple[tuple[str, str, str], ...]:
+        """(group, version, plural) of the other types served from `rt`'s storage (what admission's
+        matchPolicy Equivalent also matches); cached until types change (asked on every write)."""
+        key = (rt.group, rt.version, rt.plural)
+        found = self._equivalents.get(key)
+        if found is None:
+            found = tuple(
+                (t.group, t.version, t.plural)
+                for t in self._by_gvr.values()
+                if t.storage == rt.storage and t is not rt
+            )
+            self._equivalents[key] = found
+        return found
 
     def storages(self) -> dict[str, ResourceType]:
         """One type per storage (its first registered, non-view version); cached until types change."""

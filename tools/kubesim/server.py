@@ -552,7 +552,11 @@ class KubeSim:
             if name is None:
                 obj, _, warnings = await self._write(lambda: cluster.begin_create(rt, ns, body), dry_run)
                 return _warned(_respond(obj, 200 if dry_run else 201), warnings)
-            if sub in ("binding", "eviction") and rt.storage == "pods":
+            if (
+                sub in ("binding", "eviction")
+                and rt.storage == "pods"
+                and self.webhooks.routed("CREATE", rt, sub, cluster.registry.equivalents(rt))
+            ):
                 kind = ("", "v1", "Binding") if sub == "binding" else ("policy", "v1", "Eviction")
                 admitted = await self.webhooks.admit(
                     Attributes(
@@ -643,9 +647,10 @@ class KubeSim:
         cluster = self.cluster
         for _ in range(_ADMISSION_ATTEMPTS):
             write = begin()
-            if not self.webhooks.configured():
-                return (*cluster.finish(write, dry_run=dry_run), [])
             rt = write.rt
+            equivalents = cluster.registry.equivalents(rt)
+            if not self.webhooks.routed(write.operation, rt, write.subresource, equivalents):
+                return (*cluster.finish(write, dry_run=dry_run), [])
             md = write.obj.get("metadata") or {}
             shown = cluster.view(rt, write.obj)
             admitted = await self.webhooks.admit(
@@ -661,11 +666,7 @@ class KubeSim:
                     options=_options(
                         "CreateOptions" if write.operation == "CREATE" else "UpdateOptions", dry_run
                     ),
-                    equivalents=tuple(
-                        (t.group, t.version, t.plural)
-                        for t in cluster.registry
-                        if t.storage == rt.storage and t is not rt
-                    ),
+                    equivalents=equivalents,
                 )
             )
             if admitted.obj is not shown and admitted.obj is not None:
@@ -735,7 +736,8 @@ class KubeSim:
     async def _admit_delete(
         self, rt: ResourceType, ns: str | None, name: str, options: Obj, dry_run: bool
     ) -> list[str]:
-        if not self.webhooks.configured():
+        equivalents = self.cluster.registry.equivalents(rt)
+        if not self.webhooks.routed("DELETE", rt, "", equivalents):
             return []
         existing = self.cluster.find(rt.storage, ns, name)
         if existing is None:

@@ -32,6 +32,7 @@ import msgspec
 
 from tools.kubesim import admission
 from tools.kubesim.admission import MUTATING, VALIDATING, Attributes, Hook, WebhookCallError
+from tools.kubesim.resources import ResourceType
 
 __all__ = ["Admitted", "Webhooks"]
 
@@ -75,10 +76,41 @@ class Webhooks:
         self._ssl: dict[str, ssl.SSLContext] = {}
         self._turn: dict[tuple[str, str, int], int] = {}
         """Per Service and port, how many calls it has had: the endpoint the next one starts at."""
+        self._configurations = (store.storage(MUTATING), store.storage(VALIDATING))
+        self._routes: dict[tuple[Any, ...], bool] = {}
+        """Per (operation, resource, subresource, equivalents), whether some webhook has a rule for it
+        (`routed`); forgotten whenever a webhook configuration is written."""
+        for storage in self._configurations:
+            storage.listeners.append(self._forget_routes)
 
     def configured(self) -> bool:
         """Whether any webhook configuration exists (none: every request skips admission at no cost)."""
-        return any(self._store.storage(key).count for key in (MUTATING, VALIDATING))
+        mutating, validating = self._configurations
+        return bool(mutating.count or validating.count)
+
+    def routed(
+        self,
+        operation: str,
+        rt: ResourceType,
+        subresource: str = "",
+        equivalents: tuple[tuple[str, str, str], ...] = (),
+    ) -> bool:
+        """Whether a request like this may go to some webhook (`admission.routed`, remembered until a
+        configuration changes): when not, the server stores the write without building a review."""
+        mutating, validating = self._configurations
+        if not (mutating.count or validating.count):
+            return False
+        key = (operation, rt.group, rt.version, rt.plural, rt.namespaced, subresource, equivalents)
+        known = self._routes.get(key)
+        if known is None:
+            known = admission.routed(
+                [*mutating.iter(), *validating.iter()], operation, rt, subresource, equivalents
+            )
+            self._routes[key] = known
+        return known
+
+    def _forget_routes(self, _change: Any) -> None:
+        self._routes.clear()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -88,7 +120,7 @@ class Webhooks:
     async def admit(self, attrs: Attributes) -> Admitted:
         """Run the mutating webhooks in order, then the validating ones (concurrently, as the real server);
         returns the admitted object or raises the `ApiError` the request fails with."""
-        if not self.configured():
+        if not self.routed(attrs.operation, attrs.rt, attrs.subresource, attrs.equivalents):
             return Admitted(attrs.obj, [], False)
         ns_labels = self._namespace_labels(attrs)
         warnings: list[str] = []
