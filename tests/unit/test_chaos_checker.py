@@ -7,18 +7,18 @@ from typing import Any
 
 import pytest
 
+from shared.kube import keys
+from tests.builders import node_manifest, pod_manifest, podgroup_manifest, queue_manifest
 from tools.chaos.checker import Observed, OutcomeSeen, Verdict, check, quantity
 
 Obj = dict[str, Any]
 
 
 def node(name: str, gpus: int = 8, cpu: str = "32", memory: str = "256Gi", pods: int = 110) -> Obj:
-    return {
-        "metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": "81920"}},
-        "status": {
-            "allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": str(pods)}
-        },
-    }
+    """A node of 80 GiB devices (the label the checker reads a device's memory from)."""
+    return node_manifest(
+        name, gpus, cpu=cpu, memory=memory, pods=pods, labels={"nvidia.com/gpu.memory": "81920"}
+    )
 
 
 def pod(
@@ -32,44 +32,33 @@ def pod(
     queue: str = "team",
     cpu: str = "1",
 ) -> Obj:
-    annotations = {"pod-group-name": group}
+    """A pod of podgroup `group` in `queue`, running on `node` (pending when None), asking for `cpu`, 1 GiB
+    and `gpus` whole GPUs or a `fraction` of one on the devices `groups`."""
+    annotations = {keys.PODGROUP_ANNOTATION: group}
     if fraction is not None:
-        annotations["gpu-fraction"] = fraction
+        annotations[keys.GPU_FRACTION] = fraction
     if groups is not None:
-        annotations["kairos.io/gpu-groups"] = groups
-    resources: Obj = {"requests": {"cpu": cpu, "memory": "1Gi"}}
-    if gpus:
-        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
-    spec: Obj = {"schedulerName": "kai-scheduler", "containers": [{"name": "c", "resources": resources}]}
-    if node:
-        spec["nodeName"] = node
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "labels": {"kai.scheduler/queue": queue},
-            "annotations": annotations,
-        },
-        "spec": spec,
-        "status": {"phase": "Running" if node else "Pending"},
-    }
+        annotations[keys.GPU_GROUPS_ANNOTATION] = groups
+    manifest = pod_manifest(
+        name,
+        node=node,
+        labels={keys.QUEUE_LABEL: queue},
+        annotations=annotations,
+        requests={"cpu": cpu, "memory": "1Gi"},
+        limits={keys.NVIDIA_GPU: str(gpus)} if gpus else None,
+    )
+    manifest["metadata"]["uid"] = f"uid-{name}"
+    manifest["status"] = {"phase": "Running" if node else "Pending"}
+    return manifest
 
 
 def podgroup(name: str, min_member: int, queue: str = "team", conditions: bool = False) -> Obj:
     status = {"schedulingConditions": [{"type": "UnschedulableOnNodePool"}]} if conditions else {}
-    return {
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"minMember": min_member, "queue": queue},
-        "status": status,
-    }
+    return {**podgroup_manifest(name, min_member, queue), "status": status}
 
 
 def queue(name: str, parent: str = "", gpu_limit: float = -1) -> Obj:
-    spec: Obj = {"resources": {"gpu": {"quota": -1, "limit": gpu_limit}}}
-    if parent:
-        spec["parentQueue"] = parent
-    return {"metadata": {"name": name}, "spec": spec}
+    return queue_manifest(name, parent, gpu_limit=gpu_limit)
 
 
 def bound_everywhere(*pods: Obj) -> dict[str, list[str]]:
