@@ -42,6 +42,7 @@ __all__ = [
     "gpu_nodes",
     "node",
     "node_manifest",
+    "owner_reference",
     "placed",
     "pod_manifest",
     "podgroup_manifest",
@@ -176,6 +177,18 @@ def pod_manifest(
     if node:
         body["nodeName"] = node
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+def owner_reference(owner: Mapping[str, Any]) -> Obj:
+    """The reference that makes the object `owner` (a manifest with its uid) the controller of a pod."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
 
 
 def node_manifest(
