@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 from services.queue.settings import QueueSettings
 from services.queue.shards import QueueShards, shard_lease
@@ -37,39 +38,50 @@ SERVICE = "queue"
 async def body(ctx: ServiceContext) -> None:
     settings = QueueSettings.from_options(ctx.config.options)
     loop = asyncio.get_running_loop()
-    replica = StateReplica(ctx.bus)
-    await replica.start(timeout=30.0)
-    members = Members(
-        ctx.bus.leases, SERVICE, ctx.config.replica, parse_restriction(ctx.config.shard), loop.time
-    )
-    await members.start()
-    shards = QueueShards(ctx, replica, members, settings, QueueMetrics(ctx.metrics), loop.time)
-    # From the outcome stream, not core NATS: an outcome published while this replica's connection (or
-    # nats-server) was away is delivered once it is back; the ordered consumer resumes where it stopped.
-    outcomes = await ctx.bus.follow(s.OUTCOMES_WILDCARD, s.OUTCOME_STREAM, shards.on_outcome_msg)
-    with contextlib.suppress(TimeoutError):
-        # The others' presence first, so this replica does not contend for shards others are preferred for.
-        await asyncio.wait_for(members.synced.wait(), 2.0)
-    await shards.reconcile()
-    ctx.describe = shards.describe
-    ctx.ready = True
-    lag = asyncio.create_task(_watch_loop_lag(ctx))
-    graceful = False
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Torn down in the reverse order of set-up, from whichever step failed. SIGTERM (the shards' loop
+        # returned): every shard handed over now, the presence record deleted. An exception or a
+        # cancellation (a crash stand-in): the leases and the record are left to expire. The callbacks
+        # read `graceful` when they run, at the end.
+        graceful = False
+        replica = StateReplica(ctx.bus)
+        await replica.start(timeout=30.0)
+        stack.push_async_callback(replica.stop)
+        stack.callback(setattr, ctx, "ready", False)
+        members = Members(
+            ctx.bus.leases, SERVICE, ctx.config.replica, parse_restriction(ctx.config.shard), loop.time
+        )
+        await members.start()
+        stack.push_async_callback(lambda: members.stop(leave=graceful))
+        shards = QueueShards(ctx, replica, members, settings, QueueMetrics(ctx.metrics), loop.time)
+        # From the outcome stream, not core NATS: an outcome published while this replica's connection (or
+        # nats-server) was away is delivered once it is back; the ordered consumer resumes where it stopped.
+        outcomes = await ctx.bus.follow(s.OUTCOMES_WILDCARD, s.OUTCOME_STREAM, shards.on_outcome_msg)
+        stack.push_async_callback(_quietly, outcomes.unsubscribe)
+        # Before the outcomes stop: a shard handed over waits for the outcomes of its work in flight.
+        stack.push_async_callback(lambda: shards.stop(graceful))
+        with contextlib.suppress(TimeoutError):
+            # The others' presence first, so this replica does not contend for shards others are preferred for.
+            await asyncio.wait_for(members.synced.wait(), 2.0)
+        await shards.reconcile()
+        ctx.describe = shards.describe
+        ctx.ready = True
+        lag = asyncio.create_task(_watch_loop_lag(ctx))
+        stack.push_async_callback(_cancelled, lag)
         await shards.run(ctx.stopping)
         graceful = True
-    finally:
-        lag.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lag
-        # SIGTERM: hand every shard over now rather than after the TTL. Cancelled (a crash stand-in): let
-        # the leases expire.
-        await shards.stop(graceful)
-        with contextlib.suppress(Exception):
-            await outcomes.unsubscribe()
-        await members.stop(leave=graceful)
-        ctx.ready = False
-        await replica.stop()
+
+
+async def _quietly(stop: Callable[[], Awaitable[object]]) -> None:
+    """`stop()`, its error ignored: the connection it would tidy may be gone already."""
+    with contextlib.suppress(Exception):
+        await stop()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _watch_loop_lag(ctx: ServiceContext, every: float = 0.25) -> None:

@@ -90,7 +90,8 @@ def cooldown(strikes: int, work_timeout: float) -> float:
     first, then one work timeout, two, four, at most `LONGEST_COOLDOWN`."""
     if strikes < 2:
         return 0.0
-    return work_timeout * min(2 ** (strikes - 2), LONGEST_COOLDOWN)
+    doublings: int = min(2 ** (strikes - 2), LONGEST_COOLDOWN)
+    return work_timeout * doublings
 
 
 class Backoff:
