@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from tools.kubesim.compact import Sharer
 from tools.kubesim.objects import clone
 from tools.kubesim.store import Store
@@ -56,3 +59,43 @@ def test_the_store_keeps_what_was_written_even_when_the_caller_changes_its_copy_
     body["spec"]["containers"][0]["image"] = "changed"
     assert store.storage("pods").get("default", "a") is stored
     assert stored["spec"]["containers"][0]["image"] == "busybox"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+def _containers(value: Any) -> list[int]:
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(["spec", "status", "data"]), _json, max_size=3), max_size=6))
+def test_shared_objects_equal_their_originals_and_hold_none_of_the_callers_dicts_or_lists(
+    bodies: list[dict[str, Any]],
+) -> None:
+    sharer = Sharer(budget_bytes=2048)
+    for body in bodies:
+        obj = {"metadata": {"name": "x"}, **body}
+        original = clone(obj)
+        shared = sharer.share(obj)
+        assert shared == original
+        # Anything the caller still holds may change later; the store must not hold it.
+        nonempty = {id(v) for v in _walk(obj) if v}
+        assert nonempty.isdisjoint(_containers(shared))
+
+
+def _walk(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [value, *(x for v in value.values() for x in _walk(v))]
+    if isinstance(value, list):
+        return [value, *(x for v in value for x in _walk(v))]
+    return []

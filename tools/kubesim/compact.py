@@ -53,13 +53,23 @@ class Sharer:
         return out
 
     def part(self, value: Any) -> Any:
-        """The canonical object equal to `value` (a dict or list; anything else is returned as it is)."""
+        """The canonical object equal to `value` (a dict or list; anything else is returned as it is).
+
+        Looked up whole first: a part met before (most of a pod's spec and status) costs one encoding, and
+        only a new part is walked, its children looked up the same way and the new part stored under the
+        key already computed."""
         kind = type(value)
         if (kind is not dict and kind is not list) or not value:
             return value
+        cache = self.cache
         known = self.keys.get(id(value))
-        if known is not None and self.cache.get(known) is value:
+        if known is not None and cache.get(known) is value:
             return value
+        key = _encoder.encode(value)
+        found = cache.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
         part = self.part
         built: Any
         if kind is dict:
@@ -69,17 +79,12 @@ class Sharer:
                 built[k] = part(v) if (child is dict or child is list) else v
         else:
             built = [part(v) if (type(v) is dict or type(v) is list) else v for v in value]
-        key = _encoder.encode(built)
-        found = self.cache.get(key)
-        if found is not None:
-            self.hits += 1
-            return found
-        self.cache[key] = built
+        cache[key] = built
         self.keys[id(built)] = key
         self.used += len(key) + 100
-        while self.used > self.budget and self.cache:
+        while self.used > self.budget and cache:
             # Oldest first: parts still in use stay shared by the objects holding them.
-            old, evicted = self.cache.popitem(last=False)
+            old, evicted = cache.popitem(last=False)
             self.keys.pop(id(evicted), None)
             self.used -= len(old) + 100
         return built
