@@ -211,18 +211,6 @@ def owner_doc(
     }
 
 
-def owner_ref(owner: dict[str, Any]) -> dict[str, Any]:
-    """The controller reference a pod of `owner` carries."""
-    meta = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-    }
-
-
 def podgroup_doc(
     name: str, *, namespace: str = "team-a", queue: str = "team-a", **spec: Any
 ) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube import keys, wire
 from shared.kubeapi.client import Kube, connect
-from tests.builders import pod_manifest
+from tests.builders import owner_reference, pod_manifest
 from tests.integration.kubectl_helpers import running_kubesim
 
 pytestmark = pytest.mark.integration
@@ -160,23 +160,11 @@ def pod(
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod in `default-queue` with `labels` and `annotations`, controlled by `owner` when given."""
-    owners = [] if owner is None else [controller(owner)]
+    owners = [] if owner is None else [owner_reference(owner)]
     labels = {keys.QUEUE_LABEL: "default-queue", **(labels or {})}
     return pod_manifest(
         name, labels=labels, annotations=annotations, owners=owners, scheduler=keys.SCHEDULER_NAME
     )
-
-
-def controller(owner: dict[str, Any]) -> dict[str, Any]:
-    """The owner reference that makes `owner` its pod's controller."""
-    meta = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-    }
 
 
 def annotation(obj: dict[str, Any], key: str) -> str | None:

@@ -30,6 +30,7 @@ from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod
+from tests.builders import owner_reference
 from tests.grouping import group_or_none
 from tests.hostile import (
     HOSTILE_JSON,
@@ -42,7 +43,6 @@ from tests.hostile import (
     POD_LABELS,
     node_doc,
     owner_doc,
-    owner_ref,
     pod_doc,
     podgroup_doc,
     queue_doc,
@@ -98,7 +98,7 @@ def test_a_gpu_memory_of_5000_digits_is_refused_naming_the_pod_and_the_annotatio
 
 def test_a_batch_min_member_of_5000_digits_is_refused_naming_the_job_and_the_annotation() -> None:
     job = owner_doc("batch/v1", "Job", "train", annotations={keys.BATCH_MIN_MEMBER_ANNOTATION: LONG_DIGITS})
-    pod = _pod(pod_doc("train-0", owner=owner_ref(job)))
+    pod = _pod(pod_doc("train-0", owner=owner_reference(job)))
     with pytest.raises(InvalidObject) as caught:
         group_pod(pod, [_owner(job)], priority_classes=CLASSES)
     _assert_names(caught.value, "Job", "team-a/train")
@@ -117,7 +117,7 @@ def test_a_segment_size_of_a_superscript_two_is_refused_naming_the_pytorch_job()
     }
     job = owner_doc("kubeflow.org/v1", "PyTorchJob", "ddp", spec=spec)
     labels = {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "1"}
-    pod = _pod(pod_doc("ddp-worker-1", owner=owner_ref(job), labels=labels))
+    pod = _pod(pod_doc("ddp-worker-1", owner=owner_reference(job), labels=labels))
     with pytest.raises(InvalidObject) as caught:
         group_pod(pod, [_owner(job)], priority_classes=CLASSES)
     _assert_names(caught.value, "PyTorchJob", "team-a/ddp")
@@ -263,7 +263,7 @@ def hostile_owner(draw: st.DrawFn) -> dict[str, Any]:
 def test_a_pod_of_any_owner_is_grouped_or_refused_naming_the_owner_or_the_pod(
     owner: dict[str, Any], labels: dict[str, str]
 ) -> None:
-    pod = _pod(pod_doc("work-0", owner=owner_ref(owner), labels=labels))
+    pod = _pod(pod_doc("work-0", owner=owner_reference(owner), labels=labels))
     try:
         decoded = _owner(owner)
     except InvalidObject:
