@@ -50,6 +50,7 @@ __all__ = [
     "queue_manifest",
     "random_workload",
     "root_queue",
+    "shard_manifest",
     "snapshot",
     "storage_class_manifest",
     "team_queues",
@@ -234,6 +235,17 @@ def podgroup_manifest(
         "kind": "PodGroup",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"minMember": min_member, "queue": queue_name},
+    }
+
+
+def shard_manifest(name: str = "default", **spec: Any) -> Obj:
+    """A kai.scheduler/v1 SchedulingShard `name` whose spec is `spec` (KAI's field names:
+    ``partitionLabelValue=``, ``placementStrategy=``, ``args=``...); an empty spec when none is given."""
+    return {
+        "apiVersion": "kai.scheduler/v1",
+        "kind": "SchedulingShard",
+        "metadata": {"name": name},
+        "spec": spec,
     }
 
 
