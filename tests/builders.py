@@ -238,7 +238,7 @@ def podgroup_manifest(
     }
 
 
-def shard_manifest(name: str = "default", **spec: Any) -> Obj:
+def shard_manifest(name: str = "default", /, **spec: Any) -> Obj:
     """A kai.scheduler/v1 SchedulingShard `name` whose spec is `spec` (KAI's field names:
     ``partitionLabelValue=``, ``placementStrategy=``, ``args=``...); an empty spec when none is given."""
     return {
