@@ -111,14 +111,14 @@ async def world(nats_server: NatsServer, bus: Bus, tmp_path: Path) -> AsyncItera
         yield World(nats_server, observer, bus, kube, kubeconfig, stack)
 
 
-async def until(what: str, check: Callable[[], Awaitable[Any]]) -> Any:
-    deadline = asyncio.get_running_loop().time() + WAIT
+async def until(what: str, check: Callable[[], Awaitable[Any]], within: float = WAIT) -> Any:
+    deadline = asyncio.get_running_loop().time() + within
     while True:
         result = await check()
         if result:
             return result
         if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{what} within {WAIT:.0f} s")
+            pytest.fail(f"{what} within {within:.0f} s")
         await asyncio.sleep(0.02)
 
 
