@@ -22,6 +22,8 @@ from shared.contracts.messages import (
     STATE_RECORDS,
     NodeLedger,
     PodClaim,
+    PodGroupRecord,
+    PodRecord,
     PoolLedger,
     ShardRecord,
     StateRecord,
@@ -31,7 +33,7 @@ from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY
 from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.ledger_view import live_pools, scheduling_view
-from shared.model import Snapshot
+from shared.model import Pod, PodGroup, Snapshot
 from shared.model.gather import snapshot_of
 
 log = logging.getLogger("kairos.replica")
@@ -50,6 +52,11 @@ class StateReplica:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.records: dict[str, StateRecord] = {}
+        self.pods: dict[str, Pod] = {}
+        """Pod key (`Pod.key`) -> the pod of its record in `records`, kept with them (a reader by pod key,
+        such as the binder's recovery scan, builds no index of its own)."""
+        self.podgroups: dict[str, PodGroup] = {}
+        """Podgroup key (`PodGroup.key`) -> the podgroup of its record in `records`, kept with them."""
         self.shards: dict[str, ShardRecord] = {}
         """`shard_key` -> the configuration in force for that shard (`ShardRecord`), kept apart from the
         cluster's objects."""
@@ -104,14 +111,20 @@ class StateReplica:
             if key.startswith(FENCE_KEY_PREFIX):
                 return  # a lease holder's write fence (`shared.bus.fence`), not an object
             if deleted:
-                self.records.pop(key, None)
+                self._unindex(self.records.pop(key, None))
                 self.shards.pop(key, None)
                 return
             try:
                 if key.startswith(SHARD_KEY_PREFIX):
                     self.shards[key] = SHARD_RECORDS.decode(key, value or b"")
                 else:
-                    self.records[key] = STATE_RECORDS.decode(key, value or b"")
+                    record = STATE_RECORDS.decode(key, value or b"")
+                    self._unindex(self.records.get(key))
+                    self.records[key] = record
+                    if isinstance(record, PodRecord):
+                        self.pods[record.pod.key] = record.pod
+                    elif isinstance(record, PodGroupRecord):
+                        self.podgroups[record.podgroup.key] = record.podgroup
             except MalformedMessage as exc:
                 self.malformed += 1
                 log.warning("ignored malformed state record %s: %s", key, exc.problem)
@@ -137,6 +150,12 @@ class StateReplica:
                 self.pools[key] = record
             case PodClaim():
                 self.claims[key] = record
+
+    def _unindex(self, record: StateRecord | None) -> None:
+        if isinstance(record, PodRecord):
+            self.pods.pop(record.pod.key, None)
+        elif isinstance(record, PodGroupRecord):
+            self.podgroups.pop(record.podgroup.key, None)
 
     async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None:
         """Wait until this replica has applied at least the given revisions."""
