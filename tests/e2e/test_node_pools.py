@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shared.kube.keys import NODE_POOL_LABEL, QUEUE_LABEL
+from tests.builders import shard_manifest
 from tests.e2e import manifests
 from tests.e2e.kubectl import apply, kubectl, kubesim_stack, wait_for
 from tools.stack.supervisor import Stack
@@ -46,12 +47,9 @@ def pool_nodes(stack: Stack) -> tuple[set[str], set[str]]:
     labelled, rest = set(nodes[:2]), set(nodes[2:])
     for node in sorted(labelled):
         kubectl(stack, "label", "node", node, f"{NODE_POOL_LABEL}={POOL}")
-    shard = {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": "pool-a"},
-        "spec": {"partitionLabelValue": POOL, "placementStrategy": {"gpu": "spread", "cpu": "spread"}},
-    }
+    shard = shard_manifest(
+        "pool-a", partitionLabelValue=POOL, placementStrategy={"gpu": "spread", "cpu": "spread"}
+    )
     apply(stack, shard, in_pool(manifests.queue("team-a", gpu_quota=16)))
     return labelled, rest
 

@@ -16,6 +16,7 @@ from shared.bus.connection import connect
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEASES, Lease
 from shared.kube.keys import NODE_POOL_LABEL, QUEUE_LABEL
+from tests.builders import shard_manifest
 from tests.e2e import manifests
 from tests.e2e.kubectl import apply, kairos, kubectl, kubesim_stack, wait_for
 from tools.stack.supervisor import Stack
@@ -34,12 +35,9 @@ def in_pool(manifest: dict[str, Any], pool: str, queue: str | None = None) -> di
 
 
 def shard(name: str, strategy: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": name},
-        "spec": {"partitionLabelValue": name, "placementStrategy": {"gpu": strategy, "cpu": strategy}},
-    }
+    return shard_manifest(
+        name, partitionLabelValue=name, placementStrategy={"gpu": strategy, "cpu": strategy}
+    )
 
 
 @pytest.fixture(scope="module")

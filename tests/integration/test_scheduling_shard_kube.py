@@ -26,6 +26,7 @@ from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube, connect
 from shared.model import Node
 from shared.model.builders import gpu_nodes
+from tests.builders import shard_manifest
 from tests.integration.test_invalid_objects import REPO, events, eventually
 from tools.kubesim.cluster import SimOptions
 from tools.kubesim.server import KubeSim
@@ -34,12 +35,7 @@ pytestmark = pytest.mark.integration
 
 
 def shard(spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": "default"},
-        "spec": spec,
-    }
+    return shard_manifest(**spec)
 
 
 @contextlib.asynccontextmanager

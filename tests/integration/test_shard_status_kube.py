@@ -18,6 +18,7 @@ from shared.bus.lease import LeaseKeeper
 from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.model.builders import gpu_nodes
+from tests.builders import shard_manifest
 from tests.integration.test_invalid_objects import events, eventually
 from tests.integration.test_scheduling_shard_kube import state_owner
 
@@ -25,12 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def shard(name: str, value: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": name},
-        "spec": {"partitionLabelValue": value},
-    }
+    return shard_manifest(name, partitionLabelValue=value)
 
 
 async def served(kube: Kube, name: str) -> dict[str, Any] | None:

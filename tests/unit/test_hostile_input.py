@@ -30,7 +30,7 @@ from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod
-from tests.builders import owner_reference
+from tests.builders import owner_reference, shard_manifest
 from tests.grouping import group_or_none
 from tests.hostile import (
     HOSTILE_JSON,
@@ -225,12 +225,7 @@ def hostile_shard(draw: st.DrawFn) -> dict[str, Any]:
     )
     spec["plugins"] = {"proportion": {"arguments": arguments}}
     spec["kValue"] = draw(st.one_of(st.none(), st.floats(allow_nan=False), st.integers(-(2**63), 2**63 - 1)))
-    return {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": "s"},
-        "spec": spec,
-    }
+    return shard_manifest("s", **spec)
 
 
 @given(doc=hostile_shard())

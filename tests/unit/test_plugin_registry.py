@@ -28,7 +28,7 @@ from shared.kube import wire
 from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import PodStatus
 from shared.plugin_loader import extra_plugins, load_registry
-from tests.builders import gang, node, snapshot, team_queues
+from tests.builders import gang, node, shard_manifest, snapshot, team_queues
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "label-score-plugin"
 QUEUES = team_queues(root="root")
@@ -163,12 +163,7 @@ def test_an_installed_plugin_loads_through_its_entry_point_and_changes_a_placeme
 
     # A SchedulingShard enables it by name, as KAI's own plugins are enabled, once the state service
     # knows it is installed; without that, the name is refused, naming the field.
-    body = {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": "default"},
-        "spec": {"plugins": {"labelscore": {"enabled": True, "arguments": {"label": "tier=fast"}}}},
-    }
+    body = shard_manifest(plugins={"labelscore": {"enabled": True, "arguments": {"label": "tier=fast"}}})
     shard = wire.decode_scheduling_shard(json.dumps(body).encode())
     config = shard_config(shard, extra_plugins(registry))
     assert placed_on(policy_of(config), registry=registry) == "b"

@@ -19,12 +19,12 @@ from shared.errors import InvalidObject
 from shared.kube import wire
 from shared.kube.kai_plugins import DEFAULT_PRIORITIES
 from shared.kube.scheduling_shard import NotApplied, ShardConfig, policy_of, shard_config, usage_params
+from tests.builders import shard_manifest
 
 
 def shard(spec: dict[str, Any], name: str = "default") -> wire.SchedulingShard:
     """A SchedulingShard as `kubectl apply` would send it."""
-    body = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": name}}
-    return wire.convert(wire.SchedulingShard, {**body, "spec": spec})
+    return wire.convert(wire.SchedulingShard, shard_manifest(name, **spec))
 
 
 def config(spec: dict[str, Any]) -> ShardConfig:

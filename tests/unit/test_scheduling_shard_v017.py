@@ -14,6 +14,7 @@ from shared.core.policy import Policy
 from shared.errors import InvalidObject
 from shared.kube import wire
 from shared.kube.scheduling_shard import NotApplied, ShardConfig, policy_of, shard_config
+from tests.builders import shard_manifest
 
 KAI_DEFAULT_BUDGETS = {
     "maxActionSearchDuration": {"default": "5m", "reclaim": "5m", "preempt": "5m", "consolidation": "5m"},
@@ -25,9 +26,7 @@ KAI_DEFAULT_BUDGETS = {
 
 
 def config(spec: dict[str, Any]) -> ShardConfig:
-    body = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": "default"}}
-    data = msgspec.json.encode({**body, "spec": spec})
-    return shard_config(wire.decode_scheduling_shard(data))
+    return shard_config(wire.decode_scheduling_shard(msgspec.json.encode(shard_manifest(**spec))))
 
 
 def notes(spec: dict[str, Any]) -> dict[str, str]:

@@ -29,13 +29,7 @@ NOW = 1_700_000_000.0
 
 
 def record(name: str, value: str = "") -> ShardRecord:
-    spec = {"partitionLabelValue": value} if value else {}
-    body = {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    body = builders.shard_manifest(name, **({"partitionLabelValue": value} if value else {}))
     return ShardRecord(
         shard=name, config=shard_config(wire.decode_scheduling_shard(json.dumps(body).encode()))
     )

@@ -16,6 +16,7 @@ from shared.kube.scheduling_shard import shard_config
 from shared.model import Node, Queue, QueueResource
 from shared.model.builders import busy_and_idle, flat_queues, gang, gpu_nodes
 from shared.model.objects import DeviceUsage
+from tests.builders import shard_manifest
 from tools.cli.cluster_cmds import status_tables
 
 
@@ -116,12 +117,7 @@ def test_time_based_fair_share_shows_each_queues_usage_and_the_shares_it_makes()
 
 
 def _shard(name: str, spec: dict[str, object]) -> ShardRecord:
-    body = {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    body = shard_manifest(name, **spec)
     return ShardRecord(
         shard=name, config=shard_config(wire.decode_scheduling_shard(json.dumps(body).encode()))
     )

@@ -24,7 +24,7 @@ from shared.kube.scheduling_shard import policy_of, shard_config
 from shared.model import Pod, PodGroup, PodStatus, Snapshot
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, stuck_in_releasing
 from tests import builders
-from tests.builders import flat_queues, gang, gpu_nodes
+from tests.builders import flat_queues, gang, gpu_nodes, shard_manifest
 
 NOW = 100_000.0
 ALLOCATE = Policy(actions=("allocate",))
@@ -252,8 +252,7 @@ def test_kairos_explain_names_the_stuck_pods_that_keep_a_pending_pod_out() -> No
 
 # --- configuration ------------------------------------------------------------------------------------------
 def _shard(args: dict[str, str]) -> wire.SchedulingShard:
-    body = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": "default"}}
-    return wire.convert(wire.SchedulingShard, {**body, "spec": {"args": args}})
+    return wire.convert(wire.SchedulingShard, shard_manifest(args=args))
 
 
 def test_a_scheduling_shard_sets_the_threshold_as_kai_s_flag_does() -> None:

@@ -345,13 +345,7 @@ def test_schedule_anyway_still_places_a_pod_when_every_zone_it_fits_is_skewed() 
 def test_a_scheduling_shard_scores_spread_by_default_and_may_turn_it_off(
     spec: dict[str, object], runs: bool
 ) -> None:
-    doc = {
-        "apiVersion": "kai.scheduler/v1",
-        "kind": "SchedulingShard",
-        "metadata": {"name": "s"},
-        "spec": spec,
-    }
-    policy = policy_of(shard_config(wire.convert(wire.SchedulingShard, doc)))
+    policy = policy_of(shard_config(wire.convert(wire.SchedulingShard, builders.shard_manifest("s", **spec))))
     assert ("podtopologyspread" in resolve(policy, DEFAULT_REGISTRY).names) is runs
 
 
