@@ -118,13 +118,13 @@ class StateReplica:
                 if key.startswith(SHARD_KEY_PREFIX):
                     self.shards[key] = SHARD_RECORDS.decode(key, value or b"")
                 else:
-                    record = STATE_RECORDS.decode(key, value or b"")
+                    state = STATE_RECORDS.decode(key, value or b"")
                     self._unindex(self.records.get(key))
-                    self.records[key] = record
-                    if isinstance(record, PodRecord):
-                        self.pods[record.pod.key] = record.pod
-                    elif isinstance(record, PodGroupRecord):
-                        self.podgroups[record.podgroup.key] = record.podgroup
+                    self.records[key] = state
+                    if isinstance(state, PodRecord):
+                        self.pods[state.pod.key] = state.pod
+                    elif isinstance(state, PodGroupRecord):
+                        self.podgroups[state.podgroup.key] = state.podgroup
             except MalformedMessage as exc:
                 self.malformed += 1
                 log.warning("ignored malformed state record %s: %s", key, exc.problem)
