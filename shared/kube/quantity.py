@@ -13,6 +13,7 @@ a decimal exponent (``e3``, ``E-2``). Durations are Go's ``time.ParseDuration``:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from datetime import UTC, datetime
@@ -84,6 +85,13 @@ def parse_quantity(text: str | int | float) -> Fraction:
         return _bounded(Fraction(repr(text)), text)
     if not isinstance(text, str):
         raise QuantityError(f"{shown(text)} is not a quantity")
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Fraction:
+    """`parse_quantity` of a string, remembered: a cluster's pods repeat a few amounts ("100m", "1Gi"), and
+    the mirror parses every pod's requests on each change (a refusal raises, so it is not remembered)."""
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise QuantityError(f"{shown(text)} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
@@ -191,7 +199,13 @@ _RFC3339 = re.compile(
 
 def rfc3339(epoch: float) -> str:
     """A timestamp as Kubernetes writes it: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
-    return datetime.fromtimestamp(math.floor(epoch), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339_second(math.floor(epoch))
+
+
+@functools.lru_cache(maxsize=64)
+def _rfc3339_second(second: int) -> str:
+    """`rfc3339` of a whole second, remembered: every Event and status written in one second shows it."""
+    return datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: str) -> float:

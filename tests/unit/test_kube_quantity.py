@@ -16,6 +16,7 @@ from shared.kube.quantity import (
     milli_value,
     parse_duration,
     parse_quantity,
+    rfc3339,
     value,
 )
 
@@ -66,6 +67,19 @@ def test_numbers_from_hand_written_objects_are_quantities() -> None:
 def test_malformed_quantities_are_rejected(text: str) -> None:
     with pytest.raises(QuantityError, match="not a quantity"):
         parse_quantity(text)
+
+
+def test_a_quantity_parsed_again_is_the_same_value_and_a_refused_one_is_refused_again() -> None:
+    # Parses are remembered (the mirror parses every pod's requests on each change); refusals are not.
+    assert [parse_quantity("250m") for _ in range(3)] == [Fraction(1, 4)] * 3
+    for _ in range(2):
+        with pytest.raises(QuantityError, match="not a quantity"):
+            parse_quantity("1KiB")
+
+
+def test_a_timestamp_is_written_the_same_for_every_instant_of_its_second() -> None:
+    assert {rfc3339(1_767_323_045 + f) for f in (0.0, 0.25, 0.999)} == {"2026-01-02T03:04:05Z"}
+    assert rfc3339(1_767_323_046.0) == "2026-01-02T03:04:06Z"
 
 
 def test_a_true_boolean_is_not_a_quantity() -> None:
