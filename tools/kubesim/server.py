@@ -61,6 +61,11 @@ _MAX_BODY = 64 * 2**20
 """Large enough for any CRD (the biggest upstream ones are a few megabytes)."""
 _CHUNK = 1000
 """Objects per write of a long list or of a watch's backlog (bounds the memory of one response)."""
+_WATCH_BATCH_S = 0.005
+"""A watch writes at most once per this many seconds: the events of a busy moment go out together (one
+write and one wake-up of the watch per batch, not per event); an event after a quiet spell goes at once."""
+_ENCODED_KEPT = 4096
+"""Watch events remembered encoded, so that the watchers sent the same object share one encoding."""
 _RETRY_S = 1.0
 """How long a controller waits before creating a pod again after admission refused one (the real ones back
 off from 5 ms up to minutes; one pause keeps a webhook that always fails from being called in a loop)."""
@@ -182,6 +187,8 @@ class KubeSim:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._watches: set[WatchStream] = set()
+        self._encoded: dict[tuple[str, int], tuple[Obj, bytes]] = {}
+        """(event type, id of the object) -> (the object, its event encoded): the recent watch events."""
         self._stopping = False
         self.faults = Faults(faults)
         """The fault plan in force (`tools.kubesim.faults`), changed through `POST /kubesim/faults`."""
@@ -845,6 +852,19 @@ class KubeSim:
         ]
 
     # --- watch ------------------------------------------------------------------------------------------------
+    def _event_bytes(self, kind: str, obj: Obj) -> bytes:
+        """A watch event encoded, once for all the watchers sent this very object (stored objects are never
+        mutated, so an object's encoding holds as long as the object is kept here)."""
+        key = (kind, id(obj))
+        known = self._encoded.get(key)
+        if known is not None and known[0] is obj:
+            return known[1]
+        encoded = _encoder.encode({"type": kind, "object": obj})
+        if len(self._encoded) >= _ENCODED_KEPT:
+            self._encoded.clear()
+        self._encoded[key] = (obj, encoded)
+        return encoded
+
     async def _watch(self, request: web.BaseRequest, rt: ResourceType, ns: str | None) -> web.StreamResponse:
         cluster = self.cluster
         query = request.query
@@ -880,9 +900,13 @@ class KubeSim:
         end_at = loop.time() + timeout if timeout else None
         next_bookmark = loop.time() + self.bookmark_seconds
         first_table = True
+        written_at = -_WATCH_BATCH_S
         try:
             while True:
                 if stream.pending:
+                    wait = written_at + _WATCH_BATCH_S - loop.time()
+                    if wait > 0 and not stream.ended and not self._stopping:
+                        await asyncio.sleep(wait)  # let the events of this moment gather
                     chunks: list[bytes] = []
                     while stream.pending and len(chunks) < _CHUNK:
                         kind, obj = stream.pending.popleft()
@@ -891,8 +915,11 @@ class KubeSim:
                                 rt, [obj], now=cluster.now(), include=include, with_columns=first_table
                             )
                             first_table = False
-                        chunks.append(_encoder.encode({"type": kind, "object": obj}))
+                            chunks.append(_encoder.encode({"type": kind, "object": obj}))
+                        else:
+                            chunks.append(self._event_bytes(kind, obj))
                     await response.write(b"\n".join(chunks) + b"\n")
+                    written_at = loop.time()
                     continue
                 transport = request.transport
                 if stream.ended or self._stopping or transport is None or transport.is_closing():
