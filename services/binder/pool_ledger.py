@@ -223,6 +223,8 @@ async def sweep(ledger: KvStore, claims: Mapping[str, PodClaim], pools: Mapping[
     """Drop the stale holds a view of the ledger (`claims` and `pools` by key) shows: those whose pod's
     claim of their proposal it does not hold. Each is confirmed against the bucket (the pool's entry read,
     then the claim, then a compare-and-set on the entry's revision). Returns how many were dropped."""
+    if not pools:
+        return 0  # no cluster-wide pool: nothing to read the claims for
     backed = {(c.proposal, c.pod) for c in claims.values()}
     dropped = 0
     for record in list(pools.values()):

@@ -252,23 +252,31 @@ class Recovery:
         proposal is looked at only while one of its pods is pending or missing from `pods` (the cluster no
         longer has it: its claim is taken back, with its reservation; `scan` makes sure the view is not
         merely behind)."""
+        # One pass over every claim: its age, and whether its pod is pending or gone (only the proposals of
+        # those are looked at; in a busy cluster nearly every claim is of a pod already bound).
+        first_seen = self.first_seen
+        wanted: set[str] = set()
+        for key, claim in claims.items():
+            revision = revisions.get(key, 0)
+            first = first_seen.get(key)
+            if first is None or first[0] != revision:
+                first_seen[key] = (revision, now)
+            pod = pods.get(claim.pod)
+            if pod is None or pod.status == PodStatus.PENDING:
+                wanted.add(claim.proposal)
+        if len(first_seen) > len(claims):
+            for key in [k for k in first_seen if k not in claims]:
+                del first_seen[key]
         by_proposal: dict[str, list[tuple[str, PodClaim]]] = defaultdict(list)
-        for key, claim in sorted(claims.items()):
+        for key, claim in sorted((k, c) for k, c in claims.items() if c.proposal in wanted):
             by_proposal[claim.proposal].append((key, claim))
-        seen: set[str] = set()
         rebinding: list[asyncio.Task[list[str]]] = []
         for proposal, members in by_proposal.items():
-            for key, _ in members:
-                seen.add(key)
-                revision = revisions.get(key, 0)
-                first = self.first_seen.get(key)
-                if first is None or first[0] != revision:
-                    self.first_seen[key] = (revision, now)
             if proposal in self.in_flight or proposal in self.rebinds:
                 continue
             statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
             if not any(st is None or st == PodStatus.PENDING for st in statuses.values()):
-                continue  # every pod left pending: the binds happened
+                continue  # every pod left pending meanwhile: the binds happened
             if not all(self._old_enough(key, claim, now, grace) for key, claim in members):
                 continue
             fresh = await self._read_again(members, revisions)
@@ -303,8 +311,6 @@ class Recovery:
                     proposal, self._rebind(proposal, pending, reservations, pods, claim_revisions)
                 )
             )
-        for key in set(self.first_seen) - seen:
-            del self.first_seen[key]
         return await self.rebinds.collect(rebinding)
 
     async def _give_back_gone(

@@ -74,8 +74,6 @@ from shared.contracts.messages import (
     EvictionOrder,
     NodeLedger,
     NodeRecord,
-    PodGroupRecord,
-    PodRecord,
     Proposal,
 )
 from shared.errors import ConfigError
@@ -244,22 +242,13 @@ class _ShardFit:
 
 
 class _PodGroups:
-    """Podgroups by key from the replica (for the events' queue and name), re-indexed when it moves."""
+    """Podgroups by key from the replica (for the events' queue and name, and the stamps stored)."""
 
     def __init__(self, replica: StateReplica) -> None:
         self._replica = replica
-        self._revision = -1
-        self._index: dict[str, PodGroup] = {}
 
     def __call__(self, key: str) -> PodGroup | None:
-        if self._revision != self._replica.revision:
-            self._revision = self._replica.revision
-            self._index = {
-                r.podgroup.key: r.podgroup
-                for r in self._replica.records.values()
-                if isinstance(r, PodGroupRecord)
-            }
-        return self._index.get(key)
+        return self._replica.podgroups.get(key)
 
 
 class _TimedBinds:
@@ -324,7 +313,8 @@ async def _finish_or_abandon(work: Awaitable[None], ctx: ServiceContext, grace: 
 
 
 def _pods(replica: StateReplica) -> dict[str, Pod]:
-    return {r.pod.key: r.pod for r in list(replica.records.values()) if isinstance(r, PodRecord)}
+    """The replica's pods by key, copied: its watch keeps applying changes while the scan awaits."""
+    return dict(replica.pods)
 
 
 async def _recover_forever(
