@@ -8,12 +8,25 @@ registry is a literal keyed by action name). `result_of` turns what the session 
 `shared.core.result.CycleResult`: bind proposals per podgroup with each pod's key and what it holds,
 evictions, pipelined pods, an explanation for every podgroup still pending, the stale and last-start
 stamps, a status per podgroup, the counts KAI's cache would have seen, and (when asked) the session view.
+
+`collector_paused()` is what both of the core's entry points (`schedule`, `shared.core.queue_plan.plan_queues`)
+run a session under: the cyclic garbage collector off while the session is built and runs, one pass over
+the youngest generation when it ends. A session is hundreds of thousands of objects that live exactly as long
+as it does and refer to each other (a task to its job, a node to its cluster); left to CPython's thresholds,
+building one promotes them to the oldest generation while still in use, which starts several full
+collections per session, each a walk over every object of the process (a service's state replica included).
+Measured on SchedulingBasic (5,000 nodes, 11,350 pods), more than half of the queue's plan and a third of
+placement's session went to them. Sessions may overlap in threads (placement runs each work item in one):
+the collector comes back when the last ends, and only if it was on when the first began. Nothing decided
+depends on it: it changes when memory is reclaimed, never what a session sees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+import gc
+import threading
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from shared.core import dra, volumes
 from shared.core.actions import allocate, consolidation, preempt, reclaim, stale_gang
@@ -54,6 +67,45 @@ ACTIONS: dict[str, ActionFn] = {
     "preempt": preempt.run,
     "stalegangeviction": stale_gang.run,
 }
+
+
+class _Pause:
+    """How many sessions run now under `collector_paused`, and whether the collector was on when the first began."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sessions = 0
+        self.resume = False
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.sessions == 0:
+                self.resume = gc.isenabled()
+                gc.disable()
+            self.sessions += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.sessions -= 1
+            resume = self.sessions == 0 and self.resume
+            if resume:
+                gc.enable()
+        if resume:
+            # The session's objects are all in the youngest generation now, mostly garbage: one pass.
+            gc.collect(0)
+
+
+_COLLECTOR = _Pause()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the body (one session) with the cyclic garbage collector off, then collect what it left."""
+    _COLLECTOR.enter()
+    try:
+        yield
+    finally:
+        _COLLECTOR.leave()
 
 
 def run_session(

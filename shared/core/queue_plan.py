@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from shared.core.actions.allocate import pending_jobs
 from shared.core.builtin_plugins import SessionRegistry
+from shared.core.cycle import collector_paused
 from shared.core.opening import open_session
 from shared.core.ordering import JobsByQueue
 from shared.core.policy import Policy
@@ -94,6 +95,11 @@ def plan_queues(
 ) -> QueuePlan:
     """Fair shares, pending podgroups and verdicts of `snapshot`, exactly as a session of the core with
     `policy` (and the plugins of `registry`, KAI's when None) sees them."""
+    with collector_paused():  # a session's objects are freed in one pass when it ends (shared.core.cycle)
+        return _plan(snapshot, now, policy, registry)
+
+
+def _plan(snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegistry | None) -> QueuePlan:
     # Nothing here reads what a node holds: the nodes stay empty (`Session`'s accounting_only).
     ssn = open_session(snapshot, now, policy, registry=registry, accounting_only=True)
     shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from shared.core.builtin_plugins import SessionRegistry
-from shared.core.cycle import ActionHook, result_of, run_session
+from shared.core.cycle import ActionHook, collector_paused, result_of, run_session
 from shared.core.policy import Policy
 from shared.core.result import CycleResult
 from shared.model import Snapshot
@@ -43,5 +43,20 @@ def schedule(
     per reason (the placement spans; off by default because a large cluster refuses a pending gang on
     every node). `registry`: the plugins the policy's list names (`shared.core.builtin_plugins`; KAI's
     when None; the shells pass KAI's plus the third-party plugins they loaded at start-up)."""
+    with collector_paused():  # a session's objects are freed in one pass when it ends (shared.core.cycle)
+        return _cycle(snapshot, now, policy, focus, around_action, want_view, node_details, registry)
+
+
+def _cycle(
+    snapshot: Snapshot,
+    now: float,
+    policy: Policy,
+    focus: frozenset[str] | None,
+    around_action: ActionHook | None,
+    want_view: bool,
+    node_details: Collection[str],
+    registry: SessionRegistry | None,
+) -> CycleResult:
+    # The session ends with this frame, before the collector's pass (`schedule`).
     ssn = run_session(snapshot, now, policy, focus, around_action, registry)
     return result_of(ssn, want_view=want_view, node_details=node_details)
