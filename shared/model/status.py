@@ -46,20 +46,8 @@ ACTIVE_USED = frozenset(
 ACTIVE_ALLOCATED = ACTIVE_USED - {PodStatus.RELEASING, PodStatus.STUCK_IN_RELEASING}
 # Counted in a podgroup's allocated resources (KAI: "allocated").
 ALLOCATED = frozenset({PodStatus.ALLOCATED, PodStatus.BOUND, PodStatus.BINDING, PodStatus.RUNNING})
-# Not finished (KAI: "alive").
-ALIVE = frozenset(
-    {
-        PodStatus.PENDING,
-        PodStatus.GATED,
-        PodStatus.ALLOCATED,
-        PodStatus.PIPELINED,
-        PodStatus.BINDING,
-        PodStatus.BOUND,
-        PodStatus.RUNNING,
-        PodStatus.RELEASING,
-        PodStatus.STUCK_IN_RELEASING,
-    }
-)
+# Not finished (KAI: "alive"): waiting to be placed, or holding resources.
+ALIVE = frozenset({PodStatus.PENDING, PodStatus.GATED}) | ACTIVE_USED
 
 
 DEFAULT_STUCK_IN_RELEASING_THRESHOLD = 120.0
