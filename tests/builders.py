@@ -1,5 +1,7 @@
-"""One set of builders for tests: model objects (nodes, queues, workloads, snapshots) and the Kubernetes
-manifests tests send to kubesim (pods, nodes, queues, podgroups, claims, storage classes).
+"""One set of builders for tests: model objects (nodes, queues, pods, podgroups, workloads, snapshots), the
+Kubernetes manifests tests send to kubesim (pods, nodes, queues, podgroups, claims, storage classes), and
+those manifests as the API server stores and returns them (`stored`: uid, resourceVersion,
+creationTimestamp, status).
 
 Each builder takes the fields a spec cares about and gives the rest a plain default, said in its
 docstring; any other field of the object is a keyword argument. Gangs, GPU nodes in bulk and flat queue
@@ -7,16 +9,18 @@ trees come from `shared.model.builders` (re-exported here), so a test imports ev
 
     snap = snapshot([node("a", gpus=4)], gang("train", "team", 2), queues=team_queues())
     manifest = pod_manifest("p", node="n1", labels={"app": "web"})
+    doc = stored(pod_manifest("p", node="n1"), status={"phase": "Running"})
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from shared.model import Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
+from shared.model import Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, Snapshot, SubGroupSet
 from shared.model.builders import (
     GIB,
     ZONE,
@@ -30,8 +34,11 @@ from shared.model.builders import (
 )
 
 __all__ = [
+    "CREATED",
+    "CREATED_AT",
     "GIB",
     "HOSTNAME",
+    "READY",
     "UNBOUNDED",
     "ZONE",
     "Workload",
@@ -44,7 +51,9 @@ __all__ = [
     "node_manifest",
     "owner_reference",
     "placed",
+    "pod",
     "pod_manifest",
+    "podgroup",
     "podgroup_manifest",
     "queue",
     "queue_manifest",
@@ -53,6 +62,7 @@ __all__ = [
     "shard_manifest",
     "snapshot",
     "storage_class_manifest",
+    "stored",
     "team_queues",
     "with_spread",
     "zoned_nodes",
@@ -106,6 +116,19 @@ def root_queue(name: str = "dept") -> Queue:
 def team_queues(team: str = "team", root: str = "dept") -> tuple[Queue, ...]:
     """The root queue `root` and one child `team`, every resource of both `UNBOUNDED`."""
     return root_queue(root), queue(team, parent=root)
+
+
+def pod(name: str = "p", podgroup: str = "pg", **fields: Any) -> Pod:
+    """A pending pod of `podgroup` that asks for nothing; `fields` set any other field of `Pod`
+    (``namespace=``, ``status=``, ``node=``, ``gpu=``...)."""
+    return Pod(name=name, podgroup=podgroup, **fields)
+
+
+def podgroup(name: str = "pg", queue_name: str = "team", min_member: int = 1, **fields: Any) -> PodGroup:
+    """A podgroup in `queue_name` whose one pod set, ``default``, needs `min_member` pods together; `fields`
+    set any other field of `PodGroup` (``namespace=``, ``uid=``, ``labels=``, ``priority=``...)."""
+    root = SubGroupSet(name="root", pod_sets=(PodSet(name="default", min_available=min_member),))
+    return PodGroup(name=name, queue=queue_name, root=root, **fields)
 
 
 def placed(
@@ -213,28 +236,53 @@ def node_manifest(
 
 
 def queue_manifest(
-    name: str, parent: str = "", *, gpu_quota: float = -1, gpu_limit: float = -1, weight: float | None = None
+    name: str,
+    parent: str = "",
+    *,
+    gpu_quota: float = -1,
+    gpu_limit: float = -1,
+    weight: float | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> Obj:
     """A scheduling.run.ai/v2 Queue under `parent` (none: a top-level queue) that sets only its GPUs:
-    `gpu_quota` and `gpu_limit` (-1: unlimited, the default), and an over-quota `weight` when given."""
+    `gpu_quota` and `gpu_limit` (-1: unlimited, the default), and an over-quota `weight` when given; or,
+    when given, `resources` as its spec's resources, whole."""
     gpu: Obj = {"quota": gpu_quota, "limit": gpu_limit}
     if weight is not None:
         gpu["overQuotaWeight"] = weight
-    spec: Obj = {"resources": {"gpu": gpu}}
+    spec: Obj = {"resources": {"gpu": gpu} if resources is None else dict(resources)}
     if parent:
         spec["parentQueue"] = parent
     return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
 
 
 def podgroup_manifest(
-    name: str, min_member: int = 1, queue_name: str = "team", namespace: str = "default"
+    name: str,
+    min_member: int | None = 1,
+    queue_name: str = "team",
+    namespace: str = "default",
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    **spec: Any,
 ) -> Obj:
-    """A scheduling.run.ai/v2alpha2 PodGroup in `queue_name` asking for `min_member` pods together."""
+    """A scheduling.run.ai/v2alpha2 PodGroup in `queue_name` asking for `min_member` pods together (None
+    leaves minMember out); `spec` adds fields of its spec (``priorityClassName=``, ``subGroups=``...).
+    Labels and annotations are left out when not given."""
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if labels is not None:
+        metadata["labels"] = dict(labels)
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    body: Obj = {"queue": queue_name}
+    if min_member is not None:
+        body["minMember"] = min_member
+    body.update(spec)
     return {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"minMember": min_member, "queue": queue_name},
+        "metadata": metadata,
+        "spec": body,
     }
 
 
@@ -295,4 +343,51 @@ def storage_class_manifest(
     }
     if parameters is not None:
         obj["parameters"] = dict(parameters)
+    return obj
+
+
+# --- objects as the API server stores them ---------------------------------------------------------------------
+READY = {"type": "Ready", "status": "True"}
+"""A node's Ready condition, as its kubelet reports it: ``stored(node_manifest(...), status={"conditions":
+[READY]})``."""
+
+CREATED = "2026-01-01T00:00:00Z"
+"""The creationTimestamp `stored` gives an object."""
+
+CREATED_AT = 1_767_225_600.0
+"""`CREATED` in seconds since the epoch, as the model reads it."""
+
+
+def stored(
+    manifest: Mapping[str, Any],
+    *,
+    uid: str | None = "uid-{name}",
+    resource_version: str | None = "1",
+    created: str | None = CREATED,
+    status: Mapping[str, Any] | None = None,
+    **metadata: Any,
+) -> Obj:
+    """`manifest` as the API server returns it: a copy whose metadata gets `uid` (a template of the
+    object's ``name``, ``namespace`` and lower-case ``kind``: ``uid-{name}`` by default), `resource_version`
+    and `created` (None leaves each out) and `metadata`'s fields (``deletionTimestamp=``, ``finalizers=``...),
+    and whose status gets `status`'s fields; a pod's phase is Pending unless given.
+
+        stored(pod_manifest("p", node="n1"), status={"phase": "Running"})
+        stored(podgroup_manifest("pg"), uid="uid-pg-{name}", created=None)
+    """
+    obj: Obj = copy.deepcopy(dict(manifest))
+    meta: Obj = obj.setdefault("metadata", {})
+    fields = {
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", ""),
+        "kind": obj["kind"].lower(),
+    }
+    given = {"uid": uid, "resourceVersion": resource_version, "creationTimestamp": created}
+    for key, value in given.items():
+        if value is not None:
+            meta[key] = value.format(**fields) if key == "uid" else value
+    meta.update(metadata)
+    if obj["kind"] == "Pod" or status is not None:
+        obj["status"] = {**({"phase": "Pending"} if obj["kind"] == "Pod" else {}), **obj.get("status", {})}
+        obj["status"].update(status or {})
     return obj

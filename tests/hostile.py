@@ -13,6 +13,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from shared.kube import keys
+from tests.builders import (
+    READY,
+    node_manifest,
+    pod_manifest,
+    podgroup_manifest,
+    queue_manifest,
+    stored,
+)
 
 LONG_DIGITS = "9" * 5000
 """Beyond Python's 4,300-digit limit on int(): the value that stopped the state service."""
@@ -161,30 +169,22 @@ def pod_doc(
     owner: dict[str, Any] | None = None,
     requests: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A pending pod of Kairos's scheduler, as the API server returns it."""
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "uid": f"uid-{namespace}-{name}",
-        "resourceVersion": "1",
-        "creationTimestamp": "2026-01-01T00:00:00Z",
-        "labels": dict(labels or {}),
-        "annotations": dict(annotations or {}),
-    }
+    """A pending pod of Kairos's scheduler in `podgroup` (when given), asking for and limited to `requests`,
+    as the API server returns it (uid ``uid-<namespace>-<name>``)."""
     if podgroup is not None:
-        meta["annotations"][keys.PODGROUP_ANNOTATION] = podgroup
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    container: dict[str, Any] = {"name": "main", "image": "busybox"}
-    if requests:
-        container["resources"] = {"requests": requests, "limits": requests}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": [container]},
-        "status": {"phase": "Pending"},
-    }
+        annotations = {**(annotations or {}), keys.PODGROUP_ANNOTATION: podgroup}
+    manifest = pod_manifest(
+        name,
+        namespace,
+        labels=labels,
+        annotations=annotations,
+        requests=requests,
+        limits=requests,
+        owners=[owner] if owner is not None else (),
+        scheduler=keys.SCHEDULER_NAME,
+        image="busybox",
+    )
+    return stored(manifest, uid="uid-{namespace}-{name}")
 
 
 def owner_doc(
@@ -196,48 +196,27 @@ def owner_doc(
     annotations: dict[str, str] | None = None,
     spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A workload object that owns pods, as the API server returns it."""
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{kind.lower()}-{name}",
-            "annotations": dict(annotations or {}),
-            "labels": {},
-        },
-        "spec": dict(spec or {}),
-    }
+    """A workload object that owns pods, as the API server returns it (uid ``uid-<kind>-<name>``)."""
+    metadata = {"name": name, "namespace": namespace, "annotations": dict(annotations or {})}
+    manifest = {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": dict(spec or {})}
+    return stored(manifest, uid="uid-{kind}-{name}")
 
 
 def podgroup_doc(
     name: str, *, namespace: str = "team-a", queue: str = "team-a", **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": keys.PODGROUP_API_VERSION,
-        "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-pg-{name}", "annotations": {}},
-        "spec": {"queue": queue, "minMember": 1, **spec},
-    }
+    """A PodGroup of one pod in `queue`, with `spec`'s fields, as the API server returns it (uid
+    ``uid-pg-<name>``)."""
+    return stored(podgroup_manifest(name, 1, queue, namespace, **spec), uid="uid-pg-{name}")
 
 
 def queue_doc(name: str, *, parent: str = "", **resources: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "resources": resources or {"gpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}
-    }
-    if parent:
-        spec["parentQueue"] = parent
-    return {"apiVersion": keys.QUEUE_API_VERSION, "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+    """A Queue under `parent` whose spec's resources are `resources` (none: unlimited GPUs of weight 1), as
+    the API server returns it."""
+    return stored(queue_manifest(name, parent, weight=1, resources=resources or None))
 
 
 def node_doc(name: str, *, gpus: int = 8) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {keys.GPU_MEMORY_LABEL: "81920"}},
-        "status": {
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", keys.NVIDIA_GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+    """A ready node of 64 cores, 512 GiB and `gpus` GPUs of 81,920 MiB, as the API server returns it."""
+    manifest = node_manifest(name, gpus, cpu="64", memory="512Gi", labels={keys.GPU_MEMORY_LABEL: "81920"})
+    return stored(manifest, status={"conditions": [READY]})
