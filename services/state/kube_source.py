@@ -88,10 +88,11 @@ from shared.core.stamps import KEEP, latest, merged_stamps
 from shared.errors import FencedError, MalformedMessage, TemporaryError
 from shared.kube import bind_failure, wire
 from shared.kube.kai_plugins import ExtraPlugin
-from shared.kube.keys import NODE_POOL_LABEL
+from shared.kube.keys import NODE_POOL_LABEL, PODGROUP_API_VERSION
 from shared.kube.translate.podgroup_status import podgroup_annotations_patch
-from shared.kubeapi.client import ApiError, Kube, connect
+from shared.kubeapi.client import MERGE_PATCH, ApiError, Kube, connect
 from shared.kubeapi.informer import Informer
+from shared.kubeapi.paths import object_path
 from shared.model import Pod, PodGroup
 
 log = logging.getLogger("kairos.state.kube")
@@ -100,6 +101,8 @@ T = TypeVar("T")
 RETRY_AFTER_FAILED_WRITE = 0.5
 STALENESS_CHECK = 10.0
 """Seconds between re-examinations of nodes whose GPU agent may have stopped reporting."""
+STAMP_PATCHES = 16
+"""PodGroup stamp patches in flight at once (one binder message stamps a batch of podgroups)."""
 
 # (kind, API group, version, plural) of the custom resources Kairos reads, KAI's own.
 CUSTOM = (
@@ -529,7 +532,8 @@ class KubeOwner:
         return await self.source.fenced()
 
     async def _on_stamps(self, msg: Msg) -> None:
-        """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup."""
+        """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup, one merge
+        patch each, the podgroups of one message side by side."""
         stamps = decoded(self.ctx, STAMPS, msg)
         if stamps is None:
             return
@@ -542,6 +546,7 @@ class KubeOwner:
             | stamps.last_eviction.keys()
             | stamps.bind_failure.keys()
         )
+        patches: list[tuple[str, wire.PodGroup, dict[str, Any]]] = []
         for key in sorted(wanted):
             if self.scope is not None and not self.scope.podgroup(key):
                 continue  # another replica's partition
@@ -566,23 +571,20 @@ class KubeOwner:
                 if changes:
                     patch = patch or {"metadata": {"annotations": {}}}
                     patch["metadata"]["annotations"].update(changes)
-            if patch is None:
-                continue
-            try:
-                await self.kube.call(
-                    f"stamp podgroup {key}",
-                    self.kube.custom.patch_namespaced_custom_object,
-                    "scheduling.run.ai",
-                    "v2alpha2",
-                    group.metadata.namespace,
-                    "podgroups",
-                    group.metadata.name,
-                    patch,
-                    _content_type="application/merge-patch+json",
-                )
-                self.ctx.counters["podgroup_stamps"] += 1
-            except ApiError as exc:
-                log.warning("could not stamp podgroup %s: %s", key, exc)
+            if patch is not None:
+                patches.append((key, group, patch))
+        for start in range(0, len(patches), STAMP_PATCHES):
+            chunk = patches[start : start + STAMP_PATCHES]
+            await asyncio.gather(*(self._stamp(self.kube, *each) for each in chunk))
+
+    async def _stamp(self, kube: Kube, key: str, group: wire.PodGroup, patch: dict[str, Any]) -> None:
+        meta = group.metadata
+        path = object_path(PODGROUP_API_VERSION, "PodGroup", meta.namespace, meta.name)
+        try:
+            await kube.request(f"stamp podgroup {key}", "PATCH", path, patch, content_type=MERGE_PATCH)
+            self.ctx.counters["podgroup_stamps"] += 1
+        except ApiError as exc:
+            log.warning("could not stamp podgroup %s: %s", key, exc)
 
     async def after_flush(self, mirror: Mirror) -> None:
         """Wake the controllers that act on what the source just wrote."""
