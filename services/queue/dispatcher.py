@@ -159,9 +159,9 @@ class Dispatcher:
 
     def policy(self, actions: tuple[str, ...] | None = None) -> Policy:
         """The policy work items run with: KAI's defaults and the configured GPU usage scoring, under the
-        shard's SchedulingShard when the replica holds its record (`shard_policy`), `actions` (all, or a
-        work item's or cycle request's own) limited to the shard's. The cycle's plan orders the podgroups under it. Read at every
-        call: a changed SchedulingShard applies at the next cycle."""
+        shard's SchedulingShard when the replica holds its record (`planning.shard_policy`), `actions` (all,
+        or a work item's or cycle request's own) limited to the shard's. The cycle's plan orders the
+        podgroups under it. Read at every call: a changed SchedulingShard applies at the next cycle."""
         requested = ALL_ACTIONS if actions is None else actions
         base = Policy(
             actions=requested,
