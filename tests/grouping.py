@@ -16,6 +16,7 @@ import msgspec
 from services.state.grouping import Grouping, group_pod
 from services.state.grouping.model import ObjectRead, PodsRead, Read, ReadsNeeded
 from shared.kube import wire
+from tests.builders import pod_manifest, stored
 
 CLASSES = frozenset({"train", "build", "inference", "high", "low"})
 """The PriorityClasses a test cluster has (KAI's defaults and two of a user's)."""
@@ -44,22 +45,17 @@ def make_pod(
     name: str = "worker-0",
     **spec: Any,
 ) -> wire.Pod:
-    """A pending pod of KAI's scheduler in namespace `NAMESPACE`; `spec` adds to its spec."""
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": NAMESPACE,
-        "uid": f"uid-{name}",
-        "labels": labels or {},
-        "annotations": annotations or {},
-        "creationTimestamp": "2026-01-01T00:00:00Z",
-    }
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    body = {"schedulerName": "kai-scheduler", "containers": [{"name": "main"}], **spec}
-    return wire.convert(
-        wire.Pod,
-        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body, "status": {"phase": "Pending"}},
+    """A pending pod of KAI's scheduler in namespace `NAMESPACE`, with uid ``uid-<name>``, owned by `owner`
+    (a reference) when given; `spec` adds to its spec."""
+    manifest = pod_manifest(
+        name,
+        NAMESPACE,
+        labels=labels,
+        annotations=annotations,
+        owners=[owner] if owner is not None else (),
+        **spec,
     )
+    return wire.convert(wire.Pod, stored(manifest, resource_version=None))
 
 
 def make_owner(
@@ -76,20 +72,13 @@ def make_owner(
     meta: dict[str, Any] = {
         "name": name,
         "namespace": NAMESPACE,
-        "uid": f"uid-{name}",
         "labels": labels or {},
         "annotations": annotations or {},
     }
     if owner is not None:
         meta["ownerReferences"] = [owner]
-    doc = {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": meta,
-        "spec": spec or {},
-        "status": status or {},
-    }
-    return wire.convert(wire.Owner, doc)
+    doc = {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spec or {}}
+    return wire.convert(wire.Owner, stored(doc, resource_version=None, created=None, status=status or {}))
 
 
 def owned_by(owner: wire.Owner) -> dict[str, Any]:
