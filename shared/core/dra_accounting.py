@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from shared.core.session_memo import SameObjects
 from shared.model.dra import (
     ALL,
     DeviceClass,
@@ -163,15 +164,26 @@ def _accounted_pod(
 def _node_gpus(slices: Iterable[ResourceSlice]) -> dict[str, tuple[int, int]]:
     """Node -> (GPU devices its GPU drivers publish, the smallest memory of one in MiB; 0 unknown)."""
     out: dict[str, tuple[int, int]] = {}
-    for s in slices:
-        if not s.node or not is_gpu_class(s.driver):
+    for node, mibs in _SLICE_GPUS.each(slices):
+        if not node:
             continue
-        count, memory = out.get(s.node, (0, 0))
-        for device in s.devices:
-            mib = device.capacity.get(f"{s.driver}/memory", 0) // (1000 * 2**20)
+        count, memory = out.get(node, (0, 0))
+        for mib in mibs:
             memory = mib if not memory else min(memory, mib) if mib else memory
-        out[s.node] = (count + len(s.devices), memory)
+        out[node] = (count + len(mibs), memory)
     return out
+
+
+def _slice_gpus(s: ResourceSlice) -> tuple[str, tuple[int, ...]]:
+    """A slice's node ("" for none, or not a GPU driver's) and each device's memory in MiB (0 unknown)."""
+    if not s.node or not is_gpu_class(s.driver):
+        return "", ()
+    key = f"{s.driver}/memory"
+    return s.node, tuple(device.capacity.get(key, 0) // (1000 * 2**20) for device in s.devices)
+
+
+_SLICE_GPUS = SameObjects(_slice_gpus)
+"""Every session reads every node's slices; a replica's snapshots share the slices that did not change."""
 
 
 def _accounted_node(node: Node, dra: tuple[int, int] | None, mixed: Set[str]) -> Node:
