@@ -243,17 +243,20 @@ def queue_manifest(
     gpu_limit: float = -1,
     weight: float | None = None,
     resources: Mapping[str, Any] | None = None,
+    **spec: Any,
 ) -> Obj:
     """A scheduling.run.ai/v2 Queue under `parent` (none: a top-level queue) that sets only its GPUs:
     `gpu_quota` and `gpu_limit` (-1: unlimited, the default), and an over-quota `weight` when given; or,
-    when given, `resources` as its spec's resources, whole."""
+    when given, `resources` as its spec's resources, whole; `spec` adds fields of its spec (``priority=``,
+    ``preemptMinRuntime=``...)."""
     gpu: Obj = {"quota": gpu_quota, "limit": gpu_limit}
     if weight is not None:
         gpu["overQuotaWeight"] = weight
-    spec: Obj = {"resources": {"gpu": gpu} if resources is None else dict(resources)}
+    body: Obj = {"resources": {"gpu": gpu} if resources is None else dict(resources)}
     if parent:
-        spec["parentQueue"] = parent
-    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+        body["parentQueue"] = parent
+    body.update(spec)
+    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name}, "spec": body}
 
 
 def podgroup_manifest(

@@ -15,6 +15,7 @@ from shared.kube import keys, translate, wire
 from shared.model import GpuRequest, LabelSelectorTerm, NodeSelectorRequirement, PodStatus
 from shared.model.objects import Taint, Toleration
 from tests.admitted_pods import admitted
+from tests.builders import READY, node_manifest, pod_manifest, podgroup_manifest, queue_manifest, stored
 
 T = TypeVar("T")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -22,32 +23,24 @@ T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 # --- builders: objects as the API server returns them ------------------------------------------------------
 def node_doc(**allocatable: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": "gpu-node-1",
-            "uid": "7d1c",
-            "labels": {
-                "kubernetes.io/hostname": "gpu-node-1",
-                "nvidia.com/gpu.memory": "81559",
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            },
+    """An H100 node of Kubernetes' own making: allocatable `allocatable` (what its kubelet reserves taken off
+    by default), and a capacity of 64 cores, 528 GiB, 110 pods and 8 GPUs."""
+    labels = {"nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    status = {
+        "allocatable": allocatable
+        or {
+            "cpu": "63900m",
+            "memory": "527839264Ki",
+            "pods": "110",
+            "nvidia.com/gpu": "8",
+            "ephemeral-storage": "1Ti",
         },
-        "spec": {"podCIDR": "10.0.1.0/24"},
-        "status": {
-            "allocatable": allocatable
-            or {
-                "cpu": "63900m",
-                "memory": "527839264Ki",
-                "pods": "110",
-                "nvidia.com/gpu": "8",
-                "ephemeral-storage": "1Ti",
-            },
-            "capacity": {"cpu": "64", "memory": "528Gi", "pods": "110", "nvidia.com/gpu": "8"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-        },
+        "capacity": {"cpu": "64", "memory": "528Gi", "pods": "110", "nvidia.com/gpu": "8"},
+        "conditions": [{**READY, "reason": "KubeletReady"}],
     }
+    manifest = node_manifest("gpu-node-1", labels=labels)
+    doc = stored(manifest, uid="7d1c", resource_version=None, created=None, status=status)
+    return {**doc, "spec": {"podCIDR": "10.0.1.0/24"}}
 
 
 def node(doc: dict[str, Any]) -> wire.Node:
@@ -60,26 +53,17 @@ def pod_doc(
     labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "train-0",
-            "namespace": "team-a",
-            "uid": "pod-uid-0",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": labels or {},
-            "annotations": {keys.PODGROUP_ANNOTATION: "pg-train", **(annotations or {})},
-        },
-        "spec": {
-            "schedulerName": "kai-scheduler",
-            "containers": [
-                {"name": "main", "resources": {"requests": requests or {"cpu": "1", "memory": "1Gi"}}}
-            ],
-            **spec,
-        },
-        "status": {"phase": "Pending"},
-    }
+    """Pending pod train-0 of podgroup pg-train in team-a asking for `requests` (one core and 1 GiB by
+    default), with `spec`'s fields."""
+    manifest = pod_manifest(
+        "train-0",
+        "team-a",
+        labels=labels,
+        annotations={keys.PODGROUP_ANNOTATION: "pg-train", **(annotations or {})},
+        requests=requests or {"cpu": "1", "memory": "1Gi"},
+        **spec,
+    )
+    return stored(manifest, uid="pod-uid-0", resource_version=None)
 
 
 def pod(doc: dict[str, Any]) -> wire.Pod:
@@ -89,30 +73,17 @@ def pod(doc: dict[str, Any]) -> wire.Pod:
 
 
 def queue_doc(resources: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"parentQueue": "research", **spec}
-    if resources is not None:
-        body["resources"] = resources
-    return {
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": "team-a"},
-        "spec": body,
-    }
+    """Queue team-a under research with `resources` (none: its spec has none) and `spec`'s fields."""
+    doc = queue_manifest("team-a", "research", resources=resources, **spec)
+    if resources is None:
+        del doc["spec"]["resources"]
+    return doc
 
 
 def podgroup_doc(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "scheduling.run.ai/v2alpha2",
-        "kind": "PodGroup",
-        "metadata": {
-            "name": "pg-train",
-            "namespace": "team-a",
-            "uid": "pg-uid",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "annotations": annotations or {},
-        },
-        "spec": {"queue": "team-a", **spec},
-    }
+    """PodGroup pg-train of team-a in queue team-a, without a minMember unless `spec` gives one."""
+    manifest = podgroup_manifest("pg-train", None, "team-a", "team-a", annotations=annotations or {}, **spec)
+    return stored(manifest, uid="pg-uid", resource_version=None)
 
 
 def podgroup(doc: dict[str, Any], **kwargs: Any) -> Any:
