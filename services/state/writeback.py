@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import math
 import time
@@ -66,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.state import problems
@@ -259,9 +261,18 @@ class WriteBack:
                     log.exception("fetching events failed; retrying")
                     await asyncio.sleep(1.0)
                     continue
+                acks: list[Msg] = []
                 await asyncio.gather(
-                    *(handle(m, EVENTS, on_event, self.ctx.counters, jetstream=True) for m in msgs)
+                    *(
+                        handle(_HeldAck.of(m, acks), EVENTS, on_event, self.ctx.counters, jetstream=True)
+                        for m in msgs
+                    )
                 )
+                # One write to the server for the batch's acks, not one each as the handlers end: a crash
+                # before it redelivers the batch, which writes nothing twice (`event_name`, idempotent
+                # patches), as a crash before any one ack did.
+                for m in acks:
+                    await Msg.ack(m)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -611,6 +622,24 @@ class WriteBack:
         )
         self._queue_status[event.queue] = patch
         self.ctx.counters["kube_status_patches"] += 1
+
+
+@dataclass
+class _HeldAck(Msg):
+    """A delivered event whose ack waits for the rest of its fetched batch (`WriteBack._run` sends a batch's
+    acks together); a nak or a term is sent at once."""
+
+    held: list[Msg] | None = None
+
+    @classmethod
+    def of(cls, msg: Msg, held: list[Msg]) -> _HeldAck:
+        return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}, held=held)
+
+    async def ack(self) -> None:
+        if self.held is None:
+            await super().ack()
+        else:
+            self.held.append(self)
 
 
 def stale_condition_patch(

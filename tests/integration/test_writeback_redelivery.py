@@ -11,12 +11,16 @@ from typing import Any, cast
 import pytest
 
 from services.state.mirror import Mirror
-from services.state.writeback import WriteBack, WriteBackOptions, stored_nanos
+from services.state.writeback import DURABLE, WriteBack, WriteBackOptions, stored_nanos
+from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
-from shared.bus.service import ServiceContext
-from shared.contracts.events import PodBound
+from shared.bus.service import ServiceConfig, ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.events import EVENT_ENCODER, PodBound
 from shared.kubeapi.client import Kube, connect
 from tests.integration.kubectl_helpers import running_kubesim
+from tests.integration.test_state_fencing import until
+from tools.stack.nats_server import NatsServer
 
 STORED = 1_764_921_600_123_456_789
 
@@ -64,4 +68,35 @@ async def test_a_redelivered_pod_bound_message_writes_its_scheduled_event_once(t
             assert counters["kube_events"] == 2
             assert counters["kube_events_already_written"] == 1
         finally:
+            await kube.close()
+
+
+async def test_a_fetched_batch_is_written_back_and_every_event_of_it_acknowledged(
+    tmp_path: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    # The acks of a batch leave together once all of it is written (`WriteBack._run`): none may be lost.
+    pods = [f"p-{i}" for i in range(10)]
+    async with running_kubesim(tmp_path) as _sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        writeback = WriteBack(
+            ServiceContext("state", ServiceConfig(replica="state-0"), bus),
+            kube,
+            Mirror(scheduler_name="kai-scheduler"),
+            WriteBackOptions(batch=4),
+        )
+        try:
+            await writeback.start()
+            for pod in pods:
+                event = PodBound(time=1.0, namespace="default", pod=pod, podgroup="pg", queue="q", node="n")
+                await bus.js.publish(s.event("pod-bound", f"default/{pod}"), EVENT_ENCODER.encode(event))
+
+            async def done() -> bool:
+                info = await bus.js.consumer_info(s.EVENTS_STREAM, DURABLE)
+                events = {name.split(".")[0] for name in await _scheduled_events(kube)}
+                return events == set(pods) and (info.num_pending, info.num_ack_pending) == (0, 0)
+
+            await until("every event written back and acknowledged", done)
+            assert writeback.ctx.counters["kube_events"] == len(pods)
+        finally:
+            await writeback.stop()
             await kube.close()
