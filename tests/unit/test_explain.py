@@ -11,8 +11,9 @@ from shared.explain import (
     failed_scheduling_message,
     plain_eviction,
 )
-from shared.model import Pod, PodGroup, PodSet, PodStatus, Queue, Snapshot, SubGroupSet
+from shared.model import Pod, PodGroup, PodStatus, Queue, Snapshot
 from shared.model.builders import flat_queues, gang, gpu_nodes
+from tests import builders
 from tools.cli.explain import queue_ahead
 
 T = 1_800_000_000.0
@@ -24,12 +25,11 @@ NODE_MESSAGE = (
 
 
 def group(min_member: int = 1) -> PodGroup:
-    root = SubGroupSet(name="root", pod_sets=(PodSet(name="default", min_available=min_member),))
-    return PodGroup(name="train", namespace="team", uid="team/train", queue="research", root=root)
+    return builders.podgroup("train", "research", min_member, namespace="team", uid="team/train")
 
 
 def pod(status: PodStatus = PodStatus.PENDING, node: str | None = None) -> Pod:
-    return Pod(name="p", namespace="team", podgroup="team/train", status=status, node=node)
+    return builders.pod("p", "team/train", namespace="team", status=status, node=node)
 
 
 def unschedulable(message: str, reasons: list[str] | None = None) -> PodUnschedulable:

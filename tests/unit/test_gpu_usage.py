@@ -28,6 +28,7 @@ from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.errors import InvalidObject
 from shared.model import GpuRequest, Node, Pod, PodStatus
 from shared.model.objects import DeviceUsage
+from tests import builders
 
 percent = st.floats(0, 100, allow_nan=False)
 seconds = st.floats(0, 1000, allow_nan=False)
@@ -223,7 +224,7 @@ def test_a_node_refuses_device_use_outside_0_to_100_naming_node_and_field(field:
 
 # --- the simulated cluster -----------------------------------------------------------------------------
 def pod(name: str, gpu: GpuRequest, groups: tuple[str, ...] = ()) -> Pod:
-    return Pod(name=name, podgroup="pg", node="n1", status=PodStatus.RUNNING, gpu=gpu, gpu_groups=groups)
+    return builders.pod(name, node="n1", status=PodStatus.RUNNING, gpu=gpu, gpu_groups=groups)
 
 
 def test_simulated_devices_are_used_as_their_pods_ask_with_seeded_noise() -> None:

@@ -20,7 +20,6 @@ from shared.core.policy import Policy
 from shared.core.result import ActionCounts
 from shared.core.scheduler import schedule
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
-from shared.model.objects import PodSet, SubGroupSet
 from shared.telemetry.metrics import (
     KAI_LATENCY_BUCKETS_MS,
     KAI_SEARCH_BUCKETS_S,
@@ -32,6 +31,7 @@ from shared.telemetry.metrics import (
     ServiceMetrics,
     StateMetrics,
 )
+from tests.builders import podgroup
 
 QUEUE = ("queue_name", "queue_metadata_name", "queue_display_name")
 
@@ -197,13 +197,8 @@ def test_the_service_that_owns_a_quantity_exports_it(service: str, names: tuple[
 
 # --- placement's per-action series from the core's values --------------------------------------------------
 def group(name: str, queue: str) -> PodGroup:
-    return PodGroup(
-        name=name,
-        namespace="ns",
-        uid=f"uid-{name}",
-        queue=queue,
-        labels={"kai.scheduler/node-pool": "pool-a"},
-        root=SubGroupSet(name="root", pod_sets=(PodSet("default", 1),)),
+    return podgroup(
+        name, queue, namespace="ns", uid=f"uid-{name}", labels={"kai.scheduler/node-pool": "pool-a"}
     )
 
 

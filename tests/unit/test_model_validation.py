@@ -10,14 +10,12 @@ from shared.model import (
     HostPort,
     Node,
     Pod,
-    PodGroup,
-    PodSet,
     Queue,
     QueueResource,
     Snapshot,
-    SubGroupSet,
 )
 from shared.model.validate import validate_snapshot
+from tests.builders import podgroup
 
 
 def test_negative_node_cpu_names_node_and_field() -> None:
@@ -60,10 +58,6 @@ def test_quota_below_unlimited() -> None:
         QueueResource(quota=-2)
 
 
-def _pg(name: str, queue: str, min_member: int = 1) -> PodGroup:
-    return PodGroup(name=name, queue=queue, root=SubGroupSet("root", (PodSet("default", min_member),)))
-
-
 def test_unknown_parent_queue() -> None:
     snap = Snapshot(queues=(Queue(name="a", parent="nope"),))
     with pytest.raises(InvalidObject, match=r"queue 'a': parent: unknown parent queue 'nope'"):
@@ -77,7 +71,7 @@ def test_cycle_of_parent_queues() -> None:
 
 
 def test_podgroup_of_unknown_queue() -> None:
-    snap = Snapshot(queues=(Queue(name="a"),), podgroups=(_pg("g", "missing"),))
+    snap = Snapshot(queues=(Queue(name="a"),), podgroups=(podgroup("g", "missing"),))
     with pytest.raises(InvalidObject, match=r"podgroup 'g': queue: unknown queue 'missing'"):
         validate_snapshot(snap)
 
@@ -85,7 +79,7 @@ def test_podgroup_of_unknown_queue() -> None:
 def test_min_member_larger_than_pods() -> None:
     snap = Snapshot(
         queues=(Queue(name="a"),),
-        podgroups=(_pg("g", "a", min_member=3),),
+        podgroups=(podgroup("g", "a", min_member=3),),
         pods=(Pod(name="g-0", podgroup="g"), Pod(name="g-1", podgroup="g")),
     )
     with pytest.raises(
@@ -98,7 +92,7 @@ def test_valid_snapshot_passes() -> None:
     snap = Snapshot(
         nodes=(Node(name="n", cpu_millis=1000, memory_bytes=1e9, gpus=1),),
         queues=(Queue(name="a"),),
-        podgroups=(_pg("g", "a"),),
+        podgroups=(podgroup("g", "a"),),
         pods=(Pod(name="g-0", podgroup="g"),),
     )
     validate_snapshot(snap)
