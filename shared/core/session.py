@@ -110,8 +110,9 @@ class Session:
         self.alloc_version = 0
         runtime = self.plugins
         keys = OrderKeys(job=runtime.job_key, task=runtime.task_key, pod_set=runtime.pod_set_key)
+        aliased = any(t.aliases for t in snapshot.topologies)  # else no podgroup has an alias to resolve
         for pg in snapshot.podgroups:
-            self.jobs[pg.key] = JobState(resolve_aliases(pg, self.topologies), keys)
+            self.jobs[pg.key] = JobState(resolve_aliases(pg, self.topologies) if aliased else pg, keys)
         self.stuck_by_node: dict[str, list[str]] = {}
         """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold

@@ -151,7 +151,11 @@ class PodSetState:
     tasks: list[TaskState] = field(default_factory=list)
 
     def count(self, statuses: frozenset[PodStatus]) -> int:
-        return sum(1 for t in self.tasks if t.status in statuses)
+        n = 0
+        for t in self.tasks:
+            if t.status in statuses:
+                n += 1
+        return n
 
     @property
     def active_allocated(self) -> int:
@@ -222,9 +226,14 @@ class SetState:
         return self.satisfied_members(count) >= self.members_to_satisfy
 
     def satisfied_members(self, count: Callable[[PodSetState], int]) -> int:
-        return sum(1 for c in self.children if c.satisfied_with(count)) + sum(
-            1 for ps in self.pod_sets if count(ps) >= ps.min_available
-        )
+        satisfied = 0
+        for child in self.children:
+            if child.satisfied_with(count):
+                satisfied += 1
+        for ps in self.pod_sets:
+            if count(ps) >= ps.min_available:
+                satisfied += 1
+        return satisfied
 
     @property
     def allocated_members(self) -> int:
@@ -352,11 +361,14 @@ class JobState:
 
     def is_stale(self) -> bool:
         """Some running pods but a pod set below its gang size, and nothing finished yet."""
-        if any(t.status == PodStatus.SUCCEEDED for t in self.tasks.values()):
-            return False
-        if self.count(ACTIVE_USED) == 0:
-            return False
-        return not self.is_gang_satisfied()
+        # One pass over the pods (asked of every job every cycle, by the queue's plan and stale-gang eviction).
+        used = False
+        for t in self.tasks.values():
+            status = t.status
+            if status == PodStatus.SUCCEEDED:
+                return False
+            used = used or status in ACTIVE_USED
+        return used and not self.is_gang_satisfied()
 
     def is_elastic(self) -> bool:
         return any(ps.is_elastic() for ps in self.pod_sets.values())
