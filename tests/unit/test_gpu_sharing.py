@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing as g
 from shared.kube import keys, translate, wire
+from tests import builders
 from tools.kubesim.patch import json_patch
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -25,25 +26,17 @@ def pod_doc(
     init_containers: list[dict[str, Any]] | None = None,
     **meta: Any,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": "kai-scheduler",
-        "containers": containers if containers is not None else [{"name": "main", "image": "x"}],
-    }
+    """Pending pod gpu-sharing of team asking for half a GPU, with `containers` (one, ``main``, by default),
+    `init_containers`, and `meta`'s fields in its metadata."""
+    spec: dict[str, Any] = {}
+    if containers is not None:
+        spec["containers"] = containers
     if init_containers:
         spec["initContainers"] = init_containers
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "gpu-sharing",
-            "namespace": "team",
-            "uid": "uid-1",
-            "annotations": {"gpu-fraction": "0.5", **(annotations or {})},
-            **meta,
-        },
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
+    manifest = builders.pod_manifest(
+        "gpu-sharing", "team", annotations={"gpu-fraction": "0.5", **(annotations or {})}, **spec
+    )
+    return builders.stored(manifest, uid="uid-1", resource_version=None, created=None, **meta)
 
 
 def wire_pod(doc: dict[str, Any]) -> wire.Pod:
