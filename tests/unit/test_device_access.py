@@ -22,6 +22,7 @@ from shared.bus.service import ServiceConfig, ServiceContext
 from shared.errors import ConfigError
 from shared.kube import gpu_sharing, keys, wire
 from shared.kubeapi.client import Kube
+from tests.builders import pod_manifest
 from tools.kubesim.patch import json_patch
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -53,13 +54,8 @@ def pod_doc(
     inits: tuple[dict[str, Any], ...] = (),
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"schedulerName": keys.SCHEDULER_NAME, "containers": list(containers)}
-    if inits:
-        spec["initContainers"] = list(inits)
-    metadata: dict[str, Any] = {"name": "train", "namespace": "team"}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    spec: dict[str, Any] = {"initContainers": list(inits)} if inits else {}
+    return pod_manifest("train", "team", annotations=annotations, containers=list(containers), **spec)
 
 
 def wire_pod(doc: dict[str, Any]) -> wire.Pod:

@@ -17,6 +17,7 @@ from services.binder import gpu_sharing_plan, hami
 from services.binder.service import parse_options
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, wire
+from tests.builders import pod_manifest
 from tests.unit import test_deploy_manifests as deploy
 from tools.kubesim.patch import json_patch
 
@@ -109,16 +110,9 @@ def test_one_value_in_kairos_env_switches_the_state_webhook_and_the_binder_in_de
 
 # --- the admission's reference -------------------------------------------------------------------------------
 def pod_doc(containers: list[dict[str, Any]], annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "p",
-            "namespace": "team",
-            "annotations": {keys.GPU_FRACTION: "0.5", **annotations},
-        },
-        "spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": containers},
-    }
+    return pod_manifest(
+        "p", "team", annotations={keys.GPU_FRACTION: "0.5", **annotations}, containers=containers
+    )
 
 
 def admitted(doc: dict[str, Any]) -> dict[str, Any]:
