@@ -23,13 +23,9 @@ from tests.builders import flat_queues, gang, gpu_nodes
 def podgroup_doc(
     *, labels: dict[str, str] | None = None, status: dict[str, Any] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "scheduling.run.ai/v2alpha2",
-        "kind": "PodGroup",
-        "metadata": {"name": "pg", "namespace": "team-a", "labels": labels or {}},
-        "spec": {"queue": "team-a", **spec},
-        "status": status or {},
-    }
+    """PodGroup pg of team-a in queue team-a, without a minMember unless `spec` gives one."""
+    manifest = builders.podgroup_manifest("pg", None, "team-a", "team-a", labels=labels or {}, **spec)
+    return {**manifest, "status": status or {}}
 
 
 def podgroup(doc: dict[str, Any], **kwargs: Any) -> PodGroup:
@@ -223,24 +219,17 @@ def pod_doc(
     node: str | None = "n1",
     init: dict[str, str] | None = None,
 ) -> wire.Pod:
+    """Pod p of team-a on `node` in `phase`, its PodScheduled condition `scheduled` when given."""
     status: dict[str, Any] = {"phase": phase}
     if scheduled is not None:
         status["conditions"] = [{"type": "PodScheduled", "status": "True" if scheduled else "False"}]
-    spec: dict[str, Any] = {
-        "containers": [{"name": "main", "resources": {"requests": requests or {}, "limits": limits or {}}}]
-    }
-    if init:
-        spec["initContainers"] = [{"name": "init", "resources": {"requests": init}}]
-    if node:
-        spec["nodeName"] = node
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "team-a", "annotations": annotations or {}},
-        "spec": spec,
-        "status": status,
-    }
-    return wire.convert(wire.Pod, doc)
+    spec: dict[str, Any] = (
+        {"initContainers": [{"name": "init", "resources": {"requests": init}}]} if init else {}
+    )
+    manifest = builders.pod_manifest(
+        "p", "team-a", node=node, annotations=annotations, requests=requests, limits=limits, **spec
+    )
+    return wire.convert(wire.Pod, {**manifest, "status": status})
 
 
 CPU_MEM = {"cpu": "500m", "memory": "1Gi"}
