@@ -4,8 +4,8 @@ into the request, as the real API server's admission chain does.
 The server (`tools.kubesim.server`) awaits `Webhooks.admit` on every create, update and delete after the
 cluster has prepared the object (`Cluster.begin_*`) and before it stores it (`Cluster.finish`). Which
 webhooks match, what is sent and what an answer means are pure (`tools.kubesim.admission`); this module
-only does the HTTP, with one aiohttp session per server (closed by `close`), per-webhook
-`timeoutSeconds`, and TLS verified against the webhook's `caBundle` (the system's roots without one).
+only does the HTTP, with one keep-alive client per server (`tools.kubesim.webhook_client`, closed by
+`close`), per-webhook `timeoutSeconds`, and TLS verified against the webhook's `caBundle` (the system's roots without one).
 
 A webhook given by `clientConfig.service` is called at one ready endpoint of that Service per request
 (`admission.service_endpoints`, read from the store at each call, so a slice rewritten takes effect at
@@ -27,12 +27,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from tools.kubesim import admission
 from tools.kubesim.admission import MUTATING, VALIDATING, Attributes, Hook, WebhookCallError
 from tools.kubesim.resources import ResourceType
+from tools.kubesim.webhook_client import ReviewClient, UnreachableError
 
 __all__ = ["Admitted", "Webhooks"]
 
@@ -42,7 +42,6 @@ log = logging.getLogger("kubesim")
 _REVIEW = msgspec.json.Encoder()
 """AdmissionReviews go out encoded by msgspec (one per pod created: the stdlib encoder was a visible part
 of the simulated API server's CPU)."""
-_JSON_BODY = {"Content-Type": "application/json"}
 
 
 class Admitted:
@@ -72,7 +71,7 @@ class Webhooks:
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._session: aiohttp.ClientSession | None = None
+        self._client = ReviewClient()
         self._ssl: dict[str, ssl.SSLContext] = {}
         self._turn: dict[tuple[str, str, int], int] = {}
         """Per Service and port, how many calls it has had: the endpoint the next one starts at."""
@@ -113,9 +112,7 @@ class Webhooks:
         self._routes.clear()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._client.close()
 
     async def admit(self, attrs: Attributes) -> Admitted:
         """Run the mutating webhooks in order, then the validating ones (concurrently, as the real server);
@@ -192,8 +189,14 @@ class Webhooks:
             url = f"{target.url}{'&' if '?' in target.url else '?'}timeout={timeout}s"
             left = max(0.001, deadline - asyncio.get_running_loop().time())
             try:
-                raw, status = await self._send(url, target, config, body, left)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                async with asyncio.timeout(left):
+                    raw, status = await self._client.post(
+                        url,
+                        body,
+                        ssl_context=self._ssl_for(config) if url.startswith("https:") else None,
+                        server_hostname=target.server_hostname,
+                    )
+            except UnreachableError as exc:
                 # Refused, unreachable, or gone before answering (a pooled connection to a replica that
                 # stopped): another endpoint may take the review (webhooks declare no side effects).
                 if index + 1 < len(targets):
@@ -203,7 +206,7 @@ class Webhooks:
                 raise WebhookCallError(
                     f'failed to call webhook: Post "{url}": context deadline exceeded'
                 ) from exc
-            except (aiohttp.ClientError, ssl.SSLError, OSError, ValueError) as exc:
+            except (ssl.SSLError, OSError, ValueError) as exc:
                 raise WebhookCallError(f'failed to call webhook: Post "{url}": {exc}') from exc
             if not 200 <= status < 300:
                 detail = raw[:200].decode(errors="replace")
@@ -212,19 +215,6 @@ class Webhooks:
                 )
             return admission.verdict(hook, raw, uid)
         raise AssertionError("unreachable: _targets returns at least one target")
-
-    async def _send(
-        self, url: str, target: _Target, config: Obj, body: bytes, timeout: float
-    ) -> tuple[bytes, int]:
-        async with self._client().post(
-            url,
-            data=body,
-            headers=_JSON_BODY,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-            ssl=self._ssl_for(config) if url.startswith("https:") else False,
-            server_hostname=target.server_hostname,
-        ) as response:
-            return await response.read(), response.status
 
     def _targets(self, config: Obj) -> list[_Target]:
         """Where to POST, in the order to try: the `url`, or the Service's ready endpoints starting at the
@@ -246,11 +236,6 @@ class Webhooks:
             admission.endpoint_url(reference, endpoint) for endpoint in endpoints[start:] + endpoints[:start]
         ]
         return [_Target(url, host if url.startswith("https:") else None) for url in urls]
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
 
     def _ssl_for(self, config: Obj) -> ssl.SSLContext:
         ca = str(config.get("caBundle") or "")
