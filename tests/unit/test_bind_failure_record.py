@@ -5,8 +5,6 @@ None clears it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,17 +15,14 @@ from shared.errors import InvalidObject
 from shared.kube import bind_failure, translate, wire
 from shared.model import PodGroup, Queue
 from shared.model.objects import BindFailure
+from tests.builders import podgroup_manifest
 
 AT = 1_800_000_000.25
 FAILURE = BindFailure(at=AT, attempts=3, reason='running PreBind plugin "VolumeBinding": binding volumes: x')
 
 
 def podgroup(annotations: dict[str, str]) -> wire.PodGroup:
-    raw: dict[str, Any] = {
-        "metadata": {"name": "train", "namespace": "team", "annotations": annotations},
-        "spec": {"minMember": 1, "queue": "team"},
-    }
-    return wire.convert(wire.PodGroup, raw)
+    return wire.convert(wire.PodGroup, podgroup_manifest("train", 1, "team", "team", annotations=annotations))
 
 
 def test_a_record_written_as_annotations_reads_back_the_same_to_the_millisecond() -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from services.state.writeback import stale_condition_patch
 from shared.kube import wire
+from tests.builders import CREATED, pod_manifest, podgroup_manifest
 
 POOL = "default"
 
@@ -33,23 +34,15 @@ def condition(pool: str = POOL, kind: str = "UnschedulableOnNodePool", tid: int 
 
 
 def group(*conditions: dict[str, Any]) -> wire.PodGroup:
-    return wire.convert(
-        wire.PodGroup,
-        {
-            "apiVersion": "scheduling.run.ai/v2alpha2",
-            "kind": "PodGroup",
-            "metadata": {"name": "train", "namespace": "team-a"},
-            "spec": {"queue": "team-a", "minMember": 2},
-            "status": {"schedulingConditions": list(conditions)},
-        },
-    )
+    manifest = podgroup_manifest("train", 2, "team-a", "team-a")
+    return wire.convert(wire.PodGroup, {**manifest, "status": {"schedulingConditions": list(conditions)}})
 
 
 def pod(state: str) -> wire.Pod:
     """A pod of the group: `pending`, `gated`, `bound`, `running`, `succeeded`, `failed` or `deleting`."""
-    spec: dict[str, Any] = {"containers": [{"name": "main"}]}
+    spec: dict[str, Any] = {}
     status = {"phase": "Pending"}
-    meta: dict[str, Any] = {"name": f"train-{state}", "namespace": "team-a"}
+    meta: dict[str, Any] = {}
     match state:
         case "gated":
             spec["schedulingGates"] = [{"name": "kai.scheduler/topology"}]
@@ -61,9 +54,10 @@ def pod(state: str) -> wire.Pod:
         case "succeeded" | "failed":
             status["phase"] = state.capitalize()
         case "deleting":
-            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            meta["deletionTimestamp"] = CREATED
+    manifest = pod_manifest(f"train-{state}", "team-a", **spec)
     return wire.convert(
-        wire.Pod, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
+        wire.Pod, {**manifest, "metadata": {**manifest["metadata"], **meta}, "status": status}
     )
 
 

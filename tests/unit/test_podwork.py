@@ -7,13 +7,12 @@ import asyncio
 
 from services.state.podwork import PodWorkLoop
 from shared.kube import wire
+from tests.builders import pod_manifest, stored
 
 
 def _pod(uid: str, version: str) -> wire.Pod:
-    return wire.convert(
-        wire.Pod,
-        {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid, "resourceVersion": version}},
-    )
+    doc = stored(pod_manifest(f"pod-{uid}", "ns"), uid=uid, resource_version=version, created=None)
+    return wire.convert(wire.Pod, doc)
 
 
 class Refusing(PodWorkLoop):

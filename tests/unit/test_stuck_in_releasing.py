@@ -55,22 +55,11 @@ def test_a_stuck_pod_holds_its_resources_and_is_never_a_victim() -> None:
 
 # --- translation -----------------------------------------------------------------------------------------
 def _pod_doc(phase: str, deletion: str | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": "train-0",
-        "namespace": "team",
-        "uid": "uid-0",
-        "creationTimestamp": "2026-01-01T00:00:00Z",
-        "annotations": {keys.PODGROUP_ANNOTATION: "train"},
-    }
-    if deletion is not None:
-        meta["deletionTimestamp"] = deletion
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}]},
-        "status": {"phase": phase},
-    }
+    manifest = builders.pod_manifest(
+        "train-0", "team", node="n1", annotations={keys.PODGROUP_ANNOTATION: "train"}, requests={"cpu": "1"}
+    )
+    deleted = {"deletionTimestamp": deletion} if deletion is not None else {}
+    return builders.stored(manifest, uid="uid-0", resource_version=None, status={"phase": phase}, **deleted)
 
 
 @pytest.mark.parametrize(
