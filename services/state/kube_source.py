@@ -187,7 +187,9 @@ class KubeSource:
             scheduler_name=options.scheduler_name, node_pool_label_key=options.node_pool_label_key
         )
         self.writer: SourceWriter = (
-            StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence) if writer is None else writer
+            StateWriter(ctx.bus, ctx.counters, source="kube", fence=fence, ledger_view=replica.node_ledger)
+            if writer is None
+            else writer
         )
         """Where the flusher writes: the owner's fenced writer, or a given one (`partitioned_writer`)."""
         self.on_flushed = on_flushed

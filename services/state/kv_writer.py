@@ -98,6 +98,10 @@ class _NodeEdit:
     ensure: dict[str, Pod] = field(default_factory=dict)
 
 
+LedgerView = Callable[[str], tuple[NodeLedger | None, int]]
+"""A node's ledger and its revision as a watched copy holds them (`StateReplica.node_ledger`)."""
+
+
 class SourceWriter(Protocol):
     """What a source's flusher calls to write KV: a `StateWriter`, or with state partitions the
     `services.state.partitioned_writer.PartitionedWriter` that writes only the partitions this replica owns."""
@@ -115,11 +119,19 @@ class SourceWriter(Protocol):
 
 class StateWriter:
     def __init__(
-        self, bus: Bus, counters: Counters, source: str = "sim", fence: WriteFence | None = None
+        self,
+        bus: Bus,
+        counters: Counters,
+        source: str = "sim",
+        fence: WriteFence | None = None,
+        ledger_view: LedgerView | None = None,
     ) -> None:
         self.bus = bus
         self.counters = counters
         self.fence = fence
+        self.ledger_view = ledger_view
+        """A watched copy of the nodes' ledgers (the replica's `node_ledger`): a node's edit starts from it
+        instead of a read; None: every edit reads the ledger first."""
         """The lease this writer writes under (None: unconditionally)."""
         self.state: KvWrites = bus.state if fence is None else fence
         """Where state puts and deletes go: through the fence when there is one."""
@@ -296,16 +308,22 @@ class StateWriter:
         whether it changed anything."""
         key = s.ledger_node_key(node)
         for attempt in range(CAS_ATTEMPTS):
-            entry = await self.bus.ledger.get(key)
-            current = _decode_node_ledger(key, entry.value if entry else None)
+            if attempt == 0 and self.ledger_view is not None:
+                # The watched copy first: a bound pod's reservation the binder wrote is usually there, and
+                # then nothing is read or written. A copy behind the bucket loses the compare-and-set below
+                # (or missed a change by a binder in flight, which a read just as well may), and the loop
+                # goes on reading.
+                current, revision = self.ledger_view(node)
+            else:
+                entry = await self.bus.ledger.get(key)
+                current = _decode_node_ledger(key, entry.value if entry else None)
+                revision = entry.revision if entry else 0
             pods = dict(current.pods) if current is not None else {}
             if not edit(pods):
                 return
             self._check()
             try:
-                await self.bus.ledger.update(
-                    key, encode(NodeLedger(node=node, pods=pods)), last=entry.revision if entry else 0
-                )
+                await self.bus.ledger.update(key, encode(NodeLedger(node=node, pods=pods)), last=revision)
             except ConflictError:
                 self.counters["ledger_conflicts"] += 1
                 await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # jitter: spread retries apart

@@ -85,7 +85,9 @@ class PartitionedWriter:
         """Start writing `partition` under `fence` (raised at `revision`): catch up, seed, sync."""
         await self.replica.wait_for(revision)
         async with self._lock:
-            writer = StateWriter(self.bus, self.counters, source="kube", fence=fence)
+            writer = StateWriter(
+                self.bus, self.counters, source="kube", fence=fence, ledger_view=self.replica.node_ledger
+            )
             stored = {
                 key: encode(record)
                 for key, record in self.replica.records.items()

@@ -1,18 +1,20 @@
 """The state writer reads a node's ledger when a pod comes to hold that node (to ensure its reservation),
 not again for each later change of the pod on the same node (Running, a label): those reads were one KV
-request per pod per change on the hot path."""
+request per pod per change on the hot path. Given a watched copy of the ledger (the replica's), it starts
+from the copy and reads only when the copy was behind (its compare-and-set lost)."""
 
 from __future__ import annotations
 
 import msgspec
 
 from services.state.kv_objects import Change
-from services.state.kv_writer import StateWriter
+from services.state.kv_writer import StateWriter, reservation_of
 from shared.bus import operations
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
+from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, NodeLedger
+from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, encode
 from shared.model import Pod, PodStatus
 
 LEDGER_GETS = (f"kv.{s.LEDGER_BUCKET}.node", "get")
@@ -58,3 +60,55 @@ async def test_a_pod_moving_to_another_node_is_released_there_and_reserved_here(
     await writer.write([Change(key, on_n1, on_n2)])
     assert await _reserved(bus, "n1") == set()
     assert await _reserved(bus, "n2") == {"ns/p"}
+
+
+async def _replica(bus: Bus) -> StateReplica:
+    replica = StateReplica(bus)
+    await replica.start()
+    return replica
+
+
+async def test_a_bound_pod_the_watched_ledger_shows_reserved_costs_no_read_and_no_write(bus: Bus) -> None:
+    replica = await _replica(bus)
+    try:
+        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+        pending = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.PENDING)
+        bound = msgspec.structs.replace(pending, status=PodStatus.BOUND, node="n1")
+        # The binder reserved it before binding; the watched copy has seen that.
+        revision = await bus.ledger.put(
+            s.ledger_node_key("n1"), encode(NodeLedger(node="n1", pods={"ns/p": reservation_of(bound)}))
+        )
+        await replica.wait_for(0, ledger_revision=revision)
+        key = s.pod_key("ns", "p")
+        await writer.write([Change(key, None, pending)])
+        before, writes = _reads(), writer.counters["ledger_writes"]
+        await writer.write([Change(key, pending, bound)])
+        assert (_reads() - before, writer.counters["ledger_writes"] - writes) == (0, 0)
+        assert await _reserved(bus, "n1") == {"ns/p"}
+    finally:
+        await replica.stop()
+
+
+async def test_a_watched_copy_behind_the_ledger_loses_its_compare_and_set_and_the_edit_reads_again(
+    bus: Bus,
+) -> None:
+    replica = await _replica(bus)
+    try:
+        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+        other = Pod(name="o", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
+        mine = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
+        key = s.ledger_node_key("n1")
+        first = await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={})))
+        await replica.wait_for(0, ledger_revision=first)
+        # A binder's reservation of another pod the copy has not seen yet (a copy that never moves on).
+        stale = replica.node_ledger("n1")
+        assert stale[1] == first
+        writer.ledger_view = lambda _node: stale
+        await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={"ns/o": reservation_of(other)})))
+        before = _reads()
+        await writer.write([Change(s.pod_key("ns", "p"), None, mine)])
+        assert _reads() - before == 1
+        assert writer.counters["ledger_conflicts"] == 1
+        assert await _reserved(bus, "n1") == {"ns/o", "ns/p"}, "the binder's reservation is kept"
+    finally:
+        await replica.stop()
