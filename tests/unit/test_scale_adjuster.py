@@ -22,6 +22,7 @@ from services.state.scaling_pods import (
 from services.state.service import StateOptions
 from shared.errors import ConfigError
 from shared.kube import keys, wire
+from tests.builders import CREATED, pod_manifest, stored
 from tests.hostile import HOSTILE_TEXT, LONG_DIGITS
 
 NS = "team-a"
@@ -50,33 +51,25 @@ def waiting(
         annotations[keys.GPU_MEMORY] = memory
     if devices is not None:
         annotations[keys.GPU_FRACTION_NUM_DEVICES] = devices
-    status: dict[str, Any] = {"phase": "Pending"}
+    status: dict[str, Any] = {}
     if scheduled is not None:
         status["conditions"] = [{"type": "PodScheduled", "status": scheduled[0], "reason": scheduled[1]}]
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations},
-        "spec": {"schedulerName": SCHEDULER, "containers": [{"name": "main"}], **spec},
-        "status": status,
-    }
+    manifest = pod_manifest(name, namespace, annotations=annotations, scheduler=SCHEDULER, **spec)
+    return stored(manifest, resource_version=None, created=None, status=status)
 
 
 def scaling(
     pod: str, gpus: int = 1, *, namespace: str = NS, phase: str = "Pending", deleting: bool = False
 ) -> dict[str, Any]:
-    """A scaling pod for `namespace/pod`, as the adjuster makes them."""
-    meta: dict[str, Any] = {
-        "name": f"{namespace}-{pod}",
-        "namespace": OPTIONS.namespace,
-        "labels": {APP_LABEL: "scaling-pod", SHARED_GPU_POD_NAME: pod, SHARED_GPU_POD_NAMESPACE: namespace},
-    }
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    """A scaling pod for `namespace/pod`, as the adjuster makes them (of no scheduler)."""
+    labels = {APP_LABEL: "scaling-pod", SHARED_GPU_POD_NAME: pod, SHARED_GPU_POD_NAMESPACE: namespace}
     resources = {"requests": {keys.NVIDIA_GPU: str(gpus)}, "limits": {keys.NVIDIA_GPU: str(gpus)}}
-    return {
-        "metadata": meta,
-        "spec": {"containers": [{"name": "scaling-pod", "resources": resources}]},
-        "status": {"phase": phase},
-    }
+    container = {"name": "scaling-pod", "resources": resources}
+    manifest = pod_manifest(
+        f"{namespace}-{pod}", OPTIONS.namespace, labels=labels, scheduler="", containers=[container]
+    )
+    deleted = {"deletionTimestamp": CREATED} if deleting else {}
+    return stored(manifest, uid=None, resource_version=None, created=None, status={"phase": phase}, **deleted)
 
 
 def cluster(*docs: dict[str, Any]) -> dict[str, wire.Pod]:
