@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidObject
 from shared.model import PodStatus
+from tests.builders import READY, node_manifest, pod_manifest, podgroup_manifest, queue_manifest, stored
 from tools.cli.main import main
 from tools.sim.kai_snapshot import read_kai_snapshot
 from tools.sim.replay import replay
@@ -26,53 +27,41 @@ from tools.sim.whatif import WhatIf, parse_add_nodes
 AT = 1_700_000_000.0
 
 
+def _raw(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as KAI's snapshot writes it: without apiVersion and kind (an informer's objects have none)."""
+    return {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}
+
+
 def _node(name: str, pool: str = "") -> dict[str, Any]:
-    labels = {"kubernetes.io/hostname": name, **({"kai.scheduler/node-pool": pool} if pool else {})}
-    resources = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"}
-    return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
-        "spec": {},
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+    labels = {"kai.scheduler/node-pool": pool} if pool else {}
+    manifest = node_manifest(name, cpu="64", memory="512Gi", labels=labels)
+    doc = stored(manifest, resource_version=None, created=None, status={"conditions": [READY]})
+    return _raw({**doc, "spec": {}})
 
 
 def _queue(name: str, parent: str = "", gpus: int = -1) -> dict[str, Any]:
-    spec: dict[str, Any] = {"resources": {"gpu": {"quota": gpus, "limit": -1, "overQuotaWeight": 1}}}
-    if parent:
-        spec["parentQueue"] = parent
-    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": spec}
+    manifest = queue_manifest(name, parent, gpu_quota=gpus, weight=1)
+    return _raw(stored(manifest, resource_version=None, created=None))
 
 
 def _podgroup(name: str, members: int) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "team", "uid": f"uid-pg-{name}"},
-        "spec": {"minMember": members, "queue": "team-a"},
-    }
+    manifest = podgroup_manifest(name, members, "team-a", "team")
+    return _raw(stored(manifest, uid="uid-pg-{name}", resource_version=None, created=None))
 
 
 def _pod(
     name: str, group: str, gpus: str, node: str = "", scheduler: str = "kai-scheduler"
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "team",
-            "uid": f"uid-{name}",
-            "annotations": {"pod-group-name": group} if group else {},
-        },
-        "spec": spec,
-        "status": {"phase": "Running" if node else "Pending"},
-    }
+    manifest = pod_manifest(
+        name,
+        "team",
+        node=node or None,
+        annotations={"pod-group-name": group} if group else None,
+        limits={"nvidia.com/gpu": gpus},
+        scheduler=scheduler,
+    )
+    phase = "Running" if node else "Pending"
+    return _raw(stored(manifest, resource_version=None, created=None, status={"phase": phase}))
 
 
 def _document(**changes: Any) -> dict[str, Any]:
