@@ -34,7 +34,7 @@ from shared.core.node_pool import EVERYTHING, NodePool, in_pool
 from shared.errors import MalformedMessage
 from shared.ledger_view import live_pools, scheduling_view
 from shared.model import Pod, PodGroup, Snapshot
-from shared.model.gather import snapshot_of
+from shared.model.gather import Gathered
 
 log = logging.getLogger("kairos.replica")
 
@@ -57,6 +57,9 @@ class StateReplica:
         such as the binder's recovery scan, builds no index of its own)."""
         self.podgroups: dict[str, PodGroup] = {}
         """Podgroup key (`PodGroup.key`) -> the podgroup of its record in `records`, kept with them."""
+        self._gathered = Gathered()
+        """The objects of `records`, under the same keys: `objects()` orders again only the kinds of
+        object that changed since the last call (a cycle's binds change pods, not the 5,000 nodes)."""
         self.shards: dict[str, ShardRecord] = {}
         """`shard_key` -> the configuration in force for that shard (`ShardRecord`), kept apart from the
         cluster's objects."""
@@ -112,6 +115,7 @@ class StateReplica:
                 return  # a lease holder's write fence (`shared.bus.fence`), not an object
             if deleted:
                 self._unindex(self.records.pop(key, None))
+                self._gathered.remove(key)
                 self.shards.pop(key, None)
                 return
             try:
@@ -121,6 +125,7 @@ class StateReplica:
                     state = STATE_RECORDS.decode(key, value or b"")
                     self._unindex(self.records.get(key))
                     self.records[key] = state
+                    self._gathered.put(key, record_object(state))
                     if isinstance(state, PodRecord):
                         self.pods[state.pod.key] = state.pod
                     elif isinstance(state, PodGroupRecord):
@@ -189,8 +194,8 @@ class StateReplica:
 
     def objects(self) -> Snapshot:
         """The cluster exactly as the state bucket holds it (no ledger overlay), in a stable order
-        (`shared.model.gather.snapshot_of`)."""
-        return snapshot_of(record_object(record) for record in self.records.values())
+        (`shared.model.gather.snapshot_of`, kept up to date by `Gathered`)."""
+        return self._gathered.snapshot()
 
     def snapshot(self) -> Snapshot:
         """`objects()` as the binders' ledger shows it (`shared.ledger_view.scheduling_view`): pods the

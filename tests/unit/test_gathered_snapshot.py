@@ -1,0 +1,66 @@
+"""Spec: a snapshot kept up to date object by object (`shared.model.gather.Gathered`, what the state replica
+snapshots every cycle) is the snapshot gathered afresh from the same objects (`snapshot_of`), whatever was
+put, replaced and removed before, and it shares the kinds that did not change with the snapshot before."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.model import Namespace, Topology
+from shared.model.gather import Gathered, SnapshotObject, snapshot_of
+from tests.builders import gang, node, queue
+
+_PG, _PODS = gang("train", "team", 3)
+POOL: list[SnapshotObject] = [
+    node("n1"),
+    node("n2"),
+    node("n1", gpus=4),
+    queue("team"),
+    msgspec.structs.replace(queue("other"), creation_index=-1),
+    _PG,
+    msgspec.structs.replace(_PG, priority=7),
+    *_PODS,
+    Topology(name="rack", levels=("rack",)),
+    Namespace(name="ml"),
+]
+KEYS = [f"k{i}" for i in range(6)]
+
+operations = st.lists(
+    st.tuples(st.sampled_from(KEYS), st.none() | st.sampled_from(POOL)), max_size=30
+)  # (key, object): put it under the key; (key, None): remove the key
+
+
+@given(operations)
+def test_a_snapshot_kept_up_to_date_is_the_one_gathered_afresh(
+    ops: list[tuple[str, SnapshotObject | None]],
+) -> None:
+    gathered = Gathered()
+    held: dict[str, SnapshotObject] = {}
+    for key, obj in ops:
+        if obj is None:
+            held.pop(key, None)
+            gathered.remove(key)
+        else:
+            held[key] = obj
+            gathered.put(key, obj)
+        assert gathered.snapshot() == snapshot_of(held.values())
+
+
+def test_kinds_that_did_not_change_are_shared_with_the_snapshot_before() -> None:
+    gathered = Gathered()
+    gathered.put("node.n1", node("n1"))
+    gathered.put("queue.team", queue("team"))
+    before = gathered.snapshot()
+    gathered.put("queue.other", queue("other"))
+    after = gathered.snapshot()
+    assert after.nodes is before.nodes
+    assert [q.name for q in after.queues] == ["other", "team"]
+
+
+def test_a_key_removed_that_was_never_put_changes_nothing() -> None:
+    gathered = Gathered()
+    gathered.put("node.n1", node("n1"))
+    gathered.remove("node.gone")
+    assert gathered.snapshot() == snapshot_of([node("n1")])
