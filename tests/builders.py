@@ -311,9 +311,10 @@ def claim_manifest(
 ) -> Obj:
     """A v1 PersistentVolumeClaim of `size` in `modes` (ReadWriteOnce), of `storage_class` when given
     (else the cluster's default class); `spec` adds fields of its spec."""
-    body: Obj = {"accessModes": list(modes), "resources": {"requests": {"storage": size}}, **spec}
+    body: Obj = {"accessModes": list(modes), "resources": {"requests": {"storage": size}}}
     if storage_class is not None:
         body["storageClassName"] = storage_class
+    body.update(spec)
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",

@@ -20,22 +20,14 @@ from shared.kube import translate, wire
 from shared.kube import volumes as kv
 from shared.model import LabelSelector, LabelSelectorTerm, NodeSelectorRequirement
 from shared.model.volumes import Claim, CsiNode, PersistentVolume, StorageCapacity, StorageClass, TopologyTerm
+from tests.builders import claim_manifest, stored
 
 GI = 1024**3
 
 
 def claim_json(name: str = "data", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": "ns", "uid": "u-1"},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "5Gi"}},
-            "storageClassName": "local",
-            **spec,
-        },
-    }
+    manifest = claim_manifest(name, "local", "ns", size="5Gi", **spec)
+    return stored(manifest, uid="u-1", resource_version=None, created=None)
 
 
 def raw(obj: dict[str, Any]) -> bytes:
