@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 import pynvml
+from msgspec.structs import replace
 
 from shared.contracts.gpu_telemetry import DeviceTelemetry, GpuTelemetry
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
@@ -179,42 +180,36 @@ class NvmlReader:
         return _text(value) if isinstance(value, (bytes, str)) else value
 
     def _device(self, index: int) -> GpuDevice:
-        uuid = name = ""
-        memory_mib = 0
-        mig_enabled = mig_pending = False
+        """One GPU: what names it, then its MIG devices and health (`_health`). A query that must work and
+        fails leaves the device unhealthy with that error and what was read before it."""
+        found = GpuDevice(index=index)
         warnings: list[str] = []
         try:
             handle = self._call("nvmlDeviceGetHandleByIndex", index)
-            uuid = _text(self._call("nvmlDeviceGetUUID", handle))
-            name = _text(self._call("nvmlDeviceGetName", handle))
+            found = replace(found, uuid=_text(self._call("nvmlDeviceGetUUID", handle)))
+            found = replace(found, name=_text(self._call("nvmlDeviceGetName", handle)))
             memory_bytes = int(self._call("nvmlDeviceGetMemoryInfo", handle).total)
-            memory_mib = memory_bytes // MIB
+            found = replace(found, memory_mib=memory_bytes // MIB)
             mode = self._optional(warnings, "nvmlDeviceGetMigMode", handle)
             if mode is not None:
                 enable = self._nvml.NVML_DEVICE_MIG_ENABLE
-                mig_enabled, mig_pending = mode[0] == enable, mode[1] == enable
-            migs = self._mig_devices(handle, memory_bytes) if mig_enabled else ()
-            ecc = self._optional(
-                warnings,
-                "nvmlDeviceGetTotalEccErrors",
-                handle,
-                self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                self._nvml.NVML_VOLATILE_ECC,
-            )
-            retired = self._optional(warnings, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-            remapped = self._optional(warnings, "nvmlDeviceGetRemappedRows", handle)
+                found = replace(found, mig_enabled=mode[0] == enable, mig_pending=mode[1] == enable)
+            return self._health(found, handle, memory_bytes, warnings)
         except NvmlError as exc:
-            return GpuDevice(
-                index=index,
-                uuid=uuid,
-                name=name,
-                memory_mib=memory_mib,
-                mig_enabled=mig_enabled,
-                mig_pending=mig_pending,
-                healthy=False,
-                error=str(exc),
-                warnings=tuple(warnings),
-            )
+            return replace(found, healthy=False, error=str(exc), warnings=tuple(warnings))
+
+    def _health(self, found: GpuDevice, handle: Any, memory_bytes: int, warnings: list[str]) -> GpuDevice:
+        """`found` with its MIG devices, health counters, problems and warnings."""
+        migs = self._mig_devices(handle, memory_bytes) if found.mig_enabled else ()
+        ecc = self._optional(
+            warnings,
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            self._nvml.NVML_VOLATILE_ECC,
+        )
+        retired = self._optional(warnings, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        remapped = self._optional(warnings, "nvmlDeviceGetRemappedRows", handle)
         retired_pending = None if retired is None else int(retired) == self._nvml.NVML_FEATURE_ENABLED
         rows_pending = None if remapped is None else bool(remapped[2])
         rows_failed = None if remapped is None else bool(remapped[3])
@@ -227,13 +222,8 @@ class NvmlReader:
             problems.append(f"{int(ecc)} uncorrected ECC errors since the driver loaded")
         if rows_failed:
             problems.append("row remapping failed")
-        return GpuDevice(
-            index=index,
-            uuid=uuid,
-            name=name,
-            memory_mib=memory_mib,
-            mig_enabled=mig_enabled,
-            mig_pending=mig_pending,
+        return replace(
+            found,
             mig_devices=migs,
             healthy=not problems,
             error="; ".join(problems),

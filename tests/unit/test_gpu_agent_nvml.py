@@ -232,6 +232,20 @@ def test_a_health_counter_that_fails_otherwise_makes_the_device_unhealthy() -> N
     assert device.error.startswith("nvmlDeviceGetRemappedRows: NVMLError_GpuIsLost")
 
 
+def test_a_device_failing_after_its_counters_keeps_what_names_it_and_reports_no_counter() -> None:
+    gpu = FakeGpu(
+        uuid="GPU-0",
+        mig=(1, 0),
+        ecc_uncorrected=3,
+        failures={"nvmlDeviceGetRemappedRows": pynvml.NVMLError_GpuIsLost},
+    )
+    device = only_device(FakeNvml([gpu]))
+    assert (device.uuid, device.name, device.memory_mib) == ("GPU-0", "NVIDIA H100 80GB HBM3", 81559)
+    assert (device.mig_enabled, device.mig_pending, device.mig_devices) == (True, False, ())
+    assert device.ecc_uncorrected_volatile is None
+    assert device.error == "nvmlDeviceGetRemappedRows: NVMLError_GpuIsLost (GPU is lost)"
+
+
 # --- MIG --------------------------------------------------------------------------------------------------
 def test_a_gpu_without_mig_support_reports_mig_off_and_no_mig_devices() -> None:
     device = only_device(FakeNvml([FakeGpu(uuid="GPU-0", mig=None)]))
