@@ -20,12 +20,11 @@ without DRA objects is returned as it is. Private to the core. Pure: no I/O, no 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 
-from shared.core.session_memo import SameObjects
 from shared.model.dra import (
     ALL,
     DeviceClass,
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRA_SERVED",
     "EXTENDED_CLASS_PREFIX",
+    "SameObjects",
     "account",
     "claim_gpus",
     "current_slices",
@@ -54,6 +54,31 @@ EXTENDED_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 DRA_SERVED = 2.0**53
 """The amount of a DRA-backed extended resource a node that does not list it is given for the session: room
 resource fit never runs out of, the DRA filter deciding instead (`plugin_serves` tells it apart)."""
+
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+class SameObjects(Generic[T, V]):
+    """`compute(obj)` for each of a sequence of immutable objects, kept from one call to the next for the
+    objects that are the same ones (identity, held while kept, so an id is never reused for another
+    object): a session reads the figure of an unchanged object without working it out again. Holds only
+    the last call's objects; a changed object is a new one, so its figure is always worked out anew."""
+
+    def __init__(self, compute: Callable[[T], V]) -> None:
+        self._compute = compute
+        self._last: dict[int, tuple[T, V]] = {}
+
+    def each(self, objects: Iterable[T]) -> list[V]:
+        last, kept, out = self._last, {}, []
+        for obj in objects:
+            hit = last.get(id(obj))
+            value = hit[1] if hit is not None and hit[0] is obj else self._compute(obj)
+            kept[id(obj)] = (obj, value)
+            out.append(value)
+        self._last = kept
+        return out
 
 
 def plugin_serves(allocatable: Mapping[str, float], resource: str) -> bool:

@@ -4,15 +4,13 @@
 `PerSession` is a value built from a session when first asked (the session's objects, indexed) and dropped
 with the session. `placed_decisions` walks what other pods got this session on the node each is placed on
 now: what they hold while they stay there, so a rollback (a gang that does not fit, a scenario undone)
-gives it back. `SameObjects` remembers a figure of each object from one session to the next while the
-object is the very same one (the snapshots of a replica share every record that did not change). Private
-to the core. Pure: no I/O, no clock.
+gives it back. Private to the core. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from shared.model.status import ACTIVE_ALLOCATED
@@ -21,12 +19,10 @@ if TYPE_CHECKING:
     from shared.core.session import Session
     from shared.core.tasks import TaskState
 
-__all__ = ["PerSession", "SameObjects", "placed_decisions"]
+__all__ = ["PerSession", "placed_decisions"]
 
 S = TypeVar("S")
 D = TypeVar("D")
-T = TypeVar("T")
-V = TypeVar("V")
 
 
 class PerSession(Generic[S]):
@@ -46,27 +42,6 @@ class PerSession(Generic[S]):
     def get(self, ssn: Session) -> S | None:
         """The session's value when it was made (None: nothing asked yet this session)."""
         return self._values.get(ssn)
-
-
-class SameObjects(Generic[T, V]):
-    """`compute(obj)` for each of a sequence of immutable objects, kept from one call to the next for the
-    objects that are the same ones (identity, held while kept, so an id is never reused for another
-    object): a session reads the figure of an unchanged object without working it out again. Holds only
-    the last call's objects; a changed object is a new one, so its figure is always worked out anew."""
-
-    def __init__(self, compute: Callable[[T], V]) -> None:
-        self._compute = compute
-        self._last: dict[int, tuple[T, V]] = {}
-
-    def each(self, objects: Iterable[T]) -> list[V]:
-        last, kept, out = self._last, {}, []
-        for obj in objects:
-            hit = last.get(id(obj))
-            value = hit[1] if hit is not None and hit[0] is obj else self._compute(obj)
-            kept[id(obj)] = (obj, value)
-            out.append(value)
-        self._last = kept
-        return out
 
 
 def placed_decisions(

@@ -1,4 +1,4 @@
-"""Spec: `SameObjects` (shared.core.session_memo) gives each object's figure as if worked out anew on every
+"""Spec: `SameObjects` (shared.core.dra_accounting) gives each object's figure as if worked out anew on every
 call, and works it out only for objects it did not see in the call before."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.session_memo import SameObjects
+from shared.core.dra_accounting import SameObjects
 
 
 class Thing(msgspec.Struct, frozen=True):
