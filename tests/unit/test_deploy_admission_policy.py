@@ -41,6 +41,7 @@ from shared.kube import gpu_sharing as gs
 from shared.kube import keys, wire
 from shared.kube.scheduling_gates import ADMISSION_GATE, GATE
 from shared.kube.translate.pod_patches import gpu_groups_patch
+from tests.builders import pod_manifest, stored
 from tests.unit.test_deploy_manifests import DEPLOY, NAMESPACE, base, env_of, find
 
 Obj = dict[str, Any]
@@ -135,37 +136,31 @@ def request(user: str, operation: str, old: Obj | None, new: Obj | None, sub_res
 def pod(**fields: Any) -> Obj:
     """A pod of Kairos's (schedulerName kai-scheduler), gated and pending, with a user's own labels,
     annotations, gate, owner and finalizer: `fields` replaces top-level parts (`metadata=...`)."""
-    obj: Obj = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "train-0",
-            "namespace": "team-a",
-            "uid": "5f0d9e1c-0000-4000-8000-000000000001",
-            "labels": {"app": "train", keys.QUEUE_LABEL: "team-a"},
-            "annotations": {keys.GPU_FRACTION: "0.5", gs.CONFIGMAP_ANNOTATION: "train-abcdefg-shared-gpu"},
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j-1"}],
-            "finalizers": ["team-a.example.com/audit"],
-        },
-        "spec": {
-            "schedulerName": "kai-scheduler",
-            "containers": [{"name": "main", "image": "registry.example.com/train:1"}],
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "schedulingGates": [
-                {"name": "team-a.example.com/approval"},
-                {"name": GATE},
-                {"name": ADMISSION_GATE},
-            ],
-        },
-        "status": {
-            "phase": "Pending",
-            "qosClass": "BestEffort",
-            "conditions": [
-                {"type": "PodReadyToStartContainers", "status": "False"},
-                {"type": POD_SCHEDULED, "status": "False", "reason": "SchedulingGated"},
-            ],
-        },
+    manifest = pod_manifest(
+        "train-0",
+        "team-a",
+        labels={"app": "train", keys.QUEUE_LABEL: "team-a"},
+        annotations={keys.GPU_FRACTION: "0.5", gs.CONFIGMAP_ANNOTATION: "train-abcdefg-shared-gpu"},
+        owners=[{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j-1"}],
+        image="registry.example.com/train:1",
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        schedulingGates=[{"name": "team-a.example.com/approval"}, {"name": GATE}, {"name": ADMISSION_GATE}],
+    )
+    status = {
+        "qosClass": "BestEffort",
+        "conditions": [
+            {"type": "PodReadyToStartContainers", "status": "False"},
+            {"type": POD_SCHEDULED, "status": "False", "reason": "SchedulingGated"},
+        ],
     }
+    obj = stored(
+        manifest,
+        uid="5f0d9e1c-0000-4000-8000-000000000001",
+        resource_version=None,
+        created=None,
+        status=status,
+        finalizers=["team-a.example.com/audit"],
+    )
     obj.update(fields)
     return obj
 

@@ -19,6 +19,7 @@ from shared.kube.numa import decode_topology, node_numa_of, numa_request_of
 from shared.kube.translate.pods import pod_of
 from shared.model import Node
 from shared.model.numa import NodeNuma, NumaRequest
+from tests.builders import pod_manifest
 
 GPU = "nvidia.com/gpu"
 NODE = Node(name="gpu-0", cpu_millis=64_000, memory_bytes=2.0**39, gpus=8, scalars={"hugepages-1Gi": 2.0**34})
@@ -266,7 +267,7 @@ def pod(
     spec: dict[str, Any] = {"containers": list(containers), "initContainers": list(init)}
     if overhead:
         spec["overhead"] = overhead
-    return wire.convert(wire.Pod, {"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})
+    return wire.convert(wire.Pod, pod_manifest("p", "ns", **spec))
 
 
 def same(amounts: dict[str, Any]) -> dict[str, Any]:
