@@ -439,6 +439,25 @@ async def test_recovery_binds_committed_pods_left_pending_after_the_grace_period
     assert {(e.pod, e.node) for e in bound} == {("a", "n1"), ("b", "n2")}
 
 
+async def test_a_claim_ages_while_its_pod_is_bound_so_a_later_deletion_is_acted_on_at_the_next_scan(
+    bus: Bus,
+) -> None:
+    """The scan looks closely only at proposals with a pending or missing pod, but it ages every claim: a
+    bound pod deleted later, its claim left behind, is given back by the next scan, not a grace later."""
+    await commit_ledger(bus.ledger, proposal("p", (bind("ns/a", "n1"), bind("ns/b", "n2"))))
+    committer = Committer(bus, FakeCluster())
+    running = _pods({"ns/a": PodStatus.RUNNING, "ns/b": PodStatus.RUNNING})
+    assert await committer.recover(*await ledger_view(bus), running, now=100.0, grace=5.0) == []
+    assert committer.counters["claims_of_gone_pods_released"] == 0
+    # ns/b is deleted; its claim stays (as when the state service missed the deletion).
+    only_a = _pods({"ns/a": PodStatus.RUNNING})
+    assert await committer.recover(*await ledger_view(bus), only_a, now=106.0, grace=5.0) == []
+    assert committer.counters["claims_of_gone_pods_released"] == 1
+    claims, _, _ = await ledger_view(bus)
+    assert set(claims) == {s.ledger_claim_key("ns/a")}
+    assert set(await node_pods(bus, "n2")) == set()
+
+
 async def test_recovery_takes_back_a_commit_that_died_half_way(bus: Bus) -> None:
     before = await dump(bus.ledger)
     # Claims for the gang and the reservation on n1 were written; n2's never was.
