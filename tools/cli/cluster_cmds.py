@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from shared.contracts.messages import ClusterReply, SnapshotReply
     from shared.model import Pod, Queue, Snapshot
 
-__all__ = ["add_commands", "cmd_status", "cmd_submit", "nats_url", "status_tables"]
+__all__ = ["add_commands", "cluster_of", "cmd_status", "cmd_submit", "nats_url", "status_tables"]
 
 T = TypeVar("T")
 
@@ -187,6 +187,23 @@ async def _snapshot(url: str) -> tuple[SnapshotReply, list[QueueFairShare]]:
         await client.close()
 
 
+def cluster_of(reply: SnapshotReply) -> Snapshot:
+    """The cluster a state snapshot reply holds, as the core reads it, storage and DRA objects included
+    (`kairos status`, `kairos explain`, `kairos snapshot`)."""
+    from shared.model import Snapshot
+
+    return Snapshot(
+        nodes=reply.nodes,
+        pods=reply.pods,
+        podgroups=reply.podgroups,
+        queues=reply.queues,
+        topologies=reply.topologies,
+        namespaces=reply.namespaces,
+        volumes=reply.volumes,
+        dra=reply.dra,
+    )
+
+
 def restarts_table(records: Mapping[str, Restarts], now: float) -> Table | None:
     """`kairos up`'s supervised processes with their restarts (None when nothing was ever restarted)."""
     if not any(r.count or r.due is not None for r in records.values()):
@@ -226,7 +243,6 @@ def status_tables(
     from shared.core.policy import Policy, QueueUsage
     from shared.core.queue_plan import plan_queues
     from shared.kube.scheduling_shard import policy_of
-    from shared.model import Snapshot
     from shared.model.status import podgroup_phase
     from shared.model.validate import validate_snapshot
 
@@ -246,17 +262,7 @@ def status_tables(
             shards.append((shard, pool, Policy() if record is None else policy_of(record.config)))
 
     reserved = {pod: entry.node for entry in reply.ledger for pod in entry.pods}
-    snapshot = _with_reservations(
-        Snapshot(
-            nodes=reply.nodes,
-            pods=reply.pods,
-            podgroups=reply.podgroups,
-            queues=reply.queues,
-            topologies=reply.topologies,
-            namespaces=reply.namespaces,
-        ),
-        reserved,
-    )
+    snapshot = _with_reservations(cluster_of(reply), reserved)
     plans: list[tuple[str, dict[str, tuple[float, float]]]] = []
     note = ""
     try:

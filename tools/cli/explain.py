@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from shared.errors import ConfigError, TemporaryError
 from shared.model.status import DEFAULT_STUCK_IN_RELEASING_THRESHOLD
-from tools.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, nats_url
+from tools.cli.cluster_cmds import _connect, _no_answer, _run, _stack_arguments, cluster_of, nats_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -111,7 +111,7 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
         PodUnschedulable,
     )
     from shared.explain import Facts
-    from shared.model import PodStatus, Snapshot
+    from shared.model import PodStatus
 
     snapshot = await client.snapshot()
     pod = next((p for p in snapshot.pods if p.namespace == namespace and p.name == name), None)
@@ -145,15 +145,7 @@ async def gather(client: BusClient, kind: str | None, namespace: str, name: str)
                 break
     ahead: tuple[str, ...] = ()
     if group is not None and (pod is None or pod.status == PodStatus.PENDING):
-        cluster = Snapshot(
-            nodes=snapshot.nodes,
-            pods=snapshot.pods,
-            podgroups=snapshot.podgroups,
-            queues=snapshot.queues,
-            topologies=snapshot.topologies,
-            namespaces=snapshot.namespaces,
-        )
-        ahead = queue_ahead(cluster, group.key, time.time())
+        ahead = queue_ahead(cluster_of(snapshot), group.key, time.time())
     held = ""
     if pod is None and group is None:
         held = await client.why(kind or "pod", f"{namespace}/{name}")

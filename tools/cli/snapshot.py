@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING
 
 from shared.errors import InvalidObject, TemporaryError
 from shared.security.redact import redact_url
-from tools.cli.cluster_cmds import REQUEST_TIMEOUT, _no_answer, _run, _snapshot, _stack_arguments, nats_url
+from tools.cli.cluster_cmds import (
+    REQUEST_TIMEOUT,
+    _no_answer,
+    _run,
+    _snapshot,
+    _stack_arguments,
+    cluster_of,
+    nats_url,
+)
 
 if TYPE_CHECKING:
     from shared.snapshot_file import CapturedSnapshot
@@ -89,7 +97,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 async def _capture(url: str) -> CapturedSnapshot:
     from shared.core.policy import QueueUsage
-    from shared.model import Snapshot
     from shared.snapshot_file import capture
 
     try:
@@ -111,18 +118,8 @@ async def _capture(url: str) -> CapturedSnapshot:
         for e in events
         if e.usage
     )
-    cluster = Snapshot(
-        nodes=reply.nodes,
-        pods=reply.pods,
-        podgroups=reply.podgroups,
-        queues=reply.queues,
-        topologies=reply.topologies,
-        namespaces=reply.namespaces,
-        volumes=reply.volumes,
-        dra=reply.dra,
-    )
     return capture(
-        cluster,
+        cluster_of(reply),
         ledger=reply.ledger,
         pools=reply.pools,
         shards=reply.shards,
