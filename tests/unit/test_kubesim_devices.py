@@ -5,11 +5,14 @@ container annotating its pod, and ``GET /kubesim/v1/nodes/{node}/devices``. Driv
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.kube.gpu_sharing import (
     NVIDIA_VISIBLE_DEVICES,
@@ -458,3 +461,10 @@ async def test_the_devices_endpoint_lists_the_nodes_devices_and_what_containers_
         ],
     }
     assert (missing["kind"], missing["reason"]) == ("Status", "NotFound")
+
+
+@given(st.text(max_size=40), st.integers(min_value=0, max_value=10_000))
+def test_a_device_uuid_is_the_uuid5_of_its_node_and_index_in_nvidia_s_form(node: str, index: int) -> None:
+    namespace = uuid.uuid5(uuid.NAMESPACE_DNS, "devices.kubesim.kairos.io")
+    assert device_uuid(node, index) == f"GPU-{uuid.uuid5(namespace, f'{node}/{index}')}"
+    assert UUID_FORM.fullmatch(device_uuid(node, index))

@@ -20,6 +20,7 @@ Used by `tools.kubesim.kubelet`. Pure: no I/O.
 from __future__ import annotations
 
 import functools
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,13 +52,24 @@ ADMISSION_ERROR = "UnexpectedAdmissionError"
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "devices.kubesim.kairos.io")
 
 
+_UUID_PREFIX = _UUID_NAMESPACE.bytes
+
+
 @functools.lru_cache(maxsize=65536)
 def device_uuid(node: str, index: int) -> str:
-    """The UUID of device `index` of `node`, as NVML writes it (``GPU-xxxxxxxx-xxxx-...``)."""
-    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{index}')}"
+    """The UUID of device `index` of `node`, as NVML writes it (``GPU-xxxxxxxx-xxxx-...``): the text of
+    `uuid.uuid5(_UUID_NAMESPACE, "node/index")`, formatted from the digest without building a `UUID` (a
+    bound pod's devices are named on every start)."""
+    digest = bytearray(
+        hashlib.sha1(_UUID_PREFIX + f"{node}/{index}".encode(), usedforsecurity=False).digest()
+    )
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest[:16].hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=65536)  # a node each: bound pods cycle through every node
 def node_device_uuids(node: str, count: int) -> tuple[str, ...]:
     """Every device UUID of a node of `count` devices, in index order."""
     return tuple(device_uuid(node, i) for i in range(count))
