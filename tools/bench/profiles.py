@@ -16,7 +16,6 @@ speedscope file in DIR. Used by `tools.bench.bus` and the `kairos bench` command
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from shared.errors import ConfigError
+from tools.stack.executables import executable
 
 __all__ = ["FORMATS", "Frame", "Profiler", "Profiling", "py_spy", "top_self"]
 
@@ -54,13 +54,7 @@ class Profiling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 def py_spy() -> str:
     """The py-spy executable: next to this interpreter (a venv's bin/), else on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("py-spy")
-    if found is None:
-        raise ConfigError("--profile: py-spy is not installed (pip install py-spy, or the dev extra)")
-    return found
+    return executable("py-spy", "--profile: py-spy is not installed (pip install py-spy, or the dev extra)")
 
 
 class Profiler:

