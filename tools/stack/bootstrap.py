@@ -19,6 +19,8 @@ from shared.kubeapi.paths import collection_path, raw_call
 
 ALREADY_EXISTS = 409
 NOT_FOUND = 404
+RETRIES = Backoff(attempts=20, base=0.05, cap=1.0)
+"""How each call is retried while the freshly started API server settles."""
 
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
@@ -40,20 +42,10 @@ async def ensure_objects(kubeconfig: str, *paths: Path) -> list[str]:
     created: list[str] = []
     try:
         for path, manifest in manifests:
-            meta = manifest.get("metadata") or {}
-            where = f"{manifest['kind']} {meta.get('name')}"
-            target = collection_path(
-                str(manifest["apiVersion"]), str(manifest["kind"]), meta.get("namespace")
-            )
+            where, collection = _placed(manifest)
             try:
                 await kube.call_with_retries(
-                    f"create {where}",
-                    raw_call,
-                    kube,
-                    "POST",
-                    target,
-                    manifest,
-                    backoff=Backoff(attempts=20, base=0.05, cap=1.0),
+                    f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=RETRIES
                 )
             except ApiError as exc:
                 if exc.status != ALREADY_EXISTS:
@@ -75,31 +67,34 @@ async def replace_objects(kubeconfig: str, manifests: list[dict[str, Any]]) -> N
     """`replace_object` for each of `manifests` in order (cluster-scoped or in their
     `metadata.namespace`), over one connection."""
     kube = await connect(kubeconfig)
-    backoff = Backoff(attempts=20, base=0.05, cap=1.0)
     try:
         for manifest in manifests:
-            meta = manifest.get("metadata") or {}
-            where = f"{manifest['kind']} {meta.get('name')}"
-            collection = collection_path(
-                str(manifest["apiVersion"]), str(manifest["kind"]), meta.get("namespace")
-            )
+            where, collection = _placed(manifest)
             try:
                 await kube.call_with_retries(
                     f"delete {where}",
                     raw_call,
                     kube,
                     "DELETE",
-                    f"{collection}/{meta['name']}",
-                    backoff=backoff,
+                    f"{collection}/{manifest['metadata']['name']}",
+                    backoff=RETRIES,
                 )
             except ApiError as exc:
                 if exc.status != NOT_FOUND:
                     raise ConfigError(f"{where}: {exc}") from exc
             try:
                 await kube.call_with_retries(
-                    f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=backoff
+                    f"create {where}", raw_call, kube, "POST", collection, manifest, backoff=RETRIES
                 )
             except ApiError as exc:
                 raise ConfigError(f"{where}: {exc}") from exc
     finally:
         await kube.close()
+
+
+def _placed(manifest: dict[str, Any]) -> tuple[str, str]:
+    """How messages name a manifest's object ("Kind name") and the collection it is created in (cluster-scoped
+    or in its ``metadata.namespace``)."""
+    meta = manifest.get("metadata") or {}
+    where = f"{manifest['kind']} {meta.get('name')}"
+    return where, collection_path(str(manifest["apiVersion"]), str(manifest["kind"]), meta.get("namespace"))
