@@ -24,6 +24,8 @@ __all__ = ["Sharer"]
 _encoder = msgspec.json.Encoder()
 _SHORT = 64
 """Strings up to this length are interned (names, label values, timestamps); longer ones are rarely equal."""
+_UNIQUE = frozenset(("name", "uid", "resourceVersion"))
+"""Metadata fields whose values no two objects share (interning them would only cost time)."""
 
 
 class Sharer:
@@ -43,9 +45,16 @@ class Sharer:
         part = self.part
         for key, value in obj.items():
             if key == "metadata" and type(value) is dict:
-                # Unique per object, but its strings (namespace, timestamps) repeat across objects.
+                # Unique per object, but its strings (namespace, timestamps) repeat across objects; its
+                # name, uid and resourceVersion never do and are kept as they are.
                 out["metadata"] = {
-                    k: (sys.intern(v) if type(v) is str and len(v) <= _SHORT else part(v))
+                    k: (
+                        v
+                        if k in _UNIQUE
+                        else sys.intern(v)
+                        if type(v) is str and len(v) <= _SHORT
+                        else part(v)
+                    )
                     for k, v in value.items()
                 }
             else:

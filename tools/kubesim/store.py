@@ -267,6 +267,10 @@ class Store:
         return sorted(self.dependents.get(uid, ()))
 
     def _index_owners(self, key: str, ns: str, name: str, old: Obj | None, new: Obj | None) -> None:
+        if old is not None and new is not None:
+            refs = old["metadata"].get("ownerReferences")
+            if refs is new["metadata"].get("ownerReferences"):
+                return  # the same list (shared by the store) or none on either side: nothing moved
         before = _owner_uids(old)
         after = _owner_uids(new)
         if before == after:
