@@ -26,6 +26,7 @@ on stderr, never a traceback; any other exception is a bug and propagates with i
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -201,7 +202,15 @@ def run() -> int:
     collector set for long runs (`shared.gc_settings`; the in-process benchmark runs the core here).
     Callers in a process of theirs, such as tests, call `main`, which leaves the collector alone."""
     tune_gc()
+    # A command that started a local stack (bench, chaos, a bus conformance run) stops it on SIGTERM as on
+    # Ctrl-C: the default SIGTERM ends the process at once and leaves nats-server, kubesim and the services
+    # running with nobody to stop them. `kairos up` puts its own handler in place of this one.
+    signal.signal(signal.SIGTERM, _interrupted)
     return main()
+
+
+def _interrupted(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
