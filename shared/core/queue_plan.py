@@ -1,7 +1,7 @@
 """The queue leader's plan for one cycle: fair shares, the pending podgroups in allocate's order, the
 quota gate's verdicts. Pure.
 
-Public. Called every cycle by the queue dispatcher (`services.queue.dispatcher.plan_cycle`) with the
+Public. Called every cycle by the queue dispatcher (`services.queue.planning.plan_cycle`) with the
 policy its work items run with, and by `kairos status` for the queues' fair shares. `plan_queues(snapshot,
 now, policy)` builds a session of the core from the snapshot, runs no action, and reads:
 
