@@ -3,11 +3,13 @@
 Called by every service's settings (`services.*`: the Struct each service reads its options into) and by
 the tools that take options the same way. Options arrive as text (``--set period=2``, an environment
 variable); `read_options` converts them with msgspec, which also enforces the bounds a Struct declares on
-its fields (`Seconds`, `Count`, a ``Literal`` of choices, ``msgspec.Meta(ge=...)``), so a settings class
-says what it accepts in its types instead of in hand-written checks, and every refusal reads the same:
+its fields (`Seconds`, `Count`, a ``Literal`` of choices, ``msgspec.Meta(ge=...)``, a word for None with
+`none_as`), so a settings class says what it accepts in its types instead of in hand-written checks, and
+every refusal reads the same:
 
     service binder: option 'commit_timeout': expected a number > 0, got '-1'
     service binder: option 'cluster': expected one of nats, kube, got 'k8s'
+    service queue: option 'batch': expected a whole number or 'all', got 'some'
     service binder: unknown option 'comit_timeout' (known: cluster, commit_timeout, conflicts, ...)
 
 A refusal is a `ConfigError` naming the owner, the option (its path inside nested options) and the value
@@ -18,6 +20,7 @@ given, cut short when long (`shared.kube.values.shown`). Text is read as msgspec
 
 from __future__ import annotations
 
+import functools
 import re
 import typing
 from collections.abc import Mapping
@@ -28,7 +31,7 @@ import msgspec
 from shared.errors import ConfigError
 from shared.kube.values import shown
 
-__all__ = ["MAX_SECONDS", "Count", "NonNegativeSeconds", "Seconds", "read_options"]
+__all__ = ["MAX_SECONDS", "Count", "NonNegativeSeconds", "Seconds", "none_as", "read_options"]
 
 MAX_SECONDS = 365 * 24 * 3600.0
 """The longest duration an option takes: a year. It bounds `Seconds` so that "inf" is refused."""
@@ -42,18 +45,31 @@ NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 """A whole number of at least 1."""
 
+
+def none_as(word: str) -> msgspec.Meta:
+    """The metadata of an optional field whose None is given as `word` in text:
+    ``batch: Annotated[Count | None, none_as("all")] = None`` reads ``batch=all`` as None, and a refusal
+    names the word among what the option expects. For the fields of the Struct read, not of nested ones."""
+    return msgspec.Meta(extra={_NONE_WORD: word})
+
+
 S = TypeVar("S", bound=msgspec.Struct)
+
+_NONE_WORD = "kairos.none_as"
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`")
 _MISSING = re.compile(r"Object missing required field `(?P<name>[^`]*)`")
-_EXPECTED = re.compile(r"^Expected `(?P<type>\w+)`(?P<bound>[^,]*)(?:, got `\w+`)?$")
+_EXPECTED = re.compile(r"^Expected `(?P<type>\w+(?: \| \w+)*)`(?P<bound>[^,]*)(?:, got `\w+`)?$")
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "text"}
 
 
 def read_options(owner: str, cls: type[S], options: Mapping[str, Any]) -> S:
     """`options` as a `cls`; a `ConfigError` naming `owner` ("service binder"), the option and the value."""
     values = dict(options)
+    for name, word in _none_words(cls).items():
+        if values.get(name) == word:
+            values[name] = None
     try:
         return msgspec.convert(values, cls, strict=False)
     except msgspec.ValidationError as exc:
@@ -77,10 +93,31 @@ def _explain(message: str, cls: type[msgspec.Struct], values: Mapping[str, Any])
     if choices is not None and what.startswith(("Invalid enum value", "Expected `str`")):
         return f"option {prefix!r}: expected one of {', '.join(choices)}{got}"
     if expected := _EXPECTED.match(what):
-        kind = _TYPE_WORDS.get(expected["type"], expected["type"])
+        # None is no text an option can hold: a union names it only by its word (`none_as`), if any.
+        none = _none_words(cls).get(top)
+        kinds = [
+            repr(none) if member == "null" else _TYPE_WORDS.get(member, member)
+            for member in expected["type"].split(" | ")
+            if member != "null" or none is not None
+        ]
+        kind = " or ".join(kinds)
         bound = expected["bound"].strip()
         return f"option {prefix!r}: expected {kind}{' ' + bound if bound else ''}{got}"
     return f"option {prefix!r}: {what[:1].lower()}{what[1:]}{got}"
+
+
+@functools.cache
+def _none_words(cls: type[msgspec.Struct]) -> dict[str, str]:
+    """The option names of `cls` whose None is given as a word (`none_as`), with their words."""
+    words: dict[str, str] = {}
+    for field in msgspec.structs.fields(cls):
+        annotation = field.type
+        while typing.get_origin(annotation) is Annotated:
+            annotation, *metadata = typing.get_args(annotation)
+            for meta in metadata:
+                if isinstance(meta, msgspec.Meta) and meta.extra and _NONE_WORD in meta.extra:
+                    words[field.encode_name] = str(meta.extra[_NONE_WORD])
+    return words
 
 
 def _choices(cls: type[msgspec.Struct], name: str) -> tuple[str, ...] | None:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.errors import ConfigError
-from shared.options import Count, NonNegativeSeconds, Seconds, read_options
+from shared.options import Count, NonNegativeSeconds, Seconds, none_as, read_options
 
 
 class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -21,6 +21,8 @@ class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     cluster: Literal["nats", "kube"] = "nats"
     strict: bool = False
     image: Annotated[str, msgspec.Meta(min_length=1)] = "pause"
+    batch: Annotated[Count | None, none_as("all")] = None
+    limit: Count | None = None
 
 
 def test_text_options_become_typed_values() -> None:
@@ -50,9 +52,15 @@ def test_no_options_give_the_defaults() -> None:
         ({"cluster": "k8s"}, "service t: option 'cluster': expected one of nats, kube, got 'k8s'"),
         ({"strict": "yes"}, "service t: option 'strict': expected true or false, got 'yes'"),
         ({"image": ""}, "service t: option 'image': expected text of length >= 1, got ''"),
+        ({"batch": "some"}, "service t: option 'batch': expected a whole number or 'all', got 'some'"),
+        ({"batch": "0"}, "service t: option 'batch': expected a whole number >= 1, got '0'"),
+        ({"limit": "none"}, "service t: option 'limit': expected a whole number, got 'none'"),
         (
             {"perod": "2"},
-            "service t: unknown option 'perod' (known: attempts, cluster, grace, image, period, strict)",
+            (
+                "service t: unknown option 'perod' "
+                "(known: attempts, batch, cluster, grace, image, limit, period, strict)"
+            ),
         ),
     ],
 )
@@ -64,6 +72,13 @@ def test_a_refused_option_is_named_with_what_it_expects_and_what_it_got(
     assert str(refused.value) == message
 
 
+def test_an_optional_option_reads_its_word_for_none_and_only_that_word() -> None:
+    assert read_options("service t", Example, {"batch": "all"}).batch is None
+    assert read_options("service t", Example, {"batch": "8"}).batch == 8
+    with pytest.raises(ConfigError, match="'limit': expected a whole number, got 'all'"):
+        read_options("service t", Example, {"limit": "all"})
+
+
 def test_a_long_value_is_quoted_short() -> None:
     with pytest.raises(ConfigError) as refused:
         read_options("service t", Example, {"attempts": "9" * 5_000})
@@ -73,7 +88,8 @@ def test_a_long_value_is_quoted_short() -> None:
 
 @given(
     st.dictionaries(
-        st.sampled_from(["period", "attempts", "grace", "cluster", "strict", "image", "x"]), st.text()
+        st.sampled_from(["period", "attempts", "grace", "cluster", "strict", "image", "batch", "x"]),
+        st.text(),
     )
 )
 def test_any_text_is_read_or_refused_naming_the_owner(options: dict[str, str]) -> None:
@@ -92,3 +108,4 @@ def test_any_text_is_read_or_refused_naming_the_owner(options: dict[str, str]) -
     assert read.grace >= 0
     assert read.cluster in ("nats", "kube")
     assert read.image
+    assert read.batch is None or read.batch >= 1
