@@ -12,7 +12,8 @@ operation returned: `services.state.service` for the simulated cluster (under it
   `PodClaim` deleted; when a pod is seen coming to hold a node without a reservation there, one is added
   (the cluster is the truth; its later changes on the same node, such as Running, read no ledger: the
   start-up `reconcile` and the one after a failed write check every holder again). A pending pod's reservation is left alone: it is a binder's bind in flight.
-  Every ledger change is a compare-and-set retried on conflict, since binders write the same keys.
+  Every ledger change is a compare-and-set retried on conflict, since binders write the same keys; given
+  the replica's watched copy of the ledger (`ledger_view`), the first try starts from the copy, not a read.
   Cluster-wide DRA pools' entries (`PoolLedger`, under keys of their own) are the binders' alone: their
   holds are live while their claims are (`services.binder.pool_ledger`), and nothing here reads them.
 
@@ -129,10 +130,10 @@ class StateWriter:
         self.bus = bus
         self.counters = counters
         self.fence = fence
+        """The lease this writer writes under (None: unconditionally)."""
         self.ledger_view = ledger_view
         """A watched copy of the nodes' ledgers (the replica's `node_ledger`): a node's edit starts from it
         instead of a read; None: every edit reads the ledger first."""
-        """The lease this writer writes under (None: unconditionally)."""
         self.state: KvWrites = bus.state if fence is None else fence
         """Where state puts and deletes go: through the fence when there is one."""
         self.attempts = AttemptTracker(source) if tracing.enabled() else None

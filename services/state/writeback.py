@@ -43,7 +43,9 @@ KV mirror. An Event is named after the stored time of the event message it is wr
 (`event_name`), so a message delivered again (its ack lost when the write-back stopped, crashed or handed
 its work over) creates no second Event: the API server answers 409, counted as
 `kube_events_already_written`. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
-is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it.
+is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it. The events of one
+fetched batch are written side by side and their acks sent together once all are written (one write to
+the server); a nak goes at once.
 
 With state partitions (`services.state.partitioned_source`) every replica runs one write-back that follows
 one feed per numbered partition it owns (`follow`: the partition's durable consumer of the internal work
