@@ -1,5 +1,6 @@
 """Specs for the queue service's options (`services.queue.settings.QueueSettings.from_options`): text in,
-one typed value out, and a bad option refused with its name so the service does not start."""
+one typed value out through `shared.options.read_options`, and a bad option refused naming the service, the
+option and the value, so the service does not start."""
 
 from __future__ import annotations
 
@@ -21,21 +22,48 @@ def test_options_are_read_from_text() -> None:
     assert QueueSettings.from_options({"gpu_usage_scoring": "true"}).gpu_usage_scoring is True
 
 
+def test_every_option_has_the_default_it_always_had() -> None:
+    assert QueueSettings.from_options({}) == QueueSettings(
+        batch=None,
+        period=1.0,
+        debounce=0.075,
+        work_timeout=10.0,
+        admin_timeout=60.0,
+        max_inflight=64,
+        window=4,
+        cycles="auto",
+        gpu_usage_scoring=False,
+        usage_save=10.0,
+    )
+
+
 @pytest.mark.parametrize(
-    ("options", "named"),
+    ("options", "message"),
     [
-        ({"batch": "some"}, "batch"),
-        ({"batch": "0"}, "batch"),
-        ({"period": "-1"}, "period"),
-        ({"debounce": "0"}, "debounce"),
-        ({"work_timeout": "0"}, "work_timeout"),
-        ({"usage_save": "-5"}, "usage_save"),
-        ({"cycles": "never"}, "cycles"),
-        ({"colour": "red"}, "colour"),
-        ({"window": "0"}, "window"),
-        ({"max_inflight": "0"}, "max_inflight"),
+        ({"batch": "some"}, "option 'batch': expected a whole number or 'all', got 'some'"),
+        ({"batch": "0"}, "option 'batch': expected a whole number >= 1, got '0'"),
+        ({"period": "-1"}, "option 'period': expected a number > 0.0, got '-1'"),
+        ({"period": "inf"}, "option 'period': expected a number <= 31536000.0, got 'inf'"),
+        ({"debounce": "0"}, "option 'debounce': expected a number > 0.0, got '0'"),
+        ({"work_timeout": "0"}, "option 'work_timeout': expected a number > 0.0, got '0'"),
+        ({"admin_timeout": "soon"}, "option 'admin_timeout': expected a number, got 'soon'"),
+        ({"usage_save": "-5"}, "option 'usage_save': expected a number > 0.0, got '-5'"),
+        ({"cycles": "never"}, "option 'cycles': expected one of auto, admin, got 'never'"),
+        ({"window": "0"}, "option 'window': expected a whole number >= 1, got '0'"),
+        ({"max_inflight": "0"}, "option 'max_inflight': expected a whole number >= 1, got '0'"),
+        ({"gpu_usage_scoring": "yes"}, "option 'gpu_usage_scoring': expected true or false, got 'yes'"),
+        (
+            {"colour": "red"},
+            (
+                "unknown option 'colour' (known: admin_timeout, batch, cycles, debounce, "
+                "gpu_usage_scoring, max_inflight, period, usage_save, window, work_timeout)"
+            ),
+        ),
     ],
 )
-def test_a_bad_option_is_refused_naming_it(options: dict[str, str], named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
+def test_a_bad_option_is_refused_naming_the_service_the_option_and_the_value(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
         QueueSettings.from_options(options)
+    assert str(refused.value) == f"service queue: {message}"
