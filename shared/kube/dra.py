@@ -23,11 +23,10 @@ import msgspec
 
 from shared.core import dra_cel
 from shared.errors import InvalidObject
-from shared.kube import values, wire
+from shared.kube import selectors, values, wire
 from shared.kube.keys import QUEUE_LABEL
 from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, milli_value
-from shared.kube.volumes import _node_term as node_term
 from shared.model.dra import (
     ALL,
     EXACT_COUNT,
@@ -361,7 +360,7 @@ def _allocation_nodes(
             return f.values[0], ()
     try:
         out = [
-            node_term(where, f"status.allocation.nodeSelector.nodeSelectorTerms[{i}]", t)
+            selectors.node_term(where, f"status.allocation.nodeSelector.nodeSelectorTerms[{i}]", t)
             for i, t in enumerate(terms)
         ]
     except InvalidObject:
@@ -398,7 +397,7 @@ def slice_of(raw: WireResourceSlice) -> ResourceSlice:
     terms: tuple[LabelSelectorTerm, ...] = ()
     if spec.node_selector is not None:
         found = [
-            node_term(where, f"spec.nodeSelector.nodeSelectorTerms[{i}]", t)
+            selectors.node_term(where, f"spec.nodeSelector.nodeSelectorTerms[{i}]", t)
             for i, t in enumerate(spec.node_selector.node_selector_terms)
         ]
         terms = tuple(t for t in found if t is not None)

@@ -22,16 +22,11 @@ from typing import Any, ClassVar
 import msgspec
 
 from shared.errors import InvalidObject
-from shared.kube import keys, wire
+from shared.kube import selectors, wire
 from shared.kube.kinds import WireObject, WireStruct, decoder
 from shared.kube.quantity import QuantityError, value
 from shared.kube.values import shown
-from shared.model.objects import (
-    LabelRequirement,
-    LabelSelector,
-    LabelSelectorTerm,
-    NodeSelectorRequirement,
-)
+from shared.model.objects import LabelSelectorTerm
 from shared.model.volumes import (
     AWS_EBS,
     AZURE_DISK,
@@ -83,9 +78,6 @@ BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 STORAGE_CLASS_ANNOTATION = "volume.beta.kubernetes.io/storage-class"
 """The class before ``spec.storageClassName`` existed; still read first, as Kubernetes does."""
-_NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
-_LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
-_NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
 
 
 # --- the wire -------------------------------------------------------------------------------------------
@@ -269,7 +261,7 @@ def _claim(raw: WireClaim, base: Claim) -> Claim:
     request = 0 if storage is None else _bytes(where, "spec.resources.requests.storage", storage)
     selector = None
     if spec.selector is not None:
-        selector = _label_selector(where, "spec.selector", spec.selector)
+        selector = selectors.label_selector(where, "spec.selector", spec.selector)
     storage_class = meta.annotations.get(STORAGE_CLASS_ANNOTATION)
     if storage_class is None:
         storage_class = spec.storage_class_name or ""
@@ -297,11 +289,7 @@ def volume_of(raw: WireVolume) -> PersistentVolume:
     terms: tuple[LabelSelectorTerm, ...] = ()
     if spec.node_affinity is not None and spec.node_affinity.required is not None:
         at = "spec.nodeAffinity.required.nodeSelectorTerms"
-        found = [
-            _node_term(where, f"{at}[{i}]", term)
-            for i, term in enumerate(spec.node_affinity.required.node_selector_terms)
-        ]
-        terms = tuple(t for t in found if t is not None) or (LabelSelectorTerm((_NEVER,)),)
+        terms = selectors.node_selector(where, at, spec.node_affinity.required)
     ref = spec.claim_ref
     plugin, handle = _in_tree(spec)
     return PersistentVolume(
@@ -429,7 +417,7 @@ def capacity_of(raw: WireCsiStorageCapacity) -> StorageCapacity:
     where = (raw.KIND, raw.label)
     topology = None
     if raw.node_topology is not None:
-        topology = _label_selector(where, "nodeTopology", raw.node_topology)
+        topology = selectors.label_selector(where, "nodeTopology", raw.node_topology)
     return StorageCapacity(
         name=raw.metadata.name,
         namespace=raw.metadata.namespace,
@@ -465,52 +453,3 @@ def _bytes(where: tuple[str, str], field: str, raw: str | int | float) -> int:
     if amount < 0:
         raise InvalidObject(*where, field, f"must not be negative, got {raw!r}")
     return amount
-
-
-def _values(
-    where: tuple[str, str], at: str, operator: str, given: list[str], allowed: frozenset[str]
-) -> tuple[str, ...]:
-    if operator not in allowed:
-        raise InvalidObject(
-            *where, f"{at}.operator", f"must be one of {', '.join(sorted(allowed))}, got {operator!r}"
-        )
-    if operator in ("In", "NotIn") and not given:
-        raise InvalidObject(*where, f"{at}.values", f"must not be empty for {operator}")
-    if operator in ("Exists", "DoesNotExist") and given:
-        raise InvalidObject(*where, f"{at}.values", f"must be empty for {operator}")
-    if operator in ("Gt", "Lt") and len(given) != 1:
-        raise InvalidObject(*where, f"{at}.values", f"{operator} takes one value")
-    return tuple(given)
-
-
-def _node_term(where: tuple[str, str], at: str, term: wire.NodeSelectorTerm) -> LabelSelectorTerm | None:
-    """A node selector term (None for Kubernetes' empty term, which matches no node)."""
-    requirements = [
-        NodeSelectorRequirement(
-            r.key,
-            r.operator,
-            _values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _NODE_OPERATORS),
-        )
-        for j, r in enumerate(term.match_expressions)
-    ]
-    for j, f in enumerate(term.match_fields):
-        if f.key != "metadata.name" or f.operator not in ("In", "NotIn"):
-            raise InvalidObject(
-                *where, f"{at}.matchFields[{j}]", "only metadata.name with In or NotIn is supported"
-            )
-        requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
-    return LabelSelectorTerm(tuple(requirements)) if requirements else None
-
-
-def _label_selector(where: tuple[str, str], at: str, selector: wire.LabelSelector) -> LabelSelector:
-    return LabelSelector(
-        match_labels=dict(selector.match_labels),
-        match_expressions=tuple(
-            LabelRequirement(
-                r.key,
-                r.operator,
-                _values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _LABEL_OPERATORS),
-            )
-            for j, r in enumerate(selector.match_expressions)
-        ),
-    )

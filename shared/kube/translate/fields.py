@@ -10,16 +10,16 @@ or raise that error. `is_mig` and `is_scalar` sort resource names the way nodes 
 from __future__ import annotations
 
 from fractions import Fraction
-
-import msgspec
+from typing import NamedTuple
 
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from shared.kube.quantity import DurationError, QuantityError, parse_duration, parse_quantity, parse_time
 
 
-class Where(msgspec.Struct, frozen=True):
-    """The object being translated, so every error names it."""
+class Where(NamedTuple):
+    """The object being translated, so every error names it; a (kind, name) pair, as `shared.kube.selectors`
+    takes it."""
 
     kind: str
     name: str

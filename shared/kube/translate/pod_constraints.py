@@ -13,72 +13,19 @@ from typing import TypeVar
 
 import msgspec
 
-from shared.kube import keys, values, wire
+from shared.kube import selectors, wire
 from shared.kube.translate.fields import Where
 from shared.model import (
     LabelRequirement,
     LabelSelector,
     LabelSelectorTerm,
-    NodeSelectorRequirement,
     PodAffinityTerm,
     PreferredNodeTerm,
     TopologySpreadConstraint,
 )
 from shared.model.objects import NodeInclusionPolicy, Toleration, WhenUnsatisfiable
 
-_NEVER = NodeSelectorRequirement(keys.NODE_NAME_LABEL, "In", ())
-"""A requirement no node meets (an empty In list)."""
-
-_NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
-_LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 _TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
-
-
-def _requirement_values(
-    where: Where, at: str, operator: str, given: list[str], operators: frozenset[str]
-) -> tuple[str, ...]:
-    """A selector requirement's values, checked as the API server validates them."""
-    if operator not in operators:
-        raise where.error(
-            f"{at}.operator", f"must be one of {', '.join(sorted(operators))}, got {operator!r}"
-        )
-    if operator in ("In", "NotIn") and not given:
-        raise where.error(f"{at}.values", f"must not be empty for {operator}")
-    if operator in ("Exists", "DoesNotExist") and given:
-        raise where.error(f"{at}.values", f"must be empty for {operator}")
-    if operator in ("Gt", "Lt") and (len(given) != 1 or not _is_int64(given[0])):
-        raise where.error(f"{at}.values", f"{operator} takes one integer, got {values.shown(given)}")
-    return tuple(given)
-
-
-def _is_int64(text: str) -> bool:
-    try:
-        values.whole(text, low=-(2**63), high=2**63 - 1)
-    except values.InvalidValueError:
-        return False
-    return True
-
-
-def _node_term(where: Where, at: str, term: wire.NodeSelectorTerm) -> LabelSelectorTerm | None:
-    """A node selector term (None for Kubernetes' empty term, which matches no node)."""
-    requirements = [
-        NodeSelectorRequirement(
-            r.key,
-            r.operator,
-            _requirement_values(where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _NODE_OPERATORS),
-        )
-        for j, r in enumerate(term.match_expressions)
-    ]
-    for j, f in enumerate(term.match_fields):
-        field_at = f"{at}.matchFields[{j}]"
-        if f.key != "metadata.name":
-            raise where.error(f"{field_at}.key", f"only metadata.name is supported, got {f.key!r}")
-        if f.operator not in ("In", "NotIn") or len(f.values) != 1:
-            raise where.error(
-                field_at, f"metadata.name takes In or NotIn with one value, got {f.operator} {f.values}"
-            )
-        requirements.append(NodeSelectorRequirement(keys.NODE_NAME_LABEL, f.operator, tuple(f.values)))
-    return LabelSelectorTerm(tuple(requirements)) if requirements else None
 
 
 def node_affinity(where: Where, affinity: wire.Affinity | None) -> tuple[LabelSelectorTerm, ...]:
@@ -90,9 +37,7 @@ def node_affinity(where: Where, affinity: wire.Affinity | None) -> tuple[LabelSe
     if selector is None:
         return ()
     at = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    terms = [_node_term(where, f"{at}[{i}]", term) for i, term in enumerate(selector.node_selector_terms)]
-    kept = tuple(term for term in terms if term is not None)
-    return kept or (LabelSelectorTerm((_NEVER,)),)
+    return selectors.node_selector(where, at, selector)
 
 
 def preferred_node_affinity(where: Where, affinity: wire.Affinity | None) -> tuple[PreferredNodeTerm, ...]:
@@ -105,7 +50,7 @@ def preferred_node_affinity(where: Where, affinity: wire.Affinity | None) -> tup
         affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     ):
         _weight(where, f"{at}[{i}].weight", preferred.weight)
-        term = _node_term(where, f"{at}[{i}].preference", preferred.preference)
+        term = selectors.node_term(where, f"{at}[{i}].preference", preferred.preference)
         if term is not None:
             out.append(PreferredNodeTerm(preferred.weight, term))
     return tuple(out)
@@ -114,22 +59,6 @@ def preferred_node_affinity(where: Where, affinity: wire.Affinity | None) -> tup
 def _weight(where: Where, at: str, weight: int) -> None:
     if not 1 <= weight <= 100:
         raise where.error(at, f"must be within 1-100, got {weight}")
-
-
-def _label_selector(where: Where, at: str, selector: wire.LabelSelector) -> LabelSelector:
-    return LabelSelector(
-        match_labels=dict(selector.match_labels),
-        match_expressions=tuple(
-            LabelRequirement(
-                r.key,
-                r.operator,
-                _requirement_values(
-                    where, f"{at}.matchExpressions[{j}]", r.operator, r.values, _LABEL_OPERATORS
-                ),
-            )
-            for j, r in enumerate(selector.match_expressions)
-        ),
-    )
 
 
 def _affinity_term(
@@ -141,7 +70,7 @@ def _affinity_term(
         raise where.error(f"{at}.topologyKey", "missing")
     if term.label_selector is None:
         return None
-    selector = _label_selector(where, f"{at}.labelSelector", term.label_selector)
+    selector = selectors.label_selector(where, f"{at}.labelSelector", term.label_selector)
     labels = pod.metadata.labels
     # kube-scheduler merges these keys into the selector with the pod's own values; a key the pod does not
     # carry is left out.
@@ -165,7 +94,7 @@ def _affinity_term(
     if term.namespace_selector is not None:
         given = term.namespace_selector
         if given.match_labels or given.match_expressions:
-            namespace_selector = _label_selector(where, f"{at}.namespaceSelector", given)
+            namespace_selector = selectors.label_selector(where, f"{at}.namespaceSelector", given)
         else:
             all_namespaces = True
     elif not namespaces:
@@ -306,7 +235,7 @@ def _one_of(where: Where, field: str, value: str, allowed: tuple[_Choice, ...]) 
 
 
 def _spread_selector(where: Where, at: str, selector: wire.LabelSelector | None) -> LabelSelector | None:
-    return None if selector is None else _label_selector(where, at, selector)
+    return None if selector is None else selectors.label_selector(where, at, selector)
 
 
 def _with_label_keys(
