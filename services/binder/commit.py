@@ -280,6 +280,7 @@ class Committer:
         for binding, result in zip(binds, await cluster_calls(binds, self.client.bind), strict=True):
             if result is None:
                 carried.bound.append(binding)
+                self.recovery.bound(s.ledger_claim_key(binding.pod), write.claims[binding.pod])
             elif isinstance(result, ClusterRefused):
                 carried.refused.append(str(result))
                 carried.bind_failures.setdefault(binding.podgroup, result.in_kube_scheduler_words())

@@ -142,6 +142,24 @@ class Recovery:
     """Reservations no claim backs, as this replica's scans have seen them (`services.binder.leftovers`)."""
     rebinds: RecoveryBinds = field(default_factory=RecoveryBinds)
     """The scan's binds still running, a task per proposal (`services.binder.recovery_binds`)."""
+    bound_here: dict[str, int] = field(default_factory=dict)
+    """Claim key -> the claim's revision when this replica's bind of its pod succeeded (`bound`): the scan
+    counts that pod bound while the claim stays at that revision, whatever the state says."""
+
+    def bound(self, claim_key: str, revision: int) -> None:
+        """This replica's bind of the pod of claim `claim_key` (at `revision`) succeeded. A pod's node is
+        set once: the pod is owed no bind while that claim lasts, even while the state, behind the cluster
+        (a loaded state service), still shows it pending; a bind again would be answered "already bound"
+        and publish its PodBound event a second time."""
+        self.bound_here[claim_key] = revision
+
+    def _status(self, pod: Pod | None, key: str, revision: int) -> PodStatus | None:
+        """The pod's status as the scan judges it: `BOUND` for a pod this replica bound under this claim."""
+        if pod is None:
+            return None
+        if pod.status == PodStatus.PENDING and self.bound_here.get(key) == revision:
+            return PodStatus.BOUND
+        return pod.status
 
     async def scan(
         self,
@@ -261,12 +279,12 @@ class Recovery:
             first = first_seen.get(key)
             if first is None or first[0] != revision:
                 first_seen[key] = (revision, now)
-            pod = pods.get(claim.pod)
-            if pod is None or pod.status == PodStatus.PENDING:
+            if self._status(pods.get(claim.pod), key, revision) in (None, PodStatus.PENDING):
                 wanted.add(claim.proposal)
-        if len(first_seen) > len(claims):
-            for key in [k for k in first_seen if k not in claims]:
-                del first_seen[key]
+        for kept in (first_seen, self.bound_here):
+            if len(kept) > len(claims):
+                for key in [k for k in kept if k not in claims]:
+                    del kept[key]
         by_proposal: dict[str, list[tuple[str, PodClaim]]] = defaultdict(list)
         for key, claim in sorted((k, c) for k, c in claims.items() if c.proposal in wanted):
             by_proposal[claim.proposal].append((key, claim))
@@ -274,7 +292,7 @@ class Recovery:
         for proposal, members in by_proposal.items():
             if proposal in self.in_flight or proposal in self.rebinds:
                 continue
-            statuses = {c.pod: (p.status if (p := pods.get(c.pod)) is not None else None) for _, c in members}
+            statuses = {c.pod: self._status(pods.get(c.pod), k, revisions.get(k, 0)) for k, c in members}
             if not any(st is None or st == PodStatus.PENDING for st in statuses.values()):
                 continue  # every pod left pending meanwhile: the binds happened
             if not all(self._old_enough(key, claim, now, grace) for key, claim in members):
@@ -419,6 +437,9 @@ class Recovery:
                 )
                 self.counters["released"] += 1
             # No answer: the claim stays, and the next scan tries again.
+        for binding in bound:
+            key = s.ledger_claim_key(binding.pod)
+            self.bound(key, revisions.get(key, 0))
         if bound:
             log.info("recovery bound %d pod(s) of proposal %s", len(bound), proposal)
             self.counters["recovered"] += len(bound)

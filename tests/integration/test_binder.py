@@ -458,6 +458,28 @@ async def test_a_claim_ages_while_its_pod_is_bound_so_a_later_deletion_is_acted_
     assert set(await node_pods(bus, "n2")) == set()
 
 
+async def test_a_binder_s_scan_does_not_bind_again_what_it_bound_while_the_state_still_shows_it_pending(
+    bus: Bus,
+) -> None:
+    """A loaded state service can show a bound pod pending for longer than the grace. The binder that bound
+    it owes it nothing (a pod's node is set once): its scan neither binds it again (an "already bound"
+    answer) nor publishes its PodBound a second time. A binder that did not bind it still does, past the
+    grace, as for any pod whose binder may have died before its bind."""
+    await lease(bus)
+    cluster = FakeCluster()
+    committer = Committer(bus, cluster)
+    p = proposal("p", (bind("ns/a", "n1"), bind("ns/b", "n1")))
+    assert (await committer.process(p)).status == "committed"
+    lagging = _pods({"ns/a": PodStatus.PENDING, "ns/b": PodStatus.PENDING})
+    for now in (100.0, 200.0):
+        assert await committer.recover(*await ledger_view(bus), lagging, now=now, grace=5.0) == []
+    assert cluster.calls == [("bind", "ns/a"), ("bind", "ns/b")]
+    assert committer.counters["recovered"] == 0
+    other = Committer(bus, FakeCluster())
+    assert await other.recover(*await ledger_view(bus), lagging, now=100.0, grace=5.0) == []
+    assert await other.recover(*await ledger_view(bus), lagging, now=200.0, grace=5.0) == ["ns/a", "ns/b"]
+
+
 async def test_recovery_takes_back_a_commit_that_died_half_way(bus: Bus) -> None:
     before = await dump(bus.ledger)
     # Claims for the gang and the reservation on n1 were written; n2's never was.
