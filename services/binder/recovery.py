@@ -31,6 +31,9 @@ own:
   another revision leaves the proposal to a later scan, and every delete is a compare-and-set on the
   revision read.
 Claims from binders before `PodClaim.commit_timeout` (0) are judged by the grace alone, as before.
+A pod this replica bound itself, under a claim still at the revision it bound it on, counts as bound
+whatever the state shows (`Recovery.bound`): a state service behind the cluster shows it pending for a while,
+and binding it again would only be answered "already bound" and publish its PodBound twice.
 Each proposal's binds run in a task of their own (`services.binder.recovery_binds`): a bind that waits
 long (a fractional pod's reservation, up to `reservation_timeout` per try) holds back no other recovery,
 and later scans leave that proposal alone while it runs. Every scan also sweeps the reservations a
