@@ -1,4 +1,4 @@
-"""Project-wide test fixtures.
+"""Project-wide test fixtures, and the hypothesis profile every property runs under (no deadline).
 
 Every async test is checked for leaked asyncio tasks: a task the test (or one of its function-scoped
 fixtures) started and left pending fails the test. Without this check the leak would go unnoticed, since
@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck, settings
 
 from tools.stack.nats_server import NatsServer, start_nats_server
+
+# Properties are judged by what they find, never by how long an example took: on a loaded 2-core
+# machine (CI beside other jobs) hypothesis's 200 ms deadline and its too-slow health check failed
+# specs whose code was right. A spec that sets its own settings still overrides these.
+settings.register_profile("kairos", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kairos")
 
 # How long a task that was cancelled but not awaited gets to finish before it counts as a leak.
 _CANCEL_GRACE_SECONDS = 1.0
