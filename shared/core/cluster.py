@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from shared.core.tasks import CPU, GPU, MEM, N_BASE, PODS, TaskState
-from shared.model import Node
+from shared.model import Node, Pod
 from shared.model.status import ACTIVE_USED, PodStatus
 
 EPS = 1e-9
@@ -38,9 +38,9 @@ class SharedGroup:
     has_allocated: bool = False
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """What the node recorded when it added a task, so removal undoes exactly that."""
+class _Entry(NamedTuple):
+    """What the node recorded when it added a task, so removal undoes exactly that (a tuple: a session
+    makes one per placed pod, and everything but `task` is what `_Placed` keeps between sessions)."""
 
     status: PodStatus
     groups: tuple[str, ...]
@@ -117,8 +117,7 @@ class ClusterState:
             state = NodeState(self, i, nd)
             self.nodes[nd.name] = state
             self.order.append(state)
-        for task in placed:
-            self.nodes[cast(str, task.node)].add_task(task)
+        _place(self, placed)
         self.alloc = [np.array(row, dtype=np.float64) for row in alloc]
         self.idle = [np.array(row, dtype=np.float64) for row in idle]
         self.used = [np.array(row, dtype=np.float64) for row in used]
@@ -529,3 +528,138 @@ class NodeState:
             f"Node({self.name} idle cpu={self.idle(CPU)} gpu={self.idle(GPU)} "
             f"releasing gpu={self.releasing(GPU)})"
         )
+
+
+class _Placed(NamedTuple):
+    """One node once the snapshot's pods were placed on it (`ClusterState`'s `placed`), kept for the next
+    session: the node record and the pods it took, in order and in their session statuses, and what they
+    left in its accounting. Everything in it is worked out from those records alone, so a node that is the
+    same record holding the same pod records in the same statuses comes out the same without placing them
+    one by one again."""
+
+    node: Node
+    pods: tuple[Pod, ...]
+    statuses: tuple[PodStatus, ...]
+    arrays: tuple[tuple[float, float, float], ...]
+    """(idle, used, releasing) per tracked resource."""
+    entries: tuple[
+        tuple[
+            PodStatus,
+            tuple[str, ...],
+            tuple[float, float, float, float],
+            tuple[tuple[str, float], ...],
+            bool,
+            int,
+        ],
+        ...,
+    ]
+    """Each pod's `_Entry` less its task, in the order the node took them."""
+    accepted: tuple[float, ...]
+    """Each pod's `TaskState.accepted_gpus` once the node took it."""
+    groups: tuple[tuple[str, int, int, int, bool, bool], ...]
+    """Each shared GPU group: id, used, releasing, allocated, marked releasing, has allocated."""
+    sharing: bool
+    releasing: bool
+    """Whether placing the pods set the cluster's `has_releasing`."""
+    idle_scalars: dict[str, float]
+    used_scalars: dict[str, float]
+    releasing_scalars: dict[str, float]
+    legacy_mig: frozenset[str]
+
+
+class _PlacedMemo:
+    """The last build's `_Placed` per node, by the node record's identity (held, so an id is never another
+    object's while kept). Only the last build's nodes are kept; a changed node or pod is a new record, so
+    its node is placed anew. Pure: it remembers values worked out from immutable records."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, _Placed] = {}
+
+
+_PLACED = _PlacedMemo()
+
+
+def _place(cluster: ClusterState, placed: Iterable[TaskState]) -> None:
+    """Each node of `cluster` takes its tasks of `placed` in their order (`NodeState.add_task`), or, when it
+    is the same node record holding the same pods as in the last build, has what they left put back."""
+    by_node: dict[str, list[TaskState]] = {}
+    for task in placed:
+        by_node.setdefault(cast(str, task.node), []).append(task)
+    if not by_node:
+        return
+    last = _PLACED.last
+    kept: dict[int, _Placed] = {}
+    for name, tasks in by_node.items():
+        state = cluster.nodes[name]
+        record = state.node
+        before = last.get(id(record))
+        if (
+            before is not None
+            and before.node is record
+            and len(before.pods) == len(tasks)
+            and all(
+                p is t.pod and s is t.status
+                for p, s, t in zip(before.pods, before.statuses, tasks, strict=True)
+            )
+        ):
+            _put_back(state, before, tasks)
+        else:
+            before = _place_on(state, tasks)
+        kept[id(record)] = before
+    _PLACED.last = kept
+
+
+def _place_on(state: NodeState, tasks: list[TaskState]) -> _Placed:
+    c = state.cluster
+    i = state.idx
+    releasing_before = c.has_releasing
+    c.has_releasing = False
+    for task in tasks:
+        state.add_task(task)
+    releasing = c.has_releasing
+    c.has_releasing = releasing_before or releasing
+    return _Placed(
+        node=state.node,
+        pods=tuple(t.pod for t in tasks),
+        statuses=tuple(t.status for t in tasks),
+        arrays=tuple((c.idle[r][i], c.used[r][i], c.releasing[r][i]) for r in range(N_BASE)),
+        entries=tuple(e[:6] for e in state.tasks.values()),
+        accepted=tuple(t.accepted_gpus for t in tasks),
+        groups=tuple(
+            (g, s.used, s.releasing, s.allocated, s.marked_releasing, s.has_allocated)
+            for g, s in state.groups.items()
+        ),
+        sharing=i in c.sharing_nodes,
+        releasing=releasing,
+        idle_scalars=dict(state.idle_scalars),
+        used_scalars=dict(state.used_scalars),
+        releasing_scalars=dict(state.releasing_scalars),
+        legacy_mig=frozenset(state.legacy_mig_tasks),
+    )
+
+
+def _put_back(state: NodeState, placed: _Placed, tasks: list[TaskState]) -> None:
+    """The node as `add_task` of each task would leave it: the same accounting, versions and generation."""
+    c = state.cluster
+    i = state.idx
+    n = len(tasks)
+    c.versions[i] += n
+    c.generation += n
+    for r, (idle, used, releasing) in enumerate(placed.arrays):
+        c.idle[r][i] = idle
+        c.used[r][i] = used
+        c.releasing[r][i] = releasing
+    entries = state.tasks
+    for task, entry, accepted in zip(tasks, placed.entries, placed.accepted, strict=True):
+        entries[task.key] = _Entry(*entry, task)
+        task.accepted_gpus = accepted
+    for g, used_mem, releasing_mem, allocated, marked, has_allocated in placed.groups:
+        state.groups[g] = SharedGroup(used_mem, releasing_mem, allocated, marked, has_allocated)
+    if placed.sharing:
+        c.sharing_nodes.add(i)
+    if placed.releasing:
+        c.has_releasing = True
+    state.idle_scalars = dict(placed.idle_scalars)
+    state.used_scalars = dict(placed.used_scalars)
+    state.releasing_scalars = dict(placed.releasing_scalars)
+    state.legacy_mig_tasks = set(placed.legacy_mig)
