@@ -25,7 +25,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated
 
 import msgspec
@@ -43,6 +43,8 @@ from shared.security.permissions import node_of_agent
 from shared.telemetry.metrics import GpuAgentMetrics
 
 SERVICE = "gpu_agent"
+OWNER = f"service {SERVICE}"
+"""Who refuses a bad setting, as the service runner names the service."""
 SWITCHES = {"--allow-no-gpu": "allow_no_gpu"}
 """Flags of this service beyond the runner's: each is the same as `--set <option>=true`."""
 
@@ -68,20 +70,20 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], environ: Mapping[str, str]) -> AgentSettings:
-        settings = read_options(SERVICE, cls, {"node": environ.get("NODE_NAME", ""), **options})
+        settings = read_options(OWNER, cls, {"node": environ.get("NODE_NAME", ""), **options})
         if not settings.node:
             raise ConfigError(
-                f"{SERVICE}: option 'node': missing; pass --set node=NAME or set NODE_NAME "
+                f"{OWNER}: option 'node': missing; pass --set node=NAME or set NODE_NAME "
                 "(a DaemonSet sets it from spec.nodeName through the downward API)"
             )
         user = environ.get(ENV_USER, "")
         try:
             speaks_for = node_of_agent(user)
         except KeyError as exc:
-            raise ConfigError(f"{SERVICE}: {ENV_USER}: {exc.args[0]}") from exc
+            raise ConfigError(f"{OWNER}: {ENV_USER}: {exc.args[0]}") from exc
         if speaks_for is not None and speaks_for != settings.node:
             raise ConfigError(
-                f"{SERVICE}: {ENV_USER} {user!r} may speak only for node {speaks_for!r}, not for {settings.node!r}"
+                f"{OWNER}: {ENV_USER} {user!r} may speak only for node {speaks_for!r}, not for {settings.node!r}"
             )
         return settings
 
@@ -178,27 +180,39 @@ class Agent:
             ctx.counters["requests"] += 1
             await self.publish(ctx, reply=getattr(msg, "reply", ""))
 
-        sub = await ctx.bus.nc.subscribe(s.gpu_inventory_request(self.settings.node), cb=answer)
-        telemetry = (
-            asyncio.create_task(self._telemetry_loop(ctx), name="gpu-telemetry")
-            if self.settings.telemetry_period > 0
-            else None
-        )
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            # Each step's undo is registered as the step succeeds, so a failure or a cancellation at any
+            # step (or SIGTERM ending the loop) undoes what was set up, in reverse: no longer ready, the
+            # telemetry loop stopped, requests no longer answered, NVML shut down (after any read in hand).
+            stack.push_async_callback(self._close)
+            sub = await ctx.bus.nc.subscribe(s.gpu_inventory_request(self.settings.node), cb=answer)
+            stack.push_async_callback(_quietly, sub.unsubscribe)
+            if self.settings.telemetry_period > 0:
+                telemetry = asyncio.create_task(self._telemetry_loop(ctx), name="gpu-telemetry")
+                stack.push_async_callback(_cancelled, telemetry)
+            stack.callback(setattr, ctx, "ready", False)
             while not ctx.stopping.is_set():
                 await self.publish(ctx)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.stopping.wait(), self.settings.period)
-        finally:
-            ctx.ready = False
-            if telemetry is not None:
-                telemetry.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await telemetry
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            async with self._lock:
-                await asyncio.to_thread(self.reader.close)
+
+    async def _close(self) -> None:
+        """NVML shut down, once the read in hand (if any) is done."""
+        async with self._lock:
+            await asyncio.to_thread(self.reader.close)
+
+
+async def _quietly(stop: Callable[[], Awaitable[object]]) -> None:
+    """`stop()`, its error ignored: the connection it would tidy may be gone already."""
+    with contextlib.suppress(Exception):
+        await stop()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """`task` cancelled and waited for; whatever it raised on the way out is not the caller's concern."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def run(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:

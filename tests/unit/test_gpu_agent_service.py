@@ -29,7 +29,8 @@ def test_the_node_option_wins_over_the_environment() -> None:
 
 def test_a_missing_node_name_is_a_config_error_naming_the_option() -> None:
     with pytest.raises(
-        ConfigError, match=r"gpu_agent: option 'node': missing; pass --set node=NAME or set NODE_NAME"
+        ConfigError,
+        match=r"^service gpu_agent: option 'node': missing; pass --set node=NAME or set NODE_NAME",
     ):
         settings()
 
@@ -57,7 +58,7 @@ def test_the_period_defaults_to_thirty_seconds_and_takes_seconds() -> None:
 def test_a_period_that_is_not_positive_seconds_is_a_config_error_naming_it(
     period: str, expected: str
 ) -> None:
-    with pytest.raises(ConfigError, match=f"^gpu_agent: option 'period': {re.escape(expected)}$"):
+    with pytest.raises(ConfigError, match=f"^service gpu_agent: option 'period': {re.escape(expected)}$"):
         settings("--set", "node=n", "--set", f"period={period}")
 
 
@@ -96,5 +97,5 @@ def test_bad_settings_exit_2_before_nvml_is_touched(capsys: pytest.CaptureFixtur
     fake = FakeNvml()
     code = run(["--set", "node=n", "--set", "period=-3"], nvml=fake)
     assert code == 2
-    assert capsys.readouterr().err.startswith("kairos: gpu_agent: option 'period'")
+    assert capsys.readouterr().err.startswith("kairos: service gpu_agent: option 'period'")
     assert fake.initialised == 0
