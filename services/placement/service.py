@@ -25,22 +25,24 @@ from services.placement.worker import Worker
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_consumers import ShardLoops, consumer_config, durable_for
+from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, durable_for
 from shared.bus.shard_spread import parse_restriction
 from shared.contracts import subjects as s
 from shared.contracts.messages import WORK
-from shared.errors import ConfigError
+from shared.options import Seconds, read_options
 from shared.telemetry.metrics import PlacementMetrics
 
 SERVICE = "placement"
+OWNER = f"service {SERVICE}"
+"""Who refuses a bad option, as the service runner names the service."""
 FETCH_TIMEOUT_S = 0.5
 """A fetch waits this long for an item; it bounds how late a replica notices SIGTERM."""
 
 
 class PlacementSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The placement service's `--set key=value` options."""
+    """The placement service's `--set key=value` options, read through `shared.options.read_options`."""
 
-    wait_timeout: float = 5.0
+    wait_timeout: Seconds = 5.0
     """Seconds to wait for the replica to reach an item's revisions before handing the item back (nak)."""
     fence: bool = True
     """Drop items whose term is older than the shard lease's (a superseded leader's work) without running
@@ -48,10 +50,8 @@ class PlacementSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> PlacementSettings:
-        try:
-            return msgspec.convert(dict(options), cls, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"placement: options: {exc}") from exc
+        """The options given as text; a `ConfigError` naming the option and the value when one is refused."""
+        return read_options(OWNER, cls, options)
 
 
 def consumer_name(shard: str) -> str:
@@ -61,9 +61,14 @@ def consumer_name(shard: str) -> str:
 
 async def body(ctx: ServiceContext) -> None:
     settings = PlacementSettings.from_options(ctx.config.options)
-    replica = StateReplica(ctx.bus)
-    await replica.start(timeout=30.0)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Each step's undo is registered as the step starts, so a failure or a cancellation at any step
+        # (or SIGTERM's return from the shards' loop) undoes what was set up, in reverse: the shards'
+        # loops stopped (each finishes the item in hand), the replica no longer ready, its watches stopped.
+        replica = StateReplica(ctx.bus)
+        stack.push_async_callback(replica.stop)  # before start: a start that times out leaves watches
+        await replica.start(timeout=30.0)
+        stack.callback(setattr, ctx, "ready", False)
         worker = Worker(
             ctx.bus,
             replica,
@@ -73,53 +78,64 @@ async def body(ctx: ServiceContext) -> None:
             tie_break_seed=zlib.crc32(ctx.config.replica.encode()),
             metrics=PlacementMetrics(ctx.metrics),
         )
-        idle = asyncio.Event()
-        idle.set()
-        busy = 0
-
-        async def consume(shard: str, stop: asyncio.Event) -> None:
-            sub = await ctx.bus.js.pull_subscribe(
-                s.work(shard),
-                durable=consumer_name(shard),
-                stream=s.WORK_STREAM,
-                config=consumer_config(shard),
-            )
-            nonlocal busy
-            try:
-                while not (stop.is_set() or ctx.stopping.is_set()):
-                    await idle.wait()
-                    try:
-                        msgs = await sub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
-                    except TimeoutError:
-                        continue
-                    except Exception as exc:  # noqa: BLE001 -- a reconnecting client: retry shortly
-                        ctx.log.warning("shard %s: fetch failed: %s", shard, exc)
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), 0.5)
-                        continue
-                    busy += 1
-                    idle.clear()
-                    try:
-                        for msg in msgs:
-                            await handle(msg, WORK, worker.handle, ctx.counters, jetstream=True)
-                    finally:
-                        busy -= 1
-                        if busy == 0:
-                            idle.set()
-            finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-
-        loops = ShardLoops(replica, parse_restriction(ctx.config.shard), consume)
+        loops = ShardLoops(replica, parse_restriction(ctx.config.shard), _consumer(ctx, worker))
+        stack.push_async_callback(_stop_all, loops)
         await loops.reconcile()
-        ctx.ready = True
 
         def describe() -> str:
             ctx.counters["shards_served"] = len(loops.shards)
             return f"shards {', '.join(loops.shards)}"
 
         ctx.describe = describe
+        ctx.ready = True
         await loops.run(ctx.stopping)
-    finally:
-        ctx.ready = False
-        await replica.stop()
+
+
+def _consumer(ctx: ServiceContext, worker: Worker) -> Consume:
+    """A shard's loop: one item at a time from the shard's durable pull consumer, fetched only while this
+    replica is idle (whichever shard its last item came from), so another idle replica gets the next one."""
+    idle = asyncio.Event()
+    idle.set()
+    busy = 0
+
+    async def consume(shard: str, stop: asyncio.Event) -> None:
+        nonlocal busy
+        sub = await ctx.bus.js.pull_subscribe(
+            s.work(shard),
+            durable=consumer_name(shard),
+            stream=s.WORK_STREAM,
+            config=consumer_config(shard),
+        )
+        try:
+            while not (stop.is_set() or ctx.stopping.is_set()):
+                await idle.wait()
+                try:
+                    msgs = await sub.fetch(batch=1, timeout=FETCH_TIMEOUT_S)
+                except TimeoutError:
+                    continue
+                except Exception as exc:  # noqa: BLE001 -- a reconnecting client: retry shortly
+                    ctx.log.warning("shard %s: fetch failed: %s", shard, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.5)
+                    continue
+                busy += 1
+                idle.clear()
+                try:
+                    for msg in msgs:
+                        await handle(msg, WORK, worker.handle, ctx.counters, jetstream=True)
+                finally:
+                    busy -= 1
+                    if busy == 0:
+                        idle.set()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    return consume
+
+
+async def _stop_all(loops: ShardLoops) -> None:
+    """Every shard's loop stopped: `ShardLoops.run` stops them all once its event is set, here at once."""
+    stopped = asyncio.Event()
+    stopped.set()
+    await loops.run(stopped)
