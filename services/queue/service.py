@@ -45,8 +45,8 @@ async def body(ctx: ServiceContext) -> None:
         # read `graceful` when they run, at the end.
         graceful = False
         replica = StateReplica(ctx.bus)
+        stack.push_async_callback(replica.stop)  # before start: a start that times out leaves watches
         await replica.start(timeout=30.0)
-        stack.push_async_callback(replica.stop)
         stack.callback(setattr, ctx, "ready", False)
         members = Members(
             ctx.bus.leases, SERVICE, ctx.config.replica, parse_restriction(ctx.config.shard), loop.time
