@@ -175,3 +175,13 @@ async def test_a_reply_that_is_not_http_is_refused_naming_what_is_wrong(
 async def test_a_url_that_is_not_http_is_refused(client: ReviewClient, url: str) -> None:
     with pytest.raises(ValueError, match="not an http"):
         await client.post(url, b"{}")
+
+
+async def test_reviews_sent_at_once_keep_their_connections_for_the_next_ones(client: ReviewClient) -> None:
+    server = Server(lambda _: _with_length(OK))
+    async with await _serve(server):
+        for _ in range(3):
+            replies = await asyncio.gather(*(client.post(server.url, b"{}") for _ in range(40)))
+            assert replies == [(OK, 200)] * 40
+    assert server.requests == 120
+    assert server.connections == 40

@@ -28,8 +28,10 @@ _MAX_HEAD = 64 * 1024
 """A reply's status line and headers larger than this are refused (a webhook answers with a few hundred)."""
 _MAX_BODY = 16 * 2**20
 """A reply's body larger than this is refused (a review's answer is a patch and some warnings)."""
-_IDLE_KEPT = 8
-"""Idle connections kept per endpoint (reviews run one per pod, a handful at once)."""
+_IDLE_KEPT = 100
+"""Idle connections kept per endpoint: as many as reviews may run at once (one per pod being created, and
+clients create dozens at once), or each busy moment would open and close connections (aiohttp's pool
+keeps 100 too)."""
 
 _Key = tuple[str, str, int, str | None, int]
 """(scheme, host, port, TLS server name, id of the TLS context): one pool of connections."""
