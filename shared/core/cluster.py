@@ -23,6 +23,8 @@ from shared.model import Node, Pod
 from shared.model.status import ACTIVE_USED, PodStatus
 
 EPS = 1e-9
+_NONE: frozenset[str] = frozenset()
+"""One empty set for every node's legacy MIG pods (an empty frozenset is a new object each time)."""
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -180,7 +182,9 @@ class NodeState:
         self.idle_scalars: dict[str, float] = dict(node.scalars)
         self.used_scalars: dict[str, float] = {}
         self.releasing_scalars: dict[str, float] = {}
-        self.legacy_mig_tasks: set[str] = set()
+        self.legacy_mig_tasks: frozenset[str] = _NONE
+        """The pods on it that ask for MIG instances the legacy way (few nodes have any: a new set each time
+        one comes or goes)."""
         self.has_mig = any("mig-" in name for name in node.scalars)
         """Whether the node reports MIG instances (the only scalars that count as GPUs)."""
 
@@ -238,7 +242,7 @@ class NodeState:
         vec, scalars = self._vector(task)
         entry = _Entry(
             status=task.status,
-            groups=tuple(task.gpu_groups),
+            groups=task.gpu_groups,
             vector=vec,
             scalars=scalars,
             shared=task.is_shared,
@@ -251,7 +255,7 @@ class NodeState:
             # placement, and nothing clears them when a statement is undone (SEMANTICS §13.3 item 5).
             task.accepted_gpus = self.accepted_gpus(task)
         if task.pod.legacy_mig:
-            self.legacy_mig_tasks.add(task.key)
+            self.legacy_mig_tasks = self.legacy_mig_tasks | {task.key}
         c = self.cluster
         for r in range(N_BASE):
             v = vec[r]
@@ -286,7 +290,8 @@ class NodeState:
         self.cluster.generation += 1
         if self.cluster.changed_nodes is not None:
             self.cluster.changed_nodes.add(self.idx)
-        self.legacy_mig_tasks.discard(task.key)
+        if task.key in self.legacy_mig_tasks:
+            self.legacy_mig_tasks = self.legacy_mig_tasks - {task.key}
         c = self.cluster
         for r in range(N_BASE):
             v = entry.vector[r]
@@ -335,7 +340,7 @@ class NodeState:
             idle_scalars=dict(self.idle_scalars),
             used_scalars=dict(self.used_scalars),
             releasing_scalars=dict(self.releasing_scalars),
-            legacy_mig_tasks=frozenset(self.legacy_mig_tasks),
+            legacy_mig_tasks=self.legacy_mig_tasks,
         )
 
     def restore(self, m: NodeMemento) -> None:
@@ -361,7 +366,7 @@ class NodeState:
         self.idle_scalars = dict(m.idle_scalars)
         self.used_scalars = dict(m.used_scalars)
         self.releasing_scalars = dict(m.releasing_scalars)
-        self.legacy_mig_tasks = set(m.legacy_mig_tasks)
+        self.legacy_mig_tasks = m.legacy_mig_tasks
 
     # --- shared GPU groups -----------------------------------------------------------------------------
     def _used_gpu_count(self) -> int:
@@ -634,7 +639,7 @@ def _place_on(state: NodeState, tasks: list[TaskState]) -> _Placed:
         idle_scalars=dict(state.idle_scalars),
         used_scalars=dict(state.used_scalars),
         releasing_scalars=dict(state.releasing_scalars),
-        legacy_mig=frozenset(state.legacy_mig_tasks),
+        legacy_mig=state.legacy_mig_tasks,
     )
 
 
@@ -662,4 +667,4 @@ def _put_back(state: NodeState, placed: _Placed, tasks: list[TaskState]) -> None
     state.idle_scalars = dict(placed.idle_scalars)
     state.used_scalars = dict(placed.used_scalars)
     state.releasing_scalars = dict(placed.releasing_scalars)
-    state.legacy_mig_tasks = set(placed.legacy_mig)
+    state.legacy_mig_tasks = placed.legacy_mig

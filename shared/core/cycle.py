@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 from shared.core import dra, volumes
@@ -171,7 +171,7 @@ def hold_broken_gangs(ssn: Session) -> None:
         ssn.record(Decisions(pipelines=tuple(held)))
 
 
-def fit_error_message(reasons: list[tuple[str, list[str]]]) -> str | None:
+def fit_error_message(reasons: Sequence[tuple[str, list[str]]]) -> str | None:
     """KAI's detailed job fit message: the reason, then each detail, each on its own line with a period."""
     if not reasons:
         return None
@@ -291,7 +291,7 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
         name=task.name,
         podgroup=task.job.key,
         node=node,
-        gpu_groups=tuple(task.gpu_groups),
+        gpu_groups=task.gpu_groups,
         cpu_millis=task.cpu,
         memory_bytes=task.mem,
         gpus=float(ssn.accepted_quota(task)[R_GPU]),
@@ -336,7 +336,7 @@ def session_view(
             podgroup=job.key,
             status=task.status.value,
             node=task.node,
-            gpu_groups=tuple(task.gpu_groups),
+            gpu_groups=task.gpu_groups,
             # KAI's accepted resources: kept from a tentative placement that was undone (§13.3 item 5).
             gpus_accepted=task.accepted_gpus,
         )

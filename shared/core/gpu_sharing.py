@@ -69,7 +69,7 @@ def allocate_shared(
     if choice is None:
         return False
     previous = task.gpu_groups
-    task.gpu_groups = list(choice.groups)
+    task.gpu_groups = tuple(choice.groups)
     try:
         if pipeline_only or choice.releasing:
             stmt.pipeline(task, node.name, update_if_on_node=False)

@@ -107,7 +107,7 @@ class Statement:
             (q, tuple(q.allocated), tuple(q.allocated_non_preemptible))
             for q in ancestors_and_self(self.ssn.queues, task.job.queue)
         )
-        return Memento(task, task.status, task.node, tuple(task.gpu_groups), task.is_virtual, touched, chain)
+        return Memento(task, task.status, task.node, task.gpu_groups, task.is_virtual, touched, chain)
 
     def allocate(self, task: TaskState, node_name: str) -> None:
         op = AllocateOp(self._memento(task, node_name), task, node_name)
@@ -124,13 +124,10 @@ class Statement:
         gpu_moved = False
         if entry is not None:
             gpu_moved = (
-                bool(task.gpu_groups)
-                and task.is_shared
-                and task.gpu_groups != ["-1"]
-                and tuple(task.gpu_groups) != entry.groups
+                bool(task.gpu_groups) and task.is_shared and task.gpu_groups not in (("-1",), entry.groups)
             )
         if entry is not None and not update_if_on_node and not gpu_moved:
-            task.gpu_groups = list(entry.groups)
+            task.gpu_groups = entry.groups
             self._unevict(task, node_name)
             return
         op = PipelineOp(self._memento(task, node_name), task, node_name)
@@ -167,7 +164,7 @@ class Statement:
     def _restore_evicted(self, op: EvictOp) -> None:
         task = op.task
         self.ssn.set_status(task, op.memento.status)
-        task.gpu_groups = list(op.memento.groups)
+        task.gpu_groups = op.memento.groups
         task.is_virtual = op.memento.virtual
         task.node = op.node
         node = self.ssn.cluster.nodes[op.node]
@@ -195,7 +192,7 @@ class Statement:
         task.status = m.status
         unplaced = m.status == PodStatus.PENDING and isinstance(op, AllocateOp | PipelineOp)
         task.node = None if unplaced else m.node
-        task.gpu_groups = list(m.groups)
+        task.gpu_groups = m.groups
         task.is_virtual = m.virtual
         task.job.version += 1
         for node_memento in m.nodes:

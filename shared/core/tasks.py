@@ -56,27 +56,28 @@ class TaskState:
         self.pod_set: PodSetState | None = None
         self.status: PodStatus = pod.status
         self.node: str | None = pod.node
-        self.gpu_groups: list[str] = list(pod.gpu_groups)
+        self.gpu_groups: tuple[str, ...] = pod.gpu_groups
         self.is_virtual = False
         self.accepted_gpus = 0.0
         """KAI `AcceptedResource.GPUs()`: set by a node each time it takes the pod in an active-used status
         (`NodeState.add_task`), never cleared, so a pod whose tentative placement was undone keeps it."""
         self.cpu = float(pod.cpu_millis)
         self.mem = float(pod.memory_bytes)
-        self.gpu: GpuRequest = pod.gpu
+        self.gpu: GpuRequest = (gpu := pod.gpu)
         self.scalars: dict[str, float] = pod.scalars
         """Extended resources, huge pages, ephemeral storage (`Pod.scalars`; MIG instances are in `gpu`)."""
         self.task_priority = pod.task_priority
         self.creation_time = pod.creation_time
-        if pod.gpu.is_mig:
+        # GpuRequest's is_mig, is_fraction and is_memory, asked in turn (a session builds every pod's task).
+        if gpu.mig:
             self.kind = "mig"
-        elif pod.gpu.is_fraction:
+        elif gpu.fraction > 0:
             self.kind = "fraction"
-        elif pod.gpu.is_memory:
+        elif gpu.memory_mib > 0:
             self.kind = "memory"
         else:
             self.kind = "regular"
-        self.whole_gpus = float(pod.gpu.devices) if self.kind == "regular" else 0.0
+        self.whole_gpus = float(gpu.devices) if self.kind == "regular" else 0.0
 
     # --- request kinds (KAI pod_info) -------------------------------------------------------------
     @property
@@ -202,7 +203,11 @@ class SetState:
     __slots__ = ("children", "min_sub_group", "name", "pod_sets")
 
     def __init__(
-        self, name: str, min_sub_group: int | None, children: list[SetState], pod_sets: list[PodSetState]
+        self,
+        name: str,
+        min_sub_group: int | None,
+        children: tuple[SetState, ...],
+        pod_sets: tuple[PodSetState, ...],
     ) -> None:
         self.name = name
         self.min_sub_group = min_sub_group
@@ -281,8 +286,8 @@ def _tree(group: SubGroupSet, pod_sets: dict[str, PodSetState]) -> SetState:
     return SetState(
         group.name,
         group.min_sub_group,
-        [_tree(child, pod_sets) for child in group.children],
-        [pod_sets[ps.name] for ps in group.pod_sets if ps.name in pod_sets],
+        tuple(_tree(child, pod_sets) for child in group.children) if group.children else (),
+        tuple(pod_sets[ps.name] for ps in group.pod_sets if ps.name in pod_sets),
     )
 
 
@@ -324,7 +329,7 @@ class JobState:
         """The sub-group tree over `pod_sets` (KAI ``RootSubGroupSet``), what gang questions walk."""
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
-            self.tree.pod_sets.append(self.pod_sets[DEFAULT_POD_SET])
+            self.tree.pod_sets = (self.pod_sets[DEFAULT_POD_SET],)
         self.backed_off = podgroup.backed_off
         """KAI's scheduling backoff has taken the podgroup off this node pool (`Session.in_focus`)."""
         self.bind_retry_at: float | None = None
@@ -335,7 +340,8 @@ class JobState:
         # Bumped on every status change of one of its tasks; keys the caches below.
         self.version = 0
         self._cache: dict[object, tuple[int, object]] = {}
-        self.fit_errors: list[tuple[str, list[str]]] = []
+        self.fit_errors: Sequence[tuple[str, list[str]]] = ()
+        """Why its placement failed, in order (`add_fit_error`; a tuple until the first: most jobs get none)."""
         self.task_fit_errors: dict[str, dict[str, Sequence[str]]] = {}
         """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
 
@@ -491,7 +497,10 @@ class JobState:
         return candidates[:n]
 
     def add_fit_error(self, reason: str, messages: list[str]) -> None:
-        self.fit_errors.append((reason, messages))
+        if isinstance(self.fit_errors, list):
+            self.fit_errors.append((reason, messages))
+        else:
+            self.fit_errors = [(reason, messages)]
 
     def __repr__(self) -> str:
         return f"Job({self.name})"

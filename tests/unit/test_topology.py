@@ -93,7 +93,7 @@ def test_required_level_packs_gang_in_one_rack() -> None:
 
     ssn = _run(nodes, [other, _job("j", 3, constraint)], RACKS)
     assert set(_placed(ssn, "j").values()) == {"n1"}
-    assert ssn.jobs["j"].fit_errors == []
+    assert not ssn.jobs["j"].fit_errors
 
 
 def test_required_level_prefers_most_packed_domain() -> None:

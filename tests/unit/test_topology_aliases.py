@@ -173,7 +173,7 @@ def test_a_gang_required_in_one_rack_by_alias_goes_where_the_label_sends_it(leve
         racks_nodes(), [other, _job("j", 3, TopologyConstraint("zones", required_level=level))], ALIASED
     )
     assert set(_placed(ssn, "j").values()) == {"n1"}
-    assert ssn.jobs["j"].fit_errors == []
+    assert not ssn.jobs["j"].fit_errors
 
 
 def test_a_preferred_level_by_alias_orders_domains_as_its_label() -> None:
