@@ -19,7 +19,7 @@ keeps it so)::
 
     KairosError                  base of everything Kairos raises on purpose
     +-- InvalidObject            an input object is malformed: names kind, name, field, problem
-    |   +-- DeviceAccessRefused  a pod sets NVIDIA_VISIBLE_DEVICES where blocked (services.state.device_access)
+    |   +-- DeviceAccessRefused  a pod sets NVIDIA_VISIBLE_DEVICES where blocked (services.state.webhook.device_access)
     +-- ConfigError              a configuration value is missing, unknown or out of range
     +-- ConflictError            a compare-and-set found another revision than the one read
     |   +-- LedgerConflict       a proposal's claims or reservations lost (services.binder.ledger)
@@ -35,7 +35,7 @@ keeps it so)::
     |   +-- Unreachable          a watch found no server to connect to (shared.kubeapi.informer)
     +-- ClusterRefused           the cluster refused a bind or an eviction (services.binder.cluster_client)
     |   +-- VolumeBindFailed     a pod's volumes could not be bound (services.binder.volumes)
-    +-- Refused                  the simulated cluster will not carry out a request (services.state.sim_source)
+    +-- Refused                  the simulated cluster will not carry out a request (services.state.sources.sim_source)
     +-- NvmlError                an NVML call failed (services.gpu_agent.nvml)
     |   +-- NvmlUnavailable      no NVML library or driver on this node (services.gpu_agent.nvml)
     +-- StartStoppedError        the stack was asked to stop before it was ready (tools.stack.supervisor)

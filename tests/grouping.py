@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from services.state.grouping import Grouping, group_pod
-from services.state.grouping.model import ObjectRead, PodsRead, Read, ReadsNeeded
+from services.state.controllers.grouping import Grouping, group_pod
+from services.state.controllers.grouping.model import ObjectRead, PodsRead, Read, ReadsNeeded
 from shared.kube import wire
 from tests.builders import pod_manifest, stored
 

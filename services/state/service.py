@@ -3,20 +3,20 @@
 Run by `python -m services.state` / `kairos serve state` through `shared.bus.service.main`. Options
 (`--set key=value`, or env `KAIROS_<KEY>`):
 
-- `source=sim` (default): this replica owns the simulated cluster (`services.state.sim_source`). It loads
+- `source=sim` (default): this replica owns the simulated cluster (`services.state.sources.sim_source`). It loads
   `cluster=FILE` (a cluster YAML, `shared.clusterfile`) or, with `demo=true`, the built-in demo cluster,
   replacing whatever KV holds; with neither it adopts the cluster already in KV (a restarted owner carries
   on). It answers `cluster.apply`, `cluster.bind` and `cluster.evict` (queue group `state`) and writes
-  every change through `services.state.kv_writer`, which also keeps the binders' ledger clean.
-- `source=kube`: this replica mirrors a Kubernetes API server (`services.state.kube_source`): nodes,
+  every change through `services.state.sources.kv_writer`, which also keeps the binders' ledger clean.
+- `source=kube`: this replica mirrors a Kubernetes API server (`services.state.sources.kube_source`): nodes,
   pods, KAI's Queue and PodGroup resources, priority classes and topologies, read through informers with
   `kubeconfig=FILE` (default env KUBECONFIG, else the in-cluster service account); pods are Kairos's
   when their `schedulerName` is `scheduler_name` (default kai-scheduler). Binds and evictions then go
   to the API server from the binder (`--set cluster=kube`), not through this service. Any number of
   replicas may run with `source=kube`: they hold a lease, and only its holder mirrors the cluster.
 - `partitions=N` (default 0: off; source kube, ignored by a read replica; up to 1024): the state partitions
-  (`services.state.partitions`). Every `source=kube` replica mirrors the cluster and writes KV only for
-  the partitions it owns (`services.state.partitioned_source`): N partitions of pods and podgroups by a
+  (`services.state.sources.partitions`). Every `source=kube` replica mirrors the cluster and writes KV only for
+  the partitions it owns (`services.state.sources.partitioned_source`): N partitions of pods and podgroups by a
   hash of their names, plus one of the cluster-scoped objects, each under a lease and a write fence of its
   own, spread over the live replicas and handed over when one comes or goes. The controllers (pod-grouper,
   gates, write-back of Events and statuses, shard watch) still run in one replica, the cluster
@@ -26,7 +26,7 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   `source=sim` replica and any number of `source=none` ones (`kairos up` does this).
 - `webhook_port=PORT` (default 0: none), `webhook_cert=FILE`, `webhook_key=FILE` (source kube or none):
   serve the mutating admission webhook that sets the `kairos.io/after` scheduling gate on pods of stages
-  with dependencies, and the quota gate below (`services.state.webhook`), over TLS when the certificate
+  with dependencies, and the quota gate below (`services.state.webhook.webhook`), over TLS when the certificate
   and key are given.
 - `quota_gate=true|false` (default false; needs `webhook_port`): the webhook also gives every pod of ours
   the scheduling gate `kairos.io/admission`, lifted once the queue leader says its queues have room for
@@ -37,18 +37,18 @@ Run by `python -m services.state` / `kairos serve state` through `shared.bus.ser
   fractional pods only since KAI v0.16); `gpu_pod_runtime_class_name`, KAI's deprecated name of the switch,
   is read when the new one is not given.
 - `queue_quota_validation=true|false` (default false, as KAI's ``enableQuotaValidation``; with `webhook_port`):
-  the Queue validation endpoint the webhook's port also serves (`services.state.queue_validation`, KAI's
+  the Queue validation endpoint the webhook's port also serves (`services.state.webhook.queue_validation`, KAI's
   queue webhook: a Queue without ``spec.resources`` is always refused) also refuses a child whose parent
   does not exist and warns when quotas under a parent add up above it.
 - `block_nvidia_visible_devices=true|false` (default false, as KAI's `--block-nvidia-visible-devices`;
   needs `webhook_port`): the webhook refuses a pod of ours whose GPU container sets NVIDIA_VISIBLE_DEVICES
   to anything but void/none, naming the container, and gives containers that ask for no GPU
-  NVIDIA_VISIBLE_DEVICES=void (`services.state.device_access`).
+  NVIDIA_VISIBLE_DEVICES=void (`services.state.webhook.device_access`).
 - `hami_core_enabled=true|false` (default false, as KAI's `--hami-core-enabled`; needs `webhook_port`): the
   webhook gives a fractional pod's container CUDA_DEVICE_MEMORY_LIMIT from its GPU-sharing ConfigMap, which
   the binder fills when its own `hami_core_enabled` is on (HAMi-core enforces it in the container).
 - `cluster_autoscaling=true|false` (default false, as KAI's `global.clusterAutoscaling`; source kube): the
-  source's owner runs KAI's node-scale-adjuster (`services.state.scale_adjuster`): a scaling pod asking for
+  source's owner runs KAI's node-scale-adjuster (`services.state.controllers.scale_adjuster`): a scaling pod asking for
   whole GPUs for fractional pods left Unschedulable, so Cluster Autoscaler or Karpenter adds a GPU node,
   deleted once they are placed or gone. Its switches, KAI's flags: `scale_adjust_namespace` (default
   `kai-scale-adjust`, which must exist), `scaling_pod_image` (default `kairos`, whose entrypoint exits at
@@ -93,17 +93,18 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.state import podgroup_lookup, queue_validation, snapshot_http
-from services.state.grouping import GrouperConfig
-from services.state.kube_source import KubeElection, KubeSourceOptions
-from services.state.kv_objects import Change
-from services.state.kv_writer import StateWriter
-from services.state.partitioned_source import PartitionedKube
-from services.state.partitions import parse_count as parse_partition_count
-from services.state.queue_validation import QueueValidation
-from services.state.scaling_pods import ScaleAdjustOptions
-from services.state.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
-from services.state.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
+from services.state import snapshot_http
+from services.state.controllers.grouping import GrouperConfig
+from services.state.controllers.scaling_pods import ScaleAdjustOptions
+from services.state.sources.kube_source import KubeElection, KubeSourceOptions
+from services.state.sources.kv_objects import Change
+from services.state.sources.kv_writer import StateWriter
+from services.state.sources.partitioned_source import PartitionedKube
+from services.state.sources.partitions import parse_count as parse_partition_count
+from services.state.sources.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
+from services.state.webhook import podgroup_lookup, queue_validation
+from services.state.webhook.queue_validation import QueueValidation
+from services.state.webhook.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
 from shared.bus.object_store import SnapshotStore
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
@@ -178,7 +179,7 @@ class StateOptions:
     defaults_configmap_namespace: str = ""
     """KAI's ``--default-priorities-configmap-namespace``."""
     partitions: int = 0
-    """The state partitions (`services.state.partitions`); 0: one replica, the lease holder, writes KV."""
+    """The state partitions (`services.state.sources.partitions`); 0: one replica, the lease holder, writes KV."""
 
     def grouper_config(self) -> GrouperConfig:
         """The pod-grouper's settings these options give."""

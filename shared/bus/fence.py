@@ -1,6 +1,6 @@
 """A lease holder's writes to KV, fenced by its lease term: what a holder that lost its lease can still write.
 
-Used by the state service's Kubernetes source: `services.state.kube_source.KubeOwner` makes a `WriteFence`
+Used by the state service's Kubernetes source: `services.state.sources.kube_source.KubeOwner` makes a `WriteFence`
 from the `state.kube-source` lease (`shared.bus.lease.LeaseKeeper`) it was elected under, raises it before
 its first write, and every KV write of the source goes through it: the `StateWriter`'s state puts and
 deletes and its ledger compare-and-sets, and the shard watch's shard records. A refused write raises

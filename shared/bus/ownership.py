@@ -2,7 +2,7 @@
 kept by the rule that spreads such pieces over the replicas and hands them over when one comes or goes.
 
 Used by `services.queue.shards` (one `Ownership` per served shard, the dispatcher running while it leads)
-and `services.state.partitions`' owners (one per partition). The rule, the same for both:
+and `services.state.sources.partitions`' owners (one per partition). The rule, the same for both:
 
 - Who contends. The piece's preferred replica (`shard_spread.preferred` of the piece's `name` over the live
   replicas of `shared.bus.members`, or the caller's `prefer`, which decides over all its pieces) tries for the lease at every step; every other replica only once the

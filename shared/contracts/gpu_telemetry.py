@@ -3,7 +3,7 @@
 
 Sent by `services.gpu_agent` on `subjects.gpu_telemetry(node)` every `telemetry_period` seconds, next to
 the slower `GpuInventory` (`shared.contracts.inventory`). Read by the state service, which keeps an
-exponentially decayed average per device (`services.state.gpu_usage`) and folds it into the node's
+exponentially decayed average per device (`services.state.mirror.gpu_usage`) and folds it into the node's
 `Node.gpu_devices`. Internal, so msgpack, versioned and evolved by the rules of `shared.contracts.messages`
 (new fields get a default, a field never changes type or meaning, tags are fixed); `TELEMETRY.decode`
 raises `MalformedMessage` naming the subject.

@@ -3,7 +3,7 @@
 Sent by `services.gpu_agent` (one replica per node, a DaemonSet) on `subjects.gpu_inventory(node)` at start,
 every `period` seconds and whenever someone asks on `subjects.gpu_inventory_request(node)` (the reply is
 the same message). Read by the state service, which folds it into its `Node` with
-`services.state.gpu_inventory.merge_inventory`. Internal, so msgpack, versioned and evolved by the rules of
+`services.state.mirror.gpu_inventory.merge_inventory`. Internal, so msgpack, versioned and evolved by the rules of
 `shared.contracts.messages` (new fields get a default, a field never changes type or meaning, tags are
 fixed); `INVENTORIES.decode` raises `MalformedMessage` naming the subject.
 

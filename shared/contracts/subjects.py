@@ -47,7 +47,7 @@ EVENTS_WILDCARD = f"{PREFIX}.events.>"
 """The public events users subscribe to (`nats sub 'kairos.events.>'`), JSON, documented in docs/events.md."""
 STATE_WORK_STREAM = "KAIROS_STATE_WORK"
 """The state service's internal work stream when its per-pod work is divided into partitions
-(`services.state.partitions`): a work queue sourcing `EVENTS_STREAM` under `kairos.state.work.<partition>.>`,
+(`services.state.sources.partitions`): a work queue sourcing `EVENTS_STREAM` under `kairos.state.work.<partition>.>`,
 one durable consumer per partition; made and consumed by `state` only."""
 OUTCOME_STREAM = "KAIROS_OUTCOMES"
 """The binders' outcomes (`outcomes(shard)`): kept on disk so that none is lost while NATS restarts; the

@@ -2,7 +2,7 @@
 DeviceClasses, ResourceSlices, ResourceClaims and ResourceClaimTemplates, and their translations,
 validated.
 
-Called by the state service's DRA mirror (`services.state.dra_mirror`) for every object its informers
+Called by the state service's DRA mirror (`services.state.mirror.dra_mirror`) for every object its informers
 see, and by `shared.kube.translate.pod_of` for a pod's ``spec.resourceClaims`` (`pod_claims_of`). A class,
 claim or template that does not translate (a selector that does not compile, a request without a device
 class, a claim or template without requests) is not dropped: it becomes the model object under its name

@@ -25,7 +25,7 @@ for name so existing tooling works:
    reservation pod is deleted (`orphaned_reservations`). A sharer is live until its containers have
    stopped (`is_live_sharer`): one deleted with a grace period still runs, and still uses the device.
 
-Who calls it: `services.state.webhook` (step 1), `shared.kube.translate` (the pod's own mistakes),
+Who calls it: `services.state.webhook.webhook` (step 1), `shared.kube.translate` (the pod's own mistakes),
 `services.binder` (steps 2-3 and the sync), the reservation program and kubesim's stand-in for it
 (`visible_device_uuids`, `reserved_device_patch`). Pure: no I/O; randomness and time come in as values.
 """

@@ -2,7 +2,7 @@
 
 KAI's names (``pkg/common/constants``, ``pkg/podgrouper/podgrouper/plugins/constants``) so workloads written
 for KAI work unchanged, plus the few Kairos adds (prefixed ``kairos.io/``). Used by `shared.kube.translate`,
-the state service's pod-grouper (`services.state.grouping`) and the shells that patch objects.
+the state service's pod-grouper (`services.state.controllers.grouping`) and the shells that patch objects.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ of a Guaranteed pod (the static CPU Manager pins nothing else), memory and huge 
 pod; the pod-scope unit is the larger of the init peak and the long-running sum (native sidecars count
 with the app containers), with the pod overhead added to every resource but CPU, as KAI adds it.
 
-Called by the state service's NUMA overlay (`services.state.numa_overlay`) and by `shared.kube.translate`
+Called by the state service's NUMA overlay (`services.state.mirror.numa_overlay`) and by `shared.kube.translate`
 (the pod). Pure.
 """
 

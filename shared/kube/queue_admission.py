@@ -1,7 +1,7 @@
 """KAI's queue validating webhook (KAI v0.14, the queue controller's ``queuehooks``): what a Queue
 (scheduling.run.ai/v2) created or updated is refused for, and what it is warned about; pure.
 
-Called by the state service's validating endpoint (`services.state.queue_validation`) with the Queue of an
+Called by the state service's validating endpoint (`services.state.webhook.queue_validation`) with the Queue of an
 AdmissionReview and the other queues as the state replica holds them (`QueueQuotas.of_model`); `review`
 returns the `QueueVerdict`. `service_webhook_configuration` is the ValidatingWebhookConfiguration `kairos up`
 registers with kubesim (one webhook behind a Service, as deploy/base's in-cluster one), `webhook_configuration`

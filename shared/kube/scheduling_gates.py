@@ -1,12 +1,12 @@
 """Kairos's scheduling gates: their names, and the webhook registration through which they are set.
 
 Two gates, both set only when a pod is created (Kubernetes allows nothing else), by the state service's
-mutating admission webhook (`services.state.webhook`), and both lifted by the state service's owner
-(`services.state.gate_keepers`, with the patches of `services.state.gate_patches`):
+mutating admission webhook (`services.state.webhook.webhook`), and both lifted by the state service's owner
+(`services.state.controllers.gate_keepers`, with the patches of `services.state.webhook.gate_patches`):
 
 - `GATE` (`kairos.io/after`): for each pod of ours created while its workload says `kairos.io/after` (on
   the pod, on its PodGroup, or on any owner up its chain). Lifted once its podgroup's dependencies have
-  succeeded (`services.state.dependencies`), and also for a pod gated while its podgroup has no
+  succeeded (`services.state.mirror.dependencies`), and also for a pod gated while its podgroup has no
   dependencies (over-gating is harmless, only a moment's delay). The state service also holds a waiting
   podgroup back from scheduling itself, so a pod created without the gate still waits.
 - `ADMISSION_GATE` (`kairos.io/admission`, the quota gate, state option `quota_gate`): for every pod of
@@ -35,7 +35,7 @@ WEBHOOK_CONFIGURATION = "kairos-after-gate"
 WEBHOOK_NAME = "after-gate.kairos.io"
 """The webhook's name behind a Service (deploy/base/webhook.yaml's; `kairos up` registers the same)."""
 WEBHOOK_PATH = "/mutate-pods"
-"""Where a state replica serves the webhook (`services.state.webhook.PATH`)."""
+"""Where a state replica serves the webhook (`services.state.webhook.webhook.PATH`)."""
 
 _RULES = [
     {

@@ -1,7 +1,7 @@
 """The one path from text a user wrote to a number, a boolean or a choice, with bounds; pure.
 
 Called wherever Kairos reads a value out of an object a tenant controls: KAI's pod annotations and labels
-(`shared.kube.translate`), the pod-grouper's owner annotations and counts (`services.state.grouping`),
+(`shared.kube.translate`), the pod-grouper's owner annotations and counts (`services.state.controllers.grouping`),
 SchedulingShard arguments (`shared.kube.scheduling_shard`, `shared.kube.kai_plugins`) and the binder's
 reading of a sharing pod's annotations (`services.binder.gpu_sharing_plan`). Each function returns the value or
 raises `InvalidValueError`, whose text completes "<field>: ..." (the caller wraps it into the

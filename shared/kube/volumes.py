@@ -2,7 +2,7 @@
 PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes and CSIStorageCapacities, and their
 translations, validated.
 
-Called by the state service's storage mirror (`services.state.volume_mirror`) for every object its
+Called by the state service's storage mirror (`services.state.mirror.volume_mirror`) for every object its
 informers see, and by `shared.kube.translate.pod_of` for a pod's claims (`claims_of`). A claim or class
 that does not translate (a malformed quantity, an unknown binding mode, a bad selector) is not dropped: it
 becomes the model object under its name with its `problem` naming the object and the field, so a pod

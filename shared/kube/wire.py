@@ -2,7 +2,7 @@
 
 Objects come from the API server (lists, watch events, GETs) through `shared.kubeapi` as raw JSON bytes and
 are decoded here; `shared.kube.translate` turns them into the model and the state service groups pods
-(`services.state.grouping`). Field names are Kubernetes' camelCase (snake_case here); fields Kairos does not
+(`services.state.controllers.grouping`). Field names are Kubernetes' camelCase (snake_case here); fields Kairos does not
 read are ignored, so newer API servers and CRD versions decode. Quantities and timestamps stay strings:
 `translate` parses them and names the field when one is malformed. A document that does not match raises
 `InvalidObject` naming the kind, the object ("namespace/name") and the field path
@@ -294,7 +294,7 @@ class PodSpec(_Wire, frozen=True, kw_only=True):
     resource_claims: list[PodResourceClaim] = msgspec.field(default_factory=list)
     workload_ref: Any = None
     """Kubernetes 1.35's ``spec.workloadRef`` (the Workload API, alpha) as the API returns it; the
-    pod-grouper reads and checks it (`services.state.grouping.workload`)."""
+    pod-grouper reads and checks it (`services.state.controllers.grouping.workload`)."""
 
 
 class Condition(_Wire, frozen=True, kw_only=True):
@@ -409,7 +409,7 @@ class QueueStatus(_Wire, frozen=True, kw_only=True):
     requested: ResourceList = msgspec.field(default_factory=dict)
     child_queues: list[str] = msgspec.field(default_factory=list)
     conditions: list[Condition] = msgspec.field(default_factory=list)
-    """Kairos's ``Accepted`` condition (`services.state.problems`); the CRD's status keeps unknown fields."""
+    """Kairos's ``Accepted`` condition (`services.state.mirror.problems`); the CRD's status keeps unknown fields."""
 
 
 class Queue(_Object, frozen=True, kw_only=True):

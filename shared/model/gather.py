@@ -1,7 +1,7 @@
 """A `Snapshot` from a bag of the model's objects: the one place a snapshot is assembled, in a stable order.
 
 Called by the state replica (`shared.bus.replica.StateReplica.objects`, from the state bucket's records),
-the simulated cluster (`services.state.sim_source`) and the reader of KAI's snapshot files
+the simulated cluster (`services.state.sources.sim_source`) and the reader of KAI's snapshot files
 (`tools.sim.kai_snapshot`). The order is what makes sessions and snapshot replies deterministic: nodes by
 name, pods and podgroups by key, queues by creation, then name, topologies and namespaces by name; the
 storage and DRA objects are gathered by `Volumes.of` and `Dra.of`. Pure.

@@ -447,7 +447,7 @@ class Queue(msgspec.Struct, frozen=True, kw_only=True):
 
 class DeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
     """One GPU's measured use and health, as the state service folds its agent's telemetry
-    (`services.state.gpu_usage`): decayed averages, so a short burst does not move work around."""
+    (`services.state.mirror.gpu_usage`): decayed averages, so a short burst does not move work around."""
 
     index: int
     """The device's index on its node (NVML's)."""

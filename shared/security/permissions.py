@@ -265,11 +265,11 @@ def permissions(identity: str) -> Permissions:
         publish += [kv_subjects(s.STATE_BUCKET), kv_subjects(s.LEDGER_BUCKET), kv_subjects(s.LEASE_BUCKET)]
         publish += _consume(s.EVENTS_STREAM)
         publish += _follow(s.EVENTS_STREAM)
-        # The pending podgroups no shard will place: said by the shard watch (`services.state.shard_coverage`).
+        # The pending podgroups no shard will place: said by the shard watch (`services.state.controllers.shard_coverage`).
         publish += _events("pod-unschedulable")
         publish += _declare()
         publish += _snapshot_store_write()
-        # The partitions' work stream (`services.state.partitions`): made, checked and consumed by state alone.
+        # The partitions' work stream (`services.state.sources.partitions`): made, checked and consumed by state alone.
         publish += [f"{JS_API}.STREAM.{verb}.{s.STATE_WORK_STREAM}" for verb in ("CREATE", "UPDATE", "INFO")]
         publish += _consume(s.STATE_WORK_STREAM)
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]

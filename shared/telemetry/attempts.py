@@ -1,6 +1,6 @@
 """Where a podgroup's trace starts: the state service's record of scheduling attempts.
 
-Used by `services.state.kv_writer.StateWriter` (both sources, simulated and Kubernetes, write through it),
+Used by `services.state.sources.kv_writer.StateWriter` (both sources, simulated and Kubernetes, write through it),
 only while tracing is on. A podgroup's *attempt* begins when it gets a pending pod while it had none
 (created with pending pods, a pod added, pods evicted back to Pending) and ends when it has no pending pod
 left. At the start of an attempt the tracker opens a new trace with a `state.observe` span and keeps its

@@ -251,7 +251,7 @@ def test_each_batch_and_elastic_example_gets_kais_podgroup_and_its_pods_bound(
     strict=True,
     reason="Kairos has no semi-preemptible preemptibility (KAI's docs/elastic): the pod-grouper takes only "
     "preemptible and non-preemptible from the kai.scheduler/preemptibility label "
-    "(services/state/grouping/kind_defaults.PREEMPTIBILITIES), and the scheduler has no non-preemptible "
+    "(services/state/controllers/grouping/kind_defaults.PREEMPTIBILITIES), and the scheduler has no non-preemptible "
     "in-quota core with a preemptible over-quota elastic surplus",
 )
 def test_semi_preemptible_pytorch_podgroup_is_semi_preemptible(stack: Stack) -> None:

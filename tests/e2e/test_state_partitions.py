@@ -6,7 +6,7 @@ runs, and every PodGroup's status is written.
 `kairos up --replicas state=2` starts the state replicas beyond the first as read replicas (`source=none`),
 so the second partitioned replica is started here with the first one's command line (and no webhook port of
 its own). The stack runs without NATS authentication until the state identity may use the work stream
-(`services.state.partitions.WORK_STREAM`)."""
+(`services.state.sources.partitions.WORK_STREAM`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from services.state.partitions import partitions
+from services.state.sources.partitions import partitions
 from shared.bus.connection import connect
 from shared.bus.health import wait_ready
 from shared.contracts import subjects as s

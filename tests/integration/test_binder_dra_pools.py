@@ -19,7 +19,7 @@ import pytest
 from services.binder import pool_ledger
 from services.binder.commit import Committer
 from services.binder.ledger import commit_ledger
-from services.state.kv_writer import StateWriter
+from services.state.sources.kv_writer import StateWriter
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica

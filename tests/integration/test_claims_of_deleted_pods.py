@@ -32,7 +32,7 @@ import pytest
 
 from services.binder.commit import Committer
 from services.binder.ledger import Owner, commit_ledger
-from services.state.kube_source import KubeOwner
+from services.state.sources.kube_source import KubeOwner
 from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

@@ -20,7 +20,7 @@ import pytest
 
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import Agent, AgentSettings
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

@@ -3,7 +3,7 @@ Event and a condition naming the object and the field, everything else keeps bei
 condition is set back once the object is fixed. Garbage on the subjects only the Kubernetes owner listens
 to (why, GPU inventories, stamps, the public events its write-back follows) is counted and dropped.
 
-Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) with a real
+Drives the state service's Kubernetes owner (`services.state.sources.kube_source.KubeOwner`) with a real
 nats-server and `tools.kubesim`, applying objects through the kubernetes-asyncio client.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

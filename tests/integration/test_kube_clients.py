@@ -18,7 +18,7 @@ import pytest
 
 from services.binder.cluster_client import ClusterRefused
 from services.binder.kube_client import KubeClusterClient
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica

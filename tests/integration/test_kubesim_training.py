@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from services.state.kv_writer import StateWriter
+from services.state.sources.kv_writer import StateWriter
 from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.kv import KvStore
 from shared.bus.middleware import Counters

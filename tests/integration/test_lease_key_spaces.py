@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from services.binder.commit import check_term
-from services.state.kube_source import KubeElection, KubeSourceOptions
+from services.state.sources.kube_source import KubeElection, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
 from shared.bus.replica import StateReplica

@@ -30,7 +30,7 @@ from services.binder import service as binder
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
-from services.state.writeback import DURABLE
+from services.state.controllers.writeback import DURABLE
 from shared.bus.connection import Bus
 from shared.contracts import subjects as s
 from shared.contracts.messages import CYCLE_REPLIES, CycleRequest

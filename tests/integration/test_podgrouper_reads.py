@@ -2,7 +2,7 @@
 from the cluster, a plugin that keeps asking refused on its pod, and pods that join a PodGroup someone
 else made (KAI v0.15's externally created PodGroups).
 
-Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`, whose pod-grouper
+Drives the state service's Kubernetes owner (`services.state.sources.kube_source.KubeOwner`, whose pod-grouper
 groups the pods) with a real nats-server and `tools.kubesim`, objects written through the
 kubernetes-asyncio client. Grove's CRDs (PodCliqueSet, PodGang) are served for the object read; the MPIJob
 comes with kubesim's training operator, whose launcher waits for its workers (the pod-list read); the
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from services.state.grouping import registry
-from services.state.grouping.default import default_metadata
-from services.state.grouping.model import Ctx, Metadata
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.controllers.grouping import registry
+from services.state.controllers.grouping.default import default_metadata
+from services.state.controllers.grouping.model import Ctx, Metadata
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

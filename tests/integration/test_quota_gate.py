@@ -24,9 +24,9 @@ from services.binder import service as binder
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
-from services.state.gate_keepers import QUOTA_EXCEEDED, QuotaGateKeeper
-from services.state.mirror import PODGROUPS, Mirror
-from services.state.webhook import PATH
+from services.state.controllers.gate_keepers import QUOTA_EXCEEDED, QuotaGateKeeper
+from services.state.mirror.cache import PODGROUPS, Mirror
+from services.state.webhook.webhook import PATH
 from shared.bus.client import BusClient
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext, serve

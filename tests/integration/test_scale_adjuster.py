@@ -27,8 +27,8 @@ from services.binder import service as binder
 from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
-from services.state.scaling_pods import SHARED_GPU_POD_NAME, SHARED_GPU_POD_NAMESPACE
-from services.state.webhook import PATH
+from services.state.controllers.scaling_pods import SHARED_GPU_POD_NAME, SHARED_GPU_POD_NAMESPACE
+from services.state.webhook.webhook import PATH
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.kube import keys

@@ -16,7 +16,7 @@ import pytest
 from services.queue.batching import ALL_ACTIONS
 from services.queue.dispatcher import Dispatcher
 from services.queue.settings import QueueSettings
-from services.state.kube_source import KubeOwner, KubeSourceOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
 from shared.bus.middleware import Counters

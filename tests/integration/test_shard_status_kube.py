@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.state.shard_coverage import EMPTY_NODE_POOL, SERVED
+from services.state.controllers.shard_coverage import EMPTY_NODE_POOL, SERVED
 from shared.bus.connection import Bus
 from shared.bus.lease import LeaseKeeper
 from shared.kube.keys import NODE_POOL_LABEL

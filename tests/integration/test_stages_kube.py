@@ -3,8 +3,8 @@ the pods of a Job that waits for another, its podgroup stays out of KV while it 
 names completes the gate keeper lifts the gate and the podgroup is mirrored. A pod created while the
 webhook is unreachable is admitted ungated and still waits.
 
-Drives the state service's Kubernetes owner (`services.state.kube_source.KubeOwner`) and its webhook
-(`services.state.webhook.AdmissionServer`) with a real nats-server and `tools.kubesim`, which calls the
+Drives the state service's Kubernetes owner (`services.state.sources.kube_source.KubeOwner`) and its webhook
+(`services.state.webhook.webhook.AdmissionServer`) with a real nats-server and `tools.kubesim`, which calls the
 webhook over HTTP as a MutatingWebhookConfiguration says, as the real API server does.
 """
 
@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from services.state.kube_source import KubeOwner, KubeSourceOptions
-from services.state.webhook import PATH, AdmissionServer, WebhookOptions
+from services.state.sources.kube_source import KubeOwner, KubeSourceOptions
+from services.state.webhook.webhook import PATH, AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext

@@ -19,9 +19,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.state.kv_objects import Change
-from services.state.kv_writer import StateWriter
 from services.state.service import StateOptions, body
+from services.state.sources.kv_objects import Change
+from services.state.sources.kv_writer import StateWriter
 from shared.bus.connection import Bus, connect
 from shared.bus.health import wait_ready
 from shared.bus.service import ServiceConfig, ServiceContext

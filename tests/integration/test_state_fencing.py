@@ -28,8 +28,14 @@ from typing import Any
 
 import pytest
 
-from services.state.kube_source import LEASE_KEY, LEASE_NAME, KubeElection, KubeOwner, KubeSourceOptions
-from services.state.kv_writer import reservation_of
+from services.state.sources.kube_source import (
+    LEASE_KEY,
+    LEASE_NAME,
+    KubeElection,
+    KubeOwner,
+    KubeSourceOptions,
+)
+from services.state.sources.kv_writer import reservation_of
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import WriteFence
 from shared.bus.lease import LeaseKeeper

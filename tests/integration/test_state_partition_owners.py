@@ -1,4 +1,4 @@
-"""State partitions' leases and fences on a real nats-server (`services.state.partition_owners`): two
+"""State partitions' leases and fences on a real nats-server (`services.state.sources.partition_owners`): two
 replicas own the partitions the table gives each, never one partition both at once; a replica that stops
 gracefully hands its partitions over at once, one killed has them taken over once its lease expires,
 under later terms whose fences refuse its writes."""
@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import pytest
 
-from services.state.partition_owners import PartitionOwners
-from services.state.partitions import owners, partitions
+from services.state.sources.partition_owners import PartitionOwners
+from services.state.sources.partitions import owners, partitions
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import WriteFence
 from shared.bus.lease import RETRY_INTERVAL_S

@@ -1,4 +1,4 @@
-"""The state partitions' work stream on a real nats-server (`services.state.partitions`), as specifications:
+"""The state partitions' work stream on a real nats-server (`services.state.sources.partitions`), as specifications:
 NATS routes every event to the partition the table computes, and a partition's durable consumer keeps what
 an owner did not acknowledge for the next one."""
 
@@ -10,7 +10,7 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from services.state import partitions as p
+from services.state.sources import partitions as p
 from shared.contracts import subjects as s
 from tools.stack.nats_server import NatsServer
 

@@ -1,4 +1,4 @@
-"""Two state replicas with `partitions=4` on kubesim and a real nats-server (`services.state.partitioned_source`):
+"""Two state replicas with `partitions=4` on kubesim and a real nats-server (`services.state.sources.partitioned_source`):
 both mirror the cluster, each writes the keys of its own partitions, no key is written twice in a row with
 the same record; one crashes (its leases left to expire), the other takes its partitions and writes what was
 created meanwhile; the cluster partition's owner runs the controllers."""
@@ -11,8 +11,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from services.state.partitioned_source import PartitionedKube
-from services.state.partitions import CLUSTER, key_partition, owners, partitions
+from services.state.sources.partitioned_source import PartitionedKube
+from services.state.sources.partitions import CLUSTER, key_partition, owners, partitions
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodBound
 from shared.kubeapi.paths import create_object

@@ -1,5 +1,5 @@
 """Two state replicas writing the state bucket by partition, on a real nats-server
-(`services.state.partitioned_writer` over `services.state.partition_owners`): both see every change, each
+(`services.state.sources.partitioned_writer` over `services.state.sources.partition_owners`): both see every change, each
 writes only its partitions' keys, every key is written exactly once; one killed, the other gains its
 partitions and syncs them from its own mirror, changes made meanwhile included."""
 
@@ -13,10 +13,10 @@ from typing import TypeVar
 import msgspec
 import pytest
 
-from services.state.kv_objects import Change, Obj, key_of, record_of
-from services.state.partition_owners import PartitionOwners
-from services.state.partitioned_writer import PartitionedWriter
-from services.state.partitions import CLUSTER, key_partition, owners, partitions
+from services.state.sources.kv_objects import Change, Obj, key_of, record_of
+from services.state.sources.partition_owners import PartitionOwners
+from services.state.sources.partitioned_writer import PartitionedWriter
+from services.state.sources.partitions import CLUSTER, key_partition, owners, partitions
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import WriteFence
 from shared.bus.lease import RETRY_INTERVAL_S

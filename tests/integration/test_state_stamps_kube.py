@@ -1,4 +1,4 @@
-"""A binder's podgroup stamps stored as KAI keeps them, on kubesim (`services.state.kube_source.KubeOwner`):
+"""A binder's podgroup stamps stored as KAI keeps them, on kubesim (`services.state.sources.kube_source.KubeOwner`):
 the last start and the stale-since time as annotations on each PodGroup a stamps message names, the
 podgroups of one message patched side by side, one that does not exist skipped without stopping the others."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from services.state.kube_source import KubeOwner
+from services.state.sources.kube_source import KubeOwner
 from shared.contracts import subjects as s
 from shared.contracts.messages import PodGroupStamps, encode
 from shared.kube import keys

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.state.kv_objects import Change
-from services.state.kv_writer import StateWriter, reservation_of
+from services.state.sources.kv_objects import Change
+from services.state.sources.kv_writer import StateWriter, reservation_of
 from shared.bus import operations
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters

@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import pytest
 
-from services.state import podgroup_lookup
-from services.state.kube_source import KubeElection
-from services.state.mirror import PODGROUPS
-from services.state.podgroup_lookup import ABSENT, UNKNOWN, Known
-from services.state.webhook import AdmissionServer, WebhookOptions
+from services.state.mirror.cache import PODGROUPS
+from services.state.sources.kube_source import KubeElection
+from services.state.webhook import podgroup_lookup
+from services.state.webhook.podgroup_lookup import ABSENT, UNKNOWN, Known
+from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube import wire

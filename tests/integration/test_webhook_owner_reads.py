@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from services.state import webhook
-from services.state.admission_review import AdmissionRequest
-from services.state.webhook import AdmissionServer, WebhookOptions
+from services.state.webhook import webhook
+from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube import keys

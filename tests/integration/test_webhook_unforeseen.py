@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.state import webhook
-from services.state.webhook import AdmissionServer, WebhookOptions
+from services.state.webhook import webhook
+from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.kube import keys

@@ -1,6 +1,6 @@
 """The write fence of a lease holder (`shared.bus.fence`) on a real nats-server: what the server refuses,
 what this replica refuses before sending, and the writer of the state service under it
-(`services.state.kv_writer.StateWriter`).
+(`services.state.sources.kv_writer.StateWriter`).
 
 Two holders of the state source's lease, each with its own connection: A, the predecessor, and B, which
 takes the lease once A's has expired (the key deleted here, as nats-server does `LEASE_TTL_S` after the last
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.state.kv_objects import Change, record_of
-from services.state.kv_writer import StateWriter, reservation_of
+from services.state.sources.kv_objects import Change, record_of
+from services.state.sources.kv_writer import StateWriter, reservation_of
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import LeaseLost, WriteFence
 from shared.bus.lease import SAFETY_MARGIN_S, LeaseKeeper

@@ -1,5 +1,5 @@
 """The write-back against the simulated API server: an event message delivered again writes no second Event
-(`services.state.writeback`, the first piece of the state partitions' "nothing written twice")."""
+(`services.state.controllers.writeback`, the first piece of the state partitions' "nothing written twice")."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import pytest
 
-from services.state.mirror import Mirror
-from services.state.writeback import DURABLE, WriteBack, WriteBackOptions, stored_nanos
+from services.state.controllers.writeback import DURABLE, WriteBack, WriteBackOptions, stored_nanos
+from services.state.mirror.cache import Mirror
 from shared.bus.connection import Bus
 from shared.bus.middleware import Counters
 from shared.bus.service import ServiceConfig, ServiceContext

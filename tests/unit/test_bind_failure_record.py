@@ -1,6 +1,6 @@
 """Where the bind back-off's record lives between cycles: on the PodGroup as annotations
 (`shared.kube.bind_failure`, written by the state service's Kubernetes owner), and on the in-memory cluster's
-podgroup (`services.state.sim_source`); both take a binder's `PodGroupStamps.bind_failure` as it is, and
+podgroup (`services.state.sources.sim_source`); both take a binder's `PodGroupStamps.bind_failure` as it is, and
 None clears it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.sim_source import SimulatedCluster
+from services.state.sources.sim_source import SimulatedCluster
 from shared.contracts.messages import ApplyRequest, PodGroupStamps
 from shared.errors import InvalidObject
 from shared.kube import bind_failure, translate, wire

@@ -1,4 +1,4 @@
-"""Specs for stages with dependencies (`services.state.dependencies`): the `kairos.io/after` annotation and
+"""Specs for stages with dependencies (`services.state.mirror.dependencies`): the `kairos.io/after` annotation and
 the verdict for every podgroup that has one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.dependencies import Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
+from services.state.mirror.dependencies import Decision, Phase, Ref, Stage, Verdict, evaluate, parse_after
 from shared.errors import InvalidObject
 
 

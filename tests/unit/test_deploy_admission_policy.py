@@ -35,8 +35,8 @@ import pytest
 from celpy import celtypes
 
 from services.binder import gpu_sharing_plan
-from services.state import gate_patches
-from services.state.problems import POD_SCHEDULED, Problem, pod_scheduled_patch
+from services.state.mirror.problems import POD_SCHEDULED, Problem, pod_scheduled_patch
+from services.state.webhook import gate_patches
 from shared.kube import gpu_sharing as gs
 from shared.kube import keys, wire
 from shared.kube.scheduling_gates import ADMISSION_GATE, GATE

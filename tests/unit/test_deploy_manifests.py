@@ -38,8 +38,8 @@ import msgspec
 import pytest
 import yaml
 
-from services.state.grouping.registry import PLUGINS
-from services.state.grouping.skip import SKIPPED_TOP_OWNERS
+from services.state.controllers.grouping.registry import PLUGINS
+from services.state.controllers.grouping.skip import SKIPPED_TOP_OWNERS
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.plugins.chain import resolve
 from shared.core.policy import Policy

@@ -1,4 +1,4 @@
-"""Device access at admission (`services.state.device_access`, the webhook's `block_nvidia_visible_devices`,
+"""Device access at admission (`services.state.webhook.device_access`, the webhook's `block_nvidia_visible_devices`,
 KAI v0.17's deviceaccess plugin): a container that asks for a GPU may set NVIDIA_VISIBLE_DEVICES only to
 void or none, else the pod is refused naming it; a container that asks for none is given void; a fractional
 pod's fraction container keeps its ConfigMap's variable. The webhook answers a refusal with allowed=false."""
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state import admission_review, device_access
-from services.state.admission_review import AdmissionRequest
-from services.state.device_access import DeviceAccessRefused, refusal, void_patch
 from services.state.service import StateOptions
-from services.state.webhook import AdmissionServer, WebhookOptions
+from services.state.webhook import admission_review, device_access
+from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.device_access import DeviceAccessRefused, refusal, void_patch
+from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.errors import ConfigError

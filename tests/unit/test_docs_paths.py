@@ -1,6 +1,6 @@
 """The docs name only what exists: every repository path in backticks (`services/binder/steps.py`,
 `deploy/monitoring`) is a file or folder of the tree, and every dotted name of the runtime or the tools
-(`shared.core.bind_backoff`, `shared.bus.fence.WriteFence`, `services/state/object_mirror.ObjectMirror`) is a
+(`shared.core.bind_backoff`, `shared.bus.fence.WriteFence`, `services/state/mirror/object_mirror.ObjectMirror`) is a
 module, and the name after the module is defined in it. A module renamed or removed without its docs fails
 here, naming the page and the stale name.
 
@@ -58,7 +58,7 @@ def stale_names(text: str) -> list[str]:
         path = match.group(1).rstrip("/.")
         if PLACEHOLDER.search(path) or (ROOT / path).exists():
             continue
-        # `services/state/object_mirror.ObjectMirror`: a module's path, then a name defined in it.
+        # `services/state/mirror/object_mirror.ObjectMirror`: a module's path, then a name defined in it.
         head, _, name = path.rpartition(".")
         if name and (ROOT / f"{head}.py").is_file() and defines((ROOT / f"{head}.py").read_text(), name):
             continue
@@ -87,8 +87,11 @@ def test_every_path_and_module_a_page_names_exists(page: Path) -> None:
         ("`shared.core.bind_backoff`, `shared.bus.fence.WriteFence`", []),
         ("`shared.core.no_such_module`", ["shared.core.no_such_module"]),
         ("`shared.bus.fence.NoSuchThing`", ["shared.bus.fence.NoSuchThing"]),
-        ("`services/state/object_mirror.ObjectMirror`", []),
-        ("`services/state/object_mirror.NoSuchMirror`", ["services/state/object_mirror.NoSuchMirror"]),
+        ("`services/state/mirror/object_mirror.ObjectMirror`", []),
+        (
+            "`services/state/mirror/object_mirror.NoSuchMirror`",
+            ["services/state/mirror/object_mirror.NoSuchMirror"],
+        ),
         ("`services/<name>/service.py`, `tests/unit/test_*.py`", []),
     ],
 )

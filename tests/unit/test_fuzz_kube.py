@@ -1,7 +1,7 @@
 """Fuzzing the CRD and pod translation, and the state service's mirror that runs it: random Queue,
 PodGroup, Pod, Node, Topology and Namespace objects (the wire shape, with wrong values at any depth, KAI's annotations
 and resource names with random text) decode and translate or raise `InvalidObject` naming the kind, the
-object and the field; fed as watch events into `services.state.mirror.Mirror`, they never make a flush or
+object and the field; fed as watch events into `services.state.mirror.cache.Mirror`, they never make a flush or
 the problem report raise, and whatever reaches KV refers only to objects KV holds.
 
 Complements test_kube_wire.py (random bytes) and test_kube_translate.py (random annotation text on one
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.mirror import NAMESPACES, NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES, Mirror
+from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES, Mirror
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import Pod, PodGroup, Queue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.state.gpu_inventory import is_stale, merge_inventory, stale_nodes
+from services.state.mirror.gpu_inventory import is_stale, merge_inventory, stale_nodes
 from shared.contracts.inventory import GpuDevice, GpuInventory, MigDevice
 from shared.errors import InvalidObject
 from shared.model import Node

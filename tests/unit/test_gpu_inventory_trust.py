@@ -3,7 +3,7 @@ own node, only about now, and can only take capacity away.
 
 - A report (inventory or telemetry) counts only on its own node's subject: the subject is what NATS lets
   an agent's user publish on, so a body naming another node than its subject is refused
-  (`services.state.gpu_overlay.refusal`).
+  (`services.state.mirror.gpu_overlay.refusal`).
 - A report dated in the future beyond `MAX_CLOCK_SKEW` is refused on arrival and counts as stale if it is
   held; a period that is not a number of seconds up to `MAX_PERIOD` cannot keep a report fresh.
 - The agent's measured device memory caps the node's GFD label (`nvidia.com/gpu.memory`), never raises it.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from services.gpu_agent.service import AgentSettings
-from services.state.gpu_inventory import is_stale, merge_inventory
-from services.state.gpu_overlay import GpuOverlay, refusal
+from services.state.mirror.gpu_inventory import is_stale, merge_inventory
+from services.state.mirror.gpu_overlay import GpuOverlay, refusal
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import MAX_CLOCK_SKEW, MAX_PERIOD, GpuDevice, GpuInventory

@@ -1,4 +1,4 @@
-"""Specs of `services.state.gpu_usage`: the decayed average, device health, the hysteresis that keeps
+"""Specs of `services.state.mirror.gpu_usage`: the decayed average, device health, the hysteresis that keeps
 telemetry from churning the state bucket, and the simulated cluster's telemetry."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.gpu_usage import (
+from services.state.mirror.gpu_usage import (
     HALF_LIFE_S,
     HEALTHY_PERIODS,
     UNHEALTHY_GPUS_LABEL,

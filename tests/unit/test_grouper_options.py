@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.state.grouping import GrouperConfig
-from services.state.kube_source import KubeSourceOptions
+from services.state.controllers.grouping import GrouperConfig
 from services.state.service import StateOptions
+from services.state.sources.kube_source import KubeSourceOptions
 from shared.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.state.grouping import (
+from services.state.controllers.grouping import (
     GrouperConfig,
     Grouping,
     OwnerRef,

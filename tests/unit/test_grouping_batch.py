@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import GrouperConfig
-from services.state.grouping.model import Ctx, Metadata, ReadsNeeded
-from services.state.grouping.registry import plugin_for
-from services.state.grouping.workload import (
+from services.state.controllers.grouping import GrouperConfig
+from services.state.controllers.grouping.model import Ctx, Metadata, ReadsNeeded
+from services.state.controllers.grouping.registry import plugin_for
+from services.state.controllers.grouping.workload import (
     WORKLOAD_API_VERSION,
     WorkloadRef,
     apply_workload,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import GrouperConfig, Grouping, podgroup_update
-from services.state.grouping.default import go_duration
-from services.state.grouping.kind_defaults import parse_types
+from services.state.controllers.grouping import GrouperConfig, Grouping, podgroup_update
+from services.state.controllers.grouping.default import go_duration
+from services.state.controllers.grouping.kind_defaults import parse_types
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from shared.kube.quantity import DurationError, parse_duration

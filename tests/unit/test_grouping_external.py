@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from services.state.mirror import NODES, PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.cache import NODES, PODGROUPS, PODS, QUEUES, Mirror
 from shared.kube import keys
 from shared.model import Pod
 from tests.hostile import node_doc, pod_doc, podgroup_doc, queue_doc

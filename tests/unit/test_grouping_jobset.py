@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import GrouperConfig, Grouping
-from services.state.grouping.jobset import MAX_SUB_GROUPS
+from services.state.controllers.grouping import GrouperConfig, Grouping
+from services.state.controllers.grouping.jobset import MAX_SUB_GROUPS
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import group, group_or_none, make_owner, make_pod, owned_by, spec_of, sub_groups_of

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import karta_paths
-from services.state.grouping.karta import karta_for, read_karta
+from services.state.controllers.grouping import karta_paths
+from services.state.controllers.grouping.karta import karta_for, read_karta
 from shared.errors import InvalidObject
 from shared.kube import wire
 from tests.grouping import group, group_or_none, make_owner, make_pod, owned_by, spec_of, sub_groups_of

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import GrouperConfig, Grouping
+from services.state.controllers.grouping import GrouperConfig, Grouping
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import NAMESPACE, group, make_owner, make_pod, owned_by, spec_of

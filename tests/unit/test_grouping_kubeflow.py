@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import Grouping, group_pod
-from services.state.grouping.model import PodsRead, ReadsNeeded
+from services.state.controllers.grouping import Grouping, group_pod
+from services.state.controllers.grouping.model import PodsRead, ReadsNeeded
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import CLASSES, group, make_owner, make_pod, owned_by, spec_of, sub_groups_of

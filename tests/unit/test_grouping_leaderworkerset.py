@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import Grouping
-from services.state.grouping.leaderworkerset import MAX_SEGMENTS
+from services.state.controllers.grouping import Grouping
+from services.state.controllers.grouping.leaderworkerset import MAX_SEGMENTS
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import group, make_owner, make_pod, owned_by, spec_of, sub_groups_of

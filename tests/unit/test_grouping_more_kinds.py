@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import GrouperConfig
-from services.state.grouping.skip import is_skipped
+from services.state.controllers.grouping import GrouperConfig
+from services.state.controllers.grouping.skip import is_skipped
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import (

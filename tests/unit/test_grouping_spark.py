@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.grouping import Grouping
+from services.state.controllers.grouping import Grouping
 from shared.errors import InvalidObject
 from shared.kube import keys, wire
 from tests.grouping import NAMESPACE, group, make_owner, make_pod, owned_by, spec_of

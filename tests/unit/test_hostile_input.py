@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from services.state import mirror as mirror_module
-from services.state import shards
-from services.state.dependencies import AFTER_ANNOTATION, MAX_DEPENDENCIES, parse_after
-from services.state.grouping import group_pod
-from services.state.mirror import NODES, PODGROUPS, PODS, QUEUES, Mirror
-from services.state.podwork import PodWorkLoop
-from services.state.problems import Problem
+from services.state.controllers import shards
+from services.state.controllers.grouping import group_pod
+from services.state.controllers.podwork import PodWorkLoop
+from services.state.mirror import cache as mirror_module
+from services.state.mirror.cache import NODES, PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.dependencies import AFTER_ANNOTATION, MAX_DEPENDENCIES, parse_after
+from services.state.mirror.problems import Problem
 from shared.contracts.messages import ShardRecord
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire

@@ -3,7 +3,7 @@
 
 - Every row's "Where" names things that exist: files of the repository (code, tests, examples), the core's
   plugins (`plugin:NAME`, `shared.core.builtin_plugins.DEFAULT_REGISTRY`) and actions (`action:NAME`), the
-  pod-grouper's kinds (`kind:KIND`, `services.state.grouping.registry.PLUGINS`).
+  pod-grouper's kinds (`kind:KIND`, `services.state.controllers.grouping.registry.PLUGINS`).
 - A feature Kairos has ("yes" or "partial") names at least one test; one it lacks ("no") says why.
 - Nothing registered is left out: every plugin, action and grouped kind appears in some row.
 - The conformance row's counts are the corpus's, and no case sits on a known-failure list.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.state.grouping.registry import PLUGINS
+from services.state.controllers.grouping.registry import PLUGINS
 from shared.core.builtin_plugins import DEFAULT_REGISTRY
 from shared.core.policy import KNOWN_ACTIONS
 

@@ -1,4 +1,4 @@
-"""Specs for reading DRA objects (`shared.kube.dra`) and mirroring them (`services.state.dra_mirror`):
+"""Specs for reading DRA objects (`shared.kube.dra`) and mirroring them (`services.state.mirror.dra_mirror`):
 resource.k8s.io/v1 as kube-scheduler reads it, and bad input (a selector that does not compile, a claim
 template without requests, a request without a class) named by object and field, nothing else affected.
 """
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.dra_mirror import DraMirror
+from services.state.mirror.dra_mirror import DraMirror
 from shared.kube import dra as kd
 from shared.kube import wire
 from shared.model.dra import Attribute, DeviceResult, PodClaim, ResourceClaim

@@ -1,5 +1,5 @@
 """Specs for reading Kubernetes storage objects (`shared.kube.volumes`) and mirroring them into the state
-bucket (`services.state.volume_mirror`, through `services.state.mirror.Mirror`): what each field becomes in
+bucket (`services.state.mirror.volume_mirror`, through `services.state.mirror.cache.Mirror`): what each field becomes in
 the model, and that bad input (a malformed quantity, an unknown binding mode, a document that does not
 decode) names the object and the field without stopping anything else.
 """
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.mirror import Mirror
-from services.state.volume_mirror import StorageMirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.volume_mirror import StorageMirror
 from shared.contracts import subjects as s
 from shared.kube import translate, wire
 from shared.kube import volumes as kv

@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.kube_source import LEASE_KEY
+from services.state.sources.kube_source import LEASE_KEY
 from shared.contracts import subjects as s
 
 KV_KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")

@@ -6,7 +6,7 @@ its requests are summed with theirs, and a regular init container after it runs 
 max(containers + sidecars, each init container's turn) per resource, plus its overhead. The same rule in
 every place Kairos counts a pod: translation for the core (`shared.kube.translate.pod_requests`), the
 simulated default scheduler (`tools.kubesim.scheduler.pod_requests`) and the scale adjuster's scaling pods
-(`services.state.scaling_pods`).
+(`services.state.controllers.scaling_pods`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state import scaling_pods
+from services.state.controllers import scaling_pods
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule
 from shared.kube import translate, wire

@@ -1,6 +1,6 @@
 """The state service's NodeResourceTopology overlay, as specifications: a node's zones reach KV with the node;
 an object that does not add up leaves the node as without one, with its problem kept for a Warning on it;
-nothing else is affected (`services.state.numa_overlay`, through the mirror).
+nothing else is affected (`services.state.mirror.numa_overlay`, through the mirror).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.state.mirror import NODES, Mirror
+from services.state.mirror.cache import NODES, Mirror
 from shared.contracts import subjects as s
 from shared.model import Node
 

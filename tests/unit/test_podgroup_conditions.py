@@ -1,5 +1,5 @@
 """A PodGroup's ``UnschedulableOnNodePool`` condition goes once nothing of it waits for a node (KAI #1908,
-issue 29 deliverable 7): `services.state.writeback.stale_condition_patch`, which the write-back applies
+issue 29 deliverable 7): `services.state.controllers.writeback.stale_condition_patch`, which the write-back applies
 with every recount of the PodGroup (after each event about it, and every few seconds for all).
 
 Before, the condition was cleared only when the binder reported the PodGroup Running, and then every
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.writeback import stale_condition_patch
+from services.state.controllers.writeback import stale_condition_patch
 from shared.kube import wire
 from tests.builders import CREATED, pod_manifest, podgroup_manifest
 

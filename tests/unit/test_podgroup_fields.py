@@ -2,7 +2,7 @@
 ``minSubGroup`` (`shared.kube.translate.podgroup_of`; ``subgroup_info/factory.go`` and the PodGroup
 webhook's ``validatePodGroupSpec``), ``schedulingBackoff`` (the scheduler's ``isPodGroupUpForScheduler``:
 a PodGroup with one try per node pool is left alone once its latest scheduling condition names the pool
-it is in) and ``markUnschedulable`` (the status updater; `services.state.writeback`)."""
+it is in) and ``markUnschedulable`` (the status updater; `services.state.controllers.writeback`)."""
 
 from __future__ import annotations
 

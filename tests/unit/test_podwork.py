@@ -1,11 +1,11 @@
-"""The pod-work loop (`services.state.podwork.PodWorkLoop`), the pod-grouper's and gate keeper's shape: a
+"""The pod-work loop (`services.state.controllers.podwork.PodWorkLoop`), the pod-grouper's and gate keeper's shape: a
 pod whose work was refused waits for a change to the pod, and is forgotten once it is no longer a candidate."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.state.podwork import PodWorkLoop
+from services.state.controllers.podwork import PodWorkLoop
 from shared.kube import wire
 from tests.builders import pod_manifest, stored
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.admission_review import AdmissionRequest
-from services.state.queue_validation import QueueValidation, queues_of, verdict_response
+from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.queue_validation import QueueValidation, queues_of, verdict_response
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
 from shared.contracts.messages import NodeRecord, QueueRecord

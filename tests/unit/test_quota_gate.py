@@ -1,6 +1,6 @@
 """The quota gate, pure parts: which gated podgroups their queues have room for (`shared.core.quota_gate`),
 what the queue leader publishes and dispatches (`services.queue.dispatcher`), the gate helpers and the
-webhook's option (`services.state.gate_patches`, `services.state.service`), and the words `kairos explain` and
+webhook's option (`services.state.webhook.gate_patches`, `services.state.service`), and the words `kairos explain` and
 the Warning Event use.
 
 Scenarios are tables of queues and gangs in, verdicts out; the properties (hypothesis) are the two the gate
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.queue.planning import admission_changed, plan_cycle
-from services.state import gate_patches
 from services.state.service import StateOptions
+from services.state.webhook import gate_patches
 from shared.contracts.events import PodGroupAdmission
 from shared.core.policy import Policy
 from shared.core.quota_gate import NOT_LEAF_QUEUE, QuotaVerdict, quota_verdicts

@@ -12,7 +12,7 @@ import pytest
 
 from services.binder import gpu_sharing_plan
 from services.binder.service import parse_options
-from services.state.foreign import ForeignPods
+from services.state.mirror.foreign import ForeignPods
 from shared.errors import ConfigError
 from shared.kube import gpu_sharing as gs
 from shared.kube import wire

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.state.service import StateOptions
-from services.state.webhook import DEFAULT_RUNTIME_CLASS, WebhookOptions, runtime_class_patch
+from services.state.webhook.webhook import DEFAULT_RUNTIME_CLASS, WebhookOptions, runtime_class_patch
 from shared.errors import ConfigError
 from shared.kube import keys, wire
 from tests.builders import pod_manifest

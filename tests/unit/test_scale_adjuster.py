@@ -1,4 +1,4 @@
-"""KAI's node-scale-adjuster as Kairos plans it (`services.state.scaling_pods.plan`): which fractional pods
+"""KAI's node-scale-adjuster as Kairos plans it (`services.state.controllers.scaling_pods.plan`): which fractional pods
 wait for a GPU node, the scaling pods that ask a cluster autoscaler for one, when they are deleted, and that
 no pod a tenant writes makes it fail or ask twice. Tables from KAI's ``pkg/nodescaleadjuster`` and its docs
 (``docs/gpu-sharing/autoscaling``); the options as the state service reads them."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from services.state.scaling_pods import (
+from services.state.controllers.scaling_pods import (
     APP_LABEL,
     SHARED_GPU_POD_NAME,
     SHARED_GPU_POD_NAMESPACE,

@@ -1,5 +1,5 @@
 """What a SchedulingShard in force asks that Kairos does not apply, as users see it
-(`services.state.shard_notes`): one Warning naming every field with its reason, and the condition
+(`services.state.controllers.shard_notes`): one Warning naming every field with its reason, and the condition
 FullyApplied=False carrying the same message, patched together with Accepted; nothing when the status
 already says it."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.state.problems import ACCEPTED
-from services.state.shard_notes import (
+from services.state.controllers.shard_notes import (
     FULLY_APPLIED,
     SETTINGS_NOT_APPLIED,
     conditions_patch,
     notes_problem,
     shows,
 )
+from services.state.mirror.problems import ACCEPTED
 from shared.kube import wire
 from shared.kube.scheduling_shard import NotApplied
 

@@ -1,4 +1,4 @@
-"""What no shard serves, whether a shard is served, and empty node pools (`services.state.shard_coverage`),
+"""What no shard serves, whether a shard is served, and empty node pools (`services.state.controllers.shard_coverage`),
 as specifications."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from services.state.shard_coverage import (
+from services.state.controllers.shard_coverage import (
     NO_SCHEDULING_SHARD,
     QUEUE_NOT_IN_NODE_POOL,
     SERVED,

@@ -1,4 +1,4 @@
-"""The SchedulingShard a Kairos shard serves, as its KV record (`services.state.shards`), and the queue
+"""The SchedulingShard a Kairos shard serves, as its KV record (`services.state.controllers.shards`), and the queue
 leader's policy from that record (`services.queue.planning.shard_policy`)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 from services.queue.batching import ALL_ACTIONS
 from services.queue.planning import shard_policy
-from services.state.problems import INVALID_SCHEDULING_SHARD, Problem
-from services.state.shards import read_shard, read_shards, seen
+from services.state.controllers.shards import read_shard, read_shards, seen
+from services.state.mirror.problems import INVALID_SCHEDULING_SHARD, Problem
 from shared.contracts import subjects as s
 from shared.contracts.messages import SHARD_RECORDS, ShardRecord, encode
 from shared.core.policy import Policy

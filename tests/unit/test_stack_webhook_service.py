@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.state import webhook as state_webhook
+from services.state.webhook import webhook as state_webhook
 from shared.kube import queue_admission
 from shared.kube.scheduling_gates import WEBHOOK_PATH
 from tests.unit.test_deploy_manifests import base, find

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.state.kv_objects import Change
-from services.state.mirror import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.sources.kv_objects import Change
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory
 from shared.model import HostPort, Namespace, Node, Pod, PodGroup, PodStatus, Queue

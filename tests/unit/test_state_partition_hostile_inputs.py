@@ -1,5 +1,5 @@
 """Hostile values for what the state partitions read from outside: the `partitions` option
-(`services.state.partitions.parse_count`) and a message's ack subject (`services.state.writeback.stored_nanos`,
+(`services.state.sources.partitions.parse_count`) and a message's ack subject (`services.state.controllers.writeback.stored_nanos`,
 which names the Events of a redelivered message)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.partitions import MAX_PARTITIONS, parse_count
-from services.state.writeback import stored_nanos
+from services.state.controllers.writeback import stored_nanos
+from services.state.sources.partitions import MAX_PARTITIONS, parse_count
 from shared.errors import ConfigError
 
 

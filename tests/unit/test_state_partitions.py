@@ -1,4 +1,4 @@
-"""The state service's partition table (`services.state.partitions`), as specifications."""
+"""The state service's partition table (`services.state.sources.partitions`), as specifications."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.partitions import (
+from services.state.service import StateOptions
+from services.state.sources.partitions import (
     CLUSTER,
     MAX_PARTITIONS,
     fnv1a32,
@@ -22,7 +23,6 @@ from services.state.partitions import (
     work_filter,
     work_stream_transform,
 )
-from services.state.service import StateOptions
 from shared.contracts import subjects as s
 from shared.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """Objects Kairos holds back, as users will see them: the problem names the object and the field, the
 condition says it while it lasts and is set back once the object is fixed.
 
-The mirror finds the problems (`Mirror.reportable`); `services.state.problems` builds the status patches.
+The mirror finds the problems (`Mirror.reportable`); `services.state.mirror.problems` builds the status patches.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from services.state import problems
-from services.state.mirror import PODGROUPS, PODS, QUEUES, Mirror
-from services.state.problems import Problem
+from services.state.mirror import problems
+from services.state.mirror.cache import PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.problems import Problem
 from shared.kube import wire
 from tests.unit.test_state_mirror import NOW, cluster, js, pod, podgroup, queue
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from services.state import admission_review, gate_patches, problems
-from services.state.mirror import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror import problems
+from services.state.mirror.cache import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.webhook import admission_review, gate_patches
 from shared.contracts import subjects as s
 from shared.errors import InvalidObject
 from shared.kube import wire

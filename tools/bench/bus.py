@@ -95,7 +95,7 @@ the binds from one watch, in the order the benchmark's own watch saw them, so th
 the earlier ones were."""
 WRITEBACK_CONSUMER = "state-writeback"
 """The name (or name prefix: one per state partition) of the state write-back's durable consumer of
-`KAIROS_EVENTS` (`services.state.writeback.DURABLE`)."""
+`KAIROS_EVENTS` (`services.state.controllers.writeback.DURABLE`)."""
 
 
 class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,7 +107,7 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     a cluster: each pod's review reaches one of them)."""
     state_partitions: int = 0
     """The state service's `partitions` option (0: one replica does the per-pod work; N: every state replica
-    mirrors the cluster and the work is divided into N partitions, `services.state.partitions`)."""
+    mirrors the cluster and the work is divided into N partitions, `services.state.sources.partitions`)."""
     queue: int = 1
     """Queue replicas: one leads each shard (the workloads have one), the others stand by."""
     placement: int = 1

@@ -6,7 +6,7 @@ pod-grouper their PodGroup, so the measurement includes the grouping (the other 
 pods already grouped, which costs the pod-grouper nothing). In process there is no operator and no
 pod-grouper: `mixed_workloads` runs both here, once, while it builds the workload: the owner goes into an
 in-memory simulated cluster (`tools.kubesim.cluster.Cluster`, the same operators), and each pod it makes is
-grouped by `services.state.grouping.group_pod` with the owner chain and reads answered from that cluster,
+grouped by `services.state.controllers.grouping.group_pod` with the owner chain and reads answered from that cluster,
 then translated into the model like the state service translates it. The core then schedules exactly the
 podgroups (sub-groups included) the stack would see.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from services.state.grouping import group_pod
-from services.state.grouping.model import ObjectRead, PodsRead, Read, ReadsNeeded
+from services.state.controllers.grouping import group_pod
+from services.state.controllers.grouping.model import ObjectRead, PodsRead, Read, ReadsNeeded
 from shared.kube import keys, translate, wire
 from shared.kubeapi.paths import plural_of
 from shared.model.builders import flat_queues

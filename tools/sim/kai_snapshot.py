@@ -5,7 +5,7 @@ KAI's file is a zip holding ``snapshot.json``: ``config`` (the SchedulerConfigur
 ``tiers``, ``queueDepthPerAction``), ``schedulerParams`` (scheduler name, ``partitionParams`` with the node
 pool, ...) and ``rawObjects``, the Kubernetes objects its cache listed, each list under its own key and
 without ``apiVersion``/``kind`` (Go's JSON of typed objects). They go through the state service's own
-mirror (`services.state.mirror.Mirror`: `shared.kube.translate`, the storage and DRA mirrors, priority
+mirror (`services.state.mirror.cache.Mirror`: `shared.kube.translate`, the storage and DRA mirrors, priority
 classes resolved, pods of other schedulers counted on their nodes, objects whose references do not
 resolve held back), as if its informers had listed them, and what it would write to KV is the cluster.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from services.state.mirror import Mirror
+from services.state.mirror.cache import Mirror
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.core.policy import Policy
 from shared.errors import InvalidObject

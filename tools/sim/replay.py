@@ -5,7 +5,7 @@ starts from the snapshot's scheduling view (`CapturedSnapshot.scheduling_view`: 
 binders' reservations counted), makes the what-if changes (`tools.sim.whatif`), then runs `cycles` cycles,
 each one `schedule` per shard over the shard's node pool with the policy its SchedulingShard resolves to,
 at the capture's time plus `interval` seconds per cycle. Between cycles the decisions take effect as the
-in-memory cluster applies them (`services.state.sim_source`): a bound pod runs, an evicted pod is pending
+in-memory cluster applies them (`services.state.sources.sim_source`): a bound pod runs, an evicted pod is pending
 again at once (its controller recreates it), and the podgroups take the cycle's stale, last-start and
 last-eviction stamps.
 

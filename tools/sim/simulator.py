@@ -3,7 +3,7 @@
 Used by `kairos demo` and by the core's property specs. Each `step(now)` fires the cluster's due timers
 (a pod with a run time succeeds that long after it started), takes a snapshot, calls `schedule`, and hands
 the result to the cluster the way the binder does over the bus: binds, then evictions, then the
-podgroups' stale and last-start stamps. The pod lifecycle is `services.state.sim_source.SimulatedCluster`'s,
+podgroups' stale and last-start stamps. The pod lifecycle is `services.state.sources.sim_source.SimulatedCluster`'s,
 the very rules the state service applies with `--set source=sim`, so the simulator, `kairos up --memory`
 and conformance over the bus share one pod lifecycle (binds complete at once, evicted pods are pending
 again at once).
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from services.state.sim_source import SimulatedCluster
+from services.state.sources.sim_source import SimulatedCluster
 from shared.clusterfile import RUN_SECONDS_LABEL
 from shared.contracts.messages import ApplyRequest, PodGroupStamps
 from shared.core.policy import Policy

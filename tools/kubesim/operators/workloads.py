@@ -1,6 +1,6 @@
 """Kubernetes 1.35's Workload API in the simulated API server: ``scheduling.k8s.io/v1alpha1`` Workload,
 served from kubesim's start, so that KAI's docs/k8s-workload-api examples apply unchanged and their pods
-reach KAI's Workload grouping (`services.state.grouping.workload`).
+reach KAI's Workload grouping (`services.state.controllers.grouping.workload`).
 
 In Kubernetes the Workload is a built-in kind of the alpha API (KEP-4671, feature gate GenericWorkload,
 runtime config ``scheduling.k8s.io/v1alpha1=true``); kubesim serves it as a schema-less CRD

@@ -1,0 +1,344 @@
+"""The shard watch: every SchedulingShard, each kept in KV as the `ShardRecord` of the Kairos shard named
+after it.
+
+Run by the state service's Kubernetes owner (`services.state.sources.kube_source.KubeOwner`): one state service
+serves every shard of the cluster. One informer lists and watches SchedulingShards (kai.scheduler/v1,
+cluster-scoped; a cluster without the CRD has none). After each change, all of them are read together
+(`services.state.controllers.shards.read_shards`, which also gives each node pool to one shard). For each:
+
+- valid: its `ShardRecord` (with the state service's ``node_pool_label_key``) is put under
+  `subjects.shard_key(shard)` in `STATE_BUCKET` (the shard's queue leader and placement workers read it at
+  their next cycle) and an ``Accepted=False`` condition left by an earlier problem is set back to True;
+- invalid: the record is left as it is (the last valid configuration stays in force); the SchedulingShard
+  gets a Warning Event ``InvalidSchedulingShard`` and ``Accepted=False`` naming the field, once per distinct
+  problem (a condition that already shows it, from an earlier owner, gets no second Event);
+- gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
+  whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
+
+Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.
+shard_coverage`): each SchedulingShard in force gets the condition ``Served`` from its queue lease (True naming
+the queue replica that leads it, False when none does); one whose node pool has no node gets a Warning Event
+``EmptyNodePool`` naming ``spec.partitionLabelValue`` (once per distinct message); and every pending podgroup
+no shard will place (its node-pool label names no SchedulingShard in force, or its queue is outside its
+shard's pool) gets a `pod-unschedulable` event saying so (once per distinct message, again after it was
+served meanwhile), which the write-back turns into PodScheduled=False and a Warning and `kairos explain`
+shows.
+
+The API calls and KV writes run on the watch's own task; a failure is logged, counted and retried. The KV
+writes go through `state` when given (the owner's `WriteFence`: none lands once the lease is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from services.state.controllers import shard_coverage, shard_notes, shards
+from services.state.controllers.problem_report import write_event
+from services.state.controllers.writeback import event_time
+from services.state.mirror import problems
+from services.state.mirror.problems import Problem
+from shared.bus.fence import KvWrites
+from shared.bus.replica import StateReplica
+from shared.bus.service import ServiceContext
+from shared.contracts import subjects as s
+from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
+from shared.contracts.messages import LEASES, Lease, encode
+from shared.errors import MalformedMessage
+from shared.kube import translate
+from shared.kube.kai_plugins import ExtraPlugin
+from shared.kube.keys import NODE_POOL_LABEL
+from shared.kubeapi.client import Kube
+from shared.kubeapi.informer import Informer
+
+log = logging.getLogger("kairos.state.shard")
+
+GROUP, VERSION, PLURAL = "kai.scheduler", "v1", "schedulingshards"
+RETRY_AFTER_FAILURE = 1.0
+SURVEY_S = 2.0
+"""How often the shards' leases, node pools and the podgroups no shard serves are looked at."""
+
+
+class ShardWatch:
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        kube: Kube,
+        replica: StateReplica,
+        *,
+        component: str,
+        resync_period: float = 600.0,
+        node_pool_label_key: str = NODE_POOL_LABEL,
+        extra_plugins: Mapping[str, ExtraPlugin] | None = None,
+        state: KvWrites | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.kube = kube
+        self.state: KvWrites = ctx.bus.state if state is None else state
+        """Where the records are written (the owner's fence, or the bucket itself)."""
+        self.component = component
+        self.node_pool_label_key = node_pool_label_key
+        self.extra_plugins = dict(extra_plugins or {})
+        """The installed plugins beyond KAI's a SchedulingShard may enable (`shared.plugin_loader`)."""
+        self.raw: dict[str, bytes] = {}
+        """Each SchedulingShard's JSON as last seen, by name."""
+        self._stored: dict[str, bytes] = {record.shard: encode(record) for record in replica.shards.values()}
+        """Each shard's record as this watch last wrote it (or found it in KV at start)."""
+        self._shown: dict[str, tuple[str, str]] = {}
+        self._noted: dict[str, str] = {}
+        """Each shard's not-applied message as last told ("" when none)."""
+        self._listed = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._informer_task: asyncio.Task[None] | None = None
+        self._survey_task: asyncio.Task[None] | None = None
+        self.replica = replica
+        self._empty: dict[str, str] = {}
+        """Each shard's empty-pool message as last told."""
+        self._unserved: dict[str, str] = {}
+        """Podgroup key -> the no-shard message last published for it."""
+        self.informer = Informer(
+            kube,
+            PLURAL,
+            kube.custom.list_cluster_custom_object,
+            self._on_relist,
+            self._on_change,
+            args=(GROUP, VERSION, PLURAL),
+            resync_period=resync_period,
+            missing_ok=True,
+        )
+
+    def start(self) -> None:
+        self._informer_task = asyncio.create_task(self.informer.run())
+        self._task = asyncio.create_task(self._run())
+        self._survey_task = asyncio.create_task(self._survey_forever())
+
+    async def stop(self) -> None:
+        for task in (self._task, self._informer_task, self._survey_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._informer_task = self._survey_task = None
+
+    async def _on_relist(self, items: list[msgspec.Raw]) -> None:
+        raws = {shards.seen(bytes(item)).metadata.name: bytes(item) for item in items}
+        self.raw = {name: data for name, data in raws.items() if name}
+        self._listed = True
+        self._wake.set()
+
+    async def _on_change(self, event: str, obj: msgspec.Raw) -> None:
+        name = shards.seen(bytes(obj)).metadata.name
+        if not name:
+            return
+        if event == "DELETED":
+            self.raw.pop(name, None)
+        else:
+            self.raw[name] = bytes(obj)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._listed:
+                continue
+            try:
+                await self.apply()
+            except Exception:
+                self.ctx.counters["shard_failures"] += 1
+                log.exception("SchedulingShards: applying them failed; retrying")
+                await asyncio.sleep(RETRY_AFTER_FAILURE)
+                self._wake.set()
+
+    async def apply(self) -> None:
+        """Bring KV and every SchedulingShard's status in line with what was last seen of them."""
+        raws = dict(self.raw)
+        for shard in sorted(set(self._stored) - set(raws)):
+            await self.state.delete(s.shard_key(shard))
+            del self._stored[shard]
+            self._shown.pop(shard, None)
+            self._noted.pop(shard, None)
+            log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
+        for shard, verdict in shards.read_shards(raws, self.node_pool_label_key, self.extra_plugins).items():
+            seen = shards.seen(raws[shard])
+            if isinstance(verdict, Problem):
+                await self._show(shard, verdict, seen)
+                continue
+            data = encode(verdict)
+            if data != self._stored.get(shard):
+                await self.state.put(s.shard_key(shard), data)
+                self._stored[shard] = data
+                self.ctx.counters["shard_configs"] += 1
+                log.info(
+                    "SchedulingShard %s in force (generation %d)%s",
+                    shard,
+                    verdict.generation,
+                    "".join(f"; not applied: {n.field} ({n.reason})" for n in verdict.config.not_applied),
+                )
+            self._shown.pop(shard, None)
+            await self._in_force(shard, seen, shard_notes.notes_problem(shard, verdict.config.not_applied))
+
+    async def _show(self, shard: str, problem: Problem, seen: shards.Seen) -> None:
+        shown = (problem.reason, problem.message)
+        if self._shown.get(shard) == shown:
+            return
+        if not problems.shows(seen.status.conditions, problem):
+            log.warning("SchedulingShard %s not applied: %s", shard, problem.message)
+            about = translate.InvolvedObject(
+                api_version=problems.API_VERSIONS["SchedulingShard"],
+                kind="SchedulingShard",
+                name=shard,
+                uid=seen.metadata.uid,
+            )
+            await write_event(self.kube, self.ctx, about, problem, f"schedulingshard {shard}", self.component)
+            self.ctx.counters["problems_reported"] += 1
+            await self._condition(shard, seen, problem)
+        self._shown[shard] = shown
+
+    async def _in_force(self, shard: str, seen: shards.Seen, notes: Problem | None) -> None:
+        """A shard in force: ``Accepted`` back to True, and what it asks that Kairos does not apply told
+        once, as a Warning Event and ``FullyApplied=False`` (`services.state.controllers.shard_notes`)."""
+        told = notes.message if notes is not None else ""
+        if (
+            notes is not None
+            and self._noted.get(shard) != told
+            and not shard_notes.shows(seen.status.conditions, notes)
+        ):
+            about = translate.InvolvedObject(
+                api_version=problems.API_VERSIONS["SchedulingShard"],
+                kind="SchedulingShard",
+                name=shard,
+                uid=seen.metadata.uid,
+            )
+            await write_event(self.kube, self.ctx, about, notes, f"schedulingshard {shard}", self.component)
+            self.ctx.counters["shard_notes_reported"] += 1
+        self._noted[shard] = told
+        patch = shard_notes.conditions_patch(seen.status.conditions, notes, event_time())
+        if patch is not None:
+            await self._patch_status(shard, patch)
+
+    async def _condition(self, shard: str, seen: shards.Seen, problem: Problem | None) -> None:
+        patch = problems.accepted_patch(seen.status.conditions, problem, event_time())
+        if patch is not None:
+            await self._patch_status(shard, patch)
+
+    # --- the survey: served, empty pools, podgroups no shard serves -------------------------------------------
+    async def _survey_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SURVEY_S)
+            if not self._listed:
+                continue
+            try:
+                await self.survey()
+            except Exception:
+                self.ctx.counters["shard_survey_failures"] += 1
+                log.exception("SchedulingShards: the survey failed; again in %.0f s", SURVEY_S)
+
+    async def survey(self) -> None:
+        """One look at the shards in force: ``Served``, empty node pools, podgroups no shard serves."""
+        snapshot = self.replica.objects()
+        records = {record.shard: record for record in self.replica.shards.values()}
+        for shard, record in sorted(records.items()):
+            data = self.raw.get(shard)
+            if data is None:
+                continue
+            seen = shards.seen(data)
+            wanted = shard_coverage.served_condition(await self._lease(shard))
+            patch = shard_coverage.served_patch(seen.status.conditions, wanted, event_time())
+            if patch is not None:
+                await self._patch_status(shard, patch)
+            await self._tell_empty(shard, seen, shard_coverage.empty_pool(record, snapshot))
+        for shard in set(self._empty) - set(records):
+            del self._empty[shard]
+        await self._explain_unserved(shard_coverage.unserved(snapshot, records, self.node_pool_label_key))
+
+    async def _lease(self, shard: str) -> Lease | None:
+        entry = await self.ctx.bus.leases.get(s.lease_key(shard))
+        if entry is None:
+            return None
+        try:
+            return LEASES.decode(entry.key, entry.value or b"")
+        except MalformedMessage:
+            return None
+
+    async def _tell_empty(self, shard: str, seen: shards.Seen, message: str | None) -> None:
+        if message is None:
+            self._empty.pop(shard, None)
+            return
+        if self._empty.get(shard) == message:
+            return
+        problem = Problem(
+            kind="SchedulingShard",
+            namespace="",
+            name=shard,
+            reason=shard_coverage.EMPTY_NODE_POOL,
+            message=message,
+        )
+        about = translate.InvolvedObject(
+            api_version=problems.API_VERSIONS["SchedulingShard"],
+            kind="SchedulingShard",
+            name=shard,
+            uid=seen.metadata.uid,
+        )
+        log.warning("%s", message)
+        await write_event(self.kube, self.ctx, about, problem, f"schedulingshard {shard}", self.component)
+        self.ctx.counters["problems_reported"] += 1
+        self._empty[shard] = message
+
+    async def _explain_unserved(self, found: list[shard_coverage.Unserved]) -> None:
+        current = {u.podgroup for u in found}
+        for key in [key for key in self._unserved if key not in current]:
+            del self._unserved[key]
+        for u in found:
+            if self._unserved.get(u.podgroup) == u.message:
+                continue
+            event = PodUnschedulable(
+                time=time.time(),
+                namespace=u.namespace,
+                podgroup=u.name,
+                queue=u.queue,
+                message=u.message,
+                reasons=[u.reason],
+            )
+            await self.ctx.bus.js.publish(
+                s.event("pod-unschedulable", u.podgroup), EVENT_ENCODER.encode(event)
+            )
+            self._unserved[u.podgroup] = u.message
+            self.ctx.counters["unserved_explained"] += 1
+            log.info("%s", u.message)
+
+    async def _patch_status(self, shard: str, patch: dict[str, object]) -> None:
+        await self.kube.call(
+            f"patch schedulingshard {shard} status",
+            self.kube.custom.patch_cluster_custom_object_status,
+            GROUP,
+            VERSION,
+            PLURAL,
+            shard,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+        self.ctx.counters["kube_status_patches"] += 1
+        self._remember_status(shard, patch)
+
+    def _remember_status(self, shard: str, patch: dict[str, object]) -> None:
+        """Keep the conditions just written in the object as last seen: a merge patch replaces the whole
+        list, so the next patch (of another condition) must start from this one, not from the informer's
+        older copy."""
+        data = self.raw.get(shard)
+        status = patch.get("status")
+        if data is None or not isinstance(status, dict):
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return
+        obj.setdefault("status", {}).update(status)
+        self.raw[shard] = json.dumps(obj).encode()

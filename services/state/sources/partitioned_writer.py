@@ -1,0 +1,166 @@
+"""The KV writes of a state replica that owns some partitions (`partitions=N`): one `StateWriter` per owned
+partition, each under that partition's write fence, the other partitions' changes left to their owners.
+
+Every state replica runs the informers and the mirror (`services.state.sources.kube_source.KubeSource`, given this
+writer in place of its own), so every replica knows every object; each writes only the keys of the
+partitions it owns (`partitions.key_partition`: a pod's or a podgroup's by its name, every other key the
+`CLUSTER` partition's). It has the `StateWriter` methods the source calls (`seed`, `sync`, `reconcile`,
+`write`, `revision`), split by partition:
+
+- `gain(partition, fence, revision)` (`services.state.sources.partition_owners`' `on_gained`): the replica is
+  waited for up to the fence's revision, so it holds whatever a former owner wrote; a writer for the
+  partition is seeded with the replica's records of it and syncs them with the mirror (puts what differs,
+  deletes what the mirror no longer has). The `CLUSTER` partition's owner also reconciles the binders'
+  ledger with the cluster (every replica's mirror holds every pod, so one owner can, and one is enough).
+- `lose(partition)`: its writer is dropped; its changes are skipped from then on (counted as
+  `partition_changes_skipped`): the next owner syncs from its own mirror when it gains the partition.
+- `write(changes)`: each owned partition's changes through its writer, side by side. A write its fence
+  refuses drops that partition (`lose`) and calls `on_refused(partition)`: the owner gives the lease up and
+  gains the partition again later, syncing afresh; the other partitions carry on. Any other failure is
+  raised (the source resyncs).
+
+A gain and a write never interleave (one lock): a change the mirror flushed before a gain's sync is in the
+mirror the sync reads, and written again after it only where it differs from what the sync wrote (an
+identical put is skipped, a delete or a ledger edit is idempotent); a change flushed after is written by the
+writer the gain made. Ledger effects of a pod's change go through its partition's fence (node ledgers are
+compare-and-sets shared with the binders: two partitions' owners edit one node's ledger as binders do).
+
+Tested in tests/integration/test_state_partitioned_writer.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
+
+from services.state.sources.kv_objects import Change, Obj, object_key
+from services.state.sources.kv_writer import StateWriter
+from services.state.sources.partitions import CLUSTER, key_partition
+from shared.bus.fence import WriteFence
+from shared.bus.middleware import Counters
+from shared.bus.replica import StateReplica
+from shared.contracts.messages import encode
+from shared.errors import FencedError
+from shared.model import Pod
+
+__all__ = ["PartitionedWriter"]
+
+log = logging.getLogger("kairos.state.partitioned_writer")
+
+
+class PartitionedWriter:
+    """A `StateWriter` per owned partition, behind the `StateWriter` methods `KubeSource` calls."""
+
+    def __init__(
+        self,
+        replica: StateReplica,
+        counters: Counters,
+        count: int,
+        current: Callable[[], Mapping[str, Obj]],
+        on_refused: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.replica = replica
+        self.bus = replica.bus
+        self.counters = counters
+        self.count = count
+        self.current = current
+        """The mirror's objects now (every object of the cluster, every partition's)."""
+        self.on_refused = on_refused
+        self.writers: dict[str, StateWriter] = {}
+        self.revision = 0
+        """The state bucket's revision after this replica's last write (what replies carry)."""
+        self._lock = asyncio.Lock()
+
+    def owned(self) -> frozenset[str]:
+        return frozenset(self.writers)
+
+    def partition(self, key: str) -> str:
+        return key_partition(key, self.count)
+
+    # --- partitions coming and going ----------------------------------------------------------------------
+    async def gain(self, partition: str, fence: WriteFence, revision: int) -> None:
+        """Start writing `partition` under `fence` (raised at `revision`): catch up, seed, sync."""
+        await self.replica.wait_for(revision)
+        async with self._lock:
+            writer = StateWriter(
+                self.bus, self.counters, source="kube", fence=fence, ledger_view=self.replica.node_ledger
+            )
+            stored = {
+                key: encode(record)
+                for key, record in self.replica.records.items()
+                if self.partition(key) == partition
+            }
+            writer.seed(stored, self.replica.revision)
+            objects = {key: obj for key, obj in self.current().items() if self.partition(key) == partition}
+            keys = [
+                k for k in await self.bus.state.keys() if object_key(k) and self.partition(k) == partition
+            ]
+            await writer.sync(objects, keys)
+            if partition == CLUSTER:
+                await writer.reconcile(o for o in self.current().values() if isinstance(o, Pod))
+            self.writers[partition] = writer
+            self.revision = max(self.revision, writer.revision)
+        log.info("partition %s: %d objects synced", partition, len(objects))
+
+    async def lose(self, partition: str) -> None:
+        """Stop writing `partition` (the owner lost or gave up its lease)."""
+        self.writers.pop(partition, None)
+
+    # --- what the source calls ----------------------------------------------------------------------------
+    def seed(self, stored: Mapping[str, bytes], revision: int) -> None:  # noqa: ARG002 -- StateWriter.seed's shape
+        """At the source's start: nothing to do (each writer is seeded when its partition is gained)."""
+        self.revision = max(self.revision, revision)
+
+    async def sync(self, objects: Mapping[str, Obj], extra_keys: Iterable[str] = ()) -> int:
+        """The source's full sync (at start, after a failed write): each owned partition's keys."""
+        async with self._lock:
+            by_partition: dict[str, dict[str, Obj]] = defaultdict(dict)
+            for key, obj in objects.items():
+                by_partition[self.partition(key)][key] = obj
+            extra: dict[str, list[str]] = defaultdict(list)
+            for key in extra_keys:
+                extra[self.partition(key)].append(key)
+            await self._each({p: partial(w.sync, by_partition[p], extra[p]) for p, w in self.writers.items()})
+        return self.revision
+
+    async def reconcile(self, pods: Iterable[Pod]) -> None:
+        """The ledger made to agree with the cluster: the `CLUSTER` partition's owner's job."""
+        async with self._lock:
+            writer = self.writers.get(CLUSTER)
+            if writer is not None:
+                await self._each({CLUSTER: partial(writer.reconcile, pods)})
+
+    async def write(self, changes: Sequence[Change]) -> int:
+        """Each owned partition's changes through its writer; the others' skipped."""
+        by_partition: dict[str, list[Change]] = defaultdict(list)
+        for change in changes:
+            by_partition[self.partition(change.key)].append(change)
+        async with self._lock:
+            skipped = sum(len(c) for p, c in by_partition.items() if p not in self.writers)
+            self.counters["partition_changes_skipped"] += skipped
+            await self._each(
+                {p: partial(w.write, by_partition[p]) for p, w in self.writers.items() if p in by_partition}
+            )
+        return self.revision
+
+    async def _each(self, calls: Mapping[str, Callable[[], Awaitable[object]]]) -> None:
+        """Run each partition's call on its writer side by side; a partition whose fence refused is dropped
+        (and its owner told), the first other failure raised once all have ended."""
+        chosen = [(p, self.writers[p]) for p in calls if p in self.writers]
+        results = await asyncio.gather(*(calls[p]() for p, _ in chosen), return_exceptions=True)
+        failure: BaseException | None = None
+        for (p, writer), result in zip(chosen, results, strict=True):
+            self.revision = max(self.revision, writer.revision)
+            if isinstance(result, FencedError):
+                self.counters["partition_writes_fenced"] += 1
+                log.warning("partition %s: a write was refused (%s); no longer writing it", p, result)
+                self.writers.pop(p, None)
+                if self.on_refused is not None:
+                    await self.on_refused(p)
+            elif isinstance(result, BaseException) and failure is None:
+                failure = result
+        if failure is not None:
+            raise failure
