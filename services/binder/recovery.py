@@ -275,14 +275,16 @@ class Recovery:
         merely behind)."""
         # One pass over every claim: its age, and whether its pod is pending or gone (only the proposals of
         # those are looked at; in a busy cluster nearly every claim is of a pod already bound).
-        first_seen = self.first_seen
+        # `_status` written out: this loop runs over every claim every few seconds.
+        first_seen, bound_here, waiting = self.first_seen, self.bound_here, PodStatus.PENDING
         wanted: set[str] = set()
         for key, claim in claims.items():
             revision = revisions.get(key, 0)
             first = first_seen.get(key)
             if first is None or first[0] != revision:
                 first_seen[key] = (revision, now)
-            if self._status(pods.get(claim.pod), key, revision) in (None, PodStatus.PENDING):
+            pod = pods.get(claim.pod)
+            if pod is None or (pod.status == waiting and bound_here.get(key) != revision):
                 wanted.add(claim.proposal)
         for kept in (first_seen, self.bound_here):
             if len(kept) > len(claims):
