@@ -11,9 +11,10 @@ dicts (`alloc_scalars`, `idle_scalars`, `used_scalars`, `releasing_scalars`) tha
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -80,7 +81,8 @@ class ClusterState:
         """`placed`: the snapshot's pods that hold resources on a node of `nodes`, in the order the nodes
         take them (`NodeState.add_task` for each)."""
         n = len(nodes)
-        self.names: list[str] = [nd.name for nd in nodes]
+        static = _static(nodes, tie_break_seed)
+        self.names: list[str] = list(static.names)
         self.nodes: dict[str, NodeState] = {}
         self.order: list[NodeState] = []
         # Nodes that have (or had) a shared GPU group: the only ones the GPU-sharing score looks at.
@@ -93,18 +95,13 @@ class ClusterState:
         (`shared.core.pod_affinity`) last looked; None while no such index exists."""
         """Moves whenever any node takes, releases or restores pods: answers computed from where pods are
         (inter-pod affinity) are cached until it moves."""
-        self._label_codes: dict[str, tuple[npt.NDArray[np.int64], dict[str, int]]] = {}
+        self._label_codes = static.label_codes
         # The accounting starts in Python lists and becomes NumPy arrays once the snapshot's pods are on
         # their nodes: element access to a list is several times cheaper than to an array, and float
         # arithmetic on either is IEEE double, so the arrays come out bit for bit the same. Only
         # `NodeState.add_task` runs in between, and it reads and writes single elements.
-        alloc: list[list[float]] = [[0.0] * n for _ in range(N_BASE)]
-        for i, nd in enumerate(nodes):
-            alloc[CPU][i] = float(nd.cpu_millis)
-            alloc[MEM][i] = float(nd.memory_bytes)
-            alloc[GPU][i] = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
-            alloc[PODS][i] = float(nd.max_pods)
-        idle = [list(row) for row in alloc]
+        alloc = [list(row) for row in static.alloc_rows]
+        idle = [list(row) for row in static.alloc_rows]
         used = [[0.0] * n for _ in range(N_BASE)]
         releasing = [[0.0] * n for _ in range(N_BASE)]
         versions = [0] * n
@@ -120,24 +117,19 @@ class ClusterState:
             self.nodes[nd.name] = state
             self.order.append(state)
         _place(self, placed)
-        self.alloc = [np.array(row, dtype=np.float64) for row in alloc]
+        self.alloc = [row.copy() for row in static.alloc]
         self.idle = [np.array(row, dtype=np.float64) for row in idle]
         self.used = [np.array(row, dtype=np.float64) for row in used]
         self.releasing = [np.array(row, dtype=np.float64) for row in releasing]
         self.versions = np.array(versions, dtype=np.int64)
-        # Static per-node facts the scores read on every pod.
-        self.has_resource = [self.alloc[r] != 0 for r in range(N_BASE)]
-        self.gpu_count = np.array([float(nd.gpus) for nd in nodes])
-        self.prefer_no_schedule_nodes = [
-            i for i, nd in enumerate(nodes) if any(t.effect == "PreferNoSchedule" for t in nd.taints)
-        ]
+        # Static per-node facts the scores read on every pod (shared with the sessions before while the
+        # node records are the same: read-only).
+        self.has_resource = static.has_resource
+        self.gpu_count = static.gpu_count
+        self.prefer_no_schedule_nodes = static.prefer_no_schedule_nodes
         """Nodes with a PreferNoSchedule taint: the only ones the TaintToleration score looks at."""
-        mig = np.array([nd.mig_enabled for nd in nodes], dtype=bool)
-        self.cpu_only_nodes = (self.alloc[GPU] <= 0) & ~mig
-        # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
-        self.name_rank = np.argsort(np.argsort(np.array(self.names, dtype=object))) if n else np.zeros(0)
-        if tie_break_seed is not None and n:
-            self.name_rank = np.random.default_rng(tie_break_seed).permutation(n)
+        self.cpu_only_nodes = static.cpu_only_nodes
+        self.name_rank = static.name_rank
 
     def label_codes(self, key: str) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
         """Every node's value of label `key` as a code (0: the node has no such label), in node order, and
@@ -668,3 +660,83 @@ def _put_back(state: NodeState, placed: _Placed, tasks: list[TaskState]) -> None
     state.used_scalars = dict(placed.used_scalars)
     state.releasing_scalars = dict(placed.releasing_scalars)
     state.legacy_mig_tasks = placed.legacy_mig
+
+
+class _Static(NamedTuple):
+    """What a cluster reads of its node records alone, in node order: kept from one session to the next
+    while the records are the same objects in the same order (`_static`). Its arrays are read-only and its
+    label codes grow as sessions ask for more keys; nothing else in it changes."""
+
+    nodes: tuple[Node, ...]
+    tie_break_seed: int | None
+    names: tuple[str, ...]
+    alloc_rows: tuple[tuple[float, ...], ...]
+    """Per tracked resource, each node's allocatable (`alloc` as Python floats)."""
+    alloc: tuple[FloatArray, ...]
+    has_resource: list[npt.NDArray[Any]]
+    gpu_count: FloatArray
+    prefer_no_schedule_nodes: list[int]
+    cpu_only_nodes: npt.NDArray[Any]
+    name_rank: npt.NDArray[Any]
+    label_codes: dict[str, tuple[npt.NDArray[np.int64], dict[str, int]]]
+    """`ClusterState.label_codes` per label key asked so far."""
+
+
+class _StaticMemo:
+    def __init__(self) -> None:
+        self.last: _Static | None = None
+
+
+_STATIC = _StaticMemo()
+
+
+def _static(nodes: tuple[Node, ...], tie_break_seed: int | None) -> _Static:
+    """The figures of `nodes` worked out for the last session, when its nodes are the same records in the
+    same order (a node pool's snapshot is a new tuple of the same records each time), else anew."""
+    last = _STATIC.last
+    if (
+        last is not None
+        and last.tie_break_seed == tie_break_seed
+        and len(last.nodes) == len(nodes)
+        and (last.nodes is nodes or all(map(operator.is_, last.nodes, nodes)))
+    ):
+        return last
+    n = len(nodes)
+    rows: list[list[float]] = [[0.0] * n for _ in range(N_BASE)]
+    for i, nd in enumerate(nodes):
+        rows[CPU][i] = float(nd.cpu_millis)
+        rows[MEM][i] = float(nd.memory_bytes)
+        rows[GPU][i] = 0.0 if nd.mig_enabled and nd.mig_strategy == "mixed" else float(nd.gpus)
+        rows[PODS][i] = float(nd.max_pods)
+    alloc = tuple(_read_only(np.array(row, dtype=np.float64)) for row in rows)
+    names = tuple(nd.name for nd in nodes)
+    mig = np.array([nd.mig_enabled for nd in nodes], dtype=bool)
+    # Name rank breaks score ties the way KAI does (sorted by name within equal scores).
+    rank = np.argsort(np.argsort(np.array(names, dtype=object))) if n else np.zeros(0)
+    if tie_break_seed is not None and n:
+        rank = np.random.default_rng(tie_break_seed).permutation(n)
+    static = _Static(
+        nodes=nodes,
+        tie_break_seed=tie_break_seed,
+        names=names,
+        alloc_rows=tuple(tuple(row) for row in rows),
+        alloc=alloc,
+        has_resource=[_read_only(alloc[r] != 0) for r in range(N_BASE)],
+        gpu_count=_read_only(np.array([float(nd.gpus) for nd in nodes])),
+        prefer_no_schedule_nodes=[
+            i for i, nd in enumerate(nodes) if any(t.effect == "PreferNoSchedule" for t in nd.taints)
+        ],
+        cpu_only_nodes=_read_only((alloc[GPU] <= 0) & ~mig),
+        name_rank=_read_only(rank),
+        label_codes={},
+    )
+    _STATIC.last = static
+    return static
+
+
+_A = TypeVar("_A", bound=np.ndarray)
+
+
+def _read_only(array: _A) -> _A:
+    array.flags.writeable = False
+    return array

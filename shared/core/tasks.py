@@ -42,6 +42,7 @@ class TaskState:
         "node",
         "pod",
         "pod_set",
+        "requested_gpus",
         "scalars",
         "status",
         "task_priority",
@@ -78,6 +79,14 @@ class TaskState:
         else:
             self.kind = "regular"
         self.whole_gpus = float(gpu.devices) if self.kind == "regular" else 0.0
+        self.requested_gpus: float = (
+            self.whole_gpus
+            if self.kind == "regular"
+            else round(gpu.fraction, 2) * gpu.devices
+            if self.kind == "fraction"
+            else 0.0
+        )
+        """KAI `ResReq.GPUs()` (`GpuRequest.gpus`, read once: the queue accounting asks it of every pod)."""
 
     # --- request kinds (KAI pod_info) -------------------------------------------------------------
     @property
@@ -88,11 +97,6 @@ class TaskState:
     def is_cpu_only(self) -> bool:
         """KAI `IsCPUOnlyRequest`: asks for no GPU of any kind."""
         return not (self.gpu.gpus > 0 or self.kind in ("memory", "mig"))
-
-    @property
-    def requested_gpus(self) -> float:
-        """KAI `ResReq.GPUs()`."""
-        return self.gpu.gpus
 
     @property
     def is_best_effort(self) -> bool:

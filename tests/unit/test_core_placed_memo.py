@@ -1,5 +1,7 @@
 """Spec: a session's nodes come out the same whether their running pods are placed one by one or what the
-same pods left on the same node record is put back from the session before (`shared.core.cluster`).
+same pods left on the same node record is put back from the session before, and whether the figures of
+the node records alone (allocatable, names, taints, label codes, tie-break rank) are worked out anew or
+kept from the session before over the same records (`shared.core.cluster`).
 
 A node is put back only when it is the same node record holding the same pod records, in the same order and
 in the same session statuses; a changed, added, removed or moved pod, a changed node or a pod that has
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +24,13 @@ from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.tasks import N_BASE, JobState, TaskState
 from shared.model import GpuRequest, Node, Pod, PodStatus
+from shared.model.objects import Taint
 from shared.model.status import ACTIVE_USED
 from tests.builders import node, pod, podgroup, snapshot
 
 MIG = "nvidia.com/mig-1g.10gb"
 RDMA = "rdma/ib"
+RACK = "rack"
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 """What draws a value (a composite's `draw`, `st.data().draw`)."""
 HOLDING = sorted(ACTIVE_USED - {PodStatus.STUCK_IN_RELEASING})
@@ -40,6 +45,10 @@ def _nodes(draw: Draw, n: int) -> list[Node]:
             cpu_millis=draw(st.sampled_from([8_000.0, 64_000.0])),
             max_pods=draw(st.sampled_from([3, 110])),
             scalars=draw(st.sampled_from([{}, {MIG: 4.0}, {RDMA: 2.0}, {MIG: 2.0, RDMA: 1.0}])),
+            labels=draw(st.sampled_from([{}, {RACK: "r1"}, {RACK: "r2"}])),
+            taints=draw(st.sampled_from([(), (Taint(key="k", value="v", effect="PreferNoSchedule"),)])),
+            mig_enabled=(mig := draw(st.booleans())),
+            mig_strategy="mixed" if mig else None,
         )
         for i in range(n)
     ]
@@ -87,8 +96,15 @@ def _changed(draw: Draw, nodes: list[Node], pods: list[Pod]) -> tuple[list[Node]
     deleted or created. Unchanged records stay the same objects."""
     nodes = list(nodes)
     for i in range(len(nodes)):
-        if draw(st.sampled_from([False, False, False, True])):
+        change = draw(st.sampled_from(["same", "same", "same", "capacity", "labels", "taints", "name"]))
+        if change == "capacity":
             nodes[i] = msgspec.structs.replace(nodes[i], cpu_millis=nodes[i].cpu_millis + 1_000)
+        elif change == "labels":
+            nodes[i] = msgspec.structs.replace(nodes[i], labels={RACK: "r3"})
+        elif change == "taints":
+            nodes[i] = msgspec.structs.replace(nodes[i], taints=())
+        elif change == "name":
+            nodes[i] = msgspec.structs.replace(nodes[i], name=f"renamed{i}")
     out: list[Pod] = []
     for p in pods:
         what = draw(st.sampled_from(["same", "same", "status", "node", "request", "delete"]))
@@ -140,6 +156,14 @@ def _picture(cluster: ClusterState, tasks: list[TaskState]) -> dict[str, Any]:
             for n in cluster.order
         ],
         "accepted": [(t.key, t.accepted_gpus) for t in tasks],
+        "alloc": [arr.tolist() for arr in cluster.alloc],
+        "names": cluster.names,
+        "has_resource": [arr.tolist() for arr in cluster.has_resource],
+        "gpu_count": cluster.gpu_count.tolist(),
+        "prefer_no_schedule": cluster.prefer_no_schedule_nodes,
+        "cpu_only": cluster.cpu_only_nodes.tolist(),
+        "name_rank": cluster.name_rank.tolist(),
+        "racks": [(codes.tolist(), vocabulary) for codes, vocabulary in [cluster.label_codes(RACK)]],
         "resources": N_BASE,
     }
 
@@ -185,3 +209,21 @@ def test_a_pod_that_became_stuck_in_releasing_is_placed_anew_on_its_node() -> No
     assert (early.releasing(2), early.idle(2)) == (1.0, 1.0)
     assert (late.releasing(2), late.idle(2)) == (0.0, 1.0)
     assert late.tasks["/r"].status == PodStatus.STUCK_IN_RELEASING
+
+
+def test_another_tie_break_seed_ranks_the_same_nodes_anew() -> None:
+    nodes = tuple(node(f"n{i}") for i in range(6))
+    by_name = ClusterState(nodes, None).name_rank.tolist()
+    seeded = ClusterState(nodes, 7).name_rank.tolist()
+    assert by_name == list(range(6))
+    assert seeded != by_name
+    assert ClusterState(nodes, 7).name_rank.tolist() == seeded
+    assert ClusterState(nodes, None).name_rank.tolist() == by_name
+
+
+def test_the_node_figures_a_session_shares_with_the_next_cannot_be_written() -> None:
+    cluster = ClusterState((node("n0"), node("n1", gpus=0)), None)
+    with pytest.raises(ValueError, match="read-only"):
+        cluster.gpu_count[0] = 3.0
+    with pytest.raises(ValueError, match="read-only"):
+        cluster.cpu_only_nodes[0] = True
