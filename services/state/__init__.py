@@ -11,6 +11,7 @@ At the top, the shell:
 - `service`: the NATS shell (options, requests, timers, snapshot answers, shutdown).
 - `__main__`: `python -m services.state`, what `kairos up` and `kairos serve state` run.
 - `snapshot_http`: `GET /get-snapshot` on the health port.
+- `replies`: how core NATS messages are answered (decode or count, reply, drop after SIGTERM).
 
 And four folders, each with its own docstring:
 

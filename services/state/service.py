@@ -96,12 +96,12 @@ from nats.aio.subscription import Subscription
 from services.state import snapshot_http
 from services.state.controllers.grouping import GrouperConfig
 from services.state.controllers.scaling_pods import ScaleAdjustOptions
+from services.state.replies import malformed, reply, stopping
 from services.state.sources.kube_source import KubeElection, KubeSourceOptions
-from services.state.sources.kv_objects import Change
-from services.state.sources.kv_writer import StateWriter
 from services.state.sources.partitioned_source import PartitionedKube
 from services.state.sources.partitions import parse_count as parse_partition_count
-from services.state.sources.sim_source import Checkpoint, Refused, SimulatedCluster, demo_cluster
+from services.state.sources.sim_owner import SimOwner
+from services.state.sources.sim_source import SimulatedCluster, demo_cluster
 from services.state.webhook import podgroup_lookup, queue_validation
 from services.state.webhook.queue_validation import QueueValidation
 from services.state.webhook.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServer, WebhookOptions
@@ -111,14 +111,8 @@ from shared.bus.service import ServiceContext
 from shared.clusterfile import ClusterObjects, load_cluster
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
-    CLUSTER_REQUESTS,
     SNAPSHOT_REQUESTS,
-    STAMPS,
-    ApplyRequest,
-    BindRequest,
     ClusterReply,
-    ClusterRequest,
-    EvictRequest,
     SnapshotReply,
     encode,
 )
@@ -132,13 +126,6 @@ from shared.telemetry.metrics import StateMetrics, count_kinds
 
 QUEUE_GROUP = "state"
 SOURCES = ("sim", "kube", "none")
-OPERATIONS: dict[str, type[ClusterRequest]] = {
-    "apply": ApplyRequest,
-    "bind": BindRequest,
-    "evict": EvictRequest,
-}
-RETRY_AFTER_FAILED_WRITE = 0.5
-"""Seconds the timer loop waits after a failed write before trying again (NATS may be reconnecting)."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +390,7 @@ async def body(ctx: ServiceContext) -> None:
     except TimeoutError as exc:
         await replica.stop()
         raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
-    owner: SourceOwner | None = None
+    owner: SimOwner | None = None
     election: KubeElection | PartitionedKube | None = None
     webhook: AdmissionServer | None = None
     webhook_kube: Kube | None = None
@@ -418,7 +405,7 @@ async def body(ctx: ServiceContext) -> None:
     try:
         revision = 0
         if options.source == "sim":
-            owner = SourceOwner(ctx, SimulatedCluster(options.run_delay), replica)
+            owner = SimOwner(ctx, SimulatedCluster(options.run_delay), replica)
             try:
                 revision = await owner.start(initial)
             except InvalidObject as exc:  # objects that are fine alone but not together (an unknown queue)
@@ -426,7 +413,6 @@ async def body(ctx: ServiceContext) -> None:
             subs.append(
                 await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
             )
-            subs.append(await ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=owner.on_stamps))
         elif options.source == "kube":
             source_options = KubeSourceOptions(
                 scheduler_name=options.scheduler_name,
@@ -501,213 +487,6 @@ async def body(ctx: ServiceContext) -> None:
         ctx.log.info("stopped")
 
 
-async def _reply(ctx: ServiceContext, msg: Msg, reply: object) -> None:
-    if not msg.reply:
-        return
-    try:
-        await ctx.bus.nc.publish(msg.reply, encode(reply))
-    except Exception:
-        ctx.counters["reply_errors"] += 1
-        ctx.log.exception("could not reply on %s", msg.subject)
-
-
-def _stopping(ctx: ServiceContext) -> bool:
-    """After SIGTERM, messages still queued on a subscription are dropped unanswered (counted), so that its
-    drain ends at once: a busy stack can have hundreds queued, each a write under the lock (a binder asking
-    times out and retries, as when the service is gone; stamps are fire-and-forget anyway)."""
-    if not ctx.stopping.is_set():
-        return False
-    ctx.counters["dropped_stopping"] += 1
-    return True
-
-
-def _malformed(ctx: ServiceContext, subject: str, problem: str) -> None:
-    ctx.counters["malformed"] += 1
-    ctx.log.warning("dropped malformed message on %s: %s", subject, problem)
-
-
-class SourceOwner:
-    """The replica that owns the simulated cluster: requests and timers change it, the writer stores it.
-
-    One lock orders everything that changes the source, so KV sees changes in the order they were made.
-    A failed write restores the source to what it was before the operation and marks KV for a full
-    resync (puts, deletes and a ledger reconcile) before the next change, so the source, KV and the
-    reply the caller got agree again.
-    """
-
-    def __init__(self, ctx: ServiceContext, cluster: SimulatedCluster, replica: StateReplica) -> None:
-        self.ctx = ctx
-        self.cluster = cluster
-        self.replica = replica
-        self.writer = StateWriter(ctx.bus, ctx.counters)
-        self.lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._resync = False
-        self._timer_task: asyncio.Task[None] | None = None
-
-    async def start(self, initial: ClusterObjects | None) -> int:
-        """Load (or adopt) the cluster and write it; returns the state revision it is at."""
-        loop = asyncio.get_running_loop()
-        self.writer.seed(
-            {key: encode(record) for key, record in self.replica.records.items()}, self.replica.revision
-        )
-        async with self.lock:
-            if initial is None:
-                self.cluster.adopt(self.replica.records.values(), loop.time())
-                self.ctx.log.info("adopted the cluster in KV: %d objects", len(self.cluster.objects))
-            else:
-                self.cluster.apply(
-                    ApplyRequest(
-                        nodes=initial.nodes,
-                        queues=initial.queues,
-                        podgroups=initial.podgroups,
-                        pods=initial.pods,
-                        topologies=initial.topologies,
-                        replace=True,
-                    ),
-                    loop.time(),
-                )
-                self.ctx.log.info("loaded the cluster: %s", initial.counts())
-            await self._full_sync()
-        self._timer_task = asyncio.create_task(self._timers())
-        return self.writer.revision
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        if self._timer_task is not None:
-            await self._timer_task
-
-    async def _full_sync(self) -> None:
-        self._resync = True
-        # A fence key is a lease holder's, not an object of the cluster: a full sync leaves it alone.
-        keys = [key for key in await self.ctx.bus.state.keys() if not key.startswith(s.FENCE_KEY_PREFIX)]
-        await self.writer.sync(self.cluster.objects, keys)
-        await self.writer.reconcile(self.cluster.pods())
-        self._resync = False
-
-    # --- requests ----------------------------------------------------------------------------------------
-    async def on_request(self, msg: Msg) -> None:
-        if _stopping(self.ctx):
-            return
-        operation = msg.subject.rsplit(".", 1)[-1]
-        try:
-            request = CLUSTER_REQUESTS.decode(msg.subject, msg.data)
-        except MalformedMessage as exc:
-            _malformed(self.ctx, msg.subject, exc.problem)
-            await _reply(self.ctx, msg, self._refusal(str(exc)))
-            return
-        expected = OPERATIONS.get(operation)
-        if expected is None or not isinstance(request, expected):
-            problem = (
-                f"unknown operation {operation!r} (expected one of {', '.join(OPERATIONS)})"
-                if expected is None
-                else f"a {type(request).__name__} sent to {operation!r}"
-            )
-            _malformed(self.ctx, msg.subject, problem)
-            await _reply(self.ctx, msg, self._refusal(f"malformed message on {msg.subject!r}: {problem}"))
-            return
-        await _reply(self.ctx, msg, await self.handle(request))
-
-    async def handle(self, request: ClusterRequest) -> ClusterReply:
-        """Carry out one request under the lock; the reply says whether it happened."""
-        async with self.lock:
-            now = asyncio.get_running_loop().time()
-            saved = self.cluster.checkpoint()
-            try:
-                if self._resync:
-                    await self._full_sync()
-                changes = self._carry_out(request, now)
-            except (Refused, InvalidObject) as exc:
-                self.ctx.counters["refused"] += 1
-                self.ctx.log.info("refused %s: %s", type(request).__name__, exc)
-                return self._refusal(str(exc))
-            except Exception as exc:
-                self.ctx.counters["errors"] += 1
-                self.ctx.log.exception("resync before %s failed", type(request).__name__)
-                return self._refusal(f"state store unavailable: {exc}")
-            if not await self._write(changes, saved):
-                return self._refusal("state write failed; the change was not made")
-            self.ctx.counters["handled"] += 1
-        if changes:
-            self._wake.set()  # a bind or apply may have set a timer
-        return ClusterReply(ok=True, state_revision=self.writer.revision)
-
-    async def on_stamps(self, msg: Msg) -> None:
-        """Podgroup stamps from a binder: stored like any other change (no reply is expected)."""
-        if _stopping(self.ctx):
-            return
-        try:
-            stamps = STAMPS.decode(msg.subject, msg.data)
-        except MalformedMessage as exc:
-            _malformed(self.ctx, msg.subject, exc.problem)
-            return
-        async with self.lock:
-            saved = self.cluster.checkpoint()
-            try:
-                changes = self.cluster.stamp(stamps, asyncio.get_running_loop().time())
-            except InvalidObject as exc:
-                self.ctx.log.warning("stamps refused: %s", exc)
-                return
-            await self._write(changes, saved)
-
-    def _carry_out(self, request: ClusterRequest, now: float) -> list[Change]:
-        match request:
-            case ApplyRequest():
-                return self.cluster.apply(request, now)
-            case BindRequest(binding=binding):
-                return self.cluster.bind(binding, now)
-            case EvictRequest(eviction=eviction):
-                return self.cluster.evict(eviction, now)
-
-    def _refusal(self, error: str) -> ClusterReply:
-        return ClusterReply(ok=False, error=error, state_revision=self.writer.revision)
-
-    async def _write(self, changes: list[Change], saved: Checkpoint) -> bool:
-        """Write the changes (under the lock); on failure undo them in the source and mark a resync."""
-        if not changes:
-            return True
-        try:
-            await self.writer.write(changes)
-        except Exception:
-            self.ctx.counters["write_errors"] += 1
-            self.ctx.log.exception("writing %d changes failed; restoring the source", len(changes))
-            self.cluster.restore(saved)
-            self._resync = True
-            return False
-        return True
-
-    # --- timers ------------------------------------------------------------------------------------------
-    async def _timers(self) -> None:
-        """Fire the source's timers (bound -> Running, Running -> Succeeded) when they fall due."""
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            self._wake.clear()
-            due = self.cluster.next_due()
-            delay = None if due is None else max(0.0, due - loop.time())
-            if delay is None or delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                continue
-            async with self.lock:
-                saved = self.cluster.checkpoint()
-                ok = True
-                try:
-                    if self._resync:
-                        await self._full_sync()
-                    changes = self.cluster.fire(loop.time())
-                except Exception:
-                    self.ctx.counters["errors"] += 1
-                    self.ctx.log.exception("timer step failed")
-                    ok = False
-                else:
-                    ok = await self._write(changes, saved)
-            if not ok:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), RETRY_AFTER_FAILED_WRITE)
-
-
 class SnapshotServer:
     """Answers `state.snapshot` from this replica's `StateReplica`, each request in its own task so that
     one waiting for a later revision does not hold up the others. A reply over the server's max payload
@@ -723,7 +502,7 @@ class SnapshotServer:
         """Where a reply over the max payload goes for a requester that reads stored snapshots."""
 
     async def on_request(self, msg: Msg) -> None:
-        if _stopping(self.ctx):
+        if stopping(self.ctx):
             return
         task = asyncio.create_task(self._answer(msg))
         self._tasks.add(task)
@@ -742,8 +521,8 @@ class SnapshotServer:
         try:
             request = SNAPSHOT_REQUESTS.decode(msg.subject, msg.data)
         except MalformedMessage as exc:
-            _malformed(self.ctx, msg.subject, exc.problem)
-            await _reply(
+            malformed(self.ctx, msg.subject, exc.problem)
+            await reply(
                 self.ctx, msg, ClusterReply(ok=False, error=str(exc), state_revision=self.replica.revision)
             )
             return
@@ -765,7 +544,7 @@ class SnapshotServer:
             if len(data) > limit:
                 self.ctx.counters["errors"] += 1
                 self.ctx.log.error("cannot answer a snapshot request: %s", error)
-                await _reply(self.ctx, msg, ClusterReply(ok=False, error=error, state_revision=revision))
+                await reply(self.ctx, msg, ClusterReply(ok=False, error=error, state_revision=revision))
                 return
         self.ctx.counters["snapshots"] += 1
         if msg.reply:

@@ -32,6 +32,7 @@ from shared.contracts.messages import (
     LEDGER_RECORDS,
     SNAPSHOT_REPLIES,
     STATE_RECORDS,
+    WHY_REPLIES,
     ApplyRequest,
     Binding,
     BindRequest,
@@ -46,10 +47,12 @@ from shared.contracts.messages import (
     Reservation,
     SnapshotReply,
     SnapshotRequest,
+    WhyRequest,
     encode,
 )
 from shared.errors import ConfigError
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, SubGroupSet
+from shared.telemetry.metrics import subject_family
 from tools.cli.main import main as kairos
 from tools.stack.nats_server import NatsServer
 
@@ -247,6 +250,22 @@ async def test_stamps_from_a_binder_are_stored_on_the_podgroup(nats_server: Nats
             return group.stale_since is None and group.last_start_time == 40.0
 
         await eventually(cleared)
+
+
+async def test_the_simulated_cluster_answers_why_with_no_reason_and_counts_a_malformed_stamp_by_subject(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    async with state_service(nats_server.url) as ctx:
+        assert (await ask(bus, "apply", cluster())).ok
+        msg = await bus.nc.request(s.STATE_WHY, encode(WhyRequest(what="pod", name="default/p0")), timeout=5)
+        assert WHY_REPLIES.decode(s.STATE_WHY, msg.data).reason == ""
+        await bus.nc.publish(s.stamps("default"), b"\x00\xffgarbage")
+
+        async def counted() -> bool:
+            return ctx.counters.by_subject[("malformed", subject_family(s.stamps("default")))] == 1
+
+        await eventually(counted)
+        assert (await ask(bus, "apply", cluster())).ok
 
 
 async def test_a_bound_pod_runs_after_run_delay_and_is_reserved(nats_server: NatsServer, bus: Bus) -> None:

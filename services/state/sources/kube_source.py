@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -70,22 +70,23 @@ from services.state.mirror.cache import (
 )
 from services.state.mirror.gpu_overlay import refusal
 from services.state.mirror.problems import Problem
+from services.state.replies import decoded
 from services.state.sources.dra_watch import dra_informers
 from services.state.sources.kv_objects import object_key
 from services.state.sources.kv_writer import SourceWriter, StateWriter
 from services.state.sources.numa_watch import NumaWatch
+from services.state.sources.source import SourceAnswers
 from services.state.sources.volume_watch import storage_informers
 from shared.bus.fence import WriteFence
 from shared.bus.lease import LeaseKeeper
-from shared.bus.middleware import Decoder
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import TELEMETRY, GpuTelemetry
 from shared.contracts.inventory import INVENTORIES, GpuInventory
-from shared.contracts.messages import STAMPS, WHY_REQUESTS, WhyReply, encode, record_object
+from shared.contracts.messages import PodGroupStamps, encode, record_object
 from shared.core.stamps import KEEP, latest, merged_stamps
-from shared.errors import FencedError, MalformedMessage, TemporaryError
+from shared.errors import FencedError, TemporaryError
 from shared.kube import bind_failure, wire
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL, PODGROUP_API_VERSION
@@ -96,7 +97,6 @@ from shared.kubeapi.paths import object_path
 from shared.model import Pod, PodGroup
 
 log = logging.getLogger("kairos.state.kube")
-T = TypeVar("T")
 
 RETRY_AFTER_FAILED_WRITE = 0.5
 STALENESS_CHECK = 10.0
@@ -156,16 +156,6 @@ class OwnerScope:
 def writeback_options(options: KubeSourceOptions) -> WriteBackOptions:
     """The write-back's options the source's give."""
     return WriteBackOptions(component=options.scheduler_name, node_pool_label_key=options.node_pool_label_key)
-
-
-def decoded(ctx: ServiceContext, codec: Decoder[T], msg: Msg) -> T | None:
-    """The message, or None after counting and logging a malformed one (core NATS: nothing to nak)."""
-    try:
-        return codec.decode(msg.subject, msg.data)
-    except MalformedMessage as exc:
-        ctx.counters.message("malformed", msg.subject)
-        log.warning("dropped malformed message on %s: %s", msg.subject, exc.problem)
-        return None
 
 
 class KubeSource:
@@ -443,8 +433,8 @@ class KubeOwner:
         self.quota_gates: QuotaGateKeeper | None = None
         self.shard_watch: ShardWatch | None = None
         self.scale_adjuster: ScaleAdjuster | None = None
-        self._stamps_sub: Subscription | None = None
-        self._why_sub: Subscription | None = None
+        self.answers = SourceAnswers(ctx, self)
+        """The stamps (`POD_PARTS`) and "why" (`CLUSTER_PARTS`) subscriptions: this owner is a `Source`."""
 
     async def start(self) -> int:
         if self.running is not None:
@@ -471,10 +461,7 @@ class KubeOwner:
                 await self.writeback.start()
             if self.quota_gates is not None:
                 self.quota_gates.follow()
-            if self.parts >= POD_PARTS:
-                self._stamps_sub = await self.ctx.bus.nc.subscribe(s.STAMPS_WILDCARD, cb=self._on_stamps)
-            if self.parts >= CLUSTER_PARTS:
-                self._why_sub = await self.ctx.bus.nc.subscribe(s.STATE_WHY, cb=self._on_why)
+            await self.answers.start(stamps=self.parts >= POD_PARTS, why=self.parts >= CLUSTER_PARTS)
         except BaseException:
             await self.stop()
             raise
@@ -533,12 +520,10 @@ class KubeOwner:
             raise RuntimeError("the Kubernetes owner is not started")
         return await self.source.fenced()
 
-    async def _on_stamps(self, msg: Msg) -> None:
+    # --- the Source protocol (services.state.sources.source) ---------------------------------------------
+    async def stamp(self, stamps: PodGroupStamps) -> None:
         """Podgroup stamps from a binder, stored where KAI keeps them: annotations on the PodGroup, one merge
-        patch each, the podgroups of one message side by side."""
-        stamps = decoded(self.ctx, STAMPS, msg)
-        if stamps is None:
-            return
+        patch each, the podgroups of one message side by side (the next watch event carries them to KV)."""
         if self.source is None or self.kube is None:
             return
         mirror = self.source.mirror
@@ -601,26 +586,16 @@ class KubeOwner:
         if self.scale_adjuster is not None:
             self.scale_adjuster.wake()
 
-    async def _on_why(self, msg: Msg) -> None:
+    def why(self, what: str, name: str) -> str:
         """`kairos explain` asks why an object is not in KV: the mirror's reason, if it holds one."""
-        request = decoded(self.ctx, WHY_REQUESTS, msg)
-        if request is None:
-            return
-        reason = ""
-        if self.source is not None:
-            label = f"{request.what} {request.name}"
-            mirror = self.source.mirror
-            reason = mirror.problems.get(label) or mirror.held.get(label) or ""
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await self.ctx.bus.nc.publish(msg.reply, encode(WhyReply(reason=reason)))
+        if self.source is None:
+            return ""
+        label = f"{what} {name}"
+        mirror = self.source.mirror
+        return mirror.problems.get(label) or mirror.held.get(label) or ""
 
     async def stop(self) -> None:
-        for sub in (self._stamps_sub, self._why_sub):
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-        self._stamps_sub = self._why_sub = None
+        await self.answers.stop()
         if self.grouper is not None:
             await self.grouper.stop()
         if self.gates is not None:
