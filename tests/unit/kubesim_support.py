@@ -1,4 +1,5 @@
-"""What the simulated cluster's unit tests share: a clock they move by hand and a two-node cluster."""
+"""What the simulated cluster's unit tests share: a clock they move by hand, a two-node cluster, and letting
+time pass with every timer fired on the way (`advance`)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,13 @@ def two_node_cluster(clock: Clock, options: SimOptions) -> Cluster:
         c.add_node(node_object(node))
     c.settle()
     return c
+
+
+def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:
+    """Let `seconds` pass, firing every timer on the way as the server's event loop would."""
+    end = clock.now + seconds
+    while (deadline := cluster.next_deadline()) is not None and deadline <= end:
+        clock.now = max(clock.now, deadline)
+        cluster.settle()
+    clock.now = end
+    cluster.settle()

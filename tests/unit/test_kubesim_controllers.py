@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.kubesim_support import Clock, two_node_cluster
+from tests.unit.kubesim_support import Clock, advance, two_node_cluster
 from tools.kubesim.assembly import build_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.errors import ApiError
@@ -21,16 +21,6 @@ def clock() -> Clock:
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
     return two_node_cluster(clock, SimOptions(run_delay=1.0, seed=5))
-
-
-def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:
-    """Let `seconds` pass, firing every timer on the way as the server's event loop would."""
-    end = clock.now + seconds
-    while (deadline := cluster.next_deadline()) is not None and deadline <= end:
-        clock.now = max(clock.now, deadline)
-        cluster.settle()
-    clock.now = end
-    cluster.settle()
 
 
 def template(scheduler: str = "kai-scheduler", **labels: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.hostile import HOSTILE_JSON
-from tests.unit.kubesim_support import Clock, two_node_cluster
+from tests.unit.kubesim_support import Clock, advance, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.operators.ray import MAX_PODS
 
@@ -28,15 +28,6 @@ def clock() -> Clock:
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
     return two_node_cluster(clock, SimOptions(run_delay=RUN_DELAY, seed=7))
-
-
-def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:
-    end = clock.now + seconds
-    while (deadline := cluster.next_deadline()) is not None and deadline <= end:
-        clock.now = max(clock.now, deadline)
-        cluster.settle()
-    clock.now = end
-    cluster.settle()
 
 
 def template(container: str, labels: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.kubesim_support import Clock, two_node_cluster
+from tests.unit.kubesim_support import Clock, advance, two_node_cluster
 from tools.kubesim.cluster import Cluster, SimOptions
 from tools.kubesim.operators.training import replicas_of
 
@@ -25,15 +25,6 @@ def clock() -> Clock:
 @pytest.fixture
 def cluster(clock: Clock) -> Cluster:
     return two_node_cluster(clock, SimOptions(run_delay=1.0, seed=7))
-
-
-def advance(cluster: Cluster, clock: Clock, seconds: float) -> None:
-    end = clock.now + seconds
-    while (deadline := cluster.next_deadline()) is not None and deadline <= end:
-        clock.now = max(clock.now, deadline)
-        cluster.settle()
-    clock.now = end
-    cluster.settle()
 
 
 def replica(replicas: int, scheduler: str = "kai-scheduler", run_seconds: str = "") -> dict[str, Any]:
