@@ -15,13 +15,14 @@ dies simply stops rewriting it. This replica always counts itself alive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 import msgspec
 
 from shared.bus.kv import WATCH_HEARTBEAT_S, KvStore
+from shared.bus.tasks import run_bounded, stop_tasks
+from shared.bus.watchers import Watcher, close_watch, open_watch
 from shared.contracts import subjects as s
 
 log = logging.getLogger("kairos.members")
@@ -81,15 +82,13 @@ class Members:
         self._task = asyncio.create_task(self._watch_forever())
 
     async def stop(self, leave: bool = True) -> None:
-        """Stop watching; `leave`: delete this replica's record, so the others see it gone at once."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop watching; `leave`: delete this replica's record, so the others see it gone at once. Ends
+        whole however often it is cancelled meanwhile (the cancel is raised after: `shared.bus.tasks`)."""
+        task, self._task = self._task, None
+        if task is not None:
+            await stop_tasks([task])
         if leave:
-            with contextlib.suppress(Exception):
-                await self.store.delete(s.member_key(self.service, self.replica))
+            await run_bounded(self.store.delete(s.member_key(self.service, self.replica)))
 
     async def beat(self) -> None:
         """Rewrite this replica's record (the caller does it every `BEAT_S`)."""
@@ -143,10 +142,7 @@ class Members:
             await asyncio.sleep(WATCH_RETRY_S)
 
     async def _watch(self) -> None:
-        watcher = await self.store.raw.watch(s.member_wildcard(self.service))
-        state = getattr(getattr(getattr(watcher, "_sub", None), "_sub", None), "_jsi", None)
-        if state is not None and hasattr(state, "_hbi"):
-            state._hbi = WATCH_HEARTBEAT_S  # as `KvStore.watch_all`: notice a lost server in about 2 s
+        watcher = await open_watch(self._open)
         try:
             async for entry in watcher:
                 if entry is None:
@@ -155,5 +151,11 @@ class Members:
                 deleted = entry.operation in ("DEL", "PURGE")
                 self.observe(entry.key, entry.value, deleted)
         finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+            await close_watch(watcher)
+
+    async def _open(self) -> Watcher:
+        watcher = await self.store.raw.watch(s.member_wildcard(self.service))
+        state = getattr(getattr(getattr(watcher, "_sub", None), "_sub", None), "_jsi", None)
+        if state is not None and hasattr(state, "_hbi"):
+            state._hbi = WATCH_HEARTBEAT_S  # as `KvStore.watch_all`: notice a lost server in about 2 s
+        return watcher

@@ -12,10 +12,11 @@ claim of its proposal is in the replica (`services.binder.pool_ledger`: without 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from shared.bus.connection import Bus
+from shared.bus.tasks import stop_tasks
+from shared.bus.watchers import close_watch, open_watch
 from shared.contracts.messages import (
     LEDGER_RECORDS,
     SHARD_RECORDS,
@@ -86,15 +87,12 @@ class StateReplica:
         )
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Both watches ended and closed, however often this is cancelled meanwhile (`stop_tasks`)."""
+        await stop_tasks(self._tasks)
 
     async def _watch(self, which: str) -> None:
         store = self.bus.state if which == "state" else self.bus.ledger
-        watcher = await store.watch_all()
+        watcher = await open_watch(store.watch_all)
         try:
             async for entry in watcher:
                 if entry is None:
@@ -104,8 +102,7 @@ class StateReplica:
                 async with self._changed:
                     self._changed.notify_all()
         finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+            await close_watch(watcher)
 
     def _apply(self, which: str, key: str, value: bytes | None, revision: int, operation: str | None) -> None:
         deleted = operation in ("DEL", "PURGE") or not value
