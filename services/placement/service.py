@@ -79,7 +79,7 @@ async def body(ctx: ServiceContext) -> None:
             metrics=PlacementMetrics(ctx.metrics),
         )
         loops = ShardLoops(replica, parse_restriction(ctx.config.shard), _consumer(ctx, worker))
-        stack.push_async_callback(_stop_all, loops)
+        stack.push_async_callback(loops.stop)
         await loops.reconcile()
 
         def describe() -> str:
@@ -132,10 +132,3 @@ def _consumer(ctx: ServiceContext, worker: Worker) -> Consume:
                 await sub.unsubscribe()
 
     return consume
-
-
-async def _stop_all(loops: ShardLoops) -> None:
-    """Every shard's loop stopped: `ShardLoops.run` stops them all once its event is set, here at once."""
-    stopped = asyncio.Event()
-    stopped.set()
-    await loops.run(stopped)

@@ -27,6 +27,7 @@ from nats.js.api import ConsumerConfig
 
 from shared.bus.replica import StateReplica
 from shared.bus.shard_spread import served
+from shared.bus.tasks import stop_tasks
 from shared.contracts import subjects as s
 
 log = logging.getLogger("kairos.shards")
@@ -86,17 +87,23 @@ class ShardLoops:
             log.info("shard %s: served", shard)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Until `stopping`: keep one loop per served shard; then stop them all."""
+        """Until `stopping`: keep one loop per served shard; then stop them all (`stop`)."""
         try:
             while not stopping.is_set():
                 await self.reconcile()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), RECONCILE_S)
         finally:
-            for shard in sorted(self.loops):
-                self.loops[shard][1].set()
-            for shard in sorted(self.loops):
-                await self._stop(shard)
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Every shard's loop stopped, all at once: told to stop, given `STOP_GRACE_S` to finish the message
+        in hand, then cancelled until it ends (`shared.bus.tasks.stop_tasks`; a cancel of the caller cuts
+        the grace short and is raised once they are stopped). Nothing is left running however it ends."""
+        loops, self.loops = self.loops, {}
+        for _, stop in loops.values():
+            stop.set()
+        await stop_tasks([task for task, _ in loops.values()], grace=STOP_GRACE_S)
 
     async def _guarded(self, shard: str, stop: asyncio.Event) -> None:
         try:
@@ -111,8 +118,4 @@ class ShardLoops:
     async def _stop(self, shard: str) -> None:
         task, stop = self.loops.pop(shard)
         stop.set()
-        done, _ = await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if not done:
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        await stop_tasks([task], grace=STOP_GRACE_S)
