@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import msgspec
+from nats.aio.subscription import Subscription
 
 from shared import memory_release
 from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import Handler, ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
 from shared.bus.operations import OperationsCollector, as_counters
+from shared.bus.tasks import run_bounded, stop_tasks
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
@@ -261,48 +263,59 @@ async def _serve(
     metrics: ServiceMetrics,
     routes: dict[str, Handler],
 ) -> None:
-    bus = await connect(
-        config.nats_url,
-        f"kairos-{service}-{config.replica}",
-        config.credentials,
-        replicas=config.nats_replicas,
-    )
-    ctx = ServiceContext(service, config, bus, metrics=metrics, routes=routes)
-    metrics.registry.register(OperationsCollector())
-    probes.target = ctx
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, ctx.stopping.set)
+    async with contextlib.AsyncExitStack() as stack:
+        # Each step's undo is registered as soon as the step is done, so a failure or a cancellation at any
+        # step (or the body's return) undoes what was set up, in reverse: the heartbeats stopped, the health
+        # subscription ended, the connection drained. Every undo ends, however often it is cancelled.
+        bus = await connect(
+            config.nats_url,
+            f"kairos-{service}-{config.replica}",
+            config.credentials,
+            replicas=config.nats_replicas,
+        )
+        ctx = ServiceContext(service, config, bus, metrics=metrics, routes=routes)
+        stack.push_async_callback(_close, ctx)
+        metrics.registry.register(OperationsCollector())
+        probes.target = ctx
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, ctx.stopping.set)
 
-    async def answer(msg: object) -> None:
-        reply = getattr(msg, "reply", "")
-        if reply:
-            await bus.nc.publish(reply, encode(ctx.heartbeat(operations=True)))
+        async def answer(msg: object) -> None:
+            reply = getattr(msg, "reply", "")
+            if reply:
+                await bus.nc.publish(reply, encode(ctx.heartbeat(operations=True)))
 
-    sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
-    beats = asyncio.create_task(_heartbeats(ctx))
-    releases = asyncio.create_task(_memory_releases(ctx))
-    try:
+        sub = await bus.nc.subscribe(s.health(service, config.replica), cb=answer)
+        stack.push_async_callback(_unsubscribe, sub)
+        background = [asyncio.create_task(_heartbeats(ctx)), asyncio.create_task(_memory_releases(ctx))]
+        stack.push_async_callback(_stop_background, ctx, background)
         await _run_body(ctx, body)
-    finally:
-        ctx.stopping.set()
-        await beats
-        await releases
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        try:
-            await asyncio.wait_for(bus.close(), CLOSE_DEADLINE_S)
-        except TimeoutError:
-            ctx.log.warning("the connection did not drain in %.0f s; closed without it", CLOSE_DEADLINE_S)
-            with contextlib.suppress(Exception):
-                await bus.nc.close()
+
+
+async def _stop_background(ctx: ServiceContext, background: list[asyncio.Task[None]]) -> None:
+    """The heartbeats and memory releases, which end at `stopping`, ended (cancelled past a grace)."""
+    ctx.stopping.set()
+    await stop_tasks(background, grace=CLOSE_DEADLINE_S)
+
+
+async def _unsubscribe(sub: Subscription) -> None:
+    await run_bounded(sub.unsubscribe())
+
+
+async def _close(ctx: ServiceContext) -> None:
+    """The connection drained, or closed without draining past `CLOSE_DEADLINE_S`."""
+    if await run_bounded(ctx.bus.close(), CLOSE_DEADLINE_S):
+        return
+    ctx.log.warning("the connection did not drain (in %.0f s); closed without it", CLOSE_DEADLINE_S)
+    await run_bounded(ctx.bus.nc.close(), CLOSE_DEADLINE_S)
 
 
 async def _run_body(ctx: ServiceContext, body: Body) -> None:
     """Run the body; once SIGTERM has set `stopping`, give it `STOP_DEADLINE_S` to return, then cancel it
-    (what a crash would leave, which every service recovers from), so that SIGTERM always ends the process
-    in a few seconds however busy it is."""
+    (what a crash would leave, which every service recovers from), again until it ends (`stop_tasks`), so
+    that SIGTERM always ends the process in a few seconds however busy it is."""
     work: asyncio.Future[Any] = asyncio.ensure_future(body(ctx))
     stop: asyncio.Future[Any] = asyncio.ensure_future(ctx.stopping.wait())
     try:
@@ -312,13 +325,12 @@ async def _run_body(ctx: ServiceContext, body: Body) -> None:
         if not work.done():
             ctx.counters["stop_deadline_missed"] += 1
             ctx.log.error("still busy %.0f s after SIGTERM: cancelling what is left", STOP_DEADLINE_S)
-            work.cancel()
     finally:
-        stop.cancel()
-        if not work.done():
-            work.cancel()  # the runner itself was cancelled
-        with contextlib.suppress(asyncio.CancelledError):
-            await stop
+        # The body cancelled if still running: past the deadline, or the runner itself was cancelled.
+        ended = await stop_tasks([stop, work])
+        if not ended:
+            ctx.log.error("the body did not end once cancelled: left behind")
+    if ended:
         try:
             await work
         except asyncio.CancelledError:
@@ -330,7 +342,9 @@ STOP_DEADLINE_S = 5.0
 """How long a service body may take to return after SIGTERM before the runner cancels it: services drain
 in 1-3 s when busy (tests/e2e/test_shutdown.py), but a placement inside a long core computation (a
 reclaim search in a full cluster) would not return until it ends. Cancelled body, undrained connection
-and abandoned worker threads together stay under `Stack.stop`'s 10 s and Kubernetes' 30 s grace."""
+and abandoned worker threads together stay under `Stack.stop`'s 10 s and Kubernetes' 30 s grace. A body
+that does not end once cancelled is cancelled again, and left behind after `shared.bus.tasks.STOP_BOUND_S`
+more (logged): a bug, but one SIGTERM still ends."""
 CLOSE_DEADLINE_S = 2.0
 """How long draining the NATS connection may take before it is closed without draining."""
 
