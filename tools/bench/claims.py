@@ -45,7 +45,14 @@ from shared.model.dra import Dra, DraObject, PodClaim, ResourceClaim
 from shared.model.volumes import Claim, PersistentVolume, StorageObject, Volumes
 from tools.bench.manifests import NAMESPACE
 from tools.bench.workload import Group, Workload, plain_nodes
-from tools.kubesim.dra import CHANNEL_CLASS, CHANNEL_DRIVER, GPU_DRIVER
+from tools.kubesim.dra import (
+    CHANNEL_CLASS,
+    CHANNEL_DRIVER,
+    GPU_DRIVER,
+    channel_slice,
+    device_class,
+    gpu_slice,
+)
 from tools.kubesim.storage import DRIVER as CSI_DRIVER
 from tools.kubesim.storage import LIMIT_LABEL
 
@@ -173,50 +180,11 @@ def _template() -> Obj:
     }
 
 
-def _device_class(name: str, driver: str) -> Obj:
-    """A DeviceClass the simulated driver publishes: its devices by driver name."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-    }
-
-
-def _slice(name: str, driver: str, node: str, devices: list[Obj]) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "nodeName": node,
-            "devices": devices,
-        },
-    }
-
-
 def gpu_slices(node: Node) -> list[Obj]:
     """The slices the simulated NVIDIA driver publishes for a GPU node (`tools.kubesim.dra`): its GPUs, and
     the IMEX channel every GPU node has."""
-    gpus = [
-        {
-            "name": f"gpu-{i}",
-            "attributes": {
-                "uuid": {"string": f"GPU-{node.name}-{i}"},
-                "productName": {"string": "NVIDIA-H100"},
-                "index": {"int": i},
-            },
-            "capacity": {"memory": {"value": f"{node.gpu_memory_mib or GPU_MEMORY_MIB}Mi"}},
-        }
-        for i in range(node.gpus)
-    ]
-    channel = [{"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}]
-    return [
-        _slice(f"{node.name}-{GPU_DRIVER}", GPU_DRIVER, node.name, gpus),
-        _slice(f"{node.name}-{CHANNEL_DRIVER}", CHANNEL_DRIVER, node.name, channel),
-    ]
+    memory = f"{node.gpu_memory_mib or GPU_MEMORY_MIB}Mi"
+    return [gpu_slice(node.name, node.gpus, "NVIDIA-H100", memory), channel_slice(node.name)]
 
 
 def _made_claim(pod: str) -> Obj:
@@ -369,8 +337,8 @@ def dra_gpu_claims(nodes: int, initial: int, measured: int, queues: int = 10) ->
     )
     setup = (_template(),)
     made = [
-        _device_class(GPU_DRIVER, GPU_DRIVER),
-        _device_class(CHANNEL_CLASS, CHANNEL_DRIVER),
+        device_class(GPU_DRIVER, GPU_DRIVER),
+        device_class(CHANNEL_CLASS, CHANNEL_DRIVER),
         *(s for n in node_list for s in gpu_slices(n)),
         *(_made_claim(p.name) for g in later for p in g.pods),
     ]

@@ -37,7 +37,15 @@ from tools.kubesim.dra import DraController
 from tools.kubesim.ephemeral_volumes import EphemeralVolumes
 from tools.kubesim.errors import ApiError
 from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
-from tools.kubesim.objects import NAME_ALPHABET, clone, controller_of, count_of, random_suffix, rfc3339
+from tools.kubesim.objects import (
+    NAME_ALPHABET,
+    clone,
+    controller_of,
+    controller_ref,
+    count_of,
+    random_suffix,
+    rfc3339,
+)
 from tools.kubesim.operators import OPERATORS, Operator, operator_of_storage, storage_of_owner
 from tools.kubesim.resources import ResourceType
 from tools.kubesim.storage import StorageController
@@ -99,18 +107,6 @@ def _ordinal_start(spec: Obj) -> int:
     ordinals = spec.get("ordinals")
     start = ordinals.get("start", 0) if isinstance(ordinals, dict) else 0
     return start if isinstance(start, int) and not isinstance(start, bool) and 0 <= start <= 10**9 else 0
-
-
-def _owner_ref(owner: Obj) -> Obj:
-    md = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
@@ -325,7 +321,7 @@ class Controllers:
             "name": name,
             "namespace": owner["metadata"]["namespace"],
             "labels": {**(template_md.get("labels") or {}), **extra_labels},
-            "ownerReferences": [_owner_ref(owner)],
+            "ownerReferences": [controller_ref(owner)],
         }
         if template_md.get("annotations"):
             md["annotations"] = template_md["annotations"]
@@ -533,7 +529,7 @@ class Controllers:
                         "deployment.kubernetes.io/revision": str(max(revisions, default=0) + 1),
                         "deployment.kubernetes.io/desired-replicas": str(replicas),
                     },
-                    "ownerReferences": [_owner_ref(d)],
+                    "ownerReferences": [controller_ref(d)],
                 },
                 "spec": {"replicas": replicas, "selector": selector, "template": rs_template},
             }

@@ -32,13 +32,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tools.kubesim.errors import ApiError
-from tools.kubesim.objects import clone, random_suffix
+from tools.kubesim.objects import clone, controller_ref, random_suffix
 from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
 
-__all__ = ["CHANNEL_CLASS", "CHANNEL_DRIVER", "GPU_DRIVER", "DraController", "has_claims", "unprepared"]
+__all__ = [
+    "CHANNEL_CLASS",
+    "CHANNEL_DRIVER",
+    "GPU_DRIVER",
+    "DraController",
+    "channel_slice",
+    "device_class",
+    "gpu_slice",
+    "has_claims",
+    "resource_slice",
+    "unprepared",
+]
 
 Obj = dict[str, Any]
 _K = TypeVar("_K")
@@ -96,7 +107,8 @@ def unprepared(cluster: Cluster, pod: Obj) -> list[str]:
     return out
 
 
-def _class(name: str, driver: str, extra: str = "") -> Obj:
+def device_class(name: str, driver: str, extra: str = "") -> Obj:
+    """A DeviceClass that selects a driver's devices (``extra``: more of the CEL expression, appended)."""
     expression = f'device.driver == "{driver}"' + extra
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -104,6 +116,44 @@ def _class(name: str, driver: str, extra: str = "") -> Obj:
         "metadata": {"name": name},
         "spec": {"selectors": [{"cel": {"expression": expression}}]},
     }
+
+
+def resource_slice(name: str, driver: str, node: str, devices: list[Obj]) -> Obj:
+    """The one ResourceSlice of a driver's pool on a node (the pool is named after the node)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": devices,
+        },
+    }
+
+
+def gpu_slice(node: str, gpus: int, product: str, memory: str) -> Obj:
+    """The GPU driver's slice of a node: ``gpus`` devices of one product, each of ``memory`` (a quantity)."""
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "uuid": {"string": f"GPU-{node}-{i}"},
+                "productName": {"string": product},
+                "index": {"int": i},
+            },
+            "capacity": {"memory": {"value": memory}},
+        }
+        for i in range(gpus)
+    ]
+    return resource_slice(f"{node}-{GPU_DRIVER}", GPU_DRIVER, node, devices)
+
+
+def channel_slice(node: str) -> Obj:
+    """The ComputeDomain driver's slice of a GPU node: its one IMEX channel."""
+    devices = [{"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}]
+    return resource_slice(f"{node}-{CHANNEL_DRIVER}", CHANNEL_DRIVER, node, devices)
 
 
 class DraController:
@@ -262,8 +312,8 @@ class DraController:
         if self.classes_due:
             self.classes_due = False
             for name, obj in (
-                (GPU_DRIVER, _class(GPU_DRIVER, GPU_DRIVER)),
-                (CHANNEL_CLASS, _class(CHANNEL_CLASS, CHANNEL_DRIVER)),
+                (GPU_DRIVER, device_class(GPU_DRIVER, GPU_DRIVER)),
+                (CHANNEL_CLASS, device_class(CHANNEL_CLASS, CHANNEL_DRIVER)),
             ):
                 if store.storage(CLASSES).get("", name) is None:
                     self._create(CLASSES, None, obj)
@@ -284,47 +334,16 @@ class DraController:
                 continue
             labels = md.get("labels") or {}
             node_name = md["name"]
-            name = f"{node_name}-{GPU_DRIVER}"
-            if store.storage(SLICES).get("", name) is None:
-                memory = str(labels.get("nvidia.com/gpu.memory", "81920"))
-                devices = [
-                    {
-                        "name": f"gpu-{i}",
-                        "attributes": {
-                            "uuid": {"string": f"GPU-{node_name}-{i}"},
-                            "productName": {
-                                "string": str(labels.get("nvidia.com/gpu.product", "NVIDIA-H100"))
-                            },
-                            "index": {"int": i},
-                        },
-                        "capacity": {"memory": {"value": f"{memory}Mi" if memory.isdigit() else "80Gi"}},
-                    }
-                    for i in range(gpus)
-                ]
-                self._create(SLICES, None, self._slice(name, GPU_DRIVER, node_name, devices))
+            if store.storage(SLICES).get("", f"{node_name}-{GPU_DRIVER}") is None:
+                mib = str(labels.get("nvidia.com/gpu.memory", "81920"))
+                product = str(labels.get("nvidia.com/gpu.product", "NVIDIA-H100"))
+                memory = f"{mib}Mi" if mib.isdigit() else "80Gi"
+                self._create(SLICES, None, gpu_slice(node_name, gpus, product, memory))
                 changed = True
-            channel = f"{node_name}-{CHANNEL_DRIVER}"
-            if store.storage(SLICES).get("", channel) is None:
-                devices = [
-                    {"name": "channel-0", "attributes": {"type": {"string": "channel"}, "id": {"int": 0}}}
-                ]
-                self._create(SLICES, None, self._slice(channel, CHANNEL_DRIVER, node_name, devices))
+            if store.storage(SLICES).get("", f"{node_name}-{CHANNEL_DRIVER}") is None:
+                self._create(SLICES, None, channel_slice(node_name))
                 changed = True
         return changed
-
-    @staticmethod
-    def _slice(name: str, driver: str, node: str, devices: list[Obj]) -> Obj:
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": name},
-            "spec": {
-                "driver": driver,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "nodeName": node,
-                "devices": devices,
-            },
-        }
 
     # --- ComputeDomain ----------------------------------------------------------------------------------------
     def _compute_domains(self) -> bool:
@@ -404,14 +423,6 @@ class DraController:
                     self._awaiting.setdefault((ns, str(template_name)), set()).add((ns, md["name"]))
                     continue
                 name = f"{md['name']}-{entry.get('name', '')}-{random_suffix(self.cluster.rng)}"
-                owner = {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": md["name"],
-                    "uid": md.get("uid", ""),
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
                 claim = {
                     "apiVersion": "resource.k8s.io/v1",
                     "kind": "ResourceClaim",
@@ -419,7 +430,7 @@ class DraController:
                         "name": name,
                         "namespace": ns,
                         "annotations": {POD_CLAIM_ANNOTATION: str(entry.get("name", ""))},
-                        "ownerReferences": [owner],
+                        "ownerReferences": [controller_ref(pod)],
                     },
                     "spec": clone((template.get("spec") or {}).get("spec") or {}),
                 }

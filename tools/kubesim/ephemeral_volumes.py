@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.errors import ApiError
-from tools.kubesim.objects import clone
+from tools.kubesim.objects import clone, controller_ref
 from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
@@ -101,16 +101,7 @@ class EphemeralVolumes:
         metadata: Obj = {
             "name": name,
             "namespace": md.get("namespace", ""),
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": md["name"],
-                    "uid": md.get("uid", ""),
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [controller_ref(pod)],
         }
         for field in ("labels", "annotations"):
             if template_md.get(field):

@@ -24,6 +24,7 @@ __all__ = [
     "Obj",
     "clone",
     "controller_of",
+    "controller_ref",
     "count_of",
     "format_cpu",
     "format_memory",
@@ -110,6 +111,22 @@ def new_uid(rng: random.Random) -> str:
 
 def random_suffix(rng: random.Random, n: int = 5) -> str:
     return "".join(rng.choice(NAME_ALPHABET) for _ in range(n))
+
+
+def controller_ref(owner: Obj, api_version: str = "") -> Obj:
+    """The ownerReference a controller puts on what it creates for `owner` (a stored object, which carries
+    its apiVersion and kind): ``controller: true`` and ``blockOwnerDeletion: true``, as Kubernetes's
+    controllers and the operators write it. `api_version`, when given, is named instead of the owner's
+    (an operator that names its kind's storage version whichever version the owner was written in)."""
+    md = owner["metadata"]
+    return {
+        "apiVersion": api_version or owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": md["name"],
+        "uid": md.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def controller_of(obj: Obj) -> Obj | None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.errors import ApiError
-from tools.kubesim.objects import clone, rfc3339
+from tools.kubesim.objects import clone, controller_ref, rfc3339
 from tools.kubesim.operators import OperatorSpec
 
 if TYPE_CHECKING:
@@ -390,16 +390,7 @@ class JobSetController:
                 "namespace": md["namespace"],
                 "labels": {**(job_md.get("labels") or {}), **marks},
                 "annotations": {**(job_md.get("annotations") or {}), **marks},
-                "ownerReferences": [
-                    {
-                        "apiVersion": js["apiVersion"],
-                        "kind": js["kind"],
-                        "name": md["name"],
-                        "uid": md["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [controller_ref(js)],
             },
             "spec": spec,
         }

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shared.kube import values
-from tools.kubesim.objects import clone, controller_of, rfc3339
+from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
 from tools.kubesim.operators import OperatorSpec
 from tools.kubesim.store import Change
 
@@ -309,18 +309,6 @@ def _is_true(obj: Obj | None, type_: str) -> bool:
     return obj is not None and _conditions_of(obj).get(type_, {}).get("status") == "True"
 
 
-def _owner_ref(owner: Obj) -> Obj:
-    md = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _controlled_by(obj: Obj | None, owner: Obj) -> bool:
     ref = controller_of(obj) if obj is not None else None
     return ref is not None and ref.get("uid") == owner["metadata"]["uid"]
@@ -422,7 +410,7 @@ class KnativeServing:
                     "namespace": ns,
                     "labels": labels,
                     "annotations": annotations,
-                    "ownerReferences": [_owner_ref(svc)],
+                    "ownerReferences": [controller_ref(svc)],
                 },
                 "spec": spec,
             }
@@ -552,7 +540,7 @@ class KnativeServing:
                 "namespace": md["namespace"],
                 "labels": labels,
                 "annotations": dict(tmd.get("annotations") or {}),
-                "ownerReferences": [_owner_ref(config)],
+                "ownerReferences": [controller_ref(config)],
             },
             "spec": clone(template["spec"]),
         }
@@ -676,7 +664,7 @@ class KnativeServing:
                 "namespace": md["namespace"],
                 "labels": labels,
                 "annotations": annotations,
-                "ownerReferences": [_owner_ref(revision)],
+                "ownerReferences": [controller_ref(revision)],
             },
             "spec": {
                 "replicas": replicas,

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tools.kubesim.objects import clone, controller_of, rfc3339
+from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
 from tools.kubesim.operators import OperatorSpec
 from tools.kubesim.store import Change
 
@@ -234,18 +234,6 @@ def _is_ready(pod: Obj) -> bool:
     )
 
 
-def _owner_ref(obj: Obj) -> Obj:
-    md = obj["metadata"]
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _template(base: Obj, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Obj:
     template: Obj = clone(base)
     md = template.setdefault("metadata", {})
@@ -341,7 +329,7 @@ class LeaderWorkerSetController:
                     "name": md["name"],
                     "namespace": md["namespace"],
                     "labels": {NAME_LABEL: md["name"], TEMPLATE_REVISION_LABEL: plan.revision},
-                    "ownerReferences": [_owner_ref(lws)],
+                    "ownerReferences": [controller_ref(lws)],
                 },
                 "spec": {
                     "replicas": plan.groups,
@@ -429,7 +417,7 @@ class LeaderWorkerSetController:
                 "name": md["name"],
                 "namespace": md["namespace"],
                 "labels": labels,
-                "ownerReferences": [_owner_ref(leader)],
+                "ownerReferences": [controller_ref(leader)],
             },
             "spec": {
                 "replicas": plan.size - 1,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.kubesim.objects import clone, controller_of, rfc3339
+from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
 from tools.kubesim.operators import OperatorSpec
 
 if TYPE_CHECKING:
@@ -110,18 +110,6 @@ def spec_problem(notebook: Obj) -> tuple[str, str] | None:
         if not isinstance(container, dict):
             return f"spec.template.spec.containers[{i}]", "must be a container object"
     return None
-
-
-def _owner_ref(notebook: Obj) -> Obj:
-    md = notebook["metadata"]
-    return {
-        "apiVersion": OWNER_API_VERSION,
-        "kind": KIND,
-        "name": md["name"],
-        "uid": md["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _pod_template(notebook: Obj) -> Obj:
@@ -222,7 +210,11 @@ class NotebookController:
             manifest = {
                 "apiVersion": "apps/v1",
                 "kind": "StatefulSet",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": [_owner_ref(notebook)]},
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "ownerReferences": [controller_ref(notebook, OWNER_API_VERSION)],
+                },
                 "spec": want,
             }
             self.controllers.create_owned(notebook, STORAGE, STATEFULSETS, manifest)
@@ -250,7 +242,11 @@ class NotebookController:
         manifest = {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": name, "namespace": ns, "ownerReferences": [_owner_ref(notebook)]},
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "ownerReferences": [controller_ref(notebook, OWNER_API_VERSION)],
+            },
             "spec": {
                 "type": "ClusterIP",
                 "selector": {"statefulset": name},

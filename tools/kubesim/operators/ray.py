@@ -64,6 +64,7 @@ from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import (
     clone,
     controller_of,
+    controller_ref,
     format_cpu,
     format_memory,
     quantity,
@@ -364,18 +365,6 @@ def _ready(pod: Obj) -> bool:
     )
 
 
-def _owner_ref(obj: Obj) -> Obj:
-    md = obj["metadata"]
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _condition(type_: str, status: str, reason: str, message: str, now: str, old: list[Obj]) -> Obj:
     """A metav1 Condition, keeping its transition time while its status stays."""
     for c in old:
@@ -460,7 +449,7 @@ class RayOperator:
             "name": name,
             "namespace": ns,
             "labels": labels,
-            "ownerReferences": [_owner_ref(owner)],
+            "ownerReferences": [controller_ref(owner)],
         }
         if md.get("annotations"):
             metadata["annotations"] = dict(md["annotations"])
@@ -796,7 +785,7 @@ class RayOperator:
                 "name": md["name"],
                 "namespace": md["namespace"],
                 "labels": labels,
-                "ownerReferences": [_owner_ref(job)],
+                "ownerReferences": [controller_ref(job)],
             },
             "spec": {
                 "backoffLimit": backoff

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tools.kubesim.objects import clone, rfc3339
+from tools.kubesim.objects import clone, controller_ref, rfc3339
 from tools.kubesim.operators import OperatorSpec
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ class TrainingOperator:
                 "name": f"{name}-launcher",
                 "namespace": ns,
                 "labels": dict(template["metadata"]["labels"]),
-                "ownerReferences": [self._owner_ref(job)],
+                "ownerReferences": [controller_ref(job)],
             },
             "spec": {"backoffLimit": 0, "template": template},
         }
@@ -329,17 +329,6 @@ class TrainingOperator:
                 for c in (pod.get("status") or {}).get("conditions") or ()
             )
         )
-
-    def _owner_ref(self, job: Obj) -> Obj:
-        md = job["metadata"]
-        return {
-            "apiVersion": job["apiVersion"],
-            "kind": job["kind"],
-            "name": md["name"],
-            "uid": md["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
 
     def _ensure_pod(self, kind: TrainingKind, job: Obj, name: str, template: Obj) -> bool:
         """Create the pod `name` from `template` unless it exists or waits for admission; False on a refusal."""
