@@ -13,14 +13,17 @@ an operator is adding its module.
 each operator (`OperatorSpec.start`), listens to its storages, marks an object dirty when a pod (or any
 object) it controls changes (`storage_of_owner`), and calls `Operator.reconcile` from its `run_once`. An
 operator reads and writes through the `Controllers` it was started with (`owned_pods`, `create_pod_from`,
-`create_owned`, `write_status`, `mark_dirty`, the cluster's store). Pure: no I/O.
+`create_owned`, `write_status`, `mark_dirty`, the cluster's store). An operator module writes its CRDs with
+`custom_resource_definition` (and `printer_column`), so that every CRD kubesim serves has one shape.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,15 +32,74 @@ if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
 
 __all__ = [
+    "AGE_COLUMN",
     "OPERATORS",
     "Operator",
     "OperatorSpec",
     "crds",
+    "custom_resource_definition",
     "operator_of_storage",
+    "printer_column",
     "storage_of_owner",
 ]
 
 Obj = dict[str, Any]
+
+
+def printer_column(name: str, json_path: str, type_: str = "string") -> Obj:
+    """One of a CRD version's ``additionalPrinterColumns`` (what ``kubectl get`` shows)."""
+    return {"name": name, "type": type_, "jsonPath": json_path}
+
+
+AGE_COLUMN = printer_column("Age", ".metadata.creationTimestamp", "date")
+"""The column every CRD's ``kubectl get`` ends with."""
+
+
+def custom_resource_definition(
+    group: str,
+    kind: str,
+    plural: str,
+    versions: Sequence[str],
+    *,
+    stored: str = "",
+    scope: str = "Namespaced",
+    short_names: Sequence[str] = (),
+    categories: Sequence[str] = (),
+    subresources: Obj | None = None,
+    columns: Sequence[Obj] = (),
+    labels: Mapping[str, str] | None = None,
+) -> Obj:
+    """A schema-less CustomResourceDefinition (``x-kubernetes-preserve-unknown-fields``) of one kind, every
+    version served, `stored` (default: the first) the storage version; each version with `subresources`
+    and `columns` when given. Kubesim's operators serve their kinds so, as it checks no CRD schema."""
+    metadata: Obj = {"name": f"{plural}.{group}"}
+    if labels:
+        metadata["labels"] = dict(labels)
+    names: Obj = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    if short_names:
+        names["shortNames"] = list(short_names)
+    if categories:
+        names["categories"] = list(categories)
+    stored = stored or versions[0]
+    served = []
+    for version in versions:
+        entry: Obj = {
+            "name": version,
+            "served": True,
+            "storage": version == stored,
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        }
+        if subresources is not None:
+            entry["subresources"] = copy.deepcopy(subresources)
+        if columns:
+            entry["additionalPrinterColumns"] = [dict(c) for c in columns]
+        served.append(entry)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": metadata,
+        "spec": {"group": group, "names": names, "scope": scope, "versions": served},
+    }
 
 
 class Operator(Protocol):

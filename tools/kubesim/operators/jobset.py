@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, controller_ref, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition, printer_column
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -96,33 +96,19 @@ MAX_PARALLELISM = 1000
 
 _INT32_MAX = 2**31 - 1
 
-JOBSET_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": KIND.lower()},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "TerminalState", "type": "string", "jsonPath": ".status.terminalState"},
-                    {"name": "Restarts", "type": "string", "jsonPath": ".status.restarts"},
-                    {"name": "Suspended", "type": "string", "jsonPath": ".spec.suspend"},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-            }
-        ],
-    },
-}
+JOBSET_CRD: Obj = custom_resource_definition(
+    GROUP,
+    KIND,
+    PLURAL,
+    [VERSION],
+    subresources={"status": {}},
+    columns=[
+        printer_column("TerminalState", ".status.terminalState"),
+        printer_column("Restarts", ".status.restarts"),
+        printer_column("Suspended", ".spec.suspend"),
+        AGE_COLUMN,
+    ],
+)
 """The JobSet CustomResourceDefinition kubesim serves from its start."""
 
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.kube import values
 from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import OperatorSpec, custom_resource_definition, printer_column
 from tools.kubesim.store import Change
 
 if TYPE_CHECKING:
@@ -121,40 +121,18 @@ _COMPONENTS = {
 
 
 # --- CRDs -----------------------------------------------------------------------------------------------
-def _column(name: str, path: str, type_: str = "string") -> Obj:
-    return {"name": name, "type": type_, "jsonPath": path}
-
-
 def _crd(kind: str, plural: str, short_names: list[str], columns: list[Obj]) -> Obj:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"serving.knative.dev/release": "v1.17.0"}},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "shortNames": short_names,
-                "categories": ["all", "knative", "serving"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
+    return custom_resource_definition(
+        GROUP,
+        kind,
+        plural,
+        ["v1"],
+        short_names=short_names,
+        categories=["all", "knative", "serving"],
+        subresources={"status": {}},
+        columns=columns,
+        labels={"serving.knative.dev/release": "v1.17.0"},
+    )
 
 
 # Knative's columns select the Ready condition with a filter ([?(@.type=='Ready')]); kubesim's printer
@@ -165,11 +143,11 @@ KNATIVE_CRDS: tuple[Obj, ...] = (
         "services",
         ["kservice", "ksvc"],
         [
-            _column("URL", ".status.url"),
-            _column("LatestCreated", ".status.latestCreatedRevisionName"),
-            _column("LatestReady", ".status.latestReadyRevisionName"),
-            _column("Ready", ".status.conditions[1].status"),
-            _column("Reason", ".status.conditions[1].reason"),
+            printer_column("URL", ".status.url"),
+            printer_column("LatestCreated", ".status.latestCreatedRevisionName"),
+            printer_column("LatestReady", ".status.latestReadyRevisionName"),
+            printer_column("Ready", ".status.conditions[1].status"),
+            printer_column("Reason", ".status.conditions[1].reason"),
         ],
     ),
     _crd(
@@ -177,10 +155,10 @@ KNATIVE_CRDS: tuple[Obj, ...] = (
         "configurations",
         ["config", "cfg"],
         [
-            _column("LatestCreated", ".status.latestCreatedRevisionName"),
-            _column("LatestReady", ".status.latestReadyRevisionName"),
-            _column("Ready", ".status.conditions[0].status"),
-            _column("Reason", ".status.conditions[0].reason"),
+            printer_column("LatestCreated", ".status.latestCreatedRevisionName"),
+            printer_column("LatestReady", ".status.latestReadyRevisionName"),
+            printer_column("Ready", ".status.conditions[0].status"),
+            printer_column("Reason", ".status.conditions[0].reason"),
         ],
     ),
     _crd(
@@ -188,10 +166,10 @@ KNATIVE_CRDS: tuple[Obj, ...] = (
         "revisions",
         ["rev"],
         [
-            _column("Ready", ".status.conditions[2].status"),
-            _column("Reason", ".status.conditions[2].reason"),
-            _column("Actual Replicas", ".status.actualReplicas", "integer"),
-            _column("Desired Replicas", ".status.desiredReplicas", "integer"),
+            printer_column("Ready", ".status.conditions[2].status"),
+            printer_column("Reason", ".status.conditions[2].reason"),
+            printer_column("Actual Replicas", ".status.actualReplicas", "integer"),
+            printer_column("Desired Replicas", ".status.desiredReplicas", "integer"),
         ],
     ),
 )

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition
 from tools.kubesim.store import Change
 
 if TYPE_CHECKING:
@@ -104,43 +104,22 @@ a billion groups would fill its memory."""
 
 _STATEFULSETS = "apps/statefulsets"
 
-LWS_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "names": {
-            "kind": KIND,
-            "listKind": f"{KIND}List",
-            "plural": PLURAL,
-            "singular": KIND.lower(),
-            "shortNames": ["lws"],
+LWS_CRD: Obj = custom_resource_definition(
+    GROUP,
+    KIND,
+    PLURAL,
+    ["v1"],
+    short_names=["lws"],
+    subresources={
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.hpaPodSelector",
         },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-                "subresources": {
-                    "status": {},
-                    "scale": {
-                        "specReplicasPath": ".spec.replicas",
-                        "statusReplicasPath": ".status.replicas",
-                        "labelSelectorPath": ".status.hpaPodSelector",
-                    },
-                },
-                "additionalPrinterColumns": [
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-                ],
-            }
-        ],
     },
-}
+    columns=[AGE_COLUMN],
+)
 """The CustomResourceDefinition kubesim serves from its start."""
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -64,35 +64,9 @@ FS_GROUP = 100
 WORKING_DIR = "/home/jovyan"
 
 
-def _crd() -> Obj:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": KIND.lower()},
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": version == STORED_VERSION,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-                    ],
-                }
-                for version in VERSIONS
-            ],
-        },
-    }
-
-
-NOTEBOOK_CRD: Obj = _crd()
+NOTEBOOK_CRD: Obj = custom_resource_definition(
+    GROUP, KIND, PLURAL, VERSIONS, stored=STORED_VERSION, subresources={"status": {}}, columns=[AGE_COLUMN]
+)
 """The CustomResourceDefinition kubesim serves from its start."""
 
 

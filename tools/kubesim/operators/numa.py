@@ -36,7 +36,7 @@ from shared.model.numa import NodeNuma
 from tools.kubesim.devices import Refusal
 from tools.kubesim.nodes import NUMA_ANNOTATION
 from tools.kubesim.objects import format_cpu, format_memory, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import OperatorSpec, custom_resource_definition
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -51,32 +51,14 @@ STORAGE = f"{kube_numa.GROUP}/{kube_numa.PLURAL}"
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 TOPOLOGY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
-NRT_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{kube_numa.PLURAL}.{kube_numa.GROUP}"},
-    "spec": {
-        "group": kube_numa.GROUP,
-        "names": {
-            "kind": kube_numa.KIND,
-            "listKind": f"{kube_numa.KIND}List",
-            "plural": kube_numa.PLURAL,
-            "singular": kube_numa.KIND.lower(),
-            "shortNames": ["node-res-topo"],
-        },
-        "scope": "Cluster",
-        "versions": [
-            {
-                "name": kube_numa.VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
+NRT_CRD: Obj = custom_resource_definition(
+    kube_numa.GROUP,
+    kube_numa.KIND,
+    kube_numa.PLURAL,
+    [kube_numa.VERSION],
+    scope="Cluster",
+    short_names=["node-res-topo"],
+)
 """The NodeResourceTopology CustomResourceDefinition (NFD's), served from kubesim's start."""
 
 _NUMA = msgspec.json.Decoder(NodeNuma)

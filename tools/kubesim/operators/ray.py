@@ -71,7 +71,7 @@ from tools.kubesim.objects import (
     random_suffix,
     rfc3339,
 )
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import OperatorSpec, custom_resource_definition, printer_column
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -128,23 +128,19 @@ _COMPONENTS = {
 
 
 # --- CRDs --------------------------------------------------------------------------------------------------
-def _column(name: str, json_path: str, type_: str = "string") -> Obj:
-    return {"name": name, "type": type_, "jsonPath": json_path}
-
-
-_AGE = _column("age", ".metadata.creationTimestamp", "date")
+_AGE = printer_column("age", ".metadata.creationTimestamp", "date")
 
 _KINDS: tuple[tuple[str, str, tuple[Obj, ...]], ...] = (
     (
         "RayCluster",
         "rayclusters",
         (
-            _column("desired workers", ".status.desiredWorkerReplicas", "integer"),
-            _column("available workers", ".status.availableWorkerReplicas", "integer"),
-            _column("cpus", ".status.desiredCPU"),
-            _column("memory", ".status.desiredMemory"),
-            _column("gpus", ".status.desiredGPU"),
-            _column("status", ".status.state"),
+            printer_column("desired workers", ".status.desiredWorkerReplicas", "integer"),
+            printer_column("available workers", ".status.availableWorkerReplicas", "integer"),
+            printer_column("cpus", ".status.desiredCPU"),
+            printer_column("memory", ".status.desiredMemory"),
+            printer_column("gpus", ".status.desiredGPU"),
+            printer_column("status", ".status.state"),
             _AGE,
         ),
     ),
@@ -152,11 +148,11 @@ _KINDS: tuple[tuple[str, str, tuple[Obj, ...]], ...] = (
         "RayJob",
         "rayjobs",
         (
-            _column("job status", ".status.jobStatus"),
-            _column("deployment status", ".status.jobDeploymentStatus"),
-            _column("ray cluster name", ".status.rayClusterName"),
-            _column("start time", ".status.startTime", "date"),
-            _column("end time", ".status.endTime", "date"),
+            printer_column("job status", ".status.jobStatus"),
+            printer_column("deployment status", ".status.jobDeploymentStatus"),
+            printer_column("ray cluster name", ".status.rayClusterName"),
+            printer_column("start time", ".status.startTime", "date"),
+            printer_column("end time", ".status.endTime", "date"),
             _AGE,
         ),
     ),
@@ -164,47 +160,20 @@ _KINDS: tuple[tuple[str, str, tuple[Obj, ...]], ...] = (
         "RayService",
         "rayservices",
         (
-            _column("service status", ".status.serviceStatus"),
-            _column("num serve endpoints", ".status.numServeEndpoints"),
+            printer_column("service status", ".status.serviceStatus"),
+            printer_column("num serve endpoints", ".status.numServeEndpoints"),
             _AGE,
         ),
     ),
 )
 
 
-def _crd(kind: str, plural: str, columns: tuple[Obj, ...]) -> Obj:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-                "categories": ["all"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": version == VERSIONS[0],
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": list(columns),
-                }
-                for version in VERSIONS
-            ],
-        },
-    }
-
-
-RAY_CRDS: tuple[Obj, ...] = tuple(_crd(*k) for k in _KINDS)
+RAY_CRDS: tuple[Obj, ...] = tuple(
+    custom_resource_definition(
+        GROUP, kind, plural, VERSIONS, categories=["all"], subresources={"status": {}}, columns=columns
+    )
+    for kind, plural, columns in _KINDS
+)
 """KubeRay's CustomResourceDefinitions, served from kubesim's start."""
 
 

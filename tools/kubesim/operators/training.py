@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.objects import clone, controller_ref, rfc3339
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -117,39 +117,12 @@ TRAINING_KINDS: tuple[TrainingKind, ...] = (
 _BY_STORAGE = {k.storage: k for k in TRAINING_KINDS}
 
 
-def _crd(k: TrainingKind) -> Obj:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{k.plural}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": k.kind,
-                "listKind": f"{k.kind}List",
-                "plural": k.plural,
-                "singular": k.kind.lower(),
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": k.version,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-                    ],
-                }
-            ],
-        },
-    }
-
-
-TRAINING_CRDS: tuple[Obj, ...] = tuple(_crd(k) for k in TRAINING_KINDS)
+TRAINING_CRDS: tuple[Obj, ...] = tuple(
+    custom_resource_definition(
+        GROUP, k.kind, k.plural, [k.version], subresources={"status": {}}, columns=[AGE_COLUMN]
+    )
+    for k in TRAINING_KINDS
+)
 """The CustomResourceDefinitions kubesim serves from its start."""
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.kubesim.operators import OperatorSpec
+from tools.kubesim.operators import OperatorSpec, custom_resource_definition
 
 if TYPE_CHECKING:
     from tools.kubesim.controllers import Controllers
@@ -35,26 +35,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "Workload"
 PLURAL = "workloads"
 
-WORKLOAD_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": KIND.lower()},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
+WORKLOAD_CRD: Obj = custom_resource_definition(GROUP, KIND, PLURAL, [VERSION])
 """The Workload CustomResourceDefinition kubesim serves from its start (no status: v1alpha1 has none)."""
 
 
