@@ -40,9 +40,11 @@ from tools.kubesim.kinds import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS
 from tools.kubesim.objects import (
     NAME_ALPHABET,
     clone,
+    condition,
     controller_of,
     controller_ref,
     count_of,
+    is_ready,
     random_suffix,
     rfc3339,
 )
@@ -95,13 +97,6 @@ def _is_active(pod: Obj) -> bool:
     )
 
 
-def _is_ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
-
-
 def _ordinal_start(spec: Obj) -> int:
     """A StatefulSet's first ordinal, ``spec.ordinals.start`` (0 when absent or not a whole number >= 0)."""
     ordinals = spec.get("ordinals")
@@ -110,14 +105,8 @@ def _ordinal_start(spec: Obj) -> int:
 
 
 def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastProbeTime": now,
-        "lastTransitionTime": now,
-    }
+    """A Job's (or a Deployment's) condition: probed and changed `now`."""
+    return condition(type_, status, reason, message, lastProbeTime=now, lastTransitionTime=now)
 
 
 class ClusterApi(Protocol):
@@ -481,7 +470,7 @@ class Controllers:
                 active = [p for p in self._owned(job) if _is_active(p)]
                 status.setdefault("startTime", now)
         status["active"] = len(active)
-        status["ready"] = sum(1 for p in active if _is_ready(p))
+        status["ready"] = sum(1 for p in active if is_ready(p))
         status["terminating"] = 0
         status["uncountedTerminatedPods"] = {}
         for field, value in (("succeeded", succeeded), ("failed", failed)):
@@ -626,14 +615,14 @@ class Controllers:
                 active,
                 key=lambda p: (
                     bool(p["spec"].get("nodeName")),
-                    _is_ready(p),
+                    is_ready(p),
                     -int(p["metadata"]["resourceVersion"]),
                 ),
             )[: len(active) - want]
             for pod in victims:
                 self._delete_pod(pod)
         active = [p for p in self._owned(rs) if _is_active(p)]
-        ready = sum(1 for p in active if _is_ready(p))
+        ready = sum(1 for p in active if is_ready(p))
         status: Obj = {
             "replicas": len(active),
             "fullyLabeledReplicas": len(active),
@@ -688,7 +677,7 @@ class Controllers:
             ):
                 self._delete_pod(pod)
         active = [p for p in self._owned(sts) if _is_active(p)]
-        ready = sum(1 for p in active if _is_ready(p))
+        ready = sum(1 for p in active if is_ready(p))
         status: Obj = {
             "observedGeneration": md.get("generation", 1),
             "replicas": len(active),

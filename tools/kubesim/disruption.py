@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.kubesim.errors import ApiError, too_many_requests
-from tools.kubesim.objects import controller_of, labels_of, meta
+from tools.kubesim.objects import controller_of, is_ready, labels_of, meta
 from tools.kubesim.selectors import label_selector_of
 
 __all__ = [
@@ -107,7 +107,7 @@ def refusal(pod: Obj, budgets: Iterable[Obj], pods: Iterable[Obj], lookup: Looku
         return too_many_requests(
             REFUSED, [{"reason": DISRUPTION_BUDGET_CAUSE, "message": cause}], UNPROCESSED_RETRY_AFTER
         )
-    if not _ready(pod):
+    if not is_ready(pod):
         if spec.get("unhealthyPodEvictionPolicy") == _ALWAYS_ALLOW:
             return None
         if status.current_healthy >= status.desired_healthy and status.desired_healthy > 0:
@@ -136,7 +136,7 @@ def budget_status(pdb: Obj, selected: list[Obj], lookup: Lookup) -> BudgetStatus
     elif min_available is not None:
         expected = _expected_scale(selected, lookup)
         desired = _scaled(min_available, expected)
-    healthy = sum(1 for p in selected if not meta(p).get("deletionTimestamp") and _ready(p))
+    healthy = sum(1 for p in selected if not meta(p).get("deletionTimestamp") and is_ready(p))
     allowed = healthy - desired
     if expected <= 0 or allowed <= 0:
         allowed = 0
@@ -156,11 +156,6 @@ def _selects(pdb: Obj, labels: dict[str, str]) -> bool:
         return label_selector_of(selector).matches({"metadata": {"labels": labels}})
     except ApiError:
         return False  # an invalid selector matches no pod
-
-
-def _ready(pod: Obj) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _scaled(value: Any, total: int) -> int:

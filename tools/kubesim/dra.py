@@ -29,11 +29,11 @@ Pure: no I/O (objects change through the cluster's store).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, controller_ref, random_suffix
-from tools.kubesim.store import Change, Key
+from tools.kubesim.store import Change, Key, unindex
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -52,8 +52,6 @@ __all__ = [
 ]
 
 Obj = dict[str, Any]
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 GROUP = "resource.k8s.io"
 CLAIMS = f"{GROUP}/resourceclaims"
@@ -228,7 +226,7 @@ class DraController:
         key = (md.get("namespace", ""), md["name"])
         self._touched()
         for uid in self._users.pop(key, ()):
-            _discard(self._reserving, uid, key)
+            unindex(self._reserving, uid, key)
         if change.type == "DELETED":
             return
         users = {
@@ -482,11 +480,3 @@ class DraController:
             return self.cluster.create(self.cluster.type_of(key), namespace, obj)
         except ApiError:
             return None
-
-
-def _discard(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
-    members = index.get(key)
-    if members is not None:
-        members.discard(member)
-        if not members:
-            del index[key]

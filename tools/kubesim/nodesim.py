@@ -148,6 +148,24 @@ def _seconds(pod: Obj, key: str) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
+def _container_status(container: Obj, uid: str, state: Obj, *, started: bool) -> Obj:
+    """A container's status as the kubelet reports it once the container is up (or, for an init
+    container, done): in `state`, ready, never restarted, its image, an id made from the pod's uid."""
+    name = container.get("name", "")
+    image = container.get("image", "")
+    return {
+        "name": name,
+        "state": state,
+        "lastState": {},
+        "ready": True,
+        "restartCount": 0,
+        "image": image,
+        "imageID": f"kubesim://{image}",
+        "containerID": f"kubesim://{uid[:8]}-{name}",
+        "started": started,
+    }
+
+
 def _ip(base: int, n: int) -> str:
     value = base + n
     return ".".join(str((value >> shift) & 255) for shift in (24, 16, 8, 0))
@@ -501,40 +519,18 @@ class NodeSimulator:
             "podIPs": [{"ip": pod_ip}],
             "startTime": ts,
             "containerStatuses": [
-                {
-                    "name": c.get("name", ""),
-                    "state": {"running": {"startedAt": ts}},
-                    "lastState": {},
-                    "ready": True,
-                    "restartCount": 0,
-                    "image": c.get("image", ""),
-                    "imageID": f"kubesim://{c.get('image', '')}",
-                    "containerID": f"kubesim://{uid[:8]}-{c.get('name', '')}",
-                    "started": True,
-                }
+                _container_status(c, uid, {"running": {"startedAt": ts}}, started=True)
                 for c in spec.get("containers") or ()
             ],
         }
         if spec.get("initContainers"):
             status["initContainerStatuses"] = [
-                {
-                    "name": c.get("name", ""),
-                    "state": {
-                        "terminated": {
-                            "exitCode": 0,
-                            "reason": "Completed",
-                            "startedAt": ts,
-                            "finishedAt": ts,
-                        }
-                    },
-                    "lastState": {},
-                    "ready": True,
-                    "restartCount": 0,
-                    "image": c.get("image", ""),
-                    "imageID": f"kubesim://{c.get('image', '')}",
-                    "containerID": f"kubesim://{uid[:8]}-{c.get('name', '')}",
-                    "started": False,
-                }
+                _container_status(
+                    c,
+                    uid,
+                    {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": ts, "finishedAt": ts}},
+                    started=False,
+                )
                 for c in spec["initContainers"]
             ]
         return {**pod, "metadata": dict(pod["metadata"]), "status": status}

@@ -23,15 +23,18 @@ __all__ = [
     "NAME_ALPHABET",
     "Obj",
     "clone",
+    "condition",
     "controller_of",
     "controller_ref",
     "count_of",
     "format_cpu",
     "format_memory",
+    "is_ready",
     "labels_of",
     "meta",
     "new_uid",
     "parse_time",
+    "put_condition",
     "quantity",
     "random_suffix",
     "rfc3339",
@@ -127,6 +130,33 @@ def controller_ref(owner: Obj, api_version: str = "") -> Obj:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def is_ready(obj: Obj) -> bool:
+    """Whether the object's (a pod's, a node's) Ready condition is True."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or ()
+    )
+
+
+def condition(type_: str, status: str, reason: str, message: str, **times: str) -> Obj:
+    """A status condition; `times` are its timestamps by field (``lastTransitionTime``, with
+    ``lastProbeTime`` or ``lastUpdateTime`` where the kind's condition type has one)."""
+    return {"type": type_, "status": status, "reason": reason, "message": message, **times}
+
+
+def put_condition(conditions: list[Obj], new: Obj) -> None:
+    """Set `new` in `conditions`, in place, as Kubernetes's Job controller, JobSet's and Kubeflow Training's
+    set theirs: the condition of its type takes it when the status changes; a True one is added when there
+    is none of its type, a False one only replaces one that is there."""
+    for c in conditions:
+        if c.get("type") == new["type"]:
+            if c.get("status") != new["status"]:
+                c.update(new)
+            return
+    if new["status"] == "True":
+        conditions.append(new)
 
 
 def controller_of(obj: Obj) -> Obj | None:

@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from shared.kube.effective_requests import effective_requests, is_sidecar
-from tools.kubesim.objects import quantity, rfc3339
+from tools.kubesim.objects import is_ready, quantity, rfc3339
 from tools.kubesim.store import Change, Key
 
 if TYPE_CHECKING:
@@ -66,13 +66,6 @@ def _tolerates(pod: Obj, taint: Obj) -> bool:
         elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
             return True
     return False
-
-
-def _node_ready(node: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (node.get("status") or {}).get("conditions") or ()
-    )
 
 
 class DefaultScheduler:
@@ -162,7 +155,7 @@ class DefaultScheduler:
         self, pod: Obj, want: dict[str, Fraction], node: Obj, used: dict[str, dict[str, Fraction]]
     ) -> bool:
         spec = node.get("spec") or {}
-        if spec.get("unschedulable") or not _node_ready(node):
+        if spec.get("unschedulable") or not is_ready(node):
             return False
         labels = node["metadata"].get("labels") or {}
         for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items():

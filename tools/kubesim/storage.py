@@ -31,13 +31,13 @@ Pure: no I/O (objects change through the cluster's store).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from shared.kube.quantity import QuantityError
 from shared.kube.quantity import value as quantity_value
 from tools.kubesim.errors import ApiError
 from tools.kubesim.objects import clone, rfc3339
-from tools.kubesim.store import Change, Key
+from tools.kubesim.store import Change, Key, unindex
 
 if TYPE_CHECKING:
     from tools.kubesim.cluster import Cluster
@@ -54,8 +54,6 @@ __all__ = [
 ]
 
 Obj = dict[str, Any]
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 CLAIMS = "persistentvolumeclaims"
 VOLUMES = "persistentvolumes"
@@ -156,14 +154,6 @@ def _volume_class(pv: Obj) -> str:
     return str((pv.get("spec") or {}).get("storageClassName") or "")
 
 
-def _discard(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
-    members = index.get(key)
-    if members is not None:
-        members.discard(member)
-        if not members:
-            del index[key]
-
-
 class StorageController:
     """The volume controller, the CSI provisioner and the CSINode objects of one cluster.
 
@@ -225,9 +215,9 @@ class StorageController:
         if entry is None:
             return
         class_name, named = entry
-        _discard(self._unbound_by_class, class_name, key)
+        unindex(self._unbound_by_class, class_name, key)
         if named:
-            _discard(self._naming, named, key)
+            unindex(self._naming, named, key)
 
     def _volume_changed(self, change: Change) -> None:
         old = change.old if change.type == "MODIFIED" else change.obj if change.type == "DELETED" else None
@@ -262,8 +252,8 @@ class StorageController:
         name = pv["metadata"]["name"]
         ref = _claim_ref(pv)
         if ref is not None:
-            _discard(self._referring, ref, name)
-        _discard(self._available, _volume_class(pv), name)
+            unindex(self._referring, ref, name)
+        unindex(self._available, _volume_class(pv), name)
 
     def _class_changed(self, change: Change) -> None:
         for key in self._unbound_by_class.get(change.obj["metadata"]["name"], ()):

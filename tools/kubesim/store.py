@@ -18,15 +18,17 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tools.kubesim.compact import Sharer
 from tools.kubesim.errors import gone
 
-__all__ = ["Change", "EventType", "Key", "Storage", "Store"]
+__all__ = ["Change", "EventType", "Key", "Storage", "Store", "unindex"]
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 """(namespace, name); the namespace is "" for cluster-scoped objects."""
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
@@ -174,13 +176,19 @@ class Storage:
                 continue
             index = self.indexes[field]
             if before:
-                members = index.get(before)
-                if members is not None:
-                    members.discard(key)
-                    if not members:
-                        del index[before]
+                unindex(index, before, key)
             if after:
                 index.setdefault(after, set()).add(key)
+
+
+def unindex(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
+    """Take `member` out of `index`'s set at `key`, and the key with its set once that is empty (an index
+    of a listener's, kept from the changes it is told of, holds no empty sets)."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
 
 
 def _owner_uids(obj: Obj | None) -> set[str]:
@@ -277,10 +285,6 @@ class Store:
             return
         entry = (key, ns, name)
         for uid in before - after:
-            members = self.dependents.get(uid)
-            if members is not None:
-                members.discard(entry)
-                if not members:
-                    del self.dependents[uid]
+            unindex(self.dependents, uid, entry)
         for uid in after - before:
             self.dependents.setdefault(uid, set()).add(entry)

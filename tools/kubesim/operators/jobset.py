@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tools.kubesim.errors import ApiError
-from tools.kubesim.objects import clone, controller_ref, rfc3339
+from tools.kubesim.objects import clone, condition, controller_ref, put_condition, rfc3339
 from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition, printer_column
 
 if TYPE_CHECKING:
@@ -263,10 +263,6 @@ def _finished(obj: Obj, *types: str) -> bool:
     )
 
 
-def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
-    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now}
-
-
 class JobSetController:
     """JobSet's controller, reconciling one JobSet at a time for `Controllers`."""
 
@@ -421,13 +417,7 @@ class JobSetController:
         conditions: list[Obj] = [dict(c) for c in old.get("conditions") or ()]
 
         def put(type_: str, status: str, reason: str, message: str) -> None:
-            for c in conditions:
-                if c.get("type") == type_:
-                    if c.get("status") != status:
-                        c.update(_condition(type_, status, reason, message, now))
-                    return
-            if status == "True":
-                conditions.append(_condition(type_, status, reason, message, now))
+            put_condition(conditions, condition(type_, status, reason, message, lastTransitionTime=now))
 
         replicated = []
         for rj in plan.jobs:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tools.kubesim.objects import clone, controller_of, controller_ref, rfc3339
+from tools.kubesim.objects import clone, controller_of, controller_ref, is_ready, rfc3339
 from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition
 from tools.kubesim.store import Change
 
@@ -206,13 +206,6 @@ def _ordinal(name: str, parent: str) -> int | None:
     return int(tail)
 
 
-def _is_ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
-
-
 def _template(base: Obj, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Obj:
     template: Obj = clone(base)
     md = template.setdefault("metadata", {})
@@ -366,7 +359,7 @@ class LeaderWorkerSetController:
         if current is None:
             if plan.size == 1 or md.get("deletionTimestamp"):
                 return None
-            if plan.startup == LEADER_READY and not _is_ready(leader):
+            if plan.startup == LEADER_READY and not is_ready(leader):
                 return None
             if not ctl.create_owned(lws, STORAGE, _STATEFULSETS, self._worker_manifest(lws, plan, leader)):
                 return None
@@ -409,13 +402,13 @@ class LeaderWorkerSetController:
         }
 
     def _group_ready(self, leader: Obj, workers: Obj | None, plan: Plan) -> bool:
-        if not _is_ready(leader) or leader["metadata"].get("deletionTimestamp"):
+        if not is_ready(leader) or leader["metadata"].get("deletionTimestamp"):
             return False
         if plan.size == 1:
             return True
         if workers is None:
             return False
-        ready = [p for p in self.controllers.owned_pods(workers) if _is_ready(p)]
+        ready = [p for p in self.controllers.owned_pods(workers) if is_ready(p)]
         return len(ready) >= plan.size - 1
 
     # --- status ------------------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ from tools.kubesim.objects import (
     controller_ref,
     format_cpu,
     format_memory,
+    is_ready,
     quantity,
     random_suffix,
     rfc3339,
@@ -328,10 +329,7 @@ def _phase(pod: Obj) -> str:
 
 
 def _ready(pod: Obj) -> bool:
-    return _phase(pod) == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
+    return _phase(pod) == "Running" and is_ready(pod)
 
 
 def _condition(type_: str, status: str, reason: str, message: str, now: str, old: list[Obj]) -> Obj:

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tools.kubesim.objects import clone, controller_ref, rfc3339
+from tools.kubesim.objects import clone, condition, controller_ref, is_ready, put_condition, rfc3339
 from tools.kubesim.operators import AGE_COLUMN, OperatorSpec, custom_resource_definition
 
 if TYPE_CHECKING:
@@ -163,17 +163,6 @@ def replicas_of(spec: Obj) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
         return 0
     return min(raw, MAX_REPLICAS)
-
-
-def _condition(type_: str, status: str, reason: str, message: str, now: str) -> Obj:
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastUpdateTime": now,
-        "lastTransitionTime": now,
-    }
 
 
 def _elastic_without_master(kind: TrainingKind, job: Obj, specs: Obj) -> bool:
@@ -297,10 +286,7 @@ class TrainingOperator:
             for pod in self.controllers.owned_pods(job)
             if (pod["metadata"].get("labels") or {}).get(JOB_ROLE_LABEL) == "worker"
             and not pod["metadata"].get("deletionTimestamp")
-            and any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (pod.get("status") or {}).get("conditions") or ()
-            )
+            and is_ready(pod)
         )
 
     def _ensure_pod(self, kind: TrainingKind, job: Obj, name: str, template: Obj) -> bool:
@@ -362,14 +348,9 @@ class TrainingOperator:
         ref = f"{kind.kind} {md['namespace']}/{md['name']}"
 
         def set_condition(type_: str, status: str, reason: str, message: str) -> None:
-            """Set a condition (a False one only replaces an existing one, as the operator does)."""
-            for c in conditions:
-                if c.get("type") == type_:
-                    if c.get("status") != status:
-                        c.update(_condition(type_, status, reason, message, now))
-                    return
-            if status == "True":
-                conditions.append(_condition(type_, status, reason, message, now))
+            """Set a JobCondition (a False one only replaces an existing one, as the operator does)."""
+            new = condition(type_, status, reason, message, lastUpdateTime=now, lastTransitionTime=now)
+            put_condition(conditions, new)
 
         done = any(c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True" for c in conditions)
         set_condition("Created", "True", f"{kind.kind}Created", f"{ref} is created.")
