@@ -558,9 +558,9 @@ class _Placed(NamedTuple):
     sharing: bool
     releasing: bool
     """Whether placing the pods set the cluster's `has_releasing`."""
-    idle_scalars: dict[str, float]
-    used_scalars: dict[str, float]
-    releasing_scalars: dict[str, float]
+    scalars: tuple[dict[str, float], dict[str, float], dict[str, float]] | None
+    """The node's idle, used and releasing scalars; None when no pod holds any (they are as the node
+    record's)."""
     legacy_mig: frozenset[str]
 
 
@@ -628,9 +628,11 @@ def _place_on(state: NodeState, tasks: list[TaskState]) -> _Placed:
         ),
         sharing=i in c.sharing_nodes,
         releasing=releasing,
-        idle_scalars=dict(state.idle_scalars),
-        used_scalars=dict(state.used_scalars),
-        releasing_scalars=dict(state.releasing_scalars),
+        scalars=(
+            (dict(state.idle_scalars), dict(state.used_scalars), dict(state.releasing_scalars))
+            if any(e.scalars for e in state.tasks.values())
+            else None
+        ),
         legacy_mig=state.legacy_mig_tasks,
     )
 
@@ -656,9 +658,11 @@ def _put_back(state: NodeState, placed: _Placed, tasks: list[TaskState]) -> None
         c.sharing_nodes.add(i)
     if placed.releasing:
         c.has_releasing = True
-    state.idle_scalars = dict(placed.idle_scalars)
-    state.used_scalars = dict(placed.used_scalars)
-    state.releasing_scalars = dict(placed.releasing_scalars)
+    if placed.scalars is not None:
+        idle_scalars, used_scalars, releasing_scalars = placed.scalars
+        state.idle_scalars = dict(idle_scalars)
+        state.used_scalars = dict(used_scalars)
+        state.releasing_scalars = dict(releasing_scalars)
     state.legacy_mig_tasks = placed.legacy_mig
 
 

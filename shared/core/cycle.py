@@ -302,14 +302,15 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
 
 
 def _status(job: JobState, detailed: bool) -> PodGroupStatus:
+    errors = job.fit_errors  # none for most jobs (every job has a status every cycle)
     return PodGroupStatus(
         podgroup=job.key,
         namespace=job.namespace,
         name=job.name,
         queue=job.queue,
         pending=job.has_tasks_to_allocate(real=True),
-        fit_error=fit_error_message(job.fit_errors),
-        reasons=tuple(dict.fromkeys(reason for reason, _ in job.fit_errors)),
+        fit_error=fit_error_message(errors) if errors else None,
+        reasons=tuple(dict.fromkeys(reason for reason, _ in errors)) if errors else (),
         last_start_time=job.last_start_time,
         refusals=_refusals(job) if detailed else None,
     )

@@ -192,7 +192,10 @@ class Session:
             for task in job.tasks.values():
                 status = task.status
                 if status in ALLOCATED:
-                    gpus, cpu, mem = self.accepted_quota(task)
+                    # `accepted_quota`, whose GPUs differ from the request only for memory and MIG requests.
+                    kind = task.kind
+                    gpus = self.accepted_quota(task)[0] if kind in ("memory", "mig") else task.requested_gpus
+                    cpu, mem = task.cpu, task.mem
                     for q in chain:
                         allocated, requested = q.allocated, q.requested
                         allocated[0] += gpus

@@ -146,7 +146,7 @@ def mig_gpu_portion(resource: str) -> int:
         return 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PodSetState:
     """A gang inside a job: pods that must reach `min_available` together (0: every pod is elastic)."""
 
@@ -254,8 +254,21 @@ class SetState:
         return self.allocated_members >= self.members_to_satisfy
 
     def gang_satisfied(self) -> bool:
-        """KAI ``SubGroupSet.IsGangSatisfied``: enough direct members run their gang (active used)."""
-        return self.satisfied_with(_active_used)
+        """KAI ``SubGroupSet.IsGangSatisfied``: enough direct members run their gang (active used).
+        `satisfied_with` counting active-used pods, written out: the queue's plan and stale-gang eviction ask it of
+        every running job every cycle."""
+        satisfied = 0
+        for child in self.children:
+            if child.gang_satisfied():
+                satisfied += 1
+        for ps in self.pod_sets:
+            used = 0
+            for t in ps.tasks:
+                if t.status in ACTIVE_USED:
+                    used += 1
+            if used >= ps.min_available:
+                satisfied += 1
+        return satisfied >= self.members_to_satisfy
 
     def is_ready(self) -> bool:
         """KAI ``SubGroupSet.IsReadyForScheduling``: enough direct members have the pods to form."""
@@ -280,10 +293,6 @@ SubGroupMember = SetState | PodSetState
 
 def _active_allocated(ps: PodSetState) -> int:
     return ps.active_allocated
-
-
-def _active_used(ps: PodSetState) -> int:
-    return ps.active_used
 
 
 def _tree(group: SubGroupSet, pod_sets: dict[str, PodSetState]) -> SetState:
@@ -325,11 +334,12 @@ class JobState:
         self.stale_since = podgroup.stale_since
         self.tasks: dict[str, TaskState] = {}
         self.root: SubGroupSet = podgroup.root
+        root = podgroup.root
         self.pod_sets: dict[str, PodSetState] = {
             ps.name: PodSetState(ps.name, ps.min_available, ps.topology_constraint)
-            for ps in podgroup.root.all_pod_sets()
+            for ps in (root.all_pod_sets() if root.children else root.pod_sets)
         }
-        self.tree = _tree(podgroup.root, self.pod_sets)
+        self.tree = _tree(root, self.pod_sets)
         """The sub-group tree over `pod_sets` (KAI ``RootSubGroupSet``), what gang questions walk."""
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
@@ -389,7 +399,12 @@ class JobState:
         return self.tree.is_ready()
 
     def has_tasks_to_allocate(self, real: bool = True) -> bool:
-        return any(t.should_allocate(real) for t in self.tasks.values())
+        """Whether a pod should be placed (`TaskState.should_allocate`); asked of every job by each action."""
+        for t in self.tasks.values():
+            status = t.status
+            if status == PodStatus.PENDING or (not real and status == PodStatus.RELEASING and t.is_virtual):
+                return True
+        return False
 
     def num_allocated(self) -> int:
         return self.count(ALLOCATED)

@@ -304,7 +304,7 @@ def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]
         job
         for job in ssn.jobs.values()
         if ssn.in_focus(job)
-        and any(t.status == PodStatus.PENDING for t in job.tasks.values())
+        and job.has_tasks_to_allocate(real=True)  # a pod is pending
         and job.is_ready_for_scheduling()
         and (job.preemptible or not preemptible_only)
         and not within_preemption_delay(ssn, job)
