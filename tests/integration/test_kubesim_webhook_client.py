@@ -89,6 +89,7 @@ def _chunked(body: bytes) -> bytes:
         pytest.param(lambda _: _chunked(OK), False, 1, id="chunked, kept alive"),
         pytest.param(lambda _: _with_length(OK, b"Connection: close\r\n"), True, 3, id="Connection: close"),
         pytest.param(lambda _: b"HTTP/1.0 200 OK\r\n\r\n" + OK, True, 3, id="ended by the connection"),
+        pytest.param(lambda _: _with_length(OK) + b"HTTP/1.1 200", False, 3, id="bytes after the reply"),
     ],
 )
 async def test_replies_are_read_whole_and_connections_kept_unless_the_server_ends_them(

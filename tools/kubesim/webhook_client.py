@@ -4,9 +4,11 @@
 created. A general client (aiohttp's `ClientSession`: cookies, redirects, tracing hooks, proxies) cost
 about three times the CPU of the request itself, and the simulated API server shares its cores with the
 services it serves. This one writes the request line, four headers and the body in one write on an idle
-pooled connection (or a new one, TLS verified by the given context), reads the status line, the headers
-and a `Content-Length` or chunked body, and keeps the connection for the next review unless the server
-said `Connection: close`.
+pooled connection (or a new one, TLS verified by the given context), feeds what the socket gives to
+`httptools.HttpResponseParser` (llhttp, the parser uvicorn and Node.js use: status line, headers, and a
+`Content-Length`, chunked or ended-by-the-connection body), and keeps the connection for the next review
+when the parser says the reply allows it (`Connection: close` and HTTP/1.0 do not). `_Reply` gathers what
+the parser reads and holds the limits (head 64 KiB, body 16 MiB); `_reply` is the loop that feeds it.
 
 Failures are told apart as the caller needs them: `UnreachableError` when the endpoint refused the connection
 or closed it without answering (another endpoint may take the review; a pooled connection the server
@@ -22,12 +24,16 @@ import contextlib
 import ssl
 from urllib.parse import urlsplit
 
+import httptools
+
 __all__ = ["ReviewClient", "UnreachableError"]
 
 _MAX_HEAD = 64 * 1024
 """A reply's status line and headers larger than this are refused (a webhook answers with a few hundred)."""
 _MAX_BODY = 16 * 2**20
 """A reply's body larger than this is refused (a review's answer is a patch and some warnings)."""
+_READ = 64 * 1024
+"""The most read from the socket at once once the head is in (a review's answer is a few hundred bytes)."""
 _IDLE_KEPT = 100
 """Idle connections kept per endpoint: as many as reviews may run at once (one per pod being created, and
 clients create dozens at once), or each busy moment would open and close connections (aiohttp's pool
@@ -138,8 +144,6 @@ class ReviewClient:
             status, kept, content = await _reply(connection.reader)
         except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as exc:
             raise UnreachableError("the server closed the connection without an answer") from exc
-        except asyncio.LimitOverrunError as exc:
-            raise ValueError(f"a reply's status line or header is longer than {_MAX_HEAD} bytes") from exc
         finally:
             if kept:
                 pool = self._idle.setdefault(key, [])
@@ -152,54 +156,129 @@ class ReviewClient:
         return content, status
 
 
-async def _reply(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
-    """(status code, whether the connection stays open, body) of one HTTP/1.1 reply."""
-    line = await reader.readuntil(b"\r\n")
-    if not line:
-        raise asyncio.IncompleteReadError(b"", None)
-    version, _, rest = line.decode("latin-1").partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
-        raise ValueError(f"not an HTTP/1.1 reply: {line[:80]!r}")
-    length: int | None = None
-    chunked = False
-    keep_alive = version == "HTTP/1.1"
-    while True:
-        header = await reader.readuntil(b"\r\n")
-        if header == b"\r\n":
-            break
-        name, _, value = header.decode("latin-1").partition(":")
-        name = name.strip().lower()
-        value = value.strip()
-        if name == "content-length":
-            if not (value.isascii() and value.isdigit()) or int(value) > _MAX_BODY:
-                raise ValueError(f"a reply's Content-Length is not a size up to {_MAX_BODY}: {value[:40]!r}")
-            length = int(value)
-        elif name == "transfer-encoding":
-            chunked = value.lower() == "chunked"
-        elif name == "connection":
-            keep_alive = value.lower() == "keep-alive" or (keep_alive and value.lower() != "close")
-    if chunked:
-        return int(code), keep_alive, await _chunked(reader)
-    if length is None:
-        # Delimited by the end of the connection: read it all, and the connection is done.
-        return int(code), False, await reader.read(_MAX_BODY)
-    return int(code), keep_alive, await reader.readexactly(length)
+class _Reply:
+    """One reply as `httptools.HttpResponseParser` reads it (sans I/O): `feed` it what the socket gives
+    until it says the reply is complete, or until the connection ends (`ended`); then `result`.
 
+    The parser calls back the `on_*` methods. A problem llhttp does not see (a `Content-Length` above
+    `_MAX_BODY`, a body past it) is kept in `refusal` and raised by `feed`: an exception raised inside a
+    callback would reach the caller only as httptools' "User callback error"."""
 
-async def _chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size_line = (await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip()
+    __slots__ = (
+        "body",
+        "complete",
+        "fed",
+        "framed",
+        "head_done",
+        "keep_alive",
+        "messages",
+        "parser",
+        "refusal",
+        "size",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        """Dropped by `result` (the parser holds this reply for its callbacks)."""
+        self.body: list[bytes] = []
+        self.size = 0
+        self.fed = 0
+        self.status = 0
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.framed = False
+        """The reply said where its body ends (`Content-Length` or chunked): an end of the connection
+        before that is a cut reply, not the end of the body."""
+        self.messages = 0
+        self.refusal: str | None = None
+
+    def read_size(self) -> int:
+        """How much to read next: while the head is coming, never past `_MAX_HEAD` (a head not done by
+        then is refused)."""
+        return _READ if self.head_done else _MAX_HEAD - self.fed
+
+    def feed(self, data: bytes) -> bool:
+        """Parse `data`, the next bytes of the reply; whether the reply is now complete. ValueError naming
+        the problem for bytes that are not an HTTP/1.x reply or pass a limit."""
+        assert self.parser is not None
+        if self.fed == 0 and not b"HTTP/".startswith(data[:5]):  # llhttp also takes RTSP/ and ICE/
+            raise ValueError(f"not an HTTP/1.1 reply: it starts {data[:40]!r}")
         try:
-            size = int(size_line, 16)
-        except ValueError as exc:
-            raise ValueError(f"a reply's chunk size is not hexadecimal: {size_line[:40]!r}") from exc
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                pass
-            return bytes(body)
-        if len(body) + size > _MAX_BODY:
-            raise ValueError(f"a reply's body is larger than {_MAX_BODY} bytes")
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self.complete:
+                raise ValueError(f"not an HTTP/1.1 reply: {exc} (after {self.fed} bytes)") from exc
+            self.messages += 1  # bytes after the reply: it is read whole, but the connection is not kept
+        except httptools.HttpParserUpgrade as exc:
+            raise ValueError("not an HTTP/1.1 reply: the server switched protocols") from exc
+        if self.refusal is not None:
+            raise ValueError(self.refusal)
+        self.fed += len(data)
+        if not self.head_done and self.fed >= _MAX_HEAD:
+            raise ValueError(f"a reply's status line and headers are longer than {_MAX_HEAD} bytes")
+        return self.complete
+
+    def ended(self) -> bool:
+        """The connection ended: whether that completes the reply (a body without a length or chunks)."""
+        self.complete = self.head_done and not self.framed
+        return self.complete
+
+    def result(self) -> tuple[int, bool, bytes]:
+        """(status code, whether the connection may carry the next request, body) of a complete reply."""
+        self.parser = None
+        return self.status, self.keep_alive and self.messages == 1, b"".join(self.body)
+
+    def on_message_begin(self) -> None:
+        self.messages += 1
+
+    # The parser goes on past the end of the reply into whatever follows it (the connection is then not
+    # kept); the callbacks below leave a complete reply as it is.
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete:
+            return
+        name = name.lower()
+        if name == b"content-length":
+            self.framed = True
+            # llhttp has checked the digits; the size is ours to bound (it takes up to 2**64 - 1).
+            if not value.isdigit() or int(value) > _MAX_BODY:
+                self.refusal = f"a reply's Content-Length is not a size up to {_MAX_BODY}: {value[:40]!r}"
+        elif name == b"transfer-encoding":
+            self.framed = value.lower().rstrip().endswith(b"chunked")
+
+    def on_headers_complete(self) -> None:
+        if not self.complete and self.parser is not None:
+            self.head_done = True
+            self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        self.body.append(body)
+        self.size += len(body)
+        if self.size > _MAX_BODY:
+            self.refusal = f"a reply's body is larger than {_MAX_BODY} bytes"
+
+    def on_message_complete(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        # Read now: llhttp forgets the reply's keep-alive once the message is done.
+        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
+
+
+async def _reply(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """(status code, whether the connection stays open, body) of one HTTP/1.x reply; ValueError naming the
+    problem for one that is not, asyncio.IncompleteReadError for a connection that ends before it does."""
+    reply = _Reply()
+    while True:
+        data = await reader.read(reply.read_size())
+        if data:
+            if reply.feed(data):
+                return reply.result()
+        elif reply.ended():
+            return reply.result()
+        else:
+            raise asyncio.IncompleteReadError(b"", None)
