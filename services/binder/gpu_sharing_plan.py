@@ -4,7 +4,7 @@ device, and what the reservation sync must repair.
 Called by `services.binder.gpu_sharing_step` (the I/O shell: a fractional pod's bind and the periodic sync)
 and by the unit specs. The names, bodies and KAI's rules come from `shared.kube.gpu_sharing`; this module
 adds only the binder's decisions on top of them. GPU sharing's modules, by what each holds:
-`shared.kube.gpu_sharing` (KAI's names and object bodies, for every component), `shared.core.gpu_sharing`
+`shared.kube.gpu_sharing` (KAI's names and object bodies, for every component), `shared.core.fractional_gpus`
 (the devices the scheduler gives a fractional pod), this one (the binder's decisions, pure) and
 `services.binder.gpu_sharing_step` (the ``gpusharing`` bind step and the reservation sync: the API calls).
 

@@ -55,7 +55,7 @@ Public modules (what code outside shared.core may import):
 Everything else is private to the core, and an import-linter `protected` contract keeps it so (unit specs
 under tests/ may still look inside): the session and its statements (`session`, `opening`, `statement`, `cycle`),
 the actions and what they share (`actions`, `allocation`, `solver`, `minruntime`, `reclaimable`), node
-filters and scores (`predicates`, `scoring`, `gpu_sharing`, `topology`, `spread`, `volumes`, `dra`,
+filters and scores (`predicates`, `scoring`, `fractional_gpus`, `topology`, `spread`, `volumes`, `dra`,
 `dra_accounting`), ordering and queue accounting
 (`ordering`, `proportion`), and the session's state (`tasks`, `cluster`). An `acyclic_siblings` contract
 keeps the core's modules free of import circles.

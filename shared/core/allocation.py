@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from shared.core import gpu_sharing, predicates, topology
+from shared.core import fractional_gpus, predicates, topology
 from shared.core.cluster import EPS, NodeState
 from shared.core.plugins.runtime import PluginError
 from shared.core.scoring import iter_nodes_in_order
@@ -173,7 +173,7 @@ def _allocate_on_node(
     ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool
 ) -> bool:
     if task.is_shared:
-        return gpu_sharing.allocate_shared(ssn, stmt, task, node, pipeline_only)
+        return fractional_gpus.allocate_shared(ssn, stmt, task, node, pipeline_only)
     if not pipeline_only and node.fits(task, with_releasing=False):
         stmt.allocate(task, node.name)
         return True

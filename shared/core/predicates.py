@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from shared.core import pod_affinity, selectors, spread, volumes
 from shared.core.cluster import EPS
-from shared.core.gpu_sharing import preferable_gpus
+from shared.core.fractional_gpus import preferable_gpus
 from shared.core.plugins.points import Code, Refusal
 from shared.core.scoring import fitting_gpus, measured, usable_whole_gpus
 from shared.core.tasks import PODS, TaskState
