@@ -34,7 +34,7 @@ from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import Handler, ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
 from shared.bus.operations import OperationsCollector, as_counters
-from shared.bus.tasks import run_bounded, stop_tasks
+from shared.bus.tasks import run_bounded, set_up, stop_tasks
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat, encode
 from shared.errors import ConfigError, KairosError
@@ -267,14 +267,19 @@ async def _serve(
         # Each step's undo is registered as soon as the step is done, so a failure or a cancellation at any
         # step (or the body's return) undoes what was set up, in reverse: the heartbeats stopped, the health
         # subscription ended, the connection drained. Every undo ends, however often it is cancelled.
-        bus = await connect(
-            config.nats_url,
-            f"kairos-{service}-{config.replica}",
-            config.credentials,
-            replicas=config.nats_replicas,
+        logger = logging.getLogger(f"kairos.{service}")  # as `ctx.log`, before there is a `ctx`
+        # Out of a cancel's reach (`set_up`): a connection cancelled halfway would leave its tasks running.
+        bus = await set_up(
+            lambda: connect(
+                config.nats_url,
+                f"kairos-{service}-{config.replica}",
+                config.credentials,
+                replicas=config.nats_replicas,
+            ),
+            lambda bus: _close(bus, logger),
         )
+        stack.push_async_callback(_close, bus, logger)
         ctx = ServiceContext(service, config, bus, metrics=metrics, routes=routes)
-        stack.push_async_callback(_close, ctx)
         metrics.registry.register(OperationsCollector())
         probes.target = ctx
         loop = asyncio.get_running_loop()
@@ -304,12 +309,12 @@ async def _unsubscribe(sub: Subscription) -> None:
     await run_bounded(sub.unsubscribe())
 
 
-async def _close(ctx: ServiceContext) -> None:
+async def _close(bus: Bus, log: logging.Logger) -> None:
     """The connection drained, or closed without draining past `CLOSE_DEADLINE_S`."""
-    if await run_bounded(ctx.bus.close(), CLOSE_DEADLINE_S):
+    if await run_bounded(bus.close(), CLOSE_DEADLINE_S):
         return
-    ctx.log.warning("the connection did not drain (in %.0f s); closed without it", CLOSE_DEADLINE_S)
-    await run_bounded(ctx.bus.nc.close(), CLOSE_DEADLINE_S)
+    log.warning("the connection did not drain (in %.0f s); closed without it", CLOSE_DEADLINE_S)
+    await run_bounded(bus.nc.close(), CLOSE_DEADLINE_S)
 
 
 async def _run_body(ctx: ServiceContext, body: Body) -> None:

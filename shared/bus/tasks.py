@@ -91,21 +91,24 @@ async def _end(
 ) -> bool:
     """`stop_tasks`; with `cancel_ends_grace` False the caller's cancel does not shorten the grace either
     (a step that must run to its end)."""
-    pending = {task for task in tasks if not task.done()}
     loop = asyncio.get_running_loop()
     interrupted = False
+
+    def running() -> set[asyncio.Future[Any]]:
+        # Asked afresh at each turn: a wait the caller's cancel interrupted said nothing of what ended.
+        return {task for task in tasks if not task.done()}
+
     deadline = loop.time() + grace
-    while pending and not (interrupted and cancel_ends_grace) and (left := deadline - loop.time()) > 0:
+    while (pending := running()) and not (interrupted and cancel_ends_grace) and loop.time() < deadline:
         try:
-            _, pending = await asyncio.wait(pending, timeout=left)
+            await asyncio.wait(pending, timeout=deadline - loop.time())
         except asyncio.CancelledError:
             interrupted = True
     deadline = loop.time() + bound
-    while pending:
-        for task in pending:
-            task.cancel()
-        left = deadline - loop.time()
-        if left <= 0:
+    recancel = loop.time()
+    while pending := running():
+        now = loop.time()
+        if now >= deadline:
             log.error(
                 "%d task(s) still running %.1f s after being cancelled, left behind: %s",
                 len(pending),
@@ -113,8 +116,12 @@ async def _end(
                 pending,
             )
             break
+        if now >= recancel:  # every RECANCEL_S, however often the caller is cancelled meanwhile
+            for task in pending:
+                task.cancel()
+            recancel = now + RECANCEL_S
         try:
-            _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
+            await asyncio.wait(pending, timeout=min(recancel, deadline) - now)
         except asyncio.CancelledError:
             interrupted = True
     for task in tasks:
