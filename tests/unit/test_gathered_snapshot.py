@@ -25,21 +25,28 @@ POOL: list[SnapshotObject] = [
     Topology(name="rack", levels=("rack",)),
     Namespace(name="ml"),
 ]
-KEYS = [f"k{i}" for i in range(6)]
 
-operations = st.lists(
-    st.tuples(st.sampled_from(KEYS), st.none() | st.sampled_from(POOL)), max_size=30
-)  # (key, object): put it under the key; (key, None): remove the key
+
+def key_of(obj: SnapshotObject) -> str:
+    """The object's key as the state bucket names it: its kind and its name (a pod's and a podgroup's
+    namespaced key), so one key holds one object's versions and two objects never share a name."""
+    name = getattr(obj, "key", None) or getattr(obj, "name", "")
+    return f"{type(obj).__name__.lower()}.{name() if callable(name) else name}"
+
+
+operations = st.lists(st.tuples(st.sampled_from(POOL), st.booleans()), max_size=30)
+"""(object, False): put it under its key (replacing what the key held); (object, True): remove its key."""
 
 
 @given(operations)
 def test_a_snapshot_kept_up_to_date_is_the_one_gathered_afresh(
-    ops: list[tuple[str, SnapshotObject | None]],
+    ops: list[tuple[SnapshotObject, bool]],
 ) -> None:
     gathered = Gathered()
     held: dict[str, SnapshotObject] = {}
-    for key, obj in ops:
-        if obj is None:
+    for obj, remove in ops:
+        key = key_of(obj)
+        if remove:
             held.pop(key, None)
             gathered.remove(key)
         else:
