@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from shared.bus.lease import LeaseKeeper
 from shared.bus.members import Members
 from shared.bus.shard_spread import preferred
+from shared.bus.tasks import stop_tasks
 
 __all__ = ["HANDOVER_DRAIN_S", "STEP_TIMEOUT_S", "TAKEOVER_DELAY_S", "Ownership"]
 
@@ -106,12 +107,7 @@ class Ownership:
         task, self._task = self._task, None
         if task is None:
             return
-        if timeout > 0:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(task), timeout)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_tasks([task], grace=timeout)  # cancelled again until it ends: `shared.bus.tasks`
 
     async def keep(self) -> None:
         """Until `stopping`: one step every lease interval, `on_leadership` on every change."""
