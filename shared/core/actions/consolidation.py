@@ -49,11 +49,7 @@ def run(ssn: Session) -> None:
             # Consolidation re-places every pod it moves, so no queue's allocation changes: a job its
             # queue's limit (or non-preemptible quota) holds back stays held back whatever moves.
             continue
-        ssn.count("considered")
-        solution = attempt(ssn, job, index)
-        if solution.solved and solution.stmt is not None:
-            index.refresh_after(solution.stmt.commit())
-            ssn.count("scheduled")
+        index.take_turn(job, attempt)
 
 
 def all_pods_reallocated(scenario: ByNodeScenario) -> bool:

@@ -37,11 +37,7 @@ def run(ssn: Session) -> None:
     for job in order.drain():
         if not fits_some_node_when_empty(ssn, job):
             continue
-        ssn.count("considered")
-        solution = attempt(ssn, job, index)
-        if solution.solved and solution.stmt is not None:
-            index.refresh_after(solution.stmt.commit())
-            ssn.count("scheduled")
+        index.take_turn(job, attempt)
 
 
 def is_candidate(ssn: Session, job: JobState) -> bool:

@@ -40,11 +40,7 @@ def run(ssn: Session) -> None:
             ssn, reclaimer_info(ssn, job)
         ):
             continue
-        ssn.count("considered")
-        solution = attempt(ssn, job, index)
-        if solution.solved and solution.stmt is not None:
-            index.refresh_after(solution.stmt.commit())
-            ssn.count("scheduled")
+        index.take_turn(job, attempt)
 
 
 def attempt(ssn: Session, job: JobState, index: JobIndex | None = None) -> JobSolution:

@@ -33,6 +33,10 @@ from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
     from shared.core.session import Decisions, Session
+    from shared.core.solver.job_solver import JobSolution
+
+    Attempt = Callable[[Session, JobState, "JobIndex"], JobSolution]
+    """A victim action's try at one job: its solution, not yet committed."""
 
 
 def clone_job(
@@ -386,6 +390,16 @@ class JobIndex:
         touched += [t.job for t, _ in decisions.pipelines]
         touched += [t.job for t, _, _ in decisions.evictions]
         self.refresh(touched)
+
+    def take_turn(self, job: JobState, attempt: Attempt) -> None:
+        """One job's turn in a victim action (preempt, reclaim, consolidation): counted as considered,
+        `attempt` run, and a solution found committed, the index re-filed from what it touched, and
+        counted as scheduled."""
+        self.ssn.count("considered")
+        solution = attempt(self.ssn, job, self)
+        if solution.solved and solution.stmt is not None:
+            self.refresh_after(solution.stmt.commit())
+            self.ssn.count("scheduled")
 
     def victims(
         self, keep: Callable[[JobState], bool] | None = None, queues: Iterable[str] | None = None
