@@ -335,26 +335,21 @@ class VictimFilters(Generic[S]):
         self._filters = filters
 
     def keep(self, attacker: JobState, victim: JobState) -> bool:
-        if self._broken:
-            return False
-        for victim_filter in self._filters:
-            try:
-                if not victim_filter.keep(self._ssn, self._action, attacker, victim):
-                    return False
-            except Exception as exc:  # noqa: BLE001
-                self._fail(victim_filter, "keep", exc)
-                return False
-        return True
+        return self._every("keep", attacker, victim)
 
     def validate(self, attacker: JobState, victims: Sequence[tuple[JobState, Sequence[TaskState]]]) -> bool:
+        return self._every("validate", attacker, victims)
+
+    def _every(self, method: str, *args: object) -> bool:
+        """Every filter's `method` says yes; one that raises says no and is named in the cycle's errors."""
         if self._broken:
             return False
         for victim_filter in self._filters:
             try:
-                if not victim_filter.validate(self._ssn, self._action, attacker, victims):
+                if not getattr(victim_filter, method)(self._ssn, self._action, *args):
                     return False
             except Exception as exc:  # noqa: BLE001
-                self._fail(victim_filter, "validate", exc)
+                self._fail(victim_filter, method, exc)
                 return False
         return True
 
