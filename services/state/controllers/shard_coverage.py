@@ -31,7 +31,7 @@ from shared.contracts.subjects import DEFAULT_SHARD
 from shared.core.node_pool import EVERYTHING, NodePool
 from shared.kube import wire
 from shared.kube.quantity import rfc3339
-from shared.model import PodStatus, Snapshot
+from shared.model import PodGroup, PodStatus, Snapshot
 
 __all__ = [
     "EMPTY_NODE_POOL",
@@ -67,6 +67,10 @@ class Unserved:
     reason: str
     message: str
 
+    @classmethod
+    def of(cls, group: PodGroup, reason: str, message: str) -> Unserved:
+        return cls(group.key, group.namespace, group.name, group.queue, reason, message)
+
 
 def pools(records: Mapping[str, ShardRecord]) -> dict[str, NodePool]:
     """Every shard's node pool: each record's, and the default shard's (everything, without a record)."""
@@ -98,13 +102,8 @@ def unserved(snapshot: Snapshot, records: Mapping[str, ShardRecord], label_key: 
                 else f"no SchedulingShard schedules podgroups without the node-pool label {label_key}"
             )
             out.append(
-                Unserved(
-                    group.key,
-                    group.namespace,
-                    group.name,
-                    group.queue,
-                    NO_SCHEDULING_SHARD,
-                    f"podgroup {group.key}: {what}: no shard will schedule it",
+                Unserved.of(
+                    group, NO_SCHEDULING_SHARD, f"podgroup {group.key}: {what}: no shard will schedule it"
                 )
             )
             continue
@@ -115,11 +114,8 @@ def unserved(snapshot: Snapshot, records: Mapping[str, ShardRecord], label_key: 
         pool = by_shard[shard]
         if not pool.selects(queue.labels):
             out.append(
-                Unserved(
-                    group.key,
-                    group.namespace,
-                    group.name,
-                    group.queue,
+                Unserved.of(
+                    group,
                     QUEUE_NOT_IN_NODE_POOL,
                     f"podgroup {group.key}: queue {group.queue} is not in node pool {pool.name!r} of "
                     f"SchedulingShard {shard!r} ({_label(pool.label_key, queue.labels)} on the queue): the "
