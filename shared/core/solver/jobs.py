@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,9 +33,21 @@ from shared.model.status import ACTIVE_ALLOCATED, ALIVE, PodStatus
 if TYPE_CHECKING:
     from shared.core.cluster import NodeState
     from shared.core.session import Decisions, Session
-    from shared.core.solver.job_solver import JobSolution
 
-    Attempt = Callable[[Session, JobState, "JobIndex"], JobSolution]
+    class _Commit(Protocol):
+        def commit(self) -> Decisions: ...
+
+    class _Solution(Protocol):
+        """What `take_turn` reads of a solution (`shared.core.solver.job_solver.JobSolution`, which
+        imports this module: named by its shape here, not imported)."""
+
+        @property
+        def solved(self) -> bool: ...
+
+        @property
+        def stmt(self) -> _Commit | None: ...
+
+    Attempt = Callable[[Session, JobState, "JobIndex"], _Solution]
     """A victim action's try at one job: its solution, not yet committed."""
 
 
