@@ -31,7 +31,7 @@ import msgspec
 from shared.errors import ConfigError
 from shared.kube.values import shown
 
-__all__ = ["MAX_SECONDS", "Count", "NonNegativeSeconds", "Seconds", "none_as", "read_options"]
+__all__ = ["MAX_SECONDS", "Count", "NonBlank", "NonNegativeSeconds", "Seconds", "none_as", "read_options"]
 
 MAX_SECONDS = 365 * 24 * 3600.0
 """The longest duration an option takes: a year. It bounds `Seconds` so that "inf" is refused."""
@@ -44,6 +44,9 @@ NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 
 Count = Annotated[int, msgspec.Meta(ge=1)]
 """A whole number of at least 1."""
+
+NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
+"""Text with at least one character other than white space."""
 
 
 def none_as(word: str) -> msgspec.Meta:
@@ -62,6 +65,7 @@ _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`")
 _MISSING = re.compile(r"Object missing required field `(?P<name>[^`]*)`")
 _EXPECTED = re.compile(r"^Expected `(?P<type>\w+(?: \| \w+)*)`(?P<bound>[^,]*)(?:, got `\w+`)?$")
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "text"}
+_BOUND_WORDS = {"matching regex '\\\\S'": "that is not blank"}
 
 
 def read_options(owner: str, cls: type[S], options: Mapping[str, Any]) -> S:
@@ -102,6 +106,7 @@ def _explain(message: str, cls: type[msgspec.Struct], values: Mapping[str, Any])
         ]
         kind = " or ".join(kinds)
         bound = expected["bound"].strip()
+        bound = _BOUND_WORDS.get(bound, bound)
         return f"option {prefix!r}: expected {kind}{' ' + bound if bound else ''}{got}"
     return f"option {prefix!r}: {what[:1].lower()}{what[1:]}{got}"
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.errors import ConfigError
-from shared.options import Count, NonNegativeSeconds, Seconds, none_as, read_options
+from shared.options import Count, NonBlank, NonNegativeSeconds, Seconds, none_as, read_options
 
 
 class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -23,6 +23,7 @@ class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     image: Annotated[str, msgspec.Meta(min_length=1)] = "pause"
     batch: Annotated[Count | None, none_as("all")] = None
     limit: Count | None = None
+    name: NonBlank = "x"
 
 
 def test_text_options_become_typed_values() -> None:
@@ -55,11 +56,12 @@ def test_no_options_give_the_defaults() -> None:
         ({"batch": "some"}, "service t: option 'batch': expected a whole number or 'all', got 'some'"),
         ({"batch": "0"}, "service t: option 'batch': expected a whole number >= 1, got '0'"),
         ({"limit": "none"}, "service t: option 'limit': expected a whole number, got 'none'"),
+        ({"name": " \t"}, "service t: option 'name': expected text that is not blank, got ' \\t'"),
         (
             {"perod": "2"},
             (
                 "service t: unknown option 'perod' "
-                "(known: attempts, batch, cluster, grace, image, limit, period, strict)"
+                "(known: attempts, batch, cluster, grace, image, limit, name, period, strict)"
             ),
         ),
     ],
