@@ -49,7 +49,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -76,9 +76,9 @@ from shared.contracts.messages import (
     NodeRecord,
     Proposal,
 )
-from shared.errors import ConfigError
 from shared.kubeapi.client import Kube, connect
 from shared.model import Pod, PodGroup
+from shared.options import Count, NonBlank, NonNegativeSeconds, Seconds, read_options
 from shared.plugin_loader import load_registry
 from shared.telemetry.metrics import BinderMetrics
 from shared.telemetry.metrics_kv import CountedKv
@@ -90,31 +90,31 @@ SERVICE = "binder"
 
 
 class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    batch: int = 16
-    fetch_timeout: float = 1.0
-    cluster_timeout: float = 2.0
-    cluster_attempts: int = 5
-    recovery_grace: float = 10.0
-    recovery_interval: float = 2.0
-    keepalive: float = 10.0
+    batch: Count = 16
+    fetch_timeout: Seconds = 1.0
+    cluster_timeout: Seconds = 2.0
+    cluster_attempts: Count = 5
+    recovery_grace: NonNegativeSeconds = 10.0
+    recovery_interval: Seconds = 2.0
+    keepalive: Seconds = 10.0
     """Seconds between in-progress acks while one proposal is handled (the consumer's ack wait is 30 s)."""
-    conflicts: str = "revision"
+    conflicts: Literal["revision", "fit"] = "revision"
     """`revision`: any change to a node's ledger key since placement read it rejects the proposal.
     `fit`: a moved node is re-checked (room, then every filter of the core on the node as the ledger now
     holds it: `services.binder.fit`) and the proposal commits if the node still takes its pods; what
     cannot be re-checked (pods sharing a GPU, MIG nodes) conflicts as under `revision`."""
-    commit_timeout: float = COMMIT_TIMEOUT_S
+    commit_timeout: Seconds = COMMIT_TIMEOUT_S
     """Seconds a binder gives itself to finish a proposal's ledger commit; past it, it takes the commit
     back instead of binding, and another binder's recovery scan may take back what it left."""
-    cluster: str = "nats"
+    cluster: Literal["nats", "kube"] = "nats"
     """`nats`: bind and evict by asking the state service (the simulated in-memory cluster).
     `kube`: call the Kubernetes API (pods/binding, the Eviction API) with `kubeconfig`."""
     kubeconfig: str = ""
     """The kubeconfig file for `cluster=kube` (default: env KUBECONFIG, else the in-cluster account)."""
-    stop_grace: float = 3.0
+    stop_grace: NonNegativeSeconds = 3.0
     """Seconds a proposal in progress may take to finish after SIGTERM before it is abandoned (its claims
     stay; the recovery scan of any binder completes or removes them, as after a crash)."""
-    reservation_image: str = "kairos"
+    reservation_image: NonBlank = "kairos"
     """Image of the GPU reservation pods (it runs `reservation_command`); Kairos's own image has it."""
     reservation_command: str = "python -m services.gpu_agent.reservation"
     """The reservation container's command, split on spaces (empty: the image's entrypoint)."""
@@ -123,19 +123,19 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reservation_runtime_class: str = ""
     """RuntimeClass of the reservation pods (empty: the node's default, which exposes the NVIDIA devices
     on clusters using the GPU operator's default runtime)."""
-    reservation_timeout: float = 60.0
+    reservation_timeout: Seconds = 60.0
     """Seconds a reservation pod may take to report its device (image pull, kubelet admission) before it
     is deleted and the bind retried, as KAI waits."""
-    reservation_attempts: int = 3
+    reservation_attempts: Count = 3
     """Reservation tries of one fractional bind (each up to `reservation_timeout`) before the binder gives
     it up: a Warning Event on the pod says why, and its claim and reservation are released."""
-    reservation_sync: float = 30.0
+    reservation_sync: Seconds = 30.0
     """Seconds between syncs of reservations and sharers' ConfigMaps; a finished sharer is also seen at once
     through a watch, so this only bounds how long a missed change or a deleted object lasts."""
-    reservation_grace: float = 5.0
+    reservation_grace: NonNegativeSeconds = 5.0
     """Seconds a reservation pod without a live sharer is kept (a binder may be between creating it and
     binding its pod), and a finished sharer's groups wait before they are synced."""
-    volume_bind_timeout: float = BIND_TIMEOUT_S
+    volume_bind_timeout: Seconds = BIND_TIMEOUT_S
     """With `cluster=kube`: seconds a bind waits, after its volume writes, for the pod's claims to be bound
     (the volume controller, the provisioner) before it is refused and undone, so the pod goes back to the
     scheduler (KAI's volumebinding ``bindTimeoutSeconds``; kube-scheduler's default is 600)."""
@@ -167,34 +167,8 @@ class BinderOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 def parse_options(options: dict[str, str]) -> BinderOptions:
-    try:
-        parsed = msgspec.convert(options, BinderOptions, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"service {SERVICE}: option {exc}") from exc
-    if parsed.cluster not in ("nats", "kube"):
-        raise ConfigError(
-            f"service {SERVICE}: option 'cluster': expected nats or kube, got {parsed.cluster!r}"
-        )
-    if parsed.conflicts not in ("revision", "fit"):
-        raise ConfigError(
-            f"service {SERVICE}: option 'conflicts': expected revision or fit, got {parsed.conflicts!r}"
-        )
-    if not parsed.reservation_image.strip():
-        raise ConfigError(f"service {SERVICE}: option 'reservation_image': must not be empty")
-    for name in (
-        "reservation_timeout",
-        "reservation_sync",
-        "commit_timeout",
-        "reservation_attempts",
-        "volume_bind_timeout",
-    ):
-        if getattr(parsed, name) <= 0:
-            raise ConfigError(f"service {SERVICE}: option {name!r}: must be > 0, got {getattr(parsed, name)}")
-    if parsed.reservation_grace < 0:
-        raise ConfigError(
-            f"service {SERVICE}: option 'reservation_grace': must be >= 0, got {parsed.reservation_grace}"
-        )
-    return parsed
+    """`options` (``--set`` text) as `BinderOptions`; a `ConfigError` naming the option and the value."""
+    return read_options(f"service {SERVICE}", BinderOptions, options)
 
 
 class _Capacities:

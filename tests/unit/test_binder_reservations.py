@@ -244,15 +244,18 @@ def test_the_reservation_options_have_kais_defaults_and_split_the_command() -> N
 
 
 @pytest.mark.parametrize(
-    ("options", "field"),
+    ("options", "message"),
     [
-        ({"reservation_timeout": "soon"}, "reservation_timeout"),
-        ({"reservation_timeout": "0"}, "reservation_timeout"),
-        ({"reservation_sync": "-1"}, "reservation_sync"),
-        ({"reservation_grace": "-1"}, "reservation_grace"),
-        ({"reservation_image": " "}, "reservation_image"),
+        ({"reservation_timeout": "soon"}, "option 'reservation_timeout': expected a number, got 'soon'"),
+        ({"reservation_timeout": "0"}, "option 'reservation_timeout': expected a number > 0.0, got '0'"),
+        ({"reservation_sync": "-1"}, "option 'reservation_sync': expected a number > 0.0, got '-1'"),
+        ({"reservation_grace": "-1"}, "option 'reservation_grace': expected a number >= 0.0, got '-1'"),
+        ({"reservation_image": " "}, "option 'reservation_image': expected text that is not blank, got ' '"),
     ],
 )
-def test_a_bad_reservation_option_is_refused_naming_it(options: dict[str, str], field: str) -> None:
-    with pytest.raises(ConfigError, match=field):
+def test_a_bad_reservation_option_is_refused_naming_it_and_the_value(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
         parse_options(options)
+    assert str(refused.value) == f"service binder: {message}"

@@ -103,10 +103,17 @@ def test_a_fractional_bind_gets_three_tries_unless_the_binder_option_says_otherw
     assert parse_options({"reservation_attempts": "1"}).reservations().attempts == 1
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "many"])
-def test_a_bad_number_of_tries_is_refused_naming_the_option(value: str) -> None:
-    with pytest.raises(ConfigError, match="reservation_attempts"):
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0", "a whole number >= 1"), ("-1", "a whole number >= 1"), ("many", "a whole number")],
+)
+def test_a_bad_number_of_tries_is_refused_naming_the_option_and_the_value(value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as refused:
         parse_options({"reservation_attempts": value})
+    assert (
+        str(refused.value)
+        == f"service binder: option 'reservation_attempts': expected {expected}, got {value!r}"
+    )
 
 
 def test_a_bind_given_up_takes_back_every_label_and_annotation_its_sharer_patch_wrote() -> None:
