@@ -1,8 +1,10 @@
-"""The mirror's two flushes agree: whatever sequence of watch events arrives, the mirror that flushed only what
+"""The mirror's flushes agree: whatever sequence of watch events arrives, the mirror that flushed only what
 each one changed holds what a mirror that listed the final objects and flushed everything holds.
 
-This is the property a full flush that goes through the incremental path has to keep (issue 32): the
-incremental flush (`Mirror._changed`) and the full one (`Mirror.desired`) are two computations of one diff.
+One path computes both (`Mirror._recompute`); a full flush marks every object dirty and recomputes the
+queues and topologies too. The sequences change queues and relist pods (each a full flush in the middle of
+incremental ones), and a mirror that starts from what KV held before (`adopt`) ends with exactly what a
+fresh one writes: KV loses what nothing produces any more.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, PRIO
 from tests.unit.test_state_mirror import NOW, namespace, node, pod, podgroup, queue
 
 POD_NAMES = ("p0", "p1", "p2")
+RELIST = "relist"
+"""An event that lists the pods afresh (the objects as they are): a full flush."""
 GROUP_NAMES = ("g1", "g2")
 
 
@@ -47,6 +51,8 @@ events = st.one_of(
     ),
     st.tuples(st.just(NODES), st.sampled_from(("n1", "n2")), st.one_of(st.none(), st.sampled_from((4, 8)))),
     st.tuples(st.just(NAMESPACES), st.just("team"), st.one_of(st.none(), st.sampled_from(("a", "b")))),
+    st.tuples(st.just(QUEUES), st.just("research"), st.one_of(st.none(), st.sampled_from(("org", "ghost")))),
+    st.tuples(st.just(RELIST), st.just(PODS), st.none()),
 )
 
 
@@ -57,38 +63,84 @@ def raw(kind: str, name: str, variant: Any) -> bytes:
         return podgroup(name, variant)
     if kind == NODES:
         return node(name, gpus=variant)
+    if kind == QUEUES:
+        return queue(name, variant)
     return namespace(name, {"tier": variant})
+
+
+def initial() -> dict[tuple[str, str], bytes]:
+    return {(QUEUES, "org"): queue("org"), (QUEUES, "research"): queue("research", "org")}
 
 
 def listed(objects: dict[tuple[str, str], bytes]) -> Mirror:
     m = Mirror()
-    m.relist(QUEUES, [queue("org"), queue("research", "org")])
     m.relist(PRIORITY_CLASSES, [])
-    for kind in (NAMESPACES, NODES, PODGROUPS, PODS):
-        m.relist(kind, [data for (each, _), data in sorted(objects.items()) if each == kind])
+    for kind in (QUEUES, NAMESPACES, NODES, PODGROUPS, PODS):
+        m.relist(kind, of_kind(objects, kind))
     return m
+
+
+def of_kind(objects: dict[tuple[str, str], bytes], kind: str) -> list[bytes]:
+    return [data for (each, _), data in sorted(objects.items()) if each == kind]
+
+
+def play(mirror: Mirror, objects: dict[tuple[str, str], bytes], sequence: list[tuple[str, str, Any]]) -> None:
+    """Feed `sequence` to `mirror`, flushing after each event; `objects` ends holding the final objects."""
+    for kind, name, variant in sequence:
+        if kind == RELIST:
+            mirror.relist(name, of_kind(objects, name))
+            mirror.flush(NOW)
+            continue
+        before = objects.get((kind, name))
+        if variant is None:
+            if before is None:
+                continue
+            del objects[(kind, name)]
+            mirror.change(kind, "DELETED", before)
+        else:
+            objects[(kind, name)] = raw(kind, name, variant)
+            mirror.change(kind, "ADDED" if before is None else "MODIFIED", objects[(kind, name)])
+        mirror.flush(NOW)
+
+
+def assert_same(mirror: Mirror, full: Mirror) -> None:
+    assert mirror.current == full.current
+    assert mirror.held == full.held
+    assert mirror.problems == full.problems
+    assert mirror.reportable() == full.reportable()
 
 
 @given(st.lists(events, max_size=25))
 def test_flushing_each_change_ends_where_one_full_flush_of_the_final_objects_does(
     sequence: list[tuple[str, str, Any]],
 ) -> None:
-    objects: dict[tuple[str, str], bytes] = {}
+    objects = initial()
     incremental = listed(objects)
     incremental.flush(NOW)
-    for kind, name, variant in sequence:
-        before = objects.get((kind, name))
-        if variant is None:
-            if before is None:
-                continue
-            del objects[(kind, name)]
-            incremental.change(kind, "DELETED", before)
-        else:
-            objects[(kind, name)] = raw(kind, name, variant)
-            incremental.change(kind, "ADDED" if before is None else "MODIFIED", objects[(kind, name)])
-        incremental.flush(NOW)
+    play(incremental, objects, sequence)
     full = listed(objects)
     full.flush(NOW)
-    assert incremental.current == full.current
-    assert incremental.held == full.held
-    assert incremental.problems == full.problems
+    assert_same(incremental, full)
+
+
+@given(st.lists(events, max_size=15), st.lists(events, max_size=15))
+def test_a_mirror_that_adopts_what_kv_held_writes_what_a_fresh_one_does_and_removes_the_rest(
+    before: list[tuple[str, str, Any]], after: list[tuple[str, str, Any]]
+) -> None:
+    earlier = initial()
+    previous = listed(earlier)
+    previous.flush(NOW)
+    play(previous, earlier, before)
+    objects = initial()
+    play(listed(objects), objects, after)
+    restarted = listed(objects)
+    restarted.adopt(previous.current)
+    changes = restarted.flush(NOW)
+    full = listed(objects)
+    full.flush(NOW)
+    assert_same(restarted, full)
+    assert {c.key for c in changes} == {
+        key
+        for key in previous.current.keys() | full.current.keys()
+        if previous.current.get(key) != full.current.get(key)
+    }

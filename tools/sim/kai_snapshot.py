@@ -101,8 +101,8 @@ def read_kai_snapshot(data: bytes, name: str, *, captured_at: float) -> KaiImpor
         mirror.storage.relist(kind, _items(raw, key, name))
     for key, kind in DRA_KINDS.items():
         mirror.dra.relist(kind, _items(raw, key, name))
-    objects = mirror.desired(captured_at)
-    cluster = snapshot_of(objects.values())
+    mirror.flush(captured_at)
+    cluster = snapshot_of(mirror.current.values())
     policy = _policy(document.get("config"), name)
     captured = CapturedSnapshot(
         header=Header(

@@ -139,7 +139,8 @@ class Mirror:
     problems: dict[str, str] = field(default_factory=dict)
     """Object ("pod ns/name", "queue q") -> what is wrong with it (it did not decode or translate)."""
     held: dict[str, str] = field(default_factory=dict)
-    """Object -> why it is held back from KV although it translates (recomputed by every `desired`)."""
+    """Object -> why it is held back from KV although it translates (recomputed with the object: a queue's by
+    every full flush, a podgroup's or a pod's whenever it is dirty)."""
     stages: StageVerdicts = field(default_factory=StageVerdicts)
     """The verdicts of the podgroups with `kairos.io/after`."""
     gpus: GpuOverlay = field(default_factory=GpuOverlay)
@@ -160,9 +161,10 @@ class Mirror:
     _cache: dict[str, tuple[object, object]] = field(default_factory=dict)
     """Object label -> (what it was translated from, its last good translation)."""
     _full: bool = True
-    """The next flush recomputes everything (`desired`): at start, after a relist, and when a queue, priority
-    class or topology changed (they reach every podgroup). Otherwise a flush recomputes only the podgroups,
-    pods, nodes and namespaces that changed, and what depends on them (a namespace: nothing else)."""
+    """The next flush recomputes everything (it marks every object dirty: `_mark_everything`): at start,
+    after a relist, and when a queue, priority class or topology changed (they reach every podgroup).
+    Otherwise a flush recomputes only the podgroups, pods, nodes and namespaces that changed, and what
+    depends on them (a namespace: nothing else)."""
     full_flushes: int = 0
     """Flushes that recomputed everything (the rest recomputed only what changed)."""
     _queues: dict[str, Queue] = field(default_factory=dict)
@@ -364,83 +366,27 @@ class Mirror:
                 out.append(pod)
         return out
 
-    def desired(self, now: float) -> dict[str, Obj]:
-        """Every model object KV should hold now, by KV key (recomputed from the raw objects); `now` (epoch
-        seconds, the agents' clock) decides which GPU inventories are stale."""
-        out: dict[str, Obj] = {}
-        self.held = {}
-        self._held_reasons = {}
-        self._keys = {}
-        self._pod_keys = {}
-        self.foreign.reset()
-        for raw_namespace in self.raw.namespaces.values():
-            namespace = translate.namespace_of(raw_namespace)
-            out[key_of(namespace)] = namespace
-        for topology in self.raw.topologies.values():
-            translated = self._translate(
-                "topology", _name_of(topology), topology, partial(translate.topology_of, topology)
-            )
-            if translated is not None:
-                out[key_of(translated)] = translated
-        queues = self._valid_queues()
-        for queue in queues.values():
-            out[key_of(queue)] = queue
-        groups: dict[str, PodGroup] = {}
-        translate_group = self._podgroup_translator()
-        for name, raw_group in self.raw.podgroups.items():
-            group = translate_group(name, raw_group)
-            if group is None:
-                continue
-            if not self._may_schedule(name, group, queues):
-                continue
-            groups[name] = group
-            self._keys[("podgroup", name)] = key_of(group)
-            out[key_of(group)] = group
-        for name, raw_pod in self.raw.pods.items():
-            pod = self._pod(name, raw_pod, groups)
-            if isinstance(pod, Pod):
-                self._pod_keys[name] = key_of(pod)
-                out[key_of(pod)] = pod
-            elif pod is not None:
-                self.foreign.count(name, *pod)
-        for name in self.raw.nodes:
-            node = self._node(name, self.foreign.on(name), now)
-            if node is not None:
-                self._keys[("node", name)] = key_of(node)
-                out[key_of(node)] = node
-        out.update(self.storage.objects)
-        self.storage.dirty.clear()
-        out.update(self.dra.objects)
-        self.dra.dirty.clear()
-        self._queues = queues
-        self._recount.update(self._groups.keys() | groups.keys())
-        self._groups = groups
-        return out
-
     def flush(self, now: float) -> list[Change]:
-        """The changes that bring KV from `current` to `desired(now)`; `current` then equals the latter."""
+        """The changes that bring KV from `current` to what the mirror's objects make of it now (`now`: epoch
+        seconds, the agents' clock, decides which GPU inventories are stale); `current` then holds it.
+
+        One path computes every flush (`_recompute`): a full one (`_full`) marks every object dirty
+        (`_mark_everything`), recomputes the queues and topologies too, and removes from KV whatever it
+        held that nothing produced (objects adopted from KV that are gone, removed queues and topologies)."""
         if not any(self._dirty.values()) and not self.storage.dirty and not self.dra.dirty:
             return []
         self._dirty[PODGROUPS].update(self.stages.decide(self.raw.podgroups, self.raw.jobs, self.members))
-        if self._full:
-            for dirty in self._dirty.values():
-                dirty.clear()
+        full = self._full
+        if full:
             self._full = False
             self.full_flushes += 1
-            want = self.desired(now)
-            changes = [
-                Change(key, self.current.get(key), obj)
-                for key, obj in want.items()
-                if self.current.get(key) != obj
-            ]
-            changes += [Change(key, obj, None) for key, obj in self.current.items() if key not in want]
-            self.current = want
-            return changes
-        # Only namespaces, podgroups, pods and nodes changed: recompute those (and the pods of changed podgroups, the
-        # nodes whose foreign usage moved), not the whole cluster on every flush.
-        touched = self._changed(now)
+            self._mark_everything()
+        touched = self._recompute(now, full)
         for dirty in self._dirty.values():
             dirty.clear()
+        if full:
+            for key in [key for key in self.current if key not in touched]:
+                touched[key] = None
         changes = []
         for key, obj in touched.items():
             before = self.current.get(key)
@@ -527,11 +473,28 @@ class Mirror:
         )
 
     # --- helpers ----------------------------------------------------------------------------------------
-    def _changed(self, now: float) -> dict[str, Obj | None]:
-        """What KV should hold under the keys the dirty namespaces, podgroups, pods and nodes touch (None:
-        nothing), with the bookkeeping of `desired` kept up to date; everything else stays as it is."""
+    def _mark_everything(self) -> None:
+        """Mark every object dirty for a full flush: those the mirror holds, and those the last flush wrote
+        (an object that went was marked when it went; these are marked again so its key and what it counted
+        go whatever the way it went)."""
+        self._dirty[NAMESPACES].update(self.raw.namespaces)
+        self._dirty[PODGROUPS].update(self.raw.podgroups.keys() | self._groups.keys())
+        self._dirty[PODS].update(self.raw.pods.keys() | self._pod_keys.keys())
+        self._dirty[NODES].update(self.raw.nodes)
+        self._dirty[NODES].update(name for kind, name in self._keys if kind == "node")
+        self.storage.dirty.update(self.storage.objects)
+        self.dra.dirty.update(self.dra.objects)
+
+    def _recompute(self, now: float, full: bool) -> dict[str, Obj | None]:
+        """What KV should hold under the keys the dirty objects touch (None: nothing), with the bookkeeping
+        (keys, holds, foreign pods, the podgroups in KV) kept up to date; everything else stays as it is.
+        Namespaces, podgroups, pods and nodes are recomputed when dirty (and the pods of a dirty podgroup, the
+        nodes whose foreign usage moved); the queues and topologies, which reach every podgroup, only by a
+        `full` flush, which marks every object dirty."""
         out: dict[str, Obj | None] = dict(self.storage.drain())
         out.update(self.dra.drain())
+        if full:
+            self._recompute_cluster_wide(out)
         for name in self._dirty[NAMESPACES]:
             raw_namespace = self.raw.namespaces.get(name)
             out[s.namespace_key(name)] = (
@@ -610,6 +573,20 @@ class Mirror:
     def _release(self, label: str) -> None:
         self.held.pop(label, None)
         self._held_reasons.pop(label, None)
+
+    def _recompute_cluster_wide(self, out: dict[str, Obj | None]) -> None:
+        """The topologies and the valid queues into `out`, their holds recomputed (`_queues` kept)."""
+        for topology in self.raw.topologies.values():
+            translated = self._translate(
+                "topology", _name_of(topology), topology, partial(translate.topology_of, topology)
+            )
+            if translated is not None:
+                out[key_of(translated)] = translated
+        for label in [label for label in self.held if label.startswith("queue ")]:
+            self._release(label)
+        self._queues = self._valid_queues()
+        for queue in self._queues.values():
+            out[key_of(queue)] = queue
 
     def _valid_queues(self) -> dict[str, Queue]:
         ordered = sorted(

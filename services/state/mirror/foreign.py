@@ -135,11 +135,6 @@ class ForeignPods:
         )
 
     # --- the totals ---------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Count nothing (every pod is being looked at again)."""
-        self._counted = {}
-        self._on = {}
-
     def count(self, name: str, node: str, held: Footprint) -> None:
         """Pod `name` holds `held` on `node`."""
         self._counted[name] = (node, held)
