@@ -3,9 +3,9 @@
 Called by every service's settings (`services.*`: the Struct each service reads its options into) and by
 the tools that take options the same way. Options arrive as text (``--set period=2``, an environment
 variable); `read_options` converts them with msgspec, which also enforces the bounds a Struct declares on
-its fields (`Seconds`, `Count`, a ``Literal`` of choices, ``msgspec.Meta(ge=...)``, a word for None with
-`none_as`), so a settings class says what it accepts in its types instead of in hand-written checks, and
-every refusal reads the same:
+its fields (`Seconds`, `Count`, `NonBlank`, a ``Literal`` of choices, ``msgspec.Meta(ge=...)``, a word for
+None with `none_as`, what a pattern means in words with `described`), so a settings class says what it
+accepts in its types instead of in hand-written checks, and every refusal reads the same:
 
     service binder: option 'commit_timeout': expected a number > 0, got '-1'
     service binder: option 'cluster': expected one of nats, kube, got 'k8s'
@@ -14,7 +14,7 @@ every refusal reads the same:
 
 A refusal is a `ConfigError` naming the owner, the option (its path inside nested options) and the value
 given, cut short when long (`shared.kube.values.shown`). Text is read as msgspec reads it without
-``strict``: ASCII numbers only ("٣", "1_000" are refused), "true"/"false"/"1"/"0" for booleans; "nan" and
+``strict``: ASCII numbers only ("٣", "1_000" are refused), "true"/"false"/"1"/"0" for booleans (any case); "nan" and
 "inf" are refused by `Seconds` and by any field with both bounds.
 """
 
@@ -31,7 +31,16 @@ import msgspec
 from shared.errors import ConfigError
 from shared.kube.values import shown
 
-__all__ = ["MAX_SECONDS", "Count", "NonBlank", "NonNegativeSeconds", "Seconds", "none_as", "read_options"]
+__all__ = [
+    "MAX_SECONDS",
+    "Count",
+    "NonBlank",
+    "NonNegativeSeconds",
+    "Seconds",
+    "described",
+    "none_as",
+    "read_options",
+]
 
 MAX_SECONDS = 365 * 24 * 3600.0
 """The longest duration an option takes: a year. It bounds `Seconds` so that "inf" is refused."""
@@ -45,8 +54,8 @@ NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 """A whole number of at least 1."""
 
-NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
-"""Text with at least one character other than white space."""
+_NONE_WORD = "kairos.none_as"
+_DESCRIBED = "kairos.described"
 
 
 def none_as(word: str) -> msgspec.Meta:
@@ -56,22 +65,30 @@ def none_as(word: str) -> msgspec.Meta:
     return msgspec.Meta(extra={_NONE_WORD: word})
 
 
-S = TypeVar("S", bound=msgspec.Struct)
+def described(words: str) -> msgspec.Meta:
+    """The metadata of a field whose refusal says what it expects in `words` rather than in msgspec's terms
+    (a pattern, bounds): ``Annotated[str, msgspec.Meta(pattern=...), described("a namespace name")]`` is
+    refused as "expected a namespace name, got 'Kai_System'". For the fields of the Struct read."""
+    return msgspec.Meta(extra={_DESCRIBED: words})
 
-_NONE_WORD = "kairos.none_as"
+
+NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S"), described("text that is not blank")]
+"""Text with at least one character other than white space."""
+
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`")
 _MISSING = re.compile(r"Object missing required field `(?P<name>[^`]*)`")
 _EXPECTED = re.compile(r"^Expected `(?P<type>\w+(?: \| \w+)*)`(?P<bound>[^,]*)(?:, got `\w+`)?$")
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "text"}
-_BOUND_WORDS = {"matching regex '\\\\S'": "that is not blank"}
 
 
 def read_options(owner: str, cls: type[S], options: Mapping[str, Any]) -> S:
     """`options` as a `cls`; a `ConfigError` naming `owner` ("service binder"), the option and the value."""
     values = dict(options)
-    for name, word in _none_words(cls).items():
+    for name, word in _extras(cls, _NONE_WORD).items():
         if values.get(name) == word:
             values[name] = None
     try:
@@ -93,12 +110,14 @@ def _explain(message: str, cls: type[msgspec.Struct], values: Mapping[str, Any])
         return f"option {'.'.join(p for p in (prefix, missing['name']) if p)!r}: missing"
     top = re.split(r"[.\[]", prefix, maxsplit=1)[0]
     got = f", got {shown(values[top])}" if top in values else ""
+    if (words := _extras(cls, _DESCRIBED).get(top)) is not None:
+        return f"option {prefix!r}: expected {words}{got}"
     choices = _choices(cls, top)
     if choices is not None and what.startswith(("Invalid enum value", "Expected `str`")):
         return f"option {prefix!r}: expected one of {', '.join(choices)}{got}"
     if expected := _EXPECTED.match(what):
         # None is no text an option can hold: a union names it only by its word (`none_as`), if any.
-        none = _none_words(cls).get(top)
+        none = _extras(cls, _NONE_WORD).get(top)
         kinds = [
             repr(none) if member == "null" else _TYPE_WORDS.get(member, member)
             for member in expected["type"].split(" | ")
@@ -106,23 +125,22 @@ def _explain(message: str, cls: type[msgspec.Struct], values: Mapping[str, Any])
         ]
         kind = " or ".join(kinds)
         bound = expected["bound"].strip()
-        bound = _BOUND_WORDS.get(bound, bound)
         return f"option {prefix!r}: expected {kind}{' ' + bound if bound else ''}{got}"
     return f"option {prefix!r}: {what[:1].lower()}{what[1:]}{got}"
 
 
 @functools.cache
-def _none_words(cls: type[msgspec.Struct]) -> dict[str, str]:
-    """The option names of `cls` whose None is given as a word (`none_as`), with their words."""
-    words: dict[str, str] = {}
+def _extras(cls: type[msgspec.Struct], key: str) -> dict[str, str]:
+    """The option names of `cls` whose metadata holds `key` (`none_as`, `described`), with its value."""
+    found: dict[str, str] = {}
     for field in msgspec.structs.fields(cls):
         annotation = field.type
         while typing.get_origin(annotation) is Annotated:
             annotation, *metadata = typing.get_args(annotation)
             for meta in metadata:
-                if isinstance(meta, msgspec.Meta) and meta.extra and _NONE_WORD in meta.extra:
-                    words[field.encode_name] = str(meta.extra[_NONE_WORD])
-    return words
+                if isinstance(meta, msgspec.Meta) and meta.extra and key in meta.extra:
+                    found[field.encode_name] = str(meta.extra[key])
+    return found
 
 
 def _choices(cls: type[msgspec.Struct], name: str) -> tuple[str, ...] | None:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.errors import ConfigError
-from shared.options import Count, NonBlank, NonNegativeSeconds, Seconds, none_as, read_options
+from shared.options import Count, NonBlank, NonNegativeSeconds, Seconds, described, none_as, read_options
 
 
 class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -24,6 +24,8 @@ class Example(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     batch: Annotated[Count | None, none_as("all")] = None
     limit: Count | None = None
     name: NonBlank = "x"
+    zone: Annotated[str, msgspec.Meta(pattern="^[a-z]+$"), described("a zone name")] = "a"
+    share: Annotated[float, msgspec.Meta(gt=0, le=1), described("a share in (0, 1]")] = 1.0
 
 
 def test_text_options_become_typed_values() -> None:
@@ -56,12 +58,15 @@ def test_no_options_give_the_defaults() -> None:
         ({"batch": "some"}, "service t: option 'batch': expected a whole number or 'all', got 'some'"),
         ({"batch": "0"}, "service t: option 'batch': expected a whole number >= 1, got '0'"),
         ({"limit": "none"}, "service t: option 'limit': expected a whole number, got 'none'"),
+        ({"zone": "Zone_1"}, "service t: option 'zone': expected a zone name, got 'Zone_1'"),
+        ({"share": "0"}, "service t: option 'share': expected a share in (0, 1], got '0'"),
+        ({"share": "half"}, "service t: option 'share': expected a share in (0, 1], got 'half'"),
         ({"name": " \t"}, "service t: option 'name': expected text that is not blank, got ' \\t'"),
         (
             {"perod": "2"},
             (
                 "service t: unknown option 'perod' "
-                "(known: attempts, batch, cluster, grace, image, limit, name, period, strict)"
+                "(known: attempts, batch, cluster, grace, image, limit, name, period, share, strict, zone)"
             ),
         ),
     ],
