@@ -19,10 +19,18 @@ from typing import Any
 import pytest
 
 from services.queue import service as queue
+from shared.bus import shard_consumers
 from shared.bus.connection import Bus
+from shared.bus.health_http import ServiceProbes
 from shared.bus.members import Members
 from shared.bus.replica import StateReplica
-from shared.bus.service import ServiceConfig, serve
+from shared.bus.service import ServiceConfig, _serve, serve
+from shared.bus.shard_consumers import ShardLoops
+from shared.contracts import subjects as s
+from shared.contracts.messages import ShardRecord
+from shared.contracts.subjects import shard_key
+from shared.kube.scheduling_shard import ShardConfig
+from shared.telemetry.metrics import ServiceMetrics
 from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -145,3 +153,70 @@ async def test_a_runner_cancelled_at_any_step_of_its_start_ends_in_bound_and_lea
     took = await cancel(task, every_turn)
     assert took < BOUND_S
     assert started_since(before) == []
+
+
+@pytest.mark.parametrize("stopper_cancelled", [None, "once", "every-turn"])
+async def test_shard_loops_stop_lets_each_loop_finish_its_message_then_cancels_those_that_do_not_stop(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch, stopper_cancelled: str | None
+) -> None:
+    """`ShardLoops.stop`, the placement body's undo: a loop that returns at its stop event finishes the
+    message in hand; one that ignores it is cancelled after the grace (or at once, when the stop itself is
+    cancelled); none is left however the stop is cancelled."""
+    monkeypatch.setattr(shard_consumers, "STOP_GRACE_S", 0.2)
+    before = asyncio.all_tasks()
+    finished: list[str] = []
+    started: dict[str, asyncio.Event] = {}
+
+    async def consume(shard: str, stop: asyncio.Event) -> None:
+        started.setdefault(shard, asyncio.Event()).set()
+        await stop.wait()
+        if shard == "stubborn":
+            await forever()
+        await asyncio.sleep(0.01)  # the message in hand
+        finished.append(shard)
+
+    replica = StateReplica(bus)
+    replica.shards = {
+        shard_key(name): ShardRecord(shard=name, config=ShardConfig(name=name, partition_label_value=name))
+        for name in ("polite", "stubborn")
+    }
+    loops = ShardLoops(replica, frozenset(), consume)
+    await loops.reconcile()
+    assert loops.shards == [s.DEFAULT_SHARD, "polite", "stubborn"]
+    await until(lambda: len(started) == 3, "every shard's loop to begin")
+    if stopper_cancelled is None:
+        await asyncio.wait_for(loops.stop(), BOUND_S)
+        assert sorted(finished) == [s.DEFAULT_SHARD, "polite"]
+    else:
+        await stop_under_cancels(loops.stop, every_turn=stopper_cancelled == "every-turn")
+    assert loops.shards == []
+    assert started_since(before) == []
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+class _RefusingTarget(ServiceProbes):
+    """Probes that fail as the runner hands them its context: a step that fails after connecting."""
+
+    @property  # type: ignore[override]
+    def target(self) -> object:
+        return None
+
+    @target.setter
+    def target(self, value: object) -> None:
+        if value is not None:
+            raise RuntimeError("probes refused the context")
+
+
+async def test_a_runner_whose_step_after_connecting_fails_closes_its_connection(
+    nats_server: NatsServer,
+) -> None:
+    before = asyncio.all_tasks()
+    config = ServiceConfig(nats_url=nats_server.url, replica="queue-1")
+    with pytest.raises(RuntimeError, match="probes refused"):
+        await asyncio.wait_for(
+            _serve("queue", config, queue.body, _RefusingTarget(), ServiceMetrics(), {}), BOUND_S
+        )
+    assert started_since(before) == []  # the client's read, ping and flush tasks included
