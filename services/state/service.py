@@ -1,7 +1,9 @@
 """The state service's body: own the cluster source, materialise it into KV, answer snapshot requests.
 
 Run by `python -m services.state` / `kairos serve state` through `shared.bus.service.main`. Options
-(`--set key=value`, or env `KAIROS_<KEY>`):
+(`--set key=value`, or env `KAIROS_<KEY>`; read by `StateOptions.parse` through `shared.options`: text is
+stripped, an option given empty takes its default unless empty means something of its own, booleans are
+true/false/1/0, and an unknown `--set` option stops the service naming it):
 
 - `source=sim` (default): this replica owns the simulated cluster (`services.state.sources.sim_source`). It loads
   `cluster=FILE` (a cluster YAML, `shared.clusterfile`) or, with `demo=true`, the built-in demo cluster,
@@ -86,10 +88,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -99,7 +101,7 @@ from services.state.controllers.scaling_pods import ScaleAdjustOptions
 from services.state.replies import malformed, reply, stopping
 from services.state.sources.kube_source import KubeElection, KubeSourceOptions
 from services.state.sources.partitioned_source import PartitionedKube
-from services.state.sources.partitions import parse_count as parse_partition_count
+from services.state.sources.partitions import MAX_PARTITIONS
 from services.state.sources.sim_owner import SimOwner
 from services.state.sources.sim_source import SimulatedCluster, demo_cluster
 from services.state.webhook import podgroup_lookup, queue_validation
@@ -121,23 +123,61 @@ from shared.kube.keys import NODE_POOL_LABEL
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as connect_kube
 from shared.ledger_view import live_pools
+from shared.options import NonNegativeSeconds, described, read_options
 from shared.plugin_loader import extra_plugins, load_registry
 from shared.telemetry.metrics import StateMetrics, count_kinds
 
 QUEUE_GROUP = "state"
-SOURCES = ("sim", "kube", "none")
+SERVICE = "state"
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+_LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
 
 
-@dataclass(frozen=True)
-class StateOptions:
-    source: str = "sim"
+def _matching(pattern: str) -> msgspec.Meta:
+    """Text that is all `pattern` (msgspec searches a pattern; this one is anchored at both ends)."""
+    return msgspec.Meta(pattern=rf"^(?:{pattern})\Z")
+
+
+Namespace = Annotated[str, _matching(_DNS_LABEL), described("a namespace name")]
+RuntimeClass = Annotated[
+    str,
+    _matching(f"(?:{_DNS_SUBDOMAIN})?"),
+    described("a RuntimeClass name (a DNS subdomain) or empty"),
+]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535), described("a port 0-65535")]
+Partitions = Annotated[
+    int,
+    msgspec.Meta(ge=0, le=MAX_PARTITIONS),
+    described(f"0 (off) or a count up to {MAX_PARTITIONS}"),
+]
+
+_KEEP_EMPTY = frozenset(
+    {
+        "node_pool_label_key",
+        "gpu_fraction_runtime_class_name",
+        "gpu_pod_runtime_class_name",
+        "scaling_pod_app_label",
+        "scaling_pod_service_account",
+    }
+)
+"""The options whose empty text means something of its own (no node pools, no runtime class, an empty
+label, the namespace's default account); any other option given empty takes its default."""
+
+
+class StateOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The state service's options (`StateOptions.parse`), named as given with ``--set``."""
+
+    source: Literal["sim", "kube", "none"] = "sim"
     cluster: str | None = None
     demo: bool = False
-    run_delay: float = 0.0
-    snapshot_wait: float = 5.0
+    run_delay: NonNegativeSeconds = 0.0
+    snapshot_wait: NonNegativeSeconds = 5.0
     kubeconfig: str | None = None
+    """The kubeconfig file (source kube, the webhook); default env KUBECONFIG, else the in-cluster account."""
     scheduler_name: str = "kai-scheduler"
-    webhook_port: int = 0
+    webhook_port: Port = 0
     """The admission webhook's port (source=kube); 0: no webhook."""
     webhook_cert: str | None = None
     webhook_key: str | None = None
@@ -146,27 +186,56 @@ class StateOptions:
     node_pool_label_key: str = NODE_POOL_LABEL
     """KAI's ``nodePoolLabelKey``: the label that puts nodes, queues and podgroups in a shard's node pool
     (copied from pods to their PodGroups; empty: no node pools, every shard schedules everything)."""
-    gpu_fraction_runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    gpu_fraction_runtime_class_name: RuntimeClass = DEFAULT_RUNTIME_CLASS
     """The runtime class the webhook gives fractional pods naming none (KAI's default ``nvidia``; empty:
     none)."""
+    gpu_pod_runtime_class_name: RuntimeClass = DEFAULT_RUNTIME_CLASS
+    """KAI's deprecated name of `gpu_fraction_runtime_class_name`, read when that one is not given."""
     queue_quota_validation: bool = False
     """KAI's ``enableQuotaValidation``: the Queue endpoint's parent-child checks (needs the webhook)."""
     block_nvidia_visible_devices: bool = False
     """KAI's ``--block-nvidia-visible-devices``: the webhook's device-access checks (needs the webhook)."""
     hami_core_enabled: bool = False
     """KAI's ``--hami-core-enabled``: the webhook's CUDA_DEVICE_MEMORY_LIMIT reference (needs the webhook)."""
-    scale_adjust: ScaleAdjustOptions = field(default_factory=ScaleAdjustOptions)
-    """KAI's node-scale-adjuster (`cluster_autoscaling` and its switches); off by default, as KAI's."""
-    search_legacy_podgroups: bool = True
+    cluster_autoscaling: bool = False
+    """KAI's node-scale-adjuster (`scale_adjust`); off by default, as KAI's."""
+    scale_adjust_namespace: Namespace = "kai-scale-adjust"
+    scaling_pod_image: Annotated[str, msgspec.Meta(pattern=r"^\S+\Z"), described("an image")] = "kairos"
+    scaling_pod_app_label: Annotated[str, _matching(_LABEL_VALUE), described("a label value")] = "scaling-pod"
+    scaling_pod_service_account: Annotated[
+        str, _matching(f"(?:{_DNS_SUBDOMAIN})?"), described("a service account name or empty")
+    ] = "kai-scale-adjust"
+    gpu_memory_to_fraction_ratio: Annotated[
+        float, msgspec.Meta(gt=0, le=1), described("a share of a GPU in (0, 1]")
+    ] = 0.1
+    scale_adjust_cooldown: NonNegativeSeconds = 60.0
+    search_legacy_podgroups: bool = msgspec.field(default=True, name="search_legacy_pg")
     """KAI's ``--search-legacy-pg``."""
     knative_gang_schedule: bool = True
     """KAI's ``--knative-gang-schedule``."""
-    defaults_configmap: str = ""
+    defaults_configmap: Annotated[str, _matching(f"(?:{_DNS_SUBDOMAIN})?"), described("a ConfigMap name")] = (
+        msgspec.field(default="", name="default_priorities_configmap_name")
+    )
     """KAI's ``--default-priorities-configmap-name`` (empty: none)."""
-    defaults_configmap_namespace: str = ""
-    """KAI's ``--default-priorities-configmap-namespace``."""
-    partitions: int = 0
+    defaults_configmap_namespace: Annotated[
+        str, _matching(f"(?:{_DNS_LABEL})?"), described("a namespace name")
+    ] = msgspec.field(default="", name="default_priorities_configmap_namespace")
+    """KAI's ``--default-priorities-configmap-namespace`` (empty: the service's own, env POD_NAMESPACE)."""
+    partitions: Partitions = 0
     """The state partitions (`services.state.sources.partitions`); 0: one replica, the lease holder, writes KV."""
+
+    @property
+    def scale_adjust(self) -> ScaleAdjustOptions:
+        """KAI's node-scale-adjuster switches (`cluster_autoscaling` and the options after it)."""
+        return ScaleAdjustOptions(
+            enabled=self.cluster_autoscaling,
+            namespace=self.scale_adjust_namespace,
+            image=self.scaling_pod_image,
+            app_label=self.scaling_pod_app_label,
+            service_account=self.scaling_pod_service_account,
+            gpu_memory_to_fraction_ratio=self.gpu_memory_to_fraction_ratio,
+            cooldown=self.scale_adjust_cooldown,
+        )
 
     def grouper_config(self) -> GrouperConfig:
         """The pod-grouper's settings these options give."""
@@ -180,200 +249,72 @@ class StateOptions:
         )
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> StateOptions:
-        """The service's options from `--set` (then env `KAIROS_<KEY>`); errors name the option."""
-
-        def get(key: str) -> str | None:
-            return options.get(key, os.environ.get(f"KAIROS_{key.upper()}"))
-
-        source = get("source") or "sim"
-        if source not in SOURCES:
-            raise ConfigError(
-                f"service state: option 'source': expected one of {', '.join(SOURCES)}, got {source!r}"
-            )
-        demo = _flag("demo", get("demo"))
-        quota_gate = _flag("quota_gate", get("quota_gate"))
-        cert, key = get("webhook_cert") or None, get("webhook_key") or None
-        if (cert is None) != (key is None):
-            raise ConfigError("service state: options 'webhook_cert' and 'webhook_key': give both or neither")
-        cluster = get("cluster") or None
-        node_pool_key = get("node_pool_label_key")
-        webhook_port = _port("webhook_port", get("webhook_port"))
-        if quota_gate and (source == "sim" or not webhook_port):
-            raise ConfigError(
-                "service state: option 'quota_gate': needs 'webhook_port' and source kube or none "
-                "(the admission webhook sets the gate)"
-            )
-        block = _flag("block_nvidia_visible_devices", get("block_nvidia_visible_devices"))
-        hami = _flag("hami_core_enabled", get("hami_core_enabled"))
-        queue_quota = _flag("queue_quota_validation", get("queue_quota_validation"))
-        for key, on in (
-            ("block_nvidia_visible_devices", block),
-            ("hami_core_enabled", hami),
-            ("queue_quota_validation", queue_quota),
-        ):
-            if on and (source == "sim" or not webhook_port):
-                raise ConfigError(
-                    f"service state: option {key!r}: needs 'webhook_port' and source kube or none "
-                    "(the admission webhook does it)"
-                )
-        if source == "sim" and demo and cluster:
-            raise ConfigError("service state: options 'cluster' and 'demo': give one, not both")
-        scale_adjust = _scale_adjust(get)
-        partition_count = parse_partition_count(get("partitions"))
-        if partition_count and source == "sim":
-            raise ConfigError(
-                "service state: option 'partitions': needs source kube (the partitions divide the Kubernetes "
-                "source's writes; the simulated cluster lives in one replica)"
-            )
-        if source != "kube":
-            partition_count = 0  # a read replica (source none) beside partitioned ones: nothing to divide
-        if scale_adjust.enabled and source != "kube":
-            raise ConfigError(
-                "service state: option 'cluster_autoscaling': needs source kube (the source's owner runs the "
-                "node-scale-adjuster)"
-            )
-        return cls(
-            source=source,
-            cluster=cluster,
-            demo=demo,
-            run_delay=_seconds("run_delay", get("run_delay"), 0.0),
-            snapshot_wait=_seconds("snapshot_wait", get("snapshot_wait"), 5.0),
-            kubeconfig=get("kubeconfig") or os.environ.get("KUBECONFIG") or None,
-            scheduler_name=get("scheduler_name") or "kai-scheduler",
-            webhook_port=webhook_port,
-            queue_quota_validation=queue_quota,
-            webhook_cert=cert,
-            webhook_key=key,
-            quota_gate=quota_gate,
-            node_pool_label_key=NODE_POOL_LABEL if node_pool_key is None else node_pool_key.strip(),
-            gpu_fraction_runtime_class_name=_runtime_class(get),
-            block_nvidia_visible_devices=block,
-            hami_core_enabled=hami,
-            scale_adjust=scale_adjust,
-            search_legacy_podgroups=_flag("search_legacy_pg", get("search_legacy_pg") or "true"),
-            knative_gang_schedule=_flag("knative_gang_schedule", get("knative_gang_schedule") or "true"),
-            **_defaults_configmap(get),
-            partitions=partition_count,
+    def parse(cls, options: Mapping[str, str], environ: Mapping[str, str] | None = None) -> StateOptions:
+        """The service's options from `--set` (then env `KAIROS_<KEY>`), read through
+        `shared.options.read_options`; a `ConfigError` names the option (and the value, where one is at
+        fault). Text is stripped; an option given empty takes its default unless its empty text means
+        something (`_KEEP_EMPTY`)."""
+        env = os.environ if environ is None else environ
+        given = _given(options, env)
+        read = read_options(f"service {SERVICE}", cls, given)
+        _check(read)
+        return msgspec.structs.replace(
+            read,
+            kubeconfig=read.kubeconfig or env.get("KUBECONFIG") or None,
+            # KAI's admission reads its two flags in this order: the new name, else the deprecated one.
+            gpu_fraction_runtime_class_name=(
+                read.gpu_pod_runtime_class_name
+                if "gpu_fraction_runtime_class_name" not in given and "gpu_pod_runtime_class_name" in given
+                else read.gpu_fraction_runtime_class_name
+            ),
+            defaults_configmap_namespace=read.defaults_configmap_namespace
+            or (read.defaults_configmap and (env.get("POD_NAMESPACE", "").strip() or "kai-scheduler")),
+            # A read replica (source none) beside partitioned ones: nothing to divide.
+            partitions=read.partitions if read.source == "kube" else 0,
         )
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+def _given(options: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """`--set` text over env `KAIROS_<KEY>` for every option the service knows, stripped, without the ones
+    given empty (they take their default) but those whose empty text means something."""
+    merged = {
+        name: text
+        for field in msgspec.structs.fields(StateOptions)
+        if (text := env.get(f"KAIROS_{(name := field.encode_name).upper()}")) is not None
+    }
+    merged.update(options)
+    return {name: text.strip() for name, text in merged.items() if text.strip() or name in _KEEP_EMPTY}
 
 
-def _defaults_configmap(get: Callable[[str], str | None]) -> dict[str, str]:
-    """KAI's default-priorities ConfigMap: its name and namespace (the service's own by default)."""
-    name = (get("default_priorities_configmap_name") or "").strip()
-    if name and _DNS_SUBDOMAIN.fullmatch(name) is None:
+def _check(read: StateOptions) -> None:
+    """The rules between options, after each is read alone."""
+    if (read.webhook_cert is None) != (read.webhook_key is None):
         raise ConfigError(
-            "service state: option 'default_priorities_configmap_name': expected a ConfigMap name, got "
-            f"{name!r}"
+            f"service {SERVICE}: options 'webhook_cert' and 'webhook_key': give both or neither"
         )
-    namespace = (get("default_priorities_configmap_namespace") or "").strip()
-    if not namespace and name:
-        namespace = os.environ.get("POD_NAMESPACE", "").strip() or "kai-scheduler"
-    if namespace and _DNS_LABEL.fullmatch(namespace) is None:
-        raise ConfigError(
-            "service state: option 'default_priorities_configmap_namespace': expected a namespace name, got "
-            f"{namespace!r}"
-        )
-    return {"defaults_configmap": name, "defaults_configmap_namespace": namespace}
-
-
-def _runtime_class(get: Callable[[str], str | None]) -> str:
-    """`gpu_fraction_runtime_class_name`, else the deprecated `gpu_pod_runtime_class_name`, else KAI's
-    default (KAI's admission reads its two flags in the same order)."""
-    key = "gpu_fraction_runtime_class_name"
-    text = get(key)
-    if text is None:
-        key = "gpu_pod_runtime_class_name"
-        text = get(key)
-    if text is None:
-        return DEFAULT_RUNTIME_CLASS
-    name = text.strip()
-    if name and _DNS_SUBDOMAIN.fullmatch(name) is None:
-        raise ConfigError(
-            f"service state: option {key!r}: expected a RuntimeClass name (a DNS subdomain) or empty, got "
-            f"{text!r}"
-        )
-    return name
-
-
-def _scale_adjust(get: Callable[[str], str | None]) -> ScaleAdjustOptions:
-    """KAI's node-scale-adjuster switches; errors name the option."""
-    default = ScaleAdjustOptions()
-
-    def named(key: str, pattern: re.Pattern[str], fallback: str, what: str) -> str:
-        text = get(key)
-        if text is None:
-            return fallback
-        value = text.strip()
-        if pattern.fullmatch(value) is None:
-            raise ConfigError(f"service state: option {key!r}: expected {what}, got {text!r}")
-        return value
-
-    image = (get("scaling_pod_image") or "").strip() or default.image
-    if any(c.isspace() for c in image):
-        raise ConfigError(f"service state: option 'scaling_pod_image': expected an image, got {image!r}")
-    ratio_text = get("gpu_memory_to_fraction_ratio")
-    ratio = default.gpu_memory_to_fraction_ratio
-    if ratio_text is not None and ratio_text.strip():
-        try:
-            ratio = float(ratio_text)
-        except ValueError:
-            ratio = -1.0
-        if not 0 < ratio <= 1:
+    for name, on in (
+        ("quota_gate", read.quota_gate),
+        ("block_nvidia_visible_devices", read.block_nvidia_visible_devices),
+        ("hami_core_enabled", read.hami_core_enabled),
+        ("queue_quota_validation", read.queue_quota_validation),
+    ):
+        if on and (read.source == "sim" or not read.webhook_port):
             raise ConfigError(
-                "service state: option 'gpu_memory_to_fraction_ratio': expected a share of a GPU in (0, 1], "
-                f"got {ratio_text!r}"
+                f"service {SERVICE}: option {name!r}: needs 'webhook_port' and source kube or none "
+                "(the admission webhook does it)"
             )
-    return ScaleAdjustOptions(
-        enabled=_flag("cluster_autoscaling", get("cluster_autoscaling")),
-        namespace=named("scale_adjust_namespace", _DNS_LABEL, default.namespace, "a namespace name"),
-        image=image,
-        app_label=named("scaling_pod_app_label", _LABEL_VALUE, default.app_label, "a label value"),
-        service_account=named(
-            "scaling_pod_service_account",
-            re.compile(f"({_DNS_SUBDOMAIN.pattern})?"),
-            default.service_account,
-            "a service account name or empty",
-        ),
-        gpu_memory_to_fraction_ratio=ratio,
-        cooldown=_seconds("scale_adjust_cooldown", get("scale_adjust_cooldown"), default.cooldown),
-    )
-
-
-def _flag(key: str, text: str | None) -> bool:
-    value = (text or "false").strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
-        raise ConfigError(f"service state: option {key!r}: expected true or false, got {value!r}")
-    return value in ("true", "1", "yes", "on")
-
-
-def _port(key: str, text: str | None) -> int:
-    if text is None or not text.strip():
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise ConfigError(f"service state: option {key!r}: expected a port 0-65535, got {text!r}")
-    return value
-
-
-def _seconds(key: str, text: str | None, default: float) -> float:
-    if text is None or not text.strip():
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"service state: option {key!r}: expected seconds >= 0, got {text!r}")
-    return value
+    if read.source == "sim" and read.demo and read.cluster:
+        raise ConfigError(f"service {SERVICE}: options 'cluster' and 'demo': give one, not both")
+    if read.partitions and read.source == "sim":
+        raise ConfigError(
+            f"service {SERVICE}: option 'partitions': needs source kube (the partitions divide the Kubernetes "
+            "source's writes; the simulated cluster lives in one replica)"
+        )
+    if read.cluster_autoscaling and read.source != "kube":
+        raise ConfigError(
+            f"service {SERVICE}: option 'cluster_autoscaling': needs source kube (the source's owner runs the "
+            "node-scale-adjuster)"
+        )
 
 
 async def body(ctx: ServiceContext) -> None:

@@ -348,5 +348,5 @@ def test_the_state_switches_are_off_by_default_and_need_the_webhook(option: str)
     assert getattr(StateOptions.parse({**webhook, option: "true"}), option) is True
     with pytest.raises(ConfigError, match=f"option '{option}': needs 'webhook_port'"):
         StateOptions.parse({"source": "kube", option: "true"})
-    with pytest.raises(ConfigError, match=f"option '{option}': expected true or false"):
+    with pytest.raises(ConfigError, match=f"option '{option}': expected true or false, got 'maybe'"):
         StateOptions.parse({**webhook, option: "maybe"})

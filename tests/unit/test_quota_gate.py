@@ -234,8 +234,10 @@ def test_the_state_option_needs_the_webhook_and_names_itself() -> None:
         StateOptions.parse({"source": "kube", "webhook_port": "8443", "quota_gate": "maybe"})
     with pytest.raises(ConfigError, match="option 'quota_gate': needs 'webhook_port'"):
         StateOptions.parse({"source": "kube", "quota_gate": "true"})
-    with pytest.raises(ConfigError, match="option 'quota_gate'"):
-        StateOptions.parse({"source": "sim", "webhook_port": "8443", "quota_gate": "on"})
+    with pytest.raises(
+        ConfigError, match="option 'quota_gate': needs 'webhook_port' and source kube or none"
+    ):
+        StateOptions.parse({"source": "sim", "webhook_port": "8443", "quota_gate": "true"})
 
 
 # --- words ------------------------------------------------------------------------------------------------------------
