@@ -31,19 +31,26 @@ log: no object a tenant can write stops the flush for the others.
 Namespaces go to KV as their names and labels alone (`shared.model.Namespace`, what pod affinity
 namespace selectors read); a namespace's change rewrites its own key only, and only when its labels moved.
 
-Two concerns are delegated: a node's GPUs are corrected by its agent's fresh inventory and carry its
-telemetry (`gpus`, `services.state.mirror.gpu_overlay`), and what pods Kairos does not schedule hold on a node is
-taken off its capacity (`foreign`, `services.state.mirror.foreign`).
+One path computes every flush (`flush`, `_recompute`): the objects marked dirty since the last one are
+recomputed, with what depends on them; a full flush (at start, after a relist, when a queue, priority class
+or topology changed) marks every object dirty, recomputes the queues and topologies too, and removes from
+KV what nothing produces any more.
+
+Concerns are delegated: the raw objects and how they are named (`raw`, `services.state.mirror.raw_objects`);
+decoding, the translation cache and the problems (`translations`, `services.state.mirror.translations`);
+the queues' chains of parents (`services.state.mirror.queue_tree`); a node's GPUs are corrected by its
+agent's fresh inventory and carry its telemetry (`gpus`, `services.state.mirror.gpu_overlay`), and what
+pods Kairos does not schedule hold on a node is taken off its capacity (`foreign`,
+`services.state.mirror.foreign`).
 """
 
 from __future__ import annotations
 
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import msgspec
 
@@ -60,7 +67,25 @@ from services.state.mirror.problems import (
     Problem,
     ProblemKind,
 )
+from services.state.mirror.queue_tree import valid_queues
+from services.state.mirror.raw_objects import (
+    JOBS,
+    KINDS,
+    NAMESPACES,
+    NODES,
+    PODGROUPS,
+    PODS,
+    PRIORITY_CLASSES,
+    QUEUES,
+    SINGULAR,
+    TOPOLOGIES,
+    RawObjects,
+    group_of,
+    name_of,
+    only_status,
+)
 from services.state.mirror.stages import StageVerdicts
+from services.state.mirror.translations import Translations
 from services.state.mirror.volume_mirror import StorageMirror
 from services.state.sources.kv_objects import Change, Obj, key_of
 from services.state.webhook.gate_patches import is_gated
@@ -72,58 +97,21 @@ from shared.kube import keys, translate, wire
 from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
 
-NODES = "nodes"
-PODS = "pods"
-PODGROUPS = "podgroups"
-QUEUES = "queues"
-PRIORITY_CLASSES = "priorityclasses"
-TOPOLOGIES = "topologies"
-JOBS = "jobs"
-NAMESPACES = "namespaces"
-KINDS = (NODES, PODS, PODGROUPS, QUEUES, PRIORITY_CLASSES, TOPOLOGIES, JOBS, NAMESPACES)
+__all__ = [
+    "JOBS",
+    "KINDS",
+    "NAMESPACES",
+    "NODES",
+    "PODGROUPS",
+    "PODS",
+    "PRIORITY_CLASSES",
+    "QUEUES",
+    "TOPOLOGIES",
+    "Mirror",
+    "RawObjects",
+]
 
 _STAGE_HOLDS = frozenset(STAGE_REASONS.values())
-_KEPT_TRACEBACKS = 20
-"""Unforeseen failures whose traceback is kept for the log between two drains (the others: one line)."""
-_TRACEBACK_FRAMES = 8
-_T = TypeVar("_T")
-
-RawObject = (
-    wire.Node
-    | wire.Pod
-    | wire.PodGroup
-    | wire.Queue
-    | wire.PriorityClass
-    | wire.Topology
-    | wire.Job
-    | wire.Namespace
-)
-
-
-@dataclass
-class RawObjects:
-    """The decoded Kubernetes objects the mirror holds, one dict per kind, by "ns/name" (or name)."""
-
-    nodes: dict[str, wire.Node] = field(default_factory=dict)
-    pods: dict[str, wire.Pod] = field(default_factory=dict)
-    podgroups: dict[str, wire.PodGroup] = field(default_factory=dict)
-    queues: dict[str, wire.Queue] = field(default_factory=dict)
-    priorityclasses: dict[str, wire.PriorityClass] = field(default_factory=dict)
-    topologies: dict[str, wire.Topology] = field(default_factory=dict)
-    jobs: dict[str, wire.Job] = field(default_factory=dict)
-    namespaces: dict[str, wire.Namespace] = field(default_factory=dict)
-
-    def __getitem__(self, kind: str) -> dict[str, Any]:
-        """The objects of `kind` (one of `KINDS`), for code that handles every kind alike."""
-        if kind not in KINDS:
-            raise KeyError(kind)
-        objects: dict[str, Any] = getattr(self, kind)
-        return objects
-
-    def __setitem__(self, kind: str, objects: dict[str, Any]) -> None:
-        if kind not in KINDS:
-            raise KeyError(kind)
-        setattr(self, kind, objects)
 
 
 @dataclass
@@ -136,8 +124,9 @@ class Mirror:
     raw: RawObjects = field(default_factory=RawObjects)
     current: dict[str, Obj] = field(default_factory=dict)
     """What this mirror last told KV (by KV key)."""
-    problems: dict[str, str] = field(default_factory=dict)
-    """Object ("pod ns/name", "queue q") -> what is wrong with it (it did not decode or translate)."""
+    translations: Translations = field(default_factory=Translations)
+    """The cached translations, and each object's problem decoding or translating it
+    (`services.state.mirror.translations`)."""
     held: dict[str, str] = field(default_factory=dict)
     """Object -> why it is held back from KV although it translates (recomputed with the object: a queue's by
     every full flush, a podgroup's or a pod's whenever it is dirty)."""
@@ -158,8 +147,6 @@ class Mirror:
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
     _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
-    _cache: dict[str, tuple[object, object]] = field(default_factory=dict)
-    """Object label -> (what it was translated from, its last good translation)."""
     _full: bool = True
     """The next flush recomputes everything (it marks every object dirty: `_mark_everything`): at start,
     after a relist, and when a queue, priority class or topology changed (they reach every podgroup).
@@ -182,13 +169,6 @@ class Mirror:
     """Pod name -> its KV key, for the pods in KV (a pod held back may be counted in `foreign` instead)."""
     _ungrouped: dict[str, None] = field(default_factory=dict)
     """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
-    _undecodable: set[str] = field(default_factory=set)
-    """Labels whose problem is that the object did not decode."""
-    unforeseen: list[str] = field(default_factory=list)
-    """Tracebacks of decodings and translations that failed with an exception other than `InvalidObject`
-    (a Kairos bug that one object's content reaches) since the owner last drained them to its log; the
-    object is held back like an invalid one, and everything else goes on."""
-    unforeseen_total: int = 0
     refusal_sources: list[Mapping[str, str]] = field(default_factory=list)
     """The pod-work loops' refusals ("pod ns/name" -> why), reported on the pods like a translation problem
     (`services.state.controllers.podwork.PodWorkLoop.refusals`): a pod the pod-grouper cannot group is held back as
@@ -202,14 +182,30 @@ class Mirror:
     _pod_sets: dict[str, tuple[PodGroup, frozenset[str]]] = field(default_factory=dict)
     """Podgroup "ns/name" -> (its translation, the names of its pod sets), for the sub-group label check."""
 
+    @property
+    def problems(self) -> dict[str, str]:
+        """Object ("pod ns/name", "queue q") -> what is wrong with it (it did not decode or translate)."""
+        return self.translations.problems
+
+    @property
+    def unforeseen(self) -> list[str]:
+        """Tracebacks of decodings and translations that failed with an exception other than
+        `InvalidObject` (a Kairos bug that one object's content reaches) since the owner last drained them
+        to its log; the object is held back like an invalid one, and everything else goes on."""
+        return self.translations.unforeseen
+
+    @property
+    def unforeseen_total(self) -> int:
+        return self.translations.unforeseen_total
+
     # --- input ------------------------------------------------------------------------------------------
     def relist(self, kind: str, objects: Iterable[bytes]) -> None:
         """Replace everything held of `kind` by a fresh list."""
         fresh: dict[str, Any] = {}
         for data in objects:
-            obj = self._decode(kind, data)
+            obj = self.translations.decode(kind, data)
             if obj is not None:
-                fresh[_name_of(obj)] = obj
+                fresh[name_of(obj)] = obj
         old = self.raw[kind]
         for gone in old.keys() - fresh.keys():
             self._forget(kind, gone)
@@ -231,10 +227,10 @@ class Mirror:
 
     def change(self, kind: str, event: str, data: bytes) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
-        obj = self._decode(kind, data)
+        obj = self.translations.decode(kind, data)
         if obj is None:
             return
-        name = _name_of(obj)
+        name = name_of(obj)
         objects = self.raw[kind]
         before = objects.get(name)
         if event == "DELETED":
@@ -245,12 +241,12 @@ class Mirror:
         after = objects.get(name)
         if kind == PODS:
             self._pod_changed(name, before, after)
-            self.stages.pod_changed(_group_of(before), _group_of(after))
+            self.stages.pod_changed(group_of(before), group_of(after))
         elif kind == PODGROUPS:
             self.stages.group_changed(name, before, after)
         elif kind == JOBS:
             self.stages.job_changed(name)
-        elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES) and not _only_status(before, after):
+        elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES) and not only_status(before, after):
             self._full = True
         self._dirty[kind].add(name)
 
@@ -302,8 +298,8 @@ class Mirror:
             self._gated.pop(name, None)
 
     def _index(self, name: str, before: wire.Pod | None, after: wire.Pod | None) -> None:
-        old = _group_of(before)
-        new = _group_of(after)
+        old = group_of(before)
+        new = group_of(after)
         if old == new:
             return
         self._recount.update(g for g in (old, new) if g is not None)
@@ -313,25 +309,6 @@ class Mirror:
                 del self._members[old]
         if new is not None:
             self._members[new].add(name)
-
-    def _decode(self, kind: str, data: bytes) -> RawObject | None:
-        try:
-            obj: RawObject = wire.decode(kind, data)
-        except InvalidObject as exc:
-            label = f"{_SINGULAR[kind]} {exc.name}"
-            self.problems[label] = str(exc)
-            self._undecodable.add(label)
-            return None
-        except Exception as exc:  # noqa: BLE001 -- one object's bytes must never stop the feed of every other
-            self._unforeseen(f"{_SINGULAR[kind]} (undecodable)", exc)
-            return None
-        # Decoding again clears a decoding problem (only that: a translation problem stays until the next
-        # flush translates the object again, or the write-back would see it come and go).
-        label = f"{_SINGULAR[kind]} {_name_of(obj)}"
-        if label in self._undecodable:
-            self._undecodable.discard(label)
-            self.problems.pop(label, None)
-        return obj
 
     # --- output -----------------------------------------------------------------------------------------
     def members(self, namespace: str, podgroup: str) -> list[wire.Pod]:
@@ -577,8 +554,8 @@ class Mirror:
     def _recompute_cluster_wide(self, out: dict[str, Obj | None]) -> None:
         """The topologies and the valid queues into `out`, their holds recomputed (`_queues` kept)."""
         for topology in self.raw.topologies.values():
-            translated = self._translate(
-                "topology", _name_of(topology), topology, partial(translate.topology_of, topology)
+            translated = self.translations.translate(
+                f"topology {name_of(topology)}", topology, partial(translate.topology_of, topology)
             )
             if translated is not None:
                 out[key_of(translated)] = translated
@@ -594,40 +571,15 @@ class Mirror:
         )
         translated: dict[str, Queue] = {}
         for index, (name, raw_queue) in enumerate(ordered):
-            queue = self._translate(
-                "queue",
-                name,
+            queue = self.translations.translate(
+                f"queue {name}",
                 (raw_queue, index),
                 partial(translate.queue_of, raw_queue, creation_index=index),
             )
             if queue is not None:
                 translated[name] = queue
-        valid: dict[str, Queue] = {}
-        for name, queue in translated.items():
-            chain = [name]
-            current: Queue | None = queue
-            problem = ""
-            while current is not None and current.parent is not None:
-                if current.parent in chain:
-                    problem = "cycle of parent queues " + " -> ".join(
-                        [*chain[chain.index(current.parent) :], current.parent]
-                    )
-                    break
-                parent = translated.get(current.parent)
-                if parent is None:
-                    problem = f"parent queue {current.parent!r} does not exist"
-                    if f"queue {current.parent}" in self.problems:
-                        problem = f"parent queue {current.parent!r} is not valid"
-                    break
-                chain.append(current.parent)
-                current = parent
-            if problem and len(chain) > 1 and not problem.startswith("cycle"):
-                # The fault is further up: say which parent is held back, and why.
-                problem = f"parent queue {queue.parent!r} is held back ({problem})"
-            if problem:
-                self.held[f"queue {name}"] = f"Queue {name!r}: spec.parentQueue: {problem}"
-            else:
-                valid[name] = queue
+        valid, held = valid_queues(translated, lambda name: f"queue {name}" in self.problems)
+        self.held.update(held)
         return valid
 
     def _pod(
@@ -643,12 +595,12 @@ class Mirror:
             sub_group = raw_pod.metadata.labels.get(keys.SUBGROUP_LABEL)
             if sub_group:
                 sets = self._sub_groups_of(group_key, groups[group_key])
-                pod = self._translate(
-                    "pod", name, (raw_pod, group_key, sets), partial(_pod_in, raw_pod, group_key, sets)
+                pod = self.translations.translate(
+                    f"pod {name}", (raw_pod, group_key, sets), partial(_pod_in, raw_pod, group_key, sets)
                 )
             else:
-                pod = self._translate(
-                    "pod", name, (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
+                pod = self.translations.translate(
+                    f"pod {name}", (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
                 )
             if isinstance(pod, Pod):
                 return pod
@@ -688,9 +640,8 @@ class Mirror:
         telemetry (`gpus`), less what foreign pods hold on it."""
         raw_node = self.raw.nodes[name]
         inventory = self.gpus.fresh_inventory(name, now)
-        node = self._translate(
-            "node",
-            name,
+        node = self.translations.translate(
+            f"node {name}",
             (raw_node, inventory),
             partial(_merged, raw_node, inventory),
         )
@@ -712,9 +663,8 @@ class Mirror:
         fallback = translate.default_priority(self.raw.priorityclasses.values())
 
         def podgroup(name: str, raw_group: wire.PodGroup) -> PodGroup | None:
-            return self._translate(
-                "podgroup",
-                name,
+            return self.translations.translate(
+                f"podgroup {name}",
                 (raw_group, priorities, fallback),
                 partial(
                     translate.podgroup_of,
@@ -727,86 +677,16 @@ class Mirror:
 
         return podgroup
 
-    def _translate(self, kind: str, name: str, source: object, make: Callable[[], _T]) -> _T | None:
-        """`make()`, unless the cached translation came from the same `source`: the raw object itself
-        (watch events replace it, so identity says unchanged) or a tuple of it and the other values the
-        translation reads (compared by value). A failure keeps the last good translation."""
-        label = f"{kind} {name}"
-        cached = self._cache.get(label)
-        if cached is not None and _same(cached[0], source):
-            return cast(_T, cached[1])  # a label's kind fixes what its translation is
-        try:
-            obj = make()
-        except InvalidObject as exc:
-            self.problems[label] = str(exc)
-            return cast(_T, cached[1]) if cached is not None else None
-        except Exception as exc:  # noqa: BLE001 -- one object's content must never stop the flush of every other
-            self.problems[label] = f"{label}: cannot be translated ({type(exc).__name__}: {shown(str(exc))})"
-            self._unforeseen(label, exc)
-            return cast(_T, cached[1]) if cached is not None else None
-        self.problems.pop(label, None)
-        self._cache[label] = (source, obj)
-        return obj
-
-    def _unforeseen(self, label: str, exc: Exception) -> None:
-        self.unforeseen_total += 1
-        # Beyond the kept number only a line: the owner counts every entry, and logs it.
-        trace = (
-            "".join(traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES))
-            if (len(self.unforeseen) < _KEPT_TRACEBACKS)
-            else f"{type(exc).__name__} (traceback not kept)"
-        )
-        self.unforeseen.append(f"{label}: {trace}")
-
     def _forget(self, kind: str, name: str) -> None:
         """Drop what is remembered of an object that is gone."""
-        label = f"{_SINGULAR[kind]} {name}"
-        self._cache.pop(label, None)
-        self.problems.pop(label, None)
-        self._undecodable.discard(label)
+        self.translations.forget(f"{SINGULAR[kind]} {name}")
         if kind == PODGROUPS:
             self._pod_sets.pop(name, None)
-
-
-_SINGULAR = {
-    NODES: "node",
-    PODS: "pod",
-    PODGROUPS: "podgroup",
-    QUEUES: "queue",
-    PRIORITY_CLASSES: "priorityclass",
-    TOPOLOGIES: "topology",
-    JOBS: "job",
-    NAMESPACES: "namespace",
-}
 
 
 def _merged(raw_node: wire.Node, inventory: GpuInventory | None) -> Node:
     """The node translated, corrected by its agent's fresh inventory (`services.state.mirror.gpu_inventory`)."""
     return merge_inventory(translate.node_of(raw_node), inventory)
-
-
-def _only_status(before: RawObject | None, after: RawObject | None) -> bool:
-    """Whether an update changed only what no translation reads: the status and the resource version. The
-    write-back patches a Queue's status whenever its fair share moves, and a full recompute reads the
-    whole cluster."""
-    if before is None or after is None or type(before) is not type(after):
-        return False
-    unread = ("status", "metadata")
-    return all(
-        getattr(before, f) == getattr(after, f) for f in before.__struct_fields__ if f not in unread
-    ) and msgspec.structs.replace(before.metadata, resource_version="") == msgspec.structs.replace(
-        after.metadata, resource_version=""
-    )
-
-
-def _same(cached: object, source: object) -> bool:
-    if isinstance(cached, tuple) and isinstance(source, tuple):
-        return (
-            len(cached) == len(source)
-            and cached[0] is source[0]
-            and all(a == b for a, b in zip(cached[1:], source[1:], strict=True))
-        )
-    return cached is source
 
 
 def _unknown_queue(name: str, queue: str, why: str | None) -> str:
@@ -823,20 +703,8 @@ def _pod_in(raw_pod: wire.Pod, group_key: str, sub_groups: frozenset[str]) -> Po
     if name not in sub_groups:
         raise InvalidObject(
             "Pod",
-            _name_of(raw_pod),
+            name_of(raw_pod),
             f"metadata.labels[{keys.SUBGROUP_LABEL}]",
             f"podgroup {group_key} has no sub-group {shown(name)} (it has: {', '.join(sorted(sub_groups))})",
         )
     return translate.pod_of(raw_pod, podgroup=group_key)
-
-
-def _group_of(pod: wire.Pod | None) -> str | None:
-    if pod is None:
-        return None
-    name = translate.podgroup_name_of(pod)
-    return f"{pod.metadata.namespace}/{name}" if name else None
-
-
-def _name_of(obj: RawObject) -> str:
-    meta = obj.metadata
-    return f"{meta.namespace}/{meta.name}" if meta.namespace else str(meta.name)
