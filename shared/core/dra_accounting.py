@@ -20,6 +20,7 @@ without DRA objects is returned as it is. Private to the core. Pure: no I/O, no 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -125,14 +126,46 @@ def account(snapshot: Snapshot) -> Snapshot:
     claims = {c.key: c for c in dra.claims}
     templates = {t.key: t for t in dra.templates}
     extended = _extended_classes(dra.classes)
-    listed = {name for node in snapshot.nodes for name in node.scalars} & set(extended)
-    pods = tuple(_accounted_pod(pod, claims, templates, extended, listed) for pod in snapshot.pods)
+    listed = {name for node in snapshot.nodes for name in node.scalars} & set(extended) if extended else set()
+    # A pod without claims, and without scalars a DeviceClass could back, is counted as it is
+    # (`_accounted_pod` returns it): most pods of most clusters, asked every session.
+    pods = tuple(
+        pod
+        if not pod.resource_claims and not (extended and pod.scalars)
+        else _accounted_pod(pod, claims, templates, extended, listed)
+        for pod in snapshot.pods
+    )
     mixed = {
         name for pod in pods for e in pod.resource_claims if e.device_class and (name := e.name) in listed
     }
-    gpus = _node_gpus(current_slices(dra.slices))
-    nodes = tuple(_accounted_node(node, gpus.get(node.name), mixed) for node in snapshot.nodes)
+    gpus = _SLICES_GPUS.of(dra.slices)
+    accounted = [
+        node
+        if not mixed and (node.gpus or node.name not in gpus)
+        else _accounted_node(node, gpus.get(node.name), mixed)
+        for node in snapshot.nodes
+    ]
+    # The same tuple when no node changed, so what a session keeps of its node records is found again.
+    nodes = snapshot.nodes if all(map(operator.is_, accounted, snapshot.nodes)) else tuple(accounted)
     return msgspec.structs.replace(snapshot, pods=pods, nodes=nodes)
+
+
+class _SlicesGpus:
+    """`_node_gpus(current_slices(slices))` for the last sequence of slices, kept while the next session's
+    slices are the same objects in the same order (a replica rebuilds its DRA objects' tuples when any
+    claim changes, from the same slice records): every session of a cluster with slices asks it of every
+    node's slices. The dict it gives is only read."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Sequence[ResourceSlice], dict[str, tuple[int, int]]] | None = None
+
+    def of(self, slices: Sequence[ResourceSlice]) -> Mapping[str, tuple[int, int]]:
+        last = self._last
+        if last is not None and len(last[0]) == len(slices) and all(map(operator.is_, last[0], slices)):
+            return last[1]
+        gpus = _node_gpus(current_slices(slices))
+        self._last = (tuple(slices), gpus)
+        return gpus
 
 
 def _extended_classes(classes: Sequence[DeviceClass]) -> dict[str, str]:
@@ -209,6 +242,7 @@ def _slice_gpus(s: ResourceSlice) -> tuple[str, tuple[int, ...]]:
 
 _SLICE_GPUS = SameObjects(_slice_gpus)
 """Every session reads every node's slices; a replica's snapshots share the slices that did not change."""
+_SLICES_GPUS = _SlicesGpus()
 
 
 def _accounted_node(node: Node, dra: tuple[int, int] | None, mixed: Set[str]) -> Node:

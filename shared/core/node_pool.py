@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.model import Snapshot
+from shared.model import Node, Snapshot
 
 __all__ = ["EVERYTHING", "NodePool", "in_pool"]
 
@@ -60,7 +60,7 @@ def in_pool(snapshot: Snapshot, pool: NodePool) -> Snapshot:
     """The part of `snapshot` the pool's shard schedules (see the module docstring); order is kept."""
     if pool.everything:
         return snapshot
-    nodes = tuple(node for node in snapshot.nodes if pool.selects(node.labels))
+    nodes = _POOL_NODES.of(snapshot.nodes, pool)
     podgroups = tuple(pg for pg in snapshot.podgroups if pool.selects(pg.labels))
     node_names = {node.name for node in nodes}
     kept_groups = {pg.key for pg in podgroups}
@@ -80,3 +80,23 @@ def in_pool(snapshot: Snapshot, pool: NodePool) -> Snapshot:
             name = parents.get(name)
     queues = tuple(queue for queue in snapshot.queues if queue.name in kept_queues)
     return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
+
+
+class _PoolNodes:
+    """The nodes of the last snapshot's tuple that a pool selects, kept while the next snapshot's nodes are
+    the same tuple (a replica shares it between snapshots until a node changes) and the pool the same: the
+    same tuple comes back, which lets a session find again what it kept of the same node records."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[Node, ...], NodePool, tuple[Node, ...]] | None = None
+
+    def of(self, nodes: tuple[Node, ...], pool: NodePool) -> tuple[Node, ...]:
+        last = self._last
+        if last is not None and last[0] is nodes and last[1] == pool:
+            return last[2]
+        kept = tuple(node for node in nodes if pool.selects(node.labels))
+        self._last = (nodes, pool, kept)
+        return kept
+
+
+_POOL_NODES = _PoolNodes()
