@@ -46,7 +46,6 @@ pods Kairos does not schedule hold on a node is taken off its capacity (`foreign
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,6 +59,7 @@ from services.state.mirror.foreign import Footprint, ForeignPods, subtract
 from services.state.mirror.gpu_inventory import merge_inventory
 from services.state.mirror.gpu_overlay import GpuOverlay
 from services.state.mirror.numa_overlay import NumaOverlay
+from services.state.mirror.pod_index import PodIndex
 from services.state.mirror.problems import (
     INVALID_REASONS,
     STAGE_REASONS,
@@ -88,7 +88,6 @@ from services.state.mirror.stages import StageVerdicts
 from services.state.mirror.translations import Translations
 from services.state.mirror.volume_mirror import StorageMirror
 from services.state.sources.kv_objects import Change, Obj, key_of
-from services.state.webhook.gate_patches import is_gated
 from shared.contracts import subjects as s
 from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
@@ -145,8 +144,8 @@ class Mirror:
     """DeviceClasses, ResourceSlices, ResourceClaims and templates, written as they are
     (`services.state.mirror.dra_mirror`)."""
     _dirty: dict[str, set[str]] = field(default_factory=lambda: {kind: set() for kind in KINDS})
-    _members: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    """PodGroup "ns/name" -> the "ns/name" of the pods that name it (for the write-back)."""
+    pod_index: PodIndex = field(default_factory=PodIndex)
+    """The members of each podgroup, and the ungrouped and gated pods (`services.state.mirror.pod_index`)."""
     _full: bool = True
     """The next flush recomputes everything (it marks every object dirty: `_mark_everything`): at start,
     after a relist, and when a queue, priority class or topology changed (they reach every podgroup).
@@ -167,8 +166,6 @@ class Mirror:
     """(kind, name) -> the KV key its object is under, for podgroups and nodes in KV."""
     _pod_keys: dict[str, str] = field(default_factory=dict)
     """Pod name -> its KV key, for the pods in KV (a pod held back may be counted in `foreign` instead)."""
-    _ungrouped: dict[str, None] = field(default_factory=dict)
-    """Pods of this scheduler, alive and without a podgroup (an ordered set)."""
     refusal_sources: list[Mapping[str, str]] = field(default_factory=list)
     """The pod-work loops' refusals ("pod ns/name" -> why), reported on the pods like a translation problem
     (`services.state.controllers.podwork.PodWorkLoop.refusals`): a pod the pod-grouper cannot group is held back as
@@ -177,8 +174,6 @@ class Mirror:
     """The owners those refusals name, by pod label (`PodWorkLoop.refusal_owners`): told too."""
     _held_reasons: dict[str, str] = field(default_factory=dict)
     """Footprint label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
-    _gated: dict[str, None] = field(default_factory=dict)
-    """Pods of this scheduler, alive, carrying the `kairos.io/after` scheduling gate (an ordered set)."""
     _pod_sets: dict[str, tuple[PodGroup, frozenset[str]]] = field(default_factory=dict)
     """Podgroup "ns/name" -> (its translation, the names of its pod sets), for the sub-group label check."""
 
@@ -217,10 +212,7 @@ class Mirror:
         self.raw[kind] = fresh
         self._full = True
         if kind == PODS:
-            self._recount.update(self._members)
-            self._members.clear()
-            self._ungrouped.clear()
-            self._gated.clear()
+            self._recount.update(self.pod_index.clear())
             self.foreign.reindex()
             for name, pod in fresh.items():
                 self._pod_changed(name, None, pod)
@@ -272,48 +264,13 @@ class Mirror:
 
     def _pod_changed(self, name: str, before: wire.Pod | None, after: wire.Pod | None) -> None:
         """Keep the pod indexes up to date: podgroup members, ungrouped and gated pods, GPU groups."""
-        self._index(name, before, after)
-        self._track_ungrouped(name, after)
-        self._track_gated(name, after)
+        self._recount.update(self.pod_index.track(name, before, after, self.scheduler_name))
         self._dirty[PODS].update(self.foreign.track(name, before, after))
-
-    def _ours_and_alive(self, pod: wire.Pod) -> bool:
-        """A pod of this scheduler that has not finished and is not being deleted."""
-        return (
-            pod.spec.scheduler_name == self.scheduler_name
-            and pod.status.phase not in wire.FINISHED_PHASES
-            and pod.metadata.deletion_timestamp is None
-        )
-
-    def _track_ungrouped(self, name: str, pod: wire.Pod | None) -> None:
-        if pod is not None and self._ours_and_alive(pod) and translate.podgroup_name_of(pod) is None:
-            self._ungrouped[name] = None
-        else:
-            self._ungrouped.pop(name, None)
-
-    def _track_gated(self, name: str, pod: wire.Pod | None) -> None:
-        if pod is not None and self._ours_and_alive(pod) and is_gated(pod):
-            self._gated[name] = None
-        else:
-            self._gated.pop(name, None)
-
-    def _index(self, name: str, before: wire.Pod | None, after: wire.Pod | None) -> None:
-        old = group_of(before)
-        new = group_of(after)
-        if old == new:
-            return
-        self._recount.update(g for g in (old, new) if g is not None)
-        if old is not None:
-            self._members[old].discard(name)
-            if not self._members[old]:
-                del self._members[old]
-        if new is not None:
-            self._members[new].add(name)
 
     # --- output -----------------------------------------------------------------------------------------
     def members(self, namespace: str, podgroup: str) -> list[wire.Pod]:
         """The pods (raw) that belong to a podgroup, by name."""
-        names = self._members.get(f"{namespace}/{podgroup}", ())
+        names = self.pod_index.members.get(f"{namespace}/{podgroup}", ())
         pods = self.raw.pods
         return [pods[n] for n in sorted(names) if n in pods]
 
@@ -324,7 +281,7 @@ class Mirror:
         """Pods of this scheduler, alive and without a podgroup: the pod-grouper's work, oldest first (by
         creation time, then name), so the order does not depend on the order the watch told of them."""
         pods = self.raw.pods
-        waiting = [(name, pods[name]) for name in self._ungrouped if name in pods]
+        waiting = [(name, pods[name]) for name in self.pod_index.ungrouped if name in pods]
         waiting.sort(key=lambda item: (item[1].metadata.creation_timestamp or "", item[0]))
         return [pod for _, pod in waiting]
 
@@ -334,7 +291,7 @@ class Mirror:
         seen, keeps its gate until the mirror knows what its podgroup waits for."""
         pods = self.raw.pods
         out = []
-        for name in self._gated:
+        for name in self.pod_index.gated:
             pod = pods.get(name)
             if pod is None or (group := translate.podgroup_name_of(pod)) is None:
                 continue
@@ -432,7 +389,7 @@ class Mirror:
             return None
         # Every pod counts, finished ones too (a Job whose pods completed is not short of its gang), as in
         # `shared.model.validate`.
-        have = len(self._members.get(name, ()))
+        have = len(self.pod_index.members.get(name, ()))
         if have == 0:
             return None
         need = group.root.min_pods()
@@ -482,7 +439,7 @@ class Mirror:
         nodes = set(self._dirty[NODES])
         self._recount.update(self._dirty[PODGROUPS])
         for name in self._dirty[PODGROUPS]:
-            pods.update(self._members.get(name, ()))
+            pods.update(self.pod_index.members.get(name, ()))
             self._groups.pop(name, None)
             self._release(f"podgroup {name}")
             old_key = self._keys.pop(("podgroup", name), None)
