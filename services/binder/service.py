@@ -65,8 +65,9 @@ from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_consumers import ShardLoops, consumer_config, durable_for
+from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, durable_for
 from shared.bus.shard_spread import parse_restriction
+from shared.bus.tasks import set_up, stop_tasks
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
     PROPOSALS,
@@ -312,23 +313,30 @@ async def _recover_forever(
 async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
     """The service body: until `ctx.stopping`, fetch proposals and commit them one at a time."""
     options = parse_options(ctx.config.options)
-    kube: Kube | None = None
-    if client is None and options.cluster == "kube":
-        kube = await connect(options.kubeconfig or os.environ.get("KUBECONFIG") or None)
-        client = KubeClusterClient(
-            kube,
-            ctx.counters,
-            backoff=Backoff(attempts=options.cluster_attempts),
-            settings=options.reservations(),
-            step_order=options.step_order(),
-        )
-        client.volumes.bind_timeout = options.volume_bind_timeout
-    metrics = BinderMetrics(ctx.metrics)
-    # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
-    ctx.bus.ledger = CountedKv(ctx.bus.ledger, noting_cas(metrics.cas_attempt))
-    replica = StateReplica(ctx.bus)
-    await replica.start()
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Each step's undo is registered as the step succeeds, so SIGTERM (the shards' loops returned), a
+        # failure or a cancellation at any step undoes what was set up, in reverse: the shards' loops
+        # stopped (each hands back what it fetched and has not started), the reservation sync and the
+        # recovery scan stopped, not ready, the recovery binds still running finished, the replica's
+        # watches stopped, the Kubernetes client closed.
+        if client is None and options.cluster == "kube":
+            path = options.kubeconfig or os.environ.get("KUBECONFIG") or None
+            kube = await set_up(lambda: connect(path), _close)
+            stack.push_async_callback(kube.close)
+            client = KubeClusterClient(
+                kube,
+                ctx.counters,
+                backoff=Backoff(attempts=options.cluster_attempts),
+                settings=options.reservations(),
+                step_order=options.step_order(),
+            )
+            client.volumes.bind_timeout = options.volume_bind_timeout
+        metrics = BinderMetrics(ctx.metrics)
+        # Every compare-and-set of the commit protocol and the recovery scan goes through this store: counted.
+        ctx.bus.ledger = CountedKv(ctx.bus.ledger, noting_cas(metrics.cas_attempt))
+        replica = StateReplica(ctx.bus)
+        stack.push_async_callback(replica.stop)  # before start: a start that times out leaves watches
+        await replica.start()
         if client is None:
             client = NatsClusterClient(
                 ctx.bus,
@@ -346,78 +354,80 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             binder=ctx.config.replica,
             commit_timeout=options.commit_timeout,
         )
-
-        async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
-            _PROPOSAL_SHARD.set(proposal.shard)
-            keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
-            try:
-                with metrics.proposal(), commit_trace(proposal, committer.lookup) as traced:
-                    traced.finish(await committer.process(proposal))
-            finally:
-                keepalive.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keepalive
-
+        stack.push_async_callback(committer.close)  # the recovery binds still running
+        stack.callback(setattr, ctx, "ready", False)
         recovery = asyncio.create_task(_recover_forever(ctx, committer, replica, options))
-        # Every replica syncs GPU reservations (idempotent; deletes are conditional on what it listed).
-        syncing = (
-            asyncio.create_task(client.sharing.run(ctx.stopping))
-            if isinstance(client, KubeClusterClient)
-            else None
+        stack.push_async_callback(stop_tasks, [recovery])
+        if isinstance(client, KubeClusterClient):
+            # Every replica syncs GPU reservations (idempotent; deletes are conditional on what it listed).
+            syncing = asyncio.create_task(client.sharing.run(ctx.stopping))
+            stack.push_async_callback(stop_tasks, [syncing])
+        loops = ShardLoops(
+            replica, parse_restriction(ctx.config.shard), _consumer(ctx, options, committer, metrics)
         )
-
-        async def consume(shard: str, stop: asyncio.Event) -> None:
-            sub = await ctx.bus.js.pull_subscribe(
-                s.proposals(shard),
-                durable=durable_name(shard),
-                stream=s.PROPOSAL_STREAM,
-                config=consumer_config(shard),
-            )
-            try:
-                while not (stop.is_set() or ctx.stopping.is_set()):
-                    try:
-                        msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
-                    except TimeoutError:
-                        continue
-                    except Exception:
-                        # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
-                        log.exception("shard %s: fetching proposals failed; retrying", shard)
-                        await asyncio.sleep(options.fetch_timeout)
-                        continue
-                    for i, msg in enumerate(msgs):
-                        if ctx.stopping.is_set() or stop.is_set():
-                            await _hand_back(msgs[i:])
-                            break
-                        await _finish_or_abandon(
-                            handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True),
-                            ctx,
-                            options.stop_grace,
-                        )
-            finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-
-        loops = ShardLoops(replica, parse_restriction(ctx.config.shard), consume)
+        stack.push_async_callback(loops.stop)
         await loops.reconcile()
-        ctx.ready = True
 
         def describe() -> str:
             ctx.counters["shards_served"] = len(loops.shards)
             return f"shards {', '.join(loops.shards)}"
 
         ctx.describe = describe
+        ctx.ready = True
+        await loops.run(ctx.stopping)
+
+
+async def _close(kube: Kube) -> None:
+    await kube.close()
+
+
+def _consumer(
+    ctx: ServiceContext, options: BinderOptions, committer: Committer, metrics: BinderMetrics
+) -> Consume:
+    """A shard's loop: batches of proposals from the shard's durable pull consumer, each committed in turn
+    (kept alive past the consumer's ack wait while it runs); once told to stop, the fetched ones not
+    started go back at once."""
+
+    async def on_proposal(proposal: Proposal, msg: _InProgress) -> None:
+        _PROPOSAL_SHARD.set(proposal.shard)
+        keepalive = asyncio.create_task(_keep_alive(msg, options.keepalive))
         try:
-            await loops.run(ctx.stopping)
+            with metrics.proposal(), commit_trace(proposal, committer.lookup) as traced:
+                traced.finish(await committer.process(proposal))
         finally:
-            ctx.ready = False
-            for background in (recovery, syncing):
-                if background is None:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+
+    async def consume(shard: str, stop: asyncio.Event) -> None:
+        sub = await ctx.bus.js.pull_subscribe(
+            s.proposals(shard),
+            durable=durable_name(shard),
+            stream=s.PROPOSAL_STREAM,
+            config=consumer_config(shard),
+        )
+        try:
+            while not (stop.is_set() or ctx.stopping.is_set()):
+                try:
+                    msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
+                except TimeoutError:
                     continue
-                background.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await background
-            await committer.close()  # the recovery binds still running
-    finally:
-        await replica.stop()
-        if kube is not None:
-            await kube.close()
+                except Exception:
+                    # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
+                    log.exception("shard %s: fetching proposals failed; retrying", shard)
+                    await asyncio.sleep(options.fetch_timeout)
+                    continue
+                for i, msg in enumerate(msgs):
+                    if ctx.stopping.is_set() or stop.is_set():
+                        await _hand_back(msgs[i:])
+                        break
+                    await _finish_or_abandon(
+                        handle(msg, PROPOSALS, on_proposal, ctx.counters, jetstream=True),
+                        ctx,
+                        options.stop_grace,
+                    )
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    return consume

@@ -1,4 +1,4 @@
-"""The queue's, placement's and GPU agent's bodies set up step by step and undo what they set up however
+"""The queue's, placement's, binder's, state's and GPU agent's bodies set up step by step and undo what they set up however
 they end (`contextlib.AsyncExitStack`), against a real nats-server: SIGTERM drains and returns, and a body
 cancelled (a crash stand-in: what `serve` does when the runner is cancelled) or whose start fails leaves
 nothing running behind it: no task of its own, no subscription answering."""
@@ -8,17 +8,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from nats.errors import ConnectionClosedError, NoRespondersError
 
+from services.binder import service as binder
 from services.gpu_agent.nvml import NvmlReader
 from services.gpu_agent.service import Agent, AgentSettings
 from services.placement import service as placement
 from services.queue import service as queue
+from services.state import service as state
 from shared.bus.connection import Bus, connect
+from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
+from shared.errors import ConfigError, TemporaryError
 from tests.unit.test_gpu_agent_fake_nvml import FakeGpu, FakeNvml
 from tools.stack.nats_server import NatsServer
 
@@ -66,6 +71,8 @@ async def left_behind(
     [
         ("placement", placement.body, "ShardLoops._guarded"),  # a shard's loop started, maybe subscribing
         ("queue", queue.body, "_watch_loop_lag"),  # every step done: leading or standing by
+        ("binder", binder.run, "ShardLoops._guarded"),  # the recovery scan running, a shard's loop started
+        ("state", state.body, "SimOwner._timers"),  # the simulated cluster's owner starting, then serving
     ],
 )
 async def test_a_replica_cancelled_once_started_leaves_nothing_running(
@@ -74,7 +81,10 @@ async def test_a_replica_cancelled_once_started_leaves_nothing_running(
     assert await left_behind(nats_server, service, body, step) == []
 
 
-@pytest.mark.parametrize(("service", "body"), [("placement", placement.body), ("queue", queue.body)])
+@pytest.mark.parametrize(
+    ("service", "body"),
+    [("placement", placement.body), ("queue", queue.body), ("binder", binder.run), ("state", state.body)],
+)
 async def test_sigterm_ends_a_started_replica_and_leaves_nothing_running(
     nats_server: NatsServer, bus: Bus, service: str, body: Body
 ) -> None:
@@ -99,6 +109,52 @@ async def test_sigterm_ends_a_started_replica_and_leaves_nothing_running(
     assert running_steps(asyncio.all_tasks() - before - {asyncio.current_task()}) == []  # type: ignore[operator]
     with pytest.raises(NoRespondersError):
         await bus.nc.request(s.health(service, f"{service}-1"), b"", timeout=2)
+
+
+@pytest.mark.parametrize(("service", "body"), [("binder", binder.run), ("state", state.body)])
+async def test_a_replica_whose_state_view_does_not_catch_up_at_start_leaves_nothing_running(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, service: str, body: Body
+) -> None:
+    """Its replica's watches began, then the start gave up waiting for them (its timeout): they are stopped,
+    and the body ends with the error instead of running."""
+    real_start = StateReplica.start
+
+    async def start_then_time_out(self: StateReplica, timeout: float = 10.0) -> None:
+        await real_start(self, timeout)
+        raise TimeoutError
+
+    monkeypatch.setattr(StateReplica, "start", start_then_time_out)
+    own = await connect(nats_server.url, f"{service}-1")
+    before = asyncio.all_tasks()
+    ctx = ServiceContext(service, ServiceConfig(replica=f"{service}-1"), own)
+    try:
+        with pytest.raises((TimeoutError, TemporaryError)):  # the state service names it a temporary error
+            await asyncio.wait_for(body(ctx), TIMEOUT)
+        assert not ctx.ready
+        assert running_steps(asyncio.all_tasks() - before - {asyncio.current_task()}) == []  # type: ignore[operator]
+    finally:
+        await own.close()
+
+
+async def test_a_state_service_whose_cluster_file_fails_at_start_leaves_nothing_running(
+    nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    """The simulated cluster's owner refused the file after the replica started: the replica's watches
+    and the owner's timers are stopped, and no one answers the cluster's requests."""
+    path = tmp_path / "orphans.yaml"
+    path.write_text("podgroups: [{name: g, queue: missing}]\n")
+    own = await connect(nats_server.url, "state-1")
+    before = asyncio.all_tasks()
+    ctx = ServiceContext("state", ServiceConfig(replica="state-1", options={"cluster": str(path)}), own)
+    try:
+        with pytest.raises(ConfigError, match="unknown queue 'missing'"):
+            await asyncio.wait_for(state.body(ctx), TIMEOUT)
+        assert not ctx.ready
+        assert running_steps(asyncio.all_tasks() - before - {asyncio.current_task()}) == []  # type: ignore[operator]
+        with pytest.raises(NoRespondersError):
+            await bus.nc.request(s.cluster("apply"), b"", timeout=2)
+    finally:
+        await own.close()
 
 
 async def test_a_gpu_agent_that_cannot_subscribe_to_requests_shuts_nvml_down(
