@@ -88,7 +88,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Literal
 
 import msgspec
@@ -110,6 +110,7 @@ from services.state.webhook.webhook import DEFAULT_RUNTIME_CLASS, AdmissionServe
 from shared.bus.object_store import SnapshotStore
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
+from shared.bus.tasks import set_up
 from shared.clusterfile import ClusterObjects, load_cluster
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
@@ -325,107 +326,124 @@ async def body(ctx: ServiceContext) -> None:
         initial = (
             load_cluster(options.cluster) if options.cluster else demo_cluster() if options.demo else None
         )
-    replica = StateReplica(ctx.bus)
-    try:
-        await replica.start()
-    except TimeoutError as exc:
-        await replica.stop()
-        raise TemporaryError("the state replica did not catch up with KV within its start timeout") from exc
-    owner: SimOwner | None = None
-    election: KubeElection | PartitionedKube | None = None
-    webhook: AdmissionServer | None = None
-    webhook_kube: Kube | None = None
-    metrics = StateMetrics(ctx.metrics)
-    metrics.watch(
-        objects=lambda: count_kinds(key.partition(".")[0] for key in replica.records),
-        revision=lambda: replica.revision,
-    )
-    reader = SnapshotServer(ctx, replica, options.snapshot_wait)
-    snapshot_http.register(ctx, replica)  # GET /get-snapshot on the health port
-    subs: list[Subscription] = []
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Each step's undo is registered as the step starts, so SIGTERM (`ctx.stopping`), a failure or a
+        # cancellation at any step undoes what was set up, in reverse: not ready, each subscription drained
+        # (its callback finishes what it holds: a bind in flight and its writes), the snapshot answers in
+        # flight finished, the webhook and its client stopped, the source stopped (the simulated cluster's
+        # owner, or the Kubernetes source's election and its lease), the replica's watches stopped.
+        stack.callback(ctx.log.info, "stopped")
+        replica = StateReplica(ctx.bus)
+        stack.push_async_callback(replica.stop)  # before start: a start that times out leaves watches
+        try:
+            await replica.start()
+        except TimeoutError as exc:
+            raise TemporaryError(
+                "the state replica did not catch up with KV within its start timeout"
+            ) from exc
+        metrics = StateMetrics(ctx.metrics)
+        metrics.watch(
+            objects=lambda: count_kinds(key.partition(".")[0] for key in replica.records),
+            revision=lambda: replica.revision,
+        )
+        snapshot_http.register(ctx, replica)  # GET /get-snapshot on the health port
         revision = 0
+        election: KubeElection | PartitionedKube | None = None
         if options.source == "sim":
             owner = SimOwner(ctx, SimulatedCluster(options.run_delay), replica)
+            stack.push_async_callback(owner.stop)
             try:
                 revision = await owner.start(initial)
             except InvalidObject as exc:  # objects that are fine alone but not together (an unknown queue)
                 raise ConfigError(f"cluster {options.cluster or 'demo'}: {exc}") from exc
-            subs.append(
-                await ctx.bus.nc.subscribe(s.CLUSTER_WILDCARD, queue=QUEUE_GROUP, cb=owner.on_request)
-            )
+            await _subscribe(ctx, stack, s.CLUSTER_WILDCARD, owner.on_request)
         elif options.source == "kube":
-            source_options = KubeSourceOptions(
-                scheduler_name=options.scheduler_name,
-                node_pool_label_key=options.node_pool_label_key,
-                extra_plugins=extra_plugins(load_registry()),
-                scale_adjust=options.scale_adjust,
-                grouper=options.grouper_config(),
-            )
-            if options.partitions:
-                election = PartitionedKube(
-                    ctx, replica, options.kubeconfig, source_options, options.partitions
-                )
+            election = _election(ctx, replica, options)
+            stack.push_async_callback(election.stop)
+            if isinstance(election, PartitionedKube):
                 await election.prepare()
-            else:
-                election = KubeElection(ctx, replica, options.kubeconfig, source_options)
             metrics.watch(informers=election.informers)
             election.start()
         if options.webhook_port and options.source != "sim":
             # Standbys and read replicas answer admission calls too: the decision reads the API, not KV.
-            webhook_kube = await connect_kube(options.kubeconfig)
-            webhook = AdmissionServer(
-                ctx,
-                webhook_kube,
-                WebhookOptions(
-                    port=options.webhook_port,
-                    host=ctx.config.health_host,
-                    cert=options.webhook_cert,
-                    key=options.webhook_key,
-                    scheduler_name=options.scheduler_name,
-                    quota_gate=options.quota_gate,
-                    fraction_runtime_class=options.gpu_fraction_runtime_class_name,
-                    routes=(
-                        (
-                            queue_validation.PATH,
-                            QueueValidation(
-                                ctx,
-                                lambda: queue_validation.queues_of(replica.records.values()),
-                                quota_validation=options.queue_quota_validation,
-                            ).handle,
-                        ),
-                    ),
-                    block_nvidia_visible_devices=options.block_nvidia_visible_devices,
-                    hami_core=options.hami_core_enabled,
-                    podgroups=None if election is None else podgroup_lookup.from_election(election),
-                ),
-            )
+            webhook_kube = await set_up(lambda: connect_kube(options.kubeconfig), _close)
+            stack.push_async_callback(webhook_kube.close)
+            webhook = AdmissionServer(ctx, webhook_kube, _webhook_options(ctx, replica, options, election))
+            stack.push_async_callback(webhook.stop)
             await webhook.start()
-        subs.append(await ctx.bus.nc.subscribe(s.STATE_SNAPSHOT, queue=QUEUE_GROUP, cb=reader.on_request))
+        reader = SnapshotServer(ctx, replica, options.snapshot_wait)
+        stack.push_async_callback(reader.stop)
+        await _subscribe(ctx, stack, s.STATE_SNAPSHOT, reader.on_request)
         await replica.wait_for(revision)
         ctx.detail = f"source={options.source}"
         # Ready means the server knows our subscriptions: a request sent on "ready" finds a responder.
         await ctx.bus.nc.flush()
+        stack.callback(setattr, ctx, "ready", False)
         ctx.ready = True
         ctx.log.info("ready: source=%s, state revision %d", options.source, replica.revision)
         await ctx.stopping.wait()
-    finally:
-        ctx.ready = False
-        for sub in subs:
-            # Drain: stop receiving, let the callback finish what it holds (an in-flight bind and its writes).
-            with contextlib.suppress(Exception):
-                await sub.drain()  # type: ignore[no-untyped-call]
-        await reader.stop()
-        if webhook is not None:
-            await webhook.stop()
-        if webhook_kube is not None:
-            await webhook_kube.close()
-        if owner is not None:
-            await owner.stop()
-        if election is not None:
-            await election.stop()
-        await replica.stop()
-        ctx.log.info("stopped")
+
+
+async def _subscribe(
+    ctx: ServiceContext, stack: contextlib.AsyncExitStack, subject: str, cb: Callable[[Msg], Awaitable[None]]
+) -> None:
+    """`subject` answered by `cb` in the service's queue group until the body ends, then drained."""
+    sub = await ctx.bus.nc.subscribe(subject, queue=QUEUE_GROUP, cb=cb)
+    stack.push_async_callback(_drain, sub)
+
+
+async def _drain(sub: Subscription) -> None:
+    """Stop receiving and let the callback finish what it holds; an error is ignored (the connection it
+    would tidy may be gone already)."""
+    with contextlib.suppress(Exception):
+        await sub.drain()  # type: ignore[no-untyped-call]
+
+
+async def _close(kube: Kube) -> None:
+    await kube.close()
+
+
+def _election(
+    ctx: ServiceContext, replica: StateReplica, options: StateOptions
+) -> KubeElection | PartitionedKube:
+    """The Kubernetes source: one lease holder mirrors the cluster, or each replica its partitions."""
+    source_options = KubeSourceOptions(
+        scheduler_name=options.scheduler_name,
+        node_pool_label_key=options.node_pool_label_key,
+        extra_plugins=extra_plugins(load_registry()),
+        scale_adjust=options.scale_adjust,
+        grouper=options.grouper_config(),
+    )
+    if options.partitions:
+        return PartitionedKube(ctx, replica, options.kubeconfig, source_options, options.partitions)
+    return KubeElection(ctx, replica, options.kubeconfig, source_options)
+
+
+def _webhook_options(
+    ctx: ServiceContext,
+    replica: StateReplica,
+    options: StateOptions,
+    election: KubeElection | PartitionedKube | None,
+) -> WebhookOptions:
+    """The admission webhook's settings: the options', the Queue validation route, the podgroup lookup."""
+    validation = QueueValidation(
+        ctx,
+        lambda: queue_validation.queues_of(replica.records.values()),
+        quota_validation=options.queue_quota_validation,
+    )
+    return WebhookOptions(
+        port=options.webhook_port,
+        host=ctx.config.health_host,
+        cert=options.webhook_cert,
+        key=options.webhook_key,
+        scheduler_name=options.scheduler_name,
+        quota_gate=options.quota_gate,
+        fraction_runtime_class=options.gpu_fraction_runtime_class_name,
+        routes=((queue_validation.PATH, validation.handle),),
+        block_nvidia_visible_devices=options.block_nvidia_visible_devices,
+        hami_core=options.hami_core_enabled,
+        podgroups=None if election is None else podgroup_lookup.from_election(election),
+    )
 
 
 class SnapshotServer:
