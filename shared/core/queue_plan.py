@@ -111,8 +111,10 @@ def _plan(snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegis
         pending = tuple(key for key in pending if key in considered)
     stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
     guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
+    total = _resources(ssn.total)
+    ssn.close()
     admissions = quota_verdicts(snapshot, now, policy, registry)
-    return QueuePlan(shares, pending, stale, guarded, admissions, _resources(ssn.total))
+    return QueuePlan(shares, pending, stale, guarded, admissions, total)
 
 
 def _considered(ssn: Session, policy: Policy) -> set[str]:

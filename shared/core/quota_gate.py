@@ -156,6 +156,7 @@ def quota_verdicts(
                 limited_by=limited_by,
             )
         verdicts.append(verdict)
+    ssn.close()
     return tuple(verdicts)
 
 

@@ -59,4 +59,7 @@ def _cycle(
 ) -> CycleResult:
     # The session ends with this frame, before the collector's pass (`schedule`).
     ssn = run_session(snapshot, now, policy, focus, around_action, registry)
-    return result_of(ssn, want_view=want_view, node_details=node_details)
+    try:
+        return result_of(ssn, want_view=want_view, node_details=node_details)
+    finally:
+        ssn.close()

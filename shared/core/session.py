@@ -163,6 +163,24 @@ class Session:
         usage = {u.queue: (u.gpu, u.cpu, u.memory) for u in policy.queue_usage}
         set_fair_shares(self.queues, self.total, usage, policy.k_value)
 
+    def close(self) -> None:
+        """Break the session's reference cycles (each task and its job and pod set, each node and its
+        cluster), so that it is freed as soon as its last reference goes rather than by the collector's
+        pass over its objects (`shared.core.cycle.collector_paused`: about 30 ms for a session of 5,000
+        nodes and 11,000 pods, against 5 ms). For the core's entry points, once they have read what they
+        return: the session cannot be used afterwards."""
+        for task in self.tasks.values():
+            del task.job
+            task.pod_set = None
+        for node in self.cluster.order:
+            del node.cluster
+        # What else refers to the session (a job order holding its heaps' bound methods is a cycle of its
+        # own) then keeps only the session itself, not its jobs, tasks and nodes.
+        self.jobs = {}
+        self.tasks = {}
+        self.log = SessionLog()
+        del self.cluster
+
     def _mig_total_gpus(self) -> float:
         total = 0.0
         for node in self.cluster.order:
