@@ -82,9 +82,11 @@ class StateReplica:
             asyncio.create_task(self._watch("state")),
             asyncio.create_task(self._watch("ledger")),
         ]
-        await asyncio.wait_for(
-            asyncio.gather(self._synced["state"].wait(), self._synced["ledger"].wait()), timeout
-        )
+        # One deadline over both waits in turn: a gather under wait_for, cancelled, left its future's
+        # exception unretrieved ("_GatheringFuture exception was never retrieved" in the log).
+        async with asyncio.timeout(timeout):
+            await self._synced["state"].wait()
+            await self._synced["ledger"].wait()
 
     async def stop(self) -> None:
         """Both watches ended and closed, however often this is cancelled meanwhile (`stop_tasks`)."""
