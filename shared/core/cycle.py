@@ -209,7 +209,8 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
         if t.status == PodStatus.PIPELINED and t.node == node
     )
     detailed = frozenset(node_details)
-    statuses = {job.key: _status(job, job.key in detailed) for job in ssn.jobs.values()}
+    maybe = {job.key for job in ssn.maybe_pending}
+    statuses = {job.key: _status(job, job.key in detailed, job.key in maybe) for job in ssn.jobs.values()}
     pending = tuple(
         PendingExplanation(podgroup=s.podgroup, message=s.fit_error)
         for s in statuses.values()
@@ -301,14 +302,14 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
     )
 
 
-def _status(job: JobState, detailed: bool) -> PodGroupStatus:
+def _status(job: JobState, detailed: bool, maybe_pending: bool) -> PodGroupStatus:
     errors = job.fit_errors  # none for most jobs (every job has a status every cycle)
     return PodGroupStatus(
         podgroup=job.key,
         namespace=job.namespace,
         name=job.name,
         queue=job.queue,
-        pending=job.has_tasks_to_allocate(real=True),
+        pending=maybe_pending and job.has_tasks_to_allocate(real=True),
         fit_error=fit_error_message(errors) if errors else None,
         reasons=tuple(dict.fromkeys(reason for reason, _ in errors)) if errors else (),
         last_start_time=job.last_start_time,

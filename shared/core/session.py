@@ -116,6 +116,7 @@ class Session:
         self.stuck_by_node: dict[str, list[str]] = {}
         """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold
+        pending: set[str] = set()
         for pod in snapshot.pods:
             job = self.jobs.get(pod.podgroup)
             if job is None:
@@ -130,6 +131,12 @@ class Session:
                     self.stuck_by_node.setdefault(pod.node, []).append(named)
             job.add_task(task)
             self.tasks[task.key] = task
+            if task.status == PodStatus.PENDING:
+                pending.add(job.key)
+        self.maybe_pending: list[JobState] = [job for key, job in self.jobs.items() if key in pending]
+        """The jobs with a pending pod when the session opened, in job order: the only ones that can have
+        one later (no statement sets a pod pending; undoing one puts back a pod that was), so what asks
+        every job for a pending pod asks these."""
         if accounting_only:
             self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
         else:
@@ -178,6 +185,7 @@ class Session:
         # own) then keeps only the session itself, not its jobs, tasks and nodes.
         self.jobs = {}
         self.tasks = {}
+        self.maybe_pending = []
         self.log = SessionLog()
         del self.cluster
 

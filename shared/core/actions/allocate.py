@@ -22,7 +22,7 @@ def pending_jobs(ssn: Session) -> list[JobState]:
     """Jobs with pods waiting to be placed and enough live pods to form their gangs."""
     return [
         j
-        for j in ssn.jobs.values()
+        for j in ssn.maybe_pending
         if ssn.in_focus(j) and j.has_tasks_to_allocate(real=True) and j.is_ready_for_scheduling()
     ]
 

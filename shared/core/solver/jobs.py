@@ -318,7 +318,7 @@ def pending_jobs(ssn: Session, preemptible_only: bool = False) -> list[JobState]
     a job within it is left out, saying so; allocation into free capacity is not affected)."""
     return [
         job
-        for job in ssn.jobs.values()
+        for job in ssn.maybe_pending
         if ssn.in_focus(job)
         and job.has_tasks_to_allocate(real=True)  # a pod is pending
         and job.is_ready_for_scheduling()
