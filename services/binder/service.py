@@ -366,15 +366,7 @@ async def run(ctx: ServiceContext, client: ClusterClient | None = None) -> None:
             replica, parse_restriction(ctx.config.shard), _consumer(ctx, options, committer, metrics)
         )
         stack.push_async_callback(loops.stop)
-        await loops.reconcile()
-
-        def describe() -> str:
-            ctx.counters["shards_served"] = len(loops.shards)
-            return f"shards {', '.join(loops.shards)}"
-
-        ctx.describe = describe
-        ctx.ready = True
-        await loops.run(ctx.stopping)
+        await loops.serve(ctx)
 
 
 async def _close(kube: Kube) -> None:

@@ -80,15 +80,7 @@ async def body(ctx: ServiceContext) -> None:
         )
         loops = ShardLoops(replica, parse_restriction(ctx.config.shard), _consumer(ctx, worker))
         stack.push_async_callback(loops.stop)
-        await loops.reconcile()
-
-        def describe() -> str:
-            ctx.counters["shards_served"] = len(loops.shards)
-            return f"shards {', '.join(loops.shards)}"
-
-        ctx.describe = describe
-        ctx.ready = True
-        await loops.run(ctx.stopping)
+        await loops.serve(ctx)
 
 
 def _consumer(ctx: ServiceContext, worker: Worker) -> Consume:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from nats.js.api import ConsumerConfig
 
@@ -29,6 +30,9 @@ from shared.bus.replica import StateReplica
 from shared.bus.shard_spread import served
 from shared.bus.tasks import stop_tasks
 from shared.contracts import subjects as s
+
+if TYPE_CHECKING:
+    from shared.bus.service import ServiceContext
 
 log = logging.getLogger("kairos.shards")
 
@@ -85,6 +89,20 @@ class ShardLoops:
             stop = asyncio.Event()
             self.loops[shard] = (asyncio.create_task(self._guarded(shard, stop)), stop)
             log.info("shard %s: served", shard)
+
+    async def serve(self, ctx: ServiceContext) -> None:
+        """The shards of a service that consumes per shard (placement, the binder): loops for the shards
+        there are, their names in the replica's heartbeat (`shards_served`), the replica ready, then `run`
+        until the service stops."""
+        await self.reconcile()
+
+        def describe() -> str:
+            ctx.counters["shards_served"] = len(self.shards)
+            return f"shards {', '.join(self.shards)}"
+
+        ctx.describe = describe
+        ctx.ready = True
+        await self.run(ctx.stopping)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Until `stopping`: keep one loop per served shard; then stop them all (`stop`)."""
