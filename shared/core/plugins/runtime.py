@@ -236,22 +236,18 @@ class Runtime(Generic[S]):
     def job_capacity(self, ssn: S, job: JobState, tasks: list[TaskState]) -> CapacityResult | None:
         """The first quota check's no, in chain order (None: all fit); one that raises says no with its
         name."""
-        for check in self._quota_checks:
-            try:
-                result = check.job_capacity(ssn, job, tasks)
-            except Exception as exc:  # noqa: BLE001
-                return _capacity_failure(self._failed("quota_check", "job_capacity", check, exc))
-            if not result.ok:
-                return result
-        return None
+        return self._first_no("job_capacity", ssn, job, tasks)
 
     def node_capacity(self, ssn: S, task: TaskState, node: NodeState) -> CapacityResult | None:
         """As `job_capacity`, for one pod on one node."""
+        return self._first_no("node_capacity", ssn, task, node)
+
+    def _first_no(self, method: str, *args: object) -> CapacityResult | None:
         for check in self._quota_checks:
             try:
-                result = check.node_capacity(ssn, task, node)
+                result: CapacityResult = getattr(check, method)(*args)
             except Exception as exc:  # noqa: BLE001
-                return _capacity_failure(self._failed("quota_check", "node_capacity", check, exc))
+                return _capacity_failure(self._failed("quota_check", method, check, exc))
             if not result.ok:
                 return result
         return None
