@@ -339,7 +339,12 @@ class JobState:
             ps.name: PodSetState(ps.name, ps.min_available, ps.topology_constraint)
             for ps in (root.all_pod_sets() if root.children else root.pod_sets)
         }
-        self.tree = _tree(root, self.pod_sets)
+        self.tree = (
+            # A flat podgroup with distinct pod-set names (most): its pod sets in its order, as `_tree` gives.
+            SetState(root.name, root.min_sub_group, (), tuple(self.pod_sets.values()))
+            if not root.children and len(self.pod_sets) == len(root.pod_sets)
+            else _tree(root, self.pod_sets)
+        )
         """The sub-group tree over `pod_sets` (KAI ``RootSubGroupSet``), what gang questions walk."""
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)

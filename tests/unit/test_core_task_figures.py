@@ -8,7 +8,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.tasks import JobState, TaskState
+from shared.core.tasks import JobState, SetState, TaskState, _tree
 from shared.model import GpuRequest, PodSet, PodStatus, SubGroupSet
 from tests.builders import pod, podgroup
 
@@ -57,3 +57,29 @@ def test_a_gang_is_satisfied_when_enough_members_at_every_level_run_their_pods(
             status = data.draw(st.sampled_from(list(PodStatus)))
             job.add_task(TaskState(pod(f"{ps.name}-{i}", sub_group=ps.name, status=status), job))
     assert job.tree.gang_satisfied() == job.tree.satisfied_with(lambda ps: ps.active_used)
+
+
+def _shape(group: SetState) -> tuple[object, ...]:
+    return (
+        group.name,
+        group.min_sub_group,
+        tuple(_shape(child) for child in group.children),
+        tuple(id(ps) for ps in group.pod_sets),
+    )
+
+
+flat_roots = st.builds(
+    lambda names, minimum: SubGroupSet(
+        name="root", pod_sets=tuple(PodSet(name=n, min_available=1) for n in names), min_sub_group=minimum
+    ),
+    st.lists(st.sampled_from(["a", "b", "c"]), max_size=4),
+    st.none() | st.integers(0, 3),
+)
+
+
+@given(trees() | flat_roots)
+def test_a_job_s_sub_group_tree_holds_its_pod_sets_as_the_podgroup_orders_them(root: SubGroupSet) -> None:
+    if not root.all_pod_sets():
+        return  # a podgroup without pod sets gets the default one
+    job = JobState(msgspec.structs.replace(podgroup(), root=root))
+    assert _shape(job.tree) == _shape(_tree(root, job.pod_sets))
