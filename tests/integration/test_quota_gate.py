@@ -25,7 +25,8 @@ from services.placement import service as placement
 from services.queue import service as queue
 from services.state import service as state
 from services.state.controllers.gate_keepers import QUOTA_EXCEEDED, QuotaGateKeeper
-from services.state.mirror.cache import PODGROUPS, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import PODGROUPS
 from services.state.webhook.webhook import PATH
 from shared.bus.client import BusClient
 from shared.bus.connection import Bus

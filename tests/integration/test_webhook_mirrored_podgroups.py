@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from services.state.mirror.cache import PODGROUPS
+from services.state.mirror.raw_objects import PODGROUPS
 from services.state.sources.kube_source import KubeElection
 from services.state.webhook import podgroup_lookup
 from services.state.webhook.podgroup_lookup import ABSENT, UNKNOWN, Known

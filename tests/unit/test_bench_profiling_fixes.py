@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.mirror.cache import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
 from shared.core import allocation as common
 from shared.core.policy import Policy
 from shared.core.scheduler import schedule

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NAMESPACES, NODES, PODGROUPS, PODS, QUEUES, TOPOLOGIES
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
 from shared.model import Pod, PodGroup, Queue

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from services.state.mirror.cache import NODES, PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NODES, PODGROUPS, PODS, QUEUES
 from shared.kube import keys
 from shared.model import Pod
 from tests.hostile import node_doc, pod_doc, podgroup_doc, queue_doc

@@ -22,9 +22,10 @@ from services.state.controllers import shards
 from services.state.controllers.grouping import group_pod
 from services.state.controllers.podwork import PodWorkLoop
 from services.state.mirror import cache as mirror_module
-from services.state.mirror.cache import NODES, PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
 from services.state.mirror.dependencies import AFTER_ANNOTATION, MAX_DEPENDENCIES, parse_after
 from services.state.mirror.problems import Problem
+from services.state.mirror.raw_objects import NODES, PODGROUPS, PODS, QUEUES
 from shared.contracts.messages import ShardRecord
 from shared.errors import InvalidObject
 from shared.kube import gpu_sharing, keys, translate, values, wire

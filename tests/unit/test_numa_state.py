@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.state.mirror.cache import NODES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NODES
 from shared.contracts import subjects as s
 from shared.model import Node
 

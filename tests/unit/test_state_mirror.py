@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
 from services.state.sources.kv_objects import Change
 from shared.contracts import subjects as s
 from shared.contracts.inventory import GpuDevice, GpuInventory

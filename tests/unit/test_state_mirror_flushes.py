@@ -14,7 +14,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.state.mirror.cache import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
 from tests.unit.test_state_mirror import NOW, namespace, node, pod, podgroup, queue
 
 POD_NAMES = ("p0", "p1", "p2")

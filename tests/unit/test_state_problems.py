@@ -12,8 +12,9 @@ from typing import Any
 import msgspec
 
 from services.state.mirror import problems
-from services.state.mirror.cache import PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
 from services.state.mirror.problems import Problem
+from services.state.mirror.raw_objects import PODGROUPS, PODS, QUEUES
 from shared.kube import wire
 from tests.unit.test_state_mirror import NOW, cluster, js, pod, podgroup, queue
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from services.state.mirror import problems
-from services.state.mirror.cache import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
+from services.state.mirror.raw_objects import JOBS, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
 from services.state.webhook import admission_review, gate_patches
 from shared.contracts import subjects as s
 from shared.errors import InvalidObject

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import msgspec
 
-from services.state.mirror.cache import NODES, Mirror
+from services.state.mirror.cache import Mirror
 from services.state.mirror.gpu_usage import SIM_TELEMETRY_LABEL, UNHEALTHY_GPUS_LABEL
+from services.state.mirror.raw_objects import NODES
 from services.state.sources.sim_source import TELEMETRY_PERIOD, SimulatedCluster
 from shared.clusterfile import load_cluster
 from shared.contracts import subjects as s

@@ -22,8 +22,9 @@ from typing import Any
 
 from services.state.controllers.writeback import NOT_FOUND, event_time, patch_pod_status
 from services.state.mirror import problems
-from services.state.mirror.cache import PODGROUPS, PODS, QUEUES, Mirror
+from services.state.mirror.cache import Mirror
 from services.state.mirror.problems import Problem
+from services.state.mirror.raw_objects import PODGROUPS, PODS, QUEUES
 from shared.bus.service import ServiceContext
 from shared.kube import translate, wire
 from shared.kubeapi.client import ApiError, Kube

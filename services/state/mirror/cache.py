@@ -96,19 +96,7 @@ from shared.kube import keys, translate, wire
 from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
 
-__all__ = [
-    "JOBS",
-    "KINDS",
-    "NAMESPACES",
-    "NODES",
-    "PODGROUPS",
-    "PODS",
-    "PRIORITY_CLASSES",
-    "QUEUES",
-    "TOPOLOGIES",
-    "Mirror",
-    "RawObjects",
-]
+__all__ = ["Mirror"]
 
 _STAGE_HOLDS = frozenset(STAGE_REASONS.values())
 

@@ -57,7 +57,10 @@ from services.state.controllers.scale_adjuster import ScaleAdjuster
 from services.state.controllers.scaling_pods import ScaleAdjustOptions
 from services.state.controllers.shard_watch import ShardWatch
 from services.state.controllers.writeback import WriteBack, WriteBackOptions
-from services.state.mirror.cache import (
+from services.state.mirror.cache import Mirror
+from services.state.mirror.gpu_overlay import refusal
+from services.state.mirror.problems import Problem
+from services.state.mirror.raw_objects import (
     JOBS,
     NAMESPACES,
     NODES,
@@ -66,10 +69,7 @@ from services.state.mirror.cache import (
     PRIORITY_CLASSES,
     QUEUES,
     TOPOLOGIES,
-    Mirror,
 )
-from services.state.mirror.gpu_overlay import refusal
-from services.state.mirror.problems import Problem
 from services.state.replies import decoded
 from services.state.sources.dra_watch import dra_informers
 from services.state.sources.kv_objects import object_key

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from services.state.mirror.cache import PODGROUPS
+from services.state.mirror.raw_objects import PODGROUPS
 from services.state.sources.kube_source import KubeElection, KubeSource
 from services.state.sources.partitioned_source import PartitionedKube
 
