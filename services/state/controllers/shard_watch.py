@@ -191,13 +191,14 @@ class ShardWatch:
             return
         if not problems.shows(seen.status.conditions, problem):
             log.warning("SchedulingShard %s not applied: %s", shard, problem.message)
-            about = translate.InvolvedObject(
-                api_version=problems.API_VERSIONS["SchedulingShard"],
-                kind="SchedulingShard",
-                name=shard,
-                uid=seen.metadata.uid,
+            await write_event(
+                self.kube,
+                self.ctx,
+                _involved(shard, seen),
+                problem,
+                f"schedulingshard {shard}",
+                self.component,
             )
-            await write_event(self.kube, self.ctx, about, problem, f"schedulingshard {shard}", self.component)
             self.ctx.counters["problems_reported"] += 1
             await self._condition(shard, seen, problem)
         self._shown[shard] = shown
@@ -211,13 +212,9 @@ class ShardWatch:
             and self._noted.get(shard) != told
             and not shard_notes.shows(seen.status.conditions, notes)
         ):
-            about = translate.InvolvedObject(
-                api_version=problems.API_VERSIONS["SchedulingShard"],
-                kind="SchedulingShard",
-                name=shard,
-                uid=seen.metadata.uid,
+            await write_event(
+                self.kube, self.ctx, _involved(shard, seen), notes, f"schedulingshard {shard}", self.component
             )
-            await write_event(self.kube, self.ctx, about, notes, f"schedulingshard {shard}", self.component)
             self.ctx.counters["shard_notes_reported"] += 1
         self._noted[shard] = told
         patch = shard_notes.conditions_patch(seen.status.conditions, notes, event_time())
@@ -342,3 +339,13 @@ class ShardWatch:
             return
         obj.setdefault("status", {}).update(status)
         self.raw[shard] = json.dumps(obj).encode()
+
+
+def _involved(shard: str, seen: shards.Seen) -> translate.InvolvedObject:
+    """The SchedulingShard as an Event names it."""
+    return translate.InvolvedObject(
+        api_version=problems.API_VERSIONS["SchedulingShard"],
+        kind="SchedulingShard",
+        name=shard,
+        uid=seen.metadata.uid,
+    )
