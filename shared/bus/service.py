@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from nats.aio.subscription import Subscription
 
-from shared import memory_release
+from shared import event_loop, memory_release
 from shared.bus.connection import ENV_REPLICAS, Bus, connect
 from shared.bus.health_http import Handler, ServiceProbes, metrics_handler, start_health_server
 from shared.bus.middleware import Counters
@@ -402,7 +402,7 @@ def _run(main_coroutine: Coroutine[Any, Any, None]) -> int:
     """`asyncio.run` without its last wait: the default executor's threads are not joined, since a core
     computation there (placement, the queue's plan) cannot be interrupted and may run for a long while
     after SIGTERM; tasks left behind get `CLOSE_DEADLINE_S` to finish cancelling."""
-    loop = asyncio.new_event_loop()
+    loop = event_loop.new_event_loop()
     try:
         loop.run_until_complete(main_coroutine)
         return 0

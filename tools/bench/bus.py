@@ -42,6 +42,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from shared import event_loop
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
@@ -180,7 +181,7 @@ def run_bus(
         raise
     log.info("%s: stack up in %.1f s", workload.name, time.monotonic() - started)
     try:
-        return asyncio.run(_Run(stack, workload, options, profile).run())
+        return event_loop.run(_Run(stack, workload, options, profile).run())
     finally:
         stopping = time.monotonic()
         # The measurement is over: a service still draining (the state service sometimes waits out the whole

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 
+from shared import event_loop
 from shared.errors import KairosError
 from shared.gc_settings import tune as tune_gc
 from tools.kubesim.config import KubeSimConfig, initial_nodes, parse_args
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     tune_gc()
     try:
         config = parse_args(argv)
-        asyncio.run(serve(config))
+        event_loop.run(serve(config))
     except KairosError as exc:
         print(f"kubesim: {exc}", file=sys.stderr, flush=True)
         return 2
