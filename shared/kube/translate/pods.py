@@ -1,7 +1,7 @@
 """Kubernetes Pods to the model's `Pod` (KAI's PodInfo): requests, GPU request, status, host ports; the
 placement constraints are read by `pod_constraints`.
 
-Called by the state service's mirror (`pod_of`, `podgroup_name_of`), its foreign-pod accounting
+Called by the state service's mirror (`pod_of`, `pod_moved`, `podgroup_name_of`), its foreign-pod accounting
 (`pod_requests`, `host_ports_of`) and its scaling pods (`MAX_DEVICES`, `MAX_GPU_MEMORY_MIB`), by the
 benches, and by `podgroup_resources` (`container_requests`, `gpu_request_of`). Units are those of `nodes`; a container
 that sets a limit but no request for a resource requests the limit (the API server's defaulting, again
@@ -196,6 +196,34 @@ def pod_of(pod: wire.Pod, *, podgroup: str | None = None) -> Pod:
         ephemeral_claims=ephemeral_claims_of(pod),
         inline_volumes=inline_of(pod),
         resource_claims=pod_claims_of(pod),
+    )
+
+
+def pod_moved(before: wire.Pod, translated: Pod, after: wire.Pod) -> Pod | None:
+    """`translated`, the model pod of `before`, brought to `after` when the two differ only where a bind
+    and the kubelet write (``spec.nodeName``, the status's phase, conditions and container statuses, the
+    resourceVersion): its status, node and `releasing_since` read again, the rest kept. None when anything
+    else differs, or for a pod sharing a GPU (its checks read the node and the phase): `pod_of` then
+    translates `after` whole. A bound pod's later events cost a comparison instead of a translation."""
+    if translated.gpu.is_shared:
+        return None
+    meta = before.metadata
+    if meta.resource_version != after.metadata.resource_version:
+        meta = msgspec.structs.replace(meta, resource_version=after.metadata.resource_version)
+    spec = before.spec
+    if spec.node_name != after.spec.node_name:
+        spec = msgspec.structs.replace(spec, node_name=after.spec.node_name)
+    if (
+        meta != after.metadata
+        or spec != after.spec
+        or before.status.resource_claim_statuses != after.status.resource_claim_statuses
+    ):
+        return None
+    return msgspec.structs.replace(
+        translated,
+        status=pod_status_of(after),
+        node=after.spec.node_name or None,
+        releasing_since=_releasing_since(where_of(after), after),
     )
 
 
