@@ -93,6 +93,7 @@ from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
+from shared.kube.translate.pods import pod_moved
 from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
 
@@ -538,15 +539,15 @@ class Mirror:
         group_key = f"{raw_pod.metadata.namespace}/{group_name}" if group_name else None
         if ours and group_key is not None and group_key in groups:
             sub_group = raw_pod.metadata.labels.get(keys.SUBGROUP_LABEL)
+            label = f"pod {name}"
             if sub_group:
                 sets = self._sub_groups_of(group_key, groups[group_key])
-                pod = self.translations.translate(
-                    f"pod {name}", (raw_pod, group_key, sets), partial(_pod_in, raw_pod, group_key, sets)
-                )
+                source: tuple[object, ...] = (raw_pod, group_key, sets)
+                make = partial(_pod_in, raw_pod, group_key, sets)
             else:
-                pod = self.translations.translate(
-                    f"pod {name}", (raw_pod, group_key), lambda: translate.pod_of(raw_pod, podgroup=group_key)
-                )
+                source = (raw_pod, group_key)
+                make = partial(translate.pod_of, raw_pod, podgroup=group_key)
+            pod = self.translations.translate(label, source, partial(self._moved_or, label, source, make))
             if isinstance(pod, Pod):
                 return pod
         if ours and group_key is None:
@@ -569,6 +570,24 @@ class Mirror:
                 else f"pod {name}: podgroup {group_key} does not exist (yet)"
             )
         return self.foreign.holding(raw_pod)
+
+    def _moved_or(self, label: str, source: tuple[object, ...], make: Callable[[], Pod]) -> Pod:
+        """The pod's last translation brought to its new raw object when only its node and status moved
+        (`translate.pod_moved`: a bind, the kubelet's Running) and nothing else it was translated from
+        changed; otherwise `make()`, the whole translation."""
+        last = self.translations.last(label)
+        if last is not None:
+            before, translated = last
+            if (
+                isinstance(before, tuple)
+                and isinstance(translated, Pod)
+                and isinstance(raw := source[0], wire.Pod)
+                and isinstance(before[0], wire.Pod)
+                and before[1:] == source[1:]
+                and (moved := pod_moved(before[0], translated, raw)) is not None
+            ):
+                return moved
+        return make()
 
     def _sub_groups_of(self, key: str, group: PodGroup) -> frozenset[str]:
         """The names of podgroup `key`'s pod sets (its leaf sub-groups, or the default one), computed once

@@ -84,6 +84,10 @@ class Translations:
         self._cache[label] = (source, obj)
         return obj
 
+    def last(self, label: str) -> tuple[object, object] | None:
+        """What `label` was last translated from, and that translation (None: never translated well)."""
+        return self._cache.get(label)
+
     def forget(self, label: str) -> None:
         """Drop what is remembered of an object that is gone."""
         self._cache.pop(label, None)
