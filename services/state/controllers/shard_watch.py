@@ -15,9 +15,10 @@ cluster-scoped; a cluster without the CRD has none). After each change, all of t
 - gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
   whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
 
-Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.
-shard_coverage`): each SchedulingShard in force gets the condition ``Served`` from its queue lease (True naming
-the queue replica that leads it, False when none does); one whose node pool has no node gets a Warning Event
+Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.controllers.
+shard_coverage`, worked out again only when the replica changed: `services.state.controllers.shard_survey`):
+each SchedulingShard in force gets the condition ``Served`` from its queue lease (True naming the queue
+replica that leads it, False when none does); one whose node pool has no node gets a Warning Event
 ``EmptyNodePool`` naming ``spec.partitionLabelValue`` (once per distinct message); and every pending podgroup
 no shard will place (its node-pool label names no SchedulingShard in force, or its queue is outside its
 shard's pool) gets a `pod-unschedulable` event saying so (once per distinct message, again after it was
@@ -35,11 +36,11 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from services.state.controllers import shard_coverage, shard_notes, shards
+from services.state.controllers import shard_coverage, shard_notes, shard_survey, shards
 from services.state.controllers.problem_report import write_event
 from services.state.controllers.writeback import event_time
 from services.state.mirror import problems
@@ -103,6 +104,8 @@ class ShardWatch:
         """Each shard's empty-pool message as last told."""
         self._unserved: dict[str, str] = {}
         """Podgroup key -> the no-shard message last published for it."""
+        self.memo = shard_survey.SurveyMemo(node_pool_label_key)
+        """The survey's findings, worked out again only when the replica changed."""
         self.informer = Informer(
             kube,
             PLURAL,
@@ -240,9 +243,8 @@ class ShardWatch:
 
     async def survey(self) -> None:
         """One look at the shards in force: ``Served``, empty node pools, podgroups no shard serves."""
-        snapshot = self.replica.objects()
-        records = {record.shard: record for record in self.replica.shards.values()}
-        for shard, record in sorted(records.items()):
+        found = self.memo.look(self.replica)
+        for shard in sorted(found.records):
             data = self.raw.get(shard)
             if data is None:
                 continue
@@ -251,10 +253,10 @@ class ShardWatch:
             patch = shard_coverage.served_patch(seen.status.conditions, wanted, event_time())
             if patch is not None:
                 await self._patch_status(shard, patch)
-            await self._tell_empty(shard, seen, shard_coverage.empty_pool(record, snapshot))
-        for shard in set(self._empty) - set(records):
+            await self._tell_empty(shard, seen, found.empty.get(shard))
+        for shard in set(self._empty) - set(found.records):
             del self._empty[shard]
-        await self._explain_unserved(shard_coverage.unserved(snapshot, records, self.node_pool_label_key))
+        await self._explain_unserved(found.unserved)
 
     async def _lease(self, shard: str) -> Lease | None:
         entry = await self.ctx.bus.leases.get(s.lease_key(shard))
@@ -289,7 +291,7 @@ class ShardWatch:
         self.ctx.counters["problems_reported"] += 1
         self._empty[shard] = message
 
-    async def _explain_unserved(self, found: list[shard_coverage.Unserved]) -> None:
+    async def _explain_unserved(self, found: Sequence[shard_coverage.Unserved]) -> None:
         current = {u.podgroup for u in found}
         for key in [key for key in self._unserved if key not in current]:
             del self._unserved[key]
