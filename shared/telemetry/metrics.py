@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from shared.contracts.events import QueueFairShare
+from shared.contracts.subjects import DEFAULT_SHARD
 
 if TYPE_CHECKING:
     from shared.core.result import ActionCounts
@@ -224,6 +225,8 @@ class ServiceMetrics:
         self._counters: CounterSource | None = None
         self._ready: Callable[[], bool] = lambda: False
         self._info: dict[str, str] = {}
+        self._served: Callable[[], Iterable[str]] = tuple
+        self._restricted = False
         self.kai_counters: list[KaiCounter] = []
         """KAI's counters named without `_total`, written by `expose` after the registry's families."""
         self.registry.register(_FromCallback(self._runner_series))
@@ -239,7 +242,20 @@ class ServiceMetrics:
         self._counters = counters
         self._ready = ready
         # Not `service`: a scrape through a ServiceMonitor adds the Kubernetes Service as label `service`.
-        self._info = {"kairos_service": service, "replica": replica, "shard": shard}
+        self._info = {"kairos_service": service, "replica": replica}
+        # Until the service says what it serves (`serving`): the shard it was started for (`default`
+        # unrestricted, else its `--shard` text; the runner passes `default` for both no restriction and
+        # `--shard default`, which this cannot tell apart).
+        self._served = lambda: (shard,)
+        self._restricted = shard != DEFAULT_SHARD
+
+    def serving(self, shards: Callable[[], Iterable[str]], *, restricted: bool) -> None:
+        """From now on `kairos_service_info` has one series per shard `shards()` names at each scrape (the
+        shards the replica serves, as they come and go), each saying whether the replica is `restricted` to
+        some shards (its `--shard`) or serves every shard there is. Called by the services that serve per
+        shard: placement and the binder (`shared.bus.shard_consumers.ShardLoops.serve`), the queue."""
+        self._served = shards
+        self._restricted = restricted
 
     @property
     def counters(self) -> CounterSource:
@@ -276,10 +292,13 @@ class ServiceMetrics:
         if self._info:
             info = GaugeMetricFamily(
                 "kairos_service_info",
-                "Always 1: which service, replica and shard this process is",
-                labels=list(self._info),
+                "Always 1: which service and replica this process is, one series per shard it serves, and "
+                "whether its --shard restricts it",
+                labels=[*self._info, "shard", "restricted"],
             )
-            info.add_metric(list(self._info.values()), 1.0)
+            restricted = "true" if self._restricted else "false"
+            for shard in sorted(set(self._served())):
+                info.add_metric([*self._info.values(), shard, restricted], 1.0)
             yield info
         counters = self._counters
         if counters is None:

@@ -126,7 +126,12 @@ async def test_a_service_process_serves_its_metrics_on_the_health_port(
         got = await scraper.scrape(port)
         assert got is not None
         assert got[0] == "text/plain; version=0.0.4; charset=utf-8"
-        info = {"kairos_service": "placement", "replica": "p-metrics", "shard": "default"}
+        info = {
+            "kairos_service": "placement",
+            "replica": "p-metrics",
+            "shard": "default",
+            "restricted": "false",
+        }
         assert value(families, "kairos_service_info", **info) == 1
         # KAI's scheduler series are there from the start, with KAI's types.
         assert families["kai_e2e_scheduling_latency_milliseconds"].type == "gauge"

@@ -90,13 +90,38 @@ def test_readiness_follows_the_service_at_every_scrape() -> None:
     assert value(scrape(metrics), "kairos_service_ready") == 1
 
 
+def info_series(metrics: ServiceMetrics) -> list[dict[str, str]]:
+    return [sample.labels for sample in scrape(metrics)["kairos_service_info"].samples]
+
+
 def test_the_info_series_names_service_replica_and_shard_without_a_service_label() -> None:
-    families = scrape(attached())
     # `service` is the label a ServiceMonitor scrape adds (the Kubernetes Service): never ours.
-    assert (
-        value(families, "kairos_service_info", kairos_service="placement", replica="p-1", shard="default")
-        == 1
-    )
+    assert info_series(attached()) == [
+        {"kairos_service": "placement", "replica": "p-1", "shard": "default", "restricted": "false"}
+    ]
+
+
+def test_a_replica_serving_every_shard_has_one_info_series_per_shard_it_serves_as_they_come_and_go() -> None:
+    metrics = attached()
+    served = ["default", "pool-a"]
+    metrics.serving(lambda: served, restricted=False)
+    assert [(s["shard"], s["restricted"]) for s in info_series(metrics)] == [
+        ("default", "false"),
+        ("pool-a", "false"),
+    ]
+    served[:] = ["default", "pool-b"]
+    assert [s["shard"] for s in info_series(metrics)] == ["default", "pool-b"]
+
+
+def test_a_restricted_replica_s_info_series_say_it_is_restricted() -> None:
+    metrics = ServiceMetrics()
+    metrics.attach("binder", "b-1", "pool-a,pool-b", Counters(), lambda: True)
+    assert [(s["shard"], s["restricted"]) for s in info_series(metrics)] == [("pool-a,pool-b", "true")]
+    metrics.serving(lambda: ["pool-b", "pool-a"], restricted=True)
+    assert [(s["shard"], s["restricted"]) for s in info_series(metrics)] == [
+        ("pool-a", "true"),
+        ("pool-b", "true"),
+    ]
 
 
 def test_every_service_exports_its_resident_memory_and_the_collectors_work() -> None:
