@@ -65,6 +65,7 @@ async def body(ctx: ServiceContext) -> None:
             await asyncio.wait_for(members.synced.wait(), 2.0)
         await shards.reconcile()
         ctx.describe = shards.describe
+        ctx.metrics.serving(lambda: shards.leaders, restricted=bool(members.restriction))
         ctx.ready = True
         lag = asyncio.create_task(_watch_loop_lag(ctx))
         stack.push_async_callback(_cancelled, lag)

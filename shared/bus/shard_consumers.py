@@ -92,8 +92,9 @@ class ShardLoops:
 
     async def serve(self, ctx: ServiceContext) -> None:
         """The shards of a service that consumes per shard (placement, the binder): loops for the shards
-        there are, their names in the replica's heartbeat (`shards_served`), the replica ready, then `run`
-        until the service stops."""
+        there are, their names in the replica's heartbeat (`shards_served`) and in `kairos_service_info`
+        (one series per shard served, at each scrape), the replica ready, then `run` until the service
+        stops."""
         await self.reconcile()
 
         def describe() -> str:
@@ -101,6 +102,7 @@ class ShardLoops:
             return f"shards {', '.join(self.shards)}"
 
         ctx.describe = describe
+        ctx.metrics.serving(lambda: self.loops, restricted=bool(self.restriction))
         ctx.ready = True
         await self.run(ctx.stopping)
 
