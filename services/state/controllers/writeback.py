@@ -198,13 +198,13 @@ class WriteBack:
         self._resources_dirty: set[str] = set()
         """PodGroups ("ns/name") an event named since the last recount of their resourcesStatus."""
         self._resources_wake = asyncio.Event()
-        self._resources_seen: dict[str, tuple[object, ...]] = {}
+        self._resources_seen: dict[str, _Count] = {}
+        """PodGroup "ns/name" -> its last recount, so that a podgroup nothing changed for is not recounted
+        and one whose pods did not change is not summed again."""
         self._pod_totals: dict[
             str, tuple[wire.Pod, int | None, tuple[translate.ResourceTotals, translate.ResourceTotals]]
         ] = {}
         """Pod uid -> (the pod object, its node's GPU memory, its `translate.pod_resources`)."""
-        """PodGroup "ns/name" -> what its last recount read (the objects, by identity: the mirror replaces
-        an object that changes), so that a podgroup nothing changed for is not recounted."""
 
     async def start(self, feed: EventFeed | None = EVENTS_FEED) -> None:
         """Fetch `feed`'s events (None: none yet, `follow` adds feeds) and recount resourcesStatus."""
@@ -497,7 +497,16 @@ class WriteBack:
         patch = translate.podgroup_status_patch(
             group, now=event_time(), phase=event.phase, running=event.running, pending=event.pending
         )
+        # The recount the event calls for goes in the same patch (the mirror has most often seen the binds
+        # already): one status write per podgroup and event, not a second one from the recount a moment
+        # later, which then finds nothing left to write. What the mirror has not seen yet, that recount
+        # writes.
+        count = self._recount_now(key, group)
+        if count is not None:
+            patch = _merged(patch, count.patch)
         await self._patch_podgroup_status(group, patch)
+        if count is not None:
+            self._resources_seen[key] = count
 
     async def _patch_podgroup_status(self, group: wire.PodGroup, patch: dict[str, Any] | None) -> None:
         if patch is None:
@@ -549,6 +558,29 @@ class WriteBack:
         group = self.mirror.raw.podgroups.get(name)
         if group is None:
             return
+        count = self._recount(name, group)
+        if count is None:
+            return
+        await self._patch_podgroup_status(group, count.patch)
+        self._resources_seen[name] = count
+
+    def _recount_now(self, name: str, group: wire.PodGroup) -> _Count | None:
+        """`_recount` for a podgroup an event is about, or None where it is not this write-back's to count
+        or cannot be counted now (the recount loop then counts it, and says why)."""
+        if self.owns is not None and not self.owns(name):
+            return None
+        try:
+            return self._recount(name, group)
+        except Exception:  # the event's own patch must not wait on it; the recount loop tries again
+            log.warning("counting the resources of podgroup %s failed", name, exc_info=True)
+            return None
+
+    def _recount(self, name: str, group: wire.PodGroup) -> _Count | None:
+        """The podgroup's ``resourcesStatus`` (and ``UnschedulableOnNodePool`` condition) as its pods stand
+        now, with the merge patch that shows it (None: shown already), or None when nothing it is counted
+        from changed since the last recount (the objects, by identity: the mirror replaces an object that
+        changes). Pods unchanged since then are not summed again: only the group changed (most often by
+        the last write coming back through the watch), and it is compared with the same sums."""
         meta = group.metadata
         pods = self.mirror.members(meta.namespace, meta.name)
         model = self.mirror.current.get(s.podgroup_key(meta.namespace, meta.name))
@@ -562,24 +594,24 @@ class WriteBack:
             label = node.metadata.labels.get(keys.GPU_MEMORY_LABEL, "")
             if label.isascii() and label.isdigit() and int(label) > 0:
                 memory[node.metadata.name] = int(label)
-        seen = (group, non_preemptible, *pods, *sorted(memory.items()))
+        inputs = (non_preemptible, *pods, *sorted(memory.items()))
         last = self._resources_seen.get(name)
-        if (
-            last is not None
-            and len(last) == len(seen)
-            and all(a is b or a == b for a, b in zip(last, seen, strict=True))
-        ):
-            return
-        status = translate.podgroup_resources_status(
-            pods, non_preemptible=non_preemptible, node_gpu_memory=memory, resources_of=self._pod_resources
-        )
+        if last is not None and _same(last.inputs, inputs):
+            if last.group is group:
+                return None
+            status = last.status
+        else:
+            status = translate.podgroup_resources_status(
+                pods,
+                non_preemptible=non_preemptible,
+                node_gpu_memory=memory,
+                resources_of=self._pod_resources,
+            )
         patch = translate.podgroup_resources_patch(group, status)
         stale = stale_condition_patch(group, self._node_pool(group), pods)
         if stale is not None:
-            patch = {"status": {**(patch or {}).get("status", {}), **stale["status"]}}
-        if patch is not None:
-            await self._patch_podgroup_status(group, patch)
-        self._resources_seen[name] = seen
+            patch = _merged(patch, stale)
+        return _Count(group=group, inputs=inputs, status=status, patch=patch)
 
     def _pod_resources(
         self, pod: wire.Pod, node_gpu_memory_mib: int | None
@@ -624,6 +656,30 @@ class WriteBack:
         )
         self._queue_status[event.queue] = patch
         self.ctx.counters["kube_status_patches"] += 1
+
+
+@dataclass(frozen=True)
+class _Count:
+    """One recount of a podgroup's ``resourcesStatus``: what it read and what it came to."""
+
+    group: wire.PodGroup
+    """The PodGroup object it was compared with."""
+    inputs: tuple[object, ...]
+    """What the sums were read from: non-preemptible or not, the pods, their nodes' GPU memory."""
+    status: dict[str, dict[str, str]]
+    patch: dict[str, Any] | None
+    """The merge patch bringing the group's status to it (None: the group showed it)."""
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
+
+
+def _merged(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two merge patches of a PodGroup's status (their fields apart) as one."""
+    if a is None or b is None:
+        return a or b
+    return {"status": {**a["status"], **b["status"]}}
 
 
 @dataclass
