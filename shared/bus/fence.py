@@ -66,9 +66,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
-from nats.js.errors import BadRequestError
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.errors import APIError, BadRequestError
 
 from shared.bus.connection import Bus
 from shared.bus.kv import KvStore
@@ -94,8 +97,27 @@ REASSERT_S = 0.1
 FENCING_SERVER = (2, 11)
 """The first nats-server that reads `EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT`. An older one would compare the
 fence's revision with each written key's own last sequence and refuse nearly every write, for ever."""
+PUT_MANY_TIMEOUT_S = 5.0
+"""Seconds a batch of `put_many` waits for its acknowledgements, all together (nats-py's own default for one
+JetStream publish)."""
 RAISE_ATTEMPTS = 8
 """Lost compare-and-sets on the fence key before raising it gives up (only contenders move it)."""
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    """JetStream's answer to a publish: the stored message's sequence, or why it was not stored."""
+
+    seq: int = 0
+    error: _ApiError | None = None
+
+
+_PUB_ACK = msgspec.json.Decoder(_PubAck)
 
 
 class KvWrites(Protocol):
@@ -250,6 +272,104 @@ class WriteFence:
     async def delete(self, key: str) -> None:
         """Delete `key` from `STATE_BUCKET` if the fence has not moved."""
         await self._publish(key, b"", {KV_OPERATION: KV_DELETE})
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[int]:
+        """`put` of every (key, value) at once: each, checked as `put` is, goes out as a plain publish whose
+        reply comes to one inbox of the batch (`_acknowledged`: no task, no timer, no waiting per write),
+        and the acknowledgements are awaited together, within `PUT_MANY_TIMEOUT_S` for the batch. Returns
+        their revisions in order. Refused as `put` is: `LeaseLost` when the server refused any of them for
+        the fence (the others may have landed, as with puts side by side); a write not acknowledged in time
+        raises `TimeoutError`."""
+        if not items:
+            return []
+        self.check()
+        headers: dict[str, str] | None = None
+        if self.per_write:
+            headers = {
+                EXPECTED_LAST_SUBJECT_SEQUENCE: str(self.revision),
+                EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: self.subject,
+            }
+        else:
+            await self._reassert()
+            self.check()
+        acks = await self._acknowledged(
+            [(f"$KV.{s.STATE_BUCKET}.{key}", value) for key, value in items], headers
+        )
+        revisions: list[int] = []
+        again: list[int] = []
+        for index, ack in enumerate(acks):
+            refused = ack.error
+            if refused is None:
+                revisions.append(ack.seq)
+                continue
+            if refused.err_code == IN_FLIGHT_WRONG_LAST_SEQUENCE:
+                again.append(index)
+                revisions.append(0)
+                continue
+            error = APIError(code=refused.code, err_code=refused.err_code, description=refused.description)
+            if refused.err_code != WRONG_LAST_SEQUENCE:
+                raise error
+            current = await self._fence_term()
+            raise LeaseLost(
+                self.keeper.key,
+                self.term,
+                current,
+                f"the server refused it: the fence moved (term {current})",
+            ) from error
+        if again:
+            log.warning("fence %s: the state bucket is replicated: re-asserting it instead", self.key)
+            self.per_write = False
+            for index, revision in zip(again, await self.put_many([items[i] for i in again]), strict=True):
+                revisions[index] = revision
+        return revisions
+
+    async def _acknowledged(
+        self, messages: Sequence[tuple[str, bytes]], headers: dict[str, str] | None
+    ) -> list[_PubAck]:
+        """Publish every (subject, payload) to JetStream, `check()` right before each, with replies to an
+        inbox of this batch (one subscription, message i answered on `<inbox>.i`), and wait for every
+        acknowledgement. nats-py's own `publish_async` is not used: its handler raises a refusal instead of
+        handing it to the waiting future (nats-py 2.16), so a refused batch would only ever time out."""
+        nc = self.bus.nc
+        inbox = nc.new_inbox()
+        acks: list[_PubAck | None] = [None] * len(messages)
+        all_in: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        left = len(messages)
+
+        async def on_ack(msg: Msg) -> None:
+            nonlocal left
+            index = int(msg.subject.rpartition(".")[2])
+            if acks[index] is not None:
+                return
+            try:
+                acks[index] = _PUB_ACK.decode(msg.data)
+            except msgspec.DecodeError:
+                status = msg.headers.get("Status", "") if msg.headers else ""
+                acks[index] = _PubAck(
+                    error=_ApiError(
+                        code=int(status) if status.isdigit() else 0, description="no JetStream answer"
+                    )
+                )
+            left -= 1
+            if left == 0 and not all_in.done():
+                all_in.set_result(None)
+
+        subscription = await nc.subscribe(f"{inbox}.*", cb=on_ack)
+        try:
+            async with asyncio.timeout(PUT_MANY_TIMEOUT_S):
+                for index, (subject, payload) in enumerate(messages):
+                    self.check()
+                    await nc.publish(subject, payload, reply=f"{inbox}.{index}", headers=headers)
+                await all_in
+        except TimeoutError:
+            raise TimeoutError(
+                f"state bucket: {sum(ack is None for ack in acks)} of {len(messages)} writes not acknowledged "
+                f"within {PUT_MANY_TIMEOUT_S:g} s"
+            ) from None
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        return [ack for ack in acks if ack is not None]
 
     async def _publish(self, key: str, payload: bytes, headers: dict[str, str]) -> int:
         self.check()

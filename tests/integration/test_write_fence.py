@@ -101,6 +101,31 @@ async def test_writes_under_a_raised_fence_land(connections: tuple[Bus, Bus]) ->
     assert await bus.state.get(s.node_key("n1")) is None
 
 
+async def test_a_batch_of_puts_lands_with_each_revision_in_order(connections: tuple[Bus, Bus]) -> None:
+    bus, _ = connections
+    a = await holder(bus, "state-a", Clock(0.0))
+    keys = [s.node_key(f"n{i}") for i in range(5)]
+    revisions = await a.fence.put_many([(key, key.encode()) for key in keys])
+    assert revisions == sorted(revisions)
+    for key, revision in zip(keys, revisions, strict=True):
+        entry = await bus.state.get(key)
+        assert entry is not None
+        assert (entry.value, entry.revision) == (key.encode(), revision)
+    assert await a.fence.put_many([]) == []
+
+
+async def test_once_a_successor_raised_its_fence_the_server_refuses_the_predecessors_batch(
+    connections: tuple[Bus, Bus],
+) -> None:
+    bus_a, bus_b = connections
+    a = await holder(bus_a, "state-a", Clock(0.0))
+    await successor(bus_b, a)
+    before = await last_sequence(bus_b)
+    with pytest.raises(LeaseLost, match=r"the server refused it: the fence moved \(term 2\)"):
+        await a.fence.put_many([(s.node_key("n1"), b"stale"), (s.node_key("n2"), b"stale")])
+    assert await last_sequence(bus_b) == before
+
+
 async def test_once_a_successor_raised_its_fence_the_server_refuses_the_predecessors_writes(
     connections: tuple[Bus, Bus],
 ) -> None:
@@ -139,6 +164,8 @@ async def test_a_write_after_the_lease_deadline_is_never_sent(connections: tuple
         await a.fence.put(s.node_key("n1"), b"late")
     with pytest.raises(LeaseLost, match="deadline passed"):
         await a.writer().sync({s.node_key("n1"): NODE})
+    with pytest.raises(LeaseLost, match="deadline passed"):
+        await a.fence.put_many([(s.node_key("n1"), b"late")])
     assert await last_sequence(bus) == before
 
 

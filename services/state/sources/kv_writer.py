@@ -27,7 +27,8 @@ deleted, so that its revision only ever grows.
 A writer made with a `WriteFence` (`shared.bus.fence`; the Kubernetes source's, under its lease) writes only
 while its lease holds, and raises `LeaseLost` (a `FencedError`) for the first write it refuses; its caller
 stands down. State puts and deletes go through the fence, which the server checks with each of them: none
-lands after a successor raised its fence. Ledger writes cannot carry it (each is a compare-and-set on its
+lands after a successor raised its fence; a batch's puts go out at once (`WriteFence.put_many`), their
+acknowledgements awaited together. Ledger writes cannot carry it (each is a compare-and-set on its
 own key): `write` and `reconcile` read the lease key before they touch the ledger, and every ledger
 compare-and-set is preceded by the fence's check of this replica's keeper and clock, so none is sent after
 the lease's deadline; one already on its way may still land (`shared.bus.fence` says how long that window
@@ -193,7 +194,11 @@ class StateWriter:
         pending = [(k, data) for k, data in pending if self._stored.get(k) != data]
         for start in range(0, len(pending), PARALLEL_PUTS):
             chunk = pending[start : start + PARALLEL_PUTS]
-            revisions = await asyncio.gather(*(self.state.put(k, data) for k, data in chunk))
+            revisions = (
+                await self.fence.put_many(chunk)
+                if self.fence is not None
+                else await asyncio.gather(*(self.state.put(k, data) for k, data in chunk))
+            )
             for (k, data), revision in zip(chunk, revisions, strict=True):
                 self._stored[k] = data
                 self.revision = max(self.revision, revision)
