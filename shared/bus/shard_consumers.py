@@ -13,7 +13,17 @@ they always had), shared by every replica serving the shard, so JetStream still 
 one replica and a shard's work stays in its own order. A work-queue stream refuses two consumers whose
 filters overlap, so a wildcard consumer could not sit beside them. The consumers of shards other than
 `default` are made with an inactivity threshold (`INACTIVE_THRESHOLD_S`): once no replica pulls from one for
-that long (its SchedulingShard deleted) the server deletes it, so durables stay as many as the shards.
+that long the server deletes it, so durables stay as many as the shards.
+
+A deleted SchedulingShard's durables go sooner, deleted once by the state service's shard watch
+(`services.state.controllers.shard_watch`, on the one Kubernetes owner) with `delete_durables`, once the
+shard has stayed gone for `shard_watch.RELEASE_AFTER_S` (every replica has stopped its loops by then: a
+replica stops a shard's loop within `RECONCILE_S` + `STOP_GRACE_S` of its record's deletion). A shard made
+again with the same name before that keeps its durables; after it, the replicas make fresh ones, which
+start at the first message the stream still holds for the shard (a work-queue stream keeps a message until
+it is acknowledged, so nothing published for it meanwhile is lost). The inactivity threshold stays as the
+safety net: for durables whose deletion was never done (the owner replaced meanwhile, NATS unreachable) or
+that a replica lagging behind made again.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from shared.bus.replica import StateReplica
 from shared.bus.shard_spread import served
@@ -44,6 +56,9 @@ INACTIVE_THRESHOLD_S = 3600.0
 """A shard's durable consumer (other than the default shard's) that no replica pulled from for this long is
 deleted by the server."""
 
+SHARD_DURABLES = ((s.WORK_STREAM, s.PLACEMENT_CONSUMER), (s.PROPOSAL_STREAM, s.BINDER_CONSUMER))
+"""Each durable a shard has: (its stream, the service's base name for `durable_for`)."""
+
 Consume = Callable[[str, asyncio.Event], Awaitable[None]]
 
 
@@ -57,6 +72,22 @@ def consumer_config(shard: str) -> ConsumerConfig | None:
     if shard == s.DEFAULT_SHARD:
         return None
     return ConsumerConfig(inactive_threshold=INACTIVE_THRESHOLD_S)
+
+
+async def delete_durables(js: JetStreamContext, shard: str) -> list[str]:
+    """Delete the durable consumers of `shard` (`SHARD_DURABLES`; never the default shard's, which always
+    has replicas). Returns the names of those deleted; one already gone is no error."""
+    if shard == s.DEFAULT_SHARD:
+        return []
+    deleted = []
+    for stream, base in SHARD_DURABLES:
+        name = durable_for(base, shard)
+        try:
+            await js.delete_consumer(stream, name)
+        except NotFoundError:
+            continue
+        deleted.append(name)
+    return deleted
 
 
 class ShardLoops:

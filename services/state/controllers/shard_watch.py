@@ -13,7 +13,9 @@ cluster-scoped; a cluster without the CRD has none). After each change, all of t
   gets a Warning Event ``InvalidSchedulingShard`` and ``Accepted=False`` naming the field, once per distinct
   problem (a condition that already shows it, from an earlier owner, gets no second Event);
 - gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
-  whose node pool is then unknown, schedules nothing: `StateReplica.pool`).
+  whose node pool is then unknown, schedules nothing: `StateReplica.pool`), and once it has stayed gone
+  for `RELEASE_AFTER_S` its durable consumers are deleted (`shared.bus.shard_consumers.delete_durables`),
+  here, once, rather than by every replica racing.
 
 Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.controllers.
 shard_coverage`, worked out again only when the replica changed: `services.state.controllers.shard_survey`):
@@ -48,6 +50,7 @@ from services.state.mirror.problems import Problem
 from shared.bus.fence import KvWrites
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
+from shared.bus.shard_consumers import delete_durables
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Lease, encode
@@ -64,6 +67,10 @@ GROUP, VERSION, PLURAL = "kai.scheduler", "v1", "schedulingshards"
 RETRY_AFTER_FAILURE = 1.0
 SURVEY_S = 2.0
 """How often the shards' leases, node pools and the podgroups no shard serves are looked at."""
+RELEASE_AFTER_S = 30.0
+"""How long a deleted SchedulingShard's durable consumers are kept before they are deleted: every replica
+has stopped pulling from them within `shard_consumers.RECONCILE_S` + `STOP_GRACE_S` (5.5 s) of seeing its
+record deleted; the rest is room for a replica behind. A shard made again before then keeps them."""
 
 
 class ShardWatch:
@@ -104,6 +111,8 @@ class ShardWatch:
         """Each shard's empty-pool message as last told."""
         self._unserved: dict[str, str] = {}
         """Podgroup key -> the no-shard message last published for it."""
+        self._releases: dict[str, float] = {}
+        """Shard gone -> the loop time its durable consumers are deleted at (`RELEASE_AFTER_S` after)."""
         self.memo = shard_survey.SurveyMemo(node_pool_label_key)
         """The survey's findings, worked out again only when the replica changed."""
         self.informer = Informer(
@@ -148,17 +157,49 @@ class ShardWatch:
 
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._listed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._next_release())
+            if self._wake.is_set():
+                self._wake.clear()
+                if self._listed:
+                    try:
+                        await self.apply()
+                    except Exception:
+                        self.ctx.counters["shard_failures"] += 1
+                        log.exception("SchedulingShards: applying them failed; retrying")
+                        await asyncio.sleep(RETRY_AFTER_FAILURE)
+                        self._wake.set()
+            await self._release_due()
+
+    # --- a deleted shard's durable consumers, deleted once it has stayed gone ---------------------------------
+    def _next_release(self) -> float | None:
+        """Seconds until the next shard's durables are due for deletion (None: none is)."""
+        if not self._releases:
+            return None
+        return max(0.0, min(self._releases.values()) - asyncio.get_running_loop().time())
+
+    async def _release_due(self) -> None:
+        """Delete the durable consumers of every shard gone for `RELEASE_AFTER_S` (on this task, after the
+        records: a shard made again meanwhile was taken off `_releases` by `apply` and keeps them)."""
+        now = asyncio.get_running_loop().time()
+        for shard, due in sorted(self._releases.items()):
+            if due > now:
                 continue
             try:
-                await self.apply()
-            except Exception:
-                self.ctx.counters["shard_failures"] += 1
-                log.exception("SchedulingShards: applying them failed; retrying")
-                await asyncio.sleep(RETRY_AFTER_FAILURE)
-                self._wake.set()
+                deleted = await delete_durables(self.ctx.bus.js, shard)
+            except Exception as exc:  # noqa: BLE001 -- NATS away: again later; the inactivity threshold stays
+                self.ctx.counters["shard_release_failures"] += 1
+                log.warning("SchedulingShard %s gone: its durable consumers not deleted yet: %s", shard, exc)
+                self._releases[shard] = now + RETRY_AFTER_FAILURE
+                continue
+            del self._releases[shard]
+            self.ctx.counters["shard_durables_deleted"] += len(deleted)
+            log.info(
+                "SchedulingShard %s gone for %.0f s: durable consumers deleted: %s",
+                shard,
+                RELEASE_AFTER_S,
+                ", ".join(deleted) or "none was left",
+            )
 
     async def apply(self) -> None:
         """Bring KV and every SchedulingShard's status in line with what was last seen of them."""
@@ -168,12 +209,14 @@ class ShardWatch:
             del self._stored[shard]
             self._shown.pop(shard, None)
             self._noted.pop(shard, None)
+            self._releases[shard] = asyncio.get_running_loop().time() + RELEASE_AFTER_S
             log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
         for shard, verdict in shards.read_shards(raws, self.node_pool_label_key, self.extra_plugins).items():
             seen = shards.seen(raws[shard])
             if isinstance(verdict, Problem):
                 await self._show(shard, verdict, seen)
                 continue
+            self._releases.pop(shard, None)  # made again before its durables were deleted: kept
             data = encode(verdict)
             if data != self._stored.get(shard):
                 await self.state.put(s.shard_key(shard), data)
