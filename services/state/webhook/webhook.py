@@ -288,6 +288,10 @@ class AdmissionServer:
         """A fractional pod's GPU-sharing environment (`shared.kube.gpu_sharing`). A pod whose
         `gpu-fraction-container-name` names no container is admitted as it is, with the reason as a
         warning: the state service holds it with the same reason until it is fixed."""
+        if not gpu_sharing.is_fractional(pod):
+            # Nothing to share: no ConfigMap name drawn (seven draws from the system's randomness cost more
+            # than decoding the review).
+            return [], ""
         chars = _random_chars()
         try:
             patch = gpu_sharing.admission_patch(pod, chars)
