@@ -691,13 +691,17 @@ class _HeldAck(Msg):
 
     @classmethod
     def of(cls, msg: Msg, held: list[Msg]) -> _HeldAck:
-        return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}, held=held)
+        return cls(**{name: getattr(msg, name) for name in _MSG_FIELDS}, held=held)
 
     async def ack(self) -> None:
         if self.held is None:
             await super().ack()
         else:
             self.held.append(self)
+
+
+_MSG_FIELDS = tuple(f.name for f in dataclasses.fields(Msg))
+"""A delivered message's fields, read once (not on every event)."""
 
 
 def stale_condition_patch(
