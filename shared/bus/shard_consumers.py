@@ -16,14 +16,15 @@ filters overlap, so a wildcard consumer could not sit beside them. The consumers
 that long the server deletes it, so durables stay as many as the shards.
 
 A deleted SchedulingShard's durables go sooner, deleted once by the state service's shard watch
-(`services.state.controllers.shard_watch`, on the one Kubernetes owner) with `delete_durables`, once the
+(`services.state.controllers.shard_watch`, on the one Kubernetes owner) with `delete_durable`, once the
 shard has stayed gone for `shard_watch.RELEASE_AFTER_S` (every replica has stopped its loops by then: a
 replica stops a shard's loop within `RECONCILE_S` + `STOP_GRACE_S` of its record's deletion). A shard made
 again with the same name before that keeps its durables; after it, the replicas make fresh ones, which
 start at the first message the stream still holds for the shard (a work-queue stream keeps a message until
 it is acknowledged, so nothing published for it meanwhile is lost). The inactivity threshold stays as the
-safety net: for durables whose deletion was never done (the owner replaced meanwhile, NATS unreachable) or
-that a replica lagging behind made again.
+safety net: for durables a replica lagging behind made again, or whose deletion failed. An owner that takes
+over lists the durables there are (`listed_durables`) and deletes, in the same way, those of shards with no
+SchedulingShard (a deletion its predecessor had not done yet).
 """
 
 from __future__ import annotations
@@ -74,20 +75,33 @@ def consumer_config(shard: str) -> ConsumerConfig | None:
     return ConsumerConfig(inactive_threshold=INACTIVE_THRESHOLD_S)
 
 
-async def delete_durables(js: JetStreamContext, shard: str) -> list[str]:
-    """Delete the durable consumers of `shard` (`SHARD_DURABLES`; never the default shard's, which always
-    has replicas). Returns the names of those deleted; one already gone is no error."""
+def shard_durables(shard: str) -> list[tuple[str, str]]:
+    """The durable consumers of `shard` as (stream, name), one per `SHARD_DURABLES`; none for the default
+    shard, whose durables are never deleted (every replica serves it)."""
     if shard == s.DEFAULT_SHARD:
         return []
-    deleted = []
+    return [(stream, durable_for(base, shard)) for stream, base in SHARD_DURABLES]
+
+
+async def listed_durables(js: JetStreamContext) -> list[tuple[str, str]]:
+    """Every durable of a shard other than the default one on the shards' streams, as (stream, name)."""
+    found = []
     for stream, base in SHARD_DURABLES:
-        name = durable_for(base, shard)
         try:
-            await js.delete_consumer(stream, name)
+            infos = await js.consumers_info(stream)
         except NotFoundError:
             continue
-        deleted.append(name)
-    return deleted
+        found += [(stream, info.name) for info in infos if info.name.startswith(f"{base}_")]
+    return sorted(found)
+
+
+async def delete_durable(js: JetStreamContext, stream: str, name: str) -> bool:
+    """Delete one durable consumer: True when it was there, False when it was already gone."""
+    try:
+        await js.delete_consumer(stream, name)
+    except NotFoundError:
+        return False
+    return True
 
 
 class ShardLoops:

@@ -1,7 +1,8 @@
 """A deleted SchedulingShard's durable consumers, on the simulated API server with a real nats-server: the
 state service's shard watch deletes them once the shard has stayed gone (`shard_watch.RELEASE_AFTER_S`),
 after the replicas pulling from them stopped cleanly; a shard made again with the same name gets fresh
-ones and loses no message published after it was made; one made again in time keeps its own."""
+ones and loses no message published after it was made; one made again in time keeps its own; an owner
+that takes over deletes those of shards gone before it ran."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from shared.bus.shard_consumers import (
     SHARD_DURABLES,
     ShardLoops,
     consumer_config,
-    delete_durables,
+    delete_durable,
     durable_for,
+    listed_durables,
+    shard_durables,
 )
 from shared.bus.shard_spread import ALL
 from shared.contracts import subjects as s
@@ -150,13 +153,32 @@ async def test_a_shard_made_again_before_its_durables_go_keeps_them(
         }
 
 
-async def test_the_default_shard_s_durables_are_never_deleted_and_deleting_what_is_gone_is_no_error(
-    bus: Bus,
+async def test_an_owner_that_takes_over_deletes_the_durables_of_shards_gone_before_it_ran(
+    bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await bus.js.pull_subscribe(s.work(s.DEFAULT_SHARD), durable=s.PLACEMENT_CONSUMER, stream=s.WORK_STREAM)
-    assert await delete_durables(bus.js, s.DEFAULT_SHARD) == []
-    assert await bus.js.consumer_info(s.WORK_STREAM, s.PLACEMENT_CONSUMER)
-    assert await delete_durables(bus.js, "never-made") == []
+    monkeypatch.setattr(shard_watch, "RELEASE_AFTER_S", 1.0)
+    # Left by a shard deleted while no owner ran (or before its owner got to it), and the default shard's.
+    for shard in ("gone-a", s.DEFAULT_SHARD):
+        await bus.js.pull_subscribe(
+            s.work(shard),
+            durable=durable_for(s.PLACEMENT_CONSUMER, shard),
+            stream=s.WORK_STREAM,
+            config=consumer_config(shard),
+        )
+    async with state_owner(bus, tmp_path) as (replica, kube), serving(bus, replica):
+        await create(kube)
+        await eventually("both durables of pool-a made", lambda: _both(bus))
+
+        async def swept() -> bool:
+            return await listed_durables(bus.js) == sorted(shard_durables(SHARD))
+
+        await eventually("gone-a's durable deleted, pool-a's kept", swept)
+        assert await bus.js.consumer_info(s.WORK_STREAM, s.PLACEMENT_CONSUMER)
+
+
+async def test_the_default_shard_has_no_durable_to_delete_and_deleting_one_gone_is_no_error(bus: Bus) -> None:
+    assert shard_durables(s.DEFAULT_SHARD) == []
+    assert not await delete_durable(bus.js, s.WORK_STREAM, durable_for(s.PLACEMENT_CONSUMER, "never-made"))
 
 
 async def _async(value: bool) -> bool:

@@ -14,8 +14,9 @@ cluster-scoped; a cluster without the CRD has none). After each change, all of t
   problem (a condition that already shows it, from an earlier owner, gets no second Event);
 - gone: the record is deleted (the default shard then runs KAI's defaults on every node; another shard,
   whose node pool is then unknown, schedules nothing: `StateReplica.pool`), and once it has stayed gone
-  for `RELEASE_AFTER_S` its durable consumers are deleted (`shared.bus.shard_consumers.delete_durables`),
-  here, once, rather than by every replica racing.
+  for `RELEASE_AFTER_S` its durable consumers are deleted (`shared.bus.shard_consumers`), here, once,
+  rather than by every replica racing; at its first apply an owner also lists the durables there are and
+  deletes in the same way those of shards that have no SchedulingShard (gone before it ran).
 
 Every `SURVEY_S` it also looks at what the shards in force make of the cluster (`services.state.controllers.
 shard_coverage`, worked out again only when the replica changed: `services.state.controllers.shard_survey`):
@@ -38,7 +39,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -47,10 +48,10 @@ from services.state.controllers.problem_report import write_event
 from services.state.controllers.writeback import event_time
 from services.state.mirror import problems
 from services.state.mirror.problems import Problem
+from shared.bus import shard_consumers
 from shared.bus.fence import KvWrites
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_consumers import delete_durables
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Lease, encode
@@ -111,8 +112,10 @@ class ShardWatch:
         """Each shard's empty-pool message as last told."""
         self._unserved: dict[str, str] = {}
         """Podgroup key -> the no-shard message last published for it."""
-        self._releases: dict[str, float] = {}
-        """Shard gone -> the loop time its durable consumers are deleted at (`RELEASE_AFTER_S` after)."""
+        self._releases: dict[tuple[str, str], float] = {}
+        """(stream, durable) of a shard gone -> the loop time it is deleted at (`RELEASE_AFTER_S` after)."""
+        self._swept = False
+        """Whether this owner has looked for the durables of shards deleted before it ran (`_sweep`)."""
         self.memo = shard_survey.SurveyMemo(node_pool_label_key)
         """The survey's findings, worked out again only when the replica changed."""
         self.informer = Informer(
@@ -164,6 +167,8 @@ class ShardWatch:
                 if self._listed:
                     try:
                         await self.apply()
+                        if not self._swept:
+                            await self._sweep()
                     except Exception:
                         self.ctx.counters["shard_failures"] += 1
                         log.exception("SchedulingShards: applying them failed; retrying")
@@ -172,34 +177,50 @@ class ShardWatch:
             await self._release_due()
 
     # --- a deleted shard's durable consumers, deleted once it has stayed gone ---------------------------------
+    def _release(self, durables: Iterable[tuple[str, str]]) -> None:
+        """Delete these durables (stream, name) `RELEASE_AFTER_S` from now, unless a shard in force has them
+        then."""
+        due = asyncio.get_running_loop().time() + RELEASE_AFTER_S
+        for durable in durables:
+            self._releases[durable] = due
+
     def _next_release(self) -> float | None:
-        """Seconds until the next shard's durables are due for deletion (None: none is)."""
+        """Seconds until the next durables are due for deletion (None: none is)."""
         if not self._releases:
             return None
         return max(0.0, min(self._releases.values()) - asyncio.get_running_loop().time())
 
+    async def _sweep(self) -> None:
+        """At the first apply of this owner: the durables of shards without a SchedulingShard (deleted while
+        another owner, or none, ran) released as if their shard had just gone."""
+        found = await shard_consumers.listed_durables(self.ctx.bus.js)
+        kept = self._kept()
+        self._release(durable for durable in found if durable not in kept)
+        self._swept = True
+
+    def _kept(self) -> set[tuple[str, str]]:
+        return {durable for shard in self._stored for durable in shard_consumers.shard_durables(shard)}
+
     async def _release_due(self) -> None:
-        """Delete the durable consumers of every shard gone for `RELEASE_AFTER_S` (on this task, after the
-        records: a shard made again meanwhile was taken off `_releases` by `apply` and keeps them)."""
+        """Delete every durable due (on this task, after the records were written: one whose shard is in
+        force again, made again in time, is kept)."""
         now = asyncio.get_running_loop().time()
-        for shard, due in sorted(self._releases.items()):
-            if due > now:
+        due = sorted(durable for durable, at in self._releases.items() if at <= now)
+        kept = self._kept() if due else set()
+        for stream, name in due:
+            del self._releases[stream, name]
+            if (stream, name) in kept:
                 continue
             try:
-                deleted = await delete_durables(self.ctx.bus.js, shard)
+                there = await shard_consumers.delete_durable(self.ctx.bus.js, stream, name)
             except Exception as exc:  # noqa: BLE001 -- NATS away: again later; the inactivity threshold stays
                 self.ctx.counters["shard_release_failures"] += 1
-                log.warning("SchedulingShard %s gone: its durable consumers not deleted yet: %s", shard, exc)
-                self._releases[shard] = now + RETRY_AFTER_FAILURE
+                log.warning("durable consumer %s (stream %s) not deleted yet: %s", name, stream, exc)
+                self._releases[stream, name] = now + RETRY_AFTER_FAILURE
                 continue
-            del self._releases[shard]
-            self.ctx.counters["shard_durables_deleted"] += len(deleted)
-            log.info(
-                "SchedulingShard %s gone for %.0f s: durable consumers deleted: %s",
-                shard,
-                RELEASE_AFTER_S,
-                ", ".join(deleted) or "none was left",
-            )
+            if there:
+                self.ctx.counters["shard_durables_deleted"] += 1
+                log.info("durable consumer %s (stream %s) deleted: its SchedulingShard is gone", name, stream)
 
     async def apply(self) -> None:
         """Bring KV and every SchedulingShard's status in line with what was last seen of them."""
@@ -209,14 +230,13 @@ class ShardWatch:
             del self._stored[shard]
             self._shown.pop(shard, None)
             self._noted.pop(shard, None)
-            self._releases[shard] = asyncio.get_running_loop().time() + RELEASE_AFTER_S
+            self._release(shard_consumers.shard_durables(shard))
             log.info("SchedulingShard %s gone: its shard's record is deleted", shard)
         for shard, verdict in shards.read_shards(raws, self.node_pool_label_key, self.extra_plugins).items():
             seen = shards.seen(raws[shard])
             if isinstance(verdict, Problem):
                 await self._show(shard, verdict, seen)
                 continue
-            self._releases.pop(shard, None)  # made again before its durables were deleted: kept
             data = encode(verdict)
             if data != self._stored.get(shard):
                 await self.state.put(s.shard_key(shard), data)
