@@ -17,7 +17,7 @@ from services.state.mirror.cache import Mirror
 from services.state.mirror.raw_objects import PODGROUPS, PODS
 from shared.bus.middleware import Counters
 from shared.bus.service import ServiceContext
-from shared.contracts.events import PodGroupState
+from shared.contracts.events import PodGroupState, PodUnschedulable
 from shared.kubeapi.client import Kube, connect
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.server import KubeSim
@@ -155,5 +155,40 @@ async def test_what_the_mirror_had_not_seen_at_the_event_the_recount_writes(tmp_
             status = await shown(kube, mirror)
             assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
             assert status_patches(sim) - before == 2
+        finally:
+            await kube.close()
+
+
+@pytest.mark.parametrize(
+    "pending_shown", [True, False], ids=["its pending pod shown", "its pod shown placed already (a race)"]
+)
+async def test_an_unschedulable_report_writes_its_condition_and_the_resources_in_one_patch(
+    tmp_path: Path, pending_shown: bool
+) -> None:
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", json.dumps(pod(None if pending_shown else "node-0")).encode())
+            before = status_patches(sim)
+
+            event = PodUnschedulable(
+                time=1.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
+            )
+            await writeback._on_event(event, delivery())
+
+            status = await shown(kube, mirror)
+            # The event's condition stands even where the recount alone would have removed it as stale.
+            [condition] = status["schedulingConditions"]
+            assert (condition["type"], condition["message"]) == (
+                "UnschedulableOnNodePool",
+                "queue q is over its limit",
+            )
+            assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
+            assert status_patches(sim) - before == 1
         finally:
             await kube.close()

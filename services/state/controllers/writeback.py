@@ -398,7 +398,12 @@ class WriteBack:
         patch = translate.podgroup_status_patch(
             group, now=event_time(), unschedulable=text, reasons=reasons, node_pool=self._node_pool(group)
         )
+        count = self._recount_now(key, group)  # in the same patch, as for a podgroup-state event
+        if count is not None:
+            patch = _merged(patch, count.patch)
         await self._patch_podgroup_status(group, patch)
+        if count is not None:
+            self._resources_seen[key] = count
 
     def _node_pool(self, group: wire.PodGroup) -> str:
         key = self.options.node_pool_label_key
@@ -675,11 +680,13 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True))
 
 
-def _merged(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Two merge patches of a PodGroup's status (their fields apart) as one."""
-    if a is None or b is None:
-        return a or b
-    return {"status": {**a["status"], **b["status"]}}
+def _merged(first: dict[str, Any] | None, then: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two merge patches of a PodGroup's status as one; a field both set is `first`'s (an event's own
+    patch, before the recount's: the condition an unschedulable report writes is not undone by a recount
+    whose mirror does not show the pending pods yet)."""
+    if first is None or then is None:
+        return first or then
+    return {"status": {**then["status"], **first["status"]}}
 
 
 @dataclass
