@@ -102,17 +102,19 @@ def plan_queues(
 def _plan(snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegistry | None) -> QueuePlan:
     # Nothing here reads what a node holds: the nodes stay empty (`Session`'s accounting_only).
     ssn = open_session(snapshot, now, policy, registry=registry, accounting_only=True)
-    shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))
-    order = JobsByQueue(ssn)
-    order.extend(pending_jobs(ssn))
-    pending = tuple(job.key for job in order.drain())
-    if policy.queue_depth_per_action:
-        considered = _considered(ssn, policy)
-        pending = tuple(key for key in pending if key in considered)
-    stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
-    guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
-    total = _resources(ssn.total)
-    ssn.close()
+    try:  # closed even on an error: the next session takes its jobs again only once it is (`shared.core.tasks.open_jobs`)
+        shares = tuple(_share(q) for q in sorted(ssn.queues.values(), key=lambda q: q.name))
+        order = JobsByQueue(ssn)
+        order.extend(pending_jobs(ssn))
+        pending = tuple(job.key for job in order.drain())
+        if policy.queue_depth_per_action:
+            considered = _considered(ssn, policy)
+            pending = tuple(key for key in pending if key in considered)
+        stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
+        guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
+        total = _resources(ssn.total)
+    finally:
+        ssn.close()
     admissions = quota_verdicts(snapshot, now, policy, registry)
     return QueuePlan(shares, pending, stale, guarded, admissions, total)
 

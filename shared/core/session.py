@@ -36,7 +36,18 @@ from shared.core.proportion import (
     queue_states_from_model,
     set_fair_shares,
 )
-from shared.core.tasks import CPU, GPU, MEM, PODS, JobState, OrderKeys, TaskState, mig_gpu_portion
+from shared.core.tasks import (
+    CPU,
+    GPU,
+    MEM,
+    PODS,
+    JobState,
+    OrderKeys,
+    TaskState,
+    close_jobs,
+    mig_gpu_portion,
+    open_jobs,
+)
 from shared.model import Snapshot, Topology
 from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus, stuck_in_releasing
 from shared.model.topology_aliases import resolve_aliases
@@ -96,8 +107,6 @@ class Session:
         self.namespace_labels: dict[str, dict[str, str]] = {ns.name: ns.labels for ns in snapshot.namespaces}
         """Namespace -> its labels, what a pod affinity term's namespace selector reads
         (`shared.core.selectors.term_selects`)."""
-        self.jobs: dict[str, JobState] = {}
-        self.tasks: dict[str, TaskState] = {}
         self.log = SessionLog()
         self.action = ""
         """The action running now (set by the cycle runner), what `count` files a count under."""
@@ -111,28 +120,30 @@ class Session:
         runtime = self.plugins
         keys = OrderKeys(job=runtime.job_key, task=runtime.task_key, pod_set=runtime.pod_set_key)
         aliased = any(t.aliases for t in snapshot.topologies)  # else no podgroup has an alias to resolve
-        for pg in snapshot.podgroups:
-            self.jobs[pg.key] = JobState(resolve_aliases(pg, self.topologies) if aliased else pg, keys)
+        podgroups = (
+            tuple(resolve_aliases(pg, self.topologies) for pg in snapshot.podgroups)
+            if aliased
+            else snapshot.podgroups
+        )
+        # The jobs and tasks of the last session whose records are the same, taken again (`shared.core.tasks.open_jobs`).
+        self.jobs, self.tasks, self._leased = open_jobs(podgroups, snapshot.pods, keys, keep=not aliased)
         self.stuck_by_node: dict[str, list[str]] = {}
         """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold
         pending: set[str] = set()
-        for pod in snapshot.pods:
-            job = self.jobs.get(pod.podgroup)
-            if job is None:
-                continue
-            task = TaskState(pod, job)
-            if stuck_in_releasing(pod.status, pod.releasing_since, now, stuck_after):
-                # KAI v0.17: it holds its resources as a running pod does (never as releasing ones, so
-                # nothing is pipelined onto them) and is no victim (not active-allocated).
-                task.status = PodStatus.STUCK_IN_RELEASING
-                if pod.node is not None:
-                    named = f"{pod.namespace}/{pod.name}" if pod.namespace else pod.name
-                    self.stuck_by_node.setdefault(pod.node, []).append(named)
-            job.add_task(task)
-            self.tasks[task.key] = task
-            if task.status == PodStatus.PENDING:
-                pending.add(job.key)
+        for task in self.tasks.values():
+            status = task.status
+            if status == PodStatus.PENDING:
+                pending.add(task.job.key)
+            elif status == PodStatus.RELEASING:
+                pod = task.pod
+                if stuck_in_releasing(status, pod.releasing_since, now, stuck_after):
+                    # KAI v0.17: it holds its resources as a running pod does (never as releasing ones, so
+                    # nothing is pipelined onto them) and is no victim (not active-allocated).
+                    task.status = PodStatus.STUCK_IN_RELEASING
+                    if pod.node is not None:
+                        named = f"{pod.namespace}/{pod.name}" if pod.namespace else pod.name
+                        self.stuck_by_node.setdefault(pod.node, []).append(named)
         self.maybe_pending: list[JobState] = [job for key, job in self.jobs.items() if key in pending]
         """The jobs with a pending pod when the session opened, in job order: the only ones that can have
         one later (no statement sets a pod pending; undoing one puts back a pod that was), so what asks
@@ -176,9 +187,7 @@ class Session:
         pass over its objects (`shared.core.cycle.collector_paused`: about 30 ms for a session of 5,000
         nodes and 11,000 pods, against 5 ms). For the core's entry points, once they have read what they
         return: the session cannot be used afterwards."""
-        for task in self.tasks.values():
-            del task.job
-            task.pod_set = None
+        close_jobs(self.tasks, self._leased)
         for node in self.cluster.order:
             del node.cluster
         # What else refers to the session (a job order holding its heaps' bound methods is a cycle of its

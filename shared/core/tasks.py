@@ -4,12 +4,15 @@ A `TaskState` is the mutable copy of a model `Pod` that actions move between sta
 groups them into pod sets (gangs) under its sub-group tree (`SetState`: KAI's ``SubGroupSet``, where a set
 needs ``minSubGroup`` of its members) and answers KAI's gang questions (ready, satisfied, stale, should
 pipeline, which pods to place next).
-Built by `shared.core.session.Session` from a snapshot; changed only through a `Statement`.
+Built by `shared.core.session.Session` from a snapshot (`open_jobs`, which takes again the jobs of the
+session before whose records are the same objects); changed only through a `Statement`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -87,6 +90,18 @@ class TaskState:
             else 0.0
         )
         """KAI `ResReq.GPUs()` (`GpuRequest.gpus`, read once: the queue accounting asks it of every pod)."""
+
+    def reopen(self, job: JobState) -> None:
+        """Back to what `__init__` made of the same pod, for a session that keeps it from the one before
+        (`open_jobs`): every field a session may change, put back; the request fields are the
+        pod's and never change."""
+        pod = self.pod
+        self.job = job
+        self.status = pod.status
+        self.node = pod.node
+        self.gpu_groups = pod.gpu_groups
+        self.is_virtual = False
+        self.accepted_gpus = 0.0
 
     # --- request kinds (KAI pod_info) -------------------------------------------------------------
     @property
@@ -364,6 +379,26 @@ class JobState:
         self.task_fit_errors: dict[str, dict[str, Sequence[str]]] = {}
         """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
 
+    def reopen(self, keys: OrderKeys) -> None:
+        """Back to what `__init__` made of the same podgroup, its tasks as `add_task` left them, for a
+        session that keeps it from the one before (`open_jobs`; the tasks are reopened apart):
+        every field a session may change, put back, and its caches dropped."""
+        podgroup = self.podgroup
+        self.keys = keys
+        self.queue = podgroup.queue
+        self.priority = podgroup.priority
+        self.preemptible = podgroup.preemptible
+        self.creation_time = podgroup.creation_time
+        self.last_start_time = podgroup.last_start_time
+        self.stale_since = podgroup.stale_since
+        self.backed_off = podgroup.backed_off
+        self.bind_retry_at = None
+        self.partial = False
+        self.version = 0
+        self._cache = {}
+        self.fit_errors = ()
+        self.task_fit_errors = {}
+
     def add_task(self, task: TaskState) -> None:
         self.tasks[task.key] = task
         ps = self.pod_sets.get(task.pod.sub_group or DEFAULT_POD_SET)
@@ -612,3 +647,124 @@ def _job_order_key(job: JobState) -> OrderKey:
 KAI_KEYS = OrderKeys(job=_job_order_key, task=task_order_key, pod_set=_pod_set_order_key)
 """KAI's default plugins' orders (priority, elastic; kubeflow, ray, taskorder; subgrouporder), for a `JobState` built
 outside a session."""
+
+# --- jobs and tasks kept between sessions --------------------------------------------------------------
+# A session's jobs and tasks, kept for the next session while their records are the same objects.
+#
+# `shared.core.session.Session` builds its jobs and tasks with `open_jobs` and hands
+# them back with `close_jobs`. The state replica keeps an unchanged podgroup or pod record as the same object
+# from one snapshot to the next (`shared.model.gather`), so a job whose podgroup record is the same object
+# holding the same pod records in the same order comes out of `JobState`/`TaskState` exactly as it did last
+# time: it is taken again and put back as built (`JobState.reopen`, `TaskState.reopen`), not built anew.
+# What the last session changed in it (statuses, placements, caches, fit errors) never shows.
+#
+# The memo holds the last leased session's objects only (as `shared.core.cluster`'s node memo does), and one
+# session at a time holds the lease: a session opened while another holds it (another thread's, or one never
+# closed) builds its own objects and keeps none. Jobs the next session does not take again have their
+# reference cycles broken then, as `Session.close` breaks those of objects it owns.
+
+
+class _Kept(NamedTuple):
+    """One job as a session built it: its podgroup record, the pod records it took (in order) and the task
+    made of each."""
+
+    podgroup: PodGroup
+    pods: tuple[Pod, ...]
+    job: JobState
+    tasks: tuple[TaskState, ...]
+
+
+class _JobMemo:
+    """The last leased session's jobs by their podgroup record's identity (held, so an id is never another
+    object's while kept), and whether a session holds them now."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.leased = False
+        self.last: dict[int, _Kept] = {}
+
+    def lease(self) -> bool:
+        with self.lock:
+            if self.leased:
+                return False
+            self.leased = True
+            return True
+
+    def release(self) -> None:
+        with self.lock:
+            self.leased = False
+
+
+_MEMO = _JobMemo()
+
+
+def open_jobs(
+    podgroups: tuple[PodGroup, ...], pods: tuple[Pod, ...], keys: OrderKeys, *, keep: bool
+) -> tuple[dict[str, JobState], dict[str, TaskState], bool]:
+    """A job per podgroup (by key, in their order; a later podgroup of the same key wins) holding a task per
+    pod of it (in the pods' order), and every such task by key (in the pods' order): as building each anew
+    would make them. With `keep` (the podgroups as they are, no alias resolved) and the memo's lease taken,
+    the jobs whose records are those of the last leased session are taken again, and these are kept in
+    turn; the last bool says whether the lease was taken (`close_jobs` gives it back)."""
+    leased = keep and _MEMO.lease()
+    last = _MEMO.last if leased else {}
+    members: dict[str, list[Pod]] = {}
+    for pod in pods:
+        group = members.get(pod.podgroup)
+        if group is None:
+            members[pod.podgroup] = [pod]
+        else:
+            group.append(pod)
+    jobs: dict[str, JobState] = {}
+    kept: dict[int, _Kept] = {}
+    same = operator.is_
+    for pg in podgroups:
+        its = members.get(pg.key, ())
+        before = last.get(id(pg))
+        if (
+            before is not None
+            and before.podgroup is pg
+            and len(before.pods) == len(its)
+            and all(map(same, before.pods, its))
+        ):
+            job = before.job
+            job.reopen(keys)
+            for task in before.tasks:
+                task.reopen(job)
+        else:
+            if before is not None:
+                _break_cycles(before.tasks)
+            job = JobState(pg, keys)
+            made = tuple(TaskState(pod, job) for pod in its)
+            for task in made:
+                job.add_task(task)
+            before = _Kept(pg, tuple(its), job, made)
+        jobs[pg.key] = job
+        if leased:
+            kept[id(pg)] = before
+    tasks: dict[str, TaskState] = {}
+    for pod in pods:
+        owner = jobs.get(pod.podgroup)
+        if owner is not None:
+            tasks[pod.key] = owner.tasks[pod.key]
+    if leased:
+        for gone in last.keys() - kept.keys():
+            _break_cycles(last[gone].tasks)
+        _MEMO.last = kept
+    return jobs, tasks, leased
+
+
+def close_jobs(tasks: dict[str, TaskState], leased: bool) -> None:
+    """The session that opened `tasks` is done with them: the memo's lease back when it held it (the memo
+    keeps its objects for the next session), else their reference cycles broken (`Session.close`)."""
+    if leased:
+        _MEMO.release()
+        return
+    _break_cycles(tasks.values())
+
+
+def _break_cycles(tasks: Iterable[TaskState]) -> None:
+    for task in tasks:
+        if hasattr(task, "job"):
+            del task.job
+        task.pod_set = None
