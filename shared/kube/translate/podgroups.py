@@ -1,10 +1,10 @@
 """Kubernetes PodGroups to the model's `PodGroup` (KAI's PodGroupInfo): queue, priority, preemptibility,
 timestamps, the sub-group tree and KAI's scheduling backoff.
 
-Called by the state service's mirror (`podgroup_of`, `default_priority` over the PriorityClasses), by
-`pods` and by every caller that names a podgroup in the model (`podgroup_key`: a
-podgroup's model ``uid`` is ``"namespace/name"``, because a pod names its podgroup by name in its own
-namespace, annotation ``pod-group-name``). `transition_id` is shared with `podgroup_status`, which writes
+Called by the state service's mirror (`podgroup_of`, `podgroup_restated` for a status-only change,
+`default_priority` over the PriorityClasses), by `pods` and by every caller that names a podgroup in the
+model (`podgroup_key`: a podgroup's model ``uid`` is ``"namespace/name"``, because a pod names its podgroup
+by name in its own namespace, annotation ``pod-group-name``). `transition_id` is shared with `podgroup_status`, which writes
 the scheduling conditions this module reads.
 """
 
@@ -82,6 +82,32 @@ def podgroup_of(
         bind_failure=bind_failure.read(pg),
         backed_off=scheduling_backed_off(pg, node_pool_label_key),
     )
+
+
+_COMPARED = tuple(f for f in wire.PodGroup.__struct_fields__ if f not in ("metadata", "status"))
+"""What of a PodGroup `podgroup_restated` compares as it is (the metadata less its resourceVersion too)."""
+
+
+def podgroup_restated(
+    before: wire.PodGroup,
+    translated: PodGroup,
+    after: wire.PodGroup,
+    node_pool_label_key: str = keys.NODE_POOL_LABEL,
+) -> PodGroup | None:
+    """`translated`, the model podgroup of `before`, brought to `after` when the two differ only in their
+    status and resourceVersion (the write-back's status patches, about one per bound pod): the translation
+    reads nothing of the status but the scheduling conditions, and those only for `backed_off`, read again
+    here. `translated` itself when that is unchanged, so the caller can tell nothing moved. None when
+    anything else differs: `podgroup_of` then translates `after` whole."""
+    meta = before.metadata
+    if meta.resource_version != after.metadata.resource_version:
+        meta = msgspec.structs.replace(meta, resource_version=after.metadata.resource_version)
+    if meta != after.metadata or any(getattr(before, f) != getattr(after, f) for f in _COMPARED):
+        return None
+    backed_off = scheduling_backed_off(after, node_pool_label_key)
+    if backed_off == translated.backed_off:
+        return translated
+    return msgspec.structs.replace(translated, backed_off=backed_off)
 
 
 NO_SCHEDULING_BACKOFF = -1
