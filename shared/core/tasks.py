@@ -395,9 +395,13 @@ class JobState:
         self.bind_retry_at = None
         self.partial = False
         self.version = 0
-        self._cache = {}
+        # New containers only where the last session wrote some (most jobs it never asked): what a
+        # session opens anew is what the collector's pass after it walks.
+        if self._cache:
+            self._cache = {}
         self.fit_errors = ()
-        self.task_fit_errors = {}
+        if self.task_fit_errors:
+            self.task_fit_errors = {}
 
     def add_task(self, task: TaskState) -> None:
         self.tasks[task.key] = task
@@ -758,6 +762,10 @@ def close_jobs(tasks: dict[str, TaskState], leased: bool) -> None:
     """The session that opened `tasks` is done with them: the memo's lease back when it held it (the memo
     keeps its objects for the next session), else their reference cycles broken (`Session.close`)."""
     if leased:
+        # The kept jobs let go of the session's order keys (bound to its plugin runtime), so nothing the
+        # session made outlives it through them; the next session gives its own (`JobState.reopen`).
+        for kept in _MEMO.last.values():
+            kept.job.keys = KAI_KEYS
         _MEMO.release()
         return
     _break_cycles(tasks.values())

@@ -1,6 +1,8 @@
 """Spec: when the core's entry points end a session (`schedule`, `plan_queues`, `quota_verdicts`), its jobs,
 tasks and nodes are freed as soon as the call returns, without waiting for the cyclic collector
-(`Session.close` breaks the cycles between a task and its job and pod set, and a node and its cluster)."""
+(`Session.close` breaks the cycles between a task and its job and pod set, and a node and its cluster). The
+jobs the next session may take again (`shared.core.tasks.open_jobs`) are kept until a session over other
+records has opened, then freed the same way."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from shared.core import tasks
 from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.queue_plan import plan_queues
@@ -42,6 +45,17 @@ def _jobs_alive() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, JobState))
 
 
+@pytest.fixture(autouse=True)
+def _own_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job memo of the test's own: sessions other specs left open hold the process's lease."""
+    monkeypatch.setattr(tasks, "_MEMO", tasks._JobMemo())
+
+
+def _another_session() -> None:
+    """A session over other records, which keeps none of the last one's jobs."""
+    schedule(Snapshot(), 0.0, Policy())
+
+
 ENTRY_POINTS: dict[str, Callable[[Snapshot], object]] = {
     "schedule": lambda snap: schedule(snap, 0.0, Policy()),
     "plan_queues": lambda snap: plan_queues(snap, 0.0, Policy()),
@@ -55,6 +69,8 @@ def test_a_session_s_jobs_are_freed_when_the_core_returns(entry: str) -> None:
     before = _jobs_alive()
     result = ENTRY_POINTS[entry](snap)
     assert result is not None
+    assert _jobs_alive() - before <= len(tasks._MEMO.last)
+    _another_session()
     assert _jobs_alive() == before
 
 
@@ -63,4 +79,5 @@ def test_a_closed_session_leaves_nothing_that_refers_back_to_itself() -> None:
     job = weakref.ref(next(iter(ssn.jobs.values())))
     ssn.close()
     del ssn
+    _another_session()
     assert job() is None
