@@ -52,18 +52,29 @@ def queue(name: str, parent: str | None = None, created: str = "2026-01-01T00:00
     )
 
 
-def podgroup(name: str, queue_name: str, priority_class: str = "", namespace: str = "team") -> bytes:
+def podgroup(
+    name: str,
+    queue_name: str,
+    priority_class: str = "",
+    namespace: str = "team",
+    *,
+    status: dict[str, Any] | None = None,
+    backoff: int | None = None,
+) -> bytes:
     spec: dict[str, Any] = {"minMember": 1, "queue": queue_name}
     if priority_class:
         spec["priorityClassName"] = priority_class
-    return js(
-        {
-            "apiVersion": "scheduling.run.ai/v2alpha2",
-            "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": spec,
-        }
-    )
+    if backoff is not None:
+        spec["schedulingBackoff"] = backoff
+    doc: dict[str, Any] = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": spec,
+    }
+    if status is not None:
+        doc["status"] = status
+    return js(doc)
 
 
 def pod(

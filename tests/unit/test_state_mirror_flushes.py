@@ -16,12 +16,25 @@ from hypothesis import strategies as st
 
 from services.state.mirror.cache import Mirror
 from services.state.mirror.raw_objects import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
+from shared.model import PodGroup
 from tests.unit.test_state_mirror import NOW, namespace, node, pod, podgroup, queue
 
 POD_NAMES = ("p0", "p1", "p2")
 RELIST = "relist"
 """An event that lists the pods afresh (the objects as they are): a full flush."""
 GROUP_NAMES = ("g1", "g2")
+GROUP_STATUSES: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "running": {"phase": "Running", "running": 1, "resourcesStatus": {"allocated": {"cpu": "1"}}},
+    "tried": {
+        "phase": "Pending",
+        "schedulingConditions": [
+            {"type": "UnschedulableOnNodePool", "nodePool": "default", "status": "True", "transitionID": "1"}
+        ],
+    },
+}
+"""The write-back's status patches (a podgroup's status alone changing, which the mirror reuses the
+translation for), one of which backs off a podgroup that asks for KAI's scheduling backoff."""
 
 
 def pod_variant(name: str, variant: tuple[Any, ...]) -> bytes:
@@ -48,7 +61,14 @@ events = st.one_of(
     st.tuples(
         st.just(PODGROUPS),
         st.sampled_from(GROUP_NAMES),
-        st.one_of(st.none(), st.sampled_from(("research", "ghost"))),
+        st.one_of(
+            st.none(),
+            st.tuples(
+                st.sampled_from(("research", "ghost")),
+                st.sampled_from(tuple(GROUP_STATUSES)),
+                st.sampled_from((None, 1)),
+            ),
+        ),
     ),
     st.tuples(st.just(NODES), st.sampled_from(("n1", "n2")), st.one_of(st.none(), st.sampled_from((4, 8)))),
     st.tuples(st.just(NAMESPACES), st.just("team"), st.one_of(st.none(), st.sampled_from(("a", "b")))),
@@ -61,7 +81,8 @@ def raw(kind: str, name: str, variant: Any) -> bytes:
     if kind == PODS:
         return pod_variant(name, variant)
     if kind == PODGROUPS:
-        return podgroup(name, variant)
+        queue_name, status, backoff = variant
+        return podgroup(name, queue_name, status=GROUP_STATUSES[status], backoff=backoff)
     if kind == NODES:
         return node(name, gpus=variant)
     if kind == QUEUES:
@@ -145,3 +166,34 @@ def test_a_mirror_that_adopts_what_kv_held_writes_what_a_fresh_one_does_and_remo
         for key in previous.current.keys() | full.current.keys()
         if previous.current.get(key) != full.current.get(key)
     }
+
+
+def test_a_podgroup_status_patch_keeps_its_translation_and_writes_nothing() -> None:
+    """The write-back patches a PodGroup's status about once per bound pod: the mirror keeps the
+    translation it has (the very object) instead of translating the podgroup and its pods again."""
+    objects = initial()
+    objects[(PODGROUPS, "g1")] = podgroup("g1", "research")
+    objects[(PODS, "p0")] = pod_variant("p0", ("g1", 1, "n1", "Running", True))
+    mirror = listed(objects)
+    mirror.flush(NOW)
+    kept = mirror.translations.last("podgroup team/g1")
+    assert kept is not None
+    mirror.change(PODGROUPS, "MODIFIED", podgroup("g1", "research", status=GROUP_STATUSES["running"]))
+    assert mirror.flush(NOW) == []
+    now = mirror.translations.last("podgroup team/g1")
+    assert now is not None
+    assert now[1] is kept[1]
+    assert now[0] is not kept[0]  # the new version is what it now stands for
+
+
+def test_a_podgroup_backed_off_by_a_status_patch_is_written_backed_off() -> None:
+    objects = initial()
+    objects[(PODGROUPS, "g1")] = podgroup("g1", "research", backoff=1)
+    mirror = listed(objects)
+    mirror.flush(NOW)
+    mirror.change(
+        PODGROUPS, "MODIFIED", podgroup("g1", "research", status=GROUP_STATUSES["tried"], backoff=1)
+    )
+    (change,) = mirror.flush(NOW)
+    assert isinstance(change.after, PodGroup)
+    assert change.after.backed_off

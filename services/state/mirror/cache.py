@@ -93,6 +93,7 @@ from shared.contracts.gpu_telemetry import GpuTelemetry
 from shared.contracts.inventory import GpuInventory
 from shared.errors import InvalidObject
 from shared.kube import keys, translate, wire
+from shared.kube.translate.podgroups import podgroup_restated
 from shared.kube.translate.pods import pod_moved
 from shared.kube.values import shown
 from shared.model import Node, Pod, PodGroup, Queue
@@ -225,6 +226,8 @@ class Mirror:
             self.stages.pod_changed(group_of(before), group_of(after))
         elif kind == PODGROUPS:
             self.stages.group_changed(name, before, after)
+            if self._restated(name, before, after):
+                return
         elif kind == JOBS:
             self.stages.job_changed(name)
         elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES) and not only_status(before, after):
@@ -588,6 +591,26 @@ class Mirror:
             ):
                 return moved
         return make()
+
+    def _restated(self, name: str, before: wire.PodGroup | None, after: wire.PodGroup | None) -> bool:
+        """Whether a podgroup's change leaves its translation exactly as it is (only its status moved: the
+        write-back patches it about once per bound pod; `translate.podgroup_restated`): its cached translation
+        then stands as made from `after`, and the podgroup is not looked at again. Nothing else a dirty
+        podgroup recomputes reads the status: its pods, its holds (the stages have their own look,
+        `StageVerdicts.group_changed`), its count of members."""
+        if before is None or after is None:
+            return False
+        label = f"podgroup {name}"
+        last = self.translations.last(label)
+        if last is None:
+            return False
+        source, translated = last
+        if not (isinstance(source, tuple) and source[0] is before and isinstance(translated, PodGroup)):
+            return False
+        if podgroup_restated(before, translated, after, self.node_pool_label_key) is not translated:
+            return False
+        self.translations.remade(label, (after, *source[1:]))
+        return True
 
     def _sub_groups_of(self, key: str, group: PodGroup) -> frozenset[str]:
         """The names of podgroup `key`'s pod sets (its leaf sub-groups, or the default one), computed once

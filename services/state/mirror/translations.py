@@ -88,6 +88,13 @@ class Translations:
         """What `label` was last translated from, and that translation (None: never translated well)."""
         return self._cache.get(label)
 
+    def remade(self, label: str, source: object) -> None:
+        """The cached translation of `label` stands as made from `source` too (the object changed only in
+        what its translation does not read); nothing when it has none."""
+        cached = self._cache.get(label)
+        if cached is not None:
+            self._cache[label] = (source, cached[1])
+
     def forget(self, label: str) -> None:
         """Drop what is remembered of an object that is gone."""
         self._cache.pop(label, None)
