@@ -109,55 +109,59 @@ def quota_verdicts(
         ),
     )
     ssn = open_session(opened, now, policy or Policy(), registry=registry)
-    let_in: dict[str, list[str]] = {}
-    refused: dict[str, tuple[CapacityResult, str]] = {}
-    order = JobsByQueue(ssn)
-    order.extend(pending_jobs(ssn))
-    for job in order.drain():
-        tasks = job.tasks_to_allocate(real=True)
-        if not tasks:
-            continue
-        result, limited_by = _capacity(ssn, job, tasks)
-        let_in.setdefault(job.key, [])
-        if not result.ok:
-            refused[job.key] = (result, limited_by)
-            continue
-        _take(ssn, job, tasks)
-        let_in[job.key] += [t.name for t in tasks]
-        if job.has_tasks_to_allocate(real=True):
-            order.push(job)
-    for key in gated:
-        unordered = ssn.jobs.get(key)
-        if key in let_in or unordered is None:
-            continue
-        queue = ssn.queues.get(unordered.queue)
-        if queue is None:
-            refused[key] = (ssn.job_capacity(unordered, []), unordered.queue)
-        elif not queue.is_leaf:
-            message = f"queue {queue.name} has child queues; a podgroup must be in a queue without children"
-            refused[key] = (CapacityResult(False, NOT_LEAF_QUEUE, message), queue.name)
-        else:
-            continue  # its gang is not complete yet
-        let_in[key] = []
-    verdicts = []
-    for key, names in let_in.items():
-        if key not in gated:
-            continue
-        job = ssn.jobs[key]
-        admitted = set(names) & set(gated[key])
-        held = tuple(name for name in gated[key] if name not in admitted)
-        verdict = QuotaVerdict(key, job.namespace, job.name, job.queue, tuple(sorted(admitted)), held)
-        if held and key in refused:
-            result, limited_by = refused[key]
-            verdict = replace(
-                verdict,
-                reason=result.reason,
-                message=f"queue {limited_by}: {result.message}",
-                limited_by=limited_by,
-            )
-        verdicts.append(verdict)
-    ssn.close()
-    return tuple(verdicts)
+    try:
+        let_in: dict[str, list[str]] = {}
+        refused: dict[str, tuple[CapacityResult, str]] = {}
+        order = JobsByQueue(ssn)
+        order.extend(pending_jobs(ssn))
+        for job in order.drain():
+            tasks = job.tasks_to_allocate(real=True)
+            if not tasks:
+                continue
+            result, limited_by = _capacity(ssn, job, tasks)
+            let_in.setdefault(job.key, [])
+            if not result.ok:
+                refused[job.key] = (result, limited_by)
+                continue
+            _take(ssn, job, tasks)
+            let_in[job.key] += [t.name for t in tasks]
+            if job.has_tasks_to_allocate(real=True):
+                order.push(job)
+        for key in gated:
+            unordered = ssn.jobs.get(key)
+            if key in let_in or unordered is None:
+                continue
+            queue = ssn.queues.get(unordered.queue)
+            if queue is None:
+                refused[key] = (ssn.job_capacity(unordered, []), unordered.queue)
+            elif not queue.is_leaf:
+                message = (
+                    f"queue {queue.name} has child queues; a podgroup must be in a queue without children"
+                )
+                refused[key] = (CapacityResult(False, NOT_LEAF_QUEUE, message), queue.name)
+            else:
+                continue  # its gang is not complete yet
+            let_in[key] = []
+        verdicts = []
+        for key, names in let_in.items():
+            if key not in gated:
+                continue
+            job = ssn.jobs[key]
+            admitted = set(names) & set(gated[key])
+            held = tuple(name for name in gated[key] if name not in admitted)
+            verdict = QuotaVerdict(key, job.namespace, job.name, job.queue, tuple(sorted(admitted)), held)
+            if held and key in refused:
+                result, limited_by = refused[key]
+                verdict = replace(
+                    verdict,
+                    reason=result.reason,
+                    message=f"queue {limited_by}: {result.message}",
+                    limited_by=limited_by,
+                )
+            verdicts.append(verdict)
+        return tuple(verdicts)
+    finally:
+        ssn.close()
 
 
 def _capacity(ssn: Session, job: JobState, tasks: list[TaskState]) -> tuple[CapacityResult, str]:

@@ -50,29 +50,34 @@ def refusals(
     """Pod key -> why it cannot go on its node, for each of `placements` (in order) that does not pass;
     empty when every one does. Pure: the session is discarded."""
     ssn = open_session(snapshot, now, policy, registry=registry)
-    stmt = Statement(ssn)
-    refused: dict[str, str] = {}
-    for pod, node_name in placements:
-        task = ssn.tasks.get(pod)
-        node = ssn.cluster.nodes.get(node_name)
-        if task is None:
-            refused[pod] = UNKNOWN_POD
-            continue
-        if node is None:
-            refused[pod] = UNKNOWN_NODE
-            continue
-        if task.status != PodStatus.PENDING:
-            refused[pod] = NOT_PENDING
-            continue
-        reason = _prefiltered(ssn, task, node.idx) or _reason(fit_failure(ssn, task, node))
-        if reason is None and not node.fits(task, with_releasing=False):
-            reason = "; ".join(insufficient_resources(task, node)) or "node(s) didn't have enough resources"
-        if reason is not None:
-            refused[pod] = reason
-            continue
-        stmt.allocate(task, node.name)
-    stmt.discard()
-    return refused
+    try:
+        stmt = Statement(ssn)
+        refused: dict[str, str] = {}
+        for pod, node_name in placements:
+            task = ssn.tasks.get(pod)
+            node = ssn.cluster.nodes.get(node_name)
+            if task is None:
+                refused[pod] = UNKNOWN_POD
+                continue
+            if node is None:
+                refused[pod] = UNKNOWN_NODE
+                continue
+            if task.status != PodStatus.PENDING:
+                refused[pod] = NOT_PENDING
+                continue
+            reason = _prefiltered(ssn, task, node.idx) or _reason(fit_failure(ssn, task, node))
+            if reason is None and not node.fits(task, with_releasing=False):
+                reason = (
+                    "; ".join(insufficient_resources(task, node)) or "node(s) didn't have enough resources"
+                )
+            if reason is not None:
+                refused[pod] = reason
+                continue
+            stmt.allocate(task, node.name)
+        stmt.discard()
+        return refused
+    finally:
+        ssn.close()
 
 
 def _prefiltered(ssn: Session, task: TaskState, idx: int) -> str | None:
