@@ -272,6 +272,10 @@ def permissions(identity: str) -> Permissions:
         # The partitions' work stream (`services.state.sources.partitions`): made, checked and consumed by state alone.
         publish += [f"{JS_API}.STREAM.{verb}.{s.STATE_WORK_STREAM}" for verb in ("CREATE", "UPDATE", "INFO")]
         publish += _consume(s.STATE_WORK_STREAM)
+        # A deleted SchedulingShard's durables on the shards' streams: listed and deleted by the shard watch
+        # (`services.state.controllers.shard_watch`, `shared.bus.shard_consumers`).
+        for stream in (s.WORK_STREAM, s.PROPOSAL_STREAM):
+            publish += [f"{JS_API}.CONSUMER.LIST.{stream}", f"{JS_API}.CONSUMER.DELETE.{stream}.*"]
         subscribe += [s.CLUSTER_WILDCARD, s.STAMPS_WILDCARD, s.STATE_SNAPSHOT, s.STATE_WHY]
         subscribe += [s.GPU_INVENTORY_WILDCARD, GPU_TELEMETRY_WILDCARD]
         declares = True

@@ -105,6 +105,12 @@ def test_only_the_state_service_writes_the_state_bucket_and_declares() -> None:
             assert not may_publish(identity, f"$JS.API.STREAM.{verb}.KV_{s.LEDGER_BUCKET}"), identity
 
 
+def test_only_the_state_service_lists_the_shards_durables_and_it_may_delete_them() -> None:
+    for stream in (s.WORK_STREAM, s.PROPOSAL_STREAM):
+        assert [i for i in IDENTITIES if may_publish(i, f"$JS.API.CONSUMER.LIST.{stream}")] == [STATE]
+        assert may_publish(STATE, f"$JS.API.CONSUMER.DELETE.{stream}.placement_pool-a")
+
+
 def test_leases_belong_to_the_queue_and_the_state_source() -> None:
     assert [i for i in IDENTITIES if may_publish(i, LEASE_WRITE)] == [STATE, QUEUE]
 
