@@ -72,6 +72,8 @@ RELEASE_AFTER_S = 30.0
 """How long a deleted SchedulingShard's durable consumers are kept before they are deleted: every replica
 has stopped pulling from them within `shard_consumers.RECONCILE_S` + `STOP_GRACE_S` (5.5 s) of seeing its
 record deleted; the rest is room for a replica behind. A shard made again before then keeps them."""
+RELEASE_TRIES = 3
+"""How often a durable's deletion is tried before it is left to the server's inactivity threshold."""
 
 
 class ShardWatch:
@@ -112,10 +114,10 @@ class ShardWatch:
         """Each shard's empty-pool message as last told."""
         self._unserved: dict[str, str] = {}
         """Podgroup key -> the no-shard message last published for it."""
-        self._releases: dict[tuple[str, str], float] = {}
-        """(stream, durable) of a shard gone -> the loop time it is deleted at (`RELEASE_AFTER_S` after)."""
-        self._swept = False
-        """Whether this owner has looked for the durables of shards deleted before it ran (`_sweep`)."""
+        self._releases: dict[tuple[str, str], tuple[float, int]] = {}
+        """(stream, durable) of a shard gone -> the loop time it is deleted at, and the tries that failed."""
+        self._sweep_at: float | None = 0.0
+        """When this owner looks for the durables of shards deleted before it ran (`_sweep`; None: done)."""
         self.memo = shard_survey.SurveyMemo(node_pool_label_key)
         """The survey's findings, worked out again only when the replica changed."""
         self.informer = Informer(
@@ -167,56 +169,79 @@ class ShardWatch:
                 if self._listed:
                     try:
                         await self.apply()
-                        if not self._swept:
-                            await self._sweep()
                     except Exception:
                         self.ctx.counters["shard_failures"] += 1
                         log.exception("SchedulingShards: applying them failed; retrying")
                         await asyncio.sleep(RETRY_AFTER_FAILURE)
                         self._wake.set()
+            if self._listed and self._sweep_at is not None and self._sweep_at <= self._now():
+                await self._sweep()
             await self._release_due()
 
     # --- a deleted shard's durable consumers, deleted once it has stayed gone ---------------------------------
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
     def _release(self, durables: Iterable[tuple[str, str]]) -> None:
         """Delete these durables (stream, name) `RELEASE_AFTER_S` from now, unless a shard in force has them
         then."""
-        due = asyncio.get_running_loop().time() + RELEASE_AFTER_S
+        due = self._now() + RELEASE_AFTER_S
         for durable in durables:
-            self._releases[durable] = due
+            self._releases[durable] = (due, 0)
 
     def _next_release(self) -> float | None:
-        """Seconds until the next durables are due for deletion (None: none is)."""
-        if not self._releases:
-            return None
-        return max(0.0, min(self._releases.values()) - asyncio.get_running_loop().time())
+        """Seconds until the next durables are due for deletion, or the sweep (None: nothing is)."""
+        times = [due for due, _ in self._releases.values()]
+        if self._listed and self._sweep_at is not None:
+            times.append(self._sweep_at)
+        return max(0.0, min(times) - self._now()) if times else None
 
     async def _sweep(self) -> None:
-        """At the first apply of this owner: the durables of shards without a SchedulingShard (deleted while
-        another owner, or none, ran) released as if their shard had just gone."""
-        found = await shard_consumers.listed_durables(self.ctx.bus.js)
+        """Once per owner, after its first apply: the durables of shards without a SchedulingShard (deleted
+        while another owner, or none, ran) released as if their shard had just gone. A failure is logged
+        and the sweep tried again `RELEASE_AFTER_S` later."""
+        try:
+            found = await shard_consumers.listed_durables(self.ctx.bus.js)
+        except Exception as exc:  # noqa: BLE001 -- NATS away or the grant missing: the inactivity threshold stays
+            self.ctx.counters["shard_release_failures"] += 1
+            log.warning("the shards' durable consumers not listed: %s; again in %.0f s", exc, RELEASE_AFTER_S)
+            self._sweep_at = self._now() + RELEASE_AFTER_S
+            return
         kept = self._kept()
         self._release(durable for durable in found if durable not in kept)
-        self._swept = True
+        self._sweep_at = None
 
     def _kept(self) -> set[tuple[str, str]]:
         return {durable for shard in self._stored for durable in shard_consumers.shard_durables(shard)}
 
     async def _release_due(self) -> None:
         """Delete every durable due (on this task, after the records were written: one whose shard is in
-        force again, made again in time, is kept)."""
-        now = asyncio.get_running_loop().time()
-        due = sorted(durable for durable, at in self._releases.items() if at <= now)
+        force again, made again in time, is kept). A deletion that fails is tried again `RELEASE_AFTER_S`
+        later, `RELEASE_TRIES` times in all, then left to the server's inactivity threshold."""
+        now = self._now()
+        due = sorted(durable for durable, (at, _) in self._releases.items() if at <= now)
         kept = self._kept() if due else set()
         for stream, name in due:
-            del self._releases[stream, name]
+            _, failed = self._releases.pop((stream, name))
             if (stream, name) in kept:
                 continue
             try:
                 there = await shard_consumers.delete_durable(self.ctx.bus.js, stream, name)
-            except Exception as exc:  # noqa: BLE001 -- NATS away: again later; the inactivity threshold stays
+            except Exception as exc:  # noqa: BLE001 -- NATS away or the grant missing: tried again later
                 self.ctx.counters["shard_release_failures"] += 1
-                log.warning("durable consumer %s (stream %s) not deleted yet: %s", name, stream, exc)
-                self._releases[stream, name] = now + RETRY_AFTER_FAILURE
+                last = failed + 1 >= RELEASE_TRIES
+                log.warning(
+                    "durable consumer %s (stream %s) not deleted: %s; %s",
+                    name,
+                    stream,
+                    exc,
+                    "left to the server's inactivity threshold"
+                    if last
+                    else f"again in {RELEASE_AFTER_S:.0f} s",
+                )
+                if not last:
+                    self._releases[stream, name] = (now + RELEASE_AFTER_S, failed + 1)
                 continue
             if there:
                 self.ctx.counters["shard_durables_deleted"] += 1
