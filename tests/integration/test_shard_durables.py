@@ -2,7 +2,7 @@
 state service's shard watch deletes them once the shard has stayed gone (`shard_watch.RELEASE_AFTER_S`),
 after the replicas pulling from them stopped cleanly; a shard made again with the same name gets fresh
 ones and loses no message published after it was made; one made again in time keeps its own; an owner
-that takes over deletes those of shards gone before it ran."""
+that takes over deletes those of shards gone before it ran, with the grants of the state identity alone."""
 
 from __future__ import annotations
 
@@ -30,9 +30,16 @@ from shared.bus.shard_consumers import (
 from shared.bus.shard_spread import ALL
 from shared.contracts import subjects as s
 from shared.kubeapi.client import Kube
+from shared.security.permissions import BINDER, PLACEMENT, STATE
 from tests.builders import shard_manifest
 from tests.integration.test_invalid_objects import eventually
+from tests.integration.test_nats_auth import (  # noqa: F401 -- `admin` and `auth_server` are fixtures
+    admin,
+    as_service,
+    auth_server,
+)
 from tests.integration.test_scheduling_shard_kube import state_owner
+from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -200,3 +207,23 @@ async def _has(replicas: Replicas, data: bytes) -> bool:
 
 async def _stopped(replicas: Replicas, loops: ShardLoops) -> bool:
     return SHARD in replicas.ended and loops.shards == [s.DEFAULT_SHARD]
+
+
+async def test_under_authentication_the_state_identity_lists_and_deletes_a_shard_s_durables(
+    auth_server: NatsServer,  # noqa: F811 -- the fixture imported above
+    admin: Bus,  # noqa: F811 -- the fixture imported above: it declares the streams
+) -> None:
+    placement, binder, state = [await as_service(auth_server, i) for i in (PLACEMENT, BINDER, STATE)]
+    try:
+        for bus, (stream, base) in zip((placement, binder), SHARD_DURABLES, strict=True):
+            subject = s.work(SHARD) if stream == s.WORK_STREAM else s.proposals(SHARD)
+            await bus.js.pull_subscribe(
+                subject, durable=durable_for(base, SHARD), stream=stream, config=consumer_config(SHARD)
+            )
+        assert await listed_durables(state.js) == sorted(shard_durables(SHARD))
+        for stream, name in shard_durables(SHARD):
+            assert await delete_durable(state.js, stream, name)
+        assert await listed_durables(state.js) == []
+    finally:
+        for bus in (placement, binder, state):
+            await bus.close()
