@@ -91,6 +91,7 @@ from shared.core.node_pool import NodePool
 from shared.errors import TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import keys, translate, wire
+from shared.kube.translate.podgroup_resources import PodDemand, pod_demand, same_demand
 from shared.kubeapi.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, Kube
 from shared.kubeapi.paths import collection_path, object_path
 from shared.model import PodGroup
@@ -205,6 +206,8 @@ class WriteBack:
             str, tuple[wire.Pod, int | None, tuple[translate.ResourceTotals, translate.ResourceTotals]]
         ] = {}
         """Pod uid -> (the pod object, its node's GPU memory, its `translate.pod_resources`)."""
+        self._pod_demands: dict[str, tuple[wire.Pod, PodDemand]] = {}
+        """Pod uid -> (a version of the pod, its `pod_demand`), kept across versions asking the same."""
 
     async def start(self, feed: EventFeed | None = EVENTS_FEED) -> None:
         """Fetch `feed`'s events (None: none yet, `follow` adds feeds) and recount resourcesStatus."""
@@ -628,17 +631,31 @@ class WriteBack:
         known = self._pod_totals.get(key)
         if known is not None and known[0] is pod and known[1] == node_gpu_memory_mib:
             return known[2]
-        totals = translate.pod_resources(pod, node_gpu_memory_mib)
+        totals = translate.pod_resources(pod, node_gpu_memory_mib, demand_of=self._pod_demand)
         self._pod_totals[key] = (pod, node_gpu_memory_mib, totals)
         return totals
+
+    def _pod_demand(self, pod: wire.Pod) -> PodDemand:
+        """`pod_demand`, remembered while the pod asks for the same (`same_demand`): a pod bound or started
+        is a new object whose requests are those it had pending, not parsed again."""
+        key = pod.metadata.uid or f"{pod.metadata.namespace}/{pod.metadata.name}"
+        known = self._pod_demands.get(key)
+        if known is not None and (known[0] is pod or same_demand(known[0], pod)):
+            return known[1]
+        demand = pod_demand(pod)
+        self._pod_demands[key] = (pod, demand)
+        return demand
 
     def _forget_resources(self) -> None:
         if len(self._resources_seen) > len(self.mirror.raw.podgroups):
             live = self.mirror.raw.podgroups
             self._resources_seen = {k: v for k, v in self._resources_seen.items() if k in live}
-        if len(self._pod_totals) > len(self.mirror.raw.pods):
+        if len(self._pod_totals) > len(self.mirror.raw.pods) or len(self._pod_demands) > len(
+            self.mirror.raw.pods
+        ):
             pods = {p.metadata.uid for p in self.mirror.raw.pods.values()}
             self._pod_totals = {k: v for k, v in self._pod_totals.items() if k in pods}
+            self._pod_demands = {k: v for k, v in self._pod_demands.items() if k in pods}
 
     async def _queue(self, event: QueueFairShare) -> None:
         if event.queue not in self.mirror.raw.queues:

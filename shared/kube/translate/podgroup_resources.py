@@ -7,8 +7,9 @@ Called by the state service's write-back (`podgroup_resources_status`, `podgroup
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -17,6 +18,7 @@ from shared.kube import keys, wire
 from shared.kube.quantity import QuantityError, parse_quantity
 from shared.kube.translate.fields import read_quantity, where_of
 from shared.kube.translate.pods import container_requests, gpu_request_of, pod_requests
+from shared.model.objects import GpuRequest
 
 GPU_MEMORY_RESOURCE = "run.ai/gpu.memory"
 """The resource KAI's podgroup controller counts a gpu-memory request under (MiB times devices)."""
@@ -56,25 +58,34 @@ class ResourceTotals:
         return {r: canonical_quantity(a, binary=self.binary[r]) for r, a in sorted(self.amounts.items())}
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_quantity(amount: Fraction, *, binary: bool = False) -> str:
     """Kubernetes' canonical form of a quantity: a binary one as the largest power-of-1024 suffix that
     keeps it whole (``1536Mi``; a fraction of a byte falls back to decimal), a decimal one as the largest
     power-of-1000 suffix that keeps it whole (``2k``, ``1500m``; finer than a micro-unit, nano-units
-    rounded up)."""
+    rounded up). In integers (a podgroup's sums are written on every recount; Fraction arithmetic took
+    most of it), and remembered: a cluster's pods ask for few distinct amounts."""
     if amount == 0:
         return "0"
-    if binary and amount.denominator == 1:
-        value, suffix = amount.numerator, ""
+    numerator, denominator = amount.numerator, amount.denominator
+    if binary and denominator == 1:
+        value, suffix = numerator, ""
         for candidate in _BINARY_SUFFIXES:
             if value % 1024 or abs(value) < 1024:
                 break
             value, suffix = value // 1024, candidate
         return f"{value}{suffix}"
     for exponent, suffix in _DECIMAL_SUFFIXES:
-        scaled = amount / Fraction(10) ** exponent
-        if scaled.denominator == 1:
-            return f"{scaled.numerator}{suffix}"
-    return f"{math.ceil(amount * 10**9)}n"
+        # amount / 10**exponent is whole when the denominator divides the numerator scaled the other way.
+        if exponent >= 0:
+            scale = denominator * 10**exponent
+            if numerator % scale == 0:
+                return f"{numerator // scale}{suffix}"
+        else:
+            scaled = numerator * 10**-exponent
+            if scaled % denominator == 0:
+                return f"{scaled // denominator}{suffix}"
+    return f"{-((-numerator * 10**9) // denominator)}n"
 
 
 def _is_binary(raw: str | int | float) -> bool:
@@ -88,8 +99,45 @@ def _scheduled(pod: wire.Pod) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class PodDemand:
+    """What a pod asks for whatever its phase (`pod_demand`): its containers' requests summed (a request
+    left out but limited is the limit) and its GPU request. Read only: `pod_resources` adds it to its sums."""
+
+    containers: ResourceTotals
+    gpu: GpuRequest
+
+
+def pod_demand(pod: wire.Pod) -> PodDemand:
+    """The pod's `PodDemand`, read from its containers, init containers, overhead and annotations alone
+    (the parsing `pod_resources` needs, which a caller may remember while those stay the same). Raises
+    `InvalidObject` for a quantity or annotation that cannot be read."""
+    where = where_of(pod)
+    containers = ResourceTotals()
+    for i, c in enumerate(pod.spec.containers):
+        for resource, raw in container_requests(c).items():
+            field = f"spec.containers[{i}].resources.requests[{resource}]"
+            containers.add(resource, read_quantity(where, field, raw), binary=_is_binary(raw))
+    gpu, _ = gpu_request_of(where, pod.metadata.annotations, pod_requests(pod))
+    return PodDemand(containers=containers, gpu=gpu)
+
+
+def same_demand(a: wire.Pod, b: wire.Pod) -> bool:
+    """Whether two versions of a pod ask for the same (`pod_demand` reads nothing else)."""
+    return (
+        a.metadata.name == b.metadata.name
+        and a.metadata.namespace == b.metadata.namespace
+        and a.metadata.annotations == b.metadata.annotations
+        and a.spec.containers == b.spec.containers
+        and a.spec.init_containers == b.spec.init_containers
+        and a.spec.overhead == b.spec.overhead
+    )
+
+
 def pod_resources(
-    pod: wire.Pod, node_gpu_memory_mib: int | None = None
+    pod: wire.Pod,
+    node_gpu_memory_mib: int | None = None,
+    demand_of: Callable[[wire.Pod], PodDemand] = pod_demand,
 ) -> tuple[ResourceTotals, ResourceTotals]:
     """What KAI's podgroup controller counts for one pod: (requested, allocated).
 
@@ -100,9 +148,9 @@ def pod_resources(
     PodScheduled is True: the same requests plus the share it received, the fraction as written (KAI does
     not multiply it by the devices) or its memory over the node's ``nvidia.com/gpu.memory`` (unknown: not
     counted). KAI reads the received share from the binder's ``received-resource-type: Fraction``; Kairos's
-    binder writes none, so a placed sharing pod counts as having received its share. Raises
-    `InvalidObject` for a quantity or annotation that cannot be read."""
-    where = where_of(pod)
+    binder writes none, so a placed sharing pod counts as having received its share. `demand_of` stands
+    for `pod_demand` (asked only for a pod that counts). Raises `InvalidObject` for a quantity or
+    annotation that cannot be read."""
     requested = ResourceTotals()
     allocated = ResourceTotals()
     phase = pod.status.phase
@@ -110,12 +158,8 @@ def pod_resources(
     placed = phase == "Running" or (phase == "Pending" and _scheduled(pod))
     if not active and not placed:
         return requested, allocated
-    containers = ResourceTotals()
-    for i, c in enumerate(pod.spec.containers):
-        for resource, raw in container_requests(c).items():
-            field = f"spec.containers[{i}].resources.requests[{resource}]"
-            containers.add(resource, read_quantity(where, field, raw), binary=_is_binary(raw))
-    gpu, _ = gpu_request_of(where, pod.metadata.annotations, pod_requests(pod))
+    demand = demand_of(pod)
+    containers, gpu = demand.containers, demand.gpu
     if active:
         requested.add_all(containers)
         if gpu.is_fraction:
