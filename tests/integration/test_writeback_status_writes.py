@@ -18,8 +18,10 @@ from services.state.mirror.raw_objects import PODGROUPS, PODS
 from shared.bus.middleware import Counters
 from shared.bus.service import ServiceContext
 from shared.contracts.events import PodGroupState, PodUnschedulable
+from shared.errors import TemporaryError
 from shared.kubeapi.client import Kube, connect
 from tests.integration.kubectl_helpers import running_kubesim
+from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim
 
 pytestmark = pytest.mark.integration
@@ -190,5 +192,37 @@ async def test_an_unschedulable_report_writes_its_condition_and_the_resources_in
             )
             assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
             assert status_patches(sim) - before == 1
+        finally:
+            await kube.close()
+
+
+async def test_a_coalesced_write_refused_for_a_moment_leaves_its_event_to_be_delivered_again(
+    tmp_path: Path,
+) -> None:
+    # The phase and the recount go in one write inside the event's handler, before its ack: an API server
+    # that fails the write makes the handler ask for the event again (TemporaryError: nak), and the event
+    # delivered again writes both; nothing was remembered as written meanwhile.
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+
+            sim.faults.set_plan(
+                FaultPlan(rules=(FaultRule(verb="patch", resource="podgroups/status", status=503),))
+            )
+            with pytest.raises(TemporaryError):
+                await writeback._on_event(RUNNING, delivery())
+            assert "phase" not in await shown(kube, mirror)
+
+            sim.faults.set_plan(FaultPlan())
+            await writeback._on_event(RUNNING, delivery())  # delivered again
+            status = await shown(kube, mirror)
+            assert status["phase"] == "Running"
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
         finally:
             await kube.close()
