@@ -19,7 +19,7 @@ from shared.bus.middleware import Counters
 from shared.bus.service import ServiceContext
 from shared.contracts.events import PodGroupState, PodUnschedulable
 from shared.errors import TemporaryError
-from shared.kubeapi.client import Kube, connect
+from shared.kubeapi.client import MERGE_PATCH, Kube, connect
 from tests.integration.kubectl_helpers import running_kubesim
 from tools.kubesim.faults import FaultPlan, FaultRule
 from tools.kubesim.server import KubeSim
@@ -60,8 +60,8 @@ def pod(node: str | None) -> dict[str, Any]:
     return doc
 
 
-async def podgroup_in(kube: Kube, mirror: Mirror) -> None:
-    """PodGroup pg created in the cluster and shown by the mirror."""
+async def podgroup_in(kube: Kube, mirror: Mirror) -> bytes:
+    """PodGroup pg created in the cluster and shown by the mirror; as created."""
     body = {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",
@@ -78,6 +78,7 @@ async def podgroup_in(kube: Kube, mirror: Mirror) -> None:
         body,
     )
     mirror.change(PODGROUPS, "ADDED", created)
+    return created
 
 
 async def shown(kube: Kube, mirror: Mirror) -> dict[str, Any]:
@@ -223,6 +224,44 @@ async def test_a_coalesced_write_refused_for_a_moment_leaves_its_event_to_be_del
             await writeback._on_event(RUNNING, delivery())  # delivered again
             status = await shown(kube, mirror)
             assert status["phase"] == "Running"
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        finally:
+            await kube.close()
+
+
+async def test_a_version_of_the_group_from_before_the_write_is_not_written_again_within_the_watch_lag(
+    tmp_path: Path,
+) -> None:
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            options = WriteBackOptions(watch_lag=5.0)
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
+            )
+            created = await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            before = status_patches(sim)
+            await writeback._on_event(RUNNING, delivery())
+
+            # The watch tells of an older version first (another write, the stamps' annotations, came first).
+            mirror.change(PODGROUPS, "MODIFIED", created)
+            await writeback._write_resources("default/pg")
+            assert status_patches(sim) - before == 1
+
+            # Past the lag, a group that still shows other amounts (someone wrote them) is written again.
+            writeback.options = WriteBackOptions(watch_lag=0.0)
+            await kube.request(
+                "overwrite",
+                "PATCH",
+                "/apis/scheduling.run.ai/v2alpha2/namespaces/default/podgroups/pg/status",
+                {"status": {"resourcesStatus": {"allocated": {"cpu": "9"}}}},
+                content_type=MERGE_PATCH,
+            )
+            await shown(kube, mirror)
+            await writeback._write_resources("default/pg")
+            status = await shown(kube, mirror)
             assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
         finally:
             await kube.close()

@@ -406,7 +406,7 @@ class WriteBack:
             patch = _merged(patch, count.patch)
         await self._patch_podgroup_status(group, patch)
         if count is not None:
-            self._resources_seen[key] = count
+            self._resources_seen[key] = self._written_count(count, patch)
 
     def _node_pool(self, group: wire.PodGroup) -> str:
         key = self.options.node_pool_label_key
@@ -514,7 +514,7 @@ class WriteBack:
             patch = _merged(patch, count.patch)
         await self._patch_podgroup_status(group, patch)
         if count is not None:
-            self._resources_seen[key] = count
+            self._resources_seen[key] = self._written_count(count, patch)
 
     async def _patch_podgroup_status(self, group: wire.PodGroup, patch: dict[str, Any] | None) -> None:
         if patch is None:
@@ -570,7 +570,13 @@ class WriteBack:
         if count is None:
             return
         await self._patch_podgroup_status(group, count.patch)
-        self._resources_seen[name] = count
+        self._resources_seen[name] = self._written_count(count, count.patch)
+
+    def _written_count(self, count: _Count, patch: dict[str, Any] | None) -> _Count:
+        """`count` as remembered once `patch` (its own, or an event's with it) went through."""
+        if patch is None:
+            return count
+        return dataclasses.replace(count, written_at=asyncio.get_running_loop().time())
 
     def _recount_now(self, name: str, group: wire.PodGroup) -> _Count | None:
         """`_recount` for a podgroup an event is about, or None where it is not this write-back's to count
@@ -605,7 +611,12 @@ class WriteBack:
         inputs = (non_preemptible, *pods, *sorted(memory.items()))
         last = self._resources_seen.get(name)
         if last is not None and _same(last.inputs, inputs):
-            if last.group is group:
+            # Nothing changed, or only the group, and within `watch_lag` of a write: a version of the group
+            # from before that write (the watch tells of another write first) would have it written twice.
+            if (
+                last.group is group
+                or asyncio.get_running_loop().time() < last.written_at + self.options.watch_lag
+            ):
                 return None
             status = last.status
         else:
@@ -691,6 +702,8 @@ class _Count:
     status: dict[str, dict[str, str]]
     patch: dict[str, Any] | None
     """The merge patch bringing the group's status to it (None: the group showed it)."""
+    written_at: float = -math.inf
+    """Loop time its patch went through (-inf: none was needed)."""
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
