@@ -65,7 +65,7 @@ from shared.backoff import Backoff
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, durable_for
+from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, consumer_gone, durable_for
 from shared.bus.shard_spread import parse_restriction
 from shared.bus.tasks import set_up, stop_tasks
 from shared.contracts import subjects as s
@@ -404,7 +404,11 @@ def _consumer(
                     msgs = await sub.fetch(options.batch, timeout=options.fetch_timeout)
                 except TimeoutError:
                     continue
-                except Exception:
+                except Exception as exc:
+                    if consumer_gone(exc):
+                        ctx.counters["durables_gone"] += 1
+                        log.warning("shard %s: its durable consumer is gone; the loop starts again", shard)
+                        return
                     # Reconnecting or a JetStream hiccup: the durable consumer keeps our place.
                     log.exception("shard %s: fetching proposals failed; retrying", shard)
                     await asyncio.sleep(options.fetch_timeout)

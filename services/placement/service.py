@@ -25,7 +25,7 @@ from services.placement.worker import Worker
 from shared.bus.middleware import handle
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
-from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, durable_for
+from shared.bus.shard_consumers import Consume, ShardLoops, consumer_config, consumer_gone, durable_for
 from shared.bus.shard_spread import parse_restriction
 from shared.contracts import subjects as s
 from shared.contracts.messages import WORK
@@ -106,6 +106,12 @@ def _consumer(ctx: ServiceContext, worker: Worker) -> Consume:
                 except TimeoutError:
                     continue
                 except Exception as exc:  # noqa: BLE001 -- a reconnecting client: retry shortly
+                    if consumer_gone(exc):
+                        ctx.counters["durables_gone"] += 1
+                        ctx.log.warning(
+                            "shard %s: its durable consumer is gone; the loop starts again", shard
+                        )
+                        return
                     ctx.log.warning("shard %s: fetch failed: %s", shard, exc)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 0.5)

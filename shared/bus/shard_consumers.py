@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from shared.bus.replica import StateReplica
 from shared.bus.shard_spread import served
@@ -61,6 +61,13 @@ SHARD_DURABLES = ((s.WORK_STREAM, s.PLACEMENT_CONSUMER), (s.PROPOSAL_STREAM, s.B
 """Each durable a shard has: (its stream, the service's base name for `durable_for`)."""
 
 Consume = Callable[[str, asyncio.Event], Awaitable[None]]
+
+
+def consumer_gone(exc: BaseException) -> bool:
+    """Whether a shard loop's fetch failed because its durable is not there (deleted with its shard while
+    this replica still pulled: nats-server answers at once, so retrying would spin). The loop then ends, and
+    `ShardLoops.reconcile` starts it again, durable included, if the shard is still served."""
+    return isinstance(exc, ServiceUnavailableError | NotFoundError)
 
 
 def durable_for(base: str, shard: str) -> str:

@@ -22,6 +22,7 @@ from shared.bus.shard_consumers import (
     SHARD_DURABLES,
     ShardLoops,
     consumer_config,
+    consumer_gone,
     delete_durable,
     durable_for,
     listed_durables,
@@ -186,6 +187,23 @@ async def test_an_owner_that_takes_over_deletes_the_durables_of_shards_gone_befo
 async def test_the_default_shard_has_no_durable_to_delete_and_deleting_one_gone_is_no_error(bus: Bus) -> None:
     assert shard_durables(s.DEFAULT_SHARD) == []
     assert not await delete_durable(bus.js, s.WORK_STREAM, durable_for(s.PLACEMENT_CONSUMER, "never-made"))
+
+
+async def test_a_fetch_from_a_durable_deleted_under_it_is_told_apart_from_an_empty_one(bus: Bus) -> None:
+    """Placement's and the binder's shard loops end on the first (`consumer_gone`), so `ShardLoops` makes
+    the durable again if the shard is still served, and wait on the second."""
+    name = durable_for(s.PLACEMENT_CONSUMER, SHARD)
+    sub = await bus.js.pull_subscribe(
+        s.work(SHARD), durable=name, stream=s.WORK_STREAM, config=consumer_config(SHARD)
+    )
+    with pytest.raises(TimeoutError) as empty:
+        await sub.fetch(batch=1, timeout=0.2)
+    assert not consumer_gone(empty.value)
+    assert await delete_durable(bus.js, s.WORK_STREAM, name)
+    with pytest.raises(Exception) as gone:  # noqa: PT011 -- which error nats-py raises is the question
+        await sub.fetch(batch=1, timeout=0.2)
+    assert consumer_gone(gone.value), repr(gone.value)
+    await sub.unsubscribe()
 
 
 async def _async(value: bool) -> bool:
