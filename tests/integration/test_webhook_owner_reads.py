@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from services.state.webhook import webhook
-from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.admission_review import AdmissionRequest, request_of
 from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
@@ -59,20 +59,23 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[Api, Kube]]:
         await runner.cleanup()
 
 
-def creation(name: str, *, job: bool = False, podgroup: str = "") -> AdmissionRequest:
+def creation(
+    name: str, *, job: bool = False, podgroup: str = "", annotations: dict[str, str] | None = None
+) -> AdmissionRequest:
     metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"u-{name}"}
     if job:
         metadata["ownerReferences"] = [
             {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-train", "controller": True}
         ]
+    metadata["annotations"] = dict(annotations or {})
     if podgroup:
-        metadata["annotations"] = {keys.PODGROUP_ANNOTATION: podgroup}
+        metadata["annotations"][keys.PODGROUP_ANNOTATION] = podgroup
     pod = {
         "kind": "Pod",
         "metadata": metadata,
         "spec": {"schedulerName": keys.SCHEDULER_NAME, "containers": [{"name": "main", "image": "x"}]},
     }
-    return AdmissionRequest(uid=f"r-{name}", operation="CREATE", namespace="default", object=pod)
+    return request_of(f"r-{name}", "CREATE", "default", obj=pod)
 
 
 async def test_the_pods_of_one_job_cost_one_read_of_it_and_are_all_gated(

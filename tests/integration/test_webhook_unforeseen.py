@@ -35,11 +35,12 @@ async def test_a_pod_the_webhook_fails_on_is_admitted_with_a_warning_and_the_nex
     ctx = ServiceContext("state", ServiceConfig(), bus)
     server = AdmissionServer(ctx, kube, WebhookOptions(port=0))
     try:
-        patch, warning = await server.decide(creation("odd", podgroup="pg"))
+        # Fractional, as the next: the webhook examines a pod's GPU sharing only when it shares a GPU.
+        odd = creation("odd", podgroup="pg", annotations={keys.GPU_FRACTION: "0.5"})
+        patch, warning = await server.decide(odd)
         assert patch is None
         assert "RecursionError" in warning
-        fractional = creation("half", podgroup="pg")
-        fractional.object["metadata"]["annotations"][keys.GPU_FRACTION] = "0.5"
+        fractional = creation("half", podgroup="pg", annotations={keys.GPU_FRACTION: "0.5"})
         patch, warning = await server.decide(fractional)
         assert warning == ""
         assert patch is not None

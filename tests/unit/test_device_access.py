@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from services.state.service import StateOptions
 from services.state.webhook import admission_review, device_access
-from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.admission_review import AdmissionRequest, request_of
 from services.state.webhook.device_access import DeviceAccessRefused, refusal, void_patch
 from services.state.webhook.webhook import AdmissionServer, WebhookOptions
 from shared.bus.connection import Bus
@@ -297,7 +297,7 @@ def server(**options: Any) -> AdmissionServer:
 
 
 def creation(doc: dict[str, Any]) -> AdmissionRequest:
-    return AdmissionRequest(uid="r-1", operation="CREATE", namespace="team", object=doc)
+    return request_of("r-1", "CREATE", "team", obj=doc)
 
 
 async def test_the_webhook_refuses_only_with_the_option_on() -> None:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.webhook.admission_review import AdmissionRequest
+from services.state.webhook.admission_review import AdmissionRequest, request_of
 from services.state.webhook.queue_validation import QueueValidation, queues_of, verdict_response
 from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext
@@ -305,7 +305,7 @@ def context() -> ServiceContext:
 
 
 def request(obj: Obj, operation: str = "CREATE") -> AdmissionRequest:
-    return AdmissionRequest(uid="r-1", operation=operation, name=obj["metadata"]["name"], object=obj)
+    return request_of("r-1", operation, name=obj["metadata"]["name"], obj=obj)
 
 
 async def test_a_child_waits_briefly_for_its_parent_to_reach_the_replica() -> None:

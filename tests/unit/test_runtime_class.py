@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from services.state.service import StateOptions
+from services.state.webhook.admission_review import request_of
 from services.state.webhook.webhook import DEFAULT_RUNTIME_CLASS, WebhookOptions, runtime_class_patch
 from shared.errors import ConfigError
 from shared.kube import keys, wire
@@ -60,7 +61,8 @@ SET = [{"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}]
 def test_the_runtime_class_of_a_pod_being_created(
     obj: dict[str, Any], runtime_class: str, expected: list[dict[str, Any]]
 ) -> None:
-    assert runtime_class_patch(wire.convert(wire.Pod, obj), obj, runtime_class) == expected
+    request = request_of("r-1", "CREATE", "team", obj=obj)
+    assert runtime_class_patch(wire.convert(wire.Pod, obj), request, runtime_class) == expected
 
 
 def test_kais_default_is_nvidia_and_the_webhook_uses_it() -> None:

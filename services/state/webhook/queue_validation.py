@@ -113,18 +113,19 @@ class QueueValidation:
             )
 
     async def _decide(self, review: admission_review.AdmissionRequest) -> QueueVerdict:
-        verdict = self._review(review)
+        queue = admission_review.object_of(review)
+        verdict = self._review(review, queue)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.parent_wait
         while verdict.parent_missing and loop.time() < deadline:
             await asyncio.sleep(POLL)
-            verdict = self._review(review)
+            verdict = self._review(review, queue)
         return verdict
 
-    def _review(self, review: admission_review.AdmissionRequest) -> QueueVerdict:
+    def _review(self, review: admission_review.AdmissionRequest, queue: object) -> QueueVerdict:
         return queue_admission.review(
             review.operation,
-            review.object,
+            queue,
             queue_admission.quotas_by_name(self.queues()),
             quota_validation=self.quota_validation,
             name=review.name,

@@ -51,7 +51,7 @@ import logging
 import os
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,16 +92,18 @@ def _random_chars() -> str:
     return "".join(secrets.choice(_NAME_ALPHABET) for _ in range(7))
 
 
-def runtime_class_patch(pod: wire.Pod, obj: Mapping[str, Any], runtime_class: str) -> list[dict[str, Any]]:
-    """JSON patch setting ``spec.runtimeClassName`` of a fractional pod being created (`obj`, the pod as the
-    API server sent it: the decoded `pod` does not keep the field) to `runtime_class`; empty when the switch
-    is off (`runtime_class` empty), the pod asks for no share of a GPU, or it names a runtime class itself
-    (KAI counts an empty name as none). KAI also leaves its GPU reservation pods alone; Kairos's binder
-    creates them bound, and the webhook never looks at a bound pod."""
+def runtime_class_patch(
+    pod: wire.Pod, request: admission_review.AdmissionRequest, runtime_class: str
+) -> list[dict[str, Any]]:
+    """JSON patch setting ``spec.runtimeClassName`` of a fractional pod being created (`pod`, decoded from
+    `request`) to `runtime_class`; empty when the switch is off (`runtime_class` empty), the pod asks for no
+    share of a GPU, or it names a runtime class itself (read from the pod as the API server sent it,
+    `admission_review.runtime_class_of`: the decoded `pod` does not keep the field; KAI counts an empty name
+    as none). KAI also leaves its GPU reservation pods alone; Kairos's binder creates them bound, and the
+    webhook never looks at a bound pod."""
     if not runtime_class or not gpu_sharing.is_fractional(pod):
         return []
-    spec = obj.get("spec")
-    if isinstance(spec, Mapping) and spec.get("runtimeClassName"):
+    if admission_review.runtime_class_of(request):
         return []
     return [{"op": "add", "path": "/spec/runtimeClassName", "value": runtime_class}]
 
@@ -265,7 +267,7 @@ class AdmissionServer:
             if voided:
                 patch += voided
                 self.ctx.counters["pods_given_void_devices"] += 1
-        runtime_class = runtime_class_patch(pod, review.object or {}, self.options.fraction_runtime_class)
+        runtime_class = runtime_class_patch(pod, review, self.options.fraction_runtime_class)
         if runtime_class:
             patch += runtime_class
             self.ctx.counters["pods_given_runtime_class"] += 1
