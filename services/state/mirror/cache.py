@@ -446,8 +446,8 @@ class Mirror:
             if not self._may_schedule(name, group, self._queues):
                 continue
             self._groups[name] = group
-            self._keys[("podgroup", name)] = key_of(group)
-            out[key_of(group)] = group
+            self._keys[("podgroup", name)] = key = key_of(group)
+            out[key] = group
         for name in pods:
             before = self._pod_keys.pop(name, None)
             if before is not None:
@@ -461,8 +461,8 @@ class Mirror:
                 continue
             pod = self._pod(name, raw_pod, self._groups)
             if isinstance(pod, Pod):
-                self._pod_keys[name] = key_of(pod)
-                out[key_of(pod)] = pod
+                self._pod_keys[name] = key = key_of(pod)
+                out[key] = pod
             elif pod is not None:
                 self.foreign.count(name, *pod)
                 nodes.add(pod[0])
@@ -475,8 +475,8 @@ class Mirror:
                 continue
             node = self._node(name, used, now)
             if node is not None:
-                self._keys[("node", name)] = key_of(node)
-                out[key_of(node)] = node
+                self._keys[("node", name)] = key = key_of(node)
+                out[key] = node
         return out
 
     def _may_schedule(self, name: str, group: PodGroup, queues: Mapping[str, Queue]) -> bool:
