@@ -119,7 +119,7 @@ def object_of(request: AdmissionRequest) -> Any:
 
 def _is_object(raw: msgspec.Raw) -> bool:
     # A value msgspec kept whole starts with its first character: "{" for a JSON object.
-    return bool(raw) and memoryview(raw)[:1] == b"{"
+    return bool(raw) and memoryview(raw)[0] == ord("{")
 
 
 def pod_of_request(request: AdmissionRequest) -> wire.Pod | None:
