@@ -6,12 +6,18 @@ KAI does it, so that idle/releasing whole-GPU counts come out identical. The nod
 resources (`Node.scalars`: MIG instances, extended resources, huge pages, ephemeral storage) are per-node
 dicts (`alloc_scalars`, `idle_scalars`, `used_scalars`, `releasing_scalars`) that a pod's MIG instances and
 `Pod.scalars` fill. Only `Statement` and the session builder call the mutating methods.
+
+What is worked out from immutable records alone is kept from one session to the next while the records
+are the same objects: the nodes' static figures (`_static`), what each node's pods left in its accounting
+(`_Placed`), and the whole cluster with no pods that the queue's plan reads (`empty_cluster`, given back
+untouched by `give_back_empty`).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
@@ -19,7 +25,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from shared.core.tasks import CPU, GPU, MEM, N_BASE, PODS, TaskState
+from shared.core.tasks import CPU, GPU, MEM, N_BASE, PODS, TaskState, mig_gpu_portion
 from shared.model import Node, Pod
 from shared.model.status import ACTIVE_USED, PodStatus
 
@@ -81,7 +87,7 @@ class ClusterState:
         """`placed`: the snapshot's pods that hold resources on a node of `nodes`, in the order the nodes
         take them (`NodeState.add_task` for each)."""
         n = len(nodes)
-        static = _static(nodes, tie_break_seed)
+        static = self._static = _static(nodes, tie_break_seed)
         self.names: list[str] = list(static.names)
         self.nodes: dict[str, NodeState] = {}
         self.order: list[NodeState] = []
@@ -130,6 +136,19 @@ class ClusterState:
         """Nodes with a PreferNoSchedule taint: the only ones the TaintToleration score looks at."""
         self.cpu_only_nodes = static.cpu_only_nodes
         self.name_rank = static.name_rank
+        self.mig_gpus = static.mig_gpus
+        """The GPUs the nodes' MIG instances make up, as the queues' total counts them."""
+
+    def untouched(self) -> bool:
+        """Whether nothing was placed, removed or restored on any node since it was built with no pods, and
+        nothing indexed where pods are: it is still what `ClusterState(nodes, seed)` makes."""
+        return (
+            self.generation == 0
+            and self.changed_nodes is None
+            and not self.has_releasing
+            and not self.sharing_nodes
+            and not self.versions.any()
+        )
 
     def label_codes(self, key: str) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
         """Every node's value of label `key` as a code (0: the node has no such label), in node order, and
@@ -682,6 +701,8 @@ class _Static(NamedTuple):
     prefer_no_schedule_nodes: list[int]
     cpu_only_nodes: npt.NDArray[Any]
     name_rank: npt.NDArray[Any]
+    mig_gpus: float
+    """The GPUs of the nodes' MIG instances (each instance as its compute slices), summed in node order."""
     label_codes: dict[str, tuple[npt.NDArray[np.int64], dict[str, int]]]
     """`ClusterState.label_codes` per label key asked so far."""
 
@@ -732,10 +753,53 @@ def _static(nodes: tuple[Node, ...], tie_break_seed: int | None) -> _Static:
         ],
         cpu_only_nodes=_read_only((alloc[GPU] <= 0) & ~mig),
         name_rank=_read_only(rank),
+        mig_gpus=_mig_gpus(nodes),
         label_codes={},
     )
     _STATIC.last = static
     return static
+
+
+def _mig_gpus(nodes: tuple[Node, ...]) -> float:
+    total = 0.0
+    for nd in nodes:
+        for name, count in nd.scalars.items():
+            if "mig-" in name:
+                total += count * mig_gpu_portion(name)
+    return total
+
+
+class _EmptyMemo:
+    """The last cluster built with no pods and given back untouched (`empty_cluster`), while no session holds it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: ClusterState | None = None
+
+
+_EMPTY = _EmptyMemo()
+
+
+def empty_cluster(nodes: tuple[Node, ...], tie_break_seed: int | None) -> ClusterState:
+    """`ClusterState(nodes, tie_break_seed)` with no pods on its nodes (what a session that reads only queue
+    accounting needs): the one the last such session gave back (`give_back_empty`) when it is of the same
+    node records, else a new one. Whoever takes it holds it alone until it gives it back."""
+    with _EMPTY.lock:
+        last, _EMPTY.last = _EMPTY.last, None
+    if last is not None and last._static is _static(nodes, tie_break_seed):
+        return last
+    return ClusterState(nodes, tie_break_seed)
+
+
+def give_back_empty(cluster: ClusterState) -> None:
+    """A cluster of `empty_cluster` its session is done with: kept for the next when nothing changed it, else
+    its reference cycles (each node and the cluster) broken."""
+    if cluster.untouched():
+        with _EMPTY.lock:
+            _EMPTY.last = cluster
+        return
+    for node in cluster.order:
+        del node.cluster
 
 
 _A = TypeVar("_A", bound=np.ndarray)

@@ -120,18 +120,22 @@ def run_session(
     placed (the stale-gang action still covers all). With `around_action`, each action runs inside
     `around_action(name)` (per-action metrics, spans)."""
     ssn = open_session(snapshot, now, policy, focus, registry)
-    for name in policy.actions:
-        if name in ssn.chains.skip_actions:  # e.g. consolidation under a spread nodeplacement
-            continue
-        ssn.action = name
-        ssn.action_starts.append((name, len(ssn.log.evictions)))
-        if around_action is None:
-            ACTIONS[name](ssn)
-            continue
-        with around_action(name):
-            ACTIONS[name](ssn)
-    ssn.action = ""
-    hold_broken_gangs(ssn)
+    try:
+        for name in policy.actions:
+            if name in ssn.chains.skip_actions:  # e.g. consolidation under a spread nodeplacement
+                continue
+            ssn.action = name
+            ssn.action_starts.append((name, len(ssn.log.evictions)))
+            if around_action is None:
+                ACTIONS[name](ssn)
+                continue
+            with around_action(name):
+                ACTIONS[name](ssn)
+        ssn.action = ""
+        hold_broken_gangs(ssn)
+    except BaseException:
+        ssn.close()  # gives back the kept jobs' lease (`shared.core.tasks.open_jobs`), else held for good
+        raise
     return ssn
 
 

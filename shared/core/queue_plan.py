@@ -110,7 +110,8 @@ def _plan(snapshot: Snapshot, now: float, policy: Policy, registry: SessionRegis
         if policy.queue_depth_per_action:
             considered = _considered(ssn, policy)
             pending = tuple(key for key in pending if key in considered)
-        stale = any(job.stale_since is not None or job.is_stale() for job in ssn.jobs.values())
+        # Nothing has run: each job's staleness is its records', kept with the job (`JobState.stale_as_opened`).
+        stale = any(job.stale_since is not None or job.stale_as_opened() for job in ssn.jobs.values())
         guarded = frozenset(key for key in pending if _bounded_by_queue_totals(ssn, ssn.jobs[key]))
         total = _resources(ssn.total)
     finally:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shared.core import bind_backoff
-from shared.core.cluster import EPS, ClusterState, NodeState
+from shared.core.cluster import EPS, ClusterState, NodeState, empty_cluster, give_back_empty
 from shared.core.dra_accounting import account as dra_accounting
 from shared.core.plugins.runtime import Runtime
 from shared.core.policy import Policy
@@ -45,7 +46,6 @@ from shared.core.tasks import (
     OrderKeys,
     TaskState,
     close_jobs,
-    mig_gpu_portion,
     open_jobs,
 )
 from shared.model import Snapshot, Topology
@@ -148,8 +148,10 @@ class Session:
         """The jobs with a pending pod when the session opened, in job order: the only ones that can have
         one later (no statement sets a pod pending; undoing one puts back a pod that was), so what asks
         every job for a pending pod asks these."""
+        self._accounting_only = accounting_only
         if accounting_only:
-            self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed)
+            # No pods on the nodes: the same as the last such session's, kept while the node records are.
+            self.cluster = empty_cluster(snapshot.nodes, policy.tie_break_seed)
         else:
             # Nodes take their pods in pod-key order (KAI adds them sorted by UID).
             names = {nd.name for nd in snapshot.nodes}
@@ -159,11 +161,6 @@ class Session:
                 if (task := self.tasks[key]).status in ACTIVE_USED and task.node in names
             )
             self.cluster = ClusterState(snapshot.nodes, policy.tie_break_seed, placed)
-        # Symmetric anti-affinity needs a scan of every placed pod; skip it when no pod declares any.
-        self.any_anti_affinity = any(t.pod.pod_anti_affinity for t in self.tasks.values())
-        self.any_preferred_affinity = any(
-            t.pod.preferred_pod_affinity or t.pod.preferred_pod_anti_affinity for t in self.tasks.values()
-        )
         self.affinity_cache: dict[object, object] = {}
         """Inter-pod affinity's answers per cluster generation (`shared.core.pod_affinity`)."""
         self.device_memory: DeviceMemory = device_memory_of(snapshot.nodes, policy.min_node_gpu_memory_mib)
@@ -171,7 +168,7 @@ class Session:
         self.queues: dict[str, QueueState] = queue_states_from_model(snapshot.queues)
         self._queue_chains: dict[str, list[QueueState]] = {}
         self.total: Vec = [
-            float(self.cluster.alloc[GPU].sum()) + self._mig_total_gpus(),
+            float(self.cluster.alloc[GPU].sum()) + self.cluster.mig_gpus,
             float(self.cluster.alloc[CPU].sum()),
             float(self.cluster.alloc[MEM].sum()),
         ]
@@ -186,10 +183,15 @@ class Session:
         cluster), so that it is freed as soon as its last reference goes rather than by the collector's
         pass over its objects (`shared.core.cycle.collector_paused`: about 30 ms for a session of 5,000
         nodes and 11,000 pods, against 5 ms). For the core's entry points, once they have read what they
-        return: the session cannot be used afterwards."""
+        return: the session cannot be used afterwards. The jobs and tasks go back to the memo that lends
+        them (`shared.core.tasks.close_jobs`), an accounting-only session's empty nodes to theirs
+        (`shared.core.cluster.give_back_empty`)."""
         close_jobs(self.tasks, self._leased)
-        for node in self.cluster.order:
-            del node.cluster
+        if self._accounting_only:
+            give_back_empty(self.cluster)
+        else:
+            for node in self.cluster.order:
+                del node.cluster
         # What else refers to the session (a job order holding its heaps' bound methods is a cycle of its
         # own) then keeps only the session itself, not its jobs, tasks and nodes.
         self.jobs = {}
@@ -198,13 +200,18 @@ class Session:
         self.log = SessionLog()
         del self.cluster
 
-    def _mig_total_gpus(self) -> float:
-        total = 0.0
-        for node in self.cluster.order:
-            for name, count in node.alloc_scalars.items():
-                if "mig-" in name:
-                    total += count * mig_gpu_portion(name)
-        return total
+    @cached_property
+    def any_anti_affinity(self) -> bool:
+        """Whether some pod declares anti-affinity: symmetric anti-affinity needs a scan of every placed
+        pod, skipped without one (asked on first need: a session that places nothing never asks)."""
+        return any(t.pod.pod_anti_affinity for t in self.tasks.values())
+
+    @cached_property
+    def any_preferred_affinity(self) -> bool:
+        """Whether some pod declares a preferred (scored) pod affinity or anti-affinity."""
+        return any(
+            t.pod.preferred_pod_affinity or t.pod.preferred_pod_anti_affinity for t in self.tasks.values()
+        )
 
     # --- queue accounting (proportion) ------------------------------------------------------------------
     def queue_chain(self, queue: str) -> list[QueueState]:

@@ -378,6 +378,8 @@ class JobState:
         """Why its placement failed, in order (`add_fit_error`; a tuple until the first: most jobs get none)."""
         self.task_fit_errors: dict[str, dict[str, Sequence[str]]] = {}
         """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
+        self._stale_as_built: bool | None = None
+        """`is_stale` as the records make it (`stale_as_opened`); kept when the job is taken again."""
 
     def reopen(self, keys: OrderKeys) -> None:
         """Back to what `__init__` made of the same podgroup, its tasks as `add_task` left them, for a
@@ -433,6 +435,17 @@ class JobState:
                 return False
             used = used or status in ACTIVE_USED
         return used and not self.is_gang_satisfied()
+
+    def stale_as_opened(self) -> bool:
+        """`is_stale` as the session opened the job, asked before anything changed a pod's status in it: a
+        figure of its records alone, worked out once for the records and kept while a later session takes
+        the job again (`open_jobs`). A pod the session found stuck in releasing counts as releasing here."""
+        stale = self._stale_as_built
+        if stale is None:
+            if self.version:
+                raise RuntimeError(f"podgroup {self.key}: stale_as_opened asked after a status changed")
+            stale = self._stale_as_built = self.is_stale()
+        return stale
 
     def is_elastic(self) -> bool:
         return any(ps.is_elastic() for ps in self.pod_sets.values())
@@ -721,36 +734,42 @@ def open_jobs(
             group.append(pod)
     jobs: dict[str, JobState] = {}
     kept: dict[int, _Kept] = {}
+    task_of: dict[int, TaskState] = {}
+    """Each pod's task by the pod record's identity (the pods are held by `pods` meanwhile)."""
     same = operator.is_
     for pg in podgroups:
-        its = members.get(pg.key, ())
         before = last.get(id(pg))
-        if (
-            before is not None
-            and before.podgroup is pg
-            and len(before.pods) == len(its)
-            and all(map(same, before.pods, its))
-        ):
-            job = before.job
-            job.reopen(keys)
-            for task in before.tasks:
-                task.reopen(job)
+        if before is not None and before.podgroup is pg:
+            key = before.job.key  # the record's key, worked out once
+            its = members.get(key, ())
+            if len(before.pods) == len(its) and all(map(same, before.pods, its)):
+                job = before.job
+                job.reopen(keys)
+                for task in before.tasks:
+                    task.reopen(job)
+                    task_of[id(task.pod)] = task
+                jobs[key] = job
+                if leased:
+                    kept[id(pg)] = before
+                continue
         else:
-            if before is not None:
-                _break_cycles(before.tasks)
-            job = JobState(pg, keys)
-            made = tuple(TaskState(pod, job) for pod in its)
-            for task in made:
-                job.add_task(task)
-            before = _Kept(pg, tuple(its), job, made)
-        jobs[pg.key] = job
+            key = pg.key
+            its = members.get(key, ())
+        if before is not None:
+            _break_cycles(before.tasks)
+        job = JobState(pg, keys)
+        made = tuple(TaskState(pod, job) for pod in its)
+        for task in made:
+            job.add_task(task)
+            task_of[id(task.pod)] = task
+        jobs[key] = job
         if leased:
-            kept[id(pg)] = before
+            kept[id(pg)] = _Kept(pg, tuple(its), job, made)
     tasks: dict[str, TaskState] = {}
     for pod in pods:
-        owner = jobs.get(pod.podgroup)
-        if owner is not None:
-            tasks[pod.key] = owner.tasks[pod.key]
+        its_task = task_of.get(id(pod))
+        if its_task is not None:
+            tasks[its_task.key] = its_task
     if leased:
         for gone in last.keys() - kept.keys():
             _break_cycles(last[gone].tasks)

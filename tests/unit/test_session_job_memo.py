@@ -1,11 +1,13 @@
 """Spec: a session that takes its jobs and tasks again from the session before (`shared.core.tasks.open_jobs`: the
-same podgroup record holding the same pod records) decides and reports exactly what one that builds them
-anew does, and what a session changed in them never shows in the next.
+same podgroup record holding the same pod records), and a queue plan that takes again the empty nodes of
+the plan before (`shared.core.cluster.empty_cluster`: the same node records) and each job's staleness
+(`JobState.stale_as_opened`), decide and report exactly what ones that build them anew do, and what a
+session changed in them never shows in the next.
 
-Checked on random sequences of snapshots where podgroups and pods are added, changed (status, node,
-resources, priority, queue, gang size), removed or left the same object, each snapshot scheduled (every
-action: binds, evictions, pipelines, explanations) and planned (fair shares, pending order, guarded,
-stale) both ways, the memo's sessions one after the other as the services run them.
+Checked on random sequences of snapshots where nodes, podgroups and pods are added, changed (status,
+node, resources, priority, queue, gang size), removed or left the same object, each snapshot scheduled
+(every action: binds, evictions, pipelines, explanations) and planned (fair shares, pending order,
+guarded, stale) both ways, the memo's sessions one after the other as the services run them.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.core import tasks
+from shared.core import cluster, cycle, tasks
 from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.queue_plan import plan_queues
 from shared.core.scheduler import schedule
 from shared.core.session import Session
-from shared.model import GpuRequest, Pod, PodGroup, PodStatus, Snapshot
+from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Snapshot
 from tests.builders import node, pod, podgroup, queue, root_queue
 
 NOW = 1_000.0
@@ -52,16 +54,19 @@ STATUSES = [
 def own_memo(monkeypatch: pytest.MonkeyPatch) -> None:
     """A memo of the test's own: sessions other specs left open hold the process's lease."""
     monkeypatch.setattr(tasks, "_MEMO", tasks._JobMemo())
+    monkeypatch.setattr(cluster, "_EMPTY", cluster._EmptyMemo())
 
 
 @contextmanager
 def built_anew() -> Iterator[None]:
-    """Sessions opened inside build every job and task anew: the memo's lease is held (as by a session
-    still open), so they neither take nor keep any."""
+    """Sessions opened inside build every job, task and node anew: the job memo's lease is held (as by a
+    session still open), so they neither take nor keep any, and the empty nodes kept are set aside."""
     assert tasks._MEMO.lease(), "a session of this test was left open"
+    kept, cluster._EMPTY = cluster._EMPTY, cluster._EmptyMemo()  # what they give back is dropped after
     try:
         yield
     finally:
+        cluster._EMPTY = kept
         tasks._MEMO.release()
 
 
@@ -127,7 +132,26 @@ def _next(draw: st.DrawFn, before: Snapshot, step: int) -> Snapshot:
         pods.extend(
             _pod(draw, f"s{step}p{i}", draw(st.sampled_from(names))) for i in range(draw(st.integers(0, 3)))
         )
-    return msgspec.structs.replace(before, pods=tuple(pods), podgroups=tuple(groups))
+    return msgspec.structs.replace(
+        before, nodes=_nodes(draw, before.nodes, step), pods=tuple(pods), podgroups=tuple(groups)
+    )
+
+
+def _nodes(draw: st.DrawFn, before: tuple[Node, ...], step: int) -> tuple[Node, ...]:
+    """The nodes after some changed: the same tuple, a new tuple of the same records, one node's record
+    changed, one added or one added before removed."""
+    what = draw(st.sampled_from(["same", "same", "copy", "change", "add", "remove"]))
+    if what == "copy":
+        return (*before,)  # a new tuple
+    if what == "change":
+        i = draw(st.integers(0, len(before) - 1))
+        changed = msgspec.structs.replace(before[i], gpus=draw(st.integers(0, 4)))
+        return (*before[:i], changed, *before[i + 1 :])
+    if what == "add":
+        return (*before, node(f"s{step}n", gpus=2, scalars={"nvidia.com/mig-1g.10gb": 2.0}))
+    if what == "remove" and before[-1].name not in ("n0", "n1"):  # pods run on n0 and n1 only
+        return before[:-1]
+    return before
 
 
 @st.composite
@@ -173,7 +197,30 @@ def _picture(ssn: Session) -> list[Any]:
             ],
         )
         for key, job in ssn.jobs.items()
-    ] + [list(ssn.tasks), [j.key for j in ssn.maybe_pending], ssn.stuck_by_node]
+    ] + [
+        list(ssn.tasks),
+        [j.key for j in ssn.maybe_pending],
+        ssn.stuck_by_node,
+        ssn.total,
+        [
+            (
+                n.name,
+                n.node,
+                {k: (*e[:6], e.task.key) for k, e in n.tasks.items()},
+                n.groups,
+                n.idle_scalars,
+                n.used_scalars,
+            )
+            for n in ssn.cluster.order
+        ],
+        [
+            [float(x) for x in arr]
+            for arrs in (ssn.cluster.idle, ssn.cluster.used, ssn.cluster.releasing)
+            for arr in arrs
+        ],
+        ssn.cluster.versions.tolist(),
+        ssn.cluster.generation,
+    ]
 
 
 @settings(max_examples=100, deadline=None)
@@ -224,3 +271,76 @@ def test_a_session_opened_while_another_is_open_builds_its_own_jobs() -> None:
         assert third.jobs["g"] is job
     finally:
         third.close()
+
+
+def test_a_plan_takes_again_the_empty_nodes_of_the_same_records_and_builds_changed_ones_anew() -> None:
+    snap = Snapshot(nodes=NODES, pods=(pod("a", "g"),), podgroups=(podgroup("g", "q0"),), queues=QUEUES)
+    ssn = open_session(snap, NOW, POLICY, accounting_only=True)
+    nodes = ssn.cluster
+    ssn.close()
+    ssn = open_session(msgspec.structs.replace(snap, nodes=tuple(NODES)), NOW, POLICY, accounting_only=True)
+    assert ssn.cluster is nodes
+    ssn.close()
+    changed = (NODES[0], msgspec.structs.replace(NODES[1], gpus=8))
+    ssn = open_session(msgspec.structs.replace(snap, nodes=changed), NOW, POLICY, accounting_only=True)
+    try:
+        assert ssn.cluster is not nodes
+        assert ssn.total[0] == 10.0
+    finally:
+        ssn.close()
+
+
+def test_empty_nodes_a_session_placed_a_pod_on_are_not_kept_for_the_next() -> None:
+    snap = Snapshot(nodes=NODES, pods=(pod("a", "g"),), podgroups=(podgroup("g", "q0"),), queues=QUEUES)
+    ssn = open_session(snap, NOW, POLICY, accounting_only=True)
+    touched = ssn.cluster
+    touched.nodes["n0"].add_task(ssn.tasks["/a"])
+    ssn.close()
+    ssn = open_session(snap, NOW, POLICY, accounting_only=True)
+    try:
+        assert ssn.cluster is not touched
+        assert all(not n.tasks for n in ssn.cluster.order)
+        assert ssn.cluster.generation == 0
+    finally:
+        ssn.close()
+
+
+def test_staleness_as_opened_is_asked_before_anything_changed_a_pod_status() -> None:
+    snap = Snapshot(
+        nodes=NODES,
+        pods=(pod("a", "g", status=PodStatus.RUNNING, node="n0"), pod("b", "g")),
+        podgroups=(podgroup("g", "q0", min_member=2),),
+        queues=QUEUES,
+    )
+    ssn = open_session(snap, NOW, POLICY)
+    try:
+        job = ssn.jobs["g"]
+        assert job.stale_as_opened() is True
+        ssn.set_status(ssn.tasks["/b"], PodStatus.PENDING)
+        assert job.stale_as_opened() is True  # worked out already: the records' figure
+    finally:
+        ssn.close()
+    ssn = open_session(
+        msgspec.structs.replace(snap, podgroups=(podgroup("g", "q0", min_member=2),)), NOW, POLICY
+    )
+    try:  # a new podgroup record: a job built anew, its figure not worked out yet
+        ssn.set_status(ssn.tasks["/b"], PodStatus.RUNNING)
+        with pytest.raises(RuntimeError, match="podgroup g: stale_as_opened asked after a status changed"):
+            ssn.jobs["g"].stale_as_opened()
+    finally:
+        ssn.close()
+
+
+def test_a_session_whose_action_fails_gives_its_jobs_back_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snap = Snapshot(nodes=NODES, pods=(pod("a", "g"),), podgroups=(podgroup("g", "q0"),), queues=QUEUES)
+
+    def failing(ssn: Session) -> None:
+        raise RuntimeError("the action failed")
+
+    monkeypatch.setitem(cycle.ACTIONS, "allocate", failing)
+    with pytest.raises(RuntimeError, match="the action failed"):
+        schedule(snap, NOW, POLICY)
+    assert tasks._MEMO.lease(), "the failed session still holds the kept jobs"
+    tasks._MEMO.release()
