@@ -410,6 +410,28 @@ def test_a_filtered_watch_sees_an_object_leave_its_selector_as_deleted(cluster: 
     stream.close()
 
 
+def test_a_watch_of_every_object_gets_the_events_a_selector_matching_everything_gets(
+    cluster: Cluster,
+) -> None:
+    # The unfiltered watch passes each change on as it is; the filtered one matches old and new objects.
+    everything, _ = cluster.selectors(pods(cluster), "!absent-label", None)
+    rv = str(cluster.store.rv)
+    plain = cluster.watch(pods(cluster), None, resource_version=rv)
+    filtered = cluster.watch(pods(cluster), None, resource_version=rv, labels=everything)
+    cluster.create(pods(cluster), "default", pod_body("a", labels={"app": "x"}))
+    cluster.patch(
+        pods(cluster), "default", "a", "application/merge-patch+json", b'{"metadata":{"labels":{"app":"y"}}}'
+    )
+    cluster.bind("default", "a", {"target": {"kind": "Node", "name": "node-0"}})
+    cluster.delete(pods(cluster), "default", "a", {"gracePeriodSeconds": 0})
+    got = [(t, o["metadata"]["resourceVersion"]) for t, o in plain.pending]
+    assert got == [(t, o["metadata"]["resourceVersion"]) for t, o in filtered.pending]
+    assert [t for t, _ in got][:2] == ["ADDED", "MODIFIED"]
+    assert got[-1][0] == "DELETED"
+    plain.close()
+    filtered.close()
+
+
 def test_send_initial_events_ends_with_a_marked_bookmark(cluster: Cluster) -> None:
     cluster.create(pods(cluster), "default", pod_body("a"))
     stream = cluster.watch(

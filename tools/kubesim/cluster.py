@@ -171,6 +171,9 @@ class WatchStream:
         self.wake: Callable[[], None] | None = None
         self.ended = False
         self._storage = cluster.store.storage(rt.storage)
+        self._everything = namespace is None and not labels and not fields
+        """Whether the watch takes every object of its resource (most informers'): each change is then
+        passed on as it is, without matching the object and the one it replaced."""
 
     def matches(self, obj: Obj) -> bool:
         if self.namespace is not None and obj.get("metadata", {}).get("namespace") != self.namespace:
@@ -178,6 +181,11 @@ class WatchStream:
         return self.labels.matches(obj) and self.fields.matches(obj)
 
     def on_change(self, change: Change) -> None:
+        if self._everything:
+            self.pending.append((change.type, self.cluster.view(self.rt, change.obj)))
+            if self.wake is not None:
+                self.wake()
+            return
         now_match = self.matches(change.obj)
         if change.type == "MODIFIED" and change.old is not None:
             was_match = self.matches(change.old)
