@@ -20,7 +20,9 @@ STALE_MESSAGE = "Podgroup {name} is below its minimum member count and was evict
 def run(ssn: Session) -> None:
     default = ssn.policy.staleness_grace_period
     for job in ssn.jobs.values():
-        if not job.is_stale():
+        # A job no statement has touched (its version unmoved) is as the session opened it: its
+        # staleness is its records', worked out once and kept with the job (`JobState.stale_as_opened`).
+        if not (job.stale_as_opened() if job.version == 0 else job.is_stale()):
             job.stale_since = None
             continue
         if job.stale_since is None:
