@@ -214,7 +214,12 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
     )
     detailed = frozenset(node_details)
     maybe = {job.key for job in ssn.maybe_pending}
-    statuses = {job.key: _status(job, job.key in detailed, job.key in maybe) for job in ssn.jobs.values()}
+    statuses = {
+        job.key: _status(job, job.key in detailed, job.key in maybe)
+        if job.fit_errors or job.key in maybe or job.key in detailed
+        else _quiet_status(job)
+        for job in ssn.jobs.values()
+    }
     pending = tuple(
         PendingExplanation(podgroup=s.podgroup, message=s.fit_error)
         for s in statuses.values()
@@ -304,6 +309,16 @@ def _binding(ssn: Session, task: TaskState, node: str) -> Binding:
         volumes=volumes.decided(ssn, task, node),
         claims=dra.decided(ssn, task, node),
     )
+
+
+def _quiet_status(job: JobState) -> PodGroupStatus:
+    """`_status` of a job with nothing to report (not pending, no fit error, no refusals asked): the one
+    worked out for its records before, kept with the job while its last start time is the same (most of a
+    cluster's jobs, every cycle)."""
+    status = job.quiet_status
+    if status is None or status.last_start_time != job.last_start_time:
+        status = job.quiet_status = _status(job, False, False)
+    return status
 
 
 def _status(job: JobState, detailed: bool, maybe_pending: bool) -> PodGroupStatus:

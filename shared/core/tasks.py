@@ -14,10 +14,13 @@ import operator
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from shared.model import GpuRequest, Pod, PodGroup, SubGroupSet, TopologyConstraint
 from shared.model.status import ACTIVE_ALLOCATED, ACTIVE_USED, ALIVE, ALLOCATED, PodStatus
+
+if TYPE_CHECKING:
+    from shared.core.result import PodGroupStatus
 
 DEFAULT_POD_SET = "default"
 _T = TypeVar("_T")
@@ -380,6 +383,9 @@ class JobState:
         """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
         self._stale_as_built: bool | None = None
         """`is_stale` as the records make it (`stale_as_opened`); kept when the job is taken again."""
+        self.quiet_status: PodGroupStatus | None = None
+        """Its status in a cycle's result when it has nothing to report (`shared.core.cycle.result_of`),
+        made once and kept when the job is taken again: a value of its records and last start time."""
 
     def reopen(self, keys: OrderKeys) -> None:
         """Back to what `__init__` made of the same podgroup, its tasks as `add_task` left them, for a

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.core import cluster, cycle, tasks
+from shared.core.cycle import result_of, run_session
 from shared.core.opening import open_session
 from shared.core.policy import Policy
 from shared.core.queue_plan import plan_queues
@@ -344,3 +345,23 @@ def test_a_session_whose_action_fails_gives_its_jobs_back_for_the_next(
         schedule(snap, NOW, POLICY)
     assert tasks._MEMO.lease(), "the failed session still holds the kept jobs"
     tasks._MEMO.release()
+
+
+def test_a_quiet_podgroup_s_status_is_kept_with_its_job_and_follows_its_last_start_time() -> None:
+    snap = Snapshot(
+        nodes=NODES,
+        pods=(pod("a", "g", status=PodStatus.RUNNING, node="n0"),),
+        podgroups=(podgroup("g", "q0"),),
+        queues=QUEUES,
+    )
+    first = schedule(snap, NOW, POLICY).podgroups["g"]
+    again = schedule(snap, NOW, POLICY).podgroups["g"]
+    assert again is first  # nothing to report: the status made for these records
+    ssn = run_session(snap, NOW, POLICY)
+    try:
+        ssn.jobs["g"].last_start_time = NOW  # as allocate stamps a podgroup it starts
+        status = result_of(ssn).podgroups["g"]
+    finally:
+        ssn.close()
+    assert status.last_start_time == NOW
+    assert status == msgspec.structs.replace(first, last_start_time=NOW)
