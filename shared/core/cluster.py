@@ -189,14 +189,16 @@ class NodeState:
         self.gpu_count = node.gpus
         self.tasks: dict[str, _Entry] = {}
         self.groups: dict[str, SharedGroup] = {}
-        self.alloc_scalars: dict[str, float] = dict(node.scalars)
-        self.idle_scalars: dict[str, float] = dict(node.scalars)
+        scalars = node.scalars
+        self.alloc_scalars: dict[str, float] = scalars
+        """The node record's own (read-only: nothing changes what a node has)."""
+        self.idle_scalars: dict[str, float] = dict(scalars) if scalars else {}
         self.used_scalars: dict[str, float] = {}
         self.releasing_scalars: dict[str, float] = {}
         self.legacy_mig_tasks: frozenset[str] = _NONE
         """The pods on it that ask for MIG instances the legacy way (few nodes have any: a new set each time
         one comes or goes)."""
-        self.has_mig = any("mig-" in name for name in node.scalars)
+        self.has_mig = bool(scalars) and any("mig-" in name for name in scalars)
         """Whether the node reports MIG instances (the only scalars that count as GPUs)."""
 
     # --- array views ---------------------------------------------------------------------------------
