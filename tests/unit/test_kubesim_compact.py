@@ -99,3 +99,26 @@ def _walk(value: Any) -> list[Any]:
     if isinstance(value, list):
         return [value, *(x for v in value for x in _walk(v))]
     return []
+
+
+@given(
+    st.dictionaries(st.sampled_from(["spec", "status", "data"]), _json, max_size=3),
+    st.dictionaries(st.sampled_from(["spec", "status", "data"]), _json, max_size=3),
+)
+def test_a_replacement_keeps_the_parts_it_took_from_the_object_it_replaces_and_equals_what_was_written(
+    first: dict[str, Any], changed: dict[str, Any]
+) -> None:
+    sharer = Sharer(budget_bytes=2048)
+    old = sharer.share({"metadata": {"name": "x", "labels": {"a": "b"}}, **first})
+    # A write builds new dicts along the path it changes and takes the rest from the stored object.
+    new = {**old, "metadata": {**old["metadata"], "generation": 2}, **changed}
+    expected = clone(new)
+    shared = sharer.share(new, old)
+    assert shared == expected
+    for key, value in old.items():
+        if key != "metadata" and new.get(key) is value:
+            assert shared[key] is value
+    assert shared["metadata"]["labels"] is old["metadata"]["labels"]
+    assert shared["metadata"] is not old["metadata"]
+    # What the writer built itself may still change in its hands; the store must not hold it.
+    assert {id(v) for v in _walk(changed) if v}.isdisjoint(_containers(shared))

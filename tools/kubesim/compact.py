@@ -39,24 +39,33 @@ class Sharer:
         """id of a cached part -> its key: a part already canonical is returned without walking it."""
         self.hits = 0
 
-    def share(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """An equal object made of canonical parts (the top level and metadata are new dicts)."""
+    def share(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An equal object made of canonical parts (the top level and metadata are new dicts). `old`, the
+        stored object `obj` replaces, lends its parts: a value that is the very object it held there (a
+        write changes only the path to what it changes) is kept without being looked up again."""
         out: dict[str, Any] = {}
         part = self.part
+        if old is None:
+            old = {}
         for key, value in obj.items():
             if key == "metadata" and type(value) is dict:
                 # Unique per object, but its strings (namespace, timestamps) repeat across objects; its
                 # name, uid and resourceVersion never do and are kept as they are.
+                before = old.get("metadata")
+                if type(before) is not dict:
+                    before = {}
                 out["metadata"] = {
                     k: (
                         v
-                        if k in _UNIQUE
+                        if k in _UNIQUE or before.get(k) is v
                         else sys.intern(v)
                         if type(v) is str and len(v) <= _SHORT
                         else part(v)
                     )
                     for k, v in value.items()
                 }
+            elif old.get(key) is value:
+                out[key] = value
             else:
                 out[key] = part(value)
         return out

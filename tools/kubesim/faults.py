@@ -142,7 +142,10 @@ class Faults:
     def pick(self, verb: str, resource: str, *, resume: bool = False) -> Fault | None:
         """The fault for one request, or None. A 410 rule applies only to a watch `resume` (a watch from a
         resourceVersion); other watches and requests pass it by."""
-        for i, rule in enumerate(self.plan.rules):
+        rules = self.plan.rules
+        if not rules:
+            return None
+        for i, rule in enumerate(rules):
             if rule.verb not in ("*", verb) or rule.resource not in ("*", resource):
                 continue
             if rule.status == 410 and not (verb == "watch" and resume):

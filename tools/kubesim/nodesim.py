@@ -195,6 +195,8 @@ class NodeSimulator:
         self._pod_ips = itertools.count(1)
         self._conditions: dict[tuple[str, str], list[Obj]] = {}
         self._node_ips = itertools.count(1)
+        self._host_ips: dict[str, tuple[Obj, str]] = {}
+        """Node name -> (the node object it was read from, its InternalIP): read again once the node changed."""
         self.kubelet = Kubelet(cluster)
         """Devices, container environments and reservation programs (`tools.kubesim.kubelet`)."""
         cluster.store.storage("pods").listeners.append(self._pod_change)
@@ -471,10 +473,17 @@ class NodeSimulator:
 
     def _host_ip(self, node_name: str) -> str:
         node = self.cluster.store.storage("nodes").get("", node_name)
+        known = self._host_ips.get(node_name)
+        if known is not None and known[0] is node:
+            return known[1]
+        ip = ""
         for address in ((node or {}).get("status") or {}).get("addresses") or ():
             if address.get("type") == "InternalIP":
-                return str(address.get("address", ""))
-        return ""
+                ip = str(address.get("address", ""))
+                break
+        if node is not None:
+            self._host_ips[node_name] = (node, ip)
+        return ip
 
     def _running_conditions(self, ts: str, scheduled: Obj) -> list[Obj]:
         """The conditions of a pod that started at `ts`: one shared list per (start, scheduled) second, as

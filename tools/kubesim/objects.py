@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import random
-import uuid
 from fractions import Fraction
 from typing import Any
 
@@ -108,8 +107,15 @@ def parse_time(text: Any) -> float | None:
         return None
 
 
+_UUID_VERSION_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID_VERSION_SET = (0x8000 << 48) | (4 << 76)
+
+
 def new_uid(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    """A random (version 4) UUID drawn from `rng`, as `str(uuid.UUID(int=..., version=4))` writes it
+    (formatted here directly: a third of the time, and one is drawn per object created)."""
+    digits = "%032x" % (rng.getrandbits(128) & _UUID_VERSION_CLEAR | _UUID_VERSION_SET)
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def random_suffix(rng: random.Random, n: int = 5) -> str:

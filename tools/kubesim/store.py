@@ -242,7 +242,7 @@ class Store:
         rv = self.next_rv()
         md["resourceVersion"] = str(rv)
         if self.sharer is not None:
-            obj = self.sharer.share(obj)
+            obj = self.sharer.share(obj, old)
         bucket[name] = obj
         if old is None:
             storage.count += 1
