@@ -42,3 +42,23 @@ def test_a_stale_gang_is_evicted_after_its_own_grace_period(
     own_grace: float | None, stale_for: float, expected: list[str]
 ) -> None:
     assert evicted(own_grace, stale_for) == expected
+
+
+def test_a_stale_gang_with_a_pod_on_a_node_gone_evicts_the_others_and_the_cycle_goes_on() -> None:
+    """A node deleted before its pods were: the pod still names it. The gang's pods on known nodes are
+    evicted; the cycle neither fails nor stops the other gangs' pods being placed."""
+    nodes = gpu_nodes(2, gpus=8)
+    pg, pods = gang("job", "team", 3, status=PodStatus.RUNNING, nodes=[nodes[0].name, "gone-node", "x"])
+    pg = msgspec.structs.replace(pg, stale_since=NOW - 120.0)
+    other_pg, other_pods = gang("other", "team", 1)
+    snapshot = Snapshot(
+        nodes=tuple(nodes),
+        queues=tuple(flat_queues(["team"])),
+        podgroups=(pg, other_pg),
+        pods=(pods[0], pods[1], *other_pods),
+    )
+    result = schedule(
+        snapshot, NOW, Policy(actions=("allocate", "stalegangeviction"), staleness_grace_period=60.0)
+    )
+    assert sorted(e.name for e in result.evictions) == ["job-0"]
+    assert [b.pod for p in result.binds for b in p.bindings] == [other_pods[0].key]
