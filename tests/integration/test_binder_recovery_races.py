@@ -24,6 +24,7 @@ from services.binder.commit import Committer
 from shared.bus.connection import Bus, NatsAuth, connect
 from shared.bus.kv import KvStore
 from shared.bus.replica import StateReplica
+from shared.bus.tasks import stop_tasks
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEDGER_RECORDS, Outcome, PodClaim, Proposal, encode
 from shared.model import Pod, PodStatus
@@ -94,10 +95,11 @@ class HeldBinder:
         return await asyncio.wait_for(self.task, WAIT_S)
 
     async def die(self) -> None:
+        """A cancelled, as SIGKILL's nearest: cancelled again until it ends (`stop_tasks`), since a cancel
+        that lands as nats-py's `wait_for` completes is swallowed on Python 3.11, and A would go on to wait
+        at its next checkpoint for good."""
         assert self.task is not None
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        assert await stop_tasks([self.task])
 
 
 @contextlib.asynccontextmanager
