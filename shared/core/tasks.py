@@ -344,12 +344,6 @@ class JobState:
         self.key = podgroup.key
         self.name = podgroup.name
         self.namespace = podgroup.namespace
-        self.queue = podgroup.queue
-        self.priority = podgroup.priority
-        self.preemptible = podgroup.preemptible
-        self.creation_time = podgroup.creation_time
-        self.last_start_time = podgroup.last_start_time
-        self.stale_since = podgroup.stale_since
         self.tasks: dict[str, TaskState] = {}
         self.root: SubGroupSet = podgroup.root
         root = podgroup.root
@@ -367,18 +361,8 @@ class JobState:
         if not self.pod_sets:
             self.pod_sets[DEFAULT_POD_SET] = PodSetState(DEFAULT_POD_SET, 1)
             self.tree.pod_sets = (self.pod_sets[DEFAULT_POD_SET],)
-        self.backed_off = podgroup.backed_off
-        """KAI's scheduling backoff has taken the podgroup off this node pool (`Session.in_focus`)."""
-        self.bind_retry_at: float | None = None
-        """Set while its bind back-off runs: when it may be tried again (`shared.core.bind_backoff.hold`)."""
-        self.partial = False
-        """A partial representative of a pending job (`shared.core.solver.jobs.partial_job`): its pods are
-        collected without KAI's gang admission (KAI ``PartialTaskAllocation``)."""
-        # Bumped on every status change of one of its tasks; keys the caches below.
-        self.version = 0
+        self._from_records()
         self._cache: dict[object, tuple[int, object]] = {}
-        self.fit_errors: Sequence[tuple[str, list[str]]] = ()
-        """Why its placement failed, in order (`add_fit_error`; a tuple until the first: most jobs get none)."""
         self.task_fit_errors: dict[str, dict[str, Sequence[str]]] = {}
         """Pod key -> node -> why the node refused the pod (shared, read-only sequences)."""
         self._stale_as_built: bool | None = None
@@ -391,8 +375,19 @@ class JobState:
         """Back to what `__init__` made of the same podgroup, its tasks as `add_task` left them, for a
         session that keeps it from the one before (`open_jobs`; the tasks are reopened apart):
         every field a session may change, put back, and its caches dropped."""
-        podgroup = self.podgroup
         self.keys = keys
+        self._from_records()
+        # New containers only where the last session wrote some (most jobs it never asked): what a
+        # session opens anew is what the collector's pass after it walks.
+        if self._cache:
+            self._cache = {}
+        if self.task_fit_errors:
+            self.task_fit_errors = {}
+
+    def _from_records(self) -> None:
+        """The fields a session may change, as the podgroup record makes them: set by `__init__` and set
+        again by `reopen`, so a kept job can never carry one of them over."""
+        podgroup = self.podgroup
         self.queue = podgroup.queue
         self.priority = podgroup.priority
         self.preemptible = podgroup.preemptible
@@ -400,16 +395,16 @@ class JobState:
         self.last_start_time = podgroup.last_start_time
         self.stale_since = podgroup.stale_since
         self.backed_off = podgroup.backed_off
-        self.bind_retry_at = None
+        """KAI's scheduling backoff has taken the podgroup off this node pool (`Session.in_focus`)."""
+        self.bind_retry_at: float | None = None
+        """Set while its bind back-off runs: when it may be tried again (`shared.core.bind_backoff.hold`)."""
         self.partial = False
+        """A partial representative of a pending job (`shared.core.solver.jobs.partial_job`): its pods are
+        collected without KAI's gang admission (KAI ``PartialTaskAllocation``)."""
+        # Bumped on every status change of one of its tasks; keys the caches.
         self.version = 0
-        # New containers only where the last session wrote some (most jobs it never asked): what a
-        # session opens anew is what the collector's pass after it walks.
-        if self._cache:
-            self._cache = {}
-        self.fit_errors = ()
-        if self.task_fit_errors:
-            self.task_fit_errors = {}
+        self.fit_errors: Sequence[tuple[str, list[str]]] = ()
+        """Why its placement failed, in order (`add_fit_error`; a tuple until the first: most jobs get none)."""
 
     def add_task(self, task: TaskState) -> None:
         self.tasks[task.key] = task
