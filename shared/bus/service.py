@@ -163,11 +163,9 @@ class ServiceContext:
 
     def __post_init__(self) -> None:
         self.metrics.attach(
-            # A replica serving every shard keeps the label it always had (`default`); a restricted one
-            # names its shards.
             self.service,
             self.config.replica,
-            self.config.shard or s.DEFAULT_SHARD,
+            self.config.shard or None,
             self.counters,
             lambda: self.ready,
         )

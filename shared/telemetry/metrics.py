@@ -236,18 +236,23 @@ class ServiceMetrics:
         GCCollector(registry=self.registry)
 
     def attach(
-        self, service: str, replica: str, shard: str, counters: CounterSource, ready: Callable[[], bool]
+        self,
+        service: str,
+        replica: str,
+        shard: str | None,
+        counters: CounterSource,
+        ready: Callable[[], bool],
     ) -> None:
-        """Read `counters` and `ready` from now on (the runner calls it for its `ServiceContext`)."""
+        """Read `counters` and `ready` from now on (the runner calls it for its `ServiceContext`); `shard` is
+        the replica's `--shard` text, None when it was started without one."""
         self._counters = counters
         self._ready = ready
         # Not `service`: a scrape through a ServiceMonitor adds the Kubernetes Service as label `service`.
         self._info = {"kairos_service": service, "replica": replica}
-        # Until the service says what it serves (`serving`): the shard it was started for (`default`
-        # unrestricted, else its `--shard` text; the runner passes `default` for both no restriction and
-        # `--shard default`, which this cannot tell apart).
-        self._served = lambda: (shard,)
-        self._restricted = shard != DEFAULT_SHARD
+        # Until the service says what it serves (`serving`): the shard it was started for, `default` when
+        # unrestricted; `--shard default` is a restriction too, and says so.
+        self._served = lambda: (shard or DEFAULT_SHARD,)
+        self._restricted = shard is not None
 
     def serving(self, shards: Callable[[], Iterable[str]], *, restricted: bool) -> None:
         """From now on `kairos_service_info` has one series per shard `shards()` names at each scrape (the

@@ -48,9 +48,7 @@ def value(families: dict[str, Metric], family: str, sample: str | None = None, /
 
 def attached(counters: Counters | None = None, *, ready: bool = True) -> ServiceMetrics:
     metrics = ServiceMetrics()
-    metrics.attach(
-        "placement", "p-1", "default", counters if counters is not None else Counters(), lambda: ready
-    )
+    metrics.attach("placement", "p-1", None, counters if counters is not None else Counters(), lambda: ready)
     return metrics
 
 
@@ -84,7 +82,7 @@ def test_before_a_service_attaches_only_readiness_and_the_process_are_exposed() 
 def test_readiness_follows_the_service_at_every_scrape() -> None:
     state = {"ready": False}
     metrics = ServiceMetrics()
-    metrics.attach("queue", "q-1", "default", Counters(), lambda: state["ready"])
+    metrics.attach("queue", "q-1", None, Counters(), lambda: state["ready"])
     assert value(scrape(metrics), "kairos_service_ready") == 0
     state["ready"] = True
     assert value(scrape(metrics), "kairos_service_ready") == 1
@@ -121,6 +119,15 @@ def test_a_restricted_replica_s_info_series_say_it_is_restricted() -> None:
     assert [(s["shard"], s["restricted"]) for s in info_series(metrics)] == [
         ("pool-a", "true"),
         ("pool-b", "true"),
+    ]
+
+
+def test_a_replica_started_with_shard_default_is_restricted_to_it_and_says_so() -> None:
+    # `--shard default` serves the default shard alone, where no `--shard` serves every shard.
+    metrics = ServiceMetrics()
+    metrics.attach("placement", "p-1", "default", Counters(), lambda: True)
+    assert info_series(metrics) == [
+        {"kairos_service": "placement", "replica": "p-1", "shard": "default", "restricted": "true"}
     ]
 
 

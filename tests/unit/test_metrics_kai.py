@@ -88,7 +88,7 @@ KAI_BUCKETS = {
 
 def attached() -> ServiceMetrics:
     metrics = ServiceMetrics()
-    metrics.attach("kairos", "r-1", "default", Counters(), lambda: True)
+    metrics.attach("kairos", "r-1", None, Counters(), lambda: True)
     return metrics
 
 
@@ -322,7 +322,7 @@ def test_each_consumers_lag_is_exported_per_stream_and_consumer() -> None:
     counters = Counters()
     counters.consumer_lag[("KAIROS_WORK", "placement")] = (7, 1.5)
     metrics = ServiceMetrics()
-    metrics.attach("placement", "p-1", "default", counters, lambda: True)
+    metrics.attach("placement", "p-1", None, counters, lambda: True)
     found = families(metrics)
     labels = {"stream": "KAIROS_WORK", "consumer": "placement"}
     assert [(s.labels, s.value) for s in found["kairos_nats_consumer_pending_messages"].samples] == [

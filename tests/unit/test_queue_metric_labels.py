@@ -34,7 +34,7 @@ CONTROLLER_SERIES = (
 
 def scraped_labels(display_names: dict[str, str] | None) -> dict[str, list[dict[str, str]]]:
     metrics = ServiceMetrics()
-    metrics.attach("queue", "q-0", "default", Counters(), lambda: True)
+    metrics.attach("queue", "q-0", None, Counters(), lambda: True)
     zero = {"gpu": 1.0, "cpu": 1000.0, "memory": 1e9}
     share = QueueFairShare(
         time=0.0,
