@@ -9,7 +9,7 @@ import pytest
 
 from shared.kube import keys
 from tests.builders import node_manifest, pod_manifest, podgroup_manifest, queue_manifest
-from tools.chaos.checker import Observed, OutcomeSeen, Verdict, check, quantity
+from tools.chaos.checker import Observed, OutcomeSeen, Verdict, check, quantity, unexplained
 
 Obj = dict[str, Any]
 
@@ -132,6 +132,20 @@ def test_a_pending_pod_needs_a_reason_on_itself_or_its_podgroup() -> None:
     verdict = check(Observed(pods=pods, nodes=[node("n1")], events=[event_on_pod, event_on_group]))
     assert rules(verdict) == [("pending-without-reason", "pod default/a")]
     assert verdict.unschedulable == 2
+
+
+def test_the_run_waits_for_the_pods_neither_bound_nor_explained_nor_there_at_all() -> None:
+    pods = [pod("a", node="n1"), pod("b", group="g"), pod("c", group="h"), pod("d", group="i")]
+    events = [
+        {
+            "reason": "FailedScheduling",
+            "involvedObject": {"kind": "Pod", "namespace": "default", "name": "b"},
+        },
+        {"reason": "Scheduled", "involvedObject": {"kind": "Pod", "namespace": "default", "name": "d"}},
+    ]
+    expected = ["default/a", "default/b", "default/c", "default/d", "default/gone"]
+    left = unexplained(pods, events, [podgroup("h", 1, conditions=True)], expected)
+    assert left == ["default/d", "default/gone"]
 
 
 @pytest.mark.parametrize(

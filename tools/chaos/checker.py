@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Observed", "OutcomeSeen", "Verdict", "Violation", "check", "quantity"]
+__all__ = ["Observed", "OutcomeSeen", "Verdict", "Violation", "check", "quantity", "unexplained"]
 
 Obj = dict[str, Any]
 
@@ -201,6 +201,29 @@ def _reasons(events: Iterable[Obj], podgroups: Iterable[Obj]) -> set[tuple[str, 
     return said
 
 
+def _told(pod: Obj, said: set[tuple[str, str]]) -> bool:
+    """Whether the pod, or its PodGroup, was explained as not schedulable."""
+    group = (_meta(pod).get("annotations") or {}).get(PODGROUP_ANNOTATION, "")
+    namespace = _meta(pod).get("namespace", "")
+    return ("Pod", _key(pod)) in said or ("PodGroup", f"{namespace}/{group}") in said
+
+
+def unexplained(
+    pods: list[Obj], events: list[Obj], podgroups: list[Obj], expected: Iterable[str]
+) -> list[str]:
+    """The `expected` pods (namespace/name) that are neither bound nor explained as not schedulable, or
+    not there at all: the runner waits for none to be left before it judges (the end state `check` wants
+    for `pending-without-reason` and `lost`)."""
+    said = _reasons(events, podgroups)
+    by_key = {_key(p): p for p in pods}
+    out: list[str] = []
+    for key in expected:
+        pod = by_key.get(key)
+        if pod is None or not ((pod.get("spec") or {}).get("nodeName") or _told(pod, said)):
+            out.append(key)
+    return out
+
+
 def _bindings_and_reasons(observed: Observed, pods: list[Obj], out: list[Violation]) -> int:
     said = _reasons(observed.events, observed.podgroups)
     unschedulable = 0
@@ -219,9 +242,7 @@ def _bindings_and_reasons(observed: Observed, pods: list[Obj], out: list[Violati
             if claim is not None and claim != node:
                 out.append(Violation("bound-twice", f"pod {key}", f"on {node}, ledger claim on {claim}"))
             continue
-        group = (_meta(pod).get("annotations") or {}).get(PODGROUP_ANNOTATION, "")
-        namespace = _meta(pod).get("namespace", "")
-        if ("Pod", key) in said or ("PodGroup", f"{namespace}/{group}") in said:
+        if _told(pod, said):
             unschedulable += 1
         else:
             out.append(Violation("pending-without-reason", f"pod {key}", "no node and no Event saying why"))

@@ -23,8 +23,9 @@ third while it is on and the last third once it is over:
 
 For each fault it records when it happened and how long until the system made progress again: the next
 pod bound (seen on a watch of pods) after the fault began and after it ended, and, for a killed replica
-or a killed nats-server, until every replica sent a ready heartbeat again. When the binds stop
-(nothing new for `quiet` seconds) it reads the API server (pods, nodes, PodGroups, Queues, Events, the
+or a killed nats-server, until every replica sent a ready heartbeat again. Once the work is done (every
+pod that fits bound, every other one told why not, as the API shows; or, short of that, nothing bound for
+`quiet` seconds) it reads the API server (pods, nodes, PodGroups, Queues, Events, the
 binding record), the ledger's claims from JetStream and the binders' outcomes it heard, and hands them to
 `tools.chaos.checker.check`. Called by `kairos chaos` and the CI test.
 """
@@ -53,19 +54,28 @@ from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import HEARTBEATS, OUTCOMES
-from shared.errors import MalformedMessage, TemporaryError
+from shared.errors import ConfigError, MalformedMessage, TemporaryError
 from shared.kubeapi.client import Kube
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
-from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check
+from tools.chaos.checker import Observed, OutcomeSeen, Verdict, Violation, check, unexplained
 from tools.chaos.scenarios import BudgetScenario, SharerScenario
 from tools.chaos.workload import NAMESPACE, Group, Workload, build
 from tools.stack.nats_server import CLUSTER_NAME
 from tools.stack.pod_watch import pod_watch
 from tools.stack.supervisor import ClusterChoice, Stack, start_stack
 
-__all__ = ["ChaosOptions", "ChaosReport", "ChaosRun", "FaultRecord", "run", "start", "started"]
+__all__ = [
+    "PROCESS_FAULTS",
+    "ChaosOptions",
+    "ChaosReport",
+    "ChaosRun",
+    "FaultRecord",
+    "run",
+    "start",
+    "started",
+]
 
 log = logging.getLogger("kairos.chaos")
 
@@ -98,9 +108,20 @@ CLUSTER_FAULTS = tuple(
 """With a NATS cluster: one node that does not lead the work stream killed, then the node that leads it."""
 
 
+PROCESS_FAULTS = tuple(kind for kind in CLUSTER_FAULTS if kind.startswith(("kill:", "nats-kill")))
+"""The faults that kill a process (a replica, a nats-server): with `ChaosOptions.only`, the run of a NATS
+cluster that leaves the API server's faults to the single server's run."""
+
+
 def faults(options: ChaosOptions) -> tuple[str, ...]:
-    """The faults a run injects, in order."""
-    return CLUSTER_FAULTS if options.nats_cluster > 1 else FAULTS
+    """The faults a run injects, in order: every one, or those of `options.only`."""
+    planned = CLUSTER_FAULTS if options.nats_cluster > 1 else FAULTS
+    if options.only:
+        unknown = sorted(set(options.only) - set(planned))
+        if unknown:
+            raise ConfigError(f"chaos faults: {', '.join(unknown)} is not one of {', '.join(planned)}")
+        planned = tuple(kind for kind in planned if kind in options.only)
+    return planned
 
 
 class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -124,6 +145,8 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     kill_replica: int | None = None
     """The replica a `kill:` fault kills (None: a random one). The soak always kills replica 1, so replica
     0 of every service runs the whole soak and its memory is comparable from start to end."""
+    only: tuple[str, ...] = ()
+    """The faults to inject, in their usual order (empty: every one)."""
 
 
 class FaultRecord(msgspec.Struct, kw_only=True):
@@ -260,6 +283,8 @@ class ChaosRun:
         self.t0 = time.monotonic()
         self.binds: list[float] = []
         self.bound: set[str] = set()
+        self.must_bind: set[str] = workload.must_bind
+        """The pods (names) a correct scheduler binds; the others may stay pending with a reason."""
         self.beats: dict[str, float] = {}
         """Replica -> when its last ready heartbeat arrived."""
         self.outcomes: list[OutcomeSeen] = []
@@ -320,7 +345,7 @@ class ChaosRun:
                 await self._wait_for_progress(before, 60.0)
                 await self._fault(http, bus, planned[i], wave[third : 2 * third], wave[2 * third :])
                 await creating
-            await self._settle()
+            await self._settle(http)
             duration = time.monotonic() - self.t0
             verdict, injected = await self._check(http, bus)
         finally:
@@ -348,15 +373,38 @@ class ChaosRun:
         while len(self.binds) <= seen and time.monotonic() < deadline:  # noqa: ASYNC110 -- polls a list
             await asyncio.sleep(0.1)
 
-    async def _settle(self) -> None:
-        """Until no pod was bound for `quiet` seconds (or the run's timeout)."""
+    async def _settle(self, http: aiohttp.ClientSession) -> None:
+        """Until the end the checker looks for is reached: every pod that fits bound (`must_bind`) and every
+        other one bound or told why not (`tools.chaos.checker.unexplained`, read from the API once a
+        second). Short of that, until no pod was bound for `quiet` seconds (a gang the faults left no room
+        for), or the run's timeout."""
         deadline = self.t0 + self.options.timeout
+        looked = 0.0
         while time.monotonic() < deadline:
             last = self.binds[-1] if self.binds else self.t0
             if self._done() or time.monotonic() - last > self.options.quiet:
                 return
+            if self.must_bind <= self.bound and time.monotonic() - looked >= 1.0:
+                looked = time.monotonic()
+                if not await self._unexplained(http):
+                    return
             await asyncio.sleep(0.5)
         self.say(f"chaos: gave up waiting after {self.options.timeout:.0f} s")
+
+    async def _unexplained(self, http: aiohttp.ClientSession) -> list[str]:
+        """The expected pods still pending with no reason given (all of them while the API answers badly)."""
+        lists: list[list[dict[str, Any]]] = []
+        for path in (
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            f"/api/v1/namespaces/{NAMESPACE}/events",
+            f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NAMESPACE}/podgroups",
+        ):
+            async with http.get(path) as resp:
+                if resp.status != 200:
+                    return self.expected()
+                lists.append((await resp.json())["items"])
+        pods, events, podgroups = lists
+        return unexplained(pods, events, podgroups, self.expected())
 
     # --- faults -----------------------------------------------------------------------------------------------
     async def _nats_node(self, bus: Bus, kind: str) -> int | None:

@@ -13,7 +13,8 @@ two or more replicas of every service) and then, for `minutes`:
 - **memory**: the RSS of every process (each replica, kubesim, each nats-server) every `sample_every`
   seconds, read with psutil.
 
-Then the arrivals stop, the work left settles (no new bind for `quiet` seconds), and the chaos checker
+Then the arrivals stop, the work left settles (every pod that fits bound, every other one told why not;
+or no new bind for `quiet` seconds), and the chaos checker
 judges the cluster (`tools.chaos.checker`; the pods the soak deleted after they succeeded are not lost).
 The memory verdict compares each service's replica 0 at the end (the median of the last minute's
 samples) with its value after `baseline` seconds (the median of the samples within 30 s of it; 5 minutes,
@@ -42,7 +43,7 @@ import psutil
 from shared.telemetry import heap
 from tools.chaos.checker import Violation
 from tools.chaos.runner import SERVICES, ChaosOptions, ChaosRun, FaultRecord, faults, started
-from tools.chaos.workload import MEAN_GPUS, NAMESPACE, QUEUES, Workload, churn_group
+from tools.chaos.workload import MEAN_GPUS, NAMESPACE, QUEUES, Workload, churn_group, may_stay_pending
 from tools.stack.supervisor import Stack
 
 __all__ = ["MemoryVerdict", "RssSample", "SoakOptions", "SoakReport", "judge_memory", "soak"]
@@ -260,7 +261,7 @@ class Soak(ChaosRun):
                 await self._until(length)
                 await background[0]
                 await background[3]
-                await self._settle()
+                await self._settle(http)
                 await self._reap(http)
                 duration = time.monotonic() - self.t0
             finally:
@@ -311,6 +312,7 @@ class Soak(ChaosRun):
             await self._until(index * gap)
             group = churn_group(index, self.churn_rng, self.soak_options.run_seconds)
             self.created.extend(f"{NAMESPACE}/{p['metadata']['name']}" for p in group.pods)
+            self.must_bind.update(p["metadata"]["name"] for p in group.pods if not may_stay_pending(p))
             self.groups += 1
             task = asyncio.create_task(self._create(http, (group,)))
             pending.add(task)

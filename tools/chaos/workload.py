@@ -17,7 +17,16 @@ import msgspec
 
 from tools.kubesim.nodesim import RUN_SECONDS
 
-__all__ = ["MEAN_GPUS", "NAMESPACE", "QUEUES", "Group", "Workload", "build", "churn_group"]
+__all__ = [
+    "MEAN_GPUS",
+    "NAMESPACE",
+    "QUEUES",
+    "Group",
+    "Workload",
+    "build",
+    "churn_group",
+    "may_stay_pending",
+]
 
 Obj = dict[str, Any]
 NAMESPACE = "default"
@@ -48,6 +57,29 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def pod_keys(self) -> list[str]:
         return [f"{NAMESPACE}/{p['metadata']['name']}" for wave in self.waves for g in wave for p in g.pods]
+
+    @property
+    def must_bind(self) -> set[str]:
+        """The names of the pods a correct scheduler binds (`may_stay_pending` says which others may wait)."""
+        return {
+            p["metadata"]["name"]
+            for wave in self.waves
+            for g in wave
+            for p in g.pods
+            if not may_stay_pending(p)
+        }
+
+
+def may_stay_pending(pod: Obj) -> bool:
+    """Whether a pod of this load may rightly stay pending for good: too big for any node, or in the limited
+    queue (held back by its limit while others of the queue run). Every other pod fits: the load's nodes
+    hold its demand with room to spare."""
+    labels = pod["metadata"].get("labels") or {}
+    limits = pod["spec"]["containers"][0].get("resources", {}).get("limits") or {}
+    return (
+        labels.get("kai.scheduler/queue") == LIMITED_QUEUE
+        or int(limits.get("nvidia.com/gpu", 0)) > GPUS_PER_NODE
+    )
 
 
 def _queue(name: str, parent: str = "", gpu_limit: int = -1) -> Obj:
