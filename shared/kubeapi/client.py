@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +121,17 @@ class _Status(msgspec.Struct):
 _STATUS = msgspec.json.Decoder(_Status)
 
 
+_PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*")
+"""A path with nothing to quote or normalise (no query, no escapes, no `..` segment to resolve is possible
+without a dot-only segment, which Kubernetes names cannot be): the paths of the calls made for every pod."""
+
+
+@functools.lru_cache(maxsize=8)
+def _timeout(total: float) -> aiohttp.ClientTimeout:
+    """The aiohttp timeout of `total` seconds, one object per value rather than one per call."""
+    return aiohttp.ClientTimeout(total=total)
+
+
 def api_error(what: str, status: int, body: bytes) -> ApiError:
     """The ApiError for a non-2xx answer; the Status's reason, message and causes when the body is one."""
     try:
@@ -145,6 +158,16 @@ class Kube:
         self.custom = k8s.CustomObjectsApi(self.api)
         self.scheduling = k8s.SchedulingV1Api(self.api)
         self.batch = k8s.BatchV1Api(self.api)
+        rest = self.api.rest_client
+        self._session: aiohttp.ClientSession = rest.pool_manager
+        self._options: dict[str, Any] = {}
+        """The generated client's proxy and TLS server name settings, passed on every `request`."""
+        if rest.proxy:
+            self._options["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            self._options["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            self._options["server_hostname"] = rest.server_hostname
 
     async def close(self) -> None:
         await self.api.close()
@@ -191,26 +214,16 @@ class Kube:
         headers = {"Accept": JSON, "Content-Type": content_type, **self.api.default_headers}
         queries: list[tuple[str, str]] = []
         await self.api.update_params_for_auth(headers, queries, ["BearerToken"])
-        rest = self.api.rest_client
-        url = self.server + path
+        url: str | URL = self.server + path
         if queries:
-            url += "?" + urlencode(queries)
-        options: dict[str, Any] = {}
-        if rest.proxy:
-            options["proxy"] = rest.proxy
-        if rest.proxy_headers:
-            options["proxy_headers"] = rest.proxy_headers
-        if rest.server_hostname:
-            options["server_hostname"] = rest.server_hostname
+            url = f"{url}{'&' if '?' in path else '?'}{urlencode(queries)}"
+        elif _PLAIN_PATH.fullmatch(path):
+            # Already as sent: aiohttp would otherwise parse, quote and normalise it (a quarter of a call).
+            url = URL(url, encoded=True)
         data = None if body is None else msgspec.json.encode(body)
         try:
-            async with rest.pool_manager.request(
-                method,
-                url,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-                **options,
+            async with self._session.request(
+                method, url, data=data, headers=headers, timeout=_timeout(timeout), **self._options
             ) as response:
                 answer = await response.read()
                 status = int(response.status)
