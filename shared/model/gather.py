@@ -62,6 +62,14 @@ class Gathered:
             del self._bags[kind][key]
             self._changed.add(kind)
 
+    def part(self, kind: str) -> object:
+        """The snapshot's field `kind` ("nodes", "queues"...) alone: ordered again only if that kind changed,
+        the other kinds' changes left for the next `snapshot`."""
+        if kind in self._changed:
+            self._parts[kind] = _part(kind, self._bags[kind].values())
+            self._changed.discard(kind)
+        return self._parts[kind]
+
     def snapshot(self) -> Snapshot:
         for kind in self._changed:
             self._parts[kind] = _part(kind, self._bags[kind].values())

@@ -71,3 +71,32 @@ def test_a_key_removed_that_was_never_put_changes_nothing() -> None:
     gathered.put("node.n1", node("n1"))
     gathered.remove("node.gone")
     assert gathered.snapshot() == snapshot_of([node("n1")])
+
+
+@given(operations, st.lists(st.sampled_from(["nodes", "queues", "pods", "podgroups"]), max_size=4))
+def test_one_kind_read_alone_is_that_field_of_the_snapshot_and_leaves_the_others_to_it(
+    ops: list[tuple[SnapshotObject, bool]], kinds: list[str]
+) -> None:
+    gathered = Gathered()
+    held: dict[str, SnapshotObject] = {}
+    for obj, remove in ops:
+        key = key_of(obj)
+        if remove:
+            held.pop(key, None)
+            gathered.remove(key)
+        else:
+            held[key] = obj
+            gathered.put(key, obj)
+        for kind in kinds:
+            assert gathered.part(kind) == getattr(snapshot_of(held.values()), kind)
+        assert gathered.snapshot() == snapshot_of(held.values())
+
+
+def test_reading_the_nodes_alone_orders_nothing_else() -> None:
+    gathered = Gathered()
+    gathered.put("node.n1", node("n1"))
+    gathered.put(key_of(_PODS[0]), _PODS[0])
+    before = gathered.snapshot()
+    gathered.put(key_of(_PODS[1]), _PODS[1])
+    assert gathered.part("nodes") is before.nodes
+    assert gathered.part("pods") == (_PODS[0], _PODS[1])
