@@ -196,6 +196,11 @@ class StateReplica:
         (`shared.model.gather.snapshot_of`, kept up to date by `Gathered`)."""
         return self._gathered.snapshot()
 
+    def part(self, kind: str) -> object:
+        """One field of `objects()` ("nodes", "queues"...), without ordering the other kinds again (the shard
+        survey reads the nodes and queues while binds change the pods)."""
+        return self._gathered.part(kind)
+
     def snapshot(self) -> Snapshot:
         """`objects()` as the binders' ledger shows it (`shared.ledger_view.scheduling_view`): pods the
         ledger reserves but the cluster still shows pending counted as bound, and the DRA devices
