@@ -42,9 +42,13 @@ class Replica:
         self.reads += 1
         return {group.key: group for group in self.cluster.podgroups}
 
-    def objects(self) -> Snapshot:
+    def part(self, kind: str) -> object:
         self.reads += 1
-        return self.cluster
+        assert kind in ("nodes", "queues"), f"a survey ordered the replica's {kind}"
+        return getattr(self.cluster, kind)
+
+    def objects(self) -> Snapshot:
+        raise AssertionError("a survey ordered the whole replica again (its pods and podgroups too)")
 
     def change(self, cluster: Snapshot) -> None:
         self.cluster = cluster
