@@ -29,7 +29,9 @@ while its lease holds, and raises `LeaseLost` (a `FencedError`) for the first wr
 stands down. State puts and deletes go through the fence, which the server checks with each of them: none
 lands after a successor raised its fence; a batch's puts go out at once (`WriteFence.put_many`), their
 acknowledgements awaited together. Ledger writes cannot carry it (each is a compare-and-set on its
-own key): `write` and `reconcile` read the lease key before they touch the ledger, and every ledger
+own key): `write` reads the lease key before a batch (made with `confirm_first=False`: before its first
+ledger write, once for the batch, and a batch of state records alone reads none), `reconcile` before it
+touches the ledger, and every ledger
 compare-and-set is preceded by the fence's check of this replica's keeper and clock, so none is sent after
 the lease's deadline; one already on its way may still land (`shared.bus.fence` says how long that window
 is). A writer without a fence (the simulated source, which has no lease) writes unconditionally.
@@ -127,6 +129,7 @@ class StateWriter:
         source: str = "sim",
         fence: WriteFence | None = None,
         ledger_view: LedgerView | None = None,
+        confirm_first: bool = True,
     ) -> None:
         self.bus = bus
         self.counters = counters
@@ -135,6 +138,10 @@ class StateWriter:
         self.ledger_view = ledger_view
         """A watched copy of the nodes' ledgers (the replica's `node_ledger`): a node's edit starts from it
         instead of a read; None: every edit reads the ledger first."""
+        self.confirm_first = confirm_first
+        """Whether every batch reads the lease key first (a deposed owner's batch is refused with the name of
+        its successor); False: only a batch that writes the ledger does, before its first ledger write (the
+        partitioned writer's many fences: its state records are fenced by the server alone)."""
         self.state: KvWrites = bus.state if fence is None else fence
         """Where state puts and deletes go: through the fence when there is one."""
         self.attempts = AttemptTracker(source) if tracing.enabled() else None
@@ -143,6 +150,9 @@ class StateWriter:
         """The state bucket's revision after this writer's last write (what replies carry)."""
         self._stored: dict[str, bytes] = {}
         """What the state bucket holds under each key, as far as this writer knows."""
+        self._confirmed: asyncio.Future[None] | None = None
+        """The lease read (`WriteFence.confirm`) before the current batch's first ledger write, shared by
+        its side-by-side edits; None: not read yet in this batch."""
 
     def seed(self, stored: Mapping[str, bytes], revision: int) -> None:
         """Start from what the bucket holds (read by the replica), so unchanged objects are not rewritten."""
@@ -154,8 +164,11 @@ class StateWriter:
     # --- state --------------------------------------------------------------------------------------------
     async def write(self, changes: Sequence[Change]) -> int:
         """Write a batch of changes: ledger effects first, then the objects. Returns the state revision."""
-        if self.fence is not None:
-            await self.fence.confirm()
+        self._confirmed = None
+        if self.fence is not None and self.confirm_first:
+            await self._confirm()
+        elif self.fence is not None:
+            self.fence.check()  # the lease is read before this batch's first ledger write, if it has one
         try:
             await self._ledger_effects(changes)
             await self._put_and_delete(self._puts(changes), [c.key for c in changes if c.after is None])
@@ -258,6 +271,7 @@ class StateWriter:
         """
         if self.fence is not None:
             await self.fence.confirm()
+        self._confirmed = _done()
         by_key = {p.key: p for p in pods}
         keys = await self.bus.ledger.keys()
         ensure: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
@@ -327,6 +341,7 @@ class StateWriter:
             pods = dict(current.pods) if current is not None else {}
             if not edit(pods):
                 return
+            await self._confirm()
             self._check()
             try:
                 await self.bus.ledger.update(key, encode(NodeLedger(node=node, pods=pods)), last=revision)
@@ -360,6 +375,7 @@ class StateWriter:
             claim = _decode_claim(key, entry.value)
             if claim is not None and not should(claim):
                 return
+            await self._confirm()
             self._check()
             try:
                 await self.bus.ledger.delete(key, last=entry.revision)
@@ -370,10 +386,26 @@ class StateWriter:
             return
         raise TemporaryError(f"ledger {key}: still conflicting after {CAS_ATTEMPTS} attempts")
 
+    async def _confirm(self) -> None:
+        """Before a batch's first ledger write: the lease key read once for the batch (a batch that writes
+        only state records reads none: the server fences those)."""
+        if self.fence is None:
+            return
+        if self._confirmed is None:
+            self._confirmed = asyncio.ensure_future(self.fence.confirm())
+        await asyncio.shield(self._confirmed)
+
     def _check(self) -> None:
         """Right before a ledger compare-and-set: refuse it once the lease may be lost (`WriteFence`)."""
         if self.fence is not None:
             self.fence.check()
+
+
+def _done() -> asyncio.Future[None]:
+    """A lease read already made (`reconcile` reads it itself)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    return done
 
 
 async def _side_by_side(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
