@@ -104,6 +104,8 @@ class PartitionOwners:
         }
         self.fences: dict[str, WriteFence] = {}
         """The partitions whose fence this replica raised and has not lost since."""
+        self._gaining: dict[str, asyncio.Task[None]] = {}
+        """The partitions whose fence is being raised and work started (`_gain`), beside the lease steps."""
         self._beat: asyncio.Task[None] | None = None
         self._table: tuple[frozenset[str], dict[str, str | None]] = (frozenset(), {})
 
@@ -145,6 +147,8 @@ class PartitionOwners:
         leases and record are left to expire."""
         self.stopping.set()
         await asyncio.gather(*(o.finish(3.0 if graceful else 0.0) for o in self.ownerships.values()))
+        for p in sorted(self._gaining):
+            await self._stop_gaining(p)
         if self._beat is not None:
             self._beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -164,10 +168,25 @@ class PartitionOwners:
     # --- leadership ---------------------------------------------------------------------------------------
     async def _follow(self, partition: str, leading: bool) -> None:
         if not leading:
+            await self._stop_gaining(partition)
             if self.fences.pop(partition, None) is not None:
                 log.info("partition %s: no longer owned", partition)
                 await self.on_lost(partition)
             return
+        # The gain runs beside the lease's steps, not inside one: a step waits for what it calls, and a
+        # gain that waited its turn behind others (a replica gaining many partitions at once) let its own
+        # lease lapse before it ended, gave it up, and gained it again, synced afresh, over and over.
+        await self._stop_gaining(partition)
+        self._gaining[partition] = asyncio.create_task(self._gain(partition))
+
+    async def _stop_gaining(self, partition: str) -> None:
+        task = self._gaining.pop(partition, None)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _gain(self, partition: str) -> None:
         lease = self.leases[partition]
         fence = WriteFence(self.bus, lease)
         try:
@@ -175,6 +194,7 @@ class PartitionOwners:
         except FencedError as exc:
             self.counters["partition_fences_refused"] += 1
             log.warning("partition %s: fence not raised (%s); giving the lease up", partition, exc)
+            self._forget_gain(partition)
             await lease.release()
             return
         self.fences[partition] = fence
@@ -187,7 +207,14 @@ class PartitionOwners:
             self.fences.pop(partition, None)
             with contextlib.suppress(Exception):
                 await self.on_lost(partition)
+            self._forget_gain(partition)
             await lease.release()
+
+    def _forget_gain(self, partition: str) -> None:
+        """A gain giving its lease up leaves the table first, so the step that sees the lease gone does not
+        cancel the release under way."""
+        if self._gaining.get(partition) is asyncio.current_task():
+            del self._gaining[partition]
 
     async def _beat_forever(self) -> None:
         while True:

@@ -46,9 +46,12 @@ from shared.contracts.messages import encode
 from shared.errors import FencedError
 from shared.model import Pod
 
-__all__ = ["PartitionedWriter"]
+__all__ = ["KEYS_REUSED_S", "PartitionedWriter"]
 
 log = logging.getLogger("kairos.state.partitioned_writer")
+
+KEYS_REUSED_S = 5.0
+"""Seconds a listing of the state bucket's keys serves the partitions gained after it (`_keys`)."""
 
 
 class PartitionedWriter:
@@ -73,6 +76,8 @@ class PartitionedWriter:
         self.revision = 0
         """The state bucket's revision after this replica's last write (what replies carry)."""
         self._lock = asyncio.Lock()
+        self._listing: tuple[float, asyncio.Future[list[str]]] | None = None
+        """When the last listing of the bucket's keys started, and it (`_keys`)."""
 
     def owned(self) -> frozenset[str]:
         return frozenset(self.writers)
@@ -86,7 +91,12 @@ class PartitionedWriter:
         await self.replica.wait_for(revision)
         async with self._lock:
             writer = StateWriter(
-                self.bus, self.counters, source="kube", fence=fence, ledger_view=self.replica.node_ledger
+                self.bus,
+                self.counters,
+                source="kube",
+                fence=fence,
+                ledger_view=self.replica.node_ledger,
+                confirm_first=False,  # a lease read per owned partition and flush was most of its KV reads
             )
             stored = {
                 key: encode(record)
@@ -95,15 +105,30 @@ class PartitionedWriter:
             }
             writer.seed(stored, self.replica.revision)
             objects = {key: obj for key, obj in self.current().items() if self.partition(key) == partition}
-            keys = [
-                k for k in await self.bus.state.keys() if object_key(k) and self.partition(k) == partition
-            ]
+            keys = [k for k in await self._keys() if object_key(k) and self.partition(k) == partition]
             await writer.sync(objects, keys)
             if partition == CLUSTER:
                 await writer.reconcile(o for o in self.current().values() if isinstance(o, Pod))
             self.writers[partition] = writer
             self.revision = max(self.revision, writer.revision)
         log.info("partition %s: %d objects synced", partition, len(objects))
+
+    async def _keys(self) -> list[str]:
+        """The state bucket's keys, listed once for the gains that start within `KEYS_REUSED_S` of each other
+        (a replica gains its share of the partitions at once, and a listing reads every key of the bucket).
+        The keys the replica holds records of are seeded from it, caught up to the gain's fence: a listing
+        adds only the keys no record decoded from, and one a few seconds old misses only such keys written
+        since, as a fresh one misses those written right after it."""
+        now = asyncio.get_running_loop().time()
+        if self._listing is None or now - self._listing[0] > KEYS_REUSED_S:
+            self._listing = (now, asyncio.ensure_future(self.bus.state.keys()))
+        listing = self._listing[1]
+        try:
+            return await asyncio.shield(listing)
+        except Exception:
+            if self._listing is not None and self._listing[1] is listing:
+                self._listing = None  # the next gain lists again
+            raise
 
     async def lose(self, partition: str) -> None:
         """Stop writing `partition` (the owner lost or gave up its lease)."""
