@@ -316,6 +316,10 @@ class ChaosRun:
     def _done(self) -> bool:
         return len(self.bound) >= len(self.workload.pod_keys)
 
+    def _idle(self) -> bool:
+        """Whether no bind can follow: every pod of the load that fits is bound."""
+        return self.must_bind <= self.bound
+
     def outcome_counts(self) -> dict[str, int]:
         statuses: dict[str, int] = {}
         for o in self.outcomes:
@@ -384,7 +388,7 @@ class ChaosRun:
             last = self.binds[-1] if self.binds else self.t0
             if self._done() or time.monotonic() - last > self.options.quiet:
                 return
-            if self.must_bind <= self.bound and time.monotonic() - looked >= 1.0:
+            if self._idle() and time.monotonic() - looked >= 1.0:
                 looked = time.monotonic()
                 if not await self._unexplained(http):
                     return
@@ -489,7 +493,7 @@ class ChaosRun:
             record.healthy_s = round(healthy - began, 2)
         deadline = began + self.options.recover_timeout
         while time.monotonic() < deadline and (len(self.binds) <= binds_before or self.binds[-1] < ended):
-            if self._done():
+            if self._idle():
                 break
             await asyncio.sleep(0.1)
         since = self.binds[binds_before:]

@@ -231,9 +231,15 @@ class Soak(ChaosRun):
         self.samples: list[RssSample] = []
         self._processes: dict[int, psutil.Process] = {}
         self.heap: dict[str, tuple[str, str]] = {}
+        self.arrived = False
+        """Whether every arrival was created."""
 
     def _done(self) -> bool:
         return False  # a soak never runs out of work while it lasts
+
+    def _idle(self) -> bool:
+        """Once the arrivals are over, as a chaos run: every pod that fits bound. Before, work comes."""
+        return self.arrived and super()._idle()
 
     async def soak(self) -> SoakReport:
         kubeconfig = self.stack.kubeconfig
@@ -320,6 +326,7 @@ class Soak(ChaosRun):
             index += 1
         if pending:
             await asyncio.gather(*pending)
+        self.arrived = True
 
     async def _reaper(self, http: aiohttp.ClientSession) -> None:
         while True:
