@@ -17,7 +17,7 @@ from services.state.sources.partition_owners import PartitionOwners
 from services.state.sources.partitions import owners, partitions
 from shared.bus.connection import Bus, connect
 from shared.bus.fence import WriteFence
-from shared.bus.lease import RETRY_INTERVAL_S
+from shared.bus.lease import RENEW_INTERVAL_S, RETRY_INTERVAL_S
 from shared.bus.members import MEMBER_TTL_S
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
@@ -163,3 +163,42 @@ async def test_a_state_replica_that_stops_gracefully_hands_its_partitions_over_a
     finally:
         for replica in replicas:
             await replica.owners.stop()
+
+
+class SlowReplica(Replica):
+    """A replica whose partitions' work takes `RENEWALS` lease renewals to start (a replica gaining its whole
+    share at once, each gain waiting its turn behind the others)."""
+
+    RENEWALS = 3
+
+    def __init__(self, bus: Bus, name: str, log: list[tuple[str, str, str]]) -> None:
+        super().__init__(bus, name, log)
+        self.renewed_while_gaining: dict[str, int] = {}
+
+    async def gained(self, partition: str, fence: WriteFence, revision: int) -> None:
+        lease = self.owners.leases[partition]
+        before = lease.revision
+        await asyncio.sleep(self.RENEWALS * RENEW_INTERVAL_S + 0.5)
+        self.renewed_while_gaining[partition] = lease.revision - before
+        await super().gained(partition, fence, revision)
+
+
+async def test_a_partition_whose_work_is_slow_to_start_keeps_its_lease_renewed_meanwhile(
+    buses: tuple[Bus, Bus],
+) -> None:
+    log: list[tuple[str, str, str]] = []
+    replica = SlowReplica(buses[0], "state-0", log)
+    await replica.owners.start()
+    try:
+
+        async def all_started() -> bool | None:
+            return True if len(replica.renewed_while_gaining) == len(partitions(COUNT)) else None
+
+        await eventually(all_started, timeout=30.0)
+        assert all(n >= SlowReplica.RENEWALS - 1 for n in replica.renewed_while_gaining.values()), (
+            replica.renewed_while_gaining
+        )
+        assert replica.owners.owned() == frozenset(partitions(COUNT))
+        assert ("lost", "state-0", "0") not in log
+    finally:
+        await replica.owners.stop()
