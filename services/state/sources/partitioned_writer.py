@@ -98,14 +98,13 @@ class PartitionedWriter:
                 ledger_view=self.replica.node_ledger,
                 confirm_first=False,  # a lease read per owned partition and flush was most of its KV reads
             )
-            stored = {
-                key: encode(record)
-                for key, record in self.replica.records.items()
-                if self.partition(key) == partition
-            }
+            count = self.count  # `key_partition` called directly: a gain looks at every key of the cluster
+            records = self.replica.records
+            stored = {key: encode(records[key]) for key in records if key_partition(key, count) == partition}
             writer.seed(stored, self.replica.revision)
-            objects = {key: obj for key, obj in self.current().items() if self.partition(key) == partition}
-            keys = [k for k in await self._keys() if object_key(k) and self.partition(k) == partition]
+            current = self.current()
+            objects = {key: current[key] for key in current if key_partition(key, count) == partition}
+            keys = [k for k in await self._keys() if object_key(k) and key_partition(k, count) == partition]
             await writer.sync(objects, keys)
             if partition == CLUSTER:
                 await writer.reconcile(o for o in self.current().values() if isinstance(o, Pod))
@@ -161,8 +160,9 @@ class PartitionedWriter:
     async def write(self, changes: Sequence[Change]) -> int:
         """Each owned partition's changes through its writer; the others' skipped."""
         by_partition: dict[str, list[Change]] = defaultdict(list)
+        count = self.count
         for change in changes:
-            by_partition[self.partition(change.key)].append(change)
+            by_partition[key_partition(change.key, count)].append(change)
         async with self._lock:
             skipped = sum(len(c) for p, c in by_partition.items() if p not in self.writers)
             self.counters["partition_changes_skipped"] += skipped
