@@ -22,6 +22,7 @@ PUBLIC = {
     "stamps",
     "fair_share",
     "node_pool",
+    "ledger_overlay",
     "usage",
     "recheck",
     "dra_cel",
