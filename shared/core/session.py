@@ -126,7 +126,9 @@ class Session:
             else snapshot.podgroups
         )
         # The jobs and tasks of the last session whose records are the same, taken again (`shared.core.tasks.open_jobs`).
-        self.jobs, self.tasks, self._leased = open_jobs(podgroups, snapshot.pods, keys, keep=not aliased)
+        self.jobs, self.tasks, self._leased = open_jobs(
+            podgroups, snapshot.pods, keys, keep=not aliased, setting=(snapshot.nodes, not accounting_only)
+        )
         self.stuck_by_node: dict[str, list[str]] = {}
         """Node -> the pods on it stuck in releasing (namespace/name), for the fit errors that say so."""
         stuck_after = policy.stuck_in_releasing_threshold

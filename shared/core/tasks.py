@@ -690,6 +690,9 @@ class _Kept(NamedTuple):
     pods: tuple[Pod, ...]
     job: JobState
     tasks: tuple[TaskState, ...]
+    releasing: bool
+    """Whether one of its pods is releasing: a session may find it stuck (`Session.__init__`, by the clock)
+    and set its task's status without a status change of the job (`JobState.version`)."""
 
 
 class _JobMemo:
@@ -700,6 +703,11 @@ class _JobMemo:
         self.lock = threading.Lock()
         self.leased = False
         self.last: dict[int, _Kept] = {}
+        self.task_of: dict[int, TaskState] = {}
+        """The kept jobs' tasks by their pod record's identity (held by `last`)."""
+        self.setting: tuple[tuple[object, ...], bool] | None = None
+        """What the last leased session placed its tasks among (`open_jobs`' `setting`): the nodes and
+        whether it placed them at all."""
 
     def lease(self) -> bool:
         with self.lock:
@@ -714,18 +722,31 @@ class _JobMemo:
 
 
 _MEMO = _JobMemo()
+_TASK_KEY = operator.attrgetter("key")
 
 
 def open_jobs(
-    podgroups: tuple[PodGroup, ...], pods: tuple[Pod, ...], keys: OrderKeys, *, keep: bool
+    podgroups: tuple[PodGroup, ...],
+    pods: tuple[Pod, ...],
+    keys: OrderKeys,
+    *,
+    keep: bool,
+    setting: tuple[tuple[object, ...], bool] | None = None,
 ) -> tuple[dict[str, JobState], dict[str, TaskState], bool]:
     """A job per podgroup (by key, in their order; a later podgroup of the same key wins) holding a task per
     pod of it (in the pods' order), and every such task by key (in the pods' order): as building each anew
     would make them. With `keep` (the podgroups as they are, no alias resolved) and the memo's lease taken,
     the jobs whose records are those of the last leased session are taken again, and these are kept in
-    turn; the last bool says whether the lease was taken (`close_jobs` gives it back)."""
+    turn; the last bool says whether the lease was taken (`close_jobs` gives it back).
+
+    `setting`: the session's nodes and whether it places the pods on them (None: unknown). A job taken
+    again whose pods the last session, of the same setting, neither moved (`JobState.version` still 0) nor
+    may have found stuck in releasing, has its tasks as they were built: they are not put back one by one
+    (what the nodes set in them, `TaskState.accepted_gpus`, depends on the nodes and on placing)."""
     leased = keep and _MEMO.lease()
     last = _MEMO.last if leased else {}
+    same_setting = leased and setting is not None and _same_setting(_MEMO.setting, setting)
+    task_of = _MEMO.task_of if leased else {}
     members: dict[str, list[Pod]] = {}
     for pod in pods:
         group = members.get(pod.podgroup)
@@ -735,8 +756,7 @@ def open_jobs(
             group.append(pod)
     jobs: dict[str, JobState] = {}
     kept: dict[int, _Kept] = {}
-    task_of: dict[int, TaskState] = {}
-    """Each pod's task by the pod record's identity (the pods are held by `pods` meanwhile)."""
+    made_anew: list[_Kept] = []
     same = operator.is_
     for pg in podgroups:
         before = last.get(id(pg))
@@ -745,37 +765,65 @@ def open_jobs(
             its = members.get(key, ())
             if len(before.pods) == len(its) and all(map(same, before.pods, its)):
                 job = before.job
+                if not same_setting or job.version or before.releasing:
+                    for task in before.tasks:
+                        task.reopen(job)
                 job.reopen(keys)
-                for task in before.tasks:
-                    task.reopen(job)
-                    task_of[id(task.pod)] = task
                 jobs[key] = job
-                if leased:
-                    kept[id(pg)] = before
+                kept[id(pg)] = before
                 continue
+            for pod in before.pods:  # its records changed: its tasks are made anew
+                task_of.pop(id(pod), None)
+            _break_cycles(before.tasks)
         else:
             key = pg.key
             its = members.get(key, ())
-        if before is not None:
-            _break_cycles(before.tasks)
         job = JobState(pg, keys)
         made = tuple(TaskState(pod, job) for pod in its)
         for task in made:
             job.add_task(task)
-            task_of[id(task.pod)] = task
         jobs[key] = job
-        if leased:
-            kept[id(pg)] = _Kept(pg, tuple(its), job, made)
-    tasks: dict[str, TaskState] = {}
-    for pod in pods:
-        its_task = task_of.get(id(pod))
-        if its_task is not None:
-            tasks[its_task.key] = its_task
-    if leased:
-        for gone in last.keys() - kept.keys():
-            _break_cycles(last[gone].tasks)
-        _MEMO.last = kept
-    return jobs, tasks, leased
+        made_anew.append(entry := _Kept(pg, tuple(its), job, made, _any_releasing(its)))
+        kept[id(pg)] = entry
+    if not leased:
+        return jobs, _tasks_in_order(pods, made_anew, {}), False
+    for gone in last.keys() - kept.keys():
+        dropped = last[gone]
+        for pod in dropped.pods:
+            task_of.pop(id(pod), None)
+        _break_cycles(dropped.tasks)
+    if len(jobs) != len(kept):  # two podgroups of one key: the later one's tasks, built in turn
+        task_of.clear()
+        made_anew = [entry for entry in kept.values() if entry.job is jobs[entry.job.key]]
+    tasks = _tasks_in_order(pods, made_anew, task_of)
+    _MEMO.last = kept
+    _MEMO.setting = setting
+    return jobs, tasks, True
+
+
+def _same_setting(
+    before: tuple[tuple[object, ...], bool] | None, now: tuple[tuple[object, ...], bool]
+) -> bool:
+    if before is None or before[1] != now[1]:
+        return False
+    nodes, was = now[0], before[0]
+    return nodes is was or (len(nodes) == len(was) and all(map(operator.is_, nodes, was)))
+
+
+def _any_releasing(pods: Iterable[Pod]) -> bool:
+    return any(pod.status == PodStatus.RELEASING for pod in pods)
+
+
+def _tasks_in_order(
+    pods: tuple[Pod, ...], made: list[_Kept], task_of: dict[int, TaskState]
+) -> dict[str, TaskState]:
+    """Every task by key in the pods' order: `task_of` (the kept jobs' tasks by pod identity) with the
+    tasks of `made` put in, looked up for each pod at once (a pod of no job has none)."""
+    for entry in made:
+        for task in entry.tasks:
+            task_of[id(task.pod)] = task
+    ordered = list(filter(None, map(task_of.get, map(id, pods))))
+    return dict(zip(map(_TASK_KEY, ordered), ordered, strict=True))
 
 
 def close_jobs(tasks: dict[str, TaskState], leased: bool) -> None:

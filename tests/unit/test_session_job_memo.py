@@ -365,3 +365,70 @@ def test_a_quiet_podgroup_s_status_is_kept_with_its_job_and_follows_its_last_sta
         ssn.close()
     assert status.last_start_time == NOW
     assert status == msgspec.structs.replace(first, last_start_time=NOW)
+
+
+# --- sessions of one kind in a row, as each service runs them -------------------------------------------
+
+
+class _Process:
+    """The memos of one service's process: the queue's holds only plans' sessions, placement's only
+    schedules' (a kept job whose pods the last session of the same kind did not move keeps its tasks as
+    they were built, `open_jobs`' `setting`)."""
+
+    def __init__(self) -> None:
+        self.memos: dict[str, object] = {
+            "tasks._MEMO": tasks._JobMemo(),
+            "cluster._EMPTY": cluster._EmptyMemo(),
+            "cluster._PLACED": cluster._PlacedMemo(),
+            "cluster._STATIC": cluster._StaticMemo(),
+        }
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        modules = {"tasks": tasks, "cluster": cluster}
+        outside = {}
+        for name, memo in self.memos.items():
+            module, attr = name.split(".")
+            outside[name] = getattr(modules[module], attr)
+            setattr(modules[module], attr, memo)
+        try:
+            yield
+        finally:
+            for name in self.memos:
+                module, attr = name.split(".")
+                self.memos[name] = getattr(modules[module], attr)
+                setattr(modules[module], attr, outside[name])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), st.lists(st.sampled_from([NOW, NOW + 5.0, NOW + 1e6]), min_size=1, max_size=4))
+def test_sessions_of_one_kind_in_a_row_decide_as_ones_that_build_their_jobs_anew(
+    history: list[Snapshot], clocks: list[float]
+) -> None:
+    queue, placement = _Process(), _Process()
+    for i, snap in enumerate(history):
+        now = clocks[i % len(clocks)]  # the clock moves on (a pod found stuck in releasing), or back
+        with placement.running():
+            kept_schedule = schedule(snap, now, POLICY, want_view=True)
+        with queue.running():
+            kept_plan = plan_queues(snap, now, POLICY)
+        with built_anew():
+            assert kept_schedule == schedule(snap, now, POLICY, want_view=True)
+            assert kept_plan == plan_queues(snap, now, POLICY)
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories())
+def test_what_a_session_changed_never_shows_in_the_next_of_its_kind(history: list[Snapshot]) -> None:
+    placement = _Process()
+    for snap in history:
+        with placement.running():
+            schedule(snap, NOW, POLICY)  # binds, evicts, pipelines, writes fit errors on the kept jobs
+            ssn = open_session(snap, NOW, POLICY)
+            kept = _picture(ssn)
+            ssn.close()
+        with built_anew():
+            ssn = open_session(snap, NOW, POLICY)
+            fresh = _picture(ssn)
+            ssn.close()
+        assert kept == fresh
