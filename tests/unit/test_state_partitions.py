@@ -131,7 +131,9 @@ def test_a_joining_replica_takes_its_share_and_moves_few_others(
 ) -> None:
     before, after = owners(count, members), owners(count, {*members, new})
     between_others = [p for p in before if before[p] != after[p] and after[p] != new]
-    assert len(between_others) <= (count + 1) // 2
+    # Half the numbered ones at most, and the cluster partition, which follows a least loaded replica: with
+    # 2 partitions over 3 replicas one old replica is left with none and takes it over (hypothesis found it).
+    assert len(between_others) <= (count + 1) // 2 + 1
 
 
 @given(counts, replica_sets)
