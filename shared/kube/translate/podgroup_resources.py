@@ -134,6 +134,13 @@ def same_demand(a: wire.Pod, b: wire.Pod) -> bool:
     )
 
 
+def counted_as(pod: wire.Pod) -> tuple[bool, bool]:
+    """Whether `pod_resources` counts the pod as requesting (Pending or Running) and as holding what it
+    asks (Running, or Pending with PodScheduled True): with its `pod_demand`, all it reads of the pod."""
+    phase = pod.status.phase
+    return phase in ("Pending", "Running"), phase == "Running" or (phase == "Pending" and _scheduled(pod))
+
+
 def pod_resources(
     pod: wire.Pod,
     node_gpu_memory_mib: int | None = None,
@@ -150,16 +157,16 @@ def pod_resources(
     counted). KAI reads the received share from the binder's ``received-resource-type: Fraction``; Kairos's
     binder writes none, so a placed sharing pod counts as having received its share. `demand_of` stands
     for `pod_demand` (asked only for a pod that counts). Raises `InvalidObject` for a quantity or
-    annotation that cannot be read."""
+    annotation that cannot be read. The totals may be the demand's own: read them, never add to them."""
     requested = ResourceTotals()
     allocated = ResourceTotals()
-    phase = pod.status.phase
-    active = phase in ("Pending", "Running")
-    placed = phase == "Running" or (phase == "Pending" and _scheduled(pod))
+    active, placed = counted_as(pod)
     if not active and not placed:
         return requested, allocated
     demand = demand_of(pod)
     containers, gpu = demand.containers, demand.gpu
+    if not gpu.is_fraction and not gpu.is_memory:  # no GPU share: the containers' sums themselves
+        return (containers if active else requested), (containers if placed else allocated)
     if active:
         requested.add_all(containers)
         if gpu.is_fraction:
@@ -193,17 +200,22 @@ def podgroup_resources_status(
     resources cannot be read counts for nothing (the mirror holds it back and says why). `resources_of`
     stands for `pod_resources` (a caller may remember each pod's, which never change while the pod
     does not)."""
-    requested = ResourceTotals()
-    allocated = ResourceTotals()
     of = resources_of or pod_resources
+    counted: list[tuple[ResourceTotals, ResourceTotals]] = []
     for pod in pods:
         memory = (node_gpu_memory or {}).get(pod.spec.node_name or "")
         try:
-            pod_requested, pod_allocated = of(pod, memory)
+            counted.append(of(pod, memory))
         except InvalidObject:
             continue
-        requested.add_all(pod_requested)
-        allocated.add_all(pod_allocated)
+    if len(counted) == 1:  # most podgroups: the pod's own sums, not added up again
+        requested, allocated = counted[0]
+    else:
+        requested = ResourceTotals()
+        allocated = ResourceTotals()
+        for pod_requested, pod_allocated in counted:
+            requested.add_all(pod_requested)
+            allocated.add_all(pod_allocated)
     status = {"allocated": allocated.resource_list(), "requested": requested.resource_list()}
     if non_preemptible:
         status["allocatedNonPreemptible"] = allocated.resource_list()
