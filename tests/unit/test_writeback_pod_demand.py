@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,29 @@ def test_every_version_of_a_pod_counts_as_counting_it_afresh_does(history: list[
     wb = writeback()
     for version in history:
         assert counted(wb, version) == fresh(version)
+
+
+def test_a_started_pod_counted_as_when_it_was_bound_gets_the_very_same_sums() -> None:
+    wb = writeback()
+    bound = pod_doc("Pending", requests={"cpu": "500m", "memory": "1Gi"}, scheduled=True)
+    running = pod_doc("Running", requests={"cpu": "500m", "memory": "1Gi"}, scheduled=True)
+    first = wb._pod_resources(bound, None)
+    assert wb._pod_resources(running, None) is first  # not worked out, nor then summed, again
+    assert counted(wb, running) == fresh(running)
+
+
+@settings(max_examples=100)
+@given(st.lists(versions, min_size=1, max_size=4), st.lists(versions, min_size=0, max_size=3))
+def test_a_podgroup_recounted_after_any_history_of_its_pods_shows_their_fresh_sums(
+    one: list[Any], other: list[Any]
+) -> None:
+    wb = writeback()
+    others = [
+        msgspec.structs.replace(p, metadata=msgspec.structs.replace(p.metadata, uid="u2")) for p in other
+    ]
+    for step in range(max(len(one), len(others))):
+        pods = [one[min(step, len(one) - 1)], *([others[min(step, len(others) - 1)]] if others else [])]
+        status = translate.podgroup_resources_status(
+            pods, non_preemptible=False, resources_of=wb._pod_resources
+        )
+        assert status == translate.podgroup_resources_status(pods, non_preemptible=False)

@@ -67,7 +67,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,7 @@ from shared.contracts.events import (
     QueueFairShare,
 )
 from shared.core.node_pool import NodePool
-from shared.errors import TemporaryError
+from shared.errors import InvalidObject, TemporaryError
 from shared.explain import eviction_reason, failed_scheduling_message
 from shared.kube import keys, translate, wire
 from shared.kube.translate.podgroup_resources import PodDemand, pod_demand, same_demand
@@ -206,9 +206,18 @@ class WriteBack:
         """PodGroup "ns/name" -> its last recount, so that a podgroup nothing changed for is not recounted
         and one whose pods did not change is not summed again."""
         self._pod_totals: dict[
-            str, tuple[wire.Pod, int | None, tuple[translate.ResourceTotals, translate.ResourceTotals]]
+            str,
+            tuple[
+                wire.Pod,
+                int | None,
+                tuple[translate.ResourceTotals, translate.ResourceTotals],
+                PodDemand | None,
+                tuple[bool, bool],
+            ],
         ] = {}
-        """Pod uid -> (the pod object, its node's GPU memory, its `translate.pod_resources`)."""
+        """Pod uid -> (the pod object, its node's GPU memory, its `translate.pod_resources`, the demand and
+        `translate.counted_as` they were worked out from): a later version of the pod asking the same and
+        counted the same gets the very same sums."""
         self._pod_demands: dict[str, tuple[wire.Pod, PodDemand]] = {}
         """Pod uid -> (a version of the pod, its `pod_demand`), kept across versions asking the same."""
         self._bound: dict[str, str] = {}
@@ -630,19 +639,33 @@ class WriteBack:
                 or asyncio.get_running_loop().time() < last.written_at + self.options.watch_lag
             ):
                 return None
-            status = last.status
+            status, sums = last.status, last.sums
         else:
-            status = translate.podgroup_resources_status(
-                pods,
-                non_preemptible=non_preemptible,
-                node_gpu_memory=memory,
-                resources_of=self._pod_resources,
-            )
+            # Pods changed, but what each counts for may not have (a pod bound, then started, then seen
+            # by the watch after the event counted it bound): the same sums, by identity, are not added up
+            # and written out again.
+            sums = (non_preemptible, *(self._sums_of(pod, memory) for pod in pods))
+            if last is not None and _same_objects(last.sums, sums):
+                status = last.status
+            else:
+                status = translate.podgroup_resources_status(
+                    pods,
+                    non_preemptible=non_preemptible,
+                    node_gpu_memory=memory,
+                    resources_of=self._pod_resources,
+                )
         patch = translate.podgroup_resources_patch(group, status)
         stale = stale_condition_patch(group, self._node_pool(group), pods)
         if stale is not None:
             patch = _merged(patch, stale)
-        return _Count(group=group, inputs=inputs, status=status, patch=patch)
+        return _Count(group=group, inputs=inputs, status=status, patch=patch, sums=sums)
+
+    def _sums_of(self, pod: wire.Pod, memory: Mapping[str, int]) -> object:
+        """`_pod_resources` of the pod, or None where it cannot be read (it counts for nothing)."""
+        try:
+            return self._pod_resources(pod, memory.get(pod.spec.node_name or ""))
+        except InvalidObject:
+            return None
 
     def _as_bound(self, pod: wire.Pod) -> wire.Pod:
         """`pod` as the API server has it once a pod-bound event told of its binding and the watch has not
@@ -673,8 +696,22 @@ class WriteBack:
         known = self._pod_totals.get(key)
         if known is not None and known[0] is pod and known[1] == node_gpu_memory_mib:
             return known[2]
-        totals = translate.pod_resources(pod, node_gpu_memory_mib, demand_of=self._pod_demand)
-        self._pod_totals[key] = (pod, node_gpu_memory_mib, totals)
+        counted = translate.counted_as(pod)
+        if not any(counted):  # finished: counts for nothing, and its requests need not be read
+            totals = translate.pod_resources(pod, node_gpu_memory_mib)
+            self._pod_totals[key] = (pod, node_gpu_memory_mib, totals, None, counted)
+            return totals
+        demand = self._pod_demand(pod)
+        if (
+            known is not None
+            and known[3] is demand
+            and known[4] == counted
+            and known[1] == node_gpu_memory_mib
+        ):
+            totals = known[2]  # another version of the pod counting for the same: the same sums
+        else:
+            totals = translate.pod_resources(pod, node_gpu_memory_mib, demand_of=lambda _: demand)
+        self._pod_totals[key] = (pod, node_gpu_memory_mib, totals, demand, counted)
         return totals
 
     def _pod_demand(self, pod: wire.Pod) -> PodDemand:
@@ -739,6 +776,13 @@ class _Count:
     """The merge patch bringing the group's status to it (None: the group showed it)."""
     written_at: float = -math.inf
     """Loop time its patch went through (-inf: none was needed)."""
+    sums: tuple[object, ...] = ()
+    """Non-preemptible or not, then each pod's `WriteBack._pod_resources` (None: unreadable) it was summed
+    from: the same objects again give the same status without adding them up."""
+
+
+def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
