@@ -121,11 +121,11 @@ class PartitionedWriter:
         now = asyncio.get_running_loop().time()
         if self._listing is None or now - self._listing[0] > KEYS_REUSED_S:
             self._listing = (now, asyncio.ensure_future(self.bus.state.keys()))
-        listing = self._listing[1]
+        this = self._listing
         try:
-            return await asyncio.shield(listing)
+            return await asyncio.shield(this[1])
         except Exception:
-            if self._listing is not None and self._listing[1] is listing:
+            if self._listing is this:
                 self._listing = None  # the next gain lists again
             raise
 
