@@ -20,13 +20,11 @@ placement workers' sessions); pure, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from itertools import compress, repeat
-from operator import and_, attrgetter, contains, eq, methodcaller, not_, or_, truth
+from collections.abc import Mapping
 
 import msgspec
 
-from shared.model import Node, PodGroup, Snapshot
+from shared.model import Node, Snapshot
 
 __all__ = ["EVERYTHING", "NodePool", "in_pool"]
 
@@ -62,20 +60,15 @@ def in_pool(snapshot: Snapshot, pool: NodePool) -> Snapshot:
     """The part of `snapshot` the pool's shard schedules (see the module docstring); order is kept."""
     if pool.everything:
         return snapshot
-    nodes, node_names = _POOL_NODES.of(snapshot.nodes, pool)
-    # Each question asked of every record at once, in C (`map` over operator functions): a replica's
-    # snapshot holds some 10,000 pods and podgroups, and a walk in Python costs each shard's reader several
-    # milliseconds per cycle.
-    chosen = _selected(snapshot.podgroups, pool)
-    podgroups = tuple(compress(snapshot.podgroups, chosen))
-    where = list(map(_NODE, snapshot.pods))
-    bound = list(map(truth, where))
-    keep: Iterable[bool] = map(node_names.__contains__, where)  # a bound pod: on a node of the pool
-    if not all(bound):  # an unbound pod: of a podgroup of the pool
-        kept_groups = set(map(_KEY, podgroups))
-        of_kept = map(kept_groups.__contains__, map(_PODGROUP, snapshot.pods))
-        keep = map(or_, map(and_, bound, keep), map(and_, map(not_, bound), of_kept))
-    pods = tuple(compress(snapshot.pods, keep))
+    nodes = _POOL_NODES.of(snapshot.nodes, pool)
+    podgroups = tuple(pg for pg in snapshot.podgroups if pool.selects(pg.labels))
+    node_names = {node.name for node in nodes}
+    kept_groups = {pg.key for pg in podgroups}
+    pods = tuple(
+        pod
+        for pod in snapshot.pods
+        if ((pod.node in node_names) if pod.node else (pod.podgroup in kept_groups))
+    )
     parents = {queue.name: queue.parent for queue in snapshot.queues}
     kept_queues: set[str] = set()
     for queue in snapshot.queues:
@@ -95,31 +88,15 @@ class _PoolNodes:
     same tuple comes back, which lets a session find again what it kept of the same node records."""
 
     def __init__(self) -> None:
-        self._last: tuple[tuple[Node, ...], NodePool, tuple[Node, ...], frozenset[str]] | None = None
+        self._last: tuple[tuple[Node, ...], NodePool, tuple[Node, ...]] | None = None
 
-    def of(self, nodes: tuple[Node, ...], pool: NodePool) -> tuple[tuple[Node, ...], frozenset[str]]:
-        """The kept nodes and their names."""
+    def of(self, nodes: tuple[Node, ...], pool: NodePool) -> tuple[Node, ...]:
         last = self._last
         if last is not None and last[0] is nodes and last[1] == pool:
-            return last[2], last[3]
+            return last[2]
         kept = tuple(node for node in nodes if pool.selects(node.labels))
-        names = frozenset(node.name for node in kept)
-        self._last = (nodes, pool, kept, names)
-        return kept, names
-
-
-_NODE = attrgetter("node")
-_PODGROUP = attrgetter("podgroup")
-_KEY = attrgetter("key")
-_LABELS = attrgetter("labels")
-
-
-def _selected(podgroups: tuple[PodGroup, ...], pool: NodePool) -> list[bool]:
-    """`pool.selects` of each podgroup's labels (a pool with a label key)."""
-    labels = map(_LABELS, podgroups)
-    if pool.value:
-        return list(map(eq, map(methodcaller("get", pool.label_key), labels), repeat(pool.value)))
-    return list(map(not_, map(contains, labels, repeat(pool.label_key))))
+        self._last = (nodes, pool, kept)
+        return kept
 
 
 _POOL_NODES = _PoolNodes()

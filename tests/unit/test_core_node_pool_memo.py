@@ -1,7 +1,6 @@
 """Spec: a node pool's nodes are worked out again whenever the snapshot's node tuple or the pool is another
-(`shared.core.node_pool.in_pool` keeps the last answer only for the same tuple and the same pool); its
-podgroups and pods, asked of all records at once, are what a walk asking each record in turn gives, for any
-run of snapshots and pools."""
+(`shared.core.node_pool.in_pool` keeps the last answer only for the same tuple and the same pool), and for
+any run of snapshots and pools the pool holds what a walk asking each record in turn keeps."""
 
 from __future__ import annotations
 
