@@ -19,8 +19,7 @@ from collections.abc import Iterable
 import msgspec
 
 from shared.contracts.messages import NodeLedger, PodClaim, PoolLedger
-from shared.core.ledger_overlay import overlay
-from shared.model import Snapshot
+from shared.model import PodStatus, Snapshot
 from shared.model.dra import ClaimHold
 
 __all__ = ["live_pools", "pool_holds", "scheduling_view"]
@@ -31,13 +30,25 @@ def scheduling_view(
 ) -> Snapshot:
     """`cluster` with the ledger's reservations and `pools`' holds laid over it (the module's docstring);
     `pools` must hold only live holds (`live_pools`)."""
-    # Worked out again for the pods and entries that changed since the last call (`shared.core.ledger_overlay`).
-    pods, holds = overlay(cluster.pods, ledger)
+    reserved = {pod: (entry.node, hold) for entry in ledger for pod, hold in entry.pods.items()}
+    holds = [h for _, reservation in reserved.values() for h in reservation.devices]
     holds += pool_holds(pools)
     cluster = _with_held(cluster, holds)
-    if pods is cluster.pods:
+    if not reserved:
         return cluster
-    return msgspec.structs.replace(cluster, pods=pods)
+    pods = []
+    for pod in cluster.pods:
+        hit = reserved.get(pod.key)
+        if hit is not None and pod.status == PodStatus.PENDING:
+            node, reservation = hit
+            pods.append(
+                msgspec.structs.replace(
+                    pod, status=PodStatus.BOUND, node=node, gpu_groups=reservation.gpu_groups
+                )
+            )
+        else:
+            pods.append(pod)
+    return msgspec.structs.replace(cluster, pods=tuple(pods))
 
 
 def live_pools(pools: Iterable[PoolLedger], claims: Iterable[PodClaim]) -> tuple[PoolLedger, ...]:

@@ -34,9 +34,6 @@ Public modules (what code outside shared.core may import):
 - `fair_share`: `compute_fair_shares`, KAI's fair-share division on its own (the fair-share benchmark).
 - `node_pool`: `NodePool` and `in_pool(snapshot, pool)`, the part of a snapshot one shard schedules (the
   state replica's `shard_snapshot`).
-- `ledger_overlay`: `overlay(pods, ledger)`, the pods a ledger of node reservations shows bound (and the
-  reservations' device holds), worked out again only for the pods and entries that changed since the last
-  call (`shared.ledger_view.scheduling_view`, every replica reader's snapshot).
 - `recheck`: `refusals(snapshot, placements, now, policy, registry=None)`: placements decided on an
   older state put again through the allocation's node pre-filters, filters and resource fit on the
   snapshot given (the pods that no longer pass, with the first reason). Called by the binder's resource-fit

@@ -22,7 +22,6 @@ PUBLIC = {
     "stamps",
     "fair_share",
     "node_pool",
-    "ledger_overlay",
     "usage",
     "recheck",
     "dra_cel",
