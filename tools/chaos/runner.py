@@ -403,10 +403,13 @@ class ChaosRun:
             f"/api/v1/namespaces/{NAMESPACE}/events",
             f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NAMESPACE}/podgroups",
         ):
-            async with http.get(path) as resp:
-                if resp.status != 200:
-                    return self.expected()
-                lists.append((await resp.json())["items"])
+            try:
+                async with http.get(path) as resp:
+                    if resp.status != 200:
+                        return self.expected()
+                    lists.append((await resp.json())["items"])
+            except aiohttp.ClientError:
+                return self.expected()
         pods, events, podgroups = lists
         return unexplained(pods, events, podgroups, self.expected())
 
