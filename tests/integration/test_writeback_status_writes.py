@@ -17,7 +17,7 @@ from services.state.mirror.cache import Mirror
 from services.state.mirror.raw_objects import PODGROUPS, PODS
 from shared.bus.middleware import Counters
 from shared.bus.service import ServiceContext
-from shared.contracts.events import PodBound, PodGroupState, PodUnschedulable
+from shared.contracts.events import PodGroupState, PodUnschedulable
 from shared.errors import TemporaryError
 from shared.kubeapi.client import MERGE_PATCH, Kube, connect
 from tests.integration.kubectl_helpers import running_kubesim
@@ -27,7 +27,6 @@ from tools.kubesim.server import KubeSim
 pytestmark = pytest.mark.integration
 
 STORED = 1_764_921_600_123_456_789
-BOUND = PodBound(time=1.0, namespace="default", pod="p-0", podgroup="pg", queue="q", node="node-0")
 RUNNING = PodGroupState(
     time=1.0, namespace="default", podgroup="pg", queue="q", phase="Running", running=1, pending=0
 )
@@ -159,58 +158,6 @@ async def test_what_the_mirror_had_not_seen_at_the_event_the_recount_writes(tmp_
             status = await shown(kube, mirror)
             assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
             assert status_patches(sim) - before == 2
-        finally:
-            await kube.close()
-
-
-async def test_a_bind_told_by_its_pod_bound_event_is_counted_before_the_watch_shows_it(
-    tmp_path: Path,
-) -> None:
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod(None)).encode())  # the bind not seen yet
-            before = status_patches(sim)
-
-            await writeback._on_event(BOUND, delivery())
-            await writeback._on_event(RUNNING, delivery())
-            status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-
-            mirror.change(PODS, "MODIFIED", json.dumps(pod("node-0")).encode())  # the watch catches up
-            await writeback._write_resources("default/pg")
-            assert status_patches(sim) - before == 1
-            assert writeback._bound == {}
-        finally:
-            await kube.close()
-
-
-async def test_a_pod_bound_event_for_a_pod_that_never_shows_bound_counts_it_placed_until_it_goes(
-    tmp_path: Path,
-) -> None:
-    async with running_kubesim(tmp_path):
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod(None)).encode())
-            await writeback._on_event(BOUND, delivery())
-            mirror.change(PODS, "DELETED", json.dumps(pod(None)).encode())  # deleted before the watch said
-            await writeback._write_resources("default/pg")
-            status = await shown(kube, mirror)
-            assert not status.get("resourcesStatus", {}).get("allocated")
-            writeback._bound_prune_at = 0
-            writeback._forget_resources()
-            assert writeback._bound == {}
         finally:
             await kube.close()
 

@@ -27,10 +27,7 @@ keeps the pending pods' PodScheduled condition unwritten (the Events are still r
 And, as KAI's podgroup controller does, every PodGroup's ``status.resourcesStatus``: what its pods request
 and what the placed ones hold (`shared.kube.translate.podgroup_resources_status`), recomputed for the
 podgroups an event names once the watch has caught up (`resources_settle`) and for every podgroup each
-`resources_period` (pods finish or go without an event), patched only when the amounts change. A pod a
-pod-bound event named is counted as placed on that node while the mirror still shows it unbound (the
-event most often outruns the watch): the podgroup-state event that follows writes its allocation in its
-own status patch instead of a second patch after the watch caught up.
+`resources_period` (pods finish or go without an event), patched only when the amounts change.
 
 Objects the mirror holds back are shown by the problem report (`services.state.controllers.problem_report`), which
 uses this module's Events clock (`event_time`) and pod status patch (`patch_pod_status`).
@@ -220,11 +217,6 @@ class WriteBack:
         counted the same gets the very same sums."""
         self._pod_demands: dict[str, tuple[wire.Pod, PodDemand]] = {}
         """Pod uid -> (a version of the pod, its `pod_demand`), kept across versions asking the same."""
-        self._bound: dict[str, str] = {}
-        """Pod uid -> the node a pod-bound event named, while the mirror still shows the pod unbound: the
-        podgroup-state event that follows counts it as placed (`_as_bound`) instead of leaving its
-        allocation to a second status patch once the watch catches up."""
-        self._bound_prune_at = PRUNE_FLOOR
 
     async def start(self, feed: EventFeed | None = EVENTS_FEED) -> None:
         """Fetch `feed`'s events (None: none yet, `follow` adds feeds) and recount resourcesStatus."""
@@ -360,8 +352,6 @@ class WriteBack:
         raw = self.mirror.raw.pods.get(f"{event.namespace}/{event.pod}")
         if raw is not None:
             self._written.pop(raw.metadata.uid, None)  # binding set PodScheduled=True
-            if not raw.spec.node_name:
-                self._bound[raw.metadata.uid] = event.node
         message = f"Successfully assigned {event.namespace}/{event.pod} to {event.node}"
         if event.gpu_groups:
             message += f" (GPU groups {', '.join(event.gpu_groups)})"
@@ -616,8 +606,6 @@ class WriteBack:
         the last write coming back through the watch), and it is compared with the same sums."""
         meta = group.metadata
         pods = self.mirror.members(meta.namespace, meta.name)
-        if self._bound:
-            pods = [self._as_bound(pod) for pod in pods]
         model = self.mirror.current.get(s.podgroup_key(meta.namespace, meta.name))
         non_preemptible = isinstance(model, PodGroup) and not model.preemptible
         nodes = self.mirror.raw.nodes
@@ -667,25 +655,6 @@ class WriteBack:
         except InvalidObject:
             return None
 
-    def _as_bound(self, pod: wire.Pod) -> wire.Pod:
-        """`pod` as the API server has it once a pod-bound event told of its binding and the watch has not
-        yet: on the node named, PodScheduled True (what binding sets). A pod the mirror shows bound is
-        forgotten here."""
-        uid = pod.metadata.uid
-        node = self._bound.get(uid)
-        if node is None:
-            return pod
-        if pod.spec.node_name:
-            del self._bound[uid]
-            return pod
-        conditions = [c for c in pod.status.conditions if c.type != problems.POD_SCHEDULED]
-        conditions.append(wire.Condition(type=problems.POD_SCHEDULED, status="True"))
-        return msgspec.structs.replace(
-            pod,
-            spec=msgspec.structs.replace(pod.spec, node_name=node),
-            status=msgspec.structs.replace(pod.status, conditions=conditions),
-        )
-
     def _pod_resources(
         self, pod: wire.Pod, node_gpu_memory_mib: int | None
     ) -> tuple[translate.ResourceTotals, translate.ResourceTotals]:
@@ -726,10 +695,6 @@ class WriteBack:
         return demand
 
     def _forget_resources(self) -> None:
-        if len(self._bound) > self._bound_prune_at:  # bound pods whose podgroup was never recounted since
-            unbound = {p.metadata.uid for p in self.mirror.raw.pods.values() if not p.spec.node_name}
-            self._bound = {uid: node for uid, node in self._bound.items() if uid in unbound}
-            self._bound_prune_at = max(PRUNE_FLOOR, 2 * len(self._bound))
         if len(self._resources_seen) > len(self.mirror.raw.podgroups):
             live = self.mirror.raw.podgroups
             self._resources_seen = {k: v for k, v in self._resources_seen.items() if k in live}
