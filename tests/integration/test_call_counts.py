@@ -17,7 +17,7 @@ from shared.bus.connection import Bus
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.model import Node
 from tests.integration.kube_session import kubesim
-from tools.bench.calls import CallCounter, calls_table
+from tools.bench.calls import CallCounter, api_writes, calls_table
 from tools.kubesim.server import KubeSim
 from tools.stack.nats_server import NatsServer
 
@@ -68,6 +68,23 @@ async def test_kubesim_counts_each_request_by_client_verb_resource_and_status(
         ("patch", "pods", "2xx unchanged"): 1,
     }
     assert {row["client"] for row in rows} == {"Python"}  # aiohttp's User-Agent
+
+
+async def test_the_writes_served_count_every_write_and_no_read(
+    sim: KubeSim, http: aiohttp.ClientSession
+) -> None:
+    # The bench's set-up waits for this to stop rising before it measures.
+    before = await api_writes(http)
+    assert await _post(http, "/api/v1/namespaces/default/pods", POD) == 201
+    async with http.get("/api/v1/namespaces/default/pods/p") as r:
+        assert r.status == 200
+    async with http.get("/api/v1/namespaces/default/pods") as r:
+        assert r.status == 200
+    body = json.dumps({"metadata": {"labels": {"x": "a"}}})
+    merge = {"Content-Type": "application/merge-patch+json"}
+    async with http.patch("/api/v1/namespaces/default/pods/p", data=body, headers=merge) as r:
+        assert r.status == 200
+    assert await api_writes(http) == before + 2
 
 
 async def _serving(nats_server: NatsServer, stop: asyncio.Event, tmp_path: Path) -> asyncio.Task[None]:

@@ -6,7 +6,8 @@ would: it creates the workload's Topologies, Queues and other objects (StorageCl
 PersistentVolumes, ResourceClaimTemplates), then its running pods (created with their `spec.nodeName`, as
 already placed) and their PodGroups, and waits until Kairos's state holds them, and the storage and DRA
 objects the simulated cluster makes by itself (CSINodes, the GPU driver's DeviceClasses and ResourceSlices),
-as many as the in-process snapshot has (a `StateReplica` of its own). The measured phase then creates the
+as many as the in-process snapshot has (a `StateReplica` of its own), and until the API server has served no
+write for `SETUP_QUIET_S` (the services' write-back of the set-up done). The measured phase then creates the
 measured objects through the API, each podgroup's claims first (PersistentVolumeClaims), then its pods and its
 PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper costs no API round trip per pod;
 scheduler_perf creates its pods directly too), or, for a group with an owner (MixedWorkloads), the owner
@@ -60,7 +61,7 @@ from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
 from shared.kubeapi.paths import collection_path
 from shared.model import PodStatus
-from tools.bench.calls import CallCounter
+from tools.bench.calls import CallCounter, api_writes
 from tools.bench.manifests import (
     NAMESPACE,
     cluster_file_text,
@@ -90,6 +91,11 @@ outcomes, the state service's KV records, the write-back's Events and statuses) 
 2-core machine the write-back of SchedulingBasic at full size was still about 1,800 events behind 10 s
 after the last bind."""
 SETTLE_POLL_S = 0.05
+SETUP_QUIET_S = 1.5
+"""How long the API server must serve no write before the measured phase begins: longer than the state
+write-back's recount delay (1 s), so the running podgroups' statuses are written before, not during, it."""
+SETUP_QUIET_MAX_S = 30.0
+"""The most the set-up waits for that quiet; a stack that keeps writing is measured anyway (and says so)."""
 STATE_PROBES = 32
 """How many of the last pods bound the settling reads back from the state bucket: the state service takes
 the binds from one watch, in the order the benchmark's own watch saw them, so the last ones written mean
@@ -296,8 +302,26 @@ class _Run:
                     f"after {self.options.settle_timeout:.0f} s"
                 )
             await asyncio.sleep(0.2)
-        # A moment of quiet: the services' reaction to the set-up must not count in the measurement.
-        await asyncio.sleep(0.5)
+        await self._writes_quiet(http)
+
+    async def _writes_quiet(self, http: aiohttp.ClientSession) -> None:
+        """Wait until the API server has served no write for `SETUP_QUIET_S` (at most `SETUP_QUIET_MAX_S`):
+        the services' reaction to the set-up (the running podgroups' statuses and Events, written back a
+        recount's delay after their pods show) must not count in the measurement."""
+        deadline = time.monotonic() + SETUP_QUIET_MAX_S
+        last, since = await api_writes(http), time.monotonic()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            now = await api_writes(http)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= SETUP_QUIET_S:
+                return
+        log.info(
+            "%s: the API server still served writes %.0f s after the set-up",
+            self.workload.name,
+            SETUP_QUIET_MAX_S,
+        )
 
     def _state_counts(self, replica: StateReplica) -> tuple[int, int]:
         queues = running = 0

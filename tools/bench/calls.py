@@ -27,7 +27,16 @@ from shared.bus.operations import parse_counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import Heartbeat
 
-__all__ = ["API_PURPOSES", "BUS_PURPOSES", "ApiCalls", "BusOperations", "CallCounter", "Calls", "calls_table"]
+__all__ = [
+    "API_PURPOSES",
+    "BUS_PURPOSES",
+    "ApiCalls",
+    "BusOperations",
+    "CallCounter",
+    "Calls",
+    "api_writes",
+    "calls_table",
+]
 
 DISCOVERY_S = 10.0
 """How long the counter waits for a heartbeat from every replica it expects before it counts without the
@@ -140,6 +149,18 @@ class Calls(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class _Requests(msgspec.Struct):
     requests: list[dict[str, Any]]
+
+
+READS = frozenset({"get", "list", "watch"})
+
+
+async def api_writes(http: Any) -> int:
+    """How many writes (any verb but get, list and watch) the simulated API server has served so far, from
+    every client; `http` is an aiohttp session whose base URL is that server. The bench's set-up waits for
+    this to stop rising, so that the services' write-back of the set-up is not counted as measured work."""
+    async with http.get("/kubesim/requests") as resp:
+        body = msgspec.json.decode(await resp.read(), type=_Requests)
+    return sum(int(row["count"]) for row in body.requests if row["verb"] not in READS)
 
 
 _HEARTBEAT = msgspec.msgpack.Decoder(Heartbeat)
