@@ -106,6 +106,10 @@ LedgerView = Callable[[str], tuple[NodeLedger | None, int]]
 """A node's ledger and its revision as a watched copy holds them (`StateReplica.node_ledger`)."""
 
 
+LedgerCopy = Callable[[], tuple[dict[str, tuple[NodeLedger, int]], dict[str, PodClaim]]]
+"""Every node's ledger with its revision and every claim, by key, as a watched copy holds them."""
+
+
 class SourceWriter(Protocol):
     """What a source's flusher calls to write KV: a `StateWriter`, or with state partitions the
     `services.state.sources.partitioned_writer.PartitionedWriter` that writes only the partitions this replica owns."""
@@ -130,6 +134,7 @@ class StateWriter:
         fence: WriteFence | None = None,
         ledger_view: LedgerView | None = None,
         confirm_first: bool = True,
+        ledger_copy: LedgerCopy | None = None,
     ) -> None:
         self.bus = bus
         self.counters = counters
@@ -138,6 +143,10 @@ class StateWriter:
         self.ledger_view = ledger_view
         """A watched copy of the nodes' ledgers (the replica's `node_ledger`): a node's edit starts from it
         instead of a read; None: every edit reads the ledger first."""
+        self.ledger_copy = ledger_copy
+        """A watched copy of every node's ledger and claim (`LedgerCopy`): `reconcile` starts from it instead
+        of reading the whole ledger; None: it reads it. A copy behind the bucket misses only what was written
+        since (a fresh claim is no stale one; a node's edit is a compare-and-set that reads on conflict)."""
         self.confirm_first = confirm_first
         """Whether every batch reads the lease key first (a deposed owner's batch is refused with the name of
         its successor); False: only a batch that writes the ledger does, before its first ledger write (the
@@ -273,7 +282,6 @@ class StateWriter:
             await self.fence.confirm()
         self._confirmed = _done()
         by_key = {p.key: p for p in pods}
-        keys = await self.bus.ledger.keys()
         ensure: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
         for pod in by_key.values():
             node = holds(pod)
@@ -291,14 +299,11 @@ class StateWriter:
             pod = by_key.get(claim.pod)
             return pod is None or pod.status in FINISHED or holds(pod) not in (None, claim.node)
 
-        entries = await self._get_all([k for k in keys if k.startswith(("node.", "claim."))])
-        for key in sorted(k for k in keys if k.startswith("node.")):
-            entry = entries.get(key)
-            ledger = _decode_node_ledger(key, entry.value if entry else None)
-            if ledger is None:
-                continue
-            if "/" in ledger.node and entry is not None:
-                await self._drop_old_pool_entry(key, entry.revision)
+        ledgers, claims = await self._ledger() if self.ledger_copy is None else self.ledger_copy()
+        for key in sorted(ledgers):
+            ledger, revision = ledgers[key]
+            if "/" in ledger.node:
+                await self._drop_old_pool_entry(key, revision)
                 continue
             stale = stale_here(ledger.node)
             edit = ensure.pop(ledger.node, _NodeEdit())
@@ -308,11 +313,27 @@ class StateWriter:
             await self._edit_node(node, partial(_apply_edit, edit=edit))
         if self.fence is not None:
             await self.fence.confirm()
-        for key in sorted(k for k in keys if k.startswith("claim.")):
-            entry = entries.get(key)
-            claim = _decode_claim(key, entry.value if entry else None)
-            if claim is not None and stale_claim(claim):
+        for key in sorted(claims):
+            claim = claims[key]
+            if stale_claim(claim):
                 await self._delete_claim(claim.pod, stale_claim)
+
+    async def _ledger(self) -> tuple[dict[str, tuple[NodeLedger, int]], dict[str, PodClaim]]:
+        """Every node's ledger (with its revision) and every claim, read from the bucket."""
+        keys = await self.bus.ledger.keys()
+        entries = await self._get_all([k for k in keys if k.startswith(("node.", "claim."))])
+        ledgers: dict[str, tuple[NodeLedger, int]] = {}
+        claims: dict[str, PodClaim] = {}
+        for key, entry in entries.items():
+            if key.startswith("node."):
+                ledger = _decode_node_ledger(key, entry.value)
+                if ledger is not None:
+                    ledgers[key] = (ledger, entry.revision)
+            else:
+                claim = _decode_claim(key, entry.value)
+                if claim is not None:
+                    claims[key] = claim
+        return ledgers, claims
 
     async def _get_all(self, keys: Sequence[str]) -> dict[str, Entry]:
         """The ledger entries under `keys`, read many at a time (a start-up reconcile reads them all)."""
