@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.state.sources.kv_objects import Change, Obj, key_of
-from services.state.sources.kv_writer import StateWriter
+from services.state.sources.kv_writer import StateWriter, reservation_of
 from services.state.sources.partitioned_writer import PartitionedWriter
 from services.state.sources.partitions import partitions
 from shared.bus.kv import Entry
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
-from shared.contracts.messages import LEDGER_RECORDS, STATE_RECORDS, NodeLedger
+from shared.contracts.messages import LEDGER_RECORDS, STATE_RECORDS, NodeLedger, PodClaim, encode
 from shared.errors import ConflictError
 from shared.model import Node, Pod, PodStatus
 
@@ -88,7 +88,7 @@ class Buckets:
 
 
 class Replica:
-    """What a `PartitionedWriter` reads of its replica: the bucket's records, caught up at once."""
+    """What a `PartitionedWriter` reads of its replica: the buckets' records, caught up at once."""
 
     def __init__(self, buckets: Buckets) -> None:
         self.bus = buckets
@@ -104,6 +104,22 @@ class Replica:
 
     async def wait_for(self, revision: int) -> None:  # noqa: ARG002 -- caught up at once
         return None
+
+    def _ledger_records(self) -> dict[str, tuple[object, int]]:
+        data = self.buckets.ledger.data
+        return {key: (LEDGER_RECORDS.decode(key, value), revision) for key, (value, revision) in data.items()}
+
+    @property
+    def ledger(self) -> dict[str, NodeLedger]:
+        return {k: r for k, (r, _) in self._ledger_records().items() if isinstance(r, NodeLedger)}
+
+    @property
+    def claims(self) -> dict[str, PodClaim]:
+        return {k: r for k, (r, _) in self._ledger_records().items() if isinstance(r, PodClaim)}
+
+    @property
+    def key_revisions(self) -> dict[str, int]:
+        return {k: revision for k, (_, revision) in self._ledger_records().items()}
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
         """The watched copy of a node's ledger, caught up (the writer's first try starts from it)."""
@@ -142,6 +158,24 @@ def step(cluster: dict[str, Obj], pod: tuple[str, str], action: str) -> Change |
     else:
         cluster[key] = after
     return Change(key, before, after)
+
+
+async def binder_claims(buckets: Buckets, change: Change) -> None:
+    """What a binder writes before a pod shows bound: its claim, and its reservation on the node."""
+    pod = change.after
+    if not isinstance(pod, Pod) or pod.status != PodStatus.BOUND or pod.node is None:
+        return
+    if isinstance(change.before, Pod) and change.before.node == pod.node:
+        return
+    await buckets.ledger.put(
+        s.ledger_claim_key(pod.key), encode(PodClaim(pod=pod.key, node=pod.node, proposal="p"))
+    )
+    key = s.ledger_node_key(pod.node)
+    found = buckets.ledger.data.get(key)
+    ledger = LEDGER_RECORDS.decode(key, found[0]) if found else NodeLedger(node=pod.node, pods={})
+    assert isinstance(ledger, NodeLedger)
+    pods = {**ledger.pods, pod.key: reservation_of(pod)}
+    await buckets.ledger.put(key, encode(NodeLedger(node=pod.node, pods=pods)))
 
 
 def flushed(steps: list[Change]) -> list[Change]:
@@ -205,6 +239,9 @@ async def _divided_equals_single(split: list[int], replicas: int, ops: list[tupl
             await writers[to].gain(p, None, 0)  # type: ignore[arg-type]
             continue
         changes = flushed([c for c in (step(cluster, pod, action) for pod, action in what) if c is not None])
+        for change in changes:  # the binder reserved the node and claimed the pod before it bound it
+            await binder_claims(one, change)
+            await binder_claims(shared, change)
         await single.write(changes)
         for writer in writers:  # every replica sees every change; each writes its own partitions'
             await writer.write(changes)

@@ -42,7 +42,7 @@ from services.state.sources.partitions import CLUSTER, key_partition
 from shared.bus.fence import WriteFence
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
-from shared.contracts.messages import encode
+from shared.contracts.messages import NodeLedger, PodClaim, encode
 from shared.errors import FencedError
 from shared.model import Pod
 
@@ -97,6 +97,7 @@ class PartitionedWriter:
                 fence=fence,
                 ledger_view=self.replica.node_ledger,
                 confirm_first=False,  # a lease read per owned partition and flush was most of its KV reads
+                ledger_copy=self._ledger_copy,
             )
             count = self.count  # `key_partition` called directly: a gain looks at every key of the cluster
             records = self.replica.records
@@ -111,6 +112,15 @@ class PartitionedWriter:
             self.writers[partition] = writer
             self.revision = max(self.revision, writer.revision)
         log.info("partition %s: %d objects synced", partition, len(objects))
+
+    def _ledger_copy(self) -> tuple[dict[str, tuple[NodeLedger, int]], dict[str, PodClaim]]:
+        """The replica's watched copy of the ledger, for the `CLUSTER` partition's reconcile (at its gain and
+        after a failed write): read whole from the bucket, it was a read per pod's claim and per node."""
+        replica = self.replica
+        revisions = replica.key_revisions
+        return {k: (ledger, revisions.get(k, 0)) for k, ledger in replica.ledger.items()}, dict(
+            replica.claims
+        )
 
     async def _keys(self) -> list[str]:
         """The state bucket's keys, listed once for the gains that start within `KEYS_REUSED_S` of each other
