@@ -218,10 +218,17 @@ async def _memory_releases(ctx: ServiceContext) -> None:
     interval = ctx.config.memory_release_interval
     if interval <= 0:
         return
+    deferred = 0
     while not ctx.stopping.is_set():
+        cpu, wall = time.process_time(), time.monotonic()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ctx.stopping.wait(), interval)
             return
+        if not memory_release.due(time.process_time() - cpu, time.monotonic() - wall, deferred):
+            deferred += 1
+            ctx.counters["memory_releases_deferred"] += 1
+            continue
+        deferred = 0
         done = memory_release.release()
         ctx.counters["memory_releases"] += 1
         ctx.counters["memory_released_bytes"] += done.released

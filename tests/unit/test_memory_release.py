@@ -47,3 +47,20 @@ def test_the_release_interval_is_a_runner_setting_naming_its_field(monkeypatch: 
     assert parse_config("state", []).memory_release_interval == 15.0
     with pytest.raises(ConfigError, match=r"\$\.memory_release_interval"):
         parse_config("state", ["--memory-release-interval", "-1"])
+
+
+@pytest.mark.parametrize(
+    ("cpu_s", "wall_s", "deferred", "due"),
+    [
+        pytest.param(1.0, 60.0, 0, True, id="a quiet interval releases"),
+        pytest.param(30.0, 60.0, 0, True, id="half the interval on the CPU is not yet busy"),
+        pytest.param(45.0, 60.0, 0, False, id="a busy interval puts the release off"),
+        pytest.param(110.0, 60.0, 3, False, id="two threads busy, put off again"),
+        pytest.param(110.0, 60.0, memory_release.MAX_DEFERRALS, True, id="busy too long releases anyway"),
+        pytest.param(0.0, 0.0, 0, True, id="no time passed"),
+    ],
+)
+def test_a_release_waits_for_a_quiet_interval_but_not_for_ever(
+    cpu_s: float, wall_s: float, deferred: int, due: bool
+) -> None:
+    assert memory_release.due(cpu_s, wall_s, deferred) is due
