@@ -112,3 +112,24 @@ async def test_a_watched_copy_behind_the_ledger_loses_its_compare_and_set_and_th
         assert await _reserved(bus, "n1") == {"ns/o", "ns/p"}, "the binder's reservation is kept"
     finally:
         await replica.stop()
+
+
+async def test_a_release_the_watched_copy_shows_nothing_to_take_out_for_is_checked_in_the_bucket(
+    bus: Bus,
+) -> None:
+    # A pod bound and gone before the copy saw its binder's reservation: the copy has nothing to release,
+    # and trusting it would leave the reservation (its GPUs) held until the next reconcile.
+    replica = await _replica(bus)
+    try:
+        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+        bound = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
+        key = s.ledger_node_key("n1")
+        first = await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={})))
+        await replica.wait_for(0, ledger_revision=first)
+        stale = replica.node_ledger("n1")
+        writer.ledger_view = lambda _node: stale
+        await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={"ns/p": reservation_of(bound)})))
+        await writer.write([Change(s.pod_key("ns", "p"), bound, None)])
+        assert await _reserved(bus, "n1") == set()
+    finally:
+        await replica.stop()

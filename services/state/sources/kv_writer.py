@@ -254,7 +254,7 @@ class StateWriter:
         # after another a batch of n bound pods cost 2n round trips to JetStream in a row.
         await _side_by_side(
             [
-                partial(self._edit_node, node, partial(_apply_edit, edit=edit))
+                partial(self._edit_node, node, partial(_apply_edit, edit=edit), removes=bool(edit.release))
                 for node, edit in sorted(edits.items())
             ]
         )
@@ -344,12 +344,15 @@ class StateWriter:
             found.update({k: e for k, e in zip(chunk, entries, strict=True) if e is not None})
         return found
 
-    async def _edit_node(self, node: str, edit: Callable[[dict[str, Reservation]], bool]) -> None:
+    async def _edit_node(
+        self, node: str, edit: Callable[[dict[str, Reservation]], bool], *, removes: bool = True
+    ) -> None:
         """Compare-and-set loop on one node's ledger: `edit` changes the reservations in place and says
-        whether it changed anything."""
+        whether it changed anything; `removes`: whether it may take reservations out."""
         key = s.ledger_node_key(node)
         for attempt in range(CAS_ATTEMPTS):
-            if attempt == 0 and self.ledger_view is not None:
+            from_copy = attempt == 0 and self.ledger_view is not None
+            if from_copy and self.ledger_view is not None:
                 # The watched copy first: a bound pod's reservation the binder wrote is usually there, and
                 # then nothing is read or written. A copy behind the bucket loses the compare-and-set below
                 # (or missed a change by a binder in flight, which a read just as well may), and the loop
@@ -361,6 +364,10 @@ class StateWriter:
                 revision = entry.revision if entry else 0
             pods = dict(current.pods) if current is not None else {}
             if not edit(pods):
+                if from_copy and removes:
+                    # Nothing to take out of the copy may mean a reservation the copy has not seen yet
+                    # (a binder's, just written): only the bucket can say there is none.
+                    continue
                 return
             await self._confirm()
             self._check()
