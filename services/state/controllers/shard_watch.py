@@ -49,13 +49,13 @@ from services.state.controllers.writeback import event_time
 from services.state.mirror import problems
 from services.state.mirror.problems import Problem
 from shared.bus import shard_consumers
-from shared.bus.fence import KvWrites
+from shared.bus.fence import KvWrites, WriteFence
 from shared.bus.replica import StateReplica
 from shared.bus.service import ServiceContext
 from shared.contracts import subjects as s
 from shared.contracts.events import EVENT_ENCODER, PodUnschedulable
 from shared.contracts.messages import LEASES, Lease, encode
-from shared.errors import MalformedMessage
+from shared.errors import FencedError, MalformedMessage
 from shared.kube import translate
 from shared.kube.kai_plugins import ExtraPlugin
 from shared.kube.keys import NODE_POOL_LABEL
@@ -215,17 +215,47 @@ class ShardWatch:
     def _kept(self) -> set[tuple[str, str]]:
         return {durable for shard in self._stored for durable in shard_consumers.shard_durables(shard)}
 
+    def _seen(self) -> set[tuple[str, str]]:
+        """The durables of every shard this replica sees now: a SchedulingShard its informer holds (valid or
+        not) or a shard record in its copy of the state bucket (another owner's, made again meanwhile)."""
+        names = set(self.raw) | {record.shard for record in self.replica.shards.values()} | set(self._stored)
+        return {durable for shard in names for durable in shard_consumers.shard_durables(shard)}
+
     async def _release_due(self) -> None:
         """Delete every durable due (on this task, after the records were written: one whose shard is in
         force again, made again in time, is kept). A deletion that fails is tried again `RELEASE_AFTER_S`
-        later, `RELEASE_TRIES` times in all, then left to the server's inactivity threshold."""
+        later, `RELEASE_TRIES` times in all, then left to the server's inactivity threshold.
+
+        Fenced: under the owner's `WriteFence`, its lease key is read once before the due durables are
+        deleted and its keeper and clock checked right before each deletion, and a durable is deleted only
+        while its shard is still absent from what this replica sees (`_seen`). A former owner paused past
+        its lease deletes nothing (its due durables are dropped: its successor's sweep finds those still
+        unused), so none of a shard made again under the same name is deleted by an owner of before."""
         now = self._now()
         due = sorted(durable for durable, (at, _) in self._releases.items() if at <= now)
-        kept = self._kept() if due else set()
+        if not due:
+            return
+        fence = self.state if isinstance(self.state, WriteFence) else None
+        try:
+            if fence is not None:
+                await fence.confirm()
+        except FencedError as exc:
+            self._releases.clear()
+            self.ctx.counters["shard_releases_fenced"] += len(due)
+            log.warning("the durables of deleted shards not deleted: %s; left to the next owner", exc)
+            return
         for stream, name in due:
             _, failed = self._releases.pop((stream, name))
-            if (stream, name) in kept:
+            if (stream, name) in self._seen():
                 continue
+            try:
+                if fence is not None:
+                    fence.check()
+            except FencedError as exc:
+                self._releases.clear()
+                self.ctx.counters["shard_releases_fenced"] += 1
+                log.warning("durable consumer %s (stream %s) not deleted: %s", name, stream, exc)
+                return
             try:
                 there = await shard_consumers.delete_durable(self.ctx.bus.js, stream, name)
             except Exception as exc:  # noqa: BLE001 -- NATS away or the grant missing: tried again later
