@@ -31,9 +31,9 @@ from shared.contracts.messages import (
     record_object,
 )
 from shared.contracts.subjects import DEFAULT_SHARD, FENCE_KEY_PREFIX, SHARD_KEY_PREFIX, shard_key
-from shared.core.node_pool import EVERYTHING, NodePool, in_pool
+from shared.core.node_pool import EVERYTHING, KeptPool, NodePool
 from shared.errors import MalformedMessage
-from shared.ledger_view import live_pools, scheduling_view
+from shared.ledger_view import KeptView, live_pools
 from shared.model import Pod, PodGroup, Snapshot
 from shared.model.gather import Gathered
 
@@ -61,6 +61,10 @@ class StateReplica:
         self._gathered = Gathered()
         """The objects of `records`, under the same keys: `objects()` orders again only the kinds of
         object that changed since the last call (a cycle's binds change pods, not the 5,000 nodes)."""
+        self._view = KeptView()
+        """`snapshot()`'s view, told which pods and ledger entries each write changed."""
+        self._pools: dict[str, KeptPool] = {}
+        """Shard -> its part of `snapshot()`, kept (`shard_snapshot`)."""
         self.shards: dict[str, ShardRecord] = {}
         """`shard_key` -> the configuration in force for that shard (`ShardRecord`), kept apart from the
         cluster's objects."""
@@ -127,6 +131,7 @@ class StateReplica:
                     self._gathered.put(key, record_object(state))
                     if isinstance(state, PodRecord):
                         self.pods[state.pod.key] = state.pod
+                        self._view.pod_changed(state.pod.key)
                     elif isinstance(state, PodGroupRecord):
                         self.podgroups[state.podgroup.key] = state.podgroup
             except MalformedMessage as exc:
@@ -135,7 +140,7 @@ class StateReplica:
             return
         self.ledger_revision = max(self.ledger_revision, revision)
         if deleted:
-            self.ledger.pop(key, None)
+            self._view.ledger_changed(key, self.ledger.pop(key, None), None)
             self.claims.pop(key, None)
             self.pools.pop(key, None)
             self.key_revisions.pop(key, None)
@@ -149,6 +154,7 @@ class StateReplica:
         self.key_revisions[key] = revision
         match record:
             case NodeLedger():
+                self._view.ledger_changed(key, self.ledger.get(key), record)
                 self.ledger[key] = record
             case PoolLedger():
                 self.pools[key] = record
@@ -158,6 +164,7 @@ class StateReplica:
     def _unindex(self, record: StateRecord | None) -> None:
         if isinstance(record, PodRecord):
             self.pods.pop(record.pod.key, None)
+            self._view.pod_changed(record.pod.key)
         elif isinstance(record, PodGroupRecord):
             self.podgroups.pop(record.podgroup.key, None)
 
@@ -179,11 +186,15 @@ class StateReplica:
         return pool_of(shard, self.shard(shard))
 
     def shard_snapshot(self, shard: str) -> Snapshot:
-        """`snapshot()` limited to the node pool `shard` schedules (`shared.core.node_pool.in_pool`)."""
+        """`snapshot()` limited to the node pool `shard` schedules (`shared.core.node_pool.in_pool`, kept per
+        shard by a `KeptPool`)."""
         pool = self.pool(shard)
         if pool is None:
             return Snapshot()
-        return in_pool(self.snapshot(), pool)
+        kept = self._pools.get(shard)
+        if kept is None:
+            kept = self._pools[shard] = KeptPool()
+        return kept.of(self.snapshot(), pool)
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
         from shared.contracts.subjects import ledger_node_key
@@ -206,6 +217,9 @@ class StateReplica:
         ledger reserves but the cluster still shows pending counted as bound, and the DRA devices
         reservations and live pool holds hold in `Dra.held` for claims whose status shows no allocation
         yet (taken for every other claim: `shared.core.dra`)."""
-        return scheduling_view(
-            self.objects(), self.ledger.values(), live_pools(self.pools.values(), self.claims.values())
+        return self._view.view(
+            self.objects(),
+            self.pods,
+            self.ledger.values(),
+            live_pools(self.pools.values(), self.claims.values()),
         )

@@ -15,7 +15,8 @@ the objects *without* the label (the default shard), any other value the objects
 
 So two shards never see the same node, never place the same podgroup, and a shard's fair shares divide its
 own pool's resources. Called by the state replica's `shard_snapshot` (the queue leader's plan and the
-placement workers' sessions); pure, no I/O.
+placement workers' sessions) through a `KeptPool` per shard, which hands back what it chose before for
+each kind whose tuple did not change; pure, no I/O.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.model import Node, Snapshot
+from shared.model import Node, Pod, PodGroup, Queue, Snapshot
 
-__all__ = ["EVERYTHING", "NodePool", "in_pool"]
+__all__ = ["EVERYTHING", "KeptPool", "NodePool", "in_pool"]
 
 
 class NodePool(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,17 +70,74 @@ def in_pool(snapshot: Snapshot, pool: NodePool) -> Snapshot:
         for pod in snapshot.pods
         if ((pod.node in node_names) if pod.node else (pod.podgroup in kept_groups))
     )
-    parents = {queue.name: queue.parent for queue in snapshot.queues}
-    kept_queues: set[str] = set()
-    for queue in snapshot.queues:
+    queues = _queues_in(snapshot.queues, pool)
+    return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
+
+
+class KeptPool:
+    """`in_pool` for one shard's successive snapshots: each kind's part is chosen again only when the
+    snapshot's tuple of it (or, for the pods, the kept nodes or podgroups) is not the one of the call
+    before, or the pool changed; otherwise the very tuple chosen before comes back (a replica shares a
+    kind's tuple between snapshots until one of its objects changes, and sessions memoize by identity)."""
+
+    def __init__(self) -> None:
+        self._forget(EVERYTHING)
+
+    def _forget(self, pool: NodePool) -> None:
+        self._pool = pool
+        self._nodes = _PoolNodes()
+        self._groups: tuple[tuple[PodGroup, ...], tuple[PodGroup, ...], frozenset[str]] = (
+            (),
+            (),
+            frozenset(),
+        )
+        self._queues: tuple[tuple[Queue, ...], tuple[Queue, ...]] = ((), ())
+        self._pods: tuple[tuple[Pod, ...], tuple[Node, ...], frozenset[str], tuple[Pod, ...]] = (
+            (),
+            (),
+            frozenset(),
+            (),
+        )
+
+    def of(self, snapshot: Snapshot, pool: NodePool) -> Snapshot:
+        if pool.everything:
+            return snapshot
+        if pool != self._pool:
+            self._forget(pool)
+        nodes = self._nodes.of(snapshot.nodes, pool)
+        seen, podgroups, kept_groups = self._groups
+        if seen is not snapshot.podgroups:
+            podgroups = tuple(pg for pg in snapshot.podgroups if pool.selects(pg.labels))
+            kept_groups = frozenset(pg.key for pg in podgroups)
+            self._groups = (snapshot.podgroups, podgroups, kept_groups)
+        seen_pods, seen_nodes, seen_groups, pods = self._pods
+        if seen_pods is not snapshot.pods or seen_nodes is not nodes or seen_groups is not kept_groups:
+            node_names = {node.name for node in nodes}
+            pods = tuple(
+                pod
+                for pod in snapshot.pods
+                if ((pod.node in node_names) if pod.node else (pod.podgroup in kept_groups))
+            )
+            self._pods = (snapshot.pods, nodes, kept_groups, pods)
+        seen_queues, queues = self._queues
+        if seen_queues is not snapshot.queues:
+            queues = _queues_in(snapshot.queues, pool)
+            self._queues = (snapshot.queues, queues)
+        return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
+
+
+def _queues_in(queues: tuple[Queue, ...], pool: NodePool) -> tuple[Queue, ...]:
+    """The queues the pool selects, with their ancestors, in their order."""
+    parents = {queue.name: queue.parent for queue in queues}
+    kept: set[str] = set()
+    for queue in queues:
         if not pool.selects(queue.labels):
             continue
         name: str | None = queue.name
-        while name is not None and name not in kept_queues:
-            kept_queues.add(name)
+        while name is not None and name not in kept:
+            kept.add(name)
             name = parents.get(name)
-    queues = tuple(queue for queue in snapshot.queues if queue.name in kept_queues)
-    return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
+    return tuple(queue for queue in queues if queue.name in kept)
 
 
 class _PoolNodes:
