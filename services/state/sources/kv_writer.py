@@ -235,21 +235,36 @@ class StateWriter:
 
     # --- ledger ------------------------------------------------------------------------------------------
     async def _ledger_effects(self, changes: Sequence[Change]) -> None:
-        edits: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
-        claims: list[tuple[str, str]] = []
-        for change in changes:
-            before = change.before if isinstance(change.before, Pod) else None
-            after = change.after if isinstance(change.after, Pod) else None
-            if before is None and after is None:
-                continue
-            old, new = holds(before), holds(after)
-            if old is not None and old != new and before is not None:
-                edits[old].release.add(before.key)
-                claims.append((before.key, old))
-            # A pod that already held this node had its reservation ensured when it came to hold it (the
-            # binder's, or ours): its later changes (Running, labels) need no read of the ledger.
-            if new is not None and after is not None and new != old:
-                edits[new].ensure[after.key] = after
+        edits, claims = _effects(changes)
+        await self._apply_effects(edits, claims)
+
+    async def settle(
+        self, changes: Sequence[Change], mine: Callable[[str], bool], pods: Mapping[str, Pod]
+    ) -> None:
+        """The ledger effects of a partition's pods gained after a stretch with no owner (the partitioned
+        writer's gain, under the partition's fence): `changes` go from each pod's last state record to what
+        the cluster holds now (`pods`: the mirror's pods of the partition), so a pod that ended or moved
+        meanwhile has its reservation and claim on the node it held released, as its owner would have
+        released them had there been one. A pod made, bound and ended within the stretch left no record:
+        the watched copy's reservations and claims of the partition's pods (`mine`) that name a pod gone,
+        finished or holding another node are released too (without `ledger_copy`, only the records').
+
+        A release the copy shows nothing to take out for is checked in the bucket (`_edit_node`); one the
+        copy has not seen yet of a pod that left no record is the `CLUSTER` partition's next reconcile's."""
+        self._confirmed = None
+        edits, claims = _effects(changes)
+        if self.ledger_copy is not None:
+            ledgers, copied = self.ledger_copy()
+            for ledger, _ in ledgers.values():
+                for pod_key in ledger.pods:
+                    if mine(pod_key) and _stale(pods.get(pod_key), ledger.node):
+                        edits[ledger.node].release.add(pod_key)
+            for claim in copied.values():
+                if mine(claim.pod) and _stale(pods.get(claim.pod), claim.node):
+                    claims[claim.pod] = claim.node
+        await self._apply_effects(edits, claims)
+
+    async def _apply_effects(self, edits: Mapping[str, _NodeEdit], claims: Mapping[str, str]) -> None:
         # Nodes side by side, then claims side by side: every key is its own compare-and-set loop, and one
         # after another a batch of n bound pods cost 2n round trips to JetStream in a row.
         await _side_by_side(
@@ -261,7 +276,7 @@ class StateWriter:
         await _side_by_side(
             [
                 partial(self._delete_claim, pod_key, partial(_claims_node, node=node))
-                for pod_key, node in claims
+                for pod_key, node in sorted(claims.items())
             ]
         )
 
@@ -445,6 +460,33 @@ async def _side_by_side(calls: Sequence[Callable[[], Awaitable[None]]]) -> None:
         failures = [result for result in results if isinstance(result, BaseException)]
         for failure in sorted(failures, key=lambda f: not isinstance(f, FencedError)):
             raise failure
+
+
+def _effects(changes: Sequence[Change]) -> tuple[dict[str, _NodeEdit], dict[str, str]]:
+    """What `changes` do to the ledger: each node's edit, and the claims to delete (pod key -> the node the
+    claim must still name to be deleted)."""
+    edits: dict[str, _NodeEdit] = defaultdict(_NodeEdit)
+    claims: dict[str, str] = {}
+    for change in changes:
+        before = change.before if isinstance(change.before, Pod) else None
+        after = change.after if isinstance(change.after, Pod) else None
+        if before is None and after is None:
+            continue
+        old, new = holds(before), holds(after)
+        if old is not None and old != new and before is not None:
+            edits[old].release.add(before.key)
+            claims[before.key] = old
+        # A pod that already held this node had its reservation ensured when it came to hold it (the
+        # binder's, or ours): its later changes (Running, labels) need no read of the ledger.
+        if new is not None and after is not None and new != old:
+            edits[new].ensure[after.key] = after
+    return edits, claims
+
+
+def _stale(pod: Pod | None, node: str) -> bool:
+    """Whether a reservation or claim on `node` is stale for `pod` (None: gone): it ended or holds another
+    node. A pending pod's is a bind in flight."""
+    return pod is None or pod.status in FINISHED or holds(pod) not in (None, node)
 
 
 def _claims_node(claim: PodClaim, node: str) -> bool:

@@ -42,7 +42,8 @@ from services.state.sources.partitions import CLUSTER, key_partition
 from shared.bus.fence import WriteFence
 from shared.bus.middleware import Counters
 from shared.bus.replica import StateReplica
-from shared.contracts.messages import NodeLedger, PodClaim, encode
+from shared.contracts import subjects as s
+from shared.contracts.messages import NodeLedger, PodClaim, PodRecord, StateRecord, encode
 from shared.errors import FencedError
 from shared.model import Pod
 
@@ -52,6 +53,15 @@ log = logging.getLogger("kairos.state.partitioned_writer")
 
 KEYS_REUSED_S = 5.0
 """Seconds a listing of the state bucket's keys serves the partitions gained after it (`_keys`)."""
+
+
+def stored_pods(records: Mapping[str, StateRecord], partition: str, count: int) -> dict[str, Pod]:
+    """The pods of the partition's records (the state bucket as the replica holds it), by state key."""
+    return {
+        key: record.pod
+        for key, record in records.items()
+        if isinstance(record, PodRecord) and key_partition(key, count) == partition
+    }
 
 
 class PartitionedWriter:
@@ -109,9 +119,33 @@ class PartitionedWriter:
             await writer.sync(objects, keys)
             if partition == CLUSTER:
                 await writer.reconcile(o for o in self.current().values() if isinstance(o, Pod))
+            else:
+                await self._settle(writer, partition, stored_pods(records, partition, count), objects)
             self.writers[partition] = writer
             self.revision = max(self.revision, writer.revision)
         log.info("partition %s: %d objects synced", partition, len(objects))
+
+    async def _settle(
+        self, writer: StateWriter, partition: str, before: Mapping[str, Pod], objects: Mapping[str, Obj]
+    ) -> None:
+        """The ledger effects of the partition's pods since their last records (`StateWriter.settle`): what
+        a pod that ended or moved while the partition had no owner held is released."""
+        pods = {key: obj for key, obj in objects.items() if isinstance(obj, Pod)}
+        changes = [Change(key, before.get(key), pods.get(key)) for key in sorted(before.keys() | pods.keys())]
+        changes = [change for change in changes if change.before != change.after]
+        by_pod_key = {pod.key: pod for pod in pods.values()}
+        known = by_pod_key.keys() | {pod.key for pod in before.values()}
+        count = self.count
+
+        def mine(pod_key: str) -> bool:
+            # A pod's ledger key is its uid, or `namespace/name` when it has none: that one names its
+            # partition; a uid only when one of the partition's pods carries it.
+            if pod_key in known:
+                return True
+            namespace, slash, name = pod_key.partition("/")
+            return bool(slash) and key_partition(s.pod_key(namespace, name), count) == partition
+
+        await writer.settle(changes, mine, by_pod_key)
 
     def _ledger_copy(self) -> tuple[dict[str, tuple[NodeLedger, int]], dict[str, PodClaim]]:
         """The replica's watched copy of the ledger, for the `CLUSTER` partition's reconcile (at its gain and
