@@ -289,6 +289,16 @@ class StateWriter:
         the lease key is read before the reservations and again before the claims (a large ledger takes a
         while).
 
+        Given `ledger_copy`, it starts from the watched copy and reads no node's ledger the copy shows
+        nothing to change on. A reservation is only ever taken out because the copy shows its pod gone,
+        finished or on another node, and is taken out of the bucket's ledger as it is then (a compare-and-set
+        that reads again on conflict): a pod that holds the node, or is pending (a bind in flight), keeps its
+        reservation whatever the copy is behind by. What a copy behind the bucket misses is a reservation a
+        binder wrote just now for a pod that is gone: the pod's own release catches it when the pod held the
+        node (its change's release checks the bucket when the copy shows nothing to take out, `_edit_node`),
+        and otherwise (a pod gone while still pending, its bind failed) the next reconcile does, or the
+        binder's own release of the refused bind; a claim the copy has not seen likewise.
+
         Only node keys and claims are read: cluster-wide DRA pools' entries (`PoolLedger`) are left alone.
         A node key whose ledger names no node (a ``/`` in its name) is the pool entry of a binder from
         before `PoolLedger` (``dra-pool/<driver>/<pool>``): it is deleted (`_drop_old_pool_entry`).
@@ -323,9 +333,11 @@ class StateWriter:
             stale = stale_here(ledger.node)
             edit = ensure.pop(ledger.node, _NodeEdit())
             edit.release.update(p for p in ledger.pods if stale(p))
-            await self._edit_node(ledger.node, partial(_apply_edit, edit=edit))
+            # What to release is known from what was read (or copied): a node the copy shows nothing to
+            # change on is not read again (an edit's release set is fixed; reading could not add to it).
+            await self._edit_node(ledger.node, partial(_apply_edit, edit=edit), removes=bool(edit.release))
         for node, edit in sorted(ensure.items()):
-            await self._edit_node(node, partial(_apply_edit, edit=edit))
+            await self._edit_node(node, partial(_apply_edit, edit=edit), removes=False)
         if self.fence is not None:
             await self.fence.confirm()
         for key in sorted(claims):

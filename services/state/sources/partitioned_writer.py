@@ -10,8 +10,11 @@ partitions it owns (`partitions.key_partition`: a pod's or a podgroup's by its n
 - `gain(partition, fence, revision)` (`services.state.sources.partition_owners`' `on_gained`): the replica is
   waited for up to the fence's revision, so it holds whatever a former owner wrote; a writer for the
   partition is seeded with the replica's records of it and syncs them with the mirror (puts what differs,
-  deletes what the mirror no longer has). The `CLUSTER` partition's owner also reconciles the binders'
-  ledger with the cluster (every replica's mirror holds every pod, so one owner can, and one is enough).
+  deletes what the mirror no longer has), and the ledger effects of its pods since their last records
+  are written (`StateWriter.settle`: what a pod that ended, was deleted or moved node while the partition
+  had no owner held is released, under the partition's fence). The `CLUSTER` partition's owner reconciles
+  the whole binders' ledger with the cluster instead (every replica's mirror holds every pod, so one owner
+  can, and one is enough).
 - `lose(partition)`: its writer is dropped; its changes are skipped from then on (counted as
   `partition_changes_skipped`): the next owner syncs from its own mirror when it gains the partition.
 - `write(changes)`: each owned partition's changes through its writer, side by side. A write its fence
