@@ -134,6 +134,7 @@ class StateReplica:
                         self._view.pod_changed(state.pod.key)
                     elif isinstance(state, PodGroupRecord):
                         self.podgroups[state.podgroup.key] = state.podgroup
+                        self._podgroup_changed(state.podgroup.key)
             except MalformedMessage as exc:
                 self.malformed += 1
                 log.warning("ignored malformed state record %s: %s", key, exc.problem)
@@ -167,6 +168,11 @@ class StateReplica:
             self._view.pod_changed(record.pod.key)
         elif isinstance(record, PodGroupRecord):
             self.podgroups.pop(record.podgroup.key, None)
+            self._podgroup_changed(record.podgroup.key)
+
+    def _podgroup_changed(self, key: str) -> None:
+        for kept in self._pools.values():
+            kept.podgroup_changed(key)
 
     async def wait_for(self, revision: int, ledger_revision: int = 0, timeout: float = 10.0) -> None:
         """Wait until this replica has applied at least the given revisions."""
@@ -194,7 +200,7 @@ class StateReplica:
         kept = self._pools.get(shard)
         if kept is None:
             kept = self._pools[shard] = KeptPool()
-        return kept.of(self.snapshot(), pool)
+        return kept.of(self.snapshot(), pool, self.podgroups)
 
     def node_ledger(self, node: str) -> tuple[NodeLedger | None, int]:
         from shared.contracts.subjects import ledger_node_key

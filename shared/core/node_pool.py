@@ -22,6 +22,7 @@ each kind whose tuple did not change; pure, no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import compress
 
 import msgspec
 
@@ -78,7 +79,9 @@ class KeptPool:
     """`in_pool` for one shard's successive snapshots: each kind's part is chosen again only when the
     snapshot's tuple of it (or, for the pods, the kept nodes or podgroups) is not the one of the call
     before, or the pool changed; otherwise the very tuple chosen before comes back (a replica shares a
-    kind's tuple between snapshots until one of its objects changes, and sessions memoize by identity)."""
+    kind's tuple between snapshots until one of its objects changes, and sessions memoize by identity).
+    Told which podgroups changed (`podgroup_changed`) and given the podgroups by key, it asks the pool
+    only about those; the others keep the answer they had."""
 
     def __init__(self) -> None:
         self._forget(EVERYTHING)
@@ -86,44 +89,90 @@ class KeptPool:
     def _forget(self, pool: NodePool) -> None:
         self._pool = pool
         self._nodes = _PoolNodes()
-        self._groups: tuple[tuple[PodGroup, ...], tuple[PodGroup, ...], frozenset[str]] = (
-            (),
-            (),
-            frozenset(),
-        )
+        self._node_names: tuple[tuple[Node, ...], set[str]] = ((), set())
+        self._groups: tuple[tuple[PodGroup, ...], tuple[PodGroup, ...]] = ((), ())
+        self._chosen: dict[str, PodGroup] | None = None
+        """Podgroup key -> the podgroup the pool selects (None: not followed, the tuple is walked)."""
+        self._chosen_ids: set[int] = set()
+        """`id`s of the podgroups of `_chosen` (which keeps them, so an `id` is not reused meanwhile)."""
+        self._kept: set[str] = set()
+        """The kept podgroups' keys."""
+        self._kept_version = 0
+        self._stale: set[str] = set()
+        """Podgroup keys changed since the last call."""
         self._queues: tuple[tuple[Queue, ...], tuple[Queue, ...]] = ((), ())
-        self._pods: tuple[tuple[Pod, ...], tuple[Node, ...], frozenset[str], tuple[Pod, ...]] = (
-            (),
-            (),
-            frozenset(),
-            (),
-        )
+        self._pods: tuple[tuple[Pod, ...], tuple[Node, ...], int, tuple[Pod, ...]] = ((), (), 0, ())
 
-    def of(self, snapshot: Snapshot, pool: NodePool) -> Snapshot:
+    def podgroup_changed(self, key: str) -> None:
+        """The podgroup `key` (`PodGroup.key`) was written or removed."""
+        self._stale.add(key)
+
+    def of(
+        self, snapshot: Snapshot, pool: NodePool, podgroups: Mapping[str, PodGroup] | None = None
+    ) -> Snapshot:
+        """`in_pool(snapshot, pool)`; `podgroups`, when given, are the snapshot's podgroups by key, every
+        change of which since the last call was told."""
         if pool.everything:
             return snapshot
         if pool != self._pool:
             self._forget(pool)
         nodes = self._nodes.of(snapshot.nodes, pool)
-        seen, podgroups, kept_groups = self._groups
-        if seen is not snapshot.podgroups:
-            podgroups = tuple(pg for pg in snapshot.podgroups if pool.selects(pg.labels))
-            kept_groups = frozenset(pg.key for pg in podgroups)
-            self._groups = (snapshot.podgroups, podgroups, kept_groups)
-        seen_pods, seen_nodes, seen_groups, pods = self._pods
-        if seen_pods is not snapshot.pods or seen_nodes is not nodes or seen_groups is not kept_groups:
-            node_names = {node.name for node in nodes}
+        chosen = self._podgroups(snapshot.podgroups, pool, podgroups)
+        seen_pods, seen_nodes, version, pods = self._pods
+        if seen_pods is not snapshot.pods or seen_nodes is not nodes or version != self._kept_version:
+            seen_nodes, node_names = self._node_names
+            if seen_nodes is not nodes:
+                node_names = {node.name for node in nodes}
+                self._node_names = (nodes, node_names)
+            kept_groups = self._kept
             pods = tuple(
                 pod
                 for pod in snapshot.pods
                 if ((pod.node in node_names) if pod.node else (pod.podgroup in kept_groups))
             )
-            self._pods = (snapshot.pods, nodes, kept_groups, pods)
+            self._pods = (snapshot.pods, nodes, self._kept_version, pods)
         seen_queues, queues = self._queues
         if seen_queues is not snapshot.queues:
             queues = _queues_in(snapshot.queues, pool)
             self._queues = (snapshot.queues, queues)
-        return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues)
+        return msgspec.structs.replace(snapshot, nodes=nodes, pods=pods, podgroups=chosen, queues=queues)
+
+    def _podgroups(
+        self, groups: tuple[PodGroup, ...], pool: NodePool, by_key: Mapping[str, PodGroup] | None
+    ) -> tuple[PodGroup, ...]:
+        seen, out = self._groups
+        chosen, stale = self._chosen, self._stale
+        if by_key is None or chosen is None:
+            if seen is groups and not stale:
+                return out
+            picked = [pg for pg in groups if pool.selects(pg.labels)]
+            keyed = {pg.key: pg for pg in picked}
+            self._chosen = keyed if by_key is not None and len(keyed) == len(picked) else None
+            self._chosen_ids = {id(pg) for pg in picked}
+            self._kept = set(keyed)
+            self._kept_version += 1
+            out = tuple(picked)
+        else:
+            ids, kept, changed = self._chosen_ids, self._kept, False
+            for key in stale:
+                was = chosen.pop(key, None)
+                if was is not None:
+                    ids.discard(id(was))
+                    kept.discard(key)
+                    changed = True
+                podgroup = by_key.get(key)
+                if podgroup is not None and pool.selects(podgroup.labels):
+                    chosen[key] = podgroup
+                    ids.add(id(podgroup))
+                    kept.add(key)
+                    changed = True
+            if changed:
+                self._kept_version += 1
+            if changed or seen is not groups:
+                out = tuple(compress(groups, map(ids.__contains__, map(id, groups))))
+        stale.clear()
+        self._groups = (groups, out)
+        return out
 
 
 def _queues_in(queues: tuple[Queue, ...], pool: NodePool) -> tuple[Queue, ...]:
