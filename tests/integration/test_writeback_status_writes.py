@@ -5,6 +5,7 @@ left to write; what the mirror had not seen when the event came, that recount wr
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from services.state.mirror.cache import Mirror
 from services.state.mirror.raw_objects import PODGROUPS, PODS
 from shared.bus.middleware import Counters
 from shared.bus.service import ServiceContext
+from shared.bus.tasks import stop_tasks
 from shared.contracts.events import PodGroupState, PodUnschedulable
 from shared.errors import TemporaryError
 from shared.kubeapi.client import MERGE_PATCH, Kube, connect
@@ -262,6 +264,54 @@ async def test_a_version_of_the_group_from_before_the_write_is_not_written_again
             await shown(kube, mirror)
             await writeback._write_resources("default/pg")
             status = await shown(kube, mirror)
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        finally:
+            await kube.close()
+
+
+async def test_the_periodic_recount_runs_while_events_keep_waking_the_write_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pod that starts without any Kairos event is recounted by the sweep alone; a steady stream of events
+    # about other podgroups, each recount of theirs a write that lets the next event in, must not put the
+    # sweep off for ever.
+    async with running_kubesim(tmp_path):
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        options = WriteBackOptions(resources_period=0.3, resources_settle=0.01)
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            recount = writeback._write_resources
+
+            async def written(name: str) -> None:
+                if name == "default/another":
+                    await asyncio.sleep(0.005)  # its status patch's round trip
+                else:
+                    await recount(name)
+
+            monkeypatch.setattr(writeback, "_write_resources", written)
+            counting = asyncio.create_task(writeback._count_resources())
+
+            async def events_elsewhere() -> None:
+                while True:
+                    writeback._resources_dirty.add("default/another")
+                    writeback._resources_wake.set()
+                    await asyncio.sleep(0.002)
+
+            waking = asyncio.create_task(events_elsewhere())
+            status: dict[str, Any] = {}
+            try:
+                for _ in range(200):  # 10 s at most; a sweep is due every 0.3 s
+                    status = await shown(kube, mirror)
+                    if status.get("resourcesStatus"):
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                await stop_tasks([counting, waking])
             assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
         finally:
             await kube.close()

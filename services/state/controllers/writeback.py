@@ -546,14 +546,23 @@ class WriteBack:
         loop = asyncio.get_running_loop()
         sweep_at = loop.time() + self.options.resources_period
         while True:
-            try:
-                async with asyncio.timeout(max(0.0, sweep_at - loop.time())):
-                    await self._resources_wake.wait()
-                await asyncio.sleep(self.options.resources_settle)
-                names = self._resources_dirty
-            except TimeoutError:
-                names = set(self.mirror.raw.podgroups)
+            # The sweep's time is checked first: under steady events the wake is always set again by the
+            # time the loop comes round, a wait on it never times out, and the sweep (the only recount of
+            # pods that start, finish or go without an event) never ran.
+            sweep = loop.time() >= sweep_at
+            if not sweep:
+                try:
+                    async with asyncio.timeout(sweep_at - loop.time()):
+                        await self._resources_wake.wait()
+                except TimeoutError:
+                    sweep = True
+                else:
+                    await asyncio.sleep(self.options.resources_settle)
+            if sweep:
+                names = set(self.mirror.raw.podgroups) | self._resources_dirty
                 sweep_at = loop.time() + self.options.resources_period
+            else:
+                names = self._resources_dirty
             self._resources_wake.clear()
             self._resources_dirty = set()
             if self.owns is not None:
