@@ -269,7 +269,9 @@ class StateWriter:
         # after another a batch of n bound pods cost 2n round trips to JetStream in a row.
         await _side_by_side(
             [
-                partial(self._edit_node, node, partial(_apply_edit, edit=edit), removes=bool(edit.release))
+                partial(
+                    self._edit_node, node, partial(_apply_edit, edit=edit), check_unchanged=bool(edit.release)
+                )
                 for node, edit in sorted(edits.items())
             ]
         )
@@ -333,11 +335,16 @@ class StateWriter:
             stale = stale_here(ledger.node)
             edit = ensure.pop(ledger.node, _NodeEdit())
             edit.release.update(p for p in ledger.pods if stale(p))
-            # What to release is known from what was read (or copied): a node the copy shows nothing to
-            # change on is not read again (an edit's release set is fixed; reading could not add to it).
-            await self._edit_node(ledger.node, partial(_apply_edit, edit=edit), removes=bool(edit.release))
+            # A node the copy shows nothing to change on is not read again when it has nothing to release
+            # nor ensure (an edit's release set is fixed; reading could not add to it); a reservation to
+            # ensure is checked in the bucket, where a copy behind may still show one taken out since.
+            await self._edit_node(
+                ledger.node,
+                partial(_apply_edit, edit=edit),
+                check_unchanged=bool(edit.release or edit.ensure),
+            )
         for node, edit in sorted(ensure.items()):
-            await self._edit_node(node, partial(_apply_edit, edit=edit), removes=False)
+            await self._edit_node(node, partial(_apply_edit, edit=edit), check_unchanged=True)
         if self.fence is not None:
             await self.fence.confirm()
         for key in sorted(claims):
@@ -372,10 +379,12 @@ class StateWriter:
         return found
 
     async def _edit_node(
-        self, node: str, edit: Callable[[dict[str, Reservation]], bool], *, removes: bool = True
+        self, node: str, edit: Callable[[dict[str, Reservation]], bool], *, check_unchanged: bool = True
     ) -> None:
         """Compare-and-set loop on one node's ledger: `edit` changes the reservations in place and says
-        whether it changed anything; `removes`: whether it may take reservations out."""
+        whether it changed anything; `check_unchanged`: whether a watched copy showing nothing to change is
+        checked in the bucket (a copy behind may lack a reservation to take out, or still show one to
+        ensure that was taken out since)."""
         key = s.ledger_node_key(node)
         for attempt in range(CAS_ATTEMPTS):
             from_copy = attempt == 0 and self.ledger_view is not None
@@ -391,7 +400,7 @@ class StateWriter:
                 revision = entry.revision if entry else 0
             pods = dict(current.pods) if current is not None else {}
             if not edit(pods):
-                if from_copy and removes:
+                if from_copy and check_unchanged:
                     # Nothing to take out of the copy may mean a reservation the copy has not seen yet
                     # (a binder's, just written): only the bucket can say there is none.
                     continue
