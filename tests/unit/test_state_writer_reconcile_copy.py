@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.state.sources.kv_writer import StateWriter, holds, reservation_of
+from services.state.sources.kv_writer import LedgerCopy, StateWriter, holds, reservation_of
 from shared.bus.middleware import Counters
 from shared.contracts import subjects as s
 from shared.contracts.messages import LEDGER_RECORDS, NodeLedger, PodClaim, encode
@@ -54,6 +54,22 @@ def ledger_of(node: str, names: list[str]) -> NodeLedger:
     return NodeLedger(node=node, pods=pods)
 
 
+def writer_over(buckets: Buckets, ledger_copy: LedgerCopy) -> StateWriter:
+    """A Kubernetes source's writer over in-memory `buckets` whose watched copy (every ledger, and each
+    node's) is `ledger_copy`."""
+
+    def view(node: str) -> tuple[NodeLedger | None, int]:
+        return ledger_copy()[0][s.ledger_node_key(node)]
+
+    return StateWriter(
+        buckets,  # type: ignore[arg-type]
+        Counters(),
+        source="kube",
+        ledger_view=view,
+        ledger_copy=ledger_copy,
+    )
+
+
 reservations = st.fixed_dictionaries({node: st.lists(st.sampled_from(NAMES), unique=True) for node in NODES})
 
 
@@ -90,18 +106,8 @@ async def _reconciled(
     def ledger_copy() -> tuple[dict[str, tuple[NodeLedger, int]], dict[str, PodClaim]]:
         return dict(copied), dict(claims)
 
-    def view(node: str) -> tuple[NodeLedger | None, int]:
-        return copied[s.ledger_node_key(node)]
-
     pods = [p for p in (pod_of(name, fate) for name, fate in fates.items()) if p is not None]
-    writer = StateWriter(
-        buckets,  # type: ignore[arg-type]
-        Counters(),
-        source="kube",
-        ledger_view=view,
-        ledger_copy=ledger_copy,
-    )
-    await writer.reconcile(pods)
+    await writer_over(buckets, ledger_copy).reconcile(pods)
     after = buckets.ledger_records()
     for pod in pods:
         node = holds(pod)
@@ -132,17 +138,7 @@ def test_a_reconcile_from_a_copy_reads_only_the_node_ledgers_it_has_a_reservatio
                 ledgers[k] = (record, revision)
             return ledgers, {}
 
-        def view(node: str) -> tuple[NodeLedger | None, int]:
-            return ledger_copy()[0][s.ledger_node_key(node)]
-
-        writer = StateWriter(
-            buckets,  # type: ignore[arg-type]
-            Counters(),
-            source="kube",
-            ledger_view=view,
-            ledger_copy=ledger_copy,
-        )
-        await writer.reconcile([bound])
+        await writer_over(buckets, ledger_copy).reconcile([bound])
         ledger = buckets.ledger
         assert isinstance(ledger, CountedBucket)
         return ledger.reads
