@@ -89,6 +89,13 @@ def _one_default_event_loop() -> Iterator[None]:
     loop.close()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow run first, in their collection order, then the rest in theirs. `make test`
+    runs the suite in two worker processes (pytest-xdist), which take tests from this order as they free
+    up: a three-minute test reached last ran alone while the other worker had nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     """A real nats-server (JetStream, a free port, state under the test's tmp_path) for one test."""

@@ -23,7 +23,7 @@ import pytest
 
 from tools.stack.nats_server import pid_alive
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 READY_WITHIN = 480.0
