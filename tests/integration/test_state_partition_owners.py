@@ -85,9 +85,13 @@ async def buses(nats_server: NatsServer) -> AsyncIterator[tuple[Bus, Bus]]:
 
 
 def never_both(replicas: list[Replica]) -> None:
-    """No partition is owned by two replicas at the same moment."""
+    """No partition is owned by two replicas at the same moment, and each replica's answer for one
+    partition (`owns`) is its answer for all (`owned`)."""
     seen = Counter(p for r in replicas for p in r.owners.owned())
     assert not [p for p, n in seen.items() if n > 1], "a partition owned twice"
+    for r in replicas:
+        owned = r.owners.owned()
+        assert {p for p in partitions(COUNT) if r.owners.owns(p)} == owned
 
 
 async def test_two_state_replicas_own_the_table_s_partitions_and_a_killed_one_s_are_taken_over_fenced(

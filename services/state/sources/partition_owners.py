@@ -121,6 +121,11 @@ class PartitionOwners:
         """The partitions this replica may work on now (fence raised, lease valid)."""
         return frozenset(p for p in self.fences if self.leases[p].valid())
 
+    def owns(self, partition: str) -> bool:
+        """`partition in owned()`, asked of one partition: the write-back's sweep asks it of every podgroup,
+        where building the whole set read every lease's clock each time (4-5 % of a replica's CPU)."""
+        return partition in self.fences and self.leases[partition].valid()
+
     def held(self) -> int:
         return len(self.owned())
 

@@ -285,18 +285,18 @@ class PartitionedKube:
             await self.writeback.unfollow(partition, drain=drain)
         yield
 
-    def _owned(self) -> frozenset[str]:
-        return self.partitions.owned() if self.partitions is not None else frozenset()
+    def _owns(self, partition: str) -> bool:
+        return self.partitions is not None and self.partitions.owns(partition)
 
     def _owns_podgroup(self, key: str) -> bool:
         """Whether this replica owns the partition of the podgroup "ns/name" (its events' partition)."""
         namespace, _, name = key.partition("/")
-        return partition_of(namespace, name, self.count) in self._owned()
+        return self._owns(partition_of(namespace, name, self.count))
 
     def _owns_pod(self, pod: wire.Pod) -> bool:
         """Whether this replica owns the partition of `pod`'s record."""
         meta = pod.metadata
-        return key_partition(s.pod_key(meta.namespace, meta.name), self.count) in self._owned()
+        return self._owns(key_partition(s.pod_key(meta.namespace, meta.name), self.count))
 
     def _owns_problem(self, problem: Problem) -> bool:
         """Whether this replica reports `problem`: a pod's or a podgroup's by its record's partition, a
@@ -306,8 +306,8 @@ class PartitionedKube:
         elif problem.kind == "PodGroup":
             key = s.podgroup_key(problem.namespace, problem.name)
         else:
-            return CLUSTER in self._owned()
-        return key_partition(key, self.count) in self._owned()
+            return self._owns(CLUSTER)
+        return self._owns(key_partition(key, self.count))
 
     async def _flushed(self, mirror: Mirror) -> None:
         for owner in (self.pod_owner, self.owner):
