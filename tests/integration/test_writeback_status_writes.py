@@ -1,7 +1,8 @@
 """How many writes the write-back makes for a PodGroup's status, against the simulated API server
 (`services.state.controllers.writeback`): a podgroup-state event writes the phase and counts together with
-the ``resourcesStatus`` recount it calls for, in one status patch; the recount that follows finds nothing
-left to write; what the mirror had not seen when the event came, that recount writes."""
+the ``resourcesStatus`` recount it calls for, in one status patch, once the mirror shows the binds it
+reports (the watch may show them after the event arrives); the recount that follows finds nothing left to
+write; what the mirror did not show within `resources_settle`, that recount writes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import msgspec
 import pytest
 
 from services.state.controllers.writeback import WriteBack, WriteBackOptions
@@ -38,16 +40,18 @@ def delivery() -> Any:
     return SimpleNamespace(reply=f"$JS.ACK.KAIROS_EVENTS.state-writeback.1.41.7.{STORED}.0")
 
 
-def pod(node: str | None) -> dict[str, Any]:
-    """Pod p-0 of podgroup pg asking 2 CPUs and 1Gi, bound to `node` (PodScheduled True) or pending."""
+def pod(node: str | None, podgroup: str = "pg") -> bytes:
+    """Pod p-0 of podgroup pg (another podgroup's: <podgroup>-0) asking 2 CPUs and 1Gi, bound to `node`
+    (PodScheduled True) or pending; as its watch event carries it."""
+    name = "p-0" if podgroup == "pg" else f"{podgroup}-0"
     doc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": "p-0",
+            "name": name,
             "namespace": "default",
-            "uid": "uid-p-0",
-            "annotations": {"pod-group-name": "pg"},
+            "uid": f"uid-{name}",
+            "annotations": {"pod-group-name": podgroup},
             "labels": {"kai.scheduler/queue": "q"},
         },
         "spec": {
@@ -59,15 +63,15 @@ def pod(node: str | None) -> dict[str, Any]:
     if node is not None:
         doc["spec"]["nodeName"] = node
         doc["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
-    return doc
+    return json.dumps(doc).encode()
 
 
-async def podgroup_in(kube: Kube, mirror: Mirror) -> bytes:
-    """PodGroup pg created in the cluster and shown by the mirror; as created."""
+async def podgroup_in(kube: Kube, mirror: Mirror, name: str = "pg") -> bytes:
+    """PodGroup `name` created in the cluster and shown by the mirror; as created."""
     body = {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",
-        "metadata": {"name": "pg", "namespace": "default"},
+        "metadata": {"name": name, "namespace": "default"},
         "spec": {"minMember": 1, "queue": "q"},
     }
     created = await kube.call(
@@ -83,8 +87,8 @@ async def podgroup_in(kube: Kube, mirror: Mirror) -> bytes:
     return created
 
 
-async def shown(kube: Kube, mirror: Mirror) -> dict[str, Any]:
-    """The PodGroup as the cluster has it, given to the mirror as its watch would."""
+async def shown(kube: Kube, mirror: Mirror, name: str = "pg") -> dict[str, Any]:
+    """The PodGroup `name` as the cluster has it, given to the mirror as its watch would."""
     data = await kube.call(
         "read podgroup",
         kube.custom.get_namespaced_custom_object,
@@ -92,7 +96,7 @@ async def shown(kube: Kube, mirror: Mirror) -> dict[str, Any]:
         "v2alpha2",
         "default",
         "podgroups",
-        "pg",
+        name,
     )
     mirror.change(PODGROUPS, "MODIFIED", data)
     status: dict[str, Any] = json.loads(data).get("status", {})
@@ -120,7 +124,7 @@ async def test_a_podgroup_state_event_writes_phase_and_resources_in_one_patch_an
                 cast(ServiceContext, SimpleNamespace(counters=counters)), kube, mirror, WriteBackOptions()
             )
             await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            mirror.change(PODS, "ADDED", pod("node-0"))
             before = status_patches(sim)
 
             await writeback._on_event(RUNNING, delivery())
@@ -138,28 +142,190 @@ async def test_a_podgroup_state_event_writes_phase_and_resources_in_one_patch_an
             await kube.close()
 
 
-async def test_what_the_mirror_had_not_seen_at_the_event_the_recount_writes(tmp_path: Path) -> None:
+async def test_what_the_mirror_did_not_show_within_the_settle_time_the_recount_writes(tmp_path: Path) -> None:
     async with running_kubesim(tmp_path) as sim:
         kube = await connect(str(tmp_path / "kubeconfig"))
         try:
             mirror = Mirror(scheduler_name="kai-scheduler")
+            counters = Counters()
             writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
+                cast(ServiceContext, SimpleNamespace(counters=counters)),
+                kube,
+                mirror,
+                WriteBackOptions(resources_settle=0.05),
             )
             await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod(None)).encode())  # the bind not seen yet
+            mirror.change(PODS, "ADDED", pod(None))  # the bind not seen yet, nor within the settle time
             before = status_patches(sim)
 
             await writeback._on_event(RUNNING, delivery())
             status = await shown(kube, mirror)
             assert status["phase"] == "Running"
             assert not status["resourcesStatus"].get("allocated")
+            assert counters["writeback_binds_unseen"] == 1
 
-            mirror.change(PODS, "MODIFIED", json.dumps(pod("node-0")).encode())  # the watch catches up
+            mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch catches up
             await writeback._write_resources("default/pg")
             status = await shown(kube, mirror)
             assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
             assert status_patches(sim) - before == 2
+        finally:
+            await kube.close()
+
+
+async def test_a_podgroup_state_event_waits_for_the_watch_to_show_its_binds_and_writes_all_in_one_patch(
+    tmp_path: Path,
+) -> None:
+    # The binder publishes the event once its binds are written; the watch may show them a moment after the
+    # event arrives. Written at once, the event's patch counted the pod as unplaced and the recount wrote
+    # the resources again a second later: two writes where one does.
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            counters = Counters()
+            # A settle time far longer than the test: the wait ends when the watch shows the bind.
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=counters)),
+                kube,
+                mirror,
+                WriteBackOptions(resources_settle=60.0),
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", pod(None))
+            before = status_patches(sim)
+
+            handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
+            await asyncio.sleep(0.1)
+            assert not handler.done()  # neither written nor acked yet
+            assert status_patches(sim) == before
+            mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch shows the bind
+            await asyncio.wait_for(handler, 2.0)
+
+            status = await shown(kube, mirror)
+            assert status["phase"] == "Running"
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+            await writeback._write_resources("default/pg")  # the recount the event called for
+            assert status_patches(sim) - before == 1
+            assert counters["writeback_binds_unseen"] == 0
+        finally:
+            await kube.close()
+
+
+@pytest.mark.parametrize("event_comes", [True, False], ids=["its event comes", "no event comes"])
+async def test_a_sweep_leaves_a_newly_bound_pod_to_its_event_once(tmp_path: Path, event_comes: bool) -> None:
+    # Under load the write-back's events lag seconds behind the watch: a sweep between the bind shown and
+    # the podgroup-state event wrote the resources, and the event the phase, two writes where one does
+    # (a third of SchedulingBasic's podgroups). Without an event, the next sweep writes them.
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        options = WriteBackOptions(resources_period=0.5)
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", pod("node-0"))  # bound, its event still on its way
+            before = status_patches(sim)
+            counting = asyncio.create_task(writeback._count_resources())
+            try:
+                await asyncio.sleep(0.75)  # a sweep at 0.5 s, the next at 1 s
+                assert status_patches(sim) == before
+                if event_comes:
+                    await writeback._on_event(RUNNING, delivery())
+                for _ in range(100):
+                    status = await shown(kube, mirror)
+                    if status.get("resourcesStatus"):
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.2)  # two sweeps more, and the recount the event called for
+            finally:
+                await stop_tasks([counting])
+            status = await shown(kube, mirror)
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+            assert ("phase" in status) is event_comes
+            assert status_patches(sim) - before == 1
+        finally:
+            await kube.close()
+
+
+async def test_the_recount_loop_leaves_a_podgroup_to_the_event_being_written_about_it(
+    tmp_path: Path,
+) -> None:
+    # A recount woken by an earlier event while this one waits for the watch would write the podgroup's
+    # resources as the mirror shows them, without the bind: a write of its own before the event's.
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        options = WriteBackOptions(resources_settle=1.0, resources_period=60.0)
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
+            )
+            await podgroup_in(kube, mirror)
+            mirror.change(PODS, "ADDED", pod(None))
+            before = status_patches(sim)
+            counting = asyncio.create_task(writeback._count_resources())
+            try:
+                writeback._resources_dirty.add("default/another")  # an earlier event's: recounted at 1 s
+                writeback._resources_wake.set()
+                await asyncio.sleep(0.5)
+                handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))  # waits until 1.5 s
+                await asyncio.sleep(0.75)  # the recount came meanwhile
+                assert not handler.done()
+                mirror.change(PODS, "MODIFIED", pod("node-0"))
+                await asyncio.wait_for(handler, 2.0)
+                await shown(kube, mirror)
+            finally:
+                await stop_tasks([counting])
+            status = await shown(kube, mirror)
+            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+            assert status_patches(sim) - before == 1
+            assert writeback._resources_dirty == {"default/pg"}  # counted again after the event
+        finally:
+            await kube.close()
+
+
+async def test_an_event_waiting_for_its_binds_holds_up_the_next_event_of_its_podgroup_only(
+    tmp_path: Path,
+) -> None:
+    # The events of a fetched batch are written side by side: another podgroup's is written while one waits
+    # for the watch, and one about the same podgroup after it, in the order they came.
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            writeback = WriteBack(
+                cast(ServiceContext, SimpleNamespace(counters=Counters())),
+                kube,
+                mirror,
+                WriteBackOptions(resources_settle=60.0),
+            )
+            await podgroup_in(kube, mirror)
+            await podgroup_in(kube, mirror, "other")
+            mirror.change(PODS, "ADDED", pod(None))
+            mirror.change(PODS, "ADDED", pod("node-1", "other"))
+            before = status_patches(sim)
+
+            waiting = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
+            unschedulable = PodUnschedulable(
+                time=2.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
+            )
+            after_it = asyncio.create_task(writeback._on_event(unschedulable, delivery()))
+            other = msgspec.structs.replace(RUNNING, podgroup="other")
+            await asyncio.wait_for(writeback._on_event(other, delivery()), 2.0)
+            assert (await shown(kube, mirror, "other"))["phase"] == "Running"
+            assert status_patches(sim) - before == 1
+            assert not waiting.done()
+            assert not after_it.done()
+
+            mirror.change(PODS, "MODIFIED", pod("node-0"))
+            await asyncio.wait_for(asyncio.gather(waiting, after_it), 2.0)
+            status = await shown(kube, mirror)
+            assert status["phase"] == "Running"
+            [condition] = status["schedulingConditions"]
+            assert condition["message"] == "queue q is over its limit"
         finally:
             await kube.close()
 
@@ -178,7 +344,7 @@ async def test_an_unschedulable_report_writes_its_condition_and_the_resources_in
                 cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
             )
             await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod(None if pending_shown else "node-0")).encode())
+            mirror.change(PODS, "ADDED", pod(None if pending_shown else "node-0"))
             before = status_patches(sim)
 
             event = PodUnschedulable(
@@ -213,7 +379,7 @@ async def test_a_coalesced_write_refused_for_a_moment_leaves_its_event_to_be_del
                 cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
             )
             await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            mirror.change(PODS, "ADDED", pod("node-0"))
 
             sim.faults.set_plan(
                 FaultPlan(rules=(FaultRule(verb="patch", resource="podgroups/status", status=503),))
@@ -243,7 +409,7 @@ async def test_a_version_of_the_group_from_before_the_write_is_not_written_again
                 cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
             )
             created = await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            mirror.change(PODS, "ADDED", pod("node-0"))
             before = status_patches(sim)
             await writeback._on_event(RUNNING, delivery())
 
@@ -284,14 +450,14 @@ async def test_the_periodic_recount_runs_while_events_keep_waking_the_write_back
                 cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
             )
             await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", json.dumps(pod("node-0")).encode())
+            mirror.change(PODS, "ADDED", pod("node-0"))
             recount = writeback._write_resources
 
-            async def written(name: str) -> None:
+            async def written(name: str, may_leave: bool = False) -> None:
                 if name == "default/another":
                     await asyncio.sleep(0.005)  # its status patch's round trip
                 else:
-                    await recount(name)
+                    await recount(name, may_leave)
 
             monkeypatch.setattr(writeback, "_write_resources", written)
             counting = asyncio.create_task(writeback._count_resources())

@@ -15,9 +15,12 @@ and, for each event:
   `PodScheduled=False` with reason `Unschedulable` and the Event's text (a strategic merge patch of
   pods/status, built by `services.state.mirror.problems.pod_scheduled_patch` like the held-back pods');
   binding sets it True;
-- podgroup-state: the PodGroup's status phase and counts; its ``UnschedulableOnNodePool`` condition for
-  its node pool goes once none of its pods is pending any more (`stale_condition_patch`, checked with the
-  ``resourcesStatus`` recount below, so also when pending pods are deleted or bound without an event);
+- podgroup-state: the PodGroup's status phase and counts, in one patch with the ``resourcesStatus``
+  recount below, made once the mirror shows on a node the pods the event says were bound (the watch may
+  show them a moment after the event arrives; `resources_settle` at most, then the recount loop writes
+  what it had not shown); its ``UnschedulableOnNodePool`` condition for its node pool goes once none of its
+  pods is pending any more (`stale_condition_patch`, checked with that recount, so also when pending pods
+  are deleted or bound without an event);
 - queue-fair-share: the Queue's status (allocated, allocatedNonPreemptible, requested, fairShare).
 
 The PodGroup's own knobs are honoured as KAI's status updater honours them: ``markUnschedulable: false``
@@ -44,8 +47,9 @@ KV mirror. An Event is named after the stored time of the event message it is wr
 its work over) creates no second Event: the API server answers 409, counted as
 `kube_events_already_written`. An object that no longer exists (404) is skipped; a temporary API failure (429, 5xx, no answer)
 is forgotten and naks the event, so JetStream redelivers it and the redelivery writes it. The events of one
-fetched batch are written side by side and their acks sent together once all are written (one write to
-the server); a nak goes at once.
+fetched batch are written side by side, those about one podgroup's status one after the other in the
+order they came, and their acks sent together once all are written (one write to the server); a nak goes
+at once.
 
 With state partitions (`services.state.sources.partitioned_source`) every replica runs one write-back that follows
 one feed per numbered partition it owns (`follow`: the partition's durable consumer of the internal work
@@ -64,7 +68,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +114,10 @@ PODS_PER_REPORT = 64
 every pending pod gets the PodScheduled condition."""
 PRUNE_FLOOR = 1024
 """Pods remembered before the first sweep of those bound or gone (then twice what the last sweep kept)."""
+FIRST_LOOK_AGAIN = 0.005
+"""Seconds before a podgroup-state event first looks again for binds the mirror did not show yet (the watch
+most often shows them within milliseconds), doubled each time up to `LAST_LOOK_AGAIN`."""
+LAST_LOOK_AGAIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,8 @@ class WriteBack:
         self._resources_dirty: set[str] = set()
         """PodGroups ("ns/name") an event named since the last recount of their resourcesStatus."""
         self._resources_wake = asyncio.Event()
+        self._resources_left: set[str] = set()
+        """PodGroups the last sweep left to the event on its way about them (`_event_coming`)."""
         self._resources_seen: dict[str, _Count] = {}
         """PodGroup "ns/name" -> its last recount, so that a podgroup nothing changed for is not recounted
         and one whose pods did not change is not summed again."""
@@ -217,6 +227,8 @@ class WriteBack:
         counted the same gets the very same sums."""
         self._pod_demands: dict[str, tuple[wire.Pod, PodDemand]] = {}
         """Pod uid -> (a version of the pod, its `pod_demand`), kept across versions asking the same."""
+        self._turns: dict[str, asyncio.Future[None]] = {}
+        """PodGroup "ns/name" -> the end of the last of its events' status writes under way (`_turn`)."""
 
     async def start(self, feed: EventFeed | None = EVENTS_FEED) -> None:
         """Fetch `feed`'s events (None: none yet, `follow` adds feeds) and recount resourcesStatus."""
@@ -294,7 +306,10 @@ class WriteBack:
     async def _on_event(self, event: Event, msg: Any) -> None:
         now = asyncio.get_running_loop().time()
         _STORED.set(stored_nanos(msg))
-        if isinstance(event, PodBound | PodEvicted | PodUnschedulable | PodGroupState):
+        # Not for a pod-bound event: the binder publishes a podgroup-state event with it, which writes the
+        # recount in its own patch; a recount for the pod-bound one, under load most often done before the
+        # other came, was a write of its own. A lost podgroup-state event leaves it to the sweep.
+        if isinstance(event, PodEvicted | PodUnschedulable | PodGroupState):
             self._resources_dirty.add(f"{event.namespace}/{event.podgroup}")
             self._resources_wake.set()
         try:
@@ -362,6 +377,10 @@ class WriteBack:
         await self._event(about, eviction_reason(event.reason), event.reason, "Normal")
 
     async def _unschedulable(self, event: PodUnschedulable, now: float) -> None:
+        async with self._turn(f"{event.namespace}/{event.podgroup}"):
+            await self._unschedulable_in_turn(event, now)
+
+    async def _unschedulable_in_turn(self, event: PodUnschedulable, now: float) -> None:
         text = failed_scheduling_message(event.message, self.mirror.node_count())
         group = self.mirror.raw.podgroups.get(f"{event.namespace}/{event.podgroup}")
         mark = True
@@ -504,26 +523,69 @@ class WriteBack:
 
     async def _podgroup_state(self, event: PodGroupState) -> None:
         key = f"{event.namespace}/{event.podgroup}"
-        group = self.mirror.raw.podgroups.get(key)
-        if group is None:
-            return
-        if event.phase == "Running":
-            self._reported.pop(key, None)
-        # The UnschedulableOnNodePool condition goes with the podgroup's last pending pod, which the recount
-        # this event triggers sees (`stale_condition_patch`): a gang placed in part keeps it (KAI #1908).
-        patch = translate.podgroup_status_patch(
-            group, now=event_time(), phase=event.phase, running=event.running, pending=event.pending
-        )
-        # The recount the event calls for goes in the same patch (the mirror has most often seen the binds
-        # already): one status write per podgroup and event, not a second one from the recount a moment
-        # later, which then finds nothing left to write. What the mirror has not seen yet, that recount
-        # writes.
-        count = self._recount_now(key, group)
-        if count is not None:
-            patch = _merged(patch, count.patch)
-        await self._patch_podgroup_status(group, patch)
-        if count is not None:
-            self._resources_seen[key] = self._written_count(count, patch)
+        async with self._turn(key):
+            if key in self.mirror.raw.podgroups and (self.owns is None or self.owns(key)):
+                await self._binds_shown(event)
+            group = self.mirror.raw.podgroups.get(key)
+            if group is None:
+                return
+            if event.phase == "Running":
+                self._reported.pop(key, None)
+            # The UnschedulableOnNodePool condition goes with the podgroup's last pending pod, which the
+            # recount this event triggers sees (`stale_condition_patch`): a gang placed in part keeps it
+            # (KAI #1908).
+            patch = translate.podgroup_status_patch(
+                group, now=event_time(), phase=event.phase, running=event.running, pending=event.pending
+            )
+            # The recount the event calls for goes in the same patch, with the binds it reports shown by
+            # the mirror (`_binds_shown`): one status write per podgroup and event, not a second one from
+            # the recount a moment later, which then finds nothing left to write. What the mirror did not
+            # show in time, that recount writes.
+            count = self._recount_now(key, group)
+            if count is not None:
+                patch = _merged(patch, count.patch)
+            await self._patch_podgroup_status(group, patch)
+            if count is not None:
+                self._resources_seen[key] = self._written_count(count, patch)
+
+    async def _binds_shown(self, event: PodGroupState) -> None:
+        """Wait until the mirror shows on a node as many of the podgroup's pods as the event says were bound,
+        `resources_settle` at most: the binder publishes the event once the binds are written, and the watch
+        may show them a moment after the event arrives. Past the wait the event's patch counts what the
+        mirror has, and the recount loop writes the rest (a pod deleted meanwhile is never shown bound).
+        Only this event's handler waits (and the next of its podgroup, `_turn`): the other events of its
+        batch are written meanwhile, though the batch's acks and the next fetch wait for it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.resources_settle
+        pause = FIRST_LOOK_AGAIN
+        while self._shown_bound(event) < event.running:
+            left = deadline - loop.time()
+            if left <= 0:
+                self.ctx.counters["writeback_binds_unseen"] += 1
+                return
+            await asyncio.sleep(min(pause, left))
+            pause = min(2 * pause, LAST_LOOK_AGAIN)
+
+    def _shown_bound(self, event: PodGroupState) -> int:
+        return sum(1 for pod in self.mirror.members(event.namespace, event.podgroup) if pod.spec.node_name)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, key: str) -> AsyncIterator[None]:
+        """The podgroup's status writes one after the other, in the order its events came: an event's
+        handler goes on once the last one about the same podgroup has written (one waiting for the watch,
+        `_binds_shown`, must not be overtaken by an event fetched with it). Other podgroups' events do not
+        wait."""
+        before = self._turns.get(key)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._turns[key] = mine
+        try:
+            if before is not None:
+                await asyncio.wait((before,))
+            yield
+        finally:
+            mine.set_result(None)
+            if self._turns.get(key) is mine:
+                del self._turns[key]
 
     async def _patch_podgroup_status(self, group: wire.PodGroup, patch: dict[str, Any] | None) -> None:
         if patch is None:
@@ -558,18 +620,28 @@ class WriteBack:
                     sweep = True
                 else:
                     await asyncio.sleep(self.options.resources_settle)
+            named, left = self._resources_dirty, self._resources_left
             if sweep:
-                names = set(self.mirror.raw.podgroups) | self._resources_dirty
+                names = set(self.mirror.raw.podgroups) | named
                 sweep_at = loop.time() + self.options.resources_period
+                self._resources_left = set()
             else:
-                names = self._resources_dirty
+                names = named
             self._resources_wake.clear()
             self._resources_dirty = set()
             if self.owns is not None:
                 names = {name for name in names if self.owns(name)}
             for name in sorted(names):
+                if name in self._turns:
+                    # An event about it is being written, and writes its recount (`_binds_shown`): a recount
+                    # now would count without the binds the event waits for, or write what it writes. After
+                    # it, the podgroup is counted again.
+                    self._resources_dirty.add(name)
+                    self._resources_wake.set()
+                    continue
                 try:
-                    await self._write_resources(name)
+                    # A sweep leaves a podgroup to its coming event once; the next sweep writes it anyway.
+                    await self._write_resources(name, sweep and name not in named and name not in left)
                 except ApiError as exc:
                     if exc.temporary:
                         self._resources_dirty.add(name)  # the next sweep tries again
@@ -580,15 +652,34 @@ class WriteBack:
                     log.exception("counting the resources of podgroup %s failed", name)
             self._forget_resources()
 
-    async def _write_resources(self, name: str) -> None:
+    async def _write_resources(self, name: str, may_leave: bool = False) -> None:
+        """Recount the podgroup and write what changed; `may_leave`: unless an event about it is most
+        likely on its way (`_event_coming`), which writes the count with its own patch, in one write."""
         group = self.mirror.raw.podgroups.get(name)
         if group is None:
             return
         count = self._recount(name, group)
         if count is None:
             return
+        if may_leave and count.patch is not None and self._event_coming(name, count):
+            self._resources_left.add(name)
+            return
         await self._patch_podgroup_status(group, count.patch)
         self._resources_seen[name] = self._written_count(count, count.patch)
+
+    def _event_coming(self, name: str, count: _Count) -> bool:
+        """Whether `count` found a pod that its podgroup's last count did not (no count yet: any pod), or
+        found on a node one that count found pending: Kairos reports on such a pod, bound (podgroup-state)
+        or not (pod-unschedulable), and the report, which under load may reach the write-back seconds after
+        the watch showed the pod, writes the count with its phase or condition in one patch. A pod that
+        starts, finishes or goes has no such report."""
+        last = self._resources_seen.get(name)
+        before = () if last is None else last.inputs
+        known = {(p.metadata.uid, bool(p.spec.node_name)) for p in before if isinstance(p, wire.Pod)}
+        return any(
+            isinstance(p, wire.Pod) and (p.metadata.uid, bool(p.spec.node_name)) not in known
+            for p in count.inputs
+        )
 
     def _written_count(self, count: _Count, patch: dict[str, Any] | None) -> _Count:
         """`count` as remembered once `patch` (its own, or an event's with it) went through."""
