@@ -29,8 +29,10 @@ keeps the pending pods' PodScheduled condition unwritten (the Events are still r
 
 And, as KAI's podgroup controller does, every PodGroup's ``status.resourcesStatus``: what its pods request
 and what the placed ones hold (`shared.kube.translate.podgroup_resources_status`), recomputed for the
-podgroups an event names once the watch has caught up (`resources_settle`) and for every podgroup each
-`resources_period` (pods finish or go without an event), patched only when the amounts change.
+podgroups an event names once the watch has caught up (`resources_settle`; a pod-bound event's with its
+podgroup-state event) and for every podgroup each `resources_period` (pods finish or go without an
+event; a podgroup with new or newly placed pods is left once to the event on its way), patched only when
+the amounts change.
 
 Objects the mirror holds back are shown by the problem report (`services.state.controllers.problem_report`), which
 uses this module's Events clock (`event_time`) and pod status patch (`patch_pod_status`).
