@@ -7,6 +7,7 @@ tests/integration/test_shard_durables.py's)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -132,3 +133,82 @@ def test_a_shard_made_again_under_the_same_name_keeps_its_durables(
         made.raw[SHARD] = b"{}"
     run(made, deleted, monkeypatch)
     assert deleted == []
+    if seen == "record":
+        # Only the copy of the state bucket shows it: looked at again later, not given up.
+        assert set(made._releases) == set(shard_consumers.shard_durables(SHARD))
+    else:
+        assert made._releases == {}, "in force again: nothing left to delete"
+
+
+def test_a_deleted_shard_still_in_a_copy_behind_has_its_durables_deleted_once_the_copy_catches_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, _, deleted = watch(fenced=True)
+    due(made)
+    made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+    run(made, deleted, monkeypatch)
+    assert deleted == []
+    made.replica.shards = {}  # type: ignore[attr-defined]
+    due_again = {durable: (-1.0, tries) for durable, (_, tries) in made._releases.items()}
+    made._releases = due_again
+    run(made, deleted, monkeypatch)
+    assert sorted(deleted) == sorted(shard_consumers.shard_durables(SHARD))
+    assert made._releases == {}
+
+
+def test_a_shard_the_copy_keeps_showing_has_its_durables_looked_at_only_release_tries_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, _, deleted = watch(fenced=True)
+    due(made)
+    made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+    looks = 0
+    while made._releases:
+        looks += 1
+        made._releases = {durable: (-1.0, tries) for durable, (_, tries) in made._releases.items()}
+        run(made, deleted, monkeypatch)
+    assert looks == shard_watch.RELEASE_TRIES
+    assert deleted == [], "left to the server's inactivity threshold"
+
+
+def test_a_fault_in_releasing_durables_leaves_the_watch_applying_shards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, _, _ = watch(fenced=True)
+    made._listed = True
+    releases: list[int] = []
+    applied: list[int] = []
+
+    async def release_due() -> None:
+        releases.append(1)
+        if len(releases) == 1:
+            raise RuntimeError("unforeseen")
+
+    async def apply() -> None:
+        applied.append(1)
+
+    monkeypatch.setattr(made, "_release_due", release_due)
+    monkeypatch.setattr(made, "apply", apply)
+    monkeypatch.setattr(shard_watch, "RETRY_AFTER_FAILURE", 0.0)
+
+    async def until(done: Any) -> None:
+        for _ in range(1000):
+            if done():
+                return
+            await asyncio.sleep(0)
+
+    async def scenario() -> bool:
+        made._wake.set()
+        task = asyncio.create_task(made._run())
+        await until(lambda: releases)
+        made._wake.set()  # a SchedulingShard changed after the fault
+        await until(lambda: len(applied) == 2)
+        running = not task.done()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return running
+
+    assert asyncio.run(scenario()), "the watch's loop ended"
+    assert len(applied) == 2
+    assert made.ctx.counters["shard_failures"] == 1

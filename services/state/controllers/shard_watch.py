@@ -174,9 +174,16 @@ class ShardWatch:
                         log.exception("SchedulingShards: applying them failed; retrying")
                         await asyncio.sleep(RETRY_AFTER_FAILURE)
                         self._wake.set()
-            if self._listed and self._sweep_at is not None and self._sweep_at <= self._now():
-                await self._sweep()
-            await self._release_due()
+            try:
+                if self._listed and self._sweep_at is not None and self._sweep_at <= self._now():
+                    await self._sweep()
+                await self._release_due()
+            except Exception:
+                # A fault in the clean-up of deleted shards' durables must not end the watch: the shards
+                # in force would no longer be applied.
+                self.ctx.counters["shard_failures"] += 1
+                log.exception("SchedulingShards: releasing deleted shards' durables failed")
+                await asyncio.sleep(RETRY_AFTER_FAILURE)
 
     # --- a deleted shard's durable consumers, deleted once it has stayed gone ---------------------------------
     @staticmethod
@@ -215,6 +222,12 @@ class ShardWatch:
     def _kept(self) -> set[tuple[str, str]]:
         return {durable for shard in self._stored for durable in shard_consumers.shard_durables(shard)}
 
+    def _held(self) -> set[tuple[str, str]]:
+        """The durables of the shards this owner holds in force: a SchedulingShard its informer holds (valid
+        or not) or a record it wrote."""
+        names = set(self.raw) | set(self._stored)
+        return {durable for shard in names for durable in shard_consumers.shard_durables(shard)}
+
     def _seen(self) -> set[tuple[str, str]]:
         """The durables of every shard this replica sees now: a SchedulingShard its informer holds (valid or
         not) or a shard record in its copy of the state bucket (another owner's, made again meanwhile)."""
@@ -228,7 +241,9 @@ class ShardWatch:
 
         Fenced: under the owner's `WriteFence`, its lease key is read once before the due durables are
         deleted and its keeper and clock checked right before each deletion, and a durable is deleted only
-        while its shard is still absent from what this replica sees (`_seen`). A former owner paused past
+        while its shard is still absent from what this replica sees (`_seen`); one whose shard only the
+        replica's copy of the state bucket still shows is looked at again `RELEASE_AFTER_S` later, within
+        the `RELEASE_TRIES`. A former owner paused past
         its lease deletes nothing (its due durables are dropped: its successor's sweep finds those still
         unused), so none of a shard made again under the same name is deleted by an owner of before."""
         now = self._now()
@@ -247,6 +262,11 @@ class ShardWatch:
         for stream, name in due:
             _, failed = self._releases.pop((stream, name))
             if (stream, name) in self._seen():
+                if (stream, name) not in self._held() and failed + 1 < RELEASE_TRIES:
+                    # Only the replica's copy of the state bucket shows the shard: a record made again by
+                    # another owner, or the deleted one in a copy that has not caught up. Looked at again
+                    # later, so a copy behind does not keep the durables for good.
+                    self._releases[stream, name] = (now + RELEASE_AFTER_S, failed + 1)
                 continue
             try:
                 if fence is not None:
