@@ -12,8 +12,20 @@ replica's own KV watch 5-6 %, the admission webhook 4 %, binder stamps 2.5 %, th
 rest (about 12 %, in proportion). Every replica must read every watch event (Kubernetes watches cannot be
 split by a hash) and follow the whole KV bucket (it answers snapshots): that part is repeated, and bounds
 what two replicas can reach. The write-back, the KV writes and the controllers' API calls are divided;
-the translation is not (every replica's mirror translates every object: a replica translating only the
-pods of its partitions is the next step).
+the translation is not (every replica's mirror translates every object).
+
+What dividing the rest would take (measured with two replicas, docs/performance.md: the informers, the
+mirror and the KV watch that every replica repeats come to about 0.45 ms per pod, so the busiest of two
+spends at least 0.65 of one replica). A replica translating only its partitions' pods saves the smaller
+part; the watches are the larger. A watch can be divided only by a label selector, so the partition would
+have to be a label the admission webhook writes (``in (...)`` over the partitions owned, the pods without
+it watched by the `CLUSTER` owner). The webhook cannot hash a pod's name for it: a pod made with
+``generateName`` has no name yet when mutating webhooks see it, so the label would carry a partition
+chosen at admission, and then the events' routing (today the pod's name's hash, by the subject transform)
+and a pod's record key would have to follow the label instead; a watch's selector changes when partitions
+change hands (a relist of the gained ones). A pod's record is translated with its podgroup's, and the
+write-back's recount reads a podgroup's pods, while a pod and its podgroup sit in their own names'
+partitions: a replica watching only its partitions' pods would also need the podgroups of those pods.
 
 The table. The podgroup key space is cut into `count` partitions: a podgroup `ns/name` is in partition
 `fnv1a32(token("ns/name")) % count`, the very hash NATS's subject transform ``{{partition(count, n)}}``
