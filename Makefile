@@ -32,12 +32,13 @@ lint: $(INSTALLED)
 	$(BIN)/lint-imports
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist). Most tests wait on a nats-server, kubesim or the
-# services they start, so two workers on CI's two cores finish in about two thirds of one worker's time.
-# TEST_WORKERS=0 runs the suite in this process.
+# services they start, so two workers on CI's two cores take less time than one. A worker that runs out of
+# tests takes some from the other's queue (worksteal): with xdist's default, the tests left at the end sat
+# in one worker's queue while the other idled. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/pytest -n $(TEST_WORKERS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-bus: $(INSTALLED)
 	KAIROS_BUS_CORPUS=all $(BIN)/pytest tests/e2e/test_conformance_bus.py
