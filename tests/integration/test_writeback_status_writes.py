@@ -7,10 +7,12 @@ write; what the mirror did not show within `resources_settle`, that recount writ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import pytest
@@ -103,6 +105,28 @@ async def shown(kube: Kube, mirror: Mirror, name: str = "pg") -> dict[str, Any]:
     return status
 
 
+class Stage(NamedTuple):
+    sim: KubeSim
+    kube: Kube
+    mirror: Mirror
+    writeback: WriteBack
+
+
+@contextlib.asynccontextmanager
+async def stage(tmp_path: Path, options: WriteBackOptions | None = None) -> AsyncIterator[Stage]:
+    """The simulated API server, a client of it, an empty mirror, and a write-back over both (its counters in
+    `writeback.ctx.counters`); the client closed at the end."""
+    async with running_kubesim(tmp_path) as sim:
+        kube = await connect(str(tmp_path / "kubeconfig"))
+        try:
+            mirror = Mirror(scheduler_name="kai-scheduler")
+            context = cast(ServiceContext, SimpleNamespace(counters=Counters()))
+            writeback = WriteBack(context, kube, mirror, options or WriteBackOptions())
+            yield Stage(sim, kube, mirror, writeback)
+        finally:
+            await kube.close()
+
+
 def status_patches(sim: KubeSim) -> int:
     return sum(
         row["count"]
@@ -115,62 +139,41 @@ def status_patches(sim: KubeSim) -> int:
 async def test_a_podgroup_state_event_writes_phase_and_resources_in_one_patch_and_the_recount_adds_none(
     tmp_path: Path, watch_caught_up: bool
 ) -> None:
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            counters = Counters()
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=counters)), kube, mirror, WriteBackOptions()
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod("node-0"))
-            before = status_patches(sim)
+    async with stage(tmp_path) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        before = status_patches(sim)
 
-            await writeback._on_event(RUNNING, delivery())
-            if watch_caught_up:
-                status = await shown(kube, mirror)
-            await writeback._write_resources("default/pg")  # the recount the event called for
-
+        await writeback._on_event(RUNNING, delivery())
+        if watch_caught_up:
             status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-            assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
-            assert status_patches(sim) - before == 1
-            assert counters["kube_status_patches"] == 1
-        finally:
-            await kube.close()
+        await writeback._write_resources("default/pg")  # the recount the event called for
+
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) - before == 1
+        assert writeback.ctx.counters["kube_status_patches"] == 1
 
 
 async def test_what_the_mirror_did_not_show_within_the_settle_time_the_recount_writes(tmp_path: Path) -> None:
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            counters = Counters()
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=counters)),
-                kube,
-                mirror,
-                WriteBackOptions(resources_settle=0.05),
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod(None))  # the bind not seen yet, nor within the settle time
-            before = status_patches(sim)
+    async with stage(tmp_path, WriteBackOptions(resources_settle=0.05)) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod(None))  # the bind not seen yet, nor within the settle time
+        before = status_patches(sim)
 
-            await writeback._on_event(RUNNING, delivery())
-            status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            assert not status["resourcesStatus"].get("allocated")
-            assert counters["writeback_binds_unseen"] == 1
+        await writeback._on_event(RUNNING, delivery())
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        assert not status["resourcesStatus"].get("allocated")
+        assert writeback.ctx.counters["writeback_binds_unseen"] == 1
 
-            mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch catches up
-            await writeback._write_resources("default/pg")
-            status = await shown(kube, mirror)
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-            assert status_patches(sim) - before == 2
-        finally:
-            await kube.close()
+        mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch catches up
+        await writeback._write_resources("default/pg")
+        status = await shown(kube, mirror)
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) - before == 2
 
 
 async def test_a_podgroup_state_event_waits_for_the_watch_to_show_its_binds_and_writes_all_in_one_patch(
@@ -179,37 +182,25 @@ async def test_a_podgroup_state_event_waits_for_the_watch_to_show_its_binds_and_
     # The binder publishes the event once its binds are written; the watch may show them a moment after the
     # event arrives. Written at once, the event's patch counted the pod as unplaced and the recount wrote
     # the resources again a second later: two writes where one does.
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            counters = Counters()
-            # A settle time far longer than the test: the wait ends when the watch shows the bind.
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=counters)),
-                kube,
-                mirror,
-                WriteBackOptions(resources_settle=60.0),
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod(None))
-            before = status_patches(sim)
+    # A settle time far longer than the test: the wait ends when the watch shows the bind.
+    async with stage(tmp_path, WriteBackOptions(resources_settle=60.0)) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod(None))
+        before = status_patches(sim)
 
-            handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
-            await asyncio.sleep(0.1)
-            assert not handler.done()  # neither written nor acked yet
-            assert status_patches(sim) == before
-            mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch shows the bind
-            await asyncio.wait_for(handler, 2.0)
+        handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
+        await asyncio.sleep(0.1)
+        assert not handler.done()  # neither written nor acked yet
+        assert status_patches(sim) == before
+        mirror.change(PODS, "MODIFIED", pod("node-0"))  # the watch shows the bind
+        await asyncio.wait_for(handler, 2.0)
 
-            status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-            await writeback._write_resources("default/pg")  # the recount the event called for
-            assert status_patches(sim) - before == 1
-            assert counters["writeback_binds_unseen"] == 0
-        finally:
-            await kube.close()
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        await writeback._write_resources("default/pg")  # the recount the event called for
+        assert status_patches(sim) - before == 1
+        assert writeback.ctx.counters["writeback_binds_unseen"] == 0
 
 
 @pytest.mark.parametrize("event_comes", [True, False], ids=["its event comes", "no event comes"])
@@ -217,37 +208,29 @@ async def test_a_sweep_leaves_a_newly_bound_pod_to_its_event_once(tmp_path: Path
     # Under load the write-back's events lag seconds behind the watch: a sweep between the bind shown and
     # the podgroup-state event wrote the resources, and the event the phase, two writes where one does
     # (a third of SchedulingBasic's podgroups). Without an event, the next sweep writes them.
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        options = WriteBackOptions(resources_period=0.5)
+    options = WriteBackOptions(resources_period=0.5)
+    async with stage(tmp_path, options) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))  # bound, its event still on its way
+        before = status_patches(sim)
+        counting = asyncio.create_task(writeback._count_resources())
         try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod("node-0"))  # bound, its event still on its way
-            before = status_patches(sim)
-            counting = asyncio.create_task(writeback._count_resources())
-            try:
-                await asyncio.sleep(0.75)  # a sweep at 0.5 s, the next at 1 s
-                assert status_patches(sim) == before
-                if event_comes:
-                    await writeback._on_event(RUNNING, delivery())
-                for _ in range(100):
-                    status = await shown(kube, mirror)
-                    if status.get("resourcesStatus"):
-                        break
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(1.2)  # two sweeps more, and the recount the event called for
-            finally:
-                await stop_tasks([counting])
-            status = await shown(kube, mirror)
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-            assert ("phase" in status) is event_comes
-            assert status_patches(sim) - before == 1
+            await asyncio.sleep(0.75)  # a sweep at 0.5 s, the next at 1 s
+            assert status_patches(sim) == before
+            if event_comes:
+                await writeback._on_event(RUNNING, delivery())
+            for _ in range(100):
+                status = await shown(kube, mirror)
+                if status.get("resourcesStatus"):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.2)  # two sweeps more, and the recount the event called for
         finally:
-            await kube.close()
+            await stop_tasks([counting])
+        status = await shown(kube, mirror)
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert ("phase" in status) is event_comes
+        assert status_patches(sim) - before == 1
 
 
 async def test_the_recount_loop_leaves_a_podgroup_to_the_event_being_written_about_it(
@@ -255,36 +238,28 @@ async def test_the_recount_loop_leaves_a_podgroup_to_the_event_being_written_abo
 ) -> None:
     # A recount woken by an earlier event while this one waits for the watch would write the podgroup's
     # resources as the mirror shows them, without the bind: a write of its own before the event's.
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        options = WriteBackOptions(resources_settle=1.0, resources_period=60.0)
+    options = WriteBackOptions(resources_settle=1.0, resources_period=60.0)
+    async with stage(tmp_path, options) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod(None))
+        before = status_patches(sim)
+        counting = asyncio.create_task(writeback._count_resources())
         try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod(None))
-            before = status_patches(sim)
-            counting = asyncio.create_task(writeback._count_resources())
-            try:
-                writeback._resources_dirty.add("default/another")  # an earlier event's: recounted at 1 s
-                writeback._resources_wake.set()
-                await asyncio.sleep(0.5)
-                handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))  # waits until 1.5 s
-                await asyncio.sleep(0.75)  # the recount came meanwhile
-                assert not handler.done()
-                mirror.change(PODS, "MODIFIED", pod("node-0"))
-                await asyncio.wait_for(handler, 2.0)
-                await shown(kube, mirror)
-            finally:
-                await stop_tasks([counting])
-            status = await shown(kube, mirror)
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-            assert status_patches(sim) - before == 1
-            assert writeback._resources_dirty == {"default/pg"}  # counted again after the event
+            writeback._resources_dirty.add("default/another")  # an earlier event's: recounted at 1 s
+            writeback._resources_wake.set()
+            await asyncio.sleep(0.5)
+            handler = asyncio.create_task(writeback._on_event(RUNNING, delivery()))  # waits until 1.5 s
+            await asyncio.sleep(0.75)  # the recount came meanwhile
+            assert not handler.done()
+            mirror.change(PODS, "MODIFIED", pod("node-0"))
+            await asyncio.wait_for(handler, 2.0)
+            await shown(kube, mirror)
         finally:
-            await kube.close()
+            await stop_tasks([counting])
+        status = await shown(kube, mirror)
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) - before == 1
+        assert writeback._resources_dirty == {"default/pg"}  # counted again after the event
 
 
 async def test_an_event_waiting_for_its_binds_holds_up_the_next_event_of_its_podgroup_only(
@@ -292,42 +267,31 @@ async def test_an_event_waiting_for_its_binds_holds_up_the_next_event_of_its_pod
 ) -> None:
     # The events of a fetched batch are written side by side: another podgroup's is written while one waits
     # for the watch, and one about the same podgroup after it, in the order they came.
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())),
-                kube,
-                mirror,
-                WriteBackOptions(resources_settle=60.0),
-            )
-            await podgroup_in(kube, mirror)
-            await podgroup_in(kube, mirror, "other")
-            mirror.change(PODS, "ADDED", pod(None))
-            mirror.change(PODS, "ADDED", pod("node-1", "other"))
-            before = status_patches(sim)
+    async with stage(tmp_path, WriteBackOptions(resources_settle=60.0)) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        await podgroup_in(kube, mirror, "other")
+        mirror.change(PODS, "ADDED", pod(None))
+        mirror.change(PODS, "ADDED", pod("node-1", "other"))
+        before = status_patches(sim)
 
-            waiting = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
-            unschedulable = PodUnschedulable(
-                time=2.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
-            )
-            after_it = asyncio.create_task(writeback._on_event(unschedulable, delivery()))
-            other = msgspec.structs.replace(RUNNING, podgroup="other")
-            await asyncio.wait_for(writeback._on_event(other, delivery()), 2.0)
-            assert (await shown(kube, mirror, "other"))["phase"] == "Running"
-            assert status_patches(sim) - before == 1
-            assert not waiting.done()
-            assert not after_it.done()
+        waiting = asyncio.create_task(writeback._on_event(RUNNING, delivery()))
+        unschedulable = PodUnschedulable(
+            time=2.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
+        )
+        after_it = asyncio.create_task(writeback._on_event(unschedulable, delivery()))
+        other = msgspec.structs.replace(RUNNING, podgroup="other")
+        await asyncio.wait_for(writeback._on_event(other, delivery()), 2.0)
+        assert (await shown(kube, mirror, "other"))["phase"] == "Running"
+        assert status_patches(sim) - before == 1
+        assert not waiting.done()
+        assert not after_it.done()
 
-            mirror.change(PODS, "MODIFIED", pod("node-0"))
-            await asyncio.wait_for(asyncio.gather(waiting, after_it), 2.0)
-            status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            [condition] = status["schedulingConditions"]
-            assert condition["message"] == "queue q is over its limit"
-        finally:
-            await kube.close()
+        mirror.change(PODS, "MODIFIED", pod("node-0"))
+        await asyncio.wait_for(asyncio.gather(waiting, after_it), 2.0)
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        [condition] = status["schedulingConditions"]
+        assert condition["message"] == "queue q is over its limit"
 
 
 @pytest.mark.parametrize(
@@ -336,33 +300,25 @@ async def test_an_event_waiting_for_its_binds_holds_up_the_next_event_of_its_pod
 async def test_an_unschedulable_report_writes_its_condition_and_the_resources_in_one_patch(
     tmp_path: Path, pending_shown: bool
 ) -> None:
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod(None if pending_shown else "node-0"))
-            before = status_patches(sim)
+    async with stage(tmp_path) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod(None if pending_shown else "node-0"))
+        before = status_patches(sim)
 
-            event = PodUnschedulable(
-                time=1.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
-            )
-            await writeback._on_event(event, delivery())
+        event = PodUnschedulable(
+            time=1.0, namespace="default", podgroup="pg", queue="q", message="queue q is over its limit"
+        )
+        await writeback._on_event(event, delivery())
 
-            status = await shown(kube, mirror)
-            # The event's condition stands even where the recount alone would have removed it as stale.
-            [condition] = status["schedulingConditions"]
-            assert (condition["type"], condition["message"]) == (
-                "UnschedulableOnNodePool",
-                "queue q is over its limit",
-            )
-            assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
-            assert status_patches(sim) - before == 1
-        finally:
-            await kube.close()
+        status = await shown(kube, mirror)
+        # The event's condition stands even where the recount alone would have removed it as stale.
+        [condition] = status["schedulingConditions"]
+        assert (condition["type"], condition["message"]) == (
+            "UnschedulableOnNodePool",
+            "queue q is over its limit",
+        )
+        assert status["resourcesStatus"]["requested"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) - before == 1
 
 
 async def test_a_coalesced_write_refused_for_a_moment_leaves_its_event_to_be_delivered_again(
@@ -371,68 +327,52 @@ async def test_a_coalesced_write_refused_for_a_moment_leaves_its_event_to_be_del
     # The phase and the recount go in one write inside the event's handler, before its ack: an API server
     # that fails the write makes the handler ask for the event again (TemporaryError: nak), and the event
     # delivered again writes both; nothing was remembered as written meanwhile.
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, WriteBackOptions()
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod("node-0"))
+    async with stage(tmp_path) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
 
-            sim.faults.set_plan(
-                FaultPlan(rules=(FaultRule(verb="patch", resource="podgroups/status", status=503),))
-            )
-            with pytest.raises(TemporaryError):
-                await writeback._on_event(RUNNING, delivery())
-            assert "phase" not in await shown(kube, mirror)
+        sim.faults.set_plan(
+            FaultPlan(rules=(FaultRule(verb="patch", resource="podgroups/status", status=503),))
+        )
+        with pytest.raises(TemporaryError):
+            await writeback._on_event(RUNNING, delivery())
+        assert "phase" not in await shown(kube, mirror)
 
-            sim.faults.set_plan(FaultPlan())
-            await writeback._on_event(RUNNING, delivery())  # delivered again
-            status = await shown(kube, mirror)
-            assert status["phase"] == "Running"
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-        finally:
-            await kube.close()
+        sim.faults.set_plan(FaultPlan())
+        await writeback._on_event(RUNNING, delivery())  # delivered again
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
 
 
 async def test_a_version_of_the_group_from_before_the_write_is_not_written_again_within_the_watch_lag(
     tmp_path: Path,
 ) -> None:
-    async with running_kubesim(tmp_path) as sim:
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            options = WriteBackOptions(watch_lag=5.0)
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
-            )
-            created = await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod("node-0"))
-            before = status_patches(sim)
-            await writeback._on_event(RUNNING, delivery())
+    options = WriteBackOptions(watch_lag=5.0)
+    async with stage(tmp_path, options) as (sim, kube, mirror, writeback):
+        created = await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        before = status_patches(sim)
+        await writeback._on_event(RUNNING, delivery())
 
-            # The watch tells of an older version first (another write, the stamps' annotations, came first).
-            mirror.change(PODGROUPS, "MODIFIED", created)
-            await writeback._write_resources("default/pg")
-            assert status_patches(sim) - before == 1
+        # The watch tells of an older version first (another write, the stamps' annotations, came first).
+        mirror.change(PODGROUPS, "MODIFIED", created)
+        await writeback._write_resources("default/pg")
+        assert status_patches(sim) - before == 1
 
-            # Past the lag, a group that still shows other amounts (someone wrote them) is written again.
-            writeback.options = WriteBackOptions(watch_lag=0.0)
-            await kube.request(
-                "overwrite",
-                "PATCH",
-                "/apis/scheduling.run.ai/v2alpha2/namespaces/default/podgroups/pg/status",
-                {"status": {"resourcesStatus": {"allocated": {"cpu": "9"}}}},
-                content_type=MERGE_PATCH,
-            )
-            await shown(kube, mirror)
-            await writeback._write_resources("default/pg")
-            status = await shown(kube, mirror)
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
-        finally:
-            await kube.close()
+        # Past the lag, a group that still shows other amounts (someone wrote them) is written again.
+        writeback.options = WriteBackOptions(watch_lag=0.0)
+        await kube.request(
+            "overwrite",
+            "PATCH",
+            "/apis/scheduling.run.ai/v2alpha2/namespaces/default/podgroups/pg/status",
+            {"status": {"resourcesStatus": {"allocated": {"cpu": "9"}}}},
+            content_type=MERGE_PATCH,
+        )
+        await shown(kube, mirror)
+        await writeback._write_resources("default/pg")
+        status = await shown(kube, mirror)
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
 
 
 async def test_the_periodic_recount_runs_while_events_keep_waking_the_write_back(
@@ -441,43 +381,35 @@ async def test_the_periodic_recount_runs_while_events_keep_waking_the_write_back
     # A pod that starts without any Kairos event is recounted by the sweep alone; a steady stream of events
     # about other podgroups, each recount of theirs a write that lets the next event in, must not put the
     # sweep off for ever.
-    async with running_kubesim(tmp_path):
-        kube = await connect(str(tmp_path / "kubeconfig"))
-        options = WriteBackOptions(resources_period=0.3, resources_settle=0.01)
+    options = WriteBackOptions(resources_period=0.3, resources_settle=0.01)
+    async with stage(tmp_path, options) as (_, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        recount = writeback._write_resources
+
+        async def written(name: str, may_leave: bool = False) -> None:
+            if name == "default/another":
+                await asyncio.sleep(0.005)  # its status patch's round trip
+            else:
+                await recount(name, may_leave)
+
+        monkeypatch.setattr(writeback, "_write_resources", written)
+        counting = asyncio.create_task(writeback._count_resources())
+
+        async def events_elsewhere() -> None:
+            while True:
+                writeback._resources_dirty.add("default/another")
+                writeback._resources_wake.set()
+                await asyncio.sleep(0.002)
+
+        waking = asyncio.create_task(events_elsewhere())
+        status: dict[str, Any] = {}
         try:
-            mirror = Mirror(scheduler_name="kai-scheduler")
-            writeback = WriteBack(
-                cast(ServiceContext, SimpleNamespace(counters=Counters())), kube, mirror, options
-            )
-            await podgroup_in(kube, mirror)
-            mirror.change(PODS, "ADDED", pod("node-0"))
-            recount = writeback._write_resources
-
-            async def written(name: str, may_leave: bool = False) -> None:
-                if name == "default/another":
-                    await asyncio.sleep(0.005)  # its status patch's round trip
-                else:
-                    await recount(name, may_leave)
-
-            monkeypatch.setattr(writeback, "_write_resources", written)
-            counting = asyncio.create_task(writeback._count_resources())
-
-            async def events_elsewhere() -> None:
-                while True:
-                    writeback._resources_dirty.add("default/another")
-                    writeback._resources_wake.set()
-                    await asyncio.sleep(0.002)
-
-            waking = asyncio.create_task(events_elsewhere())
-            status: dict[str, Any] = {}
-            try:
-                for _ in range(200):  # 10 s at most; a sweep is due every 0.3 s
-                    status = await shown(kube, mirror)
-                    if status.get("resourcesStatus"):
-                        break
-                    await asyncio.sleep(0.05)
-            finally:
-                await stop_tasks([counting, waking])
-            assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+            for _ in range(200):  # 10 s at most; a sweep is due every 0.3 s
+                status = await shown(kube, mirror)
+                if status.get("resourcesStatus"):
+                    break
+                await asyncio.sleep(0.05)
         finally:
-            await kube.close()
+            await stop_tasks([counting, waking])
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
