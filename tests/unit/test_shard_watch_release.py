@@ -75,6 +75,16 @@ def due(made: ShardWatch) -> None:
         made._releases[durable] = (-1.0, 0)
 
 
+def due_again(made: ShardWatch) -> None:
+    """The durables left to be looked at again: due now, with the tries they have had."""
+    made._releases = {durable: (-1.0, tries) for durable, (_, tries) in made._releases.items()}
+
+
+def in_copy(made: ShardWatch) -> None:
+    """The replica's copy of the state bucket shows the shard's record."""
+    made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+
+
 def run(made: ShardWatch, deleted: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
     async def delete_durable(js: Any, stream: str, name: str) -> bool:
         deleted.append((stream, name))
@@ -128,7 +138,7 @@ def test_a_shard_made_again_under_the_same_name_keeps_its_durables(
     made, _, deleted = watch(fenced=True)
     due(made)
     if seen == "record":
-        made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+        in_copy(made)
     else:
         made.raw[SHARD] = b"{}"
     run(made, deleted, monkeypatch)
@@ -145,12 +155,11 @@ def test_a_deleted_shard_still_in_a_copy_behind_has_its_durables_deleted_once_th
 ) -> None:
     made, _, deleted = watch(fenced=True)
     due(made)
-    made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+    in_copy(made)
     run(made, deleted, monkeypatch)
     assert deleted == []
     made.replica.shards = {}  # type: ignore[attr-defined]
-    due_again = {durable: (-1.0, tries) for durable, (_, tries) in made._releases.items()}
-    made._releases = due_again
+    due_again(made)
     run(made, deleted, monkeypatch)
     assert sorted(deleted) == sorted(shard_consumers.shard_durables(SHARD))
     assert made._releases == {}
@@ -161,11 +170,11 @@ def test_a_shard_the_copy_keeps_showing_has_its_durables_looked_at_only_release_
 ) -> None:
     made, _, deleted = watch(fenced=True)
     due(made)
-    made.replica.shards = {s.shard_key(SHARD): SimpleNamespace(shard=SHARD)}  # type: ignore[attr-defined]
+    in_copy(made)
     looks = 0
     while made._releases:
         looks += 1
-        made._releases = {durable: (-1.0, tries) for durable, (_, tries) in made._releases.items()}
+        due_again(made)
         run(made, deleted, monkeypatch)
     assert looks == shard_watch.RELEASE_TRIES
     assert deleted == [], "left to the server's inactivity threshold"
