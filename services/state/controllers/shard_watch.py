@@ -220,19 +220,17 @@ class ShardWatch:
         self._sweep_at = None
 
     def _kept(self) -> set[tuple[str, str]]:
-        return {durable for shard in self._stored for durable in shard_consumers.shard_durables(shard)}
+        return _durables_of(self._stored)
 
     def _held(self) -> set[tuple[str, str]]:
         """The durables of the shards this owner holds in force: a SchedulingShard its informer holds (valid
         or not) or a record it wrote."""
-        names = set(self.raw) | set(self._stored)
-        return {durable for shard in names for durable in shard_consumers.shard_durables(shard)}
+        return _durables_of(set(self.raw) | set(self._stored))
 
     def _seen(self) -> set[tuple[str, str]]:
-        """The durables of every shard this replica sees now: a SchedulingShard its informer holds (valid or
-        not) or a shard record in its copy of the state bucket (another owner's, made again meanwhile)."""
-        names = set(self.raw) | {record.shard for record in self.replica.shards.values()} | set(self._stored)
-        return {durable for shard in names for durable in shard_consumers.shard_durables(shard)}
+        """The durables of every shard this replica sees now: those it holds (`_held`) and those of a shard
+        record in its copy of the state bucket (another owner's, made again meanwhile)."""
+        return self._held() | _durables_of(record.shard for record in self.replica.shards.values())
 
     async def _release_due(self) -> None:
         """Delete every durable due (on this task, after the records were written: one whose shard is in
@@ -489,3 +487,8 @@ def _involved(shard: str, seen: shards.Seen) -> translate.InvolvedObject:
         name=shard,
         uid=seen.metadata.uid,
     )
+
+
+def _durables_of(shards: Iterable[str]) -> set[tuple[str, str]]:
+    """The durable consumers (stream, name) of these shards."""
+    return {durable for shard in shards for durable in shard_consumers.shard_durables(shard)}
