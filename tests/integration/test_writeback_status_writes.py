@@ -203,6 +203,28 @@ async def test_a_podgroup_state_event_waits_for_the_watch_to_show_its_binds_and_
         assert writeback.ctx.counters["writeback_binds_unseen"] == 0
 
 
+async def test_a_podgroup_state_event_does_not_wait_for_binds_of_pods_deleted_since(tmp_path: Path) -> None:
+    # Two pods bound, one deleted before the watch showed its bind: the mirror never shows it bound, and
+    # waiting for it held the batch's acks and the next fetch for the whole settle time.
+    async with stage(tmp_path, WriteBackOptions(resources_settle=60.0)) as (sim, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        gone = json.loads(pod(None))
+        gone["metadata"].update(name="p-1", uid="uid-p-1")
+        mirror.change(PODS, "ADDED", json.dumps(gone).encode())
+        mirror.change(PODS, "DELETED", json.dumps(gone).encode())
+        both = msgspec.structs.replace(RUNNING, running=2)
+        before = status_patches(sim)
+
+        await asyncio.wait_for(writeback._on_event(both, delivery()), 2.0)
+
+        status = await shown(kube, mirror)
+        assert status["phase"] == "Running"
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) - before == 1
+        assert writeback.ctx.counters["writeback_binds_unseen"] == 0
+
+
 @pytest.mark.parametrize("event_comes", [True, False], ids=["its event comes", "no event comes"])
 async def test_a_sweep_leaves_a_newly_bound_pod_to_its_event_once(tmp_path: Path, event_comes: bool) -> None:
     # Under load the write-back's events lag seconds behind the watch: a sweep between the bind shown and

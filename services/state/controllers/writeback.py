@@ -554,13 +554,14 @@ class WriteBack:
         """Wait until the mirror shows on a node as many of the podgroup's pods as the event says were bound,
         `resources_settle` at most: the binder publishes the event once the binds are written, and the watch
         may show them a moment after the event arrives. Past the wait the event's patch counts what the
-        mirror has, and the recount loop writes the rest (a pod deleted meanwhile is never shown bound).
+        mirror has, and the recount loop writes the rest. Pods deleted meanwhile are not waited for
+        (`_can_show_bound`).
         Only this event's handler waits (and the next of its podgroup, `_turn`): the other events of its
         batch are written meanwhile, though the batch's acks and the next fetch wait for it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.resources_settle
         pause = FIRST_LOOK_AGAIN
-        while self._shown_bound(event) < event.running:
+        while self._shown_bound(event) < self._can_show_bound(event):
             left = deadline - loop.time()
             if left <= 0:
                 self.ctx.counters["writeback_binds_unseen"] += 1
@@ -570,6 +571,13 @@ class WriteBack:
 
     def _shown_bound(self, event: PodGroupState) -> int:
         return sum(1 for pod in self.mirror.members(event.namespace, event.podgroup) if pod.spec.node_name)
+
+    def _can_show_bound(self, event: PodGroupState) -> int:
+        """How many of the pods the event counts as bound the mirror can still show bound: those of its
+        pods that were deleted since (the mirror holds fewer than the event counts) never will, and waiting
+        for them would hold the batch's acks for the whole `resources_settle`."""
+        gone = event.running + event.pending - len(self.mirror.members(event.namespace, event.podgroup))
+        return event.running - max(0, gone)
 
     @contextlib.asynccontextmanager
     async def _turn(self, key: str) -> AsyncIterator[None]:
