@@ -6,8 +6,10 @@ would: it creates the workload's Topologies, Queues and other objects (StorageCl
 PersistentVolumes, ResourceClaimTemplates), then its running pods (created with their `spec.nodeName`, as
 already placed) and their PodGroups, and waits until Kairos's state holds them, and the storage and DRA
 objects the simulated cluster makes by itself (CSINodes, the GPU driver's DeviceClasses and ResourceSlices),
-as many as the in-process snapshot has (a `StateReplica` of its own), and until the API server has served no
-write for `SETUP_QUIET_S` (the services' write-back of the set-up done). The measured phase then creates the
+as many as the in-process snapshot has (a `StateReplica` of its own); with partitioned state replicas, until
+each partition is held by the replica the partition table gives it; until the set-up PodGroups' statuses show
+their recount; and until the API server has served no write for `SETUP_QUIET_S` (the services' write-back of
+the set-up done). The measured phase then creates the
 measured objects through the API, each podgroup's claims first (PersistentVolumeClaims), then its pods and its
 PodGroup last (the pods name it in `pod-group-name`, so the pod-grouper costs no API round trip per pod;
 scheduler_perf creates its pods directly too), or, for a group with an owner (MixedWorkloads), the owner
@@ -43,11 +45,14 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from services.state.sources.partitions import lease_name
+from services.state.sources.partitions import owners as partition_owners
 from shared import event_loop
 from shared.bus.connection import Bus, connect
 from shared.bus.replica import StateReplica
 from shared.contracts import subjects as s
 from shared.contracts.messages import (
+    LEASES,
     OUTCOMES,
     STATE_RECORDS,
     DraRecord,
@@ -56,6 +61,7 @@ from shared.contracts.messages import (
     VolumeRecord,
 )
 from shared.errors import MalformedMessage, TemporaryError
+from shared.kube.keys import PODGROUP_API_VERSION
 from shared.kubeapi.client import Kube, api_error
 from shared.kubeapi.client import connect as kube_connect
 from shared.kubeapi.informer import Informer
@@ -101,8 +107,9 @@ STATE_PROBES = 32
 the binds from one watch, in the order the benchmark's own watch saw them, so the last ones written mean
 the earlier ones were."""
 WRITEBACK_CONSUMER = "state-writeback"
-"""The name (or name prefix: one per state partition) of the state write-back's durable consumer of
-`KAIROS_EVENTS` (`services.state.controllers.writeback.DURABLE`)."""
+"""The name of the state write-back's durable consumer of `KAIROS_EVENTS`
+(`services.state.controllers.writeback.DURABLE`); partitioned state replicas follow the internal work stream
+instead (`_work_pending`)."""
 
 
 class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -251,7 +258,7 @@ class _Run:
         try:
             await replica.start(timeout=60.0)
             began = time.monotonic()
-            await self._setup(http, replica)
+            await self._setup(http, bus, replica)
             await replica.stop()
             informer = self._informer(kube)
             informer_task = asyncio.create_task(informer.run())
@@ -279,7 +286,7 @@ class _Run:
             await kube.close()
 
     # --- set-up -------------------------------------------------------------------------------------------
-    async def _setup(self, http: aiohttp.ClientSession, replica: StateReplica) -> None:
+    async def _setup(self, http: aiohttp.ClientSession, bus: Bus, replica: StateReplica) -> None:
         """Topologies, queues and the running pods, created and seen in Kairos's state."""
         w = self.workload
         sem = asyncio.Semaphore(self.options.concurrency)
@@ -302,7 +309,56 @@ class _Run:
                     f"after {self.options.settle_timeout:.0f} s"
                 )
             await asyncio.sleep(0.2)
+        await self._partitions_spread(bus)
+        await self._setup_statuses_written(http)
         await self._writes_quiet(http)
+
+    async def _partitions_spread(self, bus: Bus) -> None:
+        """With partitioned state replicas, wait until every partition's lease is held by the replica the
+        table gives it (`partitions.owners` over the state replicas, at most `SETUP_QUIET_MAX_S`): the first
+        replica up takes every partition and hands them over one by one once the others have settled, and a
+        measured phase begun before that measured the hand-over (one replica doing the work, the others
+        syncing what they gain), not the replicas dividing it."""
+        count, replicas = self.options.state_partitions, self.options.state
+        if not count or replicas < 2:
+            return
+        wanted = partition_owners(count, (f"state-{i}" for i in range(replicas)))
+        deadline = time.monotonic() + SETUP_QUIET_MAX_S
+        while True:
+            held = await _partition_holders(bus, wanted)
+            if held == wanted:
+                return
+            if time.monotonic() > deadline:
+                log.info(
+                    "%s: the state partitions were not spread as the table says: %s", self.workload.name, held
+                )
+                return
+            await asyncio.sleep(0.25)
+
+    async def _setup_statuses_written(self, http: aiohttp.ClientSession) -> None:
+        """Wait until every set-up PodGroup's status shows its recount (`resourcesStatus`), at most
+        `SETUP_QUIET_MAX_S`: their pods are made already bound, so no Kairos event ever names them, and the
+        write-back's sweep writes them a sweep or two after they show, which a quiet spell of
+        `SETUP_QUIET_S` does not wait for: inside the measured phase they were 0.1 status patches per pod."""
+        wanted = {g.podgroup.name for g in self.workload.initial if g.owner is None}
+        if not wanted:
+            return
+        deadline = time.monotonic() + SETUP_QUIET_MAX_S
+        while True:
+            async with http.get(collection_path(PODGROUP_API_VERSION, "PodGroup", NAMESPACE)) as response:
+                listed = await response.json()
+            shown = {
+                item["metadata"]["name"]
+                for item in listed.get("items") or ()
+                if (item.get("status") or {}).get("resourcesStatus")
+            }
+            left = wanted - shown
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                log.info("%s: %d set-up PodGroups show no recount", self.workload.name, len(left))
+                return
+            await asyncio.sleep(0.5)
 
     async def _writes_quiet(self, http: aiohttp.ClientSession) -> None:
         """Wait until the API server has served no write for `SETUP_QUIET_S` (at most `SETUP_QUIET_MAX_S`):
@@ -467,6 +523,8 @@ class _Run:
         for info in await bus.js.consumers_info(s.EVENTS_STREAM):
             if info.name.startswith(WRITEBACK_CONSUMER):
                 pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        if self.options.state_partitions:
+            pending += await _work_pending(bus)
         return [f"{pending} public events not yet written back"] if pending else []
 
     def _done(self) -> bool:
@@ -617,3 +675,25 @@ def _objects_shown(replica: StateReplica) -> Counter[str]:
 def _owned_pods(workload: Workload) -> set[str]:
     """The measured pods an owner's operator makes: their names over the bus are the operator's own."""
     return {p.name for g in workload.measured if g.owner is not None for p in g.pods}
+
+
+async def _partition_holders(bus: Bus, partitions: Iterable[str]) -> dict[str, str | None]:
+    """Each state partition's lease holder (None: nobody holds it)."""
+    held: dict[str, str | None] = {}
+    for partition in partitions:
+        entry = await bus.leases.get(s.state_lease_key(lease_name(partition)))
+        held[partition] = (
+            LEASES.decode(entry.key, entry.value).holder if entry is not None and entry.value else None
+        )
+    return held
+
+
+async def _work_pending(bus: Bus) -> int:
+    """The events partitioned state replicas have not written back yet: those the internal work stream has
+    not sourced from the events stream yet (its source's lag), and those its partitions' consumers have
+    not fetched or not acknowledged."""
+    info = await bus.js.stream_info(s.STATE_WORK_STREAM)
+    pending = sum(source.lag or 0 for source in info.sources or ())
+    for consumer in await bus.js.consumers_info(s.STATE_WORK_STREAM):
+        pending += (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
+    return pending
