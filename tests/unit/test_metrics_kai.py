@@ -9,8 +9,11 @@ the process's, and are left out (except `pod_group_evicted_pods_total`'s own `na
 from __future__ import annotations
 
 import re
+import time
+from typing import Any, cast
 
 import pytest
+from nats.aio.msg import Msg
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -318,9 +321,17 @@ def test_a_kai_counter_escapes_label_values_as_the_text_format_asks(value: str) 
 
 
 # --- NATS consumer lag ------------------------------------------------------------------------------------------
+def delivery(sid: int, consumer: str, pending: int, waited: float) -> Msg:
+    """A JetStream message as nats-py delivers it to subscription `sid`: its reply subject tells its
+    stream, consumer, the messages pending behind it and when it was stored (`waited` seconds ago)."""
+    stored = time.time_ns() - int(waited * 1e9)
+    reply = f"$JS.ACK.KAIROS_WORK.{consumer}.1.41.41.{stored}.{pending}"
+    return Msg(_client=cast(Any, None), subject="kairos.work.default", reply=reply, _sid=sid)
+
+
 def test_each_consumers_lag_is_exported_per_stream_and_consumer() -> None:
     counters = Counters()
-    counters.consumer_lag[("KAIROS_WORK", "placement")] = (7, 1.5)
+    counters.consumed(delivery(1, "placement", pending=7, waited=1.5))
     metrics = ServiceMetrics()
     metrics.attach("placement", "p-1", None, counters, lambda: True)
     found = families(metrics)
@@ -328,9 +339,29 @@ def test_each_consumers_lag_is_exported_per_stream_and_consumer() -> None:
     assert [(s.labels, s.value) for s in found["kairos_nats_consumer_pending_messages"].samples] == [
         (labels, 7)
     ]
-    assert [(s.labels, s.value) for s in found["kairos_nats_consumer_message_age_seconds"].samples] == [
-        (labels, 1.5)
+    [(shown, waited)] = [
+        (s.labels, s.value) for s in found["kairos_nats_consumer_message_age_seconds"].samples
     ]
+    assert shown == labels
+    assert waited == pytest.approx(1.5, abs=1.0)
+
+
+def test_the_lag_is_the_last_delivery_of_the_newest_subscription_to_each_consumer() -> None:
+    counters = Counters()
+    counters.consumed(delivery(1, "state-work-3", pending=9, waited=0.0))
+    counters.consumed(delivery(2, "placement", pending=4, waited=0.0))
+    counters.consumed(delivery(1, "state-work-3", pending=8, waited=0.0))
+    counters.consumed(delivery(5, "state-work-3", pending=2, waited=0.0))  # subscribed anew: the older left
+    counters.consumed(
+        delivery(1, "state-work-3", pending=6, waited=0.0)
+    )  # a late one on the old subscription
+
+    lags = counters.consumer_lag
+    assert {key: behind for key, (behind, _) in lags.items()} == {
+        ("KAIROS_WORK", "state-work-3"): 2,
+        ("KAIROS_WORK", "placement"): 4,
+    }
+    assert len(counters.consumer_lag) == 2  # the older subscription forgotten
 
 
 def test_a_message_that_is_no_jetstream_delivery_leaves_the_lag_alone() -> None:
