@@ -38,6 +38,17 @@ operations = st.lists(st.tuples(st.sampled_from(POOL), st.booleans()), max_size=
 """(object, False): put it under its key (replacing what the key held); (object, True): remove its key."""
 
 
+def apply(gathered: Gathered, held: dict[str, SnapshotObject], obj: SnapshotObject, *, remove: bool) -> None:
+    """One operation, on the snapshot kept up to date and on the objects it must equal (`held`)."""
+    key = key_of(obj)
+    if remove:
+        held.pop(key, None)
+        gathered.remove(key)
+    else:
+        held[key] = obj
+        gathered.put(key, obj)
+
+
 @given(operations)
 def test_a_snapshot_kept_up_to_date_is_the_one_gathered_afresh(
     ops: list[tuple[SnapshotObject, bool]],
@@ -45,13 +56,7 @@ def test_a_snapshot_kept_up_to_date_is_the_one_gathered_afresh(
     gathered = Gathered()
     held: dict[str, SnapshotObject] = {}
     for obj, remove in ops:
-        key = key_of(obj)
-        if remove:
-            held.pop(key, None)
-            gathered.remove(key)
-        else:
-            held[key] = obj
-            gathered.put(key, obj)
+        apply(gathered, held, obj, remove=remove)
         assert gathered.snapshot() == snapshot_of(held.values())
 
 
@@ -80,13 +85,7 @@ def test_one_kind_read_alone_is_that_field_of_the_snapshot_and_leaves_the_others
     gathered = Gathered()
     held: dict[str, SnapshotObject] = {}
     for obj, remove in ops:
-        key = key_of(obj)
-        if remove:
-            held.pop(key, None)
-            gathered.remove(key)
-        else:
-            held[key] = obj
-            gathered.put(key, obj)
+        apply(gathered, held, obj, remove=remove)
         for kind in kinds:
             assert gathered.part(kind) == getattr(snapshot_of(held.values()), kind)
         assert gathered.snapshot() == snapshot_of(held.values())
