@@ -5,6 +5,9 @@ from the copy and reads only when the copy was behind (its compare-and-set lost)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import msgspec
 
 from services.state.sources.kv_objects import Change
@@ -62,16 +65,30 @@ async def test_a_pod_moving_to_another_node_is_released_there_and_reserved_here(
     assert await _reserved(bus, "n2") == {"ns/p"}
 
 
-async def _replica(bus: Bus) -> StateReplica:
+@contextlib.asynccontextmanager
+async def watching(bus: Bus) -> AsyncIterator[tuple[StateReplica, StateWriter]]:
+    """A replica following the buckets, and a writer starting from its watched copy of the ledger."""
     replica = StateReplica(bus)
     await replica.start()
-    return replica
+    try:
+        yield replica, StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+    finally:
+        await replica.stop()
+
+
+async def stale_copy(bus: Bus, replica: StateReplica, writer: StateWriter) -> int:
+    """Node n1's ledger written empty and seen by the replica's copy, then the writer's view of it frozen
+    there (a copy that never moves on): what a binder writes next the writer does not see. The revision."""
+    first = await bus.ledger.put(s.ledger_node_key("n1"), encode(NodeLedger(node="n1", pods={})))
+    await replica.wait_for(0, ledger_revision=first)
+    stale = replica.node_ledger("n1")
+    assert stale[1] == first
+    writer.ledger_view = lambda _node: stale
+    return first
 
 
 async def test_a_bound_pod_the_watched_ledger_shows_reserved_costs_no_read_and_no_write(bus: Bus) -> None:
-    replica = await _replica(bus)
-    try:
-        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+    async with watching(bus) as (replica, writer):
         pending = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.PENDING)
         bound = msgspec.structs.replace(pending, status=PodStatus.BOUND, node="n1")
         # The binder reserved it before binding; the watched copy has seen that.
@@ -85,33 +102,24 @@ async def test_a_bound_pod_the_watched_ledger_shows_reserved_costs_no_read_and_n
         await writer.write([Change(key, pending, bound)])
         assert (_reads() - before, writer.counters["ledger_writes"] - writes) == (0, 0)
         assert await _reserved(bus, "n1") == {"ns/p"}
-    finally:
-        await replica.stop()
 
 
 async def test_a_watched_copy_behind_the_ledger_loses_its_compare_and_set_and_the_edit_reads_again(
     bus: Bus,
 ) -> None:
-    replica = await _replica(bus)
-    try:
-        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+    async with watching(bus) as (replica, writer):
         other = Pod(name="o", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
         mine = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
-        key = s.ledger_node_key("n1")
-        first = await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={})))
-        await replica.wait_for(0, ledger_revision=first)
-        # A binder's reservation of another pod the copy has not seen yet (a copy that never moves on).
-        stale = replica.node_ledger("n1")
-        assert stale[1] == first
-        writer.ledger_view = lambda _node: stale
-        await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={"ns/o": reservation_of(other)})))
+        await stale_copy(bus, replica, writer)
+        # A binder's reservation of another pod the copy has not seen yet.
+        await bus.ledger.put(
+            s.ledger_node_key("n1"), encode(NodeLedger(node="n1", pods={"ns/o": reservation_of(other)}))
+        )
         before = _reads()
         await writer.write([Change(s.pod_key("ns", "p"), None, mine)])
         assert _reads() - before == 1
         assert writer.counters["ledger_conflicts"] == 1
         assert await _reserved(bus, "n1") == {"ns/o", "ns/p"}, "the binder's reservation is kept"
-    finally:
-        await replica.stop()
 
 
 async def test_a_release_the_watched_copy_shows_nothing_to_take_out_for_is_checked_in_the_bucket(
@@ -119,17 +127,11 @@ async def test_a_release_the_watched_copy_shows_nothing_to_take_out_for_is_check
 ) -> None:
     # A pod bound and gone before the copy saw its binder's reservation: the copy has nothing to release,
     # and trusting it would leave the reservation (its GPUs) held until the next reconcile.
-    replica = await _replica(bus)
-    try:
-        writer = StateWriter(bus, Counters(), ledger_view=replica.node_ledger)
+    async with watching(bus) as (replica, writer):
         bound = Pod(name="p", namespace="ns", podgroup="g", status=PodStatus.BOUND, node="n1")
-        key = s.ledger_node_key("n1")
-        first = await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={})))
-        await replica.wait_for(0, ledger_revision=first)
-        stale = replica.node_ledger("n1")
-        writer.ledger_view = lambda _node: stale
-        await bus.ledger.put(key, encode(NodeLedger(node="n1", pods={"ns/p": reservation_of(bound)})))
+        await stale_copy(bus, replica, writer)
+        await bus.ledger.put(
+            s.ledger_node_key("n1"), encode(NodeLedger(node="n1", pods={"ns/p": reservation_of(bound)}))
+        )
         await writer.write([Change(s.pod_key("ns", "p"), bound, None)])
         assert await _reserved(bus, "n1") == set()
-    finally:
-        await replica.stop()
