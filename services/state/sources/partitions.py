@@ -16,8 +16,9 @@ the translation is not (every replica's mirror translates every object).
 
 What dividing the rest would take (measured with two replicas, docs/performance.md: the informers, the
 mirror and the KV watch that every replica repeats come to about 0.45 ms per pod, so the busiest of two
-spends at least 0.65 of one replica). A replica translating only its partitions' pods saves the smaller
-part; the watches are the larger. A watch can be divided only by a label selector, so the partition would
+spends at least 0.65 of one replica; measured once the partitions are spread, 0.76). A replica translating
+only its partitions' pods saves the smaller part (tried: no difference a bus run could show); the watches
+are the larger. A watch can be divided only by a label selector, so the partition would
 have to be a label the admission webhook writes (``in (...)`` over the partitions owned, the pods without
 it watched by the `CLUSTER` owner). The webhook cannot hash a pod's name for it: a pod made with
 ``generateName`` has no name yet when mutating webhooks see it, so the label would carry a partition
