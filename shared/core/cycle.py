@@ -188,8 +188,9 @@ def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection
     """The finished session's decisions and observations (see `shared.core.result`)."""
     by_group: dict[str, list[Binding]] = {}
     for task, node in ssn.log.binds:
-        # A pod bound and then evicted by a later action is not bound after all.
-        if task.status != PodStatus.BINDING:
+        # A pod bound and then evicted by a later action is not bound after all; one consolidation moved
+        # and bound again (`consolidation.bind_moved_placements`) is bound where it ended up.
+        if task.status != PodStatus.BINDING or task.node != node:
             continue
         by_group.setdefault(task.job.key, []).append(_binding(ssn, task, node))
     binds = tuple(BindProposal(key, ssn.jobs[key].queue, tuple(items)) for key, items in by_group.items())
