@@ -164,6 +164,27 @@ def allocate_task(
     return False
 
 
+def _allocate_shared(
+    ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool
+) -> bool:
+    """A shared pod onto the devices `fractional_gpus` prefers: allocated, or pipelined where their room is
+    releasing; whether it was placed."""
+    choice = fractional_gpus.preferable_gpus(ssn, node, task, pipeline_only)
+    if choice is None:
+        return False
+    previous = task.gpu_groups
+    task.gpu_groups = tuple(choice.groups)
+    try:
+        if pipeline_only or choice.releasing:
+            stmt.pipeline(task, node.name, update_if_on_node=False)
+        else:
+            stmt.allocate(task, node.name)
+    except ValueError:
+        task.gpu_groups = previous
+        return False
+    return True
+
+
 def _refused(ssn: Session, task: TaskState) -> npt.NDArray[np.bool_] | None:
     """The nodes the pre-filters refuse the task, together (None: none): the runtime's `prefilter`."""
     return ssn.plugins.prefilter(ssn, task)
@@ -173,7 +194,7 @@ def _allocate_on_node(
     ssn: Session, stmt: Statement, task: TaskState, node: NodeState, pipeline_only: bool
 ) -> bool:
     if task.is_shared:
-        return fractional_gpus.allocate_shared(ssn, stmt, task, node, pipeline_only)
+        return _allocate_shared(ssn, stmt, task, node, pipeline_only)
     if not pipeline_only and node.fits(task, with_releasing=False):
         stmt.allocate(task, node.name)
         return True

@@ -51,10 +51,10 @@ from shared.core.result import (
     TaskView,
 )
 from shared.core.session import Decisions, Session
-from shared.core.statement import pipeline_in_place
+from shared.core.statement import HOLDS_NODE, pipeline_in_place
 from shared.core.tasks import GPU, JobState, PodSetState, TaskState
 from shared.model import Snapshot
-from shared.model.status import ACTIVE_USED, ALLOCATED, PodStatus
+from shared.model.status import ALLOCATED, PodStatus
 
 ActionFn = Callable[[Session], None]
 ActionHook = Callable[[str], AbstractContextManager[object]]
@@ -187,9 +187,9 @@ def fit_error_message(reasons: Sequence[tuple[str, list[str]]]) -> str | None:
 def result_of(ssn: Session, *, want_view: bool = False, node_details: Collection[str] = ()) -> CycleResult:
     """The finished session's decisions and observations (see `shared.core.result`)."""
     by_group: dict[str, list[Binding]] = {}
-    for task, node in ssn.log.binds:
-        # A pod bound and then evicted by a later action is not bound after all; one consolidation moved
-        # and bound again (`consolidation.bind_moved_placements`) is bound where it ended up.
+    # A pod bound and then evicted by a later action is not bound after all; one a victim action moved and
+    # bound again (`statement.bind_on_free_room`), maybe on the same node, is bound once, where it ended up.
+    for task, node in {t.key: (t, n) for t, n in ssn.log.binds}.values():
         if task.status != PodStatus.BINDING or task.node != node:
             continue
         by_group.setdefault(task.job.key, []).append(_binding(ssn, task, node))
@@ -273,10 +273,6 @@ def action_counts(ssn: Session) -> tuple[ActionCounts, ...]:
             )
         )
     return tuple(out)
-
-
-# A pod in one of these statuses when the snapshot was taken occupies its node in the cluster.
-HOLDS_NODE = ACTIVE_USED - {PodStatus.PIPELINED}
 
 
 def _cluster_evictions(ssn: Session) -> list[tuple[TaskState, str, str]]:

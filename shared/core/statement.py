@@ -6,22 +6,39 @@ alternatives, and finally `commit()`s (the operations become decisions in the se
 
 Private to the core: the actions and the victim solver open statements (`Statement(ssn)`); a commit
 records its decisions in the session's log (`Session.record`), which `shared.core.cycle` reads out.
+
+After a victim action's commit: binding at once the pods it pipelined onto room nothing in the cluster holds.
+A victim action (consolidation, reclaim, preempt) pipelines the pods it places: they wait for their
+victims to leave the node. A victim an earlier action of this session had just bound (or pipelined) never
+ran, though: the cluster has nothing to evict, its bind is taken back (`shared.core.cycle.result_of`), and
+its room is free at once. Left pipelined on that room, the cycle would order nothing at all and the next
+cycle would decide the same again, for good. KAI does not stand still there, because its allocate has
+already created the victim's bind request when the later action evicts (deletes) it; the pipelined pods
+bind the cycle after. `bind_on_free_room` binds such pods instead, where they were pipelined, when the
+node's idle resources, counting the room of victims that never ran as idle, hold them: the pipelined pods
+of one podgroup all together or none of them; only pods that hold no node in the cluster (a running pod
+that is moved has to leave its node first), on nodes no pod that ran has been evicted from this session
+(its room is busy until it has left); shared-GPU pods on the best devices with their share idle now; pods
+with resource claims left pipelined. Called by the victim solver's `JobIndex.take_turn`
+(`shared.core.solver.jobs`) after each statement consolidation, reclaim or preempt commits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.core.fractional_gpus import preferable_gpus
 from shared.core.proportion import ancestors_and_self
 from shared.core.session import Decisions
-from shared.model.status import PodStatus
+from shared.model.status import ACTIVE_USED, PodStatus
 
 if TYPE_CHECKING:
-    from shared.core.cluster import NodeMemento
+    from shared.core.cluster import NodeMemento, NodeState
     from shared.core.proportion import QueueState
     from shared.core.session import Session
-    from shared.core.tasks import TaskState
+    from shared.core.tasks import JobState, TaskState
 
 
 @dataclass(frozen=True)
@@ -233,3 +250,86 @@ class Statement:
         decisions = Decisions(tuple(binds), tuple(pipelines), tuple(evictions))
         self.ssn.record(decisions)
         return decisions
+
+
+# --- after a victim action's commit: binding on room that never held a pod (see the module docstring) ---
+HOLDS_NODE = ACTIVE_USED - {PodStatus.PIPELINED}
+"""A pod in one of these statuses when the snapshot was taken occupies its node in the cluster."""
+
+
+def bind_on_free_room(ssn: Session, pipelines: Sequence[tuple[TaskState, str]]) -> Decisions:
+    """Bind in place the podgroups of `pipelines` (what a statement just pipelined) whose pipelined pods all
+    fit their nodes' free room now; the binds recorded in the session's log."""
+    jobs: dict[str, JobState] = {}
+    for task, node in pipelines:
+        if task.status == PodStatus.PIPELINED and task.node == node:
+            jobs.setdefault(task.job.key, task.job)
+    # A pod that ran and was evicted (or moved) this session still holds its room in the cluster, even
+    # where the session's accounting has moved it off its device: no pod binds on its node.
+    held = {node for t, node, _ in ssn.log.evictions if t.pod.status in HOLDS_NODE}
+    binds: list[tuple[TaskState, str]] = []
+    for job in jobs.values():
+        pods = [t for t in job.tasks.values() if t.status == PodStatus.PIPELINED]
+        if any(t.pod.claims or t.pod.status in HOLDS_NODE or t.node is None or t.node in held for t in pods):
+            continue
+        binds += _bind_all_or_none(ssn, job, pods)
+    decisions = Decisions(binds=tuple(binds))
+    ssn.record(decisions)
+    return decisions
+
+
+def _bind_all_or_none(ssn: Session, job: JobState, pods: list[TaskState]) -> list[tuple[TaskState, str]]:
+    """Bind every pod of `pods` on its node, or leave the session exactly as it was; what was bound."""
+    placements = [(t, t.node) for t in pods if t.node is not None]
+    nodes = [ssn.cluster.nodes[name] for name in dict.fromkeys(name for _, name in placements)]
+    saved_nodes = [n.save() for n in nodes]
+    saved_pods = [(t, t.status, t.gpu_groups, t.is_virtual) for t in pods]
+    chain = ancestors_and_self(ssn.queues, job.queue)
+    saved_queues = [(q, list(q.allocated), list(q.allocated_non_preemptible)) for q in chain]
+    for n in nodes:
+        _free_unheld_room(n)
+    if all(_bind_in_place(ssn, t, name) for t, name in placements):
+        return placements
+    for n, memento in zip(nodes, saved_nodes, strict=True):
+        n.restore(memento)
+    for task, status, groups, virtual in saved_pods:
+        ssn.set_status(task, status)
+        task.gpu_groups = groups
+        task.is_virtual = virtual
+    for q, allocated, non_preemptible in saved_queues:
+        q.allocated = allocated
+        q.allocated_non_preemptible = non_preemptible
+        q.version += 1
+    ssn.alloc_version += 1
+    return []
+
+
+def _free_unheld_room(node: NodeState) -> None:
+    """Take off the node the victims that never ran there (evicted pods that held no node in the cluster):
+    their room is idle at once, not releasing."""
+    for key, entry in list(node.tasks.items()):
+        if entry.status == PodStatus.RELEASING and entry.task.pod.status not in HOLDS_NODE:
+            node.remove_task(node.tasks[key].task)
+
+
+def _bind_in_place(ssn: Session, task: TaskState, node_name: str) -> bool:
+    """A pod pipelined on `node_name` is bound there instead if the node's idle resources hold it (its
+    accounting moved from pipelined to placed); whether it was."""
+    node = ssn.cluster.nodes[node_name]
+    node.remove_task(task)
+    ssn.on_deallocate(task)
+    if task.is_shared:
+        # A shared pod takes the best devices that have its share free now (a device only pipelined pods
+        # use is passed over).
+        choice = preferable_gpus(ssn, node, task, pipeline_only=False, idle_only=True)
+        fits = choice is not None
+        if choice is not None:
+            task.gpu_groups = tuple(choice.groups)
+    else:
+        fits = node.fits(task, with_releasing=False)
+    ssn.set_status(task, PodStatus.BINDING if fits else PodStatus.PIPELINED)
+    node.add_task(task)
+    ssn.on_allocate(task)
+    if fits:
+        task.is_virtual = False
+    return fits

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.core.ordering import JobsByQueue, job_order_key
+from shared.core.statement import bind_on_free_room
 from shared.core.tasks import (
     DEFAULT_POD_SET,
     GPU,
@@ -405,12 +406,16 @@ class JobIndex:
 
     def take_turn(self, job: JobState, attempt: Attempt) -> None:
         """One job's turn in a victim action (preempt, reclaim, consolidation): counted as considered,
-        `attempt` run, and a solution found committed, the index re-filed from what it touched, and
-        counted as scheduled."""
+        `attempt` run, and a solution found committed, the pods it pipelined onto room no pod in the cluster
+        holds bound there at once (`shared.core.statement.bind_on_free_room`), the index re-filed from what it
+        touched, and counted as scheduled."""
         self.ssn.count("considered")
         solution = attempt(self.ssn, job, self)
         if solution.solved and solution.stmt is not None:
-            self.refresh_after(solution.stmt.commit())
+            decisions = solution.stmt.commit()
+            # The pods bound are among those pipelined: re-filing what the statement touched covers them.
+            bind_on_free_room(self.ssn, decisions.pipelines)
+            self.refresh_after(decisions)
             self.ssn.count("scheduled")
 
     def victims(
