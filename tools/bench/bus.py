@@ -367,20 +367,12 @@ class _Run:
         """Wait until the API server has served no write for `SETUP_QUIET_S` (at most `SETUP_QUIET_MAX_S`):
         the services' reaction to the set-up (the running podgroups' statuses and Events, written back a
         recount's delay after their pods show) must not count in the measurement."""
-        deadline = time.monotonic() + SETUP_QUIET_MAX_S
-        last, since = await api_writes(http), time.monotonic()
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            now = await api_writes(http)
-            if now != last:
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since >= SETUP_QUIET_S:
-                return
-        log.info(
-            "%s: the API server still served writes %.0f s after the set-up",
-            self.workload.name,
-            SETUP_QUIET_MAX_S,
-        )
+        if not await _api_quiet(http, SETUP_QUIET_S, time.monotonic() + SETUP_QUIET_MAX_S, poll=0.25):
+            log.info(
+                "%s: the API server still served writes %.0f s after the set-up",
+                self.workload.name,
+                SETUP_QUIET_MAX_S,
+            )
 
     def _state_counts(self, replica: StateReplica) -> tuple[int, int]:
         queues = running = 0
@@ -505,27 +497,16 @@ class _Run:
             if not self.unsettled or time.monotonic() - began > SETTLE_TIMEOUT_S:
                 break
             await asyncio.sleep(SETTLE_POLL_S)
-        if not self.unsettled:
-            # The binders' stamps (the PodGroups' last-start annotations) go out after their outcomes and
-            # no consumer shows them pending: under load they were still being written when the phase
-            # ended (0.46 of them written inside it, in one run). They are the API server's last writes.
-            await self._api_quiet(http, began + SETTLE_TIMEOUT_S)
+        # The binders' stamps (the PodGroups' last-start annotations) go out after their outcomes and no
+        # consumer shows them pending: under load they were still being written when the phase ended (0.46
+        # of them written inside it, in one run). They are the API server's last writes.
+        if not self.unsettled and not await _api_quiet(
+            http, SETTLE_QUIET_S, began + SETTLE_TIMEOUT_S, poll=SETTLE_POLL_S
+        ):
+            self.unsettled = [
+                f"the API server still served writes {SETTLE_TIMEOUT_S:.0f} s after the last bind"
+            ]
         self.settle_s = time.monotonic() - began
-
-    async def _api_quiet(self, http: aiohttp.ClientSession, deadline: float) -> None:
-        """Wait until the API server has served no write for `SETTLE_QUIET_S`, until `deadline` at most
-        (then `unsettled` says so)."""
-        last, since = await api_writes(http), time.monotonic()
-        while time.monotonic() - since < SETTLE_QUIET_S:
-            if time.monotonic() > deadline:
-                self.unsettled = [
-                    f"the API server still served writes {SETTLE_TIMEOUT_S:.0f} s after the last bind"
-                ]
-                return
-            await asyncio.sleep(SETTLE_POLL_S)
-            now = await api_writes(http)
-            if now != last:
-                last, since = now, time.monotonic()
 
     async def _unsettled(self, bus: Bus, last: list[str]) -> list[str]:
         """What of the binds' follow-up work is not done yet, in words (empty: all of it is)."""
@@ -720,3 +701,17 @@ async def _work_pending(bus: Bus) -> int:
     for consumer in await bus.js.consumers_info(s.STATE_WORK_STREAM):
         pending += (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
     return pending
+
+
+async def _api_quiet(http: aiohttp.ClientSession, quiet_s: float, deadline: float, *, poll: float) -> bool:
+    """Wait until the API server has served no write for `quiet_s` (looking every `poll` seconds), until
+    `deadline` (monotonic) at most; whether it did."""
+    last, since = await api_writes(http), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(poll)
+        now = await api_writes(http)
+        if now != last:
+            last, since = now, time.monotonic()
+    return True
