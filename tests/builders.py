@@ -15,11 +15,13 @@ trees come from `shared.model.builders` (re-exported here), so a test imports ev
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from shared.core.policy import Policy
 from shared.model import Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, Snapshot, SubGroupSet
 from shared.model.builders import (
     GIB,
@@ -32,6 +34,7 @@ from shared.model.builders import (
     with_spread,
     zoned_nodes,
 )
+from tools.sim.simulator import Simulator
 
 __all__ = [
     "CREATED",
@@ -395,3 +398,55 @@ def stored(
         obj["status"] = {**({"phase": "Pending"} if obj["kind"] == "Pod" else {}), **obj.get("status", {})}
         obj["status"].update(status or {})
     return obj
+
+
+# --- random clusters for the core's properties ----------------------------------------------------------
+def random_nodes(rng: random.Random, n_nodes: int) -> list[Node]:
+    """`n_nodes` nodes of random CPU, memory, GPUs and pod capacity, drawn from `rng`."""
+    return [
+        Node(
+            name=f"n{i}",
+            cpu_millis=float(rng.choice([8000, 16000, 64000])),
+            memory_bytes=float(rng.choice([32, 64, 256])) * 2**30,
+            gpus=rng.choice([0, 2, 4, 8]),
+            gpu_memory_mib=40_000,
+            max_pods=rng.choice([4, 16, 110]),
+        )
+        for i in range(n_nodes)
+    ]
+
+
+def random_queues(rng: random.Random, n: int) -> list[Queue]:
+    """A root and `n` queues under it of random quota, limit and priority, drawn from `rng`."""
+    out = [root_queue("root")]
+    for i in range(n):
+        limit = rng.choice([-1.0, -1.0, 4.0, 8.0])
+        priority = rng.choice([100, 100, 200])
+        quota = float(rng.choice([0, 2, 4, 8]))
+        out.append(queue(f"q{i}", quota, parent="root", limit=limit, creation_index=i, priority=priority))
+    return out
+
+
+def random_simulator(seed: int, n_nodes: int, n_jobs: int) -> Simulator:
+    """A simulated cluster of `n_nodes` random nodes and one to three random queues under a root, with `n_jobs`
+    random gangs submitted (sizes, GPUs, priorities, some finishing after 120 s), the same for a `seed`: the
+    core's properties run cycles on it."""
+    rng = random.Random(seed)
+    queues = random_queues(rng, rng.randint(1, 3))
+    sim = Simulator(random_nodes(rng, n_nodes), queues, Policy(staleness_grace_period=0.0))
+    for j in range(n_jobs):
+        size = rng.randint(1, 4)
+        gpus = rng.choice([0.0, 0.25, 0.5, 1.0, 2.0])
+        pg, pods = gang(
+            f"j{j}",
+            rng.choice(queues[1:]).name,
+            size,
+            gpus,
+            priority=rng.choice([50, 75, 100, 125]),
+            created=float(j),
+            cpu_millis=float(rng.choice([500, 2000, 8000])),
+            memory_bytes=float(rng.choice([1, 4, 16])) * 2**30,
+            min_available=rng.randint(1, size),
+        )
+        sim.submit(pg, pods, run_time=rng.choice([None, 120.0]))
+    return sim

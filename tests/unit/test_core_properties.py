@@ -16,61 +16,14 @@ from hypothesis import strategies as st
 
 from shared.core.cycle import result_of, run_session
 from shared.core.opening import open_session
-from shared.core.policy import Policy
 from shared.core.result import CycleResult
 from shared.core.session import Session
 from shared.core.statement import Statement
 from shared.core.tasks import N_BASE
-from shared.model import Node, Pod, PodStatus, Queue
+from shared.model import Pod, PodStatus
 from shared.model.status import ACTIVE_USED
-from tests.builders import gang, queue, root_queue
+from tests.builders import random_simulator
 from tools.sim.simulator import Simulator
-
-
-def _cluster(rng: random.Random, n_nodes: int) -> list[Node]:
-    return [
-        Node(
-            name=f"n{i}",
-            cpu_millis=float(rng.choice([8000, 16000, 64000])),
-            memory_bytes=float(rng.choice([32, 64, 256])) * 2**30,
-            gpus=rng.choice([0, 2, 4, 8]),
-            gpu_memory_mib=40_000,
-            max_pods=rng.choice([4, 16, 110]),
-        )
-        for i in range(n_nodes)
-    ]
-
-
-def _queues(rng: random.Random, n: int) -> list[Queue]:
-    out = [root_queue("root")]
-    for i in range(n):
-        limit = rng.choice([-1.0, -1.0, 4.0, 8.0])
-        priority = rng.choice([100, 100, 200])
-        quota = float(rng.choice([0, 2, 4, 8]))
-        out.append(queue(f"q{i}", quota, parent="root", limit=limit, creation_index=i, priority=priority))
-    return out
-
-
-def _simulator(seed: int, n_nodes: int, n_jobs: int) -> Simulator:
-    rng = random.Random(seed)
-    queues = _queues(rng, rng.randint(1, 3))
-    sim = Simulator(_cluster(rng, n_nodes), queues, Policy(staleness_grace_period=0.0))
-    for j in range(n_jobs):
-        size = rng.randint(1, 4)
-        gpus = rng.choice([0.0, 0.25, 0.5, 1.0, 2.0])
-        pg, pods = gang(
-            f"j{j}",
-            rng.choice(queues[1:]).name,
-            size,
-            gpus,
-            priority=rng.choice([50, 75, 100, 125]),
-            created=float(j),
-            cpu_millis=float(rng.choice([500, 2000, 8000])),
-            memory_bytes=float(rng.choice([1, 4, 16])) * 2**30,
-            min_available=rng.randint(1, size),
-        )
-        sim.submit(pg, pods, run_time=rng.choice([None, 120.0]))
-    return sim
 
 
 def _check_invariants(sim: Simulator, moving: frozenset[str] = frozenset()) -> None:
@@ -101,8 +54,8 @@ def _check_invariants(sim: Simulator, moving: frozenset[str] = frozenset()) -> N
         assert u[1] <= node.memory_bytes + 1e-6, f"{name} over memory"
         assert devices <= node.gpus + 1e-9, f"{name} over GPUs: {devices} > {node.gpus}"
         assert u[3] <= node.max_pods, f"{name} over pod slots"
-    for (node, group), fraction in shared.items():
-        assert fraction <= 1.0 + 1e-9, f"shared GPU {group} on {node} at {fraction}"
+    for (node_name, group), fraction in shared.items():
+        assert fraction <= 1.0 + 1e-9, f"shared GPU {group} on {node_name} at {fraction}"
     for key, pg in sim.podgroups.items():
         n = running_by_group.get(key, 0)
         # Pods consolidation moves leave their node this cycle and run on the new one the next.
@@ -149,7 +102,7 @@ def _check_orders(before: dict[str, Pod], result: CycleResult) -> None:
 # was not counted. KAI decides the same (a Binding pod is a victim like a running one).
 @example(seed=1824165703, n_nodes=3, n_jobs=14)
 def test_cycles_keep_every_invariant(seed: int, n_nodes: int, n_jobs: int) -> None:
-    sim = _simulator(seed, n_nodes, n_jobs)
+    sim = random_simulator(seed, n_nodes, n_jobs)
     for cycle in range(4):
         now = cycle * 60.0
         before = sim.pods
@@ -193,7 +146,7 @@ def _state(ssn: Session) -> tuple[object, ...]:
 @given(seed=st.integers(0, 2**31), n_ops=st.integers(1, 12))
 def test_discard_restores_the_session_exactly(seed: int, n_ops: int) -> None:
     rng = random.Random(seed)
-    sim = _simulator(seed, 4, 8)
+    sim = random_simulator(seed, 4, 8)
     sim.step(0.0)
     ssn = open_session(sim.snapshot(), 60.0, sim.policy)
     before = _state(ssn)

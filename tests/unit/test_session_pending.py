@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.core.cycle import run_session
-from tests.unit.test_core_properties import _simulator
+from tests.builders import random_simulator
 
 
 @settings(max_examples=40, deadline=None)
@@ -16,7 +16,7 @@ from tests.unit.test_core_properties import _simulator
 def test_no_job_gets_a_pending_pod_it_did_not_have_when_the_session_opened(
     seed: int, n_nodes: int, n_jobs: int
 ) -> None:
-    sim = _simulator(seed, n_nodes, n_jobs)
+    sim = random_simulator(seed, n_nodes, n_jobs)
     for cycle in range(4):
         now = cycle * 60.0
         sim.cluster.fire(now)

@@ -21,8 +21,17 @@ from hypothesis import strategies as st
 from shared.core.cycle import result_of, run_session
 from shared.core.policy import Policy
 from shared.model import PodStatus
-from tests.builders import HOSTNAME, Workload, gang, node, placed, queue, root_queue, snapshot
-from tests.unit.test_core_properties import _simulator
+from tests.builders import (
+    HOSTNAME,
+    Workload,
+    gang,
+    node,
+    placed,
+    queue,
+    random_simulator,
+    root_queue,
+    snapshot,
+)
 from tools.sim.simulator import Simulator
 
 NODES = (node("a", gpus=2, labels={HOSTNAME: "a"}), node("b", gpus=2, labels={HOSTNAME: "b"}))
@@ -82,7 +91,7 @@ def test_no_cycle_takes_back_binds_and_orders_nothing(seed: int, n_nodes: int, n
     """On random clusters where nothing new arrives, no cycle in which a later action (consolidation,
     reclaim, preempt) took back binds allocate had just made ends with no order to the cluster: such a cycle
     changes nothing, so the next repeats it."""
-    sim = _simulator(seed, n_nodes, n_jobs)
+    sim = random_simulator(seed, n_nodes, n_jobs)
     for cycle in range(6):
         ssn = run_session(sim.snapshot(), cycle * 60.0, sim.policy)
         taken_back = sorted(t.key for t, _ in ssn.log.binds if t.status != PodStatus.BINDING)
