@@ -87,6 +87,34 @@ class UnevictOp:
 Operation = AllocateOp | PipelineOp | EvictOp | UnevictOp
 
 
+def remember(ssn: Session, task: TaskState, *node_names: str | None) -> Memento:
+    """What an operation on `task` touching `node_names` may change, as it is now (`restore` puts it back)."""
+    nodes = ssn.cluster.nodes
+    touched = tuple(nodes[n].save() for n in dict.fromkeys(node_names) if n is not None and n in nodes)
+    chain = tuple(
+        (q, tuple(q.allocated), tuple(q.allocated_non_preemptible))
+        for q in ancestors_and_self(ssn.queues, task.job.queue)
+    )
+    return Memento(task, task.status, task.node, task.gpu_groups, task.is_virtual, touched, chain)
+
+
+def restore(ssn: Session, m: Memento, *, node: str | None) -> None:
+    """Put back what `m` remembered: the task (on `node`), the nodes, the queue chain's allocations."""
+    task = m.task
+    task.status = m.status
+    task.node = node
+    task.gpu_groups = m.groups
+    task.is_virtual = m.virtual
+    task.job.version += 1
+    for node_memento in m.nodes:
+        node_memento.node.restore(node_memento)
+    for q, allocated, non_preemptible in m.queues:
+        q.allocated = list(allocated)
+        q.allocated_non_preemptible = list(non_preemptible)
+        q.version += 1
+    ssn.alloc_version += 1
+
+
 def pipeline_in_place(ssn: Session, task: TaskState, node_name: str) -> None:
     """A pod placed on `node_name` this session waits there instead: it is pipelined, its node and queue
     accounting moved from placed to pipelined."""
@@ -118,13 +146,7 @@ class Statement:
 
     # --- operations -------------------------------------------------------------------------------------
     def _memento(self, task: TaskState, *node_names: str | None) -> Memento:
-        nodes = self.ssn.cluster.nodes
-        touched = tuple(nodes[n].save() for n in dict.fromkeys(node_names) if n is not None and n in nodes)
-        chain = tuple(
-            (q, tuple(q.allocated), tuple(q.allocated_non_preemptible))
-            for q in ancestors_and_self(self.ssn.queues, task.job.queue)
-        )
-        return Memento(task, task.status, task.node, task.gpu_groups, task.is_virtual, touched, chain)
+        return remember(self.ssn, task, *node_names)
 
     def allocate(self, task: TaskState, node_name: str) -> None:
         op = AllocateOp(self._memento(task, node_name), task, node_name)
@@ -205,20 +227,8 @@ class Statement:
         pending pod whose placement is undone is left with no node, as KAI unallocates it (SEMANTICS §13.3
         item 2), even when its pod named one."""
         m = op.memento
-        task = m.task
-        task.status = m.status
         unplaced = m.status == PodStatus.PENDING and isinstance(op, AllocateOp | PipelineOp)
-        task.node = None if unplaced else m.node
-        task.gpu_groups = m.groups
-        task.is_virtual = m.virtual
-        task.job.version += 1
-        for node_memento in m.nodes:
-            node_memento.node.restore(node_memento)
-        for q, allocated, non_preemptible in m.queues:
-            q.allocated = list(allocated)
-            q.allocated_non_preemptible = list(non_preemptible)
-            q.version += 1
-        self.ssn.alloc_version += 1
+        restore(self.ssn, m, node=None if unplaced else m.node)
 
     # --- commit ------------------------------------------------------------------------------------------
     def commit(self) -> Decisions:
@@ -272,35 +282,25 @@ def bind_on_free_room(ssn: Session, pipelines: Sequence[tuple[TaskState, str]]) 
         pods = [t for t in job.tasks.values() if t.status == PodStatus.PIPELINED]
         if any(t.pod.claims or t.pod.status in HOLDS_NODE or t.node is None or t.node in held for t in pods):
             continue
-        binds += _bind_all_or_none(ssn, job, pods)
+        binds += _bind_all_or_none(ssn, pods)
     decisions = Decisions(binds=tuple(binds))
     ssn.record(decisions)
     return decisions
 
 
-def _bind_all_or_none(ssn: Session, job: JobState, pods: list[TaskState]) -> list[tuple[TaskState, str]]:
-    """Bind every pod of `pods` on its node, or leave the session exactly as it was; what was bound."""
+def _bind_all_or_none(ssn: Session, pods: list[TaskState]) -> list[tuple[TaskState, str]]:
+    """Bind every pod of `pods` on its node, or leave the session exactly as it was (`remember`, `restore`,
+    as a statement's rollback does); what was bound."""
     placements = [(t, t.node) for t in pods if t.node is not None]
-    nodes = [ssn.cluster.nodes[name] for name in dict.fromkeys(name for _, name in placements)]
-    saved_nodes = [n.save() for n in nodes]
-    saved_pods = [(t, t.status, t.gpu_groups, t.is_virtual) for t in pods]
-    chain = ancestors_and_self(ssn.queues, job.queue)
-    saved_queues = [(q, list(q.allocated), list(q.allocated_non_preemptible)) for q in chain]
-    for n in nodes:
-        _free_unheld_room(n)
+    names = list(dict.fromkeys(name for _, name in placements))
+    # Each memento holds every node before any change: restored last to first, the first puts them back.
+    saved = [remember(ssn, t, *names) for t, _ in placements]
+    for name in names:
+        _free_unheld_room(ssn.cluster.nodes[name])
     if all(_bind_in_place(ssn, t, name) for t, name in placements):
         return placements
-    for n, memento in zip(nodes, saved_nodes, strict=True):
-        n.restore(memento)
-    for task, status, groups, virtual in saved_pods:
-        ssn.set_status(task, status)
-        task.gpu_groups = groups
-        task.is_virtual = virtual
-    for q, allocated, non_preemptible in saved_queues:
-        q.allocated = allocated
-        q.allocated_non_preemptible = non_preemptible
-        q.version += 1
-    ssn.alloc_version += 1
+    for memento in reversed(saved):
+        restore(ssn, memento, node=memento.node)
     return []
 
 
