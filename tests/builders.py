@@ -21,7 +21,10 @@ from typing import Any
 
 import msgspec
 
+from shared.core.cycle import result_of, run_session
 from shared.core.policy import Policy
+from shared.core.result import CycleResult
+from shared.core.session import Session
 from shared.model import Node, Pod, PodGroup, PodSet, PodStatus, Queue, QueueResource, Snapshot, SubGroupSet
 from shared.model.builders import (
     GIB,
@@ -400,6 +403,12 @@ def stored(
     return obj
 
 
+def pinned(workload: Workload, node_name: str) -> Workload:
+    """`workload` with every pod able to run on `node_name` alone (a hostname node selector)."""
+    pg, pods = workload
+    return pg, [msgspec.structs.replace(p, node_selector={HOSTNAME: node_name}) for p in pods]
+
+
 # --- random clusters for the core's properties ----------------------------------------------------------
 def random_nodes(rng: random.Random, n_nodes: int) -> list[Node]:
     """`n_nodes` nodes of random CPU, memory, GPUs and pod capacity, drawn from `rng`."""
@@ -450,3 +459,13 @@ def random_simulator(seed: int, n_nodes: int, n_jobs: int) -> Simulator:
         )
         sim.submit(pg, pods, run_time=rng.choice([None, 120.0]))
     return sim
+
+
+def step_beside(sim: Simulator, now: float) -> tuple[Session, CycleResult]:
+    """One cycle of `sim` at `now`, with the same cycle's session run beside it on the same snapshot (the
+    core is deterministic), to read what the cycle did inside: its log. The two bind the same."""
+    sim.cluster.fire(now)
+    ssn = run_session(sim.snapshot(), now, sim.policy)
+    result = sim.step(now)
+    assert result.binds == result_of(ssn).binds
+    return ssn, result

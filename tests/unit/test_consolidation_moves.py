@@ -16,20 +16,13 @@ changes, at the cost of the pod.
 
 from __future__ import annotations
 
-import msgspec
-
 from shared.core.cycle import result_of, run_session
 from shared.core.policy import Policy
 from shared.model import PodStatus
-from tests.builders import HOSTNAME, Workload, gang, node, placed, snapshot, team_queues
+from tests.builders import HOSTNAME, Workload, gang, node, pinned, placed, snapshot, team_queues
 from tools.sim.simulator import Simulator
 
 NODES = (node("a", gpus=4, labels={HOSTNAME: "a"}), node("b", gpus=8, labels={HOSTNAME: "b"}))
-
-
-def _only_on_a(workload: Workload) -> Workload:
-    pg, pods = workload
-    return pg, [msgspec.structs.replace(p, node_selector={HOSTNAME: "a"}) for p in pods]
 
 
 def _workloads() -> tuple[Workload, ...]:
@@ -37,7 +30,7 @@ def _workloads() -> tuple[Workload, ...]:
         placed("busy-a", "team", ["a"], gpus=3.0, priority=100),
         placed("busy-b", "team", ["b"], gpus=3.0, priority=100),
         gang("p", "team", 1, 1.0, created=1.0),
-        _only_on_a(gang("y", "team", 1, 1.0, created=2.0)),
+        pinned(gang("y", "team", 1, 1.0, created=2.0), "a"),
     )
 
 

@@ -14,7 +14,6 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shared.core.cycle import result_of, run_session
 from shared.core.opening import open_session
 from shared.core.result import CycleResult
 from shared.core.session import Session
@@ -22,7 +21,7 @@ from shared.core.statement import Statement
 from shared.core.tasks import N_BASE
 from shared.model import Pod, PodStatus
 from shared.model.status import ACTIVE_USED
-from tests.builders import random_simulator
+from tests.builders import random_simulator, step_beside
 from tools.sim.simulator import Simulator
 
 
@@ -106,11 +105,7 @@ def test_cycles_keep_every_invariant(seed: int, n_nodes: int, n_jobs: int) -> No
     for cycle in range(4):
         now = cycle * 60.0
         before = sim.pods
-        sim.cluster.fire(now)
-        # The same cycle run beside the simulator's (the core is deterministic), to read its moves.
-        ssn = run_session(sim.snapshot(), now, sim.policy)
-        result = sim.step(now)
-        assert result.binds == result_of(ssn).binds
+        ssn, result = step_beside(sim, now)  # its session's log tells the moves
         _check_orders(before, result)
         _check_invariants(sim, _moved(ssn))
 

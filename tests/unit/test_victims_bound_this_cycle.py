@@ -14,7 +14,6 @@ reclaim's eviction then deletes v, so the cluster changes, at the cost of the po
 
 from __future__ import annotations
 
-import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -26,11 +25,13 @@ from tests.builders import (
     Workload,
     gang,
     node,
+    pinned,
     placed,
     queue,
     random_simulator,
     root_queue,
     snapshot,
+    step_beside,
 )
 from tools.sim.simulator import Simulator
 
@@ -38,16 +39,11 @@ NODES = (node("a", gpus=2, labels={HOSTNAME: "a"}), node("b", gpus=2, labels={HO
 QUEUES = (root_queue(), queue("first", 1.0, priority=200), queue("owed", 2.0))
 
 
-def _only_on_a(workload: Workload) -> Workload:
-    pg, pods = workload
-    return pg, [msgspec.structs.replace(p, node_selector={HOSTNAME: "a"}) for p in pods]
-
-
 def _workloads() -> tuple[Workload, ...]:
     return (
         placed("r", "owed", ["a"], gpus=1.0, priority=100),
         gang("v", "first", 1, 1.0),
-        _only_on_a(gang("h", "owed", 1, 1.0, priority=100, created=1.0)),
+        pinned(gang("h", "owed", 1, 1.0, priority=100, created=1.0), "a"),
     )
 
 
@@ -93,9 +89,9 @@ def test_no_cycle_takes_back_binds_and_orders_nothing(seed: int, n_nodes: int, n
     changes nothing, so the next repeats it."""
     sim = random_simulator(seed, n_nodes, n_jobs)
     for cycle in range(6):
-        ssn = run_session(sim.snapshot(), cycle * 60.0, sim.policy)
+        # Beside the simulator's cycle, on the snapshot it schedules (its timed events fired first).
+        ssn, result = step_beside(sim, cycle * 60.0)
         taken_back = sorted(t.key for t, _ in ssn.log.binds if t.status != PodStatus.BINDING)
-        result = sim.step(cycle * 60.0)
         assert result.binds or result.evictions or not taken_back, (
             f"cycle {cycle} took back the binds of {taken_back} and ordered nothing"
         )
