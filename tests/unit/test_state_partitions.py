@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.state.service import StateOptions
@@ -137,6 +137,7 @@ def test_a_joining_replica_takes_its_share_and_moves_few_others(
 
 
 @given(counts, replica_sets)
+@example(4, {"0", "c30", "02z", "100g50"})
 def test_a_leaving_replica_gives_up_its_partitions_and_moves_few_others(
     count: int, members: set[str]
 ) -> None:
@@ -144,7 +145,10 @@ def test_a_leaving_replica_gives_up_its_partitions_and_moves_few_others(
     before, after = owners(count, members), owners(count, members - {gone})
     assert all(after[p] != gone for p in after)
     between_others = [p for p in before if before[p] != gone and before[p] != after[p]]
-    assert len(between_others) <= (count + 1) // 2
+    # Half the numbered ones at most, and the cluster partition, which follows a least loaded replica: with
+    # 4 partitions over 4 replicas, the one that leaves takes a numbered one from the cluster partition's
+    # owner's share, which then owns more than the fewest (hypothesis found it).
+    assert len([p for p in between_others if p != CLUSTER]) <= (count + 1) // 2
 
 
 @pytest.mark.parametrize("count", [8, 32])
