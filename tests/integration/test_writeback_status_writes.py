@@ -435,3 +435,108 @@ async def test_the_periodic_recount_runs_while_events_keep_waking_the_write_back
         finally:
             await stop_tasks([counting, waking])
         assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+
+
+@contextlib.asynccontextmanager
+async def sweeping(writeback: WriteBack, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[set[str]]]:
+    """The write-back's recount loop running; the podgroups each of its passes recounted, pass by pass."""
+    passes: list[set[str]] = [set()]
+    recount = writeback._recount
+    forget = writeback._forget_resources
+
+    def counted(name: str, group: Any) -> Any:
+        passes[-1].add(name)
+        return recount(name, group)
+
+    def next_pass() -> None:
+        passes.append(set())
+        forget()
+
+    monkeypatch.setattr(writeback, "_recount", counted)
+    monkeypatch.setattr(writeback, "_forget_resources", next_pass)
+    counting = asyncio.create_task(writeback._count_resources())
+    try:
+        yield passes
+    finally:
+        await stop_tasks([counting])
+
+
+async def test_a_sweep_recounts_the_podgroups_whose_pods_changed_and_leaves_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An idle cluster's sweep cost as much as a busy one's: every podgroup recounted every period.
+    options = WriteBackOptions(resources_period=0.2, resources_resync=60.0)
+    async with stage(tmp_path, options) as (_, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        await podgroup_in(kube, mirror, "other")
+        mirror.change(PODS, "ADDED", pod(None))
+        mirror.change(PODS, "ADDED", pod("node-0", "other"))
+        async with sweeping(writeback, monkeypatch) as passes:
+            await asyncio.sleep(0.3)  # the first sweep counts every podgroup
+            assert {"default/pg", "default/other"} <= set().union(*passes)
+            await shown(kube, mirror)
+            await shown(kube, mirror, "other")  # their writes come back through the watch
+            await asyncio.sleep(0.3)
+            settled = len(passes) - 1
+            passes[settled] = set()  # the pass to come, or the one under way: from here on
+            mirror.change(PODS, "MODIFIED", pod("node-0"))  # p-0 bound, no Kairos event about it
+            await asyncio.sleep(0.5)  # left once to the event that might come, then written
+            after = set().union(*passes[settled:])
+        assert "default/pg" in after
+        assert "default/other" not in after
+        assert (await shown(kube, mirror))["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+
+
+async def test_every_podgroup_is_recounted_each_resync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = WriteBackOptions(resources_period=0.1, resources_resync=0.4)
+    async with stage(tmp_path, options) as (_, kube, mirror, writeback):
+        await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        async with sweeping(writeback, monkeypatch) as passes:
+            await asyncio.sleep(0.15)
+            await shown(kube, mirror)
+            first = len(passes)
+            await asyncio.sleep(0.6)  # a resync at 0.4 s
+            later = passes[first:-1]  # the passes done since
+        assert len(later) >= 3
+        assert any("default/pg" in each for each in later)
+        assert any("default/pg" not in each for each in later), "the sweeps between leave it"
+
+
+async def test_a_sweep_looks_again_at_a_podgroup_whose_older_version_came_within_the_watch_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watch shows a version from before the write (another write came first): within the watch lag
+    # that is not written again; past it, a group that still does not show the amounts is, at the next
+    # sweep, though nothing touches it any more.
+    options = WriteBackOptions(resources_period=0.1, resources_resync=60.0, watch_lag=1.0)
+    async with stage(tmp_path, options) as (sim, kube, mirror, writeback):
+        created = await podgroup_in(kube, mirror)
+        mirror.change(PODS, "ADDED", pod("node-0"))
+        async with sweeping(writeback, monkeypatch):
+            for _ in range(40):  # the first sweep leaves it to an event, the second writes the amounts
+                if status_patches(sim) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert status_patches(sim) == 1
+            await kube.request(
+                "overwrite",
+                "PATCH",
+                "/apis/scheduling.run.ai/v2alpha2/namespaces/default/podgroups/pg/status",
+                {"status": {"resourcesStatus": None}},
+                content_type=MERGE_PATCH,
+            )
+            overwritten = status_patches(sim)
+            mirror.change(PODGROUPS, "MODIFIED", created)
+            await asyncio.sleep(0.3)
+            assert status_patches(sim) == overwritten, "within the watch lag: not written again"
+            for _ in range(60):
+                if status_patches(sim) > overwritten:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+        status = await shown(kube, mirror)
+        assert status["resourcesStatus"]["allocated"] == {"cpu": "2", "memory": "1Gi"}
+        assert status_patches(sim) == overwritten + 1

@@ -9,13 +9,16 @@ fresh one writes: KV loses what nothing produces any more.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.state.mirror.cache import Mirror
 from services.state.mirror.raw_objects import NAMESPACES, NODES, PODGROUPS, PODS, PRIORITY_CLASSES, QUEUES
+from shared.contracts import subjects as s
+from shared.kube import keys
 from shared.model import PodGroup
 from tests.unit.test_state_mirror import NOW, namespace, node, pod, podgroup, queue
 
@@ -70,7 +73,11 @@ events = st.one_of(
             ),
         ),
     ),
-    st.tuples(st.just(NODES), st.sampled_from(("n1", "n2")), st.one_of(st.none(), st.sampled_from((4, 8)))),
+    st.tuples(
+        st.just(NODES),
+        st.sampled_from(("n1", "n2")),
+        st.one_of(st.none(), st.tuples(st.sampled_from((4, 8)), st.sampled_from((None, "40960", "81920")))),
+    ),
     st.tuples(st.just(NAMESPACES), st.just("team"), st.one_of(st.none(), st.sampled_from(("a", "b")))),
     st.tuples(st.just(QUEUES), st.just("research"), st.one_of(st.none(), st.sampled_from(("org", "ghost")))),
     st.tuples(st.just(RELIST), st.just(PODS), st.none()),
@@ -84,7 +91,11 @@ def raw(kind: str, name: str, variant: Any) -> bytes:
         queue_name, status, backoff = variant
         return podgroup(name, queue_name, status=GROUP_STATUSES[status], backoff=backoff)
     if kind == NODES:
-        return node(name, gpus=variant)
+        gpus, memory = variant
+        doc = json.loads(node(name, gpus=gpus))
+        if memory is not None:
+            doc["metadata"]["labels"] = {keys.GPU_MEMORY_LABEL: memory}
+        return json.dumps(doc).encode()
     if kind == QUEUES:
         return queue(name, variant)
     return namespace(name, {"tier": variant})
@@ -143,6 +154,67 @@ def test_flushing_each_change_ends_where_one_full_flush_of_the_final_objects_doe
     full = listed(objects)
     full.flush(NOW)
     assert_same(incremental, full)
+
+
+def counted_from(mirror: Mirror, name: str) -> tuple[object, ...]:
+    """What the write-back counts a podgroup's ``resourcesStatus`` from: its PodGroup and its pods (the
+    objects: the mirror replaces one that changes), the GPU memory label of their nodes and whether its
+    translation is preemptible."""
+    namespace, group = name.split("/", 1)
+    pods = mirror.members(namespace, group)
+    nodes = [mirror.raw.nodes.get(each.spec.node_name or "") for each in pods]
+    model = mirror.current.get(s.podgroup_key(namespace, group))
+    return (
+        mirror.raw.podgroups.get(name),
+        *pods,
+        *(None if each is None else each.metadata.labels.get(keys.GPU_MEMORY_LABEL) for each in nodes),
+        model.preemptible if isinstance(model, PodGroup) else None,
+    )
+
+
+def same_objects(left: tuple[object, ...], right: tuple[object, ...]) -> bool:
+    return len(left) == len(right) and all(a is b or a == b for a, b in zip(left, right, strict=True))
+
+
+@given(st.lists(st.tuples(events, st.booleans()), max_size=25))
+@example(
+    [  # a pod of g1 running on n1, whose GPU memory label (what a fractional pod holds) then changes
+        ((PODGROUPS, "g1", ("research", "none", None)), False),
+        ((NODES, "n1", (4, None)), False),
+        ((PODS, "p0", ("g1", 1, "n1", "Running", True)), True),
+        ((NODES, "n1", (4, "40960")), False),
+    ]
+)
+def test_a_podgroup_the_mirror_does_not_name_as_touched_counts_from_what_it_counted_from_before(
+    sequence: list[tuple[tuple[str, str, Any], bool]],
+) -> None:
+    objects = initial()
+    mirror = listed(objects)
+    mirror.flush(NOW)
+    assert mirror.take_resources_touched() == set(mirror.raw.podgroups), "the first sweep counts every one"
+    names = [f"team/{group}" for group in GROUP_NAMES]
+    counted = {name: counted_from(mirror, name) for name in names}
+    for event, flushed in sequence:
+        kind, name, variant = event
+        if kind == RELIST:
+            mirror.relist(name, of_kind(objects, name))
+        else:
+            before = objects.get((kind, name))
+            if variant is not None:
+                objects[(kind, name)] = raw(kind, name, variant)
+                mirror.change(kind, "ADDED" if before is None else "MODIFIED", objects[(kind, name)])
+            elif before is not None:
+                del objects[(kind, name)]
+                mirror.change(kind, "DELETED", before)
+        if flushed:
+            mirror.flush(NOW)
+        touched = mirror.take_resources_touched()
+        for group in names:
+            now = counted_from(mirror, group)
+            assert group in touched or same_objects(now, counted[group]), (
+                f"{group} changed after {event} and was not named"
+            )
+            counted[group] = now
 
 
 @given(st.lists(events, max_size=15), st.lists(events, max_size=15))

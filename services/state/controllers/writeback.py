@@ -30,9 +30,9 @@ keeps the pending pods' PodScheduled condition unwritten (the Events are still r
 And, as KAI's podgroup controller does, every PodGroup's ``status.resourcesStatus``: what its pods request
 and what the placed ones hold (`shared.kube.translate.podgroup_resources_status`), recomputed for the
 podgroups an event names once the watch has caught up (`resources_settle`; a pod-bound event's with its
-podgroup-state event) and for every podgroup each `resources_period` (pods finish or go without an
-event; a podgroup with new or newly placed pods is left once to the event on its way), patched only when
-the amounts change.
+podgroup-state event), for the podgroups whose PodGroup or pods changed each `resources_period` (pods
+finish or go without an event; a podgroup with new or newly placed pods is left once to the event on its
+way), and for every podgroup each `resources_resync`; patched only when the amounts change.
 
 Objects the mirror holds back are shown by the problem report (`services.state.controllers.problem_report`), which
 uses this module's Events clock (`event_time`) and pod status patch (`patch_pod_status`).
@@ -141,8 +141,11 @@ class WriteBackOptions:
     """Seconds between an event naming a podgroup and the recount of its ``resourcesStatus``: the pod
     changes the event reports reach the mirror through the watch a little later."""
     resources_period: float = 5.0
-    """Seconds between two recounts of every podgroup's ``resourcesStatus`` (a podgroup whose pods did not
-    change since costs a comparison): pods start, finish and go without a Kairos event."""
+    """Seconds between two recounts of the podgroups whose PodGroup or pods changed since the last
+    (`Mirror.take_resources_touched`): pods start, finish and go without a Kairos event."""
+    resources_resync: float = 60.0
+    """Seconds between two recounts of every podgroup, as an informer's resync: what changed and was not
+    told is shown within this. Also the first sweep, and the first after a partition is gained."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,12 @@ class WriteBack:
         self._resources_wake = asyncio.Event()
         self._resources_left: set[str] = set()
         """PodGroups the last sweep left to the event on its way about them (`_event_coming`)."""
+        self._resources_later: set[str] = set()
+        """PodGroups whose object changed within `watch_lag` of a write of theirs (`_recount`): the next sweep
+        looks again, once the version that write made has had time to come back."""
+        self._resync_due = True
+        """The next sweep recounts every podgroup: the first one, and the first after a partition is gained
+        (its podgroups were never counted here)."""
         self._resources_seen: dict[str, _Count] = {}
         """PodGroup "ns/name" -> its last recount, so that a podgroup nothing changed for is not recounted
         and one whose pods did not change is not summed again."""
@@ -247,6 +256,7 @@ class WriteBack:
         )
         stop = asyncio.Event()
         self._feeds[feed.name] = (asyncio.create_task(self._run(sub, stop)), stop)
+        self._resync_due = True
 
     async def unfollow(self, name: str, drain: float = 0.0) -> None:
         """Stop fetching the feed `name`: no batch is fetched any more, the one being written is given
@@ -617,6 +627,7 @@ class WriteBack:
         `resources_period`; one podgroup's failure is logged and never stops the others or the loop."""
         loop = asyncio.get_running_loop()
         sweep_at = loop.time() + self.options.resources_period
+        resync_at = loop.time() + self.options.resources_resync
         while True:
             # The sweep's time is checked first: under steady events the wake is always set again by the
             # time the loop comes round, a wait on it never times out, and the sweep (the only recount of
@@ -632,7 +643,15 @@ class WriteBack:
                     await asyncio.sleep(self.options.resources_settle)
             named, left = self._resources_dirty, self._resources_left
             if sweep:
-                names = set(self.mirror.raw.podgroups) | named
+                # A podgroup nothing touched since the last sweep would count the same: only the touched
+                # ones are counted (100,000 unchanged podgroups cost 0.58 s of CPU a sweep, every 5 s,
+                # when all were; docs/performance.md).
+                names = self.mirror.take_resources_touched() | named | left | self._resources_later
+                self._resources_later = set()
+                if self._resync_due or loop.time() >= resync_at:
+                    names.update(self.mirror.raw.podgroups)
+                    resync_at = loop.time() + self.options.resources_resync
+                    self._resync_due = False
                 sweep_at = loop.time() + self.options.resources_period
                 self._resources_left = set()
             else:
@@ -732,10 +751,10 @@ class WriteBack:
         if last is not None and _same(last.inputs, inputs):
             # Nothing changed, or only the group, and within `watch_lag` of a write: a version of the group
             # from before that write (the watch tells of another write first) would have it written twice.
-            if (
-                last.group is group
-                or asyncio.get_running_loop().time() < last.written_at + self.options.watch_lag
-            ):
+            if last.group is group:
+                return None
+            if asyncio.get_running_loop().time() < last.written_at + self.options.watch_lag:
+                self._resources_later.add(name)
                 return None
             status, sums = last.status, last.sums
         else:

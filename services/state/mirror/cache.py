@@ -166,6 +166,12 @@ class Mirror:
     """Footprint label -> the Event reason when it is not the kind's Invalid* one (a waiting stage)."""
     _pod_sets: dict[str, tuple[PodGroup, frozenset[str]]] = field(default_factory=dict)
     """Podgroup "ns/name" -> (its translation, the names of its pod sets), for the sub-group label check."""
+    _resources_touched: set[str] = field(default_factory=set)
+    """Podgroups whose object, translation or pods changed since the write-back last took them
+    (`take_resources_touched`)."""
+    _resources_all: bool = True
+    """Every podgroup is touched: at start, after a relist or a full flush, and when a node's GPU memory label
+    changed (what a fractional pod on it holds)."""
 
     @property
     def problems(self) -> dict[str, str]:
@@ -201,6 +207,7 @@ class Mirror:
         self._dirty[kind].update(old.keys() | fresh.keys())
         self.raw[kind] = fresh
         self._full = True
+        self._resources_all = True
         if kind == PODS:
             self._recount.update(self.pod_index.clear())
             self.foreign.reindex()
@@ -223,8 +230,14 @@ class Mirror:
         after = objects.get(name)
         if kind == PODS:
             self._pod_changed(name, before, after)
-            self.stages.pod_changed(group_of(before), group_of(after))
+            old_group, new_group = group_of(before), group_of(after)
+            self.stages.pod_changed(old_group, new_group)
+            if old_group is not None:
+                self._resources_touched.add(old_group)
+            if new_group is not None and new_group != old_group:
+                self._resources_touched.add(new_group)
         elif kind == PODGROUPS:
+            self._resources_touched.add(name)
             self.stages.group_changed(name, before, after)
             if self._restated(name, before, after):
                 return
@@ -232,6 +245,8 @@ class Mirror:
             self.stages.job_changed(name)
         elif kind in (QUEUES, PRIORITY_CLASSES, TOPOLOGIES) and not only_status(before, after):
             self._full = True
+        elif kind == NODES and _gpu_memory_label(before) != _gpu_memory_label(after):
+            self._resources_all = True
         self._dirty[kind].add(name)
 
     def inventory(self, inventory: GpuInventory) -> None:
@@ -260,6 +275,18 @@ class Mirror:
         self._dirty[PODS].update(self.foreign.track(name, before, after))
 
     # --- output -----------------------------------------------------------------------------------------
+    def take_resources_touched(self) -> set[str]:
+        """The podgroups ("ns/name") whose ``resourcesStatus`` may have changed since the last call: those
+        whose PodGroup, translation or pods (joined, left, changed) changed; every podgroup held after a
+        relist, a full flush or a node's GPU memory label changing. The write-back's sweep recounts these
+        (`services.state.controllers.writeback`), where it once recounted every podgroup each time."""
+        touched = self._resources_touched
+        self._resources_touched = set()
+        if self._resources_all:
+            self._resources_all = False
+            touched.update(self.raw.podgroups)
+        return touched
+
     def members(self, namespace: str, podgroup: str) -> list[wire.Pod]:
         """The pods (raw) that belong to a podgroup, by name."""
         names = self.pod_index.members.get(f"{namespace}/{podgroup}", ())
@@ -410,6 +437,7 @@ class Mirror:
         self._dirty[NODES].update(name for kind, name in self._keys if kind == "node")
         self.storage.dirty.update(self.storage.objects)
         self.dra.dirty.update(self.dra.objects)
+        self._resources_all = True
 
     def _recompute(self, now: float, full: bool) -> dict[str, Obj | None]:
         """What KV should hold under the keys the dirty objects touch (None: nothing), with the bookkeeping
@@ -430,6 +458,9 @@ class Mirror:
         pods = set(self._dirty[PODS])
         nodes = set(self._dirty[NODES])
         self._recount.update(self._dirty[PODGROUPS])
+        # A podgroup's translation (its preemptibility, which the count reads) is made here, after the
+        # change that touched it may have been counted already.
+        self._resources_touched.update(self._dirty[PODGROUPS])
         for name in self._dirty[PODGROUPS]:
             pods.update(self.pod_index.members.get(name, ()))
             self._groups.pop(name, None)
@@ -695,3 +726,8 @@ def _pod_in(raw_pod: wire.Pod, group_key: str, sub_groups: frozenset[str]) -> Po
             f"podgroup {group_key} has no sub-group {shown(name)} (it has: {', '.join(sorted(sub_groups))})",
         )
     return translate.pod_of(raw_pod, podgroup=group_key)
+
+
+def _gpu_memory_label(node: Any) -> str | None:
+    """A raw node's GPU memory label (None: no node), which a fractional pod's share is counted from."""
+    return None if node is None else node.metadata.labels.get(keys.GPU_MEMORY_LABEL)
