@@ -219,17 +219,22 @@ async def _memory_releases(ctx: ServiceContext) -> None:
     if interval <= 0:
         return
     deferred = 0
+    left: int | None = None  # the resident set the last release left
     while not ctx.stopping.is_set():
         cpu, wall = time.process_time(), time.monotonic()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ctx.stopping.wait(), interval)
             return
+        if not memory_release.grown(memory_release.resident_bytes(), left):
+            ctx.counters["memory_releases_skipped"] += 1
+            continue
         if not memory_release.due(time.process_time() - cpu, time.monotonic() - wall, deferred):
             deferred += 1
             ctx.counters["memory_releases_deferred"] += 1
             continue
         deferred = 0
         done = memory_release.release()
+        left = done.rss_after
         ctx.counters["memory_releases"] += 1
         ctx.counters["memory_released_bytes"] += done.released
         ctx.log.debug(

@@ -1,5 +1,6 @@
 """The service runner releases freed memory on its interval (`ServiceConfig.memory_release_interval`,
-`shared.memory_release`) and each release shows in the replica's heartbeat, against a real nats-server."""
+`shared.memory_release`) once the resident set grew since the last release, and each release, or interval
+passed over, shows in the replica's heartbeat, against a real nats-server."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 
 import pytest
 
+from shared import memory_release
 from shared.bus.service import ServiceConfig, ServiceContext, serve
 from shared.contracts import subjects as s
 from shared.contracts.messages import Codec, Heartbeat
@@ -15,21 +17,36 @@ from tools.stack.nats_server import NatsServer
 pytestmark = pytest.mark.integration
 
 
-async def test_each_release_shows_in_the_heartbeat(nats_server: NatsServer) -> None:
+async def test_a_release_runs_at_first_and_then_only_once_the_resident_set_grew(
+    nats_server: NatsServer,
+) -> None:
     config = ServiceConfig(
         nats_url=nats_server.url, replica="release-0", health_interval=0.05, memory_release_interval=0.05
     )
     beats: list[Heartbeat] = []
     codec = Codec[Heartbeat](Heartbeat)
+    kept: list[bytes] = []
 
     async def body(ctx: ServiceContext) -> None:
         sub = await ctx.bus.nc.subscribe(s.health("probe", "release-0"))
-        while not beats or beats[-1].counters.get("memory_releases", 0) < 2:
-            msg = await sub.next_msg(timeout=10)
-            beats.append(codec.decode(msg.subject, msg.data))
+
+        async def until(counter: str, at_least: int) -> None:
+            while not beats or beats[-1].counters.get(counter, 0) < at_least:
+                msg = await sub.next_msg(timeout=10)
+                beats.append(codec.decode(msg.subject, msg.data))
+
+        await until("memory_releases", 1)
+        await until("memory_releases_skipped", 3)
+        assert beats[-1].counters["memory_releases"] == 1, "nothing grew: no release"
+        growth = max(
+            memory_release.GROWTH_FLOOR, memory_release.GROWTH_SHARE * memory_release.resident_bytes()
+        )
+        kept.extend(bytes(1000) for _ in range(int(2 * growth) // 1000))  # resident: it is written
+        await until("memory_releases", 2)
         await sub.unsubscribe()
         ctx.stopping.set()
 
     await asyncio.wait_for(serve("probe", config, body), 30)
     assert beats[-1].counters["memory_releases"] >= 2
     assert "memory_released_bytes" in beats[-1].counters
+    assert kept

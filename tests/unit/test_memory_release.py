@@ -64,3 +64,24 @@ def test_a_release_waits_for_a_quiet_interval_but_not_for_ever(
     cpu_s: float, wall_s: float, deferred: int, due: bool
 ) -> None:
     assert memory_release.due(cpu_s, wall_s, deferred) is due
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("rss", "after_last", "grown"),
+    [
+        pytest.param(100 * MIB, None, True, id="no release yet"),
+        pytest.param(100 * MIB, 100 * MIB, False, id="the same resident set has nothing to give back"),
+        pytest.param(107 * MIB, 100 * MIB, False, id="under the floor"),
+        pytest.param(108 * MIB, 100 * MIB, True, id="the floor"),
+        pytest.param(1_015 * MIB, 1_000 * MIB, False, id="a large process, under its share"),
+        pytest.param(1_020 * MIB, 1_000 * MIB, True, id="a large process, its share"),
+        pytest.param(90 * MIB, 100 * MIB, False, id="smaller than the release left it"),
+    ],
+)
+def test_a_release_runs_only_once_the_resident_set_grew_since_the_last(
+    rss: int, after_last: int | None, grown: bool
+) -> None:
+    assert memory_release.grown(rss, after_last) is grown
