@@ -31,6 +31,9 @@ own:
   another revision leaves the proposal to a later scan, and every delete is a compare-and-set on the
   revision read.
 Claims from binders before `PodClaim.commit_timeout` (0) are judged by the grace alone, as before.
+A scan that found nothing to do (every claimed pod bound, no unclaimed reservation waiting, nothing of its
+own in flight) remembers its view's two revisions, and the scans until the ledger or the state bucket moves
+on are skipped (`Recovery.quiet`; `pods()` are the view's own, as of its state revision).
 A pod this replica bound itself, under a claim still at the revision it bound it on, counts as bound
 whatever the state shows (`Recovery.bound`): a state service behind the cluster shows it pending for a while,
 and binding it again would only be answered "already bound" and publish its PodBound twice.
@@ -148,6 +151,14 @@ class Recovery:
     bound_here: dict[str, int] = field(default_factory=dict)
     """Claim key -> the claim's revision when this replica's bind of its pod succeeded (`bound`): the scan
     counts that pod bound while the claim stays at that revision, whatever the state says."""
+    _wanted: bool = field(default=False, init=False)
+    """Whether the last `recover` found a claim of a pod pending or gone."""
+    quiet: tuple[int, int] | None = None
+    """(ledger revision, state revision) of the view the last scan found nothing to do in: no claim of a
+    pod pending or gone, no unclaimed reservation waiting, nothing of its own in flight. A scan of that
+    very view finds the same however late it runs (what ages is only ever a claim or a reservation it
+    found), so the scans until the view moves on are skipped: a scan copies and walks every claim, every
+    2 s on every binder replica."""
 
     def bound(self, claim_key: str, revision: int) -> None:
         """This replica's bind of the pod of claim `claim_key` (at `revision`) succeeded. A pod's node is
@@ -182,9 +193,15 @@ class Recovery:
 
         Whatever the view, reservations no claim backs are swept first (`services.binder.leftovers`): the
         view only nominates them, and the sweep reads each claim again before it strips."""
+        seen = (view.ledger_revision, view.revision)
+        if seen == self.quiet and not self.in_flight and not self.rebinds.running:
+            self.counters["recovery_scans_quiet"] += 1
+            return []
+        self.quiet = None
         await self._sweep_leftovers(view, pods, now, grace)
         if not view.claims:
             self.first_seen.clear()
+            self._quiet_if_idle(seen, wanted=False)
             return []
         position = await self._caught_up(view, s.LEDGER_BUCKET, catch_up)
         if position is None:
@@ -198,7 +215,14 @@ class Recovery:
             if await self._caught_up(view, s.STATE_BUCKET, catch_up, ledger=position) is None:
                 return []
             current = pods()
-        return await self.recover(claims, revisions, nodes, current, now, grace)
+        bound = await self.recover(claims, revisions, nodes, current, now, grace)
+        self._quiet_if_idle(seen, wanted=self._wanted)
+        return bound
+
+    def _quiet_if_idle(self, seen: tuple[int, int], wanted: bool) -> None:
+        """Remember `seen` as a view with nothing to do (`quiet`) when this scan found nothing in it."""
+        if not wanted and not self.leftovers.since and not self.in_flight and not self.rebinds.running:
+            self.quiet = seen
 
     async def _caught_up(self, view: LedgerView, bucket: str, catch_up: float, ledger: int = 0) -> int | None:
         """The last sequence of `bucket` (the ledger or the state bucket) as read now, once `view` has reached
@@ -286,6 +310,7 @@ class Recovery:
             pod = pods.get(claim.pod)
             if pod is None or (pod.status == waiting and bound_here.get(key) != revision):
                 wanted.add(claim.proposal)
+        self._wanted = bool(wanted)
         for kept in (first_seen, self.bound_here):
             if len(kept) > len(claims):
                 for key in [k for k in kept if k not in claims]:

@@ -334,3 +334,31 @@ async def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S) -> 
     while not condition():
         assert loop.time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def test_scans_of_a_view_with_nothing_to_do_are_skipped_until_the_view_moves_on(bus: Bus) -> None:
+    # Every scan copied and walked every claim, every 2 s on every replica, idle cluster or not.
+    b = Committer(bus, FakeCluster(), commit_margin=0.0)
+    view = StateReplica(bus)
+    await view.start()
+    try:
+        done = PodClaim(pod="ns/a", node="n1", proposal="p", binder="gone", commit_timeout=1.0)
+        await bus.ledger.create(s.ledger_claim_key("ns/a"), encode(done))
+        await wait_until(lambda: len(view.claims) == 1)
+        running = {"ns/a": Pod(name="a", namespace="ns", podgroup="g", status=PodStatus.RUNNING, node="n1")}
+        for now in (0.0, 2.0, 4.0):
+            assert await b.scan(view, lambda: running, now, grace=1.0, catch_up=WAIT_S) == []
+        assert b.counters["recovery_scans_quiet"] == 2
+
+        # The ledger moves on: a claim whose binder died before its reservation, its pod still pending.
+        dead = PodClaim(pod="ns/b", node="n1", proposal="q", binder="gone", commit_timeout=1.0)
+        await bus.ledger.create(s.ledger_claim_key("ns/b"), encode(dead))
+        await wait_until(lambda: len(view.claims) == 2)
+        pods = {**running, **pending("ns/b")}
+        for now in (6.0, 8.0):  # seen, then old enough: taken back
+            await b.scan(view, lambda: pods, now, grace=1.0, catch_up=WAIT_S)
+    finally:
+        await view.stop()
+    assert b.counters["recovery_scans_quiet"] == 2
+    assert b.counters["recovery_rollbacks"] == 1
+    assert (await claims_of(bus, "ns/b"))["ns/b"] is None
