@@ -346,13 +346,15 @@ class Dispatcher:
         # The core is CPU work: a thread keeps heartbeats and lease renewals on time for large clusters.
         plan = await asyncio.to_thread(plan_cycle, snapshot, now, self.policy(), self.registry)
         await self._usage_after(plan, now, usage)
-        quiet = not plan.pending and not plan.stale and not plan.admissions and usage is None
-        self._quiet = (self.lease.term, state_revision, ledger_revision) if quiet else None
+        self._quiet = None
         if self.metrics is not None and self.lease.valid():
             shown = {q.name: q.display_name for q in snapshot.queues if q.display_name}
             self.metrics.observe_plan(plan.fair_shares, len(plan.pending), shown)
-        await self._publish_fair_shares(plan)
+        published = await self._publish_fair_shares(plan)
         await self._publish_admissions(plan, now)
+        if published and not plan.pending and not plan.stale and not plan.admissions and usage is None:
+            # Only once its fair shares are out: a quiet cycle would never send what this one could not.
+            self._quiet = (self.lease.term, state_revision, ledger_revision)
         if self.settings.cycles != "auto":
             return []
         self._freed = False
@@ -388,7 +390,8 @@ class Dispatcher:
                     self._tried[pg] = self.clock()
         return sent
 
-    async def _publish_fair_shares(self, plan: Plan) -> None:
+    async def _publish_fair_shares(self, plan: Plan) -> bool:
+        """Publish each fair share that changed; False when the lease lapsed before all were out."""
         for event in plan.fair_shares:
             key = (
                 event.parent,
@@ -401,10 +404,11 @@ class Dispatcher:
             if self._published.get(event.queue) == key:
                 continue
             if not self.lease.valid():
-                return
+                return False
             await self.bus.js.publish(s.event("queue-fair-share", event.queue), EVENT_ENCODER.encode(event))
             self._published[event.queue] = key
             self.counters["fair_share_events"] += 1
+        return True
 
     async def _publish_admissions(self, plan: Plan, now: float) -> None:
         """A `podgroup-admission` event for each podgroup whose verdict is news (`admission_changed`). A

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pytest
 from msgspec.structs import replace
 
 from services.queue.dispatcher import Dispatcher
@@ -75,16 +76,22 @@ class Lease:
     shard: str = "default"
     holder: str = "queue-0"
     term: int = 1
+    lapsed: bool = False
 
     def valid(self) -> bool:
-        return True
+        return not self.lapsed
 
 
 @dataclass
 class Stream:
     published: list[tuple[str, bytes]] = field(default_factory=list)
+    failures: int = 0
+    """Publishes still to fail (NATS did not answer)."""
 
     async def publish(self, subject: str, payload: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError(subject)
         self.published.append((subject, payload))
 
 
@@ -98,6 +105,7 @@ class Stage:
     dispatcher: Dispatcher
     replica: Replica
     lease: Lease
+    bus: Bus
     counters: Counters
     clock: list[float]
 
@@ -112,18 +120,18 @@ class Stage:
 
 
 def stage(snap: Snapshot) -> Stage:
-    replica, lease, counters, clock = Replica(snap), Lease(), Counters(), [0.0]
+    replica, lease, bus, counters, clock = Replica(snap), Lease(), Bus(), Counters(), [0.0]
     # Nothing is sent in these cycles but the fair shares; `batch=1` keeps a whole-cluster item from holding
     # the next cycle back.
     dispatcher = Dispatcher(
-        cast(Any, Bus()),
+        cast(Any, bus),
         cast(Any, replica),
         cast(Any, lease),
         QueueSettings(batch=1),
         counters,
         lambda: clock[0],
     )
-    return Stage(dispatcher, replica, lease, counters, clock)
+    return Stage(dispatcher, replica, lease, bus, counters, clock)
 
 
 async def test_an_idle_cluster_is_planned_once_until_its_state_changes() -> None:
@@ -168,3 +176,16 @@ async def test_work_appearing_in_a_new_state_is_planned_after_quiet_cycles() -> 
     s.replica.revision += 1
     await s.cycles(2)
     assert s.planned == 3
+
+
+async def test_fair_shares_a_cycle_could_not_send_are_sent_by_the_next() -> None:
+    s = stage(snapshot(gang("running", 2, 2)))
+    s.bus.js.failures = 1
+    with pytest.raises(TimeoutError):
+        await s.cycles(1)
+    s.lease.lapsed = True  # ... or the lease lapsed on the way (the same term when renewed)
+    await s.dispatcher.cycle()
+    s.lease.lapsed = False
+    await s.cycles(3)
+    assert s.planned == 3
+    assert [subject for subject, _ in s.bus.js.published] == ["kairos.events.queue-fair-share.a"]
