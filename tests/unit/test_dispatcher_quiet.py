@@ -15,6 +15,8 @@ from msgspec.structs import replace
 from services.queue.dispatcher import Dispatcher
 from services.queue.settings import QueueSettings
 from shared.bus.middleware import Counters
+from shared.contracts.messages import ShardRecord
+from shared.kube.scheduling_shard import ShardConfig, UsageDb
 from shared.model import GpuRequest, Node, Pod, PodGroup, PodStatus, Queue, QueueResource, Snapshot
 from shared.model.objects import PodSet, SubGroupSet
 
@@ -61,14 +63,16 @@ class Replica:
     revision: int = 1
     ledger_revision: int = 1
     records: dict[str, Any] = field(default_factory=dict)
+    config: ShardRecord | None = None
+    """The shard's SchedulingShard (None: KAI's defaults, time-based fair share off)."""
 
     def shard_snapshot(self, shard: str) -> Snapshot:
         assert shard == "default"
         return self.snap
 
-    def shard(self, name: str) -> None:
-        """No SchedulingShard: KAI's defaults, time-based fair share off."""
+    def shard(self, name: str) -> ShardRecord | None:
         assert name == "default"
+        return self.config
 
 
 @dataclass
@@ -167,6 +171,16 @@ async def test_a_cluster_with_work_left_is_planned_every_cycle() -> None:
     gated = stage(snapshot(gang("running", 2, 2), (group, [replace(pods[0], status=PodStatus.GATED)])))
     await gated.cycles(3)
     assert gated.planned == 3
+
+
+async def test_with_time_based_fair_share_every_cycle_is_planned() -> None:
+    # The queues' usage decays and accrues with time: the same state gives other fair shares later.
+    s = stage(snapshot(gang("running", 2, 2)))
+    usage = UsageDb(client_type="prometheus", half_life_period=600.0)
+    s.replica.config = ShardRecord(shard="default", config=ShardConfig(name="default", usage_db=usage))
+    await s.cycles(3)
+    assert s.planned == 3
+    assert s.counters["cycles_quiet"] == 0
 
 
 async def test_work_appearing_in_a_new_state_is_planned_after_quiet_cycles() -> None:
