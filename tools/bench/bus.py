@@ -92,6 +92,9 @@ log = logging.getLogger("kairos.bench.bus")
 ALREADY_EXISTS = 409
 STOP_GRACE = 3.0
 """Seconds the stack's processes get to exit on SIGTERM after a run before they are killed."""
+IDLE_SETTLE_S = 75.0
+"""Seconds the stack is left alone after the measured phase before its idle CPU is measured: past the
+first memory release the phase's growth calls for (`shared.memory_release`, every 60 s), a one-off."""
 SETTLE_TIMEOUT_S = 60.0
 """Seconds the measured phase goes on after the last bind, at most, for the work the binds set off (the
 outcomes, the state service's KV records, the write-back's Events and statuses) to finish. On a loaded
@@ -144,6 +147,9 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Seconds the measured phase may take before the run gives up on pods still pending."""
     settle_timeout: float = 300.0
     """Seconds Kairos's state may take to show the workload's running pods."""
+    idle_s: float = 0.0
+    """Seconds over which each process's CPU is measured with the stack left idle after the measured phase
+    (`IDLE_SETTLE_S` after it; `Record.idle_cpu_pct`); 0: not measured."""
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -273,6 +279,8 @@ class _Run:
             await calls.start()
             record = await self._measure(http, bus)
             record = msgspec.structs.replace(record, calls=await calls.stop(record.bound))
+            if self.options.idle_s > 0:
+                record = msgspec.structs.replace(record, idle_cpu_pct=await self._idle())
             log.info("%s: measured in %.1f s", self.workload.name, time.monotonic() - began)
             return record
         finally:
@@ -440,6 +448,19 @@ class _Run:
             await bus.follow(s.OUTCOMES_WILDCARD, s.OUTCOME_STREAM, on_outcome),
             await bus.nc.subscribe(f"{s.PREFIX}.events.pod-unschedulable.>", cb=on_unschedulable),
         ]
+
+    # --- the idle stack ------------------------------------------------------------------------------------------
+    async def _idle(self) -> dict[str, float]:
+        """Each process's CPU as a percentage of one core over `BusOptions.idle_s` seconds, the stack left
+        alone from `IDLE_SETTLE_S` after the measured phase (nothing pending, nothing created)."""
+        pids = {name: proc.pid for name, proc in self.stack.processes.items()}
+        nats = nats_processes([node.process.pid for node in self.stack.nats_nodes.values()])
+        await asyncio.sleep(IDLE_SETTLE_S)
+        usage = Usage({**pids, **nats})
+        usage.start()
+        await asyncio.sleep(self.options.idle_s)
+        usage.stop()
+        return {name: round(100 * cpu / self.options.idle_s, 2) for name, cpu in usage.cpu_s.items()}
 
     # --- the measured phase -----------------------------------------------------------------------------------
     async def _measure(self, http: aiohttp.ClientSession, bus: Bus) -> Record:

@@ -116,6 +116,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     calls: Calls | None = None
     """Bus: the Kubernetes API calls and NATS messages of the measured phase, per bound pod
     (`tools.bench.calls`)."""
+    idle_cpu_pct: dict[str, float] | None = None
+    """Bus with `--idle`: each process's CPU, in percent of one core, with the stack left idle after the
+    measured phase (the keys of `cpu_s_by_process`; `tools.bench.bus.BusOptions.idle_s`)."""
     note: str = ""
 
 
@@ -355,6 +358,13 @@ def replica_table(rows: Sequence[ReplicaLoad]) -> list[str]:
 def _cell(value: float | None, width: int, suffix: str = "") -> str:
     text = "-" if value is None else f"{value:,.2f}{suffix}"
     return f"{text:>{width}}"
+
+
+def idle_line(idle_cpu_pct: Mapping[str, float]) -> str:
+    """`Record.idle_cpu_pct` as one line: the services' total first, then each process."""
+    services = sum(pct for name, pct in idle_cpu_pct.items() if process_group(name) not in INFRASTRUCTURE)
+    each = "  ".join(f"{name} {pct:.1f}" for name, pct in sorted(idle_cpu_pct.items()))
+    return f"idle stack, CPU in % of one core: services {services:.1f}  ({each})"
 
 
 def cpu_table(rows: list[CpuPerPod]) -> list[str]:

@@ -102,9 +102,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """Also run the replica curve (`kairos bench --replica-curve`)."""
     state_partitions: int = 0
     """The state service's `partitions` option for every bus run (`kairos bench --state-partitions N`)."""
+    idle_s: float = 0.0
+    """Seconds each workload's stack is measured idle after its bus run (`kairos bench --idle S`; 0: not)."""
 
     def __post_init__(self) -> None:
         check_nats_cluster(self.nats_cluster)
+        if self.idle_s < 0:
+            raise ConfigError(f"--idle: {self.idle_s}: expected 0 (off) or seconds > 0")
         if self.state_partitions < 0:
             raise ConfigError(
                 f"--state-partitions: {self.state_partitions}: expected 0 (off) or a count >= 1"
@@ -182,7 +186,8 @@ def run(plan: Plan, say: Callable[[str], None] = lambda _line: None) -> Report:
                 if mode == "inprocess":
                     record = run_inprocess(workload)
                 else:
-                    record = run_bus(workload, _options(plan, plan.replicas), profile=plan.profile)
+                    options = _options(plan, plan.replicas, idle_s=plan.idle_s)
+                    record = run_bus(workload, options, profile=plan.profile)
             except KairosError as exc:
                 report.notes.append(f"{name} {mode} failed: {exc}")
                 say(f"{name:<18} {mode:<9} failed: {exc}")

@@ -79,6 +79,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
         "and the per-pod work is divided into N partitions (0: one replica does it)",
     )
     bench.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after each bus run, leave the stack alone 75 s, then measure each process's CPU over S seconds "
+        "(percent of a core; see docs/performance.md)",
+    )
+    bench.add_argument(
         "--replica-curve",
         action="store_true",
         help="also run SchedulingBasic over the bus with 1, 2 and 4 replicas of each service: CPU per pod per "
@@ -96,7 +104,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tools.bench import suite, workloads
     from tools.bench.calls import calls_table
     from tools.bench.profiles import Profiling, py_spy
-    from tools.bench.report import cpu_table, encode, plot, replica_table
+    from tools.bench.report import cpu_table, encode, idle_line, plot, replica_table
     from tools.stack.supervisor import parse_replicas
 
     profile = None
@@ -114,6 +122,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         replicas=parse_replicas(args.replicas),
         replica_curve=args.replica_curve,
         state_partitions=args.state_partitions,
+        idle_s=args.idle,
     )
     report = suite.run(plan, _say)
     if report.cpu_per_pod:
@@ -141,6 +150,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _say(f"{record.workload} ({record.mode}, {record.nodes:,} nodes):")
         for line in calls_table(record.calls):
             _say("  " + line)
+        if record.idle_cpu_pct is not None:
+            _say("  " + idle_line(record.idle_cpu_pct))
     _say("")
     _say("targets:")
     for t in report.targets:
