@@ -37,6 +37,7 @@ from shared.model.builders import (
     with_spread,
     zoned_nodes,
 )
+from tools.bench.report import Record
 from tools.sim.simulator import Simulator
 
 __all__ = [
@@ -469,3 +470,21 @@ def step_beside(sim: Simulator, now: float) -> tuple[Session, CycleResult]:
     result = sim.step(now)
     assert result.binds == result_of(ssn).binds
     return ssn, result
+
+
+def bench_record(**fields: Any) -> Record:
+    """A benchmark `Record` as a run writes one: SchedulingBasic over the bus, 100 pods on 500 nodes, unless
+    `fields` say otherwise."""
+    defaults: dict[str, Any] = {
+        "workload": "SchedulingBasic",
+        "mode": "bus",
+        "nodes": 500,
+        "pods": 100,
+        "throughput_pods_s": 100.0,
+        "p50_ms": 1.0,
+        "p99_ms": 2.0,
+        "cpu_s": 1.0,
+        "peak_rss_mib": {},
+        "conflicts": 0,
+    }
+    return Record(**{**defaults, **fields})

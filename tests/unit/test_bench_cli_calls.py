@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from tests.builders import bench_record
 from tools.bench import suite
 from tools.bench.calls import ApiCalls, BusOperations, Calls
 from tools.bench.report import Record, Report
@@ -14,19 +15,7 @@ from tools.cli.bench import add_commands, cmd_bench
 
 
 def _record(mode: str, calls: Calls | None) -> Record:
-    return Record(
-        workload="SchedulingBasic",
-        mode=mode,
-        nodes=500,
-        pods=100,
-        throughput_pods_s=100.0,
-        p50_ms=1.0,
-        p99_ms=2.0,
-        cpu_s=1.0,
-        peak_rss_mib={},
-        conflicts=0,
-        calls=calls,
-    )
+    return bench_record(mode=mode, calls=calls)
 
 
 CALLS = Calls(

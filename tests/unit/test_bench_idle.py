@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from tests.builders import bench_record
 from tools.bench.report import Record, Report, encode, idle_line
 from tools.cli.main import main
 
@@ -16,20 +17,7 @@ IDLE = {"kubesim": 0.1, "nats": 1.7, "state-0": 1.0, "queue-0": 0.7, "placement-
 
 
 def _bus(idle: dict[str, float] | None) -> Record:
-    return Record(
-        workload="SchedulingBasic",
-        mode="bus",
-        nodes=5000,
-        pods=10_000,
-        bound=10_000,
-        throughput_pods_s=500.0,
-        p50_ms=2000.0,
-        p99_ms=4000.0,
-        cpu_s=25.0,
-        peak_rss_mib={},
-        conflicts=0,
-        idle_cpu_pct=idle,
-    )
+    return bench_record(idle_cpu_pct=idle)
 
 
 def test_the_idle_line_sums_the_services_and_names_every_process() -> None:
