@@ -35,8 +35,9 @@ def test_the_json_carries_the_idle_figures_and_a_run_without_them_has_none() -> 
     assert b"idle_cpu_pct" not in msgspec.json.encode(_bus(None))
 
 
-def test_kairos_bench_refuses_a_negative_idle_time_naming_the_flag(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("seconds", ["-1", "nan", "inf", "-inf"])
+def test_kairos_bench_refuses_an_idle_time_that_is_not_seconds_naming_the_flag(
+    seconds: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--quick", "--mode", "bus", "--idle", "-1"]) == 2
+    assert main(["bench", "--quick", "--mode", "bus", "--idle", seconds]) == 2
     assert "--idle" in capsys.readouterr().err

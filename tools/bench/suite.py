@@ -12,6 +12,7 @@ points and the memory measurement are not). Called by `tools.cli.bench`.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -107,8 +108,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         check_nats_cluster(self.nats_cluster)
-        if self.idle_s < 0:
-            raise ConfigError(f"--idle: {self.idle_s}: expected 0 (off) or seconds > 0")
+        if not math.isfinite(self.idle_s) or self.idle_s < 0:
+            raise ConfigError(f"--idle: {self.idle_s}: expected 0 (off) or a finite number of seconds > 0")
         if self.state_partitions < 0:
             raise ConfigError(
                 f"--state-partitions: {self.state_partitions}: expected 0 (off) or a count >= 1"
