@@ -2,7 +2,8 @@
 
 Called by the service runner (`shared.bus.service`), every `ServiceConfig.memory_release_interval` seconds
 (60 by default; 0 turns it off) between two awaits of the event loop, once the resident set has grown since
-the last release left it (`grown`), and not while the process is busy (`due`).
+the last release left it (`grown`), and not while the process is busy (`due`, judged on the interval's last
+`BUSY_WINDOW` seconds).
 
 Why: a service's live Python heap stays flat under a steady churn, yet its RSS ratchets up at every burst
 (a relist after a dropped watch, a slow API server that lets requests pile up, a heap snapshot) and never
@@ -70,8 +71,16 @@ def trim() -> None:
         _malloc_trim(0)
 
 
-BUSY_SHARE = 0.5
-"""A process that spent more than this share of the last interval on the CPU (all its threads) is busy."""
+BUSY_WINDOW = 5.0
+"""Seconds at the end of each interval (at most half of it) over which the runner judges whether the process
+is busy: what it did in the moments before a release says what the release would interrupt; a whole
+minute's average does not (a burst that began a few seconds before the release is most of a quiet minute)."""
+BUSY_SHARE = 0.05
+"""A process that spent more than this share of `BUSY_WINDOW` on the CPU (all its threads) is busy: an idle
+service spends about 0.01 (docs/performance.md, an idle cluster), a state replica scheduling a few dozen
+pods a second already more than 0.05. A release's full collection holds the event loop for as long as it
+walks the heap (0.5-0.7 s in a state replica holding 5,000 nodes and 11,000 pods), every message in flight
+waiting behind it."""
 MAX_DEFERRALS = 5
 """How many intervals in a row a busy process puts its release off before it releases anyway."""
 
@@ -92,11 +101,18 @@ def grown(rss: int, after_last: int | None) -> bool:
     return rss - after_last >= max(GROWTH_FLOOR, GROWTH_SHARE * after_last)
 
 
+def busy_window(interval: float) -> float:
+    """The seconds at the end of an interval of `interval` seconds that `due` is judged on: `BUSY_WINDOW`,
+    or half the interval where that is shorter."""
+    return min(BUSY_WINDOW, interval / 2)
+
+
 def due(cpu_s: float, wall_s: float, deferred: int) -> bool:
-    """Whether a release runs now, after an interval of `wall_s` seconds in which the process used `cpu_s`
-    seconds of CPU, `deferred` releases having been put off in a row before it. Not while busy: a full
-    collection then takes its time from the work (a service under load was measured spending 4-5 % of its
-    CPU on releases), and the burst's garbage is still live, so it would free little; a process busy for
+    """Whether a release runs now, the process having used `cpu_s` seconds of CPU in the last `wall_s`
+    seconds (the runner's `BUSY_WINDOW`), `deferred` releases having been put off in a row before it. Not
+    while busy: a full collection then takes its time from the work and holds back every message in flight
+    (two state replicas dividing SchedulingBasic's load were measured spending 3.6 % of their samples on
+    one), and the burst's garbage is still live, so it would free little; a process busy at
     `MAX_DEFERRALS` intervals in a row releases all the same, so its RSS stays bounded under steady load."""
     return deferred >= MAX_DEFERRALS or wall_s <= 0 or cpu_s / wall_s <= BUSY_SHARE
 

@@ -214,16 +214,26 @@ async def _heartbeats(ctx: ServiceContext) -> None:
             await asyncio.wait_for(ctx.stopping.wait(), ctx.config.health_interval)
 
 
+async def _stopped_within(ctx: ServiceContext, seconds: float) -> bool:
+    """Wait `seconds` or until the service stops; whether it stopped."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ctx.stopping.wait(), seconds)
+        return True
+    return False
+
+
 async def _memory_releases(ctx: ServiceContext) -> None:
     interval = ctx.config.memory_release_interval
     if interval <= 0:
         return
+    window = memory_release.busy_window(interval)
     deferred = 0
     left: int | None = None  # the resident set the last release left
     while not ctx.stopping.is_set():
+        if await _stopped_within(ctx, interval - window):
+            return
         cpu, wall = time.process_time(), time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.stopping.wait(), interval)
+        if await _stopped_within(ctx, window):
             return
         if not memory_release.grown(memory_release.resident_bytes(), left):
             ctx.counters["memory_releases_skipped"] += 1

@@ -52,11 +52,11 @@ def test_the_release_interval_is_a_runner_setting_naming_its_field(monkeypatch: 
 @pytest.mark.parametrize(
     ("cpu_s", "wall_s", "deferred", "due"),
     [
-        pytest.param(1.0, 60.0, 0, True, id="a quiet interval releases"),
-        pytest.param(30.0, 60.0, 0, True, id="half the interval on the CPU is not yet busy"),
-        pytest.param(45.0, 60.0, 0, False, id="a busy interval puts the release off"),
-        pytest.param(110.0, 60.0, 3, False, id="two threads busy, put off again"),
-        pytest.param(110.0, 60.0, memory_release.MAX_DEFERRALS, True, id="busy too long releases anyway"),
+        pytest.param(0.05, 5.0, 0, True, id="an idle service's window releases"),
+        pytest.param(0.25, 5.0, 0, True, id="the busy share itself is not yet busy"),
+        pytest.param(1.5, 5.0, 0, False, id="a third of a core puts the release off"),
+        pytest.param(9.0, 5.0, 3, False, id="two threads busy, put off again"),
+        pytest.param(9.0, 5.0, memory_release.MAX_DEFERRALS, True, id="busy too long releases anyway"),
         pytest.param(0.0, 0.0, 0, True, id="no time passed"),
     ],
 )
@@ -64,6 +64,17 @@ def test_a_release_waits_for_a_quiet_interval_but_not_for_ever(
     cpu_s: float, wall_s: float, deferred: int, due: bool
 ) -> None:
     assert memory_release.due(cpu_s, wall_s, deferred) is due
+
+
+@pytest.mark.parametrize(
+    ("interval", "window"),
+    [
+        pytest.param(60.0, memory_release.BUSY_WINDOW, id="the default interval's last seconds"),
+        pytest.param(0.05, 0.025, id="a short interval's second half"),
+    ],
+)
+def test_busy_is_judged_on_the_end_of_the_interval(interval: float, window: float) -> None:
+    assert memory_release.busy_window(interval) == window
 
 
 MIB = 2**20
