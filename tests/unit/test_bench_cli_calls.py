@@ -1,5 +1,6 @@
 """`kairos bench` prints, after its CPU table, the calls per bound pod of every bus record: the Kubernetes API
-calls and the NATS messages each service sent, with what each is for."""
+calls and the NATS messages each service sent, with what each is for, and each replica's memory releases in
+the phase."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.builders import bench_record
 from tools.bench import suite
-from tools.bench.calls import ApiCalls, BusOperations, Calls
+from tools.bench.calls import ApiCalls, BusOperations, Calls, MemoryReleases
 from tools.bench.report import Record, Report
 from tools.cli.bench import add_commands, cmd_bench
 
@@ -41,6 +42,7 @@ CALLS = Calls(
             purpose="binder: the pod-bound public event (JetStream publish)",
         )
     ],
+    releases=[MemoryReleases(replica="state-0", released=1, deferred=2)],
 )
 
 
@@ -64,6 +66,7 @@ def test_the_bench_prints_the_calls_per_pod_of_each_bus_record(
     assert "create  pods/binding" in out
     assert "NATS messages sent per bound pod, per service:" in out
     assert "binder     kairos.events.pod-bound" in out
+    assert "Memory releases in the phase (a full collection each), per replica: state-0 1 (2 put off)" in out
     assert "(inprocess" not in out
 
 

@@ -5,8 +5,9 @@ Who calls it: `tools.bench.bus` starts a `CallCounter` just before its measured 
 after, which adds `Record.calls`. The API side is kubesim's own count of the requests it serves (`GET
 /kubesim/requests`, by client, verb, resource and status class); the NATS side is each service replica's
 answer to a health request, whose counters hold what `shared.bus.operations` counted in that process (by KV
-bucket, subject family, acknowledged stream or JetStream API, and operation). Both are read before and after
-and subtracted, so the set-up and the stack's start are left out.
+bucket, subject family, acknowledged stream or JetStream API, and operation), and its memory releases made
+and put off (`Calls.releases`). Both are read before and after and subtracted, so the set-up and the stack's
+start are left out.
 
 `python -m tools.bench.calls REPORT.json` prints the tables of a written report (`calls_table`).
 """
@@ -34,6 +35,7 @@ __all__ = [
     "BusOperations",
     "CallCounter",
     "Calls",
+    "MemoryReleases",
     "api_writes",
     "calls_table",
 ]
@@ -42,6 +44,8 @@ DISCOVERY_S = 10.0
 """How long the counter waits for a heartbeat from every replica it expects before it counts without the
 missing ones (and says so in `Calls.missing`)."""
 REQUEST_TIMEOUT_S = 5.0
+RELEASED, DEFERRED = "memory_releases", "memory_releases_deferred"
+"""The service runner's heartbeat counters of memory releases made and put off (`shared.bus.service`)."""
 
 API_PURPOSES: dict[tuple[str, str], str] = {
     ("create", "pods"): "the workload's pods (the benchmark)",
@@ -137,12 +141,24 @@ class BusOperations(msgspec.Struct, kw_only=True, frozen=True):
     purpose: str = ""
 
 
+class MemoryReleases(msgspec.Struct, kw_only=True, frozen=True):
+    """One service replica's memory releases during the measured phase (`shared.memory_release`): each is a
+    full collection that holds its event loop, so a release inside a phase weighs on that run's figures."""
+
+    replica: str
+    released: int
+    deferred: int
+    """Releases put off because the replica was busy."""
+
+
 class Calls(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A measured phase's calls; `per_pod` is over `pods` bound measured pods."""
 
     pods: int
     api: list[ApiCalls] = msgspec.field(default_factory=list)
     bus: list[BusOperations] = msgspec.field(default_factory=list)
+    releases: list[MemoryReleases] = msgspec.field(default_factory=list)
+    """Per replica counted (reports before it have none)."""
     missing: list[str] = msgspec.field(default_factory=list)
     """Services whose replicas did not all answer (their operations are not counted)."""
 
@@ -181,18 +197,20 @@ class CallCounter:
         """Service -> replica ids whose heartbeats arrived."""
         self._api: Counter[ApiKey] = Counter()
         self._bus: Counter[BusKey] = Counter()
+        self._releases: Counter[tuple[str, str]] = Counter()
         self.missing: list[str] = []
 
     async def start(self) -> None:
         await self._discover()
         self._api = await self._api_counts()
-        self._bus = await self._bus_counts()
+        self._bus, self._releases = await self._bus_counts()
 
     async def stop(self, pods: int) -> Calls:
         api = await self._api_counts()
-        ops = await self._bus_counts()
+        ops, releases = await self._bus_counts()
         api.subtract(self._api)
         ops.subtract(self._bus)
+        releases.subtract(self._releases)
         per = max(pods, 1)
         return Calls(
             pods=pods,
@@ -220,6 +238,14 @@ class CallCounter:
                 )
                 for (service, family, op), n in sorted(ops.items(), key=lambda kv: (kv[0][0], -kv[1]))
                 if n > 0
+            ],
+            releases=[
+                MemoryReleases(
+                    replica=replica,
+                    released=releases[(replica, RELEASED)],
+                    deferred=releases[(replica, DEFERRED)],
+                )
+                for replica in sorted({replica for replica, _ in releases})
             ],
             missing=sorted(self.missing),
         )
@@ -254,8 +280,10 @@ class CallCounter:
             out[(row["client"], row["verb"], row["resource"], row["status"])] += int(row["count"])
         return out
 
-    async def _bus_counts(self) -> Counter[BusKey]:
+    async def _bus_counts(self) -> tuple[Counter[BusKey], Counter[tuple[str, str]]]:
+        """Each service's operations (its replicas summed), and each replica's memory release counters."""
         out: Counter[BusKey] = Counter()
+        releases: Counter[tuple[str, str]] = Counter()
         for service, replicas in sorted(self.seen.items()):
             if service not in self.replicas or service in self.missing:
                 continue
@@ -270,7 +298,9 @@ class CallCounter:
                     break
                 for (family, op), n in parse_counters(beat.counters).items():
                     out[(service, family, op)] += n
-        return out
+                for name in (RELEASED, DEFERRED):
+                    releases[(replica, name)] += beat.counters.get(name, 0)
+        return out, releases
 
 
 def _bus_purpose(family: str, op: str) -> str:
@@ -280,7 +310,8 @@ def _bus_purpose(family: str, op: str) -> str:
 
 
 def calls_table(calls: Calls) -> list[str]:
-    """The tables `kairos bench` prints: API calls, then NATS messages per service, per bound pod."""
+    """The tables `kairos bench` prints: API calls, then NATS messages per service, per bound pod; then each
+    replica's memory releases in the phase."""
     lines = [f"Kubernetes API calls per bound pod ({calls.pods:,} pods):"]
     lines += [
         f"  {c.per_pod:>8.3f}  {c.verb:<7} {c.resource:<24} {c.status:<14} {c.client:<18} {c.purpose}"
@@ -293,6 +324,9 @@ def calls_table(calls: Calls) -> list[str]:
     ]
     if calls.missing:
         lines.append(f"  (not counted: {', '.join(calls.missing)}: a replica did not answer)")
+    if calls.releases:
+        made = ", ".join(f"{r.replica} {r.released} ({r.deferred} put off)" for r in calls.releases)
+        lines.append(f"Memory releases in the phase (a full collection each), per replica: {made}")
     return lines
 
 
