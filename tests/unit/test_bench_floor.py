@@ -100,7 +100,42 @@ def test_a_report_without_counted_calls_is_refused_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "r.json"
-    report.write_bytes(msgspec.json.encode({"records": [{"workload": "Gang", "mode": "inprocess"}]}))
+    report.write_bytes(
+        msgspec.json.encode({"records": [{"workload": "Gang", "mode": "inprocess", "nodes": 10}]})
+    )
     assert floor_module.main([str(report)]) == 2
     assert f"{report}: no bus record with calls counted" in capsys.readouterr().err
     assert floor_module.main([]) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        pytest.param(b"{not json", "malformed", id="not JSON"),
+        pytest.param(
+            b'{"records": [{"workload": "Gang", "mode": "bus", "nodes": "ten"}]}',
+            "$.records[0].nodes",
+            id="a field",
+        ),
+        pytest.param(
+            b'{"records": [{"workload": "Gang", "mode": "bus", "nodes": 1, "calls": {"pods": "x"}}]}',
+            "$.records[0].calls.pods",
+            id="a nested field",
+        ),
+    ],
+)
+def test_a_report_that_does_not_decode_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, named: str
+) -> None:
+    report = tmp_path / "r.json"
+    report.write_bytes(content)
+    assert floor_module.main([str(report)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{report}: not a report of kairos bench --json: ")
+    assert named in err
+
+
+def test_a_shard_s_replicas_count_for_their_service() -> None:
+    measured = {"placement-0": 0.5, "placement-pool-a-0": 0.25, "state-0": 1.0}
+    floors = {f.service: f for f in floor(CALLS, {"state": 1, "placement": 2}, measured, UNITS)}
+    assert floors["placement"].measured_ms == 0.75

@@ -158,7 +158,7 @@ class Calls(msgspec.Struct, kw_only=True, omit_defaults=True):
     api: list[ApiCalls] = msgspec.field(default_factory=list)
     bus: list[BusOperations] = msgspec.field(default_factory=list)
     releases: list[MemoryReleases] = msgspec.field(default_factory=list)
-    """Per replica counted (reports before it have none)."""
+    """One per replica counted; reports written before this field have none."""
     missing: list[str] = msgspec.field(default_factory=list)
     """Services whose replicas did not all answer (their operations are not counted)."""
 

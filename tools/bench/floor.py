@@ -147,7 +147,8 @@ def floor(
         n = replicas.get(service, 0)
         if n == 0:
             continue
-        mine = [ms for process, ms in measured.items() if process.rpartition("-")[0] == service]
+        # A process is `<service>-<i>`, or `<service>-<shard>-<i>` for a shard's own replicas.
+        mine = [ms for process, ms in measured.items() if process.split("-", 1)[0] == service]
         ms_parts = {name: round(us / 1000, 4) for name, us in parts[service].items()}
         out.append(
             Floor(
@@ -377,23 +378,42 @@ async def measure(api_messages: int = 3000, nats_messages: int = 20000, repeats:
     return UnitCosts(**{name: min(getattr(u, name) for u in seen) for name in fields})
 
 
+class _Record(msgspec.Struct, kw_only=True):
+    """What the floor reads of a report's record (`tools.bench.report.Record`); the rest is left."""
+
+    workload: str
+    mode: str
+    nodes: int
+    calls: Calls | None = None
+    replicas: dict[str, int] | None = None
+    cpu_ms_per_pod: dict[str, float] | None = None
+
+
+class _Report(msgspec.Struct, kw_only=True):
+    records: list[_Record] = msgspec.field(default_factory=list)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure the unit costs, then print each bus record's floor of a report written by `kairos bench --json`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         sys.stderr.write("usage: python -m tools.bench.floor REPORT.json\n")
         return 2
-    report = msgspec.json.decode(Path(args[0]).read_bytes())
-    records = [r for r in report.get("records", []) if r.get("calls") is not None]
+    try:
+        report = msgspec.json.decode(Path(args[0]).read_bytes(), type=_Report)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        sys.stderr.write(f"{args[0]}: not a report of kairos bench --json: {exc}\n")
+        return 2
+    records = [r for r in report.records if r.calls is not None]
     if not records:
         sys.stderr.write(f"{args[0]}: no bus record with calls counted (kairos bench --mode bus --json)\n")
         return 2
     units = event_loop.run(measure())
     for record in records:
-        calls = msgspec.convert(record["calls"], Calls)
-        replicas = record.get("replicas") or dict.fromkeys(SERVICES, 1)
-        floors = floor(calls, replicas, record.get("cpu_ms_per_pod") or {}, units)
-        sys.stdout.write(f"{record['workload']} ({record['mode']}, {record['nodes']:,} nodes):\n")
+        assert record.calls is not None
+        replicas = record.replicas or dict.fromkeys(SERVICES, 1)
+        floors = floor(record.calls, replicas, record.cpu_ms_per_pod or {}, units)
+        sys.stdout.write(f"{record.workload} ({record.mode}, {record.nodes:,} nodes):\n")
         sys.stdout.write("\n".join(floor_table(floors, units)) + "\n\n")
     return 0
 
