@@ -20,6 +20,7 @@ UNITS = UnitCosts(
     receipt_fenced_us=10.0,
     receipt_us=5.0,
     ack_us=2.0,
+    watch_event_us=4.0,
 )
 
 
@@ -67,16 +68,18 @@ def test_each_service_s_floor_is_its_messages_times_their_unit_costs() -> None:
     assert set(floors) == {"state", "queue", "binder"}, "a service without replicas has no floor"
     state = floors["state"]
     # Its Event; a review of each pod created; two fenced puts and a lease read; two acks, each of a
-    # message fetched; and each replica's own copy of two state records and one ledger record.
+    # message fetched; each replica's own copy of two state records and one ledger record; and each
+    # replica's watch event of the pod created and of the pod bound.
     assert state.parts == {
         "api": 0.1,
         "webhook": 0.05,
         "publish": pytest.approx(0.0806),
         "one_way": 0.004,
         "receipt": pytest.approx(0.01 + 2 * (0.02 + 0.005)),
+        "watch": pytest.approx(2 * 2 * 0.004),
     }
-    assert state.floor_ms == pytest.approx(0.2946)
-    assert state.per_replica_ms == pytest.approx(0.1473)
+    assert state.floor_ms == pytest.approx(0.3106)
+    assert state.per_replica_ms == pytest.approx(0.1553)
     assert state.measured_ms == pytest.approx(2.2)
     assert floors["queue"].parts["receipt"] == pytest.approx(0.025)
     assert floors["queue"].floor_ms == pytest.approx(0.025)
@@ -92,8 +95,8 @@ def test_the_table_gives_the_floor_per_service_and_replica_beside_the_measured()
     lines = floor_table(floor(CALLS, REPLICAS, MEASURED, UNITS), UNITS)
     assert lines[0].startswith("unit costs (CPU us per message, this machine): api_write_us 100.0,")
     state = next(line for line in lines if line.strip().startswith("state "))
-    assert state.split()[:6] == ["state", "2", "0.295", "0.147", "2.20", "13%"]
-    assert lines[-1].split() == ["services", "0.505", "3.00"]
+    assert state.split()[:6] == ["state", "2", "0.311", "0.155", "2.20", "14%"]
+    assert lines[-1].split() == ["services", "0.521", "3.00"]
 
 
 def test_a_report_without_counted_calls_is_refused_naming_it(

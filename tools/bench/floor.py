@@ -19,11 +19,13 @@ What is counted, per bound pod:
   write fence's two headers ride with every record); each ack and core publish at `ack_us`;
 - each KV record written, received again by every service replica, which all follow the state and ledger
   buckets (`shared.bus.replica.StateReplica`), at `receipt_fenced_us` for the state bucket's and
-  `receipt_us` for the ledger's; and each stream message a service acks, received once, at `receipt_us`.
+  `receipt_us` for the ledger's; and each stream message a service acks, received once, at `receipt_us`;
+- each API write that changes a pod, by anyone over HTTP, read back by every state replica's informers as a
+  watch event, at `watch_event_us`.
 
-Left out, so the floor is a lower bound: the Kubernetes watch events the state service's informers read,
-the replies to requests, heartbeats, leases, and everything Kairos does with a message once the library
-has handed it over.
+Left out, so the floor is a lower bound: the PodGroups' watch events, those of kubesim's own controllers (a
+pod started), the replies to requests, heartbeats, leases, and everything Kairos does with a message once
+the library has handed it over.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import nats
 from aiohttp import web
 
 from shared import event_loop
 from shared.contracts import subjects as s
+from shared.kube import wire
 from shared.kubeapi.client import connect
 from tools.bench.calls import Calls
 from tools.stack.nats_server import start_nats_server
@@ -62,6 +66,11 @@ WATCHED_BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET)
 PUBLISHES = frozenset({"put", "update", "create", "delete", "purge", "request", "get"})
 """Operations that are a JetStream publish or request awaiting an answer."""
 ONE_WAY = frozenset({"ack", "nak", "term", "publish"})
+READS = frozenset({"get", "list", "watch"})
+WATCHED_RESOURCES = frozenset({"pods", "pods/binding", "pods/status"})
+"""Resources whose every write that changes an object is a watch event of a pod for each state replica's
+informers (a write answered `2xx unchanged` is none). PodGroups' events are left out: their objects are not
+the pod `watch_event_us` is measured with."""
 
 
 class UnitCosts(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +90,9 @@ class UnitCosts(msgspec.Struct, frozen=True, kw_only=True):
     """The same without headers."""
     ack_us: float
     """A core NATS publish that awaits no answer (an ack)."""
+    watch_event_us: float
+    """A pod's watch event read from a streamed HTTP answer (aiohttp) and decoded as the informers and the
+    mirror decode it (the event, then the pod into `shared.kube.wire`'s structs)."""
 
 
 class Floor(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,7 +105,7 @@ class Floor(msgspec.Struct, frozen=True, kw_only=True):
     measured_ms: float | None
     """The replicas together, from the record's `cpu_ms_per_pod`; None where the record has none."""
     parts: dict[str, float]
-    """The floor's parts, ms per pod: `api`, `webhook`, `publish`, `one_way`, `receipt`."""
+    """The floor's parts, ms per pod: `api`, `webhook`, `publish`, `one_way`, `receipt`, `watch`."""
 
     @property
     def per_replica_ms(self) -> float:
@@ -113,7 +125,8 @@ def floor(
     """Each service's floor (see the module docstring) from a record's `calls`, its `replicas` per service,
     and its measured CPU ms per bound pod per process (`cpu_ms_per_pod`, keyed `state-0`, ...)."""
     parts: dict[str, dict[str, float]] = {
-        svc: dict.fromkeys(("api", "webhook", "publish", "one_way", "receipt"), 0.0) for svc in SERVICES
+        svc: dict.fromkeys(("api", "webhook", "publish", "one_way", "receipt", "watch"), 0.0)
+        for svc in SERVICES
     }
     for row in calls.api:
         service = _service_of_purpose(row.purpose)
@@ -121,6 +134,8 @@ def floor(
             parts[service]["api"] += row.per_pod * units.api_write_us
         if (row.verb, row.resource) == ("create", "pods") and row.status.startswith("2"):
             parts["state"]["webhook"] += row.per_pod * units.webhook_us
+        if row.verb not in READS and row.resource in WATCHED_RESOURCES and row.status == "2xx":
+            parts["state"]["watch"] += replicas.get("state", 0) * row.per_pod * units.watch_event_us
     written: dict[str, float] = dict.fromkeys(WATCHED_BUCKETS, 0.0)
     for op in calls.bus:
         if op.service not in parts:
@@ -220,6 +235,140 @@ async def main(url, n, width):
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 """A client in a process of its own posting `n` requests, `width` at once."""
+
+_STREAMING_SERVER = """
+import asyncio, sys
+from aiohttp import web
+line, n, chunk = sys.stdin.buffer.readline(), int(sys.argv[1]), int(sys.argv[2])
+async def main():
+    async def watch(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for start in range(0, n, chunk):
+            await response.write(line * min(chunk, n - start))
+        await response.write_eof()
+        return response
+    app = web.Application()
+    app.router.add_get('/', watch)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, '127.0.0.1', 0)
+    await site.start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+"""A stand-in API server streaming one watch of `n` copies of the event line it is given, `chunk` lines at a
+time (kubesim writes a busy moment's events in one chunk)."""
+WATCH_CHUNK = 16
+
+BENCH_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "job-000001-0",
+        "namespace": "bench",
+        "uid": "3f1c2a7e-9b0d-4c55-8e21-7a6d5b4c3e2f",
+        "resourceVersion": "123456",
+        "creationTimestamp": "2026-12-06T07:00:00Z",
+        "labels": {"kai.scheduler/queue": "team-1"},
+        "annotations": {"pod-group-name": "job-000001"},
+    },
+    "spec": {
+        "schedulerName": "kai-scheduler",
+        "nodeName": "node-01234",
+        "containers": [
+            {
+                "name": "main",
+                "image": "bench",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }
+        ],
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst",
+        "serviceAccountName": "default",
+        "securityContext": {},
+        "tolerations": [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+        ],
+        "priority": 0,
+        "enableServiceLinks": True,
+        "preemptionPolicy": "PreemptLowerPriority",
+    },
+    "status": {
+        "phase": "Pending",
+        "qosClass": "Burstable",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-06T07:00:01Z"}
+        ],
+    },
+}
+"""A pod as the benchmark creates it (`tools.bench.manifests.pod_manifest`), with what an API server adds,
+bound: what a watch event of SchedulingBasic carries."""
+
+
+class _WatchEvent(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+async def _watch_event_us(n: int) -> float:
+    line = msgspec.json.encode({"type": "MODIFIED", "object": BENCH_POD}) + b"\n"
+    peer = subprocess.Popen(  # noqa: ASYNC220 -- started once, read once; the measurement is after it
+        [sys.executable, "-c", _STREAMING_SERVER, str(n), str(WATCH_CHUNK)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert peer.stdin is not None
+        assert peer.stdout is not None
+        peer.stdin.write(line)
+        peer.stdin.flush()
+        port = int(await asyncio.to_thread(peer.stdout.readline))
+        envelope = msgspec.json.Decoder(_WatchEvent)
+        seen = 0
+
+        async def read() -> None:
+            nonlocal seen
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as answer:
+                buffer = b""
+                async for chunk in answer.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for one in lines:
+                        if one.strip():
+                            event = envelope.decode(one)
+                            wire.decode_pod(event.object)
+                            seen += 1
+
+        cost = await _cpu_per(n, read)
+        if seen != n:
+            raise RuntimeError(f"the watch stream gave {seen} events of {n}")
+        return cost
+    finally:
+        with contextlib.suppress(OSError):
+            assert peer.stdin is not None
+            peer.stdin.close()
+        peer.terminate()
+        await asyncio.to_thread(peer.wait)
+        if peer.stdout is not None:
+            peer.stdout.close()
+
 
 _KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -373,7 +522,8 @@ async def measure(api_messages: int = 3000, nats_messages: int = 20000, repeats:
             api = await _api_write_us(api_messages, directory)
             webhook = await _webhook_us(api_messages)
             rest = await _nats_costs(nats_messages, directory)
-        seen.append(UnitCosts(api_write_us=api, webhook_us=webhook, **rest))
+            watch = await _watch_event_us(api_messages)
+        seen.append(UnitCosts(api_write_us=api, webhook_us=webhook, watch_event_us=watch, **rest))
     fields = UnitCosts.__struct_fields__
     return UnitCosts(**{name: min(getattr(u, name) for u in seen) for name in fields})
 
