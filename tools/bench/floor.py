@@ -24,8 +24,9 @@ What is counted, per bound pod:
   watch event, at `watch_event_us`.
 
 Left out, so the floor is a lower bound: the PodGroups' watch events, those of kubesim's own controllers (a
-pod started), the replies to requests, heartbeats, leases, and everything Kairos does with a message once
-the library has handed it over.
+pod started), the messages a service receives that are neither KV records nor acknowledged stream messages
+(the requests it answers, the replies it gets), and everything Kairos does with a message once the library
+has handed it over.
 """
 
 from __future__ import annotations
