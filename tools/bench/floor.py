@@ -50,12 +50,12 @@ from shared import event_loop
 from shared.contracts import subjects as s
 from shared.kube import wire
 from shared.kubeapi.client import connect
-from tools.bench.calls import Calls
+from tools.bench.calls import READS, Calls
+from tools.bench.report import SERVICES, process_group
 from tools.stack.nats_server import start_nats_server
 
 __all__ = ["Floor", "UnitCosts", "floor", "floor_table", "measure"]
 
-SERVICES = ("state", "queue", "placement", "binder")
 IN_FLIGHT_API = 16
 """Requests in flight at once, as the write-back's and the binder's bounded fan-outs send them."""
 IN_FLIGHT_PUBLISH = 200
@@ -67,7 +67,6 @@ WATCHED_BUCKETS = (s.STATE_BUCKET, s.LEDGER_BUCKET)
 PUBLISHES = frozenset({"put", "update", "create", "delete", "purge", "request", "get"})
 """Operations that are a JetStream publish or request awaiting an answer."""
 ONE_WAY = frozenset({"ack", "nak", "term", "publish"})
-READS = frozenset({"get", "list", "watch"})
 WATCHED_RESOURCES = frozenset({"pods", "pods/binding", "pods/status"})
 """Resources whose every write that changes an object is a watch event of a pod for each state replica's
 informers (a write answered `2xx unchanged` is none). PodGroups' events are left out: their objects are not
@@ -163,8 +162,7 @@ def floor(
         n = replicas.get(service, 0)
         if n == 0:
             continue
-        # A process is `<service>-<i>`, or `<service>-<shard>-<i>` for a shard's own replicas.
-        mine = [ms for process, ms in measured.items() if process.split("-", 1)[0] == service]
+        mine = [ms for process, ms in measured.items() if process_group(process) == service]
         ms_parts = {name: round(us / 1000, 4) for name, us in parts[service].items()}
         out.append(
             Floor(
@@ -204,14 +202,23 @@ def floor_table(floors: Sequence[Floor], units: UnitCosts) -> list[str]:
 
 # --- measuring ---------------------------------------------------------------------------------------------
 
-_ANSWERING_SERVER = """
+_PEER_SERVER = """
 import asyncio, sys
 from aiohttp import web
+line, n, chunk = sys.stdin.buffer.readline(), int(sys.argv[1]), int(sys.argv[2])
 async def main():
     async def answer(request):
         await request.read()
         return web.Response(status=201, body=b'{}', content_type='application/json')
+    async def watch(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for start in range(0, n, chunk):
+            await response.write(line * min(chunk, n - start))
+        await response.write_eof()
+        return response
     app = web.Application()
+    app.router.add_get('/watch', watch)
     app.router.add_route('*', '/{tail:.*}', answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -221,7 +228,10 @@ async def main():
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 asyncio.run(main())
 """
-"""A stand-in API server in a process of its own: every request answered 201 with an empty object."""
+"""A stand-in API server in a process of its own: `GET /watch` streams one watch of `n` copies of the event
+line it is given on its standard input, `chunk` lines at a time (kubesim writes a busy moment's events in one
+chunk); every other request is answered 201 with an empty object. It prints its port and runs until its
+standard input closes."""
 
 _POSTING_CLIENT = """
 import asyncio, sys, aiohttp
@@ -238,31 +248,8 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 """A client in a process of its own posting one request, then `n`, `width` at once."""
 
-_STREAMING_SERVER = """
-import asyncio, sys
-from aiohttp import web
-line, n, chunk = sys.stdin.buffer.readline(), int(sys.argv[1]), int(sys.argv[2])
-async def main():
-    async def watch(request):
-        response = web.StreamResponse()
-        await response.prepare(request)
-        for start in range(0, n, chunk):
-            await response.write(line * min(chunk, n - start))
-        await response.write_eof()
-        return response
-    app = web.Application()
-    app.router.add_get('/', watch)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, '127.0.0.1', 0)
-    await site.start()
-    print(runner.addresses[0][1], flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-asyncio.run(main())
-"""
-"""A stand-in API server streaming one watch of `n` copies of the event line it is given, `chunk` lines at a
-time (kubesim writes a busy moment's events in one chunk)."""
 WATCH_CHUNK = 16
+"""Watch events `_PEER_SERVER` writes at a time."""
 
 BENCH_POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -329,25 +316,38 @@ class _WatchEvent(msgspec.Struct):
     object: msgspec.Raw
 
 
-async def _watch_event_us(n: int) -> float:
-    line = msgspec.json.encode({"type": "MODIFIED", "object": BENCH_POD}) + b"\n"
+@contextlib.asynccontextmanager
+async def _peer_server(line: bytes = b"\n", n: int = 0) -> AsyncIterator[int]:
+    """`_PEER_SERVER` started with the watch event `line` to stream `n` times; its port. Stopped on exit."""
     peer = subprocess.Popen(  # noqa: ASYNC220 -- started once, read once; the measurement is after it
-        [sys.executable, "-c", _STREAMING_SERVER, str(n), str(WATCH_CHUNK)],
+        [sys.executable, "-c", _PEER_SERVER, str(n), str(WATCH_CHUNK)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
+    assert peer.stdin is not None
+    assert peer.stdout is not None
     try:
-        assert peer.stdin is not None
-        assert peer.stdout is not None
         peer.stdin.write(line)
         peer.stdin.flush()
-        port = int(await asyncio.to_thread(peer.stdout.readline))
+        yield int(await asyncio.to_thread(peer.stdout.readline))
+    finally:
+        with contextlib.suppress(OSError):
+            peer.stdin.close()
+        peer.terminate()
+        await asyncio.to_thread(peer.wait)
+        peer.stdout.close()
+
+
+async def _watch_event_us(n: int) -> float:
+    line = msgspec.json.encode({"type": "MODIFIED", "object": BENCH_POD}) + b"\n"
+    async with _peer_server(line, n) as port:
         envelope = msgspec.json.Decoder(_WatchEvent)
         seen = 0
 
         async def read() -> None:
             nonlocal seen
-            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as answer:
+            url = f"http://127.0.0.1:{port}/watch"
+            async with aiohttp.ClientSession() as session, session.get(url) as answer:
                 buffer = b""
                 async for chunk in answer.content.iter_any():
                     buffer += chunk
@@ -359,17 +359,9 @@ async def _watch_event_us(n: int) -> float:
                             seen += 1
 
         cost = await _cpu_per(n, read)
-        if seen != n:
-            raise RuntimeError(f"the watch stream gave {seen} events of {n}")
-        return cost
-    finally:
-        with contextlib.suppress(OSError):
-            assert peer.stdin is not None
-            peer.stdin.close()
-        peer.terminate()
-        await asyncio.to_thread(peer.wait)
-        if peer.stdout is not None:
-            peer.stdout.close()
+    if seen != n:
+        raise RuntimeError(f"the watch stream gave {seen} events of {n}")
+    return cost
 
 
 _KUBECONFIG = """apiVersion: v1
@@ -389,12 +381,7 @@ async def _cpu_per(n: int, work: Callable[[], Awaitable[None]]) -> float:
 
 
 async def _api_write_us(n: int, directory: Path) -> float:
-    peer = subprocess.Popen(  # noqa: ASYNC220 -- started once, read once; the measurement is after it
-        [sys.executable, "-c", _ANSWERING_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert peer.stdout is not None
-        port = int(await asyncio.to_thread(peer.stdout.readline))
+    async with _peer_server() as port:
         config = directory / "kubeconfig"
         config.write_text(_KUBECONFIG % port)
         kube = await connect(str(config))
@@ -410,14 +397,6 @@ async def _api_write_us(n: int, directory: Path) -> float:
             return await _cpu_per(n, lambda: _gather(one() for _ in range(n)))
         finally:
             await kube.close()
-    finally:
-        with contextlib.suppress(OSError):
-            assert peer.stdin is not None
-            peer.stdin.close()
-        peer.terminate()
-        await asyncio.to_thread(peer.wait)
-        if peer.stdout is not None:
-            peer.stdout.close()
 
 
 async def _gather(coroutines: Iterable[Awaitable[None]]) -> None:
