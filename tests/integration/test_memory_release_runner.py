@@ -10,6 +10,7 @@ import contextlib
 import time
 
 import pytest
+from nats.aio.subscription import Subscription
 
 from shared import memory_release
 from shared.bus.service import ServiceConfig, ServiceContext, serve
@@ -19,6 +20,15 @@ from tools.stack.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 
+CODEC = Codec[Heartbeat](Heartbeat)
+
+
+async def _until(sub: Subscription, beats: list[Heartbeat], counter: str, at_least: int) -> None:
+    """Collect the replica's heartbeats into `beats` until the latest shows `counter` at `at_least`."""
+    while not beats or beats[-1].counters.get(counter, 0) < at_least:
+        msg = await sub.next_msg(timeout=10)
+        beats.append(CODEC.decode(msg.subject, msg.data))
+
 
 async def test_a_release_runs_at_first_and_then_only_once_the_resident_set_grew(
     nats_server: NatsServer,
@@ -27,25 +37,18 @@ async def test_a_release_runs_at_first_and_then_only_once_the_resident_set_grew(
         nats_url=nats_server.url, replica="release-0", health_interval=0.05, memory_release_interval=0.05
     )
     beats: list[Heartbeat] = []
-    codec = Codec[Heartbeat](Heartbeat)
     kept: list[bytes] = []
 
     async def body(ctx: ServiceContext) -> None:
         sub = await ctx.bus.nc.subscribe(s.health("probe", "release-0"))
-
-        async def until(counter: str, at_least: int) -> None:
-            while not beats or beats[-1].counters.get(counter, 0) < at_least:
-                msg = await sub.next_msg(timeout=10)
-                beats.append(codec.decode(msg.subject, msg.data))
-
-        await until("memory_releases", 1)
-        await until("memory_releases_skipped", 3)
+        await _until(sub, beats, "memory_releases", 1)
+        await _until(sub, beats, "memory_releases_skipped", 3)
         assert beats[-1].counters["memory_releases"] == 1, "nothing grew: no release"
         growth = max(
             memory_release.GROWTH_FLOOR, memory_release.GROWTH_SHARE * memory_release.resident_bytes()
         )
         kept.extend(bytes(1000) for _ in range(int(2 * growth) // 1000))  # resident: it is written
-        await until("memory_releases", 2)
+        await _until(sub, beats, "memory_releases", 2)
         await sub.unsubscribe()
         ctx.stopping.set()
 
@@ -62,7 +65,6 @@ async def test_a_busy_process_puts_its_release_off_and_then_releases_all_the_sam
         nats_url=nats_server.url, replica="busy-0", health_interval=0.05, memory_release_interval=0.1
     )
     beats: list[Heartbeat] = []
-    codec = Codec[Heartbeat](Heartbeat)
 
     async def body(ctx: ServiceContext) -> None:
         sub = await ctx.bus.nc.subscribe(s.health("probe", "busy-0"))
@@ -77,9 +79,7 @@ async def test_a_busy_process_puts_its_release_off_and_then_releases_all_the_sam
 
         burner = asyncio.create_task(burn())
         try:
-            while not beats or beats[-1].counters.get("memory_releases", 0) < 1:
-                msg = await sub.next_msg(timeout=10)
-                beats.append(codec.decode(msg.subject, msg.data))
+            await _until(sub, beats, "memory_releases", 1)
         finally:
             burner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
