@@ -125,6 +125,26 @@ def test_a_report_without_counted_calls_is_refused_naming_it(
             "$.records[0].calls.pods",
             id="a nested field",
         ),
+        pytest.param(
+            b'{"records": [{"workload": "G", "mode": "bus", "nodes": ' + b"9" * 5000 + b"}]}",
+            "$.records[0].nodes",
+            id="5,000 digits",
+        ),
+        pytest.param(
+            '{"records": [{"workload": "G", "mode": "bus", "nodes": "\u0663"}]}'.encode(),
+            "$.records[0].nodes",
+            id="a unicode digit",
+        ),
+        pytest.param(
+            b'{"records": [{"workload": "G", "mode": "bus", "nodes": 1, "replicas": {"state": -2}}]}',
+            "$.records[0].replicas",
+            id="a negative replica count",
+        ),
+        pytest.param(
+            b'{"records": [{"workload": "G", "mode": "bus", "nodes": 1, "cpu_ms_per_pod": {"state-0": -1.5}}]}',
+            "$.records[0].cpu_ms_per_pod",
+            id="a negative CPU figure",
+        ),
     ],
 )
 def test_a_report_that_does_not_decode_is_refused_naming_the_field(

@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import msgspec
@@ -522,8 +522,8 @@ class _Record(msgspec.Struct, kw_only=True):
     mode: str
     nodes: int
     calls: Calls | None = None
-    replicas: dict[str, int] | None = None
-    cpu_ms_per_pod: dict[str, float] | None = None
+    replicas: dict[str, Annotated[int, msgspec.Meta(ge=0)]] | None = None
+    cpu_ms_per_pod: dict[str, Annotated[float, msgspec.Meta(ge=0)]] | None = None
 
 
 class _Report(msgspec.Struct, kw_only=True):
